@@ -1,0 +1,29 @@
+#ifndef TRAINYARD_COMMON_CLOCK_H_
+#define TRAINYARD_COMMON_CLOCK_H_
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace trainyard {
+
+// The only way logic reads time, so that tests can drive leases, timeouts and backoff with a
+// simulated clock instead of sleeping. Implementations are thread-safe.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual absl::Time Now() const = 0;
+};
+
+// Wall-clock time. Thread-safe; the returned reference lives for the whole program.
+class RealClock final : public Clock {
+ public:
+  absl::Time Now() const override { return absl::Now(); }
+  static const Clock& Get() {
+    static const RealClock* const kClock = new RealClock();
+    return *kClock;
+  }
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_CLOCK_H_

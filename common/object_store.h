@@ -1,0 +1,48 @@
+#ifndef TRAINYARD_COMMON_OBJECT_STORE_H_
+#define TRAINYARD_COMMON_OBJECT_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace trainyard {
+
+struct ObjectInfo {
+  std::string uri;  // full URI of the object
+  int64_t size_bytes = 0;
+};
+
+// A flat store of immutable objects named by URI (file:///abs/path, later s3://bucket/key).
+// Errors: NOT_FOUND for a missing object, INVALID_ARGUMENT for a URI the store does not serve,
+// UNAVAILABLE for I/O failures that may succeed on retry, and the URI in every message.
+// Implementations are thread-safe. Calls block until done.
+class ObjectStore {
+ public:
+  virtual ~ObjectStore() = default;
+
+  // Writes the whole object atomically: a reader sees the old object, or none, or all of `data`.
+  virtual absl::Status Put(absl::string_view uri, absl::string_view data) = 0;
+  // Reads the whole object.
+  virtual absl::StatusOr<std::string> Get(absl::string_view uri) = 0;
+  // Reads `length` bytes from `offset` (fewer at the end of the object).
+  virtual absl::StatusOr<std::string> GetRange(absl::string_view uri, int64_t offset,
+                                               int64_t length) = 0;
+  virtual absl::StatusOr<ObjectInfo> Head(absl::string_view uri) = 0;
+  // Every object whose URI starts with `prefix`, sorted by URI.
+  virtual absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) = 0;
+  // Deleting a missing object is not an error.
+  virtual absl::Status Delete(absl::string_view uri) = 0;
+};
+
+// The store that serves `uri`'s scheme. A plain absolute path is taken as file://.
+// INVALID_ARGUMENT for an unsupported scheme.
+absl::StatusOr<std::unique_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_OBJECT_STORE_H_

@@ -1,0 +1,51 @@
+#ifndef TRAINYARD_COMMON_SAFETENSORS_H_
+#define TRAINYARD_COMMON_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace trainyard {
+
+// The safetensors format (https://github.com/huggingface/safetensors): an 8-byte little-endian
+// header length, a JSON header mapping names to {dtype, shape, data_offsets} plus an optional
+// "__metadata__" string map, then the raw little-endian tensor bytes. Files we write are readable
+// by the Python `safetensors` package. This layer knows nothing of LibTorch.
+
+// dtype names as in the format: "F64" "F32" "F16" "BF16" "I64" "I32" "I16" "I8" "U8" "BOOL".
+// Returns 0 for an unknown dtype.
+int SafetensorsDtypeSize(absl::string_view dtype);
+
+struct TensorView {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  absl::string_view data;  // not owned; size must equal product(shape) * dtype size
+};
+
+// Serialises tensors (sorted by name in the header, data in the given order, 8-byte aligned
+// header). INVALID_ARGUMENT for duplicate names, unknown dtypes or a data size that does not
+// match the shape.
+absl::StatusOr<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,
+                                              const std::map<std::string, std::string>& metadata);
+
+// A parsed file. Views point into `buffer`, which the struct owns: do not copy the struct and
+// keep using views of the copy's source; move it instead.
+struct SafetensorsFile {
+  std::string buffer;
+  std::map<std::string, std::string> metadata;
+  std::vector<TensorView> tensors;  // in data-offset order
+  const TensorView* Find(absl::string_view name) const;
+};
+
+// Parses and checks the whole file: header JSON, dtypes, offsets inside the buffer, sizes that
+// match shapes, no overlaps. INVALID_ARGUMENT (DATA_LOSS for truncated data) on any violation.
+absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_SAFETENSORS_H_

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs everything Trainyard needs to build, test and run its demo on Debian 12.
+# Idempotent: packages already present are skipped and `apt-get update` runs at most once.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+packages=(
+  # build
+  build-essential cmake pkg-config git
+  # RPC and API
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # training runtime
+  libtorch-dev libopenblas0-pthread libgloo-dev
+  # libraries
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev
+  libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
+  # test-only tools
+  awscli python3-botocore prometheus python3-torch python3-numpy curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+# Node.js may come from elsewhere than Debian (its own npm then conflicts with Debian's).
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing packages: ${missing[*]}" >&2
+    echo "install-deps: run this script as root to install them" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all Debian packages present"
+fi
+
+# s3rver (an S3 endpoint on loopback for tests) lives in a folder of the repository that git ignores.
+tools="$here/.tools"
+if [ ! -x "$tools/node_modules/.bin/s3rver" ]; then
+  echo "install-deps: installing s3rver into $tools"
+  mkdir -p "$tools"
+  npm install --silent --no-audit --no-fund --prefix "$tools" s3rver@3 >/dev/null
+fi
+echo "install-deps: done"
