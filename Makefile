@@ -1,0 +1,33 @@
+# Trainyard: `make demo` and `make test` install what is missing, build, then run.
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all deps configure build test test-unit test-integration demo bench clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure:
+	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j$(JOBS)
+
+test: deps build
+	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 $(CTEST_ARGS)
+
+test-unit: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)
+
+test-integration: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+
+demo: deps build
+	@bash scripts/demo.sh $(BUILD_DIR)
+
+clean:
+	rm -rf $(BUILD_DIR)

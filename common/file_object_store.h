@@ -1,0 +1,53 @@
+#ifndef TRAINYARD_COMMON_FILE_OBJECT_STORE_H_
+#define TRAINYARD_COMMON_FILE_OBJECT_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/object_store.h"
+
+namespace trainyard {
+
+// An ObjectStore over the local file system (or a shared mount). Serves file:///abs/path URIs
+// and plain absolute paths; anything else is INVALID_ARGUMENT. Thread-safe and stateless apart
+// from a counter for temporary names, so several instances may share a tree.
+//
+// Put writes "<dir>/.trainyard-tmp-<name>-<pid>-<n>", fsyncs it, renames it over the target and
+// fsyncs the folder, so the object appears whole or not at all and survives a crash once Put has
+// returned. Parent folders are created as needed. Temporary files are never listed.
+//
+// Error codes: NOT_FOUND for a missing object (also for a folder where an object is expected),
+// INVALID_ARGUMENT for a URI this store does not serve or a bad range, OUT_OF_RANGE for a range
+// that starts past the end of the object, PERMISSION_DENIED for EACCES/EPERM, FAILED_PRECONDITION
+// when the path is taken by something that is not a file (a folder, or a file where a folder is
+// needed), UNAVAILABLE for other I/O errors.
+class FileObjectStore final : public ObjectStore {
+ public:
+  FileObjectStore() = default;
+
+  absl::Status Put(absl::string_view uri, absl::string_view data) override;
+  absl::StatusOr<std::string> Get(absl::string_view uri) override;
+  // Bytes [offset, offset + length) clipped to the object. An offset equal to the size gives "";
+  // one beyond it is OUT_OF_RANGE; negative offset or length is INVALID_ARGUMENT.
+  absl::StatusOr<std::string> GetRange(absl::string_view uri, int64_t offset,
+                                       int64_t length) override;
+  absl::StatusOr<ObjectInfo> Head(absl::string_view uri) override;
+  // Every regular file below the folder of `prefix` whose file:// URI starts with `prefix`
+  // (a plain-path prefix is compared in its file:// form), sorted by URI, symlinks not followed.
+  // A prefix whose folder does not exist gives an empty list.
+  absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) override;
+  // Removes the file; a missing one is fine. Empty folders are left in place.
+  absl::Status Delete(absl::string_view uri) override;
+
+ private:
+  std::atomic<uint64_t> temp_counter_{0};
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_FILE_OBJECT_STORE_H_

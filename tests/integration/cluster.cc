@@ -1,0 +1,352 @@
+#include "tests/integration/cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using trainyard::v1::Job;
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// Polls `condition` until it holds or `timeout` passes: waiting on an observable condition, with
+// a deadline, not a fixed sleep.
+bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return condition();
+}
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+}  // namespace
+
+std::string BinDir() {
+  const char* dir = getenv("TRAINYARD_BIN_DIR");
+  return dir != nullptr ? dir : "bin";
+}
+
+std::string SourceDir() {
+  const char* dir = getenv("TRAINYARD_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::map<int64_t, double> ParseStepLosses(const std::string& log) {
+  std::map<int64_t, double> losses;
+  static const std::regex kLine(R"(step=(\d+) .*loss=([-+0-9.eE]+|nan|inf))");
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    std::smatch match;
+    std::string text(line);
+    if (!std::regex_search(text, match, kLine)) continue;
+    int64_t step = 0;
+    double loss = 0;
+    if (absl::SimpleAtoi(match[1].str(), &step) && absl::SimpleAtod(match[2].str(), &loss)) {
+      losses[step] = loss;
+    }
+  }
+  return losses;
+}
+
+bool ProcessAlive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  // A zombie is gone as far as work goes.
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "trainyard-test-XXXXXX").string();
+  char* made = mkdtemp(tmpl.data());
+  path_ = made != nullptr ? made : "";
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  if (!path_.empty() && getenv("TRAINYARD_KEEP_TEST_DIRS") == nullptr) {
+    fs::remove_all(path_, ignored);
+  }
+}
+
+Process::Process(std::vector<std::string> argv, std::string log_path,
+                 std::map<std::string, std::string> env)
+    : log_path_(std::move(log_path)) {
+  std::vector<char*> args;
+  for (std::string& arg : argv) args.push_back(arg.data());
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ == 0) {
+    // The test binary may die without running destructors: take the child with it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    setpgid(0, 0);
+    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+}
+
+Process::~Process() {
+  if (pid_ > 0 && !status_.has_value()) {
+    kill(pid_, SIGKILL);
+    Wait(absl::Seconds(10));
+  }
+}
+
+bool Process::running() {
+  if (status_.has_value() || pid_ <= 0) return false;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    status_ = status;
+    return false;
+  }
+  return true;
+}
+
+void Process::Signal(int sig) {
+  if (running()) kill(pid_, sig);
+}
+
+std::optional<int> Process::Wait(absl::Duration timeout) {
+  PollUntil([this] { return !running(); }, timeout);
+  return status_;
+}
+
+void Process::Stop(absl::Duration grace) {
+  if (!running()) return;
+  kill(pid_, SIGTERM);
+  if (!Wait(grace).has_value()) {
+    kill(pid_, SIGKILL);
+    Wait(absl::Seconds(10));
+  }
+}
+
+std::string Process::Log() const { return ReadFile(log_path_); }
+
+Cluster::Cluster(ClusterOptions options) : options_(options) {
+  state_dir_ = root_.path() + "/coordinator";
+  StartCoordinator();
+  for (int i = 0; i < options_.workers; ++i) StartWorker(i);
+  WaitForWorkers();
+}
+
+Cluster::~Cluster() {
+  for (auto& worker : workers_) {
+    if (worker != nullptr) worker->Stop();
+  }
+  if (coordinator_ != nullptr) coordinator_->Stop();
+  if (::testing::Test::HasFailure()) {
+    // Leave what the processes said in the test output: the only trace once the folder is gone.
+    if (coordinator_ != nullptr) {
+      std::cerr << "---- coordinator log ----\n" << coordinator_->Log() << "\n";
+    }
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i] != nullptr) {
+        std::cerr << "---- worker " << i << " log ----\n" << workers_[i]->Log() << "\n";
+      }
+    }
+  }
+}
+
+std::string Cluster::worker_dir(int i) const { return absl::StrCat(root_.path(), "/worker-", i); }
+
+void Cluster::StartCoordinator() {
+  const std::string port_file = root_.path() + "/coordinator.port";
+  fs::remove(port_file);
+  const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
+  coordinator_ = std::make_unique<Process>(
+      std::vector<std::string>{
+          BinDir() + "/trainyard-coordinator", "--listen=" + listen, "--state_dir=" + state_dir_,
+          "--port_file=" + port_file,
+          absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout))},
+      root_.path() + "/coordinator.log");
+  std::string port;
+  const bool ready = PollUntil(
+      [&] {
+        port = std::string(absl::StripAsciiWhitespace(ReadFile(port_file)));
+        return !port.empty() || !coordinator_->running();
+      },
+      absl::Seconds(30));
+  if (!ready || port.empty()) {
+    ADD_FAILURE() << "coordinator did not start:\n" << coordinator_->Log();
+    return;
+  }
+  address_ = "127.0.0.1:" + port;
+  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  job_stub_ = v1::JobService::NewStub(channel);
+}
+
+void Cluster::KillCoordinator(int sig) {
+  coordinator_->Signal(sig);
+  coordinator_->Wait(absl::Seconds(30));
+}
+
+void Cluster::StartWorker(int i) {
+  const std::string dir = worker_dir(i);
+  fs::create_directories(dir);
+  workers_.push_back(std::make_unique<Process>(
+      std::vector<std::string>{BinDir() + "/trainyard-worker", "--coordinator=" + address_,
+                               absl::StrCat("--name=worker-", i), "--address=127.0.0.1",
+                               absl::StrCat("--slots=", options_.slots_per_worker), "--gpus=0",
+                               "--work_dir=" + dir, "--stop_grace_period=5s"},
+      dir + ".log"));
+}
+
+void Cluster::WaitForWorkers() {
+  if (job_stub_ == nullptr) return;
+  const bool ready = PollUntil(
+      [&] {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+        v1::ListWorkersResponse response;
+        if (!job_stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response).ok()) {
+          return false;
+        }
+        int ready_workers = 0;
+        for (const auto& worker : response.workers()) ready_workers += worker.state() == v1::READY;
+        return ready_workers == options_.workers;
+      },
+      absl::Seconds(30));
+  if (!ready) ADD_FAILURE() << "workers did not register";
+}
+
+absl::StatusOr<Job> Cluster::Submit(const std::string& yaml) {
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(yaml);
+  Job job;
+  grpc::Status status = job_stub_->SubmitJob(&context, request, &job);
+  if (!status.ok()) return FromGrpc(status);
+  return job;
+}
+
+absl::StatusOr<Job> Cluster::Get(const std::string& id) {
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_id(id);
+  Job job;
+  grpc::Status status = job_stub_->GetJob(&context, request, &job);
+  if (!status.ok()) return FromGrpc(status);
+  return job;
+}
+
+absl::StatusOr<Job> Cluster::WaitFor(const std::string& id,
+                                     const std::function<bool(const Job&)>& done,
+                                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Job last;
+  // A watch ends when the job is final or the coordinator goes away; watch again until the
+  // deadline so a coordinator restart in the middle is survived.
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    v1::WatchJobRequest request;
+    request.set_id(id);
+    auto reader = job_stub_->WatchJob(&context, request);
+    v1::WatchJobResponse update;
+    while (reader->Read(&update)) {
+      last = update.job();
+      if (done(last)) {
+        context.TryCancel();
+        reader->Finish();
+        return last;
+      }
+    }
+    grpc::Status status = reader->Finish();
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      break;
+    }
+    if (IsFinal(last.state())) break;
+    absl::SleepFor(absl::Milliseconds(100));  // backoff before re-watching, not a synchronisation
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("job ", id, " did not reach the expected condition; last state ",
+                   v1::JobState_Name(last.state()), " (", last.reason(), ")"));
+}
+
+absl::StatusOr<Job> Cluster::WaitForFinal(const std::string& id, absl::Duration timeout) {
+  return WaitFor(id, [](const Job& job) { return IsFinal(job.state()); }, timeout);
+}
+
+absl::StatusOr<std::string> Cluster::Logs(const std::string& id, int rank) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetJobLogsRequest request;
+  request.set_id(id);
+  request.set_rank(rank);
+  auto reader = job_stub_->GetJobLogs(&context, request);
+  std::string text;
+  v1::LogChunk chunk;
+  while (reader->Read(&chunk)) text += chunk.data();
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpc(status);
+  return text;
+}
+
+Cluster::CliResult Cluster::Cli(const std::vector<std::string>& args, absl::Duration timeout) {
+  static int counter = 0;
+  const std::string log = absl::StrCat(root_.path(), "/cli-", ++counter, ".log");
+  std::vector<std::string> argv = {BinDir() + "/trainyard", "--coordinator=" + address_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process cli(argv, log);
+  CliResult result;
+  std::optional<int> status = cli.Wait(timeout);
+  if (status.has_value() && WIFEXITED(*status)) result.exit_code = WEXITSTATUS(*status);
+  result.output = cli.Log();
+  return result;
+}
+
+std::optional<pid_t> Cluster::TrainerPid(int worker, const std::string& task_id) const {
+  const std::string text = std::string(absl::StripAsciiWhitespace(
+      ReadFile(absl::StrCat(worker_dir(worker), "/tasks/", task_id, "/pid"))));
+  int pid = 0;
+  if (!absl::SimpleAtoi(text, &pid) || pid <= 0) return std::nullopt;
+  return pid;
+}
+
+}  // namespace trainyard::testing

@@ -1,0 +1,129 @@
+#ifndef TRAINYARD_TESTS_INTEGRATION_CLUSTER_H_
+#define TRAINYARD_TESTS_INTEGRATION_CLUSTER_H_
+
+// A whole Trainyard cluster on loopback for integration tests: the real coordinator, worker
+// agents and trainers as separate processes, ports picked by the kernel, state in a temporary
+// folder. Everything started is stopped by the destructor.
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainyard/v1/agent_service.grpc.pb.h"
+#include "trainyard/v1/job_service.grpc.pb.h"
+
+namespace trainyard::testing {
+
+// A folder removed (recursively) on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A child process with stdout and stderr appended to `log_path`. Killed (SIGKILL) and reaped on
+// destruction if still running. Not thread-safe.
+class Process {
+ public:
+  Process(std::vector<std::string> argv, std::string log_path,
+          std::map<std::string, std::string> env = {});
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  void Signal(int sig);
+  // Waits up to `timeout` for the process to end; its wait status, or nullopt on timeout.
+  std::optional<int> Wait(absl::Duration timeout);
+  // SIGTERM, then SIGKILL if it has not ended within `grace`.
+  void Stop(absl::Duration grace = absl::Seconds(10));
+  std::string Log() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+  std::string log_path_;
+};
+
+struct ClusterOptions {
+  int workers = 1;
+  int slots_per_worker = 1;
+  absl::Duration worker_timeout = absl::Seconds(10);
+};
+
+class Cluster {
+ public:
+  // Starts the coordinator and waits until it serves; then the workers and waits until they are
+  // all registered. Fails the current test (ADD_FAILURE) if any step does not finish in time.
+  explicit Cluster(ClusterOptions options = {});
+  ~Cluster();
+
+  const std::string& address() const { return address_; }
+  const std::string& state_dir() const { return state_dir_; }
+  std::string worker_dir(int i) const;
+  trainyard::v1::JobService::Stub& jobs() { return *job_stub_; }
+
+  // Restarts the coordinator on the same state folder (after a crash or a stop).
+  void KillCoordinator(int sig);
+  void StartCoordinator();
+  Process& coordinator() { return *coordinator_; }
+  Process& worker(int i) { return *workers_[i]; }
+
+  absl::StatusOr<trainyard::v1::Job> Submit(const std::string& yaml);
+  absl::StatusOr<trainyard::v1::Job> Get(const std::string& id);
+  // Follows WatchJob until `done(job)` holds or the timeout passes. Returns the last job seen.
+  absl::StatusOr<trainyard::v1::Job> WaitFor(const std::string& id,
+                                             const std::function<bool(const v1::Job&)>& done,
+                                             absl::Duration timeout = absl::Seconds(120));
+  absl::StatusOr<trainyard::v1::Job> WaitForFinal(const std::string& id,
+                                                  absl::Duration timeout = absl::Seconds(120));
+  // Every log line of `rank` (or all ranks with -1) as the coordinator serves them.
+  absl::StatusOr<std::string> Logs(const std::string& id, int rank = -1);
+
+  struct CliResult {
+    int exit_code = -1;
+    std::string output;  // stdout and stderr
+  };
+  // Runs the `trainyard` CLI against this cluster and waits for it.
+  CliResult Cli(const std::vector<std::string>& args, absl::Duration timeout = absl::Seconds(120));
+
+  // A trainer process of a task, from the pid file the worker writes in the task folder.
+  std::optional<pid_t> TrainerPid(int worker, const std::string& task_id) const;
+
+ private:
+  void StartWorker(int i);
+  void WaitForWorkers();
+
+  ClusterOptions options_;
+  TempDir root_;
+  std::string state_dir_;
+  std::string address_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> workers_;
+  std::unique_ptr<trainyard::v1::JobService::Stub> job_stub_;
+};
+
+std::string BinDir();
+std::string SourceDir();
+// Reads a whole file; empty if it cannot.
+std::string ReadFile(const std::string& path);
+// Parses the trainer's "step=N ... loss=X" lines: step -> loss.
+std::map<int64_t, double> ParseStepLosses(const std::string& log);
+bool ProcessAlive(pid_t pid);
+
+}  // namespace trainyard::testing
+
+#endif  // TRAINYARD_TESTS_INTEGRATION_CLUSTER_H_

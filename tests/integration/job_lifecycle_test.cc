@@ -1,0 +1,241 @@
+// The real coordinator, a worker agent and trainers on loopback: a job's whole life.
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/object_store.h"
+#include "common/sha256.h"
+#include "common/uri.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/cluster.h"
+
+namespace trainyard::testing {
+namespace {
+
+using trainyard::v1::Job;
+
+// A small job that learns: a 2-layer MLP on 4 separable classes.
+std::string SyntheticJob(const std::string& name, int64_t max_steps, int64_t every_steps = 0,
+                         const std::string& extra = "") {
+  return absl::StrCat(R"(
+name: )", name, R"(
+strategy: single
+model:
+  builtin: mlp
+  args: {inputs: 16, hidden: [32], classes: 4}
+data:
+  synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
+batch_size: 32
+optimizer: {name: adamw, lr: 0.01}
+max_steps: )", max_steps, R"(
+log_every_steps: 1
+seed: 7
+checkpoint: {every_steps: )", every_steps, R"(, keep_last: 2}
+)", extra);
+}
+
+// Checks a committed checkpoint folder: MANIFEST.json lists every object with its size and hash.
+void ExpectValidManifest(const std::string& step_uri) {
+  auto store = OpenObjectStore(step_uri);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto manifest_text = (*store)->Get(JoinUri(step_uri, "MANIFEST.json"));
+  ASSERT_TRUE(manifest_text.ok()) << manifest_text.status();
+  nlohmann::json manifest = nlohmann::json::parse(*manifest_text);
+  ASSERT_TRUE(manifest.contains("objects"));
+  ASSERT_GE(manifest["objects"].size(), 3u);
+  bool has_model = false;
+  for (const auto& object : manifest["objects"]) {
+    const std::string name = object["name"];
+    has_model |= name == "model.safetensors";
+    auto data = (*store)->Get(JoinUri(step_uri, name));
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ(static_cast<int64_t>(data->size()), object["size"].get<int64_t>()) << name;
+    EXPECT_EQ(Sha256Hex(*data), object["sha256"].get<std::string>()) << name;
+  }
+  EXPECT_TRUE(has_model);
+}
+
+TEST(JobLifecycleTest, SubmittedJobTrainsToSuccessWithCheckpoints) {
+  Cluster cluster;
+  auto submitted = cluster.Submit(SyntheticJob("learns", 60, 20));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->state(), v1::PENDING);
+
+  auto job = cluster.WaitForFinal(submitted->id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->reason();
+
+  auto described = cluster.Get(job->id());
+  ASSERT_TRUE(described.ok());
+  EXPECT_EQ(described->progress().step(), 60);
+  EXPECT_EQ(described->committed_step(), 60);
+  std::vector<v1::JobState> path;
+  for (const auto& event : described->events()) path.push_back(event.to());
+  EXPECT_EQ(path, (std::vector<v1::JobState>{v1::PENDING, v1::SCHEDULED, v1::RUNNING,
+                                             v1::SUCCEEDED}));
+  for (const auto& event : described->events()) EXPECT_FALSE(event.reason().empty());
+
+  // Loss at the end is clearly below the loss at the start.
+  auto logs = cluster.Logs(job->id());
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  std::map<int64_t, double> losses = ParseStepLosses(*logs);
+  ASSERT_EQ(losses.count(1), 1u) << *logs;
+  ASSERT_EQ(losses.count(60), 1u) << *logs;
+  EXPECT_LT(losses[60], 0.5 * losses[1]);
+
+  // Checkpoints at 40 and 60 are kept (keep_last 2); 20 was retired and its objects deleted.
+  grpc::ClientContext context;
+  v1::ListCheckpointsRequest request;
+  request.set_job_id(job->id());
+  v1::ListCheckpointsResponse checkpoints;
+  ASSERT_TRUE(cluster.jobs().ListCheckpoints(&context, request, &checkpoints).ok());
+  ASSERT_EQ(checkpoints.checkpoints_size(), 2);
+  EXPECT_EQ(checkpoints.checkpoints(0).step(), 60);
+  EXPECT_EQ(checkpoints.checkpoints(1).step(), 40);
+  for (const auto& checkpoint : checkpoints.checkpoints()) ExpectValidManifest(checkpoint.uri());
+  auto store = OpenObjectStore(job->checkpoint_uri());
+  ASSERT_TRUE(store.ok());
+  auto retired = (*store)->List(JoinUri(job->checkpoint_uri(), "step-000000000020/"));
+  ASSERT_TRUE(retired.ok());
+  EXPECT_TRUE(retired->empty());
+
+  // The trained model was exported.
+  ASSERT_FALSE(described->model_uri().empty());
+  EXPECT_TRUE((*store)->Head(described->model_uri()).ok());
+}
+
+TEST(JobLifecycleTest, CancelStopsTheRunningTrainer) {
+  Cluster cluster;
+  auto submitted = cluster.Submit(SyntheticJob("cancel-me", 100000000));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
+    return job.state() == v1::RUNNING && job.progress().step() > 0;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  const std::string task_id = absl::StrCat(submitted->id(), ".g1.r0");
+  std::optional<pid_t> pid = cluster.TrainerPid(0, task_id);
+  ASSERT_TRUE(pid.has_value());
+  ASSERT_TRUE(ProcessAlive(*pid));
+
+  auto cancel = cluster.Cli({"cancel", submitted->id()});
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
+  auto job = cluster.WaitFor(submitted->id(), [](const Job& job) {
+    return job.state() == v1::CANCELLED && !job.tasks().empty() &&
+           job.tasks(0).state() == v1::TASK_STOPPED;
+  });
+  ASSERT_TRUE(job.ok()) << job.status();
+  // The agent reports the task stopped only after its process has been reaped.
+  EXPECT_FALSE(ProcessAlive(*pid));
+  auto cancel_again = cluster.Cli({"cancel", submitted->id()});
+  EXPECT_NE(cancel_again.exit_code, 0);
+}
+
+TEST(JobLifecycleTest, BadSpecIsRefusedNamingTheField) {
+  Cluster cluster({.workers = 0});
+  auto refused = cluster.Submit(absl::StrReplaceAll(SyntheticJob("bad", 10), {{"lr: 0.01", "lr: -1"}}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("optimizer.lr"), absl::string_view::npos)
+      << refused.status();
+
+  // Through the CLI: the message names the field, the exit code says the spec was bad, and
+  // nothing was stored.
+  const std::string spec_path = cluster.state_dir() + "/../bad.yaml";
+  {
+    std::ofstream out(spec_path);
+    out << absl::StrReplaceAll(SyntheticJob("bad", 10), {{"hidden: [32]", "hiden: [32]"}});
+  }
+  auto cli = cluster.Cli({"submit", spec_path});
+  EXPECT_EQ(cli.exit_code, 2) << cli.output;
+  EXPECT_NE(cli.output.find("model.args.hiden"), std::string::npos) << cli.output;
+  auto listed = cluster.Cli({"jobs", "-o", "json"});
+  EXPECT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_EQ(listed.output.find("\"bad"), std::string::npos) << listed.output;
+}
+
+TEST(JobLifecycleTest, FailingTrainerFailsTheJobWithItsCause) {
+  Cluster cluster;
+  const std::string yaml = absl::StrReplaceAll(
+      SyntheticJob("no-data", 10),
+      {{"synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}",
+        "train: /nonexistent/train-*.safetensors"}});
+  auto submitted = cluster.Submit(yaml);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto job = cluster.WaitForFinal(submitted->id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_NE(job->reason().find("data.train"), std::string::npos) << job->reason();
+
+  auto describe = cluster.Cli({"describe", submitted->id()});
+  EXPECT_EQ(describe.exit_code, 0) << describe.output;
+  EXPECT_NE(describe.output.find("FAILED"), std::string::npos) << describe.output;
+  EXPECT_NE(describe.output.find("data.train"), std::string::npos) << describe.output;
+}
+
+TEST(JobLifecycleTest, ResubmittedJobResumesFromTheKilledJobsCheckpoint) {
+  Cluster cluster;
+  auto first = cluster.Submit(SyntheticJob("resume", 100000000, 5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto committed = cluster.WaitFor(first->id(),
+                                   [](const Job& job) { return job.committed_step() >= 10; });
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  std::optional<pid_t> pid = cluster.TrainerPid(0, absl::StrCat(first->id(), ".g1.r0"));
+  ASSERT_TRUE(pid.has_value());
+  ASSERT_EQ(kill(*pid, SIGKILL), 0);
+  auto failed = cluster.WaitForFinal(first->id());
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::FAILED);
+  const int64_t committed_step = failed->committed_step();
+  ASSERT_GE(committed_step, 10);
+
+  const std::string spec_path = cluster.state_dir() + "/../resume.yaml";
+  {
+    std::ofstream out(spec_path);
+    out << SyntheticJob("resume", committed_step + 10, 5);
+  }
+  auto submit = cluster.Cli({"submit", spec_path, "--resume-from", first->id(), "--wait"});
+  EXPECT_EQ(submit.exit_code, 0) << submit.output;
+  grpc::ClientContext context;
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(cluster.jobs().ListJobs(&context, v1::ListJobsRequest(), &listed).ok());
+  std::string second_id;
+  for (const auto& job : listed.jobs()) {
+    if (job.name() == "resume" && job.id() != first->id()) second_id = job.id();
+  }
+  ASSERT_FALSE(second_id.empty());
+  auto second = cluster.Get(second_id);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->state(), v1::SUCCEEDED) << second->reason();
+
+  // The second job's first step is the one after the committed step: nothing was redone.
+  auto logs = cluster.Logs(second->id());
+  ASSERT_TRUE(logs.ok());
+  std::map<int64_t, double> losses = ParseStepLosses(*logs);
+  ASSERT_FALSE(losses.empty()) << *logs;
+  EXPECT_EQ(losses.begin()->first, committed_step + 1) << *logs;
+  EXPECT_EQ(losses.rbegin()->first, committed_step + 10);
+}
+
+TEST(JobLifecycleTest, StateSurvivesACoordinatorRestart) {
+  Cluster cluster({.workers = 0});
+  auto submitted = cluster.Submit(SyntheticJob("durable", 10));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  cluster.KillCoordinator(SIGKILL);
+  cluster.StartCoordinator();
+  auto job = cluster.Get(submitted->id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_EQ(job->spec().max_steps(), 10);
+  ASSERT_GE(job->events_size(), 1);
+  EXPECT_EQ(job->events(0).to(), v1::PENDING);
+  // A job that cannot be placed says why.
+  EXPECT_FALSE(job->reason().empty());
+}
+
+}  // namespace
+}  // namespace trainyard::testing
