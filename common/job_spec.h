@@ -13,14 +13,34 @@ namespace trainyard {
 // Maps a YAML job spec (DESIGN.md, "Job spec") onto the JobSpec proto, fills defaults and
 // validates it. INVALID_ARGUMENT whose message starts with the dotted field path, for example
 // "optimizer.lr: must be > 0", "model.args.hiden: unknown key", "batch_size: expected an
-// integer, got 'abc'". Nothing is returned on error.
+// integer, got 'abc'". Nothing is returned on error. Never throws; a YAML syntax error reads
+// "yaml: line L, column C: <problem>".
+//
+// Every key is checked (unknown keys are refused, with a suggestion when one is close); list
+// items are named like "model.args.hidden[1]". A null value ("key:" with nothing) means unset.
+// Short forms: `workers: N` is {min: N, max: N}; `workers: {max: N}` is {min: 1, max: N};
+// `workers: {min: N}` is {min: N, max: N}; `optimizer: adam` and `schedule: cosine` name only;
+// `hidden: 64` is [64]; `max_runtime` takes a duration ("12h", see ParseDurationSeconds) or
+// plain seconds; integer fields accept integral numbers such as 1e4.
+// max_steps and epochs may both be set: training stops at whichever comes first.
+//
+// YAML-only defaults and checks, since a zero in the proto cannot be told from "unset":
+// adamw without weight_decay gets 0.01 (an explicit 0 stays 0), and explicit zeros are refused
+// for fields whose zero means "default": batch_size, workers, checkpoint.keep_last,
+// log_every_steps, optimizer.lr, optimizer.eps.
 absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
-// Fills defaults in place (strategy single, workers 1, loss cross_entropy, data.features "x",
-// data.labels "y", optimizer defaults, checkpoint.keep_last 3, ...). Idempotent.
+// Fills defaults in place. Idempotent. Zero/empty means unset:
+//   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); parameter_servers 1 for
+//   the parameter_server strategy; loss cross_entropy; data.features "x", data.labels "y",
+//   data.shuffle true; optimizer.name sgd, lr 0.01, schedule constant; for adam/adamw betas
+//   0.9/0.999 (when both are 0) and eps 1e-8; checkpoint.keep_last 3 (every_steps 0 = only at
+//   the end); log_every_steps 10; batch_size 32. seed, restart.max_failures and priority stay 0;
+//   restart.max_preemptions stays unset (unlimited).
 void ApplyJobSpecDefaults(trainyard::v1::JobSpec& spec);
 
-// Checks a spec that already has its defaults. Same error form as ParseJobSpecYaml.
+// Checks a spec that already has its defaults; returns the first problem found. Same error form
+// as ParseJobSpecYaml ("<field>: <problem>"), INVALID_ARGUMENT.
 absl::Status ValidateJobSpec(const trainyard::v1::JobSpec& spec);
 
 // "90s", "15m", "12h", "2d", "1h30m" -> seconds. INVALID_ARGUMENT otherwise.

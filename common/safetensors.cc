@@ -51,14 +51,14 @@ uint64_t GetLe64(const char* p) {
 
 int SafetensorsDtypeSize(absl::string_view dtype) {
   static const auto* const kSizes = new std::map<std::string, int, std::less<>>{
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
   auto it = kSizes->find(dtype);
   return it == kSizes->end() ? 0 : it->second;
 }
 
-absl::StatusOr<std::string> EncodeSafetensors(
-    const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,
+                                              const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> names;
   uint64_t offset = 0;
@@ -154,8 +154,8 @@ absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
       }
       for (auto m = value.begin(); m != value.end(); ++m) {
         if (!m.value().is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "safetensors: __metadata__ value for '", m.key(), "' is not a string"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("safetensors: __metadata__ value for '", m.key(), "' is not a string"));
         }
         file.metadata[m.key()] = m.value().get<std::string>();
       }
@@ -214,10 +214,9 @@ absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
     }
   }
   if (truncated) {
-    return absl::DataLossError(absl::StrCat("safetensors: data section has ", data_size,
-                                            " bytes, the header needs ",
-                                            entries.empty() ? 0 : entries.back().end,
-                                            " (truncated?)"));
+    return absl::DataLossError(
+        absl::StrCat("safetensors: data section has ", data_size, " bytes, the header needs ",
+                     entries.empty() ? 0 : entries.back().end, " (truncated?)"));
   }
 
   file.buffer = std::move(buffer);

@@ -61,7 +61,11 @@ absl::StatusOr<Uri> ParseUri(absl::string_view uri) {
 std::string JoinUri(absl::string_view base, absl::string_view child) {
   if (base.empty()) return std::string(child);
   if (child.empty()) return std::string(base);
-  while (absl::EndsWith(base, "/") && !absl::EndsWith(base, "://")) base.remove_suffix(1);
+  // Keep the slash that makes up "://" and the root of "file:///".
+  while (absl::EndsWith(base, "/") && !absl::EndsWith(base, "://") &&
+         !absl::EndsWith(base, ":///")) {
+    base.remove_suffix(1);
+  }
   while (absl::StartsWith(child, "/")) child.remove_prefix(1);
   if (absl::EndsWith(base, "/")) return absl::StrCat(base, child);
   return absl::StrCat(base, "/", child);

@@ -1,0 +1,767 @@
+#include "common/job_spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/uri.h"
+#include "yaml-cpp/yaml.h"
+
+namespace trainyard {
+namespace {
+
+using trainyard::v1::JobSpec;
+
+constexpr int kMaxNameLength = 63;
+constexpr double kDefaultLr = 0.01;
+constexpr double kDefaultBeta1 = 0.9;
+constexpr double kDefaultBeta2 = 0.999;
+constexpr double kDefaultEps = 1e-8;
+constexpr double kDefaultAdamwWeightDecay = 0.01;
+constexpr int kDefaultKeepLast = 3;
+constexpr int kDefaultLogEverySteps = 10;
+constexpr int kDefaultBatchSize = 32;
+
+absl::Status FieldError(absl::string_view path, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));
+}
+
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string Child(absl::string_view path, absl::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+}
+
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return absl::StrCat("'", node.Scalar(), "'");
+    default:
+      return "nothing";
+  }
+}
+
+absl::Status ExpectMap(const YAML::Node& node, absl::string_view path) {
+  if (node.IsMap()) return absl::OkStatus();
+  return FieldError(path, absl::StrCat("expected a mapping, got ", Describe(node)));
+}
+
+// Checks that every key of `node` (a mapping) is one of `known`, and that none repeats.
+absl::Status CheckKeys(const YAML::Node& node, absl::string_view path,
+                       const std::vector<absl::string_view>& known) {
+  std::set<std::string> seen;
+  for (const auto& item : node) {
+    if (!item.first.IsScalar()) {
+      return FieldError(path.empty() ? "spec" : path, "keys must be plain strings");
+    }
+    const std::string& key = item.first.Scalar();
+    const std::string key_path = Child(path, key);
+    if (!seen.insert(key).second) return FieldError(key_path, "duplicate key");
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    absl::string_view best;
+    size_t best_distance = 3;
+    for (absl::string_view candidate : known) {
+      const size_t distance = EditDistance(key, candidate);
+      if (distance < best_distance && distance < candidate.size()) {
+        best = candidate;
+        best_distance = distance;
+      }
+    }
+    if (best.empty()) return FieldError(key_path, "unknown key");
+    return FieldError(key_path, absl::StrCat("unknown key (did you mean '", best, "'?)"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsSet(const YAML::Node& node) { return node.IsDefined() && !node.IsNull(); }
+
+absl::StatusOr<std::string> ReadString(const YAML::Node& node, absl::string_view path) {
+  if (!node.IsScalar()) {
+    return FieldError(path, absl::StrCat("expected a string, got ", Describe(node)));
+  }
+  return node.Scalar();
+}
+
+absl::StatusOr<int64_t> ReadInt64(const YAML::Node& node, absl::string_view path) {
+  if (node.IsScalar()) {
+    const std::string& text = node.Scalar();
+    int64_t value;
+    if (absl::SimpleAtoi(text, &value)) return value;
+    // Accept integral numbers written in floating-point form, such as 1e4.
+    double d;
+    if (absl::SimpleAtod(text, &d) && std::isfinite(d) && d == std::floor(d) &&
+        std::fabs(d) <= 9.0e15) {
+      return static_cast<int64_t>(d);
+    }
+  }
+  return FieldError(path, absl::StrCat("expected an integer, got ", Describe(node)));
+}
+
+absl::StatusOr<int32_t> ReadInt32(const YAML::Node& node, absl::string_view path) {
+  absl::StatusOr<int64_t> value = ReadInt64(node, path);
+  if (!value.ok()) return value.status();
+  if (*value < std::numeric_limits<int32_t>::min() ||
+      *value > std::numeric_limits<int32_t>::max()) {
+    return FieldError(path, absl::StrCat(*value, " is out of range"));
+  }
+  return static_cast<int32_t>(*value);
+}
+
+absl::StatusOr<double> ReadDouble(const YAML::Node& node, absl::string_view path) {
+  if (node.IsScalar()) {
+    double value;
+    if (absl::SimpleAtod(node.Scalar(), &value) && std::isfinite(value)) return value;
+  }
+  return FieldError(path, absl::StrCat("expected a number, got ", Describe(node)));
+}
+
+absl::StatusOr<bool> ReadBool(const YAML::Node& node, absl::string_view path) {
+  if (node.IsScalar()) {
+    const std::string text = absl::AsciiStrToLower(node.Scalar());
+    if (text == "true" || text == "yes" || text == "on") return true;
+    if (text == "false" || text == "no" || text == "off") return false;
+  }
+  return FieldError(path, absl::StrCat("expected true or false, got ", Describe(node)));
+}
+
+#define TY_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    absl::Status ty_status_ = (expr);        \
+    if (!ty_status_.ok()) return ty_status_; \
+  } while (false)
+
+// Reads `map[key]` with `reader` and hands it to `setter` when present and not null; a missing
+// or null key leaves the field untouched.
+template <typename T, typename Reader, typename Setter>
+absl::Status ReadField(const YAML::Node& map, absl::string_view path, const char* key,
+                       Reader reader, Setter setter) {
+  const YAML::Node node = map[key];
+  if (!IsSet(node)) return absl::OkStatus();
+  const std::string field = Child(path, key);
+  absl::StatusOr<T> value = reader(node, field);
+  if (!value.ok()) return value.status();
+  return setter(*value, field);
+}
+
+// A setter that cannot fail.
+template <typename T, typename Fn>
+auto Set(Fn fn) {
+  return [fn](const T& value, const std::string&) {
+    fn(value);
+    return absl::OkStatus();
+  };
+}
+
+template <typename Fn>
+absl::Status String(const YAML::Node& map, absl::string_view path, const char* key, Fn fn) {
+  return ReadField<std::string>(map, path, key, ReadString, Set<std::string>(fn));
+}
+
+// The pointer is taken even when the key is absent: not for oneof members, which that would set.
+absl::Status String(const YAML::Node& map, absl::string_view path, const char* key,
+                    std::string* out) {
+  return String(map, path, key, [out](const std::string& v) { *out = v; });
+}
+
+template <typename Fn>
+absl::Status Int64(const YAML::Node& map, absl::string_view path, const char* key, Fn fn) {
+  return ReadField<int64_t>(map, path, key, ReadInt64, Set<int64_t>(fn));
+}
+
+template <typename Fn>
+absl::Status Int32(const YAML::Node& map, absl::string_view path, const char* key, Fn fn) {
+  return ReadField<int32_t>(map, path, key, ReadInt32, Set<int32_t>(fn));
+}
+
+template <typename Fn>
+absl::Status Double(const YAML::Node& map, absl::string_view path, const char* key, Fn fn) {
+  return ReadField<double>(map, path, key, ReadDouble, Set<double>(fn));
+}
+
+// Fields whose zero means "use the default": an explicit zero or less is refused here, because
+// after ApplyJobSpecDefaults it could no longer be told apart from "unset".
+template <typename T, typename Fn>
+absl::Status Positive(const YAML::Node& map, absl::string_view path, const char* key,
+                      absl::string_view problem, Fn fn) {
+  auto reader = [](const YAML::Node& node, absl::string_view field) -> absl::StatusOr<T> {
+    if constexpr (std::is_same_v<T, double>) {
+      return ReadDouble(node, field);
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      return ReadInt64(node, field);
+    } else {
+      return ReadInt32(node, field);
+    }
+  };
+  return ReadField<T>(map, path, key, reader,
+                      [fn, problem](const T& value, const std::string& field) {
+                        if (value <= 0) return FieldError(field, problem);
+                        fn(value);
+                        return absl::OkStatus();
+                      });
+}
+
+class SpecParser {
+ public:
+  explicit SpecParser(JobSpec& spec) : spec_(spec) {}
+
+  absl::Status Parse(const YAML::Node& root) {
+    if (!IsSet(root)) return FieldError("spec", "the job spec is empty");
+    TY_RETURN_IF_ERROR(ExpectMap(root, "spec"));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(root, "",
+                  {"name", "strategy", "workers", "resources", "parameter_servers", "model", "data",
+                   "batch_size", "optimizer", "loss", "max_steps", "epochs", "seed", "checkpoint",
+                   "restart", "priority", "max_runtime", "log_every_steps"}));
+    TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
+    TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
+    TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
+    TY_RETURN_IF_ERROR(ParseResources(root["resources"]));
+    TY_RETURN_IF_ERROR(Int32(root, "", "parameter_servers",
+                             [this](int32_t v) { spec_.set_parameter_servers(v); }));
+    TY_RETURN_IF_ERROR(ParseModel(root["model"]));
+    TY_RETURN_IF_ERROR(ParseData(root["data"]));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(root, "", "batch_size", "must be > 0",
+                                         [this](int32_t v) { spec_.set_batch_size(v); }));
+    TY_RETURN_IF_ERROR(ParseOptimizer(root["optimizer"]));
+    TY_RETURN_IF_ERROR(String(root, "", "loss", spec_.mutable_loss()));
+    TY_RETURN_IF_ERROR(Int64(root, "", "max_steps", [this](int64_t v) { spec_.set_max_steps(v); }));
+    TY_RETURN_IF_ERROR(Int32(root, "", "epochs", [this](int32_t v) { spec_.set_epochs(v); }));
+    TY_RETURN_IF_ERROR(Int64(root, "", "seed", [this](int64_t v) { spec_.set_seed(v); }));
+    TY_RETURN_IF_ERROR(ParseCheckpoint(root["checkpoint"]));
+    TY_RETURN_IF_ERROR(ParseRestart(root["restart"]));
+    TY_RETURN_IF_ERROR(Int32(root, "", "priority", [this](int32_t v) { spec_.set_priority(v); }));
+    TY_RETURN_IF_ERROR(ParseMaxRuntime(root["max_runtime"]));
+    TY_RETURN_IF_ERROR(Positive<int64_t>(root, "", "log_every_steps", "must be > 0",
+                                         [this](int64_t v) { spec_.set_log_every_steps(v); }));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status ParseStrategy(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    absl::StatusOr<std::string> name = ReadString(node, "strategy");
+    if (!name.ok()) return name.status();
+    if (*name == "single") {
+      spec_.set_strategy(v1::SINGLE);
+    } else if (*name == "data_parallel") {
+      spec_.set_strategy(v1::DATA_PARALLEL);
+    } else if (*name == "parameter_server") {
+      spec_.set_strategy(v1::PARAMETER_SERVER);
+    } else {
+      return FieldError("strategy",
+                        absl::StrCat("unknown strategy '", *name,
+                                     "', expected single, data_parallel or parameter_server"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseWorkers(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    v1::WorkerRange& workers = *spec_.mutable_workers();
+    if (node.IsScalar()) {
+      absl::StatusOr<int32_t> n = ReadInt32(node, "workers");
+      if (!n.ok()) return n.status();
+      if (*n < 1) return FieldError("workers", "must be >= 1");
+      workers.set_min(*n);
+      workers.set_max(*n);
+      return absl::OkStatus();
+    }
+    if (!node.IsMap()) {
+      return FieldError("workers",
+                        absl::StrCat("expected a number or {min, max}, got ", Describe(node)));
+    }
+    TY_RETURN_IF_ERROR(CheckKeys(node, "workers", {"min", "max"}));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(node, "workers", "min", "must be >= 1",
+                                         [&](int32_t v) { workers.set_min(v); }));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(node, "workers", "max", "must be >= 1",
+                                         [&](int32_t v) { workers.set_max(v); }));
+    // {min: 2} is a fixed size; {max: 4} lets the job run on 1 to 4 workers.
+    if (workers.max() == 0) workers.set_max(workers.min());
+    if (workers.min() == 0) workers.set_min(1);
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseResources(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    TY_RETURN_IF_ERROR(ExpectMap(node, "resources"));
+    TY_RETURN_IF_ERROR(CheckKeys(node, "resources", {"gpus_per_worker"}));
+    return Int32(node, "resources", "gpus_per_worker",
+                 [this](int32_t v) { spec_.mutable_resources()->set_gpus_per_worker(v); });
+  }
+
+  absl::Status ParseModel(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    TY_RETURN_IF_ERROR(ExpectMap(node, "model"));
+    TY_RETURN_IF_ERROR(CheckKeys(node, "model", {"builtin", "torchscript", "args"}));
+    v1::ModelSpec& model = *spec_.mutable_model();
+    if (IsSet(node["builtin"]) && IsSet(node["torchscript"])) {
+      return FieldError("model", "set only one of builtin or torchscript");
+    }
+    TY_RETURN_IF_ERROR(
+        String(node, "model", "builtin", [&](const std::string& v) { model.set_builtin(v); }));
+    TY_RETURN_IF_ERROR(String(node, "model", "torchscript",
+                              [&](const std::string& v) { model.set_torchscript(v); }));
+    const YAML::Node args = node["args"];
+    if (!IsSet(args)) return absl::OkStatus();
+    TY_RETURN_IF_ERROR(ExpectMap(args, "model.args"));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(args, "model.args",
+                  {"inputs", "hidden", "classes", "channels", "height", "width", "dropout"}));
+    v1::ModelArgs& out = *model.mutable_args();
+    const std::string path = "model.args";
+    TY_RETURN_IF_ERROR(Int32(args, path, "inputs", [&](int32_t v) { out.set_inputs(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "classes", [&](int32_t v) { out.set_classes(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "channels", [&](int32_t v) { out.set_channels(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "height", [&](int32_t v) { out.set_height(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "width", [&](int32_t v) { out.set_width(v); }));
+    TY_RETURN_IF_ERROR(
+        Double(args, path, "dropout", [&](double v) { out.set_dropout(static_cast<float>(v)); }));
+    const YAML::Node hidden = args["hidden"];
+    if (IsSet(hidden)) {
+      if (hidden.IsScalar()) {
+        absl::StatusOr<int32_t> v = ReadInt32(hidden, "model.args.hidden");
+        if (!v.ok()) return v.status();
+        out.add_hidden(*v);
+      } else if (hidden.IsSequence()) {
+        for (size_t i = 0; i < hidden.size(); ++i) {
+          absl::StatusOr<int32_t> v =
+              ReadInt32(hidden[i], absl::StrCat("model.args.hidden[", i, "]"));
+          if (!v.ok()) return v.status();
+          out.add_hidden(*v);
+        }
+      } else {
+        return FieldError("model.args.hidden",
+                          absl::StrCat("expected a list of integers, got ", Describe(hidden)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseData(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    TY_RETURN_IF_ERROR(ExpectMap(node, "data"));
+    TY_RETURN_IF_ERROR(CheckKeys(
+        node, "data", {"train", "synthetic", "features", "labels", "validation_split", "shuffle"}));
+    v1::DataSpec& data = *spec_.mutable_data();
+    if (IsSet(node["train"]) && IsSet(node["synthetic"])) {
+      return FieldError("data", "set only one of train or synthetic");
+    }
+    TY_RETURN_IF_ERROR(String(node, "data", "train", data.mutable_train()));
+    TY_RETURN_IF_ERROR(String(node, "data", "features", data.mutable_features()));
+    TY_RETURN_IF_ERROR(String(node, "data", "labels", data.mutable_labels()));
+    TY_RETURN_IF_ERROR(Double(node, "data", "validation_split",
+                              [&](double v) { data.set_validation_split(static_cast<float>(v)); }));
+    TY_RETURN_IF_ERROR(ReadField<bool>(node, "data", "shuffle", ReadBool,
+                                       Set<bool>([&](bool v) { data.set_shuffle(v); })));
+    const YAML::Node synthetic = node["synthetic"];
+    if (!synthetic.IsDefined()) return absl::OkStatus();
+    if (synthetic.IsNull()) {
+      data.mutable_synthetic();
+      return absl::OkStatus();
+    }
+    TY_RETURN_IF_ERROR(ExpectMap(synthetic, "data.synthetic"));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(synthetic, "data.synthetic", {"samples", "features", "classes", "noise"}));
+    v1::SyntheticData& out = *data.mutable_synthetic();
+    const std::string path = "data.synthetic";
+    TY_RETURN_IF_ERROR(Int64(synthetic, path, "samples", [&](int64_t v) { out.set_samples(v); }));
+    TY_RETURN_IF_ERROR(Int32(synthetic, path, "features", [&](int32_t v) { out.set_features(v); }));
+    TY_RETURN_IF_ERROR(Int32(synthetic, path, "classes", [&](int32_t v) { out.set_classes(v); }));
+    TY_RETURN_IF_ERROR(
+        Double(synthetic, path, "noise", [&](double v) { out.set_noise(static_cast<float>(v)); }));
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseOptimizer(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    v1::OptimizerSpec& opt = *spec_.mutable_optimizer();
+    if (node.IsScalar()) {  // optimizer: adam
+      opt.set_name(node.Scalar());
+      ApplyYamlOnlyOptimizerDefaults(/*weight_decay_set=*/false);
+      return absl::OkStatus();
+    }
+    TY_RETURN_IF_ERROR(ExpectMap(node, "optimizer"));
+    TY_RETURN_IF_ERROR(CheckKeys(
+        node, "optimizer",
+        {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps", "schedule"}));
+    const std::string path = "optimizer";
+    TY_RETURN_IF_ERROR(String(node, path, "name", opt.mutable_name()));
+    TY_RETURN_IF_ERROR(
+        Positive<double>(node, path, "lr", "must be > 0", [&](double v) { opt.set_lr(v); }));
+    TY_RETURN_IF_ERROR(Double(node, path, "momentum", [&](double v) { opt.set_momentum(v); }));
+    TY_RETURN_IF_ERROR(ReadField<bool>(node, path, "nesterov", ReadBool,
+                                       Set<bool>([&](bool v) { opt.set_nesterov(v); })));
+    TY_RETURN_IF_ERROR(
+        Double(node, path, "weight_decay", [&](double v) { opt.set_weight_decay(v); }));
+    TY_RETURN_IF_ERROR(
+        Positive<double>(node, path, "eps", "must be > 0", [&](double v) { opt.set_eps(v); }));
+    const YAML::Node betas = node["betas"];
+    if (IsSet(betas)) {
+      if (!betas.IsSequence() || betas.size() != 2) {
+        return FieldError("optimizer.betas",
+                          absl::StrCat("expected a list of 2 numbers, got ", Describe(betas)));
+      }
+      absl::StatusOr<double> b1 = ReadDouble(betas[0], "optimizer.betas[0]");
+      if (!b1.ok()) return b1.status();
+      absl::StatusOr<double> b2 = ReadDouble(betas[1], "optimizer.betas[1]");
+      if (!b2.ok()) return b2.status();
+      opt.set_beta1(*b1);
+      opt.set_beta2(*b2);
+    }
+    TY_RETURN_IF_ERROR(ParseSchedule(node["schedule"]));
+    ApplyYamlOnlyOptimizerDefaults(IsSet(node["weight_decay"]));
+    return absl::OkStatus();
+  }
+
+  // AdamW decays by 0.01 unless the spec says otherwise. Done here rather than in
+  // ApplyJobSpecDefaults so that an explicit "weight_decay: 0" keeps its meaning.
+  void ApplyYamlOnlyOptimizerDefaults(bool weight_decay_set) {
+    v1::OptimizerSpec& opt = *spec_.mutable_optimizer();
+    if (opt.name() == "adamw" && !weight_decay_set) opt.set_weight_decay(kDefaultAdamwWeightDecay);
+  }
+
+  absl::Status ParseSchedule(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    v1::LrSchedule& schedule = *spec_.mutable_optimizer()->mutable_schedule();
+    if (node.IsScalar()) {  // schedule: cosine
+      schedule.set_name(node.Scalar());
+      return absl::OkStatus();
+    }
+    const std::string path = "optimizer.schedule";
+    TY_RETURN_IF_ERROR(ExpectMap(node, path));
+    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"name", "warmup_steps", "min_lr"}));
+    TY_RETURN_IF_ERROR(String(node, path, "name", schedule.mutable_name()));
+    TY_RETURN_IF_ERROR(
+        Int64(node, path, "warmup_steps", [&](int64_t v) { schedule.set_warmup_steps(v); }));
+    TY_RETURN_IF_ERROR(Double(node, path, "min_lr", [&](double v) { schedule.set_min_lr(v); }));
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseCheckpoint(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    const std::string path = "checkpoint";
+    TY_RETURN_IF_ERROR(ExpectMap(node, path));
+    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"uri", "every_steps", "keep_last", "resume_from"}));
+    v1::CheckpointSpec& ckpt = *spec_.mutable_checkpoint();
+    TY_RETURN_IF_ERROR(String(node, path, "uri", ckpt.mutable_uri()));
+    TY_RETURN_IF_ERROR(
+        Int64(node, path, "every_steps", [&](int64_t v) { ckpt.set_every_steps(v); }));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "keep_last", "must be >= 1",
+                                         [&](int32_t v) { ckpt.set_keep_last(v); }));
+    TY_RETURN_IF_ERROR(String(node, path, "resume_from", ckpt.mutable_resume_from()));
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseRestart(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    const std::string path = "restart";
+    TY_RETURN_IF_ERROR(ExpectMap(node, path));
+    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"max_failures", "max_preemptions"}));
+    v1::RestartPolicy& restart = *spec_.mutable_restart();
+    TY_RETURN_IF_ERROR(
+        Int32(node, path, "max_failures", [&](int32_t v) { restart.set_max_failures(v); }));
+    TY_RETURN_IF_ERROR(
+        Int32(node, path, "max_preemptions", [&](int32_t v) { restart.set_max_preemptions(v); }));
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseMaxRuntime(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    if (!node.IsScalar()) {
+      return FieldError("max_runtime",
+                        absl::StrCat("expected a duration such as 12h, got ", Describe(node)));
+    }
+    int64_t seconds;
+    if (!absl::SimpleAtoi(node.Scalar(), &seconds)) {
+      absl::StatusOr<int64_t> parsed = ParseDurationSeconds(node.Scalar());
+      if (!parsed.ok()) return FieldError("max_runtime", parsed.status().message());
+      seconds = *parsed;
+    }
+    spec_.set_max_runtime_seconds(seconds);
+    return absl::OkStatus();
+  }
+
+  JobSpec& spec_;
+};
+
+bool ValidName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  if (name[0] < 'a' || name[0] > 'z') return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return true;
+}
+
+absl::Status ValidateModel(const v1::ModelSpec& model) {
+  switch (model.source_case()) {
+    case v1::ModelSpec::SOURCE_NOT_SET:
+      return FieldError("model", "set builtin or torchscript");
+    case v1::ModelSpec::kTorchscript:
+      if (model.torchscript().empty()) return FieldError("model.torchscript", "must not be empty");
+      break;
+    case v1::ModelSpec::kBuiltin:
+      break;
+  }
+  const v1::ModelArgs& args = model.args();
+  for (int i = 0; i < args.hidden_size(); ++i) {
+    if (args.hidden(i) <= 0)
+      return FieldError(absl::StrCat("model.args.hidden[", i, "]"), "must be > 0");
+  }
+  if (!(args.dropout() >= 0 && args.dropout() < 1)) {
+    return FieldError("model.args.dropout", "must be in [0, 1)");
+  }
+  if (model.source_case() != v1::ModelSpec::kBuiltin) return absl::OkStatus();
+  if (model.builtin() == "mlp") {
+    if (args.inputs() <= 0) return FieldError("model.args.inputs", "must be > 0 for mlp");
+    if (args.classes() <= 0) return FieldError("model.args.classes", "must be > 0 for mlp");
+  } else if (model.builtin() == "cnn") {
+    if (args.channels() <= 0) return FieldError("model.args.channels", "must be > 0 for cnn");
+    if (args.height() <= 0) return FieldError("model.args.height", "must be > 0 for cnn");
+    if (args.width() <= 0) return FieldError("model.args.width", "must be > 0 for cnn");
+    if (args.classes() <= 0) return FieldError("model.args.classes", "must be > 0 for cnn");
+  } else {
+    return FieldError("model.builtin",
+                      absl::StrCat("unknown model '", model.builtin(), "', expected mlp or cnn"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::DataSpec& data) {
+  const bool has_train = !data.train().empty();
+  if (!has_train && !data.has_synthetic()) return FieldError("data", "set train or synthetic");
+  if (has_train && data.has_synthetic()) {
+    return FieldError("data", "set only one of train or synthetic");
+  }
+  if (data.has_synthetic()) {
+    const v1::SyntheticData& s = data.synthetic();
+    if (s.samples() <= 0) return FieldError("data.synthetic.samples", "must be > 0");
+    if (s.features() <= 0) return FieldError("data.synthetic.features", "must be > 0");
+    if (s.classes() <= 0) return FieldError("data.synthetic.classes", "must be > 0");
+    if (!(s.noise() >= 0)) return FieldError("data.synthetic.noise", "must be >= 0");
+  }
+  if (data.features().empty()) return FieldError("data.features", "must not be empty");
+  if (data.labels().empty()) return FieldError("data.labels", "must not be empty");
+  if (!(data.validation_split() >= 0 && data.validation_split() < 1)) {
+    return FieldError("data.validation_split", "must be in [0, 1)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
+  if (opt.name() != "sgd" && opt.name() != "adam" && opt.name() != "adamw") {
+    return FieldError("optimizer.name", absl::StrCat("unknown optimizer '", opt.name(),
+                                                     "', expected sgd, adam or adamw"));
+  }
+  if (!(opt.lr() > 0)) return FieldError("optimizer.lr", "must be > 0");
+  if (!(opt.momentum() >= 0)) return FieldError("optimizer.momentum", "must be >= 0");
+  if (opt.nesterov() && (opt.name() != "sgd" || opt.momentum() <= 0)) {
+    return FieldError("optimizer.nesterov", "needs optimizer sgd with momentum > 0");
+  }
+  if (!(opt.weight_decay() >= 0)) return FieldError("optimizer.weight_decay", "must be >= 0");
+  if (!(opt.beta1() >= 0 && opt.beta1() < 1)) {
+    return FieldError("optimizer.betas[0]", "must be in [0, 1)");
+  }
+  if (!(opt.beta2() >= 0 && opt.beta2() < 1)) {
+    return FieldError("optimizer.betas[1]", "must be in [0, 1)");
+  }
+  if (!(opt.eps() >= 0)) return FieldError("optimizer.eps", "must be >= 0");
+  const v1::LrSchedule& schedule = opt.schedule();
+  if (schedule.name() != "constant" && schedule.name() != "cosine") {
+    return FieldError("optimizer.schedule.name", absl::StrCat("unknown schedule '", schedule.name(),
+                                                              "', expected constant or cosine"));
+  }
+  if (schedule.warmup_steps() < 0) {
+    return FieldError("optimizer.schedule.warmup_steps", "must be >= 0");
+  }
+  if (!(schedule.min_lr() >= 0)) return FieldError("optimizer.schedule.min_lr", "must be >= 0");
+  if (schedule.min_lr() > opt.lr()) {
+    return FieldError("optimizer.schedule.min_lr", "must be <= optimizer.lr");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
+  JobSpec spec;
+  try {
+    const YAML::Node root = YAML::Load(std::string(yaml));
+    absl::Status status = SpecParser(spec).Parse(root);
+    if (!status.ok()) return status;
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat("yaml: line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.what()));
+  }
+  ApplyJobSpecDefaults(spec);
+  absl::Status status = ValidateJobSpec(spec);
+  if (!status.ok()) return status;
+  return spec;
+}
+
+void ApplyJobSpecDefaults(JobSpec& spec) {
+  if (spec.strategy() == v1::STRATEGY_UNSPECIFIED) spec.set_strategy(v1::SINGLE);
+  v1::WorkerRange& workers = *spec.mutable_workers();
+  if (workers.min() == 0 && workers.max() == 0) {
+    workers.set_min(1);
+    workers.set_max(1);
+  } else if (workers.max() == 0) {
+    workers.set_max(workers.min());
+  } else if (workers.min() == 0) {
+    workers.set_min(1);
+  }
+  if (spec.strategy() == v1::PARAMETER_SERVER && spec.parameter_servers() == 0) {
+    spec.set_parameter_servers(1);
+  }
+  if (spec.loss().empty()) spec.set_loss("cross_entropy");
+  v1::DataSpec& data = *spec.mutable_data();
+  if (data.features().empty()) data.set_features("x");
+  if (data.labels().empty()) data.set_labels("y");
+  if (!data.has_shuffle()) data.set_shuffle(true);
+  v1::OptimizerSpec& opt = *spec.mutable_optimizer();
+  if (opt.name().empty()) opt.set_name("sgd");
+  if (opt.lr() == 0) opt.set_lr(kDefaultLr);
+  if (opt.name() == "adam" || opt.name() == "adamw") {
+    if (opt.beta1() == 0 && opt.beta2() == 0) {
+      opt.set_beta1(kDefaultBeta1);
+      opt.set_beta2(kDefaultBeta2);
+    }
+    if (opt.eps() == 0) opt.set_eps(kDefaultEps);
+  }
+  if (opt.schedule().name().empty()) opt.mutable_schedule()->set_name("constant");
+  if (spec.checkpoint().keep_last() == 0)
+    spec.mutable_checkpoint()->set_keep_last(kDefaultKeepLast);
+  if (spec.log_every_steps() == 0) spec.set_log_every_steps(kDefaultLogEverySteps);
+  if (spec.batch_size() == 0) spec.set_batch_size(kDefaultBatchSize);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  if (spec.name().empty()) return FieldError("name", "required");
+  if (!ValidName(spec.name())) return FieldError("name", "must match [a-z][a-z0-9-]{0,62}");
+
+  const v1::Strategy strategy = spec.strategy();
+  if (strategy != v1::SINGLE && strategy != v1::DATA_PARALLEL && strategy != v1::PARAMETER_SERVER) {
+    return FieldError("strategy", "set single, data_parallel or parameter_server");
+  }
+  const v1::WorkerRange& workers = spec.workers();
+  if (workers.min() < 1) return FieldError("workers.min", "must be >= 1");
+  if (workers.min() > workers.max()) return FieldError("workers", "min must be <= max");
+  if (strategy == v1::SINGLE && workers.max() != 1) {
+    return FieldError("workers", "strategy single runs exactly 1 worker");
+  }
+  if (spec.resources().gpus_per_worker() < 0) {
+    return FieldError("resources.gpus_per_worker", "must be >= 0");
+  }
+  if (spec.parameter_servers() < 0) return FieldError("parameter_servers", "must be >= 0");
+  if (spec.parameter_servers() > 0 && strategy != v1::PARAMETER_SERVER) {
+    return FieldError("parameter_servers", "only with strategy parameter_server");
+  }
+  if (strategy == v1::PARAMETER_SERVER && spec.parameter_servers() < 1) {
+    return FieldError("parameter_servers", "must be >= 1 with strategy parameter_server");
+  }
+
+  absl::Status status = ValidateModel(spec.model());
+  if (!status.ok()) return status;
+  status = ValidateData(spec.data());
+  if (!status.ok()) return status;
+
+  if (spec.batch_size() <= 0) return FieldError("batch_size", "must be > 0");
+  if (strategy == v1::DATA_PARALLEL && spec.batch_size() % workers.max() != 0) {
+    return FieldError("batch_size", absl::StrCat(spec.batch_size(), " does not divide across ",
+                                                 workers.max(), " workers"));
+  }
+  status = ValidateOptimizer(spec.optimizer());
+  if (!status.ok()) return status;
+  if (spec.loss() != "cross_entropy" && spec.loss() != "mse") {
+    return FieldError(
+        "loss", absl::StrCat("unknown loss '", spec.loss(), "', expected cross_entropy or mse"));
+  }
+
+  if (spec.max_steps() < 0) return FieldError("max_steps", "must be >= 0");
+  if (spec.epochs() < 0) return FieldError("epochs", "must be >= 0");
+  if (spec.max_steps() == 0 && spec.epochs() == 0) {
+    return FieldError("max_steps", "set max_steps or epochs");
+  }
+
+  const v1::CheckpointSpec& ckpt = spec.checkpoint();
+  if (!ckpt.uri().empty()) {
+    absl::StatusOr<Uri> uri = ParseUri(ckpt.uri());
+    if (!uri.ok()) return FieldError("checkpoint.uri", uri.status().message());
+  }
+  if (ckpt.every_steps() < 0) return FieldError("checkpoint.every_steps", "must be >= 0");
+  if (ckpt.keep_last() < 1) return FieldError("checkpoint.keep_last", "must be >= 1");
+
+  const v1::RestartPolicy& restart = spec.restart();
+  if (restart.max_failures() < 0) return FieldError("restart.max_failures", "must be >= 0");
+  if (restart.has_max_preemptions() && restart.max_preemptions() < 0) {
+    return FieldError("restart.max_preemptions", "must be >= 0");
+  }
+  if (spec.max_runtime_seconds() < 0) return FieldError("max_runtime", "must be >= 0");
+  if (spec.log_every_steps() < 1) return FieldError("log_every_steps", "must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text) {
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid duration '", text, "', expected for example 90s, 15m, 12h, 2d or 1h30m"));
+  };
+  absl::string_view rest = absl::StripAsciiWhitespace(text);
+  if (rest.empty()) return bad();
+  constexpr struct {
+    char unit;
+    int64_t seconds;
+  } kUnits[] = {{'d', 86400}, {'h', 3600}, {'m', 60}, {'s', 1}};
+  int64_t total = 0;
+  size_t next_unit = 0;  // units must come largest first, each at most once
+  while (!rest.empty()) {
+    size_t digits = 0;
+    while (digits < rest.size() && absl::ascii_isdigit(rest[digits])) ++digits;
+    if (digits == 0 || digits > 12 || digits == rest.size()) return bad();
+    int64_t count;
+    if (!absl::SimpleAtoi(rest.substr(0, digits), &count)) return bad();
+    const char unit = rest[digits];
+    rest.remove_prefix(digits + 1);
+    size_t i = next_unit;
+    while (i < std::size(kUnits) && kUnits[i].unit != unit) ++i;
+    if (i == std::size(kUnits)) return bad();
+    next_unit = i + 1;
+    total += count * kUnits[i].seconds;
+    if (total > std::numeric_limits<int64_t>::max() / 2) return bad();
+  }
+  return total;
+}
+
+}  // namespace trainyard

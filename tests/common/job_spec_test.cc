@@ -1,0 +1,502 @@
+#include "common/job_spec.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using trainyard::v1::JobSpec;
+
+// A minimal valid spec as ordered top-level entries; tests replace, add or remove entries.
+using Entries = std::vector<std::pair<std::string, std::string>>;
+constexpr char kRemove[] = "<remove>";
+
+std::string Spec(const Entries& overrides) {
+  Entries entries = {
+      {"name", "t"},
+      {"model", "{builtin: mlp, args: {inputs: 4, hidden: [8], classes: 2}}"},
+      {"data", "{synthetic: {samples: 64, features: 4, classes: 2}}"},
+      {"max_steps", "5"},
+  };
+  for (const auto& [key, value] : overrides) {
+    bool replaced = false;
+    for (auto& entry : entries) {
+      if (entry.first == key) {
+        entry.second = value;
+        replaced = true;
+      }
+    }
+    if (!replaced) entries.emplace_back(key, value);
+  }
+  std::string yaml;
+  for (const auto& [key, value] : entries) {
+    if (value != kRemove) absl::StrAppend(&yaml, key, ": ", value, "\n");
+  }
+  return yaml;
+}
+
+struct BadSpec {
+  Entries overrides;
+  std::string message;
+};
+
+class BadSpecTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(BadSpecTest, RefusedWithExactMessage) {
+  const std::string yaml = Spec(GetParam().overrides);
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml);
+  ASSERT_FALSE(spec.ok()) << yaml;
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(), GetParam().message) << yaml;
+}
+
+const std::string kModel = "{builtin: mlp, args: {inputs: 4, classes: 2}}";
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadSpecTest,
+    ::testing::Values(
+        // Types and keys.
+        BadSpec{{{"batch_size", "abc"}}, "batch_size: expected an integer, got 'abc'"},
+        BadSpec{{{"epochs", "2.5"}}, "epochs: expected an integer, got '2.5'"},
+        BadSpec{{{"name", "{a: 1}"}}, "name: expected a string, got a mapping"},
+        BadSpec{{{"optimizer", "{lr: fast}"}}, "optimizer.lr: expected a number, got 'fast'"},
+        BadSpec{{{"data", "{synthetic: {samples: 8, features: 2, classes: 2}, shuffle: maybe}"}},
+                "data.shuffle: expected true or false, got 'maybe'"},
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, hidden: [64, x], classes: 2}}"}},
+                "model.args.hidden[1]: expected an integer, got 'x'"},
+        BadSpec{{{"model", "mlp"}}, "model: expected a mapping, got 'mlp'"},
+        BadSpec{{{"data", "[1, 2]"}}, "data: expected a mapping, got a list"},
+        BadSpec{{{"priority", "99999999999"}}, "priority: 99999999999 is out of range"},
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, hiden: [3], classes: 2}}"}},
+                "model.args.hiden: unknown key (did you mean 'hidden'?)"},
+        BadSpec{{{"optimzer", "{lr: 0.1}"}}, "optimzer: unknown key (did you mean 'optimizer'?)"},
+        BadSpec{{{"colour", "red"}}, "colour: unknown key"},
+        BadSpec{{{"checkpoint", "{keep: 2}"}}, "checkpoint.keep: unknown key"},
+        BadSpec{{{"workers", "{min: 1, maximum: 2}"}}, "workers.maximum: unknown key"},
+        BadSpec{{{"workers", "[1, 2]"}}, "workers: expected a number or {min, max}, got a list"},
+        BadSpec{{{"optimizer", "{betas: [0.9]}"}},
+                "optimizer.betas: expected a list of 2 numbers, got a list"},
+        BadSpec{{{"max_runtime", "soon"}},
+                "max_runtime: invalid duration 'soon', expected for example 90s, 15m, 12h, 2d or "
+                "1h30m"},
+        // Name.
+        BadSpec{{{"name", kRemove}}, "name: required"},
+        BadSpec{{{"name", "Bad_Name"}}, "name: must match [a-z][a-z0-9-]{0,62}"},
+        BadSpec{{{"name", "9lives"}}, "name: must match [a-z][a-z0-9-]{0,62}"},
+        BadSpec{{{"name", std::string(64, 'a')}}, "name: must match [a-z][a-z0-9-]{0,62}"},
+        // Strategy and workers.
+        BadSpec{{{"strategy", "ring"}},
+                "strategy: unknown strategy 'ring', expected single, data_parallel or "
+                "parameter_server"},
+        BadSpec{{{"workers", "0"}}, "workers: must be >= 1"},
+        BadSpec{{{"workers", "{min: 0, max: 2}"}}, "workers.min: must be >= 1"},
+        BadSpec{{{"strategy", "data_parallel"}, {"workers", "{min: 3, max: 2}"}},
+                "workers: min must be <= max"},
+        BadSpec{{{"workers", "4"}}, "workers: strategy single runs exactly 1 worker"},
+        BadSpec{{{"strategy", "data_parallel"}, {"workers", "3"}, {"batch_size", "100"}},
+                "batch_size: 100 does not divide across 3 workers"},
+        BadSpec{{{"parameter_servers", "2"}},
+                "parameter_servers: only with strategy parameter_server"},
+        BadSpec{{{"resources", "{gpus_per_worker: -1}"}},
+                "resources.gpus_per_worker: must be >= 0"},
+        // Model.
+        BadSpec{{{"model", "{args: {inputs: 4, classes: 2}}"}},
+                "model: set builtin or torchscript"},
+        BadSpec{{{"model", "{builtin: mlp, torchscript: /m.pt}"}},
+                "model: set only one of builtin or torchscript"},
+        BadSpec{{{"model", "{builtin: resnet}"}},
+                "model.builtin: unknown model 'resnet', expected mlp or cnn"},
+        BadSpec{{{"model", "{builtin: mlp, args: {classes: 2}}"}},
+                "model.args.inputs: must be > 0 for mlp"},
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 3}}"}},
+                "model.args.classes: must be > 0 for mlp"},
+        BadSpec{{{"model", "{builtin: cnn, args: {channels: 1, width: 8, classes: 2}}"}},
+                "model.args.height: must be > 0 for cnn"},
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, hidden: [64, 0], classes: 2}}"}},
+                "model.args.hidden[1]: must be > 0"},
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2, dropout: 1.5}}"}},
+                "model.args.dropout: must be in [0, 1)"},
+        // Data.
+        BadSpec{{{"data", kRemove}}, "data: set train or synthetic"},
+        BadSpec{{{"data", "{features: x}"}}, "data: set train or synthetic"},
+        BadSpec{{{"data", "{train: /d/*.safetensors, synthetic: {samples: 1}}"}},
+                "data: set only one of train or synthetic"},
+        BadSpec{{{"data", "{synthetic: {samples: 0, features: 4, classes: 2}}"}},
+                "data.synthetic.samples: must be > 0"},
+        BadSpec{{{"data", "{synthetic: {samples: 10, classes: 2}}"}},
+                "data.synthetic.features: must be > 0"},
+        BadSpec{{{"data", "{train: /d/x.safetensors, validation_split: 1}"}},
+                "data.validation_split: must be in [0, 1)"},
+        BadSpec{{{"data", "{train: /d/x.safetensors, validation_split: -0.1}"}},
+                "data.validation_split: must be in [0, 1)"},
+        // Batch, steps.
+        BadSpec{{{"batch_size", "0"}}, "batch_size: must be > 0"},
+        BadSpec{{{"batch_size", "-8"}}, "batch_size: must be > 0"},
+        BadSpec{{{"max_steps", "-1"}}, "max_steps: must be >= 0"},
+        BadSpec{{{"max_steps", kRemove}}, "max_steps: set max_steps or epochs"},
+        BadSpec{{{"max_steps", "0"}, {"epochs", "0"}}, "max_steps: set max_steps or epochs"},
+        BadSpec{{{"epochs", "-2"}}, "epochs: must be >= 0"},
+        BadSpec{{{"log_every_steps", "0"}}, "log_every_steps: must be > 0"},
+        // Optimizer.
+        BadSpec{{{"optimizer", "{lr: 0}"}}, "optimizer.lr: must be > 0"},
+        BadSpec{{{"optimizer", "{lr: -1e-3}"}}, "optimizer.lr: must be > 0"},
+        BadSpec{{{"optimizer", "{name: rmsprop}"}},
+                "optimizer.name: unknown optimizer 'rmsprop', expected sgd, adam or adamw"},
+        BadSpec{{{"optimizer", "{momentum: -0.5}"}}, "optimizer.momentum: must be >= 0"},
+        BadSpec{{{"optimizer", "{nesterov: true}"}},
+                "optimizer.nesterov: needs optimizer sgd with momentum > 0"},
+        BadSpec{{{"optimizer", "{name: adam, weight_decay: -1}"}},
+                "optimizer.weight_decay: must be >= 0"},
+        BadSpec{{{"optimizer", "{name: adam, betas: [0.9, 1.0]}"}},
+                "optimizer.betas[1]: must be in [0, 1)"},
+        BadSpec{{{"optimizer", "{name: adam, eps: 0}"}}, "optimizer.eps: must be > 0"},
+        BadSpec{{{"optimizer", "{schedule: linear}"}},
+                "optimizer.schedule.name: unknown schedule 'linear', expected constant or cosine"},
+        BadSpec{{{"optimizer", "{lr: 0.1, schedule: {name: cosine, min_lr: 0.5}}"}},
+                "optimizer.schedule.min_lr: must be <= optimizer.lr"},
+        BadSpec{{{"optimizer", "{schedule: {name: cosine, warmup_steps: -3}}"}},
+                "optimizer.schedule.warmup_steps: must be >= 0"},
+        BadSpec{{{"loss", "hinge"}}, "loss: unknown loss 'hinge', expected cross_entropy or mse"},
+        // Checkpoint, restart, runtime.
+        BadSpec{{{"checkpoint", "{keep_last: 0}"}}, "checkpoint.keep_last: must be >= 1"},
+        BadSpec{{{"checkpoint", "{every_steps: -5}"}}, "checkpoint.every_steps: must be >= 0"},
+        BadSpec{{{"checkpoint", "{uri: relative/dir}"}},
+                "checkpoint.uri: 'relative/dir' is not a URI (scheme://...) or an absolute path"},
+        BadSpec{{{"restart", "{max_failures: -1}"}}, "restart.max_failures: must be >= 0"},
+        BadSpec{{{"restart", "{max_preemptions: -1}"}}, "restart.max_preemptions: must be >= 0"},
+        BadSpec{{{"max_runtime", "-5"}}, "max_runtime: must be >= 0"}));
+
+TEST(JobSpecTest, DuplicateKeyIsRefused) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(Spec({}) + "seed: 1\nseed: 2\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(), "seed: duplicate key");
+}
+
+TEST(JobSpecTest, YamlSyntaxErrorHasLineAndColumn) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml("name: t\nmodel: [unclosed\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message().rfind("yaml: line ", 0), 0u) << spec.status();
+  EXPECT_NE(spec.status().message().find("column"), absl::string_view::npos) << spec.status();
+}
+
+TEST(JobSpecTest, EmptyAndNonMappingDocuments) {
+  EXPECT_EQ(ParseJobSpecYaml("").status().message(), "spec: the job spec is empty");
+  EXPECT_EQ(ParseJobSpecYaml("# only a comment\n").status().message(),
+            "spec: the job spec is empty");
+  EXPECT_EQ(ParseJobSpecYaml("- a\n- b\n").status().message(),
+            "spec: expected a mapping, got a list");
+  EXPECT_EQ(ParseJobSpecYaml("\t\x01garbage: [").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+constexpr char kDesignExample[] = R"(
+name: mnist-mlp
+strategy: data_parallel          # single | data_parallel | parameter_server
+workers: {min: 2, max: 4}        # or a number; ranks placed all at once (gang)
+resources: {gpus_per_worker: 0}  # 0 = CPU
+parameter_servers: 0             # parameter_server strategy only
+model:
+  builtin: mlp                   # or torchscript: s3://bucket/models/net.pt
+  args: {inputs: 784, hidden: [256, 128], classes: 10}
+data:
+  train: s3://bucket/mnist/train-*.safetensors   # or synthetic: {...}
+  features: x
+  labels: y
+batch_size: 128                  # global batch, split across ranks
+optimizer: {name: adamw, lr: 1e-3, weight_decay: 0.01}
+loss: cross_entropy
+max_steps: 2000                  # or epochs
+seed: 42
+checkpoint: {uri: s3://bucket/ckpt, every_steps: 200, keep_last: 3}
+restart: {max_failures: 3}       # preemptions retry without limit by default
+priority: 0
+max_runtime: 12h
+)";
+
+TEST(JobSpecTest, DesignExampleParses) {
+  absl::StatusOr<JobSpec> parsed = ParseJobSpecYaml(kDesignExample);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const JobSpec& spec = *parsed;
+  EXPECT_EQ(spec.name(), "mnist-mlp");
+  EXPECT_EQ(spec.strategy(), v1::DATA_PARALLEL);
+  EXPECT_EQ(spec.workers().min(), 2);
+  EXPECT_EQ(spec.workers().max(), 4);
+  EXPECT_EQ(spec.resources().gpus_per_worker(), 0);
+  EXPECT_EQ(spec.parameter_servers(), 0);
+  EXPECT_EQ(spec.model().builtin(), "mlp");
+  EXPECT_EQ(spec.model().args().inputs(), 784);
+  ASSERT_EQ(spec.model().args().hidden_size(), 2);
+  EXPECT_EQ(spec.model().args().hidden(0), 256);
+  EXPECT_EQ(spec.model().args().hidden(1), 128);
+  EXPECT_EQ(spec.model().args().classes(), 10);
+  EXPECT_EQ(spec.data().train(), "s3://bucket/mnist/train-*.safetensors");
+  EXPECT_FALSE(spec.data().has_synthetic());
+  EXPECT_EQ(spec.data().features(), "x");
+  EXPECT_EQ(spec.data().labels(), "y");
+  EXPECT_TRUE(spec.data().shuffle());
+  EXPECT_EQ(spec.batch_size(), 128);
+  EXPECT_EQ(spec.optimizer().name(), "adamw");
+  EXPECT_DOUBLE_EQ(spec.optimizer().lr(), 1e-3);
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0.01);
+  EXPECT_DOUBLE_EQ(spec.optimizer().beta1(), 0.9);
+  EXPECT_DOUBLE_EQ(spec.optimizer().beta2(), 0.999);
+  EXPECT_DOUBLE_EQ(spec.optimizer().eps(), 1e-8);
+  EXPECT_EQ(spec.optimizer().schedule().name(), "constant");
+  EXPECT_EQ(spec.loss(), "cross_entropy");
+  EXPECT_EQ(spec.max_steps(), 2000);
+  EXPECT_EQ(spec.epochs(), 0);
+  EXPECT_EQ(spec.seed(), 42);
+  EXPECT_EQ(spec.checkpoint().uri(), "s3://bucket/ckpt");
+  EXPECT_EQ(spec.checkpoint().every_steps(), 200);
+  EXPECT_EQ(spec.checkpoint().keep_last(), 3);
+  EXPECT_EQ(spec.restart().max_failures(), 3);
+  EXPECT_FALSE(spec.restart().has_max_preemptions());
+  EXPECT_EQ(spec.priority(), 0);
+  EXPECT_EQ(spec.max_runtime_seconds(), 12 * 3600);
+  EXPECT_EQ(spec.log_every_steps(), 10);
+}
+
+TEST(JobSpecTest, DefaultsForAMinimalSpec) {
+  absl::StatusOr<JobSpec> parsed = ParseJobSpecYaml(Spec({}));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const JobSpec& spec = *parsed;
+  EXPECT_EQ(spec.strategy(), v1::SINGLE);
+  EXPECT_EQ(spec.workers().min(), 1);
+  EXPECT_EQ(spec.workers().max(), 1);
+  EXPECT_EQ(spec.loss(), "cross_entropy");
+  EXPECT_EQ(spec.data().features(), "x");
+  EXPECT_EQ(spec.data().labels(), "y");
+  EXPECT_TRUE(spec.data().has_shuffle());
+  EXPECT_TRUE(spec.data().shuffle());
+  EXPECT_EQ(spec.optimizer().name(), "sgd");
+  EXPECT_DOUBLE_EQ(spec.optimizer().lr(), 0.01);
+  EXPECT_DOUBLE_EQ(spec.optimizer().momentum(), 0);
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0);
+  EXPECT_EQ(spec.optimizer().schedule().name(), "constant");
+  EXPECT_EQ(spec.checkpoint().every_steps(), 0);
+  EXPECT_EQ(spec.checkpoint().keep_last(), 3);
+  EXPECT_EQ(spec.restart().max_failures(), 0);
+  EXPECT_FALSE(spec.restart().has_max_preemptions());
+  EXPECT_EQ(spec.seed(), 0);
+  EXPECT_EQ(spec.log_every_steps(), 10);
+  EXPECT_EQ(spec.batch_size(), 32);
+  EXPECT_EQ(spec.max_runtime_seconds(), 0);
+}
+
+TEST(JobSpecTest, ApplyDefaultsIsIdempotent) {
+  JobSpec spec = *ParseJobSpecYaml(Spec({{"optimizer", "{name: adam}"}}));
+  const std::string once = spec.SerializeAsString();
+  ApplyJobSpecDefaults(spec);
+  EXPECT_EQ(spec.SerializeAsString(), once);
+
+  JobSpec empty;
+  ApplyJobSpecDefaults(empty);
+  const std::string first = empty.SerializeAsString();
+  ApplyJobSpecDefaults(empty);
+  EXPECT_EQ(empty.SerializeAsString(), first);
+  EXPECT_EQ(empty.strategy(), v1::SINGLE);
+  EXPECT_EQ(empty.batch_size(), 32);
+}
+
+TEST(JobSpecTest, ApplyDefaultsOnProtoSpecs) {
+  JobSpec spec;
+  spec.set_strategy(v1::PARAMETER_SERVER);
+  spec.mutable_workers()->set_max(4);
+  spec.mutable_optimizer()->set_name("adamw");
+  ApplyJobSpecDefaults(spec);
+  EXPECT_EQ(spec.workers().min(), 1);
+  EXPECT_EQ(spec.workers().max(), 4);
+  EXPECT_EQ(spec.parameter_servers(), 1);
+  EXPECT_DOUBLE_EQ(spec.optimizer().beta1(), 0.9);
+  EXPECT_DOUBLE_EQ(spec.optimizer().beta2(), 0.999);
+  EXPECT_DOUBLE_EQ(spec.optimizer().eps(), 1e-8);
+  // Zero weight decay in a proto is taken as written.
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0);
+  // A spec with defaults and the required fields validates; without the name it does not.
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_model()->mutable_args()->set_inputs(4);
+  spec.mutable_model()->mutable_args()->set_classes(2);
+  spec.mutable_data()->set_train("/data/train-*.safetensors");
+  spec.set_epochs(1);
+  EXPECT_EQ(ValidateJobSpec(spec).message(), "name: required");
+  spec.set_name("ps-job");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(JobSpecTest, AdamwWeightDecayDefaultsUnlessGiven) {
+  JobSpec spec = *ParseJobSpecYaml(Spec({{"optimizer", "{name: adamw}"}}));
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0.01);
+  spec = *ParseJobSpecYaml(Spec({{"optimizer", "{name: adamw, weight_decay: 0}"}}));
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0);
+  spec = *ParseJobSpecYaml(Spec({{"optimizer", "adamw"}}));
+  EXPECT_EQ(spec.optimizer().name(), "adamw");
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0.01);
+  spec = *ParseJobSpecYaml(Spec({{"optimizer", "{name: adam}"}}));
+  EXPECT_DOUBLE_EQ(spec.optimizer().weight_decay(), 0);
+}
+
+TEST(JobSpecTest, ShortForms) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(Spec({
+      {"strategy", "data_parallel"},
+      {"workers", "{max: 4}"},
+      {"model", "{builtin: mlp, args: {inputs: 4, hidden: 16, classes: 2}}"},
+      {"optimizer", "{name: adam, lr: 2e-3, betas: [0, 0.99], schedule: cosine}"},
+      {"max_steps", "1e4"},
+      {"max_runtime", "5400"},
+      {"data", "{train: file:///d/*.safetensors, shuffle: no, validation_split: 0.25}"},
+  }));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->workers().min(), 1);
+  EXPECT_EQ(spec->workers().max(), 4);
+  ASSERT_EQ(spec->model().args().hidden_size(), 1);
+  EXPECT_EQ(spec->model().args().hidden(0), 16);
+  EXPECT_DOUBLE_EQ(spec->optimizer().beta1(), 0);
+  EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.99);
+  EXPECT_EQ(spec->optimizer().schedule().name(), "cosine");
+  EXPECT_EQ(spec->max_steps(), 10000);
+  EXPECT_EQ(spec->max_runtime_seconds(), 5400);
+  EXPECT_FALSE(spec->data().shuffle());
+  EXPECT_FLOAT_EQ(spec->data().validation_split(), 0.25f);
+
+  spec = ParseJobSpecYaml(Spec({{"workers", "{min: 2}"}, {"strategy", "data_parallel"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->workers().max(), 2);
+}
+
+TEST(JobSpecTest, FullSpecWithEveryField) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(R"(
+name: cnn-ps
+strategy: parameter_server
+workers: 3
+parameter_servers: 2
+resources: {gpus_per_worker: 1}
+model:
+  builtin: cnn
+  args: {channels: 1, height: 28, width: 28, hidden: [16, 32], classes: 10, dropout: 0.2}
+data:
+  synthetic: {samples: 1000, features: 784, classes: 10, noise: 0.3}
+  features: image
+  labels: label
+  validation_split: 0.1
+  shuffle: false
+batch_size: 30
+optimizer:
+  name: sgd
+  lr: 0.1
+  momentum: 0.9
+  nesterov: true
+  weight_decay: 5e-4
+  schedule: {name: cosine, warmup_steps: 100, min_lr: 0.001}
+loss: mse
+epochs: 3
+max_steps: 500
+seed: -7
+checkpoint: {uri: /tmp/ckpt, every_steps: 50, keep_last: 5, resume_from: job-123}
+restart: {max_failures: 1, max_preemptions: 10}
+priority: -3
+max_runtime: 1h30m
+log_every_steps: 1
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->strategy(), v1::PARAMETER_SERVER);
+  EXPECT_EQ(spec->workers().min(), 3);
+  EXPECT_EQ(spec->parameter_servers(), 2);
+  EXPECT_EQ(spec->resources().gpus_per_worker(), 1);
+  EXPECT_EQ(spec->model().builtin(), "cnn");
+  EXPECT_EQ(spec->model().args().height(), 28);
+  EXPECT_FLOAT_EQ(spec->model().args().dropout(), 0.2f);
+  EXPECT_EQ(spec->data().synthetic().samples(), 1000);
+  EXPECT_FLOAT_EQ(spec->data().synthetic().noise(), 0.3f);
+  EXPECT_EQ(spec->data().features(), "image");
+  EXPECT_FALSE(spec->data().shuffle());
+  EXPECT_TRUE(spec->optimizer().nesterov());
+  EXPECT_DOUBLE_EQ(spec->optimizer().weight_decay(), 5e-4);
+  EXPECT_EQ(spec->optimizer().schedule().warmup_steps(), 100);
+  EXPECT_DOUBLE_EQ(spec->optimizer().schedule().min_lr(), 0.001);
+  EXPECT_EQ(spec->loss(), "mse");
+  EXPECT_EQ(spec->epochs(), 3);
+  EXPECT_EQ(spec->max_steps(), 500);
+  EXPECT_EQ(spec->seed(), -7);
+  EXPECT_EQ(spec->checkpoint().resume_from(), "job-123");
+  EXPECT_EQ(spec->checkpoint().keep_last(), 5);
+  EXPECT_EQ(spec->restart().max_preemptions(), 10);
+  EXPECT_EQ(spec->priority(), -3);
+  EXPECT_EQ(spec->max_runtime_seconds(), 5400);
+  EXPECT_EQ(spec->log_every_steps(), 1);
+}
+
+TEST(JobSpecTest, TorchscriptModel) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpecYaml(Spec({{"model", "{torchscript: s3://bucket/models/net.pt}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().torchscript(), "s3://bucket/models/net.pt");
+}
+
+std::string SourceDir() {
+  const char* dir = std::getenv("TRAINYARD_SOURCE_DIR");
+  return dir != nullptr ? dir : TRAINYARD_SOURCE_DIR_FALLBACK;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+TEST(JobSpecTest, ExampleSyntheticMlpParses) {
+  const std::string yaml = ReadFile(SourceDir() + "/examples/synthetic-mlp.yaml");
+  ASSERT_FALSE(yaml.empty());
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->strategy(), v1::SINGLE);
+  EXPECT_EQ(spec->model().builtin(), "mlp");
+  EXPECT_EQ(spec->data().synthetic().samples(), 4096);
+  EXPECT_EQ(spec->data().synthetic().features(), 32);
+  EXPECT_EQ(spec->data().synthetic().classes(), 4);
+  EXPECT_FLOAT_EQ(spec->data().validation_split(), 0.1f);
+  EXPECT_EQ(spec->optimizer().name(), "adamw");
+  EXPECT_EQ(spec->optimizer().schedule().name(), "cosine");
+  EXPECT_GT(spec->optimizer().schedule().warmup_steps(), 0);
+  EXPECT_EQ(spec->max_steps(), 300);
+  EXPECT_EQ(spec->checkpoint().every_steps(), 100);
+}
+
+TEST(JobSpecTest, ExampleSafetensorsMlpParses) {
+  const std::string yaml = ReadFile(SourceDir() + "/examples/safetensors-mlp.yaml");
+  ASSERT_FALSE(yaml.empty());
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().train(), "examples/data/train-*.safetensors");
+  EXPECT_EQ(spec->model().builtin(), "mlp");
+}
+
+TEST(ParseDurationSecondsTest, Valid) {
+  EXPECT_EQ(*ParseDurationSeconds("90s"), 90);
+  EXPECT_EQ(*ParseDurationSeconds("15m"), 900);
+  EXPECT_EQ(*ParseDurationSeconds("12h"), 43200);
+  EXPECT_EQ(*ParseDurationSeconds("2d"), 172800);
+  EXPECT_EQ(*ParseDurationSeconds("1h30m"), 5400);
+  EXPECT_EQ(*ParseDurationSeconds("1d2h3m4s"), 86400 + 7200 + 180 + 4);
+  EXPECT_EQ(*ParseDurationSeconds("0s"), 0);
+}
+
+TEST(ParseDurationSecondsTest, Invalid) {
+  for (const char* bad : {"", "h", "12", "1x", "30m1h", "1h1h", "-5s", "1.5h", "1h 30m", "s1",
+                          "99999999999999999d"}) {
+    EXPECT_EQ(ParseDurationSeconds(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace trainyard

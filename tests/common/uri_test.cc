@@ -1,0 +1,82 @@
+#include "common/uri.h"
+
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+TEST(ParseUriTest, FileUri) {
+  absl::StatusOr<Uri> uri = ParseUri("file:///tmp/x/y.bin");
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  EXPECT_EQ(uri->scheme, "file");
+  EXPECT_EQ(uri->authority, "");
+  EXPECT_EQ(uri->path, "/tmp/x/y.bin");
+  EXPECT_EQ(uri->ToString(), "file:///tmp/x/y.bin");
+}
+
+TEST(ParseUriTest, FileUriWithLocalhost) {
+  absl::StatusOr<Uri> uri = ParseUri("file://localhost/tmp/x");
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  EXPECT_EQ(uri->path, "/tmp/x");
+}
+
+TEST(ParseUriTest, PlainAbsolutePathIsFile) {
+  absl::StatusOr<Uri> uri = ParseUri("/data/x");
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  EXPECT_EQ(uri->scheme, "file");
+  EXPECT_EQ(uri->path, "/data/x");
+  EXPECT_EQ(uri->ToString(), "file:///data/x");
+}
+
+TEST(ParseUriTest, S3Uri) {
+  absl::StatusOr<Uri> uri = ParseUri("s3://bucket/a/b");
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  EXPECT_EQ(uri->scheme, "s3");
+  EXPECT_EQ(uri->authority, "bucket");
+  EXPECT_EQ(uri->path, "a/b");
+  EXPECT_EQ(uri->ToString(), "s3://bucket/a/b");
+}
+
+TEST(ParseUriTest, S3BucketRoot) {
+  absl::StatusOr<Uri> uri = ParseUri("s3://bucket");
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  EXPECT_EQ(uri->authority, "bucket");
+  EXPECT_EQ(uri->path, "");
+  EXPECT_EQ(uri->ToString(), "s3://bucket");
+}
+
+TEST(ParseUriTest, Rejects) {
+  for (const char* bad : {"", "relative/path", "://x", "gs://bucket/x", "s3:///key",
+                          "file://host/x", "file://", "file:relative"}) {
+    absl::StatusOr<Uri> uri = ParseUri(bad);
+    EXPECT_EQ(uri.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(ParseUriTest, ErrorNamesTheUri) {
+  absl::StatusOr<Uri> uri = ParseUri("gs://bucket/x");
+  EXPECT_NE(uri.status().message().find("gs://bucket/x"), absl::string_view::npos);
+}
+
+TEST(JoinUriTest, ExactlyOneSlash) {
+  EXPECT_EQ(JoinUri("file:///a/", "b"), "file:///a/b");
+  EXPECT_EQ(JoinUri("file:///a", "b"), "file:///a/b");
+  EXPECT_EQ(JoinUri("file:///a//", "/b"), "file:///a/b");
+  EXPECT_EQ(JoinUri("s3://bucket", "k/step-1"), "s3://bucket/k/step-1");
+  EXPECT_EQ(JoinUri("s3://bucket/", "/k"), "s3://bucket/k");
+  EXPECT_EQ(JoinUri("/tmp/x", "y"), "/tmp/x/y");
+  EXPECT_EQ(JoinUri("file:///", "y"), "file:///y");
+  EXPECT_EQ(JoinUri("/", "y"), "/y");
+  EXPECT_EQ(JoinUri("", "y"), "y");
+  EXPECT_EQ(JoinUri("file:///a", ""), "file:///a");
+}
+
+TEST(LocalPathTest, FileAndPlain) {
+  EXPECT_EQ(*LocalPath("file:///a/b"), "/a/b");
+  EXPECT_EQ(*LocalPath("/a/b"), "/a/b");
+  EXPECT_EQ(LocalPath("s3://bucket/a").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LocalPath("a/b").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainyard
