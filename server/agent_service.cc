@@ -1,0 +1,65 @@
+#include "server/agent_service.h"
+
+#include <string>
+#include <vector>
+
+#include "server/grpc_status.h"
+
+namespace trainyard {
+
+using grpc::ServerContext;
+using grpc::Status;
+
+Status AgentServiceImpl::RegisterWorker(ServerContext*, const v1::RegisterWorkerRequest* request,
+                                        v1::RegisterWorkerResponse* response) {
+  absl::StatusOr<v1::RegisterWorkerResponse> result = manager_.RegisterWorker(*request);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = *std::move(result);
+  return Status::OK;
+}
+
+Status AgentServiceImpl::Sync(ServerContext*, const v1::SyncRequest* request,
+                              v1::SyncResponse* response) {
+  absl::StatusOr<v1::SyncResponse> result = manager_.Sync(*request);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = *std::move(result);
+  return Status::OK;
+}
+
+Status AgentServiceImpl::ReportTaskStatus(ServerContext*,
+                                          const v1::ReportTaskStatusRequest* request,
+                                          v1::ReportTaskStatusResponse*) {
+  return ToGrpcStatus(manager_.ReportTaskStatus(request->worker_id(), request->status()));
+}
+
+Status AgentServiceImpl::ShipLogs(ServerContext*, const v1::ShipLogsRequest* request,
+                                  v1::ShipLogsResponse* response) {
+  absl::StatusOr<int64_t> next = manager_.ShipLogs(request->worker_id(), request->task_id(),
+                                                   request->offset(), request->data());
+  if (!next.ok()) return ToGrpcStatus(next.status());
+  response->set_next_offset(*next);
+  return Status::OK;
+}
+
+Status AgentServiceImpl::ReportProgress(ServerContext*, const v1::ReportProgressRequest* request,
+                                        v1::ReportProgressResponse*) {
+  return ToGrpcStatus(manager_.ReportProgress(request->job_id(), request->generation(),
+                                              request->rank(), request->progress()));
+}
+
+Status AgentServiceImpl::CommitCheckpoint(ServerContext*,
+                                          const v1::CommitCheckpointRequest* request,
+                                          v1::CommitCheckpointResponse* response) {
+  absl::StatusOr<std::vector<std::string>> retired = manager_.CommitCheckpoint(*request);
+  if (!retired.ok()) return ToGrpcStatus(retired.status());
+  for (std::string& uri : *retired) response->add_retired_uris(std::move(uri));
+  return Status::OK;
+}
+
+Status AgentServiceImpl::ReportModel(ServerContext*, const v1::ReportModelRequest* request,
+                                     v1::ReportModelResponse*) {
+  return ToGrpcStatus(
+      manager_.ReportModel(request->job_id(), request->generation(), request->uri()));
+}
+
+}  // namespace trainyard

@@ -1,0 +1,40 @@
+#ifndef TRAINYARD_SERVER_AGENT_SERVICE_H_
+#define TRAINYARD_SERVER_AGENT_SERVICE_H_
+
+#include "server/job_manager.h"
+#include "trainyard/v1/agent_service.grpc.pb.h"
+
+namespace trainyard {
+
+// gRPC AgentService over JobManager. `manager` must outlive the service. Thread-safe.
+class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
+ public:
+  explicit AgentServiceImpl(JobManager& manager) : manager_(manager) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const trainyard::v1::RegisterWorkerRequest* request,
+                              trainyard::v1::RegisterWorkerResponse* response) override;
+  grpc::Status Sync(grpc::ServerContext* context, const trainyard::v1::SyncRequest* request,
+                    trainyard::v1::SyncResponse* response) override;
+  grpc::Status ReportTaskStatus(grpc::ServerContext* context,
+                                const trainyard::v1::ReportTaskStatusRequest* request,
+                                trainyard::v1::ReportTaskStatusResponse* response) override;
+  grpc::Status ShipLogs(grpc::ServerContext* context, const trainyard::v1::ShipLogsRequest* request,
+                        trainyard::v1::ShipLogsResponse* response) override;
+  grpc::Status ReportProgress(grpc::ServerContext* context,
+                              const trainyard::v1::ReportProgressRequest* request,
+                              trainyard::v1::ReportProgressResponse* response) override;
+  grpc::Status CommitCheckpoint(grpc::ServerContext* context,
+                                const trainyard::v1::CommitCheckpointRequest* request,
+                                trainyard::v1::CommitCheckpointResponse* response) override;
+  grpc::Status ReportModel(grpc::ServerContext* context,
+                           const trainyard::v1::ReportModelRequest* request,
+                           trainyard::v1::ReportModelResponse* response) override;
+
+ private:
+  JobManager& manager_;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_SERVER_AGENT_SERVICE_H_

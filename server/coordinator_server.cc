@@ -1,0 +1,53 @@
+#include "server/coordinator_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace trainyard {
+
+CoordinatorServer::CoordinatorServer(JobManager& manager)
+    : manager_(manager), job_service_(manager), agent_service_(manager) {}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    JobManager& manager, const std::string& listen, absl::Duration tick_interval) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(manager));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(&server->job_service_);
+  builder.RegisterService(&server->agent_service_);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  server->ticker_ = std::thread([&manager, tick_interval] {
+    // WaitForTickRequest returns at once after Shutdown; the tick loop ends with it.
+    while (true) {
+      manager.WaitForTickRequest(tick_interval);
+      if (manager.IsShutDown()) break;
+      manager.Tick();
+    }
+  });
+  return server;
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(5)); }
+
+std::shared_ptr<grpc::Channel> CoordinatorServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+void CoordinatorServer::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  manager_.Shutdown();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (ticker_.joinable()) ticker_.join();
+}
+
+}  // namespace trainyard

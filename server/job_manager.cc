@@ -1,0 +1,979 @@
+#include "server/job_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/log.h"
+#include "common/uri.h"
+#include "server/job_state.h"
+#include "server/scheduler.h"
+
+namespace trainyard {
+namespace {
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+constexpr int64_t kLogChunkBytes = 64 * 1024;
+constexpr char kPageTokenPrefix[] = "before:";
+// How often blocked streams look at client cancellation and shutdown.
+constexpr absl::Duration kStreamPoll = absl::Milliseconds(250);
+// After a job ends, how long a followed log waits for the last pieces the agents ship.
+constexpr absl::Duration kFinalLogGrace = absl::Milliseconds(500);
+
+bool TaskEnded(v1::TaskState state) {
+  return state == v1::TASK_EXITED || state == v1::TASK_FAILED_TO_START || state == v1::TASK_STOPPED;
+}
+
+bool TaskSucceeded(const v1::TaskInfo& t) {
+  return t.state() == v1::TASK_EXITED && t.exit_code() == 0 && t.signal() == 0;
+}
+
+std::string TaskId(absl::string_view job_id, int64_t generation, int rank) {
+  return absl::StrCat(job_id, ".g", generation, ".r", rank);
+}
+
+// Why a task's end fails its job: "rank 0 exited with code 2: data.train: no files match ...".
+std::string TaskFailureReason(const v1::TaskInfo& t) {
+  std::string reason;
+  switch (t.state()) {
+    case v1::TASK_FAILED_TO_START:
+      reason = absl::StrCat("rank ", t.rank(), " failed to start");
+      break;
+    case v1::TASK_STOPPED:
+      reason = absl::StrCat("rank ", t.rank(), " stopped unexpectedly");
+      break;
+    default:
+      reason = t.signal() != 0
+                   ? absl::StrCat("rank ", t.rank(), " killed by signal ", t.signal())
+                   : absl::StrCat("rank ", t.rank(), " exited with code ", t.exit_code());
+  }
+  if (!t.message().empty()) absl::StrAppend(&reason, ": ", t.message());
+  return reason;
+}
+
+void RankRange(const v1::JobSpec& spec, int& min_ranks, int& max_ranks) {
+  if (spec.strategy() == v1::SINGLE || spec.strategy() == v1::STRATEGY_UNSPECIFIED) {
+    min_ranks = max_ranks = 1;
+    return;
+  }
+  min_ranks = std::max(spec.workers().min(), 1);
+  max_ranks = std::max(spec.workers().max(), min_ranks);
+}
+
+int SlotsPerRank(const v1::JobSpec& spec) { return spec.resources().gpus_per_worker() > 0 ? 0 : 1; }
+int GpusPerRank(const v1::JobSpec& spec) { return std::max(spec.resources().gpus_per_worker(), 0); }
+
+}  // namespace
+
+JobManager::JobManager(const Clock& clock, std::unique_ptr<JobStore> store,
+                       std::unique_ptr<LogStore> logs, JobManagerOptions options)
+    : clock_(clock),
+      options_(std::move(options)),
+      store_(std::move(store)),
+      logs_(std::move(logs)),
+      workers_(clock, options_.worker_timeout) {}
+
+JobManager::~JobManager() {
+  absl::MutexLock lock(&mu_);
+  FlushProgressLocked(/*all=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(const Clock& clock,
+                                                               std::unique_ptr<JobStore> store,
+                                                               std::unique_ptr<LogStore> logs,
+                                                               JobManagerOptions options) {
+  std::unique_ptr<JobManager> manager(
+      new JobManager(clock, std::move(store), std::move(logs), std::move(options)));
+  if (absl::Status s = manager->Load(); !s.ok()) return s;
+  return manager;
+}
+
+absl::Status JobManager::Load() {
+  absl::StatusOr<StoreContents> contents = store_->LoadAll();
+  if (!contents.ok()) return contents.status();
+  absl::MutexLock lock(&mu_);
+  next_seq_ = std::max<int64_t>(contents->next_job_seq, 1);
+  for (StoredJob& stored : contents->jobs) {
+    const std::string id = stored.job.id();
+    JobEntry& entry = jobs_[id];
+    entry.seq = stored.seq;
+    entry.job = std::move(stored.job);
+    entry.progress_persisted = clock_.Now();
+    ids_by_seq_[entry.seq] = id;
+    if (!IsFinalJobState(entry.job.state())) active_seqs_.insert(entry.seq);
+    for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_[t.task_id()] = id;
+    next_seq_ = std::max(next_seq_, entry.seq + 1);
+  }
+  for (StoredCheckpoint& c : contents->checkpoints) {
+    auto it = jobs_.find(c.checkpoint.job_id());
+    if (it != jobs_.end()) it->second.checkpoints.push_back(std::move(c));
+  }
+  for (v1::Worker& w : contents->workers) workers_.Restore(std::move(w));
+  LogInfo("loaded ", jobs_.size(), " jobs (", active_seqs_.size(), " active), ",
+          contents->workers.size(), " workers, ", contents->checkpoints.size(), " checkpoints");
+  tick_requested_ = true;
+  return absl::OkStatus();
+}
+
+JobManager::JobEntry* JobManager::FindLocked(absl::string_view id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+const JobManager::JobEntry* JobManager::FindLocked(absl::string_view id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+void JobManager::RequestTickLocked() {
+  tick_requested_ = true;
+  tick_wanted_.SignalAll();
+}
+
+bool JobManager::IsActiveTask(const JobEntry& entry, const v1::TaskInfo& task) const {
+  const v1::JobState state = entry.job.state();
+  return (state == v1::SCHEDULED || state == v1::RUNNING) &&
+         task.generation() == entry.job.generation() && !TaskEnded(task.state());
+}
+
+std::vector<std::pair<const JobManager::JobEntry*, const v1::TaskInfo*>>
+JobManager::ActiveTasksLocked() const {
+  std::vector<std::pair<const JobEntry*, const v1::TaskInfo*>> out;
+  for (int64_t seq : active_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry == nullptr) continue;
+    for (const v1::TaskInfo& t : entry->job.tasks()) {
+      if (IsActiveTask(*entry, t)) out.emplace_back(entry, &t);
+    }
+  }
+  return out;
+}
+
+absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
+                                      const std::vector<v1::JobEvent>& events,
+                                      const std::vector<std::string>& changed_task_ids,
+                                      StoreMutation extra) {
+  StoreMutation m = std::move(extra);
+  m.jobs.push_back({entry.seq, updated});
+  for (const v1::JobEvent& e : events) m.events.emplace_back(updated.id(), e);
+  for (const std::string& task_id : changed_task_ids) {
+    for (const v1::TaskInfo& t : updated.tasks()) {
+      if (t.task_id() == task_id) m.tasks.emplace_back(updated.id(), t);
+    }
+  }
+  if (absl::Status s = store_->Apply(m); !s.ok()) {
+    LogError("job ", updated.id(), ": store write failed: ", s.ToString());
+    return s;
+  }
+  // Workers whose set of active tasks changed get a new desired-state version.
+  std::set<std::pair<std::string, std::string>> before;
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    if (IsActiveTask(entry, t)) before.emplace(t.worker_id(), t.task_id());
+  }
+  const bool was_final = IsFinalJobState(entry.job.state());
+  entry.job = std::move(updated);
+  entry.version++;
+  // The row just written carries the latest progress too.
+  entry.progress_dirty = false;
+  entry.progress_persisted = clock_.Now();
+  std::set<std::pair<std::string, std::string>> after;
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    job_of_task_[t.task_id()] = entry.job.id();
+    if (IsActiveTask(entry, t)) after.emplace(t.worker_id(), t.task_id());
+  }
+  std::set<std::string> touched;
+  for (const auto& p : before) {
+    if (!after.count(p)) touched.insert(p.first);
+  }
+  for (const auto& p : after) {
+    if (!before.count(p)) touched.insert(p.first);
+  }
+  for (const std::string& worker_id : touched) workers_.BumpVersion(worker_id);
+  if (!was_final && IsFinalJobState(entry.job.state())) {
+    active_seqs_.erase(entry.seq);
+    RequestTickLocked();  // capacity came free
+  }
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::TransitionLocked(JobEntry& entry, v1::Job updated, v1::JobState to,
+                                          absl::string_view reason,
+                                          const std::vector<std::string>& changed_task_ids) {
+  const v1::JobState from = updated.state();
+  absl::StatusOr<v1::JobEvent> event = TransitionJob(updated, to, reason, clock_.Now());
+  if (!event.ok()) return event.status();
+  if (absl::Status s = CommitLocked(entry, std::move(updated), {*event}, changed_task_ids);
+      !s.ok()) {
+    return s;
+  }
+  LogInfo("job ", entry.job.id(), ": ", JobStateName(from), " -> ", JobStateName(to), " (", reason,
+          ")");
+  return absl::OkStatus();
+}
+
+// ---- JobService ----
+
+absl::StatusOr<v1::Job> JobManager::SubmitJobYaml(absl::string_view spec_yaml) {
+  if (static_cast<int64_t>(spec_yaml.size()) > options_.max_spec_yaml_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("spec_yaml: ", spec_yaml.size(),
+                                                   " bytes is over the limit of ",
+                                                   options_.max_spec_yaml_bytes));
+  }
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(spec_yaml);
+  if (!spec.ok()) return spec.status();
+  return SubmitValidated(*std::move(spec));
+}
+
+absl::StatusOr<v1::Job> JobManager::SubmitJob(v1::JobSpec spec) {
+  ApplyJobSpecDefaults(spec);
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  return SubmitValidated(std::move(spec));
+}
+
+absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
+  if (!IsSafeFileName(spec.name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(active_seqs_.size()) >= options_.max_active_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("too many active jobs: ", active_seqs_.size(),
+                                                     " (limit ", options_.max_active_jobs, ")"));
+  }
+  if (!spec.checkpoint().resume_from().empty() &&
+      FindLocked(spec.checkpoint().resume_from()) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.resume_from: no job '", spec.checkpoint().resume_from(), "'"));
+  }
+  const int64_t seq = next_seq_;
+  const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
+  v1::Job job;
+  job.set_id(absl::StrCat(spec.name(), "-", seq));
+  job.set_name(spec.name());
+  job.set_state(v1::PENDING);
+  job.set_reason("submitted");
+  job.set_generation(0);
+  job.set_created_unix_ms(now_ms);
+  job.set_updated_unix_ms(now_ms);
+  job.set_committed_step(-1);
+  const std::string& base =
+      spec.checkpoint().uri().empty() ? options_.checkpoint_root : spec.checkpoint().uri();
+  job.set_checkpoint_uri(JoinUri(base, job.id()));
+  *job.mutable_spec() = std::move(spec);
+  v1::JobEvent* event = job.add_events();
+  event->set_time_unix_ms(now_ms);
+  event->set_from(v1::JOB_STATE_UNSPECIFIED);
+  event->set_to(v1::PENDING);
+  event->set_reason("submitted");
+
+  StoreMutation m;
+  m.jobs.push_back({seq, job});
+  m.events.emplace_back(job.id(), *event);
+  m.next_job_seq = seq + 1;
+  if (absl::Status s = store_->Apply(m); !s.ok()) return s;
+  next_seq_ = seq + 1;
+  JobEntry& entry = jobs_[job.id()];
+  entry.seq = seq;
+  entry.job = job;
+  entry.progress_persisted = clock_.Now();
+  ids_by_seq_[seq] = job.id();
+  active_seqs_.insert(seq);
+  LogInfo("job ", job.id(), " submitted");
+  RequestTickLocked();
+  changed_.SignalAll();
+  return job;
+}
+
+absl::StatusOr<v1::Job> JobManager::GetJob(absl::string_view id) const {
+  absl::MutexLock lock(&mu_);
+  const JobEntry* entry = FindLocked(id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  return entry->job;
+}
+
+absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobState>& states,
+                                                    int page_size,
+                                                    absl::string_view page_token) const {
+  if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");
+  if (page_size == 0) page_size = kDefaultPageSize;
+  page_size = std::min(page_size, kMaxPageSize);
+  int64_t before = INT64_MAX;
+  if (!page_token.empty()) {
+    std::string raw;
+    if (!absl::WebSafeBase64Unescape(page_token, &raw) ||
+        !absl::StartsWith(raw, kPageTokenPrefix) ||
+        !absl::SimpleAtoi(absl::string_view(raw).substr(sizeof(kPageTokenPrefix) - 1), &before)) {
+      return absl::InvalidArgumentError("page_token: not a token from ListJobs");
+    }
+  }
+  const std::set<v1::JobState> wanted(states.begin(), states.end());
+  absl::MutexLock lock(&mu_);
+  ListJobsResult result;
+  int64_t last_seq = 0;
+  for (auto it = std::make_reverse_iterator(ids_by_seq_.lower_bound(before));
+       it != ids_by_seq_.rend(); ++it) {
+    const JobEntry* entry = FindLocked(it->second);
+    if (entry == nullptr) continue;
+    if (!wanted.empty() && !wanted.count(entry->job.state())) continue;
+    if (static_cast<int>(result.jobs.size()) == page_size) {
+      result.next_page_token = absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, last_seq));
+      break;
+    }
+    v1::Job job = entry->job;
+    job.clear_events();
+    result.jobs.push_back(std::move(job));
+    last_seq = it->first;
+  }
+  return result;
+}
+
+absl::StatusOr<v1::Job> JobManager::CancelJob(absl::string_view id, absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  JobEntry* entry = FindLocked(id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  if (IsFinalJobState(entry->job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is already ", JobStateName(entry->job.state())));
+  }
+  const std::string why =
+      reason.empty() ? std::string("cancelled by user") : absl::StrCat("cancelled: ", reason);
+  if (absl::Status s = TransitionLocked(*entry, entry->job, v1::CANCELLED, why, {}); !s.ok()) {
+    return s;
+  }
+  return entry->job;
+}
+
+absl::Status JobManager::WatchJob(absl::string_view id,
+                                  const std::function<bool(const v1::Job&)>& sink,
+                                  const std::function<bool()>& cancelled) {
+  uint64_t seen = 0;
+  bool first = true;
+  while (true) {
+    v1::Job copy;
+    {
+      absl::MutexLock lock(&mu_);
+      const JobEntry* entry = FindLocked(id);
+      if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+      while (!first && entry->version == seen && !shutdown_ && !cancelled()) {
+        changed_.WaitWithTimeout(&mu_, kStreamPoll);
+      }
+      if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+      if (cancelled()) return absl::CancelledError("watch cancelled");
+      copy = entry->job;
+      seen = entry->version;
+    }
+    first = false;
+    if (!sink(copy)) return absl::OkStatus();
+    if (IsFinalJobState(copy.state())) return absl::OkStatus();
+  }
+}
+
+absl::Status JobManager::StreamLogs(absl::string_view id, int rank, bool follow,
+                                    const std::function<bool(int, absl::string_view)>& sink,
+                                    const std::function<bool()>& cancelled) {
+  if (rank < -1) return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " < -1"));
+  std::map<std::string, int64_t> offsets;
+  while (true) {
+    // Read the version before the files so that an append racing with the reads wakes us.
+    const uint64_t log_version = logs_->version();
+    std::vector<std::pair<int64_t, v1::TaskInfo>> tasks;  // (generation, task)
+    bool final = false;
+    std::string job_id;
+    {
+      absl::MutexLock lock(&mu_);
+      const JobEntry* entry = FindLocked(id);
+      if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+      if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+      job_id = entry->job.id();
+      final = IsFinalJobState(entry->job.state());
+      for (const v1::TaskInfo& t : entry->job.tasks()) {
+        if (rank == -1 || t.rank() == rank) tasks.emplace_back(t.generation(), t);
+      }
+    }
+    std::stable_sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) {
+      return std::make_pair(a.first, a.second.rank()) < std::make_pair(b.first, b.second.rank());
+    });
+    bool sent = false;
+    for (const auto& [generation, task] : tasks) {
+      int64_t& offset = offsets[task.task_id()];
+      while (true) {
+        absl::StatusOr<std::string> data =
+            logs_->Read(job_id, task.task_id(), offset, kLogChunkBytes);
+        if (!data.ok()) return data.status();
+        if (data->empty()) break;
+        offset += static_cast<int64_t>(data->size());
+        sent = true;
+        if (!sink(task.rank(), *data)) return absl::OkStatus();
+      }
+    }
+    if (!follow) return absl::OkStatus();
+    if (cancelled()) return absl::CancelledError("log stream cancelled");
+    if (final && !sent) {
+      if (logs_->WaitForAppend(log_version, kFinalLogGrace) == log_version) {
+        return absl::OkStatus();
+      }
+      continue;
+    }
+    if (!sent) logs_->WaitForAppend(log_version, kStreamPoll);
+  }
+}
+
+std::vector<v1::Worker> JobManager::ListWorkers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Worker> out;
+  for (const WorkerRecord* record : workers_.All()) out.push_back(WorkerViewLocked(*record));
+  return out;
+}
+
+v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record) const {
+  v1::Worker view = record.info;
+  int slots = 0;
+  int gpus = 0;
+  for (const auto& [entry, task] : ActiveTasksLocked()) {
+    if (task->worker_id() != view.id()) continue;
+    slots += SlotsPerRank(entry->job.spec());
+    gpus += GpusPerRank(entry->job.spec());
+    view.add_task_ids(task->task_id());
+  }
+  view.set_slots_used(slots);
+  view.set_gpus_used(gpus);
+  return view;
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> JobManager::ListCheckpoints(
+    absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobEntry* entry = FindLocked(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  std::vector<v1::Checkpoint> out;
+  for (auto it = entry->checkpoints.rbegin(); it != entry->checkpoints.rend(); ++it) {
+    if (!it->retired) out.push_back(it->checkpoint);
+  }
+  return out;
+}
+
+// ---- AgentService ----
+
+absl::Status JobManager::PersistWorkerLocked(absl::string_view id) {
+  const WorkerRecord* record = workers_.Find(id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("worker '", id, "' unknown"));
+  StoreMutation m;
+  m.workers.push_back(record->info);
+  return store_->Apply(m);
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  if (!IsSafeFileName(request.name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: '", request.name(), "' must be letters, digits, '.', '_' or '-'"));
+  }
+  if (request.slots() < 0 || request.gpus() < 0) {
+    return absl::InvalidArgumentError("slots, gpus: must be >= 0");
+  }
+  absl::MutexLock lock(&mu_);
+  const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
+  v1::Worker info;
+  info.set_id(request.name());
+  info.set_address(request.address());
+  info.set_slots(request.slots());
+  info.set_gpus(request.gpus());
+  info.set_memory_bytes(request.memory_bytes());
+  info.set_hostname(request.hostname());
+  info.set_state(v1::READY);
+  info.set_registered_unix_ms(now_ms);
+  info.set_last_seen_unix_ms(now_ms);
+  StoreMutation m;
+  m.workers.push_back(info);
+  if (absl::Status s = store_->Apply(m); !s.ok()) return s;
+  workers_.Register(info);
+  LogInfo("worker ", info.id(), " registered: ", info.slots(), " slots, ", info.gpus(), " GPUs, ",
+          request.tasks_size(), " tasks reported");
+
+  std::set<std::string> reported;
+  for (const v1::TaskStatus& status : request.tasks()) {
+    reported.insert(status.task_id());
+    ApplyTaskStatusLocked(info.id(), status).IgnoreError();
+  }
+  // A task the agent had confirmed running but no longer reports died with the agent.
+  std::vector<std::pair<std::string, v1::TaskInfo>> missing;
+  for (const auto& [entry, task] : ActiveTasksLocked()) {
+    if (task->worker_id() == info.id() && task->state() == v1::TASK_RUNNING &&
+        !reported.count(task->task_id())) {
+      missing.emplace_back(entry->job.id(), *task);
+    }
+  }
+  for (const auto& [job_id, task] : missing) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr || IsFinalJobState(entry->job.state())) continue;
+    TransitionLocked(*entry, entry->job, v1::FAILED,
+                     absl::StrCat("rank ", task.rank(), " lost: worker ", info.id(),
+                                  " registered again without it"),
+                     {})
+        .IgnoreError();
+  }
+  RequestTickLocked();
+  changed_.SignalAll();
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(info.id());
+  response.set_lease_timeout_ms(absl::ToInt64Milliseconds(options_.worker_timeout));
+  return response;
+}
+
+absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request) {
+  v1::SyncResponse response;
+  absl::MutexLock lock(&mu_);
+  const WorkerRecord* record = workers_.Find(request.worker_id());
+  if (record == nullptr || record->info.state() == v1::LOST) {
+    response.set_reregister(true);
+    return response;
+  }
+  workers_.Renew(request.worker_id()).IgnoreError();
+  for (const v1::TaskStatus& status : request.tasks()) {
+    absl::Status s = ApplyTaskStatusLocked(request.worker_id(), status);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      LogWarning("worker ", request.worker_id(), ": task ", status.task_id(), ": ", s.ToString());
+    }
+  }
+  const absl::Duration wait =
+      std::min(absl::Milliseconds(std::max<int64_t>(request.wait_ms(), 0)), options_.max_sync_wait);
+  // The deadline of a blocking wait is real time by nature; leases use the injected clock.
+  const absl::Time deadline = absl::Now() + wait;
+  while (!shutdown_) {
+    record = workers_.Find(request.worker_id());
+    if (record == nullptr || record->info.state() == v1::LOST) {
+      response.set_reregister(true);
+      return response;
+    }
+    if (record->desired_version != request.known_version()) break;
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  record = workers_.Find(request.worker_id());
+  if (record == nullptr || record->info.state() == v1::LOST) {
+    response.set_reregister(true);
+    return response;
+  }
+  workers_.Renew(request.worker_id()).IgnoreError();
+  response.set_version(record->desired_version);
+  for (const auto& [entry, task] : ActiveTasksLocked()) {
+    if (task->worker_id() == request.worker_id()) {
+      *response.add_tasks() = BuildTaskLocked(*entry, *task);
+    }
+  }
+  return response;
+}
+
+v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& info) const {
+  v1::Task task;
+  task.set_task_id(info.task_id());
+  task.set_job_id(entry.job.id());
+  task.set_generation(info.generation());
+  task.set_rank(info.rank());
+  int world = 0;
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    if (t.generation() == info.generation()) world++;
+  }
+  task.set_world_size(world);
+  *task.mutable_spec() = entry.job.spec();
+  task.set_checkpoint_uri(entry.job.checkpoint_uri());
+  for (auto it = entry.checkpoints.rbegin(); it != entry.checkpoints.rend(); ++it) {
+    if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
+  }
+  if (const JobEntry* from = FindLocked(entry.job.spec().checkpoint().resume_from());
+      from != nullptr && from != &entry) {
+    for (auto it = from->checkpoints.rbegin(); it != from->checkpoints.rend(); ++it) {
+      if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
+    }
+  }
+  task.set_slots(SlotsPerRank(entry.job.spec()));
+  task.set_gpus(GpusPerRank(entry.job.spec()));
+  return task;
+}
+
+absl::StatusOr<v1::Task> JobManager::TaskFor(absl::string_view task_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = job_of_task_.find(task_id);
+  const JobEntry* entry = it == job_of_task_.end() ? nullptr : FindLocked(it->second);
+  if (entry != nullptr) {
+    for (const v1::TaskInfo& t : entry->job.tasks()) {
+      if (t.task_id() == task_id) return BuildTaskLocked(*entry, t);
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("task '", task_id, "' unknown"));
+}
+
+absl::Status JobManager::ReportTaskStatus(absl::string_view worker_id,
+                                          const v1::TaskStatus& status) {
+  absl::MutexLock lock(&mu_);
+  if (!worker_id.empty()) workers_.Renew(worker_id).IgnoreError();
+  return ApplyTaskStatusLocked(worker_id, status);
+}
+
+absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
+                                               const v1::TaskStatus& status) {
+  auto jt = job_of_task_.find(status.task_id());
+  JobEntry* entry = jt == job_of_task_.end() ? nullptr : FindLocked(jt->second);
+  int index = -1;
+  if (entry != nullptr) {
+    for (int i = 0; i < entry->job.tasks_size(); ++i) {
+      if (entry->job.tasks(i).task_id() == status.task_id()) index = i;
+    }
+  }
+  if (index < 0) return absl::NotFoundError(absl::StrCat("task '", status.task_id(), "' unknown"));
+  const v1::TaskInfo& current = entry->job.tasks(index);
+  if (!worker_id.empty() && current.worker_id() != worker_id) {
+    return absl::FailedPreconditionError(absl::StrCat("task ", status.task_id(), " runs on ",
+                                                      current.worker_id(), ", not ", worker_id));
+  }
+  // Statuses repeat on every Sync: only news changes anything, and the first end wins.
+  if (status.state() == v1::TASK_STATE_UNSPECIFIED || TaskEnded(current.state())) {
+    return absl::OkStatus();
+  }
+  if (status.state() == current.state()) return absl::OkStatus();
+  if (current.state() == v1::TASK_RUNNING && status.state() == v1::TASK_STARTING) {
+    return absl::OkStatus();
+  }
+  v1::Job updated = entry->job;
+  v1::TaskInfo* task = updated.mutable_tasks(index);
+  task->set_state(status.state());
+  task->set_exit_code(status.exit_code());
+  task->set_signal(status.signal());
+  task->set_message(status.message());
+  const std::vector<std::string> changed = {task->task_id()};
+  const bool current_attempt =
+      !IsFinalJobState(updated.state()) && task->generation() == updated.generation();
+  if (!current_attempt) return CommitLocked(*entry, std::move(updated), {}, changed);
+
+  switch (status.state()) {
+    case v1::TASK_RUNNING:
+      if (updated.state() == v1::SCHEDULED) {
+        const std::string reason =
+            absl::StrCat("rank ", task->rank(), " running on ", task->worker_id());
+        return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
+      }
+      break;
+    case v1::TASK_EXITED:
+    case v1::TASK_FAILED_TO_START:
+    case v1::TASK_STOPPED: {
+      if (!TaskSucceeded(*task)) {
+        const std::string reason = TaskFailureReason(*task);
+        return TransitionLocked(*entry, std::move(updated), v1::FAILED, reason, changed);
+      }
+      int ranks = 0;
+      bool all_done = true;
+      for (const v1::TaskInfo& t : updated.tasks()) {
+        if (t.generation() != updated.generation()) continue;
+        ranks++;
+        all_done = all_done && TaskSucceeded(t);
+      }
+      if (all_done) {
+        const std::string reason = ranks == 1
+                                       ? std::string("rank 0 exited with code 0")
+                                       : absl::StrCat("all ", ranks, " ranks exited with code 0");
+        return TransitionLocked(*entry, std::move(updated), v1::SUCCEEDED, reason, changed);
+      }
+      if (updated.state() == v1::SCHEDULED) {
+        const std::string reason = absl::StrCat("rank ", task->rank(), " finished");
+        return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return CommitLocked(*entry, std::move(updated), {}, changed);
+}
+
+absl::StatusOr<int64_t> JobManager::ShipLogs(absl::string_view worker_id, absl::string_view task_id,
+                                             int64_t offset, absl::string_view data) {
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = job_of_task_.find(task_id);
+    if (it == job_of_task_.end()) {
+      return absl::NotFoundError(absl::StrCat("task '", task_id, "' unknown"));
+    }
+    job_id = it->second;
+  }
+  return logs_->Append(job_id, task_id, offset, data);
+}
+
+absl::StatusOr<JobManager::JobEntry*> JobManager::FencedLocked(absl::string_view job_id,
+                                                               int64_t generation) {
+  JobEntry* entry = FindLocked(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  if (generation < entry->job.generation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale generation ", generation, ", current ", entry->job.generation()));
+  }
+  if (generation > entry->job.generation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unknown generation ", generation, ", current ", entry->job.generation()));
+  }
+  if (IsFinalJobState(entry->job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", JobStateName(entry->job.state())));
+  }
+  return entry;
+}
+
+absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t generation, int rank,
+                                        const v1::JobProgress& progress) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+  if (!fenced.ok()) return fenced.status();
+  JobEntry& entry = **fenced;
+  // Rank 0 speaks for the job; other ranks only fill in while rank 0 lags behind.
+  if (rank != 0 && progress.step() < entry.job.progress().step()) return absl::OkStatus();
+  const absl::Time now = clock_.Now();
+  v1::JobProgress* stored = entry.job.mutable_progress();
+  *stored = progress;
+  stored->set_updated_unix_ms(absl::ToUnixMillis(now));
+  entry.version++;
+  entry.progress_dirty = true;
+  changed_.SignalAll();
+  if (now - entry.progress_persisted >= options_.progress_persist_interval) {
+    FlushProgressLocked(/*all=*/false);
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::FlushProgressLocked(bool all) {
+  const absl::Time now = clock_.Now();
+  StoreMutation m;
+  std::vector<JobEntry*> flushed;
+  // Only active jobs take progress reports (the fence refuses final ones), and every commit of a
+  // job writes its progress, so a final job is never dirty.
+  for (int64_t seq : active_seqs_) {
+    JobEntry& entry = jobs_.at(ids_by_seq_.at(seq));
+    if (!entry.progress_dirty) continue;
+    if (!all && now - entry.progress_persisted < options_.progress_persist_interval) continue;
+    m.jobs.push_back({entry.seq, entry.job});
+    flushed.push_back(&entry);
+  }
+  if (m.empty()) return;
+  if (absl::Status s = store_->Apply(m); !s.ok()) {
+    LogWarning("persisting progress failed: ", s.ToString());
+    return;
+  }
+  for (JobEntry* entry : flushed) {
+    entry->progress_dirty = false;
+    entry->progress_persisted = now;
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
+    const v1::CommitCheckpointRequest& request) {
+  if (request.step() < 0) return absl::InvalidArgumentError("step: must be >= 0");
+  if (request.uri().empty()) return absl::InvalidArgumentError("uri: required");
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobEntry*> fenced = FencedLocked(request.job_id(), request.generation());
+  if (!fenced.ok()) return fenced.status();
+  JobEntry& entry = **fenced;
+  for (const StoredCheckpoint& c : entry.checkpoints) {
+    if (c.checkpoint.step() == request.step() && c.checkpoint.uri() == request.uri()) {
+      return std::vector<std::string>();
+    }
+  }
+  StoredCheckpoint added;
+  added.checkpoint.set_job_id(entry.job.id());
+  added.checkpoint.set_step(request.step());
+  added.checkpoint.set_uri(request.uri());
+  added.checkpoint.set_size_bytes(request.size_bytes());
+  added.checkpoint.set_created_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  added.checkpoint.set_generation(request.generation());
+  std::vector<StoredCheckpoint> list;
+  for (const StoredCheckpoint& c : entry.checkpoints) {
+    if (c.checkpoint.step() != request.step()) list.push_back(c);
+  }
+  list.push_back(added);
+  std::sort(list.begin(), list.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+    return a.checkpoint.step() < b.checkpoint.step();
+  });
+  const int keep =
+      request.keep_last() > 0 ? request.keep_last() : entry.job.spec().checkpoint().keep_last();
+  StoreMutation extra;
+  extra.checkpoints.push_back(added);
+  std::vector<std::string> retired;
+  if (keep > 0) {
+    int kept = 0;
+    for (auto it = list.rbegin(); it != list.rend(); ++it) {
+      if (it->retired) continue;
+      if (kept < keep) {
+        kept++;
+        continue;
+      }
+      it->retired = true;
+      retired.push_back(it->checkpoint.uri());
+      extra.checkpoints.push_back(*it);
+    }
+  }
+  v1::Job updated = entry.job;
+  updated.set_committed_step(std::max(updated.committed_step(), request.step()));
+  updated.set_updated_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  if (absl::Status s = CommitLocked(entry, std::move(updated), {}, {}, std::move(extra)); !s.ok()) {
+    return s;
+  }
+  entry.checkpoints = std::move(list);
+  return retired;
+}
+
+absl::Status JobManager::ReportModel(absl::string_view job_id, int64_t generation,
+                                     absl::string_view uri) {
+  if (uri.empty()) return absl::InvalidArgumentError("uri: required");
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+  if (!fenced.ok()) return fenced.status();
+  v1::Job updated = (*fenced)->job;
+  updated.set_model_uri(std::string(uri));
+  return CommitLocked(**fenced, std::move(updated), {}, {});
+}
+
+// ---- Background ----
+
+void JobManager::Tick() {
+  absl::MutexLock lock(&mu_);
+  tick_requested_ = false;
+  ExpireWorkersLocked();
+  EnforceRuntimeLocked();
+  ScheduleLocked();
+  FlushProgressLocked(/*all=*/false);
+}
+
+bool JobManager::WaitForTickRequest(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!tick_requested_ && !shutdown_) {
+    if (tick_wanted_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return tick_requested_;
+}
+
+void JobManager::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  changed_.SignalAll();
+  tick_wanted_.SignalAll();
+}
+
+bool JobManager::IsShutDown() const {
+  absl::MutexLock lock(&mu_);
+  return shutdown_;
+}
+
+void JobManager::ExpireWorkersLocked() {
+  const std::vector<std::string> lost = workers_.ExpireLeases();
+  if (lost.empty()) return;
+  for (const std::string& worker_id : lost) {
+    if (absl::Status s = PersistWorkerLocked(worker_id); !s.ok()) {
+      LogError("worker ", worker_id, ": persisting LOST failed: ", s.ToString());
+    }
+    LogWarning("worker ", worker_id, " lost: no heartbeat for ",
+               absl::FormatDuration(options_.worker_timeout));
+    std::set<std::string> job_ids;
+    for (const auto& [entry, task] : ActiveTasksLocked()) {
+      if (task->worker_id() == worker_id) job_ids.insert(entry->job.id());
+    }
+    const std::string reason = absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
+                                            absl::FormatDuration(options_.worker_timeout), ")");
+    for (const std::string& job_id : job_ids) {
+      JobEntry* entry = FindLocked(job_id);
+      if (entry == nullptr) continue;
+      TransitionLocked(*entry, entry->job, v1::FAILED, reason, {}).IgnoreError();
+    }
+  }
+  changed_.SignalAll();
+}
+
+void JobManager::EnforceRuntimeLocked() {
+  const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
+  std::vector<std::string> over;
+  for (int64_t seq : active_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry == nullptr) continue;
+    const int64_t limit_s = entry->job.spec().max_runtime_seconds();
+    const int64_t started = entry->job.started_unix_ms();
+    if (limit_s <= 0 || started <= 0) continue;
+    if (entry->job.state() != v1::RUNNING && entry->job.state() != v1::SCHEDULED) continue;
+    if (now_ms - started >= limit_s * 1000) over.push_back(entry->job.id());
+  }
+  for (const std::string& id : over) {
+    JobEntry* entry = FindLocked(id);
+    const std::string reason =
+        absl::StrCat("exceeded max_runtime ",
+                     absl::FormatDuration(absl::Seconds(entry->job.spec().max_runtime_seconds())));
+    TransitionLocked(*entry, entry->job, v1::FAILED, reason, {}).IgnoreError();
+  }
+}
+
+void JobManager::ScheduleLocked() {
+  std::vector<SchedJob> pending;
+  for (int64_t seq : active_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
+    SchedJob job;
+    job.id = entry->job.id();
+    job.priority = entry->job.spec().priority();
+    job.seq = entry->seq;
+    RankRange(entry->job.spec(), job.min_ranks, job.max_ranks);
+    job.slots_per_rank = SlotsPerRank(entry->job.spec());
+    job.gpus_per_rank = GpusPerRank(entry->job.spec());
+    pending.push_back(std::move(job));
+  }
+  if (pending.empty()) return;
+  std::map<std::string, std::pair<int, int>> used;  // worker -> (slots, GPUs)
+  for (const auto& [entry, task] : ActiveTasksLocked()) {
+    auto& [slots, gpus] = used[task->worker_id()];
+    slots += SlotsPerRank(entry->job.spec());
+    gpus += GpusPerRank(entry->job.spec());
+  }
+  std::vector<SchedWorker> workers;
+  for (const WorkerRecord* record : workers_.All()) {
+    SchedWorker w;
+    w.id = record->info.id();
+    w.ready = record->info.state() == v1::READY;
+    w.total_slots = record->info.slots();
+    w.total_gpus = record->info.gpus();
+    w.free_slots = w.total_slots - used[w.id].first;
+    w.free_gpus = w.total_gpus - used[w.id].second;
+    workers.push_back(std::move(w));
+  }
+  ScheduleDecision decision = Schedule(std::move(pending), workers);
+  for (const Placement& placement : decision.placements) {
+    JobEntry* entry = FindLocked(placement.job_id);
+    if (entry == nullptr) continue;
+    v1::Job updated = entry->job;
+    const int64_t generation = updated.generation() + 1;
+    updated.set_generation(generation);
+    std::vector<std::string> changed;
+    for (int rank = 0; rank < static_cast<int>(placement.rank_workers.size()); ++rank) {
+      v1::TaskInfo* task = updated.add_tasks();
+      task->set_task_id(TaskId(updated.id(), generation, rank));
+      task->set_rank(rank);
+      task->set_worker_id(placement.rank_workers[rank]);
+      task->set_state(v1::TASK_STARTING);
+      task->set_generation(generation);
+      changed.push_back(task->task_id());
+    }
+    const std::string reason =
+        absl::StrCat("placed on ", absl::StrJoin(placement.rank_workers, ", "));
+    TransitionLocked(*entry, std::move(updated), v1::SCHEDULED, reason, changed).IgnoreError();
+  }
+  for (const auto& [job_id, reason] : decision.pending_reasons) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr || entry->job.reason() == reason) continue;
+    // Only the reason changed: no event, so that a waiting job does not flood its history.
+    v1::Job updated = entry->job;
+    updated.set_reason(reason);
+    CommitLocked(*entry, std::move(updated), {}, {}).IgnoreError();
+  }
+}
+
+}  // namespace trainyard

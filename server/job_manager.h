@@ -1,0 +1,235 @@
+#ifndef TRAINYARD_SERVER_JOB_MANAGER_H_
+#define TRAINYARD_SERVER_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/job_store.h"
+#include "server/log_store.h"
+#include "server/worker_registry.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "trainyard/v1/job.pb.h"
+#include "trainyard/v1/job_service.pb.h"
+
+namespace trainyard {
+
+struct JobManagerOptions {
+  // Base URI for jobs whose spec sets no checkpoint.uri; a job's checkpoints go to {base}/{id}.
+  std::string checkpoint_root = "file:///tmp/trainyard-checkpoints";
+  absl::Duration worker_timeout = absl::Seconds(10);
+  int max_active_jobs = 10000;            // non-final jobs; beyond: RESOURCE_EXHAUSTED
+  int64_t max_spec_yaml_bytes = 1 << 20;  // beyond: INVALID_ARGUMENT
+  absl::Duration max_sync_wait = absl::Seconds(5);
+  absl::Duration progress_persist_interval = absl::Seconds(1);
+};
+
+struct ListJobsResult {
+  std::vector<trainyard::v1::Job> jobs;  // newest first, without events
+  std::string next_page_token;           // empty on the last page
+};
+
+// The coordinator's logic: jobs and their state machine, the scheduler loop, workers and their
+// desired state, progress, checkpoints and logs. No gRPC types: the services are thin adapters.
+//
+// Every state change is written to the JobStore in one transaction before it becomes visible in
+// memory; when the write fails the call returns the store's error and nothing changes.
+// Thread-safe: one mutex guards all state; the blocking calls (Sync, WatchJob, StreamLogs) wait
+// on condition variables without holding it. Time for leases, runtimes and events comes from the
+// injected clock; only the deadlines of those blocking waits use real time.
+class JobManager {
+ public:
+  // Loads everything from `store`. `clock` must outlive the manager.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(const Clock& clock,
+                                                            std::unique_ptr<JobStore> store,
+                                                            std::unique_ptr<LogStore> logs,
+                                                            JobManagerOptions options);
+  ~JobManager();
+
+  // ---- JobService ----
+
+  // Parses, validates and queues a job (PENDING, event "submitted"). INVALID_ARGUMENT with the
+  // parser's message for a bad spec (nothing stored), for a spec_yaml over the size limit, or for
+  // a checkpoint.resume_from naming no job; RESOURCE_EXHAUSTED when too many jobs are active.
+  absl::StatusOr<trainyard::v1::Job> SubmitJobYaml(absl::string_view spec_yaml);
+  // Same for a spec message; defaults are applied first.
+  absl::StatusOr<trainyard::v1::Job> SubmitJob(trainyard::v1::JobSpec spec);
+
+  // NOT_FOUND for an unknown id. With events and tasks of every attempt.
+  absl::StatusOr<trainyard::v1::Job> GetJob(absl::string_view id) const;
+
+  // Newest first, filtered by `states` (empty = all). page_size 0 = 100, capped at 1000.
+  // INVALID_ARGUMENT for a page token this manager did not hand out.
+  absl::StatusOr<ListJobsResult> ListJobs(const std::vector<trainyard::v1::JobState>& states,
+                                          int page_size, absl::string_view page_token) const;
+
+  // Moves a non-final job to CANCELLED; its tasks leave their workers' desired state, so agents
+  // stop them. NOT_FOUND for an unknown job, FAILED_PRECONDITION for a final one.
+  absl::StatusOr<trainyard::v1::Job> CancelJob(absl::string_view id, absl::string_view reason);
+
+  // Calls `sink` with the job now and after every change of state, reason or progress, and
+  // returns OK after sending a final state. Stops early with OK when `sink` returns false,
+  // CANCELLED when `cancelled()` turns true (checked at least twice a second), UNAVAILABLE on
+  // Shutdown(). NOT_FOUND for an unknown job. Blocks; call from any thread.
+  absl::Status WatchJob(absl::string_view id,
+                        const std::function<bool(const trainyard::v1::Job&)>& sink,
+                        const std::function<bool()>& cancelled);
+
+  // Sends the logs of `rank` (-1: every rank) of every attempt, in (generation, rank) order, as
+  // (rank, bytes) pieces. With `follow` keeps sending what arrives until the job is final and no
+  // more data comes. Same early-stop rules as WatchJob. NOT_FOUND for an unknown job,
+  // INVALID_ARGUMENT for rank < -1.
+  absl::Status StreamLogs(absl::string_view id, int rank, bool follow,
+                          const std::function<bool(int rank, absl::string_view data)>& sink,
+                          const std::function<bool()>& cancelled);
+
+  // Every worker with its capacity in use and its active tasks, by id.
+  std::vector<trainyard::v1::Worker> ListWorkers() const;
+
+  // Committed, not retired checkpoints of a job, newest first. NOT_FOUND for an unknown job.
+  absl::StatusOr<std::vector<trainyard::v1::Checkpoint>> ListCheckpoints(
+      absl::string_view job_id) const;
+
+  // ---- AgentService ----
+
+  // Adds or replaces the worker named request.name() (READY) and reconciles the tasks it
+  // reports. INVALID_ARGUMENT for a missing name or negative capacity.
+  absl::StatusOr<trainyard::v1::RegisterWorkerResponse> RegisterWorker(
+      const trainyard::v1::RegisterWorkerRequest& request);
+
+  // Long poll: renews the lease, applies the reported task statuses, then answers as soon as the
+  // worker's desired-state version differs from known_version, or after wait_ms (capped at
+  // max_sync_wait). An unknown or LOST worker gets reregister=true. Blocks.
+  absl::StatusOr<trainyard::v1::SyncResponse> Sync(const trainyard::v1::SyncRequest& request);
+
+  // Applies one task status. Idempotent. NOT_FOUND for an unknown task, FAILED_PRECONDITION when
+  // the task belongs to another worker.
+  absl::Status ReportTaskStatus(absl::string_view worker_id,
+                                const trainyard::v1::TaskStatus& status);
+
+  // Appends log data of a known task (LogStore::Append). NOT_FOUND for an unknown task.
+  absl::StatusOr<int64_t> ShipLogs(absl::string_view worker_id, absl::string_view task_id,
+                                   int64_t offset, absl::string_view data);
+
+  // Fenced by generation: FAILED_PRECONDITION "stale generation 1, current 2" for an older
+  // attempt (or a newer one than exists, or a final job); NOT_FOUND for an unknown job.
+  absl::Status ReportProgress(absl::string_view job_id, int64_t generation, int rank,
+                              const trainyard::v1::JobProgress& progress);
+
+  // Fenced like ReportProgress. Records the checkpoint and the job's committed step in one
+  // transaction, retires committed checkpoints beyond keep_last (the request's, else the
+  // spec's; <= 0 keeps all) and returns their URIs. Committing the same step and URI again is a
+  // no-op. INVALID_ARGUMENT for a negative step or an empty URI.
+  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(
+      const trainyard::v1::CommitCheckpointRequest& request);
+
+  // Fenced like ReportProgress. Stores the exported model's URI on the job.
+  absl::Status ReportModel(absl::string_view job_id, int64_t generation, absl::string_view uri);
+
+  // ---- Background ----
+
+  // One round of housekeeping at clock time: expire leases (jobs on lost workers fail), enforce
+  // max_runtime, schedule pending jobs, persist progress. Non-blocking apart from store writes.
+  void Tick();
+
+  // Blocks until something asked for a Tick (a submit, an exit, a cancel, a new worker) or
+  // `timeout` passes; true when asked. For the coordinator's tick thread.
+  bool WaitForTickRequest(absl::Duration timeout);
+
+  // Wakes every blocked call; they return UNAVAILABLE, and later blocking calls return at once.
+  void Shutdown();
+  bool IsShutDown() const;
+
+  // The task a worker receives for `task_id`. NOT_FOUND for an unknown task. For tests.
+  absl::StatusOr<trainyard::v1::Task> TaskFor(absl::string_view task_id) const;
+
+ private:
+  struct JobEntry {
+    int64_t seq = 0;
+    trainyard::v1::Job job;  // with every event and the tasks of every generation
+    uint64_t version = 0;    // bumped on every visible change, for watchers
+    absl::Time progress_persisted = absl::InfinitePast();
+    bool progress_dirty = false;
+    std::vector<StoredCheckpoint> checkpoints;  // by step
+  };
+
+  JobManager(const Clock& clock, std::unique_ptr<JobStore> store, std::unique_ptr<LogStore> logs,
+             JobManagerOptions options);
+  absl::Status Load();
+
+  absl::StatusOr<trainyard::v1::Job> SubmitValidated(trainyard::v1::JobSpec spec);
+
+  JobEntry* FindLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const JobEntry* FindLocked(absl::string_view id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // Writes `updated` (the new version of entry.job), the given events and tasks and `extra` in
+  // one transaction, then makes it current, wakes waiters and refreshes the desired state of
+  // every worker whose active tasks changed.
+  absl::Status CommitLocked(JobEntry& entry, trainyard::v1::Job updated,
+                            const std::vector<trainyard::v1::JobEvent>& events,
+                            const std::vector<std::string>& changed_task_ids,
+                            StoreMutation extra = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Moves the job to `to` with `reason` and commits it with the given task changes.
+  absl::Status TransitionLocked(JobEntry& entry, trainyard::v1::Job updated,
+                                trainyard::v1::JobState to, absl::string_view reason,
+                                const std::vector<std::string>& changed_task_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Status ApplyTaskStatusLocked(absl::string_view worker_id,
+                                     const trainyard::v1::TaskStatus& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JobEntry*> FencedLocked(absl::string_view job_id, int64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PersistWorkerLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnforceRuntimeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushProgressLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RequestTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Tasks of non-final jobs, current generation, not ended: what workers should run.
+  bool IsActiveTask(const JobEntry& entry, const trainyard::v1::TaskInfo& task) const;
+  std::vector<std::pair<const JobEntry*, const trainyard::v1::TaskInfo*>> ActiveTasksLocked() const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  trainyard::v1::Task BuildTaskLocked(const JobEntry& entry,
+                                      const trainyard::v1::TaskInfo& info) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // Fixed at construction.
+  const Clock& clock_;
+  const JobManagerOptions options_;
+  const std::unique_ptr<JobStore> store_;
+  const std::unique_ptr<LogStore> logs_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // any job, worker or desired-state change; Shutdown()
+  absl::CondVar tick_wanted_;
+  absl::flat_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::string> ids_by_seq_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> active_seqs_ ABSL_GUARDED_BY(mu_);  // non-final jobs
+  absl::flat_hash_map<std::string, std::string> job_of_task_ ABSL_GUARDED_BY(mu_);
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  bool tick_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_SERVER_JOB_MANAGER_H_

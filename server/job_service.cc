@@ -1,0 +1,97 @@
+#include "server/job_service.h"
+
+#include <string>
+#include <vector>
+
+#include "server/grpc_status.h"
+
+namespace trainyard {
+
+using grpc::ServerContext;
+using grpc::Status;
+
+Status JobServiceImpl::SubmitJob(ServerContext*, const v1::SubmitJobRequest* request,
+                                 v1::Job* response) {
+  absl::StatusOr<v1::Job> job;
+  switch (request->spec_source_case()) {
+    case v1::SubmitJobRequest::kSpecYaml:
+      job = manager_.SubmitJobYaml(request->spec_yaml());
+      break;
+    case v1::SubmitJobRequest::kSpec:
+      job = manager_.SubmitJob(request->spec());
+      break;
+    default:
+      return ToGrpcStatus(absl::InvalidArgumentError("spec_yaml or spec: required"));
+  }
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return Status::OK;
+}
+
+Status JobServiceImpl::GetJob(ServerContext*, const v1::GetJobRequest* request, v1::Job* response) {
+  absl::StatusOr<v1::Job> job = manager_.GetJob(request->id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return Status::OK;
+}
+
+Status JobServiceImpl::ListJobs(ServerContext*, const v1::ListJobsRequest* request,
+                                v1::ListJobsResponse* response) {
+  std::vector<v1::JobState> states;
+  for (int s : request->states()) states.push_back(static_cast<v1::JobState>(s));
+  absl::StatusOr<ListJobsResult> result =
+      manager_.ListJobs(states, request->page_size(), request->page_token());
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  for (v1::Job& job : result->jobs) *response->add_jobs() = std::move(job);
+  response->set_next_page_token(result->next_page_token);
+  return Status::OK;
+}
+
+Status JobServiceImpl::CancelJob(ServerContext*, const v1::CancelJobRequest* request,
+                                 v1::Job* response) {
+  absl::StatusOr<v1::Job> job = manager_.CancelJob(request->id(), request->reason());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = *std::move(job);
+  return Status::OK;
+}
+
+Status JobServiceImpl::WatchJob(ServerContext* context, const v1::WatchJobRequest* request,
+                                grpc::ServerWriter<v1::WatchJobResponse>* writer) {
+  return ToGrpcStatus(manager_.WatchJob(
+      request->id(),
+      [writer](const v1::Job& job) {
+        v1::WatchJobResponse response;
+        *response.mutable_job() = job;
+        return writer->Write(response);
+      },
+      [context] { return context->IsCancelled(); }));
+}
+
+Status JobServiceImpl::GetJobLogs(ServerContext* context, const v1::GetJobLogsRequest* request,
+                                  grpc::ServerWriter<v1::LogChunk>* writer) {
+  return ToGrpcStatus(manager_.StreamLogs(
+      request->id(), request->rank(), request->follow(),
+      [writer](int rank, absl::string_view data) {
+        v1::LogChunk chunk;
+        chunk.set_rank(rank);
+        chunk.set_data(std::string(data));
+        return writer->Write(chunk);
+      },
+      [context] { return context->IsCancelled(); }));
+}
+
+Status JobServiceImpl::ListWorkers(ServerContext*, const v1::ListWorkersRequest*,
+                                   v1::ListWorkersResponse* response) {
+  for (v1::Worker& w : manager_.ListWorkers()) *response->add_workers() = std::move(w);
+  return Status::OK;
+}
+
+Status JobServiceImpl::ListCheckpoints(ServerContext*, const v1::ListCheckpointsRequest* request,
+                                       v1::ListCheckpointsResponse* response) {
+  absl::StatusOr<std::vector<v1::Checkpoint>> list = manager_.ListCheckpoints(request->job_id());
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  for (v1::Checkpoint& c : *list) *response->add_checkpoints() = std::move(c);
+  return Status::OK;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,67 @@
+#ifndef TRAINYARD_SERVER_JOB_STORE_H_
+#define TRAINYARD_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "trainyard/v1/job.pb.h"
+
+namespace trainyard {
+
+// A job as stored: the Job message plus its global submission sequence number (the scheduler's
+// FIFO order and the ListJobs order). The `events` and `tasks` fields of `job` are ignored when
+// writing; they live in their own tables and come back filled in by LoadAll().
+struct StoredJob {
+  int64_t seq = 0;
+  trainyard::v1::Job job;
+};
+
+struct StoredCheckpoint {
+  trainyard::v1::Checkpoint checkpoint;
+  bool retired = false;  // outside retention: its objects may be deleted
+};
+
+// Everything one state change writes. JobStore::Apply writes it in one transaction.
+struct StoreMutation {
+  std::vector<StoredJob> jobs;                                          // upserted by id
+  std::vector<std::pair<std::string, trainyard::v1::JobEvent>> events;  // (job id, event), appended
+  std::vector<std::pair<std::string, trainyard::v1::TaskInfo>> tasks;   // (job id, task), upserted
+  std::vector<trainyard::v1::Worker> workers;                           // upserted by id
+  std::vector<StoredCheckpoint> checkpoints;  // upserted by (job_id, step)
+  std::optional<int64_t> next_job_seq;
+
+  bool empty() const {
+    return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
+           checkpoints.empty() && !next_job_seq.has_value();
+  }
+};
+
+struct StoreContents {
+  std::vector<StoredJob> jobs;  // by seq; events in insertion order, tasks by (generation, rank)
+  std::vector<trainyard::v1::Worker> workers;  // by id
+  std::vector<StoredCheckpoint> checkpoints;   // by (job_id, step)
+  int64_t next_job_seq = 1;
+};
+
+// Durable coordinator state. Implementations are thread-safe; calls block on disk I/O.
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+
+  // Writes all of `mutation` or nothing. UNAVAILABLE for I/O trouble that may pass (busy, disk),
+  // INTERNAL otherwise; on error the store is unchanged.
+  virtual absl::Status Apply(const StoreMutation& mutation) = 0;
+
+  // Reads everything back. INTERNAL/DATA_LOSS when rows cannot be decoded.
+  virtual absl::StatusOr<StoreContents> LoadAll() = 0;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_SERVER_JOB_STORE_H_

@@ -1,0 +1,59 @@
+#ifndef TRAINYARD_SERVER_LOG_STORE_H_
+#define TRAINYARD_SERVER_LOG_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace trainyard {
+
+// Task logs as plain files: {dir}/{job_id}/{task_id}.log. Agents ship them in pieces at byte
+// offsets; shipping is idempotent. Thread-safe; calls block on file I/O.
+class LogStore {
+ public:
+  // `dir` is created on the first append.
+  explicit LogStore(std::string dir);
+
+  // Writes `data`, which starts at byte `offset` of the task's log, and returns the log's size
+  // afterwards: the offset the agent should send next. Bytes the store already has are skipped;
+  // for a gap (offset beyond the size) nothing is written and the current size is returned so
+  // that the agent resends from there. INVALID_ARGUMENT for ids that are not plain file names or
+  // a negative offset, UNAVAILABLE for I/O errors.
+  absl::StatusOr<int64_t> Append(absl::string_view job_id, absl::string_view task_id,
+                                 int64_t offset, absl::string_view data);
+
+  // Up to `max_bytes` from `offset`; empty at the end or when there is no log yet.
+  absl::StatusOr<std::string> Read(absl::string_view job_id, absl::string_view task_id,
+                                   int64_t offset, int64_t max_bytes);
+
+  // Counts appends that added data; never decreases.
+  uint64_t version() const;
+
+  // Blocks until version() differs from `known` or `timeout` passes; returns version().
+  uint64_t WaitForAppend(uint64_t known, absl::Duration timeout) const;
+
+  std::string PathFor(absl::string_view job_id, absl::string_view task_id) const;
+
+ private:
+  absl::StatusOr<int64_t> SizeLocked(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string dir_;
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar appended_;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> sizes_ ABSL_GUARDED_BY(mu_);  // path -> bytes on disk
+};
+
+// True for ids usable as one path component: [A-Za-z0-9._-], not empty, not "." or "..".
+bool IsSafeFileName(absl::string_view name);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_SERVER_LOG_STORE_H_

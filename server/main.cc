@@ -1,0 +1,169 @@
+// trainyard-coordinator: the source of truth of a Trainyard cluster (DESIGN.md, "Processes").
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <system_error>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "server/coordinator_server.h"
+#include "server/job_manager.h"
+#include "server/log_store.h"
+#include "server/sqlite_job_store.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
+          "Address for JobService, AgentService, health and reflection, as HOST:PORT. Port 0 "
+          "lets the kernel pick one (see --port_file).");
+ABSL_FLAG(std::string, state_dir, "./trainyard-state",
+          "Directory for the SQLite state (state.db, WAL mode) and task logs (logs/). Created "
+          "if missing. Restarting on the same directory restores every job, worker and "
+          "checkpoint.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Base URI for checkpoints of jobs whose spec sets no checkpoint.uri; a job's "
+          "checkpoints go to {base}/{job_id}. Default: file://<absolute state_dir>/checkpoints.");
+ABSL_FLAG(absl::Duration, worker_timeout, absl::Seconds(10),
+          "A worker that has not synced for this long is LOST and its jobs fail.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, once the server listens, write the bound port number to this file "
+          "(atomically: temp file + rename).");
+
+namespace trainyard {
+namespace {
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string temp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << port << "\n";
+    out.flush();
+    if (!out) return absl::UnavailableError(absl::StrCat("write ", temp));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("rename ", temp, " -> ", path));
+  }
+  return absl::OkStatus();
+}
+
+// SIGTERM/SIGINT land on whichever thread the kernel picks (some library threads exist before
+// main), so the handler only writes the signal number to a pipe that the main thread reads.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signal_number) {
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+}
+
+int WaitForSignal() {
+  unsigned char byte = 0;
+  while (read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  return byte;
+}
+
+int Run() {
+  if (pipe(g_signal_pipe) != 0) {
+    LogError("pipe: ", std::strerror(errno));
+    return 1;
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  // A parent that blocks these signals (to sigwait for them itself) passes its mask on through
+  // exec; unblock them here so that at least this thread takes them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir, ec);
+  if (ec) {
+    LogError("cannot create --state_dir ", state_dir, ": ", ec.message());
+    return 1;
+  }
+  const std::string abs_state = std::filesystem::absolute(state_dir).lexically_normal().string();
+  std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  if (checkpoint_root.empty()) checkpoint_root = absl::StrCat("file://", abs_state, "/checkpoints");
+
+  absl::StatusOr<std::unique_ptr<SqliteJobStore>> store =
+      SqliteJobStore::Open(abs_state + "/state.db");
+  if (!store.ok()) {
+    LogError("cannot open the state database: ", store.status().ToString());
+    return 1;
+  }
+  JobManagerOptions options;
+  options.checkpoint_root = checkpoint_root;
+  options.worker_timeout = absl::GetFlag(FLAGS_worker_timeout);
+  absl::StatusOr<std::unique_ptr<JobManager>> manager =
+      JobManager::Create(RealClock::Get(), *std::move(store),
+                         std::make_unique<LogStore>(abs_state + "/logs"), options);
+  if (!manager.ok()) {
+    LogError("cannot load state: ", manager.status().ToString());
+    return 1;
+  }
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(**manager, listen);
+  if (!server.ok()) {
+    LogError(server.status().ToString());
+    return 1;
+  }
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  LogInfo("listening on ", host, ":", (*server)->port(), " (state ", abs_state, ", checkpoints ",
+          checkpoint_root, ")");
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, (*server)->port()); !s.ok()) {
+      LogError("--port_file: ", s.ToString());
+      return 1;
+    }
+  }
+
+  const int signal_number = WaitForSignal();
+  LogInfo("signal ", signal_number, ": shutting down");
+  (*server)->Shutdown(absl::Seconds(5));
+  server->reset();
+  manager->reset();  // flushes progress, closes the database
+  LogInfo("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "trainyard-coordinator: job queue, scheduler and state of a Trainyard cluster.\n"
+      "Usage: trainyard-coordinator [--listen=HOST:PORT] [--state_dir=DIR] "
+      "[--checkpoint_root=URI] [--worker_timeout=10s] [--port_file=PATH]");
+  absl::FlagsUsageConfig usage_config;
+  // --help lists the flags defined in this file (by default absl looks for a file named after
+  // the binary).
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::ParseCommandLine(argc, argv);
+  trainyard::SetLogComponent("coordinator");
+  return trainyard::Run();
+}

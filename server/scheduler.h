@@ -1,0 +1,56 @@
+#ifndef TRAINYARD_SERVER_SCHEDULER_H_
+#define TRAINYARD_SERVER_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace trainyard {
+
+// What the scheduler needs to know about a pending job.
+struct SchedJob {
+  std::string id;
+  int priority = 0;
+  int64_t seq = 0;    // submission order
+  int min_ranks = 1;  // gang: place at least this many ranks at once, or none
+  int max_ranks = 1;
+  int slots_per_rank = 1;  // 1 for CPU ranks, 0 for GPU ranks
+  int gpus_per_rank = 0;
+};
+
+// A worker's capacity. Only READY workers take new ranks.
+struct SchedWorker {
+  std::string id;
+  bool ready = true;
+  int total_slots = 0;
+  int total_gpus = 0;
+  int free_slots = 0;
+  int free_gpus = 0;
+};
+
+struct Placement {
+  std::string job_id;
+  std::vector<std::string> rank_workers;  // rank i runs on rank_workers[i]
+};
+
+struct ScheduleDecision {
+  std::vector<Placement> placements;
+  // Why each pending job that was not placed is still waiting.
+  std::map<std::string, std::string> pending_reasons;
+};
+
+// Pure placement policy; no state, no clock, thread-compatible.
+//
+// Jobs go in order of priority (higher first), then submission order. A job is placed with as
+// many ranks as fit between min_ranks and max_ranks, all in one decision (gang scheduling), spread
+// over distinct workers where possible, most free capacity first. A job too large for the whole
+// cluster, even empty, is skipped with a reason and does not hold up others. A job that would fit
+// an empty cluster but not the capacity free now blocks every job after it: there is no
+// backfilling, so small jobs cannot starve a large one by always taking the capacity it waits
+// for.
+ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWorker>& workers);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_SERVER_SCHEDULER_H_

@@ -1,0 +1,335 @@
+#include "server/sqlite_job_store.h"
+
+#include <sqlite3.h>
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainyard {
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs(
+  id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, state INTEGER NOT NULL, job BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS events(
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, time_ms INTEGER NOT NULL,
+  from_state INTEGER NOT NULL, to_state INTEGER NOT NULL, reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
+CREATE TABLE IF NOT EXISTS tasks(
+  task_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, generation INTEGER NOT NULL,
+  rank INTEGER NOT NULL, worker_id TEXT NOT NULL, state INTEGER NOT NULL,
+  exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, message TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job_id, generation, rank);
+CREATE TABLE IF NOT EXISTS workers(id TEXT PRIMARY KEY, worker BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints(
+  job_id TEXT NOT NULL, step INTEGER NOT NULL, uri TEXT NOT NULL, size_bytes INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL, generation INTEGER NOT NULL, retired INTEGER NOT NULL,
+  PRIMARY KEY(job_id, step));
+)sql";
+
+absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
+  std::string message = absl::StrCat("sqlite ", what, ": ", sqlite3_errstr(rc));
+  if (db != nullptr && sqlite3_errmsg(db) != nullptr) {
+    absl::StrAppend(&message, " (", sqlite3_errmsg(db), ")");
+  }
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+    case SQLITE_CANTOPEN:
+      return absl::UnavailableError(message);
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return absl::DataLossError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// One prepared statement, finalized on destruction.
+class Statement {
+ public:
+  Statement(sqlite3* db, absl::string_view sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  absl::Status status() const {
+    return rc_ == SQLITE_OK ? absl::OkStatus() : SqliteError(db_, rc_, "prepare");
+  }
+  Statement& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Statement& Bind(int i, absl::string_view v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& BindBlob(int i, absl::string_view v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  // Runs a statement that returns no rows.
+  absl::Status Run() {
+    if (rc_ != SQLITE_OK) return status();
+    int rc = sqlite3_step(stmt_);
+    if (rc != SQLITE_DONE) return SqliteError(db_, rc, "step");
+    return absl::OkStatus();
+  }
+  // Advances to the next row: true with a row, false at the end or on error (see step_status).
+  bool Next() {
+    if (rc_ != SQLITE_OK) return false;
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) step_error_ = SqliteError(db_, rc, "step");
+    return false;
+  }
+  absl::Status step_status() const { return rc_ != SQLITE_OK ? status() : step_error_; }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  std::string Text(int col) {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    int n = sqlite3_column_bytes(stmt_, col);
+    return p == nullptr ? std::string() : std::string(static_cast<const char*>(p), n);
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+  absl::Status step_error_;
+};
+
+absl::Status SetMeta(sqlite3* db, absl::string_view key, absl::string_view value) {
+  Statement st(db, "INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)");
+  return st.Bind(1, key).Bind(2, value).Run();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status s = SqliteError(db, rc, absl::StrCat("open ", path));
+    sqlite3_close(db);
+    return s;
+  }
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db));
+  absl::MutexLock lock(&store->mu_);
+  sqlite3_busy_timeout(db, 5000);
+  for (const char* pragma :
+       {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
+    Statement st(db, pragma);
+    while (st.Next()) {
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
+  Statement st(db, "SELECT value FROM meta WHERE key = 'schema_version'");
+  if (st.Next()) {
+    int version = 0;
+    if (!absl::SimpleAtoi(st.Text(0), &version)) {
+      return absl::DataLossError(absl::StrCat(path, ": bad schema_version '", st.Text(0), "'"));
+    }
+    if (version > kSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": schema version ", version, " is newer than supported ", kSchemaVersion));
+    }
+  } else {
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+    if (absl::Status s = SetMeta(db, "schema_version", absl::StrCat(kSchemaVersion)); !s.ok()) {
+      return s;
+    }
+  }
+  return store;
+}
+
+SqliteJobStore::~SqliteJobStore() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_close_v2(db_);
+}
+
+absl::Status SqliteJobStore::Exec(absl::string_view sql) {
+  std::string owned(sql);
+  char* error = nullptr;
+  int rc = sqlite3_exec(db_, owned.c_str(), nullptr, nullptr, &error);
+  sqlite3_free(error);
+  if (rc != SQLITE_OK) return SqliteError(db_, rc, "exec");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SqliteJobStore::JournalMode() {
+  absl::MutexLock lock(&mu_);
+  Statement st(db_, "PRAGMA journal_mode");
+  if (!st.Next()) {
+    absl::Status s = st.step_status();
+    return s.ok() ? absl::InternalError("PRAGMA journal_mode returned nothing") : s;
+  }
+  return st.Text(0);
+}
+
+absl::Status SqliteJobStore::Apply(const StoreMutation& mutation) {
+  if (mutation.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status s = ApplyLocked(mutation);
+  if (s.ok()) s = Exec("COMMIT");
+  if (!s.ok()) Exec("ROLLBACK").IgnoreError();
+  return s;
+}
+
+absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
+  for (const StoredJob& stored : m.jobs) {
+    v1::Job row = stored.job;
+    row.clear_events();
+    row.clear_tasks();
+    // An upsert rather than INSERT OR REPLACE: a clash on the unique seq must fail, not delete
+    // the other job.
+    Statement st(db_,
+                 "INSERT INTO jobs(id, seq, state, job) VALUES(?, ?, ?, ?) ON CONFLICT(id) DO "
+                 "UPDATE SET seq = excluded.seq, state = excluded.state, job = excluded.job");
+    st.Bind(1, row.id()).Bind(2, stored.seq).Bind(3, static_cast<int64_t>(row.state()));
+    st.BindBlob(4, row.SerializeAsString());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const auto& [job_id, event] : m.events) {
+    Statement st(db_,
+                 "INSERT INTO events(job_id, time_ms, from_state, to_state, reason) "
+                 "VALUES(?, ?, ?, ?, ?)");
+    st.Bind(1, job_id).Bind(2, event.time_unix_ms()).Bind(3, static_cast<int64_t>(event.from()));
+    st.Bind(4, static_cast<int64_t>(event.to())).Bind(5, event.reason());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const auto& [job_id, task] : m.tasks) {
+    Statement st(db_,
+                 "INSERT OR REPLACE INTO tasks(task_id, job_id, generation, rank, worker_id, "
+                 "state, exit_code, signal, message) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    st.Bind(1, task.task_id()).Bind(2, job_id).Bind(3, task.generation()).Bind(4, task.rank());
+    st.Bind(5, task.worker_id()).Bind(6, static_cast<int64_t>(task.state()));
+    st.Bind(7, task.exit_code()).Bind(8, task.signal()).Bind(9, task.message());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const v1::Worker& worker : m.workers) {
+    Statement st(db_, "INSERT OR REPLACE INTO workers(id, worker) VALUES(?, ?)");
+    st.Bind(1, worker.id()).BindBlob(2, worker.SerializeAsString());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const StoredCheckpoint& c : m.checkpoints) {
+    Statement st(db_,
+                 "INSERT OR REPLACE INTO checkpoints(job_id, step, uri, size_bytes, created_ms, "
+                 "generation, retired) VALUES(?, ?, ?, ?, ?, ?, ?)");
+    st.Bind(1, c.checkpoint.job_id()).Bind(2, c.checkpoint.step()).Bind(3, c.checkpoint.uri());
+    st.Bind(4, c.checkpoint.size_bytes()).Bind(5, c.checkpoint.created_unix_ms());
+    st.Bind(6, c.checkpoint.generation()).Bind(7, int64_t{c.retired ? 1 : 0});
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  if (m.next_job_seq.has_value()) {
+    if (absl::Status s = SetMeta(db_, "next_job_seq", absl::StrCat(*m.next_job_seq)); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
+  absl::MutexLock lock(&mu_);
+  StoreContents out;
+  std::map<std::string, size_t> index;
+  {
+    Statement st(db_, "SELECT seq, job FROM jobs ORDER BY seq");
+    while (st.Next()) {
+      StoredJob stored;
+      stored.seq = st.Int(0);
+      if (!stored.job.ParseFromString(st.Text(1))) {
+        return absl::DataLossError(absl::StrCat("jobs row seq ", stored.seq, " does not parse"));
+      }
+      index[stored.job.id()] = out.jobs.size();
+      out.jobs.push_back(std::move(stored));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  {
+    Statement st(db_,
+                 "SELECT job_id, time_ms, from_state, to_state, reason FROM events ORDER BY id");
+    while (st.Next()) {
+      auto it = index.find(st.Text(0));
+      if (it == index.end()) continue;
+      v1::JobEvent* e = out.jobs[it->second].job.add_events();
+      e->set_time_unix_ms(st.Int(1));
+      e->set_from(static_cast<v1::JobState>(st.Int(2)));
+      e->set_to(static_cast<v1::JobState>(st.Int(3)));
+      e->set_reason(st.Text(4));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  {
+    Statement st(db_,
+                 "SELECT job_id, task_id, generation, rank, worker_id, state, exit_code, signal, "
+                 "message FROM tasks ORDER BY job_id, generation, rank");
+    while (st.Next()) {
+      auto it = index.find(st.Text(0));
+      if (it == index.end()) continue;
+      v1::TaskInfo* t = out.jobs[it->second].job.add_tasks();
+      t->set_task_id(st.Text(1));
+      t->set_generation(st.Int(2));
+      t->set_rank(static_cast<int32_t>(st.Int(3)));
+      t->set_worker_id(st.Text(4));
+      t->set_state(static_cast<v1::TaskState>(st.Int(5)));
+      t->set_exit_code(static_cast<int32_t>(st.Int(6)));
+      t->set_signal(static_cast<int32_t>(st.Int(7)));
+      t->set_message(st.Text(8));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  {
+    Statement st(db_, "SELECT id, worker FROM workers ORDER BY id");
+    while (st.Next()) {
+      v1::Worker w;
+      if (!w.ParseFromString(st.Text(1))) {
+        return absl::DataLossError(absl::StrCat("workers row '", st.Text(0), "' does not parse"));
+      }
+      out.workers.push_back(std::move(w));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  {
+    Statement st(db_,
+                 "SELECT job_id, step, uri, size_bytes, created_ms, generation, retired "
+                 "FROM checkpoints ORDER BY job_id, step");
+    while (st.Next()) {
+      StoredCheckpoint c;
+      c.checkpoint.set_job_id(st.Text(0));
+      c.checkpoint.set_step(st.Int(1));
+      c.checkpoint.set_uri(st.Text(2));
+      c.checkpoint.set_size_bytes(st.Int(3));
+      c.checkpoint.set_created_unix_ms(st.Int(4));
+      c.checkpoint.set_generation(st.Int(5));
+      c.retired = st.Int(6) != 0;
+      out.checkpoints.push_back(std::move(c));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  {
+    Statement st(db_, "SELECT value FROM meta WHERE key = 'next_job_seq'");
+    if (st.Next()) {
+      if (!absl::SimpleAtoi(st.Text(0), &out.next_job_seq)) {
+        return absl::DataLossError(absl::StrCat("bad next_job_seq '", st.Text(0), "'"));
+      }
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  return out;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,30 @@
+#ifndef TRAINYARD_TESTS_SERVER_FAKE_CLOCK_H_
+#define TRAINYARD_TESTS_SERVER_FAKE_CLOCK_H_
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+
+namespace trainyard {
+
+// A clock that moves only when told. Thread-safe.
+class FakeClock final : public Clock {
+ public:
+  explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'700'000'000)) : now_(start) {}
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_TESTS_SERVER_FAKE_CLOCK_H_

@@ -1,0 +1,648 @@
+#include "server/job_manager.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/sqlite_job_store.h"
+#include "tests/server/fake_clock.h"
+#include "tests/server/test_util.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(); }
+
+  void Open(JobManagerOptions options = {}) {
+    options.checkpoint_root = "file:///ckpt";
+    options.worker_timeout = absl::Seconds(10);
+    auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto manager = JobManager::Create(clock_, *std::move(store),
+                                      std::make_unique<LogStore>(dir_.path() + "/logs"), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+  }
+
+  void Reopen(JobManagerOptions options = {}) {
+    manager_.reset();
+    Open(options);
+  }
+
+  void Register(const std::string& name, int slots, int gpus = 0) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.set_slots(slots);
+    request.set_gpus(gpus);
+    auto response = manager_->RegisterWorker(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->worker_id(), name);
+    EXPECT_EQ(response->lease_timeout_ms(), 10000);
+  }
+
+  v1::SyncResponse Sync(const std::string& worker, uint64_t known = 0, int64_t wait_ms = 0) {
+    v1::SyncRequest request;
+    request.set_worker_id(worker);
+    request.set_known_version(known);
+    request.set_wait_ms(wait_ms);
+    auto response = manager_->Sync(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : v1::SyncResponse();
+  }
+
+  absl::Status Report(const std::string& worker, const std::string& task_id, v1::TaskState state,
+                      int exit_code = 0, const std::string& message = "", int signal = 0) {
+    v1::TaskStatus status;
+    status.set_task_id(task_id);
+    status.set_state(state);
+    status.set_exit_code(exit_code);
+    status.set_signal(signal);
+    status.set_message(message);
+    return manager_->ReportTaskStatus(worker, status);
+  }
+
+  std::string Submit(const v1::JobSpec& spec) {
+    auto job = manager_->SubmitJob(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  }
+
+  v1::Job Get(const std::string& id) {
+    auto job = manager_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  static std::vector<std::string> Reasons(const v1::Job& job) {
+    std::vector<std::string> out;
+    for (const v1::JobEvent& e : job.events()) out.push_back(e.reason());
+    return out;
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, SingleJobRunsToSuccess) {
+  Register("w1", 2);
+  const std::string id = Submit(TestSpec("tiny"));
+  EXPECT_EQ(id, "tiny-1");
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  EXPECT_EQ(job.checkpoint_uri(), "file:///ckpt/tiny-1");
+  EXPECT_EQ(job.committed_step(), -1);
+
+  manager_->Tick();
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::SCHEDULED);
+  EXPECT_EQ(job.generation(), 1);
+  ASSERT_EQ(job.tasks_size(), 1);
+  EXPECT_EQ(job.tasks(0).worker_id(), "w1");
+
+  v1::SyncResponse sync = Sync("w1");
+  ASSERT_EQ(sync.tasks_size(), 1);
+  const v1::Task& task = sync.tasks(0);
+  EXPECT_EQ(task.task_id(), "tiny-1.g1.r0");
+  EXPECT_EQ(task.job_id(), id);
+  EXPECT_EQ(task.generation(), 1);
+  EXPECT_EQ(task.world_size(), 1);
+  EXPECT_EQ(task.spec().name(), "tiny");
+  EXPECT_EQ(task.checkpoint_uri(), "file:///ckpt/tiny-1");
+  EXPECT_EQ(task.slots(), 1);
+  EXPECT_EQ(task.gpus(), 0);
+
+  ASSERT_TRUE(Report("w1", task.task_id(), v1::TASK_RUNNING).ok());
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  ASSERT_EQ(manager_->ListWorkers().size(), 1u);
+  EXPECT_EQ(manager_->ListWorkers()[0].slots_used(), 1);
+
+  ASSERT_TRUE(Report("w1", task.task_id(), v1::TASK_EXITED, 0).ok());
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_GT(job.finished_unix_ms(), 0);
+  EXPECT_THAT(Reasons(job), ElementsAre("submitted", "placed on w1", "rank 0 running on w1",
+                                        "rank 0 exited with code 0"));
+  EXPECT_EQ(job.events(3).from(), v1::RUNNING);
+  EXPECT_EQ(job.events(3).to(), v1::SUCCEEDED);
+  // The finished task leaves the worker's desired state; repeating the report changes nothing.
+  v1::SyncResponse after = Sync("w1", sync.version());
+  EXPECT_THAT(after.tasks(), IsEmpty());
+  ASSERT_TRUE(Report("w1", task.task_id(), v1::TASK_EXITED, 0).ok());
+  EXPECT_EQ(Get(id).events_size(), 4);
+  EXPECT_EQ(manager_->ListWorkers()[0].slots_used(), 0);
+}
+
+TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsTheOthers) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  manager_->Tick();
+  v1::SyncResponse s1 = Sync("w1");
+  v1::SyncResponse s2 = Sync("w2");
+  ASSERT_EQ(s1.tasks_size(), 1);
+  ASSERT_EQ(s2.tasks_size(), 1);
+  EXPECT_EQ(s1.tasks(0).world_size(), 2);
+  EXPECT_EQ(Get(id).events(1).reason(), "placed on w1, w2");
+  const std::string rank1 = s1.tasks(0).rank() == 1 ? s1.tasks(0).task_id() : s2.tasks(0).task_id();
+  const std::string w_rank1 = s1.tasks(0).rank() == 1 ? "w1" : "w2";
+  const std::string w_rank0 = w_rank1 == "w1" ? "w2" : "w1";
+  const std::string rank0 =
+      rank1 == s1.tasks(0).task_id() ? s2.tasks(0).task_id() : s1.tasks(0).task_id();
+
+  ASSERT_TRUE(Report(w_rank0, rank0, v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(Report(w_rank1, rank1, v1::TASK_EXITED, 2, "data.train: no files match x").ok());
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(), "rank 1 exited with code 2: data.train: no files match x");
+  // Rank 0 is told to stop: its worker no longer wants it.
+  EXPECT_THAT(Sync(w_rank0).tasks(), IsEmpty());
+  // A report from the wrong worker is refused.
+  EXPECT_EQ(Report(w_rank1, rank0, v1::TASK_STOPPED).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Report(w_rank0, rank0, v1::TASK_STOPPED).ok());
+  EXPECT_EQ(Get(id).state(), v1::FAILED);
+}
+
+TEST_F(JobManagerTest, SignalAndFailedToStartNameTheCause) {
+  Register("w1", 2);
+  const std::string a = Submit(TestSpec("a"));
+  const std::string b = Submit(TestSpec("b"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", a + ".g1.r0", v1::TASK_EXITED, 0, "out of memory", 9).ok());
+  ASSERT_TRUE(Report("w1", b + ".g1.r0", v1::TASK_FAILED_TO_START, 0, "exec: no such file").ok());
+  EXPECT_EQ(Get(a).reason(), "rank 0 killed by signal 9: out of memory");
+  EXPECT_EQ(Get(b).reason(), "rank 0 failed to start: exec: no such file");
+}
+
+TEST_F(JobManagerTest, CancelEmptiesTheDesiredState) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  v1::SyncResponse before = Sync("w1");
+  ASSERT_EQ(before.tasks_size(), 1);
+  auto cancelled = manager_->CancelJob(id, "");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "cancelled by user");
+  v1::SyncResponse after = Sync("w1", before.version());
+  EXPECT_NE(after.version(), before.version());
+  EXPECT_THAT(after.tasks(), IsEmpty());
+  EXPECT_EQ(manager_->CancelJob(id, "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->CancelJob("nope-9", "").status().code(), absl::StatusCode::kNotFound);
+  // The capacity is free again for the next job.
+  const std::string next = Submit(TestSpec("next"));
+  manager_->Tick();
+  EXPECT_EQ(Get(next).state(), v1::SCHEDULED);
+}
+
+TEST_F(JobManagerTest, BadSpecIsRefusedAndNothingIsStored) {
+  v1::JobSpec spec = TestSpec("bad");
+  spec.mutable_optimizer()->set_lr(-1);
+  auto job = manager_->SubmitJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("optimizer.lr"));
+
+  job = manager_->SubmitJobYaml("name: x\nbatch_size: abc\n");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("batch_size"));
+
+  job = manager_->SubmitJobYaml(std::string((1 << 20) + 1, '#'));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+
+  v1::JobSpec resume = TestSpec("resume");
+  resume.mutable_checkpoint()->set_resume_from("ghost-7");
+  job = manager_->SubmitJob(resume);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message(), "checkpoint.resume_from: no job 'ghost-7'");
+
+  auto list = manager_->ListJobs({}, 0, "");
+  ASSERT_TRUE(list.ok());
+  EXPECT_THAT(list->jobs, IsEmpty());
+  Reopen();
+  list = manager_->ListJobs({}, 0, "");
+  ASSERT_TRUE(list.ok());
+  EXPECT_THAT(list->jobs, IsEmpty());
+  // No sequence number was spent.
+  EXPECT_EQ(Submit(TestSpec("good")), "good-1");
+}
+
+TEST_F(JobManagerTest, YamlSubmission) {
+  auto job = manager_->SubmitJobYaml(R"(
+name: mnist-mlp
+strategy: data_parallel
+workers: {min: 2, max: 4}
+model:
+  builtin: mlp
+  args: {inputs: 4, hidden: [8], classes: 2}
+data:
+  synthetic: {samples: 64, features: 4, classes: 2}
+batch_size: 64
+max_steps: 10
+max_runtime: 12h
+checkpoint: {uri: "file:///elsewhere/", keep_last: 2}
+)");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id(), "mnist-mlp-1");
+  EXPECT_EQ(job->spec().max_runtime_seconds(), 12 * 3600);
+  EXPECT_EQ(job->checkpoint_uri(), "file:///elsewhere/mnist-mlp-1");
+}
+
+TEST_F(JobManagerTest, TooManyActiveJobs) {
+  JobManagerOptions options;
+  options.max_active_jobs = 2;
+  Reopen(options);
+  Submit(TestSpec("a"));
+  Submit(TestSpec("b"));
+  EXPECT_EQ(manager_->SubmitJob(TestSpec("c")).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(JobManagerTest, ReportsFromAnOldGenerationAreFenced) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  v1::JobProgress progress;
+  progress.set_step(5);
+  absl::Status stale = manager_->ReportProgress(id, 0, 0, progress);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stale.message(), "stale generation 0, current 1");
+  EXPECT_EQ(manager_->ReportProgress(id, 2, 0, progress).code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(id);
+  commit.set_generation(0);
+  commit.set_step(5);
+  commit.set_uri("file:///ckpt/tiny-1/step-000000000005");
+  EXPECT_EQ(manager_->CommitCheckpoint(commit).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->ReportModel(id, 0, "file:///m").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->ReportProgress("nope-1", 1, 0, progress).code(), absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(manager_->ReportProgress(id, 1, 0, progress).ok());
+  EXPECT_EQ(Get(id).progress().step(), 5);
+  ASSERT_TRUE(manager_->ReportModel(id, 1, "file:///models/tiny").ok());
+  EXPECT_EQ(Get(id).model_uri(), "file:///models/tiny");
+}
+
+TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("ck");
+  spec.mutable_checkpoint()->set_keep_last(2);
+  const std::string id = Submit(spec);
+  manager_->Tick();
+  auto commit = [&](int64_t step) {
+    v1::CommitCheckpointRequest request;
+    request.set_job_id(id);
+    request.set_generation(1);
+    request.set_step(step);
+    request.set_uri(absl::StrCat("file:///ckpt/ck-1/step-", step));
+    request.set_size_bytes(100 + step);
+    return manager_->CommitCheckpoint(request);
+  };
+  ASSERT_TRUE(commit(10).ok());
+  ASSERT_TRUE(commit(20).ok());
+  auto retired = commit(30);
+  ASSERT_TRUE(retired.ok()) << retired.status();
+  EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-10"));
+  // Committing the same step again is a no-op.
+  retired = commit(30);
+  ASSERT_TRUE(retired.ok());
+  EXPECT_THAT(*retired, IsEmpty());
+  EXPECT_EQ(Get(id).committed_step(), 30);
+
+  auto list = manager_->ListCheckpoints(id);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].step(), 30);
+  EXPECT_EQ((*list)[1].step(), 20);
+  EXPECT_EQ((*list)[0].size_bytes(), 130);
+  EXPECT_EQ(manager_->ListCheckpoints("nope-1").status().code(), absl::StatusCode::kNotFound);
+
+  // A job resuming from this one gets its own checkpoints first, then this job's.
+  v1::JobSpec follow = TestSpec("follow");
+  follow.mutable_checkpoint()->set_resume_from(id);
+  const std::string follow_id = Submit(follow);
+  auto task = [&] {
+    Register("w2", 1);
+    manager_->Tick();
+    return manager_->TaskFor(follow_id + ".g1.r0");
+  }();
+  ASSERT_TRUE(task.ok()) << task.status();
+  EXPECT_THAT(task->resume_checkpoints(),
+              ElementsAre("file:///ckpt/ck-1/step-30", "file:///ckpt/ck-1/step-20"));
+
+  Reopen();
+  list = manager_->ListCheckpoints(id);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].step(), 30);
+  EXPECT_EQ(Get(id).committed_step(), 30);
+}
+
+TEST_F(JobManagerTest, SyncLongPollWakesWhenATaskIsPlaced) {
+  Register("w1", 1);
+  const uint64_t version = Sync("w1").version();
+  // Nothing changes: a zero wait answers at once with the same version.
+  EXPECT_EQ(Sync("w1", version, 0).version(), version);
+
+  absl::Notification done;
+  v1::SyncResponse response;
+  absl::Duration waited;
+  std::thread poller([&] {
+    const absl::Time start = absl::Now();
+    response = Sync("w1", version, 5000);
+    waited = absl::Now() - start;
+    done.Notify();
+  });
+  Submit(TestSpec("tiny"));
+  manager_->Tick();
+  poller.join();
+  ASSERT_TRUE(done.HasBeenNotified());
+  ASSERT_EQ(response.tasks_size(), 1);
+  EXPECT_NE(response.version(), version);
+  // Well under the 5 s the call could have waited: the placement woke it.
+  EXPECT_LT(waited, absl::Seconds(2));
+}
+
+TEST_F(JobManagerTest, LostWorkerFailsItsJobs) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  const std::string worker = Get(id).tasks(0).worker_id();
+  const std::string other = worker == "w1" ? "w2" : "w1";
+  clock_.Advance(absl::Seconds(6));
+  Sync(other);  // keeps its lease
+  clock_.Advance(absl::Seconds(4));
+  manager_->Tick();
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(), absl::StrCat("worker ", worker, " lost (no heartbeat for 10s)"));
+  for (const v1::Worker& w : manager_->ListWorkers()) {
+    EXPECT_EQ(w.state(), w.id() == worker ? v1::LOST : v1::READY) << w.id();
+  }
+  EXPECT_TRUE(Sync(worker).reregister());
+  EXPECT_TRUE(Sync("stranger").reregister());
+  EXPECT_FALSE(Sync(other).reregister());
+}
+
+TEST_F(JobManagerTest, MaxRuntime) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("slow");
+  spec.set_max_runtime_seconds(20);
+  const std::string id = Submit(spec);
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(9));
+    Sync("w1");
+    manager_->Tick();
+    EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  }
+  clock_.Advance(absl::Seconds(2));
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::FAILED);
+  EXPECT_EQ(Get(id).reason(), "exceeded max_runtime 20s");
+}
+
+TEST_F(JobManagerTest, PendingReasonsWithoutEventSpam) {
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  manager_->Tick();
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.reason(), "no workers registered");
+  EXPECT_EQ(job.events_size(), 1);
+  Register("w1", 1);
+  const std::string gpu = Submit(TestSpec("gpu", 1, 1, 4));
+  manager_->Tick();
+  EXPECT_EQ(Get(gpu).reason(), "needs 4 GPUs per rank; the largest worker has 0");
+  EXPECT_EQ(Get(id).state(), v1::SCHEDULED);
+  const std::string waiting = Submit(TestSpec("waiting"));
+  manager_->Tick();
+  EXPECT_EQ(Get(waiting).reason(), "waiting for capacity: needs 1 slot, 0 free");
+  EXPECT_EQ(Get(waiting).events_size(), 1);
+}
+
+TEST_F(JobManagerTest, EverythingSurvivesARestart) {
+  Register("w1", 2);
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  v1::JobProgress progress;
+  progress.set_step(7);
+  progress.set_loss(0.5);
+  ASSERT_TRUE(manager_->ReportProgress(id, 1, 0, progress).ok());
+  const v1::Job before = Get(id);
+
+  Reopen();
+  v1::Job after = Get(id);
+  EXPECT_EQ(after.state(), v1::RUNNING);
+  EXPECT_EQ(after.generation(), 1);
+  EXPECT_EQ(after.progress().step(), 7);
+  EXPECT_EQ(Reasons(after), Reasons(before));
+  ASSERT_EQ(after.tasks_size(), 1);
+  EXPECT_EQ(after.tasks(0).state(), v1::TASK_RUNNING);
+  auto workers = manager_->ListWorkers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].id(), "w1");
+  EXPECT_EQ(workers[0].slots_used(), 1);
+  // The worker keeps syncing without registering again and still gets its task.
+  v1::SyncResponse sync = Sync("w1");
+  EXPECT_FALSE(sync.reregister());
+  ASSERT_EQ(sync.tasks_size(), 1);
+  // The sequence continues.
+  EXPECT_EQ(Submit(TestSpec("tiny")), "tiny-2");
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_EXITED).ok());
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, ProgressIsPersistedAtMostOnceASecond) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  // What a crash right now would leave: read the database beside the running manager.
+  auto stored_step = [&]() -> int64_t {
+    auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
+    EXPECT_TRUE(store.ok()) << store.status();
+    auto contents = (*store)->LoadAll();
+    EXPECT_TRUE(contents.ok()) << contents.status();
+    for (const StoredJob& job : contents->jobs) {
+      if (job.job.id() == id) return job.job.progress().step();
+    }
+    return -1;
+  };
+  v1::JobProgress progress;
+  progress.set_step(3);
+  ASSERT_TRUE(manager_->ReportProgress(id, 1, 0, progress).ok());
+  EXPECT_EQ(Get(id).progress().step(), 3);  // in memory at once
+  EXPECT_EQ(stored_step(), 0);              // the RUNNING transition was just written
+  clock_.Advance(absl::Milliseconds(999));
+  manager_->Tick();
+  EXPECT_EQ(stored_step(), 0);
+  clock_.Advance(absl::Milliseconds(1));
+  manager_->Tick();
+  EXPECT_EQ(stored_step(), 3);
+  progress.set_step(4);
+  ASSERT_TRUE(manager_->ReportProgress(id, 1, 0, progress).ok());
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_EXITED).ok());  // a state change writes it
+  EXPECT_EQ(stored_step(), 4);
+}
+
+TEST_F(JobManagerTest, ReRegisteringWithoutARunningTaskFailsItsJob) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  Register("w1", 1);  // the agent restarted and runs nothing
+  EXPECT_EQ(Get(id).state(), v1::FAILED);
+  EXPECT_THAT(Get(id).reason(), HasSubstr("rank 0 lost"));
+}
+
+TEST_F(JobManagerTest, ShipLogsIsIdempotentAndStreamsByRank) {
+  Register("w1", 2);
+  const std::string id = Submit(TestSpec("logs", 2, 2));
+  manager_->Tick();
+  const std::string r0 = id + ".g1.r0";
+  const std::string r1 = id + ".g1.r1";
+  EXPECT_EQ(*manager_->ShipLogs("w1", r0, 0, "hello "), 6);
+  EXPECT_EQ(*manager_->ShipLogs("w1", r0, 0, "hello "), 6);       // resent: skipped
+  EXPECT_EQ(*manager_->ShipLogs("w1", r0, 3, "lo world\n"), 12);  // overlapping
+  EXPECT_EQ(*manager_->ShipLogs("w1", r0, 40, "gap"), 12);        // gap: resend from 12
+  EXPECT_EQ(*manager_->ShipLogs("w1", r1, 0, "rank one\n"), 9);
+  EXPECT_EQ(manager_->ShipLogs("w1", "nope.g1.r0", 0, "x").status().code(),
+            absl::StatusCode::kNotFound);
+
+  std::string rank0;
+  ASSERT_TRUE(manager_
+                  ->StreamLogs(
+                      id, 0, false,
+                      [&](int rank, absl::string_view data) {
+                        EXPECT_EQ(rank, 0);
+                        rank0 += std::string(data);
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
+  EXPECT_EQ(rank0, "hello world\n");
+  std::vector<std::pair<int, std::string>> all;
+  ASSERT_TRUE(manager_
+                  ->StreamLogs(
+                      id, -1, false,
+                      [&](int rank, absl::string_view data) {
+                        all.emplace_back(rank, std::string(data));
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
+  EXPECT_THAT(all, ElementsAre(std::make_pair(0, std::string("hello world\n")),
+                               std::make_pair(1, std::string("rank one\n"))));
+  EXPECT_EQ(manager_->StreamLogs(id, -2, false, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, FollowedLogsEndWhenTheJobEnds) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("follow"));
+  manager_->Tick();
+  const std::string task = id + ".g1.r0";
+  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "step 1\n").ok());
+  absl::Notification got_first;
+  std::string followed;
+  absl::Status result;
+  std::thread follower([&] {
+    result = manager_->StreamLogs(
+        id, 0, true,
+        [&](int, absl::string_view data) {
+          followed += std::string(data);
+          if (!got_first.HasBeenNotified()) got_first.Notify();
+          return true;
+        },
+        [] { return false; });
+  });
+  got_first.WaitForNotification();
+  ASSERT_TRUE(manager_->ShipLogs("w1", task, 7, "step 2\n").ok());
+  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED).ok());
+  follower.join();
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(followed, "step 1\nstep 2\n");
+}
+
+TEST_F(JobManagerTest, WatchSendsEveryChangeAndEndsWhenFinal) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("watched"));
+  std::vector<v1::JobState> seen;
+  absl::Notification first;
+  absl::Status result;
+  std::thread watcher([&] {
+    result = manager_->WatchJob(
+        id,
+        [&](const v1::Job& job) {
+          if (seen.empty() || seen.back() != job.state()) seen.push_back(job.state());
+          if (!first.HasBeenNotified()) first.Notify();
+          return true;
+        },
+        [] { return false; });
+  });
+  first.WaitForNotification();
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_EXITED).ok());
+  watcher.join();
+  EXPECT_TRUE(result.ok()) << result;
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen.front(), v1::PENDING);
+  EXPECT_EQ(seen.back(), v1::SUCCEEDED);
+  EXPECT_EQ(manager_->WatchJob("nope-1", nullptr, nullptr).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, ListJobsNewestFirstWithPagesAndFilters) {
+  for (int i = 0; i < 5; ++i) Submit(TestSpec("job"));
+  ASSERT_TRUE(manager_->CancelJob("job-2", "").ok());
+  std::vector<std::string> ids;
+  std::string token;
+  int pages = 0;
+  do {
+    auto page = manager_->ListJobs({}, 2, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::Job& job : page->jobs) {
+      ids.push_back(job.id());
+      EXPECT_EQ(job.events_size(), 0);
+    }
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty());
+  EXPECT_THAT(ids, ElementsAre("job-5", "job-4", "job-3", "job-2", "job-1"));
+  EXPECT_EQ(pages, 3);
+  auto cancelled = manager_->ListJobs({v1::CANCELLED}, 0, "");
+  ASSERT_TRUE(cancelled.ok());
+  ASSERT_EQ(cancelled->jobs.size(), 1u);
+  EXPECT_EQ(cancelled->jobs[0].id(), "job-2");
+  EXPECT_EQ(manager_->ListJobs({}, 0, "garbage!").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, PriorityJumpsTheQueue) {
+  Register("w1", 1);
+  Register("w0", 0);
+  const std::string low = Submit(TestSpec("low"));
+  const std::string high = Submit(TestSpec("high", 1, 1, 0, 10));
+  manager_->Tick();
+  EXPECT_EQ(Get(high).state(), v1::SCHEDULED);
+  EXPECT_EQ(Get(low).state(), v1::PENDING);
+}
+
+}  // namespace
+}  // namespace trainyard

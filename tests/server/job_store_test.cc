@@ -1,0 +1,164 @@
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "server/sqlite_job_store.h"
+#include "tests/server/test_util.h"
+
+namespace trainyard {
+namespace {
+
+StoredJob MakeJob(const std::string& id, int64_t seq, v1::JobState state) {
+  StoredJob stored;
+  stored.seq = seq;
+  stored.job.set_id(id);
+  stored.job.set_name("demo");
+  stored.job.set_state(state);
+  stored.job.set_reason("why");
+  stored.job.set_generation(2);
+  stored.job.set_committed_step(200);
+  stored.job.mutable_spec()->set_name("demo");
+  stored.job.mutable_spec()->set_batch_size(64);
+  stored.job.mutable_progress()->set_step(250);
+  stored.job.set_checkpoint_uri("file:///ckpt/" + id);
+  return stored;
+}
+
+v1::JobEvent MakeEvent(int64_t t, v1::JobState from, v1::JobState to, const std::string& why) {
+  v1::JobEvent e;
+  e.set_time_unix_ms(t);
+  e.set_from(from);
+  e.set_to(to);
+  e.set_reason(why);
+  return e;
+}
+
+TEST(SqliteJobStoreTest, UsesWal) {
+  TempDir dir;
+  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto mode = (*store)->JournalMode();
+  ASSERT_TRUE(mode.ok()) << mode.status();
+  EXPECT_EQ(*mode, "wal");
+}
+
+TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
+  TempDir dir;
+  const std::string path = dir.path() + "/state.db";
+  {
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreMutation m;
+    m.jobs.push_back(MakeJob("demo-1", 1, v1::RUNNING));
+    m.jobs.push_back(MakeJob("demo-2", 2, v1::PENDING));
+    m.events.emplace_back("demo-1",
+                          MakeEvent(10, v1::JOB_STATE_UNSPECIFIED, v1::PENDING, "submitted"));
+    m.events.emplace_back("demo-1", MakeEvent(20, v1::PENDING, v1::SCHEDULED, "placed on w1"));
+    v1::TaskInfo task;
+    task.set_task_id("demo-1.g2.r1");
+    task.set_rank(1);
+    task.set_worker_id("w1");
+    task.set_state(v1::TASK_EXITED);
+    task.set_exit_code(2);
+    task.set_signal(0);
+    task.set_message("boom");
+    task.set_generation(2);
+    m.tasks.emplace_back("demo-1", task);
+    task.set_task_id("demo-1.g2.r0");
+    task.set_rank(0);
+    m.tasks.emplace_back("demo-1", task);
+    v1::Worker worker;
+    worker.set_id("w1");
+    worker.set_address("10.0.0.1");
+    worker.set_slots(4);
+    worker.set_gpus(2);
+    worker.set_state(v1::DRAINING);
+    m.workers.push_back(worker);
+    StoredCheckpoint c;
+    c.checkpoint.set_job_id("demo-1");
+    c.checkpoint.set_step(200);
+    c.checkpoint.set_uri("file:///ckpt/demo-1/step-000000000200");
+    c.checkpoint.set_size_bytes(1234);
+    c.checkpoint.set_created_unix_ms(99);
+    c.checkpoint.set_generation(2);
+    c.retired = true;
+    m.checkpoints.push_back(c);
+    m.next_job_seq = 3;
+    ASSERT_TRUE((*store)->Apply(m).ok());
+
+    // A later change to the same rows replaces them.
+    StoreMutation update;
+    StoredJob job2 = MakeJob("demo-2", 2, v1::CANCELLED);
+    update.jobs.push_back(job2);
+    update.events.emplace_back("demo-2", MakeEvent(30, v1::PENDING, v1::CANCELLED, "cancelled"));
+    ASSERT_TRUE((*store)->Apply(update).ok());
+  }
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto contents = (*store)->LoadAll();
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  EXPECT_EQ(contents->next_job_seq, 3);
+  ASSERT_EQ(contents->jobs.size(), 2u);
+  const v1::Job& j1 = contents->jobs[0].job;
+  EXPECT_EQ(contents->jobs[0].seq, 1);
+  EXPECT_EQ(j1.id(), "demo-1");
+  EXPECT_EQ(j1.state(), v1::RUNNING);
+  EXPECT_EQ(j1.spec().batch_size(), 64);
+  EXPECT_EQ(j1.progress().step(), 250);
+  EXPECT_EQ(j1.committed_step(), 200);
+  EXPECT_EQ(j1.checkpoint_uri(), "file:///ckpt/demo-1");
+  ASSERT_EQ(j1.events_size(), 2);
+  EXPECT_EQ(j1.events(0).reason(), "submitted");
+  EXPECT_EQ(j1.events(1).from(), v1::PENDING);
+  EXPECT_EQ(j1.events(1).to(), v1::SCHEDULED);
+  EXPECT_EQ(j1.events(1).time_unix_ms(), 20);
+  ASSERT_EQ(j1.tasks_size(), 2);
+  EXPECT_EQ(j1.tasks(0).task_id(), "demo-1.g2.r0");  // by rank
+  EXPECT_EQ(j1.tasks(1).exit_code(), 2);
+  EXPECT_EQ(j1.tasks(1).message(), "boom");
+  EXPECT_EQ(j1.tasks(1).state(), v1::TASK_EXITED);
+  EXPECT_EQ(j1.tasks(1).worker_id(), "w1");
+  const v1::Job& j2 = contents->jobs[1].job;
+  EXPECT_EQ(j2.state(), v1::CANCELLED);
+  ASSERT_EQ(j2.events_size(), 1);
+  ASSERT_EQ(contents->workers.size(), 1u);
+  EXPECT_EQ(contents->workers[0].slots(), 4);
+  EXPECT_EQ(contents->workers[0].state(), v1::DRAINING);
+  ASSERT_EQ(contents->checkpoints.size(), 1u);
+  EXPECT_EQ(contents->checkpoints[0].checkpoint.size_bytes(), 1234);
+  EXPECT_EQ(contents->checkpoints[0].checkpoint.generation(), 2);
+  EXPECT_TRUE(contents->checkpoints[0].retired);
+}
+
+TEST(SqliteJobStoreTest, EmptyStoreStartsAtSequenceOne) {
+  TempDir dir;
+  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok());
+  auto contents = (*store)->LoadAll();
+  ASSERT_TRUE(contents.ok());
+  EXPECT_EQ(contents->next_job_seq, 1);
+  EXPECT_TRUE(contents->jobs.empty());
+}
+
+TEST(SqliteJobStoreTest, FailedMutationWritesNothing) {
+  TempDir dir;
+  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok());
+  StoreMutation m;
+  m.jobs.push_back(MakeJob("a-1", 1, v1::PENDING));
+  m.jobs.push_back(MakeJob("b-2", 1, v1::PENDING));  // same seq: violates UNIQUE
+  m.next_job_seq = 3;
+  EXPECT_FALSE((*store)->Apply(m).ok());
+  auto contents = (*store)->LoadAll();
+  ASSERT_TRUE(contents.ok());
+  EXPECT_TRUE(contents->jobs.empty());
+  EXPECT_EQ(contents->next_job_seq, 1);
+}
+
+TEST(SqliteJobStoreTest, UnopenablePathIsAnError) {
+  auto store = SqliteJobStore::Open("/nonexistent-dir/for/sure/state.db");
+  EXPECT_FALSE(store.ok());
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,131 @@
+#include "server/scheduler.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+SchedJob CpuJob(const std::string& id, int64_t seq, int min_ranks = 1, int max_ranks = 1,
+                int priority = 0) {
+  SchedJob j;
+  j.id = id;
+  j.seq = seq;
+  j.min_ranks = min_ranks;
+  j.max_ranks = max_ranks;
+  j.priority = priority;
+  j.slots_per_rank = 1;
+  return j;
+}
+
+SchedJob GpuJob(const std::string& id, int64_t seq, int gpus, int ranks) {
+  SchedJob j = CpuJob(id, seq, ranks, ranks);
+  j.slots_per_rank = 0;
+  j.gpus_per_rank = gpus;
+  return j;
+}
+
+SchedWorker Worker(const std::string& id, int slots, int free_slots, int gpus = 0,
+                   int free_gpus = 0) {
+  SchedWorker w;
+  w.id = id;
+  w.total_slots = slots;
+  w.free_slots = free_slots;
+  w.total_gpus = gpus;
+  w.free_gpus = free_gpus;
+  return w;
+}
+
+std::vector<std::string> PlacedIds(const ScheduleDecision& d) {
+  std::vector<std::string> ids;
+  for (const Placement& p : d.placements) ids.push_back(p.job_id);
+  return ids;
+}
+
+TEST(SchedulerTest, PriorityThenSubmissionOrder) {
+  // One free slot: the highest priority wins even though it came last; between equal
+  // priorities the earlier one wins.
+  ScheduleDecision d =
+      Schedule({CpuJob("a", 1), CpuJob("b", 2), CpuJob("c", 3, 1, 1, 5)}, {Worker("w1", 2, 2)});
+  EXPECT_THAT(PlacedIds(d), ElementsAre("c", "a"));
+  EXPECT_THAT(d.pending_reasons.at("b"), HasSubstr("waiting for capacity"));
+}
+
+TEST(SchedulerTest, FitsBySlots) {
+  ScheduleDecision d = Schedule({CpuJob("a", 1, 3, 3)}, {Worker("w1", 2, 2), Worker("w2", 1, 1)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, UnorderedElementsAre("w1", "w1", "w2"));
+}
+
+TEST(SchedulerTest, FitsByGpusAndIgnoresSlots) {
+  ScheduleDecision d =
+      Schedule({GpuJob("g", 1, 2, 2)}, {Worker("w1", 0, 0, 4, 4), Worker("w2", 8, 8, 1, 1)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, ElementsAre("w1", "w1"));
+}
+
+TEST(SchedulerTest, GangIsAllOrNothing) {
+  // Needs 3 ranks, only 2 slots free now (4 in the cluster): nothing is placed.
+  ScheduleDecision d = Schedule({CpuJob("a", 1, 3, 3)}, {Worker("w1", 2, 1), Worker("w2", 2, 1)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_EQ(d.pending_reasons.at("a"), "waiting for capacity: needs 3 slots, 2 free");
+}
+
+TEST(SchedulerTest, ElasticRangeTakesAsManyAsFit) {
+  ScheduleDecision d = Schedule({CpuJob("a", 1, 2, 4)}, {Worker("w1", 4, 1), Worker("w2", 4, 2)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 3u);
+}
+
+TEST(SchedulerTest, SpreadsOverDistinctWorkersMostFreeFirst) {
+  ScheduleDecision d = Schedule({CpuJob("a", 1, 3, 3)},
+                                {Worker("w1", 8, 2), Worker("w2", 8, 6), Worker("w3", 8, 4)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, ElementsAre("w2", "w3", "w1"));
+}
+
+TEST(SchedulerTest, ReasonForJobTooLargeForTheCluster) {
+  ScheduleDecision d = Schedule({GpuJob("g", 1, 4, 1), CpuJob("big", 2, 5, 5), CpuJob("ok", 3)},
+                                {Worker("w1", 2, 2)});
+  EXPECT_EQ(d.pending_reasons.at("g"), "needs 4 GPUs per rank; the largest worker has 0");
+  EXPECT_EQ(d.pending_reasons.at("big"), "needs 5 ranks of 1 slot; the cluster has 2 slots");
+  // Neither blocks the job after them.
+  EXPECT_THAT(PlacedIds(d), ElementsAre("ok"));
+}
+
+TEST(SchedulerTest, NoWorkers) {
+  ScheduleDecision d = Schedule({CpuJob("a", 1)}, {});
+  EXPECT_EQ(d.pending_reasons.at("a"), "no workers registered");
+  SchedWorker lost = Worker("w1", 4, 4);
+  lost.ready = false;
+  d = Schedule({CpuJob("a", 1)}, {lost});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_EQ(d.pending_reasons.at("a"), "no ready workers");
+}
+
+TEST(SchedulerTest, NoBackfillBehindABlockedJob) {
+  // "big" fits the cluster but not the 1 free slot; "small" would fit but must wait.
+  ScheduleDecision d = Schedule({CpuJob("big", 1, 2, 2), CpuJob("small", 2)},
+                                {Worker("w1", 1, 1), Worker("w2", 1, 0)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_EQ(d.pending_reasons.at("big"), "waiting for capacity: needs 2 slots, 1 free");
+  EXPECT_THAT(d.pending_reasons.at("small"), HasSubstr("queued behind big"));
+}
+
+TEST(SchedulerTest, CapacityTakenByEarlierPlacementsInTheSamePass) {
+  ScheduleDecision d =
+      Schedule({CpuJob("a", 1, 2, 2), CpuJob("b", 2, 2, 2), CpuJob("c", 3)}, {Worker("w1", 4, 4)});
+  EXPECT_THAT(PlacedIds(d), ElementsAre("a", "b"));
+  EXPECT_EQ(d.pending_reasons.at("c"), "waiting for capacity: needs 1 slot, 0 free");
+}
+
+}  // namespace
+}  // namespace trainyard
