@@ -150,8 +150,7 @@ absl::StatusOr<std::optional<ExitInfo>> TryWaitSubprocess(pid_t pid) {
     got = waitpid(pid, &status, WNOHANG);
   } while (got < 0 && errno == EINTR);
   if (got < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
   }
   if (got == 0) return std::optional<ExitInfo>();
   return std::optional<ExitInfo>(FromWaitStatus(status));
@@ -164,8 +163,7 @@ absl::StatusOr<ExitInfo> WaitSubprocess(pid_t pid) {
     got = waitpid(pid, &status, 0);
   } while (got < 0 && errno == EINTR);
   if (got < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
   }
   return FromWaitStatus(status);
 }
@@ -180,25 +178,44 @@ absl::Status SignalSubprocess(pid_t pid, int sig, bool group) {
 
 std::string SignalName(int sig) {
   switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return absl::StrCat("signal ", sig);
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGXCPU:
+      return "SIGXCPU";
+    case SIGXFSZ:
+      return "SIGXFSZ";
+    case SIGSYS:
+      return "SIGSYS";
+    default:
+      return absl::StrCat("signal ", sig);
   }
 }
 

@@ -1,0 +1,173 @@
+#include "client/args.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace trainyard::cli {
+namespace {
+
+const FlagSpec* FindFlag(const std::vector<const std::vector<FlagSpec>*>& sets,
+                         const std::string& name, char short_name) {
+  for (const auto* set : sets) {
+    for (const FlagSpec& flag : *set) {
+      if (short_name != '\0' ? flag.short_name == short_name : flag.name == name) return &flag;
+    }
+  }
+  return nullptr;
+}
+
+std::string FlagLine(const FlagSpec& flag) {
+  std::string left = flag.short_name != '\0'
+                         ? absl::StrCat("-", std::string(1, flag.short_name), ", --", flag.name)
+                         : absl::StrCat("    --", flag.name);
+  if (flag.takes_value) absl::StrAppend(&left, " ", flag.value_name);
+  return absl::StrFormat("  %-28s %s\n", left, flag.help);
+}
+
+}  // namespace
+
+std::string ParsedArgs::Get(const std::string& flag, const std::string& fallback) const {
+  auto it = flags.find(flag);
+  return it == flags.end() ? fallback : it->second;
+}
+
+absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<FlagSpec>& global_flags,
+                                     const std::vector<CommandSpec>& commands,
+                                     const std::vector<std::string>& argv) {
+  ParsedArgs parsed;
+  const CommandSpec* command = nullptr;
+  bool flags_done = false;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    const bool is_flag = !flags_done && arg.size() > 1 && arg[0] == '-';
+    if (!is_flag) {
+      if (command == nullptr && parsed.command.empty()) {
+        if (arg == "help") {
+          parsed.help = true;
+          continue;
+        }
+        for (const CommandSpec& c : commands) {
+          if (c.name == arg) command = &c;
+        }
+        if (command == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("unknown command '", arg, "' (see 'trainyard help')"));
+        }
+        parsed.command = arg;
+        continue;
+      }
+      parsed.args.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      flags_done = true;
+      continue;
+    }
+    if (arg == "--help" || arg == "-h") {
+      parsed.help = true;
+      continue;
+    }
+    std::string name;
+    std::string value;
+    bool has_value = false;
+    char short_name = '\0';
+    if (absl::StartsWith(arg, "--")) {
+      name = arg.substr(2);
+      const size_t eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+        has_value = true;
+      }
+    } else {
+      if (arg.size() != 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown flag '", arg, "' (long flags take two dashes: '-", arg, "')"));
+      }
+      short_name = arg[1];
+    }
+    std::vector<const std::vector<FlagSpec>*> sets = {&global_flags};
+    if (command != nullptr) sets.push_back(&command->flags);
+    const FlagSpec* flag = FindFlag(sets, name, short_name);
+    if (flag == nullptr) {
+      const std::string where = command != nullptr
+                                    ? absl::StrCat(" for '", command->name, "' (see 'trainyard ",
+                                                   command->name, " --help')")
+                                    : " (see 'trainyard help')";
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'", where));
+    }
+    if (flag->takes_value) {
+      if (!has_value) {
+        if (i + 1 >= argv.size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("flag --", flag->name, " needs a value (", flag->value_name, ")"));
+        }
+        value = argv[++i];
+      }
+    } else {
+      if (has_value && value != "true" && value != "false") {
+        return absl::InvalidArgumentError(absl::StrCat("flag --", flag->name, " takes no value"));
+      }
+      if (!has_value) value = "true";
+      if (value == "false") {
+        parsed.flags.erase(flag->name);
+        continue;
+      }
+    }
+    parsed.flags[flag->name] = value;
+  }
+  if (parsed.help) {
+    // `trainyard help CMD` names the command as the first argument.
+    if (command == nullptr && !parsed.args.empty()) {
+      for (const CommandSpec& c : commands) {
+        if (c.name == parsed.args[0]) parsed.command = c.name;
+      }
+    }
+    return parsed;
+  }
+  if (command == nullptr) return parsed;
+  const int n = static_cast<int>(parsed.args.size());
+  if (n < command->min_args) {
+    return absl::InvalidArgumentError(absl::StrCat("'", command->name, "' needs ", command->args,
+                                                   " (see 'trainyard ", command->name,
+                                                   " --help')"));
+  }
+  if (n > command->max_args) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unexpected argument '", parsed.args[command->max_args], "' for '", command->name, "'"));
+  }
+  return parsed;
+}
+
+std::string MainHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                     const std::vector<CommandSpec>& commands) {
+  std::string out = absl::StrCat("Usage: ", program, " COMMAND [flags] [args]\n\nCommands:\n");
+  for (const CommandSpec& c : commands) {
+    absl::StrAppend(&out,
+                    absl::StrFormat("  %-34s %s\n", c.args.empty() ? c.name : c.name + " " + c.args,
+                                    c.summary));
+  }
+  absl::StrAppend(&out, "\nGlobal flags:\n");
+  for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
+  absl::StrAppend(&out, "  -h, --help                   show help (also: ", program,
+                  " COMMAND --help)\n");
+  return out;
+}
+
+std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                        const CommandSpec& command) {
+  std::string out = absl::StrCat("Usage: ", program, " ", command.name);
+  if (!command.flags.empty()) absl::StrAppend(&out, " [flags]");
+  if (!command.args.empty()) absl::StrAppend(&out, " ", command.args);
+  absl::StrAppend(&out, "\n\n", command.summary, "\n");
+  if (!command.flags.empty()) {
+    absl::StrAppend(&out, "\nFlags:\n");
+    for (const FlagSpec& flag : command.flags) absl::StrAppend(&out, FlagLine(flag));
+  }
+  absl::StrAppend(&out, "\nGlobal flags:\n");
+  for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
+  return out;
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,59 @@
+#ifndef TRAINYARD_CLIENT_ARGS_H_
+#define TRAINYARD_CLIENT_ARGS_H_
+
+// A small command-line parser for `trainyard COMMAND [flags] [args]`: subcommands with their own
+// flags, global flags accepted anywhere, `--flag value`, `--flag=value`, `-f`, `-o json`, `--`
+// to end flags, and generated help text.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace trainyard::cli {
+
+struct FlagSpec {
+  std::string name;        // long name without dashes: "coordinator"
+  char short_name = '\0';  // 'o' for -o; '\0' for none
+  bool takes_value = false;
+  std::string value_name;  // shown in help: "ADDR"
+  std::string help;
+};
+
+struct CommandSpec {
+  std::string name;
+  std::string args;     // positional arguments in help: "FILE", "JOB"
+  std::string summary;  // one line
+  std::vector<FlagSpec> flags;
+  int min_args = 0;
+  int max_args = 0;
+};
+
+struct ParsedArgs {
+  std::string command;  // empty: none given
+  bool help = false;    // --help / -h / `help [CMD]` (command then names what to explain)
+  std::map<std::string, std::string> flags;  // long name -> value ("true" for switches)
+  std::vector<std::string> args;
+
+  bool Has(const std::string& flag) const { return flags.count(flag) > 0; }
+  std::string Get(const std::string& flag, const std::string& fallback = "") const;
+};
+
+// Parses argv (without the program name). INVALID_ARGUMENT with a message for people for an
+// unknown command or flag, a missing flag value, or a wrong number of arguments (not checked
+// when help is asked for).
+absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<FlagSpec>& global_flags,
+                                     const std::vector<CommandSpec>& commands,
+                                     const std::vector<std::string>& argv);
+
+// `trainyard help`: every command and the global flags.
+std::string MainHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                     const std::vector<CommandSpec>& commands);
+// `trainyard CMD --help`.
+std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                        const CommandSpec& command);
+
+}  // namespace trainyard::cli
+
+#endif  // TRAINYARD_CLIENT_ARGS_H_

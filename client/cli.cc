@@ -1,0 +1,483 @@
+#include "client/cli.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/args.h"
+#include "client/format.h"
+#include "client/local_cluster.h"
+#include "client/views.h"
+#include "grpcpp/grpcpp.h"
+#include "trainyard/v1/job_service.grpc.pb.h"
+#include "worker/agent/subprocess.h"
+
+namespace trainyard::cli {
+namespace {
+
+constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
+
+const FlagSpec kOutputFlag{"output", 'o', true, "FORMAT", "table (default) or json"};
+
+std::vector<FlagSpec> GlobalFlags() {
+  return {{"coordinator", '\0', true, "ADDR",
+           "coordinator host:port (default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)"}};
+}
+
+std::vector<CommandSpec> Commands() {
+  return {
+      {"submit",
+       "FILE",
+       "Submit the job spec in FILE (YAML; - for stdin) and print its id.",
+       {{"wait", '\0', false, "",
+         "follow the job until it ends; exit 0 succeeded, 1 failed, 3 "
+         "cancelled"},
+        {"resume-from", '\0', true, "JOB",
+         "start from the latest committed checkpoint of JOB (sets checkpoint.resume_from)"}},
+       1,
+       1},
+      {"jobs",
+       "",
+       "List jobs, newest first.",
+       {{"state", '\0', true, "STATE", "only jobs in STATE (PENDING, RUNNING, FAILED, ...)"},
+        kOutputFlag},
+       0,
+       0},
+      {"describe",
+       "JOB",
+       "Show a job: state, progress, tasks and every event.",
+       {kOutputFlag},
+       1,
+       1},
+      {"logs",
+       "JOB",
+       "Print the logs of a job's ranks.",
+       {{"follow", 'f', false, "", "keep printing until the job ends"},
+        {"rank", '\0', true, "N", "only rank N (default: every rank)"}},
+       1,
+       1},
+      {"cancel", "JOB", "Cancel a job.", {}, 1, 1},
+      {"workers", "", "List the worker machines.", {kOutputFlag}, 0, 0},
+      {"checkpoints",
+       "JOB",
+       "List a job's committed checkpoints, newest first.",
+       {kOutputFlag},
+       1,
+       1},
+      {"up",
+       "",
+       "Run a local cluster (coordinator and workers) in the foreground.",
+       {{"workers", '\0', true, "N", "number of workers (default 2)"},
+        {"slots", '\0', true, "N", "CPU slots per worker (default: cores / workers)"},
+        {"port", '\0', true, "P", "coordinator port (default 7070; 0 picks a free one)"},
+        {"state_dir", '\0', true, "DIR", "where state and logs go (default: a new temp folder)"}},
+       0,
+       0},
+  };
+}
+
+grpc::ChannelArguments ChannelArguments() {
+  grpc::ChannelArguments args;
+  // `submit --wait` and `logs -f` ride out a coordinator restart.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(64 * 1024 * 1024);
+  return args;
+}
+
+bool IsTerminal() { return isatty(STDOUT_FILENO) == 1; }
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+void SetDeadline(grpc::ClientContext& context) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+}
+
+class Client {
+ public:
+  Client(std::string address, const ParsedArgs& args)
+      : address_(std::move(address)),
+        args_(args),
+        stub_(v1::JobService::NewStub(grpc::CreateCustomChannel(
+            address_, grpc::InsecureChannelCredentials(), ChannelArguments()))) {}
+
+  int Submit();
+  int Jobs();
+  int Describe();
+  int Logs();
+  int Cancel();
+  int Workers();
+  int Checkpoints();
+
+ private:
+  // Prints the error and returns the exit code for it.
+  int RpcError(const grpc::Status& status) const {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      std::cerr << "error: cannot reach the coordinator at " << address_ << ": "
+                << status.error_message() << "\n";
+    } else {
+      std::cerr << "error: " << status.error_message() << "\n";
+    }
+    return kExitRpcError;
+  }
+  bool Json() const {
+    const std::string output = args_.Get("output", "table");
+    return output == "json";
+  }
+  int Follow(const std::string& id);
+
+  const std::string address_;
+  const ParsedArgs& args_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+int Client::Submit() {
+  const std::string& file = args_.args[0];
+  std::string yaml;
+  if (file == "-") {
+    std::ostringstream text;
+    text << std::cin.rdbuf();
+    yaml = text.str();
+  } else {
+    std::ifstream in(file);
+    if (!in) {
+      std::cerr << "error: cannot read " << file << "\n";
+      return kExitUsage;
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    yaml = text.str();
+  }
+  if (args_.Has("resume-from")) {
+    absl::StatusOr<std::string> updated = SetResumeFrom(yaml, args_.Get("resume-from"));
+    if (!updated.ok()) {
+      std::cerr << "error: invalid job spec: " << updated.status().message() << "\n";
+      return kExitUsage;
+    }
+    yaml = *updated;
+  }
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(yaml);
+  v1::Job job;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->SubmitJob(&context, request, &job);
+  if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    const std::string& message = status.error_message();
+    std::cerr << "error: "
+              << (message.rfind("invalid job spec", 0) == 0 ? "" : "invalid job spec: ") << message
+              << "\n";
+    return kExitUsage;
+  }
+  if (!status.ok()) return RpcError(status);
+  std::cout << job.id() << "\n" << std::flush;
+  if (!args_.Has("wait")) return kExitSucceeded;
+  return Follow(job.id());
+}
+
+int Client::Follow(const std::string& id) {
+  const bool tty = IsTerminal();
+  EtaEstimator eta;
+  v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  std::string last_state_line;
+  int64_t last_printed_step = -1;
+  bool progress_shown = false;  // a redrawn line is on screen
+  int failures = 0;
+  v1::Job job;
+  auto end_progress_line = [&]() {
+    if (tty && progress_shown) std::cout << "\r\x1b[K";
+    progress_shown = false;
+  };
+  while (true) {
+    v1::WatchJobRequest request;
+    request.set_id(id);
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader =
+        stub_->WatchJob(&context, request);
+    v1::WatchJobResponse response;
+    while (reader->Read(&response)) {
+      failures = 0;
+      job = response.job();
+      const std::string state_line = StateLine(job);
+      if (job.state() != last_state || (state_line != last_state_line && !IsFinal(job.state()))) {
+        end_progress_line();
+        if (!IsFinal(job.state())) std::cout << state_line << "\n";
+        if (job.state() != last_state) last_printed_step = -1;
+        last_state = job.state();
+        last_state_line = state_line;
+      }
+      const v1::JobProgress& p = job.progress();
+      if (job.state() == v1::RUNNING && p.step() > 0) {
+        eta.Observe(absl::Now(), p.step());
+        const std::string line = ProgressLine(p, eta.Eta(p.total_steps()));
+        if (tty) {
+          std::cout << "\r" << line << "\x1b[K";
+          progress_shown = true;
+        } else {
+          const int64_t step_gap =
+              p.total_steps() > 0 ? std::max<int64_t>(1, p.total_steps() / 20) : 1;
+          if (last_printed_step < 0 || p.step() - last_printed_step >= step_gap ||
+              (p.total_steps() > 0 && p.step() == p.total_steps() &&
+               last_printed_step != p.step())) {
+            std::cout << line << "\n";
+            last_printed_step = p.step();
+          }
+        }
+      }
+      std::cout << std::flush;
+      if (IsFinal(job.state())) break;
+    }
+    grpc::Status status = reader->Finish();
+    if (IsFinal(job.state())) break;
+    if (status.ok()) continue;  // the stream ended early (coordinator restart): watch again
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || ++failures > 30) {
+      end_progress_line();
+      return RpcError(status);
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+  end_progress_line();
+  const v1::JobProgress& p = job.progress();
+  std::cout << "job " << job.id() << " " << JobStateName(job.state());
+  if (!job.reason().empty()) std::cout << ": " << job.reason();
+  std::cout << "\n";
+  if (p.step() > 0) std::cout << "  final: " << ProgressLine(p, std::nullopt) << "\n";
+  if (!job.model_uri().empty()) std::cout << "  model:       " << job.model_uri() << "\n";
+  if (!job.checkpoint_uri().empty()) {
+    std::cout << "  checkpoints: " << job.checkpoint_uri() << "\n";
+  }
+  std::cout << std::flush;
+  switch (job.state()) {
+    case v1::SUCCEEDED:
+      return kExitSucceeded;
+    case v1::CANCELLED:
+      return kExitJobCancelled;
+    default:
+      return kExitJobFailed;
+  }
+}
+
+int Client::Jobs() {
+  v1::ListJobsRequest request;
+  if (args_.Has("state")) {
+    const v1::JobState state = ParseJobState(args_.Get("state"));
+    if (state == v1::JOB_STATE_UNSPECIFIED) {
+      std::cerr << "error: unknown state '" << args_.Get("state")
+                << "' (PENDING, SCHEDULED, RUNNING, SUCCEEDED, FAILED, CANCELLED, RESTARTING)\n";
+      return kExitUsage;
+    }
+    request.add_states(state);
+  }
+  request.set_page_size(1000);
+  v1::ListJobsResponse all;
+  while (true) {
+    v1::ListJobsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    grpc::Status status = stub_->ListJobs(&context, request, &response);
+    if (!status.ok()) return RpcError(status);
+    for (v1::Job& job : *response.mutable_jobs()) *all.add_jobs() = std::move(job);
+    if (response.next_page_token().empty()) break;
+    request.set_page_token(response.next_page_token());
+  }
+  if (Json()) {
+    std::cout << ToJson(all);
+  } else {
+    std::cout << JobsTable(std::vector<v1::Job>(all.jobs().begin(), all.jobs().end()), absl::Now(),
+                           IsTerminal());
+  }
+  return kExitSucceeded;
+}
+
+int Client::Describe() {
+  v1::GetJobRequest request;
+  request.set_id(args_.args[0]);
+  v1::Job job;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->GetJob(&context, request, &job);
+  if (!status.ok()) return RpcError(status);
+  std::cout << (Json() ? ToJson(job) : DescribeJob(job));
+  return kExitSucceeded;
+}
+
+int Client::Logs() {
+  int rank = -1;
+  if (args_.Has("rank") && (!absl::SimpleAtoi(args_.Get("rank"), &rank) || rank < 0)) {
+    std::cerr << "error: --rank takes a rank number, got '" << args_.Get("rank") << "'\n";
+    return kExitUsage;
+  }
+  // With several ranks in one stream, each line says which rank wrote it.
+  bool prefix = false;
+  if (rank < 0) {
+    v1::GetJobRequest request;
+    request.set_id(args_.args[0]);
+    v1::Job job;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    grpc::Status status = stub_->GetJob(&context, request, &job);
+    if (!status.ok()) return RpcError(status);
+    std::set<int> ranks;
+    for (const v1::TaskInfo& task : job.tasks()) ranks.insert(task.rank());
+    prefix = ranks.size() > 1;
+  }
+  v1::GetJobLogsRequest request;
+  request.set_id(args_.args[0]);
+  request.set_rank(rank);
+  request.set_follow(args_.Has("follow"));
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::LogChunk>> reader = stub_->GetJobLogs(&context, request);
+  v1::LogChunk chunk;
+  std::map<int, std::string> partial;  // rank -> unfinished line
+  while (reader->Read(&chunk)) {
+    if (!prefix) {
+      std::cout << chunk.data() << std::flush;
+      continue;
+    }
+    std::string& buffer = partial[chunk.rank()];
+    buffer += chunk.data();
+    size_t start = 0;
+    for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::cout << "[rank " << chunk.rank() << "] " << buffer.substr(start, nl + 1 - start);
+    }
+    buffer.erase(0, start);
+    std::cout << std::flush;
+  }
+  for (const auto& [r, rest] : partial) {
+    if (!rest.empty()) std::cout << "[rank " << r << "] " << rest << "\n";
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return RpcError(status);
+  return kExitSucceeded;
+}
+
+int Client::Cancel() {
+  v1::CancelJobRequest request;
+  request.set_id(args_.args[0]);
+  request.set_reason("cancelled by the user");
+  v1::Job job;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->CancelJob(&context, request, &job);
+  if (!status.ok()) return RpcError(status);
+  std::cout << "job " << job.id() << " " << JobStateName(job.state()) << "\n";
+  return kExitSucceeded;
+}
+
+int Client::Workers() {
+  v1::ListWorkersResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return RpcError(status);
+  if (Json()) {
+    std::cout << ToJson(response);
+  } else {
+    std::cout << WorkersTable(
+        std::vector<v1::Worker>(response.workers().begin(), response.workers().end()), absl::Now());
+  }
+  return kExitSucceeded;
+}
+
+int Client::Checkpoints() {
+  v1::ListCheckpointsRequest request;
+  request.set_job_id(args_.args[0]);
+  v1::ListCheckpointsResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->ListCheckpoints(&context, request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (Json()) {
+    std::cout << ToJson(response);
+  } else {
+    std::cout << CheckpointsTable(
+        std::vector<v1::Checkpoint>(response.checkpoints().begin(), response.checkpoints().end()));
+  }
+  return kExitSucceeded;
+}
+
+int Up(const ParsedArgs& args) {
+  LocalClusterOptions options;
+  auto int_flag = [&args](const std::string& name, int* out, int min) {
+    if (!args.Has(name)) return true;
+    if (!absl::SimpleAtoi(args.Get(name), out) || *out < min) {
+      std::cerr << "error: --" << name << " takes a number >= " << min << ", got '"
+                << args.Get(name) << "'\n";
+      return false;
+    }
+    return true;
+  };
+  if (!int_flag("workers", &options.workers, 1) || !int_flag("slots", &options.slots, 1) ||
+      !int_flag("port", &options.port, 0)) {
+    return kExitUsage;
+  }
+  options.state_dir = args.Get("state_dir");
+  options.bin_dir = SelfExecutableDir();
+  return RunLocalCluster(options);
+}
+
+}  // namespace
+
+int RunCli(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> global_flags = GlobalFlags();
+  const std::vector<CommandSpec> commands = Commands();
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(global_flags, commands, argv);
+  if (!parsed.ok()) {
+    std::cerr << "error: " << parsed.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (parsed->help || parsed->command.empty()) {
+    const CommandSpec* command = nullptr;
+    for (const CommandSpec& c : commands) {
+      if (c.name == parsed->command) command = &c;
+    }
+    const std::string text = command != nullptr ? CommandHelp("trainyard", global_flags, *command)
+                                                : MainHelp("trainyard", global_flags, commands);
+    if (parsed->help) {
+      std::cout << text;
+      return kExitSucceeded;
+    }
+    std::cerr << text;
+    return kExitUsage;
+  }
+  const std::string output = parsed->Get("output", "table");
+  if (output != "table" && output != "json") {
+    std::cerr << "error: -o takes table or json, got '" << output << "'\n";
+    return kExitUsage;
+  }
+  if (parsed->command == "up") return Up(*parsed);
+
+  std::string address = parsed->Get("coordinator");
+  if (address.empty()) {
+    const char* env = std::getenv("TRAINYARD_COORDINATOR");
+    address = env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+  }
+  Client client(address, *parsed);
+  const std::string& name = parsed->command;
+  if (name == "submit") return client.Submit();
+  if (name == "jobs") return client.Jobs();
+  if (name == "describe") return client.Describe();
+  if (name == "logs") return client.Logs();
+  if (name == "cancel") return client.Cancel();
+  if (name == "workers") return client.Workers();
+  if (name == "checkpoints") return client.Checkpoints();
+  std::cerr << "error: unknown command '" << name << "'\n";
+  return kExitUsage;
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,228 @@
+#include "client/local_cluster.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "worker/agent/subprocess.h"
+
+namespace trainyard::cli {
+namespace {
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  std::string log;
+  bool done = false;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::string Tail(const std::string& path, size_t lines) {
+  const std::string text = ReadAll(path);
+  size_t pos = text.size();
+  for (size_t i = 0; i <= lines && pos > 0; ++i) {
+    const size_t nl = text.rfind('\n', pos - 1);
+    if (nl == std::string::npos) {
+      pos = 0;
+      break;
+    }
+    pos = nl;
+  }
+  return text.substr(pos == 0 ? 0 : pos + 1);
+}
+
+// Checks each child once; the first one found dead (reaped), or nullptr.
+Child* ReapDead(std::vector<Child>& children) {
+  for (Child& child : children) {
+    if (child.done) continue;
+    absl::StatusOr<std::optional<ExitInfo>> exit = TryWaitSubprocess(child.pid);
+    if (!exit.ok() || exit->has_value()) {
+      child.done = true;
+      std::cerr << "trainyard up: " << child.name << " "
+                << (exit.ok() ? DescribeExit(**exit) : std::string(exit.status().message()))
+                << "; its log " << child.log << " ends with:\n"
+                << Tail(child.log, 10);
+      return &child;
+    }
+  }
+  return nullptr;
+}
+
+// SIGTERM to each, then waits up to `grace` for all of them before SIGKILL.
+void StopChildren(std::vector<Child*> children, absl::Duration grace) {
+  for (Child* child : children) {
+    if (!child->done) SignalSubprocess(child->pid, SIGTERM, /*group=*/true).IgnoreError();
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  for (Child* child : children) {
+    while (!child->done) {
+      absl::StatusOr<std::optional<ExitInfo>> exit = TryWaitSubprocess(child->pid);
+      if (!exit.ok() || exit->has_value()) {
+        child->done = true;
+        break;
+      }
+      if (absl::Now() >= deadline) {
+        std::cerr << "trainyard up: " << child->name << " did not stop in time; killing it\n";
+        SignalSubprocess(child->pid, SIGKILL, /*group=*/true).IgnoreError();
+        WaitSubprocess(child->pid).IgnoreError();
+        child->done = true;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<int> ParsePortFile(const std::string& text) {
+  absl::string_view view = absl::StripAsciiWhitespace(text);
+  const size_t colon = view.rfind(':');
+  if (colon != absl::string_view::npos) view = view.substr(colon + 1);
+  int port = 0;
+  if (!absl::SimpleAtoi(view, &port) || port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("no port in '", text, "'"));
+  }
+  return port;
+}
+
+int RunLocalCluster(const LocalClusterOptions& options) {
+  namespace fs = std::filesystem;
+  std::string state_dir = options.state_dir;
+  if (state_dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "trainyard-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      std::cerr << "error: cannot create a temporary folder\n";
+      return 1;
+    }
+    state_dir = tmpl;
+  }
+  std::error_code ec;
+  fs::create_directories(fs::path(state_dir) / "logs", ec);
+  state_dir = fs::absolute(state_dir).lexically_normal().string();
+  if (ec) {
+    std::cerr << "error: cannot create " << state_dir << ": " << ec.message() << "\n";
+    return 1;
+  }
+  const int workers = std::max(1, options.workers);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int slots = options.slots > 0 ? options.slots : std::max(1, cores / workers);
+
+  // The signals are taken with sigtimedwait in the loop below; children get a clean mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  std::vector<Child> children;
+  children.reserve(workers + 1);
+  const std::string port_file = state_dir + "/coordinator.port";
+  fs::remove(port_file, ec);
+  {
+    SubprocessOptions coordinator;
+    coordinator.argv = {options.bin_dir + "/trainyard-coordinator",
+                        absl::StrCat("--listen=127.0.0.1:", options.port),
+                        "--state_dir=" + state_dir, "--port_file=" + port_file};
+    coordinator.output_file = state_dir + "/logs/coordinator.log";
+    absl::StatusOr<pid_t> pid = StartSubprocess(coordinator);
+    if (!pid.ok()) {
+      std::cerr << "error: " << pid.status().message() << "\n";
+      return 1;
+    }
+    children.push_back({"coordinator", *pid, coordinator.output_file});
+  }
+  Child& coordinator = children[0];
+
+  int port = 0;
+  const absl::Time deadline = absl::Now() + options.start_timeout;
+  while (true) {
+    absl::StatusOr<int> parsed = ParsePortFile(ReadAll(port_file));
+    if (parsed.ok()) {
+      port = *parsed;
+      break;
+    }
+    if (ReapDead(children) != nullptr) return 1;
+    if (absl::Now() >= deadline) {
+      std::cerr << "error: the coordinator did not write " << port_file << " within "
+                << absl::FormatDuration(options.start_timeout) << "\n";
+      StopChildren({&coordinator}, absl::Seconds(5));
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  const int gpus = DetectGpuCount();
+  for (int i = 1; i <= workers; ++i) {
+    SubprocessOptions worker;
+    const std::string name = absl::StrCat("worker-", i);
+    worker.argv = {options.bin_dir + "/trainyard-worker", "--coordinator=" + address,
+                   "--name=" + name, "--address=127.0.0.1", absl::StrCat("--slots=", slots),
+                   // One worker takes the machine's GPUs so that none is handed out twice.
+                   absl::StrCat("--gpus=", i == 1 ? gpus : 0),
+                   "--work_dir=" + state_dir + "/" + name};
+    worker.output_file = absl::StrCat(state_dir, "/logs/", name, ".log");
+    absl::StatusOr<pid_t> pid = StartSubprocess(worker);
+    if (!pid.ok()) {
+      std::cerr << "error: " << pid.status().message() << "\n";
+      std::vector<Child*> all;
+      for (Child& c : children) all.push_back(&c);
+      StopChildren(all, absl::Seconds(15));
+      return 1;
+    }
+    children.push_back({name, *pid, worker.output_file});
+  }
+
+  std::cout << "Trainyard is running: coordinator at " << address << ", " << workers
+            << " workers (worker-1..worker-" << workers << ") with " << slots << " slots each"
+            << (gpus > 0 ? absl::StrCat(", ", gpus, " GPUs on worker-1") : "") << ".\n"
+            << "State and logs: " << state_dir << "\n\n"
+            << "In another terminal:\n"
+            << "  export TRAINYARD_COORDINATOR=" << address << "\n"
+            << "  trainyard workers\n"
+            << "  trainyard submit examples/synthetic-mlp.yaml --wait\n\n"
+            << "Press Ctrl-C to stop.\n"
+            << std::flush;
+
+  int exit_code = 0;
+  while (true) {
+    struct timespec timeout = {0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &timeout);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::cout << "\nStopping...\n" << std::flush;
+      break;
+    }
+    if (ReapDead(children) != nullptr) {
+      std::cerr << "trainyard up: shutting down the rest\n";
+      exit_code = 1;
+      break;
+    }
+  }
+  std::vector<Child*> worker_children;
+  for (size_t i = 1; i < children.size(); ++i) worker_children.push_back(&children[i]);
+  StopChildren(worker_children, absl::Seconds(30));
+  StopChildren({&coordinator}, absl::Seconds(10));
+  if (exit_code == 0) std::cout << "Stopped. State is kept in " << state_dir << "\n";
+  return exit_code;
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,170 @@
+#include "client/views.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "client/format.h"
+#include "google/protobuf/util/json_util.h"
+#include "yaml-cpp/yaml.h"
+
+namespace trainyard::cli {
+namespace {
+
+std::string StepText(const v1::JobProgress& p) {
+  if (p.total_steps() > 0) return absl::StrCat(p.step(), "/", p.total_steps());
+  if (p.step() > 0) return absl::StrCat(p.step());
+  return "-";
+}
+
+std::string LossText(const v1::JobProgress& p) {
+  if (p.step() == 0 && p.loss() == 0) return "-";
+  return absl::StrFormat("%.4f", p.loss());
+}
+
+}  // namespace
+
+std::string JobsTable(const std::vector<v1::Job>& jobs, absl::Time now, bool terminal) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Job& job : jobs) {
+    const std::string reason = terminal ? Truncate(job.reason(), 60) : job.reason();
+    rows.push_back({job.id(), job.name(), JobStateName(job.state()), StepText(job.progress()),
+                    LossText(job.progress()),
+                    ShortAge(now - absl::FromUnixMillis(job.created_unix_ms())), reason});
+  }
+  return Table({"ID", "NAME", "STATE", "STEP", "LOSS", "AGE", "REASON"}, rows);
+}
+
+std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Worker& w : workers) {
+    const std::string seen =
+        w.last_seen_unix_ms() == 0
+            ? "-"
+            : ShortAge(now - absl::FromUnixMillis(w.last_seen_unix_ms())) + " ago";
+    rows.push_back({w.id(), w.address(), WorkerStateName(w.state()),
+                    absl::StrCat(w.slots_used(), "/", w.slots()),
+                    absl::StrCat(w.gpus_used(), "/", w.gpus()), seen});
+  }
+  return Table({"ID", "ADDRESS", "STATE", "SLOTS", "GPUS", "LAST SEEN"}, rows);
+}
+
+std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints, absl::TimeZone zone) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Checkpoint& c : checkpoints) {
+    rows.push_back({absl::StrCat(c.step()), LocalTime(c.created_unix_ms(), zone),
+                    HumanBytes(c.size_bytes()), c.uri()});
+  }
+  return Table({"STEP", "TIME", "SIZE", "URI"}, rows);
+}
+
+std::string StateLine(const v1::Job& job) {
+  std::string line = JobStateName(job.state());
+  if (job.state() == v1::RUNNING || job.state() == v1::SCHEDULED) {
+    std::set<std::string> workers;
+    for (const v1::TaskInfo& task : job.tasks()) {
+      if (task.generation() == job.generation() && !task.worker_id().empty()) {
+        workers.insert(task.worker_id());
+      }
+    }
+    if (!workers.empty()) {
+      absl::StrAppend(&line, " on ", absl::StrJoin(workers, ", "));
+      return line;
+    }
+  }
+  if (!job.reason().empty()) {
+    absl::StrAppend(&line, ": ", job.reason());
+  }
+  return line;
+}
+
+std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
+  const v1::JobProgress& p = job.progress();
+  std::string out;
+  auto field = [&out](const std::string& name, const std::string& value) {
+    absl::StrAppend(&out, absl::StrFormat("%-17s %s\n", name + ":", value.empty() ? "-" : value));
+  };
+  field("ID", job.id());
+  field("Name", job.name());
+  field("State", JobStateName(job.state()));
+  field("Reason", job.reason());
+  field("Generation", absl::StrCat(job.generation()));
+  field("Created", LocalTime(job.created_unix_ms(), zone));
+  field("Started", LocalTime(job.started_unix_ms(), zone));
+  field("Finished", LocalTime(job.finished_unix_ms(), zone));
+  std::string progress = StepText(p);
+  if (p.total_steps() > 0) {
+    absl::StrAppend(&progress, absl::StrFormat(" (%d%%)", static_cast<int>(100.0 * p.step() /
+                                                                           p.total_steps())));
+  }
+  field("Step", progress);
+  field("Loss", LossText(p));
+  field("Samples/s", p.samples_per_second() > 0
+                         ? GroupThousands(static_cast<int64_t>(p.samples_per_second() + 0.5))
+                         : "-");
+  field("Val accuracy",
+        p.has_val_accuracy() ? absl::StrFormat("%.2f%%", p.val_accuracy() * 100) : "-");
+  field("Committed step", job.committed_step() >= 0 ? absl::StrCat(job.committed_step()) : "-");
+  field("Checkpoints", job.checkpoint_uri());
+  field("Model", job.model_uri());
+
+  absl::StrAppend(&out, "\nTasks:\n");
+  if (job.tasks().empty()) {
+    absl::StrAppend(&out, "  (none)\n");
+  } else {
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::TaskInfo& t : job.tasks()) {
+      std::string exit = "-";
+      if (t.state() == v1::TASK_EXITED || t.state() == v1::TASK_STOPPED ||
+          t.state() == v1::TASK_FAILED_TO_START) {
+        exit = t.signal() != 0 ? absl::StrCat("signal ", t.signal()) : absl::StrCat(t.exit_code());
+      }
+      rows.push_back({absl::StrCat(t.rank()), absl::StrCat(t.generation()),
+                      t.worker_id().empty() ? "-" : t.worker_id(), TaskStateName(t.state()), exit,
+                      absl::StrReplaceAll(t.message(), {{"\n", " | "}})});
+    }
+    std::string table = Table({"RANK", "GEN", "WORKER", "STATE", "EXIT", "MESSAGE"}, rows);
+    for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&out, "  ", line, "\n");
+    }
+  }
+  absl::StrAppend(&out, "\nEvents:\n");
+  if (job.events().empty()) absl::StrAppend(&out, "  (none)\n");
+  for (const v1::JobEvent& e : job.events()) {
+    absl::StrAppend(&out, "  ", LocalTime(e.time_unix_ms(), zone), "  ",
+                    e.from() == v1::JOB_STATE_UNSPECIFIED ? "-" : JobStateName(e.from()), " -> ",
+                    JobStateName(e.to()), e.reason().empty() ? "" : ": ", e.reason(), "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> SetResumeFrom(const std::string& yaml, const std::string& job_id) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("the job spec is not valid YAML: ", e.what()));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("the job spec is not a YAML mapping");
+  if (root["checkpoint"] && !root["checkpoint"].IsMap()) {
+    return absl::InvalidArgumentError("checkpoint: expected a mapping");
+  }
+  root["checkpoint"]["resume_from"] = job_id;
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}\n";
+  if (json.empty() || json.back() != '\n') json.push_back('\n');
+  return json;
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,38 @@
+#ifndef TRAINYARD_CLIENT_VIEWS_H_
+#define TRAINYARD_CLIENT_VIEWS_H_
+
+// What the CLI prints for each listing, as pure functions of the coordinator's answers.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainyard/v1/job.pb.h"
+#include "trainyard/v1/job_service.pb.h"
+
+namespace trainyard::cli {
+
+// ID NAME STATE STEP LOSS AGE REASON. Long reasons are cut when `terminal` is set.
+std::string JobsTable(const std::vector<v1::Job>& jobs, absl::Time now, bool terminal);
+// ID ADDRESS STATE SLOTS GPUS LAST SEEN, with used/total slots and GPUs.
+std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now);
+// STEP TIME SIZE URI.
+std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints,
+                             absl::TimeZone zone = absl::LocalTimeZone());
+// Everything about one job, events included.
+std::string DescribeJob(const v1::Job& job, absl::TimeZone zone = absl::LocalTimeZone());
+
+// The job spec YAML with checkpoint.resume_from set to `job_id` (added or replaced).
+// INVALID_ARGUMENT if the text is not a YAML mapping.
+absl::StatusOr<std::string> SetResumeFrom(const std::string& yaml, const std::string& job_id);
+
+// "RUNNING on worker-1, worker-2" from the job's running tasks; just the state otherwise.
+std::string StateLine(const v1::Job& job);
+
+// protobuf JSON of a message, indented.
+std::string ToJson(const google::protobuf::Message& message);
+
+}  // namespace trainyard::cli
+
+#endif  // TRAINYARD_CLIENT_VIEWS_H_

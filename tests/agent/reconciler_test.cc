@@ -1,0 +1,291 @@
+#include "worker/agent/reconciler.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/fake_clock.h"
+#include "tests/agent/fake_process_launcher.h"
+#include "worker/agent/backoff.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::FakeClock;
+using testing::FakeProcessLauncher;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+v1::Task MakeTask(const std::string& id, int slots = 1, int gpus = 0) {
+  v1::Task task;
+  task.set_task_id(id);
+  task.set_job_id(id.substr(0, id.find('.')));
+  task.set_generation(1);
+  task.set_rank(0);
+  task.set_world_size(1);
+  task.set_slots(slots);
+  task.set_gpus(gpus);
+  return task;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+class ReconcilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/reconciler-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  ReconcilerOptions Options(int gpus = 0) {
+    ReconcilerOptions options;
+    options.work_dir = dir_;
+    options.trainer_path = "/opt/trainyard/bin/trainyard-trainer";
+    options.coordinator = "10.1.2.3:7070";
+    options.gpus = gpus;
+    options.stop_grace_period = absl::Seconds(10);
+    options.before_exit_reported = [this](const std::string& id) { flushed_.push_back(id); };
+    return options;
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  FakeProcessLauncher launcher_;
+  std::vector<std::string> flushed_;
+};
+
+TEST_F(ReconcilerTest, StartsDesiredTasksWithTheirFolderArgumentsAndEnvironment) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  const v1::Task task = MakeTask("j1.g1.r0", /*slots=*/4);
+  std::vector<v1::TaskStatus> changes = reconciler.Apply({task});
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].task_id(), "j1.g1.r0");
+  EXPECT_EQ(changes[0].state(), v1::TASK_RUNNING);
+  EXPECT_EQ(changes[0].pid(), 1000);
+
+  ASSERT_EQ(launcher_.launched().size(), 1u);
+  const SubprocessOptions launched = launcher_.launched()[0].options;
+  const std::string task_dir = dir_ + "/tasks/j1.g1.r0";
+  EXPECT_THAT(launched.argv,
+              ElementsAre("/opt/trainyard/bin/trainyard-trainer",
+                          "--task_file=" + task_dir + "/task.pb", "--coordinator=10.1.2.3:7070"));
+  EXPECT_EQ(launched.working_dir, task_dir);
+  EXPECT_EQ(launched.output_file, task_dir + "/output.log");
+  EXPECT_THAT(launched.env,
+              UnorderedElementsAre(Pair("OMP_NUM_THREADS", "4"), Pair("CUDA_VISIBLE_DEVICES", "")));
+  v1::Task written;
+  ASSERT_TRUE(written.ParseFromString(Read(task_dir + "/task.pb")));
+  EXPECT_EQ(written.task_id(), "j1.g1.r0");
+  EXPECT_EQ(written.slots(), 4);
+  EXPECT_EQ(Read(task_dir + "/pid"), "1000\n");
+  EXPECT_EQ(reconciler.RunningCount(), 1);
+
+  // Applying the same desired state again starts nothing new.
+  EXPECT_THAT(reconciler.Apply({task}), IsEmpty());
+  EXPECT_EQ(launcher_.launched().size(), 1u);
+}
+
+TEST_F(ReconcilerTest, AssignsDistinctGpusAndFreesThemOnExit) {
+  Reconciler reconciler(Options(/*gpus=*/3), launcher_, clock_);
+  reconciler.Apply({MakeTask("a.g1.r0", 1, 2), MakeTask("b.g1.r0", 1, 1)});
+  ASSERT_EQ(launcher_.launched().size(), 2u);
+  EXPECT_THAT(launcher_.launched()[0].options.env,
+              ::testing::Contains(Pair("CUDA_VISIBLE_DEVICES", "0,1")));
+  EXPECT_THAT(launcher_.launched()[1].options.env,
+              ::testing::Contains(Pair("CUDA_VISIBLE_DEVICES", "2")));
+  EXPECT_EQ(reconciler.FreeGpus(), 0);
+
+  // No GPU left: the third task fails to start instead of sharing one.
+  std::vector<v1::TaskStatus> changes = reconciler.Apply(
+      {MakeTask("a.g1.r0", 1, 2), MakeTask("b.g1.r0", 1, 1), MakeTask("c.g1.r0", 1, 1)});
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].state(), v1::TASK_FAILED_TO_START);
+  EXPECT_THAT(changes[0].message(), HasSubstr("GPUs"));
+
+  launcher_.Exit(1000, ExitInfo{0, 0});
+  reconciler.Tick();
+  EXPECT_EQ(reconciler.FreeGpus(), 2);
+}
+
+TEST_F(ReconcilerTest, ReportsExitWithTerminationMessageAfterTheLogHook) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("j1.g1.r0")});
+  EXPECT_THAT(reconciler.Tick(), IsEmpty());
+  std::ofstream(dir_ + "/tasks/j1.g1.r0/output.log") << "one\ntwo\nthree\nfour\n";
+  std::ofstream(dir_ + "/tasks/j1.g1.r0/termination-message") << "data.train: no files match\n";
+  launcher_.Exit(1000, ExitInfo{2, 0});
+
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].exit_code(), 2);
+  EXPECT_EQ(ended[0].signal(), 0);
+  EXPECT_EQ(ended[0].message(), "data.train: no files match");
+  EXPECT_THAT(flushed_, ElementsAre("j1.g1.r0"));
+  EXPECT_EQ(reconciler.RunningCount(), 0);
+  // The final status stays visible until a Sync has carried it.
+  ASSERT_EQ(reconciler.Statuses().size(), 1u);
+  EXPECT_EQ(reconciler.Statuses()[0].state(), v1::TASK_EXITED);
+}
+
+TEST_F(ReconcilerTest, MessageIsTheLogTailWithoutATerminationMessage) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("j1.g1.r0"), MakeTask("j2.g1.r0")});
+  std::ofstream(dir_ + "/tasks/j1.g1.r0/output.log") << "one\ntwo\nthree\nfour\n";
+  std::ofstream(dir_ + "/tasks/j2.g1.r0/output.log") << "Segmentation fault\n";
+  launcher_.Exit(1000, ExitInfo{1, 0});
+  launcher_.Exit(1001, ExitInfo{139, SIGSEGV});
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 2u);
+  EXPECT_EQ(ended[0].message(), "two\nthree\nfour");
+  EXPECT_EQ(ended[1].signal(), SIGSEGV);
+  EXPECT_EQ(ended[1].message(), "killed by signal 11 (SIGSEGV): Segmentation fault");
+}
+
+TEST_F(ReconcilerTest, NeverRestartsATaskThatExited) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  const v1::Task task = MakeTask("j1.g1.r0");
+  reconciler.Apply({task});
+  launcher_.Exit(1000, ExitInfo{1, 0});
+  ASSERT_EQ(reconciler.Tick().size(), 1u);
+  // The coordinator has not processed the exit yet and still lists the task.
+  EXPECT_THAT(reconciler.Apply({task}), IsEmpty());
+  reconciler.StatusesForSync();
+  reconciler.Apply({});
+  EXPECT_THAT(reconciler.Statuses(), IsEmpty());  // forgotten once reported and undesired
+  EXPECT_THAT(reconciler.Apply({task}), IsEmpty());
+  EXPECT_EQ(launcher_.launched().size(), 1u);
+}
+
+TEST_F(ReconcilerTest, EndedTaskIsKeptUntilASyncHasCarriedIt) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("j1.g1.r0")});
+  reconciler.StatusesForSync();  // sent while running
+  launcher_.Exit(1000, ExitInfo{0, 0});
+  reconciler.Tick();
+  reconciler.Apply({});  // this Sync's request did not include the exit
+  ASSERT_EQ(reconciler.Statuses().size(), 1u);
+  reconciler.StatusesForSync();
+  reconciler.Apply({});
+  EXPECT_THAT(reconciler.Statuses(), IsEmpty());
+}
+
+TEST_F(ReconcilerTest, StopsUndesiredTasksWithSigtermThenSigkillAfterTheGracePeriod) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("keep.g1.r0"), MakeTask("drop.g1.r0")});
+  reconciler.Apply({MakeTask("keep.g1.r0")});
+  EXPECT_THAT(launcher_.launched()[0].signals, IsEmpty());
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM));
+
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_THAT(reconciler.Tick(), IsEmpty());
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM));
+
+  clock_.Advance(absl::Seconds(1));
+  reconciler.Tick();  // past the grace period: SIGKILL
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM, SIGKILL));
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].task_id(), "drop.g1.r0");
+  EXPECT_EQ(ended[0].state(), v1::TASK_STOPPED);
+  EXPECT_EQ(ended[0].signal(), SIGKILL);
+  EXPECT_EQ(reconciler.RunningCount(), 1);
+}
+
+TEST_F(ReconcilerTest, TaskThatStopsWithinTheGracePeriodGetsNoSigkill) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("j1.g1.r0")});
+  reconciler.Apply({});
+  launcher_.Exit(1000, ExitInfo{0, 0});
+  clock_.Advance(absl::Seconds(30));
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_STOPPED);
+  EXPECT_EQ(ended[0].exit_code(), 0);
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
+}
+
+TEST_F(ReconcilerTest, FailedLaunchIsReportedAndNotRetried) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  launcher_.FailLaunches(absl::NotFoundError("cannot run the program for /x: No such file"));
+  std::vector<v1::TaskStatus> changes = reconciler.Apply({MakeTask("j1.g1.r0")});
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].state(), v1::TASK_FAILED_TO_START);
+  EXPECT_THAT(changes[0].message(), HasSubstr("No such file"));
+  launcher_.FailLaunches(absl::OkStatus());
+  EXPECT_THAT(reconciler.Apply({MakeTask("j1.g1.r0")}), IsEmpty());
+  EXPECT_EQ(reconciler.RunningCount(), 0);
+}
+
+TEST_F(ReconcilerTest, StopAllStopsEverythingAndRefusesNewTasks) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("a.g1.r0"), MakeTask("b.g1.r0")});
+  reconciler.StopAll();
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM));
+  EXPECT_THAT(reconciler.Apply({MakeTask("c.g1.r0")}), IsEmpty());
+  EXPECT_EQ(launcher_.launched().size(), 2u);
+  // Not a stop the coordinator asked for: the trainer's own exit code goes to the coordinator.
+  launcher_.Exit(1000, ExitInfo{4, 0});
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].exit_code(), 4);
+  EXPECT_THAT(ended[0].message(), HasSubstr("worker agent is shutting down"));
+}
+
+TEST_F(ReconcilerTest, TaskOfAnEarlierAgentRunIsReportedLostNotRestarted) {
+  std::filesystem::create_directories(dir_ + "/tasks/old.g1.r0");
+  // A pid that is certainly not a trainer: this test process.
+  std::ofstream(dir_ + "/tasks/old.g1.r0/pid") << getpid() << "\n";
+  Reconciler reconciler(Options(), launcher_, clock_);
+  EXPECT_EQ(reconciler.CleanUpLeftovers(), 0);  // and this process is still alive
+  std::vector<v1::TaskStatus> changes = reconciler.Apply({MakeTask("old.g1.r0")});
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(changes[0].signal(), SIGKILL);
+  EXPECT_THAT(launcher_.launched(), IsEmpty());
+}
+
+TEST(TailLinesTest, LastLines) {
+  std::string tmpl = ::testing::TempDir() + "/tail-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string path = tmpl + "/log";
+  EXPECT_EQ(TailLines(path, 3), "");
+  std::ofstream(path) << "a\nb\n";
+  EXPECT_EQ(TailLines(path, 3), "a\nb");
+  std::ofstream(path) << "a\nb\nc\nd";
+  EXPECT_EQ(TailLines(path, 3), "b\nc\nd");
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(BackoffTest, GrowsExponentiallyWithJitterUpToTheMaximum) {
+  Backoff backoff(absl::Milliseconds(100), absl::Seconds(5));
+  absl::Duration base = absl::Milliseconds(100);
+  for (int i = 0; i < 12; ++i) {
+    const absl::Duration d = backoff.Next();
+    EXPECT_GE(d, base / 2) << i;
+    EXPECT_LE(d, base) << i;
+    base = std::min(base * 2, absl::Seconds(5));
+  }
+  backoff.Reset();
+  EXPECT_LE(backoff.Next(), absl::Milliseconds(100));
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,243 @@
+#include "worker/agent/subprocess.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "worker/agent/process_launcher.h"
+#include "worker/agent/reconciler.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SubprocessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/subprocess-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path);
+    std::ostringstream out;
+    out << in.rdbuf();
+    return out.str();
+  }
+  // Blocks until the process ends (bounded by the test timeout).
+  static ExitInfo Wait(pid_t pid) {
+    absl::StatusOr<ExitInfo> exit = WaitSubprocess(pid);
+    EXPECT_TRUE(exit.ok()) << exit.status();
+    return exit.value_or(ExitInfo{-1, -1});
+  }
+
+  std::string dir_;
+};
+
+TEST_F(SubprocessTest, CapturesStdoutAndStderrInTheFileAndReportsExitCode) {
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "echo out; echo err >&2; exit 7"};
+  options.output_file = dir_ + "/output.log";
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const ExitInfo exit = Wait(*pid);
+  EXPECT_EQ(exit.exit_code, 7);
+  EXPECT_EQ(exit.signal, 0);
+  EXPECT_EQ(Read(options.output_file), "out\nerr\n");
+  EXPECT_EQ(DescribeExit(exit), "exited with code 7");
+}
+
+TEST_F(SubprocessTest, AppendsToAnExistingOutputFile) {
+  const std::string log = dir_ + "/output.log";
+  std::ofstream(log) << "before\n";
+  SubprocessOptions options;
+  options.argv = {"/bin/echo", "after"};
+  options.output_file = log;
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok());
+  Wait(*pid);
+  EXPECT_EQ(Read(log), "before\nafter\n");
+}
+
+TEST_F(SubprocessTest, SetsEnvironmentAndWorkingDirectory) {
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "echo \"$OMP_NUM_THREADS|$CUDA_VISIBLE_DEVICES|$(pwd)\""};
+  options.env = {{"OMP_NUM_THREADS", "3"}, {"CUDA_VISIBLE_DEVICES", ""}};
+  options.working_dir = dir_;
+  options.output_file = dir_ + "/output.log";
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok());
+  Wait(*pid);
+  EXPECT_EQ(Read(options.output_file), "3||" + std::filesystem::canonical(dir_).string() + "\n");
+}
+
+TEST_F(SubprocessTest, ReportsTheSignalThatEndedAProcess) {
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok());
+  const ExitInfo exit = Wait(*pid);
+  EXPECT_EQ(exit.signal, SIGKILL);
+  EXPECT_EQ(DescribeExit(exit), "killed by signal 9 (SIGKILL)");
+}
+
+TEST_F(SubprocessTest, FailedExecIsAnErrorNotAProcess) {
+  SubprocessOptions options;
+  options.argv = {dir_ + "/no-such-program", "--flag"};
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_FALSE(pid.ok());
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(pid.status().message(), HasSubstr("no-such-program"));
+
+  const std::string not_executable = dir_ + "/script";
+  std::ofstream(not_executable) << "#!/bin/sh\n";
+  options.argv = {not_executable};
+  pid = StartSubprocess(options);
+  ASSERT_FALSE(pid.ok());
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(SubprocessTest, ChildLeadsItsOwnProcessGroup) {
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "sleep 30"};
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok());
+  // setsid happens before exec, and StartSubprocess returns after exec.
+  EXPECT_EQ(getpgid(*pid), *pid);
+  ASSERT_TRUE(SignalSubprocess(*pid, SIGKILL, /*group=*/true).ok());
+  EXPECT_EQ(Wait(*pid).signal, SIGKILL);
+  // Signalling a process that is gone is not an error.
+  EXPECT_TRUE(SignalSubprocess(*pid, SIGTERM, /*group=*/true).ok());
+}
+
+TEST_F(SubprocessTest, TryWaitIsNonBlockingAndRefusesUnknownPids) {
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "sleep 30"};
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok());
+  absl::StatusOr<std::optional<ExitInfo>> exit = TryWaitSubprocess(*pid);
+  ASSERT_TRUE(exit.ok());
+  EXPECT_FALSE(exit->has_value());
+  SignalSubprocess(*pid, SIGKILL, true).IgnoreError();
+  Wait(*pid);
+  EXPECT_EQ(TryWaitSubprocess(*pid).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The reconciler over real processes: SIGTERM, then SIGKILL after the grace period for a trainer
+// that ignores SIGTERM.
+TEST_F(SubprocessTest, StopEscalatesToSigkillForAChildThatTrapsSigterm) {
+  const std::string trainer = dir_ + "/trainyard-trainer";
+  {
+    std::ofstream script(trainer);
+    script << "#!/bin/sh\ntrap 'echo got TERM' TERM\necho ready\n"
+           << "while true; do sleep 0.05; done\n";
+  }
+  std::filesystem::permissions(trainer, std::filesystem::perms::owner_all);
+  std::unique_ptr<ProcessLauncher> launcher = NewRealProcessLauncher();
+  ReconcilerOptions options;
+  options.work_dir = dir_ + "/work";
+  options.trainer_path = trainer;
+  options.coordinator = "127.0.0.1:1";
+  options.stop_grace_period = absl::Milliseconds(300);
+  Reconciler reconciler(options, *launcher, RealClock::Get());
+
+  v1::Task task;
+  task.set_task_id("job1.g1.r0");
+  std::vector<v1::TaskStatus> started = reconciler.Apply({task});
+  ASSERT_EQ(started.size(), 1u);
+  ASSERT_EQ(started[0].state(), v1::TASK_RUNNING);
+  const pid_t pid = static_cast<pid_t>(started[0].pid());
+  // Wait until the trap is installed, so SIGTERM is really ignored.
+  const std::string log = reconciler.LogPath(task.task_id());
+  for (int i = 0; i < 1000 && Read(log).find("ready") == std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_THAT(Read(log), HasSubstr("ready"));
+  EXPECT_EQ(Read(reconciler.TaskDir(task.task_id()) + "/pid"), std::to_string(pid) + "\n");
+
+  const absl::Time stop_at = absl::Now();
+  reconciler.Apply({});
+  std::vector<v1::TaskStatus> ended;
+  while (ended.empty() && absl::Now() - stop_at < absl::Seconds(20)) {
+    ended = reconciler.Tick();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_GE(absl::Now() - stop_at, absl::Milliseconds(300));
+  EXPECT_EQ(ended[0].state(), v1::TASK_STOPPED);
+  EXPECT_EQ(ended[0].signal(), SIGKILL);
+  EXPECT_THAT(ended[0].message(), HasSubstr("killed by signal 9 (SIGKILL)"));
+  EXPECT_THAT(Read(log), HasSubstr("got TERM"));
+  EXPECT_NE(kill(pid, 0), 0);  // gone, and reaped
+}
+
+TEST_F(SubprocessTest, RealTrainerExitIsReportedWithTheTailOfItsLog) {
+  const std::string trainer = dir_ + "/trainer.sh";
+  {
+    std::ofstream script(trainer);
+    script << "#!/bin/sh\necho \"args $*\"\necho \"omp=$OMP_NUM_THREADS\"\n"
+           << "test -f task.pb || exit 9\necho line3\necho line4\nexit 3\n";
+  }
+  std::filesystem::permissions(trainer, std::filesystem::perms::owner_all);
+  std::unique_ptr<ProcessLauncher> launcher = NewRealProcessLauncher();
+  ReconcilerOptions options;
+  options.work_dir = dir_ + "/work";
+  options.trainer_path = trainer;
+  options.coordinator = "10.0.0.1:7070";
+  Reconciler reconciler(options, *launcher, RealClock::Get());
+  v1::Task task;
+  task.set_task_id("job2.g1.r0");
+  task.set_slots(2);
+  ASSERT_EQ(reconciler.Apply({task})[0].state(), v1::TASK_RUNNING);
+  std::vector<v1::TaskStatus> ended;
+  for (int i = 0; i < 1000 && ended.empty(); ++i) {
+    ended = reconciler.Tick();
+    if (ended.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].exit_code(), 3);
+  EXPECT_EQ(ended[0].message(), "omp=2\nline3\nline4");
+  const std::string log = Read(reconciler.LogPath(task.task_id()));
+  EXPECT_THAT(log, HasSubstr("args --task_file=" + reconciler.TaskDir(task.task_id()) +
+                             "/task.pb --coordinator=10.0.0.1:7070"));
+}
+
+TEST_F(SubprocessTest, CleanUpLeftoversKillsATrainerOfAnEarlierAgentRun) {
+  const std::string trainer = dir_ + "/trainyard-trainer";
+  {
+    std::ofstream script(trainer);
+    script << "#!/bin/sh\nwhile true; do sleep 0.05; done\n";
+  }
+  std::filesystem::permissions(trainer, std::filesystem::perms::owner_all);
+  SubprocessOptions options;
+  options.argv = {trainer};
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  std::filesystem::create_directories(dir_ + "/work/tasks/j.g1.r0");
+  std::ofstream(dir_ + "/work/tasks/j.g1.r0/pid") << *pid << "\n";
+
+  std::unique_ptr<ProcessLauncher> launcher = NewRealProcessLauncher();
+  ReconcilerOptions reconciler_options;
+  reconciler_options.work_dir = dir_ + "/work";
+  reconciler_options.trainer_path = trainer;
+  Reconciler reconciler(reconciler_options, *launcher, RealClock::Get());
+  EXPECT_EQ(reconciler.CleanUpLeftovers(), 1);
+  EXPECT_EQ(Wait(*pid).signal, SIGKILL);
+}
+
+}  // namespace
+}  // namespace trainyard

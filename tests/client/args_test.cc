@@ -1,0 +1,121 @@
+#include "client/args.h"
+
+#include "client/local_cluster.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<FlagSpec> Globals() { return {{"coordinator", '\0', true, "ADDR", "where"}}; }
+
+std::vector<CommandSpec> Commands() {
+  return {{"submit",
+           "FILE",
+           "Submit.",
+           {{"wait", '\0', false, "", "wait"}, {"resume-from", '\0', true, "JOB", "resume"}},
+           1,
+           1},
+          {"logs",
+           "JOB",
+           "Logs.",
+           {{"follow", 'f', false, "", "follow"}, {"rank", '\0', true, "N", "rank"}},
+           1,
+           1},
+          {"jobs", "", "List.", {{"output", 'o', true, "FORMAT", "table or json"}}, 0, 0}};
+}
+
+absl::StatusOr<ParsedArgs> Parse(std::vector<std::string> argv) {
+  return ParseArgs(Globals(), Commands(), argv);
+}
+
+TEST(ArgsTest, CommandFlagsAndArguments) {
+  absl::StatusOr<ParsedArgs> args = Parse({"submit", "job.yaml", "--wait", "--resume-from", "j1"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->command, "submit");
+  EXPECT_THAT(args->args, ElementsAre("job.yaml"));
+  EXPECT_TRUE(args->Has("wait"));
+  EXPECT_EQ(args->Get("resume-from"), "j1");
+  EXPECT_FALSE(args->help);
+}
+
+TEST(ArgsTest, GlobalFlagsAnywhereAndEqualsForm) {
+  absl::StatusOr<ParsedArgs> before = Parse({"--coordinator", "h:1", "jobs", "-o", "json"});
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->Get("coordinator"), "h:1");
+  EXPECT_EQ(before->Get("output"), "json");
+  absl::StatusOr<ParsedArgs> after = Parse({"jobs", "--coordinator=h:2", "--output=table"});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->Get("coordinator"), "h:2");
+  EXPECT_EQ(after->Get("output"), "table");
+  EXPECT_EQ(after->Get("missing", "fallback"), "fallback");
+}
+
+TEST(ArgsTest, ShortSwitchAndDoubleDash) {
+  absl::StatusOr<ParsedArgs> args = Parse({"logs", "-f", "--rank=2", "--", "-weird-id"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_TRUE(args->Has("follow"));
+  EXPECT_EQ(args->Get("rank"), "2");
+  EXPECT_THAT(args->args, ElementsAre("-weird-id"));
+}
+
+TEST(ArgsTest, UnknownFlagNamesTheCommand) {
+  absl::StatusOr<ParsedArgs> args = Parse({"jobs", "--wait"});
+  ASSERT_FALSE(args.ok());
+  EXPECT_EQ(args.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(args.status().message(), HasSubstr("unknown flag '--wait' for 'jobs'"));
+  EXPECT_THAT(Parse({"--nope"}).status().message(), HasSubstr("unknown flag '--nope'"));
+  EXPECT_THAT(Parse({"jobs", "-wait"}).status().message(), HasSubstr("two dashes"));
+}
+
+TEST(ArgsTest, UnknownCommandMissingValueAndArgumentCounts) {
+  EXPECT_THAT(Parse({"frobnicate"}).status().message(), HasSubstr("unknown command 'frobnicate'"));
+  EXPECT_THAT(Parse({"logs", "j1", "--rank"}).status().message(),
+              HasSubstr("--rank needs a value"));
+  EXPECT_THAT(Parse({"submit"}).status().message(), HasSubstr("'submit' needs FILE"));
+  EXPECT_THAT(Parse({"submit", "a", "b"}).status().message(), HasSubstr("unexpected argument 'b'"));
+  EXPECT_THAT(Parse({"submit", "a", "--wait=maybe"}).status().message(),
+              HasSubstr("takes no value"));
+}
+
+TEST(ArgsTest, HelpForms) {
+  absl::StatusOr<ParsedArgs> args = Parse({"help"});
+  ASSERT_TRUE(args.ok());
+  EXPECT_TRUE(args->help);
+  EXPECT_EQ(args->command, "");
+  args = Parse({"help", "logs"});
+  ASSERT_TRUE(args.ok());
+  EXPECT_TRUE(args->help);
+  EXPECT_EQ(args->command, "logs");
+  args = Parse({"submit", "--help"});  // no FILE needed with --help
+  ASSERT_TRUE(args.ok());
+  EXPECT_TRUE(args->help);
+  EXPECT_EQ(args->command, "submit");
+  args = Parse({"-h"});
+  ASSERT_TRUE(args.ok());
+  EXPECT_TRUE(args->help);
+}
+
+TEST(ArgsTest, HelpTextListsCommandsAndFlags) {
+  const std::string main_help = MainHelp("trainyard", Globals(), Commands());
+  EXPECT_THAT(main_help, HasSubstr("submit FILE"));
+  EXPECT_THAT(main_help, HasSubstr("--coordinator ADDR"));
+  const std::string logs_help = CommandHelp("trainyard", Globals(), Commands()[1]);
+  EXPECT_THAT(logs_help, HasSubstr("Usage: trainyard logs [flags] JOB"));
+  EXPECT_THAT(logs_help, HasSubstr("-f, --follow"));
+  EXPECT_THAT(logs_help, HasSubstr("--rank N"));
+}
+
+TEST(LocalClusterTest, ParsePortFile) {
+  EXPECT_EQ(ParsePortFile("7070\n").value_or(0), 7070);
+  EXPECT_EQ(ParsePortFile("127.0.0.1:41234").value_or(0), 41234);
+  EXPECT_EQ(ParsePortFile("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParsePortFile("12").value_or(0), 12);
+  EXPECT_FALSE(ParsePortFile("99999").ok());
+}
+
+}  // namespace
+}  // namespace trainyard::cli

@@ -1,0 +1,208 @@
+#include "client/format.h"
+
+#include "client/views.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "yaml-cpp/yaml.h"
+
+namespace trainyard::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(FormatTest, ProgressBar) {
+  EXPECT_EQ(ProgressBar(0), "[----------]");
+  EXPECT_EQ(ProgressBar(0.24), "[##--------]");
+  EXPECT_EQ(ProgressBar(0.5), "[#####-----]");
+  EXPECT_EQ(ProgressBar(1), "[##########]");
+  EXPECT_EQ(ProgressBar(1.7), "[##########]");
+  EXPECT_EQ(ProgressBar(-1, 4), "[----]");
+}
+
+TEST(FormatTest, ProgressLine) {
+  v1::JobProgress p;
+  p.set_step(120);
+  p.set_total_steps(500);
+  p.set_loss(0.43121);
+  p.set_samples_per_second(1234.4);
+  EXPECT_EQ(ProgressLine(p, absl::Seconds(42)),
+            "[##--------] step 120/500 24%  loss 0.4312  1,234 samples/s  ETA 0:42");
+  EXPECT_EQ(ProgressLine(p, std::nullopt),
+            "[##--------] step 120/500 24%  loss 0.4312  1,234 samples/s");
+  p.set_total_steps(0);
+  p.set_samples_per_second(0);
+  EXPECT_EQ(ProgressLine(p, absl::Seconds(42)), "step 120  loss 0.4312");
+  p.set_has_val_accuracy(true);
+  p.set_val_accuracy(0.9712);
+  EXPECT_THAT(ProgressLine(p, std::nullopt), HasSubstr("val acc 97.1%"));
+}
+
+TEST(FormatTest, Numbers) {
+  EXPECT_EQ(GroupThousands(0), "0");
+  EXPECT_EQ(GroupThousands(999), "999");
+  EXPECT_EQ(GroupThousands(1234), "1,234");
+  EXPECT_EQ(GroupThousands(1234567), "1,234,567");
+  EXPECT_EQ(GroupThousands(-1000), "-1,000");
+}
+
+TEST(FormatTest, Durations) {
+  EXPECT_EQ(ClockDuration(absl::Seconds(42)), "0:42");
+  EXPECT_EQ(ClockDuration(absl::Seconds(725)), "12:05");
+  EXPECT_EQ(ClockDuration(absl::Seconds(3723)), "1:02:03");
+  EXPECT_EQ(ClockDuration(absl::Seconds(-5)), "0:00");
+  EXPECT_EQ(ShortAge(absl::Seconds(45)), "45s");
+  EXPECT_EQ(ShortAge(absl::Minutes(12)), "12m");
+  EXPECT_EQ(ShortAge(absl::Hours(3)), "3h");
+  EXPECT_EQ(ShortAge(absl::Hours(50)), "2d");
+}
+
+TEST(FormatTest, Sizes) {
+  EXPECT_EQ(HumanBytes(0), "0 B");
+  EXPECT_EQ(HumanBytes(512), "512 B");
+  EXPECT_EQ(HumanBytes(1536), "1.5 KiB");
+  EXPECT_EQ(HumanBytes(20 * 1024 * 1024), "20.0 MiB");
+  EXPECT_EQ(HumanBytes(int64_t{3} * 1024 * 1024 * 1024 + 200 * 1024 * 1024), "3.2 GiB");
+}
+
+TEST(FormatTest, TimesAndTruncation) {
+  EXPECT_EQ(LocalTime(0), "-");
+  EXPECT_EQ(LocalTime(1'700'000'000'000, absl::UTCTimeZone()), "2023-11-14T22:13:20+00:00");
+  EXPECT_EQ(Truncate("short", 10), "short");
+  EXPECT_EQ(Truncate("a much longer reason", 10), "a much ...");
+}
+
+TEST(FormatTest, TableAlignsColumns) {
+  EXPECT_EQ(Table({"ID", "STATE"}, {{"j-1", "RUNNING"}, {"job-22", "PENDING"}}),
+            "ID      STATE\n"
+            "j-1     RUNNING\n"
+            "job-22  PENDING\n");
+  EXPECT_EQ(Table({"A", "B"}, {}), "A  B\n");
+}
+
+TEST(FormatTest, StateNames) {
+  EXPECT_EQ(JobStateName(v1::RUNNING), "RUNNING");
+  EXPECT_EQ(TaskStateName(v1::TASK_EXITED), "EXITED");
+  EXPECT_EQ(ParseJobState("failed"), v1::FAILED);
+  EXPECT_EQ(ParseJobState("bogus"), v1::JOB_STATE_UNSPECIFIED);
+}
+
+TEST(FormatTest, EtaFromTheObservedStepRate) {
+  EtaEstimator eta;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  eta.Observe(t0, 100);
+  EXPECT_FALSE(eta.Eta(500).has_value());
+  eta.Observe(t0 + absl::Seconds(10), 200);  // 10 steps/s
+  ASSERT_TRUE(eta.Eta(500).has_value());
+  EXPECT_EQ(*eta.Eta(500), absl::Seconds(30));
+}
+
+TEST(ViewsTest, JobsTable) {
+  v1::Job job;
+  job.set_id("j-1");
+  job.set_name("mnist");
+  job.set_state(v1::FAILED);
+  job.set_reason(std::string(100, 'x'));
+  job.set_created_unix_ms(1'700'000'000'000);
+  job.mutable_progress()->set_step(10);
+  job.mutable_progress()->set_total_steps(100);
+  job.mutable_progress()->set_loss(1.5);
+  const absl::Time now = absl::FromUnixMillis(1'700'000'000'000) + absl::Minutes(5);
+  const std::string tty = JobsTable({job}, now, /*terminal=*/true);
+  EXPECT_THAT(tty, HasSubstr("ID   NAME   STATE   STEP    LOSS    AGE  REASON"));
+  EXPECT_THAT(tty, HasSubstr("j-1  mnist  FAILED  10/100  1.5000  5m   xxx"));
+  EXPECT_THAT(tty, HasSubstr("..."));
+  EXPECT_THAT(JobsTable({job}, now, /*terminal=*/false), HasSubstr(std::string(100, 'x')));
+}
+
+TEST(ViewsTest, WorkersAndCheckpointsTables) {
+  v1::Worker w;
+  w.set_id("worker-1");
+  w.set_address("127.0.0.1");
+  w.set_state(v1::READY);
+  w.set_slots(4);
+  w.set_slots_used(1);
+  w.set_last_seen_unix_ms(1'700'000'000'000);
+  EXPECT_EQ(WorkersTable({w}, absl::FromUnixMillis(1'700'000'002'000)),
+            "ID        ADDRESS    STATE  SLOTS  GPUS  LAST SEEN\n"
+            "worker-1  127.0.0.1  READY  1/4    0/0   2s ago\n");
+  v1::Checkpoint c;
+  c.set_step(200);
+  c.set_size_bytes(1536);
+  c.set_created_unix_ms(1'700'000'000'000);
+  c.set_uri("file:///ck/j-1/step-000000000200");
+  EXPECT_EQ(CheckpointsTable({c}, absl::UTCTimeZone()),
+            "STEP  TIME                       SIZE     URI\n"
+            "200   2023-11-14T22:13:20+00:00  1.5 KiB  file:///ck/j-1/step-000000000200\n");
+}
+
+TEST(ViewsTest, DescribeShowsTasksAndEvents) {
+  v1::Job job;
+  job.set_id("j-1");
+  job.set_state(v1::FAILED);
+  job.set_reason("rank 0 exited with code 2");
+  job.set_generation(2);
+  job.set_committed_step(-1);
+  v1::TaskInfo* task = job.add_tasks();
+  task->set_rank(0);
+  task->set_generation(2);
+  task->set_worker_id("worker-1");
+  task->set_state(v1::TASK_EXITED);
+  task->set_exit_code(2);
+  task->set_message("optimizer.lr: must be > 0");
+  v1::JobEvent* event = job.add_events();
+  event->set_time_unix_ms(1'700'000'000'000);
+  event->set_from(v1::RUNNING);
+  event->set_to(v1::FAILED);
+  event->set_reason("rank 0 exited with code 2");
+  const std::string text = DescribeJob(job, absl::UTCTimeZone());
+  EXPECT_THAT(text, HasSubstr("State:            FAILED"));
+  EXPECT_THAT(text, HasSubstr("Committed step:   -"));
+  EXPECT_THAT(text, HasSubstr("0     2    worker-1  EXITED  2     optimizer.lr: must be > 0"));
+  EXPECT_THAT(text,
+              HasSubstr("2023-11-14T22:13:20+00:00  RUNNING -> FAILED: rank 0 exited with code 2"));
+}
+
+TEST(ViewsTest, StateLineNamesTheWorkers) {
+  v1::Job job;
+  job.set_state(v1::RUNNING);
+  job.set_generation(1);
+  for (const char* w : {"w2", "w1"}) {
+    v1::TaskInfo* t = job.add_tasks();
+    t->set_generation(1);
+    t->set_worker_id(w);
+  }
+  EXPECT_EQ(StateLine(job), "RUNNING on w1, w2");
+  job.set_state(v1::PENDING);
+  job.set_reason("waiting for 2 slots");
+  EXPECT_EQ(StateLine(job), "PENDING: waiting for 2 slots");
+}
+
+TEST(ViewsTest, SetResumeFromAddsOrReplaces) {
+  absl::StatusOr<std::string> out = SetResumeFrom("name: a\nmax_steps: 10\n", "j-9");
+  ASSERT_TRUE(out.ok()) << out.status();
+  YAML::Node node = YAML::Load(*out);
+  EXPECT_EQ(node["checkpoint"]["resume_from"].as<std::string>(), "j-9");
+  EXPECT_EQ(node["max_steps"].as<int>(), 10);
+  out = SetResumeFrom("checkpoint: {uri: /ck, resume_from: old}\n", "new");
+  ASSERT_TRUE(out.ok());
+  node = YAML::Load(*out);
+  EXPECT_EQ(node["checkpoint"]["resume_from"].as<std::string>(), "new");
+  EXPECT_EQ(node["checkpoint"]["uri"].as<std::string>(), "/ck");
+  EXPECT_EQ(SetResumeFrom("- a list\n", "x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetResumeFrom("a: [unclosed\n", "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ViewsTest, JsonIsProtobufJson) {
+  v1::Worker w;
+  w.set_id("worker-1");
+  w.set_slots(2);
+  const std::string json = ToJson(w);
+  EXPECT_THAT(json, HasSubstr("\"id\": \"worker-1\""));
+  EXPECT_THAT(json, HasSubstr("\"slots\": 2"));
+  EXPECT_THAT(json, Not(HasSubstr("slotsUsed")));
+}
+
+}  // namespace
+}  // namespace trainyard::cli

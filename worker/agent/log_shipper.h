@@ -1,0 +1,71 @@
+#ifndef TRAINYARD_WORKER_AGENT_LOG_SHIPPER_H_
+#define TRAINYARD_WORKER_AGENT_LOG_SHIPPER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace trainyard {
+
+// Where task logs go (the coordinator's ShipLogs). Implementations need not be thread-safe:
+// LogShipper calls them one at a time.
+class LogSink {
+ public:
+  virtual ~LogSink() = default;
+  // Sends `data`, found at byte `offset` of the task's log. Returns the offset the receiver
+  // wants next (offset + data.size() when it took everything). Errors: UNAVAILABLE and the like
+  // when it could not be delivered; the shipper retries later.
+  virtual absl::StatusOr<int64_t> Ship(const std::string& task_id, int64_t offset,
+                                       absl::string_view data) = 0;
+};
+
+// Sends the new bytes of each task's log file to a LogSink, in chunks of at most
+// kMaxChunkBytes, and follows the receiver's idea of the offset (after a coordinator restart it
+// may ask for everything again, or say it already has more). Thread-safe; calls block while the
+// sink is called.
+class LogShipper {
+ public:
+  static constexpr int64_t kMaxChunkBytes = 256 * 1024;
+
+  explicit LogShipper(LogSink& sink, int64_t max_chunk_bytes = kMaxChunkBytes);
+
+  // Starts following `path` for `task_id` from offset 0. Tracking a tracked task is a no-op.
+  void Track(const std::string& task_id, const std::string& path);
+  // Stops following a task.
+  void Untrack(const std::string& task_id);
+
+  // Ships what is new in every tracked log, one pass. Returns the first error met (other tasks
+  // are still tried).
+  absl::Status ShipAll();
+  // Ships the task's log until the receiver has every byte the file holds now. NOT_FOUND for an
+  // untracked task; the sink's error if it fails; ABORTED if the receiver makes no progress.
+  absl::Status Flush(const std::string& task_id);
+
+  // The offset the next chunk of the task starts at; -1 for an untracked task.
+  int64_t Offset(const std::string& task_id) const;
+
+ private:
+  struct Tracked {
+    std::string path;
+    int64_t offset = 0;
+  };
+  // Ships at most one chunk. Sets *done when there was nothing (more) to send.
+  absl::Status ShipOnce(const std::string& task_id, Tracked& tracked, bool* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  LogSink& sink_;
+  const int64_t max_chunk_bytes_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Tracked> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_AGENT_LOG_SHIPPER_H_

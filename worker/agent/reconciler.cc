@@ -1,0 +1,339 @@
+#include "worker/agent/reconciler.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/exit_codes.h"
+#include "common/log.h"
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+bool WriteFile(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return false;
+    out << data;
+    if (!out.flush()) return false;
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  return !ec;
+}
+
+// Whether /proc/<pid>/cmdline shows a trainyard-trainer.
+bool IsTrainerProcess(int64_t pid) {
+  const std::string cmdline = ReadSmallFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  // argv[0], or argv[1] when an interpreter runs a trainer script.
+  std::vector<absl::string_view> args = absl::StrSplit(cmdline, '\0');
+  for (size_t i = 0; i < args.size() && i < 2; ++i) {
+    if (absl::EndsWith(args[i], "trainyard-trainer")) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string TailLines(const std::string& path, int lines) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = size > 65536 ? size - 65536 : 0;
+  in.seekg(start);
+  std::string data(static_cast<size_t>(size - start), '\0');
+  in.read(data.data(), static_cast<std::streamsize>(data.size()));
+  while (!data.empty() && (data.back() == '\n' || data.back() == '\r')) data.pop_back();
+  if (data.empty()) return "";
+  std::vector<absl::string_view> all = absl::StrSplit(data, '\n');
+  const size_t first = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
+  return absl::StrJoin(all.begin() + first, all.end(), "\n");
+}
+
+Reconciler::Reconciler(ReconcilerOptions options, ProcessLauncher& launcher, const Clock& clock)
+    : options_(std::move(options)), launcher_(launcher), clock_(clock) {
+  absl::MutexLock lock(&mu_);
+  gpu_used_.assign(std::max(0, options_.gpus), false);
+}
+
+std::string Reconciler::TaskDir(const std::string& task_id) const {
+  return absl::StrCat(options_.work_dir, "/tasks/", task_id);
+}
+
+std::string Reconciler::LogPath(const std::string& task_id) const {
+  return TaskDir(task_id) + "/output.log";
+}
+
+int Reconciler::CleanUpLeftovers() {
+  int killed = 0;
+  std::error_code ec;
+  const fs::path tasks_dir = fs::path(options_.work_dir) / "tasks";
+  if (!fs::is_directory(tasks_dir, ec)) return 0;
+  absl::MutexLock lock(&mu_);
+  for (const fs::directory_entry& entry : fs::directory_iterator(tasks_dir, ec)) {
+    if (!entry.is_directory(ec)) continue;
+    const std::string task_id = entry.path().filename().string();
+    const std::string pid_text = ReadSmallFile((entry.path() / "pid").string());
+    int64_t pid = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(pid_text), &pid) || pid <= 0) continue;
+    from_disk_.insert(task_id);
+    if (!IsTrainerProcess(pid)) continue;
+    LogWarning("killing trainer of task ", task_id, " (pid ", pid,
+               ") left over from an earlier run of the agent");
+    kill(-static_cast<pid_t>(pid), SIGKILL);
+    kill(static_cast<pid_t>(pid), SIGKILL);
+    ++killed;
+  }
+  return killed;
+}
+
+std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desired) {
+  std::vector<v1::TaskStatus> changes;
+  absl::MutexLock lock(&mu_);
+  if (stopping_all_) return changes;
+  std::set<std::string> desired_ids;
+  for (const v1::Task& task : desired) desired_ids.insert(task.task_id());
+
+  for (auto it = records_.begin(); it != records_.end();) {
+    Record& record = it->second;
+    if (desired_ids.count(it->first) == 0) {
+      if (record.running && !record.stop_requested) RequestStop(record);
+      if (!record.running && record.sent) {
+        it = records_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+
+  for (const v1::Task& task : desired) {
+    const std::string& id = task.task_id();
+    if (seen_.count(id) > 0) continue;
+    seen_.insert(id);
+    if (from_disk_.count(id) > 0) {
+      Record& record = records_[id];
+      record.task = task;
+      v1::TaskStatus& status = record.status;
+      status.set_task_id(id);
+      status.set_job_id(task.job_id());
+      status.set_generation(task.generation());
+      status.set_rank(task.rank());
+      status.set_state(v1::TASK_EXITED);
+      status.set_signal(SIGKILL);
+      status.set_exit_code(128 + SIGKILL);
+      status.set_message("lost: the worker agent restarted while it ran");
+      changes.push_back(status);
+      continue;
+    }
+    changes.push_back(Start(task));
+  }
+  return changes;
+}
+
+v1::TaskStatus Reconciler::Start(const v1::Task& task) {
+  const std::string& id = task.task_id();
+  Record& record = records_[id];
+  record.task = task;
+  v1::TaskStatus& status = record.status;
+  status.set_task_id(id);
+  status.set_job_id(task.job_id());
+  status.set_generation(task.generation());
+  status.set_rank(task.rank());
+  auto fail = [&](const std::string& message) {
+    LogError("task ", id, " failed to start: ", message);
+    status.set_state(v1::TASK_FAILED_TO_START);
+    status.set_exit_code(127);
+    status.set_message(message);
+    return status;
+  };
+
+  const std::string dir = TaskDir(id);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fail(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  const std::string task_file = dir + "/task.pb";
+  if (!WriteFile(task_file, task.SerializeAsString())) {
+    return fail(absl::StrCat("cannot write ", task_file));
+  }
+
+  std::vector<int> gpus;
+  for (size_t i = 0; i < gpu_used_.size() && static_cast<int>(gpus.size()) < task.gpus(); ++i) {
+    if (!gpu_used_[i]) gpus.push_back(static_cast<int>(i));
+  }
+  if (static_cast<int>(gpus.size()) < task.gpus()) {
+    return fail(absl::StrCat("needs ", task.gpus(), " GPUs but only ", gpus.size(), " of ",
+                             gpu_used_.size(), " are free on this worker"));
+  }
+
+  SubprocessOptions launch;
+  launch.argv = {options_.trainer_path, "--task_file=" + task_file,
+                 "--coordinator=" + options_.coordinator};
+  launch.working_dir = dir;
+  launch.output_file = dir + "/output.log";
+  launch.env = {{"OMP_NUM_THREADS", absl::StrCat(task.slots() > 0 ? task.slots() : 1)},
+                {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ",")}};
+  absl::StatusOr<int64_t> pid = launcher_.Launch(launch);
+  if (!pid.ok()) return fail(std::string(pid.status().message()));
+
+  for (int gpu : gpus) gpu_used_[gpu] = true;
+  record.gpus = gpus;
+  record.running = true;
+  status.set_state(v1::TASK_RUNNING);
+  status.set_pid(*pid);
+  if (!WriteFile(dir + "/pid", absl::StrCat(*pid, "\n"))) {
+    LogWarning("cannot write the pid file of task ", id);
+  }
+  LogInfo("starting task ", id, " (pid ", *pid, ")",
+          gpus.empty() ? "" : absl::StrCat(" on GPUs ", absl::StrJoin(gpus, ",")));
+  return status;
+}
+
+void Reconciler::RequestStop(Record& record) {
+  record.stop_requested = true;
+  record.kill_deadline = clock_.Now() + options_.stop_grace_period;
+  LogInfo("stopping task ", record.task.task_id(), " (pid ", record.status.pid(), ")");
+  absl::Status status = launcher_.Signal(record.status.pid(), SIGTERM);
+  if (!status.ok())
+    LogWarning("cannot signal task ", record.task.task_id(), ": ", status.message());
+}
+
+std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& exit,
+                                    bool stopped) const {
+  std::string detail = std::string(absl::StripAsciiWhitespace(
+      ReadSmallFile(absl::StrCat(TaskDir(task_id), "/", kTerminationMessageFile))));
+  if (detail.empty() && !stopped) detail = TailLines(LogPath(task_id), 3);
+  std::string message;
+  if (stopped) {
+    message = absl::StrCat("stopped on request (", DescribeExit(exit), ")");
+  } else if (exit.signal != 0) {
+    message = DescribeExit(exit);
+  }
+  if (!detail.empty()) message = message.empty() ? detail : absl::StrCat(message, ": ", detail);
+  return message;
+}
+
+std::vector<v1::TaskStatus> Reconciler::Tick() {
+  struct Ended {
+    std::string task_id;
+    ExitInfo exit;
+  };
+  std::vector<Ended> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_.Now();
+    for (auto& [id, record] : records_) {
+      if (!record.running) continue;
+      absl::StatusOr<std::optional<ExitInfo>> exit = launcher_.PollExit(record.status.pid());
+      if (!exit.ok()) {
+        LogError("cannot wait for task ", id, ": ", exit.status().message());
+        ended.push_back({id, ExitInfo{-1, 0}});
+        continue;
+      }
+      if (exit->has_value()) {
+        ended.push_back({id, **exit});
+        continue;
+      }
+      if (record.stop_requested && !record.killed && now >= record.kill_deadline) {
+        LogWarning("task ", id, " did not stop within ",
+                   absl::FormatDuration(options_.stop_grace_period), "; sending SIGKILL");
+        record.killed = true;
+        absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
+        if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
+      }
+    }
+  }
+  if (ended.empty()) return {};
+  if (options_.before_exit_reported) {
+    for (const Ended& e : ended) options_.before_exit_reported(e.task_id);
+  }
+  std::vector<v1::TaskStatus> changes;
+  absl::MutexLock lock(&mu_);
+  for (const Ended& e : ended) {
+    auto it = records_.find(e.task_id);
+    if (it == records_.end()) continue;
+    Record& record = it->second;
+    record.running = false;
+    for (int gpu : record.gpus) gpu_used_[gpu] = false;
+    record.gpus.clear();
+    v1::TaskStatus& status = record.status;
+    const bool stopped = record.stop_requested && !record.agent_shutdown;
+    status.set_state(stopped ? v1::TASK_STOPPED : v1::TASK_EXITED);
+    status.set_exit_code(e.exit.exit_code);
+    status.set_signal(e.exit.signal);
+    std::string message = ExitMessage(e.task_id, e.exit, stopped);
+    if (record.agent_shutdown) {
+      message = absl::StrCat("stopped because the worker agent is shutting down (",
+                             DescribeExit(e.exit), ")", message.empty() ? "" : ": ", message);
+    }
+    status.set_message(message);
+    LogInfo("task ", e.task_id, " ", DescribeExit(e.exit),
+            stopped                 ? " (stopped on request)"
+            : record.agent_shutdown ? " (stopped for the agent's shutdown)"
+                                    : "");
+    changes.push_back(status);
+  }
+  return changes;
+}
+
+void Reconciler::StopAll() {
+  absl::MutexLock lock(&mu_);
+  stopping_all_ = true;
+  for (auto& [id, record] : records_) {
+    if (record.running && !record.stop_requested) {
+      record.agent_shutdown = true;
+      RequestStop(record);
+    }
+  }
+}
+
+std::vector<v1::TaskStatus> Reconciler::Statuses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::TaskStatus> statuses;
+  for (const auto& [id, record] : records_) statuses.push_back(record.status);
+  return statuses;
+}
+
+std::vector<v1::TaskStatus> Reconciler::StatusesForSync() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::TaskStatus> statuses;
+  for (auto& [id, record] : records_) {
+    if (!record.running) record.sent = true;
+    statuses.push_back(record.status);
+  }
+  return statuses;
+}
+
+int Reconciler::RunningCount() const {
+  absl::MutexLock lock(&mu_);
+  int running = 0;
+  for (const auto& [id, record] : records_) running += record.running;
+  return running;
+}
+
+int Reconciler::FreeGpus() const {
+  absl::MutexLock lock(&mu_);
+  int free = 0;
+  for (bool used : gpu_used_) free += !used;
+  return free;
+}
+
+}  // namespace trainyard

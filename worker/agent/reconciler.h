@@ -1,0 +1,121 @@
+#ifndef TRAINYARD_WORKER_AGENT_RECONCILER_H_
+#define TRAINYARD_WORKER_AGENT_RECONCILER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "worker/agent/process_launcher.h"
+
+namespace trainyard {
+
+struct ReconcilerOptions {
+  std::string work_dir;      // absolute; tasks live in {work_dir}/tasks/{task_id}/
+  std::string trainer_path;  // the trainyard-trainer executable
+  std::string coordinator;   // passed to trainers as --coordinator
+  int gpus = 0;              // local GPUs 0..gpus-1 handed out through CUDA_VISIBLE_DEVICES
+  absl::Duration stop_grace_period = absl::Seconds(10);  // SIGTERM, then SIGKILL after this
+  // Called (without locks held, from the thread calling Tick) for a task that has ended, before
+  // its final status becomes visible through Tick or Statuses: the agent ships the rest of the
+  // task's log here, so a reported exit always comes with its whole log.
+  std::function<void(const std::string& task_id)> before_exit_reported;
+};
+
+// The worker's task table: makes the set of running trainers match the coordinator's desired
+// tasks and tracks how each one ends.
+//
+// Task folder {work_dir}/tasks/{task_id}/ holds task.pb (binary trainyard.v1.Task), output.log
+// (the trainer's stdout and stderr), pid, and the trainer's termination-message if it wrote one.
+// A task id is started at most once in the life of a work_dir: one that ran before (even in an
+// earlier run of the agent) is never started again.
+//
+// Thread-safe. Apply forks from the calling thread, which must live as long as the agent (the
+// trainers die with that thread).
+class Reconciler {
+ public:
+  Reconciler(ReconcilerOptions options, ProcessLauncher& launcher, const Clock& clock);
+  Reconciler(const Reconciler&) = delete;
+  Reconciler& operator=(const Reconciler&) = delete;
+
+  // Looks for task folders of an earlier run of the agent: kills any trainer still running from
+  // one (its pid file names a live process whose command line is a trainyard-trainer) and
+  // remembers the task ids so they are never started again. Call once, before Apply. Returns the
+  // number of processes killed.
+  int CleanUpLeftovers();
+
+  // Starts each task of `desired` not seen before and asks each running task that is not in
+  // `desired` to stop (SIGTERM now, SIGKILL from Tick after the grace period). Tasks that ended
+  // and were included in a StatusesForSync() call are forgotten once no longer desired. Returns
+  // the statuses that changed (TASK_RUNNING, TASK_FAILED_TO_START, or TASK_EXITED for a desired
+  // task lost in an earlier run of the agent). Does nothing after StopAll.
+  std::vector<v1::TaskStatus> Apply(const std::vector<v1::Task>& desired);
+
+  // Reaps trainers that ended and sends SIGKILL to those past their grace period. Returns the
+  // final statuses of the tasks that ended (TASK_EXITED, or TASK_STOPPED for ones stopped on
+  // request). Non-blocking apart from the before_exit_reported hook.
+  std::vector<v1::TaskStatus> Tick();
+
+  // Stops every running task (SIGTERM, SIGKILL after the grace period) because the agent
+  // itself is going away, and refuses new ones. These tasks end as TASK_EXITED with the trainer's
+  // own exit code or signal (a trainer that saved and stopped exits with kExitPreempted), not as
+  // TASK_STOPPED, which means the coordinator asked for the stop.
+  void StopAll();
+
+  // The status of every task tracked: running ones and ended ones not yet forgotten.
+  std::vector<v1::TaskStatus> Statuses() const;
+  // The same, and marks ended tasks as sent to the coordinator (see Apply).
+  std::vector<v1::TaskStatus> StatusesForSync();
+
+  // Running trainers (including ones being stopped).
+  int RunningCount() const;
+  // Local GPUs not assigned to a running task.
+  int FreeGpus() const;
+
+  std::string TaskDir(const std::string& task_id) const;
+  std::string LogPath(const std::string& task_id) const;
+
+ private:
+  struct Record {
+    v1::Task task;
+    v1::TaskStatus status;
+    std::vector<int> gpus;
+    bool running = false;
+    bool stop_requested = false;
+    bool agent_shutdown = false;  // stopped by StopAll
+    bool killed = false;
+    absl::Time kill_deadline = absl::InfiniteFuture();
+    bool sent = false;  // ended, and included in a StatusesForSync result
+  };
+
+  v1::TaskStatus Start(const v1::Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RequestStop(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string ExitMessage(const std::string& task_id, const ExitInfo& exit, bool stopped) const;
+
+  // Fixed at construction.
+  const ReconcilerOptions options_;
+  ProcessLauncher& launcher_;
+  const Clock& clock_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Record> records_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> seen_ ABSL_GUARDED_BY(mu_);       // every task id ever started
+  std::set<std::string> from_disk_ ABSL_GUARDED_BY(mu_);  // ran in an earlier agent run
+  std::vector<bool> gpu_used_ ABSL_GUARDED_BY(mu_);
+  bool stopping_all_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The last `lines` lines of the file at `path` (reading at most its last 64 KiB), without the
+// final newline; empty if it cannot be read.
+std::string TailLines(const std::string& path, int lines);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_AGENT_RECONCILER_H_
