@@ -1,0 +1,421 @@
+// Runs the real trainyard-trainer binary in standalone mode (no coordinator), in a temporary
+// task folder, as the worker agent would.
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainyard/v1/agent_service.grpc.pb.h"
+#include "trainyard/v1/agent_service.pb.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+// Temporary folders, removed when the test program ends.
+std::vector<std::string>& TempDirs() {
+  static auto* const dirs = new std::vector<std::string>();
+  return *dirs;
+}
+
+class RemoveTempDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const std::string& dir : TempDirs()) std::filesystem::remove_all(dir);
+  }
+};
+::testing::Environment* const kRemoveTempDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
+
+std::string MakeTempDir() {
+  std::string pattern = ::testing::TempDir() + "trainer_binary_test.XXXXXX";
+  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+  TempDirs().push_back(pattern);
+  return pattern;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : fallback;
+}
+
+std::string TrainerPath() { return EnvOr("TRAINYARD_BIN_DIR", ".") + "/trainyard-trainer"; }
+std::string SourceDir() { return EnvOr("TRAINYARD_SOURCE_DIR", "."); }
+
+struct ProcessResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+};
+
+// Starts `argv` in `cwd` with stdout on a pipe and stderr passed through. If `on_line` is given,
+// it sees each stdout line as it arrives and may return true to send SIGTERM to the child.
+ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string& cwd,
+                         const std::function<bool(const std::string&)>& on_line = nullptr) {
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    if (chdir(cwd.c_str()) != 0) _exit(126);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  ProcessResult result;
+  std::string pending;
+  bool signalled = false;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buffer, sizeof(buffer))) > 0) {
+    result.out.append(buffer, n);
+    pending.append(buffer, n);
+    size_t newline;
+    while ((newline = pending.find('\n')) != std::string::npos) {
+      const std::string line = pending.substr(0, newline);
+      pending.erase(0, newline + 1);
+      if (on_line && !signalled && on_line(line)) {
+        kill(pid, SIGTERM);
+        signalled = true;
+      }
+    }
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+// Writes `task` to {dir}/task.pb and runs the trainer on it standalone.
+ProcessResult RunTrainer(const trainyard::v1::Task& task, const std::string& dir,
+                         const std::function<bool(const std::string&)>& on_line = nullptr,
+                         const std::string& coordinator = "") {
+  std::ofstream(dir + "/task.pb", std::ios::binary) << task.SerializeAsString();
+  std::vector<std::string> argv = {TrainerPath(), "--task_file=" + dir + "/task.pb"};
+  if (!coordinator.empty()) argv.push_back("--coordinator=" + coordinator);
+  return RunProcess(argv, dir, on_line);
+}
+
+// The trainer-facing half of AgentService: records reports, keeps the newest keep_last commits.
+class FakeAgentService final : public trainyard::v1::AgentService::Service {
+ public:
+  grpc::Status ReportProgress(grpc::ServerContext*,
+                              const trainyard::v1::ReportProgressRequest* request,
+                              trainyard::v1::ReportProgressResponse*) override {
+    absl::MutexLock lock(&mu_);
+    progress_.push_back(*request);
+    return grpc::Status::OK;
+  }
+  grpc::Status CommitCheckpoint(grpc::ServerContext*,
+                                const trainyard::v1::CommitCheckpointRequest* request,
+                                trainyard::v1::CommitCheckpointResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    commits_.push_back(*request);
+    live_.push_back(request->uri());
+    while (static_cast<int>(live_.size()) > request->keep_last()) {
+      response->add_retired_uris(live_.front());
+      live_.erase(live_.begin());
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportModel(grpc::ServerContext*, const trainyard::v1::ReportModelRequest* request,
+                           trainyard::v1::ReportModelResponse*) override {
+    absl::MutexLock lock(&mu_);
+    models_.push_back(*request);
+    return grpc::Status::OK;
+  }
+
+  absl::Mutex mu_;
+  std::vector<trainyard::v1::ReportProgressRequest> progress_ ABSL_GUARDED_BY(mu_);
+  std::vector<trainyard::v1::CommitCheckpointRequest> commits_ ABSL_GUARDED_BY(mu_);
+  std::vector<trainyard::v1::ReportModelRequest> models_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> live_ ABSL_GUARDED_BY(mu_);
+};
+
+struct FakeCoordinatorServer {
+  FakeAgentService service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  FakeCoordinatorServer() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  ~FakeCoordinatorServer() {
+    if (server != nullptr) server->Shutdown();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+trainyard::v1::Task BaseTask(const std::string& checkpoint_dir) {
+  trainyard::v1::Task task;
+  task.set_task_id("jobx.g1.r0");
+  task.set_job_id("jobx");
+  task.set_generation(1);
+  task.set_world_size(1);
+  task.set_slots(1);
+  task.set_checkpoint_uri("file://" + checkpoint_dir);
+  auto& spec = *task.mutable_spec();
+  spec.set_strategy(trainyard::v1::SINGLE);
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_model()->mutable_args()->add_hidden(16);
+  spec.set_batch_size(16);
+  spec.mutable_optimizer()->set_name("sgd");
+  spec.mutable_optimizer()->set_lr(0.1);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.set_loss("cross_entropy");
+  spec.set_seed(3);
+  return task;
+}
+
+std::vector<double> LossesOf(const std::string& out) {
+  static const std::regex kLine(
+      R"(^step=(\d+) total=(\d+) loss=([0-9.]+) lr=\S+ samples_per_s=[0-9.]+ epoch=\d+.*$)");
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    std::smatch m;
+    const std::string s(line);
+    if (std::regex_match(s, m, kLine)) losses.push_back(std::stod(m[3]));
+  }
+  return losses;
+}
+
+double MeanOfFirst(const std::vector<double>& v, size_t n) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += v[i];
+  return sum / static_cast<double>(n);
+}
+
+double MeanOfLast(const std::vector<double>& v, size_t n) {
+  double sum = 0;
+  for (size_t i = v.size() - n; i < v.size(); ++i) sum += v[i];
+  return sum / static_cast<double>(n);
+}
+
+TEST(TrainerBinaryTest, TrainsSyntheticDataStandalone) {
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  auto& spec = *task.mutable_spec();
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(320);
+  synthetic.set_features(6);
+  synthetic.set_classes(4);
+  synthetic.set_noise(0.4f);
+  spec.mutable_data()->set_validation_split(0.2f);
+  spec.set_max_steps(60);
+  spec.set_log_every_steps(1);
+  spec.mutable_checkpoint()->set_every_steps(25);
+  ProcessResult run = RunTrainer(task, dir);
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("start: model=mlp"));
+  EXPECT_THAT(run.out, ::testing::ContainsRegex(
+                           "step=20 total=60 loss=[0-9]+\\.[0-9]{8} lr=0\\.1 "
+                           "samples_per_s=[0-9]+\\.[0-9] epoch=1 val_accuracy=[01]\\.[0-9]{4}"));
+  const std::vector<double> losses = LossesOf(run.out);
+  ASSERT_EQ(losses.size(), 60u) << run.out;
+  EXPECT_LT(MeanOfLast(losses, 5), 0.5 * MeanOfFirst(losses, 5)) << run.out;
+  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000025/MANIFEST.json"));
+  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000050/MANIFEST.json"));
+  const std::string manifest = ReadFile(dir + "/ckpt/step-000000000060/MANIFEST.json");
+  EXPECT_THAT(manifest, HasSubstr("\"format\": \"trainyard-checkpoint/1\""));
+  EXPECT_THAT(manifest, HasSubstr("\"name\": \"optimizer.safetensors\""));
+  EXPECT_TRUE(FileExists(dir + "/ckpt/final/model.safetensors"));
+  EXPECT_FALSE(FileExists(dir + "/termination-message"));
+}
+
+TEST(TrainerBinaryTest, MissingDataExitsWithUserErrorAndMessage) {
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  const std::string pattern = dir + "/nothing-*.safetensors";
+  task.mutable_spec()->mutable_data()->set_train(pattern);
+  task.mutable_spec()->set_max_steps(10);
+  ProcessResult run = RunTrainer(task, dir);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_EQ(ReadFile(dir + "/termination-message"),
+            "data.train: no files match '" + pattern + "'\n");
+}
+
+TEST(TrainerBinaryTest, SigtermStopsAtAStepBoundaryWithACheckpoint) {
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  auto& spec = *task.mutable_spec();
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(64);
+  synthetic.set_features(4);
+  synthetic.set_classes(2);
+  spec.set_max_steps(100000000);
+  spec.set_log_every_steps(5);
+  ProcessResult run =
+      RunTrainer(task, dir, [](const std::string& line) { return line.rfind("step=5 ", 0) == 0; });
+  EXPECT_EQ(run.exit_code, 143) << run.out;
+  const std::string message = ReadFile(dir + "/termination-message");
+  static const std::regex kMessage(R"(stopped by SIGTERM at step (\d+)\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(message, m, kMessage)) << message;
+  const int step = std::stoi(m[1]);
+  EXPECT_GE(step, 5);
+  char folder[64];
+  std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d/MANIFEST.json", step);
+  EXPECT_TRUE(FileExists(dir + folder)) << folder;
+  EXPECT_FALSE(FileExists(dir + "/ckpt/final/model.safetensors"));
+}
+
+TEST(TrainerBinaryTest, TrainsATorchScriptModelOnSafetensorsFiles) {
+  const std::string dir = MakeTempDir();
+  const std::string python = "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch, numpy' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch and numpy";
+  }
+  ProcessResult data = RunProcess(
+      {python, SourceDir() + "/examples/write_dataset.py", "--out-dir", dir + "/data", "--samples",
+       "400", "--features", "10", "--classes", "3", "--files", "3", "--seed", "5"},
+      dir);
+  ASSERT_EQ(data.exit_code, 0) << data.out;
+  ProcessResult model = RunProcess(
+      {python, SourceDir() + "/examples/write_torchscript_model.py", "--out", dir + "/net.pt",
+       "--inputs", "10", "--hidden", "16", "--classes", "3", "--seed", "2"},
+      dir);
+  ASSERT_EQ(model.exit_code, 0) << model.out;
+
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  auto& spec = *task.mutable_spec();
+  spec.mutable_model()->set_torchscript("file://" + dir + "/net.pt");
+  spec.mutable_data()->set_train("file://" + dir + "/data/train-*.safetensors");
+  spec.mutable_data()->set_features("x");
+  spec.mutable_data()->set_labels("y");
+  spec.mutable_optimizer()->set_name("adam");
+  spec.mutable_optimizer()->set_lr(0.01);
+  spec.set_epochs(4);
+  spec.set_log_every_steps(1);
+  ProcessResult run = RunTrainer(task, dir);
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("start: model=torchscript"));
+  EXPECT_THAT(run.out, HasSubstr("step=100 total=100 "));  // 400 / 16 = 25 steps per epoch
+  const std::vector<double> losses = LossesOf(run.out);
+  ASSERT_EQ(losses.size(), 100u);
+  EXPECT_LT(MeanOfLast(losses, 5), 0.5 * MeanOfFirst(losses, 5)) << run.out;
+  EXPECT_TRUE(FileExists(dir + "/ckpt/final/model.pt"));
+  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000100/MANIFEST.json"));
+
+  // A module whose input width does not fit the data, and a file that is no module at all, are
+  // user errors named in the termination message.
+  ProcessResult narrow =
+      RunProcess({python, SourceDir() + "/examples/write_torchscript_model.py", "--out",
+                  dir + "/narrow.pt", "--inputs", "7", "--hidden", "4", "--classes", "3"},
+                 dir);
+  ASSERT_EQ(narrow.exit_code, 0) << narrow.out;
+  spec.mutable_model()->set_torchscript(dir + "/narrow.pt");
+  task.set_checkpoint_uri("file://" + dir + "/ckpt2");
+  run = RunTrainer(task, dir);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(ReadFile(dir + "/termination-message"),
+              ::testing::StartsWith("model: forward() fails on the data:"));
+  std::ofstream(dir + "/junk.pt") << "not a module";
+  spec.mutable_model()->set_torchscript("file://" + dir + "/junk.pt");
+  run = RunTrainer(task, dir);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(ReadFile(dir + "/termination-message"),
+              ::testing::StartsWith("model.torchscript: cannot load 'file://" + dir + "/junk.pt'"));
+}
+
+TEST(TrainerBinaryTest, ReportsToTheCoordinatorAndDeletesRetiredCheckpoints) {
+  FakeCoordinatorServer coordinator;
+  ASSERT_NE(coordinator.server, nullptr);
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  task.set_generation(3);
+  auto& spec = *task.mutable_spec();
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(64);
+  synthetic.set_features(4);
+  synthetic.set_classes(2);
+  spec.set_max_steps(40);
+  spec.mutable_checkpoint()->set_every_steps(10);
+  spec.mutable_checkpoint()->set_keep_last(2);
+  ProcessResult run = RunTrainer(task, dir, nullptr, coordinator.address());
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+
+  absl::MutexLock lock(&coordinator.service.mu_);
+  const auto& commits = coordinator.service.commits_;
+  ASSERT_EQ(commits.size(), 4u);
+  for (size_t i = 0; i < commits.size(); ++i) {
+    EXPECT_EQ(commits[i].job_id(), "jobx");
+    EXPECT_EQ(commits[i].generation(), 3);
+    EXPECT_EQ(commits[i].step(), 10 * static_cast<int64_t>(i + 1));
+    EXPECT_EQ(commits[i].keep_last(), 2);
+    EXPECT_GT(commits[i].size_bytes(), 0);
+  }
+  EXPECT_EQ(commits[3].uri(), "file://" + dir + "/ckpt/step-000000000040");
+  EXPECT_FALSE(FileExists(dir + "/ckpt/step-000000000010/model.safetensors"));
+  EXPECT_FALSE(FileExists(dir + "/ckpt/step-000000000020/MANIFEST.json"));
+  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000030/MANIFEST.json"));
+  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000040/MANIFEST.json"));
+
+  const auto& progress = coordinator.service.progress_;
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back().job_id(), "jobx");
+  EXPECT_EQ(progress.back().generation(), 3);
+  EXPECT_EQ(progress.back().progress().step(), 40);
+  EXPECT_EQ(progress.back().progress().total_steps(), 40);
+  EXPECT_GT(progress.back().progress().loss(), 0);
+  ASSERT_EQ(coordinator.service.models_.size(), 1u);
+  EXPECT_EQ(coordinator.service.models_[0].uri(),
+            "file://" + dir + "/ckpt/final/model.safetensors");
+}
+
+TEST(TrainerBinaryTest, UnreachableCoordinatorAtTheEndIsAnInfrastructureError) {
+  std::string address;
+  {
+    FakeCoordinatorServer gone;  // a port that nothing listens on once it shuts down
+    address = gone.address();
+  }
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  auto& synthetic = *task.mutable_spec()->mutable_data()->mutable_synthetic();
+  synthetic.set_samples(64);
+  synthetic.set_features(4);
+  synthetic.set_classes(2);
+  task.mutable_spec()->set_max_steps(5);
+  ProcessResult run = RunTrainer(task, dir, nullptr, address);
+  EXPECT_EQ(run.exit_code, 3) << run.out;
+  EXPECT_THAT(ReadFile(dir + "/termination-message"), HasSubstr("checkpoint commit of step 5"));
+  // The checkpoint itself was written; only its commit failed.
+  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000005/MANIFEST.json"));
+}
+
+}  // namespace

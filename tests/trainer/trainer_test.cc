@@ -1,0 +1,622 @@
+// Unit tests of the training runtime: tensors <-> safetensors, data, schedules, optimizers,
+// checkpoints and exact resume. Everything runs in-process on tiny models.
+
+#include "worker/trainer/trainer.h"
+
+#include <stdlib.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/object_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/trainer/checkpoint.h"
+#include "worker/trainer/coordinator_client.h"
+#include "worker/trainer/data.h"
+#include "worker/trainer/errors.h"
+#include "worker/trainer/model.h"
+#include "worker/trainer/schedule.h"
+
+namespace trainyard::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Temporary folders, removed when the test program ends.
+std::vector<std::string>& TempDirs() {
+  static auto* const dirs = new std::vector<std::string>();
+  return *dirs;
+}
+
+class RemoveTempDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const std::string& dir : TempDirs()) std::filesystem::remove_all(dir);
+  }
+};
+::testing::Environment* const kRemoveTempDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
+
+std::string MakeTempDir() {
+  std::string pattern = ::testing::TempDir() + "trainer_test.XXXXXX";
+  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+  TempDirs().push_back(pattern);
+  return pattern;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+// Records what a trainer reports; retires every committed checkpoint but the newest keep_last.
+class FakeCoordinator final : public CoordinatorClient {
+ public:
+  explicit FakeCoordinator(int keep_last) : keep_last_(keep_last) {}
+
+  absl::Status ReportProgress(const trainyard::v1::JobProgress& progress) override {
+    absl::MutexLock lock(&mu_);
+    progress_.push_back(progress);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, const std::string& uri,
+                                                            int64_t size_bytes) override {
+    absl::MutexLock lock(&mu_);
+    committed_.push_back({step, uri});
+    std::vector<std::string> retired;
+    while (static_cast<int>(committed_.size() - retired_count_) > keep_last_) {
+      retired.push_back(committed_[retired_count_++].second);
+    }
+    return retired;
+  }
+  absl::Status ReportModel(const std::string& uri) override {
+    absl::MutexLock lock(&mu_);
+    model_uri_ = uri;
+    return absl::OkStatus();
+  }
+
+  std::vector<std::pair<int64_t, std::string>> committed() {
+    absl::MutexLock lock(&mu_);
+    return committed_;
+  }
+  std::vector<trainyard::v1::JobProgress> progress() {
+    absl::MutexLock lock(&mu_);
+    return progress_;
+  }
+  std::string model_uri() {
+    absl::MutexLock lock(&mu_);
+    return model_uri_;
+  }
+
+ private:
+  const int keep_last_;
+  absl::Mutex mu_;
+  std::vector<std::pair<int64_t, std::string>> committed_ ABSL_GUARDED_BY(mu_);
+  size_t retired_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<trainyard::v1::JobProgress> progress_ ABSL_GUARDED_BY(mu_);
+  std::string model_uri_ ABSL_GUARDED_BY(mu_);
+};
+
+// A small synthetic classification task for the in-process runs.
+trainyard::v1::Task SyntheticTask(const std::string& checkpoint_dir, int64_t max_steps) {
+  trainyard::v1::Task task;
+  task.set_task_id("job1.g1.r0");
+  task.set_job_id("job1");
+  task.set_generation(1);
+  task.set_world_size(1);
+  task.set_slots(1);
+  if (!checkpoint_dir.empty()) task.set_checkpoint_uri("file://" + checkpoint_dir);
+  auto& spec = *task.mutable_spec();
+  spec.set_strategy(trainyard::v1::SINGLE);
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_model()->mutable_args()->add_hidden(16);
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(240);
+  synthetic.set_features(8);
+  synthetic.set_classes(3);
+  synthetic.set_noise(0.5);
+  spec.mutable_data()->set_validation_split(0.25);
+  spec.set_batch_size(16);
+  spec.mutable_optimizer()->set_name("adam");
+  spec.mutable_optimizer()->set_lr(0.01);
+  spec.set_loss("cross_entropy");
+  spec.set_max_steps(max_steps);
+  spec.set_seed(7);
+  spec.set_log_every_steps(1000);
+  return task;
+}
+
+TrainerOptions QuietOptions() {
+  TrainerOptions options;
+  options.print_line = [](const std::string&) {};
+  return options;
+}
+
+std::map<std::string, torch::Tensor> ReadModelTensors(const std::string& step_dir) {
+  absl::StatusOr<std::map<std::string, torch::Tensor>> tensors =
+      DecodeTensors(ReadFile(step_dir + "/model.safetensors"));
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  return tensors.ok() ? *tensors : std::map<std::string, torch::Tensor>{};
+}
+
+void ExpectSameTensors(const std::map<std::string, torch::Tensor>& a,
+                       const std::map<std::string, torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+  }
+}
+
+// ---- safetensors <-> torch ----
+
+TEST(TensorsTest, RoundTripKeepsDtypeShapeAndBytes) {
+  NamedTensors tensors = {
+      {"f32", torch::randn({3, 4})},
+      {"f64", torch::randn({2}, torch::kFloat64)},
+      {"i64", torch::arange(6, torch::kInt64).reshape({2, 3})},
+      {"i32", torch::arange(5, torch::kInt32)},
+      {"u8", torch::arange(4, torch::kUInt8)},
+      {"bf16", torch::randn({5}).to(torch::kBFloat16)},
+      {"strided", torch::randn({4, 4}).t()},  // not contiguous
+  };
+  absl::StatusOr<std::string> bytes = EncodeTensors(tensors, {{"k", "v"}});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  std::map<std::string, std::string> metadata;
+  absl::StatusOr<std::map<std::string, torch::Tensor>> decoded = DecodeTensors(*bytes, &metadata);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(metadata["k"], "v");
+  ASSERT_EQ(decoded->size(), tensors.size());
+  for (const auto& [name, t] : tensors) {
+    const torch::Tensor& d = decoded->at(name);
+    EXPECT_EQ(d.scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(d, t)) << name;
+  }
+}
+
+TEST(TensorsTest, UnknownDtypeIsInvalidArgument) {
+  TensorView view{"t", "C64", {1}, absl::string_view("12345678", 8)};
+  EXPECT_EQ(TensorFromView(view).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeTensors({{"c", torch::zeros({2}, torch::kComplexFloat)}}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---- data ----
+
+TEST(DataTest, SyntheticIsDeterministicPerSeed) {
+  trainyard::v1::SyntheticData spec;
+  spec.set_samples(50);
+  spec.set_features(6);
+  spec.set_classes(4);
+  spec.set_noise(0.3f);
+  absl::StatusOr<Dataset> a = MakeSyntheticDataset(spec, 11);
+  absl::StatusOr<Dataset> b = MakeSyntheticDataset(spec, 11);
+  absl::StatusOr<Dataset> c = MakeSyntheticDataset(spec, 12);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_EQ(a->features.sizes(), (std::vector<int64_t>{50, 6}));
+  EXPECT_EQ(std::memcmp(a->features.data_ptr(), b->features.data_ptr(), a->features.nbytes()), 0);
+  EXPECT_TRUE(torch::equal(a->labels, b->labels));
+  EXPECT_FALSE(torch::equal(a->features, c->features));
+  EXPECT_EQ(a->OutputWidth(), 4);
+  EXPECT_EQ(a->labels.max().item<int64_t>(), 3);
+
+  spec.set_classes(1);
+  absl::StatusOr<Dataset> bad = MakeSyntheticDataset(spec, 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("data.synthetic.classes"));
+}
+
+TEST(DataTest, StepPlanDropsTheLastPartialBatch) {
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(8);
+  spec.set_epochs(3);
+  absl::StatusOr<StepPlan> plan = PlanSteps(spec, 30, 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->steps_per_epoch, 3);
+  EXPECT_EQ(plan->total_steps, 9);
+  spec.set_max_steps(5);
+  EXPECT_EQ(PlanSteps(spec, 30, 1)->total_steps, 5);
+  spec.set_max_steps(100);
+  EXPECT_EQ(PlanSteps(spec, 30, 1)->total_steps, 9);
+  spec.set_batch_size(31);
+  EXPECT_EQ(PlanSteps(spec, 30, 1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DataTest, OrderIsDeterministicAndCoversEachEpoch) {
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_epochs(2);
+  const StepPlan plan = *PlanSteps(spec, 10, 1);  // 2 steps per epoch, samples 8..9 dropped
+  DataOrder a(plan, 5, /*shuffle=*/true);
+  DataOrder b(plan, 5, /*shuffle=*/true);
+  std::vector<int64_t> epoch0, epoch1;
+  for (int64_t step = 0; step < 4; ++step) {
+    std::vector<int64_t> batch = a.GlobalBatch(step);
+    EXPECT_EQ(batch, b.GlobalBatch(step));
+    ASSERT_EQ(batch.size(), 4u);
+    auto& epoch = step < 2 ? epoch0 : epoch1;
+    epoch.insert(epoch.end(), batch.begin(), batch.end());
+  }
+  // Each epoch takes 8 distinct samples of its own permutation.
+  EXPECT_EQ(std::set<int64_t>(epoch0.begin(), epoch0.end()).size(), 8u);
+  EXPECT_NE(epoch0, epoch1);
+  const std::vector<int64_t> perm = EpochOrder(10, 5, 1, true);
+  EXPECT_EQ(std::vector<int64_t>(perm.begin(), perm.begin() + 8), epoch1);
+  // Out-of-order access gives the same batches (resume from any step).
+  DataOrder c(plan, 5, true);
+  EXPECT_EQ(c.GlobalBatch(3), b.GlobalBatch(3));
+  EXPECT_EQ(c.GlobalBatch(0), a.GlobalBatch(0));
+
+  DataOrder plain(plan, 5, /*shuffle=*/false);
+  EXPECT_EQ(plain.GlobalBatch(1), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(plain.GlobalBatch(2), (std::vector<int64_t>{0, 1, 2, 3}));
+  // Ranks take contiguous slices of the global batch.
+  EXPECT_EQ(plain.RankBatch(1, 0, 2), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(plain.RankBatch(1, 1, 2), (std::vector<int64_t>{6, 7}));
+}
+
+TEST(DataTest, PrefetcherYieldsTheBatchesOfEachStepInOrder) {
+  trainyard::v1::SyntheticData synthetic;
+  synthetic.set_samples(40);
+  synthetic.set_features(3);
+  synthetic.set_classes(2);
+  Dataset data = *MakeSyntheticDataset(synthetic, 3);
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(8);
+  spec.set_max_steps(12);
+  const StepPlan plan = *PlanSteps(spec, 40, 1);
+  DataOrder order(plan, 9, true);
+  BatchPrefetcher prefetcher(data, plan, 9, true, 0, 1, /*first_step=*/4, /*end_step=*/12, 2);
+  for (int64_t step = 4; step < 12; ++step) {
+    std::optional<Batch> batch = prefetcher.Next();
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_EQ(batch->step, step);
+    std::vector<int64_t> idx = order.GlobalBatch(step);
+    torch::Tensor index = torch::tensor(idx, torch::kInt64);
+    EXPECT_TRUE(torch::equal(batch->features, data.features.index_select(0, index)));
+    EXPECT_TRUE(torch::equal(batch->labels, data.labels.index_select(0, index)));
+  }
+  EXPECT_FALSE(prefetcher.Next().has_value());
+}
+
+TEST(DataTest, LoadsFilesInSortedOrderAndNamesBadFields) {
+  const std::string dir = MakeTempDir();
+  auto write = [&](const std::string& name, int64_t first, int64_t n) {
+    NamedTensors t = {
+        {"feat", torch::arange(first * 2, (first + n) * 2, torch::kInt32).reshape({n, 2})},
+        {"lab", torch::arange(first, first + n, torch::kInt64).remainder(3)}};
+    WriteFile(dir + "/" + name, *EncodeTensors(t, {}));
+  };
+  write("part-b.safetensors", 3, 2);
+  write("part-a.safetensors", 0, 3);
+  trainyard::v1::DataSpec spec;
+  spec.set_train("file://" + dir + "/part-*.safetensors");
+  spec.set_features("feat");
+  spec.set_labels("lab");
+  absl::StatusOr<Dataset> data = LoadDataset(spec, 0, true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->features.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(data->features, torch::arange(0, 10, torch::kFloat32).reshape({5, 2})));
+  EXPECT_EQ(data->labels.scalar_type(), torch::kInt64);
+
+  spec.set_features("nope");
+  absl::Status status = LoadDataset(spec, 0, true).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("data.features: tensor 'nope' not in " + dir + "/part-a.safetensors"));
+
+  spec.set_train(dir + "/missing-*.safetensors");
+  status = LoadDataset(spec, 0, true).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(status.message(), "data.train: no files match '" + dir + "/missing-*.safetensors'");
+  EXPECT_EQ(ExitCodeForStatus(status), 2);
+
+  absl::StatusOr<SplitDataset> split = SplitValidation(*data, 0.4);
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->train.size(), 3);
+  EXPECT_EQ(split->validation.size(), 2);
+  EXPECT_TRUE(torch::equal(split->validation.features, data->features.narrow(0, 3, 2)));
+}
+
+// ---- schedules and optimizers ----
+
+TEST(ScheduleTest, CosineWarmsUpLinearlyThenDecaysToMinLr) {
+  trainyard::v1::OptimizerSpec spec;
+  spec.set_lr(0.1);
+  spec.mutable_schedule()->set_name("cosine");
+  spec.mutable_schedule()->set_warmup_steps(10);
+  spec.mutable_schedule()->set_min_lr(0.001);
+  EXPECT_DOUBLE_EQ(LearningRateAt(spec, 0, 110), 0.01);
+  EXPECT_DOUBLE_EQ(LearningRateAt(spec, 4, 110), 0.05);
+  EXPECT_DOUBLE_EQ(LearningRateAt(spec, 9, 110), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRateAt(spec, 10, 110), 0.1);
+  EXPECT_NEAR(LearningRateAt(spec, 60, 110), (0.1 + 0.001) / 2, 1e-12);
+  EXPECT_NEAR(LearningRateAt(spec, 110, 110), 0.001, 1e-12);
+  EXPECT_GT(LearningRateAt(spec, 109, 110), 0.001);
+  spec.mutable_schedule()->set_name("constant");
+  EXPECT_DOUBLE_EQ(LearningRateAt(spec, 60, 110), 0.1);
+}
+
+TEST(OptimizerTest, EachOptimizerStepsAndKeepsItsState) {
+  struct Case {
+    std::string name;
+    double momentum;
+    bool nesterov;
+    std::vector<std::string> fields;
+  };
+  const std::vector<Case> cases = {
+      {"sgd", 0, false, {}},
+      {"sgd", 0.9, true, {"momentum_buffer"}},
+      {"adam", 0, false, {"exp_avg", "exp_avg_sq", "step"}},
+      {"adamw", 0, false, {"exp_avg", "exp_avg_sq", "step"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    trainyard::v1::ModelSpec model_spec;
+    model_spec.set_builtin("mlp");
+    std::unique_ptr<Model> model = *BuildModel(model_spec, 1, 4, 2);
+    NamedTensors params = model->NamedParameters();
+    std::vector<torch::Tensor> tensors;
+    for (auto& [n, p] : params) tensors.push_back(p);
+    trainyard::v1::OptimizerSpec spec;
+    spec.set_name(c.name);
+    spec.set_lr(0.1);
+    spec.set_momentum(c.momentum);
+    spec.set_nesterov(c.nesterov);
+    spec.set_weight_decay(0.01);
+    absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
+        BuildOptimizer(spec, tensors);
+    ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+    const torch::Tensor before = params[0].second.detach().clone();
+    (*optimizer)->zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        model->Forward(torch::randn({5, 4})), torch::tensor({0, 1, 0, 1, 1}, torch::kInt64));
+    loss.backward();
+    (*optimizer)->step();
+    EXPECT_FALSE(torch::equal(before, params[0].second));
+    NamedTensors state = OptimizerStateTensors(**optimizer, params);
+    EXPECT_EQ(state.size(), params.size() * c.fields.size());
+    for (const std::string& field : c.fields) {
+      bool found = false;
+      for (auto& [key, t] : state) found |= key == params[0].first + "." + field;
+      EXPECT_TRUE(found) << field;
+    }
+  }
+  trainyard::v1::OptimizerSpec bad;
+  bad.set_name("lion");
+  bad.set_lr(0.1);
+  EXPECT_EQ(BuildOptimizer(bad, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- checkpoints ----
+
+TEST(CheckpointTest, SaveAndReadRestoresModelOptimizerAndStepExactly) {
+  const std::string dir = MakeTempDir();
+  trainyard::v1::ModelSpec model_spec;
+  model_spec.set_builtin("mlp");
+  model_spec.mutable_args()->add_hidden(5);
+  std::unique_ptr<Model> model = *BuildModel(model_spec, 3, 4, 3);
+  NamedTensors params = model->NamedParameters();
+  std::vector<torch::Tensor> tensors;
+  for (auto& [n, p] : params) tensors.push_back(p);
+  trainyard::v1::OptimizerSpec spec;
+  spec.set_name("adamw");
+  spec.set_lr(0.01);
+  std::unique_ptr<torch::optim::Optimizer> optimizer = *BuildOptimizer(spec, tensors);
+  for (int i = 0; i < 3; ++i) {
+    optimizer->zero_grad();
+    model->Forward(torch::randn({6, 4})).pow(2).sum().backward();
+    optimizer->step();
+  }
+  CheckpointData data;
+  for (auto& [n, p] : params) data.model.emplace_back(n, p.detach().clone());
+  data.optimizer = OptimizerStateTensors(*optimizer, params);
+  data.optimizer_name = "adamw";
+  data.state.job_id = "j";
+  data.state.generation = 2;
+  data.state.step = 3;
+  data.state.data_cursor = 24;
+  data.state.torch_rng_state = TorchRngState();
+  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  FakeCoordinator coordinator(/*keep_last=*/5);
+  {
+    Checkpointer checkpointer(store.get(), &coordinator, RealClock::Get(),
+                              {"file://" + dir, 2, absl::Milliseconds(1)});
+    checkpointer.SaveAsync(data);
+    ASSERT_TRUE(checkpointer.Wait().ok());
+    EXPECT_EQ(checkpointer.last_saved_step(), 3);
+  }
+  const std::string step_uri = CheckpointStepUri("file://" + dir, 3);
+  EXPECT_EQ(step_uri, "file://" + dir + "/step-000000000003");
+  ASSERT_EQ(coordinator.committed().size(), 1u);
+  EXPECT_EQ(coordinator.committed()[0].second, step_uri);
+
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(*store, step_uri);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 3);
+  EXPECT_EQ(loaded->state.generation, 2);
+  EXPECT_EQ(loaded->state.data_cursor, 24);
+  EXPECT_EQ(loaded->optimizer_name, "adamw");
+  std::map<std::string, torch::Tensor> expected(data.model.begin(), data.model.end());
+  ExpectSameTensors(loaded->model, expected);
+
+  // Into a fresh optimizer over fresh parameters: identical state tensors and step count.
+  std::unique_ptr<Model> model2 = *BuildModel(model_spec, 99, 4, 3);
+  NamedTensors params2 = model2->NamedParameters();
+  std::vector<torch::Tensor> tensors2;
+  for (auto& [n, p] : params2) tensors2.push_back(p);
+  std::unique_ptr<torch::optim::Optimizer> optimizer2 = *BuildOptimizer(spec, tensors2);
+  ASSERT_TRUE(CheckOptimizerState(*optimizer2, params2, loaded->optimizer).ok());
+  LoadOptimizerState(*optimizer2, params2, loaded->optimizer);
+  NamedTensors state1 = OptimizerStateTensors(*optimizer, params);
+  NamedTensors state2 = OptimizerStateTensors(*optimizer2, params2);
+  ASSERT_EQ(state1.size(), state2.size());
+  for (size_t i = 0; i < state1.size(); ++i) {
+    EXPECT_EQ(state1[i].first, state2[i].first);
+    EXPECT_TRUE(torch::equal(state1[i].second, state2[i].second)) << state1[i].first;
+  }
+
+  // A flipped byte is caught by the hash check.
+  const std::string model_path = dir + "/step-000000000003/model.safetensors";
+  std::string bytes = ReadFile(model_path);
+  bytes[bytes.size() - 1] ^= 0x01;
+  WriteFile(model_path, bytes);
+  EXPECT_EQ(ReadCheckpoint(*store, step_uri).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(CheckpointTest, CommitRetiresOldCheckpoints) {
+  const std::string dir = MakeTempDir();
+  FakeCoordinator coordinator(/*keep_last=*/2);
+  trainyard::v1::Task task = SyntheticTask(dir, 40);
+  task.mutable_spec()->mutable_checkpoint()->set_every_steps(10);
+  TrainerOptions options = QuietOptions();
+  options.coordinator = &coordinator;
+  options.report_interval = absl::ZeroDuration();
+  absl::StatusOr<TrainResult> result = RunTrainer(task, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const auto committed = coordinator.committed();
+  ASSERT_EQ(committed.size(), 4u);
+  EXPECT_EQ(committed.back().first, 40);
+  // Steps 10 and 20 were retired and their objects deleted; 30 and 40 remain.
+  EXPECT_FALSE(FileExists(dir + "/step-000000000010/MANIFEST.json"));
+  EXPECT_FALSE(FileExists(dir + "/step-000000000020/model.safetensors"));
+  EXPECT_TRUE(FileExists(dir + "/step-000000000030/MANIFEST.json"));
+  EXPECT_TRUE(FileExists(dir + "/step-000000000040/MANIFEST.json"));
+  EXPECT_EQ(coordinator.model_uri(), "file://" + dir + "/final/model.safetensors");
+  EXPECT_TRUE(FileExists(dir + "/final/model.safetensors"));
+  ASSERT_FALSE(coordinator.progress().empty());
+  EXPECT_EQ(coordinator.progress().back().step(), 40);
+  EXPECT_EQ(coordinator.progress().back().total_steps(), 40);
+  EXPECT_TRUE(coordinator.progress().back().has_val_accuracy());
+}
+
+// ---- whole runs ----
+
+TEST(TrainerTest, MlpLearnsSyntheticData) {
+  trainyard::v1::Task task = SyntheticTask("", 100);
+  task.mutable_spec()->set_log_every_steps(25);
+  std::vector<std::string> lines;
+  TrainerOptions options;
+  options.print_line = [&lines](const std::string& line) { lines.push_back(line); };
+  absl::StatusOr<TrainResult> result = RunTrainer(task, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->step, 100);
+  EXPECT_LT(result->loss, 0.5 * result->first_loss);
+  ASSERT_TRUE(result->val_accuracy.has_value());
+  EXPECT_GT(*result->val_accuracy, 0.8);
+  // start line, four progress lines, end line
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_THAT(lines[0], HasSubstr("start: model=mlp"));
+  EXPECT_THAT(lines[1], ::testing::MatchesRegex(
+                            "step=25 total=100 loss=[0-9.]+ lr=0.01 samples_per_s=[0-9.]+ "
+                            "epoch=2 val_accuracy=[0-9.]+"));
+  EXPECT_THAT(lines[4], HasSubstr("step=100 total=100"));
+  EXPECT_THAT(lines[5], HasSubstr("done: step=100"));
+}
+
+TEST(TrainerTest, CnnTrains) {
+  trainyard::v1::Task task = SyntheticTask("", 5);
+  auto& model = *task.mutable_spec()->mutable_model();
+  model.set_builtin("cnn");
+  model.mutable_args()->clear_hidden();
+  model.mutable_args()->add_hidden(4);
+  model.mutable_args()->set_channels(2);
+  model.mutable_args()->set_height(2);
+  model.mutable_args()->set_width(2);
+  absl::StatusOr<TrainResult> result = RunTrainer(task, QuietOptions());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->step, 5);
+}
+
+TEST(TrainerTest, OtherStrategiesAreUnimplemented) {
+  trainyard::v1::Task task = SyntheticTask("", 5);
+  task.mutable_spec()->set_strategy(trainyard::v1::DATA_PARALLEL);
+  EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// 2N steps in one go equal N steps, a stop, a resume and N more, bit for bit; and a corrupted
+// newest checkpoint is skipped in favour of the previous one.
+TEST(TrainerTest, ResumeContinuesExactlyAndSkipsCorruptCheckpoints) {
+  constexpr int64_t kN = 12;
+  auto make_task = [](const std::string& dir) {
+    trainyard::v1::Task task = SyntheticTask(dir, 2 * kN);
+    auto& spec = *task.mutable_spec();
+    spec.mutable_model()->mutable_args()->set_dropout(0.2f);  // uses the torch generator
+    spec.mutable_optimizer()->set_name("adamw");
+    spec.mutable_optimizer()->mutable_schedule()->set_name("cosine");
+    spec.mutable_optimizer()->mutable_schedule()->set_warmup_steps(3);
+    spec.mutable_checkpoint()->set_every_steps(kN);
+    spec.set_batch_size(24);  // 7 steps per epoch: the run crosses epochs
+    return task;
+  };
+  const std::string dir_a = MakeTempDir(), dir_b = MakeTempDir(), dir_c = MakeTempDir(),
+                    dir_d = MakeTempDir();
+
+  absl::StatusOr<TrainResult> a = RunTrainer(make_task(dir_a), QuietOptions());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->step, 2 * kN);
+
+  std::atomic<int> stop{0};
+  TrainerOptions stop_options = QuietOptions();
+  stop_options.stop_signal = &stop;
+  stop_options.after_step = [&stop](int64_t step) {
+    if (step == kN) stop = 15;
+  };
+  absl::StatusOr<TrainResult> b = RunTrainer(make_task(dir_b), stop_options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->stopped);
+  EXPECT_EQ(b->step, kN);
+  EXPECT_TRUE(b->model_uri.empty());
+  ExpectSameTensors(ReadModelTensors(dir_a + "/step-000000000012"),
+                    ReadModelTensors(dir_b + "/step-000000000012"));
+
+  trainyard::v1::Task task_c = make_task(dir_c);
+  task_c.add_resume_checkpoints("file://" + dir_b + "/step-000000000012");
+  absl::StatusOr<TrainResult> c = RunTrainer(task_c, QuietOptions());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->start_step, kN);
+  EXPECT_EQ(c->step, 2 * kN);
+  EXPECT_EQ(c->loss, a->loss);
+  EXPECT_EQ(ReadFile(dir_c + "/final/model.safetensors"),
+            ReadFile(dir_a + "/final/model.safetensors"));
+  EXPECT_EQ(ReadFile(dir_c + "/step-000000000024/optimizer.safetensors"),
+            ReadFile(dir_a + "/step-000000000024/optimizer.safetensors"));
+
+  // Corrupt A's newest checkpoint: D falls back to step 12 and still ends where A ended.
+  const std::string newest = dir_a + "/step-000000000024/model.safetensors";
+  std::string bytes = ReadFile(newest);
+  bytes[bytes.size() / 2] ^= 0x20;
+  WriteFile(newest, bytes);
+  trainyard::v1::Task task_d = make_task(dir_d);
+  task_d.add_resume_checkpoints("file://" + dir_a + "/step-000000000024");
+  task_d.add_resume_checkpoints("file://" + dir_a + "/step-000000000012");
+  absl::StatusOr<TrainResult> d = RunTrainer(task_d, QuietOptions());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->resumed_from, "file://" + dir_a + "/step-000000000012");
+  EXPECT_EQ(d->start_step, kN);
+  EXPECT_EQ(ReadFile(dir_d + "/final/model.safetensors"),
+            ReadFile(dir_c + "/final/model.safetensors"));
+}
+
+}  // namespace
+}  // namespace trainyard::trainer

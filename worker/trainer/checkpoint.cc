@@ -1,0 +1,301 @@
+#include "worker/trainer/checkpoint.h"
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "common/uri.h"
+
+namespace trainyard::trainer {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kModelObject[] = "model.safetensors";
+constexpr char kOptimizerObject[] = "optimizer.safetensors";
+constexpr char kStateObject[] = "trainer_state.json";
+constexpr char kManifestObject[] = "MANIFEST.json";
+
+template <typename T>
+bool ReadField(const json& j, const char* key, T& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return false;
+  try {
+    out = it->get<T>();
+  } catch (const json::exception&) {
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeObject(
+    const std::string& name, std::string bytes, std::map<std::string, std::string>* metadata) {
+  absl::StatusOr<std::map<std::string, torch::Tensor>> tensors =
+      DecodeTensors(std::move(bytes), metadata);
+  if (!tensors.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", tensors.status().message()));
+  }
+  return tensors;
+}
+
+}  // namespace
+
+std::string EncodeTrainerState(const TrainerState& s) {
+  json j = {{"format", "trainyard-trainer-state/1"},
+            {"job_id", s.job_id},
+            {"generation", s.generation},
+            {"step", s.step},
+            {"epoch", s.epoch},
+            {"data_cursor", s.data_cursor},
+            {"world_size", s.world_size},
+            {"global_batch_size", s.global_batch_size},
+            {"total_steps", s.total_steps},
+            {"rng",
+             {{"torch_cpu_generator", s.torch_rng_state},
+              {"data_order",
+               {{"kind", "mt19937_64(seed*1000003+epoch) fisher-yates"},
+                {"seed", s.seed},
+                {"shuffle", s.shuffle}}}}},
+            {"lr_scheduler", {{"name", s.lr_schedule}, {"last_lr", s.last_lr}, {"step", s.step}}}};
+  return j.dump(2);
+}
+
+absl::StatusOr<TrainerState> DecodeTrainerState(absl::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("trainer_state.json: not a JSON object");
+  }
+  TrainerState s;
+  const json& rng = j.contains("rng") ? j["rng"] : json::object();
+  const json& order = rng.contains("data_order") ? rng["data_order"] : json::object();
+  const json& lr = j.contains("lr_scheduler") ? j["lr_scheduler"] : json::object();
+  if (!ReadField(j, "job_id", s.job_id) || !ReadField(j, "generation", s.generation) ||
+      !ReadField(j, "step", s.step) || !ReadField(j, "epoch", s.epoch) ||
+      !ReadField(j, "data_cursor", s.data_cursor) || !ReadField(j, "world_size", s.world_size) ||
+      !ReadField(j, "global_batch_size", s.global_batch_size) ||
+      !ReadField(j, "total_steps", s.total_steps) ||
+      !ReadField(rng, "torch_cpu_generator", s.torch_rng_state) ||
+      !ReadField(order, "seed", s.seed) || !ReadField(order, "shuffle", s.shuffle) ||
+      !ReadField(lr, "name", s.lr_schedule) || !ReadField(lr, "last_lr", s.last_lr)) {
+    return absl::InvalidArgumentError("trainer_state.json: missing or mistyped fields");
+  }
+  return s;
+}
+
+std::string TorchRngState() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  return absl::BytesToHexString(absl::string_view(static_cast<const char*>(state.data_ptr()),
+                                                  static_cast<size_t>(state.nbytes())));
+}
+
+absl::Status RestoreTorchRngState(const std::string& hex) {
+  if (hex.empty() || hex.size() % 2 != 0 ||
+      hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return absl::InvalidArgumentError("torch_cpu_generator: not a hex string");
+  }
+  const std::string bytes = absl::HexStringToBytes(hex);
+  torch::Tensor state = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  try {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("torch_cpu_generator: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+std::string CheckpointStepUri(const std::string& base, int64_t step) {
+  return JoinUri(base, absl::StrFormat("step-%012d", step));
+}
+
+absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri) {
+  absl::StatusOr<std::string> manifest_bytes = store.Get(JoinUri(step_uri, kManifestObject));
+  if (!manifest_bytes.ok()) return manifest_bytes.status();
+  json manifest = json::parse(*manifest_bytes, nullptr, /*allow_exceptions=*/false);
+  std::string format;
+  if (manifest.is_discarded() || !manifest.is_object() || !ReadField(manifest, "format", format) ||
+      format != kCheckpointFormat || !manifest.contains("objects") ||
+      !manifest["objects"].is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_uri, "/MANIFEST.json: not a ", kCheckpointFormat, " manifest"));
+  }
+  std::map<std::string, std::string> objects;
+  for (const json& entry : manifest["objects"]) {
+    std::string name, sha;
+    int64_t size = -1;
+    if (!ReadField(entry, "name", name) || !ReadField(entry, "size", size) ||
+        !ReadField(entry, "sha256", sha)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(step_uri, "/MANIFEST.json: malformed object entry"));
+    }
+    const std::string uri = JoinUri(step_uri, name);
+    absl::StatusOr<std::string> bytes = store.Get(uri);
+    if (!bytes.ok()) return bytes.status();
+    if (static_cast<int64_t>(bytes->size()) != size) {
+      return absl::DataLossError(
+          absl::StrCat(uri, ": size ", bytes->size(), ", the manifest says ", size));
+    }
+    const std::string actual = Sha256Hex(*bytes);
+    if (actual != sha) {
+      return absl::DataLossError(
+          absl::StrCat(uri, ": sha256 ", actual, ", the manifest says ", sha));
+    }
+    objects[name] = *std::move(bytes);
+  }
+  for (const char* required : {kModelObject, kOptimizerObject, kStateObject}) {
+    if (objects.count(required) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(step_uri, "/MANIFEST.json: does not list ", required));
+    }
+  }
+  LoadedCheckpoint loaded;
+  loaded.uri = step_uri;
+  absl::StatusOr<TrainerState> state = DecodeTrainerState(objects[kStateObject]);
+  if (!state.ok()) return state.status();
+  loaded.state = *std::move(state);
+  absl::StatusOr<std::map<std::string, torch::Tensor>> model =
+      DecodeObject(kModelObject, std::move(objects[kModelObject]), nullptr);
+  if (!model.ok()) return model.status();
+  loaded.model = *std::move(model);
+  std::map<std::string, std::string> metadata;
+  absl::StatusOr<std::map<std::string, torch::Tensor>> optimizer =
+      DecodeObject(kOptimizerObject, std::move(objects[kOptimizerObject]), &metadata);
+  if (!optimizer.ok()) return optimizer.status();
+  loaded.optimizer = *std::move(optimizer);
+  loaded.optimizer_name = metadata["optimizer"];
+  return loaded;
+}
+
+Checkpointer::Checkpointer(ObjectStore* store, CoordinatorClient* coordinator, const Clock& clock,
+                           Options options)
+    : store_(store), coordinator_(coordinator), clock_(clock), options_(std::move(options)) {}
+
+Checkpointer::~Checkpointer() { Wait().IgnoreError(); }
+
+void Checkpointer::SaveAsync(CheckpointData data) {
+  absl::Status previous = Wait();
+  if (!previous.ok()) {
+    LogWarning("checkpoint of step ", upload_step_, " was not saved: ", previous.ToString());
+  }
+  upload_step_ = data.state.step;
+  upload_ = std::thread([this, data = std::move(data)]() mutable {
+    torch::NoGradGuard no_grad;
+    try {
+      upload_status_ = Save(data);
+    } catch (const std::exception& e) {
+      upload_status_ = absl::InternalError(
+          absl::StrCat("checkpoint of step ", data.state.step, ": ", DescribeTorchError(e)));
+    }
+  });
+}
+
+absl::Status Checkpointer::Wait() {
+  if (!upload_.joinable()) return absl::OkStatus();
+  upload_.join();
+  absl::Status status = std::move(upload_status_);
+  upload_status_ = absl::OkStatus();
+  return status;
+}
+
+absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::string& bytes) {
+  absl::Status status =
+      RetryCall(options_.attempts, options_.backoff, [&] { return store_->Put(uri, bytes); });
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
+  }
+  return status;
+}
+
+absl::Status Checkpointer::Save(const CheckpointData& data) {
+  const int64_t step = data.state.step;
+  const std::string step_uri = CheckpointStepUri(options_.base_uri, step);
+  absl::StatusOr<std::string> model = EncodeTensors(data.model, {{"format", "trainyard/1"}});
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::string> optimizer =
+      EncodeTensors(data.optimizer, {{"optimizer", data.optimizer_name}});
+  if (!optimizer.ok()) return optimizer.status();
+  const std::string state = EncodeTrainerState(data.state);
+
+  json objects = json::array();
+  int64_t total_bytes = 0;
+  for (const auto& [name, bytes] :
+       {std::pair<const char*, const std::string*>{kModelObject, &*model},
+        {kOptimizerObject, &*optimizer},
+        {kStateObject, &state}}) {
+    absl::Status put = PutWithRetries(JoinUri(step_uri, name), *bytes);
+    if (!put.ok()) return put;
+    objects.push_back({{"name", name},
+                       {"size", static_cast<int64_t>(bytes->size())},
+                       {"sha256", Sha256Hex(*bytes)}});
+    total_bytes += static_cast<int64_t>(bytes->size());
+  }
+  json manifest = {{"format", kCheckpointFormat},
+                   {"job_id", data.state.job_id},
+                   {"step", step},
+                   {"generation", data.state.generation},
+                   {"created_unix_ms", absl::ToUnixMillis(clock_.Now())},
+                   {"objects", objects}};
+  const std::string manifest_bytes = manifest.dump(2);
+  absl::Status put = PutWithRetries(JoinUri(step_uri, kManifestObject), manifest_bytes);
+  if (!put.ok()) return put;
+  total_bytes += static_cast<int64_t>(manifest_bytes.size());
+  last_saved_step_ = step;
+  LogInfo("checkpoint written: ", step_uri, " (", total_bytes, " bytes)");
+
+  if (coordinator_ == nullptr) return absl::OkStatus();
+  std::vector<std::string> retired;
+  absl::Status commit = RetryCall(options_.attempts, options_.backoff, [&]() -> absl::Status {
+    absl::StatusOr<std::vector<std::string>> r =
+        coordinator_->CommitCheckpoint(step, step_uri, total_bytes);
+    if (!r.ok()) return r.status();
+    retired = *std::move(r);
+    return absl::OkStatus();
+  });
+  if (!commit.ok()) {
+    return absl::Status(commit.code(),
+                        absl::StrCat("checkpoint commit of step ", step, ": ", commit.message()));
+  }
+  for (const std::string& uri : retired) DeleteRetired(uri);
+  return absl::OkStatus();
+}
+
+void Checkpointer::DeleteRetired(const std::string& step_uri) {
+  std::string prefix = step_uri;
+  if (prefix.empty() || prefix.back() != '/') prefix += '/';
+  absl::StatusOr<std::vector<ObjectInfo>> objects = store_->List(prefix);
+  if (!objects.ok()) {
+    LogWarning("cannot list retired checkpoint ", step_uri, ": ", objects.status().ToString());
+    return;
+  }
+  // The manifest goes first so that a half-deleted folder never looks like a checkpoint.
+  std::vector<std::string> uris;
+  for (const ObjectInfo& info : *objects) {
+    if (absl::EndsWith(info.uri, kManifestObject)) {
+      uris.insert(uris.begin(), info.uri);
+    } else {
+      uris.push_back(info.uri);
+    }
+  }
+  for (const std::string& uri : uris) {
+    absl::Status status = store_->Delete(uri);
+    if (!status.ok()) LogWarning("cannot delete ", uri, ": ", status.ToString());
+  }
+}
+
+}  // namespace trainyard::trainer

@@ -1,0 +1,139 @@
+#ifndef TRAINYARD_WORKER_TRAINER_CHECKPOINT_H_
+#define TRAINYARD_WORKER_TRAINER_CHECKPOINT_H_
+
+// Checkpoints (DESIGN.md, "Checkpoints"). A checkpoint of step S lives in
+// {checkpoint_uri}/step-{S:%012d}/ and holds:
+//   model.safetensors      parameters and buffers by module path name
+//   optimizer.safetensors  per-parameter state "<param>.<field>" (see OptimizerStateTensors),
+//                          metadata {"optimizer": "<name>"}
+//   trainer_state.json     TrainerState below
+//   MANIFEST.json          written last: {"format": "trainyard-checkpoint/1", "job_id", "step",
+//                          "generation", "created_unix_ms",
+//                          "objects": [{"name", "size", "sha256"}]}
+//
+// Saving policy: the training thread snapshots (clones) every tensor at a step boundary and hands
+// the copy to Checkpointer::SaveAsync, which serialises, uploads and commits it on a background
+// thread. At most one save is in flight: a SaveAsync that comes while the previous save is still
+// uploading blocks the training thread until that save has finished. A failed intermediate save
+// is logged and training goes on (its manifest is never written, so it is never committed); the
+// caller learns about a failed final save from Wait().
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/object_store.h"
+#include "worker/trainer/coordinator_client.h"
+#include "worker/trainer/model.h"
+
+namespace trainyard::trainer {
+
+inline constexpr char kCheckpointFormat[] = "trainyard-checkpoint/1";
+
+struct TrainerState {
+  std::string job_id;
+  int64_t generation = 0;
+  int64_t step = 0;         // optimizer updates done
+  int64_t epoch = 0;        // completed epochs: step / steps_per_epoch
+  int64_t data_cursor = 0;  // global samples consumed: step * global_batch_size
+  int32_t world_size = 1;
+  int64_t global_batch_size = 0;
+  int64_t total_steps = 0;
+  int64_t seed = 0;
+  bool shuffle = true;
+  std::string torch_rng_state;  // hex of the default CPU generator's state (TorchRngState())
+  std::string lr_schedule;      // "constant" | "cosine"
+  double last_lr = 0;           // the lr of the last update; the schedule is a function of step
+};
+
+std::string EncodeTrainerState(const TrainerState& state);
+// INVALID_ARGUMENT for malformed JSON or missing fields.
+absl::StatusOr<TrainerState> DecodeTrainerState(absl::string_view json);
+
+// The default CPU generator's state, hex-encoded, and its restore. INVALID_ARGUMENT for a bad
+// string. Thread-safe (they take the generator's lock).
+std::string TorchRngState();
+absl::Status RestoreTorchRngState(const std::string& hex);
+
+// {base}/step-{step:%012d}
+std::string CheckpointStepUri(const std::string& base, int64_t step);
+
+// What a checkpoint holds, as snapshotted at a step boundary. Tensors must not alias live
+// training state (clone them).
+struct CheckpointData {
+  TrainerState state;
+  NamedTensors model;
+  NamedTensors optimizer;
+  std::string optimizer_name;
+};
+
+// A checkpoint read back and verified. Tensors are fresh CPU tensors.
+struct LoadedCheckpoint {
+  std::string uri;
+  TrainerState state;
+  std::map<std::string, torch::Tensor> model;
+  std::map<std::string, torch::Tensor> optimizer;
+  std::string optimizer_name;
+};
+
+// Reads MANIFEST.json of the step folder `step_uri`, then every object it lists, checking sizes
+// and SHA-256 before decoding. NOT_FOUND for a missing manifest or object, DATA_LOSS for a size or
+// hash mismatch, INVALID_ARGUMENT for a malformed manifest, state or tensor file; every message
+// names the object. Blocks.
+absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri);
+
+// The asynchronous writer described at the top of this file. Methods are called from one
+// (training) thread.
+class Checkpointer {
+ public:
+  struct Options {
+    std::string base_uri;  // task.checkpoint_uri
+    int attempts = 4;      // per object Put and per commit
+    absl::Duration backoff = absl::Milliseconds(200);
+  };
+
+  // `store` must serve base_uri. `coordinator` may be null (standalone: no commit, no
+  // retention). Neither is owned; both must outlive this object.
+  Checkpointer(ObjectStore* store, CoordinatorClient* coordinator, const Clock& clock,
+               Options options);
+  ~Checkpointer();  // waits for a save in flight
+
+  // Waits for the save in flight (if any), then starts saving `data`.
+  void SaveAsync(CheckpointData data);
+  // Waits for the save in flight; returns its outcome (OK when none was started). Errors:
+  // UNAVAILABLE (object store), FAILED_PRECONDITION / UNAVAILABLE (commit refused / failed).
+  absl::Status Wait();
+
+  // Step of the last checkpoint whose manifest was written, -1 if none. Call after Wait().
+  int64_t last_saved_step() const { return last_saved_step_; }
+
+ private:
+  absl::Status Save(const CheckpointData& data);
+  absl::Status PutWithRetries(const std::string& uri, const std::string& bytes);
+  void DeleteRetired(const std::string& step_uri);
+
+  ObjectStore* const store_;
+  CoordinatorClient* const coordinator_;
+  const Clock& clock_;
+  const Options options_;
+
+  std::thread upload_;  // the save in flight; joined by Wait()
+  // Written by the upload thread, read after joining it.
+  absl::Status upload_status_;
+  int64_t upload_step_ = -1;
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_CHECKPOINT_H_

@@ -1,0 +1,165 @@
+#include "worker/trainer/coordinator_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "trainyard/v1/agent_service.grpc.pb.h"
+
+namespace trainyard::trainer {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, const char* method) {
+  if (status.ok()) return absl::OkStatus();
+  const std::string message = absl::StrCat(method, ": ", status.error_message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::ABORTED:
+      return absl::FailedPreconditionError(message);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::DeadlineExceededError(message);
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::UnavailableError(message);
+  }
+}
+
+class GrpcCoordinatorClient final : public CoordinatorClient {
+ public:
+  GrpcCoordinatorClient(const std::string& address, std::string job_id, int64_t generation,
+                        int32_t rank, int32_t keep_last, absl::Duration rpc_timeout)
+      : stub_(trainyard::v1::AgentService::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        job_id_(std::move(job_id)),
+        generation_(generation),
+        rank_(rank),
+        keep_last_(keep_last),
+        rpc_timeout_(rpc_timeout) {}
+
+  absl::Status ReportProgress(const trainyard::v1::JobProgress& progress) override {
+    trainyard::v1::ReportProgressRequest request;
+    request.set_job_id(job_id_);
+    request.set_generation(generation_);
+    request.set_rank(rank_);
+    *request.mutable_progress() = progress;
+    trainyard::v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return FromGrpc(stub_->ReportProgress(&context, request, &response), "ReportProgress");
+  }
+
+  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, const std::string& uri,
+                                                            int64_t size_bytes) override {
+    trainyard::v1::CommitCheckpointRequest request;
+    request.set_job_id(job_id_);
+    request.set_generation(generation_);
+    request.set_step(step);
+    request.set_uri(uri);
+    request.set_size_bytes(size_bytes);
+    request.set_keep_last(keep_last_);
+    trainyard::v1::CommitCheckpointResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    absl::Status status =
+        FromGrpc(stub_->CommitCheckpoint(&context, request, &response), "CommitCheckpoint");
+    if (!status.ok()) return status;
+    return std::vector<std::string>(response.retired_uris().begin(), response.retired_uris().end());
+  }
+
+  absl::Status ReportModel(const std::string& uri) override {
+    trainyard::v1::ReportModelRequest request;
+    request.set_job_id(job_id_);
+    request.set_generation(generation_);
+    request.set_uri(uri);
+    trainyard::v1::ReportModelResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return FromGrpc(stub_->ReportModel(&context, request, &response), "ReportModel");
+  }
+
+ private:
+  void SetDeadline(grpc::ClientContext& context) const {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(rpc_timeout_));
+  }
+
+  const std::unique_ptr<trainyard::v1::AgentService::Stub> stub_;
+  const std::string job_id_;
+  const int64_t generation_;
+  const int32_t rank_;
+  const int32_t keep_last_;
+  const absl::Duration rpc_timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
+                                                            const std::string& job_id,
+                                                            int64_t generation, int32_t rank,
+                                                            int32_t keep_last,
+                                                            absl::Duration rpc_timeout) {
+  return std::make_unique<GrpcCoordinatorClient>(address, job_id, generation, rank, keep_last,
+                                                 rpc_timeout);
+}
+
+void SleepForRetry(absl::Duration d) { absl::SleepFor(d); }
+
+ProgressReporter::ProgressReporter(CoordinatorClient* client, const Clock& clock,
+                                   absl::Duration min_interval)
+    : client_(client), clock_(clock), min_interval_(min_interval) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ProgressReporter::~ProgressReporter() { Stop(); }
+
+void ProgressReporter::Update(const trainyard::v1::JobProgress& progress) {
+  absl::MutexLock lock(&mu_);
+  pending_ = progress;
+  pending_->set_updated_unix_ms(absl::ToUnixMillis(clock_.Now()));
+}
+
+void ProgressReporter::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void ProgressReporter::Loop() {
+  while (true) {
+    trainyard::v1::JobProgress progress;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || pending_.has_value(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      progress = *pending_;
+      pending_.reset();
+    }
+    absl::Status status = client_->ReportProgress(progress);
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) {
+      LogWarning("progress report failed, will retry: ", status.ToString());
+      if (!pending_.has_value()) pending_ = progress;
+    }
+    // Pace the reports; a stop request ends the wait early.
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), min_interval_);
+    if (stop_) return;
+  }
+}
+
+absl::Status ProgressReporter::Finish(const trainyard::v1::JobProgress& final_progress) {
+  Stop();
+  trainyard::v1::JobProgress progress = final_progress;
+  progress.set_updated_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  return RetryCall(4, absl::Milliseconds(250), [&] { return client_->ReportProgress(progress); });
+}
+
+}  // namespace trainyard::trainer

@@ -1,0 +1,99 @@
+#ifndef TRAINYARD_WORKER_TRAINER_COORDINATOR_CLIENT_H_
+#define TRAINYARD_WORKER_TRAINER_COORDINATOR_CLIENT_H_
+
+// What a trainer tells the coordinator: progress, committed checkpoints, the exported model.
+// The interface keeps gRPC out of the training runtime; tests use a fake.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "trainyard/v1/job.pb.h"
+
+namespace trainyard::trainer {
+
+// One call = one attempt (no retries inside). Errors: UNAVAILABLE / DEADLINE_EXCEEDED for
+// transport failures, FAILED_PRECONDITION when the coordinator fences off this generation.
+// Implementations are thread-safe; calls block up to their deadline.
+class CoordinatorClient {
+ public:
+  virtual ~CoordinatorClient() = default;
+  virtual absl::Status ReportProgress(const trainyard::v1::JobProgress& progress) = 0;
+  // Records the checkpoint at `uri` (the step folder). Returns the step folders now outside
+  // retention, whose objects the caller deletes.
+  virtual absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step,
+                                                                    const std::string& uri,
+                                                                    int64_t size_bytes) = 0;
+  virtual absl::Status ReportModel(const std::string& uri) = 0;
+};
+
+// A client over trainyard.v1.AgentService on an insecure channel to `address` (host:port) that
+// presents job_id, generation and rank on every call; keep_last goes with each commit.
+std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
+                                                            const std::string& job_id,
+                                                            int64_t generation, int32_t rank,
+                                                            int32_t keep_last,
+                                                            absl::Duration rpc_timeout);
+
+// Calls `fn` up to `attempts` times, sleeping `backoff`, 2 * backoff, ... between failures.
+// Returns the last status. Blocks.
+template <typename Fn>
+absl::Status RetryCall(int attempts, absl::Duration backoff, Fn&& fn);
+
+// Sends progress to the coordinator from a background thread, at most once per `min_interval`,
+// so that a slow or absent coordinator never holds up training. Failures are logged and the
+// latest progress is sent again later. Thread-safe.
+class ProgressReporter {
+ public:
+  // `client` is not owned and must outlive this object.
+  ProgressReporter(CoordinatorClient* client, const Clock& clock, absl::Duration min_interval);
+  ~ProgressReporter();  // stops the thread without a final report
+
+  // Records the latest progress; never blocks on the network.
+  void Update(const trainyard::v1::JobProgress& progress);
+
+  // Stops the thread and sends `final_progress` with a few bounded retries. Returns the last
+  // error if every attempt failed. Call at most once.
+  absl::Status Finish(const trainyard::v1::JobProgress& final_progress);
+
+ private:
+  void Loop();
+  void Stop();
+
+  CoordinatorClient* const client_;
+  const Clock& clock_;
+  const absl::Duration min_interval_;
+
+  absl::Mutex mu_;
+  std::optional<trainyard::v1::JobProgress> pending_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// ---- implementation of the template ----
+
+void SleepForRetry(absl::Duration d);
+
+template <typename Fn>
+absl::Status RetryCall(int attempts, absl::Duration backoff, Fn&& fn) {
+  absl::Status status;
+  for (int i = 0; i < attempts; ++i) {
+    status = fn();
+    if (status.ok() || status.code() == absl::StatusCode::kFailedPrecondition) return status;
+    if (i + 1 < attempts) SleepForRetry(backoff * (1 << i));
+  }
+  return status;
+}
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_COORDINATOR_CLIENT_H_

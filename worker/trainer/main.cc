@@ -1,0 +1,118 @@
+// trainyard-trainer: runs one task (one rank of one attempt of a job). Started by the worker
+// agent in the task's own folder; see --help.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
+#include "common/log.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "worker/trainer/coordinator_client.h"
+#include "worker/trainer/errors.h"
+#include "worker/trainer/trainer.h"
+
+ABSL_FLAG(std::string, task_file, "",
+          "Path of the task to run: a binary-serialised trainyard.v1.Task.");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of the coordinator's AgentService for progress, checkpoint commits and the "
+          "model report. Empty: standalone (no reports; checkpoints are written but not "
+          "committed or retired).");
+
+namespace {
+
+std::atomic<int> stop_signal{0};
+
+void OnStopSignal(int signo) { stop_signal.store(signo); }
+
+int Fail(int code, const std::string& message) {
+  trainyard::LogError(message);
+  trainyard::trainer::WriteTerminationMessage("", message);
+  return code;
+}
+
+int ThreadCount(const trainyard::v1::Task& task) {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  int n = 0;
+  if (omp != nullptr && absl::SimpleAtoi(omp, &n) && n > 0) return n;
+  return task.slots() > 0 ? task.slots() : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Runs one training task. Usage: trainyard-trainer --task_file=PATH "
+      "[--coordinator=HOST:PORT]\nExit codes: 0 done, 1 internal error, 2 user error (spec, data, "
+      "model), 3 infrastructure (object store, coordinator), 143 stopped by SIGTERM/SIGINT. On "
+      "failure the cause is written to ./termination-message.");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "worker/trainer/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::ParseCommandLine(argc, argv);
+  trainyard::SetLogComponent("trainer");
+
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+
+  const std::string task_file = absl::GetFlag(FLAGS_task_file);
+  if (task_file.empty()) return Fail(trainyard::kExitInternal, "--task_file is required");
+  std::ifstream in(task_file, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  trainyard::v1::Task task;
+  if (!in || !task.ParseFromString(bytes.str())) {
+    return Fail(trainyard::kExitInternal,
+                absl::StrCat("cannot read a trainyard.v1.Task from ", task_file));
+  }
+  trainyard::LogInfo("task ", task.task_id(), " job ", task.job_id(), " generation ",
+                     task.generation(), " rank ", task.rank(), "/", task.world_size());
+
+  std::unique_ptr<trainyard::trainer::CoordinatorClient> coordinator;
+  const std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (!address.empty()) {
+    // keep_last 0 means the spec left it out; never ask to retire the checkpoint just written.
+    const int keep_last =
+        task.spec().checkpoint().keep_last() > 0 ? task.spec().checkpoint().keep_last() : 3;
+    coordinator = trainyard::trainer::NewGrpcCoordinatorClient(
+        address, task.job_id(), task.generation(), task.rank(), keep_last, absl::Seconds(5));
+  }
+
+  trainyard::trainer::TrainerOptions options;
+  options.coordinator = coordinator.get();
+  options.stop_signal = &stop_signal;
+  options.num_threads = ThreadCount(task);
+  absl::StatusOr<trainyard::trainer::TrainResult> result =
+      trainyard::trainer::RunTrainer(task, options);
+  if (!result.ok()) {
+    return Fail(trainyard::trainer::ExitCodeForStatus(result.status()),
+                std::string(result.status().message()));
+  }
+  if (result->stopped) {
+    const int signo = stop_signal.load();
+    const std::string message = absl::StrCat("stopped by ", signo == SIGINT ? "SIGINT" : "SIGTERM",
+                                             " at step ", result->step);
+    trainyard::LogInfo(message);
+    trainyard::trainer::WriteTerminationMessage("", message);
+    return trainyard::trainer::kExitStoppedBySignal;
+  }
+  return trainyard::kExitOk;
+}

@@ -1,0 +1,478 @@
+#include "worker/trainer/model.h"
+
+#include <torch/script.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/object_store.h"
+
+namespace trainyard::trainer {
+namespace {
+
+struct DtypeEntry {
+  const char* name;
+  torch::ScalarType type;
+};
+
+constexpr DtypeEntry kDtypes[] = {
+    {"F64", torch::kFloat64},   {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
+    {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
+    {"I16", torch::kInt16},     {"I8", torch::kInt8},     {"U8", torch::kUInt8},
+    {"BOOL", torch::kBool},
+};
+
+NamedTensors FromDict(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
+  NamedTensors out;
+  for (const auto& item : dict) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+// mlp and cnn: a Sequential with the input reshaped to what its first layer expects.
+class BuiltinModel final : public Model {
+ public:
+  BuiltinModel(std::string kind, torch::nn::Sequential net, std::vector<int64_t> sample_shape)
+      : kind_(std::move(kind)), net_(std::move(net)), sample_shape_(std::move(sample_shape)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    std::vector<int64_t> shape = {x.size(0)};
+    shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
+    return net_->forward(x.reshape(shape));
+  }
+  NamedTensors NamedParameters() override { return FromDict(net_->named_parameters(true)); }
+  NamedTensors NamedBuffers() override { return FromDict(net_->named_buffers(true)); }
+  void SetTraining(bool training) override { net_->train(training); }
+  absl::StatusOr<std::string> Export() override {
+    NamedTensors tensors = NamedParameters();
+    for (auto& buffer : NamedBuffers()) tensors.push_back(std::move(buffer));
+    for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
+    return EncodeTensors(tensors, {{"format", "trainyard-model/1"}, {"model", kind_}});
+  }
+  std::string ExportName() const override { return "model.safetensors"; }
+  std::string Kind() const override { return kind_; }
+
+ private:
+  const std::string kind_;
+  torch::nn::Sequential net_;
+  const std::vector<int64_t> sample_shape_;  // {-1} for mlp, {C, H, W} for cnn
+};
+
+class ScriptModel final : public Model {
+ public:
+  explicit ScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    torch::IValue out = module_.forward({x});
+    TORCH_CHECK(out.isTensor(), "forward() must return a Tensor, got ", out.tagKind());
+    return out.toTensor();
+  }
+  NamedTensors NamedParameters() override {
+    NamedTensors out;
+    for (const auto& p : module_.named_parameters(true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors NamedBuffers() override {
+    NamedTensors out;
+    for (const auto& b : module_.named_buffers(true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void SetTraining(bool training) override { module_.train(training); }
+  absl::StatusOr<std::string> Export() override {
+    std::ostringstream out;
+    try {
+      module_.save(out);
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat("saving the TorchScript module: ", DescribeTorchError(e)));
+    }
+    return out.str();
+  }
+  std::string ExportName() const override { return "model.pt"; }
+  std::string Kind() const override { return "torchscript"; }
+
+ private:
+  torch::jit::Module module_;
+};
+
+absl::StatusOr<std::unique_ptr<Model>> BuildMlp(const trainyard::v1::ModelArgs& args,
+                                                int64_t inputs, int64_t outputs) {
+  torch::nn::Sequential net;
+  int64_t width = inputs;
+  for (int i = 0; i < args.hidden_size(); ++i) {
+    if (args.hidden(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.hidden[", i, "]: must be >= 1, got ", args.hidden(i)));
+    }
+    net->push_back(torch::nn::Linear(width, args.hidden(i)));
+    net->push_back(torch::nn::ReLU());
+    if (args.dropout() > 0) net->push_back(torch::nn::Dropout(args.dropout()));
+    width = args.hidden(i);
+  }
+  net->push_back(torch::nn::Linear(width, outputs));
+  return std::make_unique<BuiltinModel>("mlp", std::move(net), std::vector<int64_t>{-1});
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildCnn(const trainyard::v1::ModelArgs& args,
+                                                int64_t inputs, int64_t outputs) {
+  const int64_t channels = args.channels() > 0 ? args.channels() : 1;
+  int64_t height = args.height();
+  int64_t width = args.width();
+  if (height == 0 && width == 0) {
+    // A square image when the spec leaves the size out.
+    const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(inputs / channels)));
+    height = width = side;
+  }
+  if (channels * height * width != inputs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.args: channels * height * width = ", channels, " * ", height, " * ",
+                     width, " does not match the ", inputs, " features per sample"));
+  }
+  std::vector<int64_t> hidden(args.hidden().begin(), args.hidden().end());
+  if (hidden.empty()) hidden = {16, 32};
+  torch::nn::Sequential net;
+  int64_t in_channels = channels;
+  int64_t h = height, w = width;
+  for (size_t i = 0; i < hidden.size(); ++i) {
+    if (hidden[i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.hidden[", i, "]: must be >= 1, got ", hidden[i]));
+    }
+    net->push_back(
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, hidden[i], 3).padding(1)));
+    net->push_back(torch::nn::ReLU());
+    net->push_back(torch::nn::MaxPool2d(2));
+    in_channels = hidden[i];
+    h /= 2;
+    w /= 2;
+    if (h < 1 || w < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("model.args.hidden: ", hidden.size(),
+                                                     " conv blocks are too many for a ", height,
+                                                     "x", width, " input"));
+    }
+  }
+  if (args.dropout() > 0) net->push_back(torch::nn::Dropout(args.dropout()));
+  net->push_back(torch::nn::Flatten());
+  net->push_back(torch::nn::Linear(in_channels * h * w, outputs));
+  return std::make_unique<BuiltinModel>("cnn", std::move(net),
+                                        std::vector<int64_t>{channels, height, width});
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadScript(const std::string& uri) {
+  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+  if (!store.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.torchscript: ", store.status().message()));
+  }
+  absl::StatusOr<std::string> bytes = (*store)->Get(uri);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code() == absl::StatusCode::kNotFound
+                            ? absl::StatusCode::kNotFound
+                            : absl::StatusCode::kInvalidArgument,
+                        absl::StrCat("model.torchscript: ", bytes.status().message()));
+  }
+  std::istringstream in(*bytes);
+  try {
+    torch::jit::Module module = torch::jit::load(in);
+    return std::make_unique<ScriptModel>(std::move(module));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.torchscript: cannot load '", uri, "': ", DescribeTorchError(e)));
+  }
+}
+
+enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
+
+OptimizerKind KindOf(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return OptimizerKind::kSgd;
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return OptimizerKind::kAdam;
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return OptimizerKind::kAdamW;
+  return OptimizerKind::kOther;
+}
+
+std::string StateKey(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+}  // namespace
+
+std::string DescribeTorchError(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+    lines.emplace_back(absl::StripAsciiWhitespace(line));
+  }
+  if (lines.empty()) return "unknown error";
+  // The interpreter prints both tracebacks first and the cause last.
+  if (text.find("Traceback of TorchScript") != std::string::npos) return lines.back();
+  return lines.front();
+}
+
+// ---- safetensors <-> torch ----
+
+std::string SafetensorsDtype(torch::ScalarType type) {
+  for (const auto& entry : kDtypes) {
+    if (entry.type == type) return entry.name;
+  }
+  return "";
+}
+
+absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view) {
+  for (const auto& entry : kDtypes) {
+    if (view.dtype != entry.name) continue;
+    torch::Tensor t = torch::empty(view.shape, torch::TensorOptions().dtype(entry.type));
+    if (static_cast<size_t>(t.nbytes()) != view.data.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", view.name, "': ", view.data.size(),
+                                                     " bytes for shape [",
+                                                     absl::StrJoin(view.shape, ","), "]"));
+    }
+    if (!view.data.empty()) std::memcpy(t.data_ptr(), view.data.data(), view.data.size());
+    return t;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", view.name, "': unsupported dtype ", view.dtype));
+}
+
+absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
+                                          const std::map<std::string, std::string>& metadata) {
+  std::vector<torch::Tensor> keep;
+  std::vector<TensorView> views;
+  keep.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    TensorView view;
+    view.name = name;
+    view.dtype = SafetensorsDtype(tensor.scalar_type());
+    if (view.dtype.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': dtype ",
+                                                     c10::toString(tensor.scalar_type()),
+                                                     " has no safetensors form"));
+    }
+    keep.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    view.shape = keep.back().sizes().vec();
+    view.data =
+        absl::string_view(static_cast<const char*>(keep.back().data_ptr()), keep.back().nbytes());
+    views.push_back(std::move(view));
+  }
+  return EncodeSafetensors(views, metadata);
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeTensors(
+    std::string buffer, std::map<std::string, std::string>* metadata) {
+  absl::StatusOr<SafetensorsFile> file = DecodeSafetensors(std::move(buffer));
+  if (!file.ok()) return file.status();
+  std::map<std::string, torch::Tensor> out;
+  for (const TensorView& view : file->tensors) {
+    absl::StatusOr<torch::Tensor> t = TensorFromView(view);
+    if (!t.ok()) return t.status();
+    out.emplace(view.name, *std::move(t));
+  }
+  if (metadata != nullptr) *metadata = file->metadata;
+  return out;
+}
+
+// ---- models ----
+
+int64_t Model::ParameterCount() {
+  int64_t n = 0;
+  for (const auto& [name, p] : NamedParameters()) n += p.numel();
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
+                                                  int64_t seed, int64_t data_inputs,
+                                                  int64_t data_outputs) {
+  torch::manual_seed(static_cast<uint64_t>(seed));
+  if (spec.source_case() == trainyard::v1::ModelSpec::kTorchscript) {
+    if (spec.torchscript().empty()) {
+      return absl::InvalidArgumentError("model.torchscript: empty path");
+    }
+    return LoadScript(spec.torchscript());
+  }
+  const auto& args = spec.args();
+  const int64_t inputs = args.inputs() > 0 ? args.inputs() : data_inputs;
+  const int64_t outputs = args.classes() > 0 ? args.classes() : data_outputs;
+  if (inputs != data_inputs) {
+    return absl::InvalidArgumentError(absl::StrCat("model.args.inputs: ", inputs,
+                                                   " does not match the ", data_inputs,
+                                                   " features per sample in the data"));
+  }
+  if (outputs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.args.classes: must be >= 1, got ", outputs));
+  }
+  if (args.dropout() < 0 || args.dropout() >= 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.args.dropout: must be in [0, 1), got ", args.dropout()));
+  }
+  if (spec.builtin() == "mlp") return BuildMlp(args, inputs, outputs);
+  if (spec.builtin() == "cnn") return BuildCnn(args, inputs, outputs);
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.builtin: unknown model '", spec.builtin(), "' (mlp, cnn)"));
+}
+
+// ---- optimizers ----
+
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildOptimizer(
+    const trainyard::v1::OptimizerSpec& spec, const std::vector<torch::Tensor>& parameters) {
+  if (!(spec.lr() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.lr: must be > 0, got ", spec.lr()));
+  }
+  const double beta1 = (spec.beta1() == 0 && spec.beta2() == 0) ? 0.9 : spec.beta1();
+  const double beta2 = spec.beta2() == 0 ? 0.999 : spec.beta2();
+  const double eps = spec.eps() == 0 ? 1e-8 : spec.eps();
+  try {
+    if (spec.name() == "sgd" || spec.name().empty()) {
+      if (spec.nesterov() && spec.momentum() <= 0) {
+        return absl::InvalidArgumentError("optimizer.nesterov: needs momentum > 0");
+      }
+      return std::make_unique<torch::optim::SGD>(parameters,
+                                                 torch::optim::SGDOptions(spec.lr())
+                                                     .momentum(spec.momentum())
+                                                     .nesterov(spec.nesterov())
+                                                     .weight_decay(spec.weight_decay()));
+    }
+    if (spec.name() == "adam") {
+      return std::make_unique<torch::optim::Adam>(parameters,
+                                                  torch::optim::AdamOptions(spec.lr())
+                                                      .betas({beta1, beta2})
+                                                      .eps(eps)
+                                                      .weight_decay(spec.weight_decay()));
+    }
+    if (spec.name() == "adamw") {
+      return std::make_unique<torch::optim::AdamW>(parameters,
+                                                   torch::optim::AdamWOptions(spec.lr())
+                                                       .betas({beta1, beta2})
+                                                       .eps(eps)
+                                                       .weight_decay(spec.weight_decay()));
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: ", DescribeTorchError(e)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer.name: unknown optimizer '", spec.name(), "' (sgd, adam, adamw)"));
+}
+
+void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
+                                   const NamedTensors& parameters) {
+  NamedTensors out;
+  const auto& state = optimizer.state();
+  auto add = [&out](const std::string& name, const char* field, const torch::Tensor& t) {
+    if (t.defined()) out.emplace_back(absl::StrCat(name, ".", field), t.detach().clone());
+  };
+  for (const auto& [name, p] : parameters) {
+    auto it = state.find(StateKey(p));
+    if (it == state.end()) continue;
+    const torch::optim::OptimizerParamState* s = it->second.get();
+    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+      add(name, "momentum_buffer", sgd->momentum_buffer());
+    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+      add(name, "exp_avg", adam->exp_avg());
+      add(name, "exp_avg_sq", adam->exp_avg_sq());
+      add(name, "max_exp_avg_sq", adam->max_exp_avg_sq());
+      add(name, "step", torch::tensor({adam->step()}, torch::kInt64));
+    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+      add(name, "exp_avg", adamw->exp_avg());
+      add(name, "exp_avg_sq", adamw->exp_avg_sq());
+      add(name, "max_exp_avg_sq", adamw->max_exp_avg_sq());
+      add(name, "step", torch::tensor({adamw->step()}, torch::kInt64));
+    }
+  }
+  return out;
+}
+
+absl::Status CheckOptimizerState(const torch::optim::Optimizer& optimizer,
+                                 const NamedTensors& parameters,
+                                 const std::map<std::string, torch::Tensor>& state) {
+  const OptimizerKind kind = KindOf(optimizer);
+  std::map<std::string, torch::Tensor> by_name(parameters.begin(), parameters.end());
+  for (const auto& [key, tensor] : state) {
+    const size_t dot = key.rfind('.');
+    const std::string param = dot == std::string::npos ? key : key.substr(0, dot);
+    const std::string field = dot == std::string::npos ? "" : key.substr(dot + 1);
+    auto it = by_name.find(param);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state '", key, "': the model has no parameter '", param, "'"));
+    }
+    const bool sgd_field = field == "momentum_buffer";
+    const bool adam_field =
+        field == "exp_avg" || field == "exp_avg_sq" || field == "max_exp_avg_sq" || field == "step";
+    if ((kind == OptimizerKind::kSgd && !sgd_field) ||
+        ((kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) && !adam_field)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state '", key, "': not state of this optimizer"));
+    }
+    if (field == "step") {
+      if (tensor.numel() != 1 || tensor.scalar_type() != torch::kInt64) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state '", key, "': expected one I64 value"));
+      }
+    } else if (tensor.sizes() != it->second.sizes() ||
+               tensor.scalar_type() != it->second.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state '", key,
+                                                     "': shape or dtype differs from the "
+                                                     "parameter"));
+    }
+  }
+  if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
+    for (const auto& [name, p] : parameters) {
+      const int present = state.count(name + ".exp_avg") + state.count(name + ".exp_avg_sq") +
+                          state.count(name + ".step");
+      if (present != 0 && present != 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state of '", name, "': incomplete"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LoadOptimizerState(torch::optim::Optimizer& optimizer, const NamedTensors& parameters,
+                        const std::map<std::string, torch::Tensor>& state) {
+  const OptimizerKind kind = KindOf(optimizer);
+  auto& out = optimizer.state();
+  out.clear();
+  auto get = [&state](const std::string& name, const char* field) -> torch::Tensor {
+    auto it = state.find(absl::StrCat(name, ".", field));
+    return it == state.end() ? torch::Tensor() : it->second.clone();
+  };
+  for (const auto& [name, p] : parameters) {
+    if (kind == OptimizerKind::kSgd) {
+      torch::Tensor buf = get(name, "momentum_buffer");
+      if (!buf.defined()) continue;
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(buf);
+      out[StateKey(p)] = std::move(s);
+    } else if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
+      torch::Tensor step = get(name, "step");
+      if (!step.defined()) continue;
+      torch::Tensor max_sq = get(name, "max_exp_avg_sq");
+      if (kind == OptimizerKind::kAdam) {
+        auto s = std::make_unique<torch::optim::AdamParamState>();
+        s->step(step.item<int64_t>());
+        s->exp_avg(get(name, "exp_avg"));
+        s->exp_avg_sq(get(name, "exp_avg_sq"));
+        if (max_sq.defined()) s->max_exp_avg_sq(max_sq);
+        out[StateKey(p)] = std::move(s);
+      } else {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        s->step(step.item<int64_t>());
+        s->exp_avg(get(name, "exp_avg"));
+        s->exp_avg_sq(get(name, "exp_avg_sq"));
+        if (max_sq.defined()) s->max_exp_avg_sq(max_sq);
+        out[StateKey(p)] = std::move(s);
+      }
+    }
+  }
+}
+
+}  // namespace trainyard::trainer

@@ -1,0 +1,101 @@
+#ifndef TRAINYARD_WORKER_TRAINER_MODEL_H_
+#define TRAINYARD_WORKER_TRAINER_MODEL_H_
+
+// Models, optimizers, and the conversion between LibTorch tensors and safetensors.
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+#include "trainyard/v1/job.pb.h"
+
+namespace trainyard::trainer {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// ---- safetensors <-> torch ----
+
+// The safetensors dtype name of `type` ("F32", "I64", ...); empty for types the format lacks.
+std::string SafetensorsDtype(torch::ScalarType type);
+// A CPU tensor holding a copy of `view`'s data. INVALID_ARGUMENT for an unknown dtype.
+absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view);
+// Serialises CPU tensors under their names. INVALID_ARGUMENT for unsupported dtypes or duplicate
+// names.
+absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
+                                          const std::map<std::string, std::string>& metadata);
+// Parses a safetensors buffer into tensors by name; `metadata` (if not null) receives the
+// "__metadata__" map. Errors as DecodeSafetensors.
+absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeTensors(
+    std::string buffer, std::map<std::string, std::string>* metadata = nullptr);
+
+// A one-line description of an exception from LibTorch: the message of a c10::Error without its
+// backtrace, or the final "RuntimeError: ..." line of a TorchScript interpreter error.
+std::string DescribeTorchError(const std::exception& e);
+
+// ---- models ----
+
+// A trainable model: built-in (mlp, cnn) or a TorchScript module. Not thread-safe.
+class Model {
+ public:
+  virtual ~Model() = default;
+  // x: [N, ...] float32 features. Returns [N, outputs]. Throws c10::Error on shape errors.
+  virtual torch::Tensor Forward(const torch::Tensor& x) = 0;
+  // Parameters and buffers by their module path names; tensors alias the model's storage.
+  virtual NamedTensors NamedParameters() = 0;
+  virtual NamedTensors NamedBuffers() = 0;
+  virtual void SetTraining(bool training) = 0;
+  // The exported form of the trained model: its bytes and file name ("model.pt" for TorchScript,
+  // "model.safetensors" for built-in models).
+  virtual absl::StatusOr<std::string> Export() = 0;
+  virtual std::string ExportName() const = 0;
+  // "mlp", "cnn" or "torchscript".
+  virtual std::string Kind() const = 0;
+
+  int64_t ParameterCount();
+};
+
+// Builds the model of `spec`. Built-in models take their widths from model.args, with `inputs`
+// (features per sample) and `classes` (outputs) filled in from the data when the args leave them
+// 0. Parameters are initialised deterministically from torch::manual_seed(seed), which this call
+// sets. TorchScript modules are read through the object store (a path or file:// URI).
+// INVALID_ARGUMENT naming the field (model.builtin, model.args.inputs, model.torchscript) for a
+// bad spec or an unreadable module; NOT_FOUND when the module file does not exist.
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
+                                                  int64_t seed, int64_t data_inputs,
+                                                  int64_t data_outputs);
+
+// ---- optimizers ----
+
+// sgd (momentum, nesterov, weight_decay), adam and adamw (beta1, beta2, eps, weight_decay), with
+// beta1/beta2/eps of 0 meaning the usual defaults (0.9, 0.999, 1e-8).
+// INVALID_ARGUMENT "optimizer.name: ..." for anything else.
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildOptimizer(
+    const trainyard::v1::OptimizerSpec& spec, const std::vector<torch::Tensor>& parameters);
+
+void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
+
+// Per-parameter optimizer state as "<param>.momentum_buffer", "<param>.exp_avg",
+// "<param>.exp_avg_sq", "<param>.max_exp_avg_sq" and "<param>.step" (I64, shape [1]). Copies
+// (clones) of the state; parameters without state are absent.
+NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
+                                   const NamedTensors& parameters);
+
+// Checks that `state` fits `optimizer` over `parameters` (names, shapes, the kind of state)
+// without changing anything. INVALID_ARGUMENT naming the offending entry.
+absl::Status CheckOptimizerState(const torch::optim::Optimizer& optimizer,
+                                 const NamedTensors& parameters,
+                                 const std::map<std::string, torch::Tensor>& state);
+// Replaces the optimizer's state with `state` (which CheckOptimizerState accepted).
+void LoadOptimizerState(torch::optim::Optimizer& optimizer, const NamedTensors& parameters,
+                        const std::map<std::string, torch::Tensor>& state);
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_MODEL_H_

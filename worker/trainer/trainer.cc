@@ -1,0 +1,473 @@
+#include "worker/trainer/trainer.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/object_store.h"
+#include "common/uri.h"
+#include "worker/trainer/checkpoint.h"
+#include "worker/trainer/data.h"
+#include "worker/trainer/model.h"
+#include "worker/trainer/schedule.h"
+#include "worker/trainer/strategy.h"
+
+namespace trainyard::trainer {
+namespace {
+
+enum class LossKind { kCrossEntropy, kMse };
+
+torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::Tensor& labels) {
+  if (kind == LossKind::kCrossEntropy) {
+    return torch::nn::functional::cross_entropy(out, labels);
+  }
+  return torch::mse_loss(out, labels.reshape_as(out));
+}
+
+double Accuracy(Model& model, const Dataset& data) {
+  torch::NoGradGuard no_grad;
+  model.SetTraining(false);
+  int64_t correct = 0;
+  constexpr int64_t kChunk = 1024;
+  for (int64_t begin = 0; begin < data.size(); begin += kChunk) {
+    const int64_t n = std::min(kChunk, data.size() - begin);
+    torch::Tensor out = model.Forward(data.features.narrow(0, begin, n));
+    correct += out.argmax(1).eq(data.labels.narrow(0, begin, n)).sum().item<int64_t>();
+  }
+  model.SetTraining(true);
+  return data.size() == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(data.size());
+}
+
+// Checks a loaded checkpoint against the live model and optimizer without changing either.
+absl::Status CheckCompatible(const LoadedCheckpoint& ckpt, Model& model,
+                             torch::optim::Optimizer& optimizer, const NamedTensors& params,
+                             const trainyard::v1::JobSpec& spec, const StepPlan& plan) {
+  NamedTensors expected = params;
+  for (auto& buffer : model.NamedBuffers()) expected.push_back(std::move(buffer));
+  for (const auto& [name, tensor] : expected) {
+    auto it = ckpt.model.find(name);
+    if (it == ckpt.model.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.safetensors: no tensor '", name, "'"));
+    }
+    if (it->second.sizes() != tensor.sizes() || it->second.scalar_type() != tensor.scalar_type()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: tensor '", name, "' differs in shape or dtype"));
+    }
+  }
+  const std::string optimizer_name =
+      spec.optimizer().name().empty() ? "sgd" : spec.optimizer().name();
+  if (ckpt.optimizer_name != optimizer_name) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.safetensors: state of '",
+                                                   ckpt.optimizer_name, "', the job uses '",
+                                                   optimizer_name, "'"));
+  }
+  absl::Status status = CheckOptimizerState(optimizer, params, ckpt.optimizer);
+  if (!status.ok()) return status;
+  const TrainerState& s = ckpt.state;
+  if (s.step < 0 || s.step > plan.total_steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_state.json: step ", s.step, " outside [0, ", plan.total_steps, "]"));
+  }
+  if (s.data_cursor != s.step * plan.global_batch_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_state.json: data cursor ", s.data_cursor, " is not step ", s.step,
+                     " times the batch size ", plan.global_batch_size));
+  }
+  if (s.seed != spec.seed()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_state.json: seed ", s.seed, ", the job uses ", spec.seed()));
+  }
+  return absl::OkStatus();
+}
+
+void ApplyCheckpoint(const LoadedCheckpoint& ckpt, Model& model, torch::optim::Optimizer& optimizer,
+                     const NamedTensors& params) {
+  torch::NoGradGuard no_grad;
+  NamedTensors targets = params;
+  for (auto& buffer : model.NamedBuffers()) targets.push_back(std::move(buffer));
+  for (auto& [name, tensor] : targets) tensor.copy_(ckpt.model.at(name));
+  LoadOptimizerState(optimizer, params, ckpt.optimizer);
+}
+
+class Run {
+ public:
+  Run(const trainyard::v1::Task& task, const TrainerOptions& options)
+      : task_(task), spec_(task.spec()), options_(options), clock_(*options.clock) {}
+
+  absl::StatusOr<TrainResult> Execute();
+
+ private:
+  void Print(const std::string& line) {
+    if (options_.print_line) {
+      options_.print_line(line);
+    } else {
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
+  }
+  bool StopRequested() const {
+    return options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
+  }
+  absl::Status Prepare();
+  void Resume();
+  CheckpointData Snapshot(int64_t step, double lr);
+  absl::Status Export(TrainResult& result);
+
+  const trainyard::v1::Task& task_;
+  const trainyard::v1::JobSpec& spec_;
+  const TrainerOptions& options_;
+  const Clock& clock_;
+
+  LossKind loss_kind_ = LossKind::kCrossEntropy;
+  std::unique_ptr<Strategy> strategy_;
+  SplitDataset data_;
+  StepPlan plan_;
+  std::unique_ptr<Model> model_;
+  NamedTensors params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<ObjectStore> store_;  // null without a checkpoint URI
+  int64_t start_step_ = 0;
+  std::string resumed_from_;
+};
+
+absl::Status Run::Prepare() {
+  if (spec_.loss() == "mse") {
+    loss_kind_ = LossKind::kMse;
+  } else if (spec_.loss().empty() || spec_.loss() == "cross_entropy") {
+    loss_kind_ = LossKind::kCrossEntropy;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss: unknown loss '", spec_.loss(), "' (cross_entropy, mse)"));
+  }
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(task_);
+  if (!strategy.ok()) return strategy.status();
+  strategy_ = *std::move(strategy);
+
+  absl::StatusOr<Dataset> data =
+      LoadDataset(spec_.data(), spec_.seed(), loss_kind_ == LossKind::kCrossEntropy);
+  if (!data.ok()) return data.status();
+  const int64_t outputs = data->OutputWidth();
+  absl::StatusOr<SplitDataset> split = SplitValidation(*data, spec_.data().validation_split());
+  if (!split.ok()) return split.status();
+  data_ = *std::move(split);
+  absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_.train.size(), strategy_->world_size());
+  if (!plan.ok()) return plan.status();
+  plan_ = *plan;
+
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      BuildModel(spec_.model(), spec_.seed(), data_.train.FeatureWidth(), outputs);
+  if (!model.ok()) return model.status();
+  model_ = *std::move(model);
+  params_ = model_->NamedParameters();
+  if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
+  // A quick forward pass turns shape mismatches into a clear error before training starts.
+  try {
+    torch::NoGradGuard no_grad;
+    model_->SetTraining(false);
+    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1));
+    model_->SetTraining(true);
+    if (out.dim() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("model: forward() returns shape [",
+                                                     absl::StrJoin(out.sizes(), ","),
+                                                     "], expected [N, outputs]"));
+    }
+    if (loss_kind_ == LossKind::kCrossEntropy && out.size(1) < outputs) {
+      return absl::InvalidArgumentError(absl::StrCat("data.labels: class id ", outputs - 1,
+                                                     " is out of range for the model's ",
+                                                     out.size(1), " outputs"));
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: forward() fails on the data: ", DescribeTorchError(e)));
+  }
+  std::vector<torch::Tensor> tensors;
+  for (const auto& [name, p] : params_) tensors.push_back(p);
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
+      BuildOptimizer(spec_.optimizer(), tensors);
+  if (!optimizer.ok()) return optimizer.status();
+  optimizer_ = *std::move(optimizer);
+
+  if (!task_.checkpoint_uri().empty()) {
+    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(task_.checkpoint_uri());
+    if (!store.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint.uri: ", store.status().message()));
+    }
+    store_ = *std::move(store);
+  }
+  return strategy_->Setup(*model_);
+}
+
+void Run::Resume() {
+  for (const std::string& uri : task_.resume_checkpoints()) {
+    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+    absl::StatusOr<LoadedCheckpoint> ckpt = store.ok()
+                                                ? ReadCheckpoint(**store, uri)
+                                                : absl::StatusOr<LoadedCheckpoint>(store.status());
+    absl::Status status = ckpt.status();
+    if (status.ok()) {
+      status = CheckCompatible(*ckpt, *model_, *optimizer_, params_, spec_, plan_);
+    }
+    if (status.ok()) status = RestoreTorchRngState(ckpt->state.torch_rng_state);
+    if (!status.ok()) {
+      LogWarning("checkpoint ", uri, " is unusable, trying the next one: ", status.ToString());
+      continue;
+    }
+    ApplyCheckpoint(*ckpt, *model_, *optimizer_, params_);
+    start_step_ = ckpt->state.step;
+    resumed_from_ = uri;
+    LogInfo("resumed from ", uri, " at step ", start_step_);
+    return;
+  }
+  if (task_.resume_checkpoints_size() > 0) {
+    LogWarning("no usable checkpoint among ", task_.resume_checkpoints_size(),
+               "; starting from scratch");
+  }
+}
+
+CheckpointData Run::Snapshot(int64_t step, double lr) {
+  torch::NoGradGuard no_grad;
+  CheckpointData data;
+  for (const auto& [name, p] : params_) data.model.emplace_back(name, p.detach().clone());
+  for (const auto& [name, b] : model_->NamedBuffers()) {
+    data.model.emplace_back(name, b.detach().clone());
+  }
+  data.optimizer = OptimizerStateTensors(*optimizer_, params_);
+  data.optimizer_name = spec_.optimizer().name().empty() ? "sgd" : spec_.optimizer().name();
+  TrainerState& s = data.state;
+  s.job_id = task_.job_id();
+  s.generation = task_.generation();
+  s.step = step;
+  s.epoch = step / plan_.steps_per_epoch;
+  s.data_cursor = step * plan_.global_batch_size;
+  s.world_size = strategy_->world_size();
+  s.global_batch_size = plan_.global_batch_size;
+  s.total_steps = plan_.total_steps;
+  s.seed = spec_.seed();
+  s.shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
+  s.torch_rng_state = TorchRngState();
+  s.lr_schedule = spec_.optimizer().schedule().name().empty() ? "constant"
+                                                              : spec_.optimizer().schedule().name();
+  s.last_lr = lr;
+  return data;
+}
+
+absl::Status Run::Export(TrainResult& result) {
+  absl::StatusOr<std::string> bytes = model_->Export();
+  if (!bytes.ok()) return bytes.status();
+  const std::string uri = JoinUri(task_.checkpoint_uri(), "final/" + model_->ExportName());
+  absl::Status put =
+      RetryCall(4, absl::Milliseconds(250), [&] { return store_->Put(uri, *bytes); });
+  if (!put.ok()) {
+    return absl::UnavailableError(absl::StrCat("model export: ", put.message()));
+  }
+  result.model_uri = uri;
+  LogInfo("model exported to ", uri);
+  if (options_.coordinator != nullptr) {
+    absl::Status report = RetryCall(4, absl::Milliseconds(250),
+                                    [&] { return options_.coordinator->ReportModel(uri); });
+    if (!report.ok()) {
+      return absl::UnavailableError(absl::StrCat("ReportModel: ", report.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> Run::Execute() {
+  torch::set_num_threads(std::max(1, options_.num_threads));
+  absl::Status status = Prepare();
+  if (!status.ok()) return status;
+  Resume();
+
+  const int64_t total = plan_.total_steps;
+  const int64_t log_every = spec_.log_every_steps() > 0 ? spec_.log_every_steps() : 10;
+  const bool has_val = data_.validation.size() > 0 && loss_kind_ == LossKind::kCrossEntropy;
+  Print(absl::StrFormat(
+      "start: model=%s parameters=%d train_samples=%d validation_samples=%d features=%d "
+      "batch_size=%d steps_per_epoch=%d total_steps=%d start_step=%d threads=%d",
+      model_->Kind(), model_->ParameterCount(), data_.train.size(), data_.validation.size(),
+      data_.train.FeatureWidth(), plan_.global_batch_size, plan_.steps_per_epoch, total,
+      start_step_, std::max(1, options_.num_threads)));
+
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (store_ != nullptr) {
+    Checkpointer::Options ckpt_options;
+    ckpt_options.base_uri = task_.checkpoint_uri();
+    checkpointer =
+        std::make_unique<Checkpointer>(store_.get(), options_.coordinator, clock_, ckpt_options);
+  }
+  std::unique_ptr<ProgressReporter> reporter;
+  if (options_.coordinator != nullptr) {
+    reporter =
+        std::make_unique<ProgressReporter>(options_.coordinator, clock_, options_.report_interval);
+  }
+
+  TrainResult result;
+  result.total_steps = total;
+  result.start_step = start_step_;
+  result.resumed_from = resumed_from_;
+  trainyard::v1::JobProgress progress;
+  progress.set_total_steps(total);
+
+  const int rank = strategy_->rank();
+  const int world = strategy_->world_size();
+  const bool shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
+  BatchPrefetcher prefetcher(data_.train, plan_, spec_.seed(), shuffle, rank, world, start_step_,
+                             total);
+  const int64_t every = spec_.checkpoint().every_steps();
+  int64_t step = start_step_;
+  int64_t last_checkpoint_step = start_step_;
+  double lr = 0;
+  double samples_per_s = 0;
+  absl::Time interval_start = clock_.Now();
+  int64_t interval_steps = 0;
+  model_->SetTraining(true);
+  while (step < total) {
+    if (StopRequested()) {
+      result.stopped = true;
+      break;
+    }
+    std::optional<Batch> batch = prefetcher.Next();
+    if (!batch.has_value()) return absl::InternalError("the data thread ended early");
+    lr = LearningRateAt(spec_.optimizer(), step, total);
+    SetLearningRate(*optimizer_, lr);
+    double loss_value = 0;
+    try {
+      optimizer_->zero_grad();
+      torch::Tensor out = model_->Forward(batch->features);
+      torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels);
+      loss.backward();
+      status = strategy_->AfterBackward(*model_);
+      if (!status.ok()) return status;
+      optimizer_->step();
+      loss_value = loss.item<double>();
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
+    }
+    absl::StatusOr<double> reduced = strategy_->ReduceLoss(loss_value);
+    if (!reduced.ok()) return reduced.status();
+    ++step;
+    ++interval_steps;
+    if (step == start_step_ + 1) result.first_loss = *reduced;
+    result.loss = *reduced;
+    if (options_.after_step) options_.after_step(step);
+
+    const int64_t epoch = step / plan_.steps_per_epoch;
+    if (step % log_every == 0 || step == total) {
+      const absl::Time now = clock_.Now();
+      const double seconds = absl::ToDoubleSeconds(now - interval_start);
+      if (seconds > 0) {
+        samples_per_s = static_cast<double>(interval_steps * plan_.global_batch_size) / seconds;
+      }
+      interval_start = now;
+      interval_steps = 0;
+      std::string line = absl::StrFormat(
+          "step=%d total=%d loss=%.8f lr=%g samples_per_s=%.1f "
+          "epoch=%d",
+          step, total, result.loss, lr, samples_per_s, epoch);
+      if (has_val) {
+        try {
+          result.val_accuracy = Accuracy(*model_, data_.validation);
+        } catch (const std::exception& e) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("model: validation failed: ", DescribeTorchError(e)));
+        }
+        absl::StrAppendFormat(&line, " val_accuracy=%.4f", *result.val_accuracy);
+      }
+      Print(line);
+    }
+    if (reporter != nullptr) {
+      progress.set_step(step);
+      progress.set_loss(result.loss);
+      progress.set_samples_per_second(samples_per_s);
+      progress.set_epoch(epoch);
+      progress.set_has_val_accuracy(result.val_accuracy.has_value());
+      progress.set_val_accuracy(result.val_accuracy.value_or(0));
+      reporter->Update(progress);
+    }
+    if (checkpointer != nullptr && every > 0 && step % every == 0 && step < total) {
+      checkpointer->SaveAsync(Snapshot(step, lr));
+      last_checkpoint_step = step;
+    }
+  }
+  result.step = step;
+
+  if (checkpointer != nullptr) {
+    if (step > 0 && step != last_checkpoint_step) {
+      checkpointer->SaveAsync(Snapshot(step, lr));
+    }
+    absl::Status saved = checkpointer->Wait();
+    if (!saved.ok()) {
+      if (result.stopped) {
+        LogWarning("checkpoint at stop failed: ", saved.ToString());
+      } else {
+        return absl::UnavailableError(absl::StrCat("final checkpoint: ", saved.message()));
+      }
+    }
+  }
+  if (!result.stopped && store_ != nullptr) {
+    status = Export(result);
+    if (!status.ok()) return status;
+  }
+  if (reporter != nullptr) {
+    progress.set_step(step);
+    progress.set_loss(result.loss);
+    progress.set_epoch(step / plan_.steps_per_epoch);
+    progress.set_has_val_accuracy(result.val_accuracy.has_value());
+    progress.set_val_accuracy(result.val_accuracy.value_or(0));
+    absl::Status reported = reporter->Finish(progress);
+    if (!reported.ok() && !result.stopped) {
+      return absl::UnavailableError(absl::StrCat("final progress report: ", reported.message()));
+    }
+  }
+  std::string end = absl::StrFormat("done: step=%d total=%d loss=%.8f stopped=%s", step, total,
+                                    result.loss, result.stopped ? "true" : "false");
+  if (result.val_accuracy.has_value()) {
+    absl::StrAppendFormat(&end, " val_accuracy=%.4f", *result.val_accuracy);
+  }
+  if (!result.model_uri.empty()) absl::StrAppend(&end, " model=", result.model_uri);
+  Print(end);
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task) {
+  switch (task.spec().strategy()) {
+    case trainyard::v1::STRATEGY_UNSPECIFIED:
+    case trainyard::v1::SINGLE:
+      if (task.world_size() > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "strategy: single runs one rank, the task has world size ", task.world_size()));
+      }
+      return std::make_unique<SingleStrategy>();
+    case trainyard::v1::DATA_PARALLEL:
+      return absl::UnimplementedError("strategy: data_parallel is not supported by this trainer");
+    case trainyard::v1::PARAMETER_SERVER:
+      return absl::UnimplementedError(
+          "strategy: parameter_server is not supported by this trainer");
+    default:
+      return absl::InvalidArgumentError("strategy: unknown strategy");
+  }
+}
+
+absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
+                                       const TrainerOptions& options) {
+  try {
+    Run run(task, options);
+    return run.Execute();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("unexpected: ", DescribeTorchError(e)));
+  }
+}
+
+}  // namespace trainyard::trainer

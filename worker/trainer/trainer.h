@@ -1,0 +1,61 @@
+#ifndef TRAINYARD_WORKER_TRAINER_TRAINER_H_
+#define TRAINYARD_WORKER_TRAINER_TRAINER_H_
+
+// The training run of one task: load data and model, resume from the newest good checkpoint,
+// train, checkpoint, export, report. Free of LibTorch types so that callers need not include it.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "worker/trainer/coordinator_client.h"
+
+namespace trainyard::trainer {
+
+struct TrainerOptions {
+  // Null: standalone (no reports; checkpoints are written but neither committed nor retired).
+  // Not owned.
+  CoordinatorClient* coordinator = nullptr;
+  // When it becomes non-zero the run stops at the next step boundary (after saving a checkpoint
+  // of that step if it has a checkpoint URI). Typically set by a signal handler. Not owned.
+  const std::atomic<int>* stop_signal = nullptr;
+  int num_threads = 1;  // torch::set_num_threads
+  const Clock* clock = &RealClock::Get();
+  absl::Duration report_interval = absl::Seconds(1);
+  // Receives the progress lines ("step=... total=... loss=..."), the start line and the end
+  // line; default: stdout.
+  std::function<void(const std::string&)> print_line;
+  // Called on the training thread after each update with the new step count (tests).
+  std::function<void(int64_t)> after_step;
+};
+
+struct TrainResult {
+  int64_t step = 0;  // updates done, resumed ones included
+  int64_t total_steps = 0;
+  int64_t start_step = 0;    // step this run resumed from; 0 when fresh
+  std::string resumed_from;  // the checkpoint resumed from; empty when fresh
+  double first_loss = 0;     // batch loss of this run's first update
+  double loss = 0;           // batch loss of the last update
+  std::optional<double> val_accuracy;
+  bool stopped = false;   // stop_signal ended the run before total_steps
+  std::string model_uri;  // the exported model; empty when stopped or without checkpoint_uri
+};
+
+// Runs `task` to completion (blocking) on the calling thread plus a data thread, a checkpoint
+// thread and, with a coordinator, a report thread. Errors, classified for ExitCodeForStatus:
+// INVALID_ARGUMENT / NOT_FOUND / UNIMPLEMENTED naming the spec field for bad specs, data or
+// models; UNAVAILABLE when the final checkpoint, export or report cannot be
+// done; INTERNAL for anything unexpected. Not reentrant: it sets LibTorch's global thread count
+// and random generator.
+absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
+                                       const TrainerOptions& options);
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_TRAINER_H_
