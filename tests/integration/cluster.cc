@@ -33,8 +33,12 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-// Polls `condition` until it holds or `timeout` passes: waiting on an observable condition, with
-// a deadline, not a fixed sleep.
+bool IsFinal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+}  // namespace
+
 bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
@@ -43,12 +47,6 @@ bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout) {
   }
   return condition();
 }
-
-bool IsFinal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-}  // namespace
 
 std::string BinDir() {
   const char* dir = getenv("TRAINYARD_BIN_DIR");
@@ -178,6 +176,8 @@ Cluster::~Cluster() {
   for (auto& worker : workers_) {
     if (worker != nullptr) worker->Stop();
   }
+  // An idle but connected client holds up the server's graceful shutdown until its deadline.
+  job_stub_.reset();
   if (coordinator_ != nullptr) coordinator_->Stop();
   if (::testing::Test::HasFailure()) {
     // Leave what the processes said in the test output: the only trace once the folder is gone.
@@ -221,6 +221,7 @@ void Cluster::StartCoordinator() {
 }
 
 void Cluster::KillCoordinator(int sig) {
+  job_stub_.reset();
   coordinator_->Signal(sig);
   coordinator_->Wait(absl::Seconds(30));
 }

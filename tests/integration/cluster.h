@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -123,6 +124,9 @@ std::string ReadFile(const std::string& path);
 // Parses the trainer's "step=N ... loss=X" lines: step -> loss.
 std::map<int64_t, double> ParseStepLosses(const std::string& log);
 bool ProcessAlive(pid_t pid);
+// Polls `condition` until it holds or `timeout` passes: waiting on an observable condition with a
+// deadline, never a fixed sleep. Returns whether it holds.
+bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);
 
 }  // namespace trainyard::testing
 

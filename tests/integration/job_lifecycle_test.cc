@@ -124,13 +124,17 @@ TEST(JobLifecycleTest, CancelStopsTheRunningTrainer) {
 
   auto cancel = cluster.Cli({"cancel", submitted->id()});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
-  auto job = cluster.WaitFor(submitted->id(), [](const Job& job) {
-    return job.state() == v1::CANCELLED && !job.tasks().empty() &&
-           job.tasks(0).state() == v1::TASK_STOPPED;
-  });
+  auto job = cluster.WaitForFinal(submitted->id());
   ASSERT_TRUE(job.ok()) << job.status();
-  // The agent reports the task stopped only after its process has been reaped.
-  EXPECT_FALSE(ProcessAlive(*pid));
+  EXPECT_EQ(job->state(), v1::CANCELLED);
+  // The agent stops the trainer (SIGTERM, then SIGKILL) and reports it stopped once reaped.
+  EXPECT_TRUE(PollUntil([&] { return !ProcessAlive(*pid); }, absl::Seconds(30)));
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        auto now = cluster.Get(submitted->id());
+        return now.ok() && now->tasks_size() == 1 && now->tasks(0).state() == v1::TASK_STOPPED;
+      },
+      absl::Seconds(30)));
   auto cancel_again = cluster.Cli({"cancel", submitted->id()});
   EXPECT_NE(cancel_again.exit_code, 0);
 }

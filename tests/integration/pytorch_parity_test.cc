@@ -16,7 +16,7 @@ namespace {
 constexpr char kPython[] = "/usr/bin/python3";
 
 // Runs a command to completion; its exit status and combined output.
-std::pair<int, std::string> Run(const std::vector<std::string>& argv, const std::string& log) {
+std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, const std::string& log) {
   Process process(argv, log);
   std::optional<int> status = process.Wait(absl::Seconds(120));
   int code = status.has_value() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
@@ -29,12 +29,12 @@ TEST(PyTorchParityTest, PerStepLossesMatchPyTorch) {
   const std::string model = dir.path() + "/model.pt";
   const std::string data_dir = dir.path() + "/data";
   auto [model_rc, model_out] =
-      Run({kPython, SourceDir() + "/examples/write_torchscript_model.py", "--out", model,
+      RunCommand({kPython, SourceDir() + "/examples/write_torchscript_model.py", "--out", model,
            "--inputs", "12", "--hidden", "24", "--classes", "3", "--seed", "5"},
           dir.path() + "/model.log");
   ASSERT_EQ(model_rc, 0) << model_out;
   auto [data_rc, data_out] =
-      Run({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data_dir,
+      RunCommand({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data_dir,
            "--samples", "320", "--features", "12", "--classes", "3", "--files", "2", "--seed",
            "9"},
           dir.path() + "/data.log");
@@ -61,7 +61,7 @@ log_every_steps: 1
   std::map<int64_t, double> ours = ParseStepLosses(*logs);
 
   auto [ref_rc, ref_out] =
-      Run({kPython, SourceDir() + "/tests/integration/reference_train.py", "--model", model,
+      RunCommand({kPython, SourceDir() + "/tests/integration/reference_train.py", "--model", model,
            "--data", data_dir + "/*.safetensors", "--batch", "32", "--steps",
            std::to_string(kSteps), "--lr", "0.05", "--momentum", "0.9"},
           dir.path() + "/reference.log");
