@@ -45,8 +45,8 @@ done
 
 echo
 echo "==> Writing a small dataset to $work/data"
-/usr/bin/python3 "$here/examples/write_dataset.py" --out-dir "$work/data" --samples 8192 \
-  --features 32 --classes 4 --files 4 --seed 1
+/usr/bin/python3 "$here/examples/write_dataset.py" --out-dir "$work/data" --samples 60000 \
+  --features 32 --classes 4 --noise 4 --files 4 --seed 1
 
 spec="$work/demo-job.yaml"
 sed "s|examples/data/|$work/data/|" "$here/examples/safetensors-mlp.yaml" >"$spec"

@@ -675,8 +675,9 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
       }
       if (all_done) {
         const std::string reason = ranks == 1
-                                       ? std::string("rank 0 exited with code 0")
-                                       : absl::StrCat("all ", ranks, " ranks exited with code 0");
+                                       ? std::string("training finished: rank 0 exited with code 0")
+                                       : absl::StrCat("training finished: all ", ranks,
+                                                      " ranks exited with code 0");
         return TransitionLocked(*entry, std::move(updated), v1::SUCCEEDED, reason, changed);
       }
       if (updated.state() == v1::SCHEDULED) {

@@ -79,6 +79,8 @@ TEST(JobLifecycleTest, SubmittedJobTrainsToSuccessWithCheckpoints) {
   EXPECT_EQ(path, (std::vector<v1::JobState>{v1::PENDING, v1::SCHEDULED, v1::RUNNING,
                                              v1::SUCCEEDED}));
   for (const auto& event : described->events()) EXPECT_FALSE(event.reason().empty());
+  // The placed task reaches the idle agent through its long poll, not at its next poll.
+  EXPECT_LT(described->events(2).time_unix_ms() - described->events(1).time_unix_ms(), 1000);
 
   // Loss at the end is clearly below the loss at the start.
   auto logs = cluster.Logs(job->id());

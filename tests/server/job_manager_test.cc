@@ -133,7 +133,7 @@ TEST_F(JobManagerTest, SingleJobRunsToSuccess) {
   EXPECT_EQ(job.state(), v1::SUCCEEDED);
   EXPECT_GT(job.finished_unix_ms(), 0);
   EXPECT_THAT(Reasons(job), ElementsAre("submitted", "placed on w1", "rank 0 running on w1",
-                                        "rank 0 exited with code 0"));
+                                        "training finished: rank 0 exited with code 0"));
   EXPECT_EQ(job.events(3).from(), v1::RUNNING);
   EXPECT_EQ(job.events(3).to(), v1::SUCCEEDED);
   // The finished task leaves the worker's desired state; repeating the report changes nothing.

@@ -220,7 +220,8 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
                                     bool stopped) const {
   std::string detail = std::string(absl::StripAsciiWhitespace(
       ReadSmallFile(absl::StrCat(TaskDir(task_id), "/", kTerminationMessageFile))));
-  if (detail.empty() && !stopped) detail = TailLines(LogPath(task_id), 3);
+  const bool clean_exit = exit.signal == 0 && exit.exit_code == 0;
+  if (detail.empty() && !stopped && !clean_exit) detail = TailLines(LogPath(task_id), 3);
   std::string message;
   if (stopped) {
     message = absl::StrCat("stopped on request (", DescribeExit(exit), ")");
