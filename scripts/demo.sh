@@ -25,8 +25,17 @@ shutdown() {
   fi
   cluster_pid=""
 }
-trap 'shutdown; exit 130' INT TERM
+interrupted=""
+# Bash runs an INT/TERM trap once the foreground command returns; the steps below check the flag.
+trap 'interrupted=1' INT TERM
 trap shutdown EXIT
+stop_if_interrupted() {
+  if [ -n "$interrupted" ]; then
+    echo
+    echo "demo: interrupted"
+    exit 130
+  fi
+}
 
 echo "==> Starting a local cluster (coordinator and 2 workers) in $work/cluster"
 "$bin/trainyard" up --workers 2 --port "$port" --state_dir "$work/cluster" >"$work/cluster.log" 2>&1 &
@@ -39,6 +48,7 @@ until "$bin/trainyard" workers 2>/dev/null | grep -c READY | grep -q '^2$'; do
     cat "$work/cluster.log" >&2
     exit 1
   fi
+  stop_if_interrupted
   sleep 0.2
 done
 "$bin/trainyard" workers
@@ -47,6 +57,7 @@ echo
 echo "==> Writing a small dataset to $work/data"
 /usr/bin/python3 "$here/examples/write_dataset.py" --out-dir "$work/data" --samples 60000 \
   --features 32 --classes 4 --noise 4 --files 4 --seed 1
+stop_if_interrupted
 
 spec="$work/demo-job.yaml"
 sed "s|examples/data/|$work/data/|" "$here/examples/safetensors-mlp.yaml" >"$spec"
@@ -56,6 +67,7 @@ cat "$spec"
 echo
 status=0
 "$bin/trainyard" submit "$spec" --wait || status=$?
+stop_if_interrupted
 
 echo
 echo "==> The job"
