@@ -1,0 +1,57 @@
+#include "common/metrics_http.h"
+
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainyard {
+
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer, int port)
+    : exposer_(std::move(exposer)), port_(port) {}
+
+MetricsHttpServer::~MetricsHttpServer() = default;
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& listen, const std::shared_ptr<prometheus::Collectable>& collectable) {
+  const size_t colon = listen.rfind(':');
+  int requested = -1;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(listen).substr(colon + 1), &requested) || requested < 0 ||
+      requested > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", listen, "': expected HOST:PORT"));
+  }
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    // civetweb throws when it cannot bind.
+    exposer = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+  }
+  exposer->RegisterCollectable(collectable);
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));
+  }
+  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(std::move(exposer), ports[0]));
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string temp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << port << "\n";
+    out.flush();
+    if (!out) return absl::UnavailableError(absl::StrCat("write ", temp));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("rename ", temp, " -> ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard

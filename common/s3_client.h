@@ -1,0 +1,158 @@
+#ifndef TRAINYARD_COMMON_S3_CLIENT_H_
+#define TRAINYARD_COMMON_S3_CLIENT_H_
+
+// A small S3 client on libcurl and OpenSSL: SigV4-signed PUT (single or multipart, parts in
+// parallel), GET (whole, ranged, or to a file with parallel ranges), HEAD, ListObjectsV2 with
+// paging, and DELETE, against AWS or any S3-compatible endpoint (MinIO, Ceph, R2, s3rver).
+//
+// Every request retries on connection errors, HTTP 5xx, 429 and SlowDown with exponential backoff
+// and full jitter (sleep = uniform(0, min(max_backoff, initial_backoff * 2^n))), bounded by
+// max_attempts and by max_elapsed per call. S3 requests are idempotent for our use (keys are
+// written whole and never overwritten with different content), so PUTs retry as well.
+//
+// Errors name the operation, bucket, key and the S3 error code (or the transport error):
+//   NOT_FOUND           NoSuchKey, NoSuchBucket, NoSuchUpload, HTTP 404
+//   PERMISSION_DENIED   AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch, HTTP 401/403
+//   OUT_OF_RANGE        a range that starts past the end of the object
+//   INVALID_ARGUMENT    other 4xx, bad arguments
+//   UNAVAILABLE         5xx, 429, SlowDown, connection errors: after the retry bound
+//   DATA_LOSS           a response shorter than its Content-Length / the object's size
+// Thread-safe: one client serves any number of threads; idle connections are kept in a pool of
+// curl handles and reused.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/s3_auth.h"
+
+namespace trainyard {
+
+struct S3RetryPolicy {
+  int max_attempts = 6;  // per request, first try included
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration max_elapsed = absl::Seconds(60);  // no retry starts after this since the first try
+};
+
+enum class S3Addressing {
+  kAuto,           // virtual-hosted on AWS's own endpoint, path-style on a custom endpoint
+  kPath,           // http://endpoint/bucket/key
+  kVirtualHosted,  // http://bucket.endpoint/key
+};
+
+struct S3ClientOptions {
+  // scheme://host[:port] of the service; empty means https://s3.{region}.amazonaws.com.
+  std::string endpoint;
+  std::string region = "us-east-1";
+  S3Addressing addressing = S3Addressing::kAuto;
+  AwsCredentials credentials;
+  S3RetryPolicy retry;
+  // Objects of at least this size go up as multipart uploads and come down as parallel ranged
+  // GETs of part_size bytes, `parallelism` at a time.
+  int64_t multipart_threshold = int64_t{64} << 20;
+  int64_t part_size = int64_t{16} << 20;
+  int parallelism = 4;
+  // Sign the SHA-256 of each body (false sends UNSIGNED-PAYLOAD, which AWS accepts over TLS).
+  bool sign_payload = true;
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // A transfer slower than 1 KiB/s for this long is aborted (and retried).
+  absl::Duration stall_timeout = absl::Seconds(30);
+  // Time for the retry bound and request dates; null means RealClock. Not owned.
+  const Clock* clock = nullptr;
+  // How a retry waits; null means absl::SleepFor. Tests inject one that does not sleep.
+  std::function<void(absl::Duration)> sleeper;
+  uint64_t jitter_seed = 0;  // 0: random
+};
+
+// Options from the environment: endpoint AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, region
+// AWS_REGION or AWS_DEFAULT_REGION, addressing TRAINYARD_S3_ADDRESSING (path | virtual | auto),
+// credentials as LoadAwsCredentials. Errors as LoadAwsCredentials; INVALID_ARGUMENT for a bad
+// endpoint or addressing value.
+absl::StatusOr<S3ClientOptions> S3ClientOptionsFromEnv(const EnvLookup& env);
+
+struct S3ObjectInfo {
+  std::string key;
+  int64_t size = 0;
+  std::string etag;  // as the service gives it, quotes removed
+};
+
+class S3Client {
+ public:
+  explicit S3Client(S3ClientOptions options);
+  ~S3Client();
+  S3Client(const S3Client&) = delete;
+  S3Client& operator=(const S3Client&) = delete;
+
+  // Writes the object: one PUT below multipart_threshold, else a multipart upload whose parts go
+  // in parallel and which is aborted (its parts deleted) if any part fails. Blocks.
+  absl::Status PutObject(const std::string& bucket, const std::string& key, absl::string_view data);
+  // As PutObject, streaming from a local file (never more than parallelism parts in memory).
+  // NOT_FOUND / UNAVAILABLE for a file that cannot be opened or read.
+  absl::Status PutObjectFromFile(const std::string& bucket, const std::string& key,
+                                 const std::string& path);
+  absl::StatusOr<std::string> GetObject(const std::string& bucket, const std::string& key);
+  // Bytes [offset, offset + length) clipped to the object; offset == size gives "". OUT_OF_RANGE
+  // for an offset past the end, INVALID_ARGUMENT for a negative offset or length.
+  absl::StatusOr<std::string> GetObjectRange(const std::string& bucket, const std::string& key,
+                                             int64_t offset, int64_t length);
+  // Writes the object to `path` (created or truncated), in parallel ranges when it is large.
+  // Returns what HEAD said about it. The file is incomplete on error; the caller removes it.
+  absl::StatusOr<S3ObjectInfo> GetObjectToFile(const std::string& bucket, const std::string& key,
+                                               const std::string& path);
+  absl::StatusOr<S3ObjectInfo> HeadObject(const std::string& bucket, const std::string& key);
+  // Every object whose key starts with `prefix`, following continuation tokens; in key order.
+  absl::StatusOr<std::vector<S3ObjectInfo>> ListObjects(const std::string& bucket,
+                                                        const std::string& prefix);
+  // Deleting a missing key is OK (S3 answers 204 either way).
+  absl::Status DeleteObject(const std::string& bucket, const std::string& key);
+
+  // Requests sent and retries made since construction (for tests and benchmarks).
+  int64_t requests_sent() const { return requests_sent_.load(); }
+  int64_t retries() const { return retries_.load(); }
+
+  struct Request;
+  struct Response;
+
+ private:
+  // One attempt; transport errors come back as UNAVAILABLE with retryable set.
+  absl::StatusOr<Response> PerformOnce(Request& request, bool* retryable);
+  // With the retry policy; maps HTTP errors to statuses naming `op`, bucket and key.
+  absl::StatusOr<Response> Execute(Request& request);
+  absl::Status PutMultipart(const std::string& bucket, const std::string& key, int64_t size,
+                            absl::string_view data, int fd);
+  absl::Status PutSingle(const std::string& bucket, const std::string& key, absl::string_view data,
+                         int fd, int64_t size);
+  absl::Duration Backoff(int retry);
+  void* AcquireHandle();
+  void ReleaseHandle(void* handle);
+
+  const S3ClientOptions options_;
+  const Clock& clock_;
+  std::string scheme_;  // "http" or "https"
+  std::string host_;    // host[:port] of the endpoint
+  bool virtual_hosted_ = false;
+
+  absl::Mutex pool_mu_;
+  std::vector<void*> idle_handles_ ABSL_GUARDED_BY(pool_mu_);  // CURL*
+  absl::Mutex rng_mu_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(rng_mu_);
+  std::atomic<int64_t> requests_sent_{0};
+  std::atomic<int64_t> retries_{0};
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_S3_CLIENT_H_

@@ -1,0 +1,407 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cctype>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "prometheus/gauge.h"
+
+namespace trainyard {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// Bounded so that a job reporting every step for days costs a fixed amount of memory; the
+// window is far longer than any sane save takes in steps.
+constexpr size_t kTrackedSteps = 512;
+
+std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(s); }
+
+std::string JobStateLabel(v1::JobState state) { return Lower(v1::JobState_Name(state)); }
+
+std::string WorkerStateLabel(v1::WorkerState state) { return Lower(v1::WorkerState_Name(state)); }
+
+constexpr v1::JobState kJobStates[] = {v1::PENDING,   v1::SCHEDULED, v1::RUNNING,  v1::RESTARTING,
+                                       v1::SUCCEEDED, v1::FAILED,    v1::CANCELLED};
+constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::LOST};
+const char* const kRestartReasons[] = {"preemption", "worker_lost", "hang", "failure"};
+const char* const kPreemptionReasons[] = {"cloud_notice", "termination_signal", "other"};
+
+// Families built at scrape time.
+class FamilyBuilder {
+ public:
+  FamilyBuilder(std::vector<MetricFamily>& out, std::string name, std::string help, MetricType type)
+      : out_(out) {
+    family_.name = std::move(name);
+    family_.help = std::move(help);
+    family_.type = type;
+  }
+  ~FamilyBuilder() {
+    // An empty family would print a HELP line with no samples; leave it out.
+    if (!family_.metric.empty()) out_.push_back(std::move(family_));
+  }
+  FamilyBuilder& Add(std::vector<ClientMetric::Label> labels, double value) {
+    ClientMetric m;
+    m.label = std::move(labels);
+    if (family_.type == MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    family_.metric.push_back(std::move(m));
+    return *this;
+  }
+
+ private:
+  std::vector<MetricFamily>& out_;
+  MetricFamily family_;
+};
+
+// Latencies of the control plane: from milliseconds (an idle cluster) to hours (a deep queue).
+prometheus::Histogram::BucketBoundaries SchedulingBuckets() {
+  return {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200, 21600};
+}
+
+// A checkpoint save and commit: sub-second for small models on local disk, minutes for large
+// models on object storage.
+prometheus::Histogram::BucketBoundaries CommitBuckets() {
+  return {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800};
+}
+
+// Loss detected to first step again: seconds on a warm cluster, minutes when capacity is short.
+prometheus::Histogram::BucketBoundaries RecoveryBuckets() {
+  return {0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600};
+}
+
+}  // namespace
+
+std::string RestartReasonLabel(absl::string_view reason) {
+  const std::string r = Lower(reason);
+  if (absl::StrContains(r, "preempt") || absl::StrContains(r, "notice")) return "preemption";
+  if (absl::StrContains(r, "lost")) return "worker_lost";
+  if (absl::StrContains(r, "hang") || absl::StrContains(r, "stall") ||
+      absl::StrContains(r, "no progress") || absl::StrContains(r, "no step progress")) {
+    return "hang";
+  }
+  return "failure";
+}
+
+std::string PreemptionReasonLabel(absl::string_view reason) {
+  const std::string r = Lower(reason);
+  if (absl::StrContains(r, "notice") || absl::StrContains(r, "metadata") ||
+      absl::StrContains(r, "instance-action") || absl::StrContains(r, "preempted")) {
+    // "preempted" is how GCE's endpoint answers; a signal is named as such below first.
+    if (!absl::StrContains(r, "sigterm") && !absl::StrContains(r, "signal")) return "cloud_notice";
+  }
+  if (absl::StrContains(r, "sigterm") || absl::StrContains(r, "signal") ||
+      absl::StrContains(r, "termination")) {
+    return "termination_signal";
+  }
+  return "other";
+}
+
+CoordinatorMetrics::CoordinatorMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      submissions_(prometheus::BuildCounter()
+                       .Name("trainyard_job_submissions_total")
+                       .Help("Jobs accepted by SubmitJob.")
+                       .Register(*registry_)
+                       .Add({})),
+      finished_(prometheus::BuildCounter()
+                    .Name("trainyard_jobs_finished_total")
+                    .Help("Jobs that reached a final state, by that state.")
+                    .Register(*registry_)),
+      scheduling_latency_(prometheus::BuildHistogram()
+                              .Name("trainyard_job_scheduling_latency_seconds")
+                              .Help("Time a job waited in PENDING before all its ranks were "
+                                    "placed (PENDING -> SCHEDULED).")
+                              .Register(*registry_)
+                              .Add({}, SchedulingBuckets())),
+      restarts_(prometheus::BuildCounter()
+                    .Name("trainyard_restarts_total")
+                    .Help("Job restarts (RESTARTING), by cause: preemption, worker_lost, hang, "
+                          "failure.")
+                    .Register(*registry_)),
+      preemptions_(prometheus::BuildCounter()
+                       .Name("trainyard_preemptions_total")
+                       .Help("Job restarts caused by a preemption, by how it was announced.")
+                       .Register(*registry_)),
+      steps_lost_(prometheus::BuildCounter()
+                      .Name("trainyard_restart_lost_steps_total")
+                      .Help("Steps trained but not committed when a job restarted: work to "
+                            "redo.")
+                      .Register(*registry_)
+                      .Add({})),
+      recovery_(prometheus::BuildHistogram()
+                    .Name("trainyard_restart_recovery_seconds")
+                    .Help("Time from a job entering RESTARTING to the first progress report of "
+                          "its next attempt.")
+                    .Register(*registry_)
+                    .Add({}, RecoveryBuckets())),
+      commit_latency_(prometheus::BuildHistogram()
+                          .Name("trainyard_checkpoint_commit_latency_seconds")
+                          .Help("Time from the job reaching a checkpoint's step (from its "
+                                "progress reports) to the coordinator recording the commit.")
+                          .Register(*registry_)
+                          .Add({}, CommitBuckets())),
+      workers_lost_(prometheus::BuildCounter()
+                        .Name("trainyard_workers_lost_total")
+                        .Help("Workers marked LOST because their lease expired.")
+                        .Register(*registry_)
+                        .Add({})) {
+  // Every label value exists from the start so that rate() and alerts see a zero, not nothing.
+  for (v1::JobState state : {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+    finished_.Add({{"state", JobStateLabel(state)}});
+  }
+  for (const char* reason : kRestartReasons) restarts_.Add({{"reason", reason}});
+  for (const char* reason : kPreemptionReasons) preemptions_.Add({{"reason", reason}});
+}
+
+CoordinatorMetrics::~CoordinatorMetrics() = default;
+
+void CoordinatorMetrics::SetSnapshotSource(std::function<ClusterMetricsSnapshot()> source) {
+  absl::MutexLock lock(&mu_);
+  source_ = std::move(source);
+}
+
+void CoordinatorMetrics::OnJobSubmitted(const v1::Job& job) { submissions_.Increment(); }
+
+void CoordinatorMetrics::OnJobTransition(const v1::Job& job, v1::JobState from, v1::JobState to,
+                                         absl::string_view reason, absl::Time now) {
+  if (from == v1::PENDING && to == v1::SCHEDULED) {
+    // The events end with this transition; the one before it that entered PENDING starts the
+    // wait (submission, or the end of a restart).
+    absl::Time pending_since = absl::FromUnixMillis(job.created_unix_ms());
+    for (int i = 0; i + 1 < job.events_size(); ++i) {
+      if (job.events(i).to() == v1::PENDING) {
+        pending_since = absl::FromUnixMillis(job.events(i).time_unix_ms());
+      }
+    }
+    scheduling_latency_.Observe(std::max(0.0, absl::ToDoubleSeconds(now - pending_since)));
+  }
+  if (to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED) {
+    finished_.Add({{"state", JobStateLabel(to)}}).Increment();
+  }
+  if (to == v1::RESTARTING) {
+    const std::string label = RestartReasonLabel(reason);
+    restarts_.Add({{"reason", label}}).Increment();
+    if (label == "preemption") {
+      preemptions_.Add({{"reason", PreemptionReasonLabel(reason)}}).Increment();
+    }
+    const int64_t lost = job.progress().step() - std::max<int64_t>(job.committed_step(), 0);
+    if (lost > 0) steps_lost_.Increment(static_cast<double>(lost));
+  }
+  absl::MutexLock lock(&mu_);
+  const std::string id = job.id();
+  if (to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED) {
+    tracks_.erase(id);
+    return;
+  }
+  if (to == v1::RESTARTING) {
+    JobTrack& track = tracks_[id];
+    track.steps.clear();
+    track.restarted = now;
+    track.awaiting_first_step = false;
+  } else if (to == v1::RUNNING) {
+    auto it = tracks_.find(id);
+    if (it != tracks_.end() && it->second.restarted != absl::InfinitePast()) {
+      it->second.awaiting_first_step = true;
+    }
+  }
+}
+
+void CoordinatorMetrics::OnProgress(absl::string_view job_id, int64_t step, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobTrack& track = tracks_[job_id];
+  if (track.awaiting_first_step) {
+    recovery_.Observe(std::max(0.0, absl::ToDoubleSeconds(now - track.restarted)));
+    track.awaiting_first_step = false;
+    track.restarted = absl::InfinitePast();
+  }
+  if (!track.steps.empty() && track.steps.back().first >= step) return;
+  track.steps.emplace_back(step, now);
+  while (track.steps.size() > kTrackedSteps) track.steps.pop_front();
+}
+
+void CoordinatorMetrics::OnCheckpointCommitted(absl::string_view job_id, int64_t step,
+                                               absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = tracks_.find(job_id);
+  if (it == tracks_.end() || it->second.steps.empty()) return;
+  const std::deque<std::pair<int64_t, absl::Time>>& steps = it->second.steps;
+  // When the job reached `step`: the first report showing it, or, when the commit overtook the
+  // reports (they are paced, a fast job saves between two of them), the last report's time
+  // extrapolated at the job's recent step rate, never later than now.
+  std::optional<absl::Time> reached;
+  for (const auto& [seen_step, when] : steps) {
+    if (seen_step >= step) {
+      reached = when;
+      break;
+    }
+  }
+  if (!reached.has_value()) {
+    const auto& [last_step, last_time] = steps.back();
+    reached = last_time;
+    if (steps.size() >= 2) {
+      const auto& [prev_step, prev_time] = steps[steps.size() - 2];
+      const double seconds = absl::ToDoubleSeconds(last_time - prev_time);
+      if (seconds > 0 && last_step > prev_step) {
+        const double rate = static_cast<double>(last_step - prev_step) / seconds;
+        reached = std::min(now, last_time + absl::Seconds((step - last_step) / rate));
+      }
+    }
+  }
+  const double latency = std::max(0.0, absl::ToDoubleSeconds(now - *reached));
+  commit_latency_.Observe(latency);
+  it->second.last_commit_latency_seconds = latency;
+}
+
+void CoordinatorMetrics::OnWorkerLost(absl::string_view worker_id) { workers_lost_.Increment(); }
+
+std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
+  std::vector<MetricFamily> out = registry_->Collect();
+  std::function<ClusterMetricsSnapshot()> source;
+  absl::flat_hash_map<std::string, double> commit_latency;
+  {
+    absl::MutexLock lock(&mu_);
+    source = source_;
+    for (const auto& [id, track] : tracks_) {
+      if (track.last_commit_latency_seconds >= 0) {
+        commit_latency[id] = track.last_commit_latency_seconds;
+      }
+    }
+  }
+  if (!source) return out;
+  const ClusterMetricsSnapshot snap = source();
+
+  {
+    FamilyBuilder jobs(out, "trainyard_jobs",
+                       "Jobs the coordinator knows, by state (final ones included).",
+                       MetricType::Gauge);
+    for (v1::JobState state : kJobStates) {
+      auto it = snap.jobs_by_state.find(state);
+      jobs.Add({{"state", JobStateLabel(state)}}, it == snap.jobs_by_state.end() ? 0 : it->second);
+    }
+  }
+  {
+    FamilyBuilder workers(out, "trainyard_workers", "Registered workers, by state.",
+                          MetricType::Gauge);
+    for (v1::WorkerState state : kWorkerStates) {
+      auto it = snap.workers_by_state.find(state);
+      workers.Add({{"state", WorkerStateLabel(state)}},
+                  it == snap.workers_by_state.end() ? 0 : it->second);
+    }
+  }
+  FamilyBuilder(out, "trainyard_gpus",
+                "GPUs of READY workers: free for the scheduler, or used by running tasks.",
+                MetricType::Gauge)
+      .Add({{"state", "free"}}, std::max<int64_t>(snap.gpus_total - snap.gpus_used, 0))
+      .Add({{"state", "used"}}, snap.gpus_used);
+  FamilyBuilder(out, "trainyard_slots",
+                "CPU slots of READY workers: free for the scheduler, or used by running tasks.",
+                MetricType::Gauge)
+      .Add({{"state", "free"}}, std::max<int64_t>(snap.slots_total - snap.slots_used, 0))
+      .Add({{"state", "used"}}, snap.slots_used);
+  FamilyBuilder(out, "trainyard_pending_oldest_age_seconds",
+                "How long the job waiting longest in PENDING has waited; 0 when none waits.",
+                MetricType::Gauge)
+      .Add({}, snap.oldest_pending_since == absl::InfinitePast()
+                   ? 0.0
+                   : std::max(0.0, absl::ToDoubleSeconds(snap.now - snap.oldest_pending_since)));
+
+  AddJobFamilies(snap, commit_latency, out);
+  return out;
+}
+
+void CoordinatorMetrics::AddJobFamilies(
+    const ClusterMetricsSnapshot& snap,
+    const absl::flat_hash_map<std::string, double>& commit_latency,
+    std::vector<MetricFamily>& out) {
+  // The builders add their families to `out` when they go out of scope, at the end of this
+  // function.
+  FamilyBuilder state(out, "trainyard_job_state",
+                      "1 for the state each placed, unfinished job is in.", MetricType::Gauge);
+  FamilyBuilder restarts(out, "trainyard_job_restarts_total",
+                         "Restarts of each placed, unfinished job (attempts - 1).",
+                         MetricType::Counter);
+  FamilyBuilder step(out, "trainyard_job_step", "Last step the job reported.", MetricType::Gauge);
+  FamilyBuilder total_steps(out, "trainyard_job_total_steps", "Steps the job will train.",
+                            MetricType::Gauge);
+  FamilyBuilder committed(out, "trainyard_job_committed_step",
+                          "Step of the job's latest committed checkpoint; -1 when none.",
+                          MetricType::Gauge);
+  FamilyBuilder loss(out, "trainyard_job_loss", "Training loss at the last reported step.",
+                     MetricType::Gauge);
+  FamilyBuilder throughput(out, "trainyard_job_samples_per_second",
+                           "Training samples per second over the whole job (all ranks).",
+                           MetricType::Gauge);
+  FamilyBuilder step_time(out, "trainyard_job_step_time_seconds",
+                          "Mean time per step by phase since the previous report: data_wait "
+                          "(blocked on input), compute, communication (collectives not hidden "
+                          "by overlap), checkpoint (blocked on saves).",
+                          MetricType::Gauge);
+  FamilyBuilder world(out, "trainyard_job_world_size", "Ranks of the job's current attempt.",
+                      MetricType::Gauge);
+  FamilyBuilder gpus(out, "trainyard_job_gpus", "GPUs the job's current attempt holds.",
+                     MetricType::Gauge);
+  FamilyBuilder gpu_seconds(out, "trainyard_job_gpu_seconds_total",
+                            "GPUs held times seconds SCHEDULED or RUNNING, over every attempt.",
+                            MetricType::Counter);
+  FamilyBuilder running(out, "trainyard_job_running_seconds",
+                        "Time since the job first started RUNNING.", MetricType::Gauge);
+  FamilyBuilder max_runtime(out, "trainyard_job_max_runtime_seconds",
+                            "The job's max_runtime, for jobs that set one.", MetricType::Gauge);
+  FamilyBuilder checkpoint_age(out, "trainyard_job_last_checkpoint_age_seconds",
+                               "Time since the job's latest committed checkpoint (since it "
+                               "started when none is committed yet); jobs that checkpoint only.",
+                               MetricType::Gauge);
+  FamilyBuilder last_commit(out, "trainyard_job_last_checkpoint_commit_latency_seconds",
+                            "Commit latency of the job's latest checkpoint (see "
+                            "trainyard_checkpoint_commit_latency_seconds).",
+                            MetricType::Gauge);
+  for (const JobMetricsSnapshot& j : snap.jobs) {
+    const std::vector<ClientMetric::Label> job = {{"job", j.id}};
+    state.Add({{"job", j.id}, {"state", JobStateLabel(j.state)}}, 1);
+    restarts.Add(job, static_cast<double>(std::max<int64_t>(j.generation - 1, 0)));
+    step.Add(job, static_cast<double>(j.progress.step()));
+    if (j.progress.total_steps() > 0) {
+      total_steps.Add(job, static_cast<double>(j.progress.total_steps()));
+    }
+    committed.Add(job, static_cast<double>(j.committed_step));
+    if (j.progress.updated_unix_ms() > 0) {
+      loss.Add(job, j.progress.loss());
+      throughput.Add(job, j.progress.samples_per_second());
+      step_time.Add({{"job", j.id}, {"phase", "data_wait"}}, j.progress.data_wait_seconds());
+      step_time.Add({{"job", j.id}, {"phase", "compute"}}, j.progress.compute_seconds());
+      step_time.Add({{"job", j.id}, {"phase", "communication"}},
+                    j.progress.communication_seconds());
+      step_time.Add({{"job", j.id}, {"phase", "checkpoint"}}, j.progress.checkpoint_seconds());
+    }
+    world.Add(job, j.ranks);
+    gpus.Add(job, j.gpus);
+    gpu_seconds.Add(job, j.gpu_seconds);
+    if (j.started != absl::InfinitePast()) {
+      running.Add(job, std::max(0.0, absl::ToDoubleSeconds(snap.now - j.started)));
+    }
+    if (j.max_runtime > absl::ZeroDuration()) {
+      max_runtime.Add(job, absl::ToDoubleSeconds(j.max_runtime));
+    }
+    if (j.checkpointing) {
+      const absl::Time since =
+          j.last_checkpoint != absl::InfinitePast() ? j.last_checkpoint : j.started;
+      if (since != absl::InfinitePast()) {
+        checkpoint_age.Add(job, std::max(0.0, absl::ToDoubleSeconds(snap.now - since)));
+      }
+    }
+    if (auto it = commit_latency.find(j.id); it != commit_latency.end()) {
+      last_commit.Add(job, it->second);
+    }
+  }
+}
+
+}  // namespace trainyard

@@ -1,0 +1,250 @@
+#!/usr/bin/python3
+"""Checks the files in deploy/ with the real tools where this machine has them.
+
+- promtool: check config (both scrape configurations), check rules, test rules;
+- kubectl kustomize on deploy/kubernetes, and the structure of what it renders;
+- yamllint on deploy/ (a python3-yaml check with duplicate keys, tabs and trailing spaces when
+  yamllint is missing);
+- the Dockerfile's targets are the ones documented in docs/operations.md;
+- the Grafana dashboards and provisioning files are well formed.
+
+Usage: deploy_check.py SOURCE_DIR. Exits 0 when everything passes, 1 otherwise.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+failures = []
+
+
+def check(condition, message):
+    if not condition:
+        failures.append(message)
+        print("FAIL:", message)
+    return condition
+
+
+def run(argv, cwd=None):
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    return result.returncode, output
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A loader that refuses duplicate keys, which plain YAML quietly accepts."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    keys = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in keys:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        keys.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def yaml_files(root):
+    for base, _, files in os.walk(root):
+        for name in sorted(files):
+            if name.endswith((".yml", ".yaml")) or name == ".yamllint":
+                yield os.path.join(base, name)
+
+
+def check_prometheus(deploy):
+    prom = os.path.join(deploy, "prometheus")
+    code, out = run(["promtool", "check", "config", "prometheus.yml"], cwd=prom)
+    check(code == 0, f"promtool check config prometheus.yml:\n{out}")
+
+    # Debian builds Prometheus without Kubernetes service discovery, so its promtool does not
+    # know kubernetes_sd_configs. Check the file as it is first; if that is the only complaint,
+    # check everything else (relabelling, rules) with the discovery swapped for a static target.
+    code, out = run(["promtool", "check", "config", "prometheus-kubernetes.yml"], cwd=prom)
+    if code != 0 and "field kubernetes_sd_configs not found" in out:
+        with open(os.path.join(prom, "prometheus-kubernetes.yml")) as f:
+            config = yaml.safe_load(f)
+        for scrape in config["scrape_configs"]:
+            sd = scrape.pop("kubernetes_sd_configs", None)
+            check(sd and sd[0].get("role") == "pod",
+                  f"{scrape['job_name']}: expected kubernetes_sd_configs with role pod")
+            scrape["static_configs"] = [{"targets": ["127.0.0.1:1"]}]
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(os.path.join(prom, "alerts.yml"), tmp)
+            path = os.path.join(tmp, "prometheus-kubernetes.yml")
+            with open(path, "w") as f:
+                yaml.safe_dump(config, f)
+            code, out = run(["promtool", "check", "config", path])
+        print("note: this promtool lacks Kubernetes service discovery; checked the rest of "
+              "prometheus-kubernetes.yml with a static target in its place")
+    check(code == 0, f"promtool check config prometheus-kubernetes.yml:\n{out}")
+
+    code, out = run(["promtool", "check", "rules", "alerts.yml"], cwd=prom)
+    check(code == 0, f"promtool check rules alerts.yml:\n{out}")
+    code, out = run(["promtool", "test", "rules", "alerts_test.yml"], cwd=prom)
+    check(code == 0, f"promtool test rules alerts_test.yml:\n{out}")
+
+    with open(os.path.join(prom, "alerts.yml")) as f:
+        alerts = {r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
+    for wanted in ["TrainyardJobOverRuntime", "TrainyardJobStalled", "TrainyardJobRestartLoop",
+                   "TrainyardWorkerLost", "TrainyardQueueBacklog", "TrainyardCheckpointTooOld",
+                   "TrainyardGpusIdle"]:
+        check(wanted in alerts, f"alerts.yml has no {wanted}")
+    return alerts
+
+
+def check_kubernetes(deploy):
+    kube = os.path.join(deploy, "kubernetes")
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("note: no kubectl here; checking the manifests listed in kustomization.yaml "
+              "with python3-yaml only")
+        with open(os.path.join(kube, "kustomization.yaml")) as f:
+            kustomization = yaml.safe_load(f)
+        docs = []
+        for name in kustomization["resources"]:
+            with open(os.path.join(kube, name)) as f:
+                docs += [d for d in yaml.safe_load_all(f) if d]
+    else:
+        code, out = run([kubectl, "kustomize", kube])
+        if not check(code == 0, f"kubectl kustomize {kube}:\n{out}"):
+            return
+        docs = [d for d in yaml.safe_load_all(out) if d]
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    for kind in ["Namespace", "Secret", "Service", "StatefulSet", "DaemonSet", "ServiceMonitor"]:
+        check(kind in by_kind, f"kustomize output has no {kind}")
+    if not all(k in by_kind for k in ["StatefulSet", "DaemonSet", "Service"]):
+        return
+
+    sts = by_kind["StatefulSet"][0]
+    pod = sts["spec"]["template"]["spec"]
+    coordinator = pod["containers"][0]
+    check(sts["spec"]["replicas"] == 1, "the coordinator must have exactly one replica")
+    check(sts["spec"].get("volumeClaimTemplates"), "coordinator StatefulSet has no volume")
+    for probe in ["readinessProbe", "livenessProbe"]:
+        check("grpc" in coordinator.get(probe, {}),
+              f"coordinator {probe} is not a gRPC health probe")
+    state_dir = next((a.split("=", 1)[1] for a in coordinator["args"]
+                      if a.startswith("--state_dir=")), None)
+    mounts = [m["mountPath"] for m in coordinator.get("volumeMounts", [])]
+    check(state_dir in mounts, f"--state_dir {state_dir} is not on the volume ({mounts})")
+
+    ports = {p["name"] for s in by_kind["Service"] for p in s["spec"]["ports"]}
+    check({"grpc", "metrics"} <= ports, f"Services lack grpc or metrics ports: {ports}")
+
+    ds = by_kind["DaemonSet"][0]
+    pod = ds["spec"]["template"]["spec"]
+    agent = pod["containers"][0]
+    check("nvidia.com/gpu" in agent["resources"].get("limits", {}),
+          "worker DaemonSet does not ask for nvidia.com/gpu")
+    tolerations = {t.get("key") for t in pod.get("tolerations", [])}
+    check("nvidia.com/gpu" in tolerations, "worker DaemonSet does not tolerate GPU taints")
+    check(any("spot" in (k or "").lower() or "preemptible" in (k or "").lower()
+              or "scalesetpriority" in (k or "") or "capacityType" in (k or "")
+              for k in tolerations), "worker DaemonSet does not tolerate spot node pools")
+    grace = next((a.split("=", 1)[1] for a in agent["args"]
+                  if a.startswith("--stop_grace_period=")), "10s")
+    grace_s = int(re.fullmatch(r"(\d+)s", grace).group(1))
+    check(pod.get("terminationGracePeriodSeconds", 30) > grace_s,
+          f"terminationGracePeriodSeconds must be above the agent's grace period {grace}")
+    for name, container in [("coordinator", coordinator), ("agent", agent)]:
+        refs = [e.get("secretRef", {}).get("name") for e in container.get("envFrom", [])]
+        check("trainyard-s3" in refs, f"{name} does not take S3 credentials from the Secret")
+    monitor = by_kind["ServiceMonitor"][0]
+    check(all(e.get("honorLabels") for e in monitor["spec"]["endpoints"]),
+          "the ServiceMonitor must honour labels (per-job series carry `job`)")
+
+
+def check_yaml(deploy):
+    files = list(yaml_files(deploy))
+    yamllint = shutil.which("yamllint")
+    if yamllint is not None:
+        code, out = run([yamllint, "--strict", "-c", os.path.join(deploy, ".yamllint"), deploy])
+        check(code == 0, f"yamllint:\n{out}")
+    else:
+        print("note: no yamllint here; checking YAML with python3-yaml")
+    for path in files:
+        with open(path) as f:
+            text = f.read()
+        try:
+            list(yaml.load_all(text, Loader=UniqueKeyLoader))
+        except yaml.YAMLError as e:
+            check(False, f"{path}: {e}")
+        check("\t" not in text, f"{path}: tab characters")
+        check(not re.search(r"[ \t]+$", text, re.M), f"{path}: trailing spaces")
+
+
+def check_dockerfile(source, deploy):
+    with open(os.path.join(deploy, "Dockerfile")) as f:
+        text = f.read()
+    targets = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", text, re.M | re.I)
+    check("runtime" in targets and "dev" in targets,
+          f"Dockerfile targets are {targets}; runtime and dev are documented")
+    check(targets and targets[-1] == "runtime",
+          "runtime should be the last stage, so that a plain `docker build` gives it")
+    with open(os.path.join(source, "docs", "operations.md")) as f:
+        docs = f.read()
+    for target in re.findall(r"--target\s+(\S+)", docs):
+        check(target in targets, f"docs/operations.md builds --target {target}, "
+              f"which the Dockerfile lacks ({targets})")
+    check("--target runtime" in docs and "--target dev" in docs,
+          "docs/operations.md should show how to build both targets")
+
+
+def check_grafana(deploy):
+    grafana = os.path.join(deploy, "grafana")
+    dashboards = os.path.join(grafana, "dashboards")
+    uids = {}
+    for name in sorted(os.listdir(dashboards)):
+        with open(os.path.join(dashboards, name)) as f:
+            board = json.load(f)
+        uids[board["uid"]] = board
+        ids = [p["id"] for p in board["panels"]]
+        check(len(ids) == len(set(ids)), f"{name}: panel ids repeat")
+        for p in board["panels"]:
+            check(p.get("targets"), f"{name}: panel {p['title']} has no query")
+            for t in p.get("targets", []):
+                check(t.get("expr"), f"{name}: panel {p['title']} has an empty query")
+    check({"trainyard-cluster", "trainyard-job"} <= set(uids), f"dashboards: {sorted(uids)}")
+    job = uids.get("trainyard-job")
+    if job:
+        variables = {v["name"] for v in job["templating"]["list"]}
+        check("job" in variables, "the job dashboard has no `job` variable")
+        check(all("$job" in t["expr"] for p in job["panels"] for t in p["targets"]),
+              "every panel of the job dashboard should select $job")
+    for sub in ["datasources", "dashboards"]:
+        for path in yaml_files(os.path.join(grafana, "provisioning", sub)):
+            with open(path) as f:
+                check(yaml.safe_load(f).get("apiVersion") == 1, f"{path}: apiVersion 1")
+
+
+def main():
+    source = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAINYARD_SOURCE_DIR", ".")
+    deploy = os.path.join(source, "deploy")
+    check_prometheus(deploy)
+    check_kubernetes(deploy)
+    check_yaml(deploy)
+    check_dockerfile(source, deploy)
+    check_grafana(deploy)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("deploy/: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+// Checkpoints on S3 (s3rver on loopback) through the whole system: a job checkpoints to s3://,
+// its trainer is killed, its newest checkpoint is corrupted after the commit, and a resubmitted
+// job (trainyard submit --resume-from) skips the corrupt one with a warning event, resumes from
+// the previous committed step, and collects garbage in its own checkpoint folder.
+
+#include <signal.h>
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/s3_object_store.h"
+#include "common/sha256.h"
+#include "common/uri.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/s3rver.h"
+#include "tests/integration/cluster.h"
+
+namespace trainyard::testing {
+namespace {
+
+using trainyard::v1::Job;
+
+std::string S3Job(const std::string& name, int64_t max_steps, const std::string& extra = "") {
+  return absl::StrCat(R"(
+name: )",
+                      name, R"(
+strategy: single
+model:
+  builtin: mlp
+  args: {inputs: 16, hidden: [32], classes: 4}
+data:
+  synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
+batch_size: 32
+optimizer: {name: adamw, lr: 0.01}
+max_steps: )",
+                      max_steps, R"(
+log_every_steps: 1
+seed: 7
+checkpoint: {uri: "s3://ckpt/runs", every_steps: 5, keep_last: 2}
+)",
+                      extra);
+}
+
+// The step folders (s3://ckpt/runs/JOB/step-...) that hold any object.
+std::set<std::string> StepFolders(ObjectStore& store, const std::string& job_id) {
+  std::set<std::string> folders;
+  auto objects = store.List(absl::StrCat("s3://ckpt/runs/", job_id, "/step-"));
+  EXPECT_TRUE(objects.ok()) << objects.status();
+  if (!objects.ok()) return folders;
+  for (const ObjectInfo& o : *objects) folders.insert(o.uri.substr(0, o.uri.rfind('/')));
+  return folders;
+}
+
+void ExpectValidManifest(ObjectStore& store, const std::string& step_uri) {
+  auto text = store.Get(JoinUri(step_uri, "MANIFEST.json"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json manifest = nlohmann::json::parse(*text);
+  ASSERT_GE(manifest["objects"].size(), 3u);
+  for (const auto& object : manifest["objects"]) {
+    auto data = store.Get(JoinUri(step_uri, object["name"].get<std::string>()));
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ(static_cast<int64_t>(data->size()), object["size"].get<int64_t>());
+    EXPECT_EQ(Sha256Hex(*data), object["sha256"].get<std::string>());
+  }
+}
+
+TEST(S3CheckpointTest, CheckpointsKillResumeAndSkipACorruptCheckpoint) {
+  if (S3rver::BinaryPath().empty()) GTEST_SKIP() << "s3rver is not installed";
+  auto s3 = S3rver::Start({"ckpt"});
+  ASSERT_TRUE(s3.ok()) << s3.status();
+  S3ObjectStore store(std::make_unique<S3Client>((*s3)->ClientOptions()));
+  Cluster cluster({.env = (*s3)->Env()});
+
+  auto first = cluster.Submit(S3Job("s3-resume", 100000000));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->checkpoint_uri(), absl::StrCat("s3://ckpt/runs/", first->id()));
+  auto committed =
+      cluster.WaitFor(first->id(), [](const Job& job) { return job.committed_step() >= 15; });
+  ASSERT_TRUE(committed.ok()) << committed.status();
+
+  // Kill the trainer: the job fails with its checkpoints in place.
+  std::optional<pid_t> pid = cluster.TrainerPid(0, absl::StrCat(first->id(), ".g1.r0"));
+  ASSERT_TRUE(pid.has_value());
+  ASSERT_EQ(kill(*pid, SIGKILL), 0);
+  auto failed = cluster.WaitForFinal(first->id());
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  ASSERT_EQ(failed->state(), v1::FAILED) << failed->reason();
+  const int64_t last = failed->committed_step();
+  const std::string newest =
+      absl::StrCat("s3://ckpt/runs/", first->id(), "/step-", absl::StrFormat("%012d", last));
+  const std::string previous =
+      absl::StrCat("s3://ckpt/runs/", first->id(), "/step-", absl::StrFormat("%012d", last - 5));
+  ExpectValidManifest(store, newest);
+  ExpectValidManifest(store, previous);
+  // Retention (keep_last: 2) deleted the older ones; at most the upload in flight when the
+  // trainer died is there besides.
+  std::set<std::string> folders = StepFolders(store, first->id());
+  EXPECT_TRUE(folders.count(newest) && folders.count(previous));
+  EXPECT_LE(folders.size(), 3u);
+
+  auto listed = cluster.Cli({"checkpoints", first->id()});
+  EXPECT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_TRUE(absl::StrContains(listed.output, newest)) << listed.output;
+
+  // Corrupt the newest committed checkpoint after its commit: truncate its model.
+  const std::string model = JoinUri(newest, "model.safetensors");
+  auto bytes = store.Get(model);
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_TRUE(store.Put(model, bytes->substr(0, bytes->size() / 2)).ok());
+
+  const std::string spec_path = cluster.state_dir() + "/../s3-resume.yaml";
+  std::ofstream(spec_path) << S3Job("s3-resume", last + 10);
+  // An object no committed manifest refers to, as an upload cut off by a crash leaves behind, in
+  // the folder of the job about to be submitted (ids are NAME-N): its trainer deletes it before
+  // it writes its first checkpoint.
+  const std::string garbage = "s3://ckpt/runs/s3-resume-2/step-000099999999/model.safetensors";
+  ASSERT_TRUE(store.Put(garbage, "partial").ok());
+  auto submit = cluster.Cli({"submit", spec_path, "--resume-from", first->id(), "--wait"});
+  EXPECT_EQ(submit.exit_code, 0) << submit.output;
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(cluster.jobs().ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+  std::string second_id;
+  for (const auto& job : jobs.jobs()) {
+    if (job.name() == "s3-resume" && job.id() != first->id()) second_id = job.id();
+  }
+  ASSERT_FALSE(second_id.empty());
+  auto second = cluster.Get(second_id);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->state(), v1::SUCCEEDED) << second->reason();
+  EXPECT_EQ(second->committed_step(), last + 10);
+
+  // The corrupt checkpoint was detected and skipped: the run starts after the previous one, and
+  // the job carries a warning event naming the checkpoint.
+  auto logs = cluster.Logs(second_id);
+  ASSERT_TRUE(logs.ok());
+  std::map<int64_t, double> losses = ParseStepLosses(*logs);
+  ASSERT_FALSE(losses.empty()) << *logs;
+  EXPECT_EQ(losses.begin()->first, last - 5 + 1) << *logs;
+  bool warned = false;
+  for (const auto& event : second->events()) {
+    warned |= absl::StrContains(event.reason(), "warning: checkpoint " + newest) &&
+              absl::StrContains(event.reason(), "DATA_LOSS");
+  }
+  EXPECT_TRUE(warned);
+  auto describe = cluster.Cli({"describe", second_id});
+  EXPECT_TRUE(absl::StrContains(describe.output, "skipped")) << describe.output;
+  ExpectValidManifest(store, absl::StrCat("s3://ckpt/runs/", second_id, "/step-",
+                                          absl::StrFormat("%012d", last + 10)));
+  ASSERT_EQ(second_id, "s3-resume-2");
+  EXPECT_EQ(store.Head(garbage).status().code(), absl::StatusCode::kNotFound);
+  // keep_last: 2 committed step folders remain, nothing else.
+  EXPECT_EQ(StepFolders(store, second_id).size(), 2u);
+}
+
+}  // namespace
+}  // namespace trainyard::testing

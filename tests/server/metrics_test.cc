@@ -1,0 +1,251 @@
+// The coordinator's metrics over a real JobManager (SQLite store, fake clock): gauges agree with
+// the state, counters and histograms follow the events, per-job series come and go with jobs.
+
+#include "server/metrics.h"
+
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "server/job_manager.h"
+#include "server/sqlite_job_store.h"
+#include "tests/server/fake_clock.h"
+#include "tests/server/test_util.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Scrape(const CoordinatorMetrics& metrics) {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, metrics.Collect());
+  return out.str();
+}
+
+// The value of the sample whose name and labels are exactly `series` (as printed, e.g.
+// `trainyard_jobs{state="running"}`); NaN when absent.
+double Value(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) != 0) continue;
+    double value = 0;
+    std::string rest = line.substr(series.size() + 1);
+    rest = rest.substr(0, rest.find(' '));  // drop a timestamp if any
+    if (absl::SimpleAtod(rest, &value)) return value;
+  }
+  return std::nan("");
+}
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    metrics_ = std::make_shared<CoordinatorMetrics>();
+    JobManagerOptions options;
+    options.checkpoint_root = "file:///ckpt";
+    options.event_sink = metrics_.get();
+    auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto manager = JobManager::Create(clock_, *std::move(store),
+                                      std::make_unique<LogStore>(dir_.path() + "/logs"), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+    JobManager* m = manager_.get();
+    metrics_->SetSnapshotSource([m] { return m->MetricsSnapshot(); });
+  }
+
+  void Register(const std::string& name, int slots, int gpus = 0) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.set_slots(slots);
+    request.set_gpus(gpus);
+    ASSERT_TRUE(manager_->RegisterWorker(request).ok());
+  }
+
+  absl::Status Report(const std::string& worker, const std::string& task_id, v1::TaskState state) {
+    v1::TaskStatus status;
+    status.set_task_id(task_id);
+    status.set_state(state);
+    return manager_->ReportTaskStatus(worker, status);
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+  std::shared_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(MetricsTest, GaugesFollowTheStateAndPerJobSeriesEndWithTheJob) {
+  Register("w1", 2, 4);
+  std::string text = Scrape(*metrics_);
+  EXPECT_EQ(Value(text, R"(trainyard_workers{state="ready"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_slots{state="free"})"), 2);
+  EXPECT_EQ(Value(text, R"(trainyard_gpus{state="free"})"), 4);
+  EXPECT_EQ(Value(text, R"(trainyard_jobs{state="pending"})"), 0);
+
+  v1::JobSpec spec = TestSpec("gpu", 1, 1, /*gpus=*/2);
+  spec.mutable_checkpoint()->set_every_steps(5);
+  spec.set_max_runtime_seconds(3600);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  manager_->SubmitJob(TestSpec("waits", 1, 1, /*gpus=*/8)).IgnoreError();  // never fits
+  clock_.Advance(absl::Seconds(3));
+  text = Scrape(*metrics_);
+  EXPECT_EQ(Value(text, R"(trainyard_jobs{state="pending"})"), 2);
+  EXPECT_EQ(Value(text, "trainyard_job_submissions_total"), 2);
+  EXPECT_EQ(Value(text, "trainyard_pending_oldest_age_seconds"), 3);
+
+  manager_->Tick();
+  text = Scrape(*metrics_);
+  EXPECT_EQ(Value(text, R"(trainyard_jobs{state="scheduled"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_gpus{state="used"})"), 2);
+  EXPECT_EQ(Value(text, R"(trainyard_gpus{state="free"})"), 2);
+  EXPECT_EQ(Value(text, "trainyard_job_scheduling_latency_seconds_count"), 1);
+  EXPECT_EQ(Value(text, "trainyard_job_scheduling_latency_seconds_sum"), 3);
+  EXPECT_EQ(Value(text, R"(trainyard_job_scheduling_latency_seconds_bucket{le="2.5"})"), 0);
+  EXPECT_EQ(Value(text, R"(trainyard_job_scheduling_latency_seconds_bucket{le="5"})"), 1);
+  const std::string id = job->id();
+  EXPECT_EQ(
+      Value(text, absl::StrCat(R"(trainyard_job_state{job=")", id, R"(",state="scheduled"})")), 1);
+  // The job that never fits has no per-job series.
+  EXPECT_THAT(text, Not(HasSubstr("waits-2\"")));
+
+  ASSERT_TRUE(Report("w1", absl::StrCat(id, ".g1.r0"), v1::TASK_RUNNING).ok());
+  v1::JobProgress progress;
+  progress.set_step(10);
+  progress.set_total_steps(100);
+  progress.set_loss(0.5);
+  progress.set_samples_per_second(1000);
+  progress.set_data_wait_seconds(0.001);
+  progress.set_compute_seconds(0.02);
+  progress.set_communication_seconds(0.003);
+  progress.set_checkpoint_seconds(0.004);
+  ASSERT_TRUE(manager_->ReportProgress(id, 1, 0, progress).ok());
+  clock_.Advance(absl::Seconds(2));
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(id);
+  commit.set_generation(1);
+  commit.set_step(10);
+  commit.set_uri("file:///ckpt/x/step-10");
+  ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
+  clock_.Advance(absl::Seconds(5));
+
+  text = Scrape(*metrics_);
+  const std::string job_label = absl::StrCat("{job=\"", id, "\"}");
+  EXPECT_EQ(Value(text, "trainyard_job_step" + job_label), 10);
+  EXPECT_EQ(Value(text, "trainyard_job_total_steps" + job_label), 100);
+  EXPECT_EQ(Value(text, "trainyard_job_committed_step" + job_label), 10);
+  EXPECT_EQ(Value(text, "trainyard_job_loss" + job_label), 0.5);
+  EXPECT_EQ(Value(text, "trainyard_job_samples_per_second" + job_label), 1000);
+  EXPECT_EQ(Value(text, absl::StrCat(R"(trainyard_job_step_time_seconds{job=")", id,
+                                     R"(",phase="compute"})")),
+            0.02);
+  EXPECT_EQ(Value(text, absl::StrCat(R"(trainyard_job_step_time_seconds{job=")", id,
+                                     R"(",phase="communication"})")),
+            0.003);
+  EXPECT_EQ(Value(text, "trainyard_job_last_checkpoint_age_seconds" + job_label), 5);
+  EXPECT_EQ(Value(text, "trainyard_job_last_checkpoint_commit_latency_seconds" + job_label), 2);
+  EXPECT_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_count"), 1);
+  EXPECT_EQ(Value(text, "trainyard_job_running_seconds" + job_label), 7);
+  EXPECT_EQ(Value(text, "trainyard_job_max_runtime_seconds" + job_label), 3600);
+  EXPECT_EQ(Value(text, "trainyard_job_gpus" + job_label), 2);
+  // Two GPUs held for 7 s since it was placed.
+  EXPECT_EQ(Value(text, "trainyard_job_gpu_seconds_total" + job_label), 14);
+  EXPECT_EQ(Value(text, "trainyard_job_restarts_total" + job_label), 0);
+
+  ASSERT_TRUE(manager_->CancelJob(id, "").ok());
+  text = Scrape(*metrics_);
+  EXPECT_THAT(text, Not(HasSubstr(id)));
+  EXPECT_EQ(Value(text, R"(trainyard_jobs{state="cancelled"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_jobs_finished_total{state="cancelled"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_gpus{state="used"})"), 0);
+}
+
+TEST_F(MetricsTest, JobsByStateAddUpToSubmissions) {
+  Register("w1", 1);
+  for (int i = 0; i < 4; ++i) manager_->SubmitJob(TestSpec("j")).IgnoreError();
+  manager_->Tick();
+  const std::string text = Scrape(*metrics_);
+  double sum = 0;
+  for (const char* state :
+       {"pending", "scheduled", "running", "restarting", "succeeded", "failed", "cancelled"}) {
+    const double v = Value(text, absl::StrCat(R"(trainyard_jobs{state=")", state, "\"}"));
+    ASSERT_FALSE(std::isnan(v)) << state;
+    sum += v;
+  }
+  EXPECT_EQ(sum, 4);
+  EXPECT_EQ(Value(text, "trainyard_job_submissions_total"), 4);
+}
+
+TEST_F(MetricsTest, LostWorkerIsCounted) {
+  Register("w1", 1);
+  clock_.Advance(absl::Seconds(11));
+  manager_->Tick();
+  const std::string text = Scrape(*metrics_);
+  EXPECT_EQ(Value(text, "trainyard_workers_lost_total"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_workers{state="lost"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_slots{state="free"})"), 0);
+}
+
+TEST(CoordinatorMetricsTest, RestartsArePresentAtZeroAndCountedByReason) {
+  CoordinatorMetrics metrics;
+  std::string text = Scrape(metrics);
+  for (const char* reason : {"preemption", "worker_lost", "hang", "failure"}) {
+    EXPECT_EQ(Value(text, absl::StrCat(R"(trainyard_restarts_total{reason=")", reason, "\"}")), 0)
+        << reason;
+  }
+  EXPECT_EQ(Value(text, R"(trainyard_preemptions_total{reason="cloud_notice"})"), 0);
+
+  v1::Job job;
+  job.set_id("j-1");
+  job.mutable_progress()->set_step(30);
+  job.set_committed_step(20);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  metrics.OnJobTransition(job, v1::RUNNING, v1::RESTARTING,
+                          "worker w2 preempted: SIGTERM to the agent", t0);
+  metrics.OnJobTransition(job, v1::RESTARTING, v1::PENDING, "restarting", t0);
+  metrics.OnJobTransition(job, v1::SCHEDULED, v1::RUNNING, "rank 0 running", t0);
+  metrics.OnProgress("j-1", 21, t0 + absl::Seconds(4));
+  metrics.OnJobTransition(job, v1::RUNNING, v1::RESTARTING, "worker w1 lost (no heartbeat)", t0);
+  text = Scrape(metrics);
+  EXPECT_EQ(Value(text, R"(trainyard_restarts_total{reason="preemption"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_restarts_total{reason="worker_lost"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_preemptions_total{reason="termination_signal"})"), 1);
+  EXPECT_EQ(Value(text, "trainyard_restart_lost_steps_total"), 20);
+  EXPECT_EQ(Value(text, "trainyard_restart_recovery_seconds_count"), 1);
+  EXPECT_EQ(Value(text, "trainyard_restart_recovery_seconds_sum"), 4);
+}
+
+TEST(CoordinatorMetricsTest, CommitThatOvertakesProgressReportsIsTimedAtTheStepRate) {
+  CoordinatorMetrics metrics;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  metrics.OnProgress("j-1", 100, t0);
+  metrics.OnProgress("j-1", 200, t0 + absl::Seconds(1));
+  // 100 steps a second: step 250 was reached at t0 + 1.5 s.
+  metrics.OnCheckpointCommitted("j-1", 250, t0 + absl::Seconds(3));
+  const std::string text = Scrape(metrics);
+  EXPECT_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_count"), 1);
+  EXPECT_DOUBLE_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_sum"), 1.5);
+}
+
+TEST(CoordinatorMetricsTest, ReasonLabels) {
+  EXPECT_EQ(RestartReasonLabel("worker w1 lost (no heartbeat for 10s)"), "worker_lost");
+  EXPECT_EQ(RestartReasonLabel("preemption notice from the cloud"), "preemption");
+  EXPECT_EQ(RestartReasonLabel("no step progress for 10m (hang)"), "hang");
+  EXPECT_EQ(RestartReasonLabel("rank 1 exited with code 1"), "failure");
+  EXPECT_EQ(PreemptionReasonLabel("preemption notice (metadata endpoint)"), "cloud_notice");
+  EXPECT_EQ(PreemptionReasonLabel("preempted: SIGTERM to the agent"), "termination_signal");
+  EXPECT_EQ(PreemptionReasonLabel("preempted"), "cloud_notice");
+  EXPECT_EQ(PreemptionReasonLabel("preemption"), "other");
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,334 @@
+#include "worker/agent/metrics.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace trainyard {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+std::string ReadProcFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  return family;
+}
+
+void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (family.type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  family.metric.push_back(std::move(m));
+}
+
+void Emit(std::vector<MetricFamily>& out, MetricFamily family) {
+  if (!family.metric.empty()) out.push_back(std::move(family));
+}
+
+// ---- NVML, declared here so that no NVIDIA header is needed to build ----
+
+using NvmlReturn = int;  // nvmlReturn_t; 0 is NVML_SUCCESS
+using NvmlDevice = void*;
+struct NvmlUtilization {
+  unsigned int gpu;
+  unsigned int memory;
+};
+struct NvmlMemory {
+  unsigned long long total;  // NOLINT(runtime/int): NVML's own types
+  unsigned long long free;   // NOLINT(runtime/int)
+  unsigned long long used;   // NOLINT(runtime/int)
+};
+
+class NvmlMonitor final : public GpuMonitor {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuMonitor>> Load(const std::string& library) {
+    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* error = dlerror();
+      return absl::NotFoundError(
+          absl::StrCat("cannot load ", library, ": ", error != nullptr ? error : "unknown error"));
+    }
+    std::unique_ptr<NvmlMonitor> monitor(new NvmlMonitor(handle));
+    if (!monitor->Resolve()) {
+      return absl::NotFoundError(absl::StrCat(library, " lacks the NVML functions needed"));
+    }
+    if (const NvmlReturn r = monitor->init_(); r != 0) {
+      monitor->initialised_ = false;
+      return absl::UnavailableError(absl::StrCat("nvmlInit failed with code ", r));
+    }
+    monitor->initialised_ = true;
+    return std::unique_ptr<GpuMonitor>(std::move(monitor));
+  }
+
+  ~NvmlMonitor() override {
+    if (initialised_ && shutdown_ != nullptr) shutdown_();
+    dlclose(handle_);
+  }
+
+  std::vector<GpuSample> Sample() override {
+    std::vector<GpuSample> samples;
+    unsigned int count = 0;
+    if (get_count_(&count) != 0) return samples;
+    for (unsigned int i = 0; i < count; ++i) {
+      NvmlDevice device = nullptr;
+      if (get_handle_(i, &device) != 0) continue;
+      GpuSample sample;
+      sample.index = static_cast<int>(i);
+      NvmlUtilization utilization = {};
+      if (get_utilization_(device, &utilization) != 0) continue;
+      sample.utilization_ratio = utilization.gpu / 100.0;
+      NvmlMemory memory = {};
+      if (get_memory_(device, &memory) != 0) continue;
+      sample.memory_used_bytes = static_cast<int64_t>(memory.used);
+      sample.memory_total_bytes = static_cast<int64_t>(memory.total);
+      samples.push_back(sample);
+    }
+    return samples;
+  }
+
+ private:
+  explicit NvmlMonitor(void* handle) : handle_(handle) {}
+
+  template <typename F>
+  bool Symbol(const char* name, F& out) {
+    out = reinterpret_cast<F>(dlsym(handle_, name));
+    return out != nullptr;
+  }
+
+  bool Resolve() {
+    return Symbol("nvmlInit_v2", init_) && Symbol("nvmlShutdown", shutdown_) &&
+           Symbol("nvmlDeviceGetCount_v2", get_count_) &&
+           Symbol("nvmlDeviceGetHandleByIndex_v2", get_handle_) &&
+           Symbol("nvmlDeviceGetUtilizationRates", get_utilization_) &&
+           Symbol("nvmlDeviceGetMemoryInfo", get_memory_);
+  }
+
+  void* const handle_;
+  bool initialised_ = false;
+  NvmlReturn (*init_)() = nullptr;
+  NvmlReturn (*shutdown_)() = nullptr;
+  NvmlReturn (*get_count_)(unsigned int*) = nullptr;
+  NvmlReturn (*get_handle_)(unsigned int, NvmlDevice*) = nullptr;
+  NvmlReturn (*get_utilization_)(NvmlDevice, NvmlUtilization*) = nullptr;
+  NvmlReturn (*get_memory_)(NvmlDevice, NvmlMemory*) = nullptr;
+};
+
+std::string TaskStateLabel(v1::TaskState state) {
+  std::string name = absl::AsciiStrToLower(v1::TaskState_Name(state));
+  if (absl::StartsWith(name, "task_")) name = name.substr(5);
+  return name;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuMonitor>> LoadNvml(const std::string& library) {
+  return NvmlMonitor::Load(library);
+}
+
+std::optional<MachineCpu> ParseProcStat(absl::string_view text, int64_t ticks_per_second) {
+  static const char* const kModes[] = {"user",   "nice", "system",  "idle",
+                                       "iowait", "irq",  "softirq", "steal"};
+  std::optional<MachineCpu> cpu;
+  int cpus = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.empty() || !absl::StartsWith(fields[0], "cpu")) continue;
+    if (fields[0] != "cpu") {
+      cpus++;
+      continue;
+    }
+    cpu.emplace();
+    for (size_t i = 0; i < std::size(kModes) && i + 1 < fields.size(); ++i) {
+      int64_t ticks = 0;
+      if (!absl::SimpleAtoi(fields[i + 1], &ticks)) return std::nullopt;
+      cpu->seconds_by_mode[kModes[i]] = static_cast<double>(ticks) / ticks_per_second;
+    }
+  }
+  if (cpu.has_value()) cpu->cpus = cpus;
+  return cpu;
+}
+
+std::optional<MachineMemory> ParseMeminfo(absl::string_view text) {
+  int64_t total = -1;
+  int64_t available = -1;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.size() < 2) continue;
+    int64_t kib = 0;
+    if (!absl::SimpleAtoi(fields[1], &kib)) continue;
+    if (fields[0] == "MemTotal:") total = kib * 1024;
+    if (fields[0] == "MemAvailable:") available = kib * 1024;
+  }
+  if (total < 0 || available < 0) return std::nullopt;
+  return MachineMemory{total, available};
+}
+
+std::optional<double> ParsePidCpuSeconds(absl::string_view stat, int64_t ticks_per_second) {
+  // "pid (comm) state ppid ...": comm may contain anything, so fields count from the last ')'.
+  const size_t close = stat.rfind(')');
+  if (close == absl::string_view::npos) return std::nullopt;
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(stat.substr(close + 1), absl::ByAnyChar(" \n"), absl::SkipEmpty());
+  // fields[0] is the state (field 3); utime and stime are fields 14 and 15.
+  if (fields.size() < 13) return std::nullopt;
+  int64_t utime = 0;
+  int64_t stime = 0;
+  if (!absl::SimpleAtoi(fields[11], &utime) || !absl::SimpleAtoi(fields[12], &stime)) {
+    return std::nullopt;
+  }
+  return static_cast<double>(utime + stime) / ticks_per_second;
+}
+
+std::optional<int64_t> ParseVmRssBytes(absl::string_view status) {
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    if (!absl::StartsWith(line, "VmRSS:")) continue;
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line.substr(6), absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    int64_t kib = 0;
+    if (!fields.empty() && absl::SimpleAtoi(fields[0], &kib)) return kib * 1024;
+  }
+  return std::nullopt;
+}
+
+AgentMetrics::AgentMetrics(AgentMetricsSource source, std::unique_ptr<GpuMonitor> gpus,
+                           std::string proc_root)
+    : source_(std::move(source)), proc_root_(std::move(proc_root)), gpus_(std::move(gpus)) {}
+
+AgentMetrics::~AgentMetrics() = default;
+
+std::vector<MetricFamily> AgentMetrics::Collect() const {
+  static const int64_t kTicks = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
+  std::vector<MetricFamily> out;
+
+  MetricFamily info =
+      Family("trainyard_worker_info", "The worker's name; always 1.", MetricType::Gauge);
+  AddSample(info, {{"worker", source_.worker_name}}, 1);
+  Emit(out, std::move(info));
+
+  const std::vector<v1::TaskStatus> tasks =
+      source_.tasks ? source_.tasks() : std::vector<v1::TaskStatus>();
+  std::map<std::string, int> by_state;
+  for (v1::TaskState state : {v1::TASK_STARTING, v1::TASK_RUNNING, v1::TASK_EXITED,
+                              v1::TASK_FAILED_TO_START, v1::TASK_STOPPED}) {
+    by_state[TaskStateLabel(state)] = 0;
+  }
+  MetricFamily trainer_cpu =
+      Family("trainyard_worker_trainer_cpu_seconds_total",
+             "CPU time (user + system) of each running trainer process.", MetricType::Counter);
+  MetricFamily trainer_rss =
+      Family("trainyard_worker_trainer_resident_memory_bytes",
+             "Resident memory of each running trainer process.", MetricType::Gauge);
+  for (const v1::TaskStatus& task : tasks) {
+    by_state[TaskStateLabel(task.state())]++;
+    if (task.pid() <= 0 || task.state() != v1::TASK_RUNNING) continue;
+    const std::vector<ClientMetric::Label> labels = {{"job", task.job_id()},
+                                                     {"rank", absl::StrCat(task.rank())}};
+    const std::string dir = absl::StrCat(proc_root_, "/", task.pid());
+    if (std::optional<double> cpu = ParsePidCpuSeconds(ReadProcFile(dir + "/stat"), kTicks)) {
+      AddSample(trainer_cpu, labels, *cpu);
+    }
+    if (std::optional<int64_t> rss = ParseVmRssBytes(ReadProcFile(dir + "/status"))) {
+      AddSample(trainer_rss, labels, static_cast<double>(*rss));
+    }
+  }
+  MetricFamily trainers = Family("trainyard_worker_trainers",
+                                 "Trainer processes the agent tracks, by state (ended ones until "
+                                 "the coordinator has seen how they ended).",
+                                 MetricType::Gauge);
+  for (const auto& [state, count] : by_state) AddSample(trainers, {{"state", state}}, count);
+  Emit(out, std::move(trainers));
+  Emit(out, std::move(trainer_cpu));
+  Emit(out, std::move(trainer_rss));
+
+  if (std::optional<MachineCpu> cpu = ParseProcStat(ReadProcFile(proc_root_ + "/stat"), kTicks)) {
+    MetricFamily seconds = Family(
+        "trainyard_worker_cpu_seconds_total",
+        "CPU time of the machine summed over its CPUs, by mode (/proc/stat).", MetricType::Counter);
+    for (const auto& [mode, value] : cpu->seconds_by_mode) {
+      AddSample(seconds, {{"mode", mode}}, value);
+    }
+    Emit(out, std::move(seconds));
+    MetricFamily cpus = Family("trainyard_worker_cpus", "CPUs of the machine.", MetricType::Gauge);
+    AddSample(cpus, {}, cpu->cpus);
+    Emit(out, std::move(cpus));
+  }
+  if (std::optional<MachineMemory> memory = ParseMeminfo(ReadProcFile(proc_root_ + "/meminfo"))) {
+    MetricFamily total = Family("trainyard_worker_memory_total_bytes",
+                                "Memory of the machine (MemTotal).", MetricType::Gauge);
+    AddSample(total, {}, static_cast<double>(memory->total_bytes));
+    Emit(out, std::move(total));
+    MetricFamily available =
+        Family("trainyard_worker_memory_available_bytes",
+               "Memory available for new work without swapping (MemAvailable).", MetricType::Gauge);
+    AddSample(available, {}, static_cast<double>(memory->available_bytes));
+    Emit(out, std::move(available));
+  }
+
+  MetricFamily offered =
+      Family("trainyard_worker_gpus", "GPUs offered to the scheduler.", MetricType::Gauge);
+  AddSample(offered, {}, source_.gpus_offered);
+  Emit(out, std::move(offered));
+  MetricFamily allocated = Family("trainyard_worker_gpus_allocated",
+                                  "GPUs handed to running trainers.", MetricType::Gauge);
+  AddSample(allocated, {}, source_.gpus_allocated ? source_.gpus_allocated() : 0);
+  Emit(out, std::move(allocated));
+
+  MetricFamily monitoring = Family("trainyard_worker_gpu_monitoring",
+                                   "1 when NVML is loaded and GPU utilisation and memory are "
+                                   "reported, 0 when the machine has no NVIDIA driver.",
+                                   MetricType::Gauge);
+  AddSample(monitoring, {}, gpus_ != nullptr ? 1 : 0);
+  Emit(out, std::move(monitoring));
+  if (gpus_ != nullptr) {
+    std::vector<GpuSample> samples;
+    {
+      absl::MutexLock lock(&gpu_mu_);
+      samples = gpus_->Sample();
+    }
+    MetricFamily utilization =
+        Family("trainyard_worker_gpu_utilization_ratio",
+               "Share of the last sample period (0..1) in which a kernel ran on the GPU.",
+               MetricType::Gauge);
+    MetricFamily used =
+        Family("trainyard_worker_gpu_memory_used_bytes", "GPU memory in use.", MetricType::Gauge);
+    MetricFamily total =
+        Family("trainyard_worker_gpu_memory_total_bytes", "GPU memory.", MetricType::Gauge);
+    for (const GpuSample& s : samples) {
+      const std::vector<ClientMetric::Label> labels = {{"gpu", absl::StrCat(s.index)}};
+      AddSample(utilization, labels, s.utilization_ratio);
+      AddSample(used, labels, static_cast<double>(s.memory_used_bytes));
+      AddSample(total, labels, static_cast<double>(s.memory_total_bytes));
+    }
+    Emit(out, std::move(utilization));
+    Emit(out, std::move(used));
+    Emit(out, std::move(total));
+  }
+  return out;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,102 @@
+#ifndef TRAINYARD_WORKER_AGENT_METRICS_H_
+#define TRAINYARD_WORKER_AGENT_METRICS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "trainyard/v1/agent_service.pb.h"
+
+namespace trainyard {
+
+// One GPU as NVML sees it.
+struct GpuSample {
+  int index = 0;
+  double utilization_ratio = 0;  // 0..1: share of the last sample period a kernel ran
+  int64_t memory_used_bytes = 0;
+  int64_t memory_total_bytes = 0;
+};
+
+// Reads GPU utilisation and memory. Implementations are thread-safe.
+class GpuMonitor {
+ public:
+  virtual ~GpuMonitor() = default;
+  // Every GPU that answered; one that fails to answer is left out.
+  virtual std::vector<GpuSample> Sample() = 0;
+};
+
+// NVML loaded at run time with dlopen, so the agent runs on machines without the NVIDIA driver.
+// NOT_FOUND when `library` cannot be loaded or lacks a needed symbol, UNAVAILABLE when it loads
+// but nvmlInit fails (a driver without GPUs, a broken install).
+absl::StatusOr<std::unique_ptr<GpuMonitor>> LoadNvml(
+    const std::string& library = "libnvidia-ml.so.1");
+
+// What the agent knows that /proc does not. Functions are called on the scraping thread and must
+// be thread-safe.
+struct AgentMetricsSource {
+  std::string worker_name;
+  int gpus_offered = 0;
+  // Every task the agent tracks, with its pid (0 if it never started).
+  std::function<std::vector<trainyard::v1::TaskStatus>()> tasks;
+  // GPUs handed to running trainers.
+  std::function<int()> gpus_allocated;
+};
+
+// The worker agent's Prometheus metrics, read fresh on every scrape: trainer processes by state,
+// CPU and memory of the machine (/proc/stat, /proc/meminfo) and of each running trainer
+// (/proc/<pid>/stat, /proc/<pid>/status), and GPU utilisation and memory when a GpuMonitor is
+// given. Names are listed in docs/operations.md. Thread-safe.
+class AgentMetrics final : public prometheus::Collectable {
+ public:
+  // `gpus` may be null (no NVML): the GPU series are then absent and
+  // trainyard_worker_gpu_monitoring is 0. `proc_root` is "/proc" except in tests.
+  AgentMetrics(AgentMetricsSource source, std::unique_ptr<GpuMonitor> gpus,
+               std::string proc_root = "/proc");
+  ~AgentMetrics() override;
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const AgentMetricsSource source_;
+  const std::string proc_root_;
+  mutable absl::Mutex gpu_mu_;  // NVML calls are serialised; scrapes may overlap
+  const std::unique_ptr<GpuMonitor> gpus_ ABSL_PT_GUARDED_BY(gpu_mu_);
+};
+
+// ---- /proc parsing, exposed for tests ----
+
+// The aggregate "cpu" line of /proc/stat as seconds by mode (user, nice, system, idle, iowait,
+// irq, softirq, steal), and the number of "cpuN" lines. nullopt if there is no "cpu" line.
+struct MachineCpu {
+  std::map<std::string, double> seconds_by_mode;
+  int cpus = 0;
+};
+std::optional<MachineCpu> ParseProcStat(absl::string_view text, int64_t ticks_per_second);
+
+// MemTotal and MemAvailable of /proc/meminfo in bytes; nullopt if either is missing.
+struct MachineMemory {
+  int64_t total_bytes = 0;
+  int64_t available_bytes = 0;
+};
+std::optional<MachineMemory> ParseMeminfo(absl::string_view text);
+
+// utime + stime of /proc/<pid>/stat in seconds (the command name may hold spaces and
+// parentheses); nullopt if malformed.
+std::optional<double> ParsePidCpuSeconds(absl::string_view stat, int64_t ticks_per_second);
+
+// VmRSS of /proc/<pid>/status in bytes; nullopt if missing (a zombie has none).
+std::optional<int64_t> ParseVmRssBytes(absl::string_view status);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_AGENT_METRICS_H_
