@@ -129,9 +129,66 @@ absl::StatusOr<std::string> ReadAt(int fd, int64_t offset, int64_t length, absl:
 
 std::string FileUri(const std::string& path) { return absl::StrCat("file://", path); }
 
+std::string FileEtag(const struct stat& st) {
+  return absl::StrCat(absl::Hex(st.st_size), "-",
+                      absl::Hex(static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
+                                static_cast<uint64_t>(st.st_mtim.tv_nsec)),
+                      "-", absl::Hex(st.st_ino));
+}
+
+// Copies what is left of `in` to `out`.
+absl::Status CopyFd(int in, int out, absl::string_view from, absl::string_view to) {
+  std::string buffer(1 << 20, '\0');
+  while (true) {
+    ssize_t n = read(in, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "reading", from);
+    }
+    if (n == 0) return absl::OkStatus();
+    absl::Status status = WriteAll(out, absl::string_view(buffer.data(), n), to);
+    if (!status.ok()) return status;
+  }
+}
+
 }  // namespace
 
 absl::Status FileObjectStore::Put(absl::string_view uri, absl::string_view data) {
+  return WriteObject(uri, data, -1);
+}
+
+absl::Status FileObjectStore::PutFile(absl::string_view uri, const std::string& local_path) {
+  int raw_fd;
+  do {
+    raw_fd = open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (raw_fd < 0 && errno == EINTR);
+  if (raw_fd < 0) return ErrnoStatus(errno, "opening", local_path);
+  Fd source(raw_fd);
+  return WriteObject(uri, {}, source.get());
+}
+
+absl::StatusOr<ObjectInfo> FileObjectStore::GetToFile(absl::string_view uri,
+                                                      const std::string& local_path) {
+  absl::StatusOr<std::string> path = ObjectPath(uri);
+  if (!path.ok()) return path.status();
+  struct stat st;
+  absl::StatusOr<int> raw_fd = OpenForRead(*path, uri, &st);
+  if (!raw_fd.ok()) return raw_fd.status();
+  Fd in(*raw_fd);
+  int out_fd;
+  do {
+    out_fd = open(local_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  } while (out_fd < 0 && errno == EINTR);
+  if (out_fd < 0) return ErrnoStatus(errno, "creating", local_path);
+  Fd out(out_fd);
+  absl::Status status = CopyFd(in.get(), out.get(), uri, local_path);
+  if (status.ok() && out.Close() != 0) status = ErrnoStatus(errno, "closing", local_path);
+  if (!status.ok()) return status;
+  return ObjectInfo{FileUri(*path), static_cast<int64_t>(st.st_size), FileEtag(st)};
+}
+
+absl::Status FileObjectStore::WriteObject(absl::string_view uri, absl::string_view data,
+                                          int source_fd) {
   absl::StatusOr<std::string> path = ObjectPath(uri);
   if (!path.ok()) return path.status();
   const fs::path target(*path);
@@ -149,7 +206,8 @@ absl::Status FileObjectStore::Put(absl::string_view uri, absl::string_view data)
   } while (raw_fd < 0 && errno == EINTR);
   if (raw_fd < 0) return ErrnoStatus(errno, "creating a temporary file for", uri);
   Fd fd(raw_fd);
-  absl::Status status = WriteAll(fd.get(), data, uri);
+  absl::Status status = source_fd >= 0 ? CopyFd(source_fd, fd.get(), "the source file", uri)
+                                       : WriteAll(fd.get(), data, uri);
   if (status.ok() && fsync(fd.get()) != 0) status = ErrnoStatus(errno, "syncing", uri);
   if (status.ok() && fd.Close() != 0) status = ErrnoStatus(errno, "closing", uri);
   if (status.ok() && rename(temp.c_str(), path->c_str()) != 0) {
@@ -207,7 +265,7 @@ absl::StatusOr<ObjectInfo> FileObjectStore::Head(absl::string_view uri) {
   if (!S_ISREG(st.st_mode)) {
     return absl::NotFoundError(absl::StrCat("no object ", uri, " (not a regular file)"));
   }
-  return ObjectInfo{FileUri(*path), static_cast<int64_t>(st.st_size)};
+  return ObjectInfo{FileUri(*path), static_cast<int64_t>(st.st_size), FileEtag(st)};
 }
 
 absl::StatusOr<std::vector<ObjectInfo>> FileObjectStore::List(absl::string_view prefix) {
@@ -248,7 +306,7 @@ absl::StatusOr<std::vector<ObjectInfo>> FileObjectStore::List(absl::string_view 
     std::error_code size_ec;
     const uintmax_t size = entry.file_size(size_ec);
     if (size_ec) continue;
-    result.push_back(ObjectInfo{FileUri(path), static_cast<int64_t>(size)});
+    result.push_back(ObjectInfo{FileUri(path), static_cast<int64_t>(size), ""});
   }
   if (ec && ec != std::errc::no_such_file_or_directory) {
     return ErrnoStatus(ec.value(), "listing", prefix);

@@ -17,6 +17,8 @@ namespace trainyard {
 // and plain absolute paths; anything else is INVALID_ARGUMENT. Thread-safe and stateless apart
 // from a counter for temporary names, so several instances may share a tree.
 //
+// ObjectInfo::etag is "<size>-<mtime ns>-<inode>" (hex): a new Put always changes it.
+//
 // Put writes "<dir>/.trainyard-tmp-<name>-<pid>-<n>", fsyncs it, renames it over the target and
 // fsyncs the folder, so the object appears whole or not at all and survives a crash once Put has
 // returned. Parent folders are created as needed. Temporary files are never listed.
@@ -43,8 +45,15 @@ class FileObjectStore final : public ObjectStore {
   absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) override;
   // Removes the file; a missing one is fine. Empty folders are left in place.
   absl::Status Delete(absl::string_view uri) override;
+  // Copies in 1 MiB pieces, with the same temporary-file-and-rename atomicity as Put.
+  absl::Status PutFile(absl::string_view uri, const std::string& local_path) override;
+  absl::StatusOr<ObjectInfo> GetToFile(absl::string_view uri,
+                                       const std::string& local_path) override;
 
  private:
+  // Writes `data` (or, when `source_fd` >= 0, that file's contents) to the object atomically.
+  absl::Status WriteObject(absl::string_view uri, absl::string_view data, int source_fd);
+
   std::atomic<uint64_t> temp_counter_{0};
 };
 

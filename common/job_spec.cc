@@ -31,6 +31,8 @@ constexpr double kDefaultAdamwWeightDecay = 0.01;
 constexpr int kDefaultKeepLast = 3;
 constexpr int kDefaultLogEverySteps = 10;
 constexpr int kDefaultBatchSize = 32;
+constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
+constexpr int kDefaultBucketSizeMb = 25;
 
 absl::Status FieldError(absl::string_view path, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));
@@ -236,11 +238,28 @@ class SpecParser {
   absl::Status Parse(const YAML::Node& root) {
     if (!IsSet(root)) return FieldError("spec", "the job spec is empty");
     TY_RETURN_IF_ERROR(ExpectMap(root, "spec"));
-    TY_RETURN_IF_ERROR(
-        CheckKeys(root, "",
-                  {"name", "strategy", "workers", "resources", "parameter_servers", "model", "data",
-                   "batch_size", "optimizer", "loss", "max_steps", "epochs", "seed", "checkpoint",
-                   "restart", "priority", "max_runtime", "log_every_steps"}));
+    TY_RETURN_IF_ERROR(CheckKeys(root, "",
+                                 {"name",
+                                  "strategy",
+                                  "workers",
+                                  "resources",
+                                  "parameter_servers",
+                                  "model",
+                                  "data",
+                                  "batch_size",
+                                  "optimizer",
+                                  "loss",
+                                  "max_steps",
+                                  "epochs",
+                                  "seed",
+                                  "checkpoint",
+                                  "restart",
+                                  "priority",
+                                  "max_runtime",
+                                  "log_every_steps",
+                                  "collective_timeout",
+                                  "accumulate_steps",
+                                  "bucket_size_mb"}));
     TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
     TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
     TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
@@ -259,7 +278,15 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ParseCheckpoint(root["checkpoint"]));
     TY_RETURN_IF_ERROR(ParseRestart(root["restart"]));
     TY_RETURN_IF_ERROR(Int32(root, "", "priority", [this](int32_t v) { spec_.set_priority(v); }));
-    TY_RETURN_IF_ERROR(ParseMaxRuntime(root["max_runtime"]));
+    TY_RETURN_IF_ERROR(ParseDuration(root["max_runtime"], "max_runtime",
+                                     [this](int64_t v) { spec_.set_max_runtime_seconds(v); }));
+    TY_RETURN_IF_ERROR(
+        ParseDuration(root["collective_timeout"], "collective_timeout",
+                      [this](int64_t v) { spec_.set_collective_timeout_seconds(v); }));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(root, "", "accumulate_steps", "must be > 0",
+                                         [this](int32_t v) { spec_.set_accumulate_steps(v); }));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(root, "", "bucket_size_mb", "must be > 0",
+                                         [this](int32_t v) { spec_.set_bucket_size_mb(v); }));
     TY_RETURN_IF_ERROR(Positive<int64_t>(root, "", "log_every_steps", "must be > 0",
                                          [this](int64_t v) { spec_.set_log_every_steps(v); }));
     return absl::OkStatus();
@@ -494,19 +521,21 @@ class SpecParser {
     return absl::OkStatus();
   }
 
-  absl::Status ParseMaxRuntime(const YAML::Node& node) {
+  // A duration ("12h", see ParseDurationSeconds) or plain seconds.
+  template <typename Fn>
+  absl::Status ParseDuration(const YAML::Node& node, const std::string& field, Fn set) {
     if (!IsSet(node)) return absl::OkStatus();
     if (!node.IsScalar()) {
-      return FieldError("max_runtime",
+      return FieldError(field,
                         absl::StrCat("expected a duration such as 12h, got ", Describe(node)));
     }
     int64_t seconds;
     if (!absl::SimpleAtoi(node.Scalar(), &seconds)) {
       absl::StatusOr<int64_t> parsed = ParseDurationSeconds(node.Scalar());
-      if (!parsed.ok()) return FieldError("max_runtime", parsed.status().message());
+      if (!parsed.ok()) return FieldError(field, parsed.status().message());
       seconds = *parsed;
     }
-    spec_.set_max_runtime_seconds(seconds);
+    set(seconds);
     return absl::OkStatus();
   }
 
@@ -665,6 +694,11 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
     spec.mutable_checkpoint()->set_keep_last(kDefaultKeepLast);
   if (spec.log_every_steps() == 0) spec.set_log_every_steps(kDefaultLogEverySteps);
   if (spec.batch_size() == 0) spec.set_batch_size(kDefaultBatchSize);
+  if (spec.collective_timeout_seconds() == 0) {
+    spec.set_collective_timeout_seconds(kDefaultCollectiveTimeoutSeconds);
+  }
+  if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
+  if (spec.bucket_size_mb() == 0) spec.set_bucket_size_mb(kDefaultBucketSizeMb);
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -730,6 +764,18 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (spec.max_runtime_seconds() < 0) return FieldError("max_runtime", "must be >= 0");
   if (spec.log_every_steps() < 1) return FieldError("log_every_steps", "must be > 0");
+  if (spec.collective_timeout_seconds() < 1) {
+    return FieldError("collective_timeout", "must be at least 1s");
+  }
+  if (spec.accumulate_steps() < 1) return FieldError("accumulate_steps", "must be > 0");
+  // Each rank splits its share of the batch (smallest with the most workers) into micro-batches.
+  if (spec.batch_size() / workers.max() < spec.accumulate_steps()) {
+    return FieldError(
+        "accumulate_steps",
+        absl::StrCat(spec.accumulate_steps(), " micro-batches do not fit in a rank's ",
+                     spec.batch_size() / workers.max(), " samples"));
+  }
+  if (spec.bucket_size_mb() < 1) return FieldError("bucket_size_mb", "must be > 0");
   return absl::OkStatus();
 }
 

@@ -15,9 +15,12 @@ namespace trainyard {
 struct ObjectInfo {
   std::string uri;  // full URI of the object
   int64_t size_bytes = 0;
+  // Changes whenever the content may have changed: the S3 ETag, or for files a tag of size,
+  // modification time and inode. Empty when the store cannot tell (List may leave it empty).
+  std::string etag;
 };
 
-// A flat store of immutable objects named by URI (file:///abs/path, later s3://bucket/key).
+// A flat store of immutable objects named by URI (file:///abs/path, s3://bucket/key).
 // Errors: NOT_FOUND for a missing object, INVALID_ARGUMENT for a URI the store does not serve,
 // UNAVAILABLE for I/O failures that may succeed on retry, and the URI in every message.
 // Implementations are thread-safe. Calls block until done.
@@ -37,10 +40,21 @@ class ObjectStore {
   virtual absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) = 0;
   // Deleting a missing object is not an error.
   virtual absl::Status Delete(absl::string_view uri) = 0;
+
+  // Streaming forms for objects too large to hold in memory twice. PutFile writes the object
+  // from the local file `local_path` (atomically, as Put); GetToFile writes the object to
+  // `local_path` (created or replaced; incomplete on error, the caller removes it) and returns
+  // what Head says about it. NOT_FOUND also for a missing local file. The defaults go through
+  // memory; stores override them to stream.
+  virtual absl::Status PutFile(absl::string_view uri, const std::string& local_path);
+  virtual absl::StatusOr<ObjectInfo> GetToFile(absl::string_view uri,
+                                               const std::string& local_path);
 };
 
-// The store that serves `uri`'s scheme. A plain absolute path is taken as file://.
-// INVALID_ARGUMENT for an unsupported scheme.
+// The store that serves `uri`'s scheme. A plain absolute path is taken as file://. s3:// URIs
+// get an S3ObjectStore configured from the environment (see S3ClientOptionsFromEnv: endpoint,
+// region, credentials); its errors (NOT_FOUND / INVALID_ARGUMENT for missing or bad credentials)
+// come back here. INVALID_ARGUMENT for an unsupported scheme.
 absl::StatusOr<std::unique_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri);
 
 }  // namespace trainyard

@@ -16,7 +16,7 @@ packages=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
   # test-only tools
-  awscli python3-botocore prometheus python3-torch python3-numpy curl
+  awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint
 )
 
 missing=()

@@ -1,5 +1,6 @@
 #include "server/agent_service.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,35 @@ Status AgentServiceImpl::ReportModel(ServerContext*, const v1::ReportModelReques
                                      v1::ReportModelResponse*) {
   return ToGrpcStatus(
       manager_.ReportModel(request->job_id(), request->generation(), request->uri()));
+}
+
+Status AgentServiceImpl::ReportEvent(ServerContext*, const v1::ReportEventRequest* request,
+                                     v1::ReportEventResponse*) {
+  return ToGrpcStatus(
+      manager_.ReportEvent(request->job_id(), request->generation(), request->message()));
+}
+
+Status AgentServiceImpl::RendezvousSet(ServerContext*, const v1::RendezvousSetRequest* request,
+                                       v1::RendezvousSetResponse*) {
+  return ToGrpcStatus(manager_.RendezvousSet(request->job_id(), request->generation(),
+                                             request->key(), request->value()));
+}
+
+Status AgentServiceImpl::RendezvousGet(ServerContext* context,
+                                       const v1::RendezvousGetRequest* request,
+                                       v1::RendezvousGetResponse* response) {
+  if (request->wait_ms() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError("wait_ms: must be >= 0"));
+  }
+  absl::Duration wait = absl::Milliseconds(request->wait_ms());
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  if (deadline != absl::InfiniteFuture()) wait = std::min(wait, deadline - absl::Now());
+  wait = std::max(wait, absl::ZeroDuration());
+  absl::StatusOr<std::string> value =
+      manager_.RendezvousGet(request->job_id(), request->generation(), request->key(), wait);
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  response->set_value(*std::move(value));
+  return Status::OK;
 }
 
 }  // namespace trainyard

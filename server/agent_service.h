@@ -30,6 +30,16 @@ class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
   grpc::Status ReportModel(grpc::ServerContext* context,
                            const trainyard::v1::ReportModelRequest* request,
                            trainyard::v1::ReportModelResponse* response) override;
+  grpc::Status ReportEvent(grpc::ServerContext* context,
+                           const trainyard::v1::ReportEventRequest* request,
+                           trainyard::v1::ReportEventResponse* response) override;
+  grpc::Status RendezvousSet(grpc::ServerContext* context,
+                             const trainyard::v1::RendezvousSetRequest* request,
+                             trainyard::v1::RendezvousSetResponse* response) override;
+  // Waits at most until the call's deadline, so a client that gave up frees the thread.
+  grpc::Status RendezvousGet(grpc::ServerContext* context,
+                             const trainyard::v1::RendezvousGetRequest* request,
+                             trainyard::v1::RendezvousGetResponse* response) override;
 
  private:
   JobManager& manager_;

@@ -77,6 +77,7 @@ JobManager::JobManager(const Clock& clock, std::unique_ptr<JobStore> store,
       options_(std::move(options)),
       store_(std::move(store)),
       logs_(std::move(logs)),
+      rendezvous_(clock),
       workers_(clock, options_.worker_timeout) {}
 
 JobManager::~JobManager() {
@@ -197,6 +198,7 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
   for (const std::string& worker_id : touched) workers_.BumpVersion(worker_id);
   if (!was_final && IsFinalJobState(entry.job.state())) {
     active_seqs_.erase(entry.seq);
+    rendezvous_.EndAttempts(entry.job.id(), entry.job.generation());
     RequestTickLocked();  // capacity came free
   }
   changed_.SignalAll();
@@ -215,6 +217,10 @@ absl::Status JobManager::TransitionLocked(JobEntry& entry, v1::Job updated, v1::
   }
   LogInfo("job ", entry.job.id(), ": ", JobStateName(from), " -> ", JobStateName(to), " (", reason,
           ")");
+  if (options_.event_sink != nullptr) {
+    options_.event_sink->OnJobTransition(entry.job, from, to, reason,
+                                         absl::FromUnixMillis(entry.job.updated_unix_ms()));
+  }
   return absl::OkStatus();
 }
 
@@ -286,6 +292,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
   ids_by_seq_[seq] = job.id();
   active_seqs_.insert(seq);
   LogInfo("job ", job.id(), " submitted");
+  if (options_.event_sink != nullptr) options_.event_sink->OnJobSubmitted(job);
   RequestTickLocked();
   changed_.SignalAll();
   return job;
@@ -594,6 +601,9 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
   }
   task.set_slots(SlotsPerRank(entry.job.spec()));
   task.set_gpus(GpusPerRank(entry.job.spec()));
+  if (const WorkerRecord* worker = workers_.Find(info.worker_id()); worker != nullptr) {
+    task.set_worker_address(worker->info.address());
+  }
   return task;
 }
 
@@ -737,6 +747,7 @@ absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t genera
   v1::JobProgress* stored = entry.job.mutable_progress();
   *stored = progress;
   stored->set_updated_unix_ms(absl::ToUnixMillis(now));
+  if (options_.event_sink != nullptr) options_.event_sink->OnProgress(job_id, progress.step(), now);
   entry.version++;
   entry.progress_dirty = true;
   changed_.SignalAll();
@@ -823,6 +834,9 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
     return s;
   }
   entry.checkpoints = std::move(list);
+  if (options_.event_sink != nullptr) {
+    options_.event_sink->OnCheckpointCommitted(entry.job.id(), request.step(), clock_.Now());
+  }
   return retired;
 }
 
@@ -835,6 +849,126 @@ absl::Status JobManager::ReportModel(absl::string_view job_id, int64_t generatio
   v1::Job updated = (*fenced)->job;
   updated.set_model_uri(std::string(uri));
   return CommitLocked(**fenced, std::move(updated), {}, {});
+}
+
+absl::Status JobManager::ReportEvent(absl::string_view job_id, int64_t generation,
+                                     absl::string_view message) {
+  if (message.empty()) return absl::InvalidArgumentError("message: required");
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+  if (!fenced.ok()) return fenced.status();
+  v1::Job updated = (*fenced)->job;
+  v1::JobEvent event;
+  event.set_time_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  event.set_from(updated.state());
+  event.set_to(updated.state());
+  event.set_reason(absl::StrCat("warning: ", message.substr(0, 1024)));
+  *updated.add_events() = event;
+  updated.set_updated_unix_ms(event.time_unix_ms());
+  LogWarning("job ", job_id, ": ", event.reason());
+  return CommitLocked(**fenced, std::move(updated), {event}, {});
+}
+
+absl::Status JobManager::RendezvousSet(absl::string_view job_id, int64_t generation,
+                                       absl::string_view key, std::string value) {
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+    if (!fenced.ok()) return fenced.status();
+  }
+  // An attempt that ends between the check and the call is refused by the store itself.
+  return rendezvous_.Set(job_id, generation, key, std::move(value));
+}
+
+absl::StatusOr<std::string> JobManager::RendezvousGet(absl::string_view job_id, int64_t generation,
+                                                      absl::string_view key, absl::Duration wait) {
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+    if (!fenced.ok()) return fenced.status();
+  }
+  return rendezvous_.Get(job_id, generation, key, std::min(wait, options_.max_rendezvous_wait));
+}
+
+ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
+  absl::MutexLock lock(&mu_);
+  ClusterMetricsSnapshot snap;
+  snap.now = clock_.Now();
+  for (const auto& [id, entry] : jobs_) snap.jobs_by_state[entry.job.state()]++;
+  std::map<std::string, std::pair<int, int>> used;  // worker -> (slots, GPUs)
+  for (const auto& [entry, task] : ActiveTasksLocked()) {
+    used[task->worker_id()].first += SlotsPerRank(entry->job.spec());
+    used[task->worker_id()].second += GpusPerRank(entry->job.spec());
+  }
+  for (const WorkerRecord* record : workers_.All()) {
+    snap.workers_by_state[record->info.state()]++;
+    if (record->info.state() == v1::READY) {
+      snap.slots_total += record->info.slots();
+      snap.gpus_total += record->info.gpus();
+    }
+    auto it = used.find(record->info.id());
+    if (it != used.end()) {
+      snap.slots_used += it->second.first;
+      snap.gpus_used += it->second.second;
+    }
+  }
+  for (int64_t seq : active_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry == nullptr) continue;
+    const v1::Job& job = entry->job;
+    if (job.state() == v1::PENDING) {
+      absl::Time since = absl::FromUnixMillis(job.created_unix_ms());
+      for (const v1::JobEvent& e : job.events()) {
+        if (e.to() == v1::PENDING) since = absl::FromUnixMillis(e.time_unix_ms());
+      }
+      if (snap.oldest_pending_since == absl::InfinitePast() || since < snap.oldest_pending_since) {
+        snap.oldest_pending_since = since;
+      }
+    }
+    if (job.generation() <= 0) continue;
+    JobMetricsSnapshot j;
+    j.id = job.id();
+    j.state = job.state();
+    j.generation = job.generation();
+    j.progress = job.progress();
+    j.committed_step = job.committed_step();
+    j.checkpointing = job.spec().checkpoint().every_steps() > 0;
+    for (auto it = entry->checkpoints.rbegin(); it != entry->checkpoints.rend(); ++it) {
+      if (it->retired) continue;
+      j.last_checkpoint = absl::FromUnixMillis(it->checkpoint.created_unix_ms());
+      break;
+    }
+    if (job.started_unix_ms() > 0) j.started = absl::FromUnixMillis(job.started_unix_ms());
+    j.max_runtime = absl::Seconds(job.spec().max_runtime_seconds());
+    std::map<int64_t, int> ranks_by_generation;
+    for (const v1::TaskInfo& t : job.tasks()) ranks_by_generation[t.generation()]++;
+    j.ranks = ranks_by_generation[job.generation()];
+    if (job.state() == v1::SCHEDULED || job.state() == v1::RUNNING) {
+      j.gpus = j.ranks * GpusPerRank(job.spec());
+    }
+    // The n-th move to SCHEDULED starts attempt n, so the events alone give each interval's
+    // GPU count.
+    int64_t generation = 0;
+    absl::Time holding_since = absl::InfinitePast();
+    int holding_gpus = 0;
+    for (const v1::JobEvent& e : job.events()) {
+      const absl::Time t = absl::FromUnixMillis(e.time_unix_ms());
+      if (holding_since != absl::InfinitePast()) {
+        j.gpu_seconds += holding_gpus * absl::ToDoubleSeconds(t - holding_since);
+        holding_since = absl::InfinitePast();
+      }
+      if (e.to() == v1::SCHEDULED) generation++;
+      if (e.to() == v1::SCHEDULED || e.to() == v1::RUNNING) {
+        holding_since = t;
+        holding_gpus = ranks_by_generation[generation] * GpusPerRank(job.spec());
+      }
+    }
+    if (holding_since != absl::InfinitePast() && snap.now > holding_since) {
+      j.gpu_seconds += holding_gpus * absl::ToDoubleSeconds(snap.now - holding_since);
+    }
+    snap.jobs.push_back(std::move(j));
+  }
+  return snap;
 }
 
 // ---- Background ----
@@ -860,6 +994,7 @@ bool JobManager::WaitForTickRequest(absl::Duration timeout) {
 void JobManager::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
+  rendezvous_.Shutdown();
   changed_.SignalAll();
   tick_wanted_.SignalAll();
 }
@@ -878,6 +1013,7 @@ void JobManager::ExpireWorkersLocked() {
     }
     LogWarning("worker ", worker_id, " lost: no heartbeat for ",
                absl::FormatDuration(options_.worker_timeout));
+    if (options_.event_sink != nullptr) options_.event_sink->OnWorkerLost(worker_id);
     std::set<std::string> job_ids;
     for (const auto& [entry, task] : ActiveTasksLocked()) {
       if (task->worker_id() == worker_id) job_ids.insert(entry->job.id());
@@ -966,6 +1102,8 @@ void JobManager::ScheduleLocked() {
     const std::string reason =
         absl::StrCat("placed on ", absl::StrJoin(placement.rank_workers, ", "));
     TransitionLocked(*entry, std::move(updated), v1::SCHEDULED, reason, changed).IgnoreError();
+    // Ranks of an earlier attempt must not meet the new ones.
+    rendezvous_.EndAttempts(placement.job_id, generation - 1);
   }
   for (const auto& [job_id, reason] : decision.pending_reasons) {
     JobEntry* entry = FindLocked(job_id);

@@ -19,6 +19,8 @@
 #include "common/clock.h"
 #include "server/job_store.h"
 #include "server/log_store.h"
+#include "server/rendezvous.h"
+#include "server/metrics_sink.h"
 #include "server/worker_registry.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
@@ -34,6 +36,10 @@ struct JobManagerOptions {
   int64_t max_spec_yaml_bytes = 1 << 20;  // beyond: INVALID_ARGUMENT
   absl::Duration max_sync_wait = absl::Seconds(5);
   absl::Duration progress_persist_interval = absl::Seconds(1);
+  absl::Duration max_rendezvous_wait = absl::Seconds(30);
+  // Told about submissions, transitions, progress, commits and lost workers (metrics); may be
+  // null. Not owned; must outlive the manager.
+  JobEventSink* event_sink = nullptr;
 };
 
 struct ListJobsResult {
@@ -138,6 +144,24 @@ class JobManager {
   // Fenced like ReportProgress. Stores the exported model's URI on the job.
   absl::Status ReportModel(absl::string_view job_id, int64_t generation, absl::string_view uri);
 
+  // Fenced like ReportProgress. Records a trainer's warning (say, a corrupt checkpoint it
+  // skipped) as a job event from and to the current state, reason "warning: <message>" (cut to
+  // 1 KiB). INVALID_ARGUMENT for an empty message.
+  absl::Status ReportEvent(absl::string_view job_id, int64_t generation,
+                           absl::string_view message);
+
+  // Rendezvous of the ranks of one attempt, fenced like ReportProgress (NOT_FOUND for an unknown
+  // job, FAILED_PRECONDITION for another generation or a final job); see Rendezvous::Set and
+  // Rendezvous::Get for the rest. The namespace goes when the attempt ends. RendezvousGet blocks
+  // up to `wait` (capped at max_rendezvous_wait) without holding the manager's lock.
+  absl::Status RendezvousSet(absl::string_view job_id, int64_t generation, absl::string_view key,
+                             std::string value);
+  absl::StatusOr<std::string> RendezvousGet(absl::string_view job_id, int64_t generation,
+                                            absl::string_view key, absl::Duration wait);
+
+  // The state the coordinator's gauges show, taken at once under the lock. Thread-safe.
+  ClusterMetricsSnapshot MetricsSnapshot() const;
+
   // ---- Background ----
 
   // One round of housekeeping at clock time: expire leases (jobs on lost workers fail), enforce
@@ -216,6 +240,7 @@ class JobManager {
   const JobManagerOptions options_;
   const std::unique_ptr<JobStore> store_;
   const std::unique_ptr<LogStore> logs_;
+  Rendezvous rendezvous_;  // thread-safe on its own; fenced under mu_ before use
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // any job, worker or desired-state change; Shutdown()

@@ -21,9 +21,11 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "server/coordinator_server.h"
 #include "server/job_manager.h"
 #include "server/log_store.h"
+#include "server/metrics.h"
 #include "server/sqlite_job_store.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
@@ -41,23 +43,19 @@ ABSL_FLAG(absl::Duration, worker_timeout, absl::Seconds(10),
 ABSL_FLAG(std::string, port_file, "",
           "If set, once the server listens, write the bound port number to this file "
           "(atomically: temp file + rename).");
+// Several coordinators or agents on one machine (tests, `trainyard up`) cannot all have it.
+constexpr char kDefaultMetricsListen[] = "0.0.0.0:7071";
+ABSL_FLAG(std::string, metrics_listen, kDefaultMetricsListen,
+          "Address for Prometheus metrics (HTTP GET /metrics), as HOST:PORT. Port 0 lets the "
+          "kernel pick one (see --metrics_port_file); empty turns metrics off. If the default "
+          "address is taken the coordinator runs without metrics (with a warning); an address "
+          "given explicitly that cannot be bound stops it.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, once metrics are served, write their bound port number to this file "
+          "(atomically).");
 
 namespace trainyard {
 namespace {
-
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string temp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(temp, std::ios::trunc);
-    out << port << "\n";
-    out.flush();
-    if (!out) return absl::UnavailableError(absl::StrCat("write ", temp));
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("rename ", temp, " -> ", path));
-  }
-  return absl::OkStatus();
-}
 
 // SIGTERM/SIGINT land on whichever thread the kernel picks (some library threads exist before
 // main), so the handler only writes the signal number to a pipe that the main thread reads.
@@ -111,7 +109,10 @@ int Run() {
     LogError("cannot open the state database: ", store.status().ToString());
     return 1;
   }
+  // Created before the manager, which reports events to it, and served after it exists.
+  auto metrics = std::make_shared<CoordinatorMetrics>();
   JobManagerOptions options;
+  options.event_sink = metrics.get();
   options.checkpoint_root = checkpoint_root;
   options.worker_timeout = absl::GetFlag(FLAGS_worker_timeout);
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
@@ -120,6 +121,33 @@ int Run() {
   if (!manager.ok()) {
     LogError("cannot load state: ", manager.status().ToString());
     return 1;
+  }
+  JobManager* manager_ptr = manager->get();
+  metrics->SetSnapshotSource([manager_ptr] { return manager_ptr->MetricsSnapshot(); });
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+      !metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(metrics_listen, metrics);
+    if (started.ok()) {
+      metrics_server = *std::move(started);
+      LogInfo("metrics on ", metrics_listen.substr(0, metrics_listen.rfind(':')), ":",
+              metrics_server->port(), "/metrics");
+    } else if (metrics_listen != kDefaultMetricsListen) {
+      LogError("--metrics_listen: ", started.status().ToString());
+      return 1;
+    } else {
+      // The default port may be taken on a machine running several coordinators (tests, `up`);
+      // only an address asked for explicitly is worth refusing to start over.
+      LogWarning("metrics are off: ", started.status().message());
+    }
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_port_file);
+      !path.empty() && metrics_server != nullptr) {
+    if (absl::Status s = WritePortFile(path, metrics_server->port()); !s.ok()) {
+      LogError("--metrics_port_file: ", s.ToString());
+      return 1;
+    }
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
@@ -142,6 +170,7 @@ int Run() {
   LogInfo("signal ", signal_number, ": shutting down");
   (*server)->Shutdown(absl::Seconds(5));
   server->reset();
+  metrics_server.reset();  // scrapes read the manager
   manager->reset();  // flushes progress, closes the database
   LogInfo("stopped");
   return 0;
@@ -154,7 +183,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trainyard-coordinator: job queue, scheduler and state of a Trainyard cluster.\n"
       "Usage: trainyard-coordinator [--listen=HOST:PORT] [--state_dir=DIR] "
-      "[--checkpoint_root=URI] [--worker_timeout=10s] [--port_file=PATH]");
+      "[--checkpoint_root=URI] [--worker_timeout=10s] [--port_file=PATH] "
+      "[--metrics_listen=HOST:PORT]");
   absl::FlagsUsageConfig usage_config;
   // --help lists the flags defined in this file (by default absl looks for a file named after
   // the binary).

@@ -87,7 +87,8 @@ TEST_F(ReconcilerTest, StartsDesiredTasksWithTheirFolderArgumentsAndEnvironment)
   EXPECT_EQ(launched.working_dir, task_dir);
   EXPECT_EQ(launched.output_file, task_dir + "/output.log");
   EXPECT_THAT(launched.env,
-              UnorderedElementsAre(Pair("OMP_NUM_THREADS", "4"), Pair("CUDA_VISIBLE_DEVICES", "")));
+              UnorderedElementsAre(Pair("OMP_NUM_THREADS", "4"), Pair("CUDA_VISIBLE_DEVICES", ""),
+                                   Pair("TRAINYARD_CACHE_DIR", dir_ + "/cache")));
   v1::Task written;
   ASSERT_TRUE(written.ParseFromString(Read(task_dir + "/task.pb")));
   EXPECT_EQ(written.task_id(), "j1.g1.r0");

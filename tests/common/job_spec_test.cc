@@ -172,7 +172,19 @@ INSTANTIATE_TEST_SUITE_P(
                 "checkpoint.uri: 'relative/dir' is not a URI (scheme://...) or an absolute path"},
         BadSpec{{{"restart", "{max_failures: -1}"}}, "restart.max_failures: must be >= 0"},
         BadSpec{{{"restart", "{max_preemptions: -1}"}}, "restart.max_preemptions: must be >= 0"},
-        BadSpec{{{"max_runtime", "-5"}}, "max_runtime: must be >= 0"}));
+        BadSpec{{{"max_runtime", "-5"}}, "max_runtime: must be >= 0"},
+        // Data-parallel knobs.
+        BadSpec{{{"collective_timeout", "soon"}},
+                "collective_timeout: invalid duration 'soon', expected for example 90s, 15m, 12h, "
+                "2d or 1h30m"},
+        BadSpec{{{"collective_timeout", "-1"}}, "collective_timeout: must be at least 1s"},
+        BadSpec{{{"accumulate_steps", "0"}}, "accumulate_steps: must be > 0"},
+        BadSpec{{{"strategy", "data_parallel"},
+                 {"workers", "4"},
+                 {"batch_size", "8"},
+                 {"accumulate_steps", "3"}},
+                "accumulate_steps: 3 micro-batches do not fit in a rank's 2 samples"},
+        BadSpec{{{"bucket_size_mb", "0"}}, "bucket_size_mb: must be > 0"}));
 
 TEST(JobSpecTest, DuplicateKeyIsRefused) {
   absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(Spec({}) + "seed: 1\nseed: 2\n");
@@ -291,6 +303,23 @@ TEST(JobSpecTest, DefaultsForAMinimalSpec) {
   EXPECT_EQ(spec.log_every_steps(), 10);
   EXPECT_EQ(spec.batch_size(), 32);
   EXPECT_EQ(spec.max_runtime_seconds(), 0);
+  EXPECT_EQ(spec.collective_timeout_seconds(), 60);
+  EXPECT_EQ(spec.accumulate_steps(), 1);
+  EXPECT_EQ(spec.bucket_size_mb(), 25);
+}
+
+TEST(JobSpecTest, DataParallelKnobs) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(Spec({{"strategy", "data_parallel"},
+                                                        {"workers", "2"},
+                                                        {"batch_size", "16"},
+                                                        {"collective_timeout", "90s"},
+                                                        {"accumulate_steps", "4"},
+                                                        {"bucket_size_mb", "1"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->collective_timeout_seconds(), 90);
+  EXPECT_EQ(spec->accumulate_steps(), 4);
+  EXPECT_EQ(spec->bucket_size_mb(), 1);
+  EXPECT_EQ(ParseJobSpecYaml(Spec({{"collective_timeout", "5"}}))->collective_timeout_seconds(), 5);
 }
 
 TEST(JobSpecTest, ApplyDefaultsIsIdempotent) {

@@ -197,13 +197,16 @@ std::string Cluster::worker_dir(int i) const { return absl::StrCat(root_.path(),
 void Cluster::StartCoordinator() {
   const std::string port_file = root_.path() + "/coordinator.port";
   fs::remove(port_file);
+  const std::string metrics_port_file = root_.path() + "/coordinator.metrics_port";
+  fs::remove(metrics_port_file);
   const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
   coordinator_ = std::make_unique<Process>(
       std::vector<std::string>{
           BinDir() + "/trainyard-coordinator", "--listen=" + listen, "--state_dir=" + state_dir_,
           "--port_file=" + port_file,
-          absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout))},
-      root_.path() + "/coordinator.log");
+          absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
+          "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + metrics_port_file},
+      root_.path() + "/coordinator.log", options_.env);
   std::string port;
   const bool ready = PollUntil(
       [&] {
@@ -233,8 +236,10 @@ void Cluster::StartWorker(int i) {
       std::vector<std::string>{BinDir() + "/trainyard-worker", "--coordinator=" + address_,
                                absl::StrCat("--name=worker-", i), "--address=127.0.0.1",
                                absl::StrCat("--slots=", options_.slots_per_worker), "--gpus=0",
-                               "--work_dir=" + dir, "--stop_grace_period=5s"},
-      dir + ".log"));
+                               "--work_dir=" + dir, "--stop_grace_period=5s",
+                               "--metrics_listen=127.0.0.1:0",
+                               "--metrics_port_file=" + dir + ".metrics_port"},
+      dir + ".log", options_.env));
 }
 
 void Cluster::WaitForWorkers() {
@@ -340,6 +345,28 @@ Cluster::CliResult Cluster::Cli(const std::vector<std::string>& args, absl::Dura
   if (status.has_value() && WIFEXITED(*status)) result.exit_code = WEXITSTATUS(*status);
   result.output = cli.Log();
   return result;
+}
+
+namespace {
+
+int WaitForPortFile(const std::string& path) {
+  int port = 0;
+  PollUntil(
+      [&] {
+        return absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(path)), &port) && port > 0;
+      },
+      absl::Seconds(30));
+  return port;
+}
+
+}  // namespace
+
+int Cluster::coordinator_metrics_port() const {
+  return WaitForPortFile(root_.path() + "/coordinator.metrics_port");
+}
+
+int Cluster::worker_metrics_port(int i) const {
+  return WaitForPortFile(worker_dir(i) + ".metrics_port");
 }
 
 std::optional<pid_t> Cluster::TrainerPid(int worker, const std::string& task_id) const {

@@ -63,6 +63,9 @@ struct ClusterOptions {
   int workers = 1;
   int slots_per_worker = 1;
   absl::Duration worker_timeout = absl::Seconds(10);
+  // Extra environment for the coordinator and the workers (and so their trainers), e.g.
+  // AWS_ENDPOINT_URL and credentials for an s3:// checkpoint URI.
+  std::map<std::string, std::string> env;
 };
 
 class Cluster {
@@ -103,6 +106,11 @@ class Cluster {
 
   // A trainer process of a task, from the pid file the worker writes in the task folder.
   std::optional<pid_t> TrainerPid(int worker, const std::string& task_id) const;
+
+  // Ports of the /metrics endpoints (every process serves them on 127.0.0.1, port picked by the
+  // kernel); waits up to 30 s for the process to write its port file. 0 if it never does.
+  int coordinator_metrics_port() const;
+  int worker_metrics_port(int i) const;
 
  private:
   void StartWorker(int i);

@@ -19,6 +19,12 @@ namespace {
 
 using trainyard::v1::Job;
 
+ClusterOptions NoWorkers() {
+  ClusterOptions options;
+  options.workers = 0;
+  return options;
+}
+
 // A small job that learns: a 2-layer MLP on 4 separable classes.
 std::string SyntheticJob(const std::string& name, int64_t max_steps, int64_t every_steps = 0,
                          const std::string& extra = "") {
@@ -142,7 +148,7 @@ TEST(JobLifecycleTest, CancelStopsTheRunningTrainer) {
 }
 
 TEST(JobLifecycleTest, BadSpecIsRefusedNamingTheField) {
-  Cluster cluster({.workers = 0});
+  Cluster cluster(NoWorkers());
   auto refused = cluster.Submit(absl::StrReplaceAll(SyntheticJob("bad", 10), {{"lr: 0.01", "lr: -1"}}));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
@@ -228,7 +234,7 @@ TEST(JobLifecycleTest, ResubmittedJobResumesFromTheKilledJobsCheckpoint) {
 }
 
 TEST(JobLifecycleTest, StateSurvivesACoordinatorRestart) {
-  Cluster cluster({.workers = 0});
+  Cluster cluster(NoWorkers());
   auto submitted = cluster.Submit(SyntheticJob("durable", 10));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   cluster.KillCoordinator(SIGKILL);

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/uri.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
 
@@ -60,11 +62,15 @@ log_every_steps: 1
   ASSERT_TRUE(logs.ok());
   std::map<int64_t, double> ours = ParseStepLosses(*logs);
 
-  auto [ref_rc, ref_out] =
-      RunCommand({kPython, SourceDir() + "/tests/integration/reference_train.py", "--model", model,
-           "--data", data_dir + "/*.safetensors", "--batch", "32", "--steps",
-           std::to_string(kSteps), "--lr", "0.05", "--momentum", "0.9"},
-          dir.path() + "/reference.log");
+  // The exported model is TorchScript that PyTorch loads, holding the trained parameters.
+  auto exported = LocalPath(job->model_uri());
+  ASSERT_TRUE(exported.ok()) << job->model_uri();
+  ASSERT_TRUE(absl::EndsWith(*exported, "model.pt")) << *exported;
+  auto [ref_rc, ref_out] = RunCommand(
+      {kPython, SourceDir() + "/tests/integration/reference_train.py", "--model", model, "--data",
+       data_dir + "/*.safetensors", "--batch", "32", "--steps", std::to_string(kSteps), "--lr",
+       "0.05", "--momentum", "0.9", "--compare-with", *exported},
+      dir.path() + "/reference.log");
   ASSERT_EQ(ref_rc, 0) << ref_out;
   std::map<int64_t, double> reference = ParseStepLosses(ref_out);
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps)) << ref_out;
@@ -73,6 +79,9 @@ log_every_steps: 1
     ASSERT_EQ(ours.count(step), 1u) << step;
     EXPECT_NEAR(ours[step], loss, 1e-4) << "step " << step;
   }
+  const size_t diff_at = ref_out.find("max_param_diff=");
+  ASSERT_NE(diff_at, std::string::npos) << ref_out;
+  EXPECT_LT(std::stod(ref_out.substr(diff_at + 15)), 1e-4) << ref_out;
   // The losses moved: a loop that trained nothing would not pass by accident.
   EXPECT_LT(reference.rbegin()->second, reference.begin()->second);
 }

@@ -39,6 +39,8 @@ def main():
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--compare-with", help="a trained TorchScript model to compare the "
+                        "final parameters with; prints max_param_diff=X")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -59,6 +61,13 @@ def main():
         loss.backward()
         optimizer.step()
         print(f"step={step + 1} loss={loss.item():.8f}", flush=True)
+    if args.compare_with:
+        trained = dict(torch.jit.load(args.compare_with).named_parameters())
+        ours = dict(model.named_parameters())
+        if sorted(trained) != sorted(ours):
+            raise SystemExit(f"parameter names differ: {sorted(trained)} vs {sorted(ours)}")
+        diff = max((trained[k] - ours[k]).abs().max().item() for k in ours)
+        print(f"max_param_diff={diff:.3e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -127,5 +127,36 @@ TEST(SchedulerTest, CapacityTakenByEarlierPlacementsInTheSamePass) {
   EXPECT_EQ(d.pending_reasons.at("c"), "waiting for capacity: needs 1 slot, 0 free");
 }
 
+TEST(SchedulerTest, TwoLargeJobsCompetingForTheSameCapacityDoNotDeadlock) {
+  // Each job needs 3 of the 4 slots. Placing ranks one at a time could leave each job holding
+  // 2 slots and waiting forever for the third; gang placement gives one job all of its ranks
+  // and holds nothing for the other.
+  std::vector<SchedWorker> workers = {Worker("w1", 2, 2), Worker("w2", 2, 2)};
+  ScheduleDecision d = Schedule({CpuJob("a", 1, 3, 3), CpuJob("b", 2, 3, 3)}, workers);
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].job_id, "a");
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 3u);
+  EXPECT_EQ(d.pending_reasons.at("b"), "waiting for capacity: needs 3 slots, 1 free");
+  // Once "a" is done, "b" gets all of its ranks at once.
+  d = Schedule({CpuJob("b", 2, 3, 3)}, workers);
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 3u);
+}
+
+TEST(SchedulerTest, ElasticJobsCompetingNeverSplitBelowTheirMinimum) {
+  ScheduleDecision d = Schedule({CpuJob("a", 1, 3, 4), CpuJob("b", 2, 3, 4)},
+                                {Worker("w1", 2, 2), Worker("w2", 2, 2), Worker("w3", 1, 1)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].job_id, "a");
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 4u);
+  EXPECT_THAT(d.pending_reasons.at("b"), HasSubstr("waiting for capacity"));
+}
+
+TEST(SchedulerTest, DataParallelRanksGoToDistinctWorkersWhenTheyCan) {
+  ScheduleDecision d = Schedule({CpuJob("dp", 1, 2, 2)}, {Worker("w1", 4, 4), Worker("w2", 4, 4)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, UnorderedElementsAre("w1", "w2"));
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -548,10 +548,27 @@ TEST(TrainerTest, CnnTrains) {
   EXPECT_EQ(result->step, 5);
 }
 
-TEST(TrainerTest, OtherStrategiesAreUnimplemented) {
+TEST(TrainerTest, ParameterServerIsUnimplemented) {
+  trainyard::v1::Task task = SyntheticTask("", 5);
+  task.mutable_spec()->set_strategy(trainyard::v1::PARAMETER_SERVER);
+  EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(TrainerTest, DataParallelChecksItsWorld) {
   trainyard::v1::Task task = SyntheticTask("", 5);
   task.mutable_spec()->set_strategy(trainyard::v1::DATA_PARALLEL);
-  EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kUnimplemented);
+  task.mutable_spec()->set_batch_size(12);
+  // One rank trains alone.
+  EXPECT_TRUE(RunTrainer(task, QuietOptions()).ok());
+  // More need the rendezvous, and a batch that splits evenly.
+  task.set_world_size(2);
+  absl::Status status = RunTrainer(task, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("rendezvous"));
+  task.set_world_size(5);
+  status = RunTrainer(task, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("batch_size: 12 does not divide across 5"));
 }
 
 // 2N steps in one go equal N steps, a stop, a resume and N more, bit for bit; and a corrupted

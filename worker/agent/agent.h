@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -58,6 +59,11 @@ class Agent {
   // Asks Run to wind down. Thread-safe, non-blocking; may be called from a signal-watching
   // thread (not from a signal handler).
   void RequestStop(StopReason reason);
+
+  // For metrics; thread-safe. Every task tracked, with its pid and state.
+  std::vector<v1::TaskStatus> TaskStatuses() const { return reconciler_.Statuses(); }
+  // GPUs handed to running trainers.
+  int GpusAllocated() const { return options_.gpus - reconciler_.FreeGpus(); }
 
  private:
   class CoordinatorLogSink;

@@ -16,8 +16,10 @@
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "common/log.h"
+#include "common/metrics_http.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/agent.h"
+#include "worker/agent/metrics.h"
 #include "worker/agent/subprocess.h"
 
 namespace {
@@ -53,6 +55,15 @@ ABSL_FLAG(absl::Duration, stop_grace_period, absl::Seconds(10),
 ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(1),
           "how long each Sync long-poll is held by the coordinator; also the lease renewal "
           "period");
+// Several coordinators or agents on one machine (tests, `trainyard up`) cannot all have it.
+constexpr char kDefaultMetricsListen[] = "0.0.0.0:7072";
+ABSL_FLAG(std::string, metrics_listen, kDefaultMetricsListen,
+          "address for Prometheus metrics (HTTP GET /metrics) as HOST:PORT; port 0 lets the "
+          "kernel pick one (see --metrics_port_file); empty turns metrics off. If the default "
+          "address is taken the agent runs without metrics (with a warning); an address given "
+          "explicitly that cannot be bound stops it");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, once metrics are served, write their bound port number to this file");
 
 int main(int argc, char** argv) {
   absl::FlagsUsageConfig usage_config;
@@ -113,6 +124,45 @@ int main(int argc, char** argv) {
   trainyard::Agent agent(
       options, grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(),
                                          channel_args));
+
+  // Declared after the agent so that they go first: scrapes read the agent. The server holds the
+  // metrics only weakly.
+  std::shared_ptr<trainyard::AgentMetrics> metrics;
+  std::unique_ptr<trainyard::MetricsHttpServer> metrics_server;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
+    absl::StatusOr<std::unique_ptr<trainyard::GpuMonitor>> nvml = trainyard::LoadNvml();
+    std::unique_ptr<trainyard::GpuMonitor> gpus;
+    if (nvml.ok()) {
+      gpus = *std::move(nvml);
+    } else {
+      trainyard::LogInfo("no GPU metrics: ", nvml.status().message());
+    }
+    trainyard::AgentMetricsSource source;
+    source.worker_name = options.name;
+    source.gpus_offered = options.gpus;
+    source.tasks = [&agent] { return agent.TaskStatuses(); };
+    source.gpus_allocated = [&agent] { return agent.GpusAllocated(); };
+    metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(gpus));
+    absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> started =
+        trainyard::MetricsHttpServer::Start(listen, metrics);
+    if (started.ok()) {
+      metrics_server = *std::move(started);
+      trainyard::LogInfo("metrics on ", listen.substr(0, listen.rfind(':')), ":",
+                         metrics_server->port(), "/metrics");
+    } else if (listen != kDefaultMetricsListen) {
+      trainyard::LogError("--metrics_listen: ", started.status().ToString());
+      return 1;
+    } else {
+      trainyard::LogWarning("metrics are off: ", started.status().message());
+    }
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_port_file);
+      !path.empty() && metrics_server != nullptr) {
+    if (absl::Status s = trainyard::WritePortFile(path, metrics_server->port()); !s.ok()) {
+      trainyard::LogError("--metrics_port_file: ", s.ToString());
+      return 1;
+    }
+  }
 
   std::thread signal_thread([&agent, stop_signals] {
     int sig = 0;

@@ -190,7 +190,9 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   launch.working_dir = dir;
   launch.output_file = dir + "/output.log";
   launch.env = {{"OMP_NUM_THREADS", absl::StrCat(task.slots() > 0 ? task.slots() : 1)},
-                {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ",")}};
+                {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ",")},
+                // Models and datasets from object storage, cached by ETag across restarts.
+                {"TRAINYARD_CACHE_DIR", options_.work_dir + "/cache"}};
   absl::StatusOr<int64_t> pid = launcher_.Launch(launch);
   if (!pid.ok()) return fail(std::string(pid.status().message()));
 

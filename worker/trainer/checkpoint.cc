@@ -1,5 +1,9 @@
 #include "worker/trainer/checkpoint.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -182,19 +186,52 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::s
   return loaded;
 }
 
+void ReportSkippedCheckpoint(CoordinatorClient* coordinator, const std::string& uri,
+                             const absl::Status& why) {
+  LogWarning("checkpoint ", uri, " is unusable, trying the next one: ", why.ToString());
+  if (coordinator == nullptr) return;
+  absl::Status reported = coordinator->ReportEvent(
+      absl::StrCat("checkpoint ", uri, " skipped (", absl::StatusCodeToString(why.code()),
+                   "): ", why.message()));
+  if (!reported.ok()) LogWarning("cannot report the skipped checkpoint: ", reported.ToString());
+}
+
 Checkpointer::Checkpointer(ObjectStore* store, CoordinatorClient* coordinator, const Clock& clock,
                            Options options)
-    : store_(store), coordinator_(coordinator), clock_(clock), options_(std::move(options)) {}
+    : store_(store), coordinator_(coordinator), clock_(clock), options_(std::move(options)) {
+  // Only our own step folders: resume lists may name another job's checkpoints too.
+  const std::string own = JoinUri(options_.base_uri, "step-");
+  for (const std::string& uri : options_.committed) {
+    if (absl::StartsWith(uri, own)) committed_.insert(uri);
+  }
+}
 
 Checkpointer::~Checkpointer() { Wait().IgnoreError(); }
 
-void Checkpointer::SaveAsync(CheckpointData data) {
+bool Checkpointer::SaveAsync(CheckpointData data, bool final_save) {
+  if (upload_.joinable() && !final_save) {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout(absl::Condition(&upload_done_), options_.max_wait)) {
+      skipped_++;
+      LogWarning("checkpoint of step ", data.state.step, " skipped: the checkpoint of step ",
+                 upload_step_, " is still uploading after ",
+                 absl::FormatDuration(options_.max_wait));
+      return false;
+    }
+  }
   absl::Status previous = Wait();
   if (!previous.ok()) {
     LogWarning("checkpoint of step ", upload_step_, " was not saved: ", previous.ToString());
   }
   upload_step_ = data.state.step;
+  {
+    absl::MutexLock lock(&mu_);
+    upload_done_ = false;
+  }
   upload_ = std::thread([this, data = std::move(data)]() mutable {
+    // Serialising, hashing and sending compete with training for the CPU: the training thread
+    // goes first. Threads the upload starts (parallel parts) inherit the lower priority.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
     torch::NoGradGuard no_grad;
     try {
       upload_status_ = Save(data);
@@ -202,7 +239,12 @@ void Checkpointer::SaveAsync(CheckpointData data) {
       upload_status_ = absl::InternalError(
           absl::StrCat("checkpoint of step ", data.state.step, ": ", DescribeTorchError(e)));
     }
+    // The snapshot's memory goes before the training thread is told the upload is over.
+    data = CheckpointData();
+    absl::MutexLock lock(&mu_);
+    upload_done_ = true;
   });
+  return true;
 }
 
 absl::Status Checkpointer::Wait() {
@@ -225,6 +267,11 @@ absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::str
 absl::Status Checkpointer::Save(const CheckpointData& data) {
   const int64_t step = data.state.step;
   const std::string step_uri = CheckpointStepUri(options_.base_uri, step);
+  // Leftovers of an earlier attempt go before we write, so that keys are never overwritten.
+  if (options_.collect_garbage && coordinator_ != nullptr && !collected_once_) {
+    collected_once_ = true;
+    CollectGarbage();
+  }
   absl::StatusOr<std::string> model = EncodeTensors(data.model, {{"format", "trainyard/1"}});
   if (!model.ok()) return model.status();
   absl::StatusOr<std::string> optimizer =
@@ -271,8 +318,36 @@ absl::Status Checkpointer::Save(const CheckpointData& data) {
     return absl::Status(commit.code(),
                         absl::StrCat("checkpoint commit of step ", step, ": ", commit.message()));
   }
-  for (const std::string& uri : retired) DeleteRetired(uri);
+  committed_.insert(step_uri);
+  for (const std::string& uri : retired) {
+    committed_.erase(uri);
+    DeleteRetired(uri);
+  }
+  if (options_.collect_garbage) CollectGarbage();
   return absl::OkStatus();
+}
+
+void Checkpointer::CollectGarbage() {
+  std::string base = options_.base_uri;
+  if (base.empty() || base.back() != '/') base += '/';
+  absl::StatusOr<std::vector<ObjectInfo>> objects = store_->List(JoinUri(base, "step-"));
+  if (!objects.ok()) {
+    LogWarning("garbage collection: cannot list ", base, ": ", objects.status().ToString());
+    return;
+  }
+  std::set<std::string> garbage;
+  for (const ObjectInfo& info : *objects) {
+    if (!absl::StartsWith(info.uri, base)) continue;
+    const std::string relative = info.uri.substr(base.size());
+    const size_t slash = relative.find('/');
+    if (slash == std::string::npos) continue;  // a stray object, not inside a step folder
+    const std::string folder = JoinUri(options_.base_uri, relative.substr(0, slash));
+    if (committed_.count(folder) == 0) garbage.insert(folder);
+  }
+  for (const std::string& folder : garbage) {
+    LogInfo("garbage collection: deleting ", folder, " (no committed checkpoint refers to it)");
+    DeleteRetired(folder);
+  }
 }
 
 void Checkpointer::DeleteRetired(const std::string& step_uri) {

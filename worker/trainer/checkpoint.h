@@ -13,18 +13,31 @@
 //
 // Saving policy: the training thread snapshots (clones) every tensor at a step boundary and hands
 // the copy to Checkpointer::SaveAsync, which serialises, uploads and commits it on a background
-// thread. At most one save is in flight: a SaveAsync that comes while the previous save is still
-// uploading blocks the training thread until that save has finished. A failed intermediate save
-// is logged and training goes on (its manifest is never written, so it is never committed); the
-// caller learns about a failed final save from Wait().
+// thread. At most one save is in flight. When the next checkpoint falls due while the previous
+// one is still uploading, the training thread waits for it at most Options::max_wait (default
+// 30 s); if it is still uploading then, the new checkpoint is skipped (a warning is logged, the
+// in-flight upload carries on, and the next due step tries again), so a slow store costs
+// checkpoint frequency, never an unbounded stall. The final save (end of training or a stop)
+// always waits. A failed intermediate save is logged and training goes on (its manifest is never
+// written, so it is never committed); the caller learns about a failed final save from Wait().
+//
+// Objects go through ObjectStore::Put, which the S3 store turns into a parallel multipart upload
+// above its threshold (64 MiB).
+//
+// Garbage: with Options::collect_garbage, every step folder under base_uri that is not a
+// committed checkpoint (left by an upload that was cut off, or a retired checkpoint whose
+// deletion failed) is deleted before the first save and after each commit. Only folders named
+// step-*; the exported model under final/ is never touched.
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -100,6 +113,12 @@ class Checkpointer {
     std::string base_uri;  // task.checkpoint_uri
     int attempts = 4;      // per object Put and per commit
     absl::Duration backoff = absl::Milliseconds(200);
+    // How long a due checkpoint waits for the one in flight before it is skipped.
+    absl::Duration max_wait = absl::Seconds(30);
+    // Delete step folders that no committed checkpoint refers to (needs a coordinator and the
+    // complete list of this job's committed step folders in `committed`; others are ignored).
+    bool collect_garbage = false;
+    std::vector<std::string> committed = {};
   };
 
   // `store` must serve base_uri. `coordinator` may be null (standalone: no commit, no
@@ -108,19 +127,30 @@ class Checkpointer {
                Options options);
   ~Checkpointer();  // waits for a save in flight
 
-  // Waits for the save in flight (if any), then starts saving `data`.
-  void SaveAsync(CheckpointData data);
+  // Waits for the save in flight (if any: at most max_wait, or without a bound for a
+  // `final_save`), then starts saving `data`. Returns false when `data` was skipped because the
+  // previous save was still uploading.
+  bool SaveAsync(CheckpointData data, bool final_save = false);
   // Waits for the save in flight; returns its outcome (OK when none was started). Errors:
   // UNAVAILABLE (object store), FAILED_PRECONDITION / UNAVAILABLE (commit refused / failed).
   absl::Status Wait();
 
   // Step of the last checkpoint whose manifest was written, -1 if none. Call after Wait().
   int64_t last_saved_step() const { return last_saved_step_; }
+  // Checkpoints skipped because the previous one was still uploading.
+  int64_t skipped() const { return skipped_; }
+  // Whether a save is still being written. Thread-safe.
+  bool Uploading() {
+    absl::MutexLock lock(&mu_);
+    return !upload_done_;
+  }
 
  private:
   absl::Status Save(const CheckpointData& data);
   absl::Status PutWithRetries(const std::string& uri, const std::string& bytes);
   void DeleteRetired(const std::string& step_uri);
+  // Deletes every step folder under base_uri that is not in committed_.
+  void CollectGarbage();
 
   ObjectStore* const store_;
   CoordinatorClient* const coordinator_;
@@ -128,11 +158,23 @@ class Checkpointer {
   const Options options_;
 
   std::thread upload_;  // the save in flight; joined by Wait()
+  absl::Mutex mu_;
+  bool upload_done_ ABSL_GUARDED_BY(mu_) = true;
   // Written by the upload thread, read after joining it.
   absl::Status upload_status_;
   int64_t upload_step_ = -1;
   int64_t last_saved_step_ = -1;
+  int64_t skipped_ = 0;
+  // Step folders of committed, not retired checkpoints; used by the upload thread only (saves
+  // never overlap).
+  std::set<std::string> committed_;
+  bool collected_once_ = false;
 };
+
+// Logs that the checkpoint at `uri` cannot be used and why, and reports it as a warning event
+// on the job when `coordinator` is not null (best effort: a failed report is only logged).
+void ReportSkippedCheckpoint(CoordinatorClient* coordinator, const std::string& uri,
+                             const absl::Status& why);
 
 }  // namespace trainyard::trainer
 

@@ -82,6 +82,18 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return FromGrpc(stub_->ReportModel(&context, request, &response), "ReportModel");
   }
 
+  absl::Status ReportEvent(const std::string& message) override {
+    trainyard::v1::ReportEventRequest request;
+    request.set_job_id(job_id_);
+    request.set_generation(generation_);
+    request.set_rank(rank_);
+    request.set_message(message);
+    trainyard::v1::ReportEventResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return FromGrpc(stub_->ReportEvent(&context, request, &response), "ReportEvent");
+  }
+
  private:
   void SetDeadline(grpc::ClientContext& context) const {
     context.set_deadline(std::chrono::system_clock::now() +

@@ -34,6 +34,9 @@ class CoordinatorClient {
                                                                     const std::string& uri,
                                                                     int64_t size_bytes) = 0;
   virtual absl::Status ReportModel(const std::string& uri) = 0;
+  // A warning for the job's events (a skipped corrupt checkpoint). Clients that cannot report
+  // events drop it.
+  virtual absl::Status ReportEvent(const std::string& message) { return absl::OkStatus(); }
 };
 
 // A client over trainyard.v1.AgentService on an insecure channel to `address` (host:port) that

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -13,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "common/object_cache.h"
+#include "common/object_store.h"
 #include "common/safetensors.h"
 #include "common/uri.h"
 #include "worker/trainer/model.h"
@@ -109,6 +112,30 @@ absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData&
 
 absl::StatusOr<std::vector<std::string>> ExpandDataGlob(const std::string& pattern) {
   std::string local = pattern;
+  if (absl::StartsWith(pattern, "s3://")) {
+    // Remote files come through the local cache (keyed by ETag): a restart reads them from disk.
+    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(pattern);
+    if (!store.ok()) {
+      return absl::Status(store.status().code(),
+                          absl::StrCat("data.train: ", store.status().message()));
+    }
+    absl::StatusOr<std::vector<std::string>> uris = ExpandObjectGlob(**store, pattern);
+    if (!uris.ok()) {
+      return absl::Status(uris.status().code(),
+                          absl::StrCat("data.train: ", uris.status().message()));
+    }
+    ObjectCache cache(ObjectCache::DefaultDir());
+    std::vector<std::string> files;
+    for (const std::string& uri : *uris) {
+      absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
+      if (!path.ok()) {
+        return absl::Status(path.status().code(),
+                            absl::StrCat("data.train: ", path.status().message()));
+      }
+      files.push_back(*std::move(path));
+    }
+    return files;
+  }
   if (absl::StrContains(pattern, "://")) {
     if (!absl::StartsWith(pattern, "file://")) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -22,6 +22,7 @@
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/errors.h"
+#include "worker/trainer/rendezvous_client.h"
 #include "worker/trainer/trainer.h"
 
 ABSL_FLAG(std::string, task_file, "",
@@ -29,7 +30,11 @@ ABSL_FLAG(std::string, task_file, "",
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of the coordinator's AgentService for progress, checkpoint commits and the "
           "model report. Empty: standalone (no reports; checkpoints are written but not "
-          "committed or retired).");
+          "committed or retired). A data_parallel task with several ranks needs it: the ranks "
+          "meet through the coordinator's rendezvous store.");
+ABSL_FLAG(bool, overlap_communication, true,
+          "data_parallel: start each gradient bucket's all-reduce from autograd hooks as soon as "
+          "backward has produced it (true), or all of them after backward (false).");
 
 namespace {
 
@@ -56,8 +61,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Runs one training task. Usage: trainyard-trainer --task_file=PATH "
       "[--coordinator=HOST:PORT]\nExit codes: 0 done, 1 internal error, 2 user error (spec, data, "
-      "model), 3 infrastructure (object store, coordinator), 143 stopped by SIGTERM/SIGINT. On "
-      "failure the cause is written to ./termination-message.");
+      "model), 3 infrastructure (object store, coordinator, a lost or stuck peer), 143 stopped by "
+      "SIGTERM/SIGINT. On failure the cause is written to ./termination-message.");
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "worker/trainer/main.cc");
@@ -87,6 +92,7 @@ int main(int argc, char** argv) {
                      task.generation(), " rank ", task.rank(), "/", task.world_size());
 
   std::unique_ptr<trainyard::trainer::CoordinatorClient> coordinator;
+  std::unique_ptr<trainyard::trainer::RendezvousClient> rendezvous;
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (!address.empty()) {
     // keep_last 0 means the spec left it out; never ask to retire the checkpoint just written.
@@ -94,10 +100,14 @@ int main(int argc, char** argv) {
         task.spec().checkpoint().keep_last() > 0 ? task.spec().checkpoint().keep_last() : 3;
     coordinator = trainyard::trainer::NewGrpcCoordinatorClient(
         address, task.job_id(), task.generation(), task.rank(), keep_last, absl::Seconds(5));
+    rendezvous = trainyard::trainer::NewGrpcRendezvousClient(address, task.job_id(),
+                                                             task.generation(), task.rank());
   }
 
   trainyard::trainer::TrainerOptions options;
   options.coordinator = coordinator.get();
+  options.rendezvous = rendezvous.get();
+  options.overlap_communication = absl::GetFlag(FLAGS_overlap_communication);
   options.stop_signal = &stop_signal;
   options.num_threads = ThreadCount(task);
   absl::StatusOr<trainyard::trainer::TrainResult> result =

@@ -6,10 +6,13 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/file_object_store.h"
+#include "common/object_cache.h"
 #include "common/object_store.h"
 
 namespace trainyard::trainer {
@@ -168,7 +171,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadScript(const std::string& uri) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.torchscript: ", store.status().message()));
   }
-  absl::StatusOr<std::string> bytes = (*store)->Get(uri);
+  absl::StatusOr<std::string> bytes;
+  if (absl::StartsWith(uri, "s3://")) {
+    // Through the local cache (keyed by ETag): a restart does not download the model again.
+    ObjectCache cache(ObjectCache::DefaultDir());
+    absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
+    bytes = path.ok() ? FileObjectStore().Get(*path) : path.status();
+  } else {
+    bytes = (*store)->Get(uri);
+  }
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code() == absl::StatusCode::kNotFound
                             ? absl::StatusCode::kNotFound

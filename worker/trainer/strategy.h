@@ -1,50 +1,54 @@
 #ifndef TRAINYARD_WORKER_TRAINER_STRATEGY_H_
 #define TRAINYARD_WORKER_TRAINER_STRATEGY_H_
 
-// The seams along which distributed training plugs into the training loop. A Communicator moves
-// tensors between ranks (Gloo on CPU, NCCL on GPU, met through the coordinator's rendezvous
-// store); a Strategy decides what a rank does around each update with it (data-parallel:
-// broadcast the initial parameters, all-reduce gradients; parameter-server: push gradients and
-// pull parameters). Only the single-process strategy exists so far.
+// What a rank does around each update. A Strategy decides how ranks combine their work
+// (data-parallel: broadcast the initial state, all-reduce gradients; parameter-server: push
+// gradients and pull parameters); a Communicator (communicator.h) moves the tensors.
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "trainyard/v1/agent_service.pb.h"
+#include "worker/trainer/communicator.h"
 #include "worker/trainer/model.h"
+#include "worker/trainer/rendezvous_client.h"
 
 namespace trainyard::trainer {
 
-// Collective operations among the ranks of one attempt. Calls block until every rank has made
-// the matching call; a peer that disappears turns into UNAVAILABLE or DEADLINE_EXCEEDED, never a
-// hang. Not thread-safe: one training thread uses it.
-class Communicator {
- public:
-  virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
-  // Replaces each tensor with the elementwise mean over all ranks.
-  virtual absl::Status AllReduceMean(std::vector<torch::Tensor>& tensors) = 0;
-  // Replaces each tensor with root's.
-  virtual absl::Status Broadcast(std::vector<torch::Tensor>& tensors, int root) = 0;
+struct StepAgreement {
+  double loss = 0;    // the update's loss, averaged over ranks
+  bool stop = false;  // some rank was asked to stop: all stop after this update
 };
 
-// What a rank does around each update. Called from the training thread only.
+// Called from the training thread only (autograd hooks included, which LibTorch runs there for
+// CPU tensors; a strategy guards what its hooks touch regardless).
 class Strategy {
  public:
   virtual ~Strategy() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // After the model is built or restored and before the first update.
+  // Once, after the model is built and before any checkpoint is restored.
   virtual absl::Status Setup(Model& model) = 0;
-  // After backward(), before the optimizer step: combine gradients across ranks.
+  // After a checkpoint was restored (or none was): every rank takes rank 0's parameters and
+  // buffers, and all must have resumed at the same step (ABORTED otherwise).
+  virtual absl::Status SyncState(Model& model, int64_t start_step) = 0;
+  // Before each micro-batch's backward(): whether this backward completes the update, so that
+  // gradients are combined as they become ready.
+  virtual void BeforeBackward(bool last_micro_batch) = 0;
+  // After the update's last backward(), before the optimizer step: gradients hold the mean over
+  // ranks when it returns OK.
   virtual absl::Status AfterBackward(Model& model) = 0;
-  // The loss to report, combined across ranks.
-  virtual absl::StatusOr<double> ReduceLoss(double local_loss) = 0;
+  // After the optimizer step: the mean loss and whether any rank wants to stop.
+  virtual absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) = 0;
+  // Seconds spent blocked on communication since the last call, and resets the count.
+  virtual double TakeCommunicationSeconds() = 0;
 };
 
 // One process, nothing to exchange.
@@ -53,13 +57,84 @@ class SingleStrategy final : public Strategy {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   absl::Status Setup(Model&) override { return absl::OkStatus(); }
+  absl::Status SyncState(Model&, int64_t) override { return absl::OkStatus(); }
+  void BeforeBackward(bool) override {}
   absl::Status AfterBackward(Model&) override { return absl::OkStatus(); }
-  absl::StatusOr<double> ReduceLoss(double local_loss) override { return local_loss; }
+  absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) override {
+    return StepAgreement{local_loss, stop_requested};
+  }
+  double TakeCommunicationSeconds() override { return 0; }
 };
 
-// The strategy of `task.spec.strategy`. UNIMPLEMENTED "strategy: ..." for data_parallel and
-// parameter_server, which this trainer does not run yet.
-absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task);
+// Data parallelism: every rank holds the whole model. Gradients are packed into buckets of about
+// `bucket_bytes` in reverse parameter order (the order backward produces them); with `overlap`,
+// autograd hooks start a bucket's all-reduce as soon as all its gradients exist, so that
+// communication runs during the rest of backward. Buckets start strictly in order on every rank.
+// Assumes every parameter gets a gradient in every update; one that does not is reduced from
+// its accumulated (or zero) gradient after backward.
+class DataParallelStrategy final : public Strategy {
+ public:
+  DataParallelStrategy(std::unique_ptr<Communicator> communicator, int64_t bucket_bytes,
+                       bool overlap);
+  ~DataParallelStrategy() override;
+
+  int rank() const override { return communicator_->rank(); }
+  int world_size() const override { return communicator_->world_size(); }
+  absl::Status Setup(Model& model) override;
+  absl::Status SyncState(Model& model, int64_t start_step) override;
+  void BeforeBackward(bool last_micro_batch) override;
+  absl::Status AfterBackward(Model& model) override;
+  absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) override;
+  double TakeCommunicationSeconds() override;
+
+  int bucket_count() const { return static_cast<int>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    std::vector<int> params;  // indices into params_, in the order they are packed
+    torch::Tensor flat;       // the packed gradients
+    int pending = 0;          // gradients not yet packed in this update
+    std::unique_ptr<Work> work;
+  };
+  struct Slot {
+    int bucket = 0;
+    int64_t offset = 0;  // elements into the bucket
+    bool packed = false;
+  };
+
+  void OnGradient(int index, const torch::Tensor& grad);
+  void LaunchReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  torch::Tensor SliceOf(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::unique_ptr<Communicator> communicator_;
+  const int64_t bucket_bytes_;
+  const bool overlap_;
+
+  std::vector<torch::Tensor> params_;  // fixed by Setup
+
+  absl::Mutex mu_;  // the hooks' state
+  std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // per parameter
+  int next_launch_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reduce_this_backward_ ABSL_GUARDED_BY(mu_) = false;
+  double communication_seconds_ = 0;
+};
+
+struct StrategyOptions {
+  // Where ranks meet; required for world sizes above 1. Not owned; used only during
+  // MakeStrategy.
+  RendezvousClient* rendezvous = nullptr;
+  // Start gradient all-reduces from autograd hooks during backward (true) or all after it.
+  bool overlap = true;
+  // Where peers reach this rank when the task does not say (task.worker_address).
+  std::string default_hostname = "127.0.0.1";
+};
+
+// The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined).
+// INVALID_ARGUMENT for a world size the strategy cannot run or a missing rendezvous;
+// UNIMPLEMENTED for parameter_server; the communicator's errors otherwise.
+absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
+                                                       const StrategyOptions& options);
 
 }  // namespace trainyard::trainer
 

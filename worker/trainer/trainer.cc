@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -148,7 +149,10 @@ absl::Status Run::Prepare() {
     return absl::InvalidArgumentError(
         absl::StrCat("loss: unknown loss '", spec_.loss(), "' (cross_entropy, mse)"));
   }
-  absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(task_);
+  StrategyOptions strategy_options;
+  strategy_options.rendezvous = options_.rendezvous;
+  strategy_options.overlap = options_.overlap_communication;
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(task_, strategy_options);
   if (!strategy.ok()) return strategy.status();
   strategy_ = *std::move(strategy);
 
@@ -218,7 +222,7 @@ void Run::Resume() {
     }
     if (status.ok()) status = RestoreTorchRngState(ckpt->state.torch_rng_state);
     if (!status.ok()) {
-      LogWarning("checkpoint ", uri, " is unusable, trying the next one: ", status.ToString());
+      ReportSkippedCheckpoint(options_.coordinator, uri, status);
       continue;
     }
     ApplyCheckpoint(*ckpt, *model_, *optimizer_, params_);
@@ -286,26 +290,38 @@ absl::StatusOr<TrainResult> Run::Execute() {
   absl::Status status = Prepare();
   if (!status.ok()) return status;
   Resume();
+  // Every rank starts from rank 0's parameters, resumed or fresh, and from the same step.
+  status = strategy_->SyncState(*model_, start_step_);
+  if (!status.ok()) return status;
+  const int rank = strategy_->rank();
+  const int world = strategy_->world_size();
+  const int accumulate = std::max(1, spec_.accumulate_steps());
 
   const int64_t total = plan_.total_steps;
   const int64_t log_every = spec_.log_every_steps() > 0 ? spec_.log_every_steps() : 10;
-  const bool has_val = data_.validation.size() > 0 && loss_kind_ == LossKind::kCrossEntropy;
+  const bool has_val =
+      data_.validation.size() > 0 && loss_kind_ == LossKind::kCrossEntropy && rank == 0;
   Print(absl::StrFormat(
       "start: model=%s parameters=%d train_samples=%d validation_samples=%d features=%d "
-      "batch_size=%d steps_per_epoch=%d total_steps=%d start_step=%d threads=%d",
+      "batch_size=%d steps_per_epoch=%d total_steps=%d start_step=%d threads=%d rank=%d "
+      "world_size=%d",
       model_->Kind(), model_->ParameterCount(), data_.train.size(), data_.validation.size(),
       data_.train.FeatureWidth(), plan_.global_batch_size, plan_.steps_per_epoch, total,
-      start_step_, std::max(1, options_.num_threads)));
+      start_step_, std::max(1, options_.num_threads), rank, world));
 
+  // Ranks hold identical replicas: rank 0 alone saves and reports.
   std::unique_ptr<Checkpointer> checkpointer;
-  if (store_ != nullptr) {
+  if (store_ != nullptr && rank == 0) {
     Checkpointer::Options ckpt_options;
     ckpt_options.base_uri = task_.checkpoint_uri();
+    ckpt_options.collect_garbage = true;
+    ckpt_options.committed.assign(task_.resume_checkpoints().begin(),
+                                  task_.resume_checkpoints().end());
     checkpointer =
         std::make_unique<Checkpointer>(store_.get(), options_.coordinator, clock_, ckpt_options);
   }
   std::unique_ptr<ProgressReporter> reporter;
-  if (options_.coordinator != nullptr) {
+  if (options_.coordinator != nullptr && rank == 0) {
     reporter =
         std::make_unique<ProgressReporter>(options_.coordinator, clock_, options_.report_interval);
   }
@@ -316,9 +332,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
   result.resumed_from = resumed_from_;
   trainyard::v1::JobProgress progress;
   progress.set_total_steps(total);
+  progress.set_world_size(world);
 
-  const int rank = strategy_->rank();
-  const int world = strategy_->world_size();
   const bool shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
   BatchPrefetcher prefetcher(data_.train, plan_, spec_.seed(), shuffle, rank, world, start_step_,
                              total);
@@ -329,36 +344,64 @@ absl::StatusOr<TrainResult> Run::Execute() {
   double samples_per_s = 0;
   absl::Time interval_start = clock_.Now();
   int64_t interval_steps = 0;
+  // Where step time goes, summed over the steps since the last report.
+  using Steady = std::chrono::steady_clock;
+  auto seconds_since = [](Steady::time_point t) {
+    return std::chrono::duration<double>(Steady::now() - t).count();
+  };
+  double data_wait_s = 0, step_s = 0, communication_s = 0, checkpoint_s = 0;
+  int64_t timed_steps = 0;
+  absl::Time timing_start = clock_.Now();
+  strategy_->TakeCommunicationSeconds();  // the start-up broadcast is not a step's
+  bool stop_agreed = false;
   model_->SetTraining(true);
   while (step < total) {
-    if (StopRequested()) {
+    // One rank alone may stop at once; several stop together at an update they agreed on.
+    if (stop_agreed || (world == 1 && StopRequested())) {
       result.stopped = true;
       break;
     }
+    const Steady::time_point step_start = Steady::now();
     std::optional<Batch> batch = prefetcher.Next();
     if (!batch.has_value()) return absl::InternalError("the data thread ended early");
+    data_wait_s += seconds_since(step_start);
     lr = LearningRateAt(spec_.optimizer(), step, total);
     SetLearningRate(*optimizer_, lr);
     double loss_value = 0;
     try {
       optimizer_->zero_grad();
-      torch::Tensor out = model_->Forward(batch->features);
-      torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels);
-      loss.backward();
+      const int64_t n = batch->features.size(0);
+      if (n < accumulate) {
+        return absl::InvalidArgumentError(absl::StrCat("accumulate_steps: ", accumulate,
+                                                       " micro-batches do not fit in a rank's ", n,
+                                                       " samples"));
+      }
+      // Micro-batch losses weighted by their share add up to the loss of the rank's whole
+      // batch, so accumulating changes memory use, not the result.
+      for (int m = 0; m < accumulate; ++m) {
+        const int64_t begin = n * m / accumulate;
+        const int64_t size = n * (m + 1) / accumulate - begin;
+        torch::Tensor out = model_->Forward(batch->features.narrow(0, begin, size));
+        torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels.narrow(0, begin, size));
+        if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
+        strategy_->BeforeBackward(m + 1 == accumulate);
+        loss.backward();
+        loss_value += loss.item<double>();
+      }
       status = strategy_->AfterBackward(*model_);
       if (!status.ok()) return status;
       optimizer_->step();
-      loss_value = loss.item<double>();
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
     }
-    absl::StatusOr<double> reduced = strategy_->ReduceLoss(loss_value);
-    if (!reduced.ok()) return reduced.status();
+    absl::StatusOr<StepAgreement> agreed = strategy_->EndStep(loss_value, StopRequested());
+    if (!agreed.ok()) return agreed.status();
+    stop_agreed = agreed->stop;
     ++step;
     ++interval_steps;
-    if (step == start_step_ + 1) result.first_loss = *reduced;
-    result.loss = *reduced;
+    if (step == start_step_ + 1) result.first_loss = agreed->loss;
+    result.loss = agreed->loss;
     if (options_.after_step) options_.after_step(step);
 
     const int64_t epoch = step / plan_.steps_per_epoch;
@@ -385,6 +428,26 @@ absl::StatusOr<TrainResult> Run::Execute() {
       }
       Print(line);
     }
+    if (checkpointer != nullptr && every > 0 && step % every == 0 && step < total) {
+      const Steady::time_point save_start = Steady::now();
+      const bool saving = checkpointer->SaveAsync(Snapshot(step, lr));
+      checkpoint_s += seconds_since(save_start);
+      if (saving) last_checkpoint_step = step;
+    }
+    step_s += seconds_since(step_start);
+    communication_s += strategy_->TakeCommunicationSeconds();
+    ++timed_steps;
+    if (clock_.Now() - timing_start >= options_.report_interval || step == total) {
+      const double n = static_cast<double>(timed_steps);
+      progress.set_data_wait_seconds(data_wait_s / n);
+      progress.set_communication_seconds(communication_s / n);
+      progress.set_checkpoint_seconds(checkpoint_s / n);
+      progress.set_compute_seconds(
+          std::max(0.0, step_s - data_wait_s - communication_s - checkpoint_s) / n);
+      data_wait_s = step_s = communication_s = checkpoint_s = 0;
+      timed_steps = 0;
+      timing_start = clock_.Now();
+    }
     if (reporter != nullptr) {
       progress.set_step(step);
       progress.set_loss(result.loss);
@@ -394,16 +457,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
       progress.set_val_accuracy(result.val_accuracy.value_or(0));
       reporter->Update(progress);
     }
-    if (checkpointer != nullptr && every > 0 && step % every == 0 && step < total) {
-      checkpointer->SaveAsync(Snapshot(step, lr));
-      last_checkpoint_step = step;
-    }
   }
   result.step = step;
 
   if (checkpointer != nullptr) {
     if (step > 0 && step != last_checkpoint_step) {
-      checkpointer->SaveAsync(Snapshot(step, lr));
+      checkpointer->SaveAsync(Snapshot(step, lr), /*final_save=*/true);
     }
     absl::Status saved = checkpointer->Wait();
     if (!saved.ok()) {
@@ -414,7 +473,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       }
     }
   }
-  if (!result.stopped && store_ != nullptr) {
+  if (!result.stopped && store_ != nullptr && rank == 0) {
     status = Export(result);
     if (!status.ok()) return status;
   }
@@ -440,25 +499,6 @@ absl::StatusOr<TrainResult> Run::Execute() {
 }
 
 }  // namespace
-
-absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task) {
-  switch (task.spec().strategy()) {
-    case trainyard::v1::STRATEGY_UNSPECIFIED:
-    case trainyard::v1::SINGLE:
-      if (task.world_size() > 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "strategy: single runs one rank, the task has world size ", task.world_size()));
-      }
-      return std::make_unique<SingleStrategy>();
-    case trainyard::v1::DATA_PARALLEL:
-      return absl::UnimplementedError("strategy: data_parallel is not supported by this trainer");
-    case trainyard::v1::PARAMETER_SERVER:
-      return absl::UnimplementedError(
-          "strategy: parameter_server is not supported by this trainer");
-    default:
-      return absl::InvalidArgumentError("strategy: unknown strategy");
-  }
-}
 
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options) {

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator_client.h"
+#include "worker/trainer/rendezvous_client.h"
 
 namespace trainyard::trainer {
 
@@ -22,6 +23,11 @@ struct TrainerOptions {
   // Null: standalone (no reports; checkpoints are written but neither committed nor retired).
   // Not owned.
   CoordinatorClient* coordinator = nullptr;
+  // Where the ranks of a data_parallel attempt meet; required when the task has more than one
+  // rank. Not owned.
+  RendezvousClient* rendezvous = nullptr;
+  // data_parallel: start gradient all-reduces during backward (true) or after it.
+  bool overlap_communication = true;
   // When it becomes non-zero the run stops at the next step boundary (after saving a checkpoint
   // of that step if it has a checkpoint URI). Typically set by a signal handler. Not owned.
   const std::atomic<int>* stop_signal = nullptr;
@@ -48,10 +54,12 @@ struct TrainResult {
 };
 
 // Runs `task` to completion (blocking) on the calling thread plus a data thread, a checkpoint
-// thread and, with a coordinator, a report thread. Errors, classified for ExitCodeForStatus:
-// INVALID_ARGUMENT / NOT_FOUND / UNIMPLEMENTED naming the spec field for bad specs, data or
-// models; UNAVAILABLE when the final checkpoint, export or report cannot be
-// done; INTERNAL for anything unexpected. Not reentrant: it sets LibTorch's global thread count
+// thread and, with a coordinator, a report thread (and a communication thread for data_parallel).
+// With several ranks, rank 0 checkpoints, exports and reports; every rank trains. Errors,
+// classified for ExitCodeForStatus: INVALID_ARGUMENT / NOT_FOUND / UNIMPLEMENTED naming the spec
+// field for bad specs, data or models; UNAVAILABLE when the final checkpoint, export or report
+// cannot be done or a peer is lost, DEADLINE_EXCEEDED when a collective times out,
+// FAILED_PRECONDITION when the attempt was fenced off; INTERNAL for anything unexpected. Not reentrant: it sets LibTorch's global thread count
 // and random generator.
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options);

@@ -1,0 +1,308 @@
+// The Gloo communicator and the data-parallel strategy, with every rank a thread of this test
+// meeting the others through an in-memory rendezvous store; and the per-rank data sharding.
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/trainer/fake_rendezvous.h"
+#include "worker/trainer/gloo_communicator.h"
+#include "worker/trainer/model.h"
+#include "worker/trainer/schedule.h"
+#include "worker/trainer/strategy.h"
+
+namespace trainyard::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Connects `world` Gloo ranks (in threads) and returns them by rank.
+std::vector<std::unique_ptr<Communicator>> Connect(int world, RendezvousClient& rendezvous,
+                                                   absl::Duration timeout = absl::Seconds(20)) {
+  std::vector<std::unique_ptr<Communicator>> comms(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions options;
+      options.timeout = timeout;
+      options.connect_timeout = absl::Seconds(20);
+      absl::StatusOr<std::unique_ptr<Communicator>> c =
+          NewGlooCommunicator(r, world, rendezvous, options);
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (c.ok()) comms[r] = *std::move(c);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return comms;
+}
+
+// Runs fn(rank) on one thread per rank.
+void OnEveryRank(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(fn, r);
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(GlooCommunicatorTest, AllReduceSumMeanMaxOverThreeRanks) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(3, rendezvous);
+  ASSERT_TRUE(comms[2] != nullptr);
+  EXPECT_EQ(comms[1]->rank(), 1);
+  EXPECT_EQ(comms[1]->world_size(), 3);
+  std::vector<torch::Tensor> sums(3), means(3), maxes(3), doubles(3);
+  OnEveryRank(3, [&](int r) {
+    sums[r] = torch::full({1000}, static_cast<float>(r + 1));
+    means[r] = torch::full({7}, static_cast<float>(3 * r));
+    maxes[r] = torch::tensor({static_cast<float>(r), static_cast<float>(-r)});
+    doubles[r] = torch::full({3}, 0.1 * (r + 1), torch::kDouble);
+    // Several in flight at once; they complete in order.
+    auto a = comms[r]->AllReduceAsync({sums[r]}, ReduceOp::kSum);
+    auto b = comms[r]->AllReduceAsync({means[r], doubles[r]}, ReduceOp::kMean);
+    auto c = comms[r]->AllReduceAsync({maxes[r]}, ReduceOp::kMax);
+    EXPECT_TRUE(a->Wait().ok());
+    EXPECT_TRUE(b->Wait().ok());
+    EXPECT_TRUE(c->Wait().ok());
+    EXPECT_TRUE(a->Wait().ok());  // idempotent
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(torch::equal(sums[r], torch::full({1000}, 6.0f))) << r;
+    EXPECT_TRUE(torch::equal(means[r], torch::full({7}, 3.0f))) << r;
+    EXPECT_TRUE(torch::equal(maxes[r], torch::tensor({2.0f, 0.0f}))) << r;
+    EXPECT_TRUE(torch::allclose(doubles[r], torch::full({3}, 0.2, torch::kDouble))) << r;
+  }
+}
+
+TEST(GlooCommunicatorTest, BroadcastAndBarrier) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(2, rendezvous);
+  ASSERT_TRUE(comms[1] != nullptr);
+  std::vector<torch::Tensor> f(2), i(2);
+  OnEveryRank(2, [&](int r) {
+    f[r] = torch::full({5}, static_cast<float>(r + 10));
+    i[r] = torch::full({2}, static_cast<int64_t>(r + 100), torch::kInt64);
+    EXPECT_TRUE(comms[r]->Broadcast({f[r], i[r]}, 1).ok());
+    EXPECT_TRUE(comms[r]->Barrier().ok());
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(torch::equal(f[r], torch::full({5}, 11.0f)));
+    EXPECT_TRUE(torch::equal(i[r], torch::full({2}, 101, torch::kInt64)));
+  }
+}
+
+TEST(GlooCommunicatorTest, RefusesIntegerAllReduce) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(1, rendezvous);
+  ASSERT_TRUE(comms[0] != nullptr);
+  absl::Status status = comms[0]->AllReduce({torch::ones({2}, torch::kInt64)}, ReduceOp::kSum);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooCommunicatorTest, ADeadPeerIsAnErrorNotAHang) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(2, rendezvous, absl::Seconds(30));
+  ASSERT_TRUE(comms[1] != nullptr);
+  comms[1].reset();  // closes its connections, as a killed process would
+  const absl::Time start = absl::Now();
+  absl::Status status = comms[0]->AllReduce({torch::ones({1 << 16})}, ReduceOp::kSum);
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
+                                              absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(status.message(), HasSubstr("all-reduce"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  // The group is broken from now on: later collectives fail at once.
+  EXPECT_EQ(comms[0]->Barrier().code(), status.code());
+}
+
+TEST(GlooCommunicatorTest, AStuckPeerTimesOut) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(2, rendezvous, absl::Seconds(1));
+  ASSERT_TRUE(comms[1] != nullptr);
+  // Rank 1 lives on but never joins the collective.
+  absl::Status status = comms[0]->AllReduce({torch::ones({4})}, ReduceOp::kSum);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(status.message(), HasSubstr("collective timeout of 1s"));
+}
+
+TEST(GlooCommunicatorTest, MissingPeerAtStartTimesOut) {
+  FakeRendezvous rendezvous;
+  GlooOptions options;
+  options.connect_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<Communicator>> c = NewGlooCommunicator(0, 2, rendezvous, options);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
+  EXPECT_EQ(NewGlooCommunicator(2, 2, rendezvous, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---- the data-parallel strategy ----
+
+std::unique_ptr<Model> TinyMlp() {
+  trainyard::v1::ModelSpec spec;
+  spec.set_builtin("mlp");
+  spec.mutable_args()->add_hidden(16);
+  spec.mutable_args()->add_hidden(8);
+  absl::StatusOr<std::unique_ptr<Model>> model = BuildModel(spec, /*seed=*/7, 6, 3);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+// Each rank's gradients after AfterBackward, and the reference: the mean of every rank's own
+// gradients computed without communication.
+void CheckGradientsAreTheMean(int64_t bucket_bytes, bool overlap, int accumulate) {
+  constexpr int kWorld = 2;
+  FakeRendezvous rendezvous;
+  auto comms = Connect(kWorld, rendezvous);
+  ASSERT_TRUE(comms[1] != nullptr);
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<std::unique_ptr<Model>> references;
+  std::vector<torch::Tensor> inputs, labels;
+  torch::manual_seed(1);
+  for (int r = 0; r < kWorld; ++r) {
+    models.push_back(TinyMlp());
+    references.push_back(TinyMlp());
+    inputs.push_back(torch::randn({4 * accumulate, 6}));
+    labels.push_back(torch::randint(0, 3, {4 * accumulate}, torch::kInt64));
+  }
+  // Reference: plain backward per rank, then the mean.
+  std::vector<std::vector<torch::Tensor>> local(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    for (int m = 0; m < accumulate; ++m) {
+      torch::Tensor out = references[r]->Forward(inputs[r].narrow(0, 4 * m, 4));
+      (torch::nn::functional::cross_entropy(out, labels[r].narrow(0, 4 * m, 4)) / accumulate)
+          .backward();
+    }
+    for (auto& [name, p] : references[r]->NamedParameters()) local[r].push_back(p.grad());
+  }
+  std::vector<std::unique_ptr<DataParallelStrategy>> strategies(kWorld);
+  OnEveryRank(kWorld, [&](int r) {
+    strategies[r] =
+        std::make_unique<DataParallelStrategy>(std::move(comms[r]), bucket_bytes, overlap);
+    ASSERT_TRUE(strategies[r]->Setup(*models[r]).ok());
+    ASSERT_TRUE(strategies[r]->SyncState(*models[r], 0).ok());
+    for (int m = 0; m < accumulate; ++m) {
+      torch::Tensor out = models[r]->Forward(inputs[r].narrow(0, 4 * m, 4));
+      strategies[r]->BeforeBackward(m + 1 == accumulate);
+      (torch::nn::functional::cross_entropy(out, labels[r].narrow(0, 4 * m, 4)) / accumulate)
+          .backward();
+    }
+    ASSERT_TRUE(strategies[r]->AfterBackward(*models[r]).ok());
+    absl::StatusOr<StepAgreement> agreed = strategies[r]->EndStep(r + 1.0, r == 1);
+    ASSERT_TRUE(agreed.ok());
+    EXPECT_DOUBLE_EQ(agreed->loss, 1.5);
+    EXPECT_TRUE(agreed->stop);
+  });
+  if (bucket_bytes < 100) {
+    EXPECT_GT(strategies[0]->bucket_count(), 3);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    int i = 0;
+    for (auto& [name, p] : models[r]->NamedParameters()) {
+      torch::Tensor expected = (local[0][i] + local[1][i]) / 2;
+      EXPECT_TRUE(torch::allclose(p.grad(), expected, 1e-6, 1e-7)) << name << " rank " << r;
+      ++i;
+    }
+  }
+}
+
+TEST(DataParallelStrategyTest, GradientsAreTheMeanWithManySmallBucketsOverlapped) {
+  CheckGradientsAreTheMean(/*bucket_bytes=*/64, /*overlap=*/true, /*accumulate=*/1);
+}
+
+TEST(DataParallelStrategyTest, GradientsAreTheMeanWithOneBucketAfterBackward) {
+  CheckGradientsAreTheMean(/*bucket_bytes=*/25 << 20, /*overlap=*/false, /*accumulate=*/1);
+}
+
+TEST(DataParallelStrategyTest, AccumulatedMicroBatchGradientsAreTheMean) {
+  CheckGradientsAreTheMean(/*bucket_bytes=*/64, /*overlap=*/true, /*accumulate=*/3);
+}
+
+TEST(DataParallelStrategyTest, SyncStateCopiesRankZeroAndChecksTheStep) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(2, rendezvous);
+  ASSERT_TRUE(comms[1] != nullptr);
+  std::vector<std::unique_ptr<Model>> models;
+  for (int r = 0; r < 2; ++r) models.push_back(TinyMlp());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : models[1]->NamedParameters()) p.fill_(42);
+  }
+  std::vector<absl::Status> second(2);
+  std::vector<std::unique_ptr<DataParallelStrategy>> strategies(2);
+  OnEveryRank(2, [&](int r) {
+    strategies[r] = std::make_unique<DataParallelStrategy>(std::move(comms[r]), 1 << 20, true);
+    ASSERT_TRUE(strategies[r]->Setup(*models[r]).ok());
+    EXPECT_TRUE(strategies[r]->SyncState(*models[r], 5).ok());
+    second[r] = strategies[r]->SyncState(*models[r], r == 0 ? 5 : 6);
+  });
+  auto p0 = models[0]->NamedParameters();
+  auto p1 = models[1]->NamedParameters();
+  for (size_t i = 0; i < p0.size(); ++i) {
+    EXPECT_TRUE(torch::equal(p0[i].second, p1[i].second)) << p0[i].first;
+  }
+  EXPECT_TRUE(second[0].ok());
+  EXPECT_EQ(second[1].code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(second[1].message(), HasSubstr("resumed at step 6, rank 0 at step 5"));
+}
+
+// ---- data sharding ----
+
+TEST(ShardingTest, RanksReadDisjointSlicesThatCoverEachEpoch) {
+  constexpr int64_t kBatch = 840;  // divisible by 1..8
+  StepPlan plan;
+  plan.train_samples = 3 * kBatch;
+  plan.global_batch_size = kBatch;
+  plan.steps_per_epoch = 3;
+  plan.total_steps = 6;
+  for (int world = 1; world <= 8; ++world) {
+    DataOrder order(plan, /*seed=*/11, /*shuffle=*/true);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      std::set<int64_t> seen;
+      int64_t count = 0;
+      for (int64_t s = epoch * 3; s < epoch * 3 + 3; ++s) {
+        for (int r = 0; r < world; ++r) {
+          std::vector<int64_t> batch = order.RankBatch(s, r, world);
+          EXPECT_EQ(static_cast<int64_t>(batch.size()), kBatch / world);
+          seen.insert(batch.begin(), batch.end());
+          count += static_cast<int64_t>(batch.size());
+        }
+      }
+      EXPECT_EQ(count, plan.train_samples) << "world " << world;         // nothing read twice...
+      EXPECT_EQ(static_cast<int64_t>(seen.size()), plan.train_samples);  // ...or left out
+      EXPECT_EQ(*seen.begin(), 0);
+      EXPECT_EQ(*seen.rbegin(), plan.train_samples - 1);
+    }
+  }
+}
+
+TEST(ShardingTest, StableForASeedAndEpochAndIndependentOfWorldSize) {
+  StepPlan plan;
+  plan.train_samples = 96;
+  plan.global_batch_size = 24;
+  plan.steps_per_epoch = 4;
+  plan.total_steps = 8;
+  DataOrder a(plan, 5, true);
+  DataOrder b(plan, 5, true);
+  DataOrder c(plan, 6, true);
+  EXPECT_EQ(a.RankBatch(1, 1, 3), b.RankBatch(1, 1, 3));
+  EXPECT_NE(a.RankBatch(1, 1, 3), c.RankBatch(1, 1, 3));
+  EXPECT_NE(a.RankBatch(1, 1, 3), a.RankBatch(5, 1, 3));  // another epoch, another order
+  // Concatenating the ranks' slices gives the global batch, whatever the world size.
+  for (int world : {1, 2, 3, 4, 6}) {
+    std::vector<int64_t> joined;
+    for (int r = 0; r < world; ++r) {
+      std::vector<int64_t> part = b.RankBatch(2, r, world);
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(joined, a.GlobalBatch(2)) << "world " << world;
+  }
+}
+
+}  // namespace
+}  // namespace trainyard::trainer

@@ -1,0 +1,276 @@
+#include "worker/trainer/strategy.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "worker/trainer/gloo_communicator.h"
+#if TRAINYARD_WITH_NCCL
+#include "worker/trainer/nccl_communicator.h"
+#endif
+
+namespace trainyard::trainer {
+namespace {
+
+constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
+constexpr int64_t kDefaultBucketSizeMb = 25;
+// Meeting the peers waits for the slowest rank to start, load its data and build its model.
+constexpr absl::Duration kMinConnectTimeout = absl::Minutes(5);
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+DataParallelStrategy::DataParallelStrategy(std::unique_ptr<Communicator> communicator,
+                                           int64_t bucket_bytes, bool overlap)
+    : communicator_(std::move(communicator)),
+      bucket_bytes_(std::max<int64_t>(1, bucket_bytes)),
+      overlap_(overlap) {}
+
+// Waits for collectives still in flight: they write into buckets this object owns.
+DataParallelStrategy::~DataParallelStrategy() {
+  absl::MutexLock lock(&mu_);
+  for (Bucket& bucket : buckets_) {
+    if (bucket.work != nullptr) bucket.work->Wait().IgnoreError();
+  }
+}
+
+absl::Status DataParallelStrategy::Setup(Model& model) {
+  for (auto& [name, p] : model.NamedParameters()) {
+    if (p.requires_grad()) params_.push_back(p);
+  }
+  absl::MutexLock lock(&mu_);
+  slots_.assign(params_.size(), Slot{});
+  // Backward produces gradients roughly from the last parameter to the first.
+  int64_t bytes = 0;
+  std::vector<int64_t> elements;
+  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    const torch::Tensor& p = params_[i];
+    const bool fits = !buckets_.empty() && bytes < bucket_bytes_ &&
+                      params_[buckets_.back().params.front()].scalar_type() == p.scalar_type() &&
+                      params_[buckets_.back().params.front()].device() == p.device();
+    if (!fits) {
+      buckets_.emplace_back();
+      elements.push_back(0);
+      bytes = 0;
+    }
+    slots_[i].bucket = static_cast<int>(buckets_.size()) - 1;
+    slots_[i].offset = elements.back();
+    buckets_.back().params.push_back(i);
+    elements.back() += p.numel();
+    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].flat = torch::zeros(
+        {elements[b]}, params_[buckets_[b].params.front()].options().requires_grad(false));
+  }
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    params_[i].register_hook([this, i](torch::Tensor grad) { OnGradient(i, grad); });
+  }
+  LogInfo("data_parallel: rank ", rank(), " of ", world_size(), " (", communicator_->backend(),
+          "), ", params_.size(), " parameters in ", buckets_.size(), " gradient buckets of up to ",
+          bucket_bytes_ >> 20, " MiB, overlap ", overlap_ ? "on" : "off");
+  return absl::OkStatus();
+}
+
+absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
+  const auto start = std::chrono::steady_clock::now();
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> tensors;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;  // (target, contiguous copy)
+  auto add = [&](const torch::Tensor& t) {
+    torch::Tensor data = t.detach();
+    if (data.is_contiguous()) {
+      tensors.push_back(data);
+    } else {
+      copy_back.emplace_back(data, data.contiguous());
+      tensors.push_back(copy_back.back().second);
+    }
+  };
+  for (auto& [name, p] : model.NamedParameters()) add(p);
+  for (auto& [name, b] : model.NamedBuffers()) add(b);
+  torch::Tensor step = torch::tensor({start_step}, torch::kInt64);
+  tensors.push_back(step);
+  absl::Status status = communicator_->Broadcast(tensors, 0);
+  communication_seconds_ += SecondsSince(start);
+  if (!status.ok()) return status;
+  for (auto& [target, copy] : copy_back) target.copy_(copy);
+  const int64_t root_step = step.item<int64_t>();
+  if (root_step != start_step) {
+    return absl::AbortedError(absl::StrCat("data_parallel: rank ", rank(), " resumed at step ",
+                                           start_step, ", rank 0 at step ", root_step,
+                                           "; every rank must resume from the same checkpoint"));
+  }
+  return absl::OkStatus();
+}
+
+void DataParallelStrategy::BeforeBackward(bool last_micro_batch) {
+  absl::MutexLock lock(&mu_);
+  reduce_this_backward_ = last_micro_batch;
+  if (!last_micro_batch) return;
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = static_cast<int>(bucket.params.size());
+    bucket.work.reset();
+  }
+  for (Slot& slot : slots_) slot.packed = false;
+  next_launch_ = 0;
+}
+
+torch::Tensor DataParallelStrategy::SliceOf(int index) {
+  const Slot& slot = slots_[index];
+  return buckets_[slot.bucket].flat.narrow(0, slot.offset, params_[index].numel());
+}
+
+// Runs inside backward(), before LibTorch adds `grad` to the parameter's .grad: what the bucket
+// gets is the gradient accumulated so far plus this one, which is what .grad will hold.
+void DataParallelStrategy::OnGradient(int index, const torch::Tensor& grad) {
+  absl::MutexLock lock(&mu_);
+  if (!overlap_ || !reduce_this_backward_ || slots_[index].packed) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor slice = SliceOf(index);
+  slice.copy_(grad.reshape({-1}));
+  const torch::Tensor& accumulated = params_[index].grad();
+  if (accumulated.defined()) slice.add_(accumulated.reshape({-1}));
+  slots_[index].packed = true;
+  if (--buckets_[slots_[index].bucket].pending == 0) LaunchReadyLocked();
+}
+
+void DataParallelStrategy::LaunchReadyLocked() {
+  // In bucket order on every rank, so that the ranks' collectives pair up.
+  while (next_launch_ < static_cast<int>(buckets_.size()) && buckets_[next_launch_].pending == 0) {
+    Bucket& bucket = buckets_[next_launch_];
+    bucket.work = communicator_->AllReduceAsync({bucket.flat}, ReduceOp::kMean);
+    ++next_launch_;
+  }
+}
+
+absl::Status DataParallelStrategy::AfterBackward(Model&) {
+  absl::MutexLock lock(&mu_);
+  if (!reduce_this_backward_) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  // Whatever the hooks did not pack (overlap off, parameters without a gradient this time).
+  for (int b = next_launch_; b < static_cast<int>(buckets_.size()); ++b) {
+    for (int index : buckets_[b].params) {
+      if (slots_[index].packed) continue;
+      torch::Tensor slice = SliceOf(index);
+      const torch::Tensor& grad = params_[index].grad();
+      if (grad.defined()) {
+        slice.copy_(grad.reshape({-1}));
+      } else {
+        slice.zero_();
+      }
+      slots_[index].packed = true;
+      --buckets_[b].pending;
+    }
+  }
+  LaunchReadyLocked();
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status;
+  for (Bucket& bucket : buckets_) {
+    absl::Status s = bucket.work->Wait();
+    if (status.ok()) status = s;
+  }
+  communication_seconds_ += SecondsSince(start);
+  reduce_this_backward_ = false;
+  if (!status.ok()) return status;
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    torch::Tensor mean = SliceOf(i).view_as(params_[i]);
+    if (params_[i].grad().defined()) {
+      params_[i].mutable_grad().copy_(mean);
+    } else {
+      params_[i].mutable_grad() = mean.clone();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep(double local_loss,
+                                                            bool stop_requested) {
+  const auto start = std::chrono::steady_clock::now();
+  torch::Tensor t = torch::tensor({local_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble);
+  absl::Status status = communicator_->AllReduce({t}, ReduceOp::kSum);
+  communication_seconds_ += SecondsSince(start);
+  if (!status.ok()) return status;
+  return StepAgreement{t[0].item<double>() / world_size(), t[1].item<double>() > 0};
+}
+
+double DataParallelStrategy::TakeCommunicationSeconds() {
+  const double seconds = communication_seconds_;
+  communication_seconds_ = 0;
+  return seconds;
+}
+
+absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
+                                                       const StrategyOptions& options) {
+  const trainyard::v1::JobSpec& spec = task.spec();
+  switch (spec.strategy()) {
+    case trainyard::v1::STRATEGY_UNSPECIFIED:
+    case trainyard::v1::SINGLE:
+      if (task.world_size() > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "strategy: single runs one rank, the task has world size ", task.world_size()));
+      }
+      return std::make_unique<SingleStrategy>();
+    case trainyard::v1::DATA_PARALLEL:
+      break;
+    case trainyard::v1::PARAMETER_SERVER:
+      return absl::UnimplementedError(
+          "strategy: parameter_server is not supported by this trainer");
+    default:
+      return absl::InvalidArgumentError("strategy: unknown strategy");
+  }
+  const int world = std::max(1, task.world_size());
+  if (task.rank() < 0 || task.rank() >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task: rank ", task.rank(), " outside world size ", world));
+  }
+  // One rank has nobody to talk to; it trains exactly as the single strategy does.
+  if (world == 1) return std::make_unique<SingleStrategy>();
+  if (spec.batch_size() % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size: ", spec.batch_size(),
+                                                   " does not divide across ", world, " ranks"));
+  }
+  if (options.rendezvous == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy: data_parallel with ", world,
+                     " ranks needs the coordinator's rendezvous (run with --coordinator)"));
+  }
+  const absl::Duration timeout =
+      absl::Seconds(spec.collective_timeout_seconds() > 0 ? spec.collective_timeout_seconds()
+                                                          : kDefaultCollectiveTimeoutSeconds);
+  const int64_t bucket_bytes =
+      (spec.bucket_size_mb() > 0 ? spec.bucket_size_mb() : kDefaultBucketSizeMb) << 20;
+  std::unique_ptr<Communicator> communicator;
+  const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
+#if TRAINYARD_WITH_NCCL
+  if (wants_gpu && torch::cuda::is_available()) {
+    absl::StatusOr<std::unique_ptr<Communicator>> nccl =
+        NewNcclCommunicator(task.rank(), world, *options.rendezvous, timeout);
+    if (!nccl.ok()) return nccl.status();
+    communicator = *std::move(nccl);
+  }
+#endif
+  if (communicator == nullptr) {
+    if (wants_gpu) {
+      LogWarning(
+          "resources.gpus_per_worker is set but this trainer has no CUDA; ranks train on "
+          "CPU and reduce with Gloo");
+    }
+    GlooOptions gloo;
+    gloo.hostname =
+        task.worker_address().empty() ? options.default_hostname : task.worker_address();
+    gloo.timeout = timeout;
+    gloo.connect_timeout = std::max(kMinConnectTimeout, timeout);
+    absl::StatusOr<std::unique_ptr<Communicator>> made =
+        NewGlooCommunicator(task.rank(), world, *options.rendezvous, gloo);
+    if (!made.ok()) return made.status();
+    communicator = *std::move(made);
+  }
+  return std::make_unique<DataParallelStrategy>(std::move(communicator), bucket_bytes,
+                                                options.overlap);
+}
+
+}  // namespace trainyard::trainer
