@@ -137,11 +137,16 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   children.reserve(workers + 1);
   const std::string port_file = state_dir + "/coordinator.port";
   fs::remove(port_file, ec);
+  // Metrics next to the gRPC port: the coordinator on port+1, worker i on port+1+i (all picked
+  // by the kernel when the port is).
+  const int metrics_base = options.port == 0 ? 0 : options.port + 1;
+  auto metrics_port = [&](int offset) { return metrics_base == 0 ? 0 : metrics_base + offset; };
   {
     SubprocessOptions coordinator;
     coordinator.argv = {options.bin_dir + "/trainyard-coordinator",
                         absl::StrCat("--listen=127.0.0.1:", options.port),
-                        "--state_dir=" + state_dir, "--port_file=" + port_file};
+                        "--state_dir=" + state_dir, "--port_file=" + port_file,
+                        absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port(0))};
     coordinator.output_file = state_dir + "/logs/coordinator.log";
     absl::StatusOr<pid_t> pid = StartSubprocess(coordinator);
     if (!pid.ok()) {
@@ -179,7 +184,8 @@ int RunLocalCluster(const LocalClusterOptions& options) {
                    "--name=" + name, "--address=127.0.0.1", absl::StrCat("--slots=", slots),
                    // One worker takes the machine's GPUs so that none is handed out twice.
                    absl::StrCat("--gpus=", i == 1 ? gpus : 0),
-                   "--work_dir=" + state_dir + "/" + name};
+                   "--work_dir=" + state_dir + "/" + name,
+                   absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port(i))};
     worker.output_file = absl::StrCat(state_dir, "/logs/", name, ".log");
     absl::StatusOr<pid_t> pid = StartSubprocess(worker);
     if (!pid.ok()) {
@@ -195,7 +201,13 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   std::cout << "Trainyard is running: coordinator at " << address << ", " << workers
             << " workers (worker-1..worker-" << workers << ") with " << slots << " slots each"
             << (gpus > 0 ? absl::StrCat(", ", gpus, " GPUs on worker-1") : "") << ".\n"
-            << "State and logs: " << state_dir << "\n\n"
+            << "State and logs: " << state_dir << "\n"
+            << (metrics_base == 0
+                    ? std::string()
+                    : absl::StrCat("Metrics: http://127.0.0.1:", metrics_base,
+                                   "/metrics (coordinator), ports ", metrics_port(1), "-",
+                                   metrics_port(workers), " (workers)\n"))
+            << "\n"
             << "In another terminal:\n"
             << "  export TRAINYARD_COORDINATOR=" << address << "\n"
             << "  trainyard workers\n"

@@ -835,7 +835,10 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   }
   entry.checkpoints = std::move(list);
   if (options_.event_sink != nullptr) {
-    options_.event_sink->OnCheckpointCommitted(entry.job.id(), request.step(), clock_.Now());
+    options_.event_sink->OnCheckpointCommitted(
+        entry.job.id(), request.step(), clock_.Now(),
+        request.save_started_unix_ms() > 0 ? absl::FromUnixMillis(request.save_started_unix_ms())
+                                           : absl::InfinitePast());
   }
   return retired;
 }
@@ -1060,6 +1063,7 @@ void JobManager::ScheduleLocked() {
     job.priority = entry->job.spec().priority();
     job.seq = entry->seq;
     RankRange(entry->job.spec(), job.min_ranks, job.max_ranks);
+    job.batch_size = entry->job.spec().batch_size();
     job.slots_per_rank = SlotsPerRank(entry->job.spec());
     job.gpus_per_rank = GpusPerRank(entry->job.spec());
     pending.push_back(std::move(job));

@@ -229,10 +229,19 @@ void CoordinatorMetrics::OnProgress(absl::string_view job_id, int64_t step, absl
 }
 
 void CoordinatorMetrics::OnCheckpointCommitted(absl::string_view job_id, int64_t step,
-                                               absl::Time now) {
+                                               absl::Time now, absl::Time save_started) {
   absl::MutexLock lock(&mu_);
   auto it = tracks_.find(job_id);
-  if (it == tracks_.end() || it->second.steps.empty()) return;
+  if (it == tracks_.end()) return;
+  if (save_started != absl::InfinitePast()) {
+    // The trainer said when it snapshotted the checkpoint: the latency is exact (up to the two
+    // machines' clock offset).
+    const double latency = std::max(0.0, absl::ToDoubleSeconds(now - save_started));
+    commit_latency_.Observe(latency);
+    it->second.last_commit_latency_seconds = latency;
+    return;
+  }
+  if (it->second.steps.empty()) return;
   const std::deque<std::pair<int64_t, absl::Time>>& steps = it->second.steps;
   // When the job reached `step`: the first report showing it, or, when the commit overtook the
   // reports (they are paced, a fast job saves between two of them), the last report's time

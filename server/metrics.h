@@ -46,7 +46,8 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
                        trainyard::v1::JobState to, absl::string_view reason,
                        absl::Time now) override;
   void OnProgress(absl::string_view job_id, int64_t step, absl::Time now) override;
-  void OnCheckpointCommitted(absl::string_view job_id, int64_t step, absl::Time now) override;
+  void OnCheckpointCommitted(absl::string_view job_id, int64_t step, absl::Time now,
+                             absl::Time save_started) override;
   void OnWorkerLost(absl::string_view worker_id) override;
 
   // prometheus::Collectable.

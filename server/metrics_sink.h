@@ -63,8 +63,10 @@ class JobEventSink {
                                absl::Time now) = 0;
   // A progress report of the current attempt was accepted.
   virtual void OnProgress(absl::string_view job_id, int64_t step, absl::Time now) = 0;
-  // A checkpoint at `step` was committed (recorded in the store) at `now`.
-  virtual void OnCheckpointCommitted(absl::string_view job_id, int64_t step, absl::Time now) = 0;
+  // A checkpoint at `step` was committed (recorded in the store) at `now`; the trainer started
+  // saving it at `save_started` (InfinitePast when it did not say).
+  virtual void OnCheckpointCommitted(absl::string_view job_id, int64_t step, absl::Time now,
+                                     absl::Time save_started) = 0;
   // A worker's lease ran out.
   virtual void OnWorkerLost(absl::string_view worker_id) = 0;
 };

@@ -110,6 +110,12 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       b.assigned = 0;
     }
     std::vector<std::string> ranks = Fit(job, free_bins);
+    if (job.batch_size > 0) {
+      // Dropping the last-placed ranks keeps the spread of the others.
+      while (ranks.size() > 0 && job.batch_size % static_cast<int>(ranks.size()) != 0) {
+        ranks.pop_back();
+      }
+    }
     if (static_cast<int>(ranks.size()) < job.min_ranks) {
       int free_total = 0;
       for (const Bin& b : free_bins) free_total += b.free;

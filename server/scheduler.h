@@ -17,6 +17,9 @@ struct SchedJob {
   int max_ranks = 1;
   int slots_per_rank = 1;  // 1 for CPU ranks, 0 for GPU ranks
   int gpus_per_rank = 0;
+  // When > 0 the rank count must divide it (the global batch is split evenly across ranks): an
+  // elastic job gets the largest such count that fits, never fewer than min_ranks.
+  int batch_size = 0;
 };
 
 // A worker's capacity. Only READY workers take new ranks.

@@ -173,6 +173,10 @@ Cluster::Cluster(ClusterOptions options) : options_(options) {
 }
 
 Cluster::~Cluster() {
+  // Signal every worker first so that their shutdowns overlap.
+  for (auto& worker : workers_) {
+    if (worker != nullptr) worker->Signal(SIGTERM);
+  }
   for (auto& worker : workers_) {
     if (worker != nullptr) worker->Stop();
   }

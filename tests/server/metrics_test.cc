@@ -230,10 +230,21 @@ TEST(CoordinatorMetricsTest, CommitThatOvertakesProgressReportsIsTimedAtTheStepR
   metrics.OnProgress("j-1", 100, t0);
   metrics.OnProgress("j-1", 200, t0 + absl::Seconds(1));
   // 100 steps a second: step 250 was reached at t0 + 1.5 s.
-  metrics.OnCheckpointCommitted("j-1", 250, t0 + absl::Seconds(3));
+  metrics.OnCheckpointCommitted("j-1", 250, t0 + absl::Seconds(3), absl::InfinitePast());
   const std::string text = Scrape(metrics);
   EXPECT_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_count"), 1);
   EXPECT_DOUBLE_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_sum"), 1.5);
+}
+
+TEST(CoordinatorMetricsTest, CommitLatencyRunsFromTheTrainersSnapshot) {
+  CoordinatorMetrics metrics;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  metrics.OnProgress("j-1", 100, t0);
+  metrics.OnCheckpointCommitted("j-1", 100, t0 + absl::Milliseconds(2750),
+                                t0 + absl::Milliseconds(500));
+  const std::string text = Scrape(metrics);
+  EXPECT_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_count"), 1);
+  EXPECT_DOUBLE_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_sum"), 2.25);
 }
 
 TEST(CoordinatorMetricsTest, ReasonLabels) {

@@ -85,6 +85,29 @@ TEST(SchedulerTest, ElasticRangeTakesAsManyAsFit) {
   EXPECT_EQ(d.placements[0].rank_workers.size(), 3u);
 }
 
+TEST(SchedulerTest, ElasticRankCountDividesTheGlobalBatch) {
+  // 3 ranks fit, but a batch of 8 splits evenly over 2 or 4, not 3.
+  SchedJob job = CpuJob("a", 1, 2, 4);
+  job.batch_size = 8;
+  ScheduleDecision d = Schedule({job}, {Worker("w1", 4, 1), Worker("w2", 4, 2)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 2u);
+  EXPECT_THAT(d.placements[0].rank_workers, UnorderedElementsAre("w1", "w2"));
+
+  // 4 fit; a batch of 6 takes 3.
+  job.min_ranks = 3;
+  job.batch_size = 6;
+  d = Schedule({job}, {Worker("w1", 4, 2), Worker("w2", 4, 2)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 3u);
+
+  // 3 fit, but 8 needs 4 (or 2, below the minimum): the job waits.
+  job.batch_size = 8;
+  d = Schedule({job}, {Worker("w1", 4, 2), Worker("w2", 4, 1)});
+  EXPECT_TRUE(d.placements.empty());
+  EXPECT_THAT(d.pending_reasons["a"], HasSubstr("waiting for capacity"));
+}
+
 TEST(SchedulerTest, SpreadsOverDistinctWorkersMostFreeFirst) {
   ScheduleDecision d = Schedule({CpuJob("a", 1, 3, 3)},
                                 {Worker("w1", 8, 2), Worker("w2", 8, 6), Worker("w3", 8, 4)});

@@ -80,7 +80,8 @@ class FakeCoordinator final : public CoordinatorClient {
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, const std::string& uri,
-                                                            int64_t size_bytes) override {
+                                                            int64_t size_bytes,
+                                                            absl::Time save_started) override {
     absl::MutexLock lock(&mu_);
     committed_.push_back({step, uri});
     std::vector<std::string> retired;

@@ -224,6 +224,7 @@ bool Checkpointer::SaveAsync(CheckpointData data, bool final_save) {
     LogWarning("checkpoint of step ", upload_step_, " was not saved: ", previous.ToString());
   }
   upload_step_ = data.state.step;
+  upload_started_ = clock_.Now();
   {
     absl::MutexLock lock(&mu_);
     upload_done_ = false;
@@ -309,7 +310,7 @@ absl::Status Checkpointer::Save(const CheckpointData& data) {
   std::vector<std::string> retired;
   absl::Status commit = RetryCall(options_.attempts, options_.backoff, [&]() -> absl::Status {
     absl::StatusOr<std::vector<std::string>> r =
-        coordinator_->CommitCheckpoint(step, step_uri, total_bytes);
+        coordinator_->CommitCheckpoint(step, step_uri, total_bytes, upload_started_);
     if (!r.ok()) return r.status();
     retired = *std::move(r);
     return absl::OkStatus();

@@ -163,6 +163,7 @@ class Checkpointer {
   // Written by the upload thread, read after joining it.
   absl::Status upload_status_;
   int64_t upload_step_ = -1;
+  absl::Time upload_started_;  // set before the upload thread starts, read by it
   int64_t last_saved_step_ = -1;
   int64_t skipped_ = 0;
   // Step folders of committed, not retired checkpoints; used by the upload thread only (saves

@@ -54,7 +54,8 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   }
 
   absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, const std::string& uri,
-                                                            int64_t size_bytes) override {
+                                                            int64_t size_bytes,
+                                                            absl::Time save_started) override {
     trainyard::v1::CommitCheckpointRequest request;
     request.set_job_id(job_id_);
     request.set_generation(generation_);
@@ -62,6 +63,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     request.set_uri(uri);
     request.set_size_bytes(size_bytes);
     request.set_keep_last(keep_last_);
+    request.set_save_started_unix_ms(absl::ToUnixMillis(save_started));
     trainyard::v1::CommitCheckpointResponse response;
     grpc::ClientContext context;
     SetDeadline(context);

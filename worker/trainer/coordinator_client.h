@@ -28,11 +28,12 @@ class CoordinatorClient {
  public:
   virtual ~CoordinatorClient() = default;
   virtual absl::Status ReportProgress(const trainyard::v1::JobProgress& progress) = 0;
-  // Records the checkpoint at `uri` (the step folder). Returns the step folders now outside
-  // retention, whose objects the caller deletes.
+  // Records the checkpoint at `uri` (the step folder), snapshotted at `save_started`. Returns the
+  // step folders now outside retention, whose objects the caller deletes.
   virtual absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step,
                                                                     const std::string& uri,
-                                                                    int64_t size_bytes) = 0;
+                                                                    int64_t size_bytes,
+                                                                    absl::Time save_started) = 0;
   virtual absl::Status ReportModel(const std::string& uri) = 0;
   // A warning for the job's events (a skipped corrupt checkpoint). Clients that cannot report
   // events drop it.
