@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/log.h"
+#include "absl/strings/str_format.h"
 #include "common/uri.h"
 #include "server/job_state.h"
 #include "server/scheduler.h"
@@ -18,6 +19,9 @@ namespace trainyard {
 namespace {
 
 constexpr int kDefaultPageSize = 100;
+// How long a stopping trainer of an ended job may hold its capacity without its agent reporting
+// it gone: above the agents' default stop grace period, bounded for tasks an agent never saw.
+constexpr absl::Duration kStoppingHold = absl::Seconds(60);
 constexpr int kMaxPageSize = 1000;
 constexpr int64_t kLogChunkBytes = 64 * 1024;
 constexpr char kPageTokenPrefix[] = "before:";
@@ -108,6 +112,11 @@ absl::Status JobManager::Load() {
     entry.progress_persisted = clock_.Now();
     ids_by_seq_[entry.seq] = id;
     if (!IsFinalJobState(entry.job.state())) active_seqs_.insert(entry.seq);
+    // After a restart, trainers of jobs that ended just before may still be stopping.
+    if (IsFinalJobState(entry.job.state())) {
+      entry.ended = clock_.Now();
+      stopping_seqs_.insert(entry.seq);
+    }
     for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_[t.task_id()] = id;
     next_seq_ = std::max(next_seq_, entry.seq + 1);
   }
@@ -198,6 +207,8 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
   for (const std::string& worker_id : touched) workers_.BumpVersion(worker_id);
   if (!was_final && IsFinalJobState(entry.job.state())) {
     active_seqs_.erase(entry.seq);
+    entry.ended = clock_.Now();
+    stopping_seqs_.insert(entry.seq);
     rendezvous_.EndAttempts(entry.job.id(), entry.job.generation());
     RequestTickLocked();  // capacity came free
   }
@@ -247,6 +258,11 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
   if (!IsSafeFileName(spec.name())) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
+  }
+  // A valid spec this coordinator cannot run yet is refused now, not failed after placement.
+  if (spec.strategy() == v1::PARAMETER_SERVER) {
+    return absl::InvalidArgumentError(
+        "strategy: parameter_server is not supported yet; use single or data_parallel");
   }
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(active_seqs_.size()) >= options_.max_active_jobs) {
@@ -621,13 +637,22 @@ absl::StatusOr<v1::Task> JobManager::TaskFor(absl::string_view task_id) const {
 
 absl::Status JobManager::ReportTaskStatus(absl::string_view worker_id,
                                           const v1::TaskStatus& status) {
+  // Only the worker a task runs on may report it.
+  if (worker_id.empty()) return absl::InvalidArgumentError("worker_id: required");
   absl::MutexLock lock(&mu_);
-  if (!worker_id.empty()) workers_.Renew(worker_id).IgnoreError();
+  workers_.Renew(worker_id).IgnoreError();
   return ApplyTaskStatusLocked(worker_id, status);
 }
 
 absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
                                                const v1::TaskStatus& status) {
+  // The message becomes the job's reason and an event: bounded, whatever an agent sends.
+  constexpr size_t kMaxTaskMessageBytes = 4096;
+  if (status.message().size() > kMaxTaskMessageBytes) {
+    v1::TaskStatus shortened = status;
+    shortened.mutable_message()->resize(kMaxTaskMessageBytes);
+    return ApplyTaskStatusLocked(worker_id, shortened);
+  }
   auto jt = job_of_task_.find(status.task_id());
   JobEntry* entry = jt == job_of_task_.end() ? nullptr : FindLocked(jt->second);
   int index = -1;
@@ -638,7 +663,7 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
   }
   if (index < 0) return absl::NotFoundError(absl::StrCat("task '", status.task_id(), "' unknown"));
   const v1::TaskInfo& current = entry->job.tasks(index);
-  if (!worker_id.empty() && current.worker_id() != worker_id) {
+  if (current.worker_id() != worker_id) {
     return absl::FailedPreconditionError(absl::StrCat("task ", status.task_id(), " runs on ",
                                                       current.worker_id(), ", not ", worker_id));
   }
@@ -708,8 +733,16 @@ absl::StatusOr<int64_t> JobManager::ShipLogs(absl::string_view worker_id, absl::
   {
     absl::MutexLock lock(&mu_);
     auto it = job_of_task_.find(task_id);
-    if (it == job_of_task_.end()) {
-      return absl::NotFoundError(absl::StrCat("task '", task_id, "' unknown"));
+    const JobEntry* entry = it == job_of_task_.end() ? nullptr : FindLocked(it->second);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("task '", task_id, "' unknown"));
+    // Only the worker a task runs on may write its log.
+    bool owner = false;
+    for (const v1::TaskInfo& t : entry->job.tasks()) {
+      owner |= t.task_id() == task_id && t.worker_id() == worker_id;
+    }
+    if (!owner) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", task_id, " does not run on worker '", worker_id, "'"));
     }
     job_id = it->second;
   }
@@ -728,7 +761,8 @@ absl::StatusOr<JobManager::JobEntry*> JobManager::FencedLocked(absl::string_view
     return absl::FailedPreconditionError(
         absl::StrCat("unknown generation ", generation, ", current ", entry->job.generation()));
   }
-  if (IsFinalJobState(entry->job.state())) {
+  // Only a placed attempt reports: a PENDING job has none (generation 0 is no attempt).
+  if (IsFinalJobState(entry->job.state()) || entry->job.state() == v1::PENDING) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(entry->job.state())));
   }
@@ -789,6 +823,13 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   absl::StatusOr<JobEntry*> fenced = FencedLocked(request.job_id(), request.generation());
   if (!fenced.ok()) return fenced.status();
   JobEntry& entry = **fenced;
+  // Retention later hands this URI back for deletion: it must be the job's own step folder.
+  const std::string expected_uri =
+      JoinUri(entry.job.checkpoint_uri(), absl::StrFormat("step-%012d", request.step()));
+  if (request.uri() != expected_uri) {
+    return absl::InvalidArgumentError(absl::StrCat("uri: '", request.uri(), "' is not step ",
+                                                   request.step(), "'s folder ", expected_uri));
+  }
   for (const StoredCheckpoint& c : entry.checkpoints) {
     if (c.checkpoint.step() == request.step() && c.checkpoint.uri() == request.uri()) {
       return std::vector<std::string>();
@@ -1074,6 +1115,25 @@ void JobManager::ScheduleLocked() {
     auto& [slots, gpus] = used[task->worker_id()];
     slots += SlotsPerRank(entry->job.spec());
     gpus += GpusPerRank(entry->job.spec());
+  }
+  // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
+  // gone (it may be saving during its grace period); placing a job there would oversubscribe the
+  // machine or find its GPUs busy.
+  for (auto it = stopping_seqs_.begin(); it != stopping_seqs_.end();) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(*it));
+    bool holding = false;
+    if (entry != nullptr && clock_.Now() - entry->ended < kStoppingHold) {
+      for (const v1::TaskInfo& t : entry->job.tasks()) {
+        if (t.generation() != entry->job.generation() || TaskEnded(t.state())) continue;
+        const WorkerRecord* worker = workers_.Find(t.worker_id());
+        if (worker == nullptr || worker->info.state() == v1::LOST) continue;
+        holding = true;
+        auto& [slots, gpus] = used[t.worker_id()];
+        slots += SlotsPerRank(entry->job.spec());
+        gpus += GpusPerRank(entry->job.spec());
+      }
+    }
+    it = holding ? std::next(it) : stopping_seqs_.erase(it);
   }
   std::vector<SchedWorker> workers;
   for (const WorkerRecord* record : workers_.All()) {

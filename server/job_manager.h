@@ -187,6 +187,7 @@ class JobManager {
     absl::Time progress_persisted = absl::InfinitePast();
     bool progress_dirty = false;
     std::vector<StoredCheckpoint> checkpoints;  // by step
+    absl::Time ended = absl::InfinitePast();    // when it reached a final state (in memory)
   };
 
   JobManager(const Clock& clock, std::unique_ptr<JobStore> store, std::unique_ptr<LogStore> logs,
@@ -248,6 +249,9 @@ class JobManager {
   absl::flat_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::string> ids_by_seq_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> active_seqs_ ABSL_GUARDED_BY(mu_);  // non-final jobs
+  // Final jobs whose trainers may still be stopping: their capacity is not free until the agent
+  // reports them ended (or kStoppingHold has passed, for tasks an agent never saw).
+  std::set<int64_t> stopping_seqs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> job_of_task_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);

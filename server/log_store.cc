@@ -55,8 +55,9 @@ absl::StatusOr<int64_t> LogStore::Append(absl::string_view job_id, absl::string_
   absl::MutexLock lock(&mu_);
   absl::StatusOr<int64_t> size = SizeLocked(path);
   if (!size.ok()) return size.status();
+  if (offset > *size) return *size;  // a gap: resend from what is here
   const int64_t end = offset + static_cast<int64_t>(data.size());
-  if (offset > *size || end <= *size) return *size;
+  if (end <= *size) return *size;
   absl::string_view fresh = data.substr(static_cast<size_t>(*size - offset));
   std::error_code ec;
   std::filesystem::create_directories(absl::StrCat(dir_, "/", job_id), ec);

@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -200,8 +202,30 @@ TEST_F(JobManagerTest, CancelEmptiesTheDesiredState) {
   EXPECT_THAT(after.tasks(), IsEmpty());
   EXPECT_EQ(manager_->CancelJob(id, "").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager_->CancelJob("nope-9", "").status().code(), absl::StatusCode::kNotFound);
-  // The capacity is free again for the next job.
+  // The stopping trainer holds its slot until the agent reports it gone; then the capacity is
+  // free again for the next job.
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
   const std::string next = Submit(TestSpec("next"));
+  manager_->Tick();
+  EXPECT_EQ(Get(next).state(), v1::PENDING);
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_STOPPED, 143).ok());
+  manager_->Tick();
+  EXPECT_EQ(Get(next).state(), v1::SCHEDULED);
+}
+
+TEST_F(JobManagerTest, AStopNeverReportedHoldsCapacityOnlyForABoundedTime) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("tiny"));
+  manager_->Tick();
+  ASSERT_TRUE(manager_->CancelJob(id, "").ok());
+  const std::string next = Submit(TestSpec("next"));
+  manager_->Tick();
+  EXPECT_EQ(Get(next).state(), v1::PENDING);
+  // Keep the worker's lease alive while the hold runs out.
+  for (int i = 0; i < 7; ++i) {
+    clock_.Advance(absl::Seconds(9));
+    Sync("w1");
+  }
   manager_->Tick();
   EXPECT_EQ(Get(next).state(), v1::SCHEDULED);
 }
@@ -225,6 +249,13 @@ TEST_F(JobManagerTest, BadSpecIsRefusedAndNothingIsStored) {
   job = manager_->SubmitJob(resume);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(job.status().message(), "checkpoint.resume_from: no job 'ghost-7'");
+
+  v1::JobSpec ps = TestSpec("ps");
+  ps.set_strategy(v1::PARAMETER_SERVER);
+  ps.set_parameter_servers(1);
+  job = manager_->SubmitJob(ps);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("strategy: parameter_server"));
 
   auto list = manager_->ListJobs({}, 0, "");
   ASSERT_TRUE(list.ok());
@@ -307,7 +338,7 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
     request.set_job_id(id);
     request.set_generation(1);
     request.set_step(step);
-    request.set_uri(absl::StrCat("file:///ckpt/ck-1/step-", step));
+    request.set_uri(absl::StrFormat("file:///ckpt/ck-1/step-%012d", step));
     request.set_size_bytes(100 + step);
     return manager_->CommitCheckpoint(request);
   };
@@ -315,7 +346,17 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
   ASSERT_TRUE(commit(20).ok());
   auto retired = commit(30);
   ASSERT_TRUE(retired.ok()) << retired.status();
-  EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-10"));
+  EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000010"));
+  // A commit must name the job's own step folder: retention deletes what it names.
+  {
+    v1::CommitCheckpointRequest request;
+    request.set_job_id(id);
+    request.set_generation(1);
+    request.set_step(40);
+    request.set_uri("file:///");
+    EXPECT_EQ(manager_->CommitCheckpoint(request).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
   // Committing the same step again is a no-op.
   retired = commit(30);
   ASSERT_TRUE(retired.ok());
@@ -341,7 +382,7 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
   }();
   ASSERT_TRUE(task.ok()) << task.status();
   EXPECT_THAT(task->resume_checkpoints(),
-              ElementsAre("file:///ckpt/ck-1/step-30", "file:///ckpt/ck-1/step-20"));
+              ElementsAre("file:///ckpt/ck-1/step-000000000030", "file:///ckpt/ck-1/step-000000000020"));
 
   Reopen();
   list = manager_->ListCheckpoints(id);
@@ -524,6 +565,11 @@ TEST_F(JobManagerTest, ShipLogsIsIdempotentAndStreamsByRank) {
   EXPECT_EQ(*manager_->ShipLogs("w1", r1, 0, "rank one\n"), 9);
   EXPECT_EQ(manager_->ShipLogs("w1", "nope.g1.r0", 0, "x").status().code(),
             absl::StatusCode::kNotFound);
+  // Only the task's own worker writes its log.
+  EXPECT_EQ(manager_->ShipLogs("w9", r0, 12, "forged\n").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->ShipLogs("", r0, 12, "forged\n").status().code(),
+            absl::StatusCode::kFailedPrecondition);
 
   std::string rank0;
   ASSERT_TRUE(manager_

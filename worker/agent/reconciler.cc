@@ -166,6 +166,11 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
     return status;
   };
 
+  // The id names a folder: nothing that could climb out of the work dir.
+  if (id.empty() || id.size() > 255 || id.find('/') != std::string::npos || id == "." ||
+      id == ".." || id.find('\0') != std::string::npos) {
+    return fail(absl::StrCat("task id '", id, "' is not a safe folder name"));
+  }
   const std::string dir = TaskDir(id);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -231,6 +236,12 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
     message = DescribeExit(exit);
   }
   if (!detail.empty()) message = message.empty() ? detail : absl::StrCat(message, ": ", detail);
+  // It travels in every Sync and becomes the job's reason: keep it short.
+  constexpr size_t kMaxMessageBytes = 4096;
+  if (message.size() > kMaxMessageBytes) {
+    message.resize(kMaxMessageBytes - 3);
+    message += "...";
+  }
   return message;
 }
 

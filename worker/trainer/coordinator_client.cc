@@ -15,15 +15,17 @@ namespace {
 absl::Status FromGrpc(const grpc::Status& status, const char* method) {
   if (status.ok()) return absl::OkStatus();
   const std::string message = absl::StrCat(method, ": ", status.error_message());
+  // A refusal from the coordinator (a fenced, stale attempt; a job that ended meanwhile) is not
+  // the user's fault: it must not count as a user error (exit 2) in the restart policy.
   switch (status.error_code()) {
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::ABORTED:
-      return absl::FailedPreconditionError(message);
+    case grpc::StatusCode::NOT_FOUND:
+      return absl::AbortedError(message);
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::DeadlineExceededError(message);
     case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::NOT_FOUND:
-      return absl::InvalidArgumentError(message);
+      return absl::InternalError(message);
     default:
       return absl::UnavailableError(message);
   }
