@@ -118,6 +118,26 @@ TEST_F(LogShipperTest, KeepsTheOffsetWhenTheSinkFails) {
   EXPECT_EQ(sink_.received["t1"], "abc");
 }
 
+TEST_F(LogShipperTest, AnEndedTaskWhoseFlushFailsIsShippedByLaterPasses) {
+  LogShipper shipper(sink_);
+  const std::string log = dir_ + "/output.log";
+  shipper.Track("t1", log);
+  Append(log, "last words\n");
+  sink_.fail = absl::UnavailableError("down");
+  EXPECT_EQ(shipper.Finish("t1").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(shipper.Offset("t1"), 0);  // still followed: nothing is lost
+  sink_.fail = absl::OkStatus();
+  ASSERT_TRUE(shipper.ShipAll().ok());
+  EXPECT_EQ(sink_.received["t1"], "last words\n");
+  EXPECT_EQ(shipper.Offset("t1"), -1);  // done: no longer followed
+
+  // A flush that works stops following the task at once.
+  shipper.Track("t2", log);
+  ASSERT_TRUE(shipper.Finish("t2").ok());
+  EXPECT_EQ(shipper.Offset("t2"), -1);
+  EXPECT_EQ(sink_.received["t2"], "last words\n");
+}
+
 TEST_F(LogShipperTest, FlushOfAnUntrackedTaskIsNotFound) {
   LogShipper shipper(sink_);
   EXPECT_EQ(shipper.Flush("nope").code(), absl::StatusCode::kNotFound);

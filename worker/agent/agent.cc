@@ -74,12 +74,12 @@ Agent::Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel)
       reconciler_(ReconcilerOptions{options_.work_dir, options_.trainer_path, options_.coordinator,
                                     options_.gpus, options_.stop_grace_period,
                                     [this](const std::string& task_id) {
-                                      absl::Status status = shipper_.Flush(task_id);
+                                      absl::Status status = shipper_.Finish(task_id);
                                       if (!status.ok() && !absl::IsNotFound(status)) {
                                         LogWarning("cannot ship the rest of the log of task ",
-                                                   task_id, ": ", status.message());
+                                                   task_id, " now (later passes retry): ",
+                                                   status.message());
                                       }
-                                      shipper_.Untrack(task_id);
                                     }},
                   *launcher_, RealClock::Get()) {}
 

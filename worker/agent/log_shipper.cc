@@ -61,13 +61,25 @@ absl::Status LogShipper::ShipOnce(const std::string& task_id, Tracked& tracked, 
   const int64_t expected = tracked.offset + static_cast<int64_t>(data.size());
   *done = *next == expected && static_cast<int64_t>(data.size()) < max_chunk_bytes_;
   tracked.offset = *next < 0 ? 0 : *next;
+  StoreOffset(task_id, tracked.offset);
   return absl::OkStatus();
 }
 
-absl::Status LogShipper::ShipAll() {
+void LogShipper::StoreOffset(const std::string& task_id, int64_t offset) {
   absl::MutexLock lock(&mu_);
+  auto it = tasks_.find(task_id);
+  if (it != tasks_.end()) it->second.offset = offset;
+}
+
+absl::Status LogShipper::ShipAll() {
+  absl::MutexLock ship_lock(&ship_mu_);
+  std::map<std::string, Tracked> snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot = tasks_;
+  }
   absl::Status first_error;
-  for (auto& [task_id, tracked] : tasks_) {
+  for (auto& [task_id, tracked] : snapshot) {
     // Bounded passes per task so one busy log cannot starve the others.
     for (int i = 0; i < 8; ++i) {
       bool done = false;
@@ -76,17 +88,23 @@ absl::Status LogShipper::ShipAll() {
         if (first_error.ok()) first_error = status;
         break;
       }
-      if (done) break;
+      if (done) {
+        if (tracked.ended) Untrack(task_id);
+        break;
+      }
     }
   }
   return first_error;
 }
 
-absl::Status LogShipper::Flush(const std::string& task_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = tasks_.find(task_id);
-  if (it == tasks_.end()) return absl::NotFoundError(absl::StrCat("no log for task ", task_id));
-  Tracked& tracked = it->second;
+absl::Status LogShipper::FlushLocked(const std::string& task_id) {
+  Tracked tracked;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tasks_.find(task_id);
+    if (it == tasks_.end()) return absl::NotFoundError(absl::StrCat("no log for task ", task_id));
+    tracked = it->second;
+  }
   int stalled = 0;
   while (true) {
     const int64_t before = tracked.offset;
@@ -100,6 +118,26 @@ absl::Status LogShipper::Flush(const std::string& task_id) {
                                              tracked.offset, " of task ", task_id));
     }
   }
+}
+
+absl::Status LogShipper::Flush(const std::string& task_id) {
+  absl::MutexLock ship_lock(&ship_mu_);
+  return FlushLocked(task_id);
+}
+
+absl::Status LogShipper::Finish(const std::string& task_id) {
+  absl::MutexLock ship_lock(&ship_mu_);
+  absl::Status status = FlushLocked(task_id);
+  absl::MutexLock lock(&mu_);
+  auto it = tasks_.find(task_id);
+  if (it == tasks_.end()) return status;
+  // A receiver that keeps refusing (ABORTED) will not take the rest later either.
+  if (status.ok() || absl::IsAborted(status)) {
+    tasks_.erase(it);
+  } else {
+    it->second.ended = true;
+  }
+  return status;
 }
 
 }  // namespace trainyard

@@ -27,8 +27,9 @@ class LogSink {
 
 // Sends the new bytes of each task's log file to a LogSink, in chunks of at most
 // kMaxChunkBytes, and follows the receiver's idea of the offset (after a coordinator restart it
-// may ask for everything again, or say it already has more). Thread-safe; calls block while the
-// sink is called.
+// may ask for everything again, or say it already has more). Thread-safe. Shipping calls
+// (ShipAll, Flush, Finish) run one at a time and block while the sink is called; Track, Untrack
+// and Offset never wait for the sink.
 class LogShipper {
  public:
   static constexpr int64_t kMaxChunkBytes = 256 * 1024;
@@ -46,6 +47,9 @@ class LogShipper {
   // Ships the task's log until the receiver has every byte the file holds now. NOT_FOUND for an
   // untracked task; the sink's error if it fails; ABORTED if the receiver makes no progress.
   absl::Status Flush(const std::string& task_id);
+  // For a task that ended: Flush, then stop following it. If the flush fails, the rest is left to
+  // later ShipAll passes, which stop following the task once its whole log is shipped.
+  absl::Status Finish(const std::string& task_id);
 
   // The offset the next chunk of the task starts at; -1 for an untracked task.
   int64_t Offset(const std::string& task_id) const;
@@ -54,14 +58,21 @@ class LogShipper {
   struct Tracked {
     std::string path;
     int64_t offset = 0;
+    bool ended = false;  // untrack once everything is shipped
   };
-  // Ships at most one chunk. Sets *done when there was nothing (more) to send.
+  // Ships at most one chunk from `tracked` (a copy) and advances its offset. Sets *done when there
+  // was nothing (more) to send.
   absl::Status ShipOnce(const std::string& task_id, Tracked& tracked, bool* done)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ship_mu_);
+  // Stores a shipped offset back, if the task is still followed.
+  void StoreOffset(const std::string& task_id, int64_t offset);
+  absl::Status FlushLocked(const std::string& task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ship_mu_);
 
   LogSink& sink_;
   const int64_t max_chunk_bytes_;
 
+  // Serialises shipping, so that offsets advance in order; never held with mu_ across a sink call.
+  absl::Mutex ship_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<std::string, Tracked> tasks_ ABSL_GUARDED_BY(mu_);
 };
