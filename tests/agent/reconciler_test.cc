@@ -9,7 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/agent/fake_clock.h"
+#include "tests/common/fake_clock.h"
 #include "tests/agent/fake_process_launcher.h"
 #include "worker/agent/backoff.h"
 
@@ -17,7 +17,6 @@ namespace trainyard {
 namespace {
 
 using ::testing::ElementsAre;
-using testing::FakeClock;
 using testing::FakeProcessLauncher;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;

@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sqlite_job_store.h"
-#include "tests/server/fake_clock.h"
+#include "tests/common/fake_clock.h"
 #include "tests/server/test_util.h"
 
 namespace trainyard {

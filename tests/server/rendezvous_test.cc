@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "server/job_manager.h"
 #include "server/sqlite_job_store.h"
-#include "tests/server/fake_clock.h"
+#include "tests/common/fake_clock.h"
 #include "tests/server/test_util.h"
 
 namespace trainyard {

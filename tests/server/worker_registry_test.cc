@@ -2,7 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/fake_clock.h"
+#include "tests/common/fake_clock.h"
 
 namespace trainyard {
 namespace {

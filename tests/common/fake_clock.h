@@ -1,5 +1,5 @@
-#ifndef TRAINYARD_TESTS_SERVER_FAKE_CLOCK_H_
-#define TRAINYARD_TESTS_SERVER_FAKE_CLOCK_H_
+#ifndef TRAINYARD_TESTS_COMMON_FAKE_CLOCK_H_
+#define TRAINYARD_TESTS_COMMON_FAKE_CLOCK_H_
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -27,4 +27,4 @@ class FakeClock final : public Clock {
 
 }  // namespace trainyard
 
-#endif  // TRAINYARD_TESTS_SERVER_FAKE_CLOCK_H_
+#endif  // TRAINYARD_TESTS_COMMON_FAKE_CLOCK_H_
