@@ -65,7 +65,7 @@ class Reconciler {
 
   // Stops every running task (SIGTERM, SIGKILL after the grace period) because the agent
   // itself is going away, and refuses new ones. These tasks end as TASK_EXITED with the trainer's
-  // own exit code or signal (a trainer that saved and stopped exits with kExitPreempted), not as
+  // own exit code or signal (a trainer stopped by SIGTERM saves, then exits with 143), not as
   // TASK_STOPPED, which means the coordinator asked for the stop.
   void StopAll();
 
