@@ -7,10 +7,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/log.h"
-#include "absl/strings/str_format.h"
 #include "common/uri.h"
 #include "server/job_state.h"
 #include "server/scheduler.h"
@@ -576,7 +576,10 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
       return response;
     }
     if (record->desired_version != request.known_version()) break;
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+    ++blocked_syncs_;
+    const bool timed_out = changed_.WaitWithDeadline(&mu_, deadline);
+    --blocked_syncs_;
+    if (timed_out) break;
   }
   record = workers_.Find(request.worker_id());
   if (record == nullptr || record->info.state() == v1::LOST) {
@@ -621,6 +624,11 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
     task.set_worker_address(worker->info.address());
   }
   return task;
+}
+
+int JobManager::BlockedSyncsForTesting() const {
+  absl::MutexLock lock(&mu_);
+  return blocked_syncs_;
 }
 
 absl::StatusOr<v1::Task> JobManager::TaskFor(absl::string_view task_id) const {
@@ -709,10 +717,10 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
         all_done = all_done && TaskSucceeded(t);
       }
       if (all_done) {
-        const std::string reason = ranks == 1
-                                       ? std::string("training finished: rank 0 exited with code 0")
-                                       : absl::StrCat("training finished: all ", ranks,
-                                                      " ranks exited with code 0");
+        const std::string reason =
+            ranks == 1
+                ? std::string("training finished: rank 0 exited with code 0")
+                : absl::StrCat("training finished: all ", ranks, " ranks exited with code 0");
         return TransitionLocked(*entry, std::move(updated), v1::SUCCEEDED, reason, changed);
       }
       if (updated.state() == v1::SCHEDULED) {

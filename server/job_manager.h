@@ -19,8 +19,8 @@
 #include "common/clock.h"
 #include "server/job_store.h"
 #include "server/log_store.h"
-#include "server/rendezvous.h"
 #include "server/metrics_sink.h"
+#include "server/rendezvous.h"
 #include "server/worker_registry.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
@@ -147,8 +147,7 @@ class JobManager {
   // Fenced like ReportProgress. Records a trainer's warning (say, a corrupt checkpoint it
   // skipped) as a job event from and to the current state, reason "warning: <message>" (cut to
   // 1 KiB). INVALID_ARGUMENT for an empty message.
-  absl::Status ReportEvent(absl::string_view job_id, int64_t generation,
-                           absl::string_view message);
+  absl::Status ReportEvent(absl::string_view job_id, int64_t generation, absl::string_view message);
 
   // Rendezvous of the ranks of one attempt, fenced like ReportProgress (NOT_FOUND for an unknown
   // job, FAILED_PRECONDITION for another generation or a final job); see Rendezvous::Set and
@@ -178,6 +177,11 @@ class JobManager {
 
   // The task a worker receives for `task_id`. NOT_FOUND for an unknown task. For tests.
   absl::StatusOr<trainyard::v1::Task> TaskFor(absl::string_view task_id) const;
+  // How many Sync calls are blocked waiting for a change now. For tests that must know a long
+  // poll is really waiting before they change something.
+  int BlockedSyncsForTesting() const;
+  // How many rendezvous Gets are blocked now. For tests.
+  int RendezvousWaitersForTesting() const { return rendezvous_.WaitersForTesting(); }
 
  private:
   struct JobEntry {
@@ -252,6 +256,7 @@ class JobManager {
   // Final jobs whose trainers may still be stopping: their capacity is not free until the agent
   // reports them ended (or kStoppingHold has passed, for tasks an agent never saw).
   std::set<int64_t> stopping_seqs_ ABSL_GUARDED_BY(mu_);
+  int blocked_syncs_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::string> job_of_task_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);

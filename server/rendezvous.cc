@@ -78,7 +78,10 @@ absl::StatusOr<std::string> Rendezvous::Get(absl::string_view job_id, int64_t ge
     if (wait <= absl::ZeroDuration()) {
       return absl::NotFoundError(absl::StrCat("rendezvous: key '", key, "' is not set"));
     }
-    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+    ++waiters_;
+    const bool timed_out = changed_.WaitWithDeadline(&mu_, deadline);
+    --waiters_;
+    if (timed_out) {
       // Timed out; one last look, in case the value came with the deadline.
       if (absl::Status open = CheckOpenLocked(job_id, generation); !open.ok()) return open;
       Namespace& last = NamespaceLocked(job_id, generation);
@@ -105,6 +108,11 @@ void Rendezvous::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
   changed_.SignalAll();
+}
+
+int Rendezvous::WaitersForTesting() const {
+  absl::MutexLock lock(&mu_);
+  return waiters_;
 }
 
 int Rendezvous::NamespaceCount() const {

@@ -61,6 +61,8 @@ class Rendezvous {
 
   // Namespaces held now (for tests and metrics).
   int NamespaceCount() const;
+  // Get calls blocked waiting now: tests wait for this before they wake them.
+  int WaitersForTesting() const;
 
  private:
   using NamespaceKey = std::pair<std::string, int64_t>;
@@ -79,6 +81,7 @@ class Rendezvous {
   const RendezvousOptions options_;
 
   mutable absl::Mutex mu_;
+  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
   absl::CondVar changed_;  // a value was set, an attempt ended, Shutdown()
   std::map<NamespaceKey, Namespace> namespaces_ ABSL_GUARDED_BY(mu_);
   // Per job, the newest generation that has ended: that one and older ones are refused.

@@ -381,8 +381,8 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
     return manager_->TaskFor(follow_id + ".g1.r0");
   }();
   ASSERT_TRUE(task.ok()) << task.status();
-  EXPECT_THAT(task->resume_checkpoints(),
-              ElementsAre("file:///ckpt/ck-1/step-000000000030", "file:///ckpt/ck-1/step-000000000020"));
+  EXPECT_THAT(task->resume_checkpoints(), ElementsAre("file:///ckpt/ck-1/step-000000000030",
+                                                      "file:///ckpt/ck-1/step-000000000020"));
 
   Reopen();
   list = manager_->ListCheckpoints(id);
@@ -407,6 +407,10 @@ TEST_F(JobManagerTest, SyncLongPollWakesWhenATaskIsPlaced) {
     waited = absl::Now() - start;
     done.Notify();
   });
+  // Change nothing until the call really waits, so that the wake-up is what returns it.
+  while (manager_->BlockedSyncsForTesting() == 0 && !done.HasBeenNotified())
+    std::this_thread::yield();
+  ASSERT_FALSE(done.HasBeenNotified()) << "the long poll returned without a change";
   Submit(TestSpec("tiny"));
   manager_->Tick();
   poller.join();

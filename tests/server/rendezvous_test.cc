@@ -4,7 +4,6 @@
 #include <string>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_manager.h"
@@ -43,12 +42,11 @@ TEST(RendezvousTest, NamespacesAreSeparateByJobAndGeneration) {
 TEST(RendezvousTest, GetWaitsForASetFromAnotherThread) {
   FakeClock clock;
   Rendezvous rv(clock);
-  absl::Notification waiting;
   std::thread setter([&] {
-    waiting.WaitForNotification();
+    // Set only once the Get really waits, so that the wake-up is what answers it.
+    while (rv.WaitersForTesting() == 0) std::this_thread::yield();
     ASSERT_TRUE(rv.Set("job", 1, "id", "42").ok());
   });
-  waiting.Notify();
   absl::StatusOr<std::string> value = rv.Get("job", 1, "id", absl::Seconds(30));
   setter.join();
   ASSERT_TRUE(value.ok()) << value.status();
@@ -91,12 +89,8 @@ TEST(RendezvousTest, EndAttemptsDropsAndWakesWaitersAndRefusesLateCalls) {
   EXPECT_EQ(rv.NamespaceCount(), 3);
 
   absl::StatusOr<std::string> waited;
-  absl::Notification started;
-  std::thread waiter([&] {
-    started.Notify();
-    waited = rv.Get("job", 2, "never", absl::Hours(1));
-  });
-  started.WaitForNotification();
+  std::thread waiter([&] { waited = rv.Get("job", 2, "never", absl::Hours(1)); });
+  while (rv.WaitersForTesting() == 0) std::this_thread::yield();  // it really waits
   rv.EndAttempts("job", 2);
   waiter.join();  // woken at once, not after an hour
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -129,12 +123,8 @@ TEST(RendezvousTest, ShutdownWakesWaiters) {
   FakeClock clock;
   Rendezvous rv(clock);
   absl::StatusOr<std::string> waited;
-  absl::Notification started;
-  std::thread waiter([&] {
-    started.Notify();
-    waited = rv.Get("job", 1, "k", absl::Hours(1));
-  });
-  started.WaitForNotification();
+  std::thread waiter([&] { waited = rv.Get("job", 1, "k", absl::Hours(1)); });
+  while (rv.WaitersForTesting() == 0) std::this_thread::yield();  // it really waits
   rv.Shutdown();
   waiter.join();
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable);
@@ -196,12 +186,9 @@ TEST_F(JobManagerRendezvousTest, FencedByJobAndGeneration) {
 TEST_F(JobManagerRendezvousTest, EndOfTheAttemptWakesWaitersAndClearsTheStore) {
   ASSERT_TRUE(manager_->RendezvousSet(id_, 1, "0", "a").ok());
   absl::StatusOr<std::string> waited;
-  absl::Notification started;
-  std::thread waiter([&] {
-    started.Notify();
-    waited = manager_->RendezvousGet(id_, 1, "1", absl::Seconds(30));
-  });
-  started.WaitForNotification();
+  std::thread waiter([&] { waited = manager_->RendezvousGet(id_, 1, "1", absl::Seconds(30)); });
+  // End the attempt only once the Get really waits, so that the wake-up is what answers it.
+  while (manager_->RendezvousWaitersForTesting() == 0) std::this_thread::yield();
   ASSERT_TRUE(manager_->CancelJob(id_, "test").ok());
   waiter.join();
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kFailedPrecondition);
