@@ -48,6 +48,22 @@ bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout) {
   return condition();
 }
 
+std::string SyntheticJobYaml(const std::string& name, int64_t max_steps, const std::string& extra) {
+  return absl::StrCat("name: ", name, R"(
+strategy: single
+model:
+  builtin: mlp
+  args: {inputs: 16, hidden: [32], classes: 4}
+data:
+  synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
+batch_size: 32
+optimizer: {name: adamw, lr: 0.01}
+log_every_steps: 1
+seed: 7
+max_steps: )",
+                      max_steps, "\n", extra);
+}
+
 std::string BinDir() {
   const char* dir = getenv("TRAINYARD_BIN_DIR");
   return dir != nullptr ? dir : "bin";
@@ -320,7 +336,8 @@ absl::StatusOr<Job> Cluster::WaitFor(const std::string& id,
 }
 
 absl::StatusOr<Job> Cluster::WaitForFinal(const std::string& id, absl::Duration timeout) {
-  return WaitFor(id, [](const Job& job) { return IsFinal(job.state()); }, timeout);
+  return WaitFor(
+      id, [](const Job& job) { return IsFinal(job.state()); }, timeout);
 }
 
 absl::StatusOr<std::string> Cluster::Logs(const std::string& id, int rank) {

@@ -125,6 +125,11 @@ class Cluster {
   std::unique_ptr<trainyard::v1::JobService::Stub> job_stub_;
 };
 
+// A small job that learns in seconds: a 2-layer MLP on 4 separable synthetic classes, seed 7,
+// a log line every step. `extra` is appended as more top-level YAML (a checkpoint section, ...).
+std::string SyntheticJobYaml(const std::string& name, int64_t max_steps,
+                             const std::string& extra = "");
+
 std::string BinDir();
 std::string SourceDir();
 // Reads a whole file; empty if it cannot.

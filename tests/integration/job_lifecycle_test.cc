@@ -25,24 +25,11 @@ ClusterOptions NoWorkers() {
   return options;
 }
 
-// A small job that learns: a 2-layer MLP on 4 separable classes.
-std::string SyntheticJob(const std::string& name, int64_t max_steps, int64_t every_steps = 0,
-                         const std::string& extra = "") {
-  return absl::StrCat(R"(
-name: )", name, R"(
-strategy: single
-model:
-  builtin: mlp
-  args: {inputs: 16, hidden: [32], classes: 4}
-data:
-  synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
-batch_size: 32
-optimizer: {name: adamw, lr: 0.01}
-max_steps: )", max_steps, R"(
-log_every_steps: 1
-seed: 7
-checkpoint: {every_steps: )", every_steps, R"(, keep_last: 2}
-)", extra);
+// The shared small job, checkpointing every `every_steps` (0: only at the end), keeping 2.
+std::string SyntheticJob(const std::string& name, int64_t max_steps, int64_t every_steps = 0) {
+  return SyntheticJobYaml(
+      name, max_steps,
+      absl::StrCat("checkpoint: {every_steps: ", every_steps, ", keep_last: 2}\n"));
 }
 
 // Checks a committed checkpoint folder: MANIFEST.json lists every object with its size and hash.
@@ -82,8 +69,8 @@ TEST(JobLifecycleTest, SubmittedJobTrainsToSuccessWithCheckpoints) {
   EXPECT_EQ(described->committed_step(), 60);
   std::vector<v1::JobState> path;
   for (const auto& event : described->events()) path.push_back(event.to());
-  EXPECT_EQ(path, (std::vector<v1::JobState>{v1::PENDING, v1::SCHEDULED, v1::RUNNING,
-                                             v1::SUCCEEDED}));
+  EXPECT_EQ(path,
+            (std::vector<v1::JobState>{v1::PENDING, v1::SCHEDULED, v1::RUNNING, v1::SUCCEEDED}));
   for (const auto& event : described->events()) EXPECT_FALSE(event.reason().empty());
   // The placed task reaches the idle agent through its long poll, not at its next poll.
   EXPECT_LT(described->events(2).time_unix_ms() - described->events(1).time_unix_ms(), 1000);
@@ -149,7 +136,8 @@ TEST(JobLifecycleTest, CancelStopsTheRunningTrainer) {
 
 TEST(JobLifecycleTest, BadSpecIsRefusedNamingTheField) {
   Cluster cluster(NoWorkers());
-  auto refused = cluster.Submit(absl::StrReplaceAll(SyntheticJob("bad", 10), {{"lr: 0.01", "lr: -1"}}));
+  auto refused =
+      cluster.Submit(absl::StrReplaceAll(SyntheticJob("bad", 10), {{"lr: 0.01", "lr: -1"}}));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("optimizer.lr"), absl::string_view::npos)
@@ -172,10 +160,10 @@ TEST(JobLifecycleTest, BadSpecIsRefusedNamingTheField) {
 
 TEST(JobLifecycleTest, FailingTrainerFailsTheJobWithItsCause) {
   Cluster cluster;
-  const std::string yaml = absl::StrReplaceAll(
-      SyntheticJob("no-data", 10),
-      {{"synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}",
-        "train: /nonexistent/train-*.safetensors"}});
+  const std::string yaml =
+      absl::StrReplaceAll(SyntheticJob("no-data", 10),
+                          {{"synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}",
+                            "train: /nonexistent/train-*.safetensors"}});
   auto submitted = cluster.Submit(yaml);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   auto job = cluster.WaitForFinal(submitted->id());
@@ -193,8 +181,8 @@ TEST(JobLifecycleTest, ResubmittedJobResumesFromTheKilledJobsCheckpoint) {
   Cluster cluster;
   auto first = cluster.Submit(SyntheticJob("resume", 100000000, 5));
   ASSERT_TRUE(first.ok()) << first.status();
-  auto committed = cluster.WaitFor(first->id(),
-                                   [](const Job& job) { return job.committed_step() >= 10; });
+  auto committed =
+      cluster.WaitFor(first->id(), [](const Job& job) { return job.committed_step() >= 10; });
   ASSERT_TRUE(committed.ok()) << committed.status();
   std::optional<pid_t> pid = cluster.TrainerPid(0, absl::StrCat(first->id(), ".g1.r0"));
   ASSERT_TRUE(pid.has_value());

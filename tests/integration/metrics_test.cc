@@ -167,24 +167,9 @@ class Prometheus {
 };
 
 std::string Job(const std::string& name, int64_t max_steps, int64_t every_steps) {
-  return absl::StrCat(R"(
-name: )",
-                      name, R"(
-strategy: single
-model:
-  builtin: mlp
-  args: {inputs: 16, hidden: [32], classes: 4}
-data:
-  synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
-batch_size: 32
-optimizer: {name: adamw, lr: 0.01}
-max_steps: )",
-                      max_steps, R"(
-seed: 7
-max_runtime: 2h
-checkpoint: {every_steps: )",
-                      every_steps, R"(, keep_last: 2}
-)");
+  return SyntheticJobYaml(name, max_steps,
+                          absl::StrCat("max_runtime: 2h\ncheckpoint: {every_steps: ", every_steps,
+                                       ", keep_last: 2}\n"));
 }
 
 TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {

@@ -18,7 +18,8 @@ namespace {
 constexpr char kPython[] = "/usr/bin/python3";
 
 // Runs a command to completion; its exit status and combined output.
-std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv, const std::string& log) {
+std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv,
+                                       const std::string& log) {
   Process process(argv, log);
   std::optional<int> status = process.Wait(absl::Seconds(120));
   int code = status.has_value() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
@@ -32,26 +33,28 @@ TEST(PyTorchParityTest, PerStepLossesMatchPyTorch) {
   const std::string data_dir = dir.path() + "/data";
   auto [model_rc, model_out] =
       RunCommand({kPython, SourceDir() + "/examples/write_torchscript_model.py", "--out", model,
-           "--inputs", "12", "--hidden", "24", "--classes", "3", "--seed", "5"},
-          dir.path() + "/model.log");
+                  "--inputs", "12", "--hidden", "24", "--classes", "3", "--seed", "5"},
+                 dir.path() + "/model.log");
   ASSERT_EQ(model_rc, 0) << model_out;
-  auto [data_rc, data_out] =
-      RunCommand({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data_dir,
-           "--samples", "320", "--features", "12", "--classes", "3", "--files", "2", "--seed",
-           "9"},
-          dir.path() + "/data.log");
+  auto [data_rc, data_out] = RunCommand(
+      {kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data_dir, "--samples",
+       "320", "--features", "12", "--classes", "3", "--files", "2", "--seed", "9"},
+      dir.path() + "/data.log");
   ASSERT_EQ(data_rc, 0) << data_out;
 
   constexpr int kSteps = 25;  // more than one epoch of 10 batches
   Cluster cluster;
   auto submitted = cluster.Submit(absl::StrCat(R"(
 name: parity
-model: {torchscript: )", model, R"(}
-data: {train: ")", data_dir, R"(/*.safetensors", shuffle: false}
+model: {torchscript: )",
+                                               model, R"(}
+data: {train: ")",
+                                               data_dir, R"(/*.safetensors", shuffle: false}
 batch_size: 32
 optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
 loss: cross_entropy
-max_steps: )", kSteps, R"(
+max_steps: )",
+                                               kSteps, R"(
 log_every_steps: 1
 )"));
   ASSERT_TRUE(submitted.ok()) << submitted.status();

@@ -23,25 +23,9 @@ namespace {
 
 using trainyard::v1::Job;
 
-std::string S3Job(const std::string& name, int64_t max_steps, const std::string& extra = "") {
-  return absl::StrCat(R"(
-name: )",
-                      name, R"(
-strategy: single
-model:
-  builtin: mlp
-  args: {inputs: 16, hidden: [32], classes: 4}
-data:
-  synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
-batch_size: 32
-optimizer: {name: adamw, lr: 0.01}
-max_steps: )",
-                      max_steps, R"(
-log_every_steps: 1
-seed: 7
-checkpoint: {uri: "s3://ckpt/runs", every_steps: 5, keep_last: 2}
-)",
-                      extra);
+std::string S3Job(const std::string& name, int64_t max_steps) {
+  return SyntheticJobYaml(name, max_steps,
+                          "checkpoint: {uri: \"s3://ckpt/runs\", every_steps: 5, keep_last: 2}\n");
 }
 
 // The step folders (s3://ckpt/runs/JOB/step-...) that hold any object.
