@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/test_files.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.pb.h"
 
@@ -30,36 +31,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Temporary folders, removed when the test program ends.
-std::vector<std::string>& TempDirs() {
-  static auto* const dirs = new std::vector<std::string>();
-  return *dirs;
-}
-
-class RemoveTempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const std::string& dir : TempDirs()) std::filesystem::remove_all(dir);
-  }
-};
-::testing::Environment* const kRemoveTempDirs =
-    ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "trainer_binary_test.XXXXXX";
-  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-  TempDirs().push_back(pattern);
-  return pattern;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+using ::trainyard::trainer::test_files::FileExists;
+using ::trainyard::trainer::test_files::MakeTempDir;
+using ::trainyard::trainer::test_files::ReadFile;
 
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);

@@ -21,6 +21,7 @@
 #include "common/object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/test_files.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/data.h"
@@ -33,41 +34,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Temporary folders, removed when the test program ends.
-std::vector<std::string>& TempDirs() {
-  static auto* const dirs = new std::vector<std::string>();
-  return *dirs;
-}
-
-class RemoveTempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const std::string& dir : TempDirs()) std::filesystem::remove_all(dir);
-  }
-};
-::testing::Environment* const kRemoveTempDirs =
-    ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "trainer_test.XXXXXX";
-  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-  TempDirs().push_back(pattern);
-  return pattern;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using ::trainyard::trainer::test_files::FileExists;
+using ::trainyard::trainer::test_files::MakeTempDir;
+using ::trainyard::trainer::test_files::ReadFile;
 
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
 }
-
-bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
 
 // Records what a trainer reports; retires every committed checkpoint but the newest keep_last.
 class FakeCoordinator final : public CoordinatorClient {

@@ -1,0 +1,53 @@
+#ifndef TRAINYARD_TESTS_TRAINER_TEST_FILES_H_
+#define TRAINYARD_TESTS_TRAINER_TEST_FILES_H_
+
+// Temporary folders and small file helpers shared by the trainer's test programs.
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace trainyard::trainer::test_files {
+
+// Folders made by MakeTempDir, removed when the test program ends.
+inline std::vector<std::string>& TempDirs() {
+  static auto* const dirs = new std::vector<std::string>();
+  return *dirs;
+}
+
+class RemoveTempDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const std::string& dir : TempDirs()) std::filesystem::remove_all(dir);
+  }
+};
+
+// A new empty folder under the test temp dir; registers its removal at exit on first use.
+inline std::string MakeTempDir() {
+  static ::testing::Environment* const remove =
+      ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
+  (void)remove;
+  std::string pattern = ::testing::TempDir() + "trainer_test.XXXXXX";
+  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+  TempDirs().push_back(pattern);
+  return pattern;
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+inline bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+}  // namespace trainyard::trainer::test_files
+
+#endif  // TRAINYARD_TESTS_TRAINER_TEST_FILES_H_
