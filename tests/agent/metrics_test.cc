@@ -14,29 +14,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "tests/common/prometheus_text.h"
 
 namespace trainyard {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string Scrape(const AgentMetrics& metrics) {
-  std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, metrics.Collect());
-  return out.str();
-}
-
-double Value(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) != 0) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
-  }
-  return std::nan("");
-}
 
 class FakeGpus final : public GpuMonitor {
  public:

@@ -100,6 +100,8 @@ class Cluster {
   struct CliResult {
     int exit_code = -1;
     std::string output;  // stdout and stderr
+    // `trainyard submit` prints the new job's id as its first line.
+    std::string FirstLine() const { return output.substr(0, output.find('\n')); }
   };
   // Runs the `trainyard` CLI against this cluster and waits for it.
   CliResult Cli(const std::vector<std::string>& args, absl::Duration timeout = absl::Seconds(120));

@@ -200,15 +200,7 @@ TEST(JobLifecycleTest, ResubmittedJobResumesFromTheKilledJobsCheckpoint) {
   }
   auto submit = cluster.Cli({"submit", spec_path, "--resume-from", first->id(), "--wait"});
   EXPECT_EQ(submit.exit_code, 0) << submit.output;
-  grpc::ClientContext context;
-  v1::ListJobsResponse listed;
-  ASSERT_TRUE(cluster.jobs().ListJobs(&context, v1::ListJobsRequest(), &listed).ok());
-  std::string second_id;
-  for (const auto& job : listed.jobs()) {
-    if (job.name() == "resume" && job.id() != first->id()) second_id = job.id();
-  }
-  ASSERT_FALSE(second_id.empty());
-  auto second = cluster.Get(second_id);
+  auto second = cluster.Get(submit.FirstLine());
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->state(), v1::SUCCEEDED) << second->reason();
 

@@ -104,14 +104,7 @@ TEST(S3CheckpointTest, CheckpointsKillResumeAndSkipACorruptCheckpoint) {
   ASSERT_TRUE(store.Put(garbage, "partial").ok());
   auto submit = cluster.Cli({"submit", spec_path, "--resume-from", first->id(), "--wait"});
   EXPECT_EQ(submit.exit_code, 0) << submit.output;
-  grpc::ClientContext context;
-  v1::ListJobsResponse jobs;
-  ASSERT_TRUE(cluster.jobs().ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
-  std::string second_id;
-  for (const auto& job : jobs.jobs()) {
-    if (job.name() == "s3-resume" && job.id() != first->id()) second_id = job.id();
-  }
-  ASSERT_FALSE(second_id.empty());
+  const std::string second_id = submit.FirstLine();
   auto second = cluster.Get(second_id);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->state(), v1::SUCCEEDED) << second->reason();

@@ -16,6 +16,7 @@
 #include "server/job_manager.h"
 #include "server/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
+#include "tests/common/prometheus_text.h"
 #include "tests/server/test_util.h"
 
 namespace trainyard {
@@ -23,27 +24,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string Scrape(const CoordinatorMetrics& metrics) {
-  std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, metrics.Collect());
-  return out.str();
-}
-
-// The value of the sample whose name and labels are exactly `series` (as printed, e.g.
-// `trainyard_jobs{state="running"}`); NaN when absent.
-double Value(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) != 0) continue;
-    double value = 0;
-    std::string rest = line.substr(series.size() + 1);
-    rest = rest.substr(0, rest.find(' '));  // drop a timestamp if any
-    if (absl::SimpleAtod(rest, &value)) return value;
-  }
-  return std::nan("");
-}
 
 class MetricsTest : public ::testing::Test {
  protected:
