@@ -10,7 +10,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;        // a bug or an unexpected error
 inline constexpr int kExitUserError = 2;       // bad spec, data, model: retrying will not help
 inline constexpr int kExitInfrastructure = 3;  // object store, coordinator, peers: may succeed
-inline constexpr int kExitPreempted = 4;       // stopped on request after saving
+// Stopped by SIGTERM or SIGINT at a step boundary, after saving that step (128 + 15).
+inline constexpr int kExitStoppedBySignal = 143;
 
 inline constexpr char kTerminationMessageFile[] = "termination-message";
 

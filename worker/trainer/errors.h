@@ -8,9 +8,6 @@
 
 namespace trainyard::trainer {
 
-// Exit code of a trainer that was stopped by SIGTERM or SIGINT at a step boundary (128 + 15).
-inline constexpr int kExitStoppedBySignal = 143;
-
 // Maps the status a run ended with to the process exit code (common/exit_codes.h):
 // INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED -> user error;
 // UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, RESOURCE_EXHAUSTED, DATA_LOSS -> infrastructure;

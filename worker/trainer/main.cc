@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
                                              " at step ", result->step);
     trainyard::LogInfo(message);
     trainyard::trainer::WriteTerminationMessage("", message);
-    return trainyard::trainer::kExitStoppedBySignal;
+    return trainyard::kExitStoppedBySignal;
   }
   return trainyard::kExitOk;
 }
