@@ -69,6 +69,12 @@ Status AgentServiceImpl::ReportEvent(ServerContext*, const v1::ReportEventReques
       manager_.ReportEvent(request->job_id(), request->generation(), request->message()));
 }
 
+Status AgentServiceImpl::ReportPreemption(ServerContext*,
+                                          const v1::ReportPreemptionRequest* request,
+                                          v1::ReportPreemptionResponse*) {
+  return ToGrpcStatus(manager_.ReportPreemption(*request));
+}
+
 Status AgentServiceImpl::RendezvousSet(ServerContext*, const v1::RendezvousSetRequest* request,
                                        v1::RendezvousSetResponse*) {
   return ToGrpcStatus(manager_.RendezvousSet(request->job_id(), request->generation(),

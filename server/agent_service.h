@@ -36,6 +36,9 @@ class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
   grpc::Status RendezvousSet(grpc::ServerContext* context,
                              const trainyard::v1::RendezvousSetRequest* request,
                              trainyard::v1::RendezvousSetResponse* response) override;
+  grpc::Status ReportPreemption(grpc::ServerContext* context,
+                                const trainyard::v1::ReportPreemptionRequest* request,
+                                trainyard::v1::ReportPreemptionResponse* response) override;
   // Waits at most until the call's deadline, so a client that gave up frees the thread.
   grpc::Status RendezvousGet(grpc::ServerContext* context,
                              const trainyard::v1::RendezvousGetRequest* request,

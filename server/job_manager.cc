@@ -921,6 +921,15 @@ absl::Status JobManager::ReportEvent(absl::string_view job_id, int64_t generatio
   return CommitLocked(**fenced, std::move(updated), {event}, {});
 }
 
+absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& request) {
+  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
+  absl::MutexLock lock(&mu_);
+  if (workers_.Find(request.worker_id()) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker '", request.worker_id(), "' unknown"));
+  }
+  return absl::UnimplementedError("preemption notices are not handled yet");
+}
+
 absl::Status JobManager::RendezvousSet(absl::string_view job_id, int64_t generation,
                                        absl::string_view key, std::string value) {
   {

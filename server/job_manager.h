@@ -149,6 +149,12 @@ class JobManager {
   // 1 KiB). INVALID_ARGUMENT for an empty message.
   absl::Status ReportEvent(absl::string_view job_id, int64_t generation, absl::string_view message);
 
+  // A preemption notice from a worker's agent: the worker becomes DRAINING (nothing new is
+  // placed there) and every rank of each job with a rank there is asked to save at the next step
+  // its gang agrees on and to exit by the deadline; the job then restarts elsewhere (PREEMPTED).
+  // Idempotent. NOT_FOUND for an unknown worker, INVALID_ARGUMENT for a missing worker id.
+  absl::Status ReportPreemption(const trainyard::v1::ReportPreemptionRequest& request);
+
   // Rendezvous of the ranks of one attempt, fenced like ReportProgress (NOT_FOUND for an unknown
   // job, FAILED_PRECONDITION for another generation or a final job); see Rendezvous::Set and
   // Rendezvous::Get for the rest. The namespace goes when the attempt ends. RendezvousGet blocks
