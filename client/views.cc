@@ -81,6 +81,23 @@ std::string StateLine(const v1::Job& job) {
   return line;
 }
 
+std::string RestartReasonName(v1::RestartReason reason) {
+  switch (reason) {
+    case v1::PREEMPTED:
+      return "preempted";
+    case v1::WORKER_LOST:
+      return "worker_lost";
+    case v1::HANG:
+      return "hang";
+    case v1::INFRASTRUCTURE:
+      return "infrastructure";
+    case v1::FAILURE:
+      return "failure";
+    default:
+      return "-";
+  }
+}
+
 std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   const v1::JobProgress& p = job.progress();
   std::string out;
@@ -110,6 +127,38 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   field("Committed step", job.committed_step() >= 0 ? absl::StrCat(job.committed_step()) : "-");
   field("Checkpoints", job.checkpoint_uri());
   field("Model", job.model_uri());
+  int failures = 0;
+  for (const v1::Restart& r : job.restarts()) failures += r.reason() == v1::FAILURE;
+  const v1::RestartPolicy& policy = job.spec().restart();
+  field("Restarts",
+        absl::StrCat(job.restarts_size(), " (failures ", failures, " of ", policy.max_failures(),
+                     " allowed; preemptions and other ", job.restarts_size() - failures, " of ",
+                     policy.has_max_preemptions() ? absl::StrCat(policy.max_preemptions())
+                                                  : std::string("unlimited"),
+                     ")"));
+
+  if (!job.restarts().empty()) {
+    absl::StrAppend(&out, "\nRestarts:\n");
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::Restart& r : job.restarts()) {
+      std::string recovery = "-";
+      if (r.recovered()) {
+        recovery = absl::StrFormat(
+            "%.1fs (detect %.1f, schedule %.1f, start %.1f, rendezvous %.1f, load %.1f, step %.1f)",
+            r.recovery_seconds(), r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(),
+            r.rendezvous_seconds(), r.checkpoint_load_seconds(), r.first_step_seconds());
+      }
+      rows.push_back({absl::StrCat(r.generation()), RestartReasonName(r.reason()),
+                      LocalTime(r.detected_unix_ms(), zone), absl::StrCat(r.last_step()),
+                      r.recovered() ? absl::StrCat(r.resumed_step()) : "-",
+                      r.recovered() ? absl::StrCat(r.steps_lost()) : "-", recovery, r.message()});
+    }
+    std::string table = Table(
+        {"GEN", "REASON", "DETECTED", "LAST STEP", "RESUMED", "LOST", "RECOVERY", "MESSAGE"}, rows);
+    for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&out, "  ", line, "\n");
+    }
+  }
 
   absl::StrAppend(&out, "\nTasks:\n");
   if (job.tasks().empty()) {

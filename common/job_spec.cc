@@ -32,6 +32,7 @@ constexpr int kDefaultKeepLast = 3;
 constexpr int kDefaultLogEverySteps = 10;
 constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
+constexpr int64_t kDefaultStallTimeoutSeconds = 600;
 constexpr int kDefaultBucketSizeMb = 25;
 
 absl::Status FieldError(absl::string_view path, absl::string_view problem) {
@@ -258,6 +259,7 @@ class SpecParser {
                                   "max_runtime",
                                   "log_every_steps",
                                   "collective_timeout",
+                                  "stall_timeout",
                                   "accumulate_steps",
                                   "bucket_size_mb"}));
     TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
@@ -283,6 +285,8 @@ class SpecParser {
     TY_RETURN_IF_ERROR(
         ParseDuration(root["collective_timeout"], "collective_timeout",
                       [this](int64_t v) { spec_.set_collective_timeout_seconds(v); }));
+    TY_RETURN_IF_ERROR(ParseDuration(root["stall_timeout"], "stall_timeout",
+                                     [this](int64_t v) { spec_.set_stall_timeout_seconds(v); }));
     TY_RETURN_IF_ERROR(Positive<int32_t>(root, "", "accumulate_steps", "must be > 0",
                                          [this](int32_t v) { spec_.set_accumulate_steps(v); }));
     TY_RETURN_IF_ERROR(Positive<int32_t>(root, "", "bucket_size_mb", "must be > 0",
@@ -697,6 +701,7 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (spec.collective_timeout_seconds() == 0) {
     spec.set_collective_timeout_seconds(kDefaultCollectiveTimeoutSeconds);
   }
+  if (spec.stall_timeout_seconds() == 0) spec.set_stall_timeout_seconds(kDefaultStallTimeoutSeconds);
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
   if (spec.bucket_size_mb() == 0) spec.set_bucket_size_mb(kDefaultBucketSizeMb);
 }
@@ -767,6 +772,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.collective_timeout_seconds() < 1) {
     return FieldError("collective_timeout", "must be at least 1s");
   }
+  if (spec.stall_timeout_seconds() < 1) return FieldError("stall_timeout", "must be at least 1s");
   if (spec.accumulate_steps() < 1) return FieldError("accumulate_steps", "must be > 0");
   // Each rank splits its share of the batch (smallest with the most workers) into micro-batches.
   if (spec.batch_size() / workers.max() < spec.accumulate_steps()) {

@@ -20,7 +20,7 @@ namespace trainyard {
 // items are named like "model.args.hidden[1]". A null value ("key:" with nothing) means unset.
 // Short forms: `workers: N` is {min: N, max: N}; `workers: {max: N}` is {min: 1, max: N};
 // `workers: {min: N}` is {min: N, max: N}; `optimizer: adam` and `schedule: cosine` name only;
-// `hidden: 64` is [64]; `max_runtime` and `collective_timeout` take a duration ("12h", see
+// `hidden: 64` is [64]; `max_runtime`, `collective_timeout` and `stall_timeout` take a duration ("12h", see
 // ParseDurationSeconds) or plain seconds; integer fields accept integral numbers such as 1e4.
 // max_steps and epochs may both be set: training stops at whichever comes first.
 //
@@ -35,7 +35,8 @@ absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 //   the parameter_server strategy; loss cross_entropy; data.features "x", data.labels "y",
 //   data.shuffle true; optimizer.name sgd, lr 0.01, schedule constant; for adam/adamw betas
 //   0.9/0.999 (when both are 0) and eps 1e-8; checkpoint.keep_last 3 (every_steps 0 = only at
-//   the end); log_every_steps 10; batch_size 32; collective_timeout 60 s; accumulate_steps 1;
+//   the end); log_every_steps 10; batch_size 32; collective_timeout 60 s; stall_timeout 10 min;
+//   accumulate_steps 1;
 //   bucket_size_mb 25. seed, restart.max_failures and priority stay 0;
 //   restart.max_preemptions stays unset (unlimited).
 void ApplyJobSpecDefaults(trainyard::v1::JobSpec& spec);

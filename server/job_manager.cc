@@ -1,6 +1,9 @@
 #include "server/job_manager.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -9,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/exit_codes.h"
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "common/uri.h"
@@ -29,6 +33,7 @@ constexpr char kPageTokenPrefix[] = "before:";
 constexpr absl::Duration kStreamPoll = absl::Milliseconds(250);
 // After a job ends, how long a followed log waits for the last pieces the agents ship.
 constexpr absl::Duration kFinalLogGrace = absl::Milliseconds(500);
+constexpr int64_t kDefaultStallTimeoutSeconds = 600;
 
 bool TaskEnded(v1::TaskState state) {
   return state == v1::TASK_EXITED || state == v1::TASK_FAILED_TO_START || state == v1::TASK_STOPPED;
@@ -68,6 +73,72 @@ void RankRange(const v1::JobSpec& spec, int& min_ranks, int& max_ranks) {
   }
   min_ranks = std::max(spec.workers().min(), 1);
   max_ranks = std::max(spec.workers().max(), min_ranks);
+}
+
+// What a rank's end (not a success) means for the restart policy.
+v1::RestartReason ClassifyTaskEnd(const v1::TaskInfo& t) {
+  // A rank told to save for a preemption ends however it ends because of the notice.
+  if (t.stop_deadline_unix_ms() > 0) return v1::PREEMPTED;
+  switch (t.state()) {
+    // The worker cannot run the trainer at all (a bad installation): retrying without end
+    // would hide it, so it draws on the failure budget.
+    case v1::TASK_FAILED_TO_START:
+      return v1::FAILURE;
+    case v1::TASK_STOPPED:  // the agent stopped it without being asked
+      return v1::INFRASTRUCTURE;
+    default:
+      break;
+  }
+  if (t.signal() == SIGTERM || t.exit_code() == kExitStoppedBySignal ||
+      t.exit_code() == kExitInfrastructure) {
+    return v1::INFRASTRUCTURE;
+  }
+  return v1::FAILURE;  // user error, internal error, killed by a signal nobody sent on purpose
+}
+
+std::string RestartReasonText(v1::RestartReason reason) {
+  switch (reason) {
+    case v1::PREEMPTED:
+      return "preempted";
+    case v1::WORKER_LOST:
+      return "worker lost";
+    case v1::HANG:
+      return "hang";
+    case v1::INFRASTRUCTURE:
+      return "infrastructure error";
+    case v1::FAILURE:
+      return "failure";
+    default:
+      return "unknown";
+  }
+}
+
+// Which restart budget a reason draws on: max_failures for the user's code, max_preemptions
+// for everything the user's code is not to blame for.
+bool OnFailureBudget(v1::RestartReason reason) { return reason == v1::FAILURE; }
+
+// How specific a cause is: a rank that exits with an infrastructure error is usually the
+// consequence of something else (a peer that died, a worker that vanished), found out later.
+int CauseRank(v1::RestartReason reason) {
+  switch (reason) {
+    case v1::INFRASTRUCTURE:
+      return 0;
+    case v1::HANG:
+      return 1;
+    case v1::FAILURE:
+      return 2;
+    default:
+      return 3;  // PREEMPTED, WORKER_LOST
+  }
+}
+
+absl::Time LastEventTime(const v1::Job& job, v1::JobState to) {
+  for (int i = job.events_size() - 1; i >= 0; --i) {
+    if (job.events(i).to() == to && job.events(i).from() != to) {
+      return absl::FromUnixMillis(job.events(i).time_unix_ms());
+    }
+  }
+  return absl::InfinitePast();
 }
 
 int SlotsPerRank(const v1::JobSpec& spec) { return spec.resources().gpus_per_worker() > 0 ? 0 : 1; }
@@ -112,6 +183,11 @@ absl::Status JobManager::Load() {
     entry.progress_persisted = clock_.Now();
     ids_by_seq_[entry.seq] = id;
     if (!IsFinalJobState(entry.job.state())) active_seqs_.insert(entry.seq);
+    // Stall and stop clocks restart with the coordinator: it cannot know what happened while
+    // it was away.
+    entry.last_step_change = clock_.Now();
+    entry.last_step_seen = entry.job.progress().step();
+    if (entry.job.state() == v1::RESTARTING) entry.restarting_since = clock_.Now();
     // After a restart, trainers of jobs that ended just before may still be stopping.
     if (IsFinalJobState(entry.job.state())) {
       entry.ended = clock_.Now();
@@ -203,6 +279,12 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
   }
   for (const auto& p : after) {
     if (!before.count(p)) touched.insert(p.first);
+  }
+  // A task whose contents changed (a stop deadline) must reach its worker too.
+  for (const std::string& task_id : changed_task_ids) {
+    for (const v1::TaskInfo& t : entry.job.tasks()) {
+      if (t.task_id() == task_id && IsActiveTask(entry, t)) touched.insert(t.worker_id());
+    }
   }
   for (const std::string& worker_id : touched) workers_.BumpVersion(worker_id);
   if (!was_final && IsFinalJobState(entry.job.state())) {
@@ -536,11 +618,24 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   for (const auto& [job_id, task] : missing) {
     JobEntry* entry = FindLocked(job_id);
     if (entry == nullptr || IsFinalJobState(entry->job.state())) continue;
-    TransitionLocked(*entry, entry->job, v1::FAILED,
-                     absl::StrCat("rank ", task.rank(), " lost: worker ", info.id(),
-                                  " registered again without it"),
-                     {})
-        .IgnoreError();
+    v1::Job updated = entry->job;
+    for (v1::TaskInfo& t : *updated.mutable_tasks()) {
+      if (t.task_id() != task.task_id()) continue;
+      t.set_state(v1::TASK_EXITED);
+      t.set_exit_code(-1);
+      t.set_message(absl::StrCat("lost: worker ", info.id(), " registered again without it"));
+    }
+    AttemptEnd end;
+    end.reason = task.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST;
+    end.message =
+        absl::StrCat("rank ", task.rank(), " lost: worker ", info.id(), " registered again without it");
+    end.failed = clock_.Now();
+    if (entry->job.state() == v1::RESTARTING) {
+      CommitLocked(*entry, std::move(updated), {}, {task.task_id()}).IgnoreError();
+      MaybeFinishRestartLocked(*entry);
+    } else {
+      EndAttemptLocked(*entry, std::move(updated), std::move(end), {task.task_id()}).IgnoreError();
+    }
   }
   RequestTickLocked();
   changed_.SignalAll();
@@ -620,6 +715,7 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
   }
   task.set_slots(SlotsPerRank(entry.job.spec()));
   task.set_gpus(GpusPerRank(entry.job.spec()));
+  task.set_stop_deadline_unix_ms(info.stop_deadline_unix_ms());
   if (const WorkerRecord* worker = workers_.Find(info.worker_id()); worker != nullptr) {
     task.set_worker_address(worker->info.address());
   }
@@ -690,8 +786,12 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
   task->set_signal(status.signal());
   task->set_message(status.message());
   const std::vector<std::string> changed = {task->task_id()};
+  // PENDING after a restart still carries the ended attempt's generation: its late reports
+  // change only the task.
   const bool current_attempt =
-      !IsFinalJobState(updated.state()) && task->generation() == updated.generation();
+      (updated.state() == v1::SCHEDULED || updated.state() == v1::RUNNING ||
+       updated.state() == v1::RESTARTING) &&
+      task->generation() == updated.generation();
   if (!current_attempt) return CommitLocked(*entry, std::move(updated), {}, changed);
 
   switch (status.state()) {
@@ -699,6 +799,8 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
       if (updated.state() == v1::SCHEDULED) {
         const std::string reason =
             absl::StrCat("rank ", task->rank(), " running on ", task->worker_id());
+        // The stall clock starts when the attempt runs.
+        entry->last_step_change = clock_.Now();
         return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
       }
       break;
@@ -706,8 +808,23 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
     case v1::TASK_FAILED_TO_START:
     case v1::TASK_STOPPED: {
       if (!TaskSucceeded(*task)) {
-        const std::string reason = TaskFailureReason(*task);
-        return TransitionLocked(*entry, std::move(updated), v1::FAILED, reason, changed);
+        AttemptEnd end;
+        end.reason = ClassifyTaskEnd(*task);
+        end.message = TaskFailureReason(*task);
+        end.failed = clock_.Now();
+        if (updated.state() != v1::RESTARTING) {
+          return EndAttemptLocked(*entry, std::move(updated), std::move(end), changed);
+        }
+        // The attempt is already over: a rank that failed on its own (not one we stopped) may
+        // name the cause better than the first report did.
+        v1::Restart* last = updated.mutable_restarts(updated.restarts_size() - 1);
+        if (status.state() == v1::TASK_EXITED && CauseRank(end.reason) > CauseRank(last->reason())) {
+          last->set_reason(end.reason);
+          last->set_message(end.message);
+        }
+        absl::Status s = CommitLocked(*entry, std::move(updated), {}, changed);
+        if (s.ok()) MaybeFinishRestartLocked(*entry);
+        return s;
       }
       int ranks = 0;
       bool all_done = true;
@@ -726,6 +843,11 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
       if (updated.state() == v1::SCHEDULED) {
         const std::string reason = absl::StrCat("rank ", task->rank(), " finished");
         return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
+      }
+      if (updated.state() == v1::RESTARTING) {
+        absl::Status s = CommitLocked(*entry, std::move(updated), {}, changed);
+        if (s.ok()) MaybeFinishRestartLocked(*entry);
+        return s;
       }
       break;
     }
@@ -783,9 +905,21 @@ absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t genera
   absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
   if (!fenced.ok()) return fenced.status();
   JobEntry& entry = **fenced;
-  // Rank 0 speaks for the job; other ranks only fill in while rank 0 lags behind.
-  if (rank != 0 && progress.step() < entry.job.progress().step()) return absl::OkStatus();
   const absl::Time now = clock_.Now();
+  if (progress.step() > entry.last_step_seen) {
+    entry.last_step_seen = progress.step();
+    entry.last_step_change = now;
+  }
+  if (entry.job.state() == v1::RESTARTING) {
+    // The ended attempt's last word (its final step) tells how many steps the restart loses.
+    v1::Restart* last = entry.job.mutable_restarts(entry.job.restarts_size() - 1);
+    if (progress.step() > last->last_step()) last->set_last_step(progress.step());
+  }
+  // Rank 0 speaks for the job; other ranks only fill in while rank 0 lags behind.
+  if (rank != 0 && progress.step() < entry.job.progress().step() &&
+      entry.job.progress().attempt_start_step() == progress.attempt_start_step()) {
+    return absl::OkStatus();
+  }
   v1::JobProgress* stored = entry.job.mutable_progress();
   *stored = progress;
   stored->set_updated_unix_ms(absl::ToUnixMillis(now));
@@ -793,10 +927,64 @@ absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t genera
   entry.version++;
   entry.progress_dirty = true;
   changed_.SignalAll();
+  if (entry.job.restarts_size() > 0) {
+    const v1::Restart& last = entry.job.restarts(entry.job.restarts_size() - 1);
+    if (!last.recovered() && last.generation() < generation &&
+        (entry.job.state() == v1::RUNNING || entry.job.state() == v1::SCHEDULED)) {
+      RecordRecoveryLocked(entry, progress);
+      return absl::OkStatus();
+    }
+  }
   if (now - entry.progress_persisted >= options_.progress_persist_interval) {
     FlushProgressLocked(/*all=*/false);
   }
   return absl::OkStatus();
+}
+
+void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& progress) {
+  const absl::Time now = clock_.Now();
+  v1::Job updated = entry.job;
+  v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
+  const absl::Time failed = absl::FromUnixMillis(r.failed_unix_ms());
+  const absl::Time detected = absl::FromUnixMillis(r.detected_unix_ms());
+  absl::Time placed = LastEventTime(updated, v1::SCHEDULED);
+  absl::Time running = LastEventTime(updated, v1::RUNNING);
+  if (placed < detected) placed = detected;
+  if (running < placed) running = now;
+  auto seconds = [](absl::Time from, absl::Time to) {
+    return std::max(0.0, absl::ToDoubleSeconds(to - from));
+  };
+  r.set_recovered(true);
+  r.set_recovered_unix_ms(absl::ToUnixMillis(now));
+  r.set_resumed_step(progress.attempt_start_step());
+  r.set_steps_lost(std::max<int64_t>(0, r.last_step() - progress.attempt_start_step()));
+  r.set_recovery_seconds(seconds(detected, now));
+  r.set_detection_seconds(seconds(failed, detected));
+  r.set_scheduling_seconds(seconds(detected, placed));
+  r.set_start_seconds(seconds(placed, running));
+  r.set_rendezvous_seconds(std::max(0.0, progress.rendezvous_seconds()));
+  r.set_checkpoint_load_seconds(std::max(0.0, progress.checkpoint_load_seconds()));
+  r.set_first_step_seconds(std::max(0.0, r.recovery_seconds() - r.scheduling_seconds() -
+                                             r.start_seconds() - r.rendezvous_seconds() -
+                                             r.checkpoint_load_seconds()));
+  v1::JobEvent event;
+  event.set_time_unix_ms(absl::ToUnixMillis(now));
+  event.set_from(updated.state());
+  event.set_to(updated.state());
+  event.set_reason(absl::StrFormat(
+      "recovered from %s: attempt %d resumed at step %d, %d steps lost, first step %.1fs after "
+      "detection (detection %.1fs, scheduling %.1fs, start %.1fs, rendezvous %.1fs, checkpoint "
+      "load %.1fs, first step %.1fs)",
+      RestartReasonText(r.reason()), updated.generation(), r.resumed_step(), r.steps_lost(),
+      r.recovery_seconds(), r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(),
+      r.rendezvous_seconds(), r.checkpoint_load_seconds(), r.first_step_seconds()));
+  *updated.add_events() = event;
+  const v1::Restart recovered = r;
+  if (absl::Status s = CommitLocked(entry, std::move(updated), {event}, {}); !s.ok()) {
+    return;  // the next report tries again
+  }
+  LogInfo("job ", entry.job.id(), ": ", event.reason());
+  if (options_.event_sink != nullptr) options_.event_sink->OnRecovered(entry.job, recovered);
 }
 
 void JobManager::FlushProgressLocked(bool all) {
@@ -924,10 +1112,70 @@ absl::Status JobManager::ReportEvent(absl::string_view job_id, int64_t generatio
 absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& request) {
   if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
   absl::MutexLock lock(&mu_);
-  if (workers_.Find(request.worker_id()) == nullptr) {
+  const WorkerRecord* record = workers_.Find(request.worker_id());
+  if (record == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker '", request.worker_id(), "' unknown"));
   }
-  return absl::UnimplementedError("preemption notices are not handled yet");
+  if (record->info.state() == v1::LOST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker '", request.worker_id(), "' is LOST: register again"));
+  }
+  const absl::Time now = clock_.Now();
+  // A deadline in the past or absent still asks for the fastest stop.
+  const int64_t deadline_ms = std::max<int64_t>(request.deadline_unix_ms(), absl::ToUnixMillis(now));
+  if (record->info.state() != v1::DRAINING) {
+    if (absl::Status s = workers_.SetState(request.worker_id(), v1::DRAINING); !s.ok()) return s;
+    if (absl::Status s = PersistWorkerLocked(request.worker_id()); !s.ok()) {
+      workers_.SetState(request.worker_id(), v1::READY).IgnoreError();
+      return s;
+    }
+    LogWarning("worker ", request.worker_id(), " is being preempted (", request.source(),
+               "): DRAINING, deadline in ",
+               absl::FormatDuration(absl::Trunc(absl::FromUnixMillis(deadline_ms) - now,
+                                                absl::Milliseconds(100))));
+  }
+  std::set<std::string> job_ids;
+  for (const auto& [entry, task] : ActiveTasksLocked()) {
+    if (task->worker_id() == request.worker_id()) job_ids.insert(entry->job.id());
+  }
+  const std::string source = request.source().empty() ? "notice" : request.source();
+  absl::Status result;
+  for (const std::string& job_id : job_ids) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr) continue;
+    v1::Job updated = entry->job;
+    std::vector<std::string> changed;
+    for (v1::TaskInfo& t : *updated.mutable_tasks()) {
+      if (t.generation() != updated.generation() || TaskEnded(t.state()) ||
+          t.stop_deadline_unix_ms() > 0) {
+        continue;
+      }
+      t.set_stop_deadline_unix_ms(deadline_ms);
+      changed.push_back(t.task_id());
+    }
+    if (changed.empty()) continue;  // asked already
+    v1::JobEvent event;
+    event.set_time_unix_ms(absl::ToUnixMillis(now));
+    event.set_from(updated.state());
+    event.set_to(updated.state());
+    std::string message = request.message().substr(0, 256);
+    event.set_reason(absl::StrFormat(
+        "preemption notice for worker %s (%s%s%s): every rank saves at the next step they agree "
+        "on and stops within %.1fs; the job then restarts elsewhere",
+        request.worker_id(), source, message.empty() ? "" : ": ", message,
+        absl::ToDoubleSeconds(absl::FromUnixMillis(deadline_ms) - now)));
+    *updated.add_events() = event;
+    updated.set_updated_unix_ms(event.time_unix_ms());
+    if (absl::Status s = CommitLocked(*entry, std::move(updated), {event}, changed); !s.ok()) {
+      result = s;
+      continue;
+    }
+    entry->preemption_notice = absl::StrCat("worker ", request.worker_id(), " (", source, ")");
+    LogInfo("job ", job_id, ": ", event.reason());
+  }
+  RequestTickLocked();
+  changed_.SignalAll();
+  return result;
 }
 
 absl::Status JobManager::RendezvousSet(absl::string_view job_id, int64_t generation,
@@ -1038,6 +1286,7 @@ void JobManager::Tick() {
   absl::MutexLock lock(&mu_);
   tick_requested_ = false;
   ExpireWorkersLocked();
+  RestartLostOrStalledLocked();
   EnforceRuntimeLocked();
   ScheduleLocked();
   FlushProgressLocked(/*all=*/false);
@@ -1067,7 +1316,6 @@ bool JobManager::IsShutDown() const {
 
 void JobManager::ExpireWorkersLocked() {
   const std::vector<std::string> lost = workers_.ExpireLeases();
-  if (lost.empty()) return;
   for (const std::string& worker_id : lost) {
     if (absl::Status s = PersistWorkerLocked(worker_id); !s.ok()) {
       LogError("worker ", worker_id, ": persisting LOST failed: ", s.ToString());
@@ -1075,19 +1323,169 @@ void JobManager::ExpireWorkersLocked() {
     LogWarning("worker ", worker_id, " lost: no heartbeat for ",
                absl::FormatDuration(options_.worker_timeout));
     if (options_.event_sink != nullptr) options_.event_sink->OnWorkerLost(worker_id);
-    std::set<std::string> job_ids;
-    for (const auto& [entry, task] : ActiveTasksLocked()) {
-      if (task->worker_id() == worker_id) job_ids.insert(entry->job.id());
-    }
-    const std::string reason = absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
-                                            absl::FormatDuration(options_.worker_timeout), ")");
-    for (const std::string& job_id : job_ids) {
-      JobEntry* entry = FindLocked(job_id);
-      if (entry == nullptr) continue;
-      TransitionLocked(*entry, entry->job, v1::FAILED, reason, {}).IgnoreError();
-    }
   }
-  changed_.SignalAll();
+  // The jobs with ranks there restart in RestartLostOrStalledLocked, which looks at the state
+  // rather than at this edge, so a failed write is retried on the next tick.
+  if (!lost.empty()) changed_.SignalAll();
+}
+
+void JobManager::RestartLostOrStalledLocked() {
+  const absl::Time now = clock_.Now();
+  std::vector<std::pair<std::string, AttemptEnd>> ends;
+  std::vector<std::string> restarting;
+  for (int64_t seq : active_seqs_) {
+    JobEntry& entry = jobs_.at(ids_by_seq_.at(seq));
+    const v1::Job& job = entry.job;
+    if (job.state() == v1::RESTARTING) {
+      restarting.push_back(job.id());
+      continue;
+    }
+    if (job.state() != v1::SCHEDULED && job.state() != v1::RUNNING) continue;
+    std::optional<AttemptEnd> end;
+    for (const v1::TaskInfo& t : job.tasks()) {
+      if (!IsActiveTask(entry, t)) continue;
+      const WorkerRecord* worker = workers_.Find(t.worker_id());
+      if (worker != nullptr && worker->info.state() != v1::LOST) continue;
+      AttemptEnd lost;
+      lost.reason = t.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST;
+      lost.message = absl::StrCat("rank ", t.rank(), " lost: worker ", t.worker_id(),
+                                  worker == nullptr ? " is unknown" : " lost (no heartbeat for ",
+                                  worker == nullptr ? "" : absl::FormatDuration(options_.worker_timeout),
+                                  worker == nullptr ? "" : ")");
+      lost.failed = worker == nullptr ? now : absl::FromUnixMillis(worker->info.last_seen_unix_ms());
+      end = std::move(lost);
+      break;
+    }
+    if (!end.has_value() && job.state() == v1::RUNNING) {
+      const int64_t stall_s = job.spec().stall_timeout_seconds() > 0
+                                  ? job.spec().stall_timeout_seconds()
+                                  : kDefaultStallTimeoutSeconds;
+      const absl::Duration stall = absl::Seconds(stall_s);
+      if (entry.last_step_change != absl::InfinitePast() && now - entry.last_step_change >= stall) {
+        AttemptEnd hang;
+        hang.reason = v1::HANG;
+        hang.message = absl::StrCat("no step progress for ", absl::FormatDuration(stall),
+                                    " (stall_timeout; last step ", std::max<int64_t>(entry.last_step_seen, 0),
+                                    ")");
+        hang.failed = entry.last_step_change;
+        end = std::move(hang);
+      }
+    }
+    if (end.has_value()) ends.emplace_back(job.id(), *std::move(end));
+  }
+  for (auto& [job_id, end] : ends) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr) continue;
+    EndAttemptLocked(*entry, entry->job, std::move(end), {}).IgnoreError();
+  }
+  for (const std::string& job_id : restarting) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry != nullptr) MaybeFinishRestartLocked(*entry);
+  }
+}
+
+std::optional<std::string> JobManager::BudgetSpent(const v1::Job& job, v1::RestartReason reason,
+                                                   int extra) const {
+  const bool failure = OnFailureBudget(reason);
+  int used = extra;
+  for (const v1::Restart& r : job.restarts()) used += OnFailureBudget(r.reason()) == failure;
+  const v1::RestartPolicy& policy = job.spec().restart();
+  if (failure) {
+    if (used <= policy.max_failures()) return std::nullopt;
+    if (policy.max_failures() == 0) return "";  // the cause alone says it all
+    return absl::StrCat(" (", used, " failures; restart.max_failures is ", policy.max_failures(),
+                        ")");
+  }
+  if (!policy.has_max_preemptions() || used <= policy.max_preemptions()) return std::nullopt;
+  return absl::StrCat(" (", used,
+                      " restarts for preemptions, lost workers, hangs or infrastructure errors; "
+                      "restart.max_preemptions is ",
+                      policy.max_preemptions(), ")");
+}
+
+absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, AttemptEnd end,
+                                          const std::vector<std::string>& changed_task_ids) {
+  if (end.reason == v1::PREEMPTED && !entry.preemption_notice.empty()) {
+    end.message = absl::StrCat("preemption notice for ", entry.preemption_notice, ": ", end.message);
+  }
+  if (std::optional<std::string> spent = BudgetSpent(updated, end.reason, 1); spent.has_value()) {
+    return TransitionLocked(entry, std::move(updated), v1::FAILED, end.message + *spent,
+                            changed_task_ids);
+  }
+  const absl::Time now = clock_.Now();
+  v1::Restart* r = updated.add_restarts();
+  r->set_generation(updated.generation());
+  r->set_reason(end.reason);
+  r->set_message(end.message);
+  r->set_failed_unix_ms(absl::ToUnixMillis(std::min(end.failed, now)));
+  r->set_detected_unix_ms(absl::ToUnixMillis(now));
+  r->set_last_step(std::max<int64_t>(updated.progress().step(), 0));
+  const v1::Restart restart = *r;
+  const std::string reason = absl::StrCat("restarting (", RestartReasonText(end.reason), "): ",
+                                          end.message);
+  if (absl::Status s =
+          TransitionLocked(entry, std::move(updated), v1::RESTARTING, reason, changed_task_ids);
+      !s.ok()) {
+    return s;
+  }
+  entry.restarting_since = now;
+  entry.preemption_notice.clear();
+  // Ranks still waiting to meet must not wait for peers that are being stopped.
+  rendezvous_.EndAttempts(entry.job.id(), entry.job.generation());
+  if (options_.event_sink != nullptr) options_.event_sink->OnRestart(entry.job, restart);
+  RequestTickLocked();
+  MaybeFinishRestartLocked(entry);
+  return absl::OkStatus();
+}
+
+void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
+  if (entry.job.state() != v1::RESTARTING || entry.job.restarts_size() == 0) return;
+  const absl::Time now = clock_.Now();
+  v1::Job updated = entry.job;
+  v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
+  bool stopped = true;
+  for (const v1::TaskInfo& t : updated.tasks()) {
+    if (t.generation() != updated.generation() || TaskEnded(t.state())) continue;
+    const WorkerRecord* worker = workers_.Find(t.worker_id());
+    if (worker == nullptr || worker->info.state() == v1::LOST) {
+      // A rank on a vanished worker names the cause better than the errors of its peers.
+      if (CauseRank(r.reason()) < CauseRank(v1::WORKER_LOST)) {
+        r.set_reason(t.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST);
+        r.set_message(absl::StrCat("rank ", t.rank(), " lost: worker ", t.worker_id(), " lost"));
+      }
+      continue;
+    }
+    stopped = false;
+  }
+  if (!stopped && now - entry.restarting_since < options_.restart_stop_hold) return;
+  // The cause may have changed kind while the old ranks stopped.
+  if (std::optional<std::string> spent = BudgetSpent(updated, r.reason(), 0); spent.has_value()) {
+    const std::string reason = r.message() + *spent;
+    TransitionLocked(entry, std::move(updated), v1::FAILED, reason, {}).IgnoreError();
+    return;
+  }
+  // Restarts in a row whose attempt never got to a step back off further and further.
+  int in_a_row = 1;
+  for (int i = updated.restarts_size() - 2; i >= 0 && !updated.restarts(i).recovered(); --i) {
+    in_a_row++;
+  }
+  absl::Duration delay = absl::ZeroDuration();
+  if (options_.restart_backoff > absl::ZeroDuration()) {
+    absl::Duration cap = options_.restart_backoff;
+    for (int i = 1; i < in_a_row && cap < options_.restart_backoff_max; ++i) cap *= 2;
+    cap = std::min(cap, options_.restart_backoff_max);
+    delay = cap * absl::Uniform(jitter_, 0.5, 1.0);
+    delay = absl::Trunc(delay, absl::Milliseconds(1));
+  }
+  r.set_backoff_ms(absl::ToInt64Milliseconds(delay));
+  updated.set_next_attempt_unix_ms(absl::ToUnixMillis(now + delay));
+  const std::string reason =
+      delay > absl::ZeroDuration()
+          ? absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonText(r.reason()),
+                         "): next attempt in ", absl::FormatDuration(delay), " (backoff)")
+          : absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonText(r.reason()),
+                         "): ready for the next attempt");
+  TransitionLocked(entry, std::move(updated), v1::PENDING, reason, {}).IgnoreError();
 }
 
 void JobManager::EnforceRuntimeLocked() {
@@ -1116,6 +1514,7 @@ void JobManager::ScheduleLocked() {
   for (int64_t seq : active_seqs_) {
     const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
     if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
+    if (entry->job.next_attempt_unix_ms() > absl::ToUnixMillis(clock_.Now())) continue;
     SchedJob job;
     job.id = entry->job.id();
     job.priority = entry->job.spec().priority();

@@ -5,12 +5,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,6 +39,14 @@ struct JobManagerOptions {
   absl::Duration max_sync_wait = absl::Seconds(5);
   absl::Duration progress_persist_interval = absl::Seconds(1);
   absl::Duration max_rendezvous_wait = absl::Seconds(30);
+  // Restarts back off exponentially with full jitter: the n-th restart in a row of attempts that
+  // made no step progress waits uniformly in [d/2, d], d = min(restart_backoff * 2^(n-1),
+  // restart_backoff_max). Zero: restart at once.
+  absl::Duration restart_backoff = absl::Seconds(1);
+  absl::Duration restart_backoff_max = absl::Seconds(60);
+  // How long ranks of an ended attempt may take to stop before the job restarts anyway (their
+  // agents were told to stop them; a lost worker's ranks count as stopped at once).
+  absl::Duration restart_stop_hold = absl::Seconds(60);
   // Told about submissions, transitions, progress, commits and lost workers (metrics); may be
   // null. Not owned; must outlive the manager.
   JobEventSink* event_sink = nullptr;
@@ -169,8 +179,11 @@ class JobManager {
 
   // ---- Background ----
 
-  // One round of housekeeping at clock time: expire leases (jobs on lost workers fail), enforce
-  // max_runtime, schedule pending jobs, persist progress. Non-blocking apart from store writes.
+  // One round of housekeeping at clock time: expire leases, restart attempts that lost a worker
+  // or stalled (stall_timeout), move RESTARTING jobs whose old ranks have stopped back to
+  // PENDING (or FAILED when their restart budget is spent), enforce max_runtime, schedule
+  // pending jobs whose backoff has passed, persist progress. Non-blocking apart from store
+  // writes. Level-triggered: a condition whose store write failed is acted on again next time.
   void Tick();
 
   // Blocks until something asked for a Tick (a submit, an exit, a cancel, a new worker) or
@@ -198,6 +211,20 @@ class JobManager {
     bool progress_dirty = false;
     std::vector<StoredCheckpoint> checkpoints;  // by step
     absl::Time ended = absl::InfinitePast();    // when it reached a final state (in memory)
+    // Hang detection: the highest step reported by the current attempt and when it changed (or
+    // the attempt started running, or the coordinator started).
+    int64_t last_step_seen = -1;
+    absl::Time last_step_change = absl::InfinitePast();
+    absl::Time restarting_since = absl::InfinitePast();  // when it entered RESTARTING
+    // "worker w2 (SIGTERM)" once a preemption notice touched the current attempt (in memory).
+    std::string preemption_notice;
+  };
+
+  // What ended an attempt, for the restart policy.
+  struct AttemptEnd {
+    trainyard::v1::RestartReason reason = trainyard::v1::RESTART_REASON_UNSPECIFIED;
+    std::string message;
+    absl::Time failed = absl::InfinitePast();  // when it happened, as far as is known
   };
 
   JobManager(const Clock& clock, std::unique_ptr<JobStore> store, std::unique_ptr<LogStore> logs,
@@ -230,6 +257,24 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistWorkerLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Ends the current attempt of an active job for `end`: RESTARTING (its ranks leave their
+  // workers' desired state, so agents stop them) or, when the restart budget of the end's kind
+  // is spent, FAILED. `updated` carries other changes to commit in the same transaction.
+  absl::Status EndAttemptLocked(JobEntry& entry, trainyard::v1::Job updated, AttemptEnd end,
+                                const std::vector<std::string>& changed_task_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESTARTING -> PENDING (with backoff) once every rank of the ended attempt has stopped, or
+  // FAILED when the budget is spent. No-op otherwise.
+  void MaybeFinishRestartLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // nullopt while the job's restarts (plus `extra` more of `reason`'s kind) stay within the
+  // budget of `reason`'s kind; otherwise what to add to the cause when the job fails.
+  std::optional<std::string> BudgetSpent(const trainyard::v1::Job& job,
+                                         trainyard::v1::RestartReason reason, int extra) const;
+  // Fills in the recovery of the job's last restart on the first step report of the next
+  // attempt, and records it (event, metrics).
+  void RecordRecoveryLocked(JobEntry& entry, const trainyard::v1::JobProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestartLostOrStalledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnforceRuntimeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -267,6 +312,7 @@ class JobManager {
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   bool tick_requested_ ABSL_GUARDED_BY(mu_) = false;
+  absl::BitGen jitter_ ABSL_GUARDED_BY(mu_);  // restart backoff
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

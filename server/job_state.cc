@@ -26,7 +26,8 @@ absl::Status CheckJobTransition(JobState from, JobState to) {
       ok = to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED || to == v1::RESTARTING;
       break;
     case v1::RESTARTING:
-      ok = to == v1::PENDING || to == v1::FAILED || to == v1::CANCELLED;
+      // SUCCEEDED: every rank of the ended attempt finished training before it could be stopped.
+      ok = to == v1::PENDING || to == v1::FAILED || to == v1::CANCELLED || to == v1::SUCCEEDED;
       break;
     default:
       ok = false;

@@ -1,5 +1,6 @@
 // trainyard-coordinator: the source of truth of a Trainyard cluster (DESIGN.md, "Processes").
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,7 +40,14 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Base URI for checkpoints of jobs whose spec sets no checkpoint.uri; a job's "
           "checkpoints go to {base}/{job_id}. Default: file://<absolute state_dir>/checkpoints.");
 ABSL_FLAG(absl::Duration, worker_timeout, absl::Seconds(10),
-          "A worker that has not synced for this long is LOST and its jobs fail.");
+          "A worker that has not synced for this long is LOST; the jobs with ranks there restart "
+          "from their latest committed checkpoint.");
+ABSL_FLAG(absl::Duration, restart_backoff, absl::Seconds(1),
+          "Wait before the next attempt of a restarted job: drawn from [d/2, d], d doubling with "
+          "each restart in a row whose attempt never reached a step, up to --restart_backoff_max. "
+          "0 restarts at once.");
+ABSL_FLAG(absl::Duration, restart_backoff_max, absl::Seconds(60),
+          "Upper bound of the restart backoff.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, once the server listens, write the bound port number to this file "
           "(atomically: temp file + rename).");
@@ -115,6 +123,9 @@ int Run() {
   options.event_sink = metrics.get();
   options.checkpoint_root = checkpoint_root;
   options.worker_timeout = absl::GetFlag(FLAGS_worker_timeout);
+  options.restart_backoff = std::max(absl::GetFlag(FLAGS_restart_backoff), absl::ZeroDuration());
+  options.restart_backoff_max =
+      std::max(absl::GetFlag(FLAGS_restart_backoff_max), options.restart_backoff);
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(RealClock::Get(), *std::move(store),
                          std::make_unique<LogStore>(abs_state + "/logs"), options);

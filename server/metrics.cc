@@ -29,7 +29,10 @@ std::string WorkerStateLabel(v1::WorkerState state) { return Lower(v1::WorkerSta
 constexpr v1::JobState kJobStates[] = {v1::PENDING,   v1::SCHEDULED, v1::RUNNING,  v1::RESTARTING,
                                        v1::SUCCEEDED, v1::FAILED,    v1::CANCELLED};
 constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::LOST};
-const char* const kRestartReasons[] = {"preemption", "worker_lost", "hang", "failure"};
+const char* const kRestartReasons[] = {"preemption", "worker_lost", "hang", "infrastructure",
+                                       "failure"};
+const char* const kRecoveryPhases[] = {"detection", "scheduling",      "start",
+                                       "rendezvous", "checkpoint_load", "first_step"};
 const char* const kPreemptionReasons[] = {"cloud_notice", "termination_signal", "other"};
 
 // Families built at scrape time.
@@ -80,27 +83,29 @@ prometheus::Histogram::BucketBoundaries RecoveryBuckets() {
 
 }  // namespace
 
-std::string RestartReasonLabel(absl::string_view reason) {
-  const std::string r = Lower(reason);
-  if (absl::StrContains(r, "preempt") || absl::StrContains(r, "notice")) return "preemption";
-  if (absl::StrContains(r, "lost")) return "worker_lost";
-  if (absl::StrContains(r, "hang") || absl::StrContains(r, "stall") ||
-      absl::StrContains(r, "no progress") || absl::StrContains(r, "no step progress")) {
-    return "hang";
+std::string RestartReasonLabel(v1::RestartReason reason) {
+  switch (reason) {
+    case v1::PREEMPTED:
+      return "preemption";
+    case v1::WORKER_LOST:
+      return "worker_lost";
+    case v1::HANG:
+      return "hang";
+    case v1::INFRASTRUCTURE:
+      return "infrastructure";
+    default:
+      return "failure";
   }
-  return "failure";
 }
 
-std::string PreemptionReasonLabel(absl::string_view reason) {
-  const std::string r = Lower(reason);
-  if (absl::StrContains(r, "notice") || absl::StrContains(r, "metadata") ||
-      absl::StrContains(r, "instance-action") || absl::StrContains(r, "preempted")) {
-    // "preempted" is how GCE's endpoint answers; a signal is named as such below first.
-    if (!absl::StrContains(r, "sigterm") && !absl::StrContains(r, "signal")) return "cloud_notice";
-  }
-  if (absl::StrContains(r, "sigterm") || absl::StrContains(r, "signal") ||
-      absl::StrContains(r, "termination")) {
-    return "termination_signal";
+std::string PreemptionReasonLabel(absl::string_view message) {
+  // The coordinator writes "preemption notice for worker w (SOURCE)"; SOURCE is how the agent
+  // learnt of it: SIGTERM, or the cloud's metadata endpoint (gce, aws).
+  const std::string m = Lower(message);
+  if (absl::StrContains(m, "(sigterm")) return "termination_signal";
+  if (absl::StrContains(m, "(gce") || absl::StrContains(m, "(aws") ||
+      absl::StrContains(m, "(notice")) {
+    return "cloud_notice";
   }
   return "other";
 }
@@ -125,7 +130,7 @@ CoordinatorMetrics::CoordinatorMetrics()
       restarts_(prometheus::BuildCounter()
                     .Name("trainyard_restarts_total")
                     .Help("Job restarts (RESTARTING), by cause: preemption, worker_lost, hang, "
-                          "failure.")
+                          "infrastructure, failure.")
                     .Register(*registry_)),
       preemptions_(prometheus::BuildCounter()
                        .Name("trainyard_preemptions_total")
@@ -139,10 +144,17 @@ CoordinatorMetrics::CoordinatorMetrics()
                       .Add({})),
       recovery_(prometheus::BuildHistogram()
                     .Name("trainyard_restart_recovery_seconds")
-                    .Help("Time from a job entering RESTARTING to the first progress report of "
-                          "its next attempt.")
+                    .Help("Time from the coordinator detecting the end of an attempt to the "
+                          "first step report of the next attempt.")
                     .Register(*registry_)
                     .Add({}, RecoveryBuckets())),
+      recovery_phases_(prometheus::BuildHistogram()
+                           .Name("trainyard_restart_recovery_phase_seconds")
+                           .Help("Parts of a recovery: detection (failure to detection), "
+                                 "scheduling (to placement: stopping the old ranks, backoff, "
+                                 "capacity), start (to every rank running), rendezvous, "
+                                 "checkpoint_load, first_step.")
+                           .Register(*registry_)),
       commit_latency_(prometheus::BuildHistogram()
                           .Name("trainyard_checkpoint_commit_latency_seconds")
                           .Help("Time from the job reaching a checkpoint's step (from its "
@@ -160,6 +172,9 @@ CoordinatorMetrics::CoordinatorMetrics()
   }
   for (const char* reason : kRestartReasons) restarts_.Add({{"reason", reason}});
   for (const char* reason : kPreemptionReasons) preemptions_.Add({{"reason", reason}});
+  for (const char* phase : kRecoveryPhases) {
+    recovery_phases_.Add({{"phase", phase}}, RecoveryBuckets());
+  }
 }
 
 CoordinatorMetrics::~CoordinatorMetrics() = default;
@@ -187,42 +202,41 @@ void CoordinatorMetrics::OnJobTransition(const v1::Job& job, v1::JobState from, 
   if (to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED) {
     finished_.Add({{"state", JobStateLabel(to)}}).Increment();
   }
-  if (to == v1::RESTARTING) {
-    const std::string label = RestartReasonLabel(reason);
-    restarts_.Add({{"reason", label}}).Increment();
-    if (label == "preemption") {
-      preemptions_.Add({{"reason", PreemptionReasonLabel(reason)}}).Increment();
-    }
-    const int64_t lost = job.progress().step() - std::max<int64_t>(job.committed_step(), 0);
-    if (lost > 0) steps_lost_.Increment(static_cast<double>(lost));
+  if (to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED) {
+    absl::MutexLock lock(&mu_);
+    tracks_.erase(job.id());
+  }
+}
+
+void CoordinatorMetrics::OnRestart(const v1::Job& job, const v1::Restart& restart) {
+  const std::string label = RestartReasonLabel(restart.reason());
+  restarts_.Add({{"reason", label}}).Increment();
+  if (restart.reason() == v1::PREEMPTED) {
+    preemptions_.Add({{"reason", PreemptionReasonLabel(restart.message())}}).Increment();
   }
   absl::MutexLock lock(&mu_);
-  const std::string id = job.id();
-  if (to == v1::SUCCEEDED || to == v1::FAILED || to == v1::CANCELLED) {
-    tracks_.erase(id);
-    return;
-  }
-  if (to == v1::RESTARTING) {
-    JobTrack& track = tracks_[id];
-    track.steps.clear();
-    track.restarted = now;
-    track.awaiting_first_step = false;
-  } else if (to == v1::RUNNING) {
-    auto it = tracks_.find(id);
-    if (it != tracks_.end() && it->second.restarted != absl::InfinitePast()) {
-      it->second.awaiting_first_step = true;
-    }
+  auto it = tracks_.find(job.id());
+  if (it != tracks_.end()) it->second.steps.clear();
+}
+
+void CoordinatorMetrics::OnRecovered(const v1::Job& job, const v1::Restart& restart) {
+  if (restart.steps_lost() > 0) steps_lost_.Increment(static_cast<double>(restart.steps_lost()));
+  recovery_.Observe(restart.recovery_seconds());
+  const std::pair<const char*, double> phases[] = {
+      {"detection", restart.detection_seconds()},
+      {"scheduling", restart.scheduling_seconds()},
+      {"start", restart.start_seconds()},
+      {"rendezvous", restart.rendezvous_seconds()},
+      {"checkpoint_load", restart.checkpoint_load_seconds()},
+      {"first_step", restart.first_step_seconds()}};
+  for (const auto& [phase, seconds] : phases) {
+    recovery_phases_.Add({{"phase", phase}}, RecoveryBuckets()).Observe(seconds);
   }
 }
 
 void CoordinatorMetrics::OnProgress(absl::string_view job_id, int64_t step, absl::Time now) {
   absl::MutexLock lock(&mu_);
   JobTrack& track = tracks_[job_id];
-  if (track.awaiting_first_step) {
-    recovery_.Observe(std::max(0.0, absl::ToDoubleSeconds(now - track.restarted)));
-    track.awaiting_first_step = false;
-    track.restarted = absl::InfinitePast();
-  }
   if (!track.steps.empty() && track.steps.back().first >= step) return;
   track.steps.emplace_back(step, now);
   while (track.steps.size() > kTrackedSteps) track.steps.pop_front();

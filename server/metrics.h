@@ -49,6 +49,8 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
   void OnCheckpointCommitted(absl::string_view job_id, int64_t step, absl::Time now,
                              absl::Time save_started) override;
   void OnWorkerLost(absl::string_view worker_id) override;
+  void OnRestart(const trainyard::v1::Job& job, const trainyard::v1::Restart& restart) override;
+  void OnRecovered(const trainyard::v1::Job& job, const trainyard::v1::Restart& restart) override;
 
   // prometheus::Collectable.
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -58,8 +60,6 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
     // (step, when a report first showed it), oldest first, bounded: for commit latency.
     std::deque<std::pair<int64_t, absl::Time>> steps;
     double last_commit_latency_seconds = -1;
-    absl::Time restarted = absl::InfinitePast();  // set while a restart is being recovered
-    bool awaiting_first_step = false;             // RUNNING again after a restart
   };
 
   static void AddJobFamilies(const ClusterMetricsSnapshot& snap,
@@ -74,6 +74,7 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
   prometheus::Family<prometheus::Counter>& preemptions_;
   prometheus::Counter& steps_lost_;
   prometheus::Histogram& recovery_;
+  prometheus::Family<prometheus::Histogram>& recovery_phases_;
   prometheus::Histogram& commit_latency_;
   prometheus::Counter& workers_lost_;
 
@@ -82,12 +83,12 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
   absl::flat_hash_map<std::string, JobTrack> tracks_ ABSL_GUARDED_BY(mu_);
 };
 
-// The `reason` label of trainyard_restarts_total for a restart's recorded reason:
-// "preemption", "worker_lost", "hang" or "failure".
-std::string RestartReasonLabel(absl::string_view reason);
-// The `reason` label of trainyard_preemptions_total: "cloud_notice", "termination_signal" or
-// "other".
-std::string PreemptionReasonLabel(absl::string_view reason);
+// The `reason` label of trainyard_restarts_total: "preemption", "worker_lost", "hang",
+// "infrastructure" or "failure".
+std::string RestartReasonLabel(trainyard::v1::RestartReason reason);
+// The `reason` label of trainyard_preemptions_total for a preemption restart's message (which
+// names how the notice came): "cloud_notice", "termination_signal" or "other".
+std::string PreemptionReasonLabel(absl::string_view message);
 
 }  // namespace trainyard
 

@@ -69,6 +69,11 @@ class JobEventSink {
                                      absl::Time save_started) = 0;
   // A worker's lease ran out.
   virtual void OnWorkerLost(absl::string_view worker_id) = 0;
+  // An attempt ended and the job is RESTARTING for `restart` (the job's last restart).
+  virtual void OnRestart(const trainyard::v1::Job& job, const trainyard::v1::Restart& restart) = 0;
+  // The attempt after `restart` reported its first step: its recovery fields are filled in.
+  virtual void OnRecovered(const trainyard::v1::Job& job,
+                           const trainyard::v1::Restart& restart) = 0;
 };
 
 }  // namespace trainyard

@@ -163,6 +163,31 @@ TEST(ViewsTest, DescribeShowsTasksAndEvents) {
               HasSubstr("2023-11-14T22:13:20+00:00  RUNNING -> FAILED: rank 0 exited with code 2"));
 }
 
+TEST(ViewsTest, DescribeShowsRestartsAndTheirRecovery) {
+  v1::Job job;
+  job.set_id("j-1");
+  job.set_state(v1::RUNNING);
+  job.set_generation(2);
+  job.mutable_spec()->mutable_restart()->set_max_failures(3);
+  v1::Restart* r = job.add_restarts();
+  r->set_generation(1);
+  r->set_reason(v1::PREEMPTED);
+  r->set_message("preemption notice for worker w2 (SIGTERM)");
+  r->set_detected_unix_ms(1'700'000'000'000);
+  r->set_last_step(40);
+  r->set_recovered(true);
+  r->set_resumed_step(40);
+  r->set_steps_lost(0);
+  r->set_recovery_seconds(3.2);
+  r->set_scheduling_seconds(1.0);
+  const std::string text = DescribeJob(job, absl::UTCTimeZone());
+  EXPECT_THAT(text, HasSubstr("Restarts:         1 (failures 0 of 3 allowed; preemptions and "
+                              "other 1 of unlimited)"));
+  EXPECT_THAT(text, HasSubstr("1    preempted  2023-11-14T22:13:20+00:00  40         40       0  "
+                              "   3.2s (detect 0.0, schedule 1.0"));
+  EXPECT_THAT(text, HasSubstr("preemption notice for worker w2 (SIGTERM)"));
+}
+
 TEST(ViewsTest, StateLineNamesTheWorkers) {
   v1::Job job;
   job.set_state(v1::RUNNING);

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "server/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
-#include "tests/server/test_util.h"
+#include "tests/server/job_manager_fixture.h"
 
 namespace trainyard {
 namespace {
@@ -21,81 +21,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-class JobManagerTest : public ::testing::Test {
- protected:
-  void SetUp() override { Open(); }
-
-  void Open(JobManagerOptions options = {}) {
-    options.checkpoint_root = "file:///ckpt";
-    options.worker_timeout = absl::Seconds(10);
-    auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    auto manager = JobManager::Create(clock_, *std::move(store),
-                                      std::make_unique<LogStore>(dir_.path() + "/logs"), options);
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    manager_ = *std::move(manager);
-  }
-
-  void Reopen(JobManagerOptions options = {}) {
-    manager_.reset();
-    Open(options);
-  }
-
-  void Register(const std::string& name, int slots, int gpus = 0) {
-    v1::RegisterWorkerRequest request;
-    request.set_name(name);
-    request.set_slots(slots);
-    request.set_gpus(gpus);
-    auto response = manager_->RegisterWorker(request);
-    ASSERT_TRUE(response.ok()) << response.status();
-    EXPECT_EQ(response->worker_id(), name);
-    EXPECT_EQ(response->lease_timeout_ms(), 10000);
-  }
-
-  v1::SyncResponse Sync(const std::string& worker, uint64_t known = 0, int64_t wait_ms = 0) {
-    v1::SyncRequest request;
-    request.set_worker_id(worker);
-    request.set_known_version(known);
-    request.set_wait_ms(wait_ms);
-    auto response = manager_->Sync(request);
-    EXPECT_TRUE(response.ok()) << response.status();
-    return response.ok() ? *response : v1::SyncResponse();
-  }
-
-  absl::Status Report(const std::string& worker, const std::string& task_id, v1::TaskState state,
-                      int exit_code = 0, const std::string& message = "", int signal = 0) {
-    v1::TaskStatus status;
-    status.set_task_id(task_id);
-    status.set_state(state);
-    status.set_exit_code(exit_code);
-    status.set_signal(signal);
-    status.set_message(message);
-    return manager_->ReportTaskStatus(worker, status);
-  }
-
-  std::string Submit(const v1::JobSpec& spec) {
-    auto job = manager_->SubmitJob(spec);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? job->id() : "";
-  }
-
-  v1::Job Get(const std::string& id) {
-    auto job = manager_->GetJob(id);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? *job : v1::Job();
-  }
-
-  static std::vector<std::string> Reasons(const v1::Job& job) {
-    std::vector<std::string> out;
-    for (const v1::JobEvent& e : job.events()) out.push_back(e.reason());
-    return out;
-  }
-
-  TempDir dir_;
-  FakeClock clock_;
-  std::unique_ptr<JobManager> manager_;
-};
 
 TEST_F(JobManagerTest, SingleJobRunsToSuccess) {
   Register("w1", 2);
@@ -421,7 +346,7 @@ TEST_F(JobManagerTest, SyncLongPollWakesWhenATaskIsPlaced) {
   EXPECT_LT(waited, absl::Seconds(2));
 }
 
-TEST_F(JobManagerTest, LostWorkerFailsItsJobs) {
+TEST_F(JobManagerTest, LostWorkerRestartsItsJobs) {
   Register("w1", 1);
   Register("w2", 1);
   const std::string id = Submit(TestSpec("tiny"));
@@ -433,8 +358,14 @@ TEST_F(JobManagerTest, LostWorkerFailsItsJobs) {
   clock_.Advance(absl::Seconds(4));
   manager_->Tick();
   v1::Job job = Get(id);
-  EXPECT_EQ(job.state(), v1::FAILED);
-  EXPECT_EQ(job.reason(), absl::StrCat("worker ", worker, " lost (no heartbeat for 10s)"));
+  // Its only rank was on the lost worker: nothing to wait for, so straight back to PENDING.
+  EXPECT_EQ(job.state(), v1::PENDING);
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).reason(), v1::WORKER_LOST);
+  EXPECT_EQ(job.restarts(0).message(),
+            absl::StrCat("rank 0 lost: worker ", worker, " lost (no heartbeat for 10s)"));
+  // The lease ran out 10 s after the last heartbeat, which is when it was detected.
+  EXPECT_EQ(job.restarts(0).detected_unix_ms() - job.restarts(0).failed_unix_ms(), 10000);
   for (const v1::Worker& w : manager_->ListWorkers()) {
     EXPECT_EQ(w.state(), w.id() == worker ? v1::LOST : v1::READY) << w.id();
   }
@@ -546,14 +477,17 @@ TEST_F(JobManagerTest, ProgressIsPersistedAtMostOnceASecond) {
   EXPECT_EQ(stored_step(), 4);
 }
 
-TEST_F(JobManagerTest, ReRegisteringWithoutARunningTaskFailsItsJob) {
+TEST_F(JobManagerTest, ReRegisteringWithoutARunningTaskRestartsItsJob) {
   Register("w1", 1);
   const std::string id = Submit(TestSpec("tiny"));
   manager_->Tick();
   ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
   Register("w1", 1);  // the agent restarted and runs nothing
-  EXPECT_EQ(Get(id).state(), v1::FAILED);
-  EXPECT_THAT(Get(id).reason(), HasSubstr("rank 0 lost"));
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).reason(), v1::WORKER_LOST);
+  EXPECT_THAT(job.restarts(0).message(), HasSubstr("rank 0 lost"));
 }
 
 TEST_F(JobManagerTest, ShipLogsIsIdempotentAndStreamsByRank) {

@@ -178,23 +178,28 @@ TEST_F(MetricsTest, LostWorkerIsCounted) {
 TEST(CoordinatorMetricsTest, RestartsArePresentAtZeroAndCountedByReason) {
   CoordinatorMetrics metrics;
   std::string text = Scrape(metrics);
-  for (const char* reason : {"preemption", "worker_lost", "hang", "failure"}) {
+  for (const char* reason : {"preemption", "worker_lost", "hang", "infrastructure", "failure"}) {
     EXPECT_EQ(Value(text, absl::StrCat(R"(trainyard_restarts_total{reason=")", reason, "\"}")), 0)
         << reason;
   }
   EXPECT_EQ(Value(text, R"(trainyard_preemptions_total{reason="cloud_notice"})"), 0);
+  EXPECT_EQ(Value(text, R"(trainyard_restart_recovery_phase_seconds_count{phase="rendezvous"})"),
+            0);
 
   v1::Job job;
   job.set_id("j-1");
-  job.mutable_progress()->set_step(30);
-  job.set_committed_step(20);
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
-  metrics.OnJobTransition(job, v1::RUNNING, v1::RESTARTING,
-                          "worker w2 preempted: SIGTERM to the agent", t0);
-  metrics.OnJobTransition(job, v1::RESTARTING, v1::PENDING, "restarting", t0);
-  metrics.OnJobTransition(job, v1::SCHEDULED, v1::RUNNING, "rank 0 running", t0);
-  metrics.OnProgress("j-1", 21, t0 + absl::Seconds(4));
-  metrics.OnJobTransition(job, v1::RUNNING, v1::RESTARTING, "worker w1 lost (no heartbeat)", t0);
+  v1::Restart preempted;
+  preempted.set_reason(v1::PREEMPTED);
+  preempted.set_message("preemption notice for worker w2 (SIGTERM): rank 1 exited with code 143");
+  metrics.OnRestart(job, preempted);
+  v1::Restart lost;
+  lost.set_reason(v1::WORKER_LOST);
+  metrics.OnRestart(job, lost);
+  lost.set_recovered(true);
+  lost.set_steps_lost(20);
+  lost.set_recovery_seconds(4);
+  lost.set_rendezvous_seconds(0.5);
+  metrics.OnRecovered(job, lost);
   text = Scrape(metrics);
   EXPECT_EQ(Value(text, R"(trainyard_restarts_total{reason="preemption"})"), 1);
   EXPECT_EQ(Value(text, R"(trainyard_restarts_total{reason="worker_lost"})"), 1);
@@ -202,6 +207,8 @@ TEST(CoordinatorMetricsTest, RestartsArePresentAtZeroAndCountedByReason) {
   EXPECT_EQ(Value(text, "trainyard_restart_lost_steps_total"), 20);
   EXPECT_EQ(Value(text, "trainyard_restart_recovery_seconds_count"), 1);
   EXPECT_EQ(Value(text, "trainyard_restart_recovery_seconds_sum"), 4);
+  EXPECT_EQ(Value(text, R"(trainyard_restart_recovery_phase_seconds_sum{phase="rendezvous"})"),
+            0.5);
 }
 
 TEST(CoordinatorMetricsTest, CommitThatOvertakesProgressReportsIsTimedAtTheStepRate) {
@@ -228,14 +235,18 @@ TEST(CoordinatorMetricsTest, CommitLatencyRunsFromTheTrainersSnapshot) {
 }
 
 TEST(CoordinatorMetricsTest, ReasonLabels) {
-  EXPECT_EQ(RestartReasonLabel("worker w1 lost (no heartbeat for 10s)"), "worker_lost");
-  EXPECT_EQ(RestartReasonLabel("preemption notice from the cloud"), "preemption");
-  EXPECT_EQ(RestartReasonLabel("no step progress for 10m (hang)"), "hang");
-  EXPECT_EQ(RestartReasonLabel("rank 1 exited with code 1"), "failure");
-  EXPECT_EQ(PreemptionReasonLabel("preemption notice (metadata endpoint)"), "cloud_notice");
-  EXPECT_EQ(PreemptionReasonLabel("preempted: SIGTERM to the agent"), "termination_signal");
-  EXPECT_EQ(PreemptionReasonLabel("preempted"), "cloud_notice");
-  EXPECT_EQ(PreemptionReasonLabel("preemption"), "other");
+  EXPECT_EQ(RestartReasonLabel(v1::WORKER_LOST), "worker_lost");
+  EXPECT_EQ(RestartReasonLabel(v1::PREEMPTED), "preemption");
+  EXPECT_EQ(RestartReasonLabel(v1::HANG), "hang");
+  EXPECT_EQ(RestartReasonLabel(v1::INFRASTRUCTURE), "infrastructure");
+  EXPECT_EQ(RestartReasonLabel(v1::FAILURE), "failure");
+  EXPECT_EQ(PreemptionReasonLabel("preemption notice for worker w (gce): rank 0 ..."),
+            "cloud_notice");
+  EXPECT_EQ(PreemptionReasonLabel("preemption notice for worker w (aws): rank 0 ..."),
+            "cloud_notice");
+  EXPECT_EQ(PreemptionReasonLabel("preemption notice for worker w (SIGTERM): rank 0 ..."),
+            "termination_signal");
+  EXPECT_EQ(PreemptionReasonLabel("rank 0 lost: worker w lost"), "other");
 }
 
 }  // namespace

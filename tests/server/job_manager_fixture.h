@@ -1,0 +1,96 @@
+#ifndef TRAINYARD_TESTS_SERVER_JOB_MANAGER_FIXTURE_H_
+#define TRAINYARD_TESTS_SERVER_JOB_MANAGER_FIXTURE_H_
+
+// A JobManager on a SQLite store in a temp dir and a fake clock, with helpers that act as the
+// agents would.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/job_manager.h"
+#include "server/sqlite_job_store.h"
+#include "tests/common/fake_clock.h"
+#include "tests/server/test_util.h"
+
+namespace trainyard {
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(); }
+
+  void Open(JobManagerOptions options = {}) {
+    options.checkpoint_root = "file:///ckpt";
+    options.worker_timeout = absl::Seconds(10);
+    auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto manager = JobManager::Create(clock_, *std::move(store),
+                                      std::make_unique<LogStore>(dir_.path() + "/logs"), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+  }
+
+  void Reopen(JobManagerOptions options = {}) {
+    manager_.reset();
+    Open(options);
+  }
+
+  void Register(const std::string& name, int slots, int gpus = 0) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.set_slots(slots);
+    request.set_gpus(gpus);
+    auto response = manager_->RegisterWorker(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->worker_id(), name);
+    EXPECT_EQ(response->lease_timeout_ms(), 10000);
+  }
+
+  v1::SyncResponse Sync(const std::string& worker, uint64_t known = 0, int64_t wait_ms = 0) {
+    v1::SyncRequest request;
+    request.set_worker_id(worker);
+    request.set_known_version(known);
+    request.set_wait_ms(wait_ms);
+    auto response = manager_->Sync(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : v1::SyncResponse();
+  }
+
+  absl::Status Report(const std::string& worker, const std::string& task_id, v1::TaskState state,
+                      int exit_code = 0, const std::string& message = "", int signal = 0) {
+    v1::TaskStatus status;
+    status.set_task_id(task_id);
+    status.set_state(state);
+    status.set_exit_code(exit_code);
+    status.set_signal(signal);
+    status.set_message(message);
+    return manager_->ReportTaskStatus(worker, status);
+  }
+
+  std::string Submit(const v1::JobSpec& spec) {
+    auto job = manager_->SubmitJob(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  }
+
+  v1::Job Get(const std::string& id) {
+    auto job = manager_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  static std::vector<std::string> Reasons(const v1::Job& job) {
+    std::vector<std::string> out;
+    for (const v1::JobEvent& e : job.events()) out.push_back(e.reason());
+    return out;
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_TESTS_SERVER_JOB_MANAGER_FIXTURE_H_

@@ -1,0 +1,378 @@
+// The JobManager's restart policy: lost workers, hangs, preemption notices, failures and their
+// budgets, backoff, recovery records, fencing of old attempts.
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/job_manager_fixture.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+class RecoveryTest : public JobManagerTest {
+ protected:
+  // Places `id` (all workers given keep their leases) and reports every rank running. Returns
+  // the worker of each rank.
+  std::vector<std::string> Start(const std::string& id) {
+    manager_->Tick();
+    const v1::Job job = Get(id);
+    EXPECT_EQ(job.state(), v1::SCHEDULED) << job.reason();
+    std::vector<std::string> workers;
+    for (const v1::TaskInfo& t : job.tasks()) {
+      if (t.generation() != job.generation()) continue;
+      EXPECT_TRUE(Report(t.worker_id(), t.task_id(), v1::TASK_RUNNING).ok());
+      workers.push_back(t.worker_id());
+    }
+    EXPECT_EQ(Get(id).state(), v1::RUNNING);
+    return workers;
+  }
+
+  std::string TaskOf(const std::string& id, int rank) {
+    const v1::Job job = Get(id);
+    return absl::StrCat(id, ".g", job.generation(), ".r", rank);
+  }
+
+  absl::Status Progress(const std::string& id, int64_t generation, int64_t step,
+                        int64_t start_step = 0) {
+    v1::JobProgress progress;
+    progress.set_step(step);
+    progress.set_attempt_start_step(start_step);
+    progress.set_rendezvous_seconds(0.25);
+    progress.set_checkpoint_load_seconds(0.5);
+    return manager_->ReportProgress(id, generation, 0, progress);
+  }
+
+  absl::Status Commit(const std::string& id, int64_t generation, int64_t step) {
+    v1::CommitCheckpointRequest request;
+    request.set_job_id(id);
+    request.set_generation(generation);
+    request.set_step(step);
+    request.set_uri(absl::StrFormat("file:///ckpt/%s/step-%012d", id, step));
+    return manager_->CommitCheckpoint(request).status();
+  }
+
+  // Lets the restart backoff pass (it is at most the cap) and schedules.
+  void PassBackoff(const std::string& id) {
+    const v1::Job job = Get(id);
+    ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
+    clock_.Advance(absl::Milliseconds(job.restarts(job.restarts_size() - 1).backoff_ms()));
+  }
+
+  // Renews every lease but `except`'s.
+  void KeepAlive(const std::vector<std::string>& workers, const std::string& except = "") {
+    for (const std::string& w : workers) {
+      if (w != except) Sync(w);
+    }
+  }
+};
+
+TEST_F(RecoveryTest, LostWorkerRestartsTheGangFromTheCommittedStep) {
+  Register("w1", 1);
+  Register("w2", 1);
+  Register("w3", 1);
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  const std::vector<std::string> workers = Start(id);
+  ASSERT_THAT(workers, SizeIs(2));
+  ASSERT_TRUE(Progress(id, 1, 10).ok());
+  ASSERT_TRUE(Commit(id, 1, 10).ok());
+  ASSERT_TRUE(Progress(id, 1, 14).ok());
+
+  // Rank 1's machine vanishes: its lease runs out.
+  const std::string dead = workers[1];
+  const std::string survivor = workers[0];
+  clock_.Advance(absl::Seconds(6));
+  KeepAlive({"w1", "w2", "w3"}, dead);
+  clock_.Advance(absl::Seconds(4));
+  manager_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING) << job.reason();
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).reason(), v1::WORKER_LOST);
+  EXPECT_EQ(job.restarts(0).generation(), 1);
+  EXPECT_EQ(job.restarts(0).last_step(), 14);
+  EXPECT_THAT(job.reason(), HasSubstr("restarting (worker lost): rank 1 lost"));
+  // The surviving rank leaves its worker's desired state (its agent stops it), and the job
+  // waits for it before the next attempt.
+  EXPECT_THAT(Sync(survivor).tasks(), IsEmpty());
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::RESTARTING);
+  ASSERT_TRUE(Report(survivor, id + ".g1.r0", v1::TASK_STOPPED, 143).ok());
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
+  // First restart: backoff in [restart_backoff / 2, restart_backoff].
+  EXPECT_GE(job.restarts(0).backoff_ms(), 500);
+  EXPECT_LE(job.restarts(0).backoff_ms(), 1000);
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::PENDING) << "placed before the backoff passed";
+
+  PassBackoff(id);
+  KeepAlive({survivor, "w3"});
+  Start(id);
+  job = Get(id);
+  EXPECT_EQ(job.generation(), 2);
+  for (const v1::TaskInfo& t : job.tasks()) {
+    if (t.generation() == 2) {
+      EXPECT_NE(t.worker_id(), dead);
+    }
+  }
+  auto task = manager_->TaskFor(id + ".g2.r0");
+  ASSERT_TRUE(task.ok());
+  ASSERT_THAT(task->resume_checkpoints(), SizeIs(1));
+  EXPECT_THAT(task->resume_checkpoints(0), HasSubstr("step-000000000010"));
+
+  // A trainer of the old attempt that comes back late is refused.
+  absl::Status stale = Progress(id, 1, 15);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stale.message(), HasSubstr("stale generation 1, current 2"));
+  EXPECT_EQ(Commit(id, 1, 15).code(), absl::StatusCode::kFailedPrecondition);
+
+  // The new attempt's first step completes the restart's record.
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Progress(id, 2, 11, /*start_step=*/10).ok());
+  job = Get(id);
+  const v1::Restart& r = job.restarts(0);
+  EXPECT_TRUE(r.recovered());
+  EXPECT_EQ(r.resumed_step(), 10);
+  EXPECT_EQ(r.steps_lost(), 4);
+  EXPECT_DOUBLE_EQ(r.detection_seconds(), 10.0);
+  EXPECT_DOUBLE_EQ(r.rendezvous_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(r.checkpoint_load_seconds(), 0.5);
+  EXPECT_NEAR(r.recovery_seconds(),
+              r.scheduling_seconds() + r.start_seconds() + r.rendezvous_seconds() +
+                  r.checkpoint_load_seconds() + r.first_step_seconds(),
+              1e-9);
+  EXPECT_THAT(job.events(job.events_size() - 1).reason(),
+              HasSubstr("recovered from worker lost: attempt 2 resumed at step 10, 4 steps lost"));
+}
+
+TEST_F(RecoveryTest, InfrastructureErrorOfAPeerIsBlamedOnTheLostWorker) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  const std::vector<std::string> workers = Start(id);
+  // Rank 0 sees its peer's connection drop before rank 1's lease runs out.
+  ASSERT_TRUE(Report(workers[0], TaskOf(id, 0), v1::TASK_EXITED, 3, "peer lost").ok());
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING);
+  EXPECT_EQ(job.restarts(0).reason(), v1::INFRASTRUCTURE);
+  clock_.Advance(absl::Seconds(10));
+  KeepAlive({workers[0]});
+  manager_->Tick();
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
+  EXPECT_EQ(job.restarts(0).reason(), v1::WORKER_LOST);
+}
+
+TEST_F(RecoveryTest, FailuresDrawOnMaxFailures) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("broken");
+  spec.mutable_restart()->set_max_failures(1);
+  const std::string id = Submit(spec);
+  Start(id);
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 2, "data.train: no files").ok());
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
+  EXPECT_EQ(job.restarts(0).reason(), v1::FAILURE);
+  PassBackoff(id);
+  Sync("w1");
+  Start(id);
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 2, "data.train: no files").ok());
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.generation(), 2);
+  EXPECT_EQ(job.reason(),
+            "rank 0 exited with code 2: data.train: no files (2 failures; restart.max_failures "
+            "is 1)");
+}
+
+TEST_F(RecoveryTest, APeerFailureFoundWhileRestartingSpendsTheFailureBudget) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string id = Submit(TestSpec("dp", 2, 2));  // max_failures 0
+  const std::vector<std::string> workers = Start(id);
+  ASSERT_TRUE(Report(workers[0], TaskOf(id, 0), v1::TASK_EXITED, 3, "peer lost").ok());
+  ASSERT_EQ(Get(id).state(), v1::RESTARTING);
+  ASSERT_TRUE(Report(workers[1], TaskOf(id, 1), v1::TASK_EXITED, 1, "out of memory").ok());
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(), "rank 1 exited with code 1: out of memory");
+}
+
+TEST_F(RecoveryTest, StalledAttemptRestartsAsAHang) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("stuck");
+  spec.set_stall_timeout_seconds(30);
+  const std::string id = Submit(spec);
+  Start(id);
+  ASSERT_TRUE(Progress(id, 1, 5).ok());
+  clock_.Advance(absl::Seconds(20));
+  Sync("w1");
+  ASSERT_TRUE(Progress(id, 1, 5).ok());  // alive, but no new step
+  clock_.Advance(absl::Seconds(9));
+  Sync("w1");
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  clock_.Advance(absl::Seconds(1));
+  Sync("w1");
+  manager_->Tick();
+  const v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING);
+  EXPECT_EQ(job.restarts(0).reason(), v1::HANG);
+  EXPECT_EQ(job.restarts(0).message(), "no step progress for 30s (stall_timeout; last step 5)");
+  // The stopped rank ends the wait.
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_STOPPED, 0, "", 9).ok());
+  EXPECT_EQ(Get(id).state(), v1::PENDING);
+}
+
+TEST_F(RecoveryTest, PreemptionNoticeStopsTheGangAtOneStepAndRestartsElsewhere) {
+  Register("w1", 1);
+  Register("w2", 1);
+  Register("w3", 1);
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  const std::vector<std::string> workers = Start(id);
+  ASSERT_TRUE(Progress(id, 1, 17).ok());
+
+  const std::string preempted = workers[1];
+  v1::ReportPreemptionRequest notice;
+  notice.set_worker_id(preempted);
+  notice.set_deadline_unix_ms(absl::ToUnixMillis(clock_.Now() + absl::Seconds(25)));
+  notice.set_source("SIGTERM");
+  ASSERT_TRUE(manager_->ReportPreemption(notice).ok());
+  ASSERT_TRUE(manager_->ReportPreemption(notice).ok());  // idempotent
+  for (const v1::Worker& w : manager_->ListWorkers()) {
+    EXPECT_EQ(w.state(), w.id() == preempted ? v1::DRAINING : v1::READY) << w.id();
+  }
+  // Every rank, on every worker, is told to save and stop by the deadline.
+  for (const std::string& w : workers) {
+    v1::SyncResponse sync = Sync(w);
+    ASSERT_THAT(sync.tasks(), SizeIs(1));
+    EXPECT_EQ(sync.tasks(0).stop_deadline_unix_ms(), notice.deadline_unix_ms());
+  }
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_THAT(job.events(job.events_size() - 1).reason(),
+              HasSubstr(absl::StrCat("preemption notice for worker ", preempted, " (SIGTERM)")));
+
+  // The gang agreed on step 20; rank 1 is out first, rank 0 commits and reports after.
+  ASSERT_TRUE(Report(preempted, TaskOf(id, 1), v1::TASK_EXITED, 143, "stopped at step 20").ok());
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING);
+  EXPECT_EQ(job.restarts(0).reason(), v1::PREEMPTED);
+  EXPECT_THAT(job.restarts(0).message(), HasSubstr("(SIGTERM)"));
+  ASSERT_TRUE(Commit(id, 1, 20).ok());
+  ASSERT_TRUE(Progress(id, 1, 20).ok());
+  ASSERT_TRUE(Report(workers[0], TaskOf(id, 0), v1::TASK_EXITED, 143, "stopped").ok());
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING);
+  EXPECT_EQ(job.committed_step(), 20);
+  EXPECT_EQ(job.restarts(0).last_step(), 20);
+
+  // Nothing new goes to the draining worker.
+  PassBackoff(id);
+  KeepAlive({"w1", "w2", "w3"});
+  Start(id);
+  job = Get(id);
+  for (const v1::TaskInfo& t : job.tasks()) {
+    if (t.generation() == 2) {
+      EXPECT_NE(t.worker_id(), preempted);
+      EXPECT_EQ(t.stop_deadline_unix_ms(), 0);
+    }
+  }
+  ASSERT_TRUE(Progress(id, 2, 21, /*start_step=*/20).ok());
+  EXPECT_EQ(Get(id).restarts(0).steps_lost(), 0);
+}
+
+TEST_F(RecoveryTest, PreemptionsHaveTheirOwnBudget) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("spot");
+  spec.mutable_restart()->set_max_preemptions(1);
+  const std::string id = Submit(spec);
+  Start(id);
+  Register("w1", 1);  // the machine came back as new, without the task
+  PassBackoff(id);
+  Start(id);
+  Register("w1", 1);
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("restart.max_preemptions is 1"));
+}
+
+TEST_F(RecoveryTest, BackoffGrowsWhileAttemptsMakeNoProgressAndResetsAfter) {
+  Register("w1", 1);
+  JobManagerOptions options;
+  options.restart_backoff = absl::Seconds(1);
+  options.restart_backoff_max = absl::Seconds(3);
+  Reopen(options);
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("flaky"));
+  auto fail_once = [&] {
+    Start(id);
+    EXPECT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 3, "store down").ok());
+    const v1::Job job = Get(id);
+    EXPECT_EQ(job.state(), v1::PENDING);
+    return job.restarts(job.restarts_size() - 1).backoff_ms();
+  };
+  const int64_t b1 = fail_once();
+  EXPECT_GE(b1, 500);
+  EXPECT_LE(b1, 1000);
+  PassBackoff(id);
+  const int64_t b2 = fail_once();
+  EXPECT_GE(b2, 1000);
+  EXPECT_LE(b2, 2000);
+  PassBackoff(id);
+  const int64_t b3 = fail_once();  // capped at 3 s
+  EXPECT_GE(b3, 1500);
+  EXPECT_LE(b3, 3000);
+  PassBackoff(id);
+  Start(id);
+  ASSERT_TRUE(Progress(id, 4, 1).ok());  // this attempt trains
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 3, "store down").ok());
+  const v1::Job job = Get(id);
+  EXPECT_LE(job.restarts(job.restarts_size() - 1).backoff_ms(), 1000);
+}
+
+TEST_F(RecoveryTest, RestartInProgressSurvivesACoordinatorRestart) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  const std::vector<std::string> workers = Start(id);
+  ASSERT_TRUE(Report(workers[0], TaskOf(id, 0), v1::TASK_EXITED, 3, "peer lost").ok());
+  ASSERT_EQ(Get(id).state(), v1::RESTARTING);
+  Reopen();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING);
+  ASSERT_EQ(job.restarts_size(), 1);
+  ASSERT_TRUE(Report(workers[1], TaskOf(id, 1), v1::TASK_STOPPED, 143).ok());
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  EXPECT_EQ(job.restarts(0).reason(), v1::INFRASTRUCTURE);
+}
+
+TEST_F(RecoveryTest, AttemptThatFinishesWhileRestartingSucceeds) {
+  Register("w1", 1);
+  Register("w2", 1);
+  v1::JobSpec spec = TestSpec("dp", 2, 2);
+  spec.set_stall_timeout_seconds(5);
+  const std::string id = Submit(spec);
+  const std::vector<std::string> workers = Start(id);
+  clock_.Advance(absl::Seconds(5));
+  KeepAlive(workers);
+  manager_->Tick();
+  ASSERT_EQ(Get(id).state(), v1::RESTARTING);
+  // Both ranks were saving their final checkpoint, slowly, and finish before the stop lands.
+  ASSERT_TRUE(Report(workers[0], TaskOf(id, 0), v1::TASK_EXITED, 0).ok());
+  EXPECT_EQ(Get(id).state(), v1::RESTARTING);
+  ASSERT_TRUE(Report(workers[1], TaskOf(id, 1), v1::TASK_EXITED, 0).ok());
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace trainyard
