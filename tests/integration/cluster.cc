@@ -220,13 +220,14 @@ void Cluster::StartCoordinator() {
   const std::string metrics_port_file = root_.path() + "/coordinator.metrics_port";
   fs::remove(metrics_port_file);
   const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
-  coordinator_ = std::make_unique<Process>(
-      std::vector<std::string>{
-          BinDir() + "/trainyard-coordinator", "--listen=" + listen, "--state_dir=" + state_dir_,
-          "--port_file=" + port_file,
-          absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
-          "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + metrics_port_file},
-      root_.path() + "/coordinator.log", options_.env);
+  std::vector<std::string> argv = {
+      BinDir() + "/trainyard-coordinator", "--listen=" + listen, "--state_dir=" + state_dir_,
+      "--port_file=" + port_file,
+      absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
+      "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + metrics_port_file};
+  argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  coordinator_ =
+      std::make_unique<Process>(std::move(argv), root_.path() + "/coordinator.log", options_.env);
   std::string port;
   const bool ready = PollUntil(
       [&] {
@@ -252,14 +253,14 @@ void Cluster::KillCoordinator(int sig) {
 void Cluster::StartWorker(int i) {
   const std::string dir = worker_dir(i);
   fs::create_directories(dir);
-  workers_.push_back(std::make_unique<Process>(
-      std::vector<std::string>{BinDir() + "/trainyard-worker", "--coordinator=" + address_,
-                               absl::StrCat("--name=worker-", i), "--address=127.0.0.1",
-                               absl::StrCat("--slots=", options_.slots_per_worker), "--gpus=0",
-                               "--work_dir=" + dir, "--stop_grace_period=5s",
-                               "--metrics_listen=127.0.0.1:0",
-                               "--metrics_port_file=" + dir + ".metrics_port"},
-      dir + ".log", options_.env));
+  std::vector<std::string> argv = {BinDir() + "/trainyard-worker", "--coordinator=" + address_,
+                                   absl::StrCat("--name=worker-", i), "--address=127.0.0.1",
+                                   absl::StrCat("--slots=", options_.slots_per_worker), "--gpus=0",
+                                   "--work_dir=" + dir, "--stop_grace_period=5s",
+                                   "--metrics_listen=127.0.0.1:0",
+                                   "--metrics_port_file=" + dir + ".metrics_port"};
+  argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
+  workers_.push_back(std::make_unique<Process>(std::move(argv), dir + ".log", options_.env));
 }
 
 void Cluster::WaitForWorkers() {

@@ -1,0 +1,273 @@
+// Automatic recovery on the real coordinator, worker agents and trainers on loopback: lost
+// workers, preemption notices (SIGTERM and the cloud endpoints), failures and their budget, a
+// coordinator killed mid-job, hangs, elastic restarts and fencing of old attempts.
+
+#include <signal.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/safetensors.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
+#include "trainyard/v1/agent_service.grpc.pb.h"
+
+namespace trainyard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using trainyard::v1::Job;
+
+// A data-parallel job that takes a few seconds: big enough per step that a failure lands
+// mid-job, small enough to train fast. No dropout and no shuffling randomness beyond the seed,
+// so an interrupted run can be compared with an uninterrupted one.
+std::string RecoveryJob(const std::string& name, const std::string& workers, int64_t max_steps,
+                        const std::string& extra = "") {
+  return absl::StrCat("name: ", name, R"(
+strategy: data_parallel
+workers: )",
+                      workers, R"(
+model:
+  builtin: mlp
+  args: {inputs: 32, hidden: [256, 256], classes: 4}
+data:
+  synthetic: {samples: 4096, features: 32, classes: 4, noise: 0.5}
+batch_size: 48
+optimizer: {name: sgd, lr: 0.02, momentum: 0.9}
+log_every_steps: 10
+seed: 11
+collective_timeout: 30s
+checkpoint: {every_steps: 25, keep_last: 2}
+max_steps: )",
+                      max_steps, "\n", extra);
+}
+
+ClusterOptions Workers(int n) {
+  ClusterOptions options;
+  options.workers = n;
+  options.slots_per_worker = 1;
+  options.worker_timeout = absl::Seconds(2);
+  options.coordinator_args = {"--restart_backoff=200ms"};
+  options.worker_args = {"--sync_wait=500ms"};
+  return options;
+}
+
+int WorkerIndex(const std::string& worker_id) {
+  int i = -1;
+  return absl::SimpleAtoi(absl::StripPrefix(worker_id, "worker-"), &i) ? i : -1;
+}
+
+// The worker index running `rank` of the job's current attempt, -1 if none.
+int WorkerOfRank(const Job& job, int rank) {
+  for (const auto& t : job.tasks()) {
+    if (t.generation() == job.generation() && t.rank() == rank) return WorkerIndex(t.worker_id());
+  }
+  return -1;
+}
+
+std::string TaskId(const Job& job, int rank) {
+  return absl::StrCat(job.id(), ".g", job.generation(), ".r", rank);
+}
+
+// The parameters in the job's newest committed checkpoint (a file:// URI), by name.
+std::map<std::string, std::vector<float>> CommittedModel(const Job& job) {
+  std::map<std::string, std::vector<float>> out;
+  const std::string dir = absl::StrFormat(
+      "%s/step-%012d", absl::StripPrefix(job.checkpoint_uri(), "file://"), job.committed_step());
+  absl::StatusOr<SafetensorsFile> file = DecodeSafetensors(ReadFile(dir + "/model.safetensors"));
+  if (!file.ok()) {
+    ADD_FAILURE() << dir << ": " << file.status();
+    return out;
+  }
+  for (const TensorView& t : file->tensors) {
+    if (t.dtype != "F32") continue;
+    std::vector<float>& values = out[t.name];
+    values.resize(t.data.size() / sizeof(float));
+    std::memcpy(values.data(), t.data.data(), t.data.size());
+  }
+  return out;
+}
+
+double MaxDifference(const std::map<std::string, std::vector<float>>& a,
+                     const std::map<std::string, std::vector<float>>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, values] : a) {
+    auto it = b.find(name);
+    if (it == b.end() || it->second.size() != values.size()) {
+      ADD_FAILURE() << "tensor " << name << " differs in presence or size";
+      return INFINITY;
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(values[i] - it->second[i])));
+    }
+  }
+  return worst;
+}
+
+// Runs `yaml` to SUCCEEDED and returns the final job.
+Job RunToSuccess(Cluster& cluster, const std::string& yaml) {
+  auto submitted = cluster.Submit(yaml);
+  EXPECT_TRUE(submitted.ok()) << submitted.status();
+  if (!submitted.ok()) return Job();
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  EXPECT_TRUE(done.ok()) << done.status();
+  if (!done.ok()) return Job();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  return *done;
+}
+
+TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
+  Cluster cluster(Workers(3));
+  const Job reference = RunToSuccess(cluster, RecoveryJob("reference", "2", 400));
+
+  auto submitted = cluster.Submit(RecoveryJob("survivor", "2", 400));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
+    return job.state() == v1::RUNNING && job.committed_step() >= 50;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->state(), v1::RUNNING) << running->reason();
+  // The machine of rank 1 vanishes: its agent and its trainer die at once.
+  const int victim = WorkerOfRank(*running, 1);
+  ASSERT_GE(victim, 0);
+  std::optional<pid_t> trainer = cluster.TrainerPid(victim, TaskId(*running, 1));
+  ASSERT_TRUE(trainer.has_value());
+  cluster.worker(victim).Signal(SIGKILL);
+  kill(*trainer, SIGKILL);
+
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ASSERT_EQ(done->restarts_size(), 1);
+  EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST) << done->restarts(0).message();
+  EXPECT_TRUE(done->restarts(0).recovered());
+  EXPECT_EQ(done->generation(), 2);
+  const auto describe = cluster.Cli({"describe", submitted->id()});
+  EXPECT_THAT(describe.output, HasSubstr("worker_lost"));
+  EXPECT_THAT(describe.output, HasSubstr("Restarts:         1"));
+  EXPECT_LE(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 1e-5);
+
+  // A trainer of the first attempt that reports now is refused.
+  auto channel = grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::AgentService::NewStub(channel);
+  grpc::ClientContext context;
+  v1::ReportProgressRequest request;
+  request.set_job_id(submitted->id());
+  request.set_generation(1);
+  request.mutable_progress()->set_step(5);
+  v1::ReportProgressResponse response;
+  const grpc::Status stale = stub->ReportProgress(&context, request, &response);
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST(RecoveryTest, FailingJobStopsAfterMaxFailuresWithItsCause) {
+  Cluster cluster(Workers(1));
+  // A spec whose data cannot be read fails the same way on every attempt.
+  const std::string yaml = R"(name: always-fails
+model: {builtin: mlp, args: {inputs: 4, hidden: [8], classes: 2}}
+data: {train: /nonexistent/train-*.safetensors}
+max_steps: 10
+restart: {max_failures: 1}
+)";
+  auto broken = cluster.Submit(yaml);
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  auto done = cluster.WaitForFinal(broken->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::FAILED);
+  EXPECT_EQ(done->generation(), 2);
+  ASSERT_EQ(done->restarts_size(), 1);
+  EXPECT_EQ(done->restarts(0).reason(), v1::FAILURE);
+  EXPECT_THAT(done->reason(), HasSubstr("data.train"));
+  EXPECT_THAT(done->reason(), HasSubstr("restart.max_failures is 1"));
+}
+
+TEST(RecoveryTest, StalledRankIsRestartedAsAHang) {
+  Cluster cluster(Workers(1));
+  auto submitted = cluster.Submit(SyntheticJobYaml("stall", 100000000, "stall_timeout: 3s\n"));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
+    return job.state() == v1::RUNNING && job.progress().step() >= 5;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  std::optional<pid_t> trainer = cluster.TrainerPid(0, TaskId(*running, 0));
+  ASSERT_TRUE(trainer.has_value());
+  ASSERT_EQ(kill(*trainer, SIGSTOP), 0);
+  // Alive (its agent keeps the lease) but no progress: a hang, and a new attempt.
+  auto restarted = cluster.WaitFor(
+      submitted->id(),
+      [](const Job& job) { return job.restarts_size() > 0 && job.restarts(0).recovered(); },
+      absl::Seconds(60));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_GE(restarted->restarts_size(), 1) << restarted->reason();
+  EXPECT_EQ(restarted->restarts(0).reason(), v1::HANG);
+  EXPECT_THAT(restarted->restarts(0).message(), HasSubstr("no step progress for 3s"));
+  EXPECT_FALSE(ProcessAlive(*trainer));  // the agent killed the frozen trainer
+  EXPECT_EQ(cluster.Cli({"cancel", submitted->id()}).exit_code, 0);
+}
+
+TEST(RecoveryTest, CoordinatorKilledMidJobComesBackAndTheJobSucceeds) {
+  Cluster cluster(Workers(2));
+  auto submitted = cluster.Submit(RecoveryJob("durable", "2", 400));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
+    return job.state() == v1::RUNNING && job.committed_step() >= 25;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  // Acknowledged just before the crash: it must exist after.
+  auto queued = cluster.Submit(SyntheticJobYaml("acknowledged", 5));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  cluster.KillCoordinator(SIGKILL);
+  cluster.StartCoordinator();
+
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  // The trainers kept training and reported again: the same attempt, never a second one.
+  EXPECT_EQ(done->generation(), 1);
+  EXPECT_EQ(done->restarts_size(), 0);
+  auto acknowledged = cluster.WaitForFinal(queued->id(), absl::Seconds(120));
+  ASSERT_TRUE(acknowledged.ok()) << acknowledged.status();
+  EXPECT_EQ(acknowledged->state(), v1::SUCCEEDED) << acknowledged->reason();
+}
+
+TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
+  Cluster cluster(Workers(3));
+  const Job reference = RunToSuccess(cluster, RecoveryJob("elastic-reference", "3", 400));
+
+  auto submitted = cluster.Submit(RecoveryJob("elastic", "{min: 2, max: 3}", 400));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
+    return job.state() == v1::RUNNING && job.committed_step() >= 50;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->progress().world_size(), 3);
+  const int victim = WorkerOfRank(*running, 2);
+  ASSERT_GE(victim, 0);
+  std::optional<pid_t> trainer = cluster.TrainerPid(victim, TaskId(*running, 2));
+  cluster.worker(victim).Signal(SIGKILL);
+  if (trainer.has_value()) kill(*trainer, SIGKILL);
+
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->progress().world_size(), 2);
+  ASSERT_EQ(done->restarts_size(), 1);
+  EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST);
+  EXPECT_LE(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 1e-5);
+}
+
+}  // namespace
+}  // namespace trainyard::testing
