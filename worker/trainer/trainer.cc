@@ -367,6 +367,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
     data_wait_s += seconds_since(step_start);
     lr = LearningRateAt(spec_.optimizer(), step, total);
     SetLearningRate(*optimizer_, lr);
+    // What the update draws (dropout masks) is a function of the step and the rank alone, so a
+    // resumed run draws exactly what the uninterrupted one did, on CPU and GPU alike, and the
+    // ranks draw independently of each other.
+    torch::manual_seed(StepSeed(spec_.seed(), step, rank));
     double loss_value = 0;
     try {
       optimizer_->zero_grad();
