@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -21,6 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/test_files.h"
@@ -93,14 +96,23 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const std::string
   return result;
 }
 
-// Writes `task` to {dir}/task.pb and runs the trainer on it standalone.
+// Writes `task` to {dir}/task.pb and runs the trainer on it (standalone without a coordinator).
 ProcessResult RunTrainer(const trainyard::v1::Task& task, const std::string& dir,
                          const std::function<bool(const std::string&)>& on_line = nullptr,
-                         const std::string& coordinator = "") {
+                         const std::string& coordinator = "",
+                         const std::vector<std::string>& flags = {}) {
   std::ofstream(dir + "/task.pb", std::ios::binary) << task.SerializeAsString();
   std::vector<std::string> argv = {TrainerPath(), "--task_file=" + dir + "/task.pb"};
   if (!coordinator.empty()) argv.push_back("--coordinator=" + coordinator);
+  argv.insert(argv.end(), flags.begin(), flags.end());
   return RunProcess(argv, dir, on_line);
+}
+
+// The step of a progress line ("step=12 total=..."), -1 for other lines.
+int64_t StepOfLine(const std::string& line) {
+  static const std::regex kStep(R"(^step=(\d+) .*)");
+  std::smatch m;
+  return std::regex_match(line, m, kStep) ? std::stoll(m[1]) : -1;
 }
 
 // The trainer-facing half of AgentService: records reports, keeps the newest keep_last commits.
@@ -144,9 +156,11 @@ struct FakeCoordinatorServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 
-  FakeCoordinatorServer() {
+  // On `port`, or one the kernel picks when it is 0.
+  explicit FakeCoordinatorServer(int on_port = 0) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", on_port), grpc::InsecureServerCredentials(),
+                             &port);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
   }
@@ -385,11 +399,100 @@ TEST(TrainerBinaryTest, UnreachableCoordinatorAtTheEndIsAnInfrastructureError) {
   synthetic.set_features(4);
   synthetic.set_classes(2);
   task.mutable_spec()->set_max_steps(5);
-  ProcessResult run = RunTrainer(task, dir, nullptr, address);
+  ProcessResult run = RunTrainer(task, dir, nullptr, address, {"--coordinator_retry=1s"});
   EXPECT_EQ(run.exit_code, 3) << run.out;
   EXPECT_THAT(ReadFile(dir + "/termination-message"), HasSubstr("checkpoint commit of step 5"));
   // The checkpoint itself was written; only its commit failed.
   EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000005/MANIFEST.json"));
+}
+
+TEST(TrainerBinaryTest, TrainingRidesOutACoordinatorRestart) {
+  auto before = std::make_unique<FakeCoordinatorServer>();
+  ASSERT_NE(before->server, nullptr);
+  const int port = before->port;
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  auto& spec = *task.mutable_spec();
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(64);
+  synthetic.set_features(4);
+  synthetic.set_classes(2);
+  spec.set_max_steps(100000000);
+  spec.set_log_every_steps(1);
+  spec.mutable_checkpoint()->set_every_steps(20);
+  spec.mutable_checkpoint()->set_keep_last(1000);
+  // The coordinator goes away after step 30 and comes back on the same port 3 s later; once
+  // the restarted one has taken a commit, the trainer is stopped.
+  std::unique_ptr<FakeCoordinatorServer> after;
+  absl::Time down_since = absl::InfiniteFuture();
+  int64_t down_at_step = -1, up_at_step = -1;
+  ProcessResult run = RunTrainer(
+      task, dir,
+      [&](const std::string& line) {
+        const int64_t step = StepOfLine(line);
+        if (step < 0) return false;
+        if (down_at_step < 0 && step >= 30) {
+          before->server->Shutdown();
+          down_since = absl::Now();
+          down_at_step = step;
+        } else if (after == nullptr && absl::Now() - down_since >= absl::Seconds(3)) {
+          after = std::make_unique<FakeCoordinatorServer>(port);
+          up_at_step = step;
+        } else if (after != nullptr) {
+          absl::MutexLock lock(&after->service.mu_);
+          return !after->service.commits_.empty();
+        }
+        return false;
+      },
+      before->address());
+  ASSERT_NE(after, nullptr) << run.out;
+  ASSERT_NE(after->server, nullptr);
+  EXPECT_EQ(run.exit_code, 143) << run.out;
+  // Training went on while the coordinator was away.
+  EXPECT_GT(up_at_step, down_at_step + 20);
+  absl::MutexLock lock(&after->service.mu_);
+  const auto& commits = after->service.commits_;
+  ASSERT_FALSE(commits.empty());
+  // The first commit the restarted coordinator saw is of a checkpoint saved while it was down.
+  EXPECT_GT(commits.front().step(), down_at_step - 20);
+  EXPECT_LE(commits.front().step(), up_at_step);
+  EXPECT_FALSE(after->service.progress_.empty());
+}
+
+TEST(TrainerBinaryTest, AStopTooCloseToItsDeadlineSkipsItsCheckpoint) {
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  auto& spec = *task.mutable_spec();
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(64);
+  synthetic.set_features(4);
+  synthetic.set_classes(2);
+  spec.set_max_steps(100000000);
+  spec.set_log_every_steps(1);
+  spec.mutable_checkpoint()->set_every_steps(5);
+  // Less time than the 1 s margin alone, once the saves of steps 5 and 10 were measured.
+  ProcessResult run = RunTrainer(task, dir, [&](const std::string& line) {
+    if (StepOfLine(line) != 12) return false;
+    std::ofstream(dir + "/stop-deadline")
+        << absl::ToUnixMillis(absl::Now() + absl::Milliseconds(900)) << "\n";
+    return true;
+  });
+  EXPECT_EQ(run.exit_code, 143) << run.out;
+  const std::string message = ReadFile(dir + "/termination-message");
+  static const std::regex kMessage(R"(stopped by SIGTERM at step (\d+)(.*)\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(message, m, kMessage)) << message;
+  const int step = std::stoi(m[1]);
+  char folder[64];
+  std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d/MANIFEST.json", step);
+  if (step % 5 == 0) {
+    // It stopped where a periodic checkpoint was due anyway: that one is kept.
+    EXPECT_TRUE(FileExists(dir + folder)) << message;
+  } else {
+    EXPECT_EQ(m[2],
+              "; its checkpoint was skipped: it would not have been saved before the deadline");
+    EXPECT_FALSE(FileExists(dir + folder)) << folder;
+  }
 }
 
 }  // namespace

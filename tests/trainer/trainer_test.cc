@@ -21,6 +21,8 @@
 #include "common/object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/fake_clock.h"
+#include "tests/trainer/fake_coordinator.h"
 #include "tests/trainer/test_files.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/coordinator_client.h"
@@ -42,55 +44,6 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
 }
-
-// Records what a trainer reports; retires every committed checkpoint but the newest keep_last.
-class FakeCoordinator final : public CoordinatorClient {
- public:
-  explicit FakeCoordinator(int keep_last) : keep_last_(keep_last) {}
-
-  absl::Status ReportProgress(const trainyard::v1::JobProgress& progress) override {
-    absl::MutexLock lock(&mu_);
-    progress_.push_back(progress);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, const std::string& uri,
-                                                            int64_t size_bytes,
-                                                            absl::Time save_started) override {
-    absl::MutexLock lock(&mu_);
-    committed_.push_back({step, uri});
-    std::vector<std::string> retired;
-    while (static_cast<int>(committed_.size() - retired_count_) > keep_last_) {
-      retired.push_back(committed_[retired_count_++].second);
-    }
-    return retired;
-  }
-  absl::Status ReportModel(const std::string& uri) override {
-    absl::MutexLock lock(&mu_);
-    model_uri_ = uri;
-    return absl::OkStatus();
-  }
-
-  std::vector<std::pair<int64_t, std::string>> committed() {
-    absl::MutexLock lock(&mu_);
-    return committed_;
-  }
-  std::vector<trainyard::v1::JobProgress> progress() {
-    absl::MutexLock lock(&mu_);
-    return progress_;
-  }
-  std::string model_uri() {
-    absl::MutexLock lock(&mu_);
-    return model_uri_;
-  }
-
- private:
-  const int keep_last_;
-  absl::Mutex mu_;
-  std::vector<std::pair<int64_t, std::string>> committed_ ABSL_GUARDED_BY(mu_);
-  size_t retired_count_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<trainyard::v1::JobProgress> progress_ ABSL_GUARDED_BY(mu_);
-  std::string model_uri_ ABSL_GUARDED_BY(mu_);
-};
 
 // A small synthetic classification task for the in-process runs.
 trainyard::v1::Task SyntheticTask(const std::string& checkpoint_dir, int64_t max_steps) {
@@ -483,6 +436,159 @@ TEST(CheckpointTest, CommitRetiresOldCheckpoints) {
   EXPECT_EQ(coordinator.progress().back().step(), 40);
   EXPECT_EQ(coordinator.progress().back().total_steps(), 40);
   EXPECT_TRUE(coordinator.progress().back().has_val_accuracy());
+}
+
+// ---- coordinator outages ----
+
+CheckpointData TinyCheckpoint(int64_t step) {
+  CheckpointData data;
+  data.model.emplace_back("w", torch::arange(6, torch::kFloat32));
+  data.optimizer_name = "sgd";
+  data.state.job_id = "j";
+  data.state.step = step;
+  data.state.torch_rng_state = TorchRngState();
+  return data;
+}
+
+Checkpointer::Options FastRetries(const std::string& base_uri) {
+  Checkpointer::Options options;
+  options.base_uri = base_uri;
+  options.backoff = absl::Milliseconds(1);
+  options.max_backoff = absl::Milliseconds(4);
+  return options;
+}
+
+TEST(CheckpointTest, CommitRidesOutACoordinatorRestart) {
+  const std::string dir = MakeTempDir();
+  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  FakeCoordinator coordinator(/*keep_last=*/5);
+  coordinator.set_commit_hook([](int call) {
+    return call <= 5 ? absl::UnavailableError("connection refused") : absl::OkStatus();
+  });
+  Checkpointer checkpointer(store.get(), &coordinator, RealClock::Get(),
+                            FastRetries("file://" + dir));
+  EXPECT_TRUE(checkpointer.RecentSaveDurations().empty());
+  ASSERT_TRUE(checkpointer.SaveAsync(TinyCheckpoint(3)));
+  ASSERT_TRUE(checkpointer.Wait().ok());
+  EXPECT_EQ(coordinator.commit_calls(), 6);
+  EXPECT_EQ(coordinator.committed_steps(), std::vector<int64_t>{3});
+  EXPECT_EQ(checkpointer.last_committed_step(), 3);
+  ASSERT_EQ(checkpointer.RecentSaveDurations().size(), 1u);
+  EXPECT_GT(checkpointer.RecentSaveDurations()[0], absl::ZeroDuration());
+}
+
+TEST(CheckpointTest, CommitGivesUpAfterItsRetryTimeAndNeverRetriesARefusal) {
+  const std::string dir = MakeTempDir();
+  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  FakeClock clock;
+  FakeCoordinator coordinator(/*keep_last=*/5);
+  // Every attempt takes 10 s of the fake clock: 60 s allow six of them.
+  coordinator.set_commit_hook([&clock](int) {
+    clock.Advance(absl::Seconds(10));
+    return absl::UnavailableError("connection refused");
+  });
+  Checkpointer::Options options = FastRetries("file://" + dir);
+  options.commit_retry_for = absl::Seconds(60);
+  {
+    Checkpointer checkpointer(store.get(), &coordinator, clock, options);
+    checkpointer.SaveAsync(TinyCheckpoint(4));
+    absl::Status status = checkpointer.Wait();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(status.message(), HasSubstr("checkpoint commit of step 4"));
+    EXPECT_EQ(coordinator.commit_calls(), 6);
+    EXPECT_EQ(checkpointer.last_committed_step(), -1);
+    EXPECT_TRUE(checkpointer.RecentSaveDurations().empty());  // failed saves do not count
+  }
+  // A save's own give-up time comes first when it is sooner.
+  FakeCoordinator slow(/*keep_last=*/5);
+  slow.set_commit_hook([&clock](int) {
+    clock.Advance(absl::Seconds(10));
+    return absl::UnavailableError("connection refused");
+  });
+  {
+    Checkpointer checkpointer(store.get(), &slow, clock, options);
+    checkpointer.SaveAsync(TinyCheckpoint(5), /*final_save=*/true, clock.Now() + absl::Seconds(15));
+    EXPECT_EQ(checkpointer.Wait().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(slow.commit_calls(), 2);
+  }
+  // Refusals (a newer attempt fenced this one off) end it at once, as the gRPC client or the
+  // coordinator itself words them.
+  for (const absl::Status& refusal : {absl::AbortedError("CommitCheckpoint: stale generation"),
+                                      absl::FailedPreconditionError("stale generation")}) {
+    FakeCoordinator fenced(/*keep_last=*/5);
+    fenced.set_commit_hook([refusal](int) { return refusal; });
+    Checkpointer checkpointer(store.get(), &fenced, RealClock::Get(), options);
+    checkpointer.SaveAsync(TinyCheckpoint(6));
+    EXPECT_EQ(checkpointer.Wait().code(), refusal.code());
+    EXPECT_EQ(fenced.commit_calls(), 1);
+  }
+}
+
+TEST(CheckpointTest, ADueCheckpointDoesNotWaitForACommitBeingRetried) {
+  const std::string dir = MakeTempDir();
+  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  FakeCoordinator coordinator(/*keep_last=*/5);
+  std::atomic<bool> down{true};
+  coordinator.set_commit_hook([&down](int) {
+    return down ? absl::UnavailableError("connection refused") : absl::OkStatus();
+  });
+  Checkpointer::Options options = FastRetries("file://" + dir);
+  options.max_wait = absl::Hours(1);  // would stall training if the skip waited for it
+  Checkpointer checkpointer(store.get(), &coordinator, RealClock::Get(), options);
+  ASSERT_TRUE(checkpointer.SaveAsync(TinyCheckpoint(10)));
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (coordinator.commit_calls() < 2 && absl::Now() < give_up)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_GE(coordinator.commit_calls(), 2);
+  EXPECT_FALSE(checkpointer.SaveAsync(TinyCheckpoint(20)));
+  EXPECT_EQ(checkpointer.skipped(), 1);
+  down = false;
+  ASSERT_TRUE(checkpointer.Wait().ok());
+  EXPECT_EQ(coordinator.committed_steps(), std::vector<int64_t>{10});
+}
+
+TEST(ProgressReporterTest, FirstReportGoesOutAtOnceAndFailedOnesAreSentAgain) {
+  FakeCoordinator coordinator(/*keep_last=*/1);
+  std::atomic<bool> down{false};
+  coordinator.set_progress_hook([&down](int) {
+    return down ? absl::UnavailableError("connection refused") : absl::OkStatus();
+  });
+  auto wait_for = [&coordinator](size_t reports) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (coordinator.progress().size() < reports && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return coordinator.progress().size() >= reports;
+  };
+  {
+    // An hour between reports: only the first goes out before Finish.
+    ProgressReporter reporter(&coordinator, RealClock::Get(), absl::Hours(1));
+    trainyard::v1::JobProgress progress;
+    progress.set_step(1);
+    reporter.Update(progress);
+    ASSERT_TRUE(wait_for(1));
+    EXPECT_EQ(coordinator.progress()[0].step(), 1);
+    progress.set_step(2);
+    reporter.Update(progress);
+    progress.set_step(3);
+    ASSERT_TRUE(reporter.Finish(progress, absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_EQ(coordinator.progress().size(), 2u);
+    EXPECT_EQ(coordinator.progress()[1].step(), 3);
+  }
+  {
+    ProgressReporter reporter(&coordinator, RealClock::Get(), absl::Milliseconds(1));
+    down = true;
+    trainyard::v1::JobProgress progress;
+    progress.set_step(7);
+    reporter.Update(progress);
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (coordinator.progress_calls() < 6 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    down = false;
+    ASSERT_TRUE(wait_for(3));
+    EXPECT_EQ(coordinator.progress()[2].step(), 7);
+  }
 }
 
 // ---- whole runs ----

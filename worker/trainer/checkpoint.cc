@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -208,14 +209,30 @@ Checkpointer::Checkpointer(ObjectStore* store, CoordinatorClient* coordinator, c
 
 Checkpointer::~Checkpointer() { Wait().IgnoreError(); }
 
-bool Checkpointer::SaveAsync(CheckpointData data, bool final_save) {
+bool Checkpointer::SaveAsync(CheckpointData data, bool final_save, absl::Time give_up_at) {
   if (upload_.joinable() && !final_save) {
     absl::MutexLock lock(&mu_);
-    if (!mu_.AwaitWithTimeout(absl::Condition(&upload_done_), options_.max_wait)) {
+    // Waiting out a coordinator outage would stall training for nothing.
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return upload_done_ || commit_retrying_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&settled), options_.max_wait);
+    if (!upload_done_) {
       skipped_++;
-      LogWarning("checkpoint of step ", data.state.step, " skipped: the checkpoint of step ",
-                 upload_step_, " is still uploading after ",
-                 absl::FormatDuration(options_.max_wait));
+      if (commit_retrying_) {
+        // Once per outage: at a short checkpoint period there would be a line every few steps.
+        if (skip_logged_step_ != upload_step_) {
+          skip_logged_step_ = upload_step_;
+          LogWarning("checkpoint of step ", data.state.step, " skipped: the commit of step ",
+                     upload_step_,
+                     " is being retried (the coordinator is unreachable); due checkpoints are "
+                     "skipped until it goes through");
+        }
+      } else {
+        LogWarning("checkpoint of step ", data.state.step, " skipped: the checkpoint of step ",
+                   upload_step_, " is still uploading after ",
+                   absl::FormatDuration(options_.max_wait));
+      }
       return false;
     }
   }
@@ -229,13 +246,13 @@ bool Checkpointer::SaveAsync(CheckpointData data, bool final_save) {
     absl::MutexLock lock(&mu_);
     upload_done_ = false;
   }
-  upload_ = std::thread([this, data = std::move(data)]() mutable {
+  upload_ = std::thread([this, give_up_at, data = std::move(data)]() mutable {
     // Serialising, hashing and sending compete with training for the CPU: the training thread
     // goes first. Threads the upload starts (parallel parts) inherit the lower priority.
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
     torch::NoGradGuard no_grad;
     try {
-      upload_status_ = Save(data);
+      upload_status_ = Save(data, give_up_at);
     } catch (const std::exception& e) {
       upload_status_ = absl::InternalError(
           absl::StrCat("checkpoint of step ", data.state.step, ": ", DescribeTorchError(e)));
@@ -244,12 +261,22 @@ bool Checkpointer::SaveAsync(CheckpointData data, bool final_save) {
     data = CheckpointData();
     absl::MutexLock lock(&mu_);
     upload_done_ = true;
+    commit_retrying_ = false;
   });
   return true;
 }
 
-absl::Status Checkpointer::Wait() {
+absl::Status Checkpointer::Wait() { return WaitUntil(absl::InfiniteFuture()); }
+
+absl::Status Checkpointer::WaitUntil(absl::Time deadline) {
   if (!upload_.joinable()) return absl::OkStatus();
+  if (deadline != absl::InfiniteFuture()) {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout(absl::Condition(&upload_done_), deadline - clock_.Now())) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the checkpoint of step ", upload_step_, " is still being saved"));
+    }
+  }
   upload_.join();
   absl::Status status = std::move(upload_status_);
   upload_status_ = absl::OkStatus();
@@ -265,7 +292,7 @@ absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::str
   return status;
 }
 
-absl::Status Checkpointer::Save(const CheckpointData& data) {
+absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_at) {
   const int64_t step = data.state.step;
   const std::string step_uri = CheckpointStepUri(options_.base_uri, step);
   // Leftovers of an earlier attempt go before we write, so that keys are never overwritten.
@@ -306,18 +333,40 @@ absl::Status Checkpointer::Save(const CheckpointData& data) {
   last_saved_step_ = step;
   LogInfo("checkpoint written: ", step_uri, " (", total_bytes, " bytes)");
 
-  if (coordinator_ == nullptr) return absl::OkStatus();
-  std::vector<std::string> retired;
-  absl::Status commit = RetryCall(options_.attempts, options_.backoff, [&]() -> absl::Status {
-    absl::StatusOr<std::vector<std::string>> r =
-        coordinator_->CommitCheckpoint(step, step_uri, total_bytes, upload_started_);
-    if (!r.ok()) return r.status();
-    retired = *std::move(r);
+  if (coordinator_ == nullptr) {
+    RecordDuration(data.snapshot_time + (clock_.Now() - upload_started_));
     return absl::OkStatus();
-  });
+  }
+  std::vector<std::string> retired;
+  const absl::Time commit_give_up = std::min(give_up_at, clock_.Now() + options_.commit_retry_for);
+  bool failed_once = false;
+  absl::Status commit = RetryUntil(
+      clock_, commit_give_up, options_.backoff, options_.max_backoff, [&]() -> absl::Status {
+        absl::StatusOr<std::vector<std::string>> r =
+            coordinator_->CommitCheckpoint(step, step_uri, total_bytes, upload_started_);
+        if (!r.ok()) {
+          if (!failed_once && IsRetryableCoordinatorError(r.status())) {
+            failed_once = true;
+            LogWarning("checkpoint commit of step ", step, " failed, retrying for up to ",
+                       absl::FormatDuration(commit_give_up - clock_.Now()), ": ",
+                       r.status().ToString());
+            absl::MutexLock lock(&mu_);
+            commit_retrying_ = true;
+          }
+          return r.status();
+        }
+        retired = *std::move(r);
+        return absl::OkStatus();
+      });
   if (!commit.ok()) {
     return absl::Status(commit.code(),
                         absl::StrCat("checkpoint commit of step ", step, ": ", commit.message()));
+  }
+  if (failed_once) LogInfo("checkpoint commit of step ", step, " went through");
+  RecordDuration(data.snapshot_time + (clock_.Now() - upload_started_));
+  {
+    absl::MutexLock lock(&mu_);
+    last_committed_step_ = step;
   }
   committed_.insert(step_uri);
   for (const std::string& uri : retired) {
@@ -326,6 +375,12 @@ absl::Status Checkpointer::Save(const CheckpointData& data) {
   }
   if (options_.collect_garbage) CollectGarbage();
   return absl::OkStatus();
+}
+
+void Checkpointer::RecordDuration(absl::Duration duration) {
+  absl::MutexLock lock(&mu_);
+  recent_durations_.push_back(duration);
+  while (recent_durations_.size() > kRecentSaves) recent_durations_.pop_front();
 }
 
 void Checkpointer::CollectGarbage() {

@@ -21,6 +21,16 @@
 // always waits. A failed intermediate save is logged and training goes on (its manifest is never
 // written, so it is never committed); the caller learns about a failed final save from Wait().
 //
+// Commits ride out a coordinator restart: a commit that fails in transport is retried with
+// exponential backoff for Options::commit_retry_for (60 s) or until the save's give-up time,
+// whichever comes first; a refusal (the attempt was fenced off) is never retried. While a commit
+// is being retried, a due checkpoint is skipped at once instead of waiting for it.
+//
+// Save durations: every save that completes (manifest written, and committed when there is a
+// coordinator) records how long it took from the snapshot (CheckpointData::snapshot_time) to
+// the commit; RecentSaveDurations() returns the last three, from which a stop with a deadline
+// judges whether one more save can finish in time.
+//
 // Objects go through ObjectStore::Put, which the S3 store turns into a parallel multipart upload
 // above its threshold (64 MiB).
 //
@@ -32,6 +42,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -88,6 +99,8 @@ struct CheckpointData {
   NamedTensors model;
   NamedTensors optimizer;
   std::string optimizer_name;
+  // How long taking the snapshot held up the training thread; part of the save's duration.
+  absl::Duration snapshot_time;
 };
 
 // A checkpoint read back and verified. Tensors are fresh CPU tensors.
@@ -111,8 +124,12 @@ class Checkpointer {
  public:
   struct Options {
     std::string base_uri;  // task.checkpoint_uri
-    int attempts = 4;      // per object Put and per commit
+    int attempts = 4;      // per object Put
     absl::Duration backoff = absl::Milliseconds(200);
+    // How long a commit that fails in transport is retried; retries back off from `backoff` up
+    // to `max_backoff` apart.
+    absl::Duration commit_retry_for = absl::Seconds(60);
+    absl::Duration max_backoff = absl::Seconds(2);
     // How long a due checkpoint waits for the one in flight before it is skipped.
     absl::Duration max_wait = absl::Seconds(30);
     // Delete step folders that no committed checkpoint refers to (needs a coordinator and the
@@ -127,17 +144,34 @@ class Checkpointer {
                Options options);
   ~Checkpointer();  // waits for a save in flight
 
-  // Waits for the save in flight (if any: at most max_wait, or without a bound for a
-  // `final_save`), then starts saving `data`. Returns false when `data` was skipped because the
-  // previous save was still uploading.
-  bool SaveAsync(CheckpointData data, bool final_save = false);
+  // Waits for the save in flight (if any: at most max_wait, not at all while its commit is being
+  // retried, or without a bound for a `final_save`), then starts saving `data`, whose commit
+  // retries end at `give_up_at` at the latest. Returns false when `data` was skipped because the
+  // previous save was still in flight.
+  bool SaveAsync(CheckpointData data, bool final_save = false,
+                 absl::Time give_up_at = absl::InfiniteFuture());
   // Waits for the save in flight; returns its outcome (OK when none was started). Errors:
-  // UNAVAILABLE (object store), FAILED_PRECONDITION / UNAVAILABLE (commit refused / failed).
+  // UNAVAILABLE (object store), ABORTED / FAILED_PRECONDITION / UNAVAILABLE (commit refused /
+  // failed).
   absl::Status Wait();
+  // Wait() that gives up at `deadline` (as `clock` tells the time left when called):
+  // DEADLINE_EXCEEDED then, and the save goes on (a later Wait() or the destructor joins it).
+  absl::Status WaitUntil(absl::Time deadline);
 
   // Step of the last checkpoint whose manifest was written, -1 if none. Call after Wait().
   int64_t last_saved_step() const { return last_saved_step_; }
-  // Checkpoints skipped because the previous one was still uploading.
+  // Step of the last checkpoint this object committed, -1 if none. Thread-safe.
+  int64_t last_committed_step() {
+    absl::MutexLock lock(&mu_);
+    return last_committed_step_;
+  }
+  // How long the last (up to) three completed saves took, snapshot to commit, oldest first.
+  // Failed saves are not counted. Thread-safe.
+  std::vector<absl::Duration> RecentSaveDurations() {
+    absl::MutexLock lock(&mu_);
+    return std::vector<absl::Duration>(recent_durations_.begin(), recent_durations_.end());
+  }
+  // Checkpoints skipped because the previous one was still in flight.
   int64_t skipped() const { return skipped_; }
   // Whether a save is still being written. Thread-safe.
   bool Uploading() {
@@ -146,11 +180,14 @@ class Checkpointer {
   }
 
  private:
-  absl::Status Save(const CheckpointData& data);
+  absl::Status Save(const CheckpointData& data, absl::Time give_up_at);
   absl::Status PutWithRetries(const std::string& uri, const std::string& bytes);
   void DeleteRetired(const std::string& step_uri);
+  void RecordDuration(absl::Duration duration);
   // Deletes every step folder under base_uri that is not in committed_.
   void CollectGarbage();
+
+  static constexpr size_t kRecentSaves = 3;
 
   ObjectStore* const store_;
   CoordinatorClient* const coordinator_;
@@ -160,12 +197,16 @@ class Checkpointer {
   std::thread upload_;  // the save in flight; joined by Wait()
   absl::Mutex mu_;
   bool upload_done_ ABSL_GUARDED_BY(mu_) = true;
+  bool commit_retrying_ ABSL_GUARDED_BY(mu_) = false;  // the save in flight retries its commit
+  int64_t last_committed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::deque<absl::Duration> recent_durations_ ABSL_GUARDED_BY(mu_);
   // Written by the upload thread, read after joining it.
   absl::Status upload_status_;
   int64_t upload_step_ = -1;
   absl::Time upload_started_;  // set before the upload thread starts, read by it
   int64_t last_saved_step_ = -1;
   int64_t skipped_ = 0;
+  int64_t skip_logged_step_ = -1;  // the commit being retried that a skip was logged for
   // Step folders of committed, not retired checkpoints; used by the upload thread only (saves
   // never overlap).
   std::set<std::string> committed_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
+#include "worker/trainer/grpc_channel.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -35,8 +36,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   GrpcCoordinatorClient(const std::string& address, std::string job_id, int64_t generation,
                         int32_t rank, int32_t keep_last, absl::Duration rpc_timeout)
-      : stub_(trainyard::v1::AgentService::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+      : stub_(trainyard::v1::AgentService::NewStub(NewCoordinatorChannel(address))),
         job_id_(std::move(job_id)),
         generation_(generation),
         rank_(rank),
@@ -125,6 +125,11 @@ std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& a
 
 void SleepForRetry(absl::Duration d) { absl::SleepFor(d); }
 
+bool IsRetryableCoordinatorError(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
 ProgressReporter::ProgressReporter(CoordinatorClient* client, const Clock& clock,
                                    absl::Duration min_interval)
     : client_(client), clock_(clock), min_interval_(min_interval) {
@@ -161,9 +166,11 @@ void ProgressReporter::Loop() {
     }
     absl::Status status = client_->ReportProgress(progress);
     absl::MutexLock lock(&mu_);
-    if (!status.ok()) {
+    if (!status.ok() && IsRetryableCoordinatorError(status)) {
       LogWarning("progress report failed, will retry: ", status.ToString());
       if (!pending_.has_value()) pending_ = progress;
+    } else if (!status.ok()) {
+      LogWarning("progress report refused: ", status.ToString());
     }
     // Pace the reports; a stop request ends the wait early.
     mu_.AwaitWithTimeout(absl::Condition(&stop_), min_interval_);
@@ -171,11 +178,13 @@ void ProgressReporter::Loop() {
   }
 }
 
-absl::Status ProgressReporter::Finish(const trainyard::v1::JobProgress& final_progress) {
+absl::Status ProgressReporter::Finish(const trainyard::v1::JobProgress& final_progress,
+                                      absl::Time give_up_at) {
   Stop();
   trainyard::v1::JobProgress progress = final_progress;
   progress.set_updated_unix_ms(absl::ToUnixMillis(clock_.Now()));
-  return RetryCall(4, absl::Milliseconds(250), [&] { return client_->ReportProgress(progress); });
+  return RetryUntil(clock_, give_up_at, absl::Milliseconds(250), absl::Seconds(2),
+                    [&] { return client_->ReportProgress(progress); });
 }
 
 }  // namespace trainyard::trainer

@@ -4,6 +4,7 @@
 // What a trainer tells the coordinator: progress, committed checkpoints, the exported model.
 // The interface keeps gRPC out of the training runtime; tests use a fake.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22,8 +23,10 @@
 namespace trainyard::trainer {
 
 // One call = one attempt (no retries inside). Errors: UNAVAILABLE / DEADLINE_EXCEEDED for
-// transport failures, FAILED_PRECONDITION when the coordinator fences off this generation.
-// Implementations are thread-safe; calls block up to their deadline.
+// transport failures (the coordinator is down or restarting: worth retrying), ABORTED (the gRPC
+// client) or FAILED_PRECONDITION when the coordinator refuses the call, e.g. because a newer
+// attempt fenced off this generation (never worth retrying). Implementations are thread-safe;
+// calls block up to their deadline.
 class CoordinatorClient {
  public:
   virtual ~CoordinatorClient() = default;
@@ -49,13 +52,27 @@ std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& a
                                                             absl::Duration rpc_timeout);
 
 // Calls `fn` up to `attempts` times, sleeping `backoff`, 2 * backoff, ... between failures.
-// Returns the last status. Blocks.
+// FAILED_PRECONDITION ends it at once. Returns the last status. Blocks.
 template <typename Fn>
 absl::Status RetryCall(int attempts, absl::Duration backoff, Fn&& fn);
 
-// Sends progress to the coordinator from a background thread, at most once per `min_interval`,
-// so that a slow or absent coordinator never holds up training. Failures are logged and the
-// latest progress is sent again later. Thread-safe.
+// Whether a coordinator call that failed with `status` may succeed if repeated: UNAVAILABLE and
+// DEADLINE_EXCEEDED (transport), not refusals.
+bool IsRetryableCoordinatorError(const absl::Status& status);
+
+// Calls `fn` until it returns OK or an error IsRetryableCoordinatorError rejects, sleeping
+// `backoff`, 2 * backoff, ... (at most `max_backoff`) between failures, and stops retrying once
+// `clock` reaches `give_up_at` (the last sleep is cut short to end there). Made to ride out a
+// coordinator restart. Returns the last status. Blocks (real time for the sleeps).
+template <typename Fn>
+absl::Status RetryUntil(const Clock& clock, absl::Time give_up_at, absl::Duration backoff,
+                        absl::Duration max_backoff, Fn&& fn);
+
+// Sends progress to the coordinator from a background thread, so that a slow or absent
+// coordinator never holds up training. The first Update goes out at once (the coordinator
+// counts a restarted job as recovered at its first step report); later ones at most once per
+// `min_interval`. A transport failure is logged and the latest progress is sent again after
+// `min_interval`, for as long as it takes; a refused report is dropped. Thread-safe.
 class ProgressReporter {
  public:
   // `client` is not owned and must outlive this object.
@@ -65,9 +82,9 @@ class ProgressReporter {
   // Records the latest progress; never blocks on the network.
   void Update(const trainyard::v1::JobProgress& progress);
 
-  // Stops the thread and sends `final_progress` with a few bounded retries. Returns the last
-  // error if every attempt failed. Call at most once.
-  absl::Status Finish(const trainyard::v1::JobProgress& final_progress);
+  // Stops the thread and sends `final_progress`, retrying transport failures until `give_up_at`
+  // (RetryUntil). Returns the last error if it never got through. Call at most once.
+  absl::Status Finish(const trainyard::v1::JobProgress& final_progress, absl::Time give_up_at);
 
  private:
   void Loop();
@@ -96,6 +113,20 @@ absl::Status RetryCall(int attempts, absl::Duration backoff, Fn&& fn) {
     if (i + 1 < attempts) SleepForRetry(backoff * (1 << i));
   }
   return status;
+}
+
+template <typename Fn>
+absl::Status RetryUntil(const Clock& clock, absl::Time give_up_at, absl::Duration backoff,
+                        absl::Duration max_backoff, Fn&& fn) {
+  absl::Duration wait = backoff;
+  while (true) {
+    absl::Status status = fn();
+    if (status.ok() || !IsRetryableCoordinatorError(status)) return status;
+    const absl::Time now = clock.Now();
+    if (now >= give_up_at) return status;
+    SleepForRetry(std::min(wait, give_up_at - now));
+    wait = std::min(wait * 2, max_backoff);
+  }
 }
 
 }  // namespace trainyard::trainer

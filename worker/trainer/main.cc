@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -17,6 +20,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "trainyard/v1/agent_service.pb.h"
@@ -32,6 +38,10 @@ ABSL_FLAG(std::string, coordinator, "",
           "model report. Empty: standalone (no reports; checkpoints are written but not "
           "committed or retired). A data_parallel task with several ranks needs it: the ranks "
           "meet through the coordinator's rendezvous store.");
+ABSL_FLAG(absl::Duration, coordinator_retry, absl::Seconds(60),
+          "How long checkpoint commits and the final reports keep retrying while the coordinator "
+          "is unreachable (it may be restarting). Progress reports retry for as long as the "
+          "trainer runs.");
 ABSL_FLAG(bool, overlap_communication, true,
           "data_parallel: start each gradient bucket's all-reduce from autograd hooks as soon as "
           "backward has produced it (true), or all of them after backward (false).");
@@ -48,6 +58,48 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+// Ends the process with kExitStoppedBySignal just before a stop's deadline if the run is still
+// busy then (a checkpoint that does not finish in time), so that it exits with the stop's code
+// rather than by the SIGKILL the agent sends at the deadline.
+class StopWatchdog {
+ public:
+  StopWatchdog() : thread_([this] { Loop(); }) {}
+  ~StopWatchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  static constexpr absl::Duration kExitAhead = absl::Milliseconds(200);
+
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    // A signal handler can only set a flag: look at it a few times a second.
+    while (!mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Milliseconds(100))) {
+      if (stop_signal.load() == 0) continue;
+      const std::optional<absl::Time> deadline =
+          trainyard::trainer::ReadStopDeadline(trainyard::trainer::kStopDeadlineFile);
+      if (!deadline.has_value()) return;  // a stop without a deadline: nothing to enforce
+      if (mu_.AwaitWithTimeout(absl::Condition(&done_), *deadline - kExitAhead - absl::Now())) {
+        return;
+      }
+      const std::string message =
+          "stopped by SIGTERM: the deadline came before the checkpoint of the stop was saved";
+      trainyard::LogWarning(message);
+      trainyard::trainer::WriteTerminationMessage("", message);
+      std::fflush(nullptr);
+      std::_Exit(trainyard::kExitStoppedBySignal);
+    }
+  }
+
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: it starts in the constructor
+};
+
 int ThreadCount(const trainyard::v1::Task& task) {
   const char* omp = std::getenv("OMP_NUM_THREADS");
   int n = 0;
@@ -62,7 +114,9 @@ int main(int argc, char** argv) {
       "Runs one training task. Usage: trainyard-trainer --task_file=PATH "
       "[--coordinator=HOST:PORT]\nExit codes: 0 done, 1 internal error, 2 user error (spec, data, "
       "model), 3 infrastructure (object store, coordinator, a lost or stuck peer), 143 stopped by "
-      "SIGTERM/SIGINT. On failure the cause is written to ./termination-message.");
+      "SIGTERM/SIGINT (after checkpointing the step all ranks stop at, unless ./stop-deadline "
+      "holds a deadline in unix ms that the save would not meet). On failure the cause is "
+      "written to ./termination-message.");
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "worker/trainer/main.cc");
@@ -109,17 +163,26 @@ int main(int argc, char** argv) {
   options.rendezvous = rendezvous.get();
   options.overlap_communication = absl::GetFlag(FLAGS_overlap_communication);
   options.stop_signal = &stop_signal;
+  options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
+  options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
   options.num_threads = ThreadCount(task);
-  absl::StatusOr<trainyard::trainer::TrainResult> result =
-      trainyard::trainer::RunTrainer(task, options);
+  absl::StatusOr<trainyard::trainer::TrainResult> result;
+  {
+    StopWatchdog watchdog;
+    result = trainyard::trainer::RunTrainer(task, options);
+  }
   if (!result.ok()) {
     return Fail(trainyard::trainer::ExitCodeForStatus(result.status()),
                 std::string(result.status().message()));
   }
   if (result->stopped) {
     const int signo = stop_signal.load();
-    const std::string message = absl::StrCat("stopped by ", signo == SIGINT ? "SIGINT" : "SIGTERM",
-                                             " at step ", result->step);
+    const std::string message = absl::StrCat(
+        "stopped by ", signo == SIGINT ? "SIGINT" : "SIGTERM", " at step ", result->step,
+        result->stop_checkpoint_skipped
+            ? "; its checkpoint was skipped: it would not have been saved before "
+              "the deadline"
+            : "");
     trainyard::LogInfo(message);
     trainyard::trainer::WriteTerminationMessage("", message);
     return trainyard::kExitStoppedBySignal;

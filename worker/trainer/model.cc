@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/file_object_store.h"
 #include "common/object_cache.h"
 #include "common/object_store.h"
@@ -297,6 +298,10 @@ int64_t Model::ParameterCount() {
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
                                                   int64_t seed, int64_t data_inputs,
                                                   int64_t data_outputs) {
+  // Seeding and the initialisers' draws must not interleave with another build's (ranks run as
+  // threads of one process share the generator), or the initial parameters would vary.
+  static absl::Mutex* const build_mu = new absl::Mutex();
+  absl::MutexLock lock(build_mu);
   torch::manual_seed(static_cast<uint64_t>(seed));
   if (spec.source_case() == trainyard::v1::ModelSpec::kTorchscript) {
     if (spec.torchscript().empty()) {

@@ -64,7 +64,8 @@ class Model {
 // Builds the model of `spec`. Built-in models take their widths from model.args, with `inputs`
 // (features per sample) and `classes` (outputs) filled in from the data when the args leave them
 // 0. Parameters are initialised deterministically from torch::manual_seed(seed), which this call
-// sets. TorchScript modules are read through the object store (a path or file:// URI).
+// sets; builds are serialised process-wide so that concurrent ones each get that initialisation.
+// TorchScript modules are read through the object store (a path or file:// URI).
 // INVALID_ARGUMENT naming the field (model.builtin, model.args.inputs, model.torchscript) for a
 // bad spec or an unreadable module; NOT_FOUND when the module file does not exist.
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,

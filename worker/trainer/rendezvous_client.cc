@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
+#include "worker/trainer/grpc_channel.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -32,8 +33,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
  public:
   GrpcRendezvousClient(const std::string& address, std::string job_id, int64_t generation,
                        int32_t rank)
-      : stub_(trainyard::v1::AgentService::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+      : stub_(trainyard::v1::AgentService::NewStub(NewCoordinatorChannel(address))),
         job_id_(std::move(job_id)),
         generation_(generation),
         rank_(rank) {}

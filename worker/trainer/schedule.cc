@@ -79,6 +79,23 @@ std::vector<int64_t> EpochOrder(int64_t n, int64_t seed, int64_t epoch, bool shu
   return order;
 }
 
+namespace {
+
+// SplitMix64's finaliser: a bijection that spreads every input bit over the output.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t StepSeed(int64_t seed, int64_t step, int rank) {
+  return Mix(Mix(Mix(static_cast<uint64_t>(seed)) ^ static_cast<uint64_t>(step)) ^
+             static_cast<uint64_t>(rank));
+}
+
 DataOrder::DataOrder(const StepPlan& plan, int64_t seed, bool shuffle)
     : plan_(plan), seed_(seed), shuffle_(shuffle) {}
 

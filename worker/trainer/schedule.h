@@ -37,6 +37,11 @@ double LearningRateAt(const trainyard::v1::OptimizerSpec& optimizer, int64_t ste
 // permutation drawn from std::mt19937_64 seeded with seed * 1000003 + epoch.
 std::vector<int64_t> EpochOrder(int64_t n, int64_t seed, int64_t epoch, bool shuffle);
 
+// The seed of LibTorch's random generator for the update with 0-based index `step` on `rank`: a
+// function of (seed, step, rank) alone, so that what an update draws (dropout masks) does not
+// depend on how many steps this process has run, and ranks draw independent streams.
+uint64_t StepSeed(int64_t seed, int64_t step, int rank);
+
 // Which samples each update uses. Step s (0-based) is in epoch s / steps_per_epoch and takes the
 // global batch at position (s % steps_per_epoch) * global_batch_size of that epoch's order. Rank
 // r of w takes the contiguous slice [r * b / w, (r + 1) * b / w) of the global batch.

@@ -2,13 +2,18 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -25,6 +30,15 @@ namespace trainyard::trainer {
 namespace {
 
 enum class LossKind { kCrossEntropy, kMse };
+
+// How long the final progress report of a stop without a deadline keeps trying.
+constexpr absl::Duration kStopReportTime = absl::Seconds(5);
+
+using Steady = std::chrono::steady_clock;
+
+double SecondsSince(Steady::time_point start) {
+  return std::chrono::duration<double>(Steady::now() - start).count();
+}
 
 torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::Tensor& labels) {
   if (kind == LossKind::kCrossEntropy) {
@@ -121,6 +135,10 @@ class Run {
   absl::Status Prepare();
   void Resume();
   CheckpointData Snapshot(int64_t step, double lr);
+  // The checkpoint of a stop at `step` (rank 0): within the deadline if the agent gave one.
+  void SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,
+                  std::optional<absl::Time> deadline, TrainResult& result);
+  void ReportStopSkip(Checkpointer& checkpointer, int64_t step, const std::string& why);
   absl::Status Export(TrainResult& result);
 
   const trainyard::v1::Task& task_;
@@ -138,6 +156,9 @@ class Run {
   std::unique_ptr<ObjectStore> store_;  // null without a checkpoint URI
   int64_t start_step_ = 0;
   std::string resumed_from_;
+  // How this attempt started (JobProgress.rendezvous_seconds, checkpoint_load_seconds).
+  double rendezvous_seconds_ = 0;
+  double checkpoint_load_seconds_ = 0;
 };
 
 absl::Status Run::Prepare() {
@@ -152,7 +173,9 @@ absl::Status Run::Prepare() {
   StrategyOptions strategy_options;
   strategy_options.rendezvous = options_.rendezvous;
   strategy_options.overlap = options_.overlap_communication;
+  const Steady::time_point meet_start = Steady::now();
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(task_, strategy_options);
+  rendezvous_seconds_ += SecondsSince(meet_start);
   if (!strategy.ok()) return strategy.status();
   strategy_ = *std::move(strategy);
 
@@ -207,7 +230,10 @@ absl::Status Run::Prepare() {
     }
     store_ = *std::move(store);
   }
-  return strategy_->Setup(*model_);
+  const Steady::time_point setup_start = Steady::now();
+  absl::Status setup = strategy_->Setup(*model_);
+  rendezvous_seconds_ += SecondsSince(setup_start);
+  return setup;
 }
 
 void Run::Resume() {
@@ -238,6 +264,7 @@ void Run::Resume() {
 }
 
 CheckpointData Run::Snapshot(int64_t step, double lr) {
+  const absl::Time start = clock_.Now();
   torch::NoGradGuard no_grad;
   CheckpointData data;
   for (const auto& [name, p] : params_) data.model.emplace_back(name, p.detach().clone());
@@ -261,7 +288,62 @@ CheckpointData Run::Snapshot(int64_t step, double lr) {
   s.lr_schedule = spec_.optimizer().schedule().name().empty() ? "constant"
                                                               : spec_.optimizer().schedule().name();
   s.last_lr = lr;
+  data.snapshot_time = clock_.Now() - start;
   return data;
+}
+
+void Run::ReportStopSkip(Checkpointer& checkpointer, int64_t step, const std::string& why) {
+  // The commits of this run, else the checkpoint it resumed from: what the next attempt gets.
+  const int64_t committed = std::max(checkpointer.last_committed_step(),
+                                     resumed_from_.empty() ? int64_t{-1} : start_step_);
+  const std::string message = absl::StrCat(
+      "preemption: checkpoint at step ", step, " skipped: ", why, "; ",
+      committed >= 0 ? absl::StrCat("the job resumes from its last committed checkpoint (step ",
+                                    committed, ")")
+                     : std::string("the job has no committed checkpoint and starts over"));
+  LogWarning(message);
+  if (options_.coordinator == nullptr) return;
+  absl::Status reported = options_.coordinator->ReportEvent(message);
+  if (!reported.ok()) LogWarning("cannot report the skipped checkpoint: ", reported.ToString());
+}
+
+void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,
+                     std::optional<absl::Time> deadline, TrainResult& result) {
+  const absl::Time limit = deadline.value_or(absl::InfiniteFuture());
+  absl::Status previous = checkpointer.WaitUntil(limit);
+  if (deadline.has_value() && previous.code() == absl::StatusCode::kDeadlineExceeded) {
+    // Nothing more fits; the process ends at the deadline while that save goes on.
+    if (due) {
+      result.stop_checkpoint_skipped = true;
+      ReportStopSkip(checkpointer, step, absl::StrCat(previous.message(), " at the deadline"));
+    } else {
+      LogWarning("checkpoint at stop: ", previous.message(), " at the deadline");
+    }
+    return;
+  }
+  if (!previous.ok()) LogWarning("checkpoint at stop failed: ", previous.ToString());
+  if (!due) return;
+  if (deadline.has_value()) {
+    const std::vector<absl::Duration> recent = checkpointer.RecentSaveDurations();
+    if (!recent.empty()) {
+      const absl::Duration longest = *std::max_element(recent.begin(), recent.end());
+      const absl::Duration left = *deadline - clock_.Now();
+      if (longest + kStopSaveMargin > left) {
+        result.stop_checkpoint_skipped = true;
+        ReportStopSkip(
+            checkpointer, step,
+            absl::StrFormat("recent saves took %.1f s, %s", absl::ToDoubleSeconds(longest),
+                            left > absl::ZeroDuration()
+                                ? absl::StrFormat("%.1f s left before the deadline",
+                                                  absl::ToDoubleSeconds(left))
+                                : std::string("the deadline has passed")));
+        return;
+      }
+    }
+  }
+  checkpointer.SaveAsync(Snapshot(step, lr), /*final_save=*/true, limit);
+  absl::Status saved = checkpointer.WaitUntil(limit);
+  if (!saved.ok()) LogWarning("checkpoint at stop failed: ", saved.ToString());
 }
 
 absl::Status Run::Export(TrainResult& result) {
@@ -276,8 +358,9 @@ absl::Status Run::Export(TrainResult& result) {
   result.model_uri = uri;
   LogInfo("model exported to ", uri);
   if (options_.coordinator != nullptr) {
-    absl::Status report = RetryCall(4, absl::Milliseconds(250),
-                                    [&] { return options_.coordinator->ReportModel(uri); });
+    absl::Status report =
+        RetryUntil(clock_, clock_.Now() + options_.coordinator_retry_for, absl::Milliseconds(250),
+                   absl::Seconds(2), [&] { return options_.coordinator->ReportModel(uri); });
     if (!report.ok()) {
       return absl::UnavailableError(absl::StrCat("ReportModel: ", report.message()));
     }
@@ -289,9 +372,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
   torch::set_num_threads(std::max(1, options_.num_threads));
   absl::Status status = Prepare();
   if (!status.ok()) return status;
+  const Steady::time_point load_start = Steady::now();
   Resume();
+  if (task_.resume_checkpoints_size() > 0) checkpoint_load_seconds_ = SecondsSince(load_start);
   // Every rank starts from rank 0's parameters, resumed or fresh, and from the same step.
+  const Steady::time_point sync_start = Steady::now();
   status = strategy_->SyncState(*model_, start_step_);
+  rendezvous_seconds_ += SecondsSince(sync_start);
   if (!status.ok()) return status;
   const int rank = strategy_->rank();
   const int world = strategy_->world_size();
@@ -315,6 +402,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     Checkpointer::Options ckpt_options;
     ckpt_options.base_uri = task_.checkpoint_uri();
     ckpt_options.collect_garbage = true;
+    ckpt_options.commit_retry_for = options_.coordinator_retry_for;
     ckpt_options.committed.assign(task_.resume_checkpoints().begin(),
                                   task_.resume_checkpoints().end());
     checkpointer =
@@ -333,6 +421,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
   trainyard::v1::JobProgress progress;
   progress.set_total_steps(total);
   progress.set_world_size(world);
+  progress.set_attempt_start_step(start_step_);
+  progress.set_rendezvous_seconds(rendezvous_seconds_);
+  progress.set_checkpoint_load_seconds(checkpoint_load_seconds_);
 
   const bool shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
   BatchPrefetcher prefetcher(data_.train, plan_, spec_.seed(), shuffle, rank, world, start_step_,
@@ -345,10 +436,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   absl::Time interval_start = clock_.Now();
   int64_t interval_steps = 0;
   // Where step time goes, summed over the steps since the last report.
-  using Steady = std::chrono::steady_clock;
-  auto seconds_since = [](Steady::time_point t) {
-    return std::chrono::duration<double>(Steady::now() - t).count();
-  };
+  auto seconds_since = [](Steady::time_point t) { return SecondsSince(t); };
   double data_wait_s = 0, step_s = 0, communication_s = 0, checkpoint_s = 0;
   int64_t timed_steps = 0;
   absl::Time timing_start = clock_.Now();
@@ -367,6 +455,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
     data_wait_s += seconds_since(step_start);
     lr = LearningRateAt(spec_.optimizer(), step, total);
     SetLearningRate(*optimizer_, lr);
+    // What the update draws (dropout masks) is a function of the step and the rank alone, so a
+    // resumed run draws exactly what the uninterrupted one did, on CPU and GPU alike, and the
+    // ranks draw independently of each other.
+    torch::manual_seed(StepSeed(spec_.seed(), step, rank));
     double loss_value = 0;
     try {
       optimizer_->zero_grad();
@@ -460,15 +552,22 @@ absl::StatusOr<TrainResult> Run::Execute() {
   }
   result.step = step;
 
-  if (checkpointer != nullptr) {
-    if (step > 0 && step != last_checkpoint_step) {
-      checkpointer->SaveAsync(Snapshot(step, lr), /*final_save=*/true);
+  std::optional<absl::Time> deadline;
+  if (result.stopped && rank == 0 && !options_.stop_deadline_file.empty()) {
+    deadline = ReadStopDeadline(options_.stop_deadline_file);
+    if (deadline.has_value()) {
+      LogInfo("stopping at step ", step, " with ", absl::FormatDuration(*deadline - clock_.Now()),
+              " left before the deadline");
     }
-    absl::Status saved = checkpointer->Wait();
-    if (!saved.ok()) {
-      if (result.stopped) {
-        LogWarning("checkpoint at stop failed: ", saved.ToString());
-      } else {
+  }
+  if (checkpointer != nullptr) {
+    const bool due = step > 0 && step != last_checkpoint_step;
+    if (result.stopped) {
+      SaveAtStop(*checkpointer, step, lr, due, deadline, result);
+    } else {
+      if (due) checkpointer->SaveAsync(Snapshot(step, lr), /*final_save=*/true);
+      absl::Status saved = checkpointer->Wait();
+      if (!saved.ok()) {
         return absl::UnavailableError(absl::StrCat("final checkpoint: ", saved.message()));
       }
     }
@@ -483,7 +582,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
     progress.set_epoch(step / plan_.steps_per_epoch);
     progress.set_has_val_accuracy(result.val_accuracy.has_value());
     progress.set_val_accuracy(result.val_accuracy.value_or(0));
-    absl::Status reported = reporter->Finish(progress);
+    // It keeps trying while the coordinator may be restarting; at a stop, only until the
+    // process must be gone.
+    const absl::Time report_until = !result.stopped ? clock_.Now() + options_.coordinator_retry_for
+                                    : deadline.has_value() ? *deadline
+                                                           : clock_.Now() + kStopReportTime;
+    absl::Status reported = reporter->Finish(progress, report_until);
     if (!reported.ok() && !result.stopped) {
       return absl::UnavailableError(absl::StrCat("final progress report: ", reported.message()));
     }
@@ -499,6 +603,19 @@ absl::StatusOr<TrainResult> Run::Execute() {
 }
 
 }  // namespace
+
+std::optional<absl::Time> ReadStopDeadline(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  int64_t unix_ms = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text.str()), &unix_ms) || unix_ms <= 0) {
+    LogWarning(path, ": not a deadline in unix milliseconds: '", text.str(), "'");
+    return std::nullopt;
+  }
+  return absl::FromUnixMillis(unix_ms);
+}
 
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options) {

@@ -19,6 +19,14 @@
 
 namespace trainyard::trainer {
 
+// The file in a task's folder into which the agent writes the deadline of a stop (unix ms,
+// decimal, one line) before it sends the trainer SIGTERM.
+inline constexpr char kStopDeadlineFile[] = "stop-deadline";
+
+// The deadline in the stop-deadline file at `path`; nullopt when there is no such file or it
+// does not hold one (a warning is logged then).
+std::optional<absl::Time> ReadStopDeadline(const std::string& path);
+
 struct TrainerOptions {
   // Null: standalone (no reports; checkpoints are written but neither committed nor retired).
   // Not owned.
@@ -31,6 +39,14 @@ struct TrainerOptions {
   // When it becomes non-zero the run stops at the next step boundary (after saving a checkpoint
   // of that step if it has a checkpoint URI). Typically set by a signal handler. Not owned.
   const std::atomic<int>* stop_signal = nullptr;
+  // Read by rank 0 when the run stops on stop_signal (ReadStopDeadline). With a deadline, the
+  // checkpoint of the stop step is skipped when the longest of the last three saves of this run,
+  // plus kStopSaveMargin, would not end before it (with no save measured yet it is attempted),
+  // and every wait and retry at the stop ends at the deadline. Empty: stops have no deadline.
+  std::string stop_deadline_file;
+  // How long checkpoint commits, the model report and the final progress report keep retrying
+  // while the coordinator is unreachable (a coordinator restart takes seconds).
+  absl::Duration coordinator_retry_for = absl::Seconds(60);
   int num_threads = 1;  // torch::set_num_threads
   const Clock* clock = &RealClock::Get();
   absl::Duration report_interval = absl::Seconds(1);
@@ -41,6 +57,9 @@ struct TrainerOptions {
   std::function<void(int64_t)> after_step;
 };
 
+// Added to the longest recent save when judging whether a save fits before a stop's deadline.
+inline constexpr absl::Duration kStopSaveMargin = absl::Seconds(1);
+
 struct TrainResult {
   int64_t step = 0;  // updates done, resumed ones included
   int64_t total_steps = 0;
@@ -49,7 +68,10 @@ struct TrainResult {
   double first_loss = 0;     // batch loss of this run's first update
   double loss = 0;           // batch loss of the last update
   std::optional<double> val_accuracy;
-  bool stopped = false;   // stop_signal ended the run before total_steps
+  bool stopped = false;  // stop_signal ended the run before total_steps
+  // Rank 0 of a stopped run did not checkpoint the stop step: its save would not have finished
+  // before the deadline (a job event says so), or the one before it was still being written.
+  bool stop_checkpoint_skipped = false;
   std::string model_uri;  // the exported model; empty when stopped or without checkpoint_uri
 };
 
@@ -59,8 +81,12 @@ struct TrainResult {
 // classified for ExitCodeForStatus: INVALID_ARGUMENT / NOT_FOUND / UNIMPLEMENTED naming the spec
 // field for bad specs, data or models; UNAVAILABLE when the final checkpoint, export or report
 // cannot be done or a peer is lost, DEADLINE_EXCEEDED when a collective times out,
-// FAILED_PRECONDITION when the attempt was fenced off; INTERNAL for anything unexpected. Not reentrant: it sets LibTorch's global thread count
-// and random generator.
+// ABORTED / FAILED_PRECONDITION when the attempt was fenced off; INTERNAL for anything
+// unexpected. A stop whose deadline passes while a checkpoint is being written still waits for
+// that write: the caller ends the process at the deadline if it must (main.cc does).
+// It sets LibTorch's global thread count and reseeds its process-wide random generator before
+// every update; the ranks of one job may run as threads of one process (tests) if their model
+// draws no random numbers (no dropout), since they would share that generator.
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options);
 
