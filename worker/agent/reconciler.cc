@@ -53,6 +53,10 @@ bool IsTrainerProcess(int64_t pid) {
   return false;
 }
 
+std::string Utc(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E*SZ", t, absl::UTCTimeZone());
+}
+
 }  // namespace
 
 std::string TailLines(const std::string& path, int lines) {
@@ -242,8 +246,7 @@ void Reconciler::Terminate(Record& record, StopCause cause, absl::Time kill_at) 
           record.stop_deadline == absl::InfiniteFuture()
               ? ""
               : absl::StrCat(" to save and exit by ",
-                             absl::FormatTime(absl::RFC3339_full, record.stop_deadline,
-                                              absl::UTCTimeZone())));
+                             Utc(record.stop_deadline)));
   absl::Status status = launcher_.Signal(record.status.pid(), SIGTERM);
   if (!status.ok()) {
     LogWarning("cannot signal task ", record.task.task_id(), ": ", status.message());
@@ -289,7 +292,7 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
     case StopCause::kSaveDeadline:
       message = absl::StrCat(
           "asked to save and exit by ",
-          absl::FormatTime(absl::RFC3339_full, record.stop_deadline, absl::UTCTimeZone()), " (",
+          Utc(record.stop_deadline), " (",
           DescribeExit(exit), ")");
       break;
     case StopCause::kAgentShutdown:
