@@ -148,7 +148,7 @@ void Agent::RequestPreemption(const PreemptionNotice& notice) {
   Wake();
 }
 
-absl::Status Agent::RegisterOnce(absl::Duration timeout) {
+absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   v1::RegisterWorkerRequest request;
   request.set_name(options_.name);
   request.set_address(options_.address);
@@ -162,6 +162,7 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(RpcDeadline(timeout)));
   {
     absl::MutexLock lock(&mu_);
+    if (wake_seq_ != seen) return absl::CancelledError("woken");
     active_call_ = &context;
   }
   grpc::Status status = stub_->RegisterWorker(&context, request, &response);
@@ -175,7 +176,7 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout) {
+absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64_t seen) {
   v1::SyncRequest request;
   {
     absl::MutexLock lock(&mu_);
@@ -189,11 +190,10 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout) {
   v1::SyncResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(RpcDeadline(wait + timeout)));
-  uint64_t seen;
   {
     absl::MutexLock lock(&mu_);
+    if (wake_seq_ != seen) return absl::CancelledError("woken");
     active_call_ = &context;
-    seen = wake_seq_;
   }
   const absl::Time start = absl::Now();
   grpc::Status status = stub_->Sync(&context, request, &response);
@@ -347,7 +347,7 @@ int Agent::Run() {
     // once, and the end of the last trainer ends the agent.
     absl::Status status;
     if (!registered) {
-      status = RegisterOnce(stopping ? absl::Seconds(2) : absl::Seconds(10));
+      status = RegisterOnce(stopping ? absl::Seconds(2) : absl::Seconds(10), seen);
       registered = status.ok();
       if (registered && preempting && !report_pending) {
         // A coordinator that had forgotten this worker has forgotten its preemption too.
@@ -355,8 +355,8 @@ int Agent::Run() {
         report_attempts = 0;
       }
     } else {
-      status = stopping ? SyncOnce(kStoppingPoll, absl::Seconds(2))
-                        : SyncOnce(options_.sync_wait, absl::Seconds(10));
+      status = stopping ? SyncOnce(kStoppingPoll, absl::Seconds(2), seen)
+                        : SyncOnce(options_.sync_wait, absl::Seconds(10), seen);
       if (absl::IsNotFound(status)) {
         LogWarning(status.message(), "; registering again");
         registered = false;
@@ -391,7 +391,14 @@ int Agent::Run() {
   supervisor.join();
   shipper.join();
   // Reports of the last exits may have failed; a Sync carries every final status once more.
-  if (registered) SyncOnce(absl::ZeroDuration(), absl::Seconds(2)).IgnoreError();
+  if (registered) {
+    uint64_t seen;
+    {
+      absl::MutexLock lock(&mu_);
+      seen = wake_seq_;
+    }
+    SyncOnce(absl::ZeroDuration(), absl::Seconds(2), seen).IgnoreError();
+  }
   LogInfo("stopped");
   return 0;
 }

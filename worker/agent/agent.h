@@ -79,11 +79,12 @@ class Agent {
  private:
   class CoordinatorLogSink;
 
-  // One RegisterWorker call ending within `timeout`; the gRPC error if it fails.
-  absl::Status RegisterOnce(absl::Duration timeout);
+  // One RegisterWorker call ending within `timeout`; the gRPC error if it fails. CANCELLED,
+  // without a call, when Wake came after wake_seq_ was `seen`.
+  absl::Status RegisterOnce(absl::Duration timeout, uint64_t seen);
   // One Sync call held up to `wait` and ending within wait + `timeout`. UNAVAILABLE etc. on
-  // transport errors; NOT_FOUND when asked to re-register.
-  absl::Status SyncOnce(absl::Duration wait, absl::Duration timeout);
+  // transport errors; NOT_FOUND when asked to re-register; CANCELLED as RegisterOnce.
+  absl::Status SyncOnce(absl::Duration wait, absl::Duration timeout, uint64_t seen);
   // One ReportPreemption call.
   absl::Status ReportPreemption(const PreemptionNotice& notice);
   void Report(const v1::TaskStatus& status);
