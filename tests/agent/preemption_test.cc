@@ -71,8 +71,7 @@ TEST(ParsePreemptionAnswerTest, AwsActionDeadlineIsItsTimeOrTheGracePeriodWhiche
 
   // AWS gives two minutes; the grace period is what the agent has.
   answer = ParsePreemptionAnswer(
-      200,
-      absl::StrCat(R"({"action":"stop","time":")", Rfc3339(kNow + absl::Minutes(2)), R"("})"),
+      200, absl::StrCat(R"({"action":"stop","time":")", Rfc3339(kNow + absl::Minutes(2)), R"("})"),
       kNow, kGrace);
   ASSERT_TRUE(answer.ok()) << answer.status();
   ASSERT_TRUE(answer->has_value());
@@ -86,9 +85,9 @@ TEST(ParsePreemptionAnswerTest, AwsActionDeadlineIsItsTimeOrTheGracePeriodWhiche
 }
 
 TEST(ParsePreemptionAnswerTest, MalformedAnswersAreErrors) {
-  for (const char* body : {"", "maybe", "{\"action\": ", R"({"time": "2023-11-14T22:13:30Z"})",
-                           R"({"action": "reboot", "time": "2023-11-14T22:13:30Z"})", "[1, 2]",
-                           R"({"action": 3})"}) {
+  for (const char* body :
+       {"", "maybe", "{\"action\": ", R"({"time": "2023-11-14T22:13:30Z"})",
+        R"({"action": "reboot", "time": "2023-11-14T22:13:30Z"})", "[1, 2]", R"({"action": 3})"}) {
     absl::StatusOr<std::optional<PreemptionNotice>> answer =
         ParsePreemptionAnswer(200, body, kNow, kGrace);
     EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument) << body;

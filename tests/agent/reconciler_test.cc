@@ -14,8 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/common/fake_clock.h"
 #include "tests/agent/fake_process_launcher.h"
+#include "tests/common/fake_clock.h"
 #include "worker/agent/backoff.h"
 
 namespace trainyard {
@@ -148,6 +148,30 @@ TEST_F(ReconcilerTest, ReportsExitWithTerminationMessageAfterTheLogHook) {
   EXPECT_EQ(reconciler.Statuses()[0].state(), v1::TASK_EXITED);
 }
 
+TEST_F(ReconcilerTest, OverlappingTicksReportAnEndOnce) {
+  ReconcilerOptions options = Options();
+  Reconciler* self = nullptr;
+  bool inner_called = false;
+  std::vector<v1::TaskStatus> from_inner;
+  // A second Tick while the first one ships the log (the agent's main thread at shutdown while
+  // its supervisor thread is busy).
+  options.before_exit_reported = [&](const std::string&) {
+    if (inner_called) return;
+    inner_called = true;
+    from_inner = self->Tick();
+  };
+  Reconciler reconciler(options, launcher_, clock_);
+  self = &reconciler;
+  reconciler.Apply({MakeTask("j1.g1.r0")});
+  launcher_.Exit(1000, ExitInfo{143, 0});
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].exit_code(), 143);
+  EXPECT_TRUE(inner_called);
+  EXPECT_THAT(from_inner, IsEmpty());
+  EXPECT_EQ(reconciler.RunningCount(), 0);
+}
+
 TEST_F(ReconcilerTest, MessageIsTheLogTailWithoutATerminationMessage) {
   Reconciler reconciler(Options(), launcher_, clock_);
   reconciler.Apply({MakeTask("j1.g1.r0"), MakeTask("j2.g1.r0")});
@@ -266,9 +290,9 @@ class SignalRecorder {
       : work_dir_(std::move(work_dir)) {
     launcher.OnSignal([this](int64_t pid, int signal) {
       absl::MutexLock lock(&mu_);
-      seen_.push_back(absl::StrCat(pid, " ", signal == SIGTERM ? "TERM" : "KILL", " ",
-                                   Read(absl::StrCat(work_dir_, "/tasks/", ids_[pid],
-                                                     "/stop-deadline"))));
+      seen_.push_back(
+          absl::StrCat(pid, " ", signal == SIGTERM ? "TERM" : "KILL", " ",
+                       Read(absl::StrCat(work_dir_, "/tasks/", ids_[pid], "/stop-deadline"))));
     });
   }
   void Name(int64_t pid, const std::string& task_id) {
@@ -330,7 +354,7 @@ TEST_F(ReconcilerTest, TrainerThatSavesByItsDeadlineIsReportedExitedWithItsCode)
   EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
   EXPECT_EQ(ended[0].exit_code(), 143);
   EXPECT_EQ(ended[0].signal(), 0);
-  EXPECT_THAT(ended[0].message(), HasSubstr("asked to save and exit by 2023-11-14T22:13:40Z"));
+  EXPECT_THAT(ended[0].message(), HasSubstr("asked to save and exit by 2023-11-14T22:13:40.000Z"));
   EXPECT_THAT(ended[0].message(), HasSubstr("stopped by SIGTERM at step 41"));
   EXPECT_THAT(flushed_, ElementsAre("j1.g1.r0"));
   EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
@@ -414,11 +438,11 @@ TEST_F(ReconcilerTest, StopAllByAsksEveryTrainerToSaveAndKillsAtTheGivenTime) {
   const absl::Time kill_at = start + absl::Seconds(5);
   const std::string ms = absl::StrCat(absl::ToUnixMillis(kill_at));
   reconciler.StopAllBy(kill_at);
-  // Only a trainer not yet asked gets a SIGTERM, with its file in place first.
-  EXPECT_THAT(recorder.seen(),
-              ElementsAre("1001 TERM ", absl::StrCat("1002 TERM ", absl::ToUnixMillis(start) + 60000,
-                                                     "\n"),
-                          "1000 TERM " + ms + "\n"));
+  // The two SIGTERMs from before, then one for the trainer not yet asked, its file in place.
+  EXPECT_THAT(
+      recorder.seen(),
+      ElementsAre("1001 TERM ", absl::StrCat("1002 TERM ", absl::ToUnixMillis(start) + 60000, "\n"),
+                  "1000 TERM " + ms + "\n"));
   EXPECT_EQ(Read(dir_ + "/tasks/saving.g1.r0/stop-deadline"), ms + "\n");
   EXPECT_EQ(Read(dir_ + "/tasks/leaving.g1.r0/stop-deadline"), ms + "\n");
   // New tasks are refused; a later call never moves the kill times back.

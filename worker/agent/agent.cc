@@ -28,8 +28,7 @@ std::string Utc(absl::Time t) {
 // A preemption report that failed this way will not succeed on a retry.
 bool Retryable(const absl::Status& status) {
   return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
-         absl::IsAborted(status) || absl::IsResourceExhausted(status) ||
-         absl::IsCancelled(status);
+         absl::IsAborted(status) || absl::IsResourceExhausted(status) || absl::IsCancelled(status);
 }
 
 constexpr int kPreemptionReportAttempts = 3;
@@ -89,8 +88,8 @@ Agent::Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel)
                                       absl::Status status = shipper_.Finish(task_id);
                                       if (!status.ok() && !absl::IsNotFound(status)) {
                                         LogWarning("cannot ship the rest of the log of task ",
-                                                   task_id, " now (later passes retry): ",
-                                                   status.message());
+                                                   task_id,
+                                                   " now (later passes retry): ", status.message());
                                       }
                                     }},
                   *launcher_, clock_) {}
@@ -106,7 +105,7 @@ void Agent::Wake() {
 
 void Agent::Sleep(absl::Duration d, uint64_t seen) {
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + d;
+  const absl::Time deadline = std::min(clock_.Now() + d, leave_by_);
   while (wake_seq_ == seen) {
     if (wake_cv_.WaitWithDeadline(&mu_, deadline)) break;
   }
@@ -140,11 +139,11 @@ void Agent::RequestPreemption(const PreemptionNotice& notice) {
   const absl::Duration margin =
       std::min(absl::Seconds(2), std::max(absl::ZeroDuration(), notice.deadline - now) / 10);
   preemption_ = notice;
-  kill_at_ = notice.deadline - margin;
+  // Whole milliseconds, as written to the trainers' stop-deadline files.
+  kill_at_ = absl::FromUnixMillis(absl::ToUnixMillis(notice.deadline - margin));
   leave_by_ = notice.deadline - margin / 4;
   LogWarning("preemption notice (", notice.source, ": ", notice.message, "): this machine goes at ",
-             Utc(notice.deadline), "; trainers are asked to save and exit by ",
-             Utc(kill_at_));
+             Utc(notice.deadline), "; trainers are asked to save and exit by ", Utc(kill_at_));
   Wake();
 }
 
@@ -298,6 +297,10 @@ int Agent::Run() {
       kill_at = kill_at_;
       leave_by = leave_by_;
     }
+    if (clock_.Now() >= leave_by) {
+      LogWarning("leaving now: the machine goes at ", Utc(notice->deadline));
+      break;
+    }
     const bool preemption_begins = notice.has_value() && !preempting;
     if (preemption_begins) {
       preempting = true;
@@ -335,13 +338,7 @@ int Agent::Run() {
       if (running > 0) LogInfo("stopping ", running, " trainers");
       reconciler_.StopAll();
     }
-    if (stopping) {
-      if (reconciler_.RunningCount() == 0 && !report_pending) break;
-      if (clock_.Now() >= leave_by) {
-        LogWarning("leaving now: the machine goes at ", Utc(notice->deadline));
-        break;
-      }
-    }
+    if (stopping && reconciler_.RunningCount() == 0 && !report_pending) break;
 
     // While stopping, calls are short and waits too: the coordinator must hear of each exit at
     // once, and the end of the last trainer ends the agent.

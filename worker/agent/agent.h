@@ -94,7 +94,7 @@ class Agent {
   absl::Time RpcDeadline(absl::Duration timeout);
   // Wakes Run: a stop or preemption was requested.
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits up to `d`, or until Wake is called after wake_seq_ was `seen`.
+  // Waits up to `d` (never past leave_by_), or until Wake is called after wake_seq_ was `seen`.
   void Sleep(absl::Duration d, uint64_t seen);
 
   const AgentOptions options_;

@@ -51,20 +51,22 @@ absl::StatusOr<std::optional<PreemptionNotice>> ParseInstanceAction(absl::string
     notice.deadline = std::min(notice.deadline, at);
     notice.message = absl::StrCat("spot instance action: ", verb, " at ", when);
   } else {
-    notice.message = absl::StrCat("spot instance action: ", verb, " (unreadable time '", when,
-                                  "')");
+    notice.message =
+        absl::StrCat("spot instance action: ", verb, " (unreadable time '", when, "')");
   }
   return notice;
 }
 
 }  // namespace
 
-absl::StatusOr<std::optional<PreemptionNotice>> ParsePreemptionAnswer(
-    int http_status, absl::string_view body, absl::Time now, absl::Duration grace_period) {
+absl::StatusOr<std::optional<PreemptionNotice>> ParsePreemptionAnswer(int http_status,
+                                                                      absl::string_view body,
+                                                                      absl::Time now,
+                                                                      absl::Duration grace_period) {
   if (http_status == 404) return std::nullopt;  // AWS: no stop scheduled
   if (http_status != 200) {
-    return absl::UnavailableError(absl::StrCat("HTTP ", http_status,
-                                               body.empty() ? "" : ": ", Snippet(body)));
+    return absl::UnavailableError(
+        absl::StrCat("HTTP ", http_status, body.empty() ? "" : ": ", Snippet(body)));
   }
   const absl::string_view text = absl::StripAsciiWhitespace(body);
   if (absl::EqualsIgnoreCase(text, "FALSE")) return std::nullopt;

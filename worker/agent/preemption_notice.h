@@ -28,8 +28,10 @@ struct PreemptionNotice {
 // Returns nullopt when no preemption is announced, INVALID_ARGUMENT for an answer of neither
 // shape (another status than 200 or 404 is UNAVAILABLE: the endpoint did not answer the
 // question). Pure.
-absl::StatusOr<std::optional<PreemptionNotice>> ParsePreemptionAnswer(
-    int http_status, absl::string_view body, absl::Time now, absl::Duration grace_period);
+absl::StatusOr<std::optional<PreemptionNotice>> ParsePreemptionAnswer(int http_status,
+                                                                      absl::string_view body,
+                                                                      absl::Time now,
+                                                                      absl::Duration grace_period);
 
 }  // namespace trainyard
 

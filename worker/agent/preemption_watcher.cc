@@ -86,9 +86,8 @@ absl::StatusOr<PreemptionWatcher::Answer> PreemptionWatcher::Request(
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
   curl_slist_free_all(header_list);
   if (code != CURLE_OK) {
-    return absl::UnavailableError(
-        absl::StrCat(method, " ", url, ": ",
-                     error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(code)));
+    return absl::UnavailableError(absl::StrCat(
+        method, " ", url, ": ", error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(code)));
   }
   answer.status = static_cast<int>(status);
   return answer;
@@ -115,8 +114,7 @@ absl::StatusOr<PreemptionWatcher::Answer> PreemptionWatcher::Get() {
 absl::StatusOr<std::optional<PreemptionNotice>> PreemptionWatcher::PollOnce() {
   absl::StatusOr<Answer> answer = Get();
   if (!answer.ok()) return answer.status();
-  return ParsePreemptionAnswer(answer->status, answer->body, clock_.Now(),
-                               options_.grace_period);
+  return ParsePreemptionAnswer(answer->status, answer->body, clock_.Now(), options_.grace_period);
 }
 
 void PreemptionWatcher::Start(std::function<void(const PreemptionNotice&)> on_notice) {

@@ -54,7 +54,7 @@ bool IsTrainerProcess(int64_t pid) {
 }
 
 std::string Utc(absl::Time t) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E*SZ", t, absl::UTCTimeZone());
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
 }
 
 }  // namespace
@@ -245,8 +245,7 @@ void Reconciler::Terminate(Record& record, StopCause cause, absl::Time kill_at) 
   LogInfo("stopping task ", record.task.task_id(), " (pid ", record.status.pid(), ")",
           record.stop_deadline == absl::InfiniteFuture()
               ? ""
-              : absl::StrCat(" to save and exit by ",
-                             Utc(record.stop_deadline)));
+              : absl::StrCat(" to save and exit by ", Utc(record.stop_deadline)));
   absl::Status status = launcher_.Signal(record.status.pid(), SIGTERM);
   if (!status.ok()) {
     LogWarning("cannot signal task ", record.task.task_id(), ": ", status.message());
@@ -290,18 +289,16 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
       message = absl::StrCat("stopped on request (", DescribeExit(exit), ")");
       break;
     case StopCause::kSaveDeadline:
-      message = absl::StrCat(
-          "asked to save and exit by ",
-          Utc(record.stop_deadline), " (",
-          DescribeExit(exit), ")");
+      message = absl::StrCat("asked to save and exit by ", Utc(record.stop_deadline), " (",
+                             DescribeExit(exit), ")");
       break;
     case StopCause::kAgentShutdown:
       message = absl::StrCat("stopped because the worker agent is shutting down (",
                              DescribeExit(exit), ")");
       break;
     case StopCause::kPreemption:
-      message = absl::StrCat("stopped because the worker is being preempted (", DescribeExit(exit),
-                             ")");
+      message =
+          absl::StrCat("stopped because the worker is being preempted (", DescribeExit(exit), ")");
       break;
   }
   if (!detail.empty()) message = message.empty() ? detail : absl::StrCat(message, ": ", detail);
@@ -324,14 +321,17 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_.Now();
     for (auto& [id, record] : records_) {
-      if (!record.running) continue;
+      // Reaped by a Tick still busy with the hook: it reports the end.
+      if (!record.running || record.reaped) continue;
       absl::StatusOr<std::optional<ExitInfo>> exit = launcher_.PollExit(record.status.pid());
       if (!exit.ok()) {
         LogError("cannot wait for task ", id, ": ", exit.status().message());
+        record.reaped = true;
         ended.push_back({id, ExitInfo{-1, 0}});
         continue;
       }
       if (exit->has_value()) {
+        record.reaped = true;
         ended.push_back({id, **exit});
         continue;
       }

@@ -76,7 +76,8 @@ class Reconciler {
   // statuses of the tasks that ended: TASK_STOPPED for a task stopped because it left the
   // desired state (first), TASK_EXITED with the trainer's own exit code or signal otherwise,
   // including tasks asked to save by a stop deadline, StopAll or StopAllBy (a trainer that saved
-  // after SIGTERM exits with 143). Non-blocking apart from the before_exit_reported hook.
+  // after SIGTERM exits with 143). Non-blocking apart from the before_exit_reported hook. Calls
+  // may overlap: each end is reported by exactly one of them.
   std::vector<v1::TaskStatus> Tick();
 
   // Stops every running task because the agent itself is going away (SIGTERM, SIGKILL after the
@@ -117,10 +118,11 @@ class Reconciler {
     v1::TaskStatus status;
     std::vector<int> gpus;
     bool running = false;
+    bool reaped = false;  // its exit is known; running until reported by the Tick that reaped it
     StopCause stop_cause = StopCause::kNone;
     bool undesired = false;  // has left the desired state
     bool killed = false;
-    absl::Time kill_at = absl::InfiniteFuture();  // SIGKILL from Tick from then on
+    absl::Time kill_at = absl::InfiniteFuture();        // SIGKILL from Tick from then on
     absl::Time stop_deadline = absl::InfiniteFuture();  // in the stop-deadline file, if written
     bool sent = false;  // ended, and included in a StatusesForSync result
   };
