@@ -159,6 +159,9 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   v1::RegisterWorkerResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(RpcDeadline(timeout)));
+  // Waits for the channel's own reconnection instead of failing at once while it backs off: a
+  // restarted coordinator is found within moments of listening.
+  context.set_wait_for_ready(true);
   {
     absl::MutexLock lock(&mu_);
     if (wake_seq_ != seen) return absl::CancelledError("woken");
@@ -189,6 +192,7 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
   v1::SyncResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(RpcDeadline(wait + timeout)));
+  context.set_wait_for_ready(true);  // as in RegisterOnce
   {
     absl::MutexLock lock(&mu_);
     if (wake_seq_ != seen) return absl::CancelledError("woken");
@@ -258,7 +262,14 @@ void Agent::Report(const v1::TaskStatus& status) {
 
 void Agent::SupervisorLoop() {
   do {
-    for (const v1::TaskStatus& change : reconciler_.Tick()) Report(change);
+    const std::vector<v1::TaskStatus> ended = reconciler_.Tick();
+    for (const v1::TaskStatus& change : ended) Report(change);
+    if (!ended.empty() && reconciler_.RunningCount() == 0) {
+      // The last trainer of a stop is gone: Run need not finish a call to a coordinator that
+      // may not answer.
+      absl::MutexLock lock(&mu_);
+      if (stop_requested_ || preemption_.has_value()) Wake();
+    }
   } while (!threads_done_.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
 }
 
@@ -279,6 +290,7 @@ int Agent::Run() {
 
   Backoff backoff;
   bool registered = false;
+  bool connected = false;  // the last call to the coordinator succeeded
   bool stopping = false;
   bool preempting = false;
   bool report_pending = false;  // the preemption has yet to reach the coordinator
@@ -361,6 +373,7 @@ int Agent::Run() {
       }
     }
     if (status.ok()) {
+      connected = true;
       if (backoff.attempts() > 0) LogInfo("connected to the coordinator again");
       backoff.Reset();
       continue;
@@ -371,6 +384,7 @@ int Agent::Run() {
       woken = wake_seq_ != seen;
     }
     if (woken) continue;  // cancelled for news, not failed
+    connected = false;
     const bool first_failure = backoff.attempts() == 0;
     const absl::Duration delay = stopping ? kStoppingPoll : backoff.Next();
     if (stopping) backoff.Next();  // counts the failure
@@ -388,7 +402,7 @@ int Agent::Run() {
   supervisor.join();
   shipper.join();
   // Reports of the last exits may have failed; a Sync carries every final status once more.
-  if (registered) {
+  if (registered && connected) {
     uint64_t seen;
     {
       absl::MutexLock lock(&mu_);
