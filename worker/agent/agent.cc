@@ -25,7 +25,7 @@ std::string Utc(absl::Time t) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
 }
 
-// A preemption report that failed this way will not succeed on a retry.
+// Whether a preemption report that failed this way may succeed if sent again.
 bool Retryable(const absl::Status& status) {
   return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
          absl::IsAborted(status) || absl::IsResourceExhausted(status) || absl::IsCancelled(status);
