@@ -1,6 +1,7 @@
 #ifndef TRAINYARD_TESTS_AGENT_FAKE_PROCESS_LAUNCHER_H_
 #define TRAINYARD_TESTS_AGENT_FAKE_PROCESS_LAUNCHER_H_
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -31,6 +32,12 @@ class FakeProcessLauncher final : public ProcessLauncher {
     return pid;
   }
   absl::Status Signal(int64_t pid, int signal) override {
+    std::function<void(int64_t, int)> hook;
+    {
+      absl::MutexLock lock(&mu_);
+      hook = on_signal_;
+    }
+    if (hook) hook(pid, signal);
     absl::MutexLock lock(&mu_);
     Launched* p = Find(pid);
     if (p == nullptr) return absl::NotFoundError("no such pid");
@@ -51,6 +58,12 @@ class FakeProcessLauncher final : public ProcessLauncher {
   void Exit(int64_t pid, ExitInfo exit) {
     absl::MutexLock lock(&mu_);
     Find(pid)->exit = exit;
+  }
+  // Called at each Signal, before it takes effect (without the lock held): lets a test see what
+  // the process would find at that moment.
+  void OnSignal(std::function<void(int64_t pid, int signal)> hook) {
+    absl::MutexLock lock(&mu_);
+    on_signal_ = std::move(hook);
   }
   void FailLaunches(absl::Status status) {
     absl::MutexLock lock(&mu_);
@@ -73,6 +86,7 @@ class FakeProcessLauncher final : public ProcessLauncher {
   int64_t next_pid_ ABSL_GUARDED_BY(mu_) = 1000;
   std::vector<Launched> launched_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_with_ ABSL_GUARDED_BY(mu_);
+  std::function<void(int64_t, int)> on_signal_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainyard::testing

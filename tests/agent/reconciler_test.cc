@@ -5,12 +5,17 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/common/fake_clock.h"
 #include "tests/agent/fake_process_launcher.h"
+#include "tests/common/fake_clock.h"
 #include "worker/agent/backoff.h"
 
 namespace trainyard {
@@ -143,6 +148,30 @@ TEST_F(ReconcilerTest, ReportsExitWithTerminationMessageAfterTheLogHook) {
   EXPECT_EQ(reconciler.Statuses()[0].state(), v1::TASK_EXITED);
 }
 
+TEST_F(ReconcilerTest, OverlappingTicksReportAnEndOnce) {
+  ReconcilerOptions options = Options();
+  Reconciler* self = nullptr;
+  bool inner_called = false;
+  std::vector<v1::TaskStatus> from_inner;
+  // A second Tick while the first one ships the log (the agent's main thread at shutdown while
+  // its supervisor thread is busy).
+  options.before_exit_reported = [&](const std::string&) {
+    if (inner_called) return;
+    inner_called = true;
+    from_inner = self->Tick();
+  };
+  Reconciler reconciler(options, launcher_, clock_);
+  self = &reconciler;
+  reconciler.Apply({MakeTask("j1.g1.r0")});
+  launcher_.Exit(1000, ExitInfo{143, 0});
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].exit_code(), 143);
+  EXPECT_TRUE(inner_called);
+  EXPECT_THAT(from_inner, IsEmpty());
+  EXPECT_EQ(reconciler.RunningCount(), 0);
+}
+
 TEST_F(ReconcilerTest, MessageIsTheLogTailWithoutATerminationMessage) {
   Reconciler reconciler(Options(), launcher_, clock_);
   reconciler.Apply({MakeTask("j1.g1.r0"), MakeTask("j2.g1.r0")});
@@ -247,6 +276,201 @@ TEST_F(ReconcilerTest, StopAllStopsEverythingAndRefusesNewTasks) {
   EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
   EXPECT_EQ(ended[0].exit_code(), 4);
   EXPECT_THAT(ended[0].message(), HasSubstr("worker agent is shutting down"));
+}
+
+v1::Task WithStopDeadline(v1::Task task, absl::Time deadline) {
+  task.set_stop_deadline_unix_ms(absl::ToUnixMillis(deadline));
+  return task;
+}
+
+// What a trainer finds in its stop-deadline file at each signal it gets.
+class SignalRecorder {
+ public:
+  SignalRecorder(FakeProcessLauncher& launcher, std::string work_dir)
+      : work_dir_(std::move(work_dir)) {
+    launcher.OnSignal([this](int64_t pid, int signal) {
+      absl::MutexLock lock(&mu_);
+      seen_.push_back(
+          absl::StrCat(pid, " ", signal == SIGTERM ? "TERM" : "KILL", " ",
+                       Read(absl::StrCat(work_dir_, "/tasks/", ids_[pid], "/stop-deadline"))));
+    });
+  }
+  void Name(int64_t pid, const std::string& task_id) {
+    absl::MutexLock lock(&mu_);
+    ids_[pid] = task_id;
+  }
+  std::vector<std::string> seen() const {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+
+ private:
+  const std::string work_dir_;
+  mutable absl::Mutex mu_;
+  std::map<int64_t, std::string> ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(ReconcilerTest, StopDeadlineIsWrittenBeforeSigtermAndSigkillComesAtTheDeadline) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  SignalRecorder recorder(launcher_, dir_);
+  recorder.Name(1000, "j1.g1.r0");
+  const v1::Task task = MakeTask("j1.g1.r0");
+  reconciler.Apply({task});
+  // Later than the stop grace period (10 s), which must not matter here.
+  const absl::Time deadline = clock_.Now() + absl::Seconds(20);
+  const std::string ms = absl::StrCat(absl::ToUnixMillis(deadline));
+  EXPECT_THAT(reconciler.Apply({WithStopDeadline(task, deadline)}), IsEmpty());
+  EXPECT_THAT(recorder.seen(), ElementsAre("1000 TERM " + ms + "\n"));
+  EXPECT_EQ(Read(dir_ + "/tasks/j1.g1.r0/stop-deadline"), ms + "\n");
+
+  // Every Sync repeats the deadline: one SIGTERM all the same.
+  clock_.Advance(absl::Seconds(1));
+  reconciler.Apply({WithStopDeadline(task, deadline)});
+  clock_.Advance(absl::Seconds(19) - absl::Milliseconds(1));
+  EXPECT_THAT(reconciler.Tick(), IsEmpty());
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
+
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(reconciler.Tick(), IsEmpty());
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM, SIGKILL));
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  // For the coordinator to classify: not a stop it asked for without a deadline.
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].signal(), SIGKILL);
+}
+
+TEST_F(ReconcilerTest, TrainerThatSavesByItsDeadlineIsReportedExitedWithItsCode) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  const absl::Time deadline = clock_.Now() + absl::Seconds(20);
+  reconciler.Apply({MakeTask("j1.g1.r0")});
+  reconciler.Apply({WithStopDeadline(MakeTask("j1.g1.r0"), deadline)});
+  clock_.Advance(absl::Seconds(5));
+  std::ofstream(dir_ + "/tasks/j1.g1.r0/termination-message") << "stopped by SIGTERM at step 41\n";
+  launcher_.Exit(1000, ExitInfo{143, 0});
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].exit_code(), 143);
+  EXPECT_EQ(ended[0].signal(), 0);
+  EXPECT_THAT(ended[0].message(), HasSubstr("asked to save and exit by 2023-11-14T22:13:40.000Z"));
+  EXPECT_THAT(ended[0].message(), HasSubstr("stopped by SIGTERM at step 41"));
+  EXPECT_THAT(flushed_, ElementsAre("j1.g1.r0"));
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
+}
+
+TEST_F(ReconcilerTest, TaskFirstSeenWithAStopDeadlineStartsAndIsAskedToSaveAtOnce) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  SignalRecorder recorder(launcher_, dir_);
+  recorder.Name(1000, "j1.g1.r0");
+  const absl::Time deadline = clock_.Now() + absl::Seconds(5);
+  std::vector<v1::TaskStatus> changes =
+      reconciler.Apply({WithStopDeadline(MakeTask("j1.g1.r0"), deadline)});
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].state(), v1::TASK_RUNNING);
+  EXPECT_THAT(recorder.seen(),
+              ElementsAre(absl::StrCat("1000 TERM ", absl::ToUnixMillis(deadline), "\n")));
+}
+
+TEST_F(ReconcilerTest, SavingTaskThatLeavesTheDesiredStateIsNotCutShort) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  const absl::Time start = clock_.Now();
+  // a: its deadline is later than the grace period from when it leaves; b: earlier.
+  const v1::Task a = WithStopDeadline(MakeTask("a.g1.r0"), start + absl::Seconds(20));
+  const v1::Task b = WithStopDeadline(MakeTask("b.g1.r0"), start + absl::Seconds(3));
+  reconciler.Apply({MakeTask("a.g1.r0"), MakeTask("b.g1.r0")});
+  reconciler.Apply({a, b});
+  clock_.Advance(absl::Seconds(1));
+  reconciler.Apply({});  // kill times: a at 20 s (its deadline), b at 11 s (the grace period)
+  clock_.Advance(absl::Seconds(1));
+  reconciler.Apply({});  // leaving again does not move them
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM));
+
+  clock_.Advance(absl::Seconds(9) - absl::Milliseconds(1));  // 11 s - 1 ms
+  reconciler.Tick();
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM));
+  clock_.Advance(absl::Milliseconds(1));
+  reconciler.Tick();
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM, SIGKILL));
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].task_id(), "b.g1.r0");
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].signal(), SIGKILL);
+
+  clock_.Advance(absl::Seconds(9) - absl::Milliseconds(1));  // 20 s - 1 ms
+  reconciler.Tick();
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
+  launcher_.Exit(1000, ExitInfo{143, 0});
+  ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].task_id(), "a.g1.r0");
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].exit_code(), 143);
+}
+
+TEST_F(ReconcilerTest, UndesiredTaskWithoutADeadlineIsStoppedAsBeforeAndGetsNoFile) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("j1.g1.r0")});
+  reconciler.Apply({});
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/tasks/j1.g1.r0/stop-deadline"));
+  launcher_.Exit(1000, ExitInfo{143, 0});
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_STOPPED);
+}
+
+TEST_F(ReconcilerTest, StopAllByAsksEveryTrainerToSaveAndKillsAtTheGivenTime) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  SignalRecorder recorder(launcher_, dir_);
+  recorder.Name(1000, "run.g1.r0");
+  recorder.Name(1001, "leaving.g1.r0");
+  recorder.Name(1002, "saving.g1.r0");
+  const absl::Time start = clock_.Now();
+  reconciler.Apply({MakeTask("run.g1.r0"), MakeTask("leaving.g1.r0"), MakeTask("saving.g1.r0")});
+  // Already leaving (SIGKILL due at 10 s) and already saving for the coordinator (by 60 s).
+  reconciler.Apply({MakeTask("run.g1.r0"),
+                    WithStopDeadline(MakeTask("saving.g1.r0"), start + absl::Seconds(60))});
+
+  const absl::Time kill_at = start + absl::Seconds(5);
+  const std::string ms = absl::StrCat(absl::ToUnixMillis(kill_at));
+  reconciler.StopAllBy(kill_at);
+  // The two SIGTERMs from before, then one for the trainer not yet asked, its file in place.
+  EXPECT_THAT(
+      recorder.seen(),
+      ElementsAre("1001 TERM ", absl::StrCat("1002 TERM ", absl::ToUnixMillis(start) + 60000, "\n"),
+                  "1000 TERM " + ms + "\n"));
+  EXPECT_EQ(Read(dir_ + "/tasks/saving.g1.r0/stop-deadline"), ms + "\n");
+  EXPECT_EQ(Read(dir_ + "/tasks/leaving.g1.r0/stop-deadline"), ms + "\n");
+  // New tasks are refused; a later call never moves the kill times back.
+  EXPECT_THAT(reconciler.Apply({MakeTask("new.g1.r0")}), IsEmpty());
+  reconciler.StopAllBy(start + absl::Seconds(30));
+  EXPECT_EQ(Read(dir_ + "/tasks/run.g1.r0/stop-deadline"), ms + "\n");
+
+  launcher_.Exit(1000, ExitInfo{143, 0});
+  clock_.Advance(absl::Seconds(5) - absl::Milliseconds(1));
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].exit_code(), 143);
+  EXPECT_THAT(ended[0].message(), HasSubstr("being preempted"));
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM));
+  EXPECT_THAT(launcher_.launched()[2].signals, ElementsAre(SIGTERM));
+
+  clock_.Advance(absl::Milliseconds(1));
+  reconciler.Tick();
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGTERM, SIGKILL));
+  EXPECT_THAT(launcher_.launched()[2].signals, ElementsAre(SIGTERM, SIGKILL));
+  ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 2u);
+  EXPECT_EQ(ended[0].task_id(), "leaving.g1.r0");
+  EXPECT_EQ(ended[0].state(), v1::TASK_STOPPED);  // the coordinator had asked for that stop
+  EXPECT_EQ(ended[1].task_id(), "saving.g1.r0");
+  EXPECT_EQ(ended[1].state(), v1::TASK_EXITED);
+  EXPECT_EQ(reconciler.RunningCount(), 0);
 }
 
 TEST_F(ReconcilerTest, TaskOfAnEarlierAgentRunIsReportedLostNotRestarted) {

@@ -21,9 +21,19 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+std::string Utc(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
 }
+
+// Whether a preemption report that failed this way may succeed if sent again.
+bool Retryable(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+         absl::IsAborted(status) || absl::IsResourceExhausted(status) || absl::IsCancelled(status);
+}
+
+constexpr int kPreemptionReportAttempts = 3;
+// While stopping, every wait is this short: the end of the last trainer ends the wait for it.
+constexpr absl::Duration kStoppingPoll = absl::Milliseconds(200);
 
 }  // namespace
 
@@ -55,7 +65,7 @@ class Agent::CoordinatorLogSink final : public LogSink {
     request.set_data(std::string(data));
     v1::ShipLogsResponse response;
     grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(10));
+    context.set_deadline(absl::ToChronoTime(agent_.RpcDeadline(absl::Seconds(10))));
     grpc::Status status = agent_.stub_->ShipLogs(&context, request, &response);
     if (!status.ok()) return FromGrpc(status);
     return response.next_offset();
@@ -67,6 +77,7 @@ class Agent::CoordinatorLogSink final : public LogSink {
 
 Agent::Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
+      clock_(RealClock::Get()),
       stub_(v1::AgentService::NewStub(channel)),
       launcher_(NewRealProcessLauncher()),
       log_sink_(std::make_unique<CoordinatorLogSink>(*this)),
@@ -77,87 +88,114 @@ Agent::Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel)
                                       absl::Status status = shipper_.Finish(task_id);
                                       if (!status.ok() && !absl::IsNotFound(status)) {
                                         LogWarning("cannot ship the rest of the log of task ",
-                                                   task_id, " now (later passes retry): ",
-                                                   status.message());
+                                                   task_id,
+                                                   " now (later passes retry): ", status.message());
                                       }
                                     }},
-                  *launcher_, RealClock::Get()) {}
+                  *launcher_, clock_) {}
 
 Agent::~Agent() = default;
 
-void Agent::RequestStop(StopReason reason) {
-  absl::MutexLock lock(&mu_);
-  if (stop_requested_.HasBeenNotified()) return;
-  switch (reason) {
-    case StopReason::kTerminationSignal:
-      LogInfo("termination requested: stopping trainers");
-      break;
-  }
-  stop_requested_.Notify();
+void Agent::Wake() {
+  ++wake_seq_;
+  wake_cv_.SignalAll();
+  // A long poll would hold the news up to sync_wait.
   if (active_call_ != nullptr) active_call_->TryCancel();
 }
 
-bool Agent::WaitOrStop(absl::Duration d) {
-  return stop_requested_.WaitForNotificationWithTimeout(d);
-}
-
-bool Agent::Register() {
-  Backoff backoff;
-  while (!stop_requested_.HasBeenNotified()) {
-    v1::RegisterWorkerRequest request;
-    request.set_name(options_.name);
-    request.set_address(options_.address);
-    request.set_slots(options_.slots);
-    request.set_gpus(options_.gpus);
-    request.set_memory_bytes(options_.memory_bytes);
-    request.set_hostname(options_.hostname);
-    for (v1::TaskStatus& status : reconciler_.Statuses()) *request.add_tasks() = std::move(status);
-    v1::RegisterWorkerResponse response;
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(10));
-    {
-      absl::MutexLock lock(&mu_);
-      active_call_ = &context;
-    }
-    grpc::Status status = stub_->RegisterWorker(&context, request, &response);
-    {
-      absl::MutexLock lock(&mu_);
-      active_call_ = nullptr;
-      if (status.ok()) {
-        worker_id_ = response.worker_id().empty() ? options_.name : response.worker_id();
-        known_version_ = 0;
-        LogInfo("registered as ", worker_id_, " with ", options_.slots, " slots, ", options_.gpus,
-                " GPUs at ", options_.coordinator);
-        return true;
-      }
-    }
-    if (stop_requested_.HasBeenNotified()) break;
-    const absl::Duration delay = backoff.Next();
-    LogWarning("cannot register with the coordinator at ", options_.coordinator, ": ",
-               status.error_message(), "; retrying in ",
-               absl::FormatDuration(absl::Trunc(delay, absl::Milliseconds(1))));
-    WaitOrStop(delay);
+void Agent::Sleep(absl::Duration d, uint64_t seen) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = std::min(clock_.Now() + d, leave_by_);
+  while (wake_seq_ == seen) {
+    if (wake_cv_.WaitWithDeadline(&mu_, deadline)) break;
   }
-  return false;
 }
 
-absl::Status Agent::SyncOnce() {
+absl::Time Agent::RpcDeadline(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return std::min(clock_.Now() + timeout, leave_by_);
+}
+
+void Agent::RequestStop() {
+  absl::MutexLock lock(&mu_);
+  if (stop_requested_ || preemption_.has_value()) {
+    LogInfo("stop requested again: already stopping");
+    return;
+  }
+  LogInfo("stop requested: stopping trainers");
+  stop_requested_ = true;
+  Wake();
+}
+
+void Agent::RequestPreemption(const PreemptionNotice& notice) {
+  absl::MutexLock lock(&mu_);
+  if (preemption_.has_value()) {
+    LogInfo("another preemption notice (", notice.source, ": ", notice.message,
+            "); the deadline stays ", Utc(preemption_->deadline));
+    return;
+  }
+  const absl::Time now = clock_.Now();
+  // The agent must be gone by the deadline with its trainers reaped and their ends reported.
+  const absl::Duration margin =
+      std::min(absl::Seconds(2), std::max(absl::ZeroDuration(), notice.deadline - now) / 10);
+  preemption_ = notice;
+  // Whole milliseconds, as written to the trainers' stop-deadline files.
+  kill_at_ = absl::FromUnixMillis(absl::ToUnixMillis(notice.deadline - margin));
+  leave_by_ = notice.deadline - margin / 4;
+  LogWarning("preemption notice (", notice.source, ": ", notice.message, "): this machine goes at ",
+             Utc(notice.deadline), "; trainers are asked to save and exit by ", Utc(kill_at_));
+  Wake();
+}
+
+absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
+  v1::RegisterWorkerRequest request;
+  request.set_name(options_.name);
+  request.set_address(options_.address);
+  request.set_slots(options_.slots);
+  request.set_gpus(options_.gpus);
+  request.set_memory_bytes(options_.memory_bytes);
+  request.set_hostname(options_.hostname);
+  for (v1::TaskStatus& status : reconciler_.Statuses()) *request.add_tasks() = std::move(status);
+  v1::RegisterWorkerResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(RpcDeadline(timeout)));
+  // Waits for the channel's own reconnection instead of failing at once while it backs off: a
+  // restarted coordinator is found within moments of listening.
+  context.set_wait_for_ready(true);
+  {
+    absl::MutexLock lock(&mu_);
+    if (wake_seq_ != seen) return absl::CancelledError("woken");
+    active_call_ = &context;
+  }
+  grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+  absl::MutexLock lock(&mu_);
+  active_call_ = nullptr;
+  if (!status.ok()) return FromGrpc(status);
+  worker_id_ = response.worker_id().empty() ? options_.name : response.worker_id();
+  known_version_ = 0;
+  LogInfo("registered as ", worker_id_, " with ", options_.slots, " slots, ", options_.gpus,
+          " GPUs at ", options_.coordinator);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64_t seen) {
   v1::SyncRequest request;
   {
     absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
     request.set_known_version(known_version_);
   }
-  request.set_wait_ms(absl::ToInt64Milliseconds(options_.sync_wait));
+  request.set_wait_ms(absl::ToInt64Milliseconds(wait));
   for (v1::TaskStatus& status : reconciler_.StatusesForSync()) {
     *request.add_tasks() = std::move(status);
   }
   v1::SyncResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, options_.sync_wait + absl::Seconds(10));
+  context.set_deadline(absl::ToChronoTime(RpcDeadline(wait + timeout)));
+  context.set_wait_for_ready(true);  // as in RegisterOnce
   {
     absl::MutexLock lock(&mu_);
-    if (stop_requested_.HasBeenNotified()) return absl::CancelledError("stopping");
+    if (wake_seq_ != seen) return absl::CancelledError("woken");
     active_call_ = &context;
   }
   const absl::Time start = absl::Now();
@@ -185,9 +223,24 @@ absl::Status Agent::SyncOnce() {
   // A coordinator that answers at once without a change would otherwise be polled in a tight
   // loop.
   if (!changed && absl::Now() - start < absl::Milliseconds(20)) {
-    WaitOrStop(std::min(options_.sync_wait, absl::Milliseconds(200)));
+    Sleep(std::min(wait, absl::Milliseconds(200)), seen);
   }
   return absl::OkStatus();
+}
+
+absl::Status Agent::ReportPreemption(const PreemptionNotice& notice) {
+  v1::ReportPreemptionRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_worker_id(worker_id_.empty() ? options_.name : worker_id_);
+  }
+  request.set_deadline_unix_ms(absl::ToUnixMillis(notice.deadline));
+  request.set_source(notice.source);
+  request.set_message(notice.message);
+  v1::ReportPreemptionResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(RpcDeadline(absl::Seconds(1))));
+  return FromGrpc(stub_->ReportPreemption(&context, request, &response));
 }
 
 void Agent::Report(const v1::TaskStatus& status) {
@@ -199,7 +252,7 @@ void Agent::Report(const v1::TaskStatus& status) {
   *request.mutable_status() = status;
   v1::ReportTaskStatusResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(5));
+  context.set_deadline(absl::ToChronoTime(RpcDeadline(absl::Seconds(5))));
   grpc::Status result = stub_->ReportTaskStatus(&context, request, &response);
   if (!result.ok()) {
     // The next Sync carries it as well.
@@ -209,7 +262,14 @@ void Agent::Report(const v1::TaskStatus& status) {
 
 void Agent::SupervisorLoop() {
   do {
-    for (const v1::TaskStatus& change : reconciler_.Tick()) Report(change);
+    const std::vector<v1::TaskStatus> ended = reconciler_.Tick();
+    for (const v1::TaskStatus& change : ended) Report(change);
+    if (!ended.empty() && reconciler_.RunningCount() == 0) {
+      // The last trainer of a stop is gone: Run need not finish a call to a coordinator that
+      // may not answer.
+      absl::MutexLock lock(&mu_);
+      if (stop_requested_ || preemption_.has_value()) Wake();
+    }
   } while (!threads_done_.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
 }
 
@@ -228,40 +288,128 @@ int Agent::Run() {
   std::thread supervisor([this] { SupervisorLoop(); });
   std::thread shipper([this] { ShipperLoop(); });
 
-  if (Register()) {
-    Backoff backoff;
-    while (!stop_requested_.HasBeenNotified()) {
-      absl::Status status = SyncOnce();
+  Backoff backoff;
+  bool registered = false;
+  bool connected = false;  // the last call to the coordinator succeeded
+  bool stopping = false;
+  bool preempting = false;
+  bool report_pending = false;  // the preemption has yet to reach the coordinator
+  int report_attempts = 0;
+  absl::Time next_report = absl::InfinitePast();
+  while (true) {
+    uint64_t seen;
+    bool stop_requested;
+    std::optional<PreemptionNotice> notice;
+    absl::Time kill_at, leave_by;
+    {
+      absl::MutexLock lock(&mu_);
+      seen = wake_seq_;
+      stop_requested = stop_requested_;
+      notice = preemption_;
+      kill_at = kill_at_;
+      leave_by = leave_by_;
+    }
+    if (clock_.Now() >= leave_by) {
+      LogWarning("leaving now: the machine goes at ", Utc(notice->deadline));
+      break;
+    }
+    const bool preemption_begins = notice.has_value() && !preempting;
+    if (preemption_begins) {
+      preempting = true;
+      report_pending = true;
+      report_attempts = 0;
+      next_report = absl::InfinitePast();
+    }
+    // Reported before the trainers hear of it, so that the coordinator reads their exits as part
+    // of the preemption; but only one quick try first: the deadline is theirs too.
+    if (report_pending && report_attempts < kPreemptionReportAttempts &&
+        clock_.Now() >= next_report) {
+      absl::Status status = ReportPreemption(*notice);
+      ++report_attempts;
       if (status.ok()) {
-        if (backoff.attempts() > 0) LogInfo("connected to the coordinator again");
-        backoff.Reset();
-        continue;
+        LogInfo("reported the preemption to the coordinator");
+        report_pending = false;
+      } else {
+        // Best effort: the coordinator also learns of it from the trainers' exits.
+        const bool retry = Retryable(status) && report_attempts < kPreemptionReportAttempts;
+        LogWarning("cannot report the preemption to the coordinator: ", status.ToString(),
+                   retry ? "; trying again" : "");
+        if (!retry) report_pending = false;
+        next_report = clock_.Now() + absl::Milliseconds(300) * report_attempts;
       }
-      if (stop_requested_.HasBeenNotified()) break;
+    }
+    if (preemption_begins) {
+      stopping = true;
+      const int running = reconciler_.RunningCount();
+      if (running > 0) LogInfo("asking ", running, " trainers to save and exit");
+      // Also brings forward the kill times of a plain stop in progress.
+      reconciler_.StopAllBy(kill_at);
+    } else if (stop_requested && !stopping) {
+      stopping = true;
+      const int running = reconciler_.RunningCount();
+      if (running > 0) LogInfo("stopping ", running, " trainers");
+      reconciler_.StopAll();
+    }
+    if (stopping && reconciler_.RunningCount() == 0 && !report_pending) break;
+
+    // While stopping, calls are short and waits too: the coordinator must hear of each exit at
+    // once, and the end of the last trainer ends the agent.
+    absl::Status status;
+    if (!registered) {
+      status = RegisterOnce(stopping ? absl::Seconds(2) : absl::Seconds(10), seen);
+      registered = status.ok();
+      if (registered && preempting && !report_pending) {
+        // A coordinator that had forgotten this worker has forgotten its preemption too.
+        report_pending = true;
+        report_attempts = 0;
+      }
+    } else {
+      status = stopping ? SyncOnce(kStoppingPoll, absl::Seconds(2), seen)
+                        : SyncOnce(options_.sync_wait, absl::Seconds(10), seen);
       if (absl::IsNotFound(status)) {
         LogWarning(status.message(), "; registering again");
-        if (!Register()) break;
+        registered = false;
         continue;
       }
-      const absl::Duration delay = backoff.Next();
-      LogWarning("cannot sync with the coordinator at ", options_.coordinator, ": ",
-                 status.message(), "; retrying in ",
-                 absl::FormatDuration(absl::Trunc(delay, absl::Milliseconds(1))));
-      WaitOrStop(delay);
     }
+    if (status.ok()) {
+      connected = true;
+      if (backoff.attempts() > 0) LogInfo("connected to the coordinator again");
+      backoff.Reset();
+      continue;
+    }
+    bool woken;
+    {
+      absl::MutexLock lock(&mu_);
+      woken = wake_seq_ != seen;
+    }
+    if (woken) continue;  // cancelled for news, not failed
+    connected = false;
+    const bool first_failure = backoff.attempts() == 0;
+    const absl::Duration delay = stopping ? kStoppingPoll : backoff.Next();
+    if (stopping) backoff.Next();  // counts the failure
+    // Said once while stopping: the waits are short and the lines would be many.
+    if (!stopping || first_failure) {
+      LogWarning("cannot ", registered ? "sync" : "register", " with the coordinator at ",
+                 options_.coordinator, ": ", status.message(), "; trying again in ",
+                 absl::FormatDuration(absl::Trunc(delay, absl::Milliseconds(1))));
+    }
+    Sleep(delay, seen);
   }
 
-  // Shutdown. This is where a preemption notice will differ: ask the trainers to checkpoint
-  // first and report the preemption to the coordinator.
-  const int running = reconciler_.RunningCount();
-  if (running > 0) LogInfo("stopping ", running, " trainers");
-  reconciler_.StopAll();
-  // The supervisor thread reaps them, escalates to SIGKILL after the grace period and reports.
-  while (reconciler_.RunningCount() > 0) absl::SleepFor(absl::Milliseconds(20));
   for (const v1::TaskStatus& change : reconciler_.Tick()) Report(change);
   threads_done_.Notify();
   supervisor.join();
   shipper.join();
+  // Reports of the last exits may have failed; a Sync carries every final status once more.
+  if (registered && connected) {
+    uint64_t seen;
+    {
+      absl::MutexLock lock(&mu_);
+      seen = wake_seq_;
+    }
+    SyncOnce(absl::ZeroDuration(), absl::Seconds(2), seen).IgnoreError();
+  }
   LogInfo("stopped");
   return 0;
 }

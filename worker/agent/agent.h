@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "worker/agent/log_shipper.h"
+#include "worker/agent/preemption_notice.h"
 #include "worker/agent/process_launcher.h"
 #include "worker/agent/reconciler.h"
 
@@ -29,21 +31,25 @@ struct AgentOptions {
   std::string hostname;
   std::string work_dir;  // absolute
   std::string trainer_path;
-  absl::Duration stop_grace_period = absl::Seconds(10);
+  absl::Duration stop_grace_period = absl::Seconds(10);  // plain stops: SIGTERM to SIGKILL
   absl::Duration sync_wait = absl::Seconds(1);  // long-poll hold time, also the lease renewal
-};
-
-// Why the agent is asked to stop.
-enum class StopReason {
-  kTerminationSignal,  // SIGTERM or SIGINT
-  // A later preemption watcher adds kPreemptionNotice here: the agent then reports the
-  // preemption to the coordinator and lets the trainers checkpoint before stopping them.
 };
 
 // The worker agent: registers with the coordinator, keeps its lease alive with long-polling
 // Sync calls, hands the desired tasks to the Reconciler, reports task statuses (immediately and
-// in every Sync) and ships task logs. Survives coordinator outages (retries with backoff, keeps
-// trainers running) and re-registers when the coordinator asks.
+// in every Sync) and ships task logs. Survives coordinator outages (retries with backoff capped
+// at 2 s, keeps trainers running) and re-registers when the coordinator asks.
+//
+// Two ways to stop, both ending with Run returning 0 once no trainer runs:
+//  - RequestStop (SIGINT): a plain stop. Every trainer gets SIGTERM, and SIGKILL after
+//    stop_grace_period.
+//  - RequestPreemption (SIGTERM, a cloud notice): the machine is going away at the notice's
+//    deadline. The agent reports it to the coordinator (ReportPreemption, a few quick tries),
+//    writes each trainer's stop-deadline file and sends it SIGTERM, SIGKILL at the deadline minus
+//    a margin (2 s, or a tenth of the time left when that is less), and leaves before the
+//    deadline whatever happens.
+// In both it keeps syncing and reporting while the trainers wind down, so that the coordinator
+// learns at once how each one ended, and ships the rest of their logs.
 class Agent {
  public:
   Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel);
@@ -51,14 +57,19 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
-  // Runs until RequestStop, then stops every trainer (SIGTERM, SIGKILL after the grace period),
-  // reports how they ended and returns the process exit code (0). Call from the main thread:
-  // trainers are forked from the calling thread and die with it.
+  // Runs until a stop or preemption has been requested and every trainer has ended, and returns
+  // the process exit code (0). Call from the main thread: trainers are forked from the calling
+  // thread and die with it.
   int Run();
 
-  // Asks Run to wind down. Thread-safe, non-blocking; may be called from a signal-watching
-  // thread (not from a signal handler).
-  void RequestStop(StopReason reason);
+  // Asks for a plain stop. A second request, or one after a preemption, changes nothing.
+  // Thread-safe, non-blocking; may be called from a signal-watching thread (not from a signal
+  // handler).
+  void RequestStop();
+  // Asks to wind down for a preemption by `notice.deadline`; also after RequestStop, when it
+  // only brings the trainers' kill times forward. Only the first notice counts: a second one does
+  // not move the deadline. Thread-safe, non-blocking, like RequestStop.
+  void RequestPreemption(const PreemptionNotice& notice);
 
   // For metrics; thread-safe. Every task tracked, with its pid and state.
   std::vector<v1::TaskStatus> TaskStatuses() const { return reconciler_.Statuses(); }
@@ -68,26 +79,40 @@ class Agent {
  private:
   class CoordinatorLogSink;
 
-  // Retries until registered or asked to stop. False if asked to stop first.
-  bool Register();
-  // One Sync call. UNAVAILABLE etc. on transport errors; NOT_FOUND when asked to re-register.
-  absl::Status SyncOnce();
+  // One RegisterWorker call ending within `timeout`; the gRPC error if it fails. CANCELLED,
+  // without a call, when Wake came after wake_seq_ was `seen`.
+  absl::Status RegisterOnce(absl::Duration timeout, uint64_t seen);
+  // One Sync call held up to `wait` and ending within wait + `timeout`. UNAVAILABLE etc. on
+  // transport errors; NOT_FOUND when asked to re-register; CANCELLED as RegisterOnce.
+  absl::Status SyncOnce(absl::Duration wait, absl::Duration timeout, uint64_t seen);
+  // One ReportPreemption call.
+  absl::Status ReportPreemption(const PreemptionNotice& notice);
   void Report(const v1::TaskStatus& status);
   void SupervisorLoop();
   void ShipperLoop();
-  // Waits up to `d` or until a stop is requested; true if a stop was requested.
-  bool WaitOrStop(absl::Duration d);
+  // When an RPC started now with `timeout` must end: never after leave_by_.
+  absl::Time RpcDeadline(absl::Duration timeout);
+  // Wakes Run: a stop or preemption was requested.
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits up to `d` (never past leave_by_), or until Wake is called after wake_seq_ was `seen`.
+  void Sleep(absl::Duration d, uint64_t seen);
 
   const AgentOptions options_;
+  const Clock& clock_;
   std::unique_ptr<v1::AgentService::Stub> stub_;
   std::unique_ptr<ProcessLauncher> launcher_;
   std::unique_ptr<CoordinatorLogSink> log_sink_;
   LogShipper shipper_;
   Reconciler reconciler_;
 
-  absl::Notification stop_requested_;
   absl::Notification threads_done_;
   absl::Mutex mu_;
+  absl::CondVar wake_cv_;
+  uint64_t wake_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<PreemptionNotice> preemption_ ABSL_GUARDED_BY(mu_);
+  absl::Time kill_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();   // of trainers, preempted
+  absl::Time leave_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // of the agent, preempted
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t known_version_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* active_call_ ABSL_GUARDED_BY(mu_) = nullptr;

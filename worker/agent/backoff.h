@@ -9,11 +9,13 @@
 namespace trainyard {
 
 // Exponential backoff with jitter for retrying calls to the coordinator: the n-th delay is
-// drawn uniformly from [base/2, base] where base = min(initial * 2^n, max). Not thread-safe.
+// drawn uniformly from [base/2, base] where base = min(initial * 2^n, max). The default cap is
+// short so that agents find a restarted coordinator within seconds, well inside its lease.
+// Not thread-safe.
 class Backoff {
  public:
   explicit Backoff(absl::Duration initial = absl::Milliseconds(100),
-                   absl::Duration max = absl::Seconds(5))
+                   absl::Duration max = absl::Seconds(2))
       : initial_(initial), max_(max) {}
 
   absl::Duration Next() {

@@ -14,12 +14,14 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/metrics.h"
+#include "worker/agent/preemption_watcher.h"
 #include "worker/agent/subprocess.h"
 
 namespace {
@@ -47,11 +49,28 @@ ABSL_FLAG(int, slots, 0, "CPU slots offered to the scheduler (default: the numbe
 ABSL_FLAG(int, gpus, -1,
           "GPUs offered to the scheduler; -1 detects them (the count of /dev/nvidia[0-9]*)");
 ABSL_FLAG(std::string, work_dir, "./trainyard-worker",
-          "folder for task folders ({work_dir}/tasks/{task_id}/: task.pb, output.log, pid)");
+          "folder for task folders ({work_dir}/tasks/{task_id}/: task.pb, output.log, pid, "
+          "stop-deadline)");
 ABSL_FLAG(std::string, trainer_path, "",
           "the trainyard-trainer executable (default: the one next to this binary)");
 ABSL_FLAG(absl::Duration, stop_grace_period, absl::Seconds(10),
-          "how long a trainer has to exit after SIGTERM before it gets SIGKILL");
+          "how long a trainer has to exit after SIGTERM before it gets SIGKILL, when it is stopped "
+          "on the coordinator's request or by SIGINT to the agent");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(25),
+          "on a preemption (SIGTERM, or a notice from --preemption_notice_url) the machine is "
+          "taken to be gone this long after the notice (or at the notice's own earlier time): "
+          "trainers are asked to save and exit (SIGTERM, with the deadline in their task folder's "
+          "stop-deadline file), get SIGKILL 2 s before that (a tenth of the time left if less), "
+          "and the agent exits before it. Keep it below the platform's own grace period "
+          "(Kubernetes: 30 s)");
+ABSL_FLAG(std::string, preemption_notice_url, "",
+          "cloud metadata URL polled for a preemption notice; empty: none. GCE: "
+          "http://metadata.google.internal/computeMetadata/v1/instance/preempted (TRUE/FALSE); "
+          "AWS: http://169.254.169.254/latest/meta-data/spot/instance-action (404, or JSON with "
+          "action and time; IMDSv2 tokens are used when required). A notice acts as SIGTERM; an "
+          "endpoint that fails is logged once and otherwise ignored");
+ABSL_FLAG(absl::Duration, preemption_poll_interval, absl::Seconds(1),
+          "how often --preemption_notice_url is polled");
 ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(1),
           "how long each Sync long-poll is held by the coordinator; also the lease renewal "
           "period");
@@ -74,7 +93,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trainyard-worker: registers this machine with the coordinator and runs the trainers it "
       "is given.\nUsage: trainyard-worker [--coordinator=HOST:PORT] [--name=NAME] "
-      "[--slots=N] [--gpus=N] ...");
+      "[--slots=N] [--gpus=N] ...\n"
+      "Signals: SIGTERM means this machine is being preempted: the agent reports it to the "
+      "coordinator, asks its trainers to save and exit by --grace_period, and exits 0 within it. "
+      "SIGINT is a plain stop: trainers get SIGTERM, SIGKILL after --stop_grace_period, and the "
+      "agent exits 0 once they are gone. A second signal changes nothing.");
   absl::ParseCommandLine(argc, argv);
   trainyard::SetLogComponent("worker");
 
@@ -114,6 +137,15 @@ int main(int argc, char** argv) {
                           " is not executable; tasks will fail to start");
   }
   options.stop_grace_period = absl::GetFlag(FLAGS_stop_grace_period);
+  const absl::Duration grace_period = absl::GetFlag(FLAGS_grace_period);
+  if (grace_period <= absl::ZeroDuration()) {
+    trainyard::LogError("--grace_period must be > 0");
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_preemption_poll_interval) <= absl::ZeroDuration()) {
+    trainyard::LogError("--preemption_poll_interval must be > 0");
+    return 1;
+  }
   options.sync_wait = absl::GetFlag(FLAGS_sync_wait);
 
   grpc::ChannelArguments channel_args;
@@ -164,12 +196,45 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::thread signal_thread([&agent, stop_signals] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    agent.RequestStop(trainyard::StopReason::kTerminationSignal);
+  // Stopped (and joined) before the agent goes: it calls into it.
+  std::unique_ptr<trainyard::PreemptionWatcher> watcher;
+  if (const std::string url = absl::GetFlag(FLAGS_preemption_notice_url); !url.empty()) {
+    trainyard::PreemptionWatcherOptions watch;
+    watch.url = url;
+    watch.poll_interval = absl::GetFlag(FLAGS_preemption_poll_interval);
+    watch.grace_period = grace_period;
+    watcher = std::make_unique<trainyard::PreemptionWatcher>(watch, trainyard::RealClock::Get());
+    watcher->Start(
+        [&agent](const trainyard::PreemptionNotice& notice) { agent.RequestPreemption(notice); });
+  }
+
+  // Signals are taken for as long as the process lives, so that a second one is logged, not
+  // fatal; the agent is handed them only while it exists.
+  static absl::Mutex signal_mu;
+  static trainyard::Agent* signal_target ABSL_GUARDED_BY(signal_mu) = nullptr;
+  {
+    absl::MutexLock lock(&signal_mu);
+    signal_target = &agent;
+  }
+  std::thread signal_thread([stop_signals, grace_period] {
+    while (true) {
+      int sig = 0;
+      if (sigwait(&stop_signals, &sig) != 0) continue;
+      absl::MutexLock lock(&signal_mu);
+      if (signal_target == nullptr) continue;
+      if (sig == SIGTERM) {
+        signal_target->RequestPreemption(
+            {"SIGTERM", absl::Now() + grace_period, "SIGTERM to the worker agent"});
+      } else {
+        signal_target->RequestStop();
+      }
+    }
   });
   signal_thread.detach();
 
-  return agent.Run();
+  const int code = agent.Run();
+  watcher.reset();
+  absl::MutexLock lock(&signal_mu);
+  signal_target = nullptr;
+  return code;
 }

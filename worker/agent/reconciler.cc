@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -50,6 +51,10 @@ bool IsTrainerProcess(int64_t pid) {
     if (absl::EndsWith(args[i], "trainyard-trainer")) return true;
   }
   return false;
+}
+
+std::string Utc(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
 }
 
 }  // namespace
@@ -113,10 +118,20 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
   std::set<std::string> desired_ids;
   for (const v1::Task& task : desired) desired_ids.insert(task.task_id());
 
+  const absl::Time now = clock_.Now();
   for (auto it = records_.begin(); it != records_.end();) {
     Record& record = it->second;
     if (desired_ids.count(it->first) == 0) {
-      if (record.running && !record.stop_requested) RequestStop(record);
+      if (record.running && !record.undesired) {
+        record.undesired = true;
+        if (record.stop_cause == StopCause::kNone) {
+          Terminate(record, StopCause::kUndesired, now + options_.stop_grace_period);
+        } else {
+          // Saving for a deadline: the coordinator giving up on the task is no reason to cut the
+          // save short, nor to let it run past the grace period either.
+          record.kill_at = std::max(record.kill_at, now + options_.stop_grace_period);
+        }
+      }
       if (!record.running && record.sent) {
         it = records_.erase(it);
         continue;
@@ -127,7 +142,16 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
 
   for (const v1::Task& task : desired) {
     const std::string& id = task.task_id();
-    if (seen_.count(id) > 0) continue;
+    const absl::Time deadline = task.stop_deadline_unix_ms() > 0
+                                    ? absl::FromUnixMillis(task.stop_deadline_unix_ms())
+                                    : absl::InfiniteFuture();
+    if (seen_.count(id) > 0) {
+      auto it = records_.find(id);
+      if (it != records_.end() && deadline != absl::InfiniteFuture()) {
+        ApplyStopDeadline(it->second, deadline);
+      }
+      continue;
+    }
     seen_.insert(id);
     if (from_disk_.count(id) > 0) {
       Record& record = records_[id];
@@ -145,6 +169,7 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
       continue;
     }
     changes.push_back(Start(task));
+    if (deadline != absl::InfiniteFuture()) ApplyStopDeadline(records_[id], deadline);
   }
   return changes;
 }
@@ -214,26 +239,67 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   return status;
 }
 
-void Reconciler::RequestStop(Record& record) {
-  record.stop_requested = true;
-  record.kill_deadline = clock_.Now() + options_.stop_grace_period;
-  LogInfo("stopping task ", record.task.task_id(), " (pid ", record.status.pid(), ")");
+void Reconciler::Terminate(Record& record, StopCause cause, absl::Time kill_at) {
+  record.stop_cause = cause;
+  record.kill_at = kill_at;
+  LogInfo("stopping task ", record.task.task_id(), " (pid ", record.status.pid(), ")",
+          record.stop_deadline == absl::InfiniteFuture()
+              ? ""
+              : absl::StrCat(" to save and exit by ", Utc(record.stop_deadline)));
   absl::Status status = launcher_.Signal(record.status.pid(), SIGTERM);
-  if (!status.ok())
+  if (!status.ok()) {
     LogWarning("cannot signal task ", record.task.task_id(), ": ", status.message());
+  }
+}
+
+void Reconciler::WriteStopDeadline(Record& record, absl::Time deadline) {
+  record.stop_deadline = deadline;
+  const std::string path = absl::StrCat(TaskDir(record.task.task_id()), "/", kStopDeadlineFile);
+  // Without the file the trainer still saves on SIGTERM; it only cannot plan for the deadline.
+  if (!WriteFile(path, absl::StrCat(absl::ToUnixMillis(deadline), "\n"))) {
+    LogWarning("cannot write ", path);
+  }
+}
+
+void Reconciler::ApplyStopDeadline(Record& record, absl::Time deadline) {
+  if (!record.running) return;
+  if (record.stop_cause == StopCause::kNone) {
+    WriteStopDeadline(record, deadline);
+    Terminate(record, StopCause::kSaveDeadline, deadline);
+  } else if (record.stop_cause == StopCause::kSaveDeadline && deadline < record.stop_deadline) {
+    // Moved forward by the coordinator: no second SIGTERM, the trainer re-reads the file.
+    WriteStopDeadline(record, deadline);
+    record.kill_at = record.undesired ? std::max(deadline, record.kill_at) : deadline;
+  }
 }
 
 std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& exit,
-                                    bool stopped) const {
+                                    const Record& record) const {
   std::string detail = std::string(absl::StripAsciiWhitespace(
       ReadSmallFile(absl::StrCat(TaskDir(task_id), "/", kTerminationMessageFile))));
+  const bool stopped = record.stop_cause == StopCause::kUndesired;
   const bool clean_exit = exit.signal == 0 && exit.exit_code == 0;
   if (detail.empty() && !stopped && !clean_exit) detail = TailLines(LogPath(task_id), 3);
   std::string message;
-  if (stopped) {
-    message = absl::StrCat("stopped on request (", DescribeExit(exit), ")");
-  } else if (exit.signal != 0) {
-    message = DescribeExit(exit);
+  switch (record.stop_cause) {
+    case StopCause::kNone:
+      if (exit.signal != 0) message = DescribeExit(exit);
+      break;
+    case StopCause::kUndesired:
+      message = absl::StrCat("stopped on request (", DescribeExit(exit), ")");
+      break;
+    case StopCause::kSaveDeadline:
+      message = absl::StrCat("asked to save and exit by ", Utc(record.stop_deadline), " (",
+                             DescribeExit(exit), ")");
+      break;
+    case StopCause::kAgentShutdown:
+      message = absl::StrCat("stopped because the worker agent is shutting down (",
+                             DescribeExit(exit), ")");
+      break;
+    case StopCause::kPreemption:
+      message =
+          absl::StrCat("stopped because the worker is being preempted (", DescribeExit(exit), ")");
+      break;
   }
   if (!detail.empty()) message = message.empty() ? detail : absl::StrCat(message, ": ", detail);
   // It travels in every Sync and becomes the job's reason: keep it short.
@@ -255,20 +321,22 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_.Now();
     for (auto& [id, record] : records_) {
-      if (!record.running) continue;
+      // Reaped by a Tick still busy with the hook: it reports the end.
+      if (!record.running || record.reaped) continue;
       absl::StatusOr<std::optional<ExitInfo>> exit = launcher_.PollExit(record.status.pid());
       if (!exit.ok()) {
         LogError("cannot wait for task ", id, ": ", exit.status().message());
+        record.reaped = true;
         ended.push_back({id, ExitInfo{-1, 0}});
         continue;
       }
       if (exit->has_value()) {
+        record.reaped = true;
         ended.push_back({id, **exit});
         continue;
       }
-      if (record.stop_requested && !record.killed && now >= record.kill_deadline) {
-        LogWarning("task ", id, " did not stop within ",
-                   absl::FormatDuration(options_.stop_grace_period), "; sending SIGKILL");
+      if (!record.killed && now >= record.kill_at) {
+        LogWarning("task ", id, " did not exit in time; sending SIGKILL");
         record.killed = true;
         absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
         if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
@@ -289,20 +357,31 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     for (int gpu : record.gpus) gpu_used_[gpu] = false;
     record.gpus.clear();
     v1::TaskStatus& status = record.status;
-    const bool stopped = record.stop_requested && !record.agent_shutdown;
+    // Only a stop the coordinator asked for without a deadline is TASK_STOPPED; an exit after
+    // a request to save goes to the coordinator with the trainer's own code to classify.
+    const bool stopped = record.stop_cause == StopCause::kUndesired;
     status.set_state(stopped ? v1::TASK_STOPPED : v1::TASK_EXITED);
     status.set_exit_code(e.exit.exit_code);
     status.set_signal(e.exit.signal);
-    std::string message = ExitMessage(e.task_id, e.exit, stopped);
-    if (record.agent_shutdown) {
-      message = absl::StrCat("stopped because the worker agent is shutting down (",
-                             DescribeExit(e.exit), ")", message.empty() ? "" : ": ", message);
+    status.set_message(ExitMessage(e.task_id, e.exit, record));
+    const char* why = "";
+    switch (record.stop_cause) {
+      case StopCause::kNone:
+        break;
+      case StopCause::kUndesired:
+        why = " (stopped on request)";
+        break;
+      case StopCause::kSaveDeadline:
+        why = " (asked to save by a deadline)";
+        break;
+      case StopCause::kAgentShutdown:
+        why = " (stopped for the agent's shutdown)";
+        break;
+      case StopCause::kPreemption:
+        why = " (stopped for the preemption)";
+        break;
     }
-    status.set_message(message);
-    LogInfo("task ", e.task_id, " ", DescribeExit(e.exit),
-            stopped                 ? " (stopped on request)"
-            : record.agent_shutdown ? " (stopped for the agent's shutdown)"
-                                    : "");
+    LogInfo("task ", e.task_id, " ", DescribeExit(e.exit), why);
     changes.push_back(status);
   }
   return changes;
@@ -311,10 +390,26 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
 void Reconciler::StopAll() {
   absl::MutexLock lock(&mu_);
   stopping_all_ = true;
+  const absl::Time now = clock_.Now();
   for (auto& [id, record] : records_) {
-    if (record.running && !record.stop_requested) {
-      record.agent_shutdown = true;
-      RequestStop(record);
+    if (record.running && record.stop_cause == StopCause::kNone) {
+      Terminate(record, StopCause::kAgentShutdown, now + options_.stop_grace_period);
+    }
+  }
+}
+
+void Reconciler::StopAllBy(absl::Time kill_at) {
+  absl::MutexLock lock(&mu_);
+  stopping_all_ = true;
+  for (auto& [id, record] : records_) {
+    if (!record.running) continue;
+    if (record.stop_cause == StopCause::kNone) {
+      WriteStopDeadline(record, kill_at);
+      Terminate(record, StopCause::kPreemption, kill_at);
+    } else if (kill_at < record.kill_at) {
+      // Already stopping, on a later schedule than the machine allows.
+      if (kill_at < record.stop_deadline) WriteStopDeadline(record, kill_at);
+      record.kill_at = kill_at;
     }
   }
 }

@@ -17,6 +17,14 @@
 
 namespace trainyard {
 
+// Written into a task's folder before the trainer is sent SIGTERM to save and exit by a
+// deadline: one line, decimal unix milliseconds, the time by which the trainer must have exited.
+// The agent sends SIGKILL at that time (later only if the task has also left the desired state
+// and the grace period ends later), never before. Replaced atomically (rename), and only ever
+// rewritten with an earlier time. Without the file, SIGTERM is a plain stop and SIGKILL follows
+// after the agent's --stop_grace_period.
+inline constexpr char kStopDeadlineFile[] = "stop-deadline";
+
 struct ReconcilerOptions {
   std::string work_dir;      // absolute; tasks live in {work_dir}/tasks/{task_id}/
   std::string trainer_path;  // the trainyard-trainer executable
@@ -32,8 +40,10 @@ struct ReconcilerOptions {
 // The worker's task table: makes the set of running trainers match the coordinator's desired
 // tasks and tracks how each one ends.
 //
-// Task folder {work_dir}/tasks/{task_id}/ holds task.pb (binary trainyard.v1.Task), output.log
-// (the trainer's stdout and stderr), pid, and the trainer's termination-message if it wrote one.
+// Task folder {work_dir}/tasks/{task_id}/ (the trainer's working directory) holds task.pb (binary
+// trainyard.v1.Task), output.log (the trainer's stdout and stderr), pid, the trainer's
+// termination-message if it wrote one, and stop-deadline when the trainer is asked to save and
+// exit by a deadline (see kStopDeadlineFile).
 // A task id is started at most once in the life of a work_dir: one that ran before (even in an
 // earlier run of the agent) is never started again.
 //
@@ -52,22 +62,33 @@ class Reconciler {
   int CleanUpLeftovers();
 
   // Starts each task of `desired` not seen before and asks each running task that is not in
-  // `desired` to stop (SIGTERM now, SIGKILL from Tick after the grace period). Tasks that ended
-  // and were included in a StatusesForSync() call are forgotten once no longer desired. Returns
-  // the statuses that changed (TASK_RUNNING, TASK_FAILED_TO_START, or TASK_EXITED for a desired
-  // task lost in an earlier run of the agent). Does nothing after StopAll.
+  // `desired` to stop (SIGTERM now, SIGKILL from Tick after the grace period). A desired task
+  // with a stop deadline (stop_deadline_unix_ms > 0) is asked to save and exit: the deadline is
+  // written to its stop-deadline file, then it gets SIGTERM (once), and SIGKILL from Tick at the
+  // deadline; if it then leaves `desired`, it is killed at the later of the deadline and the
+  // grace period. Tasks that ended and were included in a StatusesForSync() call are forgotten
+  // once no longer desired. Returns the statuses that changed (TASK_RUNNING,
+  // TASK_FAILED_TO_START, or TASK_EXITED for a desired task lost in an earlier run of the agent).
+  // Does nothing after StopAll or StopAllBy.
   std::vector<v1::TaskStatus> Apply(const std::vector<v1::Task>& desired);
 
-  // Reaps trainers that ended and sends SIGKILL to those past their grace period. Returns the
-  // final statuses of the tasks that ended (TASK_EXITED, or TASK_STOPPED for ones stopped on
-  // request). Non-blocking apart from the before_exit_reported hook.
+  // Reaps trainers that ended and sends SIGKILL to those past their kill time. Returns the final
+  // statuses of the tasks that ended: TASK_STOPPED for a task stopped because it left the
+  // desired state (first), TASK_EXITED with the trainer's own exit code or signal otherwise,
+  // including tasks asked to save by a stop deadline, StopAll or StopAllBy (a trainer that saved
+  // after SIGTERM exits with 143). Non-blocking apart from the before_exit_reported hook. Calls
+  // may overlap: each end is reported by exactly one of them.
   std::vector<v1::TaskStatus> Tick();
 
-  // Stops every running task (SIGTERM, SIGKILL after the grace period) because the agent
-  // itself is going away, and refuses new ones. These tasks end as TASK_EXITED with the trainer's
-  // own exit code or signal (a trainer stopped by SIGTERM saves, then exits with 143), not as
-  // TASK_STOPPED, which means the coordinator asked for the stop.
+  // Stops every running task because the agent itself is going away (SIGTERM, SIGKILL after the
+  // grace period; tasks already being stopped keep their kill time) and refuses new ones.
   void StopAll();
+
+  // Stops every running task because this machine is being preempted and refuses new ones:
+  // `kill_at` is written to each one's stop-deadline file, then it gets SIGTERM (tasks already
+  // sent SIGTERM get no second one), and SIGKILL from Tick at `kill_at`, or at its own earlier
+  // kill time. Calling it again only ever brings kill times forward.
+  void StopAllBy(absl::Time kill_at);
 
   // The status of every task tracked: running ones and ended ones not yet forgotten.
   std::vector<v1::TaskStatus> Statuses() const;
@@ -83,21 +104,36 @@ class Reconciler {
   std::string LogPath(const std::string& task_id) const;
 
  private:
+  // Why a trainer was sent SIGTERM, first: decides how its end is reported.
+  enum class StopCause {
+    kNone,
+    kUndesired,      // it left the desired state: TASK_STOPPED
+    kSaveDeadline,   // the coordinator set a stop deadline: TASK_EXITED
+    kAgentShutdown,  // StopAll: TASK_EXITED
+    kPreemption,     // StopAllBy: TASK_EXITED
+  };
+
   struct Record {
     v1::Task task;
     v1::TaskStatus status;
     std::vector<int> gpus;
     bool running = false;
-    bool stop_requested = false;
-    bool agent_shutdown = false;  // stopped by StopAll
+    bool reaped = false;  // its exit is known; running until reported by the Tick that reaped it
+    StopCause stop_cause = StopCause::kNone;
+    bool undesired = false;  // has left the desired state
     bool killed = false;
-    absl::Time kill_deadline = absl::InfiniteFuture();
+    absl::Time kill_at = absl::InfiniteFuture();        // SIGKILL from Tick from then on
+    absl::Time stop_deadline = absl::InfiniteFuture();  // in the stop-deadline file, if written
     bool sent = false;  // ended, and included in a StatusesForSync result
   };
 
   v1::TaskStatus Start(const v1::Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RequestStop(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string ExitMessage(const std::string& task_id, const ExitInfo& exit, bool stopped) const;
+  void Terminate(Record& record, StopCause cause, absl::Time kill_at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteStopDeadline(Record& record, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyStopDeadline(Record& record, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string ExitMessage(const std::string& task_id, const ExitInfo& exit,
+                          const Record& record) const;
 
   // Fixed at construction.
   const ReconcilerOptions options_;
