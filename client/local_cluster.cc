@@ -67,9 +67,9 @@ Child* ReapDead(std::vector<Child>& children) {
 }
 
 // SIGTERM to each, then waits up to `grace` for all of them before SIGKILL.
-void StopChildren(std::vector<Child*> children, absl::Duration grace) {
+void StopChildren(std::vector<Child*> children, absl::Duration grace, int signal = SIGTERM) {
   for (Child* child : children) {
-    if (!child->done) SignalSubprocess(child->pid, SIGTERM, /*group=*/true).IgnoreError();
+    if (!child->done) SignalSubprocess(child->pid, signal, /*group=*/true).IgnoreError();
   }
   const absl::Time deadline = absl::Now() + grace;
   for (Child* child : children) {
@@ -231,7 +231,8 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   }
   std::vector<Child*> worker_children;
   for (size_t i = 1; i < children.size(); ++i) worker_children.push_back(&children[i]);
-  StopChildren(worker_children, absl::Seconds(30));
+  // SIGINT: a plain stop; SIGTERM would tell the agents their machine is being preempted.
+  StopChildren(worker_children, absl::Seconds(30), SIGINT);
   StopChildren({&coordinator}, absl::Seconds(10));
   if (exit_code == 0) std::cout << "Stopped. State is kept in " << state_dir << "\n";
   return exit_code;

@@ -14,6 +14,9 @@ inline constexpr int kExitInfrastructure = 3;  // object store, coordinator, pee
 inline constexpr int kExitStoppedBySignal = 143;
 
 inline constexpr char kTerminationMessageFile[] = "termination-message";
+// Written by the agent into the trainer's working directory before it sends SIGTERM to ask for a
+// save at the next agreed step and an exit by a deadline: one line, decimal unix milliseconds.
+inline constexpr char kStopDeadlineFile[] = "stop-deadline";
 
 }  // namespace trainyard
 

@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -191,7 +192,8 @@ Cluster::Cluster(ClusterOptions options) : options_(options) {
 Cluster::~Cluster() {
   // Signal every worker first so that their shutdowns overlap.
   for (auto& worker : workers_) {
-    if (worker != nullptr) worker->Signal(SIGTERM);
+    // SIGINT is the agents' plain stop; SIGTERM would be a preemption notice.
+    if (worker != nullptr) worker->Signal(SIGINT);
   }
   for (auto& worker : workers_) {
     if (worker != nullptr) worker->Stop();
@@ -259,7 +261,9 @@ void Cluster::StartWorker(int i) {
                                    "--work_dir=" + dir, "--stop_grace_period=5s",
                                    "--metrics_listen=127.0.0.1:0",
                                    "--metrics_port_file=" + dir + ".metrics_port"};
-  argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
+  for (const std::string& arg : options_.worker_args) {
+    argv.push_back(absl::StrReplaceAll(arg, {{"{i}", absl::StrCat(i)}}));
+  }
   workers_.push_back(std::make_unique<Process>(std::move(argv), dir + ".log", options_.env));
 }
 

@@ -66,7 +66,8 @@ struct ClusterOptions {
   // Extra environment for the coordinator and the workers (and so their trainers), e.g.
   // AWS_ENDPOINT_URL and credentials for an s3:// checkpoint URI.
   std::map<std::string, std::string> env;
-  // Extra flags for the coordinator and for every worker agent.
+  // Extra flags for the coordinator and for every worker agent; "{i}" in a worker's flag becomes
+  // the worker's index.
   std::vector<std::string> coordinator_args;
   std::vector<std::string> worker_args;
 };

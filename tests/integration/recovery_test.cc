@@ -3,10 +3,12 @@
 // coordinator killed mid-job, hangs, elastic restarts and fencing of old attempts.
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -268,6 +270,121 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST);
   EXPECT_LE(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 1e-5);
 }
+
+// The step a stopped trainer saved at, from its "stopped by SIGTERM at step N" termination
+// message; -1 if the task did not stop that way.
+int64_t StoppedAtStep(const Job& job, int64_t generation) {
+  for (const auto& t : job.tasks()) {
+    if (t.generation() != generation) continue;
+    const size_t at = t.message().find("at step ");
+    int64_t step = -1;
+    if (at != std::string::npos &&
+        absl::SimpleAtoi(absl::string_view(t.message()).substr(at + 8), &step)) {
+      return step;
+    }
+  }
+  return -1;
+}
+
+// Preempts the worker running rank 0 of the job's current attempt once it has committed a
+// checkpoint, by `preempt(worker index)`, and checks that the next attempt starts exactly where
+// the gang stopped. Returns the preempted worker's index.
+int PreemptAndCheckNoStepLost(Cluster& cluster, const std::string& id, int64_t generation,
+                              const std::function<void(int)>& preempt) {
+  auto running = cluster.WaitFor(id, [generation](const Job& job) {
+    return job.state() == v1::RUNNING && job.generation() == generation &&
+           job.progress().step() >= job.progress().attempt_start_step() + 30;
+  });
+  EXPECT_TRUE(running.ok()) << running.status();
+  if (!running.ok() || running->state() != v1::RUNNING) return -1;
+  const int victim = WorkerOfRank(*running, 0);
+  preempt(victim);
+  // The agent saves, reports and exits within its grace period.
+  std::optional<int> exit = cluster.worker(victim).Wait(absl::Seconds(30));
+  EXPECT_TRUE(exit.has_value() && WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0)
+      << "agent of worker " << victim << " did not exit 0 in time";
+  auto recovered = cluster.WaitFor(id, [generation](const Job& job) {
+    return job.restarts_size() >= generation && job.restarts(generation - 1).recovered();
+  });
+  EXPECT_TRUE(recovered.ok()) << recovered.status();
+  if (!recovered.ok() || recovered->restarts_size() < generation) return victim;
+  const v1::Restart& r = recovered->restarts(generation - 1);
+  EXPECT_EQ(r.reason(), v1::PREEMPTED) << r.message();
+  EXPECT_EQ(r.steps_lost(), 0) << r.message();
+  const int64_t stopped = StoppedAtStep(*recovered, generation);
+  EXPECT_GT(stopped, 0);
+  EXPECT_EQ(r.resumed_step(), stopped) << "the next attempt must start where the gang stopped";
+  return victim;
+}
+
+TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing) {
+  Cluster cluster(Workers(3));
+  auto submitted = cluster.Submit(RecoveryJob("sigterm", "2", 1000));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const int victim = PreemptAndCheckNoStepLost(
+      cluster, submitted->id(), 1, [&](int worker) { cluster.worker(worker).Signal(SIGTERM); });
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ASSERT_EQ(done->restarts_size(), 1);
+  EXPECT_THAT(done->restarts(0).message(),
+              HasSubstr(absl::StrCat("preemption notice for worker worker-", victim, " (SIGTERM)")));
+}
+
+TEST(RecoveryTest, ThreePreemptionsInARowStillSucceed) {
+  Cluster cluster(Workers(4));
+  auto submitted = cluster.Submit(RecoveryJob("spot", "1", 8000));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  for (int generation = 1; generation <= 3; ++generation) {
+    PreemptAndCheckNoStepLost(cluster, submitted->id(), generation,
+                              [&](int worker) { cluster.worker(worker).Signal(SIGTERM); });
+  }
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts_size(), 3);
+  EXPECT_EQ(done->generation(), 4);
+}
+
+class NoticeUrlTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NoticeUrlTest, CloudNoticeActsLikeSigterm) {
+  TempDir flags;
+  const std::string port_file = flags.path() + "/port";
+  Process server({"/usr/bin/python3", SourceDir() + "/tests/integration/notice_server.py",
+                  flags.path(), port_file},
+                 flags.path() + "/server.log");
+  std::string port;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        port = std::string(absl::StripAsciiWhitespace(ReadFile(port_file)));
+        return !port.empty();
+      },
+      absl::Seconds(20)))
+      << server.Log();
+  const bool gce = GetParam() == "gce";
+  ClusterOptions options = Workers(3);
+  options.worker_args.push_back(absl::StrCat(
+      "--preemption_notice_url=http://127.0.0.1:", port, "/worker-{i}",
+      gce ? "/computeMetadata/v1/instance/preempted" : "/latest/meta-data/spot/instance-action"));
+  options.worker_args.push_back("--preemption_poll_interval=200ms");
+  Cluster cluster(options);
+  auto submitted = cluster.Submit(RecoveryJob(absl::StrCat("notice-", GetParam()), "2", 1000));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  PreemptAndCheckNoStepLost(cluster, submitted->id(), 1, [&](int worker) {
+    std::ofstream(absl::StrCat(flags.path(), "/worker-", worker)) << "preempted\n";
+  });
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ASSERT_EQ(done->restarts_size(), 1);
+  EXPECT_THAT(done->restarts(0).message(), HasSubstr(absl::StrCat("(", GetParam(), ")")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, NoticeUrlTest, ::testing::Values("gce", "aws"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace trainyard::testing

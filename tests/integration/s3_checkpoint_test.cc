@@ -56,7 +56,9 @@ TEST(S3CheckpointTest, CheckpointsKillResumeAndSkipACorruptCheckpoint) {
   auto s3 = S3rver::Start({"ckpt"});
   ASSERT_TRUE(s3.ok()) << s3.status();
   S3ObjectStore store(std::make_unique<S3Client>((*s3)->ClientOptions()));
-  Cluster cluster({.env = (*s3)->Env()});
+  ClusterOptions options;
+  options.env = (*s3)->Env();
+  Cluster cluster(options);
 
   auto first = cluster.Submit(S3Job("s3-resume", 100000000));
   ASSERT_TRUE(first.ok()) << first.status();

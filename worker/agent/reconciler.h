@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/exit_codes.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/process_launcher.h"
 
@@ -23,7 +24,6 @@ namespace trainyard {
 // and the grace period ends later), never before. Replaced atomically (rename), and only ever
 // rewritten with an earlier time. Without the file, SIGTERM is a plain stop and SIGKILL follows
 // after the agent's --stop_grace_period.
-inline constexpr char kStopDeadlineFile[] = "stop-deadline";
 
 struct ReconcilerOptions {
   std::string work_dir;      // absolute; tasks live in {work_dir}/tasks/{task_id}/

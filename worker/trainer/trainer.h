@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/exit_codes.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/rendezvous_client.h"
@@ -21,7 +22,7 @@ namespace trainyard::trainer {
 
 // The file in a task's folder into which the agent writes the deadline of a stop (unix ms,
 // decimal, one line) before it sends the trainer SIGTERM.
-inline constexpr char kStopDeadlineFile[] = "stop-deadline";
+using ::trainyard::kStopDeadlineFile;
 
 // The deadline in the stop-deadline file at `path`; nullopt when there is no such file or it
 // does not hold one (a warning is logged then).
