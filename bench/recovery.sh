@@ -30,6 +30,7 @@ start_worker() {
     --work_dir="$dir/w$1" --metrics_listen=127.0.0.1:0 >"$dir/w$1.log" 2>&1 &
   workers[$1]=$!
   pids+=($!)
+  disown $!  # no job-control message when it is killed on purpose
 }
 for i in 0 1 2; do start_worker "$i"; done
 

@@ -1452,6 +1452,12 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
       if (CauseRank(r.reason()) < CauseRank(v1::WORKER_LOST)) {
         r.set_reason(t.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST);
         r.set_message(absl::StrCat("rank ", t.rank(), " lost: worker ", t.worker_id(), " lost"));
+        // The cause is known only now, when the lease ran out; it happened by the last
+        // heartbeat at the latest.
+        if (worker != nullptr) {
+          r.set_failed_unix_ms(std::min(r.failed_unix_ms(), worker->info.last_seen_unix_ms()));
+        }
+        r.set_detected_unix_ms(absl::ToUnixMillis(now));
       }
       continue;
     }

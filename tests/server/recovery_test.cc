@@ -169,6 +169,8 @@ TEST_F(RecoveryTest, InfrastructureErrorOfAPeerIsBlamedOnTheLostWorker) {
   job = Get(id);
   ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
   EXPECT_EQ(job.restarts(0).reason(), v1::WORKER_LOST);
+  // Detected when the lease ran out, 10 s after the peer's last heartbeat.
+  EXPECT_EQ(job.restarts(0).detected_unix_ms() - job.restarts(0).failed_unix_ms(), 10000);
 }
 
 TEST_F(RecoveryTest, FailuresDrawOnMaxFailures) {
