@@ -319,6 +319,7 @@ int PreemptAndCheckNoStepLost(Cluster& cluster, const std::string& id, int64_t g
 
 TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing) {
   Cluster cluster(Workers(3));
+  const Job reference = RunToSuccess(cluster, RecoveryJob("sigterm-reference", "2", 1000));
   auto submitted = cluster.Submit(RecoveryJob("sigterm", "2", 1000));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const int victim = PreemptAndCheckNoStepLost(
@@ -329,6 +330,8 @@ TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing)
   ASSERT_EQ(done->restarts_size(), 1);
   EXPECT_THAT(done->restarts(0).message(),
               HasSubstr(absl::StrCat("preemption notice for worker worker-", victim, " (SIGTERM)")));
+  // Exact resume: on CPU and the same world size, bit for bit the uninterrupted run.
+  EXPECT_EQ(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 0.0);
 }
 
 TEST(RecoveryTest, ThreePreemptionsInARowStillSucceed) {
