@@ -8,6 +8,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "client/format.h"
+#include "common/restart_reason.h"
 #include "google/protobuf/util/json_util.h"
 #include "yaml-cpp/yaml.h"
 
@@ -79,23 +80,6 @@ std::string StateLine(const v1::Job& job) {
     absl::StrAppend(&line, ": ", job.reason());
   }
   return line;
-}
-
-std::string RestartReasonName(v1::RestartReason reason) {
-  switch (reason) {
-    case v1::PREEMPTED:
-      return "preempted";
-    case v1::WORKER_LOST:
-      return "worker_lost";
-    case v1::HANG:
-      return "hang";
-    case v1::INFRASTRUCTURE:
-      return "infrastructure";
-    case v1::FAILURE:
-      return "failure";
-    default:
-      return "-";
-  }
 }
 
 std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {

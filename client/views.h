@@ -20,10 +20,6 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
 // STEP TIME SIZE URI.
 std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints,
                              absl::TimeZone zone = absl::LocalTimeZone());
-// The name of a restart reason as describe shows it: preempted, worker_lost, hang,
-// infrastructure, failure.
-std::string RestartReasonName(v1::RestartReason reason);
-
 // Everything about one job, restarts and events included.
 std::string DescribeJob(const v1::Job& job, absl::TimeZone zone = absl::LocalTimeZone());
 

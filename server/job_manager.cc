@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/exit_codes.h"
 #include "common/job_spec.h"
+#include "common/restart_reason.h"
 #include "common/log.h"
 #include "common/uri.h"
 #include "server/job_state.h"
@@ -94,23 +95,6 @@ v1::RestartReason ClassifyTaskEnd(const v1::TaskInfo& t) {
     return v1::INFRASTRUCTURE;
   }
   return v1::FAILURE;  // user error, internal error, killed by a signal nobody sent on purpose
-}
-
-std::string RestartReasonText(v1::RestartReason reason) {
-  switch (reason) {
-    case v1::PREEMPTED:
-      return "preempted";
-    case v1::WORKER_LOST:
-      return "worker lost";
-    case v1::HANG:
-      return "hang";
-    case v1::INFRASTRUCTURE:
-      return "infrastructure error";
-    case v1::FAILURE:
-      return "failure";
-    default:
-      return "unknown";
-  }
 }
 
 // Which restart budget a reason draws on: max_failures for the user's code, max_preemptions
@@ -975,7 +959,7 @@ void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& pr
       "recovered from %s: attempt %d resumed at step %d, %d steps lost, first step %.1fs after "
       "detection (detection %.1fs, scheduling %.1fs, start %.1fs, rendezvous %.1fs, checkpoint "
       "load %.1fs, first step %.1fs)",
-      RestartReasonText(r.reason()), updated.generation(), r.resumed_step(), r.steps_lost(),
+      RestartReasonName(r.reason()), updated.generation(), r.resumed_step(), r.steps_lost(),
       r.recovery_seconds(), r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(),
       r.rendezvous_seconds(), r.checkpoint_load_seconds(), r.first_step_seconds()));
   *updated.add_events() = event;
@@ -1421,7 +1405,7 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
   r->set_detected_unix_ms(absl::ToUnixMillis(now));
   r->set_last_step(std::max<int64_t>(updated.progress().step(), 0));
   const v1::Restart restart = *r;
-  const std::string reason = absl::StrCat("restarting (", RestartReasonText(end.reason), "): ",
+  const std::string reason = absl::StrCat("restarting (", RestartReasonName(end.reason), "): ",
                                           end.message);
   if (absl::Status s =
           TransitionLocked(entry, std::move(updated), v1::RESTARTING, reason, changed_task_ids);
@@ -1487,9 +1471,9 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
   updated.set_next_attempt_unix_ms(absl::ToUnixMillis(now + delay));
   const std::string reason =
       delay > absl::ZeroDuration()
-          ? absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonText(r.reason()),
+          ? absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonName(r.reason()),
                          "): next attempt in ", absl::FormatDuration(delay), " (backoff)")
-          : absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonText(r.reason()),
+          : absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonName(r.reason()),
                          "): ready for the next attempt");
   TransitionLocked(entry, std::move(updated), v1::PENDING, reason, {}).IgnoreError();
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "common/restart_reason.h"
 #include "prometheus/gauge.h"
 
 namespace trainyard {
@@ -29,8 +30,8 @@ std::string WorkerStateLabel(v1::WorkerState state) { return Lower(v1::WorkerSta
 constexpr v1::JobState kJobStates[] = {v1::PENDING,   v1::SCHEDULED, v1::RUNNING,  v1::RESTARTING,
                                        v1::SUCCEEDED, v1::FAILED,    v1::CANCELLED};
 constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::LOST};
-const char* const kRestartReasons[] = {"preemption", "worker_lost", "hang", "infrastructure",
-                                       "failure"};
+const v1::RestartReason kRestartReasons[] = {v1::PREEMPTED, v1::WORKER_LOST, v1::HANG,
+                                             v1::INFRASTRUCTURE, v1::FAILURE};
 const char* const kRecoveryPhases[] = {"detection", "scheduling",      "start",
                                        "rendezvous", "checkpoint_load", "first_step"};
 const char* const kPreemptionReasons[] = {"cloud_notice", "termination_signal", "other"};
@@ -83,21 +84,6 @@ prometheus::Histogram::BucketBoundaries RecoveryBuckets() {
 
 }  // namespace
 
-std::string RestartReasonLabel(v1::RestartReason reason) {
-  switch (reason) {
-    case v1::PREEMPTED:
-      return "preemption";
-    case v1::WORKER_LOST:
-      return "worker_lost";
-    case v1::HANG:
-      return "hang";
-    case v1::INFRASTRUCTURE:
-      return "infrastructure";
-    default:
-      return "failure";
-  }
-}
-
 std::string PreemptionReasonLabel(absl::string_view message) {
   // The coordinator writes "preemption notice for worker w (SOURCE)"; SOURCE is how the agent
   // learnt of it: SIGTERM, or the cloud's metadata endpoint (gce, aws).
@@ -129,7 +115,7 @@ CoordinatorMetrics::CoordinatorMetrics()
                               .Add({}, SchedulingBuckets())),
       restarts_(prometheus::BuildCounter()
                     .Name("trainyard_restarts_total")
-                    .Help("Job restarts (RESTARTING), by cause: preemption, worker_lost, hang, "
+                    .Help("Job restarts (RESTARTING), by cause: preempted, worker_lost, hang, "
                           "infrastructure, failure.")
                     .Register(*registry_)),
       preemptions_(prometheus::BuildCounter()
@@ -170,7 +156,9 @@ CoordinatorMetrics::CoordinatorMetrics()
   for (v1::JobState state : {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
     finished_.Add({{"state", JobStateLabel(state)}});
   }
-  for (const char* reason : kRestartReasons) restarts_.Add({{"reason", reason}});
+  for (v1::RestartReason reason : kRestartReasons) {
+    restarts_.Add({{"reason", RestartReasonName(reason)}});
+  }
   for (const char* reason : kPreemptionReasons) preemptions_.Add({{"reason", reason}});
   for (const char* phase : kRecoveryPhases) {
     recovery_phases_.Add({{"phase", phase}}, RecoveryBuckets());
@@ -209,7 +197,7 @@ void CoordinatorMetrics::OnJobTransition(const v1::Job& job, v1::JobState from, 
 }
 
 void CoordinatorMetrics::OnRestart(const v1::Job& job, const v1::Restart& restart) {
-  const std::string label = RestartReasonLabel(restart.reason());
+  const std::string label = RestartReasonName(restart.reason());
   restarts_.Add({{"reason", label}}).Increment();
   if (restart.reason() == v1::PREEMPTED) {
     preemptions_.Add({{"reason", PreemptionReasonLabel(restart.message())}}).Increment();

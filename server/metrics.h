@@ -83,9 +83,6 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
   absl::flat_hash_map<std::string, JobTrack> tracks_ ABSL_GUARDED_BY(mu_);
 };
 
-// The `reason` label of trainyard_restarts_total: "preemption", "worker_lost", "hang",
-// "infrastructure" or "failure".
-std::string RestartReasonLabel(trainyard::v1::RestartReason reason);
 // The `reason` label of trainyard_preemptions_total for a preemption restart's message (which
 // names how the notice came): "cloud_notice", "termination_signal" or "other".
 std::string PreemptionReasonLabel(absl::string_view message);

@@ -98,7 +98,7 @@ TEST_F(RecoveryTest, LostWorkerRestartsTheGangFromTheCommittedStep) {
   EXPECT_EQ(job.restarts(0).reason(), v1::WORKER_LOST);
   EXPECT_EQ(job.restarts(0).generation(), 1);
   EXPECT_EQ(job.restarts(0).last_step(), 14);
-  EXPECT_THAT(job.reason(), HasSubstr("restarting (worker lost): rank 1 lost"));
+  EXPECT_THAT(job.reason(), HasSubstr("restarting (worker_lost): rank 1 lost"));
   // The surviving rank leaves its worker's desired state (its agent stops it), and the job
   // waits for it before the next attempt.
   EXPECT_THAT(Sync(survivor).tasks(), IsEmpty());
@@ -150,7 +150,7 @@ TEST_F(RecoveryTest, LostWorkerRestartsTheGangFromTheCommittedStep) {
                   r.checkpoint_load_seconds() + r.first_step_seconds(),
               1e-9);
   EXPECT_THAT(job.events(job.events_size() - 1).reason(),
-              HasSubstr("recovered from worker lost: attempt 2 resumed at step 10, 4 steps lost"));
+              HasSubstr("recovered from worker_lost: attempt 2 resumed at step 10, 4 steps lost"));
 }
 
 TEST_F(RecoveryTest, InfrastructureErrorOfAPeerIsBlamedOnTheLostWorker) {
