@@ -2,6 +2,7 @@
 // which runs it beside torch.distributed and prints the comparison).
 //
 //   allreduce_bench --rank=R --world=N --dir=/tmp/shared [--min_bytes=4096 --max_bytes=268435456]
+//                   [--async]
 //
 // Ranks meet through files in --dir (a rendezvous store good enough for one machine). Prints one
 // JSON line per size: {"bytes":..., "iters":..., "seconds_per_iter":..., "busbw_gbps":...}
@@ -30,6 +31,9 @@ ABSL_FLAG(std::string, dir, "", "folder shared by the ranks, for the rendezvous"
 ABSL_FLAG(int64_t, min_bytes, 4096, "smallest message");
 ABSL_FLAG(int64_t, max_bytes, 256 << 20, "largest message");
 ABSL_FLAG(double, seconds_per_size, 2.0, "rough time budget per size");
+ABSL_FLAG(bool, async, false,
+          "time AllReduceAsync and Wait (the communicator's thread) instead of the blocking "
+          "AllReduce (the calling thread)");
 
 namespace {
 
@@ -79,14 +83,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
     return 1;
   }
+  const bool async = absl::GetFlag(FLAGS_async);
+  auto all_reduce = [&](const torch::Tensor& t) {
+    return async ? (*comm)->AllReduceAsync({t}, trainyard::trainer::ReduceOp::kSum)->Wait()
+                 : (*comm)->AllReduce({t}, trainyard::trainer::ReduceOp::kSum);
+  };
   using Clock = std::chrono::steady_clock;
   for (int64_t bytes = absl::GetFlag(FLAGS_min_bytes); bytes <= absl::GetFlag(FLAGS_max_bytes);
        bytes *= 4) {
     torch::Tensor t = torch::ones({bytes / 4}, torch::kFloat);
     // Warm up and time one call to pick an iteration count all ranks agree on (rank 0's).
-    for (int i = 0; i < 2; ++i) (void)(*comm)->AllReduce({t}, trainyard::trainer::ReduceOp::kSum);
+    for (int i = 0; i < 2; ++i) (void)all_reduce(t);
     const auto probe_start = Clock::now();
-    (void)(*comm)->AllReduce({t}, trainyard::trainer::ReduceOp::kSum);
+    (void)all_reduce(t);
     const double probe = std::chrono::duration<double>(Clock::now() - probe_start).count();
     torch::Tensor iters_t = torch::tensor(
         {std::clamp(absl::GetFlag(FLAGS_seconds_per_size) / std::max(probe, 1e-6), 5.0, 2000.0)},
@@ -96,7 +105,7 @@ int main(int argc, char** argv) {
     (void)(*comm)->Barrier();
     const auto start = Clock::now();
     for (int i = 0; i < iters; ++i) {
-      absl::Status s = (*comm)->AllReduce({t}, trainyard::trainer::ReduceOp::kSum);
+      absl::Status s = all_reduce(t);
       if (!s.ok()) {
         std::fprintf(stderr, "%s\n", s.ToString().c_str());
         return 1;

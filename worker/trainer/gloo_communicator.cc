@@ -1,16 +1,21 @@
 #include "worker/trainer/gloo_communicator.h"
 
 #include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/buffer.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
+#include <pthread.h>
+#include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -45,14 +50,17 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     return std::vector<char>(value->begin(), value->end());
   }
 
-  void wait(const std::vector<std::string>& keys) override { wait(keys, ToChrono(timeout_)); }
-
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  // Gloo passes the context's timeout, which is the (shorter) collective timeout by the time it
+  // meets the peers; waiting for the slowest rank to start gets the connect timeout instead.
+  void wait(const std::vector<std::string>& keys) override {
+    const absl::Time deadline = absl::Now() + timeout_;
     for (const std::string& key : keys) {
       Check(client_.Get(key, std::max(deadline - absl::Now(), absl::ZeroDuration())).status());
     }
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& /*timeout*/) override {
+    wait(keys);
   }
 
   const absl::Status& last_error() const { return last_error_; }
@@ -69,9 +77,11 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   absl::Status last_error_;
 };
 
-// Elementwise reductions for Gloo's ring. `c` may equal `a`; that is safe for an elementwise loop,
-// so the vectorizer may ignore the apparent dependence. Built with -O3 (see CMakeLists.txt): this
-// loop is where large all-reduces spend their CPU time.
+// Elementwise reductions, c = a op b. `c` may equal `a` or `b`; that is safe for an elementwise
+// loop, so the vectorizer may ignore the apparent dependence. Built with -O3 (see
+// CMakeLists.txt): this loop is where large all-reduces spend their CPU time outside the kernel.
+using ReduceFn = void (*)(void* c, const void* a, const void* b, size_t n);
+
 template <typename T>
 void SumInto(void* c_, const void* a_, const void* b_, size_t n) {
   T* c = static_cast<T*>(c_);
@@ -92,16 +102,43 @@ void MaxInto(void* c_, const void* a_, const void* b_, size_t n) {
 
 // A gloo failure as a status naming the collective: timeouts (a stuck peer) apart from broken
 // connections (a dead one).
-absl::Status FromGloo(const std::exception& e, absl::string_view op, absl::Duration timeout) {
-  const std::string what = e.what();
-  if (absl::StrContains(what, "Timed out") || absl::StrContains(what, "timed out") ||
-      absl::StrContains(what, "Timeout")) {
+absl::Status FromGloo(const std::string& what, absl::string_view op, absl::Duration timeout) {
+  if (absl::StrContains(what, "timeout") || absl::StrContains(what, "Timeout") ||
+      absl::StrContains(what, "timed out") || absl::StrContains(what, "Timed out")) {
     return absl::DeadlineExceededError(
         absl::StrCat(op, ": a peer did not respond within the collective timeout of ",
                      absl::FormatDuration(timeout), " (collective_timeout): ", what));
   }
   return absl::UnavailableError(absl::StrCat(op, ": lost a peer: ", what));
 }
+
+// A write to a socket whose peer has gone raises SIGPIPE, which would end the process; blocked
+// on this thread while it writes, the write fails with EPIPE instead, which becomes UNAVAILABLE.
+// A SIGPIPE raised meanwhile is consumed before the mask is restored.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedSigpipeBlock() {
+    if (sigismember(&old_, SIGPIPE)) return;
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+      const timespec zero = {0, 0};
+      sigtimedwait(&pipe_, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+};
 
 // Completion of one collective, shared by the caller's Work and the queued closure, so that a
 // caller may drop its Work before the collective ends.
@@ -133,10 +170,185 @@ class GlooWork final : public Work {
   const std::shared_ptr<WorkState> state_;
 };
 
+// Messages go over Gloo's TCP pairs in synchronous mode: the thread running a collective writes
+// to the sockets and reads from them itself, and the kernel wakes it when a peer's data arrives.
+// Gloo's own collectives (gloo::allreduce and the like) hand every message to the device's
+// event-loop thread instead, which wakes the caller through a condition variable: several thread
+// hand-offs per message, each a wait for a core on a busy machine.
+//
+// Every two ranks share two connections, one per direction (the lower rank writes on `up`, the
+// higher on `down`), so that a rank may write to a peer and read from it at the same time
+// without the two waiting on each other.
+//
+// A message names its destination by slot: the receiver registers a buffer under that slot and
+// the bytes land in it at the sender's chosen offset. Reads happen only inside a collective and
+// in the order the peer wrote, so every collective reuses the same slots once the previous one's
+// buffers are gone.
+constexpr int kScratchSlot = 0x7a000001;  // a piece to reduce, into the scratch buffer
+constexpr int kDataSlot = 0x7a000002;     // final values, straight into the tensor
+
+// How two ranks cut a tensor of `bytes` into messages (frames). Every frame but the last is
+// kFrameBytes long; a tensor of up to kOneRoundBytes goes in at most two frames, larger ones in
+// frames of kFrameBytes, which the scratch buffer and the reduction after each keep in the core's
+// cache. The first frame is short enough to sit in the socket's buffers even if the peer never
+// reads it (see FrameSender).
+constexpr size_t kFrameBytes = 256 << 10;
+constexpr size_t kOneRoundBytes = 1 << 20;
+constexpr size_t kScratchBytes = kOneRoundBytes - kFrameBytes;  // the longest frame
+
+struct Frames {
+  explicit Frames(size_t bytes)
+      : bytes(bytes),
+        count(bytes <= kFrameBytes      ? 1
+              : bytes <= kOneRoundBytes ? 2
+                                        : (bytes + kFrameBytes - 1) / kFrameBytes) {}
+  size_t offset(size_t i) const { return i * kFrameBytes; }
+  size_t length(size_t i) const { return i + 1 < count ? kFrameBytes : bytes - offset(i); }
+  size_t bytes;
+  size_t count;
+};
+
+// Writes the frames of one tensor to the peer on its own thread, while the collective's thread
+// reads the peer's, so that both directions flow at once. Used by one collective at a time.
+//
+// After the first frame it waits for the collective's thread to have received the peer's first
+// frame: a peer that never joins the collective then costs one frame, which fits in the socket's
+// buffers, instead of a write that blocks until the socket's timeout, which Gloo restarts
+// whenever a few bytes get through.
+class FrameSender {
+ public:
+  FrameSender() : thread_([this] { Loop(); }) {}
+  ~FrameSender() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  // Starts writing `out`, each frame to offset 0 at the receiver. `out` must outlive Finish(),
+  // which must come before the next Start().
+  void Start(gloo::transport::Buffer* out, Frames frames) {
+    absl::MutexLock lock(&mu_);
+    out_ = out;
+    frames_ = frames;
+    sent_ = 0;
+    peer_joined_ = false;
+    abort_ = false;
+    error_.clear();
+    busy_ = true;
+  }
+
+  // The peer's first frame has arrived.
+  void PeerJoined() {
+    absl::MutexLock lock(&mu_);
+    peer_joined_ = true;
+  }
+
+  // Blocks until `count` frames are written (true) or the writes failed (false).
+  bool WaitSent(size_t count) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this, count]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sent_ >= count || !busy_; };
+    mu_.Await(absl::Condition(&ready));
+    return sent_ >= count;
+  }
+
+  // Stops after the frame being written, if any, and blocks until then (abort), or blocks until
+  // every frame is written. Returns the writes' error, if any ("" when none).
+  std::string Finish(bool abort) {
+    absl::MutexLock lock(&mu_);
+    abort_ = abort;
+    mu_.Await(absl::Condition(
+        +[](FrameSender* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return !s->busy_; }, this));
+    return error_;
+  }
+
+ private:
+  void Loop() {
+    ScopedSigpipeBlock sigpipe;
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(
+          +[](FrameSender* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->stop_ || s->busy_; },
+          this));
+      if (stop_) return;
+      gloo::transport::Buffer* out = out_;
+      const Frames frames = frames_;
+      std::string error;
+      for (size_t i = 0; i < frames.count && error.empty(); ++i) {
+        if (i == 1) {
+          mu_.Await(absl::Condition(
+              +[](FrameSender* s)
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->peer_joined_ || s->abort_; },
+              this));
+        }
+        if (abort_) break;
+        mu_.Unlock();
+        try {
+          out->send(frames.offset(i), frames.length(i), 0);
+          out->waitSend();
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        mu_.Lock();
+        if (error.empty()) ++sent_;
+      }
+      error_ = error;
+      busy_ = false;
+    }
+  }
+
+  absl::Mutex mu_;
+  gloo::transport::Buffer* out_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Frames frames_ ABSL_GUARDED_BY(mu_){0};
+  size_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool peer_joined_ ABSL_GUARDED_BY(mu_) = false;
+  bool abort_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// The ring's segments. Each rank writes a segment to its right neighbour before it reads one from
+// its left neighbour, so all of them may be writing at once with nobody reading: a segment must
+// fit in the socket's send buffer, which Gloo sizes to the message, up to net.core.wmem_max
+// (208 KiB where not raised). Fixed, since both ends of a connection must cut alike.
+constexpr size_t kRingSegmentBytes = 128 << 10;
+
+// Three ranks or more reduce tensors from this size with Gloo's own ring (ReduceBulk).
+constexpr size_t kBulkBytes = 2 << 20;
+
+// Byte ranges of `count` elements of `size` bytes split into `parts` near-equal chunks.
+struct Range {
+  size_t offset;
+  size_t bytes;
+};
+Range Chunk(size_t count, size_t size, int parts, int index) {
+  const size_t base = count / parts;
+  const size_t extra = count % parts;
+  const size_t i = static_cast<size_t>(index);
+  const size_t start = i * base + std::min(i, extra);
+  return {start * size, (base + (i < extra ? 1 : 0)) * size};
+}
+
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout)
-      : context_(std::move(context)), timeout_(timeout) {
+  GlooCommunicator(std::shared_ptr<gloo::Context> up, std::shared_ptr<gloo::Context> down,
+                   std::shared_ptr<gloo::Context> bulk, absl::Duration timeout)
+      : up_(std::move(up)),
+        down_(std::move(down)),
+        bulk_(std::move(bulk)),
+        rank_(up_->rank),
+        size_(up_->size),
+        timeout_(timeout),
+        scratch_(new double[kScratchBytes / sizeof(double)]) {
+    if (size_ > 1) {
+      scratch_in_ = From(LeftRank()).createRecvBuffer(kScratchSlot, scratch_.get(), kScratchBytes);
+    }
+    if (size_ == 2) sender_ = std::make_unique<FrameSender>();
     thread_ = std::thread([this] { Loop(); });
   }
 
@@ -148,8 +360,8 @@ class GlooCommunicator final : public Communicator {
     thread_.join();
   }
 
-  int rank() const override { return context_->rank; }
-  int world_size() const override { return context_->size; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
   std::string backend() const override { return "gloo"; }
 
   std::unique_ptr<Work> AllReduceAsync(std::vector<torch::Tensor> tensors, ReduceOp op) override {
@@ -211,8 +423,16 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // On the communicator's thread. After the first failure the group is broken: every later
-  // collective fails at once with the same status instead of waiting out its timeout again.
+  // The ring's neighbours: this rank receives from the left and sends to the right (the same
+  // peer when there are two ranks).
+  int LeftRank() const { return (rank_ + size_ - 1) % size_; }
+  int RightRank() const { return (rank_ + 1) % size_; }
+  // The connection this rank writes to `peer` on, and the one it reads from `peer` on.
+  gloo::transport::Pair& To(int peer) { return *(rank_ < peer ? up_ : down_)->getPair(peer); }
+  gloo::transport::Pair& From(int peer) { return *(peer < rank_ ? up_ : down_)->getPair(peer); }
+
+  // On whichever thread runs collectives. After the first failure the group is broken: every
+  // later collective fails at once with the same status instead of waiting out its timeout again.
   absl::Status RunAllReduce(std::vector<torch::Tensor>& tensors, ReduceOp op) {
     if (!broken_.ok()) return broken_;
     for (const torch::Tensor& t : tensors) {
@@ -221,86 +441,216 @@ class GlooCommunicator final : public Communicator {
         return absl::InvalidArgumentError("all-reduce: Gloo reduces float32/float64 CPU tensors");
       }
     }
+    ScopedSigpipeBlock sigpipe;
     for (torch::Tensor& t : tensors) {
       torch::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
-      absl::Status status =
-          t.scalar_type() == torch::kFloat ? Reduce<float>(buffer, op) : Reduce<double>(buffer, op);
+      const bool is_float = t.scalar_type() == torch::kFloat;
+      ReduceFn fn;
+      if (op == ReduceOp::kMax) {
+        fn = is_float ? &MaxInto<float> : &MaxInto<double>;
+      } else {
+        fn = is_float ? &SumInto<float> : &SumInto<double>;
+      }
+      absl::Status status = Guard("all-reduce", [&] {
+        Reduce(buffer.data_ptr(), static_cast<size_t>(buffer.numel()), buffer.element_size(), fn);
+      });
       if (!status.ok()) return status;
-      if (op == ReduceOp::kMean) buffer.div_(static_cast<double>(context_->size));
+      if (op == ReduceOp::kMean) buffer.div_(static_cast<double>(size_));
       if (!buffer.is_same(t)) t.copy_(buffer);
     }
     return absl::OkStatus();
   }
 
-  template <typename T>
-  absl::Status Reduce(torch::Tensor& buffer, ReduceOp op) {
-    if (buffer.numel() == 0 || context_->size == 1) return absl::OkStatus();
+  // Runs `body` (Gloo calls, which throw), turning a failure into the broken state.
+  template <typename Body>
+  absl::Status Guard(absl::string_view op, Body body) {
     try {
-      gloo::AllreduceOptions opts(context_);
-      opts.setOutput(buffer.data_ptr<T>(), static_cast<size_t>(buffer.numel()));
-      using Fn = void (*)(void*, const void*, const void*, size_t);
-      const Fn fn = op == ReduceOp::kMax ? &MaxInto<T> : &SumInto<T>;
-      opts.setReduceFunction(fn);
-      opts.setTag(next_tag_++);
-      opts.setTimeout(ToChrono(timeout_));
-      gloo::allreduce(opts);
+      body();
       return absl::OkStatus();
     } catch (const std::exception& e) {
-      broken_ = FromGloo(e, "all-reduce", timeout_);
+      broken_ = FromGloo(e.what(), op, timeout_);
       return broken_;
+    }
+  }
+
+  void Reduce(void* data, size_t count, size_t size, ReduceFn fn) {
+    if (count == 0 || size_ == 1) return;
+    const size_t bytes = count * size;
+    if (size_ == 2) {
+      ReduceWithPeer(static_cast<char*>(data), bytes, size, fn);
+    } else if (bytes >= kBulkBytes) {
+      ReduceBulk(data, count, size, fn);
+    } else {
+      ReduceRing(static_cast<char*>(data), count, size, fn);
+    }
+  }
+
+  // Gloo's own ring, through its event loop: for large tensors over three ranks or more, where
+  // that loop reading while this thread writes and reduces is worth its hand-offs.
+  void ReduceBulk(void* data, size_t count, size_t size, ReduceFn fn) {
+    gloo::AllreduceOptions opts(bulk_);
+    if (size == sizeof(float)) {
+      opts.setOutput(static_cast<float*>(data), count);
+    } else {
+      opts.setOutput(static_cast<double*>(data), count);
+    }
+    opts.setReduceFunction(fn);
+    opts.setTag(next_tag_++);
+    opts.setTimeout(ToChrono(timeout_));
+    gloo::allreduce(opts);
+  }
+
+  // c = op(rank 0's, rank 1's) on both ranks, so that they end with identical bits.
+  void ReduceSegment(ReduceFn fn, char* mine, size_t bytes, size_t size) {
+    const char* theirs = reinterpret_cast<const char*>(scratch_.get());
+    const bool first = rank_ == 0;
+    fn(mine, first ? mine : theirs, first ? theirs : mine, bytes / size);
+  }
+
+  // Two ranks: each sends all of its tensor and reduces all of the peer's into it, in one round
+  // rather than the ring's two (reduce-scatter, then all-gather) for the same bytes on the wire.
+  // The sender's thread writes while this one reads and reduces, so that both directions flow
+  // all the time, for one hand-off per call.
+  void ReduceWithPeer(char* data, size_t bytes, size_t size, ReduceFn fn) {
+    std::unique_ptr<gloo::transport::Buffer> out =
+        To(RightRank()).createSendBuffer(kScratchSlot, data, bytes);
+    const Frames frames(bytes);
+    sender_->Start(out.get(), frames);
+    try {
+      for (size_t i = 0; i < frames.count; ++i) {
+        scratch_in_->waitRecv();
+        if (i == 0) sender_->PeerJoined();
+        // A frame is reduced in place only once it has gone out.
+        if (!sender_->WaitSent(i + 1)) break;
+        ReduceSegment(fn, data + frames.offset(i), frames.length(i), size);
+      }
+    } catch (...) {
+      sender_->Finish(/*abort=*/true);
+      throw;
+    }
+    const std::string error = sender_->Finish(/*abort=*/false);
+    if (!error.empty()) throw gloo::IoException(error);
+  }
+
+  // Three ranks or more: the ring. Reduce-scatter: in step s this rank passes chunk rank - s to
+  // the right and reduces chunk rank - s - 1 from the left into its own, ending with chunk
+  // rank + 1 complete. All-gather: the complete chunks travel once around the ring, straight
+  // into the tensors. Each chunk is reduced on one rank only, so all ranks end with its bits.
+  void ReduceRing(char* data, size_t count, size_t size, ReduceFn fn) {
+    const int n = size_;
+    const int r = rank_;
+    const size_t bytes = count * size;
+    const size_t segment = kRingSegmentBytes;
+    auto mod = [n](int i) { return ((i % n) + n) % n; };
+    auto segments = [segment](size_t b) { return (b + segment - 1) / segment; };
+    gloo::transport::Pair& right = To(RightRank());
+    std::unique_ptr<gloo::transport::Buffer> to_scratch =
+        right.createSendBuffer(kScratchSlot, data, bytes);
+    std::unique_ptr<gloo::transport::Buffer> to_data =
+        right.createSendBuffer(kDataSlot, data, bytes);
+    std::unique_ptr<gloo::transport::Buffer> in_data =
+        From(LeftRank()).createRecvBuffer(kDataSlot, data, bytes);
+    const char* scratch = reinterpret_cast<const char*>(scratch_.get());
+
+    for (int s = 0; s < n - 1; ++s) {
+      const Range send = Chunk(count, size, n, mod(r - s));
+      const Range recv = Chunk(count, size, n, mod(r - s - 1));
+      const size_t sends = segments(send.bytes);
+      const size_t recvs = segments(recv.bytes);
+      auto send_segment = [&](size_t i) {
+        const size_t at = i * segment;
+        to_scratch->send(send.offset + at, std::min(send.bytes - at, segment), 0);
+        to_scratch->waitSend();
+      };
+      if (sends > 0) send_segment(0);
+      for (size_t i = 0; i < std::max(sends, recvs); ++i) {
+        if (i < recvs) scratch_in_->waitRecv();
+        if (i + 1 < sends) send_segment(i + 1);
+        if (i < recvs) {
+          const size_t at = i * segment;
+          char* mine = data + recv.offset + at;
+          fn(mine, scratch, mine, std::min(recv.bytes - at, segment) / size);
+        }
+      }
+    }
+
+    for (int s = 0; s < n - 1; ++s) {
+      const Range send = Chunk(count, size, n, mod(r + 1 - s));
+      const Range recv = Chunk(count, size, n, mod(r - s));
+      const size_t sends = segments(send.bytes);
+      const size_t recvs = segments(recv.bytes);
+      auto send_segment = [&](size_t i) {
+        const size_t at = send.offset + i * segment;
+        to_data->send(at, std::min(send.offset + send.bytes - at, segment), at);
+        to_data->waitSend();
+      };
+      if (sends > 0) send_segment(0);
+      for (size_t i = 0; i < std::max(sends, recvs); ++i) {
+        if (i < recvs) in_data->waitRecv();
+        if (i + 1 < sends) send_segment(i + 1);
+      }
     }
   }
 
   absl::Status RunBroadcast(std::vector<torch::Tensor>& tensors, int root) {
     if (!broken_.ok()) return broken_;
-    if (root < 0 || root >= context_->size) {
+    if (root < 0 || root >= size_) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast: no rank ", root));
     }
-    for (torch::Tensor& t : tensors) {
+    for (const torch::Tensor& t : tensors) {
       if (!t.device().is_cpu() || !t.is_contiguous()) {
         return absl::InvalidArgumentError("broadcast: Gloo sends contiguous CPU tensors");
       }
-      if (t.numel() == 0 || context_->size == 1) continue;
-      try {
-        gloo::BroadcastOptions opts(context_);
-        auto* bytes = static_cast<uint8_t*>(t.data_ptr());
-        if (context_->rank == root) opts.setInput(bytes, t.nbytes());
-        opts.setOutput(bytes, t.nbytes());
-        opts.setRoot(root);
-        opts.setTag(next_tag_++);
-        opts.setTimeout(ToChrono(timeout_));
-        gloo::broadcast(opts);
-      } catch (const std::exception& e) {
-        broken_ = FromGloo(e, "broadcast", timeout_);
-        return broken_;
-      }
+    }
+    if (size_ == 1) return absl::OkStatus();
+    ScopedSigpipeBlock sigpipe;
+    for (torch::Tensor& t : tensors) {
+      const size_t bytes = t.nbytes();
+      if (bytes == 0) continue;
+      auto* data = static_cast<char*>(t.data_ptr());
+      absl::Status status = Guard("broadcast", [&] {
+        // One message per tensor and peer: only the root writes, so nothing waits on a write.
+        if (rank_ == root) {
+          for (int peer = 0; peer < size_; ++peer) {
+            if (peer == root) continue;
+            std::unique_ptr<gloo::transport::Buffer> out =
+                To(peer).createSendBuffer(kDataSlot, data, bytes);
+            out->send(0, bytes, 0);
+            out->waitSend();
+          }
+        } else {
+          From(root).createRecvBuffer(kDataSlot, data, bytes)->waitRecv();
+        }
+      });
+      if (!status.ok()) return status;
     }
     return absl::OkStatus();
   }
 
+  // An all-reduce of one value: no rank can finish it before every rank has contributed.
   absl::Status RunBarrier() {
     if (!broken_.ok()) return broken_;
-    if (context_->size == 1) return absl::OkStatus();
-    try {
-      gloo::BarrierOptions opts(context_);
-      opts.setTag(next_tag_++);
-      opts.setTimeout(ToChrono(timeout_));
-      gloo::barrier(opts);
-      return absl::OkStatus();
-    } catch (const std::exception& e) {
-      broken_ = FromGloo(e, "barrier", timeout_);
-      return broken_;
-    }
+    if (size_ == 1) return absl::OkStatus();
+    ScopedSigpipeBlock sigpipe;
+    float token = 0;
+    return Guard("barrier", [&] { Reduce(&token, 1, sizeof(token), &SumInto<float>); });
   }
 
   // Fixed at construction.
-  const std::shared_ptr<gloo::Context> context_;
+  const std::shared_ptr<gloo::Context> up_;
+  const std::shared_ptr<gloo::Context> down_;
+  const std::shared_ptr<gloo::Context> bulk_;
+  const int rank_;
+  const int size_;
   const absl::Duration timeout_;
+  const std::unique_ptr<double[]> scratch_;  // one segment from the left neighbour
+  std::unique_ptr<gloo::transport::Buffer> scratch_in_;
+  std::unique_ptr<FrameSender> sender_;  // two ranks only
 
   // Used by whichever thread runs collectives: the communicator's, or the caller's while
   // nothing is outstanding (WaitIdle), never both at once.
-  uint32_t next_tag_ = 0;
   absl::Status broken_;
+  uint32_t next_tag_ = 0;
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
@@ -323,14 +673,29 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(int rank, int 
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
-    // The mesh waits for the slowest rank to start; collectives get the shorter timeout.
-    context->setTimeout(ToChrono(options.connect_timeout));
-    context->connectFullMesh(store, device);
-    context->setTimeout(ToChrono(options.timeout));
+    // A pair's timeout bounds each blocking read and write on its socket (SO_RCVTIMEO,
+    // SO_SNDTIMEO), so it is the collective timeout. Waiting for the slowest rank to start is the
+    // store's, with the connect timeout; connecting once every rank has published its address
+    // is quick.
+    auto connect = [&](const char* prefix, bool sync) {
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+      context->setTimeout(ToChrono(options.timeout));
+      gloo::rendezvous::PrefixStore prefixed(prefix, store);
+      context->connectFullMesh(prefixed, device);
+      for (int peer = 0; peer < world_size && sync; ++peer) {
+        if (peer != rank) context->getPair(peer)->setSync(/*sync=*/true, /*busyPoll=*/false);
+      }
+      return context;
+    };
+    auto up = connect("up", true);
+    auto down = connect("down", true);
+    // Gloo's own ring, through the device's event loop, for large tensors over three ranks or
+    // more.
+    std::shared_ptr<gloo::Context> bulk;
+    if (world_size > 2) bulk = connect("bulk", false);
     LogInfo("gloo: rank ", rank, " of ", world_size, " connected on ", options.hostname);
-    return std::unique_ptr<Communicator>(
-        std::make_unique<GlooCommunicator>(std::move(context), options.timeout));
+    return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
+        std::move(up), std::move(down), std::move(bulk), options.timeout));
   } catch (const std::exception& e) {
     if (!store.last_error().ok()) {
       return absl::Status(store.last_error().code(),
