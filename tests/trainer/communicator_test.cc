@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <set>
@@ -140,6 +142,150 @@ TEST(GlooCommunicatorTest, MissingPeerAtStartTimesOut) {
   EXPECT_EQ(NewGlooCommunicator(2, 2, rendezvous, options).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
+
+// The communicator's paths: the two-rank exchange (one message and segmented), the ring and
+// Gloo's ring for three or more ranks, bit-identical results on every rank, large broadcasts, and
+// failures in the middle of a large all-reduce.
+bool SameBits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+void CheckSums(int world, const std::vector<int64_t>& counts, torch::Dtype dtype) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(world, rendezvous);
+  ASSERT_TRUE(comms[world - 1] != nullptr);
+  for (int64_t count : counts) {
+    std::vector<torch::Tensor> sums(world), means(world), maxes(world);
+    OnEveryRank(world, [&](int r) {
+      torch::Tensor base = torch::arange(count, torch::TensorOptions().dtype(dtype));
+      sums[r] = base * (r + 1) + 0.1 * r;
+      means[r] = torch::sin(base + r);
+      maxes[r] = torch::cos(base * (r + 1));
+      EXPECT_TRUE(comms[r]->AllReduce({sums[r]}, ReduceOp::kSum).ok());
+      auto a = comms[r]->AllReduceAsync({means[r]}, ReduceOp::kMean);
+      auto b = comms[r]->AllReduceAsync({maxes[r]}, ReduceOp::kMax);
+      EXPECT_TRUE(a->Wait().ok());
+      EXPECT_TRUE(b->Wait().ok());
+    });
+    torch::Tensor base = torch::arange(count, torch::TensorOptions().dtype(dtype));
+    torch::Tensor sum = torch::zeros_like(base), mean = torch::zeros_like(base);
+    torch::Tensor max = torch::full_like(base, -2);
+    for (int r = 0; r < world; ++r) {
+      sum += base * (r + 1) + 0.1 * r;
+      mean += torch::sin(base + r);
+      max = torch::maximum(max, torch::cos(base * (r + 1)));
+    }
+    mean /= world;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(torch::allclose(sums[r], sum, 1e-5, 1e-3)) << count << " rank " << r;
+      EXPECT_TRUE(torch::allclose(means[r], mean, 1e-5, 1e-5)) << count << " rank " << r;
+      EXPECT_TRUE(torch::equal(maxes[r], max)) << count << " rank " << r;
+      EXPECT_TRUE(SameBits(sums[r], sums[0])) << count << " rank " << r;
+      EXPECT_TRUE(SameBits(means[r], means[0])) << count << " rank " << r;
+    }
+  }
+}
+
+// One message, several 256 KiB segments, around the 1 MiB one-message bound, odd lengths.
+TEST(GlooCommunicatorPathsTest, TwoRanksFloat) {
+  CheckSums(2, {1, 3, 1000, 65536, 262143, 262144, 262145, 1000003}, torch::kFloat);
+}
+TEST(GlooCommunicatorPathsTest, TwoRanksDouble) { CheckSums(2, {1, 131072, 131073, 500001}, torch::kDouble); }
+// Fewer elements than ranks (empty chunks), the ring, and Gloo's ring from 2 MiB.
+TEST(GlooCommunicatorPathsTest, ThreeRanks) {
+  CheckSums(3, {1, 2, 7, 100000, 524287, 524288, 700001}, torch::kFloat);
+}
+TEST(GlooCommunicatorPathsTest, FourRanksDouble) { CheckSums(4, {5, 99999, 300001}, torch::kDouble); }
+
+TEST(GlooCommunicatorPathsTest, MaxWithNanIsTheSameOnEveryRank) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(2, rendezvous);
+  ASSERT_TRUE(comms[1] != nullptr);
+  std::vector<torch::Tensor> t(2);
+  OnEveryRank(2, [&](int r) {
+    const float nan = std::nanf("");
+    t[r] = r == 0 ? torch::tensor({nan, 1.0f}) : torch::tensor({1.0f, nan});
+    EXPECT_TRUE(comms[r]->AllReduce({t[r]}, ReduceOp::kMax).ok());
+  });
+  EXPECT_TRUE(SameBits(t[0], t[1]));
+}
+
+TEST(GlooCommunicatorPathsTest, NonContiguousTensor) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(2, rendezvous);
+  ASSERT_TRUE(comms[1] != nullptr);
+  std::vector<torch::Tensor> t(2);
+  OnEveryRank(2, [&](int r) {
+    t[r] = torch::arange(600 * 700, torch::kFloat).reshape({600, 700}).t() * (r + 1);
+    ASSERT_FALSE(t[r].is_contiguous());
+    EXPECT_TRUE(comms[r]->AllReduce({t[r]}, ReduceOp::kSum).ok());
+  });
+  torch::Tensor expected = torch::arange(600 * 700, torch::kFloat).reshape({600, 700}).t() * 3;
+  EXPECT_TRUE(torch::equal(t[0], expected));
+  EXPECT_TRUE(torch::equal(t[1], expected));
+}
+
+TEST(GlooCommunicatorPathsTest, BroadcastLargeAndOdd) {
+  for (int world : {2, 3}) {
+    FakeRendezvous rendezvous;
+    auto comms = Connect(world, rendezvous);
+    ASSERT_TRUE(comms[world - 1] != nullptr);
+    std::vector<torch::Tensor> big(world), odd(world);
+    OnEveryRank(world, [&](int r) {
+      big[r] = torch::full({3 << 20}, static_cast<float>(r));
+      odd[r] = torch::full({13}, static_cast<int8_t>(r), torch::kInt8);
+      EXPECT_TRUE(comms[r]->Broadcast({big[r], odd[r]}, world - 1).ok());
+      EXPECT_TRUE(comms[r]->Barrier().ok());
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(torch::equal(big[r], torch::full({3 << 20}, static_cast<float>(world - 1))));
+      EXPECT_TRUE(torch::equal(odd[r], torch::full({13}, world - 1, torch::kInt8)));
+    }
+  }
+}
+
+TEST(GlooCommunicatorPathsTest, ADeadPeerDuringALargeAllReduce) {
+  for (int world : {2, 3}) {
+    FakeRendezvous rendezvous;
+    auto comms = Connect(world, rendezvous, absl::Seconds(30));
+    ASSERT_TRUE(comms[world - 1] != nullptr);
+    comms[world - 1].reset();
+    const absl::Time start = absl::Now();
+    std::vector<absl::Status> status(world - 1);
+    OnEveryRank(world - 1, [&](int r) {
+      status[r] = comms[r]->AllReduce({torch::ones({4 << 20})}, ReduceOp::kSum);
+    });
+    for (int r = 0; r < world - 1; ++r) {
+      EXPECT_EQ(status[r].code(), absl::StatusCode::kUnavailable) << status[r];
+      EXPECT_EQ(comms[r]->Barrier().code(), status[r].code());
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  }
+}
+
+TEST(GlooCommunicatorPathsTest, AStuckPeerDuringALargeAllReduceTimesOut) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(2, rendezvous, absl::Seconds(1));
+  ASSERT_TRUE(comms[1] != nullptr);
+  const absl::Time start = absl::Now();
+  absl::Status status = comms[0]->AllReduce({torch::ones({16 << 20})}, ReduceOp::kSum);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+TEST(GlooCommunicatorPathsTest, AStuckPeerOfThreeTimesOut) {
+  FakeRendezvous rendezvous;
+  auto comms = Connect(3, rendezvous, absl::Seconds(1));
+  ASSERT_TRUE(comms[2] != nullptr);
+  std::vector<absl::Status> status(2);
+  const absl::Time start = absl::Now();
+  OnEveryRank(2, [&](int r) {
+    status[r] = comms[r]->AllReduce({torch::ones({100000})}, ReduceOp::kSum);
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded) << status[r];
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+}
+
 
 // ---- the data-parallel strategy ----
 
