@@ -42,6 +42,7 @@ absl::Status DataParallelStrategy::Setup(Model& model) {
   for (auto& [name, p] : model.NamedParameters()) {
     if (p.requires_grad()) params_.push_back(p);
   }
+  if (!params_.empty()) device_ = params_.front().device();
   absl::MutexLock lock(&mu_);
   slots_.assign(params_.size(), Slot{});
   // Backward produces gradients roughly from the last parameter to the first.
@@ -92,7 +93,7 @@ absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
   };
   for (auto& [name, p] : model.NamedParameters()) add(p);
   for (auto& [name, b] : model.NamedBuffers()) add(b);
-  torch::Tensor step = torch::tensor({start_step}, torch::kInt64);
+  torch::Tensor step = torch::tensor({start_step}, torch::kInt64).to(device_);
   tensors.push_back(step);
   absl::Status status = communicator_->Broadcast(tensors, 0);
   communication_seconds_ += SecondsSince(start);
@@ -190,10 +191,13 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
 absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep(double local_loss,
                                                             bool stop_requested) {
   const auto start = std::chrono::steady_clock::now();
-  torch::Tensor t = torch::tensor({local_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble);
+  // On the parameters' device: NCCL reduces CUDA tensors only.
+  torch::Tensor t =
+      torch::tensor({local_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble).to(device_);
   absl::Status status = communicator_->AllReduce({t}, ReduceOp::kSum);
   communication_seconds_ += SecondsSince(start);
   if (!status.ok()) return status;
+  t = t.cpu();
   return StepAgreement{t[0].item<double>() / world_size(), t[1].item<double>() > 0};
 }
 
@@ -201,6 +205,15 @@ double DataParallelStrategy::TakeCommunicationSeconds() {
   const double seconds = communication_seconds_;
   communication_seconds_ = 0;
   return seconds;
+}
+
+torch::Device TrainingDevice(const trainyard::v1::Task& task) {
+  const bool wants_gpu = task.gpus() > 0 || task.spec().resources().gpus_per_worker() > 0;
+  if (!wants_gpu || !torch::cuda::is_available()) return torch::kCPU;
+  const bool reduces =
+      task.world_size() > 1 && task.spec().strategy() == trainyard::v1::DATA_PARALLEL;
+  if (reduces && !TRAINYARD_WITH_NCCL) return torch::kCPU;
+  return torch::Device(torch::kCUDA, 0);
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
@@ -246,7 +259,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
   std::unique_ptr<Communicator> communicator;
   const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
 #if TRAINYARD_WITH_NCCL
-  if (wants_gpu && torch::cuda::is_available()) {
+  if (TrainingDevice(task).is_cuda()) {
     absl::StatusOr<std::unique_ptr<Communicator>> nccl =
         NewNcclCommunicator(task.rank(), world, *options.rendezvous, timeout);
     if (!nccl.ok()) return nccl.status();
@@ -256,8 +269,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
   if (communicator == nullptr) {
     if (wants_gpu) {
       LogWarning(
-          "resources.gpus_per_worker is set but this trainer has no CUDA; ranks train on "
-          "CPU and reduce with Gloo");
+          "resources.gpus_per_worker is set but this trainer has no CUDA or no NCCL; ranks "
+          "train on CPU and reduce with Gloo");
     }
     GlooOptions gloo;
     gloo.hostname =

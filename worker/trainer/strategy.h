@@ -110,7 +110,8 @@ class DataParallelStrategy final : public Strategy {
   const int64_t bucket_bytes_;
   const bool overlap_;
 
-  std::vector<torch::Tensor> params_;  // fixed by Setup
+  std::vector<torch::Tensor> params_;   // fixed by Setup
+  torch::Device device_ = torch::kCPU;  // the parameters', fixed by Setup
 
   absl::Mutex mu_;  // the hooks' state
   std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);
@@ -129,6 +130,13 @@ struct StrategyOptions {
   // Where peers reach this rank when the task does not say (task.worker_address).
   std::string default_hostname = "127.0.0.1";
 };
+
+// The device this rank trains on: the first GPU it sees (the agent gives each task its own
+// through CUDA_VISIBLE_DEVICES) when the task has GPUs (task.gpus or
+// resources.gpus_per_worker) and LibTorch was built with CUDA and finds one; the CPU otherwise.
+// A rank of a multi-rank job stays on the CPU when this trainer has no NCCL communicator, since
+// Gloo reduces CPU tensors.
+torch::Device TrainingDevice(const trainyard::v1::Task& task);
 
 // The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined).
 // INVALID_ARGUMENT for a world size the strategy cannot run or a missing rendezvous;

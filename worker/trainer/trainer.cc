@@ -47,15 +47,15 @@ torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::
   return torch::mse_loss(out, labels.reshape_as(out));
 }
 
-double Accuracy(Model& model, const Dataset& data) {
+double Accuracy(Model& model, const Dataset& data, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   int64_t correct = 0;
   constexpr int64_t kChunk = 1024;
   for (int64_t begin = 0; begin < data.size(); begin += kChunk) {
     const int64_t n = std::min(kChunk, data.size() - begin);
-    torch::Tensor out = model.Forward(data.features.narrow(0, begin, n));
-    correct += out.argmax(1).eq(data.labels.narrow(0, begin, n)).sum().item<int64_t>();
+    torch::Tensor out = model.Forward(data.features.narrow(0, begin, n).to(device));
+    correct += out.argmax(1).eq(data.labels.narrow(0, begin, n).to(device)).sum().item<int64_t>();
   }
   model.SetTraining(true);
   return data.size() == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(data.size());
@@ -151,6 +151,8 @@ class Run {
   SplitDataset data_;
   StepPlan plan_;
   std::unique_ptr<Model> model_;
+  // Where the model and each batch live; the CPU unless TrainingDevice finds a GPU for the task.
+  torch::Device device_ = torch::kCPU;
   NamedTensors params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<ObjectStore> store_;  // null without a checkpoint URI
@@ -194,13 +196,23 @@ absl::Status Run::Prepare() {
       BuildModel(spec_.model(), spec_.seed(), data_.train.FeatureWidth(), outputs);
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
+  device_ = TrainingDevice(task_);
+  if (!device_.is_cpu()) {
+    try {
+      model_->To(device_);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("moving the model to ", device_.str(), ": ", DescribeTorchError(e)));
+    }
+    LogInfo("training on ", device_.str());
+  }
   params_ = model_->NamedParameters();
   if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
   // A quick forward pass turns shape mismatches into a clear error before training starts.
   try {
     torch::NoGradGuard no_grad;
     model_->SetTraining(false);
-    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1));
+    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1).to(device_));
     model_->SetTraining(true);
     if (out.dim() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("model: forward() returns shape [",
@@ -267,9 +279,10 @@ CheckpointData Run::Snapshot(int64_t step, double lr) {
   const absl::Time start = clock_.Now();
   torch::NoGradGuard no_grad;
   CheckpointData data;
-  for (const auto& [name, p] : params_) data.model.emplace_back(name, p.detach().clone());
+  // Host copies: the checkpoint thread encodes them while training goes on.
+  for (const auto& [name, p] : params_) data.model.emplace_back(name, CopyTo(p, torch::kCPU));
   for (const auto& [name, b] : model_->NamedBuffers()) {
-    data.model.emplace_back(name, b.detach().clone());
+    data.model.emplace_back(name, CopyTo(b, torch::kCPU));
   }
   data.optimizer = OptimizerStateTensors(*optimizer_, params_);
   data.optimizer_name = spec_.optimizer().name().empty() ? "sgd" : spec_.optimizer().name();
@@ -452,6 +465,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
     const Steady::time_point step_start = Steady::now();
     std::optional<Batch> batch = prefetcher.Next();
     if (!batch.has_value()) return absl::InternalError("the data thread ended early");
+    if (!device_.is_cpu()) {
+      batch->features = batch->features.to(device_);
+      batch->labels = batch->labels.to(device_);
+    }
     data_wait_s += seconds_since(step_start);
     lr = LearningRateAt(spec_.optimizer(), step, total);
     SetLearningRate(*optimizer_, lr);
@@ -511,7 +528,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
           step, total, result.loss, lr, samples_per_s, epoch);
       if (has_val) {
         try {
-          result.val_accuracy = Accuracy(*model_, data_.validation);
+          result.val_accuracy = Accuracy(*model_, data_.validation, device_);
         } catch (const std::exception& e) {
           return absl::InvalidArgumentError(
               absl::StrCat("model: validation failed: ", DescribeTorchError(e)));
