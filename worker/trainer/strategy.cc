@@ -1,6 +1,11 @@
 #include "worker/trainer/strategy.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +27,20 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Runs `done` after autograd has added a backward's gradient into a parameter's .grad.
+class AccumulatedHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AccumulatedHook(std::function<void()> done) : done_(std::move(done)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    done_();
+    return outputs;
+  }
+
+ private:
+  const std::function<void()> done_;
+};
+
 }  // namespace
 
 DataParallelStrategy::DataParallelStrategy(std::unique_ptr<Communicator> communicator,
@@ -30,8 +49,12 @@ DataParallelStrategy::DataParallelStrategy(std::unique_ptr<Communicator> communi
       bucket_bytes_(std::max<int64_t>(1, bucket_bytes)),
       overlap_(overlap) {}
 
-// Waits for collectives still in flight: they write into buckets this object owns.
+// Waits for collectives still in flight: they write into buckets this object owns. The
+// parameters keep their gradients, which keep the buckets' memory alive.
 DataParallelStrategy::~DataParallelStrategy() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
   absl::MutexLock lock(&mu_);
   for (Bucket& bucket : buckets_) {
     if (bucket.work != nullptr) bucket.work->Wait().IgnoreError();
@@ -68,8 +91,23 @@ absl::Status DataParallelStrategy::Setup(Model& model) {
     buckets_[b].flat = torch::zeros(
         {elements[b]}, params_[buckets_[b].params.front()].options().requires_grad(false));
   }
+  // Each parameter's gradient lives in its bucket: autograd adds into it in place, the all-reduce
+  // leaves the mean there and the optimizer reads it, with no copy in between. A plain alias
+  // (detach() of the slice, not a view), since zero_grad() detaches gradients in place.
+  torch::NoGradGuard no_grad;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
-    params_[i].register_hook([this, i](torch::Tensor grad) { OnGradient(i, grad); });
+    torch::Tensor& p = params_[i];
+    torch::Tensor grad = SliceOf(i).view(p.sizes()).detach();
+    if (p.grad().defined()) grad.copy_(p.grad());
+    p.mutable_grad() = grad;
+    grads_.push_back(grad);
+    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(p);
+    if (accumulator == nullptr) {
+      return absl::InvalidArgumentError("data_parallel: a trainable parameter is not a leaf");
+    }
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<AccumulatedHook>([this, i] { OnGradientAccumulated(i); })));
+    accumulators_.push_back(std::move(accumulator));
   }
   LogInfo("data_parallel: rank ", rank(), " of ", world_size(), " (", communicator_->backend(),
           "), ", params_.size(), " parameters in ", buckets_.size(), " gradient buckets of up to ",
@@ -116,7 +154,7 @@ void DataParallelStrategy::BeforeBackward(bool last_micro_batch) {
     bucket.pending = static_cast<int>(bucket.params.size());
     bucket.work.reset();
   }
-  for (Slot& slot : slots_) slot.packed = false;
+  for (Slot& slot : slots_) slot.ready = false;
   next_launch_ = 0;
 }
 
@@ -125,18 +163,29 @@ torch::Tensor DataParallelStrategy::SliceOf(int index) {
   return buckets_[slot.bucket].flat.narrow(0, slot.offset, params_[index].numel());
 }
 
-// Runs inside backward(), before LibTorch adds `grad` to the parameter's .grad: what the bucket
-// gets is the gradient accumulated so far plus this one, which is what .grad will hold.
-void DataParallelStrategy::OnGradient(int index, const torch::Tensor& grad) {
+// Runs inside backward(), once autograd has added this backward's gradient to .grad, which is
+// normally the parameter's slice of its bucket already.
+void DataParallelStrategy::OnGradientAccumulated(int index) {
   absl::MutexLock lock(&mu_);
-  if (!overlap_ || !reduce_this_backward_ || slots_[index].packed) return;
-  torch::NoGradGuard no_grad;
-  torch::Tensor slice = SliceOf(index);
-  slice.copy_(grad.reshape({-1}));
-  const torch::Tensor& accumulated = params_[index].grad();
-  if (accumulated.defined()) slice.add_(accumulated.reshape({-1}));
-  slots_[index].packed = true;
-  if (--buckets_[slots_[index].bucket].pending == 0) LaunchReadyLocked();
+  if (!overlap_ || !reduce_this_backward_ || slots_[index].ready) return;
+  MarkReadyLocked(index);
+  if (buckets_[slots_[index].bucket].pending == 0) LaunchReadyLocked();
+}
+
+void DataParallelStrategy::MarkReadyLocked(int index) {
+  const torch::Tensor& grad = params_[index].grad();
+  if (!grad.is_same(grads_[index])) {
+    // Something replaced or reset the gradient (set_to_none): bring it into the bucket.
+    torch::NoGradGuard no_grad;
+    torch::Tensor slice = SliceOf(index);
+    if (grad.defined()) {
+      slice.copy_(grad.reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+  }
+  slots_[index].ready = true;
+  --buckets_[slots_[index].bucket].pending;
 }
 
 void DataParallelStrategy::LaunchReadyLocked() {
@@ -151,20 +200,10 @@ void DataParallelStrategy::LaunchReadyLocked() {
 absl::Status DataParallelStrategy::AfterBackward(Model&) {
   absl::MutexLock lock(&mu_);
   if (!reduce_this_backward_) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
-  // Whatever the hooks did not pack (overlap off, parameters without a gradient this time).
+  // Whatever the hooks did not mark (overlap off, parameters without a gradient this time).
   for (int b = next_launch_; b < static_cast<int>(buckets_.size()); ++b) {
     for (int index : buckets_[b].params) {
-      if (slots_[index].packed) continue;
-      torch::Tensor slice = SliceOf(index);
-      const torch::Tensor& grad = params_[index].grad();
-      if (grad.defined()) {
-        slice.copy_(grad.reshape({-1}));
-      } else {
-        slice.zero_();
-      }
-      slots_[index].packed = true;
-      --buckets_[b].pending;
+      if (!slots_[index].ready) MarkReadyLocked(index);
     }
   }
   LaunchReadyLocked();
@@ -178,12 +217,7 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
   reduce_this_backward_ = false;
   if (!status.ok()) return status;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
-    torch::Tensor mean = SliceOf(i).view_as(params_[i]);
-    if (params_[i].grad().defined()) {
-      params_[i].mutable_grad().copy_(mean);
-    } else {
-      params_[i].mutable_grad() = mean.clone();
-    }
+    if (!params_[i].grad().is_same(grads_[i])) params_[i].mutable_grad() = grads_[i];
   }
   return absl::OkStatus();
 }

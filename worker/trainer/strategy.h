@@ -66,12 +66,16 @@ class SingleStrategy final : public Strategy {
   double TakeCommunicationSeconds() override { return 0; }
 };
 
-// Data parallelism: every rank holds the whole model. Gradients are packed into buckets of about
-// `bucket_bytes` in reverse parameter order (the order backward produces them); with `overlap`,
-// autograd hooks start a bucket's all-reduce as soon as all its gradients exist, so that
-// communication runs during the rest of backward. Buckets start strictly in order on every rank.
-// Assumes every parameter gets a gradient in every update; one that does not is reduced from
-// its accumulated (or zero) gradient after backward.
+// Data parallelism: every rank holds the whole model. Gradients live in buckets of about
+// `bucket_bytes` in reverse parameter order (the order backward produces them): from Setup on,
+// each trainable parameter's .grad is its slice of a bucket, so that autograd accumulates into
+// the bucket, the all-reduce averages it in place and the optimizer reads the mean there. With
+// `overlap`, autograd hooks start a bucket's all-reduce as soon as all its gradients have been
+// accumulated, so that communication runs during the rest of backward. Buckets start strictly
+// in order on every rank. Zero gradients in place (Optimizer::zero_grad); a gradient that was
+// reset or replaced is copied into its bucket and the parameter gets its slice back after the
+// all-reduce. Assumes every parameter gets a gradient in every update; one that does not is
+// reduced from its accumulated (or zero) gradient after backward.
 class DataParallelStrategy final : public Strategy {
  public:
   DataParallelStrategy(std::unique_ptr<Communicator> communicator, int64_t bucket_bytes,
@@ -91,18 +95,19 @@ class DataParallelStrategy final : public Strategy {
 
  private:
   struct Bucket {
-    std::vector<int> params;  // indices into params_, in the order they are packed
-    torch::Tensor flat;       // the packed gradients
-    int pending = 0;          // gradients not yet packed in this update
+    std::vector<int> params;  // indices into params_, in the order they are laid out
+    torch::Tensor flat;       // their gradients
+    int pending = 0;          // gradients not yet ready in this update
     std::unique_ptr<Work> work;
   };
   struct Slot {
     int bucket = 0;
     int64_t offset = 0;  // elements into the bucket
-    bool packed = false;
+    bool ready = false;  // its gradient of this update is in the bucket
   };
 
-  void OnGradient(int index, const torch::Tensor& grad);
+  void OnGradientAccumulated(int index);
+  void MarkReadyLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   torch::Tensor SliceOf(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -110,8 +115,13 @@ class DataParallelStrategy final : public Strategy {
   const int64_t bucket_bytes_;
   const bool overlap_;
 
-  std::vector<torch::Tensor> params_;   // fixed by Setup
-  torch::Device device_ = torch::kCPU;  // the parameters', fixed by Setup
+  // Fixed by Setup.
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> grads_;    // per parameter: its slice of its bucket
+  torch::Device device_ = torch::kCPU;  // the parameters'
+  // The parameters' gradient accumulators and the keys of the hooks on them.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
 
   absl::Mutex mu_;  // the hooks' state
   std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);
