@@ -87,6 +87,15 @@ absl::Status DataParallelStrategy::Setup(Model& model) {
     elements.back() += p.numel();
     bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
+  // The last bucket to be reduced also carries the update's loss and stop flag, which saves a
+  // collective per update; not in a half-precision bucket, where the loss would lose digits.
+  if (!buckets_.empty()) {
+    const torch::ScalarType type = params_[buckets_.back().params.front()].scalar_type();
+    if (type == torch::kFloat32 || type == torch::kFloat64) {
+      report_offset_ = elements.back();
+      elements.back() += 2;
+    }
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     buckets_[b].flat = torch::zeros(
         {elements[b]}, params_[buckets_[b].params.front()].options().requires_grad(false));
@@ -146,10 +155,19 @@ absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
   return absl::OkStatus();
 }
 
-void DataParallelStrategy::BeforeBackward(bool last_micro_batch) {
+void DataParallelStrategy::BeforeBackward(bool last_micro_batch, double update_loss,
+                                          bool stop_requested) {
   absl::MutexLock lock(&mu_);
   reduce_this_backward_ = last_micro_batch;
   if (!last_micro_batch) return;
+  local_ = StepAgreement{update_loss, stop_requested};
+  agreed_.reset();
+  if (report_offset_ >= 0) {
+    torch::NoGradGuard no_grad;
+    buckets_.back()
+        .flat.narrow(0, report_offset_, 2)
+        .copy_(torch::tensor({update_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble));
+  }
   for (Bucket& bucket : buckets_) {
     bucket.pending = static_cast<int>(bucket.params.size());
     bucket.work.reset();
@@ -219,15 +237,21 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
     if (!params_[i].grad().is_same(grads_[i])) params_[i].mutable_grad() = grads_[i];
   }
+  if (report_offset_ >= 0) {
+    torch::Tensor report =
+        buckets_.back().flat.narrow(0, report_offset_, 2).to(torch::kCPU, torch::kDouble);
+    // A mean of 0/1 flags is above 0 when any rank was asked to stop.
+    agreed_ = StepAgreement{report[0].item<double>(), report[1].item<double>() > 0};
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep(double local_loss,
-                                                            bool stop_requested) {
+absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep() {
+  if (agreed_.has_value()) return *std::exchange(agreed_, std::nullopt);
   const auto start = std::chrono::steady_clock::now();
   // On the parameters' device: NCCL reduces CUDA tensors only.
   torch::Tensor t =
-      torch::tensor({local_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble).to(device_);
+      torch::tensor({local_.loss, local_.stop ? 1.0 : 0.0}, torch::kDouble).to(device_);
   absl::Status status = communicator_->AllReduce({t}, ReduceOp::kSum);
   communication_seconds_ += SecondsSince(start);
   if (!status.ok()) return status;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,13 +41,16 @@ class Strategy {
   // buffers, and all must have resumed at the same step (ABORTED otherwise).
   virtual absl::Status SyncState(Model& model, int64_t start_step) = 0;
   // Before each micro-batch's backward(): whether this backward completes the update, so that
-  // gradients are combined as they become ready.
-  virtual void BeforeBackward(bool last_micro_batch) = 0;
+  // gradients are combined as they become ready. For the last one, also this rank's loss of the
+  // whole update and whether it was asked to stop (ignored otherwise), which EndStep combines
+  // over ranks; a strategy may send them along with the gradients.
+  virtual void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) = 0;
   // After the update's last backward(), before the optimizer step: gradients hold the mean over
   // ranks when it returns OK.
   virtual absl::Status AfterBackward(Model& model) = 0;
-  // After the optimizer step: the mean loss and whether any rank wants to stop.
-  virtual absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) = 0;
+  // After the optimizer step: the update's loss averaged over ranks and whether any rank was
+  // asked to stop, from what the ranks gave the update's last BeforeBackward.
+  virtual absl::StatusOr<StepAgreement> EndStep() = 0;
   // Seconds spent blocked on communication since the last call, and resets the count.
   virtual double TakeCommunicationSeconds() = 0;
 };
@@ -58,12 +62,15 @@ class SingleStrategy final : public Strategy {
   int world_size() const override { return 1; }
   absl::Status Setup(Model&) override { return absl::OkStatus(); }
   absl::Status SyncState(Model&, int64_t) override { return absl::OkStatus(); }
-  void BeforeBackward(bool) override {}
-  absl::Status AfterBackward(Model&) override { return absl::OkStatus(); }
-  absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) override {
-    return StepAgreement{local_loss, stop_requested};
+  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override {
+    if (last_micro_batch) local_ = StepAgreement{update_loss, stop_requested};
   }
+  absl::Status AfterBackward(Model&) override { return absl::OkStatus(); }
+  absl::StatusOr<StepAgreement> EndStep() override { return local_; }
   double TakeCommunicationSeconds() override { return 0; }
+
+ private:
+  StepAgreement local_;
 };
 
 // Data parallelism: every rank holds the whole model. Gradients live in buckets of about
@@ -75,7 +82,9 @@ class SingleStrategy final : public Strategy {
 // in order on every rank. Zero gradients in place (Optimizer::zero_grad); a gradient that was
 // reset or replaced is copied into its bucket and the parameter gets its slice back after the
 // all-reduce. Assumes every parameter gets a gradient in every update; one that does not is
-// reduced from its accumulated (or zero) gradient after backward.
+// reduced from its accumulated (or zero) gradient after backward. The update's loss and stop flag
+// travel at the end of the bucket that is reduced last, when its dtype is float32 or float64
+// (the loss is then averaged in that precision); otherwise EndStep reduces them on their own.
 class DataParallelStrategy final : public Strategy {
  public:
   DataParallelStrategy(std::unique_ptr<Communicator> communicator, int64_t bucket_bytes,
@@ -86,9 +95,9 @@ class DataParallelStrategy final : public Strategy {
   int world_size() const override { return communicator_->world_size(); }
   absl::Status Setup(Model& model) override;
   absl::Status SyncState(Model& model, int64_t start_step) override;
-  void BeforeBackward(bool last_micro_batch) override;
+  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override;
   absl::Status AfterBackward(Model& model) override;
-  absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) override;
+  absl::StatusOr<StepAgreement> EndStep() override;
   double TakeCommunicationSeconds() override;
 
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
@@ -119,6 +128,8 @@ class DataParallelStrategy final : public Strategy {
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> grads_;    // per parameter: its slice of its bucket
   torch::Device device_ = torch::kCPU;  // the parameters'
+  // Where the loss and the stop flag travel in the last bucket; -1: on their own in EndStep.
+  int64_t report_offset_ = -1;
   // The parameters' gradient accumulators and the keys of the hooks on them.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
@@ -129,6 +140,9 @@ class DataParallelStrategy final : public Strategy {
   int next_launch_ ABSL_GUARDED_BY(mu_) = 0;
   bool reduce_this_backward_ ABSL_GUARDED_BY(mu_) = false;
   double communication_seconds_ = 0;
+  // Training thread only.
+  StepAgreement local_;                  // from the last BeforeBackward
+  std::optional<StepAgreement> agreed_;  // reduced with the gradients by AfterBackward
 };
 
 struct StrategyOptions {

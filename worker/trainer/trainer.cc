@@ -518,9 +518,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
         torch::Tensor out = model_->Forward(batch->features.narrow(0, begin, size));
         torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels.narrow(0, begin, size));
         if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
-        strategy_->BeforeBackward(m + 1 == accumulate);
-        loss.backward();
         loss_value += loss.item<double>();
+        const bool last = m + 1 == accumulate;
+        strategy_->BeforeBackward(last, loss_value, last && StopRequested());
+        loss.backward();
       }
       status = strategy_->AfterBackward(*model_);
       if (!status.ok()) return status;
@@ -529,7 +530,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       return absl::InvalidArgumentError(
           absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
     }
-    absl::StatusOr<StepAgreement> agreed = strategy_->EndStep(loss_value, StopRequested());
+    absl::StatusOr<StepAgreement> agreed = strategy_->EndStep();
     if (!agreed.ok()) return agreed.status();
     stop_agreed = agreed->stop;
     ++step;
