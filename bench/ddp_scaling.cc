@@ -5,14 +5,17 @@
 //   ddp_scaling --bin_dir=BUILD/bin [--steps=200 --batch=64 --inputs=256 --hidden=1024]
 //
 // Prints one JSON line per configuration with rank 0's steady-state samples per second (median
-// of its progress lines after the first two).
+// of its progress lines after the first two) and its CPU time over its wall time (about 1 when it
+// keeps to its one core).
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
     }
     (*manager)->Tick();
     std::vector<pid_t> pids;
+    const auto started = std::chrono::steady_clock::now();
     for (int rank = 0; rank < config.world; ++rank) {
       auto task = (*manager)->TaskFor(absl::StrCat(job->id(), ".g1.r", rank));
       const std::string task_dir = absl::StrCat(dir, "/", task->task_id());
@@ -134,7 +138,18 @@ int main(int argc, char** argv) {
                             absl::StrCat("--overlap_communication=", config.overlap)},
                            task_dir, rank));
     }
-    for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+    double cpu_per_wall = 0;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      struct rusage usage = {};
+      wait4(pids[i], nullptr, 0, &usage);
+      if (i > 0) continue;
+      const double wall =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      const double cpu =
+          static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+          1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+      cpu_per_wall = cpu / wall;
+    }
     const std::string log = ReadFile(absl::StrCat(dir, "/", job->id(), ".g1.r0/log"));
     std::vector<double> rates;
     const std::regex re("samples_per_s=([0-9.]+)");
@@ -149,8 +164,9 @@ int main(int argc, char** argv) {
     }
     rates.erase(rates.begin(), rates.begin() + 2);
     std::sort(rates.begin(), rates.end());
-    std::printf("{\"world\": %d, \"overlap\": %s, \"samples_per_second\": %.1f}\n", config.world,
-                config.overlap ? "true" : "false", rates[rates.size() / 2]);
+    std::printf(
+        "{\"world\": %d, \"overlap\": %s, \"samples_per_second\": %.1f, \"cpu_per_wall\": %.2f}\n",
+        config.world, config.overlap ? "true" : "false", rates[rates.size() / 2], cpu_per_wall);
     std::fflush(stdout);
   }
   (*server)->Shutdown(absl::Seconds(1));

@@ -30,6 +30,7 @@
 #include "worker/trainer/errors.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/schedule.h"
+#include "worker/trainer/strategy.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -714,6 +715,33 @@ TEST(TrainerTest, ResumeContinuesExactlyAndSkipsCorruptCheckpoints) {
   EXPECT_EQ(d->start_step, kN);
   EXPECT_EQ(ReadFile(dir_d + "/final/model.safetensors"),
             ReadFile(dir_c + "/final/model.safetensors"));
+}
+
+// A job that asks for GPUs trains on the first visible one when LibTorch has CUDA; without CUDA
+// (the Debian LibTorch) it trains on the CPU exactly as a CPU job does, checkpoints included.
+TEST(TrainerTest, AGpuJobTrainsOnCudaOnlyWhereLibTorchHasIt) {
+  trainyard::v1::Task cpu_task = SyntheticTask("", 5);
+  trainyard::v1::Task gpu_task = cpu_task;
+  gpu_task.mutable_spec()->mutable_resources()->set_gpus_per_worker(1);
+  EXPECT_TRUE(TrainingDevice(cpu_task).is_cpu());
+  EXPECT_EQ(TrainingDevice(gpu_task).is_cuda(), torch::cuda::is_available());
+  if (torch::cuda::is_available()) GTEST_SKIP() << "the CPU equivalence needs a CPU-only LibTorch";
+
+  const std::string dir_cpu = MakeTempDir(), dir_gpu = MakeTempDir();
+  cpu_task = SyntheticTask(dir_cpu, 6);
+  cpu_task.mutable_spec()->mutable_checkpoint()->set_every_steps(3);
+  gpu_task = cpu_task;
+  gpu_task.set_checkpoint_uri("file://" + dir_gpu);
+  gpu_task.mutable_spec()->mutable_resources()->set_gpus_per_worker(1);
+  absl::StatusOr<TrainResult> cpu = RunTrainer(cpu_task, QuietOptions());
+  absl::StatusOr<TrainResult> gpu = RunTrainer(gpu_task, QuietOptions());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(gpu->loss, cpu->loss);
+  for (const char* file : {"step-000000000003/model.safetensors",
+                           "step-000000000003/optimizer.safetensors", "final/model.safetensors"}) {
+    EXPECT_EQ(ReadFile(dir_gpu + "/" + file), ReadFile(dir_cpu + "/" + file)) << file;
+  }
 }
 
 }  // namespace

@@ -51,7 +51,8 @@ class BuiltinModel final : public Model {
   NamedTensors NamedParameters() override { return FromDict(net_->named_parameters(true)); }
   NamedTensors NamedBuffers() override { return FromDict(net_->named_buffers(true)); }
   void SetTraining(bool training) override { net_->train(training); }
-  absl::StatusOr<std::string> Export() override {
+  void To(const torch::Device& device) override { net_->to(device); }
+  absl::StatusOr<std::string> Export() override {  // EncodeTensors copies to the CPU
     NamedTensors tensors = NamedParameters();
     for (auto& buffer : NamedBuffers()) tensors.push_back(std::move(buffer));
     for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
@@ -86,10 +87,17 @@ class ScriptModel final : public Model {
     return out;
   }
   void SetTraining(bool training) override { module_.train(training); }
+  void To(const torch::Device& device) override {
+    module_.to(device);
+    device_ = device;
+  }
   absl::StatusOr<std::string> Export() override {
     std::ostringstream out;
     try {
+      // A module saved with CUDA tensors cannot be loaded where there is no GPU.
+      if (!device_.is_cpu()) module_.to(torch::kCPU);
       module_.save(out);
+      if (!device_.is_cpu()) module_.to(device_);
     } catch (const std::exception& e) {
       return absl::InternalError(
           absl::StrCat("saving the TorchScript module: ", DescribeTorchError(e)));
@@ -101,6 +109,7 @@ class ScriptModel final : public Model {
 
  private:
   torch::jit::Module module_;
+  torch::Device device_ = torch::kCPU;
 };
 
 absl::StatusOr<std::unique_ptr<Model>> BuildMlp(const trainyard::v1::ModelArgs& args,
@@ -331,6 +340,11 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
       absl::StrCat("model.builtin: unknown model '", spec.builtin(), "' (mlp, cnn)"));
 }
 
+torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device) {
+  if (tensor.device() == device) return tensor.detach().clone();
+  return tensor.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+
 // ---- optimizers ----
 
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildOptimizer(
@@ -382,7 +396,7 @@ NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
   NamedTensors out;
   const auto& state = optimizer.state();
   auto add = [&out](const std::string& name, const char* field, const torch::Tensor& t) {
-    if (t.defined()) out.emplace_back(absl::StrCat(name, ".", field), t.detach().clone());
+    if (t.defined()) out.emplace_back(absl::StrCat(name, ".", field), CopyTo(t, torch::kCPU));
   };
   for (const auto& [name, p] : parameters) {
     auto it = state.find(StateKey(p));
@@ -457,33 +471,33 @@ void LoadOptimizerState(torch::optim::Optimizer& optimizer, const NamedTensors& 
   const OptimizerKind kind = KindOf(optimizer);
   auto& out = optimizer.state();
   out.clear();
-  auto get = [&state](const std::string& name, const char* field) -> torch::Tensor {
-    auto it = state.find(absl::StrCat(name, ".", field));
-    return it == state.end() ? torch::Tensor() : it->second.clone();
-  };
   for (const auto& [name, p] : parameters) {
+    auto get = [&state, &name = name, &p = p](const char* field) -> torch::Tensor {
+      auto it = state.find(absl::StrCat(name, ".", field));
+      return it == state.end() ? torch::Tensor() : CopyTo(it->second, p.device());
+    };
     if (kind == OptimizerKind::kSgd) {
-      torch::Tensor buf = get(name, "momentum_buffer");
+      torch::Tensor buf = get("momentum_buffer");
       if (!buf.defined()) continue;
       auto s = std::make_unique<torch::optim::SGDParamState>();
       s->momentum_buffer(buf);
       out[StateKey(p)] = std::move(s);
     } else if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
-      torch::Tensor step = get(name, "step");
+      torch::Tensor step = get("step");
       if (!step.defined()) continue;
-      torch::Tensor max_sq = get(name, "max_exp_avg_sq");
+      torch::Tensor max_sq = get("max_exp_avg_sq");
       if (kind == OptimizerKind::kAdam) {
         auto s = std::make_unique<torch::optim::AdamParamState>();
         s->step(step.item<int64_t>());
-        s->exp_avg(get(name, "exp_avg"));
-        s->exp_avg_sq(get(name, "exp_avg_sq"));
+        s->exp_avg(get("exp_avg"));
+        s->exp_avg_sq(get("exp_avg_sq"));
         if (max_sq.defined()) s->max_exp_avg_sq(max_sq);
         out[StateKey(p)] = std::move(s);
       } else {
         auto s = std::make_unique<torch::optim::AdamWParamState>();
         s->step(step.item<int64_t>());
-        s->exp_avg(get(name, "exp_avg"));
-        s->exp_avg_sq(get(name, "exp_avg_sq"));
+        s->exp_avg(get("exp_avg"));
+        s->exp_avg_sq(get("exp_avg_sq"));
         if (max_sq.defined()) s->max_exp_avg_sq(max_sq);
         out[StateKey(p)] = std::move(s);
       }

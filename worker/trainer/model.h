@@ -51,8 +51,12 @@ class Model {
   virtual NamedTensors NamedParameters() = 0;
   virtual NamedTensors NamedBuffers() = 0;
   virtual void SetTraining(bool training) = 0;
+  // Moves parameters and buffers to `device` (a no-op when they are there). Call it before taking
+  // NamedParameters() for an optimizer: on another device they are new tensors. Throws
+  // c10::Error when the device is not available.
+  virtual void To(const torch::Device& device) = 0;
   // The exported form of the trained model: its bytes and file name ("model.pt" for TorchScript,
-  // "model.safetensors" for built-in models).
+  // "model.safetensors" for built-in models), with CPU tensors whatever the model's device.
   virtual absl::StatusOr<std::string> Export() = 0;
   virtual std::string ExportName() const = 0;
   // "mlp", "cnn" or "torchscript".
@@ -72,6 +76,9 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
                                                   int64_t seed, int64_t data_inputs,
                                                   int64_t data_outputs);
 
+// A copy of `tensor` on `device`, detached; a plain clone when it is already there.
+torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device);
+
 // ---- optimizers ----
 
 // sgd (momentum, nesterov, weight_decay), adam and adamw (beta1, beta2, eps, weight_decay), with
@@ -83,8 +90,8 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildOptimizer(
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
 
 // Per-parameter optimizer state as "<param>.momentum_buffer", "<param>.exp_avg",
-// "<param>.exp_avg_sq", "<param>.max_exp_avg_sq" and "<param>.step" (I64, shape [1]). Copies
-// (clones) of the state; parameters without state are absent.
+// "<param>.exp_avg_sq", "<param>.max_exp_avg_sq" and "<param>.step" (I64, shape [1]). CPU copies
+// of the state, whatever the parameters' device; parameters without state are absent.
 NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
                                    const NamedTensors& parameters);
 
@@ -93,7 +100,8 @@ NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
 absl::Status CheckOptimizerState(const torch::optim::Optimizer& optimizer,
                                  const NamedTensors& parameters,
                                  const std::map<std::string, torch::Tensor>& state);
-// Replaces the optimizer's state with `state` (which CheckOptimizerState accepted).
+// Replaces the optimizer's state with copies of `state` (which CheckOptimizerState accepted) on
+// each parameter's device.
 void LoadOptimizerState(torch::optim::Optimizer& optimizer, const NamedTensors& parameters,
                         const std::map<std::string, torch::Tensor>& state);
 

@@ -1,6 +1,11 @@
 #include "worker/trainer/strategy.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +27,20 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Runs `done` after autograd has added a backward's gradient into a parameter's .grad.
+class AccumulatedHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AccumulatedHook(std::function<void()> done) : done_(std::move(done)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    done_();
+    return outputs;
+  }
+
+ private:
+  const std::function<void()> done_;
+};
+
 }  // namespace
 
 DataParallelStrategy::DataParallelStrategy(std::unique_ptr<Communicator> communicator,
@@ -30,8 +49,12 @@ DataParallelStrategy::DataParallelStrategy(std::unique_ptr<Communicator> communi
       bucket_bytes_(std::max<int64_t>(1, bucket_bytes)),
       overlap_(overlap) {}
 
-// Waits for collectives still in flight: they write into buckets this object owns.
+// Waits for collectives still in flight: they write into buckets this object owns. The
+// parameters keep their gradients, which keep the buckets' memory alive.
 DataParallelStrategy::~DataParallelStrategy() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
   absl::MutexLock lock(&mu_);
   for (Bucket& bucket : buckets_) {
     if (bucket.work != nullptr) bucket.work->Wait().IgnoreError();
@@ -42,6 +65,7 @@ absl::Status DataParallelStrategy::Setup(Model& model) {
   for (auto& [name, p] : model.NamedParameters()) {
     if (p.requires_grad()) params_.push_back(p);
   }
+  if (!params_.empty()) device_ = params_.front().device();
   absl::MutexLock lock(&mu_);
   slots_.assign(params_.size(), Slot{});
   // Backward produces gradients roughly from the last parameter to the first.
@@ -63,12 +87,36 @@ absl::Status DataParallelStrategy::Setup(Model& model) {
     elements.back() += p.numel();
     bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
+  // The last bucket to be reduced also carries the update's loss and stop flag, which saves a
+  // collective per update; not in a half-precision bucket, where the loss would lose digits.
+  if (!buckets_.empty()) {
+    const torch::ScalarType type = params_[buckets_.back().params.front()].scalar_type();
+    if (type == torch::kFloat32 || type == torch::kFloat64) {
+      report_offset_ = elements.back();
+      elements.back() += 2;
+    }
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     buckets_[b].flat = torch::zeros(
         {elements[b]}, params_[buckets_[b].params.front()].options().requires_grad(false));
   }
+  // Each parameter's gradient lives in its bucket: autograd adds into it in place, the all-reduce
+  // leaves the mean there and the optimizer reads it, with no copy in between. A plain alias
+  // (detach() of the slice, not a view), since zero_grad() detaches gradients in place.
+  torch::NoGradGuard no_grad;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
-    params_[i].register_hook([this, i](torch::Tensor grad) { OnGradient(i, grad); });
+    torch::Tensor& p = params_[i];
+    torch::Tensor grad = SliceOf(i).view(p.sizes()).detach();
+    if (p.grad().defined()) grad.copy_(p.grad());
+    p.mutable_grad() = grad;
+    grads_.push_back(grad);
+    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(p);
+    if (accumulator == nullptr) {
+      return absl::InvalidArgumentError("data_parallel: a trainable parameter is not a leaf");
+    }
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<AccumulatedHook>([this, i] { OnGradientAccumulated(i); })));
+    accumulators_.push_back(std::move(accumulator));
   }
   LogInfo("data_parallel: rank ", rank(), " of ", world_size(), " (", communicator_->backend(),
           "), ", params_.size(), " parameters in ", buckets_.size(), " gradient buckets of up to ",
@@ -92,7 +140,7 @@ absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
   };
   for (auto& [name, p] : model.NamedParameters()) add(p);
   for (auto& [name, b] : model.NamedBuffers()) add(b);
-  torch::Tensor step = torch::tensor({start_step}, torch::kInt64);
+  torch::Tensor step = torch::tensor({start_step}, torch::kInt64).to(device_);
   tensors.push_back(step);
   absl::Status status = communicator_->Broadcast(tensors, 0);
   communication_seconds_ += SecondsSince(start);
@@ -107,15 +155,24 @@ absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
   return absl::OkStatus();
 }
 
-void DataParallelStrategy::BeforeBackward(bool last_micro_batch) {
+void DataParallelStrategy::BeforeBackward(bool last_micro_batch, double update_loss,
+                                          bool stop_requested) {
   absl::MutexLock lock(&mu_);
   reduce_this_backward_ = last_micro_batch;
   if (!last_micro_batch) return;
+  local_ = StepAgreement{update_loss, stop_requested};
+  agreed_.reset();
+  if (report_offset_ >= 0) {
+    torch::NoGradGuard no_grad;
+    buckets_.back()
+        .flat.narrow(0, report_offset_, 2)
+        .copy_(torch::tensor({update_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble));
+  }
   for (Bucket& bucket : buckets_) {
     bucket.pending = static_cast<int>(bucket.params.size());
     bucket.work.reset();
   }
-  for (Slot& slot : slots_) slot.packed = false;
+  for (Slot& slot : slots_) slot.ready = false;
   next_launch_ = 0;
 }
 
@@ -124,18 +181,29 @@ torch::Tensor DataParallelStrategy::SliceOf(int index) {
   return buckets_[slot.bucket].flat.narrow(0, slot.offset, params_[index].numel());
 }
 
-// Runs inside backward(), before LibTorch adds `grad` to the parameter's .grad: what the bucket
-// gets is the gradient accumulated so far plus this one, which is what .grad will hold.
-void DataParallelStrategy::OnGradient(int index, const torch::Tensor& grad) {
+// Runs inside backward(), once autograd has added this backward's gradient to .grad, which is
+// normally the parameter's slice of its bucket already.
+void DataParallelStrategy::OnGradientAccumulated(int index) {
   absl::MutexLock lock(&mu_);
-  if (!overlap_ || !reduce_this_backward_ || slots_[index].packed) return;
-  torch::NoGradGuard no_grad;
-  torch::Tensor slice = SliceOf(index);
-  slice.copy_(grad.reshape({-1}));
-  const torch::Tensor& accumulated = params_[index].grad();
-  if (accumulated.defined()) slice.add_(accumulated.reshape({-1}));
-  slots_[index].packed = true;
-  if (--buckets_[slots_[index].bucket].pending == 0) LaunchReadyLocked();
+  if (!overlap_ || !reduce_this_backward_ || slots_[index].ready) return;
+  MarkReadyLocked(index);
+  if (buckets_[slots_[index].bucket].pending == 0) LaunchReadyLocked();
+}
+
+void DataParallelStrategy::MarkReadyLocked(int index) {
+  const torch::Tensor& grad = params_[index].grad();
+  if (!grad.is_same(grads_[index])) {
+    // Something replaced or reset the gradient (set_to_none): bring it into the bucket.
+    torch::NoGradGuard no_grad;
+    torch::Tensor slice = SliceOf(index);
+    if (grad.defined()) {
+      slice.copy_(grad.reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+  }
+  slots_[index].ready = true;
+  --buckets_[slots_[index].bucket].pending;
 }
 
 void DataParallelStrategy::LaunchReadyLocked() {
@@ -150,20 +218,10 @@ void DataParallelStrategy::LaunchReadyLocked() {
 absl::Status DataParallelStrategy::AfterBackward(Model&) {
   absl::MutexLock lock(&mu_);
   if (!reduce_this_backward_) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
-  // Whatever the hooks did not pack (overlap off, parameters without a gradient this time).
+  // Whatever the hooks did not mark (overlap off, parameters without a gradient this time).
   for (int b = next_launch_; b < static_cast<int>(buckets_.size()); ++b) {
     for (int index : buckets_[b].params) {
-      if (slots_[index].packed) continue;
-      torch::Tensor slice = SliceOf(index);
-      const torch::Tensor& grad = params_[index].grad();
-      if (grad.defined()) {
-        slice.copy_(grad.reshape({-1}));
-      } else {
-        slice.zero_();
-      }
-      slots_[index].packed = true;
-      --buckets_[b].pending;
+      if (!slots_[index].ready) MarkReadyLocked(index);
     }
   }
   LaunchReadyLocked();
@@ -177,23 +235,27 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
   reduce_this_backward_ = false;
   if (!status.ok()) return status;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
-    torch::Tensor mean = SliceOf(i).view_as(params_[i]);
-    if (params_[i].grad().defined()) {
-      params_[i].mutable_grad().copy_(mean);
-    } else {
-      params_[i].mutable_grad() = mean.clone();
-    }
+    if (!params_[i].grad().is_same(grads_[i])) params_[i].mutable_grad() = grads_[i];
+  }
+  if (report_offset_ >= 0) {
+    torch::Tensor report =
+        buckets_.back().flat.narrow(0, report_offset_, 2).to(torch::kCPU, torch::kDouble);
+    // A mean of 0/1 flags is above 0 when any rank was asked to stop.
+    agreed_ = StepAgreement{report[0].item<double>(), report[1].item<double>() > 0};
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep(double local_loss,
-                                                            bool stop_requested) {
+absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep() {
+  if (agreed_.has_value()) return *std::exchange(agreed_, std::nullopt);
   const auto start = std::chrono::steady_clock::now();
-  torch::Tensor t = torch::tensor({local_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble);
+  // On the parameters' device: NCCL reduces CUDA tensors only.
+  torch::Tensor t =
+      torch::tensor({local_.loss, local_.stop ? 1.0 : 0.0}, torch::kDouble).to(device_);
   absl::Status status = communicator_->AllReduce({t}, ReduceOp::kSum);
   communication_seconds_ += SecondsSince(start);
   if (!status.ok()) return status;
+  t = t.cpu();
   return StepAgreement{t[0].item<double>() / world_size(), t[1].item<double>() > 0};
 }
 
@@ -201,6 +263,15 @@ double DataParallelStrategy::TakeCommunicationSeconds() {
   const double seconds = communication_seconds_;
   communication_seconds_ = 0;
   return seconds;
+}
+
+torch::Device TrainingDevice(const trainyard::v1::Task& task) {
+  const bool wants_gpu = task.gpus() > 0 || task.spec().resources().gpus_per_worker() > 0;
+  if (!wants_gpu || !torch::cuda::is_available()) return torch::kCPU;
+  const bool reduces =
+      task.world_size() > 1 && task.spec().strategy() == trainyard::v1::DATA_PARALLEL;
+  if (reduces && !TRAINYARD_WITH_NCCL) return torch::kCPU;
+  return torch::Device(torch::kCUDA, 0);
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
@@ -246,7 +317,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
   std::unique_ptr<Communicator> communicator;
   const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
 #if TRAINYARD_WITH_NCCL
-  if (wants_gpu && torch::cuda::is_available()) {
+  if (TrainingDevice(task).is_cuda()) {
     absl::StatusOr<std::unique_ptr<Communicator>> nccl =
         NewNcclCommunicator(task.rank(), world, *options.rendezvous, timeout);
     if (!nccl.ok()) return nccl.status();
@@ -256,8 +327,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
   if (communicator == nullptr) {
     if (wants_gpu) {
       LogWarning(
-          "resources.gpus_per_worker is set but this trainer has no CUDA; ranks train on "
-          "CPU and reduce with Gloo");
+          "resources.gpus_per_worker is set but this trainer has no CUDA or no NCCL; ranks "
+          "train on CPU and reduce with Gloo");
     }
     GlooOptions gloo;
     gloo.hostname =

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,13 +41,16 @@ class Strategy {
   // buffers, and all must have resumed at the same step (ABORTED otherwise).
   virtual absl::Status SyncState(Model& model, int64_t start_step) = 0;
   // Before each micro-batch's backward(): whether this backward completes the update, so that
-  // gradients are combined as they become ready.
-  virtual void BeforeBackward(bool last_micro_batch) = 0;
+  // gradients are combined as they become ready. For the last one, also this rank's loss of the
+  // whole update and whether it was asked to stop (ignored otherwise), which EndStep combines
+  // over ranks; a strategy may send them along with the gradients.
+  virtual void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) = 0;
   // After the update's last backward(), before the optimizer step: gradients hold the mean over
   // ranks when it returns OK.
   virtual absl::Status AfterBackward(Model& model) = 0;
-  // After the optimizer step: the mean loss and whether any rank wants to stop.
-  virtual absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) = 0;
+  // After the optimizer step: the update's loss averaged over ranks and whether any rank was
+  // asked to stop, from what the ranks gave the update's last BeforeBackward.
+  virtual absl::StatusOr<StepAgreement> EndStep() = 0;
   // Seconds spent blocked on communication since the last call, and resets the count.
   virtual double TakeCommunicationSeconds() = 0;
 };
@@ -58,20 +62,29 @@ class SingleStrategy final : public Strategy {
   int world_size() const override { return 1; }
   absl::Status Setup(Model&) override { return absl::OkStatus(); }
   absl::Status SyncState(Model&, int64_t) override { return absl::OkStatus(); }
-  void BeforeBackward(bool) override {}
-  absl::Status AfterBackward(Model&) override { return absl::OkStatus(); }
-  absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) override {
-    return StepAgreement{local_loss, stop_requested};
+  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override {
+    if (last_micro_batch) local_ = StepAgreement{update_loss, stop_requested};
   }
+  absl::Status AfterBackward(Model&) override { return absl::OkStatus(); }
+  absl::StatusOr<StepAgreement> EndStep() override { return local_; }
   double TakeCommunicationSeconds() override { return 0; }
+
+ private:
+  StepAgreement local_;
 };
 
-// Data parallelism: every rank holds the whole model. Gradients are packed into buckets of about
-// `bucket_bytes` in reverse parameter order (the order backward produces them); with `overlap`,
-// autograd hooks start a bucket's all-reduce as soon as all its gradients exist, so that
-// communication runs during the rest of backward. Buckets start strictly in order on every rank.
-// Assumes every parameter gets a gradient in every update; one that does not is reduced from
-// its accumulated (or zero) gradient after backward.
+// Data parallelism: every rank holds the whole model. Gradients live in buckets of about
+// `bucket_bytes` in reverse parameter order (the order backward produces them): from Setup on,
+// each trainable parameter's .grad is its slice of a bucket, so that autograd accumulates into
+// the bucket, the all-reduce averages it in place and the optimizer reads the mean there. With
+// `overlap`, autograd hooks start a bucket's all-reduce as soon as all its gradients have been
+// accumulated, so that communication runs during the rest of backward. Buckets start strictly
+// in order on every rank. Zero gradients in place (Optimizer::zero_grad); a gradient that was
+// reset or replaced is copied into its bucket and the parameter gets its slice back after the
+// all-reduce. Assumes every parameter gets a gradient in every update; one that does not is
+// reduced from its accumulated (or zero) gradient after backward. The update's loss and stop flag
+// travel at the end of the bucket that is reduced last, when its dtype is float32 or float64
+// (the loss is then averaged in that precision); otherwise EndStep reduces them on their own.
 class DataParallelStrategy final : public Strategy {
  public:
   DataParallelStrategy(std::unique_ptr<Communicator> communicator, int64_t bucket_bytes,
@@ -82,27 +95,28 @@ class DataParallelStrategy final : public Strategy {
   int world_size() const override { return communicator_->world_size(); }
   absl::Status Setup(Model& model) override;
   absl::Status SyncState(Model& model, int64_t start_step) override;
-  void BeforeBackward(bool last_micro_batch) override;
+  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override;
   absl::Status AfterBackward(Model& model) override;
-  absl::StatusOr<StepAgreement> EndStep(double local_loss, bool stop_requested) override;
+  absl::StatusOr<StepAgreement> EndStep() override;
   double TakeCommunicationSeconds() override;
 
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
 
  private:
   struct Bucket {
-    std::vector<int> params;  // indices into params_, in the order they are packed
-    torch::Tensor flat;       // the packed gradients
-    int pending = 0;          // gradients not yet packed in this update
+    std::vector<int> params;  // indices into params_, in the order they are laid out
+    torch::Tensor flat;       // their gradients
+    int pending = 0;          // gradients not yet ready in this update
     std::unique_ptr<Work> work;
   };
   struct Slot {
     int bucket = 0;
     int64_t offset = 0;  // elements into the bucket
-    bool packed = false;
+    bool ready = false;  // its gradient of this update is in the bucket
   };
 
-  void OnGradient(int index, const torch::Tensor& grad);
+  void OnGradientAccumulated(int index);
+  void MarkReadyLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   torch::Tensor SliceOf(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -110,7 +124,15 @@ class DataParallelStrategy final : public Strategy {
   const int64_t bucket_bytes_;
   const bool overlap_;
 
-  std::vector<torch::Tensor> params_;  // fixed by Setup
+  // Fixed by Setup.
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> grads_;    // per parameter: its slice of its bucket
+  torch::Device device_ = torch::kCPU;  // the parameters'
+  // Where the loss and the stop flag travel in the last bucket; -1: on their own in EndStep.
+  int64_t report_offset_ = -1;
+  // The parameters' gradient accumulators and the keys of the hooks on them.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
 
   absl::Mutex mu_;  // the hooks' state
   std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);
@@ -118,6 +140,9 @@ class DataParallelStrategy final : public Strategy {
   int next_launch_ ABSL_GUARDED_BY(mu_) = 0;
   bool reduce_this_backward_ ABSL_GUARDED_BY(mu_) = false;
   double communication_seconds_ = 0;
+  // Training thread only.
+  StepAgreement local_;                  // from the last BeforeBackward
+  std::optional<StepAgreement> agreed_;  // reduced with the gradients by AfterBackward
 };
 
 struct StrategyOptions {
@@ -129,6 +154,13 @@ struct StrategyOptions {
   // Where peers reach this rank when the task does not say (task.worker_address).
   std::string default_hostname = "127.0.0.1";
 };
+
+// The device this rank trains on: the first GPU it sees (the agent gives each task its own
+// through CUDA_VISIBLE_DEVICES) when the task has GPUs (task.gpus or
+// resources.gpus_per_worker) and LibTorch was built with CUDA and finds one; the CPU otherwise.
+// A rank of a multi-rank job stays on the CPU when this trainer has no NCCL communicator, since
+// Gloo reduces CPU tensors.
+torch::Device TrainingDevice(const trainyard::v1::Task& task);
 
 // The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined).
 // INVALID_ARGUMENT for a world size the strategy cannot run or a missing rendezvous;

@@ -2,10 +2,16 @@
 
 #include <torch/torch.h>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -36,6 +42,24 @@ constexpr absl::Duration kStopReportTime = absl::Seconds(5);
 
 using Steady = std::chrono::steady_clock;
 
+// glibc's malloc serves blocks of 128 KiB and more with fresh mmap()s until frees raise that
+// threshold, and hands freed memory at the top of the heap back to the kernel past a similar
+// one. A step allocates and frees the same few MB of activations and gradients every time, so
+// with the defaults a run can stay in a state where every step faults those pages in again,
+// each zeroed by the kernel (1.5 thousand page faults and a tenth of the step time for the MLP
+// of bench/ddp_scaling on one rank). Fixed thresholds keep the memory of a step for the next one:
+// blocks below 32 MiB (glibc's maximum for this threshold) come from the heap, and the heap keeps
+// up to 1 GiB of free memory. A GLIBC_TUNABLES setting of the malloc thresholds wins.
+void KeepStepMemory() {
+#ifdef __GLIBC__
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return;
+  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, 1 << 30) != 1) {
+    LogWarning("cannot set malloc's mmap and trim thresholds; steps may fault memory in again");
+  }
+#endif
+}
+
 double SecondsSince(Steady::time_point start) {
   return std::chrono::duration<double>(Steady::now() - start).count();
 }
@@ -47,15 +71,15 @@ torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::
   return torch::mse_loss(out, labels.reshape_as(out));
 }
 
-double Accuracy(Model& model, const Dataset& data) {
+double Accuracy(Model& model, const Dataset& data, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   int64_t correct = 0;
   constexpr int64_t kChunk = 1024;
   for (int64_t begin = 0; begin < data.size(); begin += kChunk) {
     const int64_t n = std::min(kChunk, data.size() - begin);
-    torch::Tensor out = model.Forward(data.features.narrow(0, begin, n));
-    correct += out.argmax(1).eq(data.labels.narrow(0, begin, n)).sum().item<int64_t>();
+    torch::Tensor out = model.Forward(data.features.narrow(0, begin, n).to(device));
+    correct += out.argmax(1).eq(data.labels.narrow(0, begin, n).to(device)).sum().item<int64_t>();
   }
   model.SetTraining(true);
   return data.size() == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(data.size());
@@ -151,6 +175,8 @@ class Run {
   SplitDataset data_;
   StepPlan plan_;
   std::unique_ptr<Model> model_;
+  // Where the model and each batch live; the CPU unless TrainingDevice finds a GPU for the task.
+  torch::Device device_ = torch::kCPU;
   NamedTensors params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<ObjectStore> store_;  // null without a checkpoint URI
@@ -194,13 +220,23 @@ absl::Status Run::Prepare() {
       BuildModel(spec_.model(), spec_.seed(), data_.train.FeatureWidth(), outputs);
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
+  device_ = TrainingDevice(task_);
+  if (!device_.is_cpu()) {
+    try {
+      model_->To(device_);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("moving the model to ", device_.str(), ": ", DescribeTorchError(e)));
+    }
+    LogInfo("training on ", device_.str());
+  }
   params_ = model_->NamedParameters();
   if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
   // A quick forward pass turns shape mismatches into a clear error before training starts.
   try {
     torch::NoGradGuard no_grad;
     model_->SetTraining(false);
-    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1));
+    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1).to(device_));
     model_->SetTraining(true);
     if (out.dim() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("model: forward() returns shape [",
@@ -267,9 +303,10 @@ CheckpointData Run::Snapshot(int64_t step, double lr) {
   const absl::Time start = clock_.Now();
   torch::NoGradGuard no_grad;
   CheckpointData data;
-  for (const auto& [name, p] : params_) data.model.emplace_back(name, p.detach().clone());
+  // Host copies: the checkpoint thread encodes them while training goes on.
+  for (const auto& [name, p] : params_) data.model.emplace_back(name, CopyTo(p, torch::kCPU));
   for (const auto& [name, b] : model_->NamedBuffers()) {
-    data.model.emplace_back(name, b.detach().clone());
+    data.model.emplace_back(name, CopyTo(b, torch::kCPU));
   }
   data.optimizer = OptimizerStateTensors(*optimizer_, params_);
   data.optimizer_name = spec_.optimizer().name().empty() ? "sgd" : spec_.optimizer().name();
@@ -370,6 +407,7 @@ absl::Status Run::Export(TrainResult& result) {
 
 absl::StatusOr<TrainResult> Run::Execute() {
   torch::set_num_threads(std::max(1, options_.num_threads));
+  KeepStepMemory();
   absl::Status status = Prepare();
   if (!status.ok()) return status;
   const Steady::time_point load_start = Steady::now();
@@ -452,6 +490,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
     const Steady::time_point step_start = Steady::now();
     std::optional<Batch> batch = prefetcher.Next();
     if (!batch.has_value()) return absl::InternalError("the data thread ended early");
+    if (!device_.is_cpu()) {
+      batch->features = batch->features.to(device_);
+      batch->labels = batch->labels.to(device_);
+    }
     data_wait_s += seconds_since(step_start);
     lr = LearningRateAt(spec_.optimizer(), step, total);
     SetLearningRate(*optimizer_, lr);
@@ -476,9 +518,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
         torch::Tensor out = model_->Forward(batch->features.narrow(0, begin, size));
         torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels.narrow(0, begin, size));
         if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
-        strategy_->BeforeBackward(m + 1 == accumulate);
-        loss.backward();
         loss_value += loss.item<double>();
+        const bool last = m + 1 == accumulate;
+        strategy_->BeforeBackward(last, loss_value, last && StopRequested());
+        loss.backward();
       }
       status = strategy_->AfterBackward(*model_);
       if (!status.ok()) return status;
@@ -487,7 +530,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       return absl::InvalidArgumentError(
           absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
     }
-    absl::StatusOr<StepAgreement> agreed = strategy_->EndStep(loss_value, StopRequested());
+    absl::StatusOr<StepAgreement> agreed = strategy_->EndStep();
     if (!agreed.ok()) return agreed.status();
     stop_agreed = agreed->stop;
     ++step;
@@ -511,7 +554,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
           step, total, result.loss, lr, samples_per_s, epoch);
       if (has_val) {
         try {
-          result.val_accuracy = Accuracy(*model_, data_.validation);
+          result.val_accuracy = Accuracy(*model_, data_.validation, device_);
         } catch (const std::exception& e) {
           return absl::InvalidArgumentError(
               absl::StrCat("model: validation failed: ", DescribeTorchError(e)));

@@ -85,9 +85,10 @@ struct TrainResult {
 // ABORTED / FAILED_PRECONDITION when the attempt was fenced off; INTERNAL for anything
 // unexpected. A stop whose deadline passes while a checkpoint is being written still waits for
 // that write: the caller ends the process at the deadline if it must (main.cc does).
-// It sets LibTorch's global thread count and reseeds its process-wide random generator before
-// every update; the ranks of one job may run as threads of one process (tests) if their model
-// draws no random numbers (no dropout), since they would share that generator.
+// It sets LibTorch's global thread count and glibc's malloc thresholds (KeepStepMemory in
+// trainer.cc; not when GLIBC_TUNABLES sets them) and reseeds LibTorch's process-wide random
+// generator before every update; the ranks of one job may run as threads of one process (tests) if
+// their model draws no random numbers (no dropout), since they would share that generator.
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options);
 
