@@ -1,10 +1,12 @@
 #include "worker/trainer/checkpoint.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -15,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/uri.h"
@@ -49,6 +52,19 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeObject(
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", tensors.status().message()));
   }
   return tensors;
+}
+
+// Restricts the calling thread (and the threads it starts later) to `cpus`.
+void PinThisThread(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+  }
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    LogWarning("checkpoint upload: cannot restrict the thread to CPUs ", absl::StrJoin(cpus, ","),
+               ": ", std::strerror(errno));
+  }
 }
 
 }  // namespace
@@ -250,6 +266,7 @@ bool Checkpointer::SaveAsync(CheckpointData data, bool final_save, absl::Time gi
     // Serialising, hashing and sending compete with training for the CPU: the training thread
     // goes first. Threads the upload starts (parallel parts) inherit the lower priority.
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+    if (!options_.upload_cpus.empty()) PinThisThread(options_.upload_cpus);
     torch::NoGradGuard no_grad;
     try {
       upload_status_ = Save(data, give_up_at);

@@ -32,7 +32,8 @@
 // judges whether one more save can finish in time.
 //
 // Objects go through ObjectStore::Put, which the S3 store turns into a parallel multipart upload
-// above its threshold (64 MiB).
+// above its threshold (64 MiB). The upload thread runs at nice 10 and, with
+// Options::upload_cpus, only on those CPUs; the threads it starts inherit both.
 //
 // Garbage: with Options::collect_garbage, every step folder under base_uri that is not a
 // committed checkpoint (left by an upload that was cut off, or a retired checkpoint whose
@@ -136,6 +137,10 @@ class Checkpointer {
     // complete list of this job's committed step folders in `committed`; others are ignored).
     bool collect_garbage = false;
     std::vector<std::string> committed = {};
+    // CPUs the upload thread, and the threads it starts, may run on; empty: those of the thread
+    // that calls SaveAsync. Keeps serialising, hashing and sending off the cores that train. A
+    // CPU set the kernel refuses is logged and ignored.
+    std::vector<int> upload_cpus = {};
   };
 
   // `store` must serve base_uri. `coordinator` may be null (standalone: no commit, no
