@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/sha256.h"
 #include "common/uri.h"
 
 namespace trainyard {
@@ -154,7 +155,26 @@ absl::Status CopyFd(int in, int out, absl::string_view from, absl::string_view t
 }  // namespace
 
 absl::Status FileObjectStore::Put(absl::string_view uri, absl::string_view data) {
-  return WriteObject(uri, data, -1);
+  return WriteObject(uri, [&](int fd) { return WriteAll(fd, data, uri); });
+}
+
+absl::StatusOr<std::string> FileObjectStore::PutPieces(absl::string_view uri,
+                                                       absl::Span<const absl::string_view> pieces) {
+  constexpr size_t kChunk = 1 << 20;
+  Sha256 hash;
+  absl::Status status = WriteObject(uri, [&](int fd) {
+    for (absl::string_view piece : pieces) {
+      for (size_t at = 0; at < piece.size(); at += kChunk) {
+        const absl::string_view chunk = piece.substr(at, kChunk);
+        hash.Update(chunk);
+        absl::Status written = WriteAll(fd, chunk, uri);
+        if (!written.ok()) return written;
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return hash.HexDigest();
 }
 
 absl::Status FileObjectStore::PutFile(absl::string_view uri, const std::string& local_path) {
@@ -164,7 +184,7 @@ absl::Status FileObjectStore::PutFile(absl::string_view uri, const std::string& 
   } while (raw_fd < 0 && errno == EINTR);
   if (raw_fd < 0) return ErrnoStatus(errno, "opening", local_path);
   Fd source(raw_fd);
-  return WriteObject(uri, {}, source.get());
+  return WriteObject(uri, [&](int fd) { return CopyFd(source.get(), fd, "the source file", uri); });
 }
 
 absl::StatusOr<ObjectInfo> FileObjectStore::GetToFile(absl::string_view uri,
@@ -187,8 +207,8 @@ absl::StatusOr<ObjectInfo> FileObjectStore::GetToFile(absl::string_view uri,
   return ObjectInfo{FileUri(*path), static_cast<int64_t>(st.st_size), FileEtag(st)};
 }
 
-absl::Status FileObjectStore::WriteObject(absl::string_view uri, absl::string_view data,
-                                          int source_fd) {
+absl::Status FileObjectStore::WriteObject(absl::string_view uri,
+                                          const std::function<absl::Status(int fd)>& fill) {
   absl::StatusOr<std::string> path = ObjectPath(uri);
   if (!path.ok()) return path.status();
   const fs::path target(*path);
@@ -206,8 +226,7 @@ absl::Status FileObjectStore::WriteObject(absl::string_view uri, absl::string_vi
   } while (raw_fd < 0 && errno == EINTR);
   if (raw_fd < 0) return ErrnoStatus(errno, "creating a temporary file for", uri);
   Fd fd(raw_fd);
-  absl::Status status = source_fd >= 0 ? CopyFd(source_fd, fd.get(), "the source file", uri)
-                                       : WriteAll(fd.get(), data, uri);
+  absl::Status status = fill(fd.get());
   if (status.ok() && fsync(fd.get()) != 0) status = ErrnoStatus(errno, "syncing", uri);
   if (status.ok() && fd.Close() != 0) status = ErrnoStatus(errno, "closing", uri);
   if (status.ok() && rename(temp.c_str(), path->c_str()) != 0) {

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ class FileObjectStore final : public ObjectStore {
   FileObjectStore() = default;
 
   absl::Status Put(absl::string_view uri, absl::string_view data) override;
+  // Hashes each megabyte of the pieces just before writing it, while it is in the cache.
+  absl::StatusOr<std::string> PutPieces(absl::string_view uri,
+                                        absl::Span<const absl::string_view> pieces) override;
   absl::StatusOr<std::string> Get(absl::string_view uri) override;
   // Bytes [offset, offset + length) clipped to the object. An offset equal to the size gives "";
   // one beyond it is OUT_OF_RANGE; negative offset or length is INVALID_ARGUMENT.
@@ -51,8 +55,8 @@ class FileObjectStore final : public ObjectStore {
                                        const std::string& local_path) override;
 
  private:
-  // Writes `data` (or, when `source_fd` >= 0, that file's contents) to the object atomically.
-  absl::Status WriteObject(absl::string_view uri, absl::string_view data, int source_fd);
+  // Writes the object atomically, its contents written by `fill` into the temporary file `fd`.
+  absl::Status WriteObject(absl::string_view uri, const std::function<absl::Status(int fd)>& fill);
 
   std::atomic<uint64_t> temp_counter_{0};
 };

@@ -10,9 +10,19 @@
 #include "common/file_object_store.h"
 #include "common/s3_client.h"
 #include "common/s3_object_store.h"
+#include "common/sha256.h"
 #include "common/uri.h"
 
 namespace trainyard {
+
+absl::StatusOr<std::string> ObjectStore::PutPieces(absl::string_view uri,
+                                                   absl::Span<const absl::string_view> pieces) {
+  std::string data;
+  for (absl::string_view piece : pieces) data.append(piece.data(), piece.size());
+  absl::Status status = Put(uri, data);
+  if (!status.ok()) return status;
+  return Sha256Hex(data);
+}
 
 absl::Status ObjectStore::PutFile(absl::string_view uri, const std::string& local_path) {
   std::ifstream in(local_path, std::ios::binary);

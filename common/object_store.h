@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace trainyard {
 
@@ -30,6 +31,14 @@ class ObjectStore {
 
   // Writes the whole object atomically: a reader sees the old object, or none, or all of `data`.
   virtual absl::Status Put(absl::string_view uri, absl::string_view data) = 0;
+  // Writes the object made of `pieces` one after the other, atomically as Put, without first
+  // joining them into one buffer (they are read where they are and must stay valid until the
+  // call returns). Returns the lower-case hex SHA-256 of the object, computed in the pass over
+  // the bytes that the write makes anyway where the store can: the S3 store signs requests with
+  // it, the file store hashes each piece as it writes it. The default joins the pieces, calls
+  // Put and hashes.
+  virtual absl::StatusOr<std::string> PutPieces(absl::string_view uri,
+                                                absl::Span<const absl::string_view> pieces);
   // Reads the whole object.
   virtual absl::StatusOr<std::string> Get(absl::string_view uri) = 0;
   // Reads `length` bytes from `offset` (fewer at the end of the object).

@@ -3,7 +3,6 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +23,50 @@
 
 namespace trainyard {
 
+// What a PUT sends: in-memory pieces one after the other, or `size` bytes of the file `fd`.
+struct S3Client::Body {
+  static Body FromPieces(absl::Span<const absl::string_view> pieces) {
+    Body body;
+    body.pieces.assign(pieces.begin(), pieces.end());
+    body.starts.reserve(pieces.size());
+    for (absl::string_view piece : pieces) {
+      body.starts.push_back(body.size);
+      body.size += static_cast<int64_t>(piece.size());
+    }
+    return body;
+  }
+  static Body FromFile(int fd, int64_t size) {
+    Body body;
+    body.fd = fd;
+    body.size = size;
+    return body;
+  }
+
+  // Calls fn(absl::string_view) on the in-memory bytes [offset, offset + length), in order, in as
+  // few slices as the pieces allow.
+  template <typename Fn>
+  void ForEach(int64_t offset, int64_t length, Fn&& fn) const {
+    if (pieces.empty()) return;
+    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
+                                   starts.begin());
+    i = i == 0 ? 0 : i - 1;
+    for (; length > 0 && i < pieces.size(); ++i) {
+      const int64_t within = offset - starts[i];
+      const int64_t n =
+          std::min<int64_t>(length, static_cast<int64_t>(pieces[i].size()) - within);
+      if (n <= 0) continue;
+      fn(pieces[i].substr(static_cast<size_t>(within), static_cast<size_t>(n)));
+      offset += n;
+      length -= n;
+    }
+  }
+
+  std::vector<absl::string_view> pieces;  // not owned
+  std::vector<int64_t> starts;            // where each piece begins in the body
+  int fd = -1;
+  int64_t size = 0;
+};
+
 struct S3Client::Request {
   std::string op;  // S3 API name, for messages: "PutObject", "UploadPart", ...
   std::string method;
@@ -31,12 +74,11 @@ struct S3Client::Request {
   std::string key;
   std::vector<std::pair<std::string, std::string>> query;
   std::map<std::string, std::string> headers;  // extra headers to sign and send ("range")
-  // The body: `body` in memory, or body_length bytes of body_fd from body_offset.
-  absl::string_view body;
-  int body_fd = -1;
+  // The body: body_length bytes of `body` from body_offset; none when null.
+  const Body* body = nullptr;
   int64_t body_offset = 0;
   int64_t body_length = 0;
-  std::string payload_sha256;  // computed on the first attempt
+  std::string payload_sha256;  // computed on the first attempt unless set before
   // Where a 2xx body goes: sink_fd at sink_offset, or Response::body.
   int sink_fd = -1;
   int64_t sink_offset = 0;
@@ -53,6 +95,8 @@ struct S3Client::Response {
 };
 
 namespace {
+
+constexpr char kUnsignedPayload[] = "UNSIGNED-PAYLOAD";
 
 void GlobalInit() {
   static std::once_flag once;
@@ -160,17 +204,22 @@ struct ReadState {
 size_t ReadBody(char* buffer, size_t size, size_t nitems, void* userdata) {
   auto* state = static_cast<ReadState*>(userdata);
   const S3Client::Request& r = *state->request;
-  const int64_t total = r.body_fd >= 0 ? r.body_length : static_cast<int64_t>(r.body.size());
-  const size_t n = static_cast<size_t>(std::min<int64_t>(size * nitems, total - state->pos));
+  const size_t n = static_cast<size_t>(
+      std::min<int64_t>(static_cast<int64_t>(size * nitems), r.body_length - state->pos));
   if (n == 0) return 0;
-  if (r.body_fd < 0) {
-    std::memcpy(buffer, r.body.data() + state->pos, n);
+  if (r.body->fd < 0) {
+    size_t done = 0;
+    r.body->ForEach(r.body_offset + state->pos, static_cast<int64_t>(n),
+                    [&](absl::string_view slice) {
+                      std::memcpy(buffer + done, slice.data(), slice.size());
+                      done += slice.size();
+                    });
     state->pos += static_cast<int64_t>(n);
     return n;
   }
   ssize_t got;
   do {
-    got = pread(r.body_fd, buffer, n, r.body_offset + state->pos);
+    got = pread(r.body->fd, buffer, n, r.body_offset + state->pos);
   } while (got < 0 && errno == EINTR);
   if (got <= 0) {
     state->read_errno = got < 0 ? errno : EIO;
@@ -290,8 +339,7 @@ std::string DefaultCodeFor(long http) {
 }
 
 absl::StatusOr<std::string> Sha256OfFileRange(int fd, int64_t offset, int64_t length) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  Sha256 hash;
   std::string buffer(1 << 20, '\0');
   int64_t done = 0;
   while (done < length) {
@@ -299,24 +347,13 @@ absl::StatusOr<std::string> Sha256OfFileRange(int fd, int64_t offset, int64_t le
     ssize_t got = pread(fd, buffer.data(), want, offset + done);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      EVP_MD_CTX_free(ctx);
       return absl::UnavailableError(
           absl::StrCat("reading the body to upload: ", got < 0 ? std::strerror(errno) : "EOF"));
     }
-    EVP_DigestUpdate(ctx, buffer.data(), static_cast<size_t>(got));
+    hash.Update(absl::string_view(buffer.data(), static_cast<size_t>(got)));
     done += got;
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, digest, &len);
-  EVP_MD_CTX_free(ctx);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 0xf]);
-  }
-  return hex;
+  return hash.HexDigest();
 }
 
 std::string Where(const std::string& bucket, const std::string& key) {
@@ -387,6 +424,15 @@ absl::StatusOr<S3ClientOptions> S3ClientOptionsFromEnv(const EnvLookup& env) {
     return absl::InvalidArgumentError(
         absl::StrCat("TRAINYARD_S3_ADDRESSING '", addressing, "' must be path, virtual or auto"));
   }
+  const std::string signing = get("TRAINYARD_S3_SIGN_PAYLOAD");
+  if (signing == "always") {
+    options.payload_signing = S3PayloadSigning::kAlways;
+  } else if (signing == "never") {
+    options.payload_signing = S3PayloadSigning::kNever;
+  } else if (!signing.empty() && signing != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("TRAINYARD_S3_SIGN_PAYLOAD '", signing,
+                                                   "' must be auto, always or never"));
+  }
   absl::StatusOr<AwsCredentials> credentials = LoadAwsCredentials(env);
   if (!credentials.ok()) return credentials.status();
   options.credentials = *std::move(credentials);
@@ -410,6 +456,8 @@ S3Client::S3Client(S3ClientOptions options)
   host_ = std::string(rest.substr(0, rest.find('/')));
   virtual_hosted_ = options_.addressing == S3Addressing::kVirtualHosted ||
                     (options_.addressing == S3Addressing::kAuto && options_.endpoint.empty());
+  sign_payload_ = options_.payload_signing == S3PayloadSigning::kAlways ||
+                  (options_.payload_signing == S3PayloadSigning::kAuto && scheme_ == "http");
 }
 
 S3Client::~S3Client() {
@@ -457,16 +505,20 @@ absl::StatusOr<S3Client::Response> S3Client::PerformOnce(Request& r, bool* retry
   const std::string query = CanonicalQueryString(r.query);
   const std::string url = absl::StrCat(scheme_, "://", host, path, query.empty() ? "" : "?", query);
 
-  const int64_t body_size = r.body_fd >= 0 ? r.body_length : static_cast<int64_t>(r.body.size());
+  const int64_t body_size = r.body != nullptr ? r.body_length : 0;
   if (r.payload_sha256.empty()) {
-    if (!options_.sign_payload && body_size > 0) {
-      r.payload_sha256 = "UNSIGNED-PAYLOAD";
-    } else if (r.body_fd >= 0) {
-      absl::StatusOr<std::string> sha = Sha256OfFileRange(r.body_fd, r.body_offset, r.body_length);
+    if (!sign_payload_ && body_size > 0) {
+      r.payload_sha256 = kUnsignedPayload;
+    } else if (body_size > 0 && r.body->fd >= 0) {
+      absl::StatusOr<std::string> sha = Sha256OfFileRange(r.body->fd, r.body_offset, r.body_length);
       if (!sha.ok()) return sha.status();
       r.payload_sha256 = *sha;
     } else {
-      r.payload_sha256 = Sha256Hex(r.body);
+      Sha256 hash;
+      if (body_size > 0) {
+        r.body->ForEach(r.body_offset, r.body_length, [&](absl::string_view s) { hash.Update(s); });
+      }
+      r.payload_sha256 = hash.HexDigest();
     }
   }
   SigV4Request to_sign;
@@ -595,21 +647,28 @@ absl::StatusOr<S3Client::Response> S3Client::Execute(Request& r) {
 }
 
 absl::Status S3Client::PutSingle(const std::string& bucket, const std::string& key,
-                                 absl::string_view data, int fd, int64_t size) {
+                                 const Body& body, std::string* object_sha256) {
   Request r;
   r.op = "PutObject";
   r.method = "PUT";
   r.bucket = bucket;
   r.key = key;
-  r.body = data;
-  r.body_fd = fd;
-  r.body_length = size;
+  r.body = &body;
+  r.body_length = body.size;
+  if (object_sha256 != nullptr) {
+    // The object's hash is the payload hash a signed request needs: one pass serves both.
+    Sha256 hash;
+    body.ForEach(0, body.size, [&](absl::string_view s) { hash.Update(s); });
+    *object_sha256 = hash.HexDigest();
+    if (sign_payload_ || body.size == 0) r.payload_sha256 = *object_sha256;
+  }
   absl::StatusOr<Response> response = Execute(r);
   return response.status();
 }
 
-absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string& key, int64_t size,
-                                    absl::string_view data, int fd) {
+absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string& key,
+                                    const Body& body, std::string* object_sha256) {
+  const int64_t size = body.size;
   Request create;
   create.op = "CreateMultipartUpload";
   create.method = "POST";
@@ -626,47 +685,100 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
   // S3 allows at most 10,000 parts.
   const int64_t part_size = std::max<int64_t>(options_.part_size, (size + 9999) / 10000);
   const int64_t parts = (size + part_size - 1) / part_size;
+  auto part_length = [&](int64_t i) { return std::min(part_size, size - i * part_size); };
+
+  // Hashes: of each part when requests are signed (in memory; a file's parts are hashed as they
+  // are read), and of the whole object when the caller wants it. This thread makes one pass over
+  // the bytes for both, a chunk at a time so that the second hash reads from the cache, and
+  // part i goes out as soon as its hash is known.
+  const bool hash_parts = sign_payload_ && body.fd < 0;
+  const bool hash_object = object_sha256 != nullptr;
+  std::vector<std::string> part_sha256(static_cast<size_t>(parts));
+  absl::Mutex mu;
+  int64_t hashed = hash_parts ? 0 : parts;  // parts whose hash is known; guarded by mu
+  bool failed = false;                      // guarded by mu
+  absl::Status first_error;                 // guarded by mu
+
   std::vector<std::string> etags(static_cast<size_t>(parts));
-  absl::Status status = ParallelFor(parts, options_.parallelism, [&](int64_t i) -> absl::Status {
+  auto upload_part = [&](int64_t i) -> absl::Status {
     Request part;
     part.op = "UploadPart";
     part.method = "PUT";
     part.bucket = bucket;
     part.key = key;
     part.query = {{"partNumber", absl::StrCat(i + 1)}, {"uploadId", upload_id}};
-    const int64_t offset = i * part_size;
-    const int64_t length = std::min(part_size, size - offset);
-    if (fd >= 0) {
-      part.body_fd = fd;
-      part.body_offset = offset;
-      part.body_length = length;
-    } else {
-      part.body = data.substr(static_cast<size_t>(offset), static_cast<size_t>(length));
+    part.body = &body;
+    part.body_offset = i * part_size;
+    part.body_length = part_length(i);
+    if (hash_parts) {
+      absl::MutexLock lock(&mu);
+      auto ready = [&]() { return hashed > i || failed; };
+      mu.Await(absl::Condition(&ready));
+      if (hashed <= i) return absl::CancelledError("another part failed");
+      part.payload_sha256 = part_sha256[static_cast<size_t>(i)];
     }
+    absl::Status status;
     absl::StatusOr<Response> response = Execute(part);
-    if (!response.ok()) return response.status();
-    auto etag = response->headers.find("etag");
-    if (etag == response->headers.end()) {
-      return absl::UnavailableError(absl::StrCat("S3 UploadPart ", i + 1, " of ",
-                                                 Where(bucket, key), ": no ETag in the answer"));
+    if (!response.ok()) {
+      status = response.status();
+    } else if (auto etag = response->headers.find("etag"); etag == response->headers.end()) {
+      status = absl::UnavailableError(absl::StrCat("S3 UploadPart ", i + 1, " of ",
+                                                   Where(bucket, key), ": no ETag in the answer"));
+    } else {
+      etags[static_cast<size_t>(i)] = etag->second;
     }
-    etags[static_cast<size_t>(i)] = etag->second;
-    return absl::OkStatus();
-  });
-  if (status.ok()) {
-    std::string body = "<CompleteMultipartUpload>";
+    if (!status.ok()) {
+      absl::MutexLock lock(&mu);
+      if (first_error.ok()) first_error = status;
+      failed = true;
+    }
+    return status;
+  };
+  absl::Status status;
+  std::thread uploads([&] { status = ParallelFor(parts, options_.parallelism, upload_part); });
+  if (hash_parts || hash_object) {
+    constexpr int64_t kChunk = 256 << 10;
+    Sha256 part_hash, object_hash;
     for (int64_t i = 0; i < parts; ++i) {
-      absl::StrAppend(&body, "<Part><PartNumber>", i + 1, "</PartNumber><ETag>",
+      {
+        absl::MutexLock lock(&mu);
+        if (failed) break;
+      }
+      body.ForEach(i * part_size, part_length(i), [&](absl::string_view slice) {
+        for (size_t at = 0; at < slice.size(); at += kChunk) {
+          const absl::string_view chunk = slice.substr(at, kChunk);
+          if (hash_parts) part_hash.Update(chunk);
+          if (hash_object) object_hash.Update(chunk);
+        }
+      });
+      std::string sha = hash_parts ? part_hash.HexDigest() : std::string();
+      absl::MutexLock lock(&mu);
+      part_sha256[static_cast<size_t>(i)] = std::move(sha);
+      hashed = i + 1;
+    }
+    if (hash_object) *object_sha256 = object_hash.HexDigest();
+  }
+  uploads.join();
+  {
+    absl::MutexLock lock(&mu);
+    if (!first_error.ok()) status = first_error;  // not the cancellation of a waiting part
+  }
+  if (status.ok()) {
+    std::string xml = "<CompleteMultipartUpload>";
+    for (int64_t i = 0; i < parts; ++i) {
+      absl::StrAppend(&xml, "<Part><PartNumber>", i + 1, "</PartNumber><ETag>",
                       XmlEscape(etags[static_cast<size_t>(i)]), "</ETag></Part>");
     }
-    absl::StrAppend(&body, "</CompleteMultipartUpload>");
+    absl::StrAppend(&xml, "</CompleteMultipartUpload>");
+    const Body xml_body = Body::FromPieces({xml});
     Request complete;
     complete.op = "CompleteMultipartUpload";
     complete.method = "POST";
     complete.bucket = bucket;
     complete.key = key;
     complete.query = {{"uploadId", upload_id}};
-    complete.body = body;
+    complete.body = &xml_body;
+    complete.body_length = xml_body.size;
     complete.headers["content-type"] = "application/xml";
     complete.error_in_body = true;
     absl::StatusOr<Response> done = Execute(complete);
@@ -695,9 +807,21 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
 
 absl::Status S3Client::PutObject(const std::string& bucket, const std::string& key,
                                  absl::string_view data) {
-  const int64_t size = static_cast<int64_t>(data.size());
-  if (size >= options_.multipart_threshold) return PutMultipart(bucket, key, size, data, -1);
-  return PutSingle(bucket, key, data, -1, 0);
+  const Body body = Body::FromPieces({data});
+  if (body.size >= options_.multipart_threshold) return PutMultipart(bucket, key, body, nullptr);
+  return PutSingle(bucket, key, body, nullptr);
+}
+
+absl::StatusOr<std::string> S3Client::PutObjectPieces(const std::string& bucket,
+                                                      const std::string& key,
+                                                      absl::Span<const absl::string_view> pieces) {
+  const Body body = Body::FromPieces(pieces);
+  std::string sha256;
+  absl::Status status = body.size >= options_.multipart_threshold
+                            ? PutMultipart(bucket, key, body, &sha256)
+                            : PutSingle(bucket, key, body, &sha256);
+  if (!status.ok()) return status;
+  return sha256;
 }
 
 absl::Status S3Client::PutObjectFromFile(const std::string& bucket, const std::string& key,
@@ -712,10 +836,10 @@ absl::Status S3Client::PutObjectFromFile(const std::string& bucket, const std::s
   absl::Status status;
   if (fstat(fd, &st) != 0) {
     status = absl::UnavailableError(absl::StrCat("stat of ", path, ": ", std::strerror(errno)));
-  } else if (st.st_size >= options_.multipart_threshold) {
-    status = PutMultipart(bucket, key, st.st_size, {}, fd);
   } else {
-    status = PutSingle(bucket, key, {}, fd, st.st_size);
+    const Body body = Body::FromFile(fd, st.st_size);
+    status = st.st_size >= options_.multipart_threshold ? PutMultipart(bucket, key, body, nullptr)
+                                                        : PutSingle(bucket, key, body, nullptr);
   }
   close(fd);
   return status;

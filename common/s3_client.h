@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/s3_auth.h"
@@ -45,6 +46,14 @@ struct S3RetryPolicy {
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
   absl::Duration max_elapsed = absl::Seconds(60);  // no retry starts after this since the first try
+};
+
+enum class S3PayloadSigning {
+  // Over http, sign; over https, send UNSIGNED-PAYLOAD, as the AWS SDKs do: TLS already protects
+  // the body, and hashing it costs a pass over every byte sent.
+  kAuto,
+  kAlways,  // sign the SHA-256 of every body
+  kNever,   // UNSIGNED-PAYLOAD for every body (AWS accepts it; over http the body is unprotected)
 };
 
 enum class S3Addressing {
@@ -65,8 +74,7 @@ struct S3ClientOptions {
   int64_t multipart_threshold = int64_t{64} << 20;
   int64_t part_size = int64_t{16} << 20;
   int parallelism = 4;
-  // Sign the SHA-256 of each body (false sends UNSIGNED-PAYLOAD, which AWS accepts over TLS).
-  bool sign_payload = true;
+  S3PayloadSigning payload_signing = S3PayloadSigning::kAuto;
   absl::Duration connect_timeout = absl::Seconds(10);
   // A transfer slower than 1 KiB/s for this long is aborted (and retried).
   absl::Duration stall_timeout = absl::Seconds(30);
@@ -79,8 +87,9 @@ struct S3ClientOptions {
 
 // Options from the environment: endpoint AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, region
 // AWS_REGION or AWS_DEFAULT_REGION, addressing TRAINYARD_S3_ADDRESSING (path | virtual | auto),
-// credentials as LoadAwsCredentials. Errors as LoadAwsCredentials; INVALID_ARGUMENT for a bad
-// endpoint or addressing value.
+// payload signing TRAINYARD_S3_SIGN_PAYLOAD (auto | always | never), credentials as
+// LoadAwsCredentials. Errors as LoadAwsCredentials; INVALID_ARGUMENT for a bad endpoint,
+// addressing or signing value.
 absl::StatusOr<S3ClientOptions> S3ClientOptionsFromEnv(const EnvLookup& env);
 
 struct S3ObjectInfo {
@@ -99,6 +108,13 @@ class S3Client {
   // Writes the object: one PUT below multipart_threshold, else a multipart upload whose parts go
   // in parallel and which is aborted (its parts deleted) if any part fails. Blocks.
   absl::Status PutObject(const std::string& bucket, const std::string& key, absl::string_view data);
+  // As PutObject, for the object made of `pieces` one after the other, sent from where they are
+  // (they must stay valid until the call returns). Returns the lower-case hex SHA-256 of the
+  // object, from the same pass over the bytes as the payload hashes of the signature: below
+  // multipart_threshold the object's hash is the payload hash; a signed multipart upload hashes
+  // each part as well, in that pass. Blocks.
+  absl::StatusOr<std::string> PutObjectPieces(const std::string& bucket, const std::string& key,
+                                              absl::Span<const absl::string_view> pieces);
   // As PutObject, streaming from a local file (never more than parallelism parts in memory).
   // NOT_FOUND / UNAVAILABLE for a file that cannot be opened or read.
   absl::Status PutObjectFromFile(const std::string& bucket, const std::string& key,
@@ -123,6 +139,7 @@ class S3Client {
   int64_t requests_sent() const { return requests_sent_.load(); }
   int64_t retries() const { return retries_.load(); }
 
+  struct Body;
   struct Request;
   struct Response;
 
@@ -131,10 +148,12 @@ class S3Client {
   absl::StatusOr<Response> PerformOnce(Request& request, bool* retryable);
   // With the retry policy; maps HTTP errors to statuses naming `op`, bucket and key.
   absl::StatusOr<Response> Execute(Request& request);
-  absl::Status PutMultipart(const std::string& bucket, const std::string& key, int64_t size,
-                            absl::string_view data, int fd);
-  absl::Status PutSingle(const std::string& bucket, const std::string& key, absl::string_view data,
-                         int fd, int64_t size);
+  // Uploads `body`; when `object_sha256` is not null (in-memory bodies only), sets it to the hash
+  // of the whole object.
+  absl::Status PutMultipart(const std::string& bucket, const std::string& key, const Body& body,
+                            std::string* object_sha256);
+  absl::Status PutSingle(const std::string& bucket, const std::string& key, const Body& body,
+                         std::string* object_sha256);
   absl::Duration Backoff(int retry);
   void* AcquireHandle();
   void ReleaseHandle(void* handle);
@@ -144,6 +163,7 @@ class S3Client {
   std::string scheme_;  // "http" or "https"
   std::string host_;    // host[:port] of the endpoint
   bool virtual_hosted_ = false;
+  bool sign_payload_ = true;
 
   absl::Mutex pool_mu_;
   std::vector<void*> idle_handles_ ABSL_GUARDED_BY(pool_mu_);  // CURL*

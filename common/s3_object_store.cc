@@ -39,6 +39,13 @@ absl::Status S3ObjectStore::Put(absl::string_view uri, absl::string_view data) {
   return client_->PutObject(bk->bucket, bk->key, data);
 }
 
+absl::StatusOr<std::string> S3ObjectStore::PutPieces(absl::string_view uri,
+                                                     absl::Span<const absl::string_view> pieces) {
+  absl::StatusOr<BucketKey> bk = Split(uri, false);
+  if (!bk.ok()) return bk.status();
+  return client_->PutObjectPieces(bk->bucket, bk->key, pieces);
+}
+
 absl::Status S3ObjectStore::PutFile(absl::string_view uri, const std::string& local_path) {
   absl::StatusOr<BucketKey> bk = Split(uri, false);
   if (!bk.ok()) return bk.status();

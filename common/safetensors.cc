@@ -57,8 +57,8 @@ int SafetensorsDtypeSize(absl::string_view dtype) {
   return it == kSizes->end() ? 0 : it->second;
 }
 
-absl::StatusOr<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,
-                                              const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> names;
   uint64_t offset = 0;
@@ -94,10 +94,20 @@ absl::StatusOr<std::string> EncodeSafetensors(const std::vector<TensorView>& ten
   // Pad with spaces so that the data section starts 8-byte aligned, as the Python writer does.
   json.append((8 - json.size() % 8) % 8, ' ');
   std::string out;
-  out.reserve(8 + json.size() + offset);
+  out.reserve(8 + json.size());
   PutLe64(json.size(), out);
   out += json;
-  for (const TensorView& tensor : tensors) out.append(tensor.data.data(), tensor.data.size());
+  return out;
+}
+
+absl::StatusOr<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,
+                                              const std::map<std::string, std::string>& metadata) {
+  absl::StatusOr<std::string> out = EncodeSafetensorsHeader(tensors, metadata);
+  if (!out.ok()) return out.status();
+  size_t size = out->size();
+  for (const TensorView& tensor : tensors) size += tensor.data.size();
+  out->reserve(size);
+  for (const TensorView& tensor : tensors) out->append(tensor.data.data(), tensor.data.size());
   return out;
 }
 

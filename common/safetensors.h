@@ -33,6 +33,13 @@ struct TensorView {
 absl::StatusOr<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,
                                               const std::map<std::string, std::string>& metadata);
 
+// The part of the file EncodeSafetensors would write before the tensor data: the 8-byte header
+// length and the padded JSON header. The file is this followed by each tensor's data in the
+// given order, so a writer can send the tensors from where they are instead of copying them into
+// one buffer. Errors as EncodeSafetensors.
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata);
+
 // A parsed file. Views point into `buffer`, which the struct owns: do not copy the struct and
 // keep using views of the copy's source; move it instead.
 struct SafetensorsFile {

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/object_store.h"
+#include "common/sha256.h"
 #include "gtest/gtest.h"
 
 namespace trainyard {
@@ -60,6 +61,27 @@ TEST_F(FileObjectStoreTest, PutGetCreatesParentsAndLeavesNoTempFiles) {
   EXPECT_EQ(*data, std::string("hello\0world", 11));
   EXPECT_EQ(AllFiles(), std::vector<std::string>{"c.bin"});
   EXPECT_TRUE(fs::is_regular_file(dir_ + "/a/b/c.bin"));
+}
+
+TEST_F(FileObjectStoreTest, PutPiecesWritesThemOneAfterTheOtherAndReturnsTheHash) {
+  // Larger than the megabyte the store hashes and writes at a time.
+  const std::string big(3 << 20 | 5, 'x');
+  const std::vector<absl::string_view> pieces = {"head", "", big, "tail"};
+  const std::string whole = absl::StrCat("head", big, "tail");
+  absl::StatusOr<std::string> sha256 = store_.PutPieces(Uri("p/obj"), pieces);
+  ASSERT_TRUE(sha256.ok()) << sha256.status();
+  EXPECT_EQ(*sha256, Sha256Hex(whole));
+  absl::StatusOr<std::string> data = store_.Get(Uri("p/obj"));
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_TRUE(*data == whole);
+  EXPECT_EQ(AllFiles(), std::vector<std::string>{"obj"});
+  // Nothing at all is an empty object.
+  sha256 = store_.PutPieces(Uri("p/empty"), {});
+  ASSERT_TRUE(sha256.ok()) << sha256.status();
+  EXPECT_EQ(*sha256, Sha256Hex(""));
+  EXPECT_EQ(store_.Get(Uri("p/empty")).value_or("?"), "");
+  EXPECT_EQ(store_.PutPieces("s3://bkt/x", pieces).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(FileObjectStoreTest, PlainPathsWork) {

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/object_store.h"
 #include "common/s3_object_store.h"
+#include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/s3rver.h"
@@ -323,8 +324,6 @@ TEST(S3ClientFaultTest, FailedMultipartUploadIsAborted) {
   EXPECT_EQ(requests.back().target, "/bkt/big?uploadId=up-1");
 }
 
-// ---- against s3rver ----
-
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::string out(n, '\0');
@@ -334,6 +333,133 @@ std::string RandomBytes(size_t n, uint64_t seed) {
   }
   return out;
 }
+
+// Serves multipart uploads: the parts it accepted by number, the first attempt of part
+// `failing_part` answered 503.
+struct MultipartRecorder {
+  explicit MultipartRecorder(int failing_part) : failing_part(failing_part) {}
+  FakeResponse Handle(const FakeRequest& r) {
+    if (r.method == "POST" && absl::StrContains(r.target, "uploads")) {
+      return {200, "<InitiateMultipartUploadResult><UploadId>up-1</UploadId>"
+                   "</InitiateMultipartUploadResult>"};
+    }
+    if (r.method == "POST") return {200, "<CompleteMultipartUploadResult/>"};
+    if (r.method != "PUT") return S3Error(400, "Unexpected");
+    int part = 0;
+    const size_t at = r.target.find("partNumber=");
+    if (at != std::string::npos) {
+      (void)absl::SimpleAtoi(r.target.substr(at + 11, r.target.find('&', at) - at - 11), &part);
+    }
+    absl::MutexLock lock(&mu);
+    if (part == failing_part && !failed_once) {
+      failed_once = true;
+      return S3Error(503, "SlowDown");
+    }
+    bodies[part] = r.body;
+    signed_hashes[part] = r.headers.count("x-amz-content-sha256")
+                              ? r.headers.at("x-amz-content-sha256")
+                              : std::string("(none)");
+    return {200, "", {{"ETag", absl::StrCat("\"etag-", part, "\"")}}};
+  }
+
+  const int failing_part;
+  absl::Mutex mu;
+  bool failed_once = false;
+  std::map<int, std::string> bodies;  // 0 for a single PUT
+  std::map<int, std::string> signed_hashes;
+};
+
+TEST(S3ClientFaultTest, PiecesGoUpAsOneObjectWithEachBodysHashSignedAndTheObjectsHashReturned) {
+  // Pieces of odd sizes, some empty, so that parts begin and end inside pieces.
+  const std::vector<std::string> pieces = {"",
+                                           std::string(1, 'a'),
+                                           std::string(399, 'b'),
+                                           std::string(250, 'c'),
+                                           "",
+                                           std::string(700, 'd'),
+                                           "xyz"};
+  std::string whole;
+  for (const std::string& piece : pieces) whole += piece;
+  const std::vector<absl::string_view> views(pieces.begin(), pieces.end());
+  for (const bool multipart : {false, true}) {
+    SCOPED_TRACE(multipart ? "multipart" : "single PUT");
+    MultipartRecorder recorder(/*failing_part=*/multipart ? 2 : -1);
+    FakeHttpServer server([&](const FakeRequest& r) { return recorder.Handle(r); });
+    NoSleep no_sleep;
+    S3ClientOptions options;
+    options.endpoint = server.endpoint();
+    options.multipart_threshold = multipart ? 1000 : 1 << 20;
+    options.part_size = 400;
+    options.parallelism = 2;
+    no_sleep.Apply(options);
+    S3Client client(options);
+    absl::StatusOr<std::string> sha256 = client.PutObjectPieces("bkt", "obj", views);
+    ASSERT_TRUE(sha256.ok()) << sha256.status();
+    EXPECT_EQ(*sha256, Sha256Hex(whole));
+    absl::MutexLock lock(&recorder.mu);
+    std::string sent;
+    for (const auto& [part, body] : recorder.bodies) {
+      sent += body;
+      // Over http every body is signed with its own hash (a part's, not the object's).
+      EXPECT_EQ(recorder.signed_hashes[part], Sha256Hex(body)) << "part " << part;
+    }
+    EXPECT_TRUE(sent == whole);
+    EXPECT_EQ(recorder.bodies.size(), multipart ? 4u : 1u);  // 400, 400, 400, 153 bytes
+    EXPECT_EQ(recorder.failed_once, multipart);              // part 2 was sent again, whole
+  }
+}
+
+TEST(S3ClientFaultTest, UnsignedPayloadsStillReturnTheObjectsHash) {
+  const std::string data = RandomBytes(2500, 9);
+  for (const bool multipart : {false, true}) {
+    SCOPED_TRACE(multipart ? "multipart" : "single PUT");
+    MultipartRecorder recorder(/*failing_part=*/-1);
+    FakeHttpServer server([&](const FakeRequest& r) { return recorder.Handle(r); });
+    NoSleep no_sleep;
+    S3ClientOptions options;
+    options.endpoint = server.endpoint();
+    options.payload_signing = S3PayloadSigning::kNever;
+    options.multipart_threshold = multipart ? 1000 : 1 << 20;
+    options.part_size = 1000;
+    no_sleep.Apply(options);
+    S3Client client(options);
+    absl::StatusOr<std::string> sha256 =
+        client.PutObjectPieces("bkt", "obj", {absl::string_view(data).substr(0, 1234),
+                                              absl::string_view(data).substr(1234)});
+    ASSERT_TRUE(sha256.ok()) << sha256.status();
+    EXPECT_EQ(*sha256, Sha256Hex(data));
+    absl::MutexLock lock(&recorder.mu);
+    ASSERT_EQ(recorder.bodies.size(), multipart ? 3u : 1u);
+    for (const auto& [part, hash] : recorder.signed_hashes) EXPECT_EQ(hash, "UNSIGNED-PAYLOAD");
+  }
+}
+
+TEST(S3ClientOptionsTest, PayloadSigningComesFromTheEnvironment) {
+  auto options_with = [](const char* signing) {
+    return S3ClientOptionsFromEnv([signing](const char* name) -> const char* {
+      const std::string n = name;
+      if (n == "AWS_ACCESS_KEY_ID") return "AK";
+      if (n == "AWS_SECRET_ACCESS_KEY") return "SK";
+      if (n == "TRAINYARD_S3_SIGN_PAYLOAD") return signing;
+      return nullptr;
+    });
+  };
+  absl::StatusOr<S3ClientOptions> options = options_with(nullptr);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->payload_signing, S3PayloadSigning::kAuto);
+  options = options_with("always");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->payload_signing, S3PayloadSigning::kAlways);
+  options = options_with("never");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->payload_signing, S3PayloadSigning::kNever);
+  options = options_with("sometimes");
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(options.status().message(), HasSubstr("TRAINYARD_S3_SIGN_PAYLOAD"));
+}
+
+// ---- against s3rver ----
+
 
 std::string ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -415,6 +541,17 @@ TEST_F(S3rverTest, MultipartUploadsAndParallelDownloadsAreByteIdentical) {
   const int64_t after_first = client.requests_sent();
   EXPECT_GE(after_first, 5);  // create, three parts, complete
   absl::StatusOr<std::string> got = client.GetObject("bkt", "multi/in-memory.bin");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == data);
+
+  // From pieces that part boundaries cut through: the same object, and its hash.
+  const absl::string_view view(data);
+  absl::StatusOr<std::string> sha256 = client.PutObjectPieces(
+      "bkt", "multi/pieces.bin",
+      {view.substr(0, 3), view.substr(3, 7 << 20), view.substr(3 + (7 << 20))});
+  ASSERT_TRUE(sha256.ok()) << sha256.status();
+  EXPECT_EQ(*sha256, Sha256Hex(data));
+  got = client.GetObject("bkt", "multi/pieces.bin");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(*got == data);
 

@@ -118,6 +118,20 @@ TEST(SafetensorsTest, RoundTripAllDtypes) {
   EXPECT_EQ(moved.Find("missing"), nullptr);
 }
 
+TEST(SafetensorsTest, HeaderFollowedByTheTensorsIsTheEncodedFile) {
+  Fixture f;
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(f.Tensors(), f.Metadata());
+  ASSERT_TRUE(header.ok()) << header.status();
+  std::string file = *header;
+  for (const TensorView& t : f.Tensors()) file.append(t.data.data(), t.data.size());
+  absl::StatusOr<std::string> encoded = EncodeSafetensors(f.Tensors(), f.Metadata());
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  EXPECT_TRUE(file == *encoded);
+  EXPECT_EQ(header->size() % 8, 0u);
+  EXPECT_EQ(EncodeSafetensorsHeader({{"a", "F32", {2}, std::string(4, 'x')}}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SafetensorsTest, NoTensorsNoMetadata) {
   absl::StatusOr<std::string> encoded = EncodeSafetensors({}, {});
   ASSERT_TRUE(encoded.ok()) << encoded.status();

@@ -22,5 +22,15 @@ TEST(Sha256Test, BinaryDataWithNuls) {
   EXPECT_NE(Sha256Hex(data), Sha256Hex(std::string("\0\x01\xff", 3)));
 }
 
+TEST(Sha256Test, IncrementalEqualsOneShotAndStartsOverAfterADigest) {
+  const std::string data = std::string(1000000, 'a') + "tail";
+  Sha256 hash;
+  for (size_t at = 0; at < data.size(); at += 77777) hash.Update(data.substr(at, 77777));
+  EXPECT_EQ(hash.HexDigest(), Sha256Hex(data));
+  hash.Update("abc");
+  EXPECT_EQ(hash.HexDigest(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hash.HexDigest(), Sha256Hex(""));
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -1,10 +1,12 @@
 #include "worker/trainer/checkpoint.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -15,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/uri.h"
@@ -49,6 +52,63 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeObject(
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", tensors.status().message()));
   }
   return tensors;
+}
+
+// A safetensors object laid out over the snapshot's tensors: its header, then each tensor's bytes
+// where the tensor holds them, so that the store reads them from there and they are never copied
+// into one buffer.
+struct TensorObject {
+  std::string header;
+  std::vector<torch::Tensor> tensors;  // what `data` points into
+  std::vector<absl::string_view> data;
+
+  std::vector<absl::string_view> Pieces() const {
+    std::vector<absl::string_view> pieces = {header};
+    pieces.insert(pieces.end(), data.begin(), data.end());
+    return pieces;
+  }
+};
+
+// INVALID_ARGUMENT for a dtype that safetensors lacks or duplicate names.
+absl::StatusOr<TensorObject> LayOut(const NamedTensors& tensors,
+                                    const std::map<std::string, std::string>& metadata) {
+  TensorObject object;
+  std::vector<TensorView> views;
+  object.tensors.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    TensorView view;
+    view.name = name;
+    view.dtype = SafetensorsDtype(tensor.scalar_type());
+    if (view.dtype.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': dtype ",
+                                                     c10::toString(tensor.scalar_type()),
+                                                     " has no safetensors form"));
+    }
+    // A snapshot is on the CPU and contiguous already, so this copies nothing.
+    object.tensors.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    const torch::Tensor& t = object.tensors.back();
+    view.shape = t.sizes().vec();
+    view.data = absl::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    object.data.push_back(view.data);
+    views.push_back(std::move(view));
+  }
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(views, metadata);
+  if (!header.ok()) return header.status();
+  object.header = *std::move(header);
+  return object;
+}
+
+// Restricts the calling thread (and the threads it starts later) to `cpus`.
+void PinThisThread(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+  }
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    LogWarning("checkpoint upload: cannot restrict the thread to CPUs ", absl::StrJoin(cpus, ","),
+               ": ", std::strerror(errno));
+  }
 }
 
 }  // namespace
@@ -250,6 +310,7 @@ bool Checkpointer::SaveAsync(CheckpointData data, bool final_save, absl::Time gi
     // Serialising, hashing and sending compete with training for the CPU: the training thread
     // goes first. Threads the upload starts (parallel parts) inherit the lower priority.
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+    if (!options_.upload_cpus.empty()) PinThisThread(options_.upload_cpus);
     torch::NoGradGuard no_grad;
     try {
       upload_status_ = Save(data, give_up_at);
@@ -283,6 +344,21 @@ absl::Status Checkpointer::WaitUntil(absl::Time deadline) {
   return status;
 }
 
+absl::StatusOr<std::string> Checkpointer::PutPiecesWithRetries(
+    const std::string& uri, const std::vector<absl::string_view>& pieces) {
+  std::string sha256;
+  absl::Status status = RetryCall(options_.attempts, options_.backoff, [&]() -> absl::Status {
+    absl::StatusOr<std::string> put = store_->PutPieces(uri, pieces);
+    if (!put.ok()) return put.status();
+    sha256 = *std::move(put);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
+  }
+  return sha256;
+}
+
 absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::string& bytes) {
   absl::Status status =
       RetryCall(options_.attempts, options_.backoff, [&] { return store_->Put(uri, bytes); });
@@ -300,25 +376,27 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
     collected_once_ = true;
     CollectGarbage();
   }
-  absl::StatusOr<std::string> model = EncodeTensors(data.model, {{"format", "trainyard/1"}});
+  // Each object is written from the snapshot's tensors as they are, and its hash for the
+  // manifest comes from the pass over the bytes that the store makes to write them.
+  absl::StatusOr<TensorObject> model = LayOut(data.model, {{"format", "trainyard/1"}});
   if (!model.ok()) return model.status();
-  absl::StatusOr<std::string> optimizer =
-      EncodeTensors(data.optimizer, {{"optimizer", data.optimizer_name}});
+  absl::StatusOr<TensorObject> optimizer =
+      LayOut(data.optimizer, {{"optimizer", data.optimizer_name}});
   if (!optimizer.ok()) return optimizer.status();
   const std::string state = EncodeTrainerState(data.state);
 
   json objects = json::array();
   int64_t total_bytes = 0;
-  for (const auto& [name, bytes] :
-       {std::pair<const char*, const std::string*>{kModelObject, &*model},
-        {kOptimizerObject, &*optimizer},
-        {kStateObject, &state}}) {
-    absl::Status put = PutWithRetries(JoinUri(step_uri, name), *bytes);
-    if (!put.ok()) return put;
-    objects.push_back({{"name", name},
-                       {"size", static_cast<int64_t>(bytes->size())},
-                       {"sha256", Sha256Hex(*bytes)}});
-    total_bytes += static_cast<int64_t>(bytes->size());
+  for (const auto& [name, pieces] :
+       {std::pair<const char*, std::vector<absl::string_view>>{kModelObject, model->Pieces()},
+        {kOptimizerObject, optimizer->Pieces()},
+        {kStateObject, {state}}}) {
+    absl::StatusOr<std::string> sha256 = PutPiecesWithRetries(JoinUri(step_uri, name), pieces);
+    if (!sha256.ok()) return sha256.status();
+    int64_t size = 0;
+    for (absl::string_view piece : pieces) size += static_cast<int64_t>(piece.size());
+    objects.push_back({{"name", name}, {"size", size}, {"sha256", *sha256}});
+    total_bytes += size;
   }
   json manifest = {{"format", kCheckpointFormat},
                    {"job_id", data.state.job_id},

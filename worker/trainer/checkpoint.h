@@ -12,8 +12,11 @@
 //                          "objects": [{"name", "size", "sha256"}]}
 //
 // Saving policy: the training thread snapshots (clones) every tensor at a step boundary and hands
-// the copy to Checkpointer::SaveAsync, which serialises, uploads and commits it on a background
-// thread. At most one save is in flight. When the next checkpoint falls due while the previous
+// the copy to Checkpointer::SaveAsync, which writes and commits it on a background thread. The
+// snapshot is the only copy: each safetensors object is sent from the snapshot's tensors as they
+// are (ObjectStore::PutPieces, a small header in front), and the SHA-256 in the manifest is the one
+// the store computes in its pass over the bytes (the S3 request signature, or the file write),
+// so the background thread reads every byte of a save once to hash it and once to send it. At most one save is in flight. When the next checkpoint falls due while the previous
 // one is still uploading, the training thread waits for it at most Options::max_wait (default
 // 30 s); if it is still uploading then, the new checkpoint is skipped (a warning is logged, the
 // in-flight upload carries on, and the next due step tries again), so a slow store costs
@@ -31,8 +34,9 @@
 // the commit; RecentSaveDurations() returns the last three, from which a stop with a deadline
 // judges whether one more save can finish in time.
 //
-// Objects go through ObjectStore::Put, which the S3 store turns into a parallel multipart upload
-// above its threshold (64 MiB).
+// Objects go through ObjectStore::PutPieces, which the S3 store turns into a parallel multipart
+// upload above its threshold (64 MiB). The upload thread runs at nice 10 and, with
+// Options::upload_cpus, only on those CPUs; the threads it starts inherit both.
 //
 // Garbage: with Options::collect_garbage, every step folder under base_uri that is not a
 // committed checkpoint (left by an upload that was cut off, or a retired checkpoint whose
@@ -136,6 +140,10 @@ class Checkpointer {
     // complete list of this job's committed step folders in `committed`; others are ignored).
     bool collect_garbage = false;
     std::vector<std::string> committed = {};
+    // CPUs the upload thread, and the threads it starts, may run on; empty: those of the thread
+    // that calls SaveAsync. Keeps serialising, hashing and sending off the cores that train. A
+    // CPU set the kernel refuses is logged and ignored.
+    std::vector<int> upload_cpus = {};
   };
 
   // `store` must serve base_uri. `coordinator` may be null (standalone: no commit, no
@@ -182,6 +190,9 @@ class Checkpointer {
  private:
   absl::Status Save(const CheckpointData& data, absl::Time give_up_at);
   absl::Status PutWithRetries(const std::string& uri, const std::string& bytes);
+  // Writes the object made of `pieces`; returns its SHA-256 (hex).
+  absl::StatusOr<std::string> PutPiecesWithRetries(const std::string& uri,
+                                                   const std::vector<absl::string_view>& pieces);
   void DeleteRetired(const std::string& step_uri);
   void RecordDuration(absl::Duration duration);
   // Deletes every step folder under base_uri that is not in committed_.

@@ -1,0 +1,201 @@
+// The checkpoint writer's objects and its upload thread: what is stored is byte for byte the
+// safetensors encoding of the snapshot, the manifest's sizes and hashes are those of the stored
+// bytes, and the upload runs at a low priority on the CPUs it is given.
+
+#include "worker/trainer/checkpoint.h"
+
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/file_object_store.h"
+#include "common/object_store.h"
+#include "common/sha256.h"
+#include "gtest/gtest.h"
+#include "tests/trainer/test_files.h"
+#include "worker/trainer/model.h"
+
+namespace trainyard::trainer {
+namespace {
+
+using ::trainyard::trainer::test_files::MakeTempDir;
+using ::trainyard::trainer::test_files::ReadFile;
+
+std::set<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::set<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
+  }
+  return cpus;
+}
+
+// A file store that notes, for each object written from pieces, the nice value and the CPUs of
+// the thread that wrote it; or, with `join_pieces`, writes through the ObjectStore default.
+class RecordingStore final : public ObjectStore {
+ public:
+  explicit RecordingStore(bool join_pieces = false) : join_pieces_(join_pieces) {}
+
+  absl::Status Put(absl::string_view uri, absl::string_view data) override {
+    return files_.Put(uri, data);
+  }
+  absl::StatusOr<std::string> PutPieces(absl::string_view uri,
+                                        absl::Span<const absl::string_view> pieces) override {
+    {
+      absl::MutexLock lock(&mu_);
+      nice_.push_back(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))));
+      cpus_.push_back(AllowedCpus());
+    }
+    if (join_pieces_) return ObjectStore::PutPieces(uri, pieces);
+    return files_.PutPieces(uri, pieces);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view uri) override { return files_.Get(uri); }
+  absl::StatusOr<std::string> GetRange(absl::string_view uri, int64_t offset,
+                                       int64_t length) override {
+    return files_.GetRange(uri, offset, length);
+  }
+  absl::StatusOr<ObjectInfo> Head(absl::string_view uri) override { return files_.Head(uri); }
+  absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) override {
+    return files_.List(prefix);
+  }
+  absl::Status Delete(absl::string_view uri) override { return files_.Delete(uri); }
+
+  std::vector<int> nice() {
+    absl::MutexLock lock(&mu_);
+    return nice_;
+  }
+  std::vector<std::set<int>> cpus() {
+    absl::MutexLock lock(&mu_);
+    return cpus_;
+  }
+
+ private:
+  const bool join_pieces_;
+  FileObjectStore files_;
+  absl::Mutex mu_;
+  std::vector<int> nice_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::set<int>> cpus_ ABSL_GUARDED_BY(mu_);
+};
+
+// Tensors of several dtypes, one of them a non-contiguous view and one empty.
+CheckpointData SampleData(int64_t step) {
+  CheckpointData data;
+  torch::manual_seed(5);
+  data.model.emplace_back("layer.weight", torch::randn({7, 5}));
+  data.model.emplace_back("layer.bias", torch::randn({7}));
+  data.model.emplace_back("transposed", torch::randn({4, 6}).t());
+  data.model.emplace_back("counts", torch::arange(10, torch::kInt64));
+  data.model.emplace_back("empty", torch::zeros({0, 3}));
+  data.optimizer.emplace_back("layer.weight.exp_avg", torch::randn({7, 5}, torch::kFloat64));
+  data.optimizer_name = "adamw";
+  data.state.job_id = "job";
+  data.state.step = step;
+  data.state.lr_schedule = "constant";
+  return data;
+}
+
+Checkpointer::Options OptionsFor(const std::string& base_uri) {
+  Checkpointer::Options options;
+  options.base_uri = base_uri;
+  options.attempts = 1;
+  return options;
+}
+
+TEST(CheckpointObjectsTest, StoredObjectsAreTheSnapshotsEncodingWithTheirHashesInTheManifest) {
+  for (const bool join_pieces : {false, true}) {
+    SCOPED_TRACE(join_pieces ? "store default PutPieces" : "file store PutPieces");
+    const std::string dir = MakeTempDir();
+    RecordingStore store(join_pieces);
+    const CheckpointData data = SampleData(7);
+    {
+      Checkpointer checkpointer(&store, nullptr, RealClock::Get(), OptionsFor("file://" + dir));
+      ASSERT_TRUE(checkpointer.SaveAsync(data));
+      ASSERT_TRUE(checkpointer.Wait().ok());
+    }
+    const std::string step_dir = dir + "/step-000000000007";
+    // The format is the one EncodeTensors writes, byte for byte.
+    absl::StatusOr<std::string> model = EncodeTensors(data.model, {{"format", "trainyard/1"}});
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_TRUE(ReadFile(step_dir + "/model.safetensors") == *model);
+    absl::StatusOr<std::string> optimizer =
+        EncodeTensors(data.optimizer, {{"optimizer", "adamw"}});
+    ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+    EXPECT_TRUE(ReadFile(step_dir + "/optimizer.safetensors") == *optimizer);
+
+    const nlohmann::json manifest = nlohmann::json::parse(ReadFile(step_dir + "/MANIFEST.json"));
+    ASSERT_EQ(manifest["objects"].size(), 3u);
+    for (const nlohmann::json& object : manifest["objects"]) {
+      const std::string name = object["name"].get<std::string>();
+      const std::string bytes = ReadFile(step_dir + "/" + name);
+      EXPECT_EQ(object["size"].get<int64_t>(), static_cast<int64_t>(bytes.size())) << name;
+      EXPECT_EQ(object["sha256"].get<std::string>(), Sha256Hex(bytes)) << name;
+    }
+    absl::StatusOr<LoadedCheckpoint> loaded =
+        ReadCheckpoint(store, CheckpointStepUri("file://" + dir, 7));
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    for (const auto& [name, tensor] : data.model) {
+      ASSERT_EQ(loaded->model.count(name), 1u) << name;
+      EXPECT_TRUE(torch::equal(loaded->model[name], tensor)) << name;
+    }
+  }
+}
+
+TEST(CheckpointObjectsTest, ATensorWithoutASafetensorsFormFailsTheSaveAndWritesNoManifest) {
+  const std::string dir = MakeTempDir();
+  RecordingStore store;
+  CheckpointData data = SampleData(3);
+  data.model.emplace_back("complex", torch::zeros({2}, torch::kComplexFloat));
+  Checkpointer checkpointer(&store, nullptr, RealClock::Get(), OptionsFor("file://" + dir));
+  ASSERT_TRUE(checkpointer.SaveAsync(std::move(data)));
+  absl::Status saved = checkpointer.Wait();
+  EXPECT_EQ(saved.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(saved.message().find("complex"), absl::string_view::npos) << saved;
+  EXPECT_EQ(checkpointer.last_saved_step(), -1);
+  EXPECT_FALSE(test_files::FileExists(dir + "/step-000000000003/MANIFEST.json"));
+}
+
+TEST(CheckpointUploadThreadTest, RunsAtNiceTenOnlyOnTheGivenCpusAndLeavesTheCallerAlone) {
+  const std::set<int> before = AllowedCpus();
+  ASSERT_FALSE(before.empty());
+  const int cpu = *before.rbegin();
+  const int caller_nice = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  const std::string dir = MakeTempDir();
+  RecordingStore store;
+  Checkpointer::Options options = OptionsFor("file://" + dir);
+  options.upload_cpus = {cpu};
+  {
+    Checkpointer checkpointer(&store, nullptr, RealClock::Get(), options);
+    ASSERT_TRUE(checkpointer.SaveAsync(SampleData(1)));
+    ASSERT_TRUE(checkpointer.Wait().ok());
+  }
+  ASSERT_EQ(store.nice().size(), 3u);  // model, optimizer, trainer state
+  for (int nice : store.nice()) EXPECT_GE(nice, 10);
+  for (const std::set<int>& cpus : store.cpus()) EXPECT_EQ(cpus, std::set<int>{cpu});
+  EXPECT_EQ(AllowedCpus(), before);
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))), caller_nice);
+
+  // Without upload_cpus the upload runs wherever the caller may.
+  RecordingStore anywhere;
+  {
+    Checkpointer checkpointer(&anywhere, nullptr, RealClock::Get(), OptionsFor("file://" + dir));
+    ASSERT_TRUE(checkpointer.SaveAsync(SampleData(2)));
+    ASSERT_TRUE(checkpointer.Wait().ok());
+  }
+  ASSERT_FALSE(anywhere.cpus().empty());
+  for (const std::set<int>& cpus : anywhere.cpus()) EXPECT_EQ(cpus, before);
+}
+
+}  // namespace
+}  // namespace trainyard::trainer
