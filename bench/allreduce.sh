@@ -5,6 +5,8 @@
 # Prints a markdown table: size, both bus bandwidths in GB/s, and ours / torch.
 set -euo pipefail
 build=${1:?usage: allreduce.sh BUILD_DIR [SECONDS_PER_SIZE]}
+[ -x "$build/bin/allreduce_bench" ] ||
+  { echo "build it first: cmake --build $build --target allreduce_bench" >&2; exit 1; }
 budget=${2:-2}
 here=$(cd "$(dirname "$0")" && pwd)
 python=/usr/bin/python3

@@ -8,6 +8,8 @@
 # 0's CPU time over its wall time on 1 rank: about 1 when it keeps to its one core.
 set -euo pipefail
 build=${1:?usage: ddp_scaling.sh BUILD_DIR [STEPS] [GLOBAL_BATCH] [RUNS]}
+[ -x "$build/bin/ddp_scaling" ] && [ -x "$build/bin/trainyard-trainer" ] ||
+  { echo "build it first: cmake --build $build --target ddp_scaling trainyard-trainer" >&2; exit 1; }
 steps=${2:-200}
 batch=${3:-64}
 runs=${4:-3}
