@@ -21,13 +21,20 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "common/object_store.h"
+#include "common/s3_client.h"
+#include "common/s3_object_store.h"
 #include "worker/trainer/checkpoint.h"
+#include "worker/trainer/trainer.h"
 
 namespace {
 
@@ -38,7 +45,24 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The store for `uri`, configured from the environment as for the trainer; for s3:// the
+// multipart part size and parallelism may be set with S3_BENCH_PART_MIB and S3_BENCH_PARALLELISM.
 std::unique_ptr<ObjectStore> Open(const std::string& uri) {
+  const char* part_mib = std::getenv("S3_BENCH_PART_MIB");
+  const char* parallelism = std::getenv("S3_BENCH_PARALLELISM");
+  if (absl::StartsWith(uri, "s3://") && (part_mib != nullptr || parallelism != nullptr)) {
+    auto options =
+        trainyard::S3ClientOptionsFromEnv([](const char* name) { return std::getenv(name); });
+    int64_t mib = 0;
+    if (!options.ok() || (part_mib != nullptr && !absl::SimpleAtoi(part_mib, &mib)) ||
+        (parallelism != nullptr && !absl::SimpleAtoi(parallelism, &options->parallelism))) {
+      std::fprintf(stderr, "bad S3 settings\n");
+      std::exit(1);
+    }
+    if (mib > 0) options->part_size = mib << 20;
+    return std::make_unique<trainyard::S3ObjectStore>(
+        std::make_unique<trainyard::S3Client>(*std::move(options)));
+  }
   auto store = trainyard::OpenObjectStore(uri);
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
@@ -55,6 +79,29 @@ double CpuSeconds(int who) {
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
+double ThreadCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
+}
+
+// How long the calling thread has waited, runnable, for a core (the kernel's run delay).
+double RunDelaySeconds() {
+  std::ifstream schedstat("/proc/thread-self/schedstat");
+  double on_cpu_ns = 0, waiting_ns = 0;
+  schedstat >> on_cpu_ns >> waiting_ns;
+  return waiting_ns / 1e9;
+}
+
+int ThreadCount() {
+  int threads = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    ++threads;
+  }
+  return threads;
+}
+
 double PeakRssMb() {
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
@@ -66,6 +113,13 @@ double RssMb() {
   long pages = 0, resident = 0;
   statm >> pages >> resident;
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / 1e6;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 double Mean(const std::vector<double>& v) {
@@ -93,8 +147,8 @@ struct Net {
       net->push_back(torch::nn::Linear(kWidth, kWidth));
       net->push_back(torch::nn::ReLU());
     }
-    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
-                                                    torch::optim::SGDOptions(0.001));
+    optimizer =
+        std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.001));
   }
   static constexpr int64_t kWidth = 1024;
   torch::nn::Sequential net;
@@ -103,16 +157,20 @@ struct Net {
 
   struct Step {
     double wall_s;
-    double cpu_s;  // of the training thread
+    // The training thread's own CPU time: the step less the time it waited for a core, which on
+    // a machine shared with other work is mostly spent on that work, not on the checkpoint.
+    double cpu_s;
+    double waited_s;  // runnable but waiting for a core
   };
   Step Train() {
     const Clock::time_point t = Clock::now();
-    const double cpu = CpuSeconds(RUSAGE_THREAD);
+    const double cpu = ThreadCpuSeconds();
+    const double waited = RunDelaySeconds();
     optimizer->zero_grad();
     torch::Tensor loss = net->forward(x).pow(2).mean();
     loss.backward();
     optimizer->step();
-    return {Since(t), CpuSeconds(RUSAGE_THREAD) - cpu};
+    return {Since(t), ThreadCpuSeconds() - cpu, RunDelaySeconds() - waited};
   }
   double MegaBytes() {
     int64_t params = 0;
@@ -139,9 +197,19 @@ struct Net {
 int Checkpoint(const std::string& base, int64_t megabytes, int train_cpu, int upload_cpu) {
   // Before LibTorch starts any thread, so that all of them inherit it.
   if (train_cpu >= 0) PinThisThread(train_cpu);
+  trainyard::trainer::KeepStepMemory();  // as the trainer runs: snapshots reuse freed memory
   torch::set_num_threads(1);
   Net net(megabytes);
   for (int i = 0; i < 5; ++i) net.Train();  // warm up
+  // Training must be this one thread: a BLAS worker thread would train on another core and be
+  // counted as the checkpoint's CPU time.
+  if (const int threads = ThreadCount(); threads != 1) {
+    std::fprintf(stderr,
+                 "training runs on %d threads, not 1: run with OPENBLAS_NUM_THREADS=1 "
+                 "OMP_NUM_THREADS=1\n",
+                 threads);
+    return 1;
+  }
 
   std::unique_ptr<ObjectStore> store = Open(base);
   trainyard::trainer::Checkpointer::Options options;
@@ -149,7 +217,7 @@ int Checkpoint(const std::string& base, int64_t megabytes, int train_cpu, int up
   if (upload_cpu >= 0) options.upload_cpus = {upload_cpu};
   trainyard::trainer::Checkpointer checkpointer(store.get(), nullptr, trainyard::RealClock::Get(),
                                                 options);
-  constexpr int kSaves = 3;
+  constexpr int kSaves = 6;
   constexpr int kIdleSteps = 15;
   auto idle = [&] {
     std::vector<Net::Step> steps;
@@ -178,25 +246,31 @@ int Checkpoint(const std::string& base, int64_t megabytes, int train_cpu, int up
       return 1;
     }
     std::vector<Net::Step> next_idle = idle();
-    std::vector<double> base_wall, base_cpu, during_wall, during_cpu;
+    std::vector<double> base_wall, base_cpu, base_waited, during_wall, during_cpu, during_waited;
     for (const auto* steps : {&previous_idle, &next_idle}) {
       for (const Net::Step& s : *steps) {
         base_wall.push_back(s.wall_s);
         base_cpu.push_back(s.cpu_s);
+        base_waited.push_back(s.waited_s);
       }
     }
     for (const Net::Step& s : during) {
       during_wall.push_back(s.wall_s);
       during_cpu.push_back(s.cpu_s);
+      during_waited.push_back(s.waited_s);
     }
     const double b = Mean(base_wall), d = Mean(during_wall);
+    const double bm = Median(base_wall), dm = Median(during_wall);
     const double bc = Mean(base_cpu), dc = Mean(during_cpu);
     std::printf(
         "save=%d model_mb=%.1f baseline_step_ms=%.1f during_upload_step_ms=%.1f "
-        "steps_during_upload=%zu inflation_pct=%.1f step_cpu_ms=%.1f during_step_cpu_ms=%.1f "
+        "steps_during_upload=%zu inflation_pct=%.1f median_inflation_pct=%.1f step_cpu_ms=%.1f "
+        "during_step_cpu_ms=%.1f cpu_inflation_pct=%.1f waited_ms=%.1f during_waited_ms=%.1f "
         "snapshot_ms=%.1f upload_s=%.2f save_cpu_s=%.3f rss_mb=%.0f peak_rss_mb=%.0f\n",
         save, net.MegaBytes(), b * 1e3, d * 1e3, during.size(), b > 0 ? (d / b - 1) * 100 : 0.0,
-        bc * 1e3, dc * 1e3, snapshot_s * 1e3, upload_s, save_cpu, rss_before, PeakRssMb());
+        bm > 0 ? (dm / bm - 1) * 100 : 0.0, bc * 1e3, dc * 1e3, bc > 0 ? (dc / bc - 1) * 100 : 0.0,
+        Mean(base_waited) * 1e3, Mean(during_waited) * 1e3, snapshot_s * 1e3, upload_s, save_cpu,
+        rss_before, PeakRssMb());
     std::fflush(stdout);
     previous_idle = std::move(next_idle);
   }
@@ -207,6 +281,7 @@ int Checkpoint(const std::string& base, int64_t megabytes, int train_cpu, int up
 // SaveAsync to the end of Wait, with the CPU seconds of the checkpoint's threads (the snapshot,
 // taken on this thread, is not counted).
 int Save(const std::string& base, int64_t megabytes, int repeats) {
+  trainyard::trainer::KeepStepMemory();
   torch::set_num_threads(1);
   Net net(megabytes);
   std::unique_ptr<ObjectStore> store = Open(base);
@@ -239,11 +314,11 @@ int Save(const std::string& base, int64_t megabytes, int repeats) {
 
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
-  if (!(argc == 4 || (argc == 5 && command == "save") ||
-        (argc == 6 && command == "checkpoint"))) {
-    std::fprintf(stderr,
-                 "usage: s3_bench put LOCAL URI | get URI LOCAL | "
-                 "checkpoint URI_PREFIX MB [TRAIN_CPU UPLOAD_CPU] | save URI_PREFIX MB [REPEATS]\n");
+  if (!(argc == 4 || (argc == 5 && command == "save") || (argc == 6 && command == "checkpoint"))) {
+    std::fprintf(
+        stderr,
+        "usage: s3_bench put LOCAL URI | get URI LOCAL | "
+        "checkpoint URI_PREFIX MB [TRAIN_CPU UPLOAD_CPU] | save URI_PREFIX MB [REPEATS]\n");
     return 2;
   }
   if (command == "put") {

@@ -14,9 +14,11 @@
 // Saving policy: the training thread snapshots (clones) every tensor at a step boundary and hands
 // the copy to Checkpointer::SaveAsync, which writes and commits it on a background thread. The
 // snapshot is the only copy: each safetensors object is sent from the snapshot's tensors as they
-// are (ObjectStore::PutPieces, a small header in front), and the SHA-256 in the manifest is the one
-// the store computes in its pass over the bytes (the S3 request signature, or the file write),
-// so the background thread reads every byte of a save once to hash it and once to send it. At most one save is in flight. When the next checkpoint falls due while the previous
+// are (ObjectStore::PutPieces, a small header in front), and the SHA-256 in the manifest comes
+// from the pass over the bytes that the store makes anyway (the payload hash of the S3 request
+// signature, or the file write), so the background thread reads every byte of a save once to
+// hash it and once to send it. (A signed multipart S3 upload also hashes each part, in the same
+// pass.) At most one save is in flight. When the next checkpoint falls due while the previous
 // one is still uploading, the training thread waits for it at most Options::max_wait (default
 // 30 s); if it is still uploading then, the new checkpoint is skipped (a warning is logged, the
 // in-flight upload carries on, and the next due step tries again), so a slow store costs

@@ -42,24 +42,6 @@ constexpr absl::Duration kStopReportTime = absl::Seconds(5);
 
 using Steady = std::chrono::steady_clock;
 
-// glibc's malloc serves blocks of 128 KiB and more with fresh mmap()s until frees raise that
-// threshold, and hands freed memory at the top of the heap back to the kernel past a similar
-// one. A step allocates and frees the same few MB of activations and gradients every time, so
-// with the defaults a run can stay in a state where every step faults those pages in again,
-// each zeroed by the kernel (1.5 thousand page faults and a tenth of the step time for the MLP
-// of bench/ddp_scaling on one rank). Fixed thresholds keep the memory of a step for the next one:
-// blocks below 32 MiB (glibc's maximum for this threshold) come from the heap, and the heap keeps
-// up to 1 GiB of free memory. A GLIBC_TUNABLES setting of the malloc thresholds wins.
-void KeepStepMemory() {
-#ifdef __GLIBC__
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return;
-  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, 1 << 30) != 1) {
-    LogWarning("cannot set malloc's mmap and trim thresholds; steps may fault memory in again");
-  }
-#endif
-}
-
 double SecondsSince(Steady::time_point start) {
   return std::chrono::duration<double>(Steady::now() - start).count();
 }
@@ -646,6 +628,24 @@ absl::StatusOr<TrainResult> Run::Execute() {
 }
 
 }  // namespace
+
+// glibc's malloc serves blocks of 128 KiB and more with fresh mmap()s until frees raise that
+// threshold, and hands freed memory at the top of the heap back to the kernel past a similar
+// one. A step allocates and frees the same few MB of activations and gradients every time, so
+// with the defaults a run can stay in a state where every step faults those pages in again,
+// each zeroed by the kernel (1.5 thousand page faults and a tenth of the step time for the MLP
+// of bench/ddp_scaling on one rank). Fixed thresholds keep the memory of a step for the next one:
+// blocks below 32 MiB (glibc's maximum for this threshold) come from the heap, and the heap keeps
+// up to 1 GiB of free memory. A GLIBC_TUNABLES setting of the malloc thresholds wins.
+void KeepStepMemory() {
+#ifdef __GLIBC__
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return;
+  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, 1 << 30) != 1) {
+    LogWarning("cannot set malloc's mmap and trim thresholds; steps may fault memory in again");
+  }
+#endif
+}
 
 std::optional<absl::Time> ReadStopDeadline(const std::string& path) {
   std::ifstream in(path);

@@ -28,6 +28,11 @@ using ::trainyard::kStopDeadlineFile;
 // does not hold one (a warning is logged then).
 std::optional<absl::Time> ReadStopDeadline(const std::string& path);
 
+// Sets glibc's malloc thresholds so that memory freed at the end of a step (or a checkpoint's
+// snapshot, once uploaded) is kept for the next one instead of being faulted in again; not
+// when GLIBC_TUNABLES sets them. RunTask calls it; benchmarks call it to run as the trainer does.
+void KeepStepMemory();
+
 struct TrainerOptions {
   // Null: standalone (no reports; checkpoints are written but neither committed nor retired).
   // Not owned.
@@ -85,10 +90,10 @@ struct TrainResult {
 // ABORTED / FAILED_PRECONDITION when the attempt was fenced off; INTERNAL for anything
 // unexpected. A stop whose deadline passes while a checkpoint is being written still waits for
 // that write: the caller ends the process at the deadline if it must (main.cc does).
-// It sets LibTorch's global thread count and glibc's malloc thresholds (KeepStepMemory in
-// trainer.cc; not when GLIBC_TUNABLES sets them) and reseeds LibTorch's process-wide random
-// generator before every update; the ranks of one job may run as threads of one process (tests) if
-// their model draws no random numbers (no dropout), since they would share that generator.
+// It sets LibTorch's global thread count and glibc's malloc thresholds (KeepStepMemory) and
+// reseeds LibTorch's process-wide random generator before every update; the ranks of one job may
+// run as threads of one process (tests) if their model draws no random numbers (no dropout), since
+// they would share that generator.
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options);
 
