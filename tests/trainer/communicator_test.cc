@@ -17,6 +17,9 @@
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "worker/trainer/gloo_communicator.h"
+#if TRAINYARD_WITH_NCCL
+#include "worker/trainer/nccl_communicator.h"
+#endif
 #include "worker/trainer/model.h"
 #include "worker/trainer/schedule.h"
 #include "worker/trainer/strategy.h"
@@ -449,6 +452,39 @@ TEST(ShardingTest, StableForASeedAndEpochAndIndependentOfWorldSize) {
     EXPECT_EQ(joined, a.GlobalBatch(2)) << "world " << world;
   }
 }
+
+#if TRAINYARD_WITH_NCCL
+// The NCCL communicator is built wherever nccl.h and the CUDA runtime are found, GPU or not. On
+// a machine without a GPU, joining must end in an error naming the CUDA call that failed, after
+// rank 0 has drawn the unique id and shared it through the store; on one with a GPU, a group of
+// one connects.
+TEST(NcclCommunicatorTest, RankZeroSharesTheIdThenConnectsOrFailsCleanlyWithoutAGpu) {
+  FakeRendezvous rendezvous;
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      NewNcclCommunicator(0, 1, rendezvous, absl::Seconds(10));
+  absl::StatusOr<std::string> id = rendezvous.Get("nccl/unique_id", absl::ZeroDuration());
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->size(), 128u);  // sizeof(ncclUniqueId)
+  if (comm.ok()) {
+    EXPECT_EQ((*comm)->rank(), 0);
+    EXPECT_EQ((*comm)->world_size(), 1);
+  } else {
+    EXPECT_EQ(comm.status().code(), absl::StatusCode::kUnavailable) << comm.status();
+    EXPECT_THAT(comm.status().message(), HasSubstr("cudaStreamCreate"));
+  }
+}
+
+TEST(NcclCommunicatorTest, RefusesBadRanksAndAMangledId) {
+  FakeRendezvous rendezvous;
+  EXPECT_EQ(NewNcclCommunicator(2, 2, rendezvous, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rendezvous.Set("nccl/unique_id", "short").ok());
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      NewNcclCommunicator(1, 2, rendezvous, absl::Seconds(1));
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(comm.status().message(), HasSubstr("wrong size"));
+}
+#endif  // TRAINYARD_WITH_NCCL
 
 }  // namespace
 }  // namespace trainyard::trainer
