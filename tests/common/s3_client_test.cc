@@ -1,5 +1,6 @@
-// The S3 client: retries and faults against a tiny scripted HTTP server, and real round trips
-// against s3rver on loopback, cross-checked with the aws CLI.
+// The S3 client: retries and faults against a tiny scripted HTTP server, real round trips
+// against s3rver on loopback, cross-checked with the aws CLI, and the signatures of the requests
+// it sends checked with botocore by a proxy in front of s3rver, in both addressing styles.
 
 // Request tables and scripted answers list only the fields that matter to each case.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
@@ -7,26 +8,34 @@
 #include "common/s3_client.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/object_store.h"
 #include "common/s3_object_store.h"
 #include "common/sha256.h"
@@ -522,7 +531,7 @@ TEST_F(S3rverTest, SmallObjectsRoundTripWithRangesHeadAndDelete) {
   EXPECT_EQ(client.GetObject("nobucket", "x").status().code(), absl::StatusCode::kNotFound);
 
   // Unknown credentials are refused with the S3 code. (s3rver does not check SigV4 signatures
-  // themselves; SigV4Test checks ours against botocore.)
+  // themselves: SigV4ProxyTest below checks those of every request with botocore.)
   S3ClientOptions bad = server_->ClientOptions();
   bad.credentials.access_key_id = "NOBODY";
   S3Client bad_client(bad);
@@ -629,6 +638,278 @@ TEST_F(S3rverTest, OpenObjectStoreUsesTheEnvironment) {
   EXPECT_EQ(*got, "hello");
   for (const auto& [k, v] : server_->Env()) unsetenv(k.c_str());
 }
+
+// ---- signatures checked end to end ----
+
+std::string SourceDir() {
+  const char* dir = getenv("TRAINYARD_SOURCE_DIR");
+  return dir != nullptr ? dir : TRAINYARD_SOURCE_DIR_FALLBACK;
+}
+
+// tests/common/sigv4_proxy.py on 127.0.0.1 in front of an s3rver: it checks the SigV4 signature
+// of every request with botocore (s3rver takes any), forwards those that pass, and logs each
+// request as a line of JSON.
+class SigV4Proxy {
+ public:
+  // Starts the proxy for `upstream` with s3rver's credentials, its log in `dir`; returns once it
+  // listens. ListObjectsV2 pages hold three keys. UNAVAILABLE when it does not start.
+  static absl::StatusOr<std::unique_ptr<SigV4Proxy>> Start(const std::string& upstream,
+                                                           const AwsCredentials& credentials,
+                                                           const std::string& dir) {
+    std::unique_ptr<SigV4Proxy> proxy(new SigV4Proxy());
+    proxy->log_ = dir + "/sigv4-proxy.log";
+    const std::string errors = dir + "/sigv4-proxy.err";
+    std::vector<std::string> args = {"/usr/bin/python3",
+                                     SourceDir() + "/tests/common/sigv4_proxy.py",
+                                     "--upstream",
+                                     upstream,
+                                     "--access-key",
+                                     credentials.access_key_id,
+                                     "--secret-key",
+                                     credentials.secret_access_key,
+                                     "--log",
+                                     proxy->log_,
+                                     "--list-page-size",
+                                     "3"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return absl::UnavailableError("pipe2 failed");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(out[1], 1);
+      const int err = open(errors.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (err >= 0) dup2(err, 2);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    if (pid < 0) {
+      close(out[0]);
+      return absl::UnavailableError("fork failed");
+    }
+    proxy->pid_ = pid;
+    proxy->stdout_fd_ = out[0];
+    // The proxy prints "listening on 127.0.0.1:PORT" once it accepts connections.
+    std::string line;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (line.find('\n') == std::string::npos) {
+      pollfd p = {out[0], POLLIN, 0};
+      const int64_t wait_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (wait_ms <= 0 || poll(&p, 1, static_cast<int>(wait_ms)) <= 0) {
+        return absl::UnavailableError(
+            absl::StrCat("sigv4_proxy.py did not start: ", line, ReadWhole(errors)));
+      }
+      char buffer[256];
+      const ssize_t n = read(out[0], buffer, sizeof(buffer));
+      if (n <= 0) {
+        return absl::UnavailableError(absl::StrCat("sigv4_proxy.py exited: ", ReadWhole(errors)));
+      }
+      line.append(buffer, static_cast<size_t>(n));
+    }
+    absl::string_view port = line;
+    if (!absl::ConsumePrefix(&port, "listening on 127.0.0.1:") ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(port), &proxy->port_)) {
+      return absl::UnavailableError(absl::StrCat("sigv4_proxy.py said: ", line));
+    }
+    return proxy;
+  }
+
+  ~SigV4Proxy() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status;
+      waitpid(pid_, &status, 0);
+    }
+    if (stdout_fd_ >= 0) close(stdout_fd_);
+  }
+  SigV4Proxy(const SigV4Proxy&) = delete;
+  SigV4Proxy& operator=(const SigV4Proxy&) = delete;
+
+  int port() const { return port_; }
+
+  // The requests seen so far: {"method", "host", "path", "query", "verified", "reason",
+  // "status"}. A request is logged before its answer is sent.
+  std::vector<nlohmann::json> Requests() const {
+    std::vector<nlohmann::json> out;
+    std::istringstream lines(ReadWhole(log_));
+    for (std::string line; std::getline(lines, line);) {
+      out.push_back(nlohmann::json::parse(line));
+    }
+    return out;
+  }
+
+ private:
+  SigV4Proxy() = default;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  int port_ = 0;
+  std::string log_;
+};
+
+// The client talks to s3rver through the proxy, with the addressing of the parameter.
+class SigV4ProxyTest : public S3rverTest, public ::testing::WithParamInterface<S3Addressing> {
+ protected:
+  void SetUp() override {
+    S3rverTest::SetUp();
+    if (server_ == nullptr) return;  // skipped or failed
+    absl::StatusOr<std::unique_ptr<SigV4Proxy>> proxy =
+        SigV4Proxy::Start(server_->endpoint(), server_->ClientOptions().credentials, dir_);
+    ASSERT_TRUE(proxy.ok()) << proxy.status();
+    proxy_ = *std::move(proxy);
+  }
+  void TearDown() override {
+    proxy_.reset();
+    S3rverTest::TearDown();
+  }
+
+  bool virtual_hosted() const { return GetParam() == S3Addressing::kVirtualHosted; }
+  S3ClientOptions ProxiedOptions() const {
+    S3ClientOptions options = server_->ClientOptions();
+    // libcurl takes every *.localhost name for loopback, so bkt.s3.localhost reaches the proxy.
+    options.endpoint = absl::StrCat(virtual_hosted() ? "http://s3.localhost:" : "http://127.0.0.1:",
+                                    proxy_->port());
+    options.addressing = GetParam();
+    return options;
+  }
+
+  std::unique_ptr<SigV4Proxy> proxy_;
+};
+
+TEST_P(SigV4ProxyTest, EveryRequestIsSignedAsBotocoreSignsIt) {
+  S3ClientOptions options = ProxiedOptions();
+  options.multipart_threshold = 6 << 20;
+  options.part_size = 5 << 20;  // the smallest part S3 takes
+  S3Client client(options);
+
+  const std::string small = RandomBytes(100000, 4);
+  const std::vector<std::string> keys = {"plain.bin", "with space/and+plus=.bin",
+                                         "ünï/模型 ~!'()*.bin"};
+  for (const std::string& key : keys) {
+    SCOPED_TRACE(key);
+    ASSERT_TRUE(client.PutObject("bkt", key, small).ok());
+    absl::StatusOr<std::string> got = client.GetObject("bkt", key);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == small);
+    absl::StatusOr<S3ObjectInfo> head = client.HeadObject("bkt", key);
+    ASSERT_TRUE(head.ok()) << head.status();
+    EXPECT_EQ(head->size, 100000);
+    absl::StatusOr<std::string> range = client.GetObjectRange("bkt", key, 1000, 500);
+    ASSERT_TRUE(range.ok()) << range.status();
+    EXPECT_TRUE(*range == small.substr(1000, 500));
+  }
+
+  // An empty body is signed with the hash of nothing.
+  ASSERT_TRUE(client.PutObject("bkt", "empty", "").ok());
+  absl::StatusOr<std::string> empty = client.GetObject("bkt", "empty");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, "");
+
+  // Three parts up from memory and from a file (each part hashed as it is read), and down in
+  // parallel ranges pinned with If-Match.
+  const std::string big = RandomBytes((11 << 20) + 3, 5);
+  ASSERT_TRUE(client.PutObject("bkt", "multi/big ü+.bin", big).ok());
+  std::ofstream(dir_ + "/big.bin", std::ios::binary) << big;
+  ASSERT_TRUE(client.PutObjectFromFile("bkt", "multi/from file.bin", dir_ + "/big.bin").ok());
+  for (const std::string key : {"multi/big ü+.bin", "multi/from file.bin"}) {
+    SCOPED_TRACE(key);
+    absl::StatusOr<S3ObjectInfo> info = client.GetObjectToFile("bkt", key, dir_ + "/back.bin");
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_TRUE(ReadWhole(dir_ + "/back.bin") == big);
+  }
+
+  // Pages of three keys: the continuation tokens go out in the next requests' queries (s3rver's
+  // are base64, so '/', '+' and '=' in them must be encoded, and signed so).
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(client.PutObject("bkt", absl::StrCat("list/k", i), "x").ok());
+  }
+  ASSERT_TRUE(client.PutObject("bkt", "listing", "y").ok());
+  const int64_t before_list = client.requests_sent();
+  absl::StatusOr<std::vector<S3ObjectInfo>> listed = client.ListObjects("bkt", "list/");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(client.requests_sent() - before_list, 3);
+  ASSERT_EQ(listed->size(), 8u);
+  EXPECT_EQ(listed->front().key, "list/k0");
+  EXPECT_EQ(listed->back().key, "list/k7");
+
+  ASSERT_TRUE(client.DeleteObject("bkt", "plain.bin").ok());
+  EXPECT_EQ(client.HeadObject("bkt", "plain.bin").status().code(), absl::StatusCode::kNotFound);
+
+  // The proxy refuses to complete an upload with parts under 5 MiB, as S3 does, and the client
+  // aborts it. (s3rver answers the abort 405: it has no AbortMultipartUpload.)
+  S3ClientOptions small_parts = options;
+  small_parts.multipart_threshold = 2 << 20;
+  small_parts.part_size = 1 << 20;
+  S3Client small_parts_client(small_parts);
+  absl::Status refused =
+      small_parts_client.PutObject("bkt", "aborted ü.bin", RandomBytes(5 << 19, 6));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("EntityTooSmall"));
+  EXPECT_EQ(client.HeadObject("bkt", "aborted ü.bin").status().code(), absl::StatusCode::kNotFound);
+
+  if (virtual_hosted()) {
+    // The aws CLI (path-style, straight to s3rver) reads what went up virtual-hosted.
+    testing::S3rver::CommandResult cp =
+        server_->Aws({"s3", "cp", "--recursive", "s3://bkt/", dir_ + "/by-aws"});
+    ASSERT_EQ(cp.exit_code, 0) << cp.output;
+    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/" + keys[1]) == small);
+    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/" + keys[2]) == small);
+    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/multi/big ü+.bin") == big);
+    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/multi/from file.bin") == big);
+  }
+
+  // Every request the clients sent went through the proxy, signed as botocore signs it, in the
+  // addressing asked for.
+  const std::vector<nlohmann::json> requests = proxy_->Requests();
+  EXPECT_EQ(static_cast<int64_t>(requests.size()),
+            client.requests_sent() + small_parts_client.requests_sent());
+  int continued = 0, aborted = 0;
+  for (const nlohmann::json& r : requests) {
+    SCOPED_TRACE(r.dump());
+    EXPECT_TRUE(r["verified"].get<bool>());
+    const std::string host = r["host"], path = r["path"], query = r["query"];
+    if (virtual_hosted()) {
+      EXPECT_EQ(host, absl::StrCat("bkt.s3.localhost:", proxy_->port()));
+      EXPECT_FALSE(absl::StartsWith(path, "/bkt/"));
+    } else {
+      EXPECT_EQ(host, absl::StrCat("127.0.0.1:", proxy_->port()));
+      EXPECT_TRUE(path == "/bkt" || absl::StartsWith(path, "/bkt/"));
+    }
+    if (absl::StrContains(query, "continuation-token=")) continued++;
+    if (r["method"] == "DELETE" && absl::StrContains(query, "uploadId=")) aborted++;
+  }
+  EXPECT_EQ(continued, 2);
+  EXPECT_EQ(aborted, 1);
+}
+
+TEST_P(SigV4ProxyTest, AWrongSecretIsRefusedThoughS3rverAloneTakesIt) {
+  S3ClientOptions options = ProxiedOptions();
+  options.credentials.secret_access_key = "not-the-secret";
+  S3Client through_proxy(options);
+  absl::Status denied = through_proxy.PutObject("bkt", "k", "data");
+  EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(denied.message(), HasSubstr("SignatureDoesNotMatch"));
+  const std::vector<nlohmann::json> requests = proxy_->Requests();
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_FALSE(requests[0]["verified"].get<bool>());
+  EXPECT_EQ(requests[0]["status"], 403);
+
+  S3ClientOptions direct = server_->ClientOptions();
+  direct.credentials.secret_access_key = "not-the-secret";
+  S3Client straight(direct);
+  ASSERT_TRUE(straight.PutObject("bkt", "k", "data").ok());
+  absl::StatusOr<std::string> got = straight.GetObject("bkt", "k");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "data");
+}
+
+INSTANTIATE_TEST_SUITE_P(Addressing, SigV4ProxyTest,
+                         ::testing::Values(S3Addressing::kPath, S3Addressing::kVirtualHosted),
+                         [](const ::testing::TestParamInfo<S3Addressing>& info) {
+                           return std::string(info.param == S3Addressing::kPath ? "PathStyle"
+                                                                                : "VirtualHosted");
+                         });
 
 }  // namespace
 }  // namespace trainyard
