@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "worker/trainer/gloo_communicator.h"
 
 ABSL_FLAG(int, rank, 0, "this process's rank");
@@ -31,6 +32,8 @@ ABSL_FLAG(std::string, dir, "", "folder shared by the ranks, for the rendezvous"
 ABSL_FLAG(int64_t, min_bytes, 4096, "smallest message");
 ABSL_FLAG(int64_t, max_bytes, 256 << 20, "largest message");
 ABSL_FLAG(double, seconds_per_size, 2.0, "rough time budget per size");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120),
+          "collective timeout (a peer that stops answering fails the run after it)");
 ABSL_FLAG(bool, async, false,
           "time AllReduceAsync and Wait (the communicator's thread) instead of the blocking "
           "AllReduce (the calling thread)");
@@ -77,7 +80,7 @@ int main(int argc, char** argv) {
   const int world = absl::GetFlag(FLAGS_world);
   FileRendezvous rendezvous(absl::GetFlag(FLAGS_dir));
   trainyard::trainer::GlooOptions options;
-  options.timeout = absl::Seconds(120);
+  options.timeout = absl::GetFlag(FLAGS_timeout);
   auto comm = trainyard::trainer::NewGlooCommunicator(rank, world, rendezvous, options);
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
@@ -107,7 +110,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < iters; ++i) {
       absl::Status s = all_reduce(t);
       if (!s.ok()) {
-        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        std::fprintf(stderr, "%s: %s\n", absl::FormatTime(absl::Now()).c_str(),
+                     s.ToString().c_str());
         return 1;
       }
     }

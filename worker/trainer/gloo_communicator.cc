@@ -8,22 +8,29 @@
 #include <gloo/transport/buffer.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/log.h"
 
 namespace trainyard::trainer {
@@ -111,6 +118,88 @@ absl::Status FromGloo(const std::string& what, absl::string_view op, absl::Durat
   }
   return absl::UnavailableError(absl::StrCat(op, ": lost a peer: ", what));
 }
+
+// The socket of a connected TCP pair, which Gloo keeps to itself: a pointer to the member, taken
+// through a class derived from the pair, reads it without changing Gloo. -1 for other transports.
+struct PairSocket : gloo::transport::tcp::Pair {
+  static int Of(gloo::transport::Pair& pair) {
+    auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(&pair);
+    return tcp == nullptr ? -1 : tcp->*(&PairSocket::fd_);
+  }
+};
+
+// Ends a collective in which no bytes have moved for the collective timeout. A socket's own
+// timeout bounds one blocked read or write, but the kernel lets a write go on for as long as a few
+// bytes get through now and then (a frozen peer's receive window opening a little), and a read
+// waits only once the write before it is done, so a peer that stops in the middle of a large
+// all-reduce took two or three timeouts to be noticed. The collective's thread arms the watchdog
+// when it starts and again at every frame or message that completes (Arm is an atomic store, so a
+// small all-reduce pays no thread hand-off); the watchdog checks the deadline a few times per
+// timeout and, once it has passed, shuts the group's sockets down: every blocked read and write
+// fails at once, and the group is broken from then on.
+class Watchdog {
+ public:
+  Watchdog(std::vector<int> sockets, absl::Duration timeout)
+      : sockets_(std::move(sockets)),
+        timeout_ns_(absl::ToInt64Nanoseconds(timeout)),
+        poll_(std::clamp(timeout / 20, absl::Milliseconds(10), absl::Milliseconds(250))),
+        thread_([this] { Loop(); }) {}
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  // The collective has made progress (or starts): it fails if it makes none for the timeout.
+  void Arm() { deadline_ns_.store(NowNs() + timeout_ns_, std::memory_order_relaxed); }
+  void Disarm() { deadline_ns_.store(kDisarmed, std::memory_order_relaxed); }
+  // Whether a deadline passed (the sockets are shut down).
+  bool fired() const { return fired_.load(std::memory_order_acquire); }
+
+ private:
+  static constexpr int64_t kDisarmed = std::numeric_limits<int64_t>::max();
+  static int64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), poll_)) {
+      if (NowNs() < deadline_ns_.load(std::memory_order_relaxed)) continue;
+      fired_.store(true, std::memory_order_release);
+      for (int fd : sockets_) {
+        if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+      }
+      return;
+    }
+  }
+
+  const std::vector<int> sockets_;
+  const int64_t timeout_ns_;
+  const absl::Duration poll_;
+  std::atomic<int64_t> deadline_ns_{kDisarmed};
+  std::atomic<bool> fired_{false};
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// Arms `watchdog` for the life of one collective.
+class ArmedFor {
+ public:
+  explicit ArmedFor(Watchdog& watchdog) : watchdog_(watchdog) { watchdog_.Arm(); }
+  ~ArmedFor() { watchdog_.Disarm(); }
+  ArmedFor(const ArmedFor&) = delete;
+  ArmedFor& operator=(const ArmedFor&) = delete;
+
+ private:
+  Watchdog& watchdog_;
+};
 
 // A write to a socket whose peer has gone raises SIGPIPE, which would end the process; blocked
 // on this thread while it writes, the write fails with EPIPE instead, which becomes UNAVAILABLE.
@@ -344,7 +433,8 @@ class GlooCommunicator final : public Communicator {
         rank_(up_->rank),
         size_(up_->size),
         timeout_(timeout),
-        scratch_(new double[kScratchBytes / sizeof(double)]) {
+        scratch_(new double[kScratchBytes / sizeof(double)]),
+        watchdog_(Sockets(), timeout) {
     if (size_ > 1) {
       scratch_in_ = From(LeftRank()).createRecvBuffer(kScratchSlot, scratch_.get(), kScratchBytes);
     }
@@ -442,6 +532,7 @@ class GlooCommunicator final : public Communicator {
       }
     }
     ScopedSigpipeBlock sigpipe;
+    ArmedFor armed(watchdog_);
     for (torch::Tensor& t : tensors) {
       torch::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
       const bool is_float = t.scalar_type() == torch::kFloat;
@@ -451,6 +542,7 @@ class GlooCommunicator final : public Communicator {
       } else {
         fn = is_float ? &SumInto<float> : &SumInto<double>;
       }
+      watchdog_.Arm();  // Gloo's own ring (ReduceBulk) gets the timeout per tensor
       absl::Status status = Guard("all-reduce", [&] {
         Reduce(buffer.data_ptr(), static_cast<size_t>(buffer.numel()), buffer.element_size(), fn);
       });
@@ -462,15 +554,39 @@ class GlooCommunicator final : public Communicator {
   }
 
   // Runs `body` (Gloo calls, which throw), turning a failure into the broken state.
+  // A collective that ran past its deadline fails with DEADLINE_EXCEEDED, even if its last
+  // bytes arrived as the watchdog shut the sockets down.
   template <typename Body>
   absl::Status Guard(absl::string_view op, Body body) {
     try {
       body();
-      return absl::OkStatus();
     } catch (const std::exception& e) {
-      broken_ = FromGloo(e.what(), op, timeout_);
+      broken_ = watchdog_.fired() ? Expired(op) : FromGloo(e.what(), op, timeout_);
       return broken_;
     }
+    if (watchdog_.fired()) {
+      broken_ = Expired(op);
+      return broken_;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Expired(absl::string_view op) const {
+    return absl::DeadlineExceededError(
+        absl::StrCat(op, ": no progress within the collective timeout of ",
+                     absl::FormatDuration(timeout_),
+                     " (collective_timeout): a peer stopped sending or receiving"));
+  }
+
+  // The sockets of every connection of the group, for the watchdog.
+  std::vector<int> Sockets() const {
+    std::vector<int> sockets;
+    for (const auto& context : {up_, down_, bulk_}) {
+      for (int peer = 0; context != nullptr && peer < size_; ++peer) {
+        if (peer != rank_) sockets.push_back(PairSocket::Of(*context->getPair(peer)));
+      }
+    }
+    return sockets;
   }
 
   void Reduce(void* data, size_t count, size_t size, ReduceFn fn) {
@@ -519,9 +635,11 @@ class GlooCommunicator final : public Communicator {
     try {
       for (size_t i = 0; i < frames.count; ++i) {
         scratch_in_->waitRecv();
+        watchdog_.Arm();
         if (i == 0) sender_->PeerJoined();
         // A frame is reduced in place only once it has gone out.
         if (!sender_->WaitSent(i + 1)) break;
+        watchdog_.Arm();
         ReduceSegment(fn, data + frames.offset(i), frames.length(i), size);
       }
     } catch (...) {
@@ -561,10 +679,14 @@ class GlooCommunicator final : public Communicator {
         const size_t at = i * segment;
         to_scratch->send(send.offset + at, std::min(send.bytes - at, segment), 0);
         to_scratch->waitSend();
+        watchdog_.Arm();
       };
       if (sends > 0) send_segment(0);
       for (size_t i = 0; i < std::max(sends, recvs); ++i) {
-        if (i < recvs) scratch_in_->waitRecv();
+        if (i < recvs) {
+          scratch_in_->waitRecv();
+          watchdog_.Arm();
+        }
         if (i + 1 < sends) send_segment(i + 1);
         if (i < recvs) {
           const size_t at = i * segment;
@@ -583,10 +705,14 @@ class GlooCommunicator final : public Communicator {
         const size_t at = send.offset + i * segment;
         to_data->send(at, std::min(send.offset + send.bytes - at, segment), at);
         to_data->waitSend();
+        watchdog_.Arm();
       };
       if (sends > 0) send_segment(0);
       for (size_t i = 0; i < std::max(sends, recvs); ++i) {
-        if (i < recvs) in_data->waitRecv();
+        if (i < recvs) {
+          in_data->waitRecv();
+          watchdog_.Arm();
+        }
         if (i + 1 < sends) send_segment(i + 1);
       }
     }
@@ -604,10 +730,12 @@ class GlooCommunicator final : public Communicator {
     }
     if (size_ == 1) return absl::OkStatus();
     ScopedSigpipeBlock sigpipe;
+    ArmedFor armed(watchdog_);
     for (torch::Tensor& t : tensors) {
       const size_t bytes = t.nbytes();
       if (bytes == 0) continue;
       auto* data = static_cast<char*>(t.data_ptr());
+      watchdog_.Arm();  // each tensor gets the timeout, and each peer's copy of it
       absl::Status status = Guard("broadcast", [&] {
         // One message per tensor and peer: only the root writes, so nothing waits on a write.
         if (rank_ == root) {
@@ -617,6 +745,7 @@ class GlooCommunicator final : public Communicator {
                 To(peer).createSendBuffer(kDataSlot, data, bytes);
             out->send(0, bytes, 0);
             out->waitSend();
+            watchdog_.Arm();
           }
         } else {
           From(root).createRecvBuffer(kDataSlot, data, bytes)->waitRecv();
@@ -632,6 +761,7 @@ class GlooCommunicator final : public Communicator {
     if (!broken_.ok()) return broken_;
     if (size_ == 1) return absl::OkStatus();
     ScopedSigpipeBlock sigpipe;
+    ArmedFor armed(watchdog_);
     float token = 0;
     return Guard("barrier", [&] { Reduce(&token, 1, sizeof(token), &SumInto<float>); });
   }
@@ -646,6 +776,7 @@ class GlooCommunicator final : public Communicator {
   const std::unique_ptr<double[]> scratch_;  // one segment from the left neighbour
   std::unique_ptr<gloo::transport::Buffer> scratch_in_;
   std::unique_ptr<FrameSender> sender_;  // two ranks only
+  Watchdog watchdog_;
 
   // Used by whichever thread runs collectives: the communicator's, or the caller's while
   // nothing is outstanding (WaitIdle), never both at once.
@@ -674,9 +805,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(int rank, int 
     attr.hostname = options.hostname;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     // A pair's timeout bounds each blocking read and write on its socket (SO_RCVTIMEO,
-    // SO_SNDTIMEO), so it is the collective timeout. Waiting for the slowest rank to start is the
-    // store's, with the connect timeout; connecting once every rank has published its address
-    // is quick.
+    // SO_SNDTIMEO): the collective timeout, behind the communicator's watchdog, which bounds the
+    // time without progress. Waiting for the slowest rank to start is the store's, with the
+    // connect timeout; connecting once every rank has published its address is quick.
     auto connect = [&](const char* prefix, bool sync) {
       auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
       context->setTimeout(ToChrono(options.timeout));
