@@ -477,6 +477,22 @@ std::string ReadWhole(const std::string& path) {
   return s.str();
 }
 
+// Keys that need encoding in a request's path (and in its signature).
+const std::vector<std::string> kKeysToEncode = {"plain.bin", "with space/and+plus=.bin",
+                                                "ünï/模型 ~!'()*.bin"};
+
+// Puts `data` at `key` in bucket bkt, then checks that a get returns it and a head its size.
+void ExpectPutGetHead(S3Client& client, const std::string& key, const std::string& data) {
+  ASSERT_TRUE(client.PutObject("bkt", key, data).ok());
+  absl::StatusOr<std::string> got = client.GetObject("bkt", key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == data);
+  absl::StatusOr<S3ObjectInfo> head = client.HeadObject("bkt", key);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->size, static_cast<int64_t>(data.size()));
+  EXPECT_FALSE(head->etag.empty());
+}
+
 class S3rverTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -499,16 +515,9 @@ class S3rverTest : public ::testing::Test {
 TEST_F(S3rverTest, SmallObjectsRoundTripWithRangesHeadAndDelete) {
   S3Client client(server_->ClientOptions());
   const std::string data = RandomBytes(100000, 1);
-  for (const std::string key : {"plain.bin", "with space/and+plus=.bin", "ünï/模型 ~!'()*.bin"}) {
+  for (const std::string& key : kKeysToEncode) {
     SCOPED_TRACE(key);
-    ASSERT_TRUE(client.PutObject("bkt", key, data).ok());
-    absl::StatusOr<std::string> got = client.GetObject("bkt", key);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_TRUE(*got == data);
-    absl::StatusOr<S3ObjectInfo> head = client.HeadObject("bkt", key);
-    ASSERT_TRUE(head.ok()) << head.status();
-    EXPECT_EQ(head->size, 100000);
-    EXPECT_FALSE(head->etag.empty());
+    ExpectPutGetHead(client, key, data);
   }
   absl::StatusOr<std::string> range = client.GetObjectRange("bkt", "plain.bin", 1000, 500);
   ASSERT_TRUE(range.ok()) << range.status();
@@ -784,17 +793,9 @@ TEST_P(SigV4ProxyTest, EveryRequestIsSignedAsBotocoreSignsIt) {
   S3Client client(options);
 
   const std::string small = RandomBytes(100000, 4);
-  const std::vector<std::string> keys = {"plain.bin", "with space/and+plus=.bin",
-                                         "ünï/模型 ~!'()*.bin"};
-  for (const std::string& key : keys) {
+  for (const std::string& key : kKeysToEncode) {
     SCOPED_TRACE(key);
-    ASSERT_TRUE(client.PutObject("bkt", key, small).ok());
-    absl::StatusOr<std::string> got = client.GetObject("bkt", key);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_TRUE(*got == small);
-    absl::StatusOr<S3ObjectInfo> head = client.HeadObject("bkt", key);
-    ASSERT_TRUE(head.ok()) << head.status();
-    EXPECT_EQ(head->size, 100000);
+    ExpectPutGetHead(client, key, small);
     absl::StatusOr<std::string> range = client.GetObjectRange("bkt", key, 1000, 500);
     ASSERT_TRUE(range.ok()) << range.status();
     EXPECT_TRUE(*range == small.substr(1000, 500));
@@ -853,8 +854,8 @@ TEST_P(SigV4ProxyTest, EveryRequestIsSignedAsBotocoreSignsIt) {
     testing::S3rver::CommandResult cp =
         server_->Aws({"s3", "cp", "--recursive", "s3://bkt/", dir_ + "/by-aws"});
     ASSERT_EQ(cp.exit_code, 0) << cp.output;
-    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/" + keys[1]) == small);
-    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/" + keys[2]) == small);
+    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/" + kKeysToEncode[1]) == small);
+    EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/" + kKeysToEncode[2]) == small);
     EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/multi/big ü+.bin") == big);
     EXPECT_TRUE(ReadWhole(dir_ + "/by-aws/multi/from file.bin") == big);
   }
