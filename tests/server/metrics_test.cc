@@ -14,9 +14,8 @@
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "server/job_manager.h"
-#include "server/sqlite_job_store.h"
-#include "tests/common/fake_clock.h"
 #include "tests/common/prometheus_text.h"
+#include "tests/server/job_manager_fixture.h"
 #include "tests/server/test_util.h"
 
 namespace trainyard {
@@ -25,42 +24,21 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class MetricsTest : public ::testing::Test {
+class MetricsTest : public JobManagerTest {
  protected:
   void SetUp() override {
     metrics_ = std::make_shared<CoordinatorMetrics>();
     JobManagerOptions options;
-    options.checkpoint_root = "file:///ckpt";
     options.event_sink = metrics_.get();
-    auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    auto manager = JobManager::Create(clock_, *std::move(store),
-                                      std::make_unique<LogStore>(dir_.path() + "/logs"), options);
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    manager_ = *std::move(manager);
+    Open(options);
     JobManager* m = manager_.get();
     metrics_->SetSnapshotSource([m] { return m->MetricsSnapshot(); });
   }
 
-  void Register(const std::string& name, int slots, int gpus = 0) {
-    v1::RegisterWorkerRequest request;
-    request.set_name(name);
-    request.set_slots(slots);
-    request.set_gpus(gpus);
-    ASSERT_TRUE(manager_->RegisterWorker(request).ok());
-  }
+  // The manager goes first: metrics_, its event sink, would otherwise be destroyed before it.
+  void TearDown() override { manager_.reset(); }
 
-  absl::Status Report(const std::string& worker, const std::string& task_id, v1::TaskState state) {
-    v1::TaskStatus status;
-    status.set_task_id(task_id);
-    status.set_state(state);
-    return manager_->ReportTaskStatus(worker, status);
-  }
-
-  TempDir dir_;
-  FakeClock clock_;
   std::shared_ptr<CoordinatorMetrics> metrics_;
-  std::unique_ptr<JobManager> manager_;
 };
 
 TEST_F(MetricsTest, GaugesFollowTheStateAndPerJobSeriesEndWithTheJob) {

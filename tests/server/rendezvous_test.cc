@@ -7,8 +7,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_manager.h"
-#include "server/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
+#include "tests/server/job_manager_fixture.h"
 #include "tests/server/test_util.h"
 
 namespace trainyard {
@@ -132,17 +132,10 @@ TEST(RendezvousTest, ShutdownWakesWaiters) {
 }
 
 // The store as the coordinator serves it: fenced by generation, gone with the attempt.
-class JobManagerRendezvousTest : public ::testing::Test {
+class JobManagerRendezvousTest : public JobManagerTest {
  protected:
   void SetUp() override {
-    JobManagerOptions options;
-    options.checkpoint_root = "file:///ckpt";
-    auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
-    ASSERT_TRUE(store.ok()) << store.status();
-    auto manager = JobManager::Create(clock_, *std::move(store),
-                                      std::make_unique<LogStore>(dir_.path() + "/logs"), options);
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    manager_ = *std::move(manager);
+    Open();
     for (const char* name : {"w1", "w2"}) {
       v1::RegisterWorkerRequest request;
       request.set_name(name);
@@ -156,9 +149,6 @@ class JobManagerRendezvousTest : public ::testing::Test {
     manager_->Tick();
   }
 
-  TempDir dir_;
-  FakeClock clock_;
-  std::unique_ptr<JobManager> manager_;
   std::string id_;
 };
 

@@ -191,6 +191,17 @@ trainyard::v1::Task BaseTask(const std::string& checkpoint_dir) {
   return task;
 }
 
+// BaseTask on a small synthetic dataset (64 samples of 4 features, 2 classes), for `max_steps`.
+trainyard::v1::Task SyntheticTask(const std::string& checkpoint_dir, int64_t max_steps) {
+  trainyard::v1::Task task = BaseTask(checkpoint_dir);
+  auto& synthetic = *task.mutable_spec()->mutable_data()->mutable_synthetic();
+  synthetic.set_samples(64);
+  synthetic.set_features(4);
+  synthetic.set_classes(2);
+  task.mutable_spec()->set_max_steps(max_steps);
+  return task;
+}
+
 std::vector<double> LossesOf(const std::string& out) {
   static const std::regex kLine(
       R"(^step=(\d+) total=(\d+) loss=([0-9.]+) lr=\S+ samples_per_s=[0-9.]+ epoch=\d+.*$)");
@@ -260,13 +271,8 @@ TEST(TrainerBinaryTest, MissingDataExitsWithUserErrorAndMessage) {
 
 TEST(TrainerBinaryTest, SigtermStopsAtAStepBoundaryWithACheckpoint) {
   const std::string dir = MakeTempDir();
-  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  trainyard::v1::Task task = SyntheticTask(dir + "/ckpt", 100000000);
   auto& spec = *task.mutable_spec();
-  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
-  synthetic.set_samples(64);
-  synthetic.set_features(4);
-  synthetic.set_classes(2);
-  spec.set_max_steps(100000000);
   spec.set_log_every_steps(5);
   ProcessResult run =
       RunTrainer(task, dir, [](const std::string& line) { return line.rfind("step=5 ", 0) == 0; });
@@ -345,14 +351,9 @@ TEST(TrainerBinaryTest, ReportsToTheCoordinatorAndDeletesRetiredCheckpoints) {
   FakeCoordinatorServer coordinator;
   ASSERT_NE(coordinator.server, nullptr);
   const std::string dir = MakeTempDir();
-  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  trainyard::v1::Task task = SyntheticTask(dir + "/ckpt", 40);
   task.set_generation(3);
   auto& spec = *task.mutable_spec();
-  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
-  synthetic.set_samples(64);
-  synthetic.set_features(4);
-  synthetic.set_classes(2);
-  spec.set_max_steps(40);
   spec.mutable_checkpoint()->set_every_steps(10);
   spec.mutable_checkpoint()->set_keep_last(2);
   ProcessResult run = RunTrainer(task, dir, nullptr, coordinator.address());
@@ -393,12 +394,7 @@ TEST(TrainerBinaryTest, UnreachableCoordinatorAtTheEndIsAnInfrastructureError) {
     address = gone.address();
   }
   const std::string dir = MakeTempDir();
-  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
-  auto& synthetic = *task.mutable_spec()->mutable_data()->mutable_synthetic();
-  synthetic.set_samples(64);
-  synthetic.set_features(4);
-  synthetic.set_classes(2);
-  task.mutable_spec()->set_max_steps(5);
+  trainyard::v1::Task task = SyntheticTask(dir + "/ckpt", 5);
   ProcessResult run = RunTrainer(task, dir, nullptr, address, {"--coordinator_retry=1s"});
   EXPECT_EQ(run.exit_code, 3) << run.out;
   EXPECT_THAT(ReadFile(dir + "/termination-message"), HasSubstr("checkpoint commit of step 5"));
@@ -411,13 +407,8 @@ TEST(TrainerBinaryTest, TrainingRidesOutACoordinatorRestart) {
   ASSERT_NE(before->server, nullptr);
   const int port = before->port;
   const std::string dir = MakeTempDir();
-  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  trainyard::v1::Task task = SyntheticTask(dir + "/ckpt", 100000000);
   auto& spec = *task.mutable_spec();
-  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
-  synthetic.set_samples(64);
-  synthetic.set_features(4);
-  synthetic.set_classes(2);
-  spec.set_max_steps(100000000);
   spec.set_log_every_steps(1);
   spec.mutable_checkpoint()->set_every_steps(20);
   spec.mutable_checkpoint()->set_keep_last(1000);
@@ -461,13 +452,8 @@ TEST(TrainerBinaryTest, TrainingRidesOutACoordinatorRestart) {
 
 TEST(TrainerBinaryTest, AStopTooCloseToItsDeadlineSkipsItsCheckpoint) {
   const std::string dir = MakeTempDir();
-  trainyard::v1::Task task = BaseTask(dir + "/ckpt");
+  trainyard::v1::Task task = SyntheticTask(dir + "/ckpt", 100000000);
   auto& spec = *task.mutable_spec();
-  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
-  synthetic.set_samples(64);
-  synthetic.set_features(4);
-  synthetic.set_classes(2);
-  spec.set_max_steps(100000000);
   spec.set_log_every_steps(1);
   spec.mutable_checkpoint()->set_every_steps(5);
   // Less time than the 1 s margin alone, once the saves of steps 5 and 10 were measured.
