@@ -783,8 +783,10 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
       if (updated.state() == v1::SCHEDULED) {
         const std::string reason =
             absl::StrCat("rank ", task->rank(), " running on ", task->worker_id());
-        // The stall clock starts when the attempt runs.
+        // The stall clock starts when the attempt runs, and counts this attempt's steps: it may
+        // resume below the step the last one reached.
         entry->last_step_change = clock_.Now();
+        entry->last_step_seen = -1;
         return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
       }
       break;
