@@ -297,6 +297,12 @@ absl::Status JobManager::TransitionLocked(JobEntry& entry, v1::Job updated, v1::
   if (options_.event_sink != nullptr) {
     options_.event_sink->OnJobTransition(entry.job, from, to, reason,
                                          absl::FromUnixMillis(entry.job.updated_unix_ms()));
+    // Counted once its cause is settled: the first report of an attempt's end is often a
+    // consequence (a peer's lost connection), named better by a later one.
+    if (from == v1::RESTARTING && entry.job.restarts_size() > 0) {
+      options_.event_sink->OnRestart(entry.job,
+                                     entry.job.restarts(entry.job.restarts_size() - 1));
+    }
   }
   return absl::OkStatus();
 }
@@ -1406,7 +1412,6 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
   r->set_failed_unix_ms(absl::ToUnixMillis(std::min(end.failed, now)));
   r->set_detected_unix_ms(absl::ToUnixMillis(now));
   r->set_last_step(std::max<int64_t>(updated.progress().step(), 0));
-  const v1::Restart restart = *r;
   const std::string reason = absl::StrCat("restarting (", RestartReasonName(end.reason), "): ",
                                           end.message);
   if (absl::Status s =
@@ -1418,7 +1423,6 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
   entry.preemption_notice.clear();
   // Ranks still waiting to meet must not wait for peers that are being stopped.
   rendezvous_.EndAttempts(entry.job.id(), entry.job.generation());
-  if (options_.event_sink != nullptr) options_.event_sink->OnRestart(entry.job, restart);
   RequestTickLocked();
   MaybeFinishRestartLocked(entry);
   return absl::OkStatus();

@@ -69,7 +69,9 @@ class JobEventSink {
                                      absl::Time save_started) = 0;
   // A worker's lease ran out.
   virtual void OnWorkerLost(absl::string_view worker_id) = 0;
-  // An attempt ended and the job is RESTARTING for `restart` (the job's last restart).
+  // A job left RESTARTING (for PENDING, or FAILED when the settled cause spent its budget, or
+  // SUCCEEDED when its ranks all finished meanwhile); `restart` is its last restart, with the
+  // cause as settled.
   virtual void OnRestart(const trainyard::v1::Job& job, const trainyard::v1::Restart& restart) = 0;
   // The attempt after `restart` reported its first step: its recovery fields are filled in.
   virtual void OnRecovered(const trainyard::v1::Job& job,
