@@ -18,8 +18,9 @@
 
 namespace trainyard {
 
-// Written into a task's folder before the trainer is sent SIGTERM to save and exit by a
-// deadline: one line, decimal unix milliseconds, the time by which the trainer must have exited.
+// The stop-deadline file (kStopDeadlineFile) is written into a task's folder before the trainer
+// is sent SIGTERM to save and exit by a deadline: one line, decimal unix milliseconds, the time by
+// which the trainer must have exited.
 // The agent sends SIGKILL at that time (later only if the task has also left the desired state
 // and the grace period ends later), never before. Replaced atomically (rename), and only ever
 // rewritten with an earlier time. Without the file, SIGTERM is a plain stop and SIGKILL follows

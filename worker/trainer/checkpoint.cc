@@ -269,7 +269,8 @@ Checkpointer::Checkpointer(ObjectStore* store, CoordinatorClient* coordinator, c
 
 Checkpointer::~Checkpointer() { Wait().IgnoreError(); }
 
-bool Checkpointer::SaveAsync(CheckpointData data, bool final_save, absl::Time give_up_at) {
+bool Checkpointer::SaveAsync(int64_t step, absl::FunctionRef<CheckpointData()> snapshot,
+                             bool final_save, absl::Time give_up_at) {
   if (upload_.joinable() && !final_save) {
     absl::MutexLock lock(&mu_);
     // Waiting out a coordinator outage would stall training for nothing.
@@ -283,13 +284,13 @@ bool Checkpointer::SaveAsync(CheckpointData data, bool final_save, absl::Time gi
         // Once per outage: at a short checkpoint period there would be a line every few steps.
         if (skip_logged_step_ != upload_step_) {
           skip_logged_step_ = upload_step_;
-          LogWarning("checkpoint of step ", data.state.step, " skipped: the commit of step ",
+          LogWarning("checkpoint of step ", step, " skipped: the commit of step ",
                      upload_step_,
                      " is being retried (the coordinator is unreachable); due checkpoints are "
                      "skipped until it goes through");
         }
       } else {
-        LogWarning("checkpoint of step ", data.state.step, " skipped: the checkpoint of step ",
+        LogWarning("checkpoint of step ", step, " skipped: the checkpoint of step ",
                    upload_step_, " is still uploading after ",
                    absl::FormatDuration(options_.max_wait));
       }
@@ -300,6 +301,7 @@ bool Checkpointer::SaveAsync(CheckpointData data, bool final_save, absl::Time gi
   if (!previous.ok()) {
     LogWarning("checkpoint of step ", upload_step_, " was not saved: ", previous.ToString());
   }
+  CheckpointData data = snapshot();
   upload_step_ = data.state.step;
   upload_started_ = clock_.Now();
   {

@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -159,7 +160,14 @@ class Checkpointer {
   // retries end at `give_up_at` at the latest. Returns false when `data` was skipped because the
   // previous save was still in flight.
   bool SaveAsync(CheckpointData data, bool final_save = false,
-                 absl::Time give_up_at = absl::InfiniteFuture());
+                 absl::Time give_up_at = absl::InfiniteFuture()) {
+    const int64_t step = data.state.step;
+    return SaveAsync(step, [&data] { return std::move(data); }, final_save, give_up_at);
+  }
+  // The same with the snapshot of `step` taken by `snapshot`, only once the save is sure to start
+  // (a skipped save costs no copy of the model).
+  bool SaveAsync(int64_t step, absl::FunctionRef<CheckpointData()> snapshot,
+                 bool final_save = false, absl::Time give_up_at = absl::InfiniteFuture());
   // Waits for the save in flight; returns its outcome (OK when none was started). Errors:
   // UNAVAILABLE (object store), ABORTED / FAILED_PRECONDITION / UNAVAILABLE (commit refused /
   // failed).

@@ -11,7 +11,9 @@
 #include <gloo/transport/tcp/pair.h>
 #include <pthread.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -137,8 +139,14 @@ struct PairSocket : gloo::transport::tcp::Pair {
 // small all-reduce pays no thread hand-off); the watchdog checks the deadline a few times per
 // timeout and, once it has passed, shuts the group's sockets down: every blocked read and write
 // fails at once, and the group is broken from then on.
+//
+// It holds its own descriptors of the sockets (dup), so that a socket Gloo closes after an error
+// stays this one until the watchdog is gone, never a later socket that reused the number; since
+// they keep the connections open, a failed collective shuts them down too (ShutDown), so that the
+// peers see the break at once.
 class Watchdog {
  public:
+  // Takes ownership of `sockets` (-1 entries are skipped).
   Watchdog(std::vector<int> sockets, absl::Duration timeout)
       : sockets_(std::move(sockets)),
         timeout_ns_(absl::ToInt64Nanoseconds(timeout)),
@@ -150,6 +158,16 @@ class Watchdog {
       stop_ = true;
     }
     thread_.join();
+    for (int fd : sockets_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  // Shuts every socket down: blocked reads and writes fail, and the peers see the connections end.
+  void ShutDown() {
+    for (int fd : sockets_) {
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    }
   }
 
   // The collective has made progress (or starts): it fails if it makes none for the timeout.
@@ -172,9 +190,7 @@ class Watchdog {
     while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), poll_)) {
       if (NowNs() < deadline_ns_.load(std::memory_order_relaxed)) continue;
       fired_.store(true, std::memory_order_release);
-      for (int fd : sockets_) {
-        if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-      }
+      ShutDown();
       return;
     }
   }
@@ -562,6 +578,7 @@ class GlooCommunicator final : public Communicator {
       body();
     } catch (const std::exception& e) {
       broken_ = watchdog_.fired() ? Expired(op) : FromGloo(e.what(), op, timeout_);
+      watchdog_.ShutDown();
       return broken_;
     }
     if (watchdog_.fired()) {
@@ -578,12 +595,14 @@ class GlooCommunicator final : public Communicator {
                      " (collective_timeout): a peer stopped sending or receiving"));
   }
 
-  // The sockets of every connection of the group, for the watchdog.
+  // Copies of the sockets of every connection of the group, for the watchdog.
   std::vector<int> Sockets() const {
     std::vector<int> sockets;
     for (const auto& context : {up_, down_, bulk_}) {
       for (int peer = 0; context != nullptr && peer < size_; ++peer) {
-        if (peer != rank_) sockets.push_back(PairSocket::Of(*context->getPair(peer)));
+        if (peer == rank_) continue;
+        const int fd = PairSocket::Of(*context->getPair(peer));
+        sockets.push_back(fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0));
       }
     }
     return sockets;

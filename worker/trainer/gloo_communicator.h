@@ -21,8 +21,10 @@ struct GlooOptions {
   // Where peers reach this rank: the worker's advertised address. Gloo listens on it, on a port
   // the kernel picks.
   std::string hostname = "127.0.0.1";
-  // Bound on every collective (spec collective_timeout): a peer that neither sends nor takes
-  // anything for this long fails it with DEADLINE_EXCEEDED.
+  // Bound on every collective (spec collective_timeout): one in which no frame (256 KiB, or a
+  // ring segment) completes for this long fails with DEADLINE_EXCEEDED. Gloo's own ring (three
+  // ranks or more, from 2 MiB) and broadcasts count a whole tensor, or a tensor's copy to one
+  // peer, as the unit instead.
   absl::Duration timeout = absl::Seconds(60);
   // Bound on meeting every peer at start, which waits for the slowest rank to load its data and
   // model.

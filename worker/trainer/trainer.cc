@@ -330,7 +330,9 @@ void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool d
                      std::optional<absl::Time> deadline, TrainResult& result) {
   const absl::Time limit = deadline.value_or(absl::InfiniteFuture());
   absl::Status previous = checkpointer.WaitUntil(limit);
-  if (deadline.has_value() && previous.code() == absl::StatusCode::kDeadlineExceeded) {
+  // The previous save's own failure may carry DEADLINE_EXCEEDED too (a commit that timed out):
+  // only a save still going means the deadline came.
+  if (deadline.has_value() && checkpointer.Uploading()) {
     // Nothing more fits; the process ends at the deadline while that save goes on.
     if (due) {
       result.stop_checkpoint_skipped = true;
@@ -485,7 +487,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
     torch::manual_seed(StepSeed(spec_.seed(), step, rank));
     double loss_value = 0;
     try {
+      // Zeroed in place: the data-parallel strategy keeps each gradient in its bucket, which
+      // LibTorch 2's default (set_to_none) would replace with a new tensor every step.
+#if TORCH_VERSION_MAJOR >= 2
+      optimizer_->zero_grad(/*set_to_none=*/false);
+#else
       optimizer_->zero_grad();
+#endif
       const int64_t n = batch->features.size(0);
       if (n < accumulate) {
         return absl::InvalidArgumentError(absl::StrCat("accumulate_steps: ", accumulate,
@@ -547,7 +555,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     }
     if (checkpointer != nullptr && every > 0 && step % every == 0 && step < total) {
       const Steady::time_point save_start = Steady::now();
-      const bool saving = checkpointer->SaveAsync(Snapshot(step, lr));
+      const bool saving = checkpointer->SaveAsync(step, [&] { return Snapshot(step, lr); });
       checkpoint_s += seconds_since(save_start);
       if (saving) last_checkpoint_step = step;
     }

@@ -29,8 +29,8 @@ using ::trainyard::kStopDeadlineFile;
 std::optional<absl::Time> ReadStopDeadline(const std::string& path);
 
 // Sets glibc's malloc thresholds so that memory freed at the end of a step (or a checkpoint's
-// snapshot, once uploaded) is kept for the next one instead of being faulted in again; not
-// when GLIBC_TUNABLES sets them. RunTask calls it; benchmarks call it to run as the trainer does.
+// snapshot, once uploaded) is kept for the next one instead of being faulted in again; not when
+// GLIBC_TUNABLES sets them. RunTrainer calls it; benchmarks call it to run as the trainer does.
 void KeepStepMemory();
 
 struct TrainerOptions {
