@@ -687,12 +687,13 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
   const int64_t parts = (size + part_size - 1) / part_size;
   auto part_length = [&](int64_t i) { return std::min(part_size, size - i * part_size); };
 
-  // Hashes: of each part when requests are signed (in memory; a file's parts are hashed as they
-  // are read), and of the whole object when the caller wants it. This thread makes one pass over
-  // the bytes for both, a chunk at a time so that the second hash reads from the cache, and
-  // part i goes out as soon as its hash is known.
-  const bool hash_parts = sign_payload_ && body.fd < 0;
+  // When the caller wants the whole object's hash, this thread makes one pass over the bytes for
+  // it and, when requests are signed, for each part's too (in memory; a file's parts are hashed
+  // as they are read), a chunk at a time so that the second hash reads from the cache; part i
+  // goes out as soon as its hash is known. Otherwise each upload thread hashes its own part as
+  // it signs it, in parallel.
   const bool hash_object = object_sha256 != nullptr;
+  const bool hash_parts = hash_object && sign_payload_ && body.fd < 0;
   std::vector<std::string> part_sha256(static_cast<size_t>(parts));
   absl::Mutex mu;
   int64_t hashed = hash_parts ? 0 : parts;  // parts whose hash is known; guarded by mu
@@ -735,8 +736,10 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
     return status;
   };
   absl::Status status;
-  std::thread uploads([&] { status = ParallelFor(parts, options_.parallelism, upload_part); });
-  if (hash_parts || hash_object) {
+  if (!hash_object) {
+    status = ParallelFor(parts, options_.parallelism, upload_part);
+  } else {
+    std::thread uploads([&] { status = ParallelFor(parts, options_.parallelism, upload_part); });
     constexpr int64_t kChunk = 256 << 10;
     Sha256 part_hash, object_hash;
     for (int64_t i = 0; i < parts; ++i) {
@@ -748,7 +751,7 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
         for (size_t at = 0; at < slice.size(); at += kChunk) {
           const absl::string_view chunk = slice.substr(at, kChunk);
           if (hash_parts) part_hash.Update(chunk);
-          if (hash_object) object_hash.Update(chunk);
+          object_hash.Update(chunk);
         }
       });
       std::string sha = hash_parts ? part_hash.HexDigest() : std::string();
@@ -756,9 +759,9 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
       part_sha256[static_cast<size_t>(i)] = std::move(sha);
       hashed = i + 1;
     }
-    if (hash_object) *object_sha256 = object_hash.HexDigest();
+    *object_sha256 = object_hash.HexDigest();
+    uploads.join();
   }
-  uploads.join();
   {
     absl::MutexLock lock(&mu);
     if (!first_error.ok()) status = first_error;  // not the cancellation of a waiting part
