@@ -264,12 +264,6 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
   for (const auto& p : after) {
     if (!before.count(p)) touched.insert(p.first);
   }
-  // A task whose contents changed (a stop deadline) must reach its worker too.
-  for (const std::string& task_id : changed_task_ids) {
-    for (const v1::TaskInfo& t : entry.job.tasks()) {
-      if (t.task_id() == task_id && IsActiveTask(entry, t)) touched.insert(t.worker_id());
-    }
-  }
   for (const std::string& worker_id : touched) workers_.BumpVersion(worker_id);
   if (!was_final && IsFinalJobState(entry.job.state())) {
     active_seqs_.erase(entry.seq);
@@ -1163,6 +1157,12 @@ absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& req
       continue;
     }
     entry->preemption_notice = absl::StrCat("worker ", request.worker_id(), " (", source, ")");
+    // The tasks' stop deadlines must reach their workers: wake their long polls.
+    for (const v1::TaskInfo& t : entry->job.tasks()) {
+      if (t.stop_deadline_unix_ms() == deadline_ms && IsActiveTask(*entry, t)) {
+        workers_.BumpVersion(t.worker_id());
+      }
+    }
     LogInfo("job ", job_id, ": ", event.reason());
   }
   RequestTickLocked();

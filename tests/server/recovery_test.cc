@@ -270,6 +270,8 @@ TEST_F(RecoveryTest, PreemptionNoticeStopsTheGangAtOneStepAndRestartsElsewhere) 
   ASSERT_TRUE(Progress(id, 1, 17).ok());
 
   const std::string preempted = workers[1];
+  std::vector<uint64_t> versions;
+  for (const std::string& w : workers) versions.push_back(Sync(w).version());
   v1::ReportPreemptionRequest notice;
   notice.set_worker_id(preempted);
   notice.set_deadline_unix_ms(absl::ToUnixMillis(clock_.Now() + absl::Seconds(25)));
@@ -279,9 +281,12 @@ TEST_F(RecoveryTest, PreemptionNoticeStopsTheGangAtOneStepAndRestartsElsewhere) 
   for (const v1::Worker& w : manager_->ListWorkers()) {
     EXPECT_EQ(w.state(), w.id() == preempted ? v1::DRAINING : v1::READY) << w.id();
   }
-  // Every rank, on every worker, is told to save and stop by the deadline.
-  for (const std::string& w : workers) {
+  // Every rank, on every worker, is told to save and stop by the deadline: the workers' versions
+  // moved, so their waiting polls return.
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const std::string& w = workers[i];
     v1::SyncResponse sync = Sync(w);
+    EXPECT_GT(sync.version(), versions[i]) << w;
     ASSERT_THAT(sync.tasks(), SizeIs(1));
     EXPECT_EQ(sync.tasks(0).stop_deadline_unix_ms(), notice.deadline_unix_ms());
   }
