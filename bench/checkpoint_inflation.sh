@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Step-time inflation while an asynchronous checkpoint of a model of MB megabytes is written
-# (bench/s3_bench checkpoint), to s3rver on loopback and to a file:// store, each in two setups:
+# (bench/s3_bench checkpoint), to s3rver on loopback and to a file:// store, in these setups:
 #
 #   shared   every thread and process runs wherever the kernel puts it (on this 2-core machine
 #            the training thread, the checkpoint's threads and s3rver compete for both cores)

@@ -87,7 +87,6 @@ run_case() {  # name, rank whose machine goes, signal to its agent
   else
     kill -TERM "${workers[$w]}"
   fi
-  "$bin/trainyard" describe "$id" >/dev/null
   for _ in $(seq 1200); do
     state=$("$bin/trainyard" describe -o json "$id" | "$python" -c 'import json,sys; print(json.load(sys.stdin)["state"])')
     [[ $state == SUCCEEDED || $state == FAILED ]] && break

@@ -156,6 +156,8 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   ASSERT_EQ(done->restarts_size(), 1);
   EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST) << done->restarts(0).message();
   EXPECT_TRUE(done->restarts(0).recovered());
+  // Resumed from a checkpoint, not from the start (which would end at the same parameters).
+  EXPECT_GE(done->restarts(0).resumed_step(), running->committed_step());
   EXPECT_EQ(done->generation(), 2);
   const auto describe = cluster.Cli({"describe", submitted->id()});
   EXPECT_THAT(describe.output, HasSubstr("worker_lost"));
@@ -259,8 +261,9 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   const int victim = WorkerOfRank(*running, 2);
   ASSERT_GE(victim, 0);
   std::optional<pid_t> trainer = cluster.TrainerPid(victim, TaskId(*running, 2));
+  ASSERT_TRUE(trainer.has_value());
   cluster.worker(victim).Signal(SIGKILL);
-  if (trainer.has_value()) kill(*trainer, SIGKILL);
+  kill(*trainer, SIGKILL);
 
   auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
@@ -268,6 +271,7 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   EXPECT_EQ(done->progress().world_size(), 2);
   ASSERT_EQ(done->restarts_size(), 1);
   EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST);
+  EXPECT_GE(done->restarts(0).resumed_step(), running->committed_step());
   EXPECT_LE(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 1e-5);
 }
 

@@ -59,7 +59,7 @@ class RecoveryTest : public JobManagerTest {
     return manager_->CommitCheckpoint(request).status();
   }
 
-  // Lets the restart backoff pass (it is at most the cap) and schedules.
+  // Lets the restart backoff pass (the clock moves by exactly the backoff drawn).
   void PassBackoff(const std::string& id) {
     const v1::Job job = Get(id);
     ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
@@ -340,7 +340,6 @@ TEST_F(RecoveryTest, PreemptionsHaveTheirOwnBudget) {
 }
 
 TEST_F(RecoveryTest, BackoffGrowsWhileAttemptsMakeNoProgressAndResetsAfter) {
-  Register("w1", 1);
   JobManagerOptions options;
   options.restart_backoff = absl::Seconds(1);
   options.restart_backoff_max = absl::Seconds(3);

@@ -451,34 +451,40 @@ TEST(TrainerBinaryTest, TrainingRidesOutACoordinatorRestart) {
 }
 
 TEST(TrainerBinaryTest, AStopTooCloseToItsDeadlineSkipsItsCheckpoint) {
-  const std::string dir = MakeTempDir();
-  trainyard::v1::Task task = SyntheticTask(dir + "/ckpt", 100000000);
-  auto& spec = *task.mutable_spec();
-  spec.set_log_every_steps(1);
-  spec.mutable_checkpoint()->set_every_steps(5);
-  // Less time than the 1 s margin alone, once the saves of steps 5 and 10 were measured.
-  ProcessResult run = RunTrainer(task, dir, [&](const std::string& line) {
-    if (StepOfLine(line) != 12) return false;
-    std::ofstream(dir + "/stop-deadline")
-        << absl::ToUnixMillis(absl::Now() + absl::Milliseconds(900)) << "\n";
-    return true;
-  });
-  EXPECT_EQ(run.exit_code, 143) << run.out;
-  const std::string message = ReadFile(dir + "/termination-message");
-  static const std::regex kMessage(R"(stopped by SIGTERM at step (\d+)(.*)\n)");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_match(message, m, kMessage)) << message;
-  const int step = std::stoi(m[1]);
-  char folder[64];
-  std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d/MANIFEST.json", step);
-  if (step % 5 == 0) {
-    // It stopped where a periodic checkpoint was due anyway: that one is kept.
-    EXPECT_TRUE(FileExists(dir + folder)) << message;
-  } else {
+  // The trainer stops at the first step boundary after the signal. When that is a step where a
+  // periodic checkpoint was due anyway, it is kept and the skip goes unseen: try again, a few
+  // times at most.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const std::string dir = MakeTempDir();
+    trainyard::v1::Task task = SyntheticTask(dir + "/ckpt", 100000000);
+    auto& spec = *task.mutable_spec();
+    spec.set_log_every_steps(1);
+    spec.mutable_checkpoint()->set_every_steps(5);
+    // Less time than the 1 s margin alone, once the saves of steps 5 and 10 were measured.
+    ProcessResult run = RunTrainer(task, dir, [&](const std::string& line) {
+      if (StepOfLine(line) != 12) return false;
+      std::ofstream(dir + "/stop-deadline")
+          << absl::ToUnixMillis(absl::Now() + absl::Milliseconds(900)) << "\n";
+      return true;
+    });
+    EXPECT_EQ(run.exit_code, 143) << run.out;
+    const std::string message = ReadFile(dir + "/termination-message");
+    static const std::regex kMessage(R"(stopped by SIGTERM at step (\d+)(.*)\n)");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(message, m, kMessage)) << message;
+    const int step = std::stoi(m[1]);
+    char folder[64];
+    std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d/MANIFEST.json", step);
+    if (step % 5 == 0) {
+      EXPECT_TRUE(FileExists(dir + folder)) << message;
+      continue;
+    }
     EXPECT_EQ(m[2],
               "; its checkpoint was skipped: it would not have been saved before the deadline");
     EXPECT_FALSE(FileExists(dir + folder)) << folder;
+    return;
   }
+  GTEST_SKIP() << "every run stopped where a periodic checkpoint was due";
 }
 
 }  // namespace
