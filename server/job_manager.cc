@@ -1431,29 +1431,43 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
 void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
   if (entry.job.state() != v1::RESTARTING || entry.job.restarts_size() == 0) return;
   const absl::Time now = clock_.Now();
-  v1::Job updated = entry.job;
-  v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
+  const v1::Restart& current = entry.job.restarts(entry.job.restarts_size() - 1);
   bool stopped = true;
-  for (const v1::TaskInfo& t : updated.tasks()) {
-    if (t.generation() != updated.generation() || TaskEnded(t.state())) continue;
+  const v1::TaskInfo* lost = nullptr;  // a rank on a vanished worker
+  const WorkerRecord* lost_worker = nullptr;
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    if (t.generation() != entry.job.generation() || TaskEnded(t.state())) continue;
     const WorkerRecord* worker = workers_.Find(t.worker_id());
     if (worker == nullptr || worker->info.state() == v1::LOST) {
-      // A rank on a vanished worker names the cause better than the errors of its peers.
-      if (CauseRank(r.reason()) < CauseRank(v1::WORKER_LOST)) {
-        r.set_reason(t.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST);
-        r.set_message(absl::StrCat("rank ", t.rank(), " lost: worker ", t.worker_id(), " lost"));
-        // The cause is known only now, when the lease ran out; it happened by the last
-        // heartbeat at the latest.
-        if (worker != nullptr) {
-          r.set_failed_unix_ms(std::min(r.failed_unix_ms(), worker->info.last_seen_unix_ms()));
-        }
-        r.set_detected_unix_ms(absl::ToUnixMillis(now));
+      if (lost == nullptr) {
+        lost = &t;
+        lost_worker = worker;
       }
       continue;
     }
     stopped = false;
   }
-  if (!stopped && now - entry.restarting_since < options_.restart_stop_hold) return;
+  // A rank on a vanished worker names the cause better than the errors of its peers.
+  const bool relabel = lost != nullptr && CauseRank(current.reason()) < CauseRank(v1::WORKER_LOST);
+  const bool waiting = !stopped && now - entry.restarting_since < options_.restart_stop_hold;
+  if (waiting && !relabel) return;
+  v1::Job updated = entry.job;
+  v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
+  if (relabel) {
+    r.set_reason(lost->stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST);
+    r.set_message(absl::StrCat("rank ", lost->rank(), " lost: worker ", lost->worker_id(), " lost"));
+    // The cause is known only now, when the lease ran out; it happened by the last heartbeat at
+    // the latest.
+    if (lost_worker != nullptr) {
+      r.set_failed_unix_ms(std::min(r.failed_unix_ms(), lost_worker->info.last_seen_unix_ms()));
+    }
+    r.set_detected_unix_ms(absl::ToUnixMillis(now));
+  }
+  if (waiting) {
+    // Recorded now, so that the detection time is when the cause was found.
+    CommitLocked(entry, std::move(updated), {}, {}).IgnoreError();
+    return;
+  }
   // The cause may have changed kind while the old ranks stopped.
   if (std::optional<std::string> spent = BudgetSpent(updated, r.reason(), 0); spent.has_value()) {
     const std::string reason = r.message() + *spent;
