@@ -112,7 +112,7 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   field("Checkpoints", job.checkpoint_uri());
   field("Model", job.model_uri());
   int failures = 0;
-  for (const v1::Restart& r : job.restarts()) failures += r.reason() == v1::FAILURE;
+  for (const v1::Restart& r : job.restarts()) failures += OnFailureBudget(r.reason());
   const v1::RestartPolicy& policy = job.spec().restart();
   field("Restarts",
         absl::StrCat(job.restarts_size(), " (failures ", failures, " of ", policy.max_failures(),

@@ -32,7 +32,6 @@ constexpr int kDefaultKeepLast = 3;
 constexpr int kDefaultLogEverySteps = 10;
 constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
-constexpr int64_t kDefaultStallTimeoutSeconds = 600;
 constexpr int kDefaultBucketSizeMb = 25;
 
 absl::Status FieldError(absl::string_view path, absl::string_view problem) {

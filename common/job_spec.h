@@ -30,6 +30,9 @@ namespace trainyard {
 // log_every_steps, optimizer.lr, optimizer.eps, accumulate_steps, bucket_size_mb.
 absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
+// stall_timeout when a spec leaves it unset (zero): 10 minutes.
+inline constexpr int64_t kDefaultStallTimeoutSeconds = 600;
+
 // Fills defaults in place. Idempotent. Zero/empty means unset:
 //   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); parameter_servers 1 for
 //   the parameter_server strategy; loss cross_entropy; data.features "x", data.labels "y",

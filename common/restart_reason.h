@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "trainyard/v1/job.pb.h"
 
 namespace trainyard {
@@ -11,20 +12,17 @@ namespace trainyard {
 // trainyard_restarts_total: preempted, worker_lost, hang, infrastructure, failure ("unknown" for
 // an unset reason).
 inline std::string RestartReasonName(trainyard::v1::RestartReason reason) {
-  switch (reason) {
-    case trainyard::v1::PREEMPTED:
-      return "preempted";
-    case trainyard::v1::WORKER_LOST:
-      return "worker_lost";
-    case trainyard::v1::HANG:
-      return "hang";
-    case trainyard::v1::INFRASTRUCTURE:
-      return "infrastructure";
-    case trainyard::v1::FAILURE:
-      return "failure";
-    default:
-      return "unknown";
+  if (reason == trainyard::v1::RESTART_REASON_UNSPECIFIED ||
+      !trainyard::v1::RestartReason_IsValid(reason)) {
+    return "unknown";
   }
+  return absl::AsciiStrToLower(trainyard::v1::RestartReason_Name(reason));
+}
+
+// Which restart budget a reason draws on: restart.max_failures for the user's code (true),
+// restart.max_preemptions for everything the user's code is not to blame for.
+inline bool OnFailureBudget(trainyard::v1::RestartReason reason) {
+  return reason == trainyard::v1::FAILURE;
 }
 
 }  // namespace trainyard

@@ -34,7 +34,6 @@ constexpr char kPageTokenPrefix[] = "before:";
 constexpr absl::Duration kStreamPoll = absl::Milliseconds(250);
 // After a job ends, how long a followed log waits for the last pieces the agents ship.
 constexpr absl::Duration kFinalLogGrace = absl::Milliseconds(500);
-constexpr int64_t kDefaultStallTimeoutSeconds = 600;
 
 bool TaskEnded(v1::TaskState state) {
   return state == v1::TASK_EXITED || state == v1::TASK_FAILED_TO_START || state == v1::TASK_STOPPED;
@@ -96,10 +95,6 @@ v1::RestartReason ClassifyTaskEnd(const v1::TaskInfo& t) {
   }
   return v1::FAILURE;  // user error, internal error, killed by a signal nobody sent on purpose
 }
-
-// Which restart budget a reason draws on: max_failures for the user's code, max_preemptions
-// for everything the user's code is not to blame for.
-bool OnFailureBudget(v1::RestartReason reason) { return reason == v1::FAILURE; }
 
 // How specific a cause is: a rank that exits with an infrastructure error is usually the
 // consequence of something else (a peer that died, a worker that vanished), found out later.
@@ -615,6 +610,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
         absl::StrCat("rank ", task.rank(), " lost: worker ", info.id(), " registered again without it");
     end.failed = clock_.Now();
     if (entry->job.state() == v1::RESTARTING) {
+      // The attempt is already over; a lost rank may name its cause better.
+      v1::Restart* last = updated.mutable_restarts(updated.restarts_size() - 1);
+      if (CauseRank(end.reason) > CauseRank(last->reason())) {
+        last->set_reason(end.reason);
+        last->set_message(end.message);
+      }
       CommitLocked(*entry, std::move(updated), {}, {task.task_id()}).IgnoreError();
       MaybeFinishRestartLocked(*entry);
     } else {
