@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/backoff.h"
 #include "common/exit_codes.h"
 #include "common/job_spec.h"
 #include "common/restart_reason.h"
@@ -1482,10 +1483,9 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
   }
   absl::Duration delay = absl::ZeroDuration();
   if (options_.restart_backoff > absl::ZeroDuration()) {
-    absl::Duration cap = options_.restart_backoff;
-    for (int i = 1; i < in_a_row && cap < options_.restart_backoff_max; ++i) cap *= 2;
-    cap = std::min(cap, options_.restart_backoff_max);
-    delay = cap * absl::Uniform(jitter_, 0.5, 1.0);
+    const absl::Duration bound =
+        BackoffBound(options_.restart_backoff, options_.restart_backoff_max, in_a_row - 1);
+    delay = bound * absl::Uniform(jitter_, 0.5, 1.0);
     delay = absl::Trunc(delay, absl::Milliseconds(1));
   }
   r.set_backoff_ms(absl::ToInt64Milliseconds(delay));

@@ -39,7 +39,7 @@ struct JobManagerOptions {
   absl::Duration max_sync_wait = absl::Seconds(5);
   absl::Duration progress_persist_interval = absl::Seconds(1);
   absl::Duration max_rendezvous_wait = absl::Seconds(30);
-  // Restarts back off exponentially with full jitter: the n-th restart in a row of attempts that
+  // Restarts back off exponentially with jitter: the n-th restart in a row of attempts that
   // made no step progress waits uniformly in [d/2, d], d = min(restart_backoff * 2^(n-1),
   // restart_backoff_max). Zero: restart at once.
   absl::Duration restart_backoff = absl::Seconds(1);

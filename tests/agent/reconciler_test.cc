@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/agent/fake_process_launcher.h"
 #include "tests/common/fake_clock.h"
-#include "worker/agent/backoff.h"
+#include "common/backoff.h"
 
 namespace trainyard {
 namespace {

@@ -12,7 +12,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
-#include "worker/agent/backoff.h"
+#include "common/backoff.h"
 
 namespace trainyard {
 namespace {
