@@ -57,47 +57,6 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeObject(
 // A safetensors object laid out over the snapshot's tensors: its header, then each tensor's bytes
 // where the tensor holds them, so that the store reads them from there and they are never copied
 // into one buffer.
-struct TensorObject {
-  std::string header;
-  std::vector<torch::Tensor> tensors;  // what `data` points into
-  std::vector<absl::string_view> data;
-
-  std::vector<absl::string_view> Pieces() const {
-    std::vector<absl::string_view> pieces = {header};
-    pieces.insert(pieces.end(), data.begin(), data.end());
-    return pieces;
-  }
-};
-
-// INVALID_ARGUMENT for a dtype that safetensors lacks or duplicate names.
-absl::StatusOr<TensorObject> LayOut(const NamedTensors& tensors,
-                                    const std::map<std::string, std::string>& metadata) {
-  TensorObject object;
-  std::vector<TensorView> views;
-  object.tensors.reserve(tensors.size());
-  for (const auto& [name, tensor] : tensors) {
-    TensorView view;
-    view.name = name;
-    view.dtype = SafetensorsDtype(tensor.scalar_type());
-    if (view.dtype.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': dtype ",
-                                                     c10::toString(tensor.scalar_type()),
-                                                     " has no safetensors form"));
-    }
-    // A snapshot is on the CPU and contiguous already, so this copies nothing.
-    object.tensors.push_back(tensor.detach().to(torch::kCPU).contiguous());
-    const torch::Tensor& t = object.tensors.back();
-    view.shape = t.sizes().vec();
-    view.data = absl::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes());
-    object.data.push_back(view.data);
-    views.push_back(std::move(view));
-  }
-  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(views, metadata);
-  if (!header.ok()) return header.status();
-  object.header = *std::move(header);
-  return object;
-}
-
 // Restricts the calling thread (and the threads it starts later) to `cpus`.
 void PinThisThread(const std::vector<int>& cpus) {
   cpu_set_t set;
@@ -380,10 +339,10 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
   }
   // Each object is written from the snapshot's tensors as they are, and its hash for the
   // manifest comes from the pass over the bytes that the store makes to write them.
-  absl::StatusOr<TensorObject> model = LayOut(data.model, {{"format", "trainyard/1"}});
+  absl::StatusOr<SafetensorsPieces> model = LayOutTensors(data.model, {{"format", "trainyard/1"}});
   if (!model.ok()) return model.status();
-  absl::StatusOr<TensorObject> optimizer =
-      LayOut(data.optimizer, {{"optimizer", data.optimizer_name}});
+  absl::StatusOr<SafetensorsPieces> optimizer =
+      LayOutTensors(data.optimizer, {{"optimizer", data.optimizer_name}});
   if (!optimizer.ok()) return optimizer.status();
   const std::string state = EncodeTrainerState(data.state);
 

@@ -259,11 +259,17 @@ absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view) {
       absl::StrCat("tensor '", view.name, "': unsupported dtype ", view.dtype));
 }
 
-absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
-                                          const std::map<std::string, std::string>& metadata) {
-  std::vector<torch::Tensor> keep;
+std::vector<absl::string_view> SafetensorsPieces::Pieces() const {
+  std::vector<absl::string_view> pieces = {header};
+  pieces.insert(pieces.end(), data.begin(), data.end());
+  return pieces;
+}
+
+absl::StatusOr<SafetensorsPieces> LayOutTensors(
+    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  SafetensorsPieces object;
   std::vector<TensorView> views;
-  keep.reserve(tensors.size());
+  object.tensors.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) {
     TensorView view;
     view.name = name;
@@ -273,13 +279,24 @@ absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
                                                      c10::toString(tensor.scalar_type()),
                                                      " has no safetensors form"));
     }
-    keep.push_back(tensor.detach().to(torch::kCPU).contiguous());
-    view.shape = keep.back().sizes().vec();
-    view.data =
-        absl::string_view(static_cast<const char*>(keep.back().data_ptr()), keep.back().nbytes());
+    object.tensors.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    const torch::Tensor& t = object.tensors.back();
+    view.shape = t.sizes().vec();
+    view.data = absl::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    object.data.push_back(view.data);
     views.push_back(std::move(view));
   }
-  return EncodeSafetensors(views, metadata);
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(views, metadata);
+  if (!header.ok()) return header.status();
+  object.header = *std::move(header);
+  return object;
+}
+
+absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
+                                          const std::map<std::string, std::string>& metadata) {
+  absl::StatusOr<SafetensorsPieces> object = LayOutTensors(tensors, metadata);
+  if (!object.ok()) return object.status();
+  return absl::StrJoin(object->Pieces(), "");
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeTensors(

@@ -26,8 +26,19 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 std::string SafetensorsDtype(torch::ScalarType type);
 // A CPU tensor holding a copy of `view`'s data. INVALID_ARGUMENT for an unknown dtype.
 absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view);
-// Serialises CPU tensors under their names. INVALID_ARGUMENT for unsupported dtypes or duplicate
-// names.
+// A safetensors object laid out over the tensors' own memory: the header, then each tensor's
+// bytes, without a serialised copy (only a tensor not on the CPU or not contiguous is copied).
+struct SafetensorsPieces {
+  std::string header;
+  std::vector<torch::Tensor> tensors;    // what `data` points into
+  std::vector<absl::string_view> data;  // one per tensor, in order
+  // The object's bytes in order: the header, then the data.
+  std::vector<absl::string_view> Pieces() const;
+};
+// INVALID_ARGUMENT for unsupported dtypes or duplicate names.
+absl::StatusOr<SafetensorsPieces> LayOutTensors(
+    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata);
+// The same object in one buffer.
 absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
                                           const std::map<std::string, std::string>& metadata);
 // Parses a safetensors buffer into tensors by name; `metadata` (if not null) receives the
