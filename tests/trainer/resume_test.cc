@@ -23,6 +23,7 @@
 #include "tests/trainer/fake_coordinator.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
+#include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/data.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/schedule.h"
@@ -36,21 +37,13 @@ using ::testing::HasSubstr;
 using ::trainyard::trainer::test_files::FileExists;
 using ::trainyard::trainer::test_files::MakeTempDir;
 using ::trainyard::trainer::test_files::ReadFile;
-
-TrainerOptions QuietOptions() {
-  TrainerOptions options;
-  options.print_line = [](const std::string&) {};
-  return options;
-}
+using ::trainyard::trainer::test_util::Eventually;
+using ::trainyard::trainer::test_util::ExpectSameTensors;
+using ::trainyard::trainer::test_util::QuietOptions;
+using ::trainyard::trainer::test_util::ReadTensors;
 
 std::string StepFolder(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%012d", dir, step);
-}
-
-std::map<std::string, torch::Tensor> ReadTensors(const std::string& path) {
-  absl::StatusOr<std::map<std::string, torch::Tensor>> tensors = DecodeTensors(ReadFile(path));
-  EXPECT_TRUE(tensors.ok()) << path << ": " << tensors.status();
-  return tensors.ok() ? *tensors : std::map<std::string, torch::Tensor>{};
 }
 
 // The largest absolute difference between same-named tensors; infinity when the names differ.
@@ -64,16 +57,6 @@ double MaxDifference(const std::map<std::string, torch::Tensor>& a,
     diff = std::max(diff, (t - it->second).abs().max().item<double>());
   }
   return diff;
-}
-
-// Polls `condition` until it holds or 30 s pass.
-bool Eventually(const std::function<bool()>& condition) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (!condition()) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
 }
 
 // A small job whose every source of state matters on resume: adamw (moments and step counts),
@@ -150,12 +133,7 @@ TEST(ResumeTest, StopBetweenCheckpointsThenResumeEndsBitForBitWhereAnUninterrupt
   EXPECT_EQ(c->loss, a->loss);
   const auto final_a = ReadTensors(dir_a + "/final/model.safetensors");
   const auto final_c = ReadTensors(dir_c + "/final/model.safetensors");
-  ASSERT_EQ(final_a.size(), final_c.size());
-  ASSERT_FALSE(final_a.empty());
-  for (const auto& [name, t] : final_a) {
-    ASSERT_TRUE(final_c.count(name)) << name;
-    EXPECT_TRUE(torch::equal(t, final_c.at(name))) << name;
-  }
+  ExpectSameTensors(final_a, final_c);
   // The optimizer's state too, and training did move the parameters after the resume.
   EXPECT_EQ(ReadFile(StepFolder(dir_c, kTotal) + "/optimizer.safetensors"),
             ReadFile(StepFolder(dir_a, kTotal) + "/optimizer.safetensors"));

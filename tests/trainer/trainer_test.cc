@@ -24,6 +24,7 @@
 #include "tests/common/fake_clock.h"
 #include "tests/trainer/fake_coordinator.h"
 #include "tests/trainer/test_files.h"
+#include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/data.h"
@@ -75,27 +76,10 @@ trainyard::v1::Task SyntheticTask(const std::string& checkpoint_dir, int64_t max
   return task;
 }
 
-TrainerOptions QuietOptions() {
-  TrainerOptions options;
-  options.print_line = [](const std::string&) {};
-  return options;
-}
-
-std::map<std::string, torch::Tensor> ReadModelTensors(const std::string& step_dir) {
-  absl::StatusOr<std::map<std::string, torch::Tensor>> tensors =
-      DecodeTensors(ReadFile(step_dir + "/model.safetensors"));
-  EXPECT_TRUE(tensors.ok()) << tensors.status();
-  return tensors.ok() ? *tensors : std::map<std::string, torch::Tensor>{};
-}
-
-void ExpectSameTensors(const std::map<std::string, torch::Tensor>& a,
-                       const std::map<std::string, torch::Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << name;
-    EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
-  }
-}
+using test_util::Eventually;
+using test_util::ExpectSameTensors;
+using test_util::QuietOptions;
+using test_util::ReadTensors;
 
 // ---- safetensors <-> torch ----
 
@@ -537,10 +521,7 @@ TEST(CheckpointTest, ADueCheckpointDoesNotWaitForACommitBeingRetried) {
   options.max_wait = absl::Hours(1);  // would stall training if the skip waited for it
   Checkpointer checkpointer(store.get(), &coordinator, RealClock::Get(), options);
   ASSERT_TRUE(checkpointer.SaveAsync(TinyCheckpoint(10)));
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (coordinator.commit_calls() < 2 && absl::Now() < give_up)
-    absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_GE(coordinator.commit_calls(), 2);
+  ASSERT_TRUE(Eventually([&] { return coordinator.commit_calls() >= 2; }));
   EXPECT_FALSE(checkpointer.SaveAsync(TinyCheckpoint(20)));
   EXPECT_EQ(checkpointer.skipped(), 1);
   down = false;
@@ -555,11 +536,7 @@ TEST(ProgressReporterTest, FirstReportGoesOutAtOnceAndFailedOnesAreSentAgain) {
     return down ? absl::UnavailableError("connection refused") : absl::OkStatus();
   });
   auto wait_for = [&coordinator](size_t reports) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (coordinator.progress().size() < reports && absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return coordinator.progress().size() >= reports;
+    return Eventually([&] { return coordinator.progress().size() >= reports; });
   };
   {
     // An hour between reports: only the first goes out before Finish.
@@ -582,10 +559,7 @@ TEST(ProgressReporterTest, FirstReportGoesOutAtOnceAndFailedOnesAreSentAgain) {
     trainyard::v1::JobProgress progress;
     progress.set_step(7);
     reporter.Update(progress);
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (coordinator.progress_calls() < 6 && absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    ASSERT_TRUE(Eventually([&] { return coordinator.progress_calls() >= 6; }));
     down = false;
     ASSERT_TRUE(wait_for(3));
     EXPECT_EQ(coordinator.progress()[2].step(), 7);
@@ -686,8 +660,8 @@ TEST(TrainerTest, ResumeContinuesExactlyAndSkipsCorruptCheckpoints) {
   EXPECT_TRUE(b->stopped);
   EXPECT_EQ(b->step, kN);
   EXPECT_TRUE(b->model_uri.empty());
-  ExpectSameTensors(ReadModelTensors(dir_a + "/step-000000000012"),
-                    ReadModelTensors(dir_b + "/step-000000000012"));
+  ExpectSameTensors(ReadTensors(dir_a + "/step-000000000012/model.safetensors"),
+                    ReadTensors(dir_b + "/step-000000000012/model.safetensors"));
 
   trainyard::v1::Task task_c = make_task(dir_c);
   task_c.add_resume_checkpoints("file://" + dir_b + "/step-000000000012");
