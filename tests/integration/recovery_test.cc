@@ -119,6 +119,15 @@ double MaxDifference(const std::map<std::string, std::vector<float>>& a,
   return worst;
 }
 
+// Submits `yaml` and waits until the job runs with a checkpoint of `step` or later committed.
+absl::StatusOr<Job> SubmitAndRunPast(Cluster& cluster, const std::string& yaml, int64_t step) {
+  auto submitted = cluster.Submit(yaml);
+  if (!submitted.ok()) return submitted.status();
+  return cluster.WaitFor(submitted->id(), [step](const Job& job) {
+    return job.state() == v1::RUNNING && job.committed_step() >= step;
+  });
+}
+
 // Runs `yaml` to SUCCEEDED and returns the final job.
 Job RunToSuccess(Cluster& cluster, const std::string& yaml) {
   auto submitted = cluster.Submit(yaml);
@@ -135,13 +144,10 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   Cluster cluster(Workers(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("reference", "2", 400));
 
-  auto submitted = cluster.Submit(RecoveryJob("survivor", "2", 400));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
-    return job.state() == v1::RUNNING && job.committed_step() >= 50;
-  });
+  auto running = SubmitAndRunPast(cluster, RecoveryJob("survivor", "2", 400), 50);
   ASSERT_TRUE(running.ok()) << running.status();
   ASSERT_EQ(running->state(), v1::RUNNING) << running->reason();
+  const std::string id = running->id();
   // The machine of rank 1 vanishes: its agent and its trainer die at once.
   const int victim = WorkerOfRank(*running, 1);
   ASSERT_GE(victim, 0);
@@ -150,7 +156,7 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   cluster.worker(victim).Signal(SIGKILL);
   kill(*trainer, SIGKILL);
 
-  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  auto done = cluster.WaitForFinal(id, absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   ASSERT_EQ(done->restarts_size(), 1);
@@ -159,7 +165,7 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   // Resumed from a checkpoint, not from the start (which would end at the same parameters).
   EXPECT_GE(done->restarts(0).resumed_step(), running->committed_step());
   EXPECT_EQ(done->generation(), 2);
-  const auto describe = cluster.Cli({"describe", submitted->id()});
+  const auto describe = cluster.Cli({"describe", id});
   EXPECT_THAT(describe.output, HasSubstr("worker_lost"));
   EXPECT_THAT(describe.output, HasSubstr("Restarts:         1"));
   EXPECT_LE(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 1e-5);
@@ -169,7 +175,7 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   auto stub = v1::AgentService::NewStub(channel);
   grpc::ClientContext context;
   v1::ReportProgressRequest request;
-  request.set_job_id(submitted->id());
+  request.set_job_id(id);
   request.set_generation(1);
   request.mutable_progress()->set_step(5);
   v1::ReportProgressResponse response;
@@ -251,12 +257,9 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   Cluster cluster(Workers(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("elastic-reference", "3", 400));
 
-  auto submitted = cluster.Submit(RecoveryJob("elastic", "{min: 2, max: 3}", 400));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
-    return job.state() == v1::RUNNING && job.committed_step() >= 50;
-  });
+  auto running = SubmitAndRunPast(cluster, RecoveryJob("elastic", "{min: 2, max: 3}", 400), 50);
   ASSERT_TRUE(running.ok()) << running.status();
+  const std::string id = running->id();
   ASSERT_EQ(running->progress().world_size(), 3);
   const int victim = WorkerOfRank(*running, 2);
   ASSERT_GE(victim, 0);
@@ -265,7 +268,7 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   cluster.worker(victim).Signal(SIGKILL);
   kill(*trainer, SIGKILL);
 
-  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  auto done = cluster.WaitForFinal(id, absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   EXPECT_EQ(done->progress().world_size(), 2);
