@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -100,6 +101,32 @@ class StopWatchdog {
   std::thread thread_;  // last: it starts in the constructor
 };
 
+// The environment variable naming the folder of test holds (see TestHold).
+constexpr char kTestHoldDirEnv[] = "TRAINYARD_TEST_HOLD_DIR";
+
+// A hold for tests that must act while a job is running, so that none depends on how fast the
+// machine trains. With TRAINYARD_TEST_HOLD_DIR set, a file named after the job in that folder
+// holding a number K makes every attempt wait before its update K + 1 (K updates after the step
+// it started from) until the file is removed or holds a larger K, or a stop arrives: a stopped
+// rank goes on to the step its gang agrees on, as it would have without the hold. Unset (as in
+// production), it costs nothing.
+std::function<void(int64_t, int64_t)> TestHold(const trainyard::v1::Task& task) {
+  const char* dir = std::getenv(kTestHoldDirEnv);
+  if (dir == nullptr || *dir == '\0') return nullptr;
+  const std::string path = absl::StrCat(dir, "/", task.spec().name());
+  return [path](int64_t step, int64_t attempt_start_step) {
+    auto held = [&] {
+      std::ifstream in(path);
+      int64_t updates = 0;
+      return in >> updates && step - attempt_start_step >= updates;
+    };
+    if (!held()) return;
+    trainyard::LogInfo("held by ", path, " at step ", step);
+    while (stop_signal.load() == 0 && held()) absl::SleepFor(absl::Milliseconds(10));
+    trainyard::LogInfo("released at step ", step);
+  };
+}
+
 int ThreadCount(const trainyard::v1::Task& task) {
   const char* omp = std::getenv("OMP_NUM_THREADS");
   int n = 0;
@@ -166,6 +193,7 @@ int main(int argc, char** argv) {
   options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
   options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
   options.num_threads = ThreadCount(task);
+  options.before_step = TestHold(task);
   absl::StatusOr<trainyard::trainer::TrainResult> result;
   {
     StopWatchdog watchdog;

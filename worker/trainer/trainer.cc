@@ -466,6 +466,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   bool stop_agreed = false;
   model_->SetTraining(true);
   while (step < total) {
+    if (options_.before_step) options_.before_step(step, start_step_);
     // One rank alone may stop at once; several stop together at an update they agreed on.
     if (stop_agreed || (world == 1 && StopRequested())) {
       result.stopped = true;

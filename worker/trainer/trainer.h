@@ -61,6 +61,9 @@ struct TrainerOptions {
   std::function<void(const std::string&)> print_line;
   // Called on the training thread after each update with the new step count (tests).
   std::function<void(int64_t)> after_step;
+  // Called on the training thread before each update with the updates done so far and the step
+  // this attempt started from; it may block (a test holding the run at a step, main.cc).
+  std::function<void(int64_t step, int64_t attempt_start_step)> before_step;
 };
 
 // Added to the longest recent save when judging whether a save fits before a stop's deadline.
