@@ -4,6 +4,8 @@
 #   1. kill -9 of the agent and trainer of rank 1's machine (a machine that vanishes),
 #   2. SIGTERM to the agent of rank 0's machine (a spot preemption notice).
 # Prints one markdown row per restart with the coordinator's own record of it (describe -o json).
+# Each job is held 250 updates in (the trainer's test hold, TRAINYARD_TEST_HOLD_DIR) until the
+# machine goes, so the failure lands mid-run however fast this machine trains.
 # Usage: bench/recovery.sh BUILD_DIR [STEPS]
 set -euo pipefail
 build=${1:?usage: recovery.sh BUILD_DIR [STEPS]}
@@ -24,6 +26,9 @@ trap cleanup EXIT
 pids+=($!)
 for _ in $(seq 100); do [[ -s $dir/port ]] && break; sleep 0.1; done
 export TRAINYARD_COORDINATOR=127.0.0.1:$(cat "$dir/port")
+export TRAINYARD_TEST_HOLD_DIR=$dir/holds
+mkdir -p "$TRAINYARD_TEST_HOLD_DIR"
+held_at=250  # between two checkpoints (every 100): a vanished machine loses 50 steps
 declare -A workers
 start_worker() {
   "$bin/trainyard-worker" --name="w$1" --address=127.0.0.1 --slots=1 --gpus=0 \
@@ -49,7 +54,7 @@ max_steps: $steps
 EOF
 }
 
-# Waits until the job's attempt `gen` is running at least 200 steps past where it started.
+# Waits until the job's attempt `gen` is running, held $held_at steps past where it started.
 wait_running() {
   for _ in $(seq 600); do
     if "$bin/trainyard" describe -o json "$1" | "$python" -c '
@@ -57,8 +62,8 @@ import json, sys
 j = json.load(sys.stdin)
 p = j.get("progress", {})
 ok = j.get("state") == "RUNNING" and int(j.get("generation", 0)) == int(sys.argv[1]) and \
-     int(p.get("step", 0)) >= int(p.get("attemptStartStep", 0)) + 200
-sys.exit(0 if ok else 1)' "$2"; then return 0; fi
+     int(p.get("step", 0)) == int(p.get("attemptStartStep", 0)) + int(sys.argv[2])
+sys.exit(0 if ok else 1)' "$2" "$held_at"; then return 0; fi
     sleep 0.1
   done
   echo "job $1 did not run" >&2
@@ -76,6 +81,7 @@ for t in j["tasks"]:
 
 run_case() {  # name, rank whose machine goes, signal to its agent
   local id
+  echo "$held_at" >"$TRAINYARD_TEST_HOLD_DIR/$1"
   id=$(job_yaml "$1" | "$bin/trainyard" submit - | head -1)
   wait_running "$id" 1
   local w
@@ -87,6 +93,7 @@ run_case() {  # name, rank whose machine goes, signal to its agent
   else
     kill -TERM "${workers[$w]}"
   fi
+  rm "$TRAINYARD_TEST_HOLD_DIR/$1"  # the next attempt runs to the end
   for _ in $(seq 1200); do
     state=$("$bin/trainyard" describe -o json "$id" | "$python" -c 'import json,sys; print(json.load(sys.stdin)["state"])')
     [[ $state == SUCCEEDED || $state == FAILED ]] && break

@@ -184,6 +184,9 @@ std::string Process::Log() const { return ReadFile(log_path_); }
 
 Cluster::Cluster(ClusterOptions options) : options_(options) {
   state_dir_ = root_.path() + "/coordinator";
+  hold_dir_ = root_.path() + "/holds";
+  fs::create_directories(hold_dir_);
+  options_.env[kTestHoldDirEnv] = hold_dir_;
   StartCoordinator();
   for (int i = 0; i < options_.workers; ++i) StartWorker(i);
   WaitForWorkers();
@@ -244,6 +247,34 @@ void Cluster::StartCoordinator() {
   address_ = "127.0.0.1:" + port;
   auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
   job_stub_ = v1::JobService::NewStub(channel);
+}
+
+void SetTestHold(const std::string& hold_dir, const std::string& job_name, int64_t updates) {
+  // Written whole under another name, then renamed: a trainer never reads half a number.
+  const std::string path = absl::StrCat(hold_dir, "/", job_name);
+  std::ofstream(path + ".new") << updates << "\n";
+  fs::rename(path + ".new", path);
+}
+
+void ClearTestHold(const std::string& hold_dir, const std::string& job_name) {
+  fs::remove(absl::StrCat(hold_dir, "/", job_name));
+}
+
+void Cluster::Hold(const std::string& job_name, int64_t updates) {
+  SetTestHold(hold_dir_, job_name, updates);
+}
+
+void Cluster::Release(const std::string& job_name) { ClearTestHold(hold_dir_, job_name); }
+
+absl::StatusOr<Job> Cluster::WaitUntilHeld(const std::string& id, int64_t updates,
+                                           absl::Duration timeout) {
+  return WaitFor(
+      id,
+      [updates](const Job& job) {
+        return job.state() == v1::RUNNING &&
+               job.progress().step() == job.progress().attempt_start_step() + updates;
+      },
+      timeout);
 }
 
 void Cluster::KillCoordinator(int sig) {
@@ -308,6 +339,12 @@ absl::StatusOr<Job> Cluster::Get(const std::string& id) {
 absl::StatusOr<Job> Cluster::WaitFor(const std::string& id,
                                      const std::function<bool(const Job&)>& done,
                                      absl::Duration timeout) {
+  return WatchJobUntil(*job_stub_, id, done, timeout);
+}
+
+absl::StatusOr<Job> WatchJobUntil(v1::JobService::Stub& jobs, const std::string& id,
+                                  const std::function<bool(const Job&)>& done,
+                                  absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   Job last;
   // A watch ends when the job is final or the coordinator goes away; watch again until the
@@ -317,7 +354,7 @@ absl::StatusOr<Job> Cluster::WaitFor(const std::string& id,
     context.set_deadline(absl::ToChronoTime(deadline));
     v1::WatchJobRequest request;
     request.set_id(id);
-    auto reader = job_stub_->WatchJob(&context, request);
+    auto reader = jobs.WatchJob(&context, request);
     v1::WatchJobResponse update;
     while (reader->Read(&update)) {
       last = update.job();
@@ -361,12 +398,17 @@ absl::StatusOr<std::string> Cluster::Logs(const std::string& id, int rank) {
 }
 
 Cluster::CliResult Cluster::Cli(const std::vector<std::string>& args, absl::Duration timeout) {
+  return RunCli(address_, root_.path(), args, timeout);
+}
+
+Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir,
+                          const std::vector<std::string>& args, absl::Duration timeout) {
   static int counter = 0;
-  const std::string log = absl::StrCat(root_.path(), "/cli-", ++counter, ".log");
-  std::vector<std::string> argv = {BinDir() + "/trainyard", "--coordinator=" + address_};
+  const std::string log = absl::StrCat(log_dir, "/cli-", ++counter, ".log");
+  std::vector<std::string> argv = {BinDir() + "/trainyard", "--coordinator=" + address};
   argv.insert(argv.end(), args.begin(), args.end());
   Process cli(argv, log);
-  CliResult result;
+  Cluster::CliResult result;
   std::optional<int> status = cli.Wait(timeout);
   if (status.has_value() && WIFEXITED(*status)) result.exit_code = WEXITSTATUS(*status);
   result.output = cli.Log();

@@ -110,6 +110,17 @@ class Cluster {
   // Runs the `trainyard` CLI against this cluster and waits for it.
   CliResult Cli(const std::vector<std::string>& args, absl::Duration timeout = absl::Seconds(120));
 
+  // Holds every attempt of the job named `job_name` (its spec's name) once it has done `updates`
+  // updates past the step it started from, until Release, or until the attempt is told to stop
+  // (its ranks then go on to the step they agree on). Set it before submitting; the trainers
+  // read it through TRAINYARD_TEST_HOLD_DIR, which every worker of the cluster gets.
+  void Hold(const std::string& job_name, int64_t updates);
+  void Release(const std::string& job_name);
+  // Waits until the job's current attempt is held by Hold: RUNNING, with its progress reported
+  // at the held step. Returns the job then.
+  absl::StatusOr<trainyard::v1::Job> WaitUntilHeld(const std::string& id, int64_t updates,
+                                                   absl::Duration timeout = absl::Seconds(120));
+
   // A trainer process of a task, from the pid file the worker writes in the task folder.
   std::optional<pid_t> TrainerPid(int worker, const std::string& task_id) const;
 
@@ -125,11 +136,32 @@ class Cluster {
   ClusterOptions options_;
   TempDir root_;
   std::string state_dir_;
+  std::string hold_dir_;
   std::string address_;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<trainyard::v1::JobService::Stub> job_stub_;
 };
+
+// The trainer's test hold (worker/trainer/main.cc): with TRAINYARD_TEST_HOLD_DIR=`hold_dir` in
+// the trainers' environment, every attempt of the job named `job_name` waits after `updates`
+// updates past its start until the hold is cleared or the attempt is told to stop.
+inline constexpr char kTestHoldDirEnv[] = "TRAINYARD_TEST_HOLD_DIR";
+void SetTestHold(const std::string& hold_dir, const std::string& job_name, int64_t updates);
+void ClearTestHold(const std::string& hold_dir, const std::string& job_name);
+
+// Follows WatchJob on `jobs` until `done(job)` holds or the timeout passes, watching again
+// after a coordinator restart. Returns the last job seen; DEADLINE_EXCEEDED naming its state
+// when the condition never held.
+absl::StatusOr<trainyard::v1::Job> WatchJobUntil(
+    trainyard::v1::JobService::Stub& jobs, const std::string& id,
+    const std::function<bool(const trainyard::v1::Job&)>& done, absl::Duration timeout);
+
+// Runs the `trainyard` CLI against the coordinator at `address`, its output in a file under
+// `log_dir`, and waits for it.
+Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir,
+                          const std::vector<std::string>& args,
+                          absl::Duration timeout = absl::Seconds(120));
 
 // A small job that learns in seconds: a 2-layer MLP on 4 separable synthetic classes, seed 7,
 // a log line every step. `extra` is appended as more top-level YAML (a checkpoint section, ...).

@@ -119,12 +119,16 @@ double MaxDifference(const std::map<std::string, std::vector<float>>& a,
   return worst;
 }
 
-// Submits `yaml` and waits until the job runs with a checkpoint of `step` or later committed.
-absl::StatusOr<Job> SubmitAndRunPast(Cluster& cluster, const std::string& yaml, int64_t step) {
+// Submits `yaml` (a job named `name`) held after `held_at` updates, and waits until it is held
+// there with a checkpoint of `committed` or later committed. The caller releases it.
+absl::StatusOr<Job> SubmitAndHold(Cluster& cluster, const std::string& name,
+                                  const std::string& yaml, int64_t held_at, int64_t committed) {
+  cluster.Hold(name, held_at);
   auto submitted = cluster.Submit(yaml);
   if (!submitted.ok()) return submitted.status();
-  return cluster.WaitFor(submitted->id(), [step](const Job& job) {
-    return job.state() == v1::RUNNING && job.committed_step() >= step;
+  return cluster.WaitFor(submitted->id(), [held_at, committed](const Job& job) {
+    return job.state() == v1::RUNNING && job.progress().step() == held_at &&
+           job.committed_step() >= committed;
   });
 }
 
@@ -144,7 +148,7 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   Cluster cluster(Workers(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("reference", "2", 400));
 
-  auto running = SubmitAndRunPast(cluster, RecoveryJob("survivor", "2", 400), 50);
+  auto running = SubmitAndHold(cluster, "survivor", RecoveryJob("survivor", "2", 400), 60, 50);
   ASSERT_TRUE(running.ok()) << running.status();
   ASSERT_EQ(running->state(), v1::RUNNING) << running->reason();
   const std::string id = running->id();
@@ -155,6 +159,8 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   ASSERT_TRUE(trainer.has_value());
   cluster.worker(victim).Signal(SIGKILL);
   kill(*trainer, SIGKILL);
+  // The surviving rank cannot finish without its peer: let it go on into the broken gang.
+  cluster.Release("survivor");
 
   auto done = cluster.WaitForFinal(id, absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
@@ -230,19 +236,17 @@ TEST(RecoveryTest, StalledRankIsRestartedAsAHang) {
 
 TEST(RecoveryTest, CoordinatorKilledMidJobComesBackAndTheJobSucceeds) {
   Cluster cluster(Workers(2));
-  auto submitted = cluster.Submit(RecoveryJob("durable", "2", 400));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
-    return job.state() == v1::RUNNING && job.committed_step() >= 25;
-  });
+  auto running = SubmitAndHold(cluster, "durable", RecoveryJob("durable", "2", 400), 30, 25);
   ASSERT_TRUE(running.ok()) << running.status();
   // Acknowledged just before the crash: it must exist after.
   auto queued = cluster.Submit(SyntheticJobYaml("acknowledged", 5));
   ASSERT_TRUE(queued.ok()) << queued.status();
   cluster.KillCoordinator(SIGKILL);
+  // The trainers train on while the coordinator is down, and report once it is back.
+  cluster.Release("durable");
   cluster.StartCoordinator();
 
-  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  auto done = cluster.WaitForFinal(running->id(), absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   // The trainers kept training and reported again: the same attempt, never a second one.
@@ -257,7 +261,8 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   Cluster cluster(Workers(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("elastic-reference", "3", 400));
 
-  auto running = SubmitAndRunPast(cluster, RecoveryJob("elastic", "{min: 2, max: 3}", 400), 50);
+  auto running =
+      SubmitAndHold(cluster, "elastic", RecoveryJob("elastic", "{min: 2, max: 3}", 400), 60, 50);
   ASSERT_TRUE(running.ok()) << running.status();
   const std::string id = running->id();
   ASSERT_EQ(running->progress().world_size(), 3);
@@ -267,6 +272,7 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   ASSERT_TRUE(trainer.has_value());
   cluster.worker(victim).Signal(SIGKILL);
   kill(*trainer, SIGKILL);
+  cluster.Release("elastic");
 
   auto done = cluster.WaitForFinal(id, absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
@@ -293,14 +299,18 @@ int64_t StoppedAtStep(const Job& job, int64_t generation) {
   return -1;
 }
 
-// Preempts the worker running rank 0 of the job's current attempt once it has committed a
-// checkpoint, by `preempt(worker index)`, and checks that the next attempt starts exactly where
-// the gang stopped. Returns the preempted worker's index.
+// Every attempt of a preempted job is held this many updates after it starts (Cluster::Hold),
+// so that the notice always lands mid-run, however fast the machine trains.
+constexpr int64_t kHeldAfter = 30;
+
+// Preempts the worker running rank 0 of the job's current attempt, held kHeldAfter updates in
+// (the caller holds the job), by `preempt(worker index)`, and checks that the next attempt
+// starts exactly where the gang stopped. Returns the preempted worker's index.
 int PreemptAndCheckNoStepLost(Cluster& cluster, const std::string& id, int64_t generation,
                               const std::function<void(int)>& preempt) {
   auto running = cluster.WaitFor(id, [generation](const Job& job) {
     return job.state() == v1::RUNNING && job.generation() == generation &&
-           job.progress().step() >= job.progress().attempt_start_step() + 30;
+           job.progress().step() == job.progress().attempt_start_step() + kHeldAfter;
   });
   EXPECT_TRUE(running.ok()) << running.status();
   if (!running.ok() || running->state() != v1::RUNNING) return -1;
@@ -327,10 +337,12 @@ int PreemptAndCheckNoStepLost(Cluster& cluster, const std::string& id, int64_t g
 TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing) {
   Cluster cluster(Workers(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("sigterm-reference", "2", 1000));
+  cluster.Hold("sigterm", kHeldAfter);
   auto submitted = cluster.Submit(RecoveryJob("sigterm", "2", 1000));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const int victim = PreemptAndCheckNoStepLost(
       cluster, submitted->id(), 1, [&](int worker) { cluster.worker(worker).Signal(SIGTERM); });
+  cluster.Release("sigterm");
   auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
@@ -343,12 +355,14 @@ TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing)
 
 TEST(RecoveryTest, ThreePreemptionsInARowStillSucceed) {
   Cluster cluster(Workers(4));
+  cluster.Hold("spot", kHeldAfter);
   auto submitted = cluster.Submit(RecoveryJob("spot", "1", 8000));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   for (int generation = 1; generation <= 3; ++generation) {
     PreemptAndCheckNoStepLost(cluster, submitted->id(), generation,
                               [&](int worker) { cluster.worker(worker).Signal(SIGTERM); });
   }
+  cluster.Release("spot");
   auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
@@ -379,11 +393,14 @@ TEST_P(NoticeUrlTest, CloudNoticeActsLikeSigterm) {
       gce ? "/computeMetadata/v1/instance/preempted" : "/latest/meta-data/spot/instance-action"));
   options.worker_args.push_back("--preemption_poll_interval=200ms");
   Cluster cluster(options);
-  auto submitted = cluster.Submit(RecoveryJob(absl::StrCat("notice-", GetParam()), "2", 1000));
+  const std::string name = absl::StrCat("notice-", GetParam());
+  cluster.Hold(name, kHeldAfter);
+  auto submitted = cluster.Submit(RecoveryJob(name, "2", 1000));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   PreemptAndCheckNoStepLost(cluster, submitted->id(), 1, [&](int worker) {
     std::ofstream(absl::StrCat(flags.path(), "/worker-", worker)) << "preempted\n";
   });
+  cluster.Release(name);
   auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
