@@ -46,11 +46,15 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
         w.last_seen_unix_ms() == 0
             ? "-"
             : ShortAge(now - absl::FromUnixMillis(w.last_seen_unix_ms())) + " ago";
-    rows.push_back({w.id(), w.address(), WorkerStateName(w.state()),
+    // Host and process id: what a person needs to signal (preempt, kill) a worker's agent.
+    rows.push_back({w.id(), w.address(), w.hostname().empty() ? "-" : w.hostname(),
+                    w.pid() > 0 ? absl::StrCat(w.pid()) : "-", WorkerStateName(w.state()),
                     absl::StrCat(w.slots_used(), "/", w.slots()),
-                    absl::StrCat(w.gpus_used(), "/", w.gpus()), seen});
+                    absl::StrCat(w.gpus_used(), "/", w.gpus()), seen,
+                    w.task_ids().empty() ? "-" : absl::StrJoin(w.task_ids(), ",")});
   }
-  return Table({"ID", "ADDRESS", "STATE", "SLOTS", "GPUS", "LAST SEEN"}, rows);
+  return Table({"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "LAST SEEN", "TASKS"},
+               rows);
 }
 
 std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints, absl::TimeZone zone) {

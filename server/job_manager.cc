@@ -572,6 +572,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   info.set_gpus(request.gpus());
   info.set_memory_bytes(request.memory_bytes());
   info.set_hostname(request.hostname());
+  info.set_pid(request.pid());
   info.set_state(v1::READY);
   info.set_registered_unix_ms(now_ms);
   info.set_last_seen_unix_ms(now_ms);

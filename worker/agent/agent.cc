@@ -1,5 +1,7 @@
 #include "worker/agent/agent.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <string>
 #include <thread>
@@ -155,6 +157,7 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   request.set_gpus(options_.gpus);
   request.set_memory_bytes(options_.memory_bytes);
   request.set_hostname(options_.hostname);
+  request.set_pid(static_cast<int32_t>(getpid()));
   for (v1::TaskStatus& status : reconciler_.Statuses()) *request.add_tasks() = std::move(status);
   v1::RegisterWorkerResponse response;
   grpc::ClientContext context;
