@@ -211,7 +211,8 @@ int RunLocalCluster(const LocalClusterOptions& options) {
             << "In another terminal:\n"
             << "  export TRAINYARD_COORDINATOR=" << address << "\n"
             << "  trainyard workers\n"
-            << "  trainyard submit examples/synthetic-mlp.yaml --wait\n\n"
+            << "  trainyard submit examples/synthetic-mlp.yaml --wait\n"
+            << "  kill -TERM PID   # preempt a worker (PID from `trainyard workers`); -9 loses it\n\n"
             << "Press Ctrl-C to stop.\n"
             << std::flush;
 
@@ -223,8 +224,15 @@ int RunLocalCluster(const LocalClusterOptions& options) {
       std::cout << "\nStopping...\n" << std::flush;
       break;
     }
-    if (ReapDead(children) != nullptr) {
-      std::cerr << "trainyard up: shutting down the rest\n";
+    // A worker that dies is a machine lost, as on a real cluster: its jobs restart on the
+    // others, and it stays down. Only the coordinator's end stops the whole cluster.
+    Child* dead = nullptr;
+    while ((dead = ReapDead(children)) != nullptr && dead != &coordinator) {
+      std::cerr << "trainyard up: " << dead->name
+                << " stays down; the coordinator and the other workers go on\n";
+    }
+    if (dead == &coordinator) {
+      std::cerr << "trainyard up: the coordinator is gone; shutting down the workers\n";
       exit_code = 1;
       break;
     }

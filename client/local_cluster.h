@@ -18,9 +18,12 @@ struct LocalClusterOptions {
 };
 
 // `trainyard up`: runs a coordinator and `workers` worker agents on this machine in the
-// foreground until SIGINT/SIGTERM, then stops the workers (SIGTERM, wait), then the coordinator.
-// Their logs go to {state_dir}/logs/. Returns the exit code: 0 after a requested shutdown,
-// 1 if a child died on its own or could not be started. Call from the main thread.
+// foreground until SIGINT/SIGTERM, then stops the workers (SIGINT, wait), then the coordinator.
+// A worker that exits or is killed meanwhile is reported on stderr (name, exit, the end of its
+// log) and stays down while the rest go on, as a lost machine would; the coordinator's end stops
+// everything. Their logs go to {state_dir}/logs/. Returns the exit code: 0 after a requested
+// shutdown, 1 if the coordinator died on its own or a child could not be started. Call from the
+// main thread.
 int RunLocalCluster(const LocalClusterOptions& options);
 
 // The port in a coordinator port file ("7070", "127.0.0.1:7070", with or without a newline).

@@ -1,0 +1,215 @@
+// `trainyard up`, the local cluster people try Trainyard on: a worker that dies is reported and
+// stays down while the coordinator and the other workers go on, and a job running on it recovers
+// on the spare worker, as on a real cluster.
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
+
+namespace trainyard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using trainyard::v1::Job;
+
+constexpr char kJobName[] = "up-recovery";
+
+std::string JobYaml() {
+  return absl::StrCat("name: ", kJobName, R"(
+strategy: data_parallel
+workers: 2
+model: {builtin: mlp, args: {inputs: 16, hidden: [32], classes: 4}}
+data: {synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}}
+batch_size: 32
+optimizer: {name: sgd, lr: 0.05}
+seed: 3
+collective_timeout: 20s
+checkpoint: {every_steps: 10}
+max_steps: 200
+)");
+}
+
+// The workers the coordinator knows, or an empty list while it cannot be asked.
+std::vector<v1::Worker> ListWorkers(v1::JobService::Stub& jobs) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListWorkersResponse response;
+  if (!jobs.ListWorkers(&context, v1::ListWorkersRequest(), &response).ok()) return {};
+  return {response.workers().begin(), response.workers().end()};
+}
+
+std::string CommandLine(pid_t pid) {
+  std::string text = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  for (char& c : text) c = c == '\0' ? ' ' : c;
+  return text;
+}
+
+TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
+  TempDir dir;
+  const std::string state_dir = dir.path() + "/up";
+  const std::string hold_dir = dir.path() + "/holds";
+  std::filesystem::create_directories(hold_dir);
+  Process up({BinDir() + "/trainyard", "up", "--workers", "3", "--slots", "1", "--port", "0",
+              "--state_dir", state_dir},
+             dir.path() + "/up.log", {{kTestHoldDirEnv, hold_dir}});
+
+  int port = 0;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return absl::SimpleAtoi(
+                   absl::StripAsciiWhitespace(ReadFile(state_dir + "/coordinator.port")), &port) &&
+               port > 0;
+      },
+      absl::Seconds(30)))
+      << up.Log();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto jobs = v1::JobService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::vector<v1::Worker> workers;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        workers = ListWorkers(*jobs);
+        int ready = 0;
+        for (const v1::Worker& w : workers) ready += w.state() == v1::READY;
+        return ready == 3;
+      },
+      absl::Seconds(30)))
+      << up.Log();
+
+  // The job is held mid-run (after a committed checkpoint) until the worker is gone.
+  SetTestHold(hold_dir, kJobName, 25);
+  const std::string spec_path = dir.path() + "/job.yaml";
+  {
+    std::ofstream(spec_path) << JobYaml();
+  }
+  const auto submit = RunCli(address, dir.path(), {"submit", spec_path});
+  ASSERT_EQ(submit.exit_code, 0) << submit.output;
+  const std::string id = submit.FirstLine();
+  auto held = WatchJobUntil(
+      *jobs, id,
+      [](const Job& job) {
+        return job.state() == v1::RUNNING && job.progress().step() == 25 &&
+               job.committed_step() >= 20;
+      },
+      absl::Seconds(120));
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  // `trainyard workers` shows each agent's host and process id, and the tasks it runs.
+  workers = ListWorkers(*jobs);
+  const auto listed = RunCli(address, dir.path(), {"workers"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  std::string victim;
+  pid_t victim_pid = 0;
+  for (const v1::Worker& w : workers) {
+    ASSERT_GT(w.pid(), 0) << w.id();
+    EXPECT_THAT(listed.output, HasSubstr(absl::StrCat(" ", w.pid(), " ")));
+    EXPECT_THAT(CommandLine(w.pid()), HasSubstr("--name=" + w.id())) << "pid " << w.pid();
+    for (const std::string& task : w.task_ids()) {
+      if (task == absl::StrCat(id, ".g1.r1")) {
+        victim = w.id();
+        victim_pid = w.pid();
+      }
+    }
+  }
+  ASSERT_FALSE(victim.empty()) << listed.output;
+  EXPECT_THAT(listed.output, HasSubstr(absl::StrCat(id, ".g1.r1")));
+
+  // The machine of rank 1 vanishes. Its trainer dies with its agent (parent-death signal).
+  ASSERT_EQ(kill(victim_pid, SIGKILL), 0);
+  ClearTestHold(hold_dir, kJobName);
+  auto done = WatchJobUntil(
+      *jobs, id,
+      [](const Job& job) {
+        return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+               job.state() == v1::CANCELLED;
+      },
+      absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ASSERT_EQ(done->restarts_size(), 1);
+  EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST) << done->restarts(0).message();
+  EXPECT_GE(done->restarts(0).resumed_step(), held->committed_step());
+  for (const v1::TaskInfo& t : done->tasks()) {
+    if (t.generation() == 2) {
+      EXPECT_NE(t.worker_id(), victim);
+    }
+  }
+
+  // Reported, and the rest of the cluster went on.
+  EXPECT_TRUE(up.running());
+  const std::string log = up.Log();
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(victim, " killed by signal 9")));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(victim, " stays down")));
+  int ready = 0;
+  for (const v1::Worker& w : ListWorkers(*jobs)) ready += w.state() == v1::READY;
+  EXPECT_EQ(ready, 2);
+
+  // Ctrl-C stops what is left, cleanly.
+  up.Signal(SIGINT);
+  std::optional<int> status = up.Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << up.Log();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << up.Log();
+  for (const v1::Worker& w : workers) EXPECT_FALSE(ProcessAlive(w.pid())) << w.id();
+}
+
+// The coordinator's end still stops the whole local cluster, with a non-zero exit.
+TEST(LocalClusterTest, TheCoordinatorsEndStopsEverything) {
+  TempDir dir;
+  const std::string state_dir = dir.path() + "/up";
+  Process up({BinDir() + "/trainyard", "up", "--workers", "2", "--slots", "1", "--port", "0",
+              "--state_dir", state_dir},
+             dir.path() + "/up.log");
+  int port = 0;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return absl::SimpleAtoi(
+                   absl::StripAsciiWhitespace(ReadFile(state_dir + "/coordinator.port")), &port) &&
+               port > 0;
+      },
+      absl::Seconds(30)))
+      << up.Log();
+  auto jobs = v1::JobService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                          grpc::InsecureChannelCredentials()));
+  std::vector<v1::Worker> workers;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        workers = ListWorkers(*jobs);
+        return workers.size() == 2;
+      },
+      absl::Seconds(30)))
+      << up.Log();
+  std::optional<pid_t> coordinator;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    const std::string command = CommandLine(pid);
+    if (absl::StrContains(command, "trainyard-coordinator") &&
+        absl::StrContains(command, "--state_dir=" + state_dir)) {
+      coordinator = pid;
+    }
+  }
+  ASSERT_TRUE(coordinator.has_value());
+  ASSERT_EQ(kill(*coordinator, SIGKILL), 0);
+  std::optional<int> status = up.Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << up.Log();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << up.Log();
+  EXPECT_THAT(up.Log(), HasSubstr("the coordinator is gone"));
+  for (const v1::Worker& w : workers) EXPECT_FALSE(ProcessAlive(w.pid())) << w.id();
+}
+
+}  // namespace
+}  // namespace trainyard::testing
