@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The local demo: a coordinator and two workers on this machine, a dataset, a real training job
-# followed to the end, then a clean shutdown (also on Ctrl-C).
+# The local demo: a coordinator and three workers on this machine, a dataset, a data-parallel job
+# on two of them; one of those is preempted mid-run (SIGTERM to its agent) and the job restarts on
+# the spare from the step it saved at, losing none. Exit code 0 only when all of that happened.
+# Then a clean shutdown (also on Ctrl-C).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,12 +39,12 @@ stop_if_interrupted() {
   fi
 }
 
-echo "==> Starting a local cluster (coordinator and 2 workers) in $work/cluster"
-"$bin/trainyard" up --workers 2 --port "$port" --state_dir "$work/cluster" >"$work/cluster.log" 2>&1 &
+echo "==> Starting a local cluster (a coordinator and 3 workers) in $work/cluster"
+"$bin/trainyard" up --workers 3 --port "$port" --state_dir "$work/cluster" >"$work/cluster.log" 2>&1 &
 cluster_pid=$!
 
 deadline=$((SECONDS + 60))
-until "$bin/trainyard" workers 2>/dev/null | grep -c READY | grep -q '^2$'; do
+until "$bin/trainyard" workers 2>/dev/null | grep -c READY | grep -q '^3$'; do
   if ! kill -0 "$cluster_pid" 2>/dev/null || [ $SECONDS -gt $deadline ]; then
     echo "demo: the cluster did not come up; its log:" >&2
     cat "$work/cluster.log" >&2
@@ -54,28 +56,32 @@ done
 "$bin/trainyard" workers
 
 echo
-echo "==> Writing a small dataset to $work/data"
+echo "==> Writing a dataset (60,000 samples in 4 safetensors shards) to $work/data"
 /usr/bin/python3 "$here/examples/write_dataset.py" --out-dir "$work/data" --samples 60000 \
-  --features 32 --classes 4 --noise 4 --files 4 --seed 1
+  --features 32 --classes 4 --noise 4 --files 4 --seed 1 >/dev/null
 stop_if_interrupted
 
 spec="$work/demo-job.yaml"
-sed "s|examples/data/|$work/data/|" "$here/examples/safetensors-mlp.yaml" >"$spec"
+sed "s|examples/data/|$work/data/|" "$here/examples/data-parallel-mlp.yaml" >"$spec"
 echo
-echo "==> Submitting $spec"
-cat "$spec"
-echo
-status=0
-"$bin/trainyard" submit "$spec" --wait || status=$?
+echo "==> Submitting a data-parallel job on 2 of the 3 workers ($spec)"
+job=$("$bin/trainyard" submit "$spec" | head -1)
+echo "    job $job"
+follow=(/usr/bin/python3 "$here/scripts/demo_follow.py" "$bin/trainyard" "$job")
+read -r victim victim_pid < <("${follow[@]}" checkpoint)
 stop_if_interrupted
 
 echo
-echo "==> The job"
-"$bin/trainyard" jobs
-job=$("$bin/trainyard" jobs -o json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["id"])')
+echo "==> Preempting $victim: SIGTERM to its agent (pid $victim_pid), as a spot machine's notice would"
+kill -TERM "$victim_pid"
+"${follow[@]}" end
+stop_if_interrupted
+
+echo
+echo "==> trainyard describe $job"
 "$bin/trainyard" describe "$job"
 echo
-"$bin/trainyard" checkpoints "$job"
-echo
+status=0
+"${follow[@]}" check "$victim" || status=1
 echo "Cluster state, logs and checkpoints are kept in $work"
 exit $status
