@@ -266,17 +266,6 @@ void Cluster::Hold(const std::string& job_name, int64_t updates) {
 
 void Cluster::Release(const std::string& job_name) { ClearTestHold(hold_dir_, job_name); }
 
-absl::StatusOr<Job> Cluster::WaitUntilHeld(const std::string& id, int64_t updates,
-                                           absl::Duration timeout) {
-  return WaitFor(
-      id,
-      [updates](const Job& job) {
-        return job.state() == v1::RUNNING &&
-               job.progress().step() == job.progress().attempt_start_step() + updates;
-      },
-      timeout);
-}
-
 void Cluster::KillCoordinator(int sig) {
   job_stub_.reset();
   coordinator_->Signal(sig);

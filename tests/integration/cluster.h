@@ -116,10 +116,6 @@ class Cluster {
   // read it through TRAINYARD_TEST_HOLD_DIR, which every worker of the cluster gets.
   void Hold(const std::string& job_name, int64_t updates);
   void Release(const std::string& job_name);
-  // Waits until the job's current attempt is held by Hold: RUNNING, with its progress reported
-  // at the held step. Returns the job then.
-  absl::StatusOr<trainyard::v1::Job> WaitUntilHeld(const std::string& id, int64_t updates,
-                                                   absl::Duration timeout = absl::Seconds(120));
 
   // A trainer process of a task, from the pid file the worker writes in the task folder.
   std::optional<pid_t> TrainerPid(int worker, const std::string& task_id) const;
