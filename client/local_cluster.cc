@@ -198,23 +198,23 @@ int RunLocalCluster(const LocalClusterOptions& options) {
     children.push_back({name, *pid, worker.output_file});
   }
 
-  std::cout << "Trainyard is running: coordinator at " << address << ", " << workers
-            << " workers (worker-1..worker-" << workers << ") with " << slots << " slots each"
-            << (gpus > 0 ? absl::StrCat(", ", gpus, " GPUs on worker-1") : "") << ".\n"
-            << "State and logs: " << state_dir << "\n"
-            << (metrics_base == 0
-                    ? std::string()
-                    : absl::StrCat("Metrics: http://127.0.0.1:", metrics_base,
-                                   "/metrics (coordinator), ports ", metrics_port(1), "-",
-                                   metrics_port(workers), " (workers)\n"))
-            << "\n"
-            << "In another terminal:\n"
-            << "  export TRAINYARD_COORDINATOR=" << address << "\n"
-            << "  trainyard workers\n"
-            << "  trainyard submit examples/synthetic-mlp.yaml --wait\n"
-            << "  kill -TERM PID   # preempt a worker (PID from `trainyard workers`); -9 loses it\n\n"
-            << "Press Ctrl-C to stop.\n"
-            << std::flush;
+  std::cout
+      << "Trainyard is running: coordinator at " << address << ", " << workers
+      << " workers (worker-1..worker-" << workers << ") with " << slots << " slots each"
+      << (gpus > 0 ? absl::StrCat(", ", gpus, " GPUs on worker-1") : "") << ".\n"
+      << "State and logs: " << state_dir << "\n"
+      << (metrics_base == 0 ? std::string()
+                            : absl::StrCat("Metrics: http://127.0.0.1:", metrics_base,
+                                           "/metrics (coordinator), ports ", metrics_port(1), "-",
+                                           metrics_port(workers), " (workers)\n"))
+      << "\n"
+      << "In another terminal:\n"
+      << "  export TRAINYARD_COORDINATOR=" << address << "\n"
+      << "  trainyard workers\n"
+      << "  trainyard submit examples/synthetic-mlp.yaml --wait\n"
+      << "  kill -TERM PID   # preempt a worker (PID from `trainyard workers`); -9 loses it\n\n"
+      << "Press Ctrl-C to stop.\n"
+      << std::flush;
 
   int exit_code = 0;
   while (true) {

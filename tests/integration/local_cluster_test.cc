@@ -77,8 +77,8 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
       absl::Seconds(30)))
       << up.Log();
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  auto jobs = v1::JobService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto jobs =
+      v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   std::vector<v1::Worker> workers;
   ASSERT_TRUE(PollUntil(
       [&] {
@@ -93,9 +93,7 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
   // The job is held mid-run (after a committed checkpoint) until the worker is gone.
   SetTestHold(hold_dir, kJobName, 25);
   const std::string spec_path = dir.path() + "/job.yaml";
-  {
-    std::ofstream(spec_path) << JobYaml();
-  }
+  { std::ofstream(spec_path) << JobYaml(); }
   const auto submit = RunCli(address, dir.path(), {"submit", spec_path});
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
   const std::string id = submit.FirstLine();
@@ -182,8 +180,8 @@ TEST(LocalClusterTest, TheCoordinatorsEndStopsEverything) {
       },
       absl::Seconds(30)))
       << up.Log();
-  auto jobs = v1::JobService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                          grpc::InsecureChannelCredentials()));
+  auto jobs = v1::JobService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   std::vector<v1::Worker> workers;
   ASSERT_TRUE(PollUntil(
       [&] {
