@@ -265,8 +265,7 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
     TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
     TY_RETURN_IF_ERROR(ParseResources(root["resources"]));
-    TY_RETURN_IF_ERROR(Int32(root, "", "parameter_servers",
-                             [this](int32_t v) { spec_.set_parameter_servers(v); }));
+    TY_RETURN_IF_ERROR(ParseParameterServers(root["parameter_servers"]));
     TY_RETURN_IF_ERROR(ParseModel(root["model"]));
     TY_RETURN_IF_ERROR(ParseData(root["data"]));
     TY_RETURN_IF_ERROR(Positive<int32_t>(root, "", "batch_size", "must be > 0",
@@ -338,6 +337,36 @@ class SpecParser {
     if (workers.max() == 0) workers.set_max(workers.min());
     if (workers.min() == 0) workers.set_min(1);
     return absl::OkStatus();
+  }
+
+  // `parameter_servers: N` is {shards: N, mode: sync}.
+  absl::Status ParseParameterServers(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    const std::string path = "parameter_servers";
+    v1::ParameterServerSpec& ps = *spec_.mutable_parameter_servers();
+    if (node.IsScalar()) {
+      absl::StatusOr<int32_t> n = ReadInt32(node, path);
+      if (!n.ok()) return n.status();
+      if (*n < 1) return FieldError(path, "must be >= 1");
+      ps.set_shards(*n);
+      return absl::OkStatus();
+    }
+    if (!node.IsMap()) {
+      return FieldError(path, absl::StrCat("expected a number or {shards, mode, max_staleness, "
+                                           "dense, slots}, got ",
+                                           Describe(node)));
+    }
+    TY_RETURN_IF_ERROR(
+        CheckKeys(node, path, {"shards", "mode", "max_staleness", "dense", "slots"}));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "shards", "must be >= 1",
+                                         [&](int32_t v) { ps.set_shards(v); }));
+    TY_RETURN_IF_ERROR(String(node, path, "mode", ps.mutable_mode()));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "max_staleness",
+                                         "must be >= 1 (mode sync keeps workers in lock step)",
+                                         [&](int32_t v) { ps.set_max_staleness(v); }));
+    TY_RETURN_IF_ERROR(String(node, path, "dense", ps.mutable_dense()));
+    return Positive<int32_t>(node, path, "slots", "must be >= 1",
+                             [&](int32_t v) { ps.set_slots(v); });
   }
 
   absl::Status ParseResources(const YAML::Node& node) {
@@ -674,8 +703,15 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   } else if (workers.min() == 0) {
     workers.set_min(1);
   }
-  if (spec.strategy() == v1::PARAMETER_SERVER && spec.parameter_servers() == 0) {
-    spec.set_parameter_servers(1);
+  if (spec.strategy() == v1::PARAMETER_SERVER) {
+    v1::ParameterServerSpec& ps = *spec.mutable_parameter_servers();
+    if (ps.shards() == 0) ps.set_shards(1);
+    if (ps.mode().empty()) ps.set_mode("sync");
+    if (ps.mode() == "async" && ps.max_staleness() == 0) {
+      ps.set_max_staleness(kDefaultMaxStaleness);
+    }
+    if (ps.dense().empty()) ps.set_dense("shards");
+    if (ps.slots() == 0) ps.set_slots(1);
   }
   if (spec.loss().empty()) spec.set_loss("cross_entropy");
   v1::DataSpec& data = *spec.mutable_data();
@@ -700,10 +736,38 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (spec.collective_timeout_seconds() == 0) {
     spec.set_collective_timeout_seconds(kDefaultCollectiveTimeoutSeconds);
   }
-  if (spec.stall_timeout_seconds() == 0) spec.set_stall_timeout_seconds(kDefaultStallTimeoutSeconds);
+  if (spec.stall_timeout_seconds() == 0)
+    spec.set_stall_timeout_seconds(kDefaultStallTimeoutSeconds);
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
   if (spec.bucket_size_mb() == 0) spec.set_bucket_size_mb(kDefaultBucketSizeMb);
 }
+
+namespace {
+
+absl::Status ValidateParameterServers(const v1::ParameterServerSpec& ps) {
+  const std::string path = "parameter_servers";
+  if (ps.shards() < 1 || ps.shards() > kMaxParameterServerShards) {
+    return FieldError(path + ".shards",
+                      absl::StrCat("must be between 1 and ", kMaxParameterServerShards));
+  }
+  if (ps.mode() != "sync" && ps.mode() != "async") {
+    return FieldError(path + ".mode", absl::StrCat("must be sync or async, got '", ps.mode(), "'"));
+  }
+  if (ps.mode() == "sync" && ps.max_staleness() != 0) {
+    return FieldError(path + ".max_staleness", "only with mode async");
+  }
+  if (ps.mode() == "async" && ps.max_staleness() < 1) {
+    return FieldError(path + ".max_staleness", "must be >= 1");
+  }
+  if (ps.dense() != "shards" && ps.dense() != "allreduce") {
+    return FieldError(path + ".dense",
+                      absl::StrCat("must be shards or allreduce, got '", ps.dense(), "'"));
+  }
+  if (ps.slots() < 1) return FieldError(path + ".slots", "must be >= 1");
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.name().empty()) return FieldError("name", "required");
@@ -722,12 +786,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.resources().gpus_per_worker() < 0) {
     return FieldError("resources.gpus_per_worker", "must be >= 0");
   }
-  if (spec.parameter_servers() < 0) return FieldError("parameter_servers", "must be >= 0");
-  if (spec.parameter_servers() > 0 && strategy != v1::PARAMETER_SERVER) {
+  if (spec.has_parameter_servers() && strategy != v1::PARAMETER_SERVER) {
     return FieldError("parameter_servers", "only with strategy parameter_server");
   }
-  if (strategy == v1::PARAMETER_SERVER && spec.parameter_servers() < 1) {
-    return FieldError("parameter_servers", "must be >= 1 with strategy parameter_server");
+  if (strategy == v1::PARAMETER_SERVER) {
+    absl::Status status = ValidateParameterServers(spec.parameter_servers());
+    if (!status.ok()) return status;
   }
 
   absl::Status status = ValidateModel(spec.model());
@@ -736,7 +800,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!status.ok()) return status;
 
   if (spec.batch_size() <= 0) return FieldError("batch_size", "must be > 0");
-  if (strategy == v1::DATA_PARALLEL && spec.batch_size() % workers.max() != 0) {
+  if (strategy != v1::SINGLE && spec.batch_size() % workers.max() != 0) {
     return FieldError("batch_size", absl::StrCat(spec.batch_size(), " does not divide across ",
                                                  workers.max(), " workers"));
   }

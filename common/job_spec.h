@@ -19,23 +19,30 @@ namespace trainyard {
 // Every key is checked (unknown keys are refused, with a suggestion when one is close); list
 // items are named like "model.args.hidden[1]". A null value ("key:" with nothing) means unset.
 // Short forms: `workers: N` is {min: N, max: N}; `workers: {max: N}` is {min: 1, max: N};
-// `workers: {min: N}` is {min: N, max: N}; `optimizer: adam` and `schedule: cosine` name only;
-// `hidden: 64` is [64]; `max_runtime`, `collective_timeout` and `stall_timeout` take a duration ("12h", see
-// ParseDurationSeconds) or plain seconds; integer fields accept integral numbers such as 1e4.
-// max_steps and epochs may both be set: training stops at whichever comes first.
+// `workers: {min: N}` is {min: N, max: N}; `parameter_servers: N` is {shards: N};
+// `optimizer: adam` and `schedule: cosine` name only;
+// `hidden: 64` is [64]; `max_runtime`, `collective_timeout` and `stall_timeout` take a duration
+// ("12h", see ParseDurationSeconds) or plain seconds; integer fields accept integral numbers such
+// as 1e4. max_steps and epochs may both be set: training stops at whichever comes first.
 //
 // YAML-only defaults and checks, since a zero in the proto cannot be told from "unset":
 // adamw without weight_decay gets 0.01 (an explicit 0 stays 0), and explicit zeros are refused
 // for fields whose zero means "default": batch_size, workers, checkpoint.keep_last,
-// log_every_steps, optimizer.lr, optimizer.eps, accumulate_steps, bucket_size_mb.
+// log_every_steps, optimizer.lr, optimizer.eps, accumulate_steps, bucket_size_mb,
+// parameter_servers (shards, max_staleness, slots).
 absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
 // stall_timeout when a spec leaves it unset (zero): 10 minutes.
 inline constexpr int64_t kDefaultStallTimeoutSeconds = 600;
+// parameter_servers.max_staleness of an async job that leaves it unset.
+inline constexpr int32_t kDefaultMaxStaleness = 4;
+// The most parameter-server shards a job may have.
+inline constexpr int32_t kMaxParameterServerShards = 256;
 
 // Fills defaults in place. Idempotent. Zero/empty means unset:
-//   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); parameter_servers 1 for
-//   the parameter_server strategy; loss cross_entropy; data.features "x", data.labels "y",
+//   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); for the
+//   parameter_server strategy parameter_servers {shards: 1, mode: sync, dense: shards, slots: 1}
+//   and max_staleness 4 in mode async; loss cross_entropy; data.features "x", data.labels "y",
 //   data.shuffle true; optimizer.name sgd, lr 0.01, schedule constant; for adam/adamw betas
 //   0.9/0.999 (when both are 0) and eps 1e-8; checkpoint.keep_last 3 (every_steps 0 = only at
 //   the end); log_every_steps 10; batch_size 32; collective_timeout 60 s; stall_timeout 10 min;

@@ -105,6 +105,34 @@ INSTANTIATE_TEST_SUITE_P(
                 "batch_size: 100 does not divide across 3 workers"},
         BadSpec{{{"parameter_servers", "2"}},
                 "parameter_servers: only with strategy parameter_server"},
+        BadSpec{{{"strategy", "data_parallel"}, {"parameter_servers", "{shards: 2}"}},
+                "parameter_servers: only with strategy parameter_server"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "0"}},
+                "parameter_servers: must be >= 1"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "[2]"}},
+                "parameter_servers: expected a number or {shards, mode, max_staleness, dense, "
+                "slots}, got a list"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{shards: 0}"}},
+                "parameter_servers.shards: must be >= 1"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{shards: 300}"}},
+                "parameter_servers.shards: must be between 1 and 256"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{mode: eventual}"}},
+                "parameter_servers.mode: must be sync or async, got 'eventual'"},
+        BadSpec{{{"strategy", "parameter_server"},
+                 {"parameter_servers", "{shards: 2, max_staleness: 4}"}},
+                "parameter_servers.max_staleness: only with mode async"},
+        BadSpec{{{"strategy", "parameter_server"},
+                 {"parameter_servers", "{mode: async, max_staleness: 0}"}},
+                "parameter_servers.max_staleness: must be >= 1 (mode sync keeps workers in lock "
+                "step)"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{dense: gossip}"}},
+                "parameter_servers.dense: must be shards or allreduce, got 'gossip'"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{slots: 0}"}},
+                "parameter_servers.slots: must be >= 1"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{shard: 2}"}},
+                "parameter_servers.shard: unknown key (did you mean 'shards'?)"},
+        BadSpec{{{"strategy", "parameter_server"}, {"workers", "3"}, {"batch_size", "100"}},
+                "batch_size: 100 does not divide across 3 workers"},
         BadSpec{{{"resources", "{gpus_per_worker: -1}"}},
                 "resources.gpus_per_worker: must be >= 0"},
         // Model.
@@ -216,7 +244,6 @@ name: mnist-mlp
 strategy: data_parallel          # single | data_parallel | parameter_server
 workers: {min: 2, max: 4}        # or a number; ranks placed all at once (gang)
 resources: {gpus_per_worker: 0}  # 0 = CPU
-parameter_servers: 0             # parameter_server strategy only
 model:
   builtin: mlp                   # or torchscript: s3://bucket/models/net.pt
   args: {inputs: 784, hidden: [256, 128], classes: 10}
@@ -244,7 +271,7 @@ TEST(JobSpecTest, DesignExampleParses) {
   EXPECT_EQ(spec.workers().min(), 2);
   EXPECT_EQ(spec.workers().max(), 4);
   EXPECT_EQ(spec.resources().gpus_per_worker(), 0);
-  EXPECT_EQ(spec.parameter_servers(), 0);
+  EXPECT_FALSE(spec.has_parameter_servers());
   EXPECT_EQ(spec.model().builtin(), "mlp");
   EXPECT_EQ(spec.model().args().inputs(), 784);
   ASSERT_EQ(spec.model().args().hidden_size(), 2);
@@ -345,7 +372,11 @@ TEST(JobSpecTest, ApplyDefaultsOnProtoSpecs) {
   ApplyJobSpecDefaults(spec);
   EXPECT_EQ(spec.workers().min(), 1);
   EXPECT_EQ(spec.workers().max(), 4);
-  EXPECT_EQ(spec.parameter_servers(), 1);
+  EXPECT_EQ(spec.parameter_servers().shards(), 1);
+  EXPECT_EQ(spec.parameter_servers().mode(), "sync");
+  EXPECT_EQ(spec.parameter_servers().max_staleness(), 0);
+  EXPECT_EQ(spec.parameter_servers().dense(), "shards");
+  EXPECT_EQ(spec.parameter_servers().slots(), 1);
   EXPECT_DOUBLE_EQ(spec.optimizer().beta1(), 0.9);
   EXPECT_DOUBLE_EQ(spec.optimizer().beta2(), 0.999);
   EXPECT_DOUBLE_EQ(spec.optimizer().eps(), 1e-8);
@@ -402,6 +433,40 @@ TEST(JobSpecTest, ShortForms) {
   EXPECT_EQ(spec->workers().max(), 2);
 }
 
+TEST(JobSpecTest, ParameterServerForms) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(
+      Spec({{"strategy", "parameter_server"}, {"workers", "4"}, {"parameter_servers", "3"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parameter_servers().shards(), 3);
+  EXPECT_EQ(spec->parameter_servers().mode(), "sync");
+  EXPECT_EQ(spec->parameter_servers().max_staleness(), 0);
+  EXPECT_EQ(spec->parameter_servers().dense(), "shards");
+  EXPECT_EQ(spec->parameter_servers().slots(), 1);
+
+  // Left out entirely, a parameter_server job has one synchronous shard.
+  spec = ParseJobSpecYaml(Spec({{"strategy", "parameter_server"}, {"workers", "2"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parameter_servers().shards(), 1);
+  EXPECT_EQ(spec->parameter_servers().mode(), "sync");
+
+  spec = ParseJobSpecYaml(Spec({{"strategy", "parameter_server"},
+                                {"workers", "{min: 2, max: 4}"},
+                                {"parameter_servers", "{shards: 2, mode: async}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parameter_servers().max_staleness(), kDefaultMaxStaleness);
+
+  spec = ParseJobSpecYaml(
+      Spec({{"strategy", "parameter_server"},
+            {"parameter_servers",
+             "{shards: 4, mode: async, max_staleness: 8, dense: allreduce, slots: 2}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parameter_servers().shards(), 4);
+  EXPECT_EQ(spec->parameter_servers().mode(), "async");
+  EXPECT_EQ(spec->parameter_servers().max_staleness(), 8);
+  EXPECT_EQ(spec->parameter_servers().dense(), "allreduce");
+  EXPECT_EQ(spec->parameter_servers().slots(), 2);
+}
+
 TEST(JobSpecTest, FullSpecWithEveryField) {
   absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(R"(
 name: cnn-ps
@@ -439,7 +504,8 @@ log_every_steps: 1
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->strategy(), v1::PARAMETER_SERVER);
   EXPECT_EQ(spec->workers().min(), 3);
-  EXPECT_EQ(spec->parameter_servers(), 2);
+  EXPECT_EQ(spec->parameter_servers().shards(), 2);
+  EXPECT_EQ(spec->parameter_servers().mode(), "sync");
   EXPECT_EQ(spec->resources().gpus_per_worker(), 1);
   EXPECT_EQ(spec->model().builtin(), "cnn");
   EXPECT_EQ(spec->model().args().height(), 28);
