@@ -177,7 +177,7 @@ TEST_F(JobManagerTest, BadSpecIsRefusedAndNothingIsStored) {
 
   v1::JobSpec ps = TestSpec("ps");
   ps.set_strategy(v1::PARAMETER_SERVER);
-  ps.set_parameter_servers(1);
+  ps.mutable_parameter_servers()->set_shards(1);
   job = manager_->SubmitJob(ps);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("strategy: parameter_server"));
