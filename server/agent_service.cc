@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "server/grpc_status.h"
+#include "common/grpc_status.h"
 
 namespace trainyard {
 

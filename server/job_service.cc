@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "server/grpc_status.h"
+#include "common/grpc_status.h"
 
 namespace trainyard {
 

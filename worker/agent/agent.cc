@@ -15,13 +15,10 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/backoff.h"
+#include "common/grpc_status.h"
 
 namespace trainyard {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
 
 std::string Utc(absl::Time t) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
@@ -69,7 +66,7 @@ class Agent::CoordinatorLogSink final : public LogSink {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(agent_.RpcDeadline(absl::Seconds(10))));
     grpc::Status status = agent_.stub_->ShipLogs(&context, request, &response);
-    if (!status.ok()) return FromGrpc(status);
+    if (!status.ok()) return FromGrpcStatus(status);
     return response.next_offset();
   }
 
@@ -173,7 +170,7 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   grpc::Status status = stub_->RegisterWorker(&context, request, &response);
   absl::MutexLock lock(&mu_);
   active_call_ = nullptr;
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpcStatus(status);
   worker_id_ = response.worker_id().empty() ? options_.name : response.worker_id();
   known_version_ = 0;
   LogInfo("registered as ", worker_id_, " with ", options_.slots, " slots, ", options_.gpus,
@@ -207,7 +204,7 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
     absl::MutexLock lock(&mu_);
     active_call_ = nullptr;
   }
-  if (!status.ok()) return FromGrpc(status);
+  if (!status.ok()) return FromGrpcStatus(status);
   if (response.reregister()) return absl::NotFoundError("the coordinator asks to register again");
 
   std::vector<v1::Task> desired(response.tasks().begin(), response.tasks().end());
@@ -243,7 +240,7 @@ absl::Status Agent::ReportPreemption(const PreemptionNotice& notice) {
   v1::ReportPreemptionResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(RpcDeadline(absl::Seconds(1))));
-  return FromGrpc(stub_->ReportPreemption(&context, request, &response));
+  return FromGrpcStatus(stub_->ReportPreemption(&context, request, &response));
 }
 
 void Agent::Report(const v1::TaskStatus& status) {

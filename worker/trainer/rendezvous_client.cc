@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "worker/trainer/grpc_channel.h"
 
@@ -18,12 +19,6 @@ namespace {
 constexpr absl::Duration kMaxWaitPerCall = absl::Seconds(20);
 // Time the call itself may take beyond the wait it asks for.
 constexpr absl::Duration kRpcSlack = absl::Seconds(5);
-
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
-  if (status.ok()) return absl::OkStatus();
-  const std::string message = absl::StrCat("rendezvous ", what, ": ", status.error_message());
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), message);
-}
 
 bool Retryable(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable;
@@ -51,8 +46,8 @@ class GrpcRendezvousClient final : public RendezvousClient {
       trainyard::v1::RendezvousSetResponse response;
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcSlack));
-      absl::Status status =
-          FromGrpc(stub_->RendezvousSet(&context, request, &response), absl::StrCat("set ", key));
+      absl::Status status = FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
+                                           absl::StrCat("rendezvous set ", key));
       if (!Retryable(status) || absl::Now() + backoff >= deadline) return status;
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -74,8 +69,8 @@ class GrpcRendezvousClient final : public RendezvousClient {
       trainyard::v1::RendezvousGetResponse response;
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + wait + kRpcSlack));
-      absl::Status status =
-          FromGrpc(stub_->RendezvousGet(&context, request, &response), absl::StrCat("get ", key));
+      absl::Status status = FromGrpcStatus(stub_->RendezvousGet(&context, request, &response),
+                                           absl::StrCat("rendezvous get ", key));
       if (status.ok()) return std::move(*response.mutable_value());
       const bool time_left = absl::Now() < deadline;
       if (status.code() == absl::StatusCode::kDeadlineExceeded && time_left) continue;
