@@ -90,6 +90,9 @@ class ParameterShard {
 
   int64_t version() const;
   const ShardConfig& config() const { return config_; }
+  using PieceShape = std::pair<std::vector<int64_t>, c10::ScalarType>;
+  // The pieces' shapes and dtypes, in piece order; fixed.
+  const std::vector<PieceShape>& shapes() const { return shapes_; }
   // Pushes not applied because they were too stale (asynchronous mode).
   int64_t stale_pushes() const;
 
@@ -104,7 +107,7 @@ class ParameterShard {
 
   const ShardConfig config_;
   // The pieces' shapes and dtypes, which pushes must match; fixed.
-  const std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> shapes_;
+  const std::vector<PieceShape> shapes_;
 
   mutable absl::Mutex mu_;
   std::vector<torch::Tensor> pieces_ ABSL_GUARDED_BY(mu_);

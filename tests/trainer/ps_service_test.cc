@@ -1,0 +1,149 @@
+// The parameter-server shard over gRPC on loopback: workers as threads pushing and pulling
+// through real sockets, fencing and bad requests with their codes, and a dead or stuck shard
+// turning into an error within the timeout.
+
+#include "worker/trainer/ps_service.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<ParameterShard> MakeShard(int workers, std::vector<torch::Tensor> pieces) {
+  ShardConfig config;
+  config.generation = 2;
+  config.workers = workers;
+  config.optimizer.set_name("sgd");
+  config.optimizer.set_lr(0.1);
+  config.optimizer.set_momentum(0.9);
+  config.optimizer.mutable_schedule()->set_name("constant");
+  config.total_steps = 10;
+  auto shard = ParameterShard::Create(config, std::move(pieces));
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  return shard.ok() ? std::move(*shard) : nullptr;
+}
+
+std::vector<torch::Tensor> Initial() {
+  torch::manual_seed(5);
+  return {torch::randn({1000}), torch::randn({7, 3}, torch::kFloat64)};
+}
+
+// The gradient rank `rank` pushes at `step`: different per rank and step, known to both sides.
+std::vector<torch::Tensor> Gradient(int rank, int step) {
+  return {torch::full({1000}, 0.1 * (rank + 1) + step),
+          torch::full({7, 3}, -0.5 * rank + 0.01 * step, torch::kFloat64)};
+}
+
+TEST(PsServiceTest, WorkersTrainThroughTheShardLikeCallsToItDirectly) {
+  constexpr int kWorkers = 3, kSteps = 5;
+  std::unique_ptr<ParameterShard> served = MakeShard(kWorkers, Initial());
+  std::unique_ptr<ParameterShard> direct = MakeShard(kWorkers, Initial());
+  auto server = PsServer::Start(served.get(), "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+
+  std::vector<std::thread> workers;
+  std::vector<absl::Status> results(kWorkers);
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    workers.emplace_back([&, rank] {
+      PsClient client(address, 0, 2, rank, absl::Seconds(30));
+      std::vector<torch::Tensor> pieces = {torch::empty({1000}),
+                                           torch::empty({7, 3}, torch::kFloat64)};
+      for (int step = 0; step < kSteps; ++step) {
+        auto pushed = client.Push(step, Gradient(rank, step), rank, step == 3 && rank == 2);
+        if (!pushed.ok()) {
+          results[rank] = pushed.status();
+          return;
+        }
+        auto pulled = client.Pull(step + 1, pieces);
+        if (!pulled.ok()) {
+          results[rank] = pulled.status();
+          return;
+        }
+        if (pulled->version != step + 1 || pulled->agreement.stop != (step == 3) ||
+            pulled->agreement.loss != 1.0) {
+          results[rank] = absl::InternalError(
+              absl::StrCat("rank ", rank, " step ", step, ": unexpected version or agreement"));
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+
+  for (int step = 0; step < kSteps; ++step) {
+    for (int rank = 0; rank < kWorkers; ++rank) {
+      ASSERT_TRUE(direct->Push(2, rank, step, Gradient(rank, step)).ok());
+    }
+  }
+  std::vector<torch::Tensor> expected, got;
+  ASSERT_TRUE(direct->Pull(2, kSteps, &expected, absl::InfiniteFuture()).ok());
+  PsClient client(address, 0, 2, 0, absl::Seconds(30));
+  got = {torch::empty({1000}), torch::empty({7, 3}, torch::kFloat64)};
+  auto pulled = client.Pull(kSteps, got);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->version, kSteps);
+  EXPECT_TRUE(torch::equal(got[0], expected[0]));
+  EXPECT_TRUE(torch::equal(got[1], expected[1]));
+}
+
+TEST(PsServiceTest, RefusalsKeepTheirCodesAndNameTheShard) {
+  std::unique_ptr<ParameterShard> shard = MakeShard(1, Initial());
+  auto server = PsServer::Start(shard.get(), "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+
+  // A worker of another attempt.
+  PsClient stale(address, 4, 1, 0, absl::Seconds(10));
+  auto fenced = stale.Push(0, Gradient(0, 0));
+  EXPECT_EQ(fenced.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(fenced.status().message()),
+              HasSubstr(absl::StrCat("parameter server 4 at ", address, ": push")));
+  // Gradients that do not fit the pieces.
+  PsClient client(address, 0, 2, 0, absl::Seconds(10));
+  EXPECT_EQ(
+      client.Push(0, {torch::zeros({999}), torch::zeros({7, 3}, torch::kFloat64)}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.Push(0, {torch::zeros({1000})}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A pull into tensors of the wrong layout is the worker's bug, not the shard's.
+  std::vector<torch::Tensor> wrong = {torch::empty({10}), torch::empty({7, 3}, torch::kFloat64)};
+  EXPECT_EQ(client.Pull(0, wrong).status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(shard->version(), 0);
+}
+
+TEST(PsServiceTest, AStuckOrDeadShardIsAnErrorWithinTheTimeout) {
+  std::unique_ptr<ParameterShard> shard = MakeShard(2, Initial());
+  auto server = PsServer::Start(shard.get(), "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  std::vector<torch::Tensor> pieces = {torch::empty({1000}), torch::empty({7, 3}, torch::kFloat64)};
+
+  // Rank 1 never pushes: rank 0's pull of the next version ends at the timeout.
+  PsClient client(address, 0, 2, 0, absl::Milliseconds(300));
+  ASSERT_TRUE(client.Push(0, Gradient(0, 0)).ok());
+  const absl::Time start = absl::Now();
+  auto waited = client.Pull(1, pieces);
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+
+  // The shard goes away: calls fail, they do not hang.
+  server->reset();
+  const absl::Time gone = absl::Now();
+  auto dead = client.Pull(0, pieces);
+  EXPECT_FALSE(dead.ok());
+  EXPECT_THAT(dead.status().code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
+                                                     absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - gone, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace trainyard::trainer

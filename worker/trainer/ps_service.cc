@@ -1,0 +1,169 @@
+#include "worker/trainer/ps_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+
+namespace trainyard::trainer {
+namespace {
+
+// Pieces are a few MiB each and a shard may hold gigabytes: no message limit of gRPC's own.
+constexpr int kUnlimited = -1;
+
+int64_t ByteSize(const ParameterShard::PieceShape& shape) {
+  int64_t n = c10::elementSize(shape.second);
+  for (int64_t d : shape.first) n *= d;
+  return n;
+}
+
+}  // namespace
+
+class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
+ public:
+  explicit Service(ParameterShard* shard) : shard_(shard) {}
+
+  grpc::Status Push(grpc::ServerContext*, const trainyard::v1::PushRequest* request,
+                    trainyard::v1::PushResponse* response) override {
+    const auto& shapes = shard_->shapes();
+    if (request->gradients_size() != static_cast<int>(shapes.size())) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat(request->gradients_size(), " gradients for ", shapes.size(), " pieces"));
+    }
+    // Views of the request's bytes: read during the push only.
+    std::vector<torch::Tensor> gradients;
+    gradients.reserve(shapes.size());
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const std::string& data = request->gradients(i).data();
+      if (static_cast<int64_t>(data.size()) != ByteSize(shapes[i])) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("gradient ", i, " has ", data.size(), " bytes, its piece ",
+                                         ByteSize(shapes[i])));
+      }
+      gradients.push_back(torch::from_blob(const_cast<char*>(data.data()), shapes[i].first,
+                                           torch::TensorOptions().dtype(shapes[i].second)));
+    }
+    absl::StatusOr<ParameterShard::PushResult> result =
+        shard_->Push(request->generation(), request->rank(), request->base_version(), gradients,
+                     request->loss(), request->stop());
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    response->set_version(result->version);
+    response->set_staleness(result->staleness);
+    response->set_applied(result->applied);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Pull(grpc::ServerContext* context, const trainyard::v1::PullRequest* request,
+                    trainyard::v1::PullResponse* response) override {
+    std::vector<torch::Tensor> pieces;
+    absl::StatusOr<ParameterShard::PullResult> result =
+        shard_->Pull(request->generation(), request->min_version(), &pieces,
+                     absl::FromChrono(context->deadline()));
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    response->set_version(result->version);
+    response->set_loss(result->agreement.loss);
+    response->set_stop(result->agreement.stop);
+    for (const torch::Tensor& piece : pieces) {
+      response->add_pieces()->set_data(static_cast<const char*>(piece.data_ptr()),
+                                       piece.numel() * piece.element_size());
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  ParameterShard* const shard_;
+};
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(ParameterShard* shard,
+                                                          const std::string& listen) {
+  std::unique_ptr<PsServer> server(new PsServer());
+  server->service_ = std::make_unique<Service>(shard);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(kUnlimited);
+  builder.SetMaxSendMessageSize(kUnlimited);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("parameter server: cannot listen on ", listen));
+  }
+  return server;
+}
+
+PsServer::~PsServer() {
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+PsClient::PsClient(const std::string& address, int shard, int64_t generation, int rank,
+                   absl::Duration timeout)
+    : address_(address), shard_(shard), generation_(generation), rank_(rank), timeout_(timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kUnlimited);
+  args.SetMaxSendMessageSize(kUnlimited);
+  stub_ = trainyard::v1::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+absl::Status PsClient::FromCall(const grpc::Status& status, const char* method) const {
+  return FromGrpcStatus(status,
+                        absl::StrCat("parameter server ", shard_, " at ", address_, ": ", method));
+}
+
+absl::StatusOr<ParameterShard::PushResult> PsClient::Push(
+    int64_t base_version, const std::vector<torch::Tensor>& gradients, double loss, bool stop) {
+  trainyard::v1::PushRequest request;
+  request.set_generation(generation_);
+  request.set_rank(rank_);
+  request.set_base_version(base_version);
+  request.set_loss(loss);
+  request.set_stop(stop);
+  for (const torch::Tensor& g : gradients) {
+    const torch::Tensor c = g.contiguous();
+    request.add_gradients()->set_data(static_cast<const char*>(c.data_ptr()),
+                                      c.numel() * c.element_size());
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  trainyard::v1::PushResponse response;
+  absl::Status status = FromCall(stub_->Push(&context, request, &response), "push");
+  if (!status.ok()) return status;
+  return ParameterShard::PushResult{response.version(), response.staleness(), response.applied()};
+}
+
+absl::StatusOr<ParameterShard::PullResult> PsClient::Pull(int64_t min_version,
+                                                          std::vector<torch::Tensor>& pieces) {
+  trainyard::v1::PullRequest request;
+  request.set_generation(generation_);
+  request.set_min_version(min_version);
+  request.set_rank(rank_);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  trainyard::v1::PullResponse response;
+  absl::Status status = FromCall(stub_->Pull(&context, request, &response), "pull");
+  if (!status.ok()) return status;
+  if (response.pieces_size() != static_cast<int>(pieces.size())) {
+    return absl::InternalError(absl::StrCat("parameter server ", shard_, " sent ",
+                                            response.pieces_size(), " pieces, expected ",
+                                            pieces.size()));
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string& data = response.pieces(i).data();
+    torch::Tensor& piece = pieces[i];
+    if (!piece.is_contiguous() || !piece.device().is_cpu() ||
+        static_cast<int64_t>(data.size()) != piece.numel() * piece.element_size()) {
+      return absl::InternalError(absl::StrCat("parameter server ", shard_, ": piece ", i, " has ",
+                                              data.size(), " bytes, expected ",
+                                              piece.numel() * piece.element_size()));
+    }
+    std::memcpy(piece.data_ptr(), data.data(), data.size());
+  }
+  return ParameterShard::PullResult{response.version(),
+                                    ShardAgreement{response.loss(), response.stop()}};
+}
+
+}  // namespace trainyard::trainer

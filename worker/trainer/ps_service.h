@@ -1,0 +1,71 @@
+#ifndef TRAINYARD_WORKER_TRAINER_PS_SERVICE_H_
+#define TRAINYARD_WORKER_TRAINER_PS_SERVICE_H_
+
+// The parameter-server shard over gRPC (proto/trainyard/v1/ps_service.proto): a server that
+// serves one ParameterShard, and the client a worker keeps for each shard. Tensors travel as raw
+// bytes in the pieces' order, shapes and dtypes: both ends compute the same partition. Copies:
+// a push is serialised from the gradients once and read in place on the shard (no copy after
+// gRPC's parse); a pull is copied out of the shard under its lock and once more into the
+// worker's tensors.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainyard/v1/ps_service.grpc.pb.h"
+#include "worker/trainer/ps_shard.h"
+
+namespace trainyard::trainer {
+
+class PsServer {
+ public:
+  // Serves `shard` (not owned; it must outlive the server) on `listen`, for example
+  // "0.0.0.0:0" (port picked by the kernel). UNAVAILABLE when it cannot listen there.
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(ParameterShard* shard,
+                                                         const std::string& listen);
+  ~PsServer();  // stops serving: calls in flight end with CANCELLED or their result
+  int port() const { return port_; }
+
+ private:
+  class Service;
+  PsServer() = default;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// A worker's calls to one shard. Each call ends within `timeout`: a dead or stuck shard becomes
+// UNAVAILABLE or DEADLINE_EXCEEDED naming the shard, never a hang. Thread-compatible.
+class PsClient {
+ public:
+  PsClient(const std::string& address, int shard, int64_t generation, int rank,
+           absl::Duration timeout);
+
+  // See ParameterShard::Push; the gradients are CPU tensors of the pieces' shapes.
+  absl::StatusOr<ParameterShard::PushResult> Push(int64_t base_version,
+                                                  const std::vector<torch::Tensor>& gradients,
+                                                  double loss = 0, bool stop = false);
+  // Waits for `min_version` and copies the shard's pieces into `pieces` (CPU, contiguous, of the
+  // pieces' shapes and dtypes: the caller lays them out). INTERNAL when the shard's answer does
+  // not fit them.
+  absl::StatusOr<ParameterShard::PullResult> Pull(int64_t min_version,
+                                                  std::vector<torch::Tensor>& pieces);
+
+ private:
+  absl::Status FromCall(const grpc::Status& status, const char* method) const;
+
+  const std::string address_;
+  const int shard_;
+  const int64_t generation_;
+  const int rank_;
+  const absl::Duration timeout_;
+  std::unique_ptr<trainyard::v1::ParameterServer::Stub> stub_;
+};
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_PS_SERVICE_H_
