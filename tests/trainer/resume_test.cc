@@ -41,6 +41,7 @@ using ::trainyard::trainer::test_util::Eventually;
 using ::trainyard::trainer::test_util::ExpectSameTensors;
 using ::trainyard::trainer::test_util::QuietOptions;
 using ::trainyard::trainer::test_util::ReadTensors;
+using ::trainyard::trainer::test_util::RunRanks;
 
 std::string StepFolder(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%012d", dir, step);
@@ -228,30 +229,6 @@ TEST(ResumeTest, GlobalBatchesAreTheSameForEveryWorldSizeAndAcrossAResize) {
 }
 
 // ---- exact resume, several ranks ----
-
-// Runs `task` on `world` ranks, each a thread with its own RunTrainer, meeting through one
-// in-memory rendezvous store. `customize` adjusts each rank's options.
-std::vector<absl::StatusOr<TrainResult>> RunRanks(
-    const trainyard::v1::Task& task, int world,
-    const std::function<void(int, TrainerOptions&)>& customize) {
-  FakeRendezvous rendezvous;
-  std::vector<absl::StatusOr<TrainResult>> results(world, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      trainyard::v1::Task rank_task = task;
-      rank_task.set_rank(r);
-      rank_task.set_world_size(world);
-      rank_task.set_task_id(absl::StrCat(task.job_id(), ".g", task.generation(), ".r", r));
-      TrainerOptions options = QuietOptions();
-      options.rendezvous = &rendezvous;
-      if (customize) customize(r, options);
-      results[r] = RunTrainer(rank_task, options);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return results;
-}
 
 // Data-parallel: ranks that run as threads share LibTorch's random generator, so this job has
 // no dropout (with dropout the run would depend on the threads' timing here; in real trainer

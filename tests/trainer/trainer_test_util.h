@@ -8,11 +8,15 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/trainer.h"
@@ -53,6 +57,32 @@ inline bool Eventually(const std::function<bool()>& condition) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   return true;
+}
+
+// Runs `task` on `world` ranks, each a thread with its own RunTrainer, meeting through
+// `rendezvous` (a new in-memory store when null). `customize` adjusts each rank's options.
+inline std::vector<absl::StatusOr<TrainResult>> RunRanks(
+    const trainyard::v1::Task& task, int world,
+    const std::function<void(int, TrainerOptions&)>& customize,
+    RendezvousClient* rendezvous = nullptr) {
+  FakeRendezvous own;
+  if (rendezvous == nullptr) rendezvous = &own;
+  std::vector<absl::StatusOr<TrainResult>> results(world, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      trainyard::v1::Task rank_task = task;
+      rank_task.set_rank(r);
+      rank_task.set_world_size(world);
+      rank_task.set_task_id(absl::StrCat(task.job_id(), ".g", task.generation(), ".r", r));
+      TrainerOptions options = QuietOptions();
+      options.rendezvous = rendezvous;
+      if (customize) customize(r, options);
+      results[r] = RunTrainer(rank_task, options);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
 }
 
 }  // namespace trainyard::trainer::test_util
