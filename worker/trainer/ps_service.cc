@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
@@ -26,10 +27,72 @@ int64_t ByteSize(const ParameterShard::PieceShape& shape) {
 class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
  public:
   explicit Service(ParameterShard* shard) : shard_(shard) {}
+  explicit Service(ShardConfig config) : config_(std::move(config)) {}
+
+  grpc::Status Init(grpc::ServerContext*, const trainyard::v1::InitRequest* request,
+                    trainyard::v1::InitResponse*) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shard_ != nullptr) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "the shard is initialised already");
+      }
+    }
+    if (request->generation() != config_.generation) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("generation ", request->generation(),
+                       " is not this shard's attempt (generation ", config_.generation, ")"));
+    }
+    if (request->layout_size() != request->values_size()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(request->layout_size(), " piece layouts for ",
+                                       request->values_size(), " values"));
+    }
+    std::vector<torch::Tensor> pieces;
+    for (int i = 0; i < request->layout_size(); ++i) {
+      const trainyard::v1::PieceLayout& layout = request->layout(i);
+      const c10::ScalarType dtype = layout.dtype() == "F64" ? torch::kFloat64 : torch::kFloat32;
+      if (layout.dtype() != "F32" && layout.dtype() != "F64") {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("piece ", i, ": dtype '", layout.dtype(), "'"));
+      }
+      const ParameterShard::PieceShape shape{
+          std::vector<int64_t>(layout.shape().begin(), layout.shape().end()), dtype};
+      const std::string& data = request->values(i).data();
+      if (static_cast<int64_t>(data.size()) != ByteSize(shape)) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("piece ", i, " has ", data.size(), " bytes, its layout ",
+                                         ByteSize(shape)));
+      }
+      pieces.push_back(torch::from_blob(const_cast<char*>(data.data()), shape.first,
+                                        torch::TensorOptions().dtype(dtype))
+                           .clone());
+    }
+    ShardConfig config = config_;
+    config.start_version = request->version();
+    config.total_steps = request->total_steps();
+    absl::StatusOr<std::unique_ptr<ParameterShard>> shard =
+        ParameterShard::Create(std::move(config), std::move(pieces));
+    if (!shard.ok()) return ToGrpcStatus(shard.status());
+    absl::MutexLock lock(&mu_);
+    if (shard_ != nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "the shard is initialised already");
+    }
+    owned_ = std::move(*shard);
+    shard_ = owned_.get();
+    return grpc::Status::OK;
+  }
 
   grpc::Status Push(grpc::ServerContext*, const trainyard::v1::PushRequest* request,
                     trainyard::v1::PushResponse* response) override {
-    const auto& shapes = shard_->shapes();
+    ParameterShard* shard = Shard(absl::InfinitePast());
+    if (shard == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "push before rank 0 initialised the shard");
+    }
+    const auto& shapes = shard->shapes();
     if (request->gradients_size() != static_cast<int>(shapes.size())) {
       return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
@@ -49,8 +112,8 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
                                            torch::TensorOptions().dtype(shapes[i].second)));
     }
     absl::StatusOr<ParameterShard::PushResult> result =
-        shard_->Push(request->generation(), request->rank(), request->base_version(), gradients,
-                     request->loss(), request->stop());
+        shard->Push(request->generation(), request->rank(), request->base_version(), gradients,
+                    request->loss(), request->stop());
     if (!result.ok()) return ToGrpcStatus(result.status());
     response->set_version(result->version);
     response->set_staleness(result->staleness);
@@ -60,10 +123,15 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status Pull(grpc::ServerContext* context, const trainyard::v1::PullRequest* request,
                     trainyard::v1::PullResponse* response) override {
+    const absl::Time deadline = absl::FromChrono(context->deadline());
+    ParameterShard* shard = Shard(deadline);
+    if (shard == nullptr) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "rank 0 did not initialise the shard in time");
+    }
     std::vector<torch::Tensor> pieces;
     absl::StatusOr<ParameterShard::PullResult> result =
-        shard_->Pull(request->generation(), request->min_version(), &pieces,
-                     absl::FromChrono(context->deadline()));
+        shard->Pull(request->generation(), request->min_version(), &pieces, deadline);
     if (!result.ok()) return ToGrpcStatus(result.status());
     response->set_version(result->version);
     response->set_loss(result->agreement.loss);
@@ -76,13 +144,34 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   }
 
  private:
-  ParameterShard* const shard_;
+  // The shard once initialised, waiting for it until `deadline`; null if it is not by then.
+  ParameterShard* Shard(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shard_ != nullptr; };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    return shard_;
+  }
+
+  const ShardConfig config_;
+  absl::Mutex mu_;
+  ParameterShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::unique_ptr<ParameterShard> owned_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(ParameterShard* shard,
                                                           const std::string& listen) {
+  return Serve(std::make_unique<Service>(shard), listen);
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::StartEmpty(ShardConfig config,
+                                                               const std::string& listen) {
+  return Serve(std::make_unique<Service>(std::move(config)), listen);
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Serve(std::unique_ptr<Service> service,
+                                                          const std::string& listen) {
   std::unique_ptr<PsServer> server(new PsServer());
-  server->service_ = std::make_unique<Service>(shard);
+  server->service_ = std::move(service);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
@@ -112,6 +201,26 @@ PsClient::PsClient(const std::string& address, int shard, int64_t generation, in
 absl::Status PsClient::FromCall(const grpc::Status& status, const char* method) const {
   return FromGrpcStatus(status,
                         absl::StrCat("parameter server ", shard_, " at ", address_, ": ", method));
+}
+
+absl::Status PsClient::Init(int64_t version, int64_t total_steps,
+                            const std::vector<torch::Tensor>& pieces) {
+  trainyard::v1::InitRequest request;
+  request.set_generation(generation_);
+  request.set_version(version);
+  request.set_total_steps(total_steps);
+  for (const torch::Tensor& p : pieces) {
+    trainyard::v1::PieceLayout* layout = request.add_layout();
+    for (int64_t d : p.sizes()) layout->add_shape(d);
+    layout->set_dtype(p.scalar_type() == torch::kFloat64 ? "F64" : "F32");
+    const torch::Tensor c = p.detach().contiguous();
+    request.add_values()->set_data(static_cast<const char*>(c.data_ptr()),
+                                   c.numel() * c.element_size());
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  trainyard::v1::InitResponse response;
+  return FromCall(stub_->Init(&context, request, &response), "init");
 }
 
 absl::StatusOr<ParameterShard::PushResult> PsClient::Push(

@@ -27,12 +27,19 @@ class PsServer {
   // "0.0.0.0:0" (port picked by the kernel). UNAVAILABLE when it cannot listen there.
   static absl::StatusOr<std::unique_ptr<PsServer>> Start(ParameterShard* shard,
                                                          const std::string& listen);
+  // Serves a shard that rank 0 creates with Init: `config` less start_version and total_steps,
+  // which Init brings along with the pieces. Before Init, a pull waits for it (until its
+  // deadline) and a push is refused with FAILED_PRECONDITION; a second Init too.
+  static absl::StatusOr<std::unique_ptr<PsServer>> StartEmpty(ShardConfig config,
+                                                              const std::string& listen);
   ~PsServer();  // stops serving: calls in flight end with CANCELLED or their result
   int port() const { return port_; }
 
  private:
   class Service;
   PsServer() = default;
+  static absl::StatusOr<std::unique_ptr<PsServer>> Serve(std::unique_ptr<Service> service,
+                                                         const std::string& listen);
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -45,6 +52,9 @@ class PsClient {
   PsClient(const std::string& address, int shard, int64_t generation, int rank,
            absl::Duration timeout);
 
+  // Creates the shard of a server started with StartEmpty from `pieces` (CPU float32 or
+  // float64), at version `version`.
+  absl::Status Init(int64_t version, int64_t total_steps, const std::vector<torch::Tensor>& pieces);
   // See ParameterShard::Push; the gradients are CPU tensors of the pieces' shapes.
   absl::StatusOr<ParameterShard::PushResult> Push(int64_t base_version,
                                                   const std::vector<torch::Tensor>& gradients,

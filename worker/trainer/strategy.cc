@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "worker/trainer/gloo_communicator.h"
+#include "worker/trainer/ps_strategy.h"
 #if TRAINYARD_WITH_NCCL
 #include "worker/trainer/nccl_communicator.h"
 #endif
@@ -268,11 +269,53 @@ double DataParallelStrategy::TakeCommunicationSeconds() {
 torch::Device TrainingDevice(const trainyard::v1::Task& task) {
   const bool wants_gpu = task.gpus() > 0 || task.spec().resources().gpus_per_worker() > 0;
   if (!wants_gpu || !torch::cuda::is_available()) return torch::kCPU;
+  // The parameter servers hold and update CPU tensors.
+  if (task.spec().strategy() == trainyard::v1::PARAMETER_SERVER) return torch::kCPU;
   const bool reduces =
       task.world_size() > 1 && task.spec().strategy() == trainyard::v1::DATA_PARALLEL;
   if (reduces && !TRAINYARD_WITH_NCCL) return torch::kCPU;
   return torch::Device(torch::kCUDA, 0);
 }
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
+    const trainyard::v1::Task& task, const StrategyOptions& options) {
+  const trainyard::v1::JobSpec& spec = task.spec();
+  const int world = std::max(1, task.world_size());
+  if (task.rank() < 0 || task.rank() >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task: rank ", task.rank(), " outside world size ", world));
+  }
+  if (spec.parameter_servers().mode() == "async") {
+    return absl::UnimplementedError(
+        "parameter_servers.mode: async is not supported by this trainer yet");
+  }
+  if (spec.parameter_servers().dense() == "allreduce") {
+    return absl::UnimplementedError(
+        "parameter_servers.dense: allreduce is not supported by this trainer yet");
+  }
+  if (options.rendezvous == nullptr) {
+    return absl::InvalidArgumentError(
+        "strategy: parameter_server needs the coordinator's rendezvous (run with --coordinator)");
+  }
+  const absl::Duration timeout =
+      absl::Seconds(spec.collective_timeout_seconds() > 0 ? spec.collective_timeout_seconds()
+                                                          : kDefaultCollectiveTimeoutSeconds);
+  std::vector<std::unique_ptr<PsClient>> shards;
+  for (int s = 0; s < std::max(1, spec.parameter_servers().shards()); ++s) {
+    absl::StatusOr<std::string> address =
+        options.rendezvous->Get(ParameterServerKey(s), std::max(kMinConnectTimeout, timeout));
+    if (!address.ok()) return address.status();
+    shards.push_back(
+        std::make_unique<PsClient>(*address, s, task.generation(), task.rank(), timeout));
+  }
+  return std::make_unique<ParameterServerStrategy>(task.rank(), world, std::move(shards));
+}
+
+}  // namespace
+
+std::string ParameterServerKey(int shard) { return absl::StrCat("ps/shard/", shard); }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
                                                        const StrategyOptions& options) {
@@ -288,8 +331,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
     case trainyard::v1::DATA_PARALLEL:
       break;
     case trainyard::v1::PARAMETER_SERVER:
-      return absl::UnimplementedError(
-          "strategy: parameter_server is not supported by this trainer");
+      return MakeParameterServerStrategy(task, options);
     default:
       return absl::InvalidArgumentError("strategy: unknown strategy");
   }

@@ -37,6 +37,11 @@ class Strategy {
   virtual int world_size() const = 0;
   // Once, after the model is built and before any checkpoint is restored.
   virtual absl::Status Setup(Model& model) = 0;
+  // The run's total updates, once the data is known; before SyncState.
+  virtual void SetTotalSteps(int64_t total_steps) {}
+  // Whether the strategy applies the optimizer itself (the parameter servers do): then the
+  // trainer does not step its own after AfterBackward.
+  virtual bool updates_parameters() const { return false; }
   // After a checkpoint was restored (or none was): every rank takes rank 0's parameters and
   // buffers, and all must have resumed at the same step (ABORTED otherwise).
   virtual absl::Status SyncState(Model& model, int64_t start_step) = 0;
@@ -162,9 +167,14 @@ struct StrategyOptions {
 // Gloo reduces CPU tensors.
 torch::Device TrainingDevice(const trainyard::v1::Task& task);
 
-// The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined).
-// INVALID_ARGUMENT for a world size the strategy cannot run or a missing rendezvous;
-// UNIMPLEMENTED for parameter_server; the communicator's errors otherwise.
+// The rendezvous key under which shard `shard` of a parameter_server attempt publishes its
+// host:port.
+std::string ParameterServerKey(int shard);
+
+// The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined;
+// parameter_server: until every shard published its address). INVALID_ARGUMENT for a world size
+// the strategy cannot run or a missing rendezvous; UNIMPLEMENTED for asynchronous or hybrid
+// parameter-server jobs; the communicator's or the rendezvous' errors otherwise.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
                                                        const StrategyOptions& options);
 

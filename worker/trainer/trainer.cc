@@ -197,6 +197,7 @@ absl::Status Run::Prepare() {
   absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_.train.size(), strategy_->world_size());
   if (!plan.ok()) return plan.status();
   plan_ = *plan;
+  strategy_->SetTotalSteps(plan_.total_steps);
 
   absl::StatusOr<std::unique_ptr<Model>> model =
       BuildModel(spec_.model(), spec_.seed(), data_.train.FeatureWidth(), outputs);
@@ -516,7 +517,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       }
       status = strategy_->AfterBackward(*model_);
       if (!status.ok()) return status;
-      optimizer_->step();
+      if (!strategy_->updates_parameters()) optimizer_->step();
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));

@@ -1,0 +1,131 @@
+// A synchronous parameter_server job trains like the same data_parallel job: two ranks as
+// threads, two shards served over gRPC on loopback, 20 updates of SGD with momentum or AdamW,
+// with and without gradient accumulation; the exported models agree within 1e-5.
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/trainer/fake_rendezvous.h"
+#include "tests/trainer/test_files.h"
+#include "tests/trainer/trainer_test_util.h"
+#include "worker/trainer/ps_service.h"
+#include "worker/trainer/strategy.h"
+
+namespace trainyard::trainer {
+namespace {
+
+using ::trainyard::trainer::test_files::MakeTempDir;
+using ::trainyard::trainer::test_util::ReadTensors;
+using ::trainyard::trainer::test_util::RunRanks;
+
+constexpr int kRanks = 2;
+constexpr int kShards = 2;
+constexpr int64_t kSteps = 20;
+
+struct Case {
+  bool adamw;
+  int accumulate;
+};
+
+trainyard::v1::Task JobTask(const std::string& dir, const Case& c,
+                            trainyard::v1::Strategy strategy) {
+  trainyard::v1::Task task;
+  task.set_job_id("ps1");
+  task.set_generation(1);
+  task.set_slots(1);
+  task.set_checkpoint_uri("file://" + dir);
+  auto& spec = *task.mutable_spec();
+  spec.set_strategy(strategy);
+  if (strategy == trainyard::v1::PARAMETER_SERVER) {
+    spec.mutable_parameter_servers()->set_shards(kShards);
+    spec.mutable_parameter_servers()->set_mode("sync");
+    spec.mutable_parameter_servers()->set_dense("shards");
+  }
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_model()->mutable_args()->add_hidden(32);
+  spec.mutable_model()->mutable_args()->add_hidden(16);
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(256);
+  synthetic.set_features(8);
+  synthetic.set_classes(3);
+  synthetic.set_noise(1.0f);
+  spec.mutable_data()->set_shuffle(true);
+  spec.set_batch_size(16);
+  spec.set_accumulate_steps(c.accumulate);
+  auto& optimizer = *spec.mutable_optimizer();
+  if (c.adamw) {
+    optimizer.set_name("adamw");
+    optimizer.set_lr(0.01);
+    optimizer.set_beta1(0.9);
+    optimizer.set_beta2(0.999);
+    optimizer.set_eps(1e-8);
+    optimizer.set_weight_decay(0.01);
+  } else {
+    optimizer.set_name("sgd");
+    optimizer.set_lr(0.05);
+    optimizer.set_momentum(0.9);
+    optimizer.set_weight_decay(0.001);
+  }
+  optimizer.mutable_schedule()->set_name("cosine");
+  optimizer.mutable_schedule()->set_warmup_steps(3);
+  spec.set_loss("cross_entropy");
+  spec.set_max_steps(kSteps);
+  spec.set_seed(5);
+  spec.set_log_every_steps(kSteps);
+  spec.set_collective_timeout_seconds(30);
+  return task;
+}
+
+class PsStrategyTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PsStrategyTest, SynchronousJobEndsWhereTheDataParallelJobEnds) {
+  const Case c = GetParam();
+  const std::string dp_dir = MakeTempDir(), ps_dir = MakeTempDir();
+  for (const auto& r : RunRanks(JobTask(dp_dir, c, trainyard::v1::DATA_PARALLEL), kRanks, {})) {
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  const trainyard::v1::Task ps_task = JobTask(ps_dir, c, trainyard::v1::PARAMETER_SERVER);
+  FakeRendezvous rendezvous;
+  std::vector<std::unique_ptr<PsServer>> servers;
+  for (int s = 0; s < kShards; ++s) {
+    ShardConfig config;
+    config.generation = ps_task.generation();
+    config.workers = kRanks;
+    config.optimizer = ps_task.spec().optimizer();
+    auto server = PsServer::StartEmpty(config, "127.0.0.1:0");
+    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_TRUE(
+        rendezvous.Set(ParameterServerKey(s), absl::StrCat("127.0.0.1:", (*server)->port())).ok());
+    servers.push_back(std::move(*server));
+  }
+  std::vector<absl::StatusOr<TrainResult>> results = RunRanks(ps_task, kRanks, {}, &rendezvous);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, kSteps);
+  }
+
+  const auto dp = ReadTensors(dp_dir + "/final/model.safetensors");
+  const auto ps = ReadTensors(ps_dir + "/final/model.safetensors");
+  ASSERT_FALSE(dp.empty());
+  ASSERT_EQ(dp.size(), ps.size());
+  for (const auto& [name, tensor] : dp) {
+    ASSERT_TRUE(ps.count(name)) << name;
+    EXPECT_LE((tensor - ps.at(name)).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, PsStrategyTest,
+                         ::testing::Values(Case{false, 1}, Case{false, 2}, Case{true, 1},
+                                           Case{true, 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return absl::StrCat(info.param.adamw ? "AdamW" : "SgdMomentum",
+                                               "Accumulate", info.param.accumulate);
+                         });
+
+}  // namespace
+}  // namespace trainyard::trainer

@@ -1,0 +1,64 @@
+#ifndef TRAINYARD_WORKER_TRAINER_PS_STRATEGY_H_
+#define TRAINYARD_WORKER_TRAINER_PS_STRATEGY_H_
+
+// The worker side of a synchronous parameter_server job: the model's trainable parameters are
+// split over the shards (ps_partition.h); each update every rank pushes its gradients' pieces
+// to their shards, and pulls the parameters the shards made from the mean of all ranks'
+// gradients straight into the model's storage. The shards run the optimizer, so the trainer
+// does not (updates_parameters()).
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "worker/trainer/ps_partition.h"
+#include "worker/trainer/ps_service.h"
+#include "worker/trainer/strategy.h"
+
+namespace trainyard::trainer {
+
+class ParameterServerStrategy final : public Strategy {
+ public:
+  // `shards[i]` talks to shard i of this attempt.
+  ParameterServerStrategy(int rank, int world, std::vector<std::unique_ptr<PsClient>> shards);
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  bool updates_parameters() const override { return true; }
+  // For the shards' learning-rate schedule: rank 0 gives it to them in SyncState.
+  void SetTotalSteps(int64_t total_steps) override { total_steps_ = total_steps; }
+  // Partitions the trainable parameters (float32 or float64, contiguous, CPU) over the shards.
+  // INVALID_ARGUMENT for parameters it cannot hold.
+  absl::Status Setup(Model& model) override;
+  // Rank 0 initialises the shards with its parameters at `start_step`; every rank then pulls
+  // them, and ABORTED when the shards are at another step than the rank resumed at.
+  absl::Status SyncState(Model& model, int64_t start_step) override;
+  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override;
+  // Pushes this rank's gradients and pulls the next version into the parameters.
+  absl::Status AfterBackward(Model& model) override;
+  absl::StatusOr<StepAgreement> EndStep() override;
+  double TakeCommunicationSeconds() override;
+
+ private:
+  // Runs `call(shard)` for every shard at once (one thread per shard beyond the first); the
+  // first error in shard order.
+  absl::Status ForEachShard(const std::function<absl::Status(int)>& call);
+
+  const int rank_;
+  const int world_;
+  int64_t total_steps_ = 0;
+  std::vector<std::unique_ptr<PsClient>> shards_;
+  // Fixed by Setup.
+  std::vector<torch::Tensor> params_;
+  Partition partition_;
+  std::vector<std::vector<Piece>> pieces_;  // per shard
+  // Training thread only.
+  int64_t version_ = 0;
+  StepAgreement local_;
+  StepAgreement agreed_;
+  double communication_seconds_ = 0;
+};
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_PS_STRATEGY_H_
