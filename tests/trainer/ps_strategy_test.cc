@@ -4,10 +4,14 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
@@ -80,6 +84,46 @@ trainyard::v1::Task JobTask(const std::string& dir, const Case& c,
   return task;
 }
 
+// `shards` empty shard servers for `task`'s attempt with `ranks` workers, published in
+// `rendezvous` as the trainers look for them.
+std::vector<std::unique_ptr<PsServer>> StartShards(const trainyard::v1::Task& task, int ranks,
+                                                   int shards, FakeRendezvous& rendezvous) {
+  std::vector<std::unique_ptr<PsServer>> servers;
+  for (int s = 0; s < shards; ++s) {
+    ShardConfig config;
+    config.generation = task.generation();
+    config.workers = ranks;
+    config.optimizer = task.spec().optimizer();
+    auto server = PsServer::StartEmpty(config, "127.0.0.1:0");
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) break;
+    EXPECT_TRUE(
+        rendezvous.Set(ParameterServerKey(s), absl::StrCat("127.0.0.1:", (*server)->port())).ok());
+    servers.push_back(std::move(*server));
+  }
+  return servers;
+}
+
+// Runs the job of `task` on `ranks` ranks and `shards` shards; the ranks' results.
+std::vector<absl::StatusOr<TrainResult>> RunPs(
+    trainyard::v1::Task task, int ranks, int shards,
+    const std::function<void(int, TrainerOptions&)>& customize = {}) {
+  task.mutable_spec()->mutable_parameter_servers()->set_shards(shards);
+  FakeRendezvous rendezvous;
+  const auto servers = StartShards(task, ranks, shards, rendezvous);
+  return RunRanks(task, ranks, customize, &rendezvous);
+}
+
+void ExpectClose(const std::map<std::string, torch::Tensor>& a,
+                 const std::map<std::string, torch::Tensor>& b) {
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_LE((tensor - b.at(name)).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
 class PsStrategyTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PsStrategyTest, SynchronousJobEndsWhereTheDataParallelJobEnds) {
@@ -91,31 +135,56 @@ TEST_P(PsStrategyTest, SynchronousJobEndsWhereTheDataParallelJobEnds) {
 
   const trainyard::v1::Task ps_task = JobTask(ps_dir, c, trainyard::v1::PARAMETER_SERVER);
   FakeRendezvous rendezvous;
-  std::vector<std::unique_ptr<PsServer>> servers;
-  for (int s = 0; s < kShards; ++s) {
-    ShardConfig config;
-    config.generation = ps_task.generation();
-    config.workers = kRanks;
-    config.optimizer = ps_task.spec().optimizer();
-    auto server = PsServer::StartEmpty(config, "127.0.0.1:0");
-    ASSERT_TRUE(server.ok()) << server.status();
-    ASSERT_TRUE(
-        rendezvous.Set(ParameterServerKey(s), absl::StrCat("127.0.0.1:", (*server)->port())).ok());
-    servers.push_back(std::move(*server));
-  }
+  const auto servers = StartShards(ps_task, kRanks, kShards, rendezvous);
   std::vector<absl::StatusOr<TrainResult>> results = RunRanks(ps_task, kRanks, {}, &rendezvous);
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->step, kSteps);
   }
 
-  const auto dp = ReadTensors(dp_dir + "/final/model.safetensors");
-  const auto ps = ReadTensors(ps_dir + "/final/model.safetensors");
-  ASSERT_FALSE(dp.empty());
-  ASSERT_EQ(dp.size(), ps.size());
-  for (const auto& [name, tensor] : dp) {
-    ASSERT_TRUE(ps.count(name)) << name;
-    EXPECT_LE((tensor - ps.at(name)).abs().max().item<double>(), 1e-5) << name;
+  ExpectClose(ReadTensors(dp_dir + "/final/model.safetensors"),
+              ReadTensors(ps_dir + "/final/model.safetensors"));
+}
+
+// Stopped after 10 of 20 updates on 2 ranks and 2 shards, resumed from that checkpoint on other
+// counts: the parameters and the optimizer's state carry over (the checkpoint holds them as a
+// data_parallel job's does), and the run ends where the uninterrupted one ends.
+TEST_P(PsStrategyTest, StoppedAndResumedOnOtherCountsEndsLikeTheUninterruptedRun) {
+  const Case c = GetParam();
+  const std::string whole = MakeTempDir(), stopped = MakeTempDir();
+  for (const auto& r : RunPs(JobTask(whole, c, trainyard::v1::PARAMETER_SERVER), kRanks, kShards)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  std::atomic<int> stop{0};
+  for (const auto& r : RunPs(JobTask(stopped, c, trainyard::v1::PARAMETER_SERVER), kRanks, kShards,
+                             [&stop](int rank, TrainerOptions&options) {
+                               if (rank != 0) return;
+                               options.stop_signal = &stop;
+                               options.after_step = [&stop](int64_t step) {
+                                 if (step == 9) stop = 15;
+                               };
+                             })) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->stopped);
+    EXPECT_EQ(r->step, 10);
+  }
+  const std::string checkpoint = absl::StrFormat("file://%s/step-%012d", stopped, 10);
+  const auto saved =
+      ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", stopped, 10));
+  ASSERT_FALSE(saved.empty()) << "the checkpoint of a stop holds the shards' optimizer state";
+
+  for (const auto& [ranks, shards] : {std::pair{1, 3}, std::pair{2, 1}}) {
+    const std::string resumed = MakeTempDir();
+    trainyard::v1::Task task = JobTask(resumed, c, trainyard::v1::PARAMETER_SERVER);
+    task.set_generation(2);
+    task.add_resume_checkpoints(checkpoint);
+    for (const auto& r : RunPs(task, ranks, shards)) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->start_step, 10);
+    }
+    SCOPED_TRACE(absl::StrCat(ranks, " ranks, ", shards, " shards"));
+    ExpectClose(ReadTensors(whole + "/final/model.safetensors"),
+                ReadTensors(resumed + "/final/model.safetensors"));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,45 @@ int64_t ByteSize(const ParameterShard::PieceShape& shape) {
   int64_t n = c10::elementSize(shape.second);
   for (int64_t d : shape.first) n *= d;
   return n;
+}
+
+std::string DtypeName(c10::ScalarType dtype) {
+  return dtype == torch::kFloat64 ? "F64" : dtype == torch::kInt64 ? "I64" : "F32";
+}
+
+absl::StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
+  if (name == "F32") return torch::kFloat32;
+  if (name == "F64") return torch::kFloat64;
+  if (name == "I64") return torch::kInt64;
+  return absl::InvalidArgumentError(absl::StrCat("dtype '", name, "'"));
+}
+
+void SetLayout(const torch::Tensor& t, trainyard::v1::PieceLayout* layout) {
+  for (int64_t d : t.sizes()) layout->add_shape(d);
+  layout->set_dtype(DtypeName(t.scalar_type()));
+}
+
+void SetBytes(const torch::Tensor& t, std::string* out) {
+  const torch::Tensor c = t.detach().contiguous();
+  out->assign(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+}
+
+// A copy of the tensor `layout` and `data` describe; INVALID_ARGUMENT naming `what` when they
+// do not fit each other.
+absl::StatusOr<torch::Tensor> TensorFrom(const trainyard::v1::PieceLayout& layout,
+                                         const std::string& data, const std::string& what) {
+  absl::StatusOr<c10::ScalarType> dtype = ParseDtype(layout.dtype());
+  if (!dtype.ok())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", dtype.status().message()));
+  const ParameterShard::PieceShape shape{
+      std::vector<int64_t>(layout.shape().begin(), layout.shape().end()), *dtype};
+  if (static_cast<int64_t>(data.size()) != ByteSize(shape)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", data.size(), " bytes, its layout ", ByteSize(shape)));
+  }
+  return torch::from_blob(const_cast<char*>(data.data()), shape.first,
+                          torch::TensorOptions().dtype(*dtype))
+      .clone();
 }
 
 }  // namespace
@@ -51,29 +91,23 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     }
     std::vector<torch::Tensor> pieces;
     for (int i = 0; i < request->layout_size(); ++i) {
-      const trainyard::v1::PieceLayout& layout = request->layout(i);
-      const c10::ScalarType dtype = layout.dtype() == "F64" ? torch::kFloat64 : torch::kFloat32;
-      if (layout.dtype() != "F32" && layout.dtype() != "F64") {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("piece ", i, ": dtype '", layout.dtype(), "'"));
-      }
-      const ParameterShard::PieceShape shape{
-          std::vector<int64_t>(layout.shape().begin(), layout.shape().end()), dtype};
-      const std::string& data = request->values(i).data();
-      if (static_cast<int64_t>(data.size()) != ByteSize(shape)) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("piece ", i, " has ", data.size(), " bytes, its layout ",
-                                         ByteSize(shape)));
-      }
-      pieces.push_back(torch::from_blob(const_cast<char*>(data.data()), shape.first,
-                                        torch::TensorOptions().dtype(dtype))
-                           .clone());
+      absl::StatusOr<torch::Tensor> piece =
+          TensorFrom(request->layout(i), request->values(i).data(), absl::StrCat("piece ", i));
+      if (!piece.ok()) return ToGrpcStatus(piece.status());
+      pieces.push_back(*std::move(piece));
+    }
+    std::map<std::string, torch::Tensor> state;
+    for (const trainyard::v1::NamedTensor& t : request->optimizer_state()) {
+      absl::StatusOr<torch::Tensor> tensor =
+          TensorFrom(t.layout(), t.data(), absl::StrCat("optimizer state ", t.name()));
+      if (!tensor.ok()) return ToGrpcStatus(tensor.status());
+      state[t.name()] = *std::move(tensor);
     }
     ShardConfig config = config_;
     config.start_version = request->version();
     config.total_steps = request->total_steps();
     absl::StatusOr<std::unique_ptr<ParameterShard>> shard =
-        ParameterShard::Create(std::move(config), std::move(pieces));
+        ParameterShard::Create(std::move(config), std::move(pieces), state);
     if (!shard.ok()) return ToGrpcStatus(shard.status());
     absl::MutexLock lock(&mu_);
     if (shard_ != nullptr) {
@@ -143,6 +177,24 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status State(grpc::ServerContext*, const trainyard::v1::StateRequest* request,
+                     trainyard::v1::StateResponse* response) override {
+    ParameterShard* shard = Shard(absl::InfinitePast());
+    if (shard == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the shard is not initialised");
+    }
+    absl::StatusOr<NamedTensors> state =
+        shard->OptimizerState(request->generation(), request->version());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    for (const auto& [name, tensor] : *state) {
+      trainyard::v1::NamedTensor* out = response->add_optimizer_state();
+      out->set_name(name);
+      SetLayout(tensor, out->mutable_layout());
+      SetBytes(tensor, out->mutable_data());
+    }
+    return grpc::Status::OK;
+  }
+
  private:
   // The shard once initialised, waiting for it until `deadline`; null if it is not by then.
   ParameterShard* Shard(absl::Time deadline) {
@@ -204,23 +256,48 @@ absl::Status PsClient::FromCall(const grpc::Status& status, const char* method) 
 }
 
 absl::Status PsClient::Init(int64_t version, int64_t total_steps,
-                            const std::vector<torch::Tensor>& pieces) {
+                            const std::vector<torch::Tensor>& pieces,
+                            const NamedTensors& optimizer_state) {
   trainyard::v1::InitRequest request;
   request.set_generation(generation_);
   request.set_version(version);
   request.set_total_steps(total_steps);
   for (const torch::Tensor& p : pieces) {
-    trainyard::v1::PieceLayout* layout = request.add_layout();
-    for (int64_t d : p.sizes()) layout->add_shape(d);
-    layout->set_dtype(p.scalar_type() == torch::kFloat64 ? "F64" : "F32");
-    const torch::Tensor c = p.detach().contiguous();
-    request.add_values()->set_data(static_cast<const char*>(c.data_ptr()),
-                                   c.numel() * c.element_size());
+    SetLayout(p, request.add_layout());
+    SetBytes(p, request.add_values()->mutable_data());
+  }
+  for (const auto& [name, tensor] : optimizer_state) {
+    trainyard::v1::NamedTensor* out = request.add_optimizer_state();
+    out->set_name(name);
+    SetLayout(tensor, out->mutable_layout());
+    SetBytes(tensor, out->mutable_data());
   }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   trainyard::v1::InitResponse response;
   return FromCall(stub_->Init(&context, request, &response), "init");
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t version) {
+  trainyard::v1::StateRequest request;
+  request.set_generation(generation_);
+  request.set_version(version);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  trainyard::v1::StateResponse response;
+  absl::Status status = FromCall(stub_->State(&context, request, &response), "state");
+  if (!status.ok()) return status;
+  std::map<std::string, torch::Tensor> state;
+  for (const trainyard::v1::NamedTensor& t : response.optimizer_state()) {
+    absl::StatusOr<torch::Tensor> tensor =
+        TensorFrom(t.layout(), t.data(), absl::StrCat("optimizer state ", t.name()));
+    if (!tensor.ok()) {
+      return absl::InternalError(
+          absl::StrCat("parameter server ", shard_, ": ", tensor.status().message()));
+    }
+    state[t.name()] = *std::move(tensor);
+  }
+  return state;
 }
 
 absl::StatusOr<ParameterShard::PushResult> PsClient::Push(

@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,8 +54,12 @@ class PsClient {
            absl::Duration timeout);
 
   // Creates the shard of a server started with StartEmpty from `pieces` (CPU float32 or
-  // float64), at version `version`.
-  absl::Status Init(int64_t version, int64_t total_steps, const std::vector<torch::Tensor>& pieces);
+  // float64) and their optimizer state (named "p{index}.{field}"; empty when fresh), at version
+  // `version`.
+  absl::Status Init(int64_t version, int64_t total_steps, const std::vector<torch::Tensor>& pieces,
+                    const NamedTensors& optimizer_state = {});
+  // The shard's optimizer state at `version` (FAILED_PRECONDITION if it is at another one).
+  absl::StatusOr<std::map<std::string, torch::Tensor>> State(int64_t version);
   // See ParameterShard::Push; the gradients are CPU tensors of the pieces' shapes.
   absl::StatusOr<ParameterShard::PushResult> Push(int64_t base_version,
                                                   const std::vector<torch::Tensor>& gradients,

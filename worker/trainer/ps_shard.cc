@@ -21,10 +21,17 @@ absl::Status Fenced(int64_t generation, int64_t own) {
       "generation ", generation, " is not this shard's attempt (generation ", own, ")"));
 }
 
+NamedTensors NamePieces(const std::vector<torch::Tensor>& pieces) {
+  NamedTensors named;
+  for (size_t i = 0; i < pieces.size(); ++i) named.emplace_back(absl::StrCat("p", i), pieces[i]);
+  return named;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
-    ShardConfig config, std::vector<torch::Tensor> pieces) {
+    ShardConfig config, std::vector<torch::Tensor> pieces,
+    const std::map<std::string, torch::Tensor>& optimizer_state) {
   if (config.workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("workers must be >= 1, got ", config.workers));
   }
@@ -43,6 +50,12 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(
   absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
       BuildOptimizer(config.optimizer, pieces);
   if (!optimizer.ok()) return optimizer.status();
+  if (!optimizer_state.empty()) {
+    const NamedTensors named = NamePieces(pieces);
+    absl::Status fits = CheckOptimizerState(**optimizer, named, optimizer_state);
+    if (!fits.ok()) return fits;
+    LoadOptimizerState(**optimizer, named, optimizer_state);
+  }
   return std::unique_ptr<ParameterShard>(
       new ParameterShard(std::move(config), std::move(pieces), std::move(*optimizer)));
 }
@@ -52,10 +65,22 @@ ParameterShard::ParameterShard(ShardConfig config, std::vector<torch::Tensor> pi
     : config_(std::move(config)),
       shapes_(ShapesOf(pieces)),
       pieces_(std::move(pieces)),
+      named_pieces_(NamePieces(pieces_)),
       optimizer_(std::move(optimizer)),
       version_(config_.start_version),
       pending_(config_.workers),
       pending_loss_(config_.workers, 0.0) {}
+
+absl::StatusOr<NamedTensors> ParameterShard::OptimizerState(int64_t generation,
+                                                            int64_t version) const {
+  if (generation != config_.generation) return Fenced(generation, config_.generation);
+  absl::MutexLock lock(&mu_);
+  if (version != version_) {
+    return absl::FailedPreconditionError(absl::StrCat("optimizer state of version ", version,
+                                                      " asked for; the shard is at ", version_));
+  }
+  return OptimizerStateTensors(*optimizer_, named_pieces_);
+}
 
 int64_t ParameterShard::version() const {
   absl::MutexLock lock(&mu_);

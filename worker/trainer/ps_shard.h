@@ -24,7 +24,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "trainyard/v1/job.pb.h"
+#include "worker/trainer/model.h"
 
 namespace trainyard::trainer {
 
@@ -56,11 +59,14 @@ struct ShardAgreement {
 class ParameterShard {
  public:
   // `pieces` are this shard's parameter pieces (float32 or float64, CPU, contiguous), taken as
-  // the initial values; the shard owns them from now on. INVALID_ARGUMENT for a bad config
-  // (workers < 1, max_staleness < 0 in asynchronous mode) or pieces that are not CPU floating
-  // point; the optimizer's errors (optimizer.name) otherwise.
-  static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(ShardConfig config,
-                                                                std::vector<torch::Tensor> pieces);
+  // the initial values; the shard owns them from now on. `optimizer_state` is the optimizer's
+  // state over them, named "p{piece index}.{field}" as OptimizerStateTensors names it (empty:
+  // fresh). INVALID_ARGUMENT for a bad config (workers < 1, max_staleness < 0 in asynchronous
+  // mode), pieces that are not CPU floating point, or state that does not fit them; the
+  // optimizer's errors (optimizer.name) otherwise.
+  static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(
+      ShardConfig config, std::vector<torch::Tensor> pieces,
+      const std::map<std::string, torch::Tensor>& optimizer_state = {});
 
   struct PushResult {
     int64_t version = 0;    // the shard's version after the push
@@ -88,6 +94,10 @@ class ParameterShard {
   absl::StatusOr<PullResult> Pull(int64_t generation, int64_t min_version,
                                   std::vector<torch::Tensor>* out, absl::Time deadline);
 
+  // A copy of the optimizer's state, named as Create takes it, once the version is `version`.
+  // FAILED_PRECONDITION for another generation or when the shard is at another version.
+  absl::StatusOr<NamedTensors> OptimizerState(int64_t generation, int64_t version) const;
+
   int64_t version() const;
   const ShardConfig& config() const { return config_; }
   using PieceShape = std::pair<std::vector<int64_t>, c10::ScalarType>;
@@ -111,6 +121,7 @@ class ParameterShard {
 
   mutable absl::Mutex mu_;
   std::vector<torch::Tensor> pieces_ ABSL_GUARDED_BY(mu_);
+  NamedTensors named_pieces_ ABSL_GUARDED_BY(mu_);  // the same tensors, named "p{index}"
   std::unique_ptr<torch::optim::Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_);
   int64_t stale_pushes_ ABSL_GUARDED_BY(mu_) = 0;

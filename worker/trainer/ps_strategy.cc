@@ -1,8 +1,10 @@
 #include "worker/trainer/ps_strategy.h"
 
 #include <chrono>
+#include <map>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainyard::trainer {
@@ -30,6 +32,7 @@ absl::Status ParameterServerStrategy::Setup(Model& model) {
                        "the parameter-server strategy needs"));
     }
     params_.push_back(p);
+    names_.push_back(name);
     shapes.push_back({name, p.numel(), static_cast<int64_t>(p.element_size())});
   }
   absl::StatusOr<Partition> partition =
@@ -69,13 +72,97 @@ std::vector<torch::Tensor> Views(const std::vector<torch::Tensor>& tensors,
 
 }  // namespace
 
+void ParameterServerStrategy::SetOptimizer(torch::optim::Optimizer* optimizer,
+                                           const NamedTensors& params) {
+  optimizer_ = optimizer;
+  optimizer_params_ = params;
+}
+
+namespace {
+
+// "name.field" -> {name, field}.
+std::pair<std::string, std::string> SplitStateKey(const std::string& key) {
+  const size_t dot = key.rfind('.');
+  if (dot == std::string::npos) return {key, ""};
+  return {key.substr(0, dot), key.substr(dot + 1)};
+}
+
+}  // namespace
+
+NamedTensors ParameterServerStrategy::ShardState(const NamedTensors& whole, int shard) const {
+  std::map<std::string, std::vector<std::pair<std::string, torch::Tensor>>> by_param;
+  for (const auto& [key, tensor] : whole) {
+    auto [param, field] = SplitStateKey(key);
+    by_param[param].emplace_back(field, tensor);
+  }
+  NamedTensors out;
+  for (size_t k = 0; k < pieces_[shard].size(); ++k) {
+    const Piece& piece = pieces_[shard][k];
+    auto it = by_param.find(names_[piece.parameter]);
+    if (it == by_param.end()) continue;
+    for (const auto& [field, tensor] : it->second) {
+      // "step" counts updates, one number per parameter; the rest are shaped like it.
+      out.emplace_back(
+          absl::StrCat("p", k, ".", field),
+          field == "step" ? tensor : tensor.reshape(-1).narrow(0, piece.offset, piece.length));
+    }
+  }
+  return out;
+}
+
+absl::Status ParameterServerStrategy::GatherOptimizerState(int64_t step) {
+  if (optimizer_ == nullptr) return absl::OkStatus();
+  std::vector<absl::StatusOr<std::map<std::string, torch::Tensor>>> states(shards_.size());
+  absl::Status fetched = ForEachShard([&](int s) {
+    states[s] = shards_[s]->State(step);
+    return states[s].status();
+  });
+  if (!fetched.ok()) return fetched;
+  std::map<std::string, torch::Tensor> whole;
+  for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
+    for (const auto& [key, tensor] : *states[s]) {
+      auto [piece_name, field] = SplitStateKey(key);
+      size_t k = 0;
+      if (piece_name.size() < 2 || !absl::SimpleAtoi(piece_name.substr(1), &k) ||
+          k >= pieces_[s].size()) {
+        return absl::InternalError(
+            absl::StrCat("parameter server ", s, " sent optimizer state '", key, "'"));
+      }
+      const Piece& piece = pieces_[s][k];
+      const torch::Tensor& param = params_[piece.parameter];
+      const std::string name = absl::StrCat(names_[piece.parameter], ".", field);
+      if (field == "step") {
+        whole[name] = tensor;
+        continue;
+      }
+      torch::Tensor& target = whole[name];
+      if (!target.defined()) target = torch::zeros_like(param, tensor.scalar_type());
+      if (tensor.numel() != piece.length) {
+        return absl::InternalError(absl::StrCat("parameter server ", s, ": optimizer state '", key,
+                                                "' has ", tensor.numel(), " elements, its piece ",
+                                                piece.length));
+      }
+      target.view(-1).narrow(0, piece.offset, piece.length).copy_(tensor.reshape(-1));
+    }
+  }
+  absl::Status fits = CheckOptimizerState(*optimizer_, optimizer_params_, whole);
+  if (!fits.ok()) return absl::InternalError(absl::StrCat("parameter servers: ", fits.message()));
+  LoadOptimizerState(*optimizer_, optimizer_params_, whole);
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServerStrategy::SyncState(Model&, int64_t start_step) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> values;
   for (const torch::Tensor& p : params_) values.push_back(p.detach());
   if (rank_ == 0) {
+    // The state the trainer restored from the checkpoint resumed from (none when fresh).
+    const NamedTensors whole = optimizer_ != nullptr
+                                   ? OptimizerStateTensors(*optimizer_, optimizer_params_)
+                                   : NamedTensors{};
     absl::Status init = ForEachShard([&](int s) {
-      return shards_[s]->Init(start_step, total_steps_, Views(values, pieces_[s]));
+      return shards_[s]->Init(start_step, total_steps_, Views(values, pieces_[s]),
+                              ShardState(whole, s));
     });
     if (!init.ok()) return init;
   }

@@ -27,6 +27,10 @@ class ParameterServerStrategy final : public Strategy {
   bool updates_parameters() const override { return true; }
   // For the shards' learning-rate schedule: rank 0 gives it to them in SyncState.
   void SetTotalSteps(int64_t total_steps) override { total_steps_ = total_steps; }
+  void SetOptimizer(torch::optim::Optimizer* optimizer, const NamedTensors& params) override;
+  // Fetches every shard's optimizer state of version `step` and lays it out over the whole
+  // parameters in the trainer's optimizer.
+  absl::Status GatherOptimizerState(int64_t step) override;
   // Partitions the trainable parameters (float32 or float64, contiguous, CPU) over the shards.
   // INVALID_ARGUMENT for parameters it cannot hold.
   absl::Status Setup(Model& model) override;
@@ -40,6 +44,9 @@ class ParameterServerStrategy final : public Strategy {
   double TakeCommunicationSeconds() override;
 
  private:
+  // `whole` (optimizer state by parameter, as OptimizerStateTensors names it) cut into the
+  // pieces of `shard`, named "p{piece}.{field}" as the shard takes it.
+  NamedTensors ShardState(const NamedTensors& whole, int shard) const;
   // Runs `call(shard)` for every shard at once (one thread per shard beyond the first); the
   // first error in shard order.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& call);
@@ -48,8 +55,11 @@ class ParameterServerStrategy final : public Strategy {
   const int world_;
   int64_t total_steps_ = 0;
   std::vector<std::unique_ptr<PsClient>> shards_;
-  // Fixed by Setup.
+  // Fixed by Setup and SetOptimizer.
   std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;  // of params_
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  NamedTensors optimizer_params_;
   Partition partition_;
   std::vector<std::vector<Piece>> pieces_;  // per shard
   // Training thread only.

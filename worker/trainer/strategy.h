@@ -39,6 +39,14 @@ class Strategy {
   virtual absl::Status Setup(Model& model) = 0;
   // The run's total updates, once the data is known; before SyncState.
   virtual void SetTotalSteps(int64_t total_steps) {}
+  // The trainer's optimizer over its trainable parameters (by name), before SyncState, which
+  // finds it restored from the checkpoint resumed from. A strategy that updates the parameters
+  // itself keeps the optimizer's state elsewhere and carries it through this one: into its own
+  // in SyncState, and back before every checkpoint (GatherOptimizerState). Not owned.
+  virtual void SetOptimizer(torch::optim::Optimizer* optimizer, const NamedTensors& params) {}
+  // Rank 0, before a checkpoint of `step`: makes the trainer's optimizer hold the state the
+  // checkpoint records. The strategy's errors (a shard that cannot be reached) otherwise.
+  virtual absl::Status GatherOptimizerState(int64_t step) { return absl::OkStatus(); }
   // Whether the strategy applies the optimizer itself (the parameter servers do): then the
   // trainer does not step its own after AfterBackward.
   virtual bool updates_parameters() const { return false; }

@@ -241,6 +241,7 @@ absl::Status Run::Prepare() {
       BuildOptimizer(spec_.optimizer(), tensors);
   if (!optimizer.ok()) return optimizer.status();
   optimizer_ = *std::move(optimizer);
+  strategy_->SetOptimizer(optimizer_.get(), params_);
 
   if (!task_.checkpoint_uri().empty()) {
     absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(task_.checkpoint_uri());
@@ -362,6 +363,11 @@ void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool d
         return;
       }
     }
+  }
+  if (absl::Status gathered = strategy_->GatherOptimizerState(step); !gathered.ok()) {
+    result.stop_checkpoint_skipped = true;
+    ReportStopSkip(checkpointer, step, std::string(gathered.message()));
+    return;
   }
   checkpointer.SaveAsync(Snapshot(step, lr), /*final_save=*/true, limit);
   absl::Status saved = checkpointer.WaitUntil(limit);
@@ -557,6 +563,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     }
     if (checkpointer != nullptr && every > 0 && step % every == 0 && step < total) {
       const Steady::time_point save_start = Steady::now();
+      if (status = strategy_->GatherOptimizerState(step); !status.ok()) return status;
       const bool saving = checkpointer->SaveAsync(step, [&] { return Snapshot(step, lr); });
       checkpoint_s += seconds_since(save_start);
       if (saving) last_checkpoint_step = step;
@@ -600,7 +607,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
     if (result.stopped) {
       SaveAtStop(*checkpointer, step, lr, due, deadline, result);
     } else {
-      if (due) checkpointer->SaveAsync(Snapshot(step, lr), /*final_save=*/true);
+      if (due) {
+        status = strategy_->GatherOptimizerState(step);
+        if (!status.ok()) {
+          return absl::UnavailableError(absl::StrCat("final checkpoint: ", status.message()));
+        }
+        checkpointer->SaveAsync(Snapshot(step, lr), /*final_save=*/true);
+      }
       absl::Status saved = checkpointer->Wait();
       if (!saved.ok()) {
         return absl::UnavailableError(absl::StrCat("final checkpoint: ", saved.message()));
