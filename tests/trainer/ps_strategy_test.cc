@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/ps_service.h"
+#include "worker/trainer/ps_task.h"
 #include "worker/trainer/strategy.h"
 
 namespace trainyard::trainer {
@@ -186,6 +188,47 @@ TEST_P(PsStrategyTest, StoppedAndResumedOnOtherCountsEndsLikeTheUninterruptedRun
     ExpectClose(ReadTensors(whole + "/final/model.safetensors"),
                 ReadTensors(resumed + "/final/model.safetensors"));
   }
+}
+
+// Shards run as tasks of the job (RunShardTask) publish themselves in the rendezvous store, serve
+// the ranks, and end when stopped.
+TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilStopped) {
+  const Case c{false, 1};
+  const std::string dp_dir = MakeTempDir(), ps_dir = MakeTempDir();
+  for (const auto& r : RunRanks(JobTask(dp_dir, c, trainyard::v1::DATA_PARALLEL), kRanks, {})) {
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  const trainyard::v1::Task ps_task = JobTask(ps_dir, c, trainyard::v1::PARAMETER_SERVER);
+  FakeRendezvous rendezvous;
+  std::atomic<int> stop{0};
+  std::vector<absl::Status> shard_results(kShards, absl::UnknownError("not run"));
+  std::vector<std::thread> shards;
+  for (int s = 0; s < kShards; ++s) {
+    shards.emplace_back([&, s] {
+      trainyard::v1::Task task = ps_task;
+      task.set_role(trainyard::v1::TASK_ROLE_SHARD);
+      task.set_shard(s);
+      task.set_world_size(kRanks);
+      ShardTaskOptions options;
+      options.rendezvous = &rendezvous;
+      options.listen = "127.0.0.1:0";
+      options.stop_signal = &stop;
+      shard_results[s] = RunShardTask(task, options);
+    });
+  }
+  for (const auto& r : RunRanks(ps_task, kRanks, {}, &rendezvous))
+    ASSERT_TRUE(r.ok()) << r.status();
+  stop = 15;
+  for (std::thread& t : shards) t.join();
+  for (const absl::Status& s : shard_results) EXPECT_TRUE(s.ok()) << s;
+  ExpectClose(ReadTensors(dp_dir + "/final/model.safetensors"),
+              ReadTensors(ps_dir + "/final/model.safetensors"));
+
+  // A rank's task is not a shard.
+  ShardTaskOptions options;
+  options.rendezvous = &rendezvous;
+  options.stop_signal = &stop;
+  EXPECT_EQ(RunShardTask(ps_task, options).code(), absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, PsStrategyTest,

@@ -29,6 +29,7 @@
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/errors.h"
+#include "worker/trainer/ps_task.h"
 #include "worker/trainer/rendezvous_client.h"
 #include "worker/trainer/trainer.h"
 
@@ -183,6 +184,22 @@ int main(int argc, char** argv) {
         address, task.job_id(), task.generation(), task.rank(), keep_last, absl::Seconds(5));
     rendezvous = trainyard::trainer::NewGrpcRendezvousClient(address, task.job_id(),
                                                              task.generation(), task.rank());
+  }
+
+  if (task.role() == trainyard::v1::TASK_ROLE_SHARD) {
+    trainyard::trainer::ShardTaskOptions shard_options;
+    shard_options.rendezvous = rendezvous.get();
+    shard_options.stop_signal = &stop_signal;
+    const absl::Status served = trainyard::trainer::RunShardTask(task, shard_options);
+    if (!served.ok()) {
+      return Fail(trainyard::trainer::ExitCodeForStatus(served), std::string(served.message()));
+    }
+    const std::string message =
+        absl::StrCat("parameter server stopped by ",
+                     stop_signal.load() == SIGINT ? "SIGINT" : "SIGTERM");
+    trainyard::LogInfo(message);
+    trainyard::trainer::WriteTerminationMessage("", message);
+    return trainyard::kExitStoppedBySignal;
   }
 
   trainyard::trainer::TrainerOptions options;

@@ -1,0 +1,39 @@
+#ifndef TRAINYARD_WORKER_TRAINER_PS_TASK_H_
+#define TRAINYARD_WORKER_TRAINER_PS_TASK_H_
+
+// A parameter-server shard as a task of a parameter_server job (role TASK_ROLE_SHARD): it
+// listens, publishes its address in the attempt's rendezvous store for the ranks to find, serves
+// until it is stopped, and holds nothing that a checkpoint needs from it afterwards: rank 0
+// gathers the shards' optimizer state into every checkpoint and hands it back to a new attempt's
+// shards.
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "worker/trainer/rendezvous_client.h"
+
+namespace trainyard::trainer {
+
+struct ShardTaskOptions {
+  RendezvousClient* rendezvous = nullptr;  // required; not owned
+  // Where it listens ("0.0.0.0:0": every address, a port the kernel picks) and the host the
+  // ranks reach it at (the task's worker_address when set).
+  std::string listen = "0.0.0.0:0";
+  std::string default_hostname = "127.0.0.1";
+  // It serves until this becomes non-zero (a signal handler sets it). Not owned; required.
+  const std::atomic<int>* stop_signal = nullptr;
+  // How often it looks at stop_signal.
+  absl::Duration poll_interval = absl::Milliseconds(50);
+};
+
+// Serves shard `task.shard()` of `task`'s attempt until stop_signal is set; OK then.
+// INVALID_ARGUMENT for a task that is not a shard of a parameter_server job or a missing
+// rendezvous; UNAVAILABLE when it cannot listen or publish its address.
+absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOptions& options);
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_PS_TASK_H_
