@@ -217,6 +217,27 @@ TEST(ShardTest, BadPushesAreRefusedAndChangeNothing) {
   EXPECT_THAT(std::string(late.status().message()), HasSubstr("version 1"));
 }
 
+// A model with fewer pieces than shards leaves some shards empty; they still keep the ranks in
+// step and carry the agreement.
+TEST(ShardTest, AnEmptyShardStillAgrees) {
+  ShardConfig config;
+  config.generation = 1;
+  config.workers = 2;
+  config.optimizer.set_name("adamw");
+  config.optimizer.set_lr(0.1);
+  auto shard = ParameterShard::Create(config, {});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE((*shard)->Push(1, 0, 0, {}, 1.0, false).ok());
+  ASSERT_TRUE((*shard)->Push(1, 1, 0, {}, 3.0, true).ok());
+  std::vector<torch::Tensor> pulled;
+  auto result = (*shard)->Pull(1, 1, &pulled, absl::InfiniteFuture());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(pulled.empty());
+  EXPECT_DOUBLE_EQ(result->agreement.loss, 2.0);
+  EXPECT_TRUE(result->agreement.stop);
+  EXPECT_TRUE((*shard)->OptimizerState(1, 1).ok());
+}
+
 TEST(ShardTest, BadConfigsAreRefused) {
   ShardConfig config;
   config.workers = 0;
