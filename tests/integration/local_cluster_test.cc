@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,37 +60,58 @@ std::string CommandLine(pid_t pid) {
   return text;
 }
 
+// `trainyard up` with `workers` workers in a folder of `dir`, and the coordinator it started.
+struct LocalCluster {
+  LocalCluster(const TempDir& dir, int workers, std::map<std::string, std::string> env = {})
+      : state_dir(dir.path() + "/up"),
+        up({BinDir() + "/trainyard", "up", "--workers", absl::StrCat(workers), "--slots", "1",
+            "--port", "0", "--state_dir", state_dir},
+           dir.path() + "/up.log", std::move(env)) {}
+
+  // Waits for the coordinator's port and for `count` READY workers; false (the caller fails)
+  // if they do not come within 30 s each.
+  bool WaitForWorkers(int count) {
+    int port = 0;
+    if (!PollUntil(
+            [&] {
+              return absl::SimpleAtoi(
+                         absl::StripAsciiWhitespace(ReadFile(state_dir + "/coordinator.port")),
+                         &port) &&
+                     port > 0;
+            },
+            absl::Seconds(30))) {
+      return false;
+    }
+    address = absl::StrCat("127.0.0.1:", port);
+    jobs =
+        v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    return PollUntil(
+        [&] {
+          workers = ListWorkers(*jobs);
+          int ready = 0;
+          for (const v1::Worker& w : workers) ready += w.state() == v1::READY;
+          return ready == count;
+        },
+        absl::Seconds(30));
+  }
+
+  std::string state_dir;
+  Process up;
+  std::string address;
+  std::unique_ptr<v1::JobService::Stub> jobs;
+  std::vector<v1::Worker> workers;
+};
+
 TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
   TempDir dir;
-  const std::string state_dir = dir.path() + "/up";
   const std::string hold_dir = dir.path() + "/holds";
   std::filesystem::create_directories(hold_dir);
-  Process up({BinDir() + "/trainyard", "up", "--workers", "3", "--slots", "1", "--port", "0",
-              "--state_dir", state_dir},
-             dir.path() + "/up.log", {{kTestHoldDirEnv, hold_dir}});
-
-  int port = 0;
-  ASSERT_TRUE(PollUntil(
-      [&] {
-        return absl::SimpleAtoi(
-                   absl::StripAsciiWhitespace(ReadFile(state_dir + "/coordinator.port")), &port) &&
-               port > 0;
-      },
-      absl::Seconds(30)))
-      << up.Log();
-  const std::string address = absl::StrCat("127.0.0.1:", port);
-  auto jobs =
-      v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  std::vector<v1::Worker> workers;
-  ASSERT_TRUE(PollUntil(
-      [&] {
-        workers = ListWorkers(*jobs);
-        int ready = 0;
-        for (const v1::Worker& w : workers) ready += w.state() == v1::READY;
-        return ready == 3;
-      },
-      absl::Seconds(30)))
-      << up.Log();
+  LocalCluster cluster(dir, 3, {{kTestHoldDirEnv, hold_dir}});
+  Process& up = cluster.up;
+  ASSERT_TRUE(cluster.WaitForWorkers(3)) << up.Log();
+  const std::string& address = cluster.address;
+  v1::JobService::Stub& jobs = *cluster.jobs;
+  std::vector<v1::Worker> workers = cluster.workers;
 
   // The job is held mid-run (after a committed checkpoint) until the worker is gone.
   SetTestHold(hold_dir, kJobName, 25);
@@ -98,7 +121,7 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
   const std::string id = submit.FirstLine();
   auto held = WatchJobUntil(
-      *jobs, id,
+      jobs, id,
       [](const Job& job) {
         return job.state() == v1::RUNNING && job.progress().step() == 25 &&
                job.committed_step() >= 20;
@@ -107,7 +130,7 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
   ASSERT_TRUE(held.ok()) << held.status();
 
   // `trainyard workers` shows each agent's host and process id, and the tasks it runs.
-  workers = ListWorkers(*jobs);
+  workers = ListWorkers(jobs);
   const auto listed = RunCli(address, dir.path(), {"workers"});
   ASSERT_EQ(listed.exit_code, 0) << listed.output;
   std::string victim;
@@ -130,7 +153,7 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
   ASSERT_EQ(kill(victim_pid, SIGKILL), 0);
   ClearTestHold(hold_dir, kJobName);
   auto done = WatchJobUntil(
-      *jobs, id,
+      jobs, id,
       [](const Job& job) {
         return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
                job.state() == v1::CANCELLED;
@@ -153,7 +176,7 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
   EXPECT_THAT(log, HasSubstr(absl::StrCat(victim, " killed by signal 9")));
   EXPECT_THAT(log, HasSubstr(absl::StrCat(victim, " stays down")));
   int ready = 0;
-  for (const v1::Worker& w : ListWorkers(*jobs)) ready += w.state() == v1::READY;
+  for (const v1::Worker& w : ListWorkers(jobs)) ready += w.state() == v1::READY;
   EXPECT_EQ(ready, 2);
 
   // Ctrl-C stops what is left, cleanly.
@@ -167,29 +190,11 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
 // The coordinator's end still stops the whole local cluster, with a non-zero exit.
 TEST(LocalClusterTest, TheCoordinatorsEndStopsEverything) {
   TempDir dir;
-  const std::string state_dir = dir.path() + "/up";
-  Process up({BinDir() + "/trainyard", "up", "--workers", "2", "--slots", "1", "--port", "0",
-              "--state_dir", state_dir},
-             dir.path() + "/up.log");
-  int port = 0;
-  ASSERT_TRUE(PollUntil(
-      [&] {
-        return absl::SimpleAtoi(
-                   absl::StripAsciiWhitespace(ReadFile(state_dir + "/coordinator.port")), &port) &&
-               port > 0;
-      },
-      absl::Seconds(30)))
-      << up.Log();
-  auto jobs = v1::JobService::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  std::vector<v1::Worker> workers;
-  ASSERT_TRUE(PollUntil(
-      [&] {
-        workers = ListWorkers(*jobs);
-        return workers.size() == 2;
-      },
-      absl::Seconds(30)))
-      << up.Log();
+  LocalCluster cluster(dir, 2);
+  Process& up = cluster.up;
+  const std::string& state_dir = cluster.state_dir;
+  ASSERT_TRUE(cluster.WaitForWorkers(2)) << up.Log();
+  const std::vector<v1::Worker> workers = cluster.workers;
   std::optional<pid_t> coordinator;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     pid_t pid = 0;
