@@ -3,6 +3,8 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
+# The build's own progress lines are enough; no "Entering directory" for every sub-make.
+MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test test-unit test-integration demo bench clean
 
