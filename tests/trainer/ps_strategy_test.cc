@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
@@ -191,8 +193,8 @@ TEST_P(PsStrategyTest, StoppedAndResumedOnOtherCountsEndsLikeTheUninterruptedRun
 }
 
 // Shards run as tasks of the job (RunShardTask) publish themselves in the rendezvous store, serve
-// the ranks, and end when stopped.
-TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilStopped) {
+// the ranks, and end on their own once every rank has finished.
+TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilTheyFinish) {
   const Case c{false, 1};
   const std::string dp_dir = MakeTempDir(), ps_dir = MakeTempDir();
   for (const auto& r : RunRanks(JobTask(dp_dir, c, trainyard::v1::DATA_PARALLEL), kRanks, {})) {
@@ -223,6 +225,25 @@ TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilStopped) {
   for (const absl::Status& s : shard_results) EXPECT_TRUE(s.ok()) << s;
   ExpectClose(ReadTensors(dp_dir + "/final/model.safetensors"),
               ReadTensors(ps_dir + "/final/model.safetensors"));
+
+  // Asked to stop before the ranks are done, a shard serves on until its stop's deadline.
+  std::atomic<int> stopped{15};
+  const absl::Time start = absl::Now();  // before the deadline is set: it ends >= 500 ms later
+  const std::string deadline_file = MakeTempDir() + "/stop-deadline";
+  std::ofstream(deadline_file) << absl::ToUnixMillis(absl::Now() + absl::Milliseconds(700)) << "\n";
+  trainyard::v1::Task lone = ps_task;
+  lone.set_role(trainyard::v1::TASK_ROLE_SHARD);
+  lone.set_generation(5);
+  lone.set_world_size(kRanks);
+  FakeRendezvous other;
+  ShardTaskOptions until_deadline;
+  until_deadline.rendezvous = &other;
+  until_deadline.listen = "127.0.0.1:0";
+  until_deadline.stop_signal = &stopped;
+  until_deadline.stop_deadline_file = deadline_file;
+  EXPECT_TRUE(RunShardTask(lone, until_deadline).ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(400));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 
   // A rank's task is not a shard.
   ShardTaskOptions options;

@@ -190,13 +190,14 @@ int main(int argc, char** argv) {
     trainyard::trainer::ShardTaskOptions shard_options;
     shard_options.rendezvous = rendezvous.get();
     shard_options.stop_signal = &stop_signal;
+    shard_options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
     const absl::Status served = trainyard::trainer::RunShardTask(task, shard_options);
     if (!served.ok()) {
       return Fail(trainyard::trainer::ExitCodeForStatus(served), std::string(served.message()));
     }
-    const std::string message =
-        absl::StrCat("parameter server stopped by ",
-                     stop_signal.load() == SIGINT ? "SIGINT" : "SIGTERM");
+    if (stop_signal.load() == 0) return trainyard::kExitOk;  // every rank finished
+    const std::string message = absl::StrCat("parameter server stopped by ",
+                                             stop_signal.load() == SIGINT ? "SIGINT" : "SIGTERM");
     trainyard::LogInfo(message);
     trainyard::trainer::WriteTerminationMessage("", message);
     return trainyard::kExitStoppedBySignal;

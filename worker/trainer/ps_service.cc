@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,7 +67,7 @@ absl::StatusOr<torch::Tensor> TensorFrom(const trainyard::v1::PieceLayout& layou
 
 class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
  public:
-  explicit Service(ParameterShard* shard) : shard_(shard) {}
+  explicit Service(ParameterShard* shard) : shard_unowned_(shard), shard_(shard) {}
   explicit Service(ShardConfig config) : config_(std::move(config)) {}
 
   grpc::Status Init(grpc::ServerContext*, const trainyard::v1::InitRequest* request,
@@ -195,7 +196,35 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Finish(grpc::ServerContext*, const trainyard::v1::FinishRequest* request,
+                      trainyard::v1::FinishResponse*) override {
+    const int64_t generation = Config().generation;
+    if (request->generation() != generation) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("generation ", request->generation(),
+                       " is not this shard's attempt (generation ", generation, ")"));
+    }
+    absl::MutexLock lock(&mu_);
+    finished_ranks_.insert(request->rank());
+    return grpc::Status::OK;
+  }
+
+  bool WaitUntilFinished(absl::Time deadline) {
+    const int workers = std::max(1, Config().workers);
+    absl::MutexLock lock(&mu_);
+    auto all = [this, workers]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(finished_ranks_.size()) >= workers;
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&all), deadline);
+  }
+
  private:
+  // The attempt's settings: Start's shard's, or StartEmpty's.
+  const ShardConfig& Config() const {
+    return shard_unowned_ != nullptr ? shard_unowned_->config() : config_;
+  }
+
   // The shard once initialised, waiting for it until `deadline`; null if it is not by then.
   ParameterShard* Shard(absl::Time deadline) {
     absl::MutexLock lock(&mu_);
@@ -205,7 +234,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   }
 
   const ShardConfig config_;
+  ParameterShard* const shard_unowned_ = nullptr;  // Start's shard
   absl::Mutex mu_;
+  std::set<int> finished_ranks_ ABSL_GUARDED_BY(mu_);
   ParameterShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<ParameterShard> owned_ ABSL_GUARDED_BY(mu_);
 };
@@ -234,6 +265,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Serve(std::unique_ptr<Servic
     return absl::UnavailableError(absl::StrCat("parameter server: cannot listen on ", listen));
   }
   return server;
+}
+
+bool PsServer::WaitUntilFinished(absl::Time deadline) {
+  return service_->WaitUntilFinished(deadline);
 }
 
 PsServer::~PsServer() {
@@ -276,6 +311,16 @@ absl::Status PsClient::Init(int64_t version, int64_t total_steps,
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   trainyard::v1::InitResponse response;
   return FromCall(stub_->Init(&context, request, &response), "init");
+}
+
+absl::Status PsClient::Finish() {
+  trainyard::v1::FinishRequest request;
+  request.set_generation(generation_);
+  request.set_rank(rank_);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  trainyard::v1::FinishResponse response;
+  return FromCall(stub_->Finish(&context, request, &response), "finish");
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t version) {

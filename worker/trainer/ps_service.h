@@ -35,6 +35,8 @@ class PsServer {
                                                               const std::string& listen);
   ~PsServer();  // stops serving: calls in flight end with CANCELLED or their result
   int port() const { return port_; }
+  // Whether every rank of the shard's attempt has called Finish; waits for it until `deadline`.
+  bool WaitUntilFinished(absl::Time deadline);
 
  private:
   class Service;
@@ -58,6 +60,8 @@ class PsClient {
   // `version`.
   absl::Status Init(int64_t version, int64_t total_steps, const std::vector<torch::Tensor>& pieces,
                     const NamedTensors& optimizer_state = {});
+  // Tells the shard this rank is done with it.
+  absl::Status Finish();
   // The shard's optimizer state at `version` (FAILED_PRECONDITION if it is at another one).
   absl::StatusOr<std::map<std::string, torch::Tensor>> State(int64_t version);
   // See ParameterShard::Push; the gradients are CPU tensors of the pieces' shapes.

@@ -216,6 +216,10 @@ absl::Status ParameterServerStrategy::AfterBackward(Model&) {
 
 absl::StatusOr<StepAgreement> ParameterServerStrategy::EndStep() { return agreed_; }
 
+absl::Status ParameterServerStrategy::Finish() {
+  return ForEachShard([this](int s) { return shards_[s]->Finish(); });
+}
+
 double ParameterServerStrategy::TakeCommunicationSeconds() {
   const double seconds = communication_seconds_;
   communication_seconds_ = 0;

@@ -41,6 +41,8 @@ class ParameterServerStrategy final : public Strategy {
   // Pushes this rank's gradients and pulls the next version into the parameters.
   absl::Status AfterBackward(Model& model) override;
   absl::StatusOr<StepAgreement> EndStep() override;
+  // Tells every shard this rank is done.
+  absl::Status Finish() override;
   double TakeCommunicationSeconds() override;
 
  private:

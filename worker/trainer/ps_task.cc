@@ -1,12 +1,21 @@
 #include "worker/trainer/ps_task.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "worker/trainer/ps_service.h"
 #include "worker/trainer/strategy.h"
+#include "worker/trainer/trainer.h"
 
 namespace trainyard::trainer {
+namespace {
+
+// How long before a stop's deadline a shard still serving gives up (the agent kills at it).
+constexpr absl::Duration kShardExitAhead = absl::Milliseconds(200);
+
+}  // namespace
 
 absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOptions& options) {
   const trainyard::v1::JobSpec& spec = task.spec();
@@ -40,8 +49,22 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
   }
   LogInfo("parameter server ", task.shard(), " of ", spec.parameter_servers().shards(), " serving ",
           config.workers, " ranks at ", address);
-  while (options.stop_signal->load() == 0) absl::SleepFor(options.poll_interval);
-  LogInfo("parameter server ", task.shard(), " stopping");
+  std::optional<absl::Time> deadline;
+  while (!(*server)->WaitUntilFinished(absl::Now() + options.poll_interval)) {
+    if (options.stop_signal->load() == 0) continue;
+    if (!deadline.has_value()) {
+      deadline = options.stop_deadline_file.empty() ? std::nullopt
+                                                    : ReadStopDeadline(options.stop_deadline_file);
+      if (!deadline.has_value()) deadline = absl::InfiniteFuture();
+      LogInfo("parameter server ", task.shard(),
+              " asked to stop: serving until the ranks have saved and finished");
+    }
+    if (absl::Now() >= *deadline - kShardExitAhead) {
+      LogWarning("parameter server ", task.shard(), ": the stop's deadline came first");
+      return absl::OkStatus();
+    }
+  }
+  LogInfo("parameter server ", task.shard(), ": every rank finished");
   return absl::OkStatus();
 }
 

@@ -2,10 +2,12 @@
 #define TRAINYARD_WORKER_TRAINER_PS_TASK_H_
 
 // A parameter-server shard as a task of a parameter_server job (role TASK_ROLE_SHARD): it
-// listens, publishes its address in the attempt's rendezvous store for the ranks to find, serves
-// until it is stopped, and holds nothing that a checkpoint needs from it afterwards: rank 0
-// gathers the shards' optimizer state into every checkpoint and hands it back to a new attempt's
-// shards.
+// listens, publishes its address in the attempt's rendezvous store for the ranks to find, and
+// serves until every rank has finished with it (their run ended, or they stopped and saved). A
+// stop (SIGTERM) does not end it before the ranks are done, since they still exchange with it up
+// to the step they agree to stop at; only the stop's deadline does. It holds nothing that a
+// checkpoint needs from it afterwards: rank 0 gathers the shards' optimizer state into every
+// checkpoint and hands it back to a new attempt's shards.
 
 #include <atomic>
 #include <string>
@@ -23,13 +25,16 @@ struct ShardTaskOptions {
   // ranks reach it at (the task's worker_address when set).
   std::string listen = "0.0.0.0:0";
   std::string default_hostname = "127.0.0.1";
-  // It serves until this becomes non-zero (a signal handler sets it). Not owned; required.
+  // Non-zero once it was asked to stop (a signal handler sets it). Not owned; required.
   const std::atomic<int>* stop_signal = nullptr;
+  // Read once stopped (ReadStopDeadline): it then serves no later than that deadline.
+  std::string stop_deadline_file;
   // How often it looks at stop_signal.
   absl::Duration poll_interval = absl::Milliseconds(50);
 };
 
-// Serves shard `task.shard()` of `task`'s attempt until stop_signal is set; OK then.
+// Serves shard `task.shard()` of `task`'s attempt until every rank has finished with it, or,
+// once stop_signal is set, until the stop's deadline; OK then.
 // INVALID_ARGUMENT for a task that is not a shard of a parameter_server job or a missing
 // rendezvous; UNAVAILABLE when it cannot listen or publish its address.
 absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOptions& options);

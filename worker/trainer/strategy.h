@@ -47,6 +47,10 @@ class Strategy {
   // Rank 0, before a checkpoint of `step`: makes the trainer's optimizer hold the state the
   // checkpoint records. The strategy's errors (a shard that cannot be reached) otherwise.
   virtual absl::Status GatherOptimizerState(int64_t step) { return absl::OkStatus(); }
+  // At the end of the run on every rank, finished or stopped (after the checkpoint of the stop):
+  // the strategy may let go of what it shares with the other ranks (the parameter servers end
+  // once every rank is done). OK by default.
+  virtual absl::Status Finish() { return absl::OkStatus(); }
   // Whether the strategy applies the optimizer itself (the parameter servers do): then the
   // trainer does not step its own after AfterBackward.
   virtual bool updates_parameters() const { return false; }

@@ -620,6 +620,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
       }
     }
   }
+  // Every rank is past its last exchange (and rank 0 past its checkpoint).
+  if (absl::Status finished = strategy_->Finish(); !finished.ok()) {
+    LogWarning("ending the run with the other ranks: ", finished.ToString());
+  }
   if (!result.stopped && store_ != nullptr && rank == 0) {
     status = Export(result);
     if (!status.ok()) return status;
