@@ -285,8 +285,13 @@ PsClient::PsClient(const std::string& address, int shard, int64_t generation, in
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
 
-absl::Status PsClient::FromCall(const grpc::Status& status, const char* method) const {
-  return FromGrpcStatus(status,
+template <typename Request, typename Response>
+absl::Status PsClient::Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                      Response*),
+                            const Request& request, Response* response, const char* method) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  return FromGrpcStatus((stub_.get()->*rpc)(&context, request, response),
                         absl::StrCat("parameter server ", shard_, " at ", address_, ": ", method));
 }
 
@@ -307,30 +312,24 @@ absl::Status PsClient::Init(int64_t version, int64_t total_steps,
     SetLayout(tensor, out->mutable_layout());
     SetBytes(tensor, out->mutable_data());
   }
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   trainyard::v1::InitResponse response;
-  return FromCall(stub_->Init(&context, request, &response), "init");
+  return Call(&Stub::Init, request, &response, "init");
 }
 
 absl::Status PsClient::Finish() {
   trainyard::v1::FinishRequest request;
   request.set_generation(generation_);
   request.set_rank(rank_);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   trainyard::v1::FinishResponse response;
-  return FromCall(stub_->Finish(&context, request, &response), "finish");
+  return Call(&Stub::Finish, request, &response, "finish");
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t version) {
   trainyard::v1::StateRequest request;
   request.set_generation(generation_);
   request.set_version(version);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   trainyard::v1::StateResponse response;
-  absl::Status status = FromCall(stub_->State(&context, request, &response), "state");
+  absl::Status status = Call(&Stub::State, request, &response, "state");
   if (!status.ok()) return status;
   std::map<std::string, torch::Tensor> state;
   for (const trainyard::v1::NamedTensor& t : response.optimizer_state()) {
@@ -358,10 +357,8 @@ absl::StatusOr<ParameterShard::PushResult> PsClient::Push(
     request.add_gradients()->set_data(static_cast<const char*>(c.data_ptr()),
                                       c.numel() * c.element_size());
   }
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   trainyard::v1::PushResponse response;
-  absl::Status status = FromCall(stub_->Push(&context, request, &response), "push");
+  absl::Status status = Call(&Stub::Push, request, &response, "push");
   if (!status.ok()) return status;
   return ParameterShard::PushResult{response.version(), response.staleness(), response.applied()};
 }
@@ -372,10 +369,8 @@ absl::StatusOr<ParameterShard::PullResult> PsClient::Pull(int64_t min_version,
   request.set_generation(generation_);
   request.set_min_version(min_version);
   request.set_rank(rank_);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   trainyard::v1::PullResponse response;
-  absl::Status status = FromCall(stub_->Pull(&context, request, &response), "pull");
+  absl::Status status = Call(&Stub::Pull, request, &response, "pull");
   if (!status.ok()) return status;
   if (response.pieces_size() != static_cast<int>(pieces.size())) {
     return absl::InternalError(absl::StrCat("parameter server ", shard_, " sent ",

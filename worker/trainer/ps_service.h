@@ -75,14 +75,18 @@ class PsClient {
                                                   std::vector<torch::Tensor>& pieces);
 
  private:
-  absl::Status FromCall(const grpc::Status& status, const char* method) const;
+  using Stub = trainyard::v1::ParameterServer::Stub;
+  // One call of `rpc`, bounded by the timeout; errors name the shard, its address and `method`.
+  template <typename Request, typename Response>
+  absl::Status Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response, const char* method);
 
   const std::string address_;
   const int shard_;
   const int64_t generation_;
   const int rank_;
   const absl::Duration timeout_;
-  std::unique_ptr<trainyard::v1::ParameterServer::Stub> stub_;
+  std::unique_ptr<Stub> stub_;
 };
 
 }  // namespace trainyard::trainer
