@@ -1,6 +1,8 @@
 #ifndef TRAINYARD_COMMON_CLOCK_H_
 #define TRAINYARD_COMMON_CLOCK_H_
 
+#include <chrono>
+
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -23,6 +25,12 @@ class RealClock final : public Clock {
     return *kClock;
   }
 };
+
+// Seconds of the monotonic clock since `start`: for measuring how long work took (step-time
+// splits, recovery phases), never for deciding anything, which takes a Clock.
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 }  // namespace trainyard
 

@@ -6,15 +6,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 
 namespace trainyard::trainer {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
+std::string ParameterServerKey(int shard) { return absl::StrCat("ps/shard/", shard); }
 
 ParameterServerStrategy::ParameterServerStrategy(int rank, int world,
                                                  std::vector<std::unique_ptr<PsClient>> shards)

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/trainer/gloo_communicator.h"
 #include "worker/trainer/ps_strategy.h"
@@ -23,10 +24,6 @@ constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
 constexpr int64_t kDefaultBucketSizeMb = 25;
 // Meeting the peers waits for the slowest rank to start, load its data and build its model.
 constexpr absl::Duration kMinConnectTimeout = absl::Minutes(5);
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Runs `done` after autograd has added a backward's gradient into a parameter's .grad.
 class AccumulatedHook final : public torch::autograd::FunctionPostHook {
@@ -314,8 +311,6 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
 }
 
 }  // namespace
-
-std::string ParameterServerKey(int shard) { return absl::StrCat("ps/shard/", shard); }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
                                                        const StrategyOptions& options) {

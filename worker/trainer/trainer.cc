@@ -42,10 +42,6 @@ constexpr absl::Duration kStopReportTime = absl::Seconds(5);
 
 using Steady = std::chrono::steady_clock;
 
-double SecondsSince(Steady::time_point start) {
-  return std::chrono::duration<double>(Steady::now() - start).count();
-}
-
 torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::Tensor& labels) {
   if (kind == LossKind::kCrossEntropy) {
     return torch::nn::functional::cross_entropy(out, labels);
