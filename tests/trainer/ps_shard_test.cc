@@ -139,7 +139,9 @@ std::unique_ptr<ParameterShard> Shard(bool synchronous, int workers, int max_sta
   return shard.ok() ? std::move(*shard) : nullptr;
 }
 
-TEST(ShardTest, APullWaitsForTheUpdateOfAllWorkers) {
+// A pull from another thread ends with the mean of every worker's push (that it waits until the
+// version exists is BadPushesAreRefusedAndChangeNothing's deadline case).
+TEST(ShardTest, APullReturnsTheUpdateOfAllWorkers) {
   std::unique_ptr<ParameterShard> shard = Shard(true, 2);
   std::vector<torch::Tensor> pulled;
   absl::StatusOr<ParameterShard::PullResult> result;

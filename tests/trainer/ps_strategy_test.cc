@@ -21,7 +21,7 @@
 #include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/ps_service.h"
 #include "worker/trainer/ps_task.h"
-#include "worker/trainer/strategy.h"
+#include "worker/trainer/ps_strategy.h"
 
 namespace trainyard::trainer {
 namespace {

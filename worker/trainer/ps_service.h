@@ -5,8 +5,9 @@
 // serves one ParameterShard, and the client a worker keeps for each shard. Tensors travel as raw
 // bytes in the pieces' order, shapes and dtypes: both ends compute the same partition. Copies:
 // a push is serialised from the gradients once and read in place on the shard (no copy after
-// gRPC's parse); a pull is copied out of the shard under its lock and once more into the
-// worker's tensors.
+// gRPC's parse); a pull is copied out of the shard under its lock, into the response, and from
+// the response straight into the worker's parameters. Fewer copies would need gRPC's own buffers
+// (ByteBuffer) or a transport of our own: not measured yet.
 
 #include <torch/torch.h>
 

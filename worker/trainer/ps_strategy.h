@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "worker/trainer/ps_partition.h"
@@ -16,6 +17,10 @@
 #include "worker/trainer/strategy.h"
 
 namespace trainyard::trainer {
+
+// The rendezvous key under which shard `shard` of a parameter_server attempt publishes its
+// host:port.
+std::string ParameterServerKey(int shard);
 
 class ParameterServerStrategy final : public Strategy {
  public:

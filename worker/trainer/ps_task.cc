@@ -6,7 +6,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "worker/trainer/ps_service.h"
-#include "worker/trainer/strategy.h"
+#include "worker/trainer/ps_strategy.h"
 #include "worker/trainer/trainer.h"
 
 namespace trainyard::trainer {

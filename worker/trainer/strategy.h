@@ -179,10 +179,6 @@ struct StrategyOptions {
 // Gloo reduces CPU tensors.
 torch::Device TrainingDevice(const trainyard::v1::Task& task);
 
-// The rendezvous key under which shard `shard` of a parameter_server attempt publishes its
-// host:port.
-std::string ParameterServerKey(int shard);
-
 // The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined;
 // parameter_server: until every shard published its address). INVALID_ARGUMENT for a world size
 // the strategy cannot run or a missing rendezvous; UNIMPLEMENTED for asynchronous or hybrid
