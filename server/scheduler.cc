@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -9,44 +10,124 @@
 namespace trainyard {
 namespace {
 
-// Capacity one rank of `job` takes, counted in its unit (slots or GPUs).
+// What one rank and one shard of `job` take.
 bool UsesGpus(const SchedJob& job) { return job.gpus_per_rank > 0; }
-int UnitsPerRank(const SchedJob& job) {
-  return UsesGpus(job) ? job.gpus_per_rank : std::max(job.slots_per_rank, 1);
-}
+int RankSlots(const SchedJob& job) { return UsesGpus(job) ? 0 : std::max(job.slots_per_rank, 1); }
+int RankGpus(const SchedJob& job) { return UsesGpus(job) ? job.gpus_per_rank : 0; }
+int ShardSlots(const SchedJob& job) { return std::max(job.slots_per_shard, 1); }
+int Shards(const SchedJob& job) { return std::max(job.shards, 0); }
 
 struct Bin {
   const SchedWorker* worker;
-  int free;      // units left in this pass
-  int assigned;  // ranks of the current job placed here
+  int free_slots;
+  int free_gpus;
+  int ranks = 0;   // ranks of the current job placed here
+  int shards = 0;  // shards of the current job placed here
 };
 
-// Places up to job.max_ranks ranks greedily over `bins` and returns the worker per rank. Each
-// rank goes to the worker with the fewest ranks of this job so far, then the most free units,
-// then the lowest id: distinct workers first, the emptiest first.
-std::vector<std::string> Fit(const SchedJob& job, std::vector<Bin> bins) {
-  const int need = UnitsPerRank(job);
-  std::vector<std::string> ranks;
-  while (static_cast<int>(ranks.size()) < job.max_ranks) {
-    Bin* best = nullptr;
-    for (Bin& b : bins) {
-      if (b.free < need) continue;
-      if (best == nullptr || std::make_tuple(b.assigned, -b.free, b.worker->id) <
-                                 std::make_tuple(best->assigned, -best->free, best->worker->id)) {
-        best = &b;
+// Places up to `count` ranks greedily over `bins` (taking their capacity) and returns the bin of
+// each. Each rank goes to the worker with the fewest ranks of this job so far, then the most free
+// units of the rank's kind, then the lowest id: distinct workers first, the emptiest first.
+std::vector<size_t> FitRanks(const SchedJob& job, int count, std::vector<Bin>& bins) {
+  const int slots = RankSlots(job);
+  const int gpus = RankGpus(job);
+  const bool by_gpus = UsesGpus(job);
+  std::vector<size_t> placed;
+  while (static_cast<int>(placed.size()) < count) {
+    std::optional<size_t> best;
+    for (size_t i = 0; i < bins.size(); ++i) {
+      const Bin& b = bins[i];
+      if (b.free_slots < slots || b.free_gpus < gpus) continue;
+      const int free = by_gpus ? b.free_gpus : b.free_slots;
+      const Bin& o = bins[best.value_or(i)];
+      const int other_free = by_gpus ? o.free_gpus : o.free_slots;
+      if (!best.has_value() || std::make_tuple(b.ranks, -free, b.worker->id) <
+                                   std::make_tuple(o.ranks, -other_free, o.worker->id)) {
+        best = i;
       }
     }
-    if (best == nullptr) break;
-    best->free -= need;
-    best->assigned++;
-    ranks.push_back(best->worker->id);
+    if (!best.has_value()) break;
+    Bin& b = bins[*best];
+    b.free_slots -= slots;
+    b.free_gpus -= gpus;
+    b.ranks++;
+    placed.push_back(*best);
   }
-  return ranks;
+  return placed;
 }
 
-std::string Units(int n, bool gpus) {
-  if (gpus) return absl::StrCat(n, n == 1 ? " GPU" : " GPUs");
-  return absl::StrCat(n, n == 1 ? " slot" : " slots");
+// Places the job's shards likewise: fewest shards of this job, then fewest of its ranks, then
+// most free slots, then the lowest id.
+std::vector<size_t> FitShards(const SchedJob& job, std::vector<Bin>& bins) {
+  const int slots = ShardSlots(job);
+  std::vector<size_t> placed;
+  while (static_cast<int>(placed.size()) < Shards(job)) {
+    std::optional<size_t> best;
+    for (size_t i = 0; i < bins.size(); ++i) {
+      const Bin& b = bins[i];
+      if (b.free_slots < slots) continue;
+      const Bin& o = bins[best.value_or(i)];
+      if (!best.has_value() ||
+          std::make_tuple(b.shards, b.ranks, -b.free_slots, b.worker->id) <
+              std::make_tuple(o.shards, o.ranks, -o.free_slots, o.worker->id)) {
+        best = i;
+      }
+    }
+    if (!best.has_value()) break;
+    Bin& b = bins[*best];
+    b.free_slots -= slots;
+    b.shards++;
+    placed.push_back(*best);
+  }
+  return placed;
+}
+
+struct Fit {
+  std::vector<size_t> ranks;   // bin per rank
+  std::vector<size_t> shards;  // bin per shard
+};
+
+// The most ranks (between min_ranks and max_ranks, dividing the batch) that fit together with
+// every shard, or nullopt.
+std::optional<Fit> Place(const SchedJob& job, const std::vector<Bin>& bins) {
+  std::vector<Bin> scratch = bins;
+  const std::vector<size_t> greedy = FitRanks(job, job.max_ranks, scratch);
+  // Fewer ranks are a prefix of the same greedy order: dropping the last-placed ones keeps the
+  // spread of the others and may leave room for the shards.
+  for (int n = static_cast<int>(greedy.size()); n >= std::max(job.min_ranks, 1); --n) {
+    if (job.batch_size > 0 && job.batch_size % n != 0) continue;
+    scratch = bins;
+    Fit fit;
+    fit.ranks = FitRanks(job, n, scratch);
+    fit.shards = FitShards(job, scratch);
+    if (static_cast<int>(fit.shards.size()) == Shards(job)) return fit;
+  }
+  return std::nullopt;
+}
+
+std::string Units(int n, absl::string_view one, absl::string_view many) {
+  return absl::StrCat(n, " ", n == 1 ? one : many);
+}
+std::string Slots(int n) { return Units(n, "slot", "slots"); }
+std::string Gpus(int n) { return Units(n, "GPU", "GPUs"); }
+
+// "2 ranks of 1 slot and 2 parameter-server shards of 1 slot".
+std::string Needs(const SchedJob& job) {
+  std::string out = absl::StrCat(job.min_ranks, " ranks of ",
+                                 UsesGpus(job) ? Gpus(RankGpus(job)) : Slots(RankSlots(job)));
+  if (Shards(job) > 0) {
+    absl::StrAppend(&out, " and ",
+                    Units(Shards(job), "parameter-server shard", "parameter-server shards"), " of ",
+                    Slots(ShardSlots(job)));
+  }
+  return out;
+}
+
+// "3 slots", "4 GPUs" or "4 GPUs and 3 slots": the kinds of capacity the job uses.
+std::string Capacity(const SchedJob& job, int slots, int gpus) {
+  if (!UsesGpus(job)) return Slots(slots);
+  if (Shards(job) == 0) return Gpus(gpus);
+  return absl::StrCat(Gpus(gpus), " and ", Slots(slots));
 }
 
 }  // namespace
@@ -56,46 +137,38 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
     if (a.priority != b.priority) return a.priority > b.priority;
     return a.seq < b.seq;
   });
-  std::vector<Bin> free_bins;
+  std::vector<Bin> free_bins;  // what is free now, less what this pass placed
   std::vector<Bin> empty_bins;
-  std::map<std::string, std::pair<int, int>> remaining;  // worker id -> (free slots, free GPUs)
   for (const SchedWorker& w : workers) {
     if (!w.ready) continue;
-    remaining[w.id] = {std::max(w.free_slots, 0), std::max(w.free_gpus, 0)};
-    free_bins.push_back({&w, 0, 0});
-    empty_bins.push_back({&w, 0, 0});
+    free_bins.push_back({&w, std::max(w.free_slots, 0), std::max(w.free_gpus, 0)});
+    empty_bins.push_back({&w, w.total_slots, w.total_gpus});
   }
 
   ScheduleDecision decision;
   std::string blocked_by;  // the first job waiting for capacity; everything after it waits too
   for (const SchedJob& job : jobs) {
-    const bool gpus = UsesGpus(job);
-    const int need = UnitsPerRank(job);
-    for (Bin& b : empty_bins) {
-      b.free = gpus ? b.worker->total_gpus : b.worker->total_slots;
-      b.assigned = 0;
-    }
     if (empty_bins.empty()) {
       decision.pending_reasons[job.id] =
           workers.empty() ? "no workers registered" : "no ready workers";
       continue;
     }
     // Would the job fit the whole cluster with nothing else running?
-    const int fits_empty = static_cast<int>(Fit(job, empty_bins).size());
-    if (fits_empty < job.min_ranks) {
-      int largest = 0;
-      int total = 0;
+    if (!Place(job, empty_bins).has_value()) {
+      int largest_gpus = 0;
+      int total_slots = 0;
+      int total_gpus = 0;
       for (const Bin& b : empty_bins) {
-        largest = std::max(largest, b.free);
-        total += b.free;
+        largest_gpus = std::max(largest_gpus, b.free_gpus);
+        total_slots += b.free_slots;
+        total_gpus += b.free_gpus;
       }
-      if (gpus && largest < need) {
-        decision.pending_reasons[job.id] =
-            absl::StrCat("needs ", need, " GPUs per rank; the largest worker has ", largest);
+      if (UsesGpus(job) && largest_gpus < RankGpus(job)) {
+        decision.pending_reasons[job.id] = absl::StrCat(
+            "needs ", RankGpus(job), " GPUs per rank; the largest worker has ", largest_gpus);
       } else {
-        decision.pending_reasons[job.id] =
-            absl::StrCat("needs ", job.min_ranks, " ranks of ", Units(need, gpus),
-                         "; the cluster has ", Units(total, gpus));
+        decision.pending_reasons[job.id] = absl::StrCat("needs ", Needs(job), "; the cluster has ",
+                                                        Capacity(job, total_slots, total_gpus));
       }
       continue;
     }
@@ -104,37 +177,40 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
           absl::StrCat("queued behind ", blocked_by, " (no backfill)");
       continue;
     }
-    for (Bin& b : free_bins) {
-      const auto& [slots, gpus_left] = remaining[b.worker->id];
-      b.free = gpus ? gpus_left : slots;
-      b.assigned = 0;
-    }
-    std::vector<std::string> ranks = Fit(job, free_bins);
-    if (job.batch_size > 0) {
-      // Dropping the last-placed ranks keeps the spread of the others.
-      while (ranks.size() > 0 && job.batch_size % static_cast<int>(ranks.size()) != 0) {
-        ranks.pop_back();
+    for (Bin& b : free_bins) b.ranks = b.shards = 0;
+    std::optional<Fit> fit = Place(job, free_bins);
+    if (!fit.has_value()) {
+      int free_slots = 0;
+      int free_gpus = 0;
+      for (const Bin& b : free_bins) {
+        free_slots += b.free_slots;
+        free_gpus += b.free_gpus;
       }
-    }
-    if (static_cast<int>(ranks.size()) < job.min_ranks) {
-      int free_total = 0;
-      for (const Bin& b : free_bins) free_total += b.free;
+      const int need_slots = job.min_ranks * RankSlots(job) + Shards(job) * ShardSlots(job);
+      const int need_gpus = job.min_ranks * RankGpus(job);
+      // One kind of capacity needs no unit after what is free: "needs 3 slots, 2 free".
+      const bool both = UsesGpus(job) && Shards(job) > 0;
+      const std::string free = both ? Capacity(job, free_slots, free_gpus)
+                                    : absl::StrCat(UsesGpus(job) ? free_gpus : free_slots);
       decision.pending_reasons[job.id] =
-          absl::StrCat("waiting for capacity: needs ", Units(job.min_ranks * need, gpus), ", ",
-                       free_total, " free");
+          absl::StrCat("waiting for capacity: needs ", Capacity(job, need_slots, need_gpus), ", ",
+                       free, " free");
       blocked_by = job.id;
       continue;
     }
     // Take the capacity so later jobs in this pass see only what is left.
-    for (const std::string& worker_id : ranks) {
-      auto& [slots, gpus_left] = remaining[worker_id];
-      if (gpus) {
-        gpus_left -= need;
-      } else {
-        slots -= need;
-      }
+    Placement placement;
+    placement.job_id = job.id;
+    for (size_t i : fit->ranks) {
+      free_bins[i].free_slots -= RankSlots(job);
+      free_bins[i].free_gpus -= RankGpus(job);
+      placement.rank_workers.push_back(free_bins[i].worker->id);
     }
-    decision.placements.push_back({job.id, std::move(ranks)});
+    for (size_t i : fit->shards) {
+      free_bins[i].free_slots -= ShardSlots(job);
+      placement.shard_workers.push_back(free_bins[i].worker->id);
+    }
+    decision.placements.push_back(std::move(placement));
   }
   return decision;
 }

@@ -20,6 +20,10 @@ struct SchedJob {
   // When > 0 the rank count must divide it (the global batch is split evenly across ranks): an
   // elastic job gets the largest such count that fits, never fewer than min_ranks.
   int batch_size = 0;
+  // Parameter-server shards placed with the ranks, all or nothing, each taking slots_per_shard
+  // slots (never GPUs).
+  int shards = 0;
+  int slots_per_shard = 1;
 };
 
 // A worker's capacity. Only READY workers take new ranks.
@@ -34,7 +38,8 @@ struct SchedWorker {
 
 struct Placement {
   std::string job_id;
-  std::vector<std::string> rank_workers;  // rank i runs on rank_workers[i]
+  std::vector<std::string> rank_workers;   // rank i runs on rank_workers[i]
+  std::vector<std::string> shard_workers;  // shard i runs on shard_workers[i]
 };
 
 struct ScheduleDecision {
@@ -46,12 +51,13 @@ struct ScheduleDecision {
 // Pure placement policy; no state, no clock, thread-compatible.
 //
 // Jobs go in order of priority (higher first), then submission order. A job is placed with as
-// many ranks as fit between min_ranks and max_ranks, all in one decision (gang scheduling), spread
-// over distinct workers where possible, most free capacity first. A job too large for the whole
-// cluster, even empty, is skipped with a reason and does not hold up others. A job that would fit
-// an empty cluster but not the capacity free now blocks every job after it: there is no
-// backfilling, so small jobs cannot starve a large one by always taking the capacity it waits
-// for.
+// many ranks as fit between min_ranks and max_ranks and all its shards, all in one decision (gang
+// scheduling); ranks spread over distinct workers where possible, most free capacity first, and
+// shards likewise over what the ranks left, fewest shards of the job per worker first. A job too
+// large for the whole cluster, even empty, is skipped with a reason and does not hold up others. A
+// job that would fit an empty cluster but not the capacity free now blocks every job after it:
+// there is no backfilling, so small jobs cannot starve a large one by always taking the capacity it
+// waits for.
 ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWorker>& workers);
 
 }  // namespace trainyard

@@ -181,5 +181,67 @@ TEST(SchedulerTest, DataParallelRanksGoToDistinctWorkersWhenTheyCan) {
   EXPECT_THAT(d.placements[0].rank_workers, UnorderedElementsAre("w1", "w2"));
 }
 
+SchedJob PsJob(const std::string& id, int64_t seq, int min_ranks, int max_ranks, int shards) {
+  SchedJob j = CpuJob(id, seq, min_ranks, max_ranks);
+  j.shards = shards;
+  return j;
+}
+
+TEST(SchedulerTest, ShardsArePlacedWithTheRanksAndSpread) {
+  ScheduleDecision d =
+      Schedule({PsJob("ps", 1, 2, 2, 2)}, {Worker("w1", 2, 2), Worker("w2", 2, 2)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, UnorderedElementsAre("w1", "w2"));
+  EXPECT_THAT(d.placements[0].shard_workers, UnorderedElementsAre("w1", "w2"));
+}
+
+TEST(SchedulerTest, ShardsTakeSlotsAndTheGangIsAllOrNothing) {
+  // Two ranks fit, and so do two shards, but not all four.
+  ScheduleDecision d =
+      Schedule({PsJob("ps", 1, 2, 2, 2)}, {Worker("w1", 2, 2), Worker("w2", 1, 1)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_EQ(d.pending_reasons.at("ps"),
+            "needs 2 ranks of 1 slot and 2 parameter-server shards of 1 slot; the cluster has 3 "
+            "slots");
+  // The cluster could hold it, but other work holds the capacity.
+  d = Schedule({PsJob("ps", 1, 2, 2, 2), CpuJob("small", 2)},
+               {Worker("w1", 2, 1), Worker("w2", 2, 2)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_EQ(d.pending_reasons.at("ps"), "waiting for capacity: needs 4 slots, 3 free");
+  EXPECT_EQ(d.pending_reasons.at("small"), "queued behind ps (no backfill)");
+}
+
+TEST(SchedulerTest, ElasticParameterServerJobLeavesRoomForItsShards) {
+  // Four ranks would fit alone; with its two shards the job gets two.
+  ScheduleDecision d =
+      Schedule({PsJob("ps", 1, 1, 4, 2)}, {Worker("w1", 2, 2), Worker("w2", 2, 2)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 2u);
+  EXPECT_EQ(d.placements[0].shard_workers.size(), 2u);
+  // The capacity it took is gone for the next job in the same pass.
+  d = Schedule({PsJob("ps", 1, 1, 4, 1), CpuJob("next", 2)},
+               {Worker("w1", 2, 2), Worker("w2", 2, 2)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].rank_workers.size(), 3u);
+  EXPECT_EQ(d.pending_reasons.at("next"), "waiting for capacity: needs 1 slot, 0 free");
+}
+
+TEST(SchedulerTest, GpuRanksWithCpuShards) {
+  SchedJob job = GpuJob("g", 1, 1, 2);
+  job.shards = 1;
+  // w1 has GPUs but no free slot; the shard goes where a slot is.
+  ScheduleDecision d = Schedule({job}, {Worker("w1", 1, 0, 2, 2), Worker("w2", 1, 1, 0, 0)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, ElementsAre("w1", "w1"));
+  EXPECT_THAT(d.placements[0].shard_workers, ElementsAre("w2"));
+  d = Schedule({job}, {Worker("w1", 1, 0, 2, 2)});
+  EXPECT_EQ(d.pending_reasons.at("g"),
+            "waiting for capacity: needs 2 GPUs and 1 slot, 2 GPUs and 0 slots free");
+  d = Schedule({job}, {Worker("w1", 0, 0, 2, 2)});
+  EXPECT_EQ(d.pending_reasons.at("g"),
+            "needs 2 ranks of 1 GPU and 1 parameter-server shard of 1 slot; the cluster has 2 "
+            "GPUs and 0 slots");
+}
+
 }  // namespace
 }  // namespace trainyard
