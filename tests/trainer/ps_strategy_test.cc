@@ -245,6 +245,21 @@ TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilTheyFinish) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(400));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 
+  // A plain stop (no deadline: the attempt ended) ends a shard whose ranks have gone quiet,
+  // rather than wait for ranks that may never finish.
+  trainyard::v1::Task orphan = lone;
+  orphan.set_generation(6);
+  FakeRendezvous third;
+  ShardTaskOptions plain;
+  plain.rendezvous = &third;
+  plain.listen = "127.0.0.1:0";
+  plain.stop_signal = &stopped;
+  plain.quiet_after_plain_stop = absl::Milliseconds(300);
+  const absl::Time plain_start = absl::Now();
+  EXPECT_TRUE(RunShardTask(orphan, plain).ok());
+  EXPECT_GE(absl::Now() - plain_start, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - plain_start, absl::Seconds(10));
+
   // A rank's task is not a shard.
   ShardTaskOptions options;
   options.rendezvous = &rendezvous;

@@ -171,7 +171,11 @@ int main(int argc, char** argv) {
                 absl::StrCat("cannot read a trainyard.v1.Task from ", task_file));
   }
   trainyard::LogInfo("task ", task.task_id(), " job ", task.job_id(), " generation ",
-                     task.generation(), " rank ", task.rank(), "/", task.world_size());
+                     task.generation(),
+                     task.role() == trainyard::v1::TASK_ROLE_SHARD
+                         ? absl::StrCat(" parameter-server shard ", task.shard(), "/",
+                                        task.spec().parameter_servers().shards())
+                         : absl::StrCat(" rank ", task.rank(), "/", task.world_size()));
 
   std::unique_ptr<trainyard::trainer::CoordinatorClient> coordinator;
   std::unique_ptr<trainyard::trainer::RendezvousClient> rendezvous;

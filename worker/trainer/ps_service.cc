@@ -72,6 +72,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status Init(grpc::ServerContext*, const trainyard::v1::InitRequest* request,
                     trainyard::v1::InitResponse*) override {
+    const Activity activity(this);
     {
       absl::MutexLock lock(&mu_);
       if (shard_ != nullptr) {
@@ -122,6 +123,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status Push(grpc::ServerContext*, const trainyard::v1::PushRequest* request,
                     trainyard::v1::PushResponse* response) override {
+    const Activity activity(this);
     ParameterShard* shard = Shard(absl::InfinitePast());
     if (shard == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -158,6 +160,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status Pull(grpc::ServerContext* context, const trainyard::v1::PullRequest* request,
                     trainyard::v1::PullResponse* response) override {
+    const Activity activity(this);
     const absl::Time deadline = absl::FromChrono(context->deadline());
     ParameterShard* shard = Shard(deadline);
     if (shard == nullptr) {
@@ -180,6 +183,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status State(grpc::ServerContext*, const trainyard::v1::StateRequest* request,
                      trainyard::v1::StateResponse* response) override {
+    const Activity activity(this);
     ParameterShard* shard = Shard(absl::InfinitePast());
     if (shard == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the shard is not initialised");
@@ -198,6 +202,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status Finish(grpc::ServerContext*, const trainyard::v1::FinishRequest* request,
                       trainyard::v1::FinishResponse*) override {
+    const Activity activity(this);
     const int64_t generation = Config().generation;
     if (request->generation() != generation) {
       return grpc::Status(
@@ -208,6 +213,28 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     finished_ranks_.insert(request->rank());
     return grpc::Status::OK;
+  }
+
+  // Counts a call in flight for its lifetime.
+  class Activity {
+   public:
+    explicit Activity(Service* service) : service_(service) {
+      absl::MutexLock lock(&service_->activity_mu_);
+      service_->in_flight_++;
+    }
+    ~Activity() {
+      absl::MutexLock lock(&service_->activity_mu_);
+      service_->in_flight_--;
+      service_->last_call_ended_ = absl::Now();
+    }
+
+   private:
+    Service* const service_;
+  };
+
+  bool Quiet(absl::Duration quiet) const {
+    absl::MutexLock lock(&activity_mu_);
+    return in_flight_ == 0 && absl::Now() - last_call_ended_ >= quiet;
   }
 
   bool WaitUntilFinished(absl::Time deadline) {
@@ -237,6 +264,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   ParameterShard* const shard_unowned_ = nullptr;  // Start's shard
   absl::Mutex mu_;
   std::set<int> finished_ranks_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex activity_mu_;
+  int in_flight_ ABSL_GUARDED_BY(activity_mu_) = 0;
+  absl::Time last_call_ended_ ABSL_GUARDED_BY(activity_mu_) = absl::Now();
   ParameterShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<ParameterShard> owned_ ABSL_GUARDED_BY(mu_);
 };
@@ -270,6 +300,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Serve(std::unique_ptr<Servic
 bool PsServer::WaitUntilFinished(absl::Time deadline) {
   return service_->WaitUntilFinished(deadline);
 }
+
+bool PsServer::Quiet(absl::Duration quiet) const { return service_->Quiet(quiet); }
 
 PsServer::~PsServer() {
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));

@@ -38,6 +38,8 @@ class PsServer {
   int port() const { return port_; }
   // Whether every rank of the shard's attempt has called Finish; waits for it until `deadline`.
   bool WaitUntilFinished(absl::Time deadline);
+  // Whether no call is in flight and none ended within `quiet` of now.
+  bool Quiet(absl::Duration quiet) const;
 
  private:
   class Service;

@@ -50,17 +50,28 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
   LogInfo("parameter server ", task.shard(), " of ", spec.parameter_servers().shards(), " serving ",
           config.workers, " ranks at ", address);
   std::optional<absl::Time> deadline;
+  absl::Time stopped_at;
   while (!(*server)->WaitUntilFinished(absl::Now() + options.poll_interval)) {
     if (options.stop_signal->load() == 0) continue;
     if (!deadline.has_value()) {
       deadline = options.stop_deadline_file.empty() ? std::nullopt
                                                     : ReadStopDeadline(options.stop_deadline_file);
       if (!deadline.has_value()) deadline = absl::InfiniteFuture();
+      stopped_at = absl::Now();
       LogInfo("parameter server ", task.shard(),
               " asked to stop: serving until the ranks have saved and finished");
     }
     if (absl::Now() >= *deadline - kShardExitAhead) {
       LogWarning("parameter server ", task.shard(), ": the stop's deadline came first");
+      return absl::OkStatus();
+    }
+    // A plain stop (no deadline: the attempt ended or the job was cancelled) may come after
+    // ranks that will never finish are gone.
+    const absl::Duration quiet = options.quiet_after_plain_stop;
+    if (*deadline == absl::InfiniteFuture() && absl::Now() - stopped_at >= quiet &&
+        (*server)->Quiet(quiet)) {
+      LogInfo("parameter server ", task.shard(), ": no rank called for ",
+              absl::FormatDuration(quiet), " since the stop; ending");
       return absl::OkStatus();
     }
   }

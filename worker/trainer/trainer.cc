@@ -120,6 +120,9 @@ class Run {
       : task_(task), spec_(task.spec()), options_(options), clock_(*options.clock) {}
 
   absl::StatusOr<TrainResult> Execute();
+  // After a failed Execute: tells the strategy's peers that this rank is gone (best effort), so
+  // that parameter-server shards need not wait for it.
+  void Leave();
 
  private:
   void Print(const std::string& line) {
@@ -390,6 +393,13 @@ absl::Status Run::Export(TrainResult& result) {
     }
   }
   return absl::OkStatus();
+}
+
+void Run::Leave() {
+  if (strategy_ == nullptr) return;
+  if (absl::Status left = strategy_->Finish(); !left.ok()) {
+    LogInfo("leaving the other ranks: ", left.ToString());
+  }
 }
 
 absl::StatusOr<TrainResult> Run::Execute() {
@@ -687,7 +697,9 @@ absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options) {
   try {
     Run run(task, options);
-    return run.Execute();
+    absl::StatusOr<TrainResult> result = run.Execute();
+    if (!result.ok()) run.Leave();
+    return result;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("unexpected: ", DescribeTorchError(e)));
   }
