@@ -62,9 +62,10 @@ std::vector<CommandSpec> Commands() {
        1},
       {"logs",
        "JOB",
-       "Print the logs of a job's ranks.",
+       "Print the logs of a job's ranks and parameter-server shards.",
        {{"follow", 'f', false, "", "keep printing until the job ends"},
-        {"rank", '\0', true, "N", "only rank N (default: every rank)"}},
+        {"rank", '\0', true, "N", "only rank N (default: every rank and shard)"},
+        {"shard", '\0', true, "N", "only parameter-server shard N"}},
        1,
        1},
       {"cancel", "JOB", "Cancel a job.", {}, 1, 1},
@@ -322,9 +323,18 @@ int Client::Logs() {
     std::cerr << "error: --rank takes a rank number, got '" << args_.Get("rank") << "'\n";
     return kExitUsage;
   }
-  // With several ranks in one stream, each line says which rank wrote it.
+  int shard = -1;
+  if (args_.Has("shard") && (!absl::SimpleAtoi(args_.Get("shard"), &shard) || shard < 0)) {
+    std::cerr << "error: --shard takes a shard number, got '" << args_.Get("shard") << "'\n";
+    return kExitUsage;
+  }
+  if (rank >= 0 && shard >= 0) {
+    std::cerr << "error: --rank and --shard select different tasks; give one\n";
+    return kExitUsage;
+  }
+  // With several tasks in one stream, each line says which task wrote it.
   bool prefix = false;
-  if (rank < 0) {
+  if (rank < 0 && shard < 0) {
     v1::GetJobRequest request;
     request.set_id(args_.args[0]);
     v1::Job job;
@@ -332,34 +342,40 @@ int Client::Logs() {
     SetDeadline(context);
     grpc::Status status = stub_->GetJob(&context, request, &job);
     if (!status.ok()) return RpcError(status);
-    std::set<int> ranks;
-    for (const v1::TaskInfo& task : job.tasks()) ranks.insert(task.rank());
-    prefix = ranks.size() > 1;
+    std::set<std::pair<int, int>> tasks;  // (role, rank or shard)
+    for (const v1::TaskInfo& task : job.tasks()) {
+      tasks.emplace(task.role(), task.role() == v1::TASK_ROLE_SHARD ? task.shard() : task.rank());
+    }
+    prefix = tasks.size() > 1;
   }
   v1::GetJobLogsRequest request;
   request.set_id(args_.args[0]);
   request.set_rank(rank);
+  if (shard >= 0) request.set_shard(shard);
   request.set_follow(args_.Has("follow"));
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::LogChunk>> reader = stub_->GetJobLogs(&context, request);
   v1::LogChunk chunk;
-  std::map<int, std::string> partial;  // rank -> unfinished line
+  std::map<std::string, std::string> partial;  // "[rank 0] " or "[shard 1] " -> unfinished line
   while (reader->Read(&chunk)) {
     if (!prefix) {
       std::cout << chunk.data() << std::flush;
       continue;
     }
-    std::string& buffer = partial[chunk.rank()];
+    const std::string label = chunk.role() == v1::TASK_ROLE_SHARD
+                                  ? absl::StrCat("[shard ", chunk.shard(), "] ")
+                                  : absl::StrCat("[rank ", chunk.rank(), "] ");
+    std::string& buffer = partial[label];
     buffer += chunk.data();
     size_t start = 0;
     for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
-      std::cout << "[rank " << chunk.rank() << "] " << buffer.substr(start, nl + 1 - start);
+      std::cout << label << buffer.substr(start, nl + 1 - start);
     }
     buffer.erase(0, start);
     std::cout << std::flush;
   }
-  for (const auto& [r, rest] : partial) {
-    if (!rest.empty()) std::cout << "[rank " << r << "] " << rest << "\n";
+  for (const auto& [label, rest] : partial) {
+    if (!rest.empty()) std::cout << label << rest << "\n";
   }
   grpc::Status status = reader->Finish();
   if (!status.ok()) return RpcError(status);

@@ -97,6 +97,14 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   field("State", JobStateName(job.state()));
   field("Reason", job.reason());
   field("Generation", absl::StrCat(job.generation()));
+  if (job.spec().strategy() == v1::PARAMETER_SERVER) {
+    const v1::ParameterServerSpec& ps = job.spec().parameter_servers();
+    std::string servers = absl::StrCat(ps.shards(), ps.shards() == 1 ? " shard, " : " shards, ",
+                                       ps.mode().empty() ? "sync" : ps.mode());
+    if (ps.mode() == "async") absl::StrAppend(&servers, ", max_staleness ", ps.max_staleness());
+    if (!ps.dense().empty()) absl::StrAppend(&servers, ", dense ", ps.dense());
+    field("Param servers", servers);
+  }
   field("Created", LocalTime(job.created_unix_ms(), zone));
   field("Started", LocalTime(job.started_unix_ms(), zone));
   field("Finished", LocalTime(job.finished_unix_ms(), zone));
@@ -159,11 +167,13 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
           t.state() == v1::TASK_FAILED_TO_START) {
         exit = t.signal() != 0 ? absl::StrCat("signal ", t.signal()) : absl::StrCat(t.exit_code());
       }
-      rows.push_back({absl::StrCat(t.rank()), absl::StrCat(t.generation()),
-                      t.worker_id().empty() ? "-" : t.worker_id(), TaskStateName(t.state()), exit,
+      rows.push_back({t.role() == v1::TASK_ROLE_SHARD ? absl::StrCat("shard ", t.shard())
+                                                      : absl::StrCat("rank ", t.rank()),
+                      absl::StrCat(t.generation()), t.worker_id().empty() ? "-" : t.worker_id(),
+                      TaskStateName(t.state()), exit,
                       absl::StrReplaceAll(t.message(), {{"\n", " | "}})});
     }
-    std::string table = Table({"RANK", "GEN", "WORKER", "STATE", "EXIT", "MESSAGE"}, rows);
+    std::string table = Table({"TASK", "GEN", "WORKER", "STATE", "EXIT", "MESSAGE"}, rows);
     for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
       absl::StrAppend(&out, "  ", line, "\n");
     }

@@ -48,20 +48,30 @@ std::string TaskId(absl::string_view job_id, int64_t generation, int rank) {
   return absl::StrCat(job_id, ".g", generation, ".r", rank);
 }
 
+std::string ShardTaskId(absl::string_view job_id, int64_t generation, int shard) {
+  return absl::StrCat(job_id, ".g", generation, ".s", shard);
+}
+
+bool IsShard(const v1::TaskInfo& t) { return t.role() == v1::TASK_ROLE_SHARD; }
+
+// "rank 2" or "shard 0", as messages name a task.
+std::string TaskName(const v1::TaskInfo& t) {
+  return IsShard(t) ? absl::StrCat("shard ", t.shard()) : absl::StrCat("rank ", t.rank());
+}
+
 // Why a task's end fails its job: "rank 0 exited with code 2: data.train: no files match ...".
 std::string TaskFailureReason(const v1::TaskInfo& t) {
   std::string reason;
   switch (t.state()) {
     case v1::TASK_FAILED_TO_START:
-      reason = absl::StrCat("rank ", t.rank(), " failed to start");
+      reason = absl::StrCat(TaskName(t), " failed to start");
       break;
     case v1::TASK_STOPPED:
-      reason = absl::StrCat("rank ", t.rank(), " stopped unexpectedly");
+      reason = absl::StrCat(TaskName(t), " stopped unexpectedly");
       break;
     default:
-      reason = t.signal() != 0
-                   ? absl::StrCat("rank ", t.rank(), " killed by signal ", t.signal())
-                   : absl::StrCat("rank ", t.rank(), " exited with code ", t.exit_code());
+      reason = t.signal() != 0 ? absl::StrCat(TaskName(t), " killed by signal ", t.signal())
+                               : absl::StrCat(TaskName(t), " exited with code ", t.exit_code());
   }
   if (!t.message().empty()) absl::StrAppend(&reason, ": ", t.message());
   return reason;
@@ -123,6 +133,24 @@ absl::Time LastEventTime(const v1::Job& job, v1::JobState to) {
 
 int SlotsPerRank(const v1::JobSpec& spec) { return spec.resources().gpus_per_worker() > 0 ? 0 : 1; }
 int GpusPerRank(const v1::JobSpec& spec) { return std::max(spec.resources().gpus_per_worker(), 0); }
+int ShardCount(const v1::JobSpec& spec) {
+  return spec.strategy() == v1::PARAMETER_SERVER ? std::max(spec.parameter_servers().shards(), 0)
+                                                 : 0;
+}
+int SlotsPerShard(const v1::JobSpec& spec) { return std::max(spec.parameter_servers().slots(), 1); }
+
+// The capacity one task of a job holds on its worker: (slots, GPUs).
+std::pair<int, int> TaskUsage(const v1::JobSpec& spec, const v1::TaskInfo& t) {
+  if (IsShard(t)) return {SlotsPerShard(spec), 0};
+  return {SlotsPerRank(spec), GpusPerRank(spec)};
+}
+
+// Ranks (not shards) of one attempt.
+int RanksOf(const v1::Job& job, int64_t generation) {
+  int ranks = 0;
+  for (const v1::TaskInfo& t : job.tasks()) ranks += t.generation() == generation && !IsShard(t);
+  return ranks;
+}
 
 }  // namespace
 
@@ -321,10 +349,16 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
   }
-  // A valid spec this coordinator cannot run yet is refused now, not failed after placement.
+  // A valid spec the trainers cannot run yet is refused now, not failed after placement.
   if (spec.strategy() == v1::PARAMETER_SERVER) {
-    return absl::InvalidArgumentError(
-        "strategy: parameter_server is not supported yet; use single or data_parallel");
+    if (spec.parameter_servers().mode() == "async") {
+      return absl::InvalidArgumentError(
+          "parameter_servers.mode: async is not supported yet; use sync");
+    }
+    if (spec.parameter_servers().dense() == "allreduce") {
+      return absl::InvalidArgumentError(
+          "parameter_servers.dense: allreduce is not supported yet; use shards");
+    }
   }
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(active_seqs_.size()) >= options_.max_active_jobs) {
@@ -460,10 +494,15 @@ absl::Status JobManager::WatchJob(absl::string_view id,
   }
 }
 
-absl::Status JobManager::StreamLogs(absl::string_view id, int rank, bool follow,
-                                    const std::function<bool(int, absl::string_view)>& sink,
-                                    const std::function<bool()>& cancelled) {
+absl::Status JobManager::StreamLogs(
+    absl::string_view id, LogSelection selection, bool follow,
+    const std::function<bool(const v1::TaskInfo&, absl::string_view)>& sink,
+    const std::function<bool()>& cancelled) {
+  const int rank = selection.rank;
   if (rank < -1) return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " < -1"));
+  if (selection.shard.has_value() && *selection.shard < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shard: ", *selection.shard, " < 0"));
+  }
   std::map<std::string, int64_t> offsets;
   while (true) {
     // Read the version before the files so that an append racing with the reads wakes us.
@@ -479,11 +518,16 @@ absl::Status JobManager::StreamLogs(absl::string_view id, int rank, bool follow,
       job_id = entry->job.id();
       final = IsFinalJobState(entry->job.state());
       for (const v1::TaskInfo& t : entry->job.tasks()) {
-        if (rank == -1 || t.rank() == rank) tasks.emplace_back(t.generation(), t);
+        const bool wanted = selection.shard.has_value()
+                                ? IsShard(t) && t.shard() == *selection.shard
+                                : rank == -1 || (!IsShard(t) && t.rank() == rank);
+        if (wanted) tasks.emplace_back(t.generation(), t);
       }
     }
+    // By attempt, ranks before shards.
     std::stable_sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) {
-      return std::make_pair(a.first, a.second.rank()) < std::make_pair(b.first, b.second.rank());
+      return std::make_tuple(a.first, a.second.role(), a.second.rank(), a.second.shard()) <
+             std::make_tuple(b.first, b.second.role(), b.second.rank(), b.second.shard());
     });
     bool sent = false;
     for (const auto& [generation, task] : tasks) {
@@ -495,7 +539,7 @@ absl::Status JobManager::StreamLogs(absl::string_view id, int rank, bool follow,
         if (data->empty()) break;
         offset += static_cast<int64_t>(data->size());
         sent = true;
-        if (!sink(task.rank(), *data)) return absl::OkStatus();
+        if (!sink(task, *data)) return absl::OkStatus();
       }
     }
     if (!follow) return absl::OkStatus();
@@ -523,8 +567,9 @@ v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record) const {
   int gpus = 0;
   for (const auto& [entry, task] : ActiveTasksLocked()) {
     if (task->worker_id() != view.id()) continue;
-    slots += SlotsPerRank(entry->job.spec());
-    gpus += GpusPerRank(entry->job.spec());
+    const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), *task);
+    slots += task_slots;
+    gpus += task_gpus;
     view.add_task_ids(task->task_id());
   }
   view.set_slots_used(slots);
@@ -609,7 +654,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
     AttemptEnd end;
     end.reason = task.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST;
     end.message =
-        absl::StrCat("rank ", task.rank(), " lost: worker ", info.id(), " registered again without it");
+        absl::StrCat(TaskName(task), " lost: worker ", info.id(), " registered again without it");
     end.failed = clock_.Now();
     if (entry->job.state() == v1::RESTARTING) {
       // The attempt is already over; a lost rank may name its cause better.
@@ -684,11 +729,10 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
   task.set_job_id(entry.job.id());
   task.set_generation(info.generation());
   task.set_rank(info.rank());
-  int world = 0;
-  for (const v1::TaskInfo& t : entry.job.tasks()) {
-    if (t.generation() == info.generation()) world++;
-  }
-  task.set_world_size(world);
+  task.set_role(info.role());
+  task.set_shard(info.shard());
+  // A shard serves every rank of its attempt: the world it knows is the ranks'.
+  task.set_world_size(RanksOf(entry.job, info.generation()));
   *task.mutable_spec() = entry.job.spec();
   task.set_checkpoint_uri(entry.job.checkpoint_uri());
   for (auto it = entry.checkpoints.rbegin(); it != entry.checkpoints.rend(); ++it) {
@@ -700,8 +744,9 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
       if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
     }
   }
-  task.set_slots(SlotsPerRank(entry.job.spec()));
-  task.set_gpus(GpusPerRank(entry.job.spec()));
+  const auto [slots, gpus] = TaskUsage(entry.job.spec(), info);
+  task.set_slots(slots);
+  task.set_gpus(gpus);
   task.set_stop_deadline_unix_ms(info.stop_deadline_unix_ms());
   if (const WorkerRecord* worker = workers_.Find(info.worker_id()); worker != nullptr) {
     task.set_worker_address(worker->info.address());
@@ -784,8 +829,7 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
   switch (status.state()) {
     case v1::TASK_RUNNING:
       if (updated.state() == v1::SCHEDULED) {
-        const std::string reason =
-            absl::StrCat("rank ", task->rank(), " running on ", task->worker_id());
+        const std::string reason = absl::StrCat(TaskName(*task), " running on ", task->worker_id());
         // The stall clock starts when the attempt runs, and counts this attempt's steps: it may
         // resume below the step the last one reached.
         entry->last_step_change = clock_.Now();
@@ -816,21 +860,24 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
         return s;
       }
       int ranks = 0;
+      int shards = 0;
       bool all_done = true;
       for (const v1::TaskInfo& t : updated.tasks()) {
         if (t.generation() != updated.generation()) continue;
-        ranks++;
+        (IsShard(t) ? shards : ranks)++;
         all_done = all_done && TaskSucceeded(t);
       }
       if (all_done) {
-        const std::string reason =
-            ranks == 1
-                ? std::string("training finished: rank 0 exited with code 0")
-                : absl::StrCat("training finished: all ", ranks, " ranks exited with code 0");
+        std::string reason = ranks == 1 ? std::string("training finished: rank 0")
+                                        : absl::StrCat("training finished: all ", ranks, " ranks");
+        if (shards > 0) {
+          absl::StrAppend(&reason, " and ", shards, shards == 1 ? " shard" : " shards");
+        }
+        absl::StrAppend(&reason, " exited with code 0");
         return TransitionLocked(*entry, std::move(updated), v1::SUCCEEDED, reason, changed);
       }
       if (updated.state() == v1::SCHEDULED) {
-        const std::string reason = absl::StrCat("rank ", task->rank(), " finished");
+        const std::string reason = absl::StrCat(TaskName(*task), " finished");
         return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
       }
       if (updated.state() == v1::RESTARTING) {
@@ -1201,8 +1248,9 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   for (const auto& [id, entry] : jobs_) snap.jobs_by_state[entry.job.state()]++;
   std::map<std::string, std::pair<int, int>> used;  // worker -> (slots, GPUs)
   for (const auto& [entry, task] : ActiveTasksLocked()) {
-    used[task->worker_id()].first += SlotsPerRank(entry->job.spec());
-    used[task->worker_id()].second += GpusPerRank(entry->job.spec());
+    const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), *task);
+    used[task->worker_id()].first += task_slots;
+    used[task->worker_id()].second += task_gpus;
   }
   for (const WorkerRecord* record : workers_.All()) {
     snap.workers_by_state[record->info.state()]++;
@@ -1245,7 +1293,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
     if (job.started_unix_ms() > 0) j.started = absl::FromUnixMillis(job.started_unix_ms());
     j.max_runtime = absl::Seconds(job.spec().max_runtime_seconds());
     std::map<int64_t, int> ranks_by_generation;
-    for (const v1::TaskInfo& t : job.tasks()) ranks_by_generation[t.generation()]++;
+    for (const v1::TaskInfo& t : job.tasks()) ranks_by_generation[t.generation()] += !IsShard(t);
     j.ranks = ranks_by_generation[job.generation()];
     if (job.state() == v1::SCHEDULED || job.state() == v1::RUNNING) {
       j.gpus = j.ranks * GpusPerRank(job.spec());
@@ -1343,10 +1391,11 @@ void JobManager::RestartLostOrStalledLocked() {
       if (worker != nullptr && worker->info.state() != v1::LOST) continue;
       AttemptEnd lost;
       lost.reason = t.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST;
-      lost.message = absl::StrCat("rank ", t.rank(), " lost: worker ", t.worker_id(),
-                                  worker == nullptr ? " is unknown" : " lost (no heartbeat for ",
-                                  worker == nullptr ? "" : absl::FormatDuration(options_.worker_timeout),
-                                  worker == nullptr ? "" : ")");
+      lost.message =
+          absl::StrCat(TaskName(t), " lost: worker ", t.worker_id(),
+                       worker == nullptr ? " is unknown" : " lost (no heartbeat for ",
+                       worker == nullptr ? "" : absl::FormatDuration(options_.worker_timeout),
+                       worker == nullptr ? "" : ")");
       lost.failed = worker == nullptr ? now : absl::FromUnixMillis(worker->info.last_seen_unix_ms());
       end = std::move(lost);
       break;
@@ -1458,7 +1507,7 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
   v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
   if (relabel) {
     r.set_reason(lost->stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST);
-    r.set_message(absl::StrCat("rank ", lost->rank(), " lost: worker ", lost->worker_id(), " lost"));
+    r.set_message(absl::StrCat(TaskName(*lost), " lost: worker ", lost->worker_id(), " lost"));
     // The cause is known only now, when the lease ran out; it happened by the last heartbeat at
     // the latest.
     if (lost_worker != nullptr) {
@@ -1535,14 +1584,17 @@ void JobManager::ScheduleLocked() {
     job.batch_size = entry->job.spec().batch_size();
     job.slots_per_rank = SlotsPerRank(entry->job.spec());
     job.gpus_per_rank = GpusPerRank(entry->job.spec());
+    job.shards = ShardCount(entry->job.spec());
+    job.slots_per_shard = SlotsPerShard(entry->job.spec());
     pending.push_back(std::move(job));
   }
   if (pending.empty()) return;
   std::map<std::string, std::pair<int, int>> used;  // worker -> (slots, GPUs)
   for (const auto& [entry, task] : ActiveTasksLocked()) {
     auto& [slots, gpus] = used[task->worker_id()];
-    slots += SlotsPerRank(entry->job.spec());
-    gpus += GpusPerRank(entry->job.spec());
+    const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), *task);
+    slots += task_slots;
+    gpus += task_gpus;
   }
   // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
   // gone (it may be saving during its grace period); placing a job there would oversubscribe the
@@ -1557,8 +1609,9 @@ void JobManager::ScheduleLocked() {
         if (worker == nullptr || worker->info.state() == v1::LOST) continue;
         holding = true;
         auto& [slots, gpus] = used[t.worker_id()];
-        slots += SlotsPerRank(entry->job.spec());
-        gpus += GpusPerRank(entry->job.spec());
+        const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), t);
+        slots += task_slots;
+        gpus += task_gpus;
       }
     }
     it = holding ? std::next(it) : stopping_seqs_.erase(it);
@@ -1591,8 +1644,21 @@ void JobManager::ScheduleLocked() {
       task->set_generation(generation);
       changed.push_back(task->task_id());
     }
-    const std::string reason =
-        absl::StrCat("placed on ", absl::StrJoin(placement.rank_workers, ", "));
+    for (int shard = 0; shard < static_cast<int>(placement.shard_workers.size()); ++shard) {
+      v1::TaskInfo* task = updated.add_tasks();
+      task->set_task_id(ShardTaskId(updated.id(), generation, shard));
+      task->set_role(v1::TASK_ROLE_SHARD);
+      task->set_shard(shard);
+      task->set_worker_id(placement.shard_workers[shard]);
+      task->set_state(v1::TASK_STARTING);
+      task->set_generation(generation);
+      changed.push_back(task->task_id());
+    }
+    std::string reason = absl::StrCat("placed on ", absl::StrJoin(placement.rank_workers, ", "));
+    if (!placement.shard_workers.empty()) {
+      absl::StrAppend(&reason, "; parameter-server shards on ",
+                      absl::StrJoin(placement.shard_workers, ", "));
+    }
     TransitionLocked(*entry, std::move(updated), v1::SCHEDULED, reason, changed).IgnoreError();
     // Ranks of an earlier attempt must not meet the new ones.
     rendezvous_.EndAttempts(placement.job_id, generation - 1);

@@ -52,6 +52,12 @@ struct JobManagerOptions {
   JobEventSink* event_sink = nullptr;
 };
 
+// Which tasks' logs StreamLogs sends.
+struct LogSelection {
+  int rank = -1;             // -1: every rank and every shard
+  std::optional<int> shard;  // set: only this parameter-server shard (rank is ignored)
+};
+
 struct ListJobsResult {
   std::vector<trainyard::v1::Job> jobs;  // newest first, without events
   std::string next_page_token;           // empty on the last page
@@ -103,13 +109,14 @@ class JobManager {
                         const std::function<bool(const trainyard::v1::Job&)>& sink,
                         const std::function<bool()>& cancelled);
 
-  // Sends the logs of `rank` (-1: every rank) of every attempt, in (generation, rank) order, as
-  // (rank, bytes) pieces. With `follow` keeps sending what arrives until the job is final and no
-  // more data comes. Same early-stop rules as WatchJob. NOT_FOUND for an unknown job,
-  // INVALID_ARGUMENT for rank < -1.
-  absl::Status StreamLogs(absl::string_view id, int rank, bool follow,
-                          const std::function<bool(int rank, absl::string_view data)>& sink,
-                          const std::function<bool()>& cancelled);
+  // Sends the logs of the selected tasks of every attempt, by generation with ranks before
+  // shards, as (task, bytes) pieces. With `follow` keeps sending what arrives until the job is
+  // final and no more data comes. Same early-stop rules as WatchJob. NOT_FOUND for an unknown
+  // job, INVALID_ARGUMENT for rank < -1 or a negative shard.
+  absl::Status StreamLogs(
+      absl::string_view id, LogSelection selection, bool follow,
+      const std::function<bool(const trainyard::v1::TaskInfo& task, absl::string_view data)>& sink,
+      const std::function<bool()>& cancelled);
 
   // Every worker with its capacity in use and its active tasks, by id.
   std::vector<trainyard::v1::Worker> ListWorkers() const;

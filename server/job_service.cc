@@ -69,11 +69,16 @@ Status JobServiceImpl::WatchJob(ServerContext* context, const v1::WatchJobReques
 
 Status JobServiceImpl::GetJobLogs(ServerContext* context, const v1::GetJobLogsRequest* request,
                                   grpc::ServerWriter<v1::LogChunk>* writer) {
+  LogSelection selection;
+  selection.rank = request->rank();
+  if (request->has_shard()) selection.shard = request->shard();
   return ToGrpcStatus(manager_.StreamLogs(
-      request->id(), request->rank(), request->follow(),
-      [writer](int rank, absl::string_view data) {
+      request->id(), selection, request->follow(),
+      [writer](const v1::TaskInfo& task, absl::string_view data) {
         v1::LogChunk chunk;
-        chunk.set_rank(rank);
+        chunk.set_rank(task.rank());
+        chunk.set_role(task.role());
+        chunk.set_shard(task.shard());
         chunk.set_data(std::string(data));
         return writer->Write(chunk);
       },

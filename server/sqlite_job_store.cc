@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -11,7 +12,18 @@
 namespace trainyard {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 2: tasks gained role, shard (parameter-server shards) and stop_deadline_ms.
+constexpr int kSchemaVersion = 2;
+
+// From version 1 to 2, in one transaction with the new version number.
+constexpr char kMigrateFrom1[] = R"sql(
+BEGIN IMMEDIATE;
+ALTER TABLE tasks ADD COLUMN role INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN shard INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN stop_deadline_ms INTEGER NOT NULL DEFAULT 0;
+UPDATE meta SET value = '2' WHERE key = 'schema_version';
+COMMIT;
+)sql";
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -24,7 +36,9 @@ CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
 CREATE TABLE IF NOT EXISTS tasks(
   task_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, generation INTEGER NOT NULL,
   rank INTEGER NOT NULL, worker_id TEXT NOT NULL, state INTEGER NOT NULL,
-  exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, message TEXT NOT NULL);
+  exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, message TEXT NOT NULL,
+  role INTEGER NOT NULL DEFAULT 0, shard INTEGER NOT NULL DEFAULT 0,
+  stop_deadline_ms INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job_id, generation, rank);
 CREATE TABLE IF NOT EXISTS workers(id TEXT PRIMARY KEY, worker BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS checkpoints(
@@ -136,20 +150,30 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }
   if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
-  Statement st(db, "SELECT value FROM meta WHERE key = 'schema_version'");
-  if (st.Next()) {
-    int version = 0;
-    if (!absl::SimpleAtoi(st.Text(0), &version)) {
-      return absl::DataLossError(absl::StrCat(path, ": bad schema_version '", st.Text(0), "'"));
+  std::optional<int> version;
+  {
+    Statement st(db, "SELECT value FROM meta WHERE key = 'schema_version'");
+    if (st.Next()) {
+      int v = 0;
+      if (!absl::SimpleAtoi(st.Text(0), &v)) {
+        return absl::DataLossError(absl::StrCat(path, ": bad schema_version '", st.Text(0), "'"));
+      }
+      version = v;
+    } else if (absl::Status s = st.step_status(); !s.ok()) {
+      return s;
     }
-    if (version > kSchemaVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": schema version ", version, " is newer than supported ", kSchemaVersion));
-    }
-  } else {
-    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  if (!version.has_value()) {
     if (absl::Status s = SetMeta(db, "schema_version", absl::StrCat(kSchemaVersion)); !s.ok()) {
       return s;
+    }
+  } else if (*version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": schema version ", *version,
+                                                      " is newer than supported ", kSchemaVersion));
+  } else if (*version == 1) {
+    if (absl::Status s = store->Exec(kMigrateFrom1); !s.ok()) {
+      store->Exec("ROLLBACK").IgnoreError();
+      return absl::Status(s.code(), absl::StrCat(path, ": migrating schema 1 to 2: ", s.message()));
     }
   }
   return store;
@@ -214,10 +238,13 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
   for (const auto& [job_id, task] : m.tasks) {
     Statement st(db_,
                  "INSERT OR REPLACE INTO tasks(task_id, job_id, generation, rank, worker_id, "
-                 "state, exit_code, signal, message) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                 "state, exit_code, signal, message, role, shard, stop_deadline_ms) "
+                 "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     st.Bind(1, task.task_id()).Bind(2, job_id).Bind(3, task.generation()).Bind(4, task.rank());
     st.Bind(5, task.worker_id()).Bind(6, static_cast<int64_t>(task.state()));
     st.Bind(7, task.exit_code()).Bind(8, task.signal()).Bind(9, task.message());
+    st.Bind(10, static_cast<int64_t>(task.role())).Bind(11, task.shard());
+    st.Bind(12, task.stop_deadline_unix_ms());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const v1::Worker& worker : m.workers) {
@@ -276,7 +303,8 @@ absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
   {
     Statement st(db_,
                  "SELECT job_id, task_id, generation, rank, worker_id, state, exit_code, signal, "
-                 "message FROM tasks ORDER BY job_id, generation, rank");
+                 "message, role, shard, stop_deadline_ms FROM tasks "
+                 "ORDER BY job_id, generation, role, rank, shard");
     while (st.Next()) {
       auto it = index.find(st.Text(0));
       if (it == index.end()) continue;
@@ -289,6 +317,9 @@ absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
       t->set_exit_code(static_cast<int32_t>(st.Int(6)));
       t->set_signal(static_cast<int32_t>(st.Int(7)));
       t->set_message(st.Text(8));
+      t->set_role(static_cast<v1::TaskRole>(st.Int(9)));
+      t->set_shard(static_cast<int32_t>(st.Int(10)));
+      t->set_stop_deadline_unix_ms(st.Int(11));
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }

@@ -158,6 +158,12 @@ TEST(ViewsTest, DescribeShowsTasksAndEvents) {
   task->set_state(v1::TASK_EXITED);
   task->set_exit_code(2);
   task->set_message("optimizer.lr: must be > 0");
+  v1::TaskInfo* shard = job.add_tasks();
+  shard->set_role(v1::TASK_ROLE_SHARD);
+  shard->set_shard(1);
+  shard->set_generation(2);
+  shard->set_worker_id("worker-2");
+  shard->set_state(v1::TASK_RUNNING);
   v1::JobEvent* event = job.add_events();
   event->set_time_unix_ms(1'700'000'000'000);
   event->set_from(v1::RUNNING);
@@ -166,7 +172,16 @@ TEST(ViewsTest, DescribeShowsTasksAndEvents) {
   const std::string text = DescribeJob(job, absl::UTCTimeZone());
   EXPECT_THAT(text, HasSubstr("State:            FAILED"));
   EXPECT_THAT(text, HasSubstr("Committed step:   -"));
-  EXPECT_THAT(text, HasSubstr("0     2    worker-1  EXITED  2     optimizer.lr: must be > 0"));
+  EXPECT_THAT(text, HasSubstr("TASK     GEN  WORKER    STATE    EXIT"));
+  EXPECT_THAT(text, HasSubstr("rank 0   2    worker-1  EXITED   2     optimizer.lr: must be > 0"));
+  EXPECT_THAT(text, HasSubstr("shard 1  2    worker-2  RUNNING  -"));
+  EXPECT_THAT(text, Not(HasSubstr("Param servers:")));
+  job.mutable_spec()->set_strategy(v1::PARAMETER_SERVER);
+  job.mutable_spec()->mutable_parameter_servers()->set_shards(2);
+  job.mutable_spec()->mutable_parameter_servers()->set_mode("sync");
+  job.mutable_spec()->mutable_parameter_servers()->set_dense("shards");
+  EXPECT_THAT(DescribeJob(job, absl::UTCTimeZone()),
+              HasSubstr("Param servers:    2 shards, sync, dense shards\n"));
   EXPECT_THAT(text,
               HasSubstr("2023-11-14T22:13:20+00:00  RUNNING -> FAILED: rank 0 exited with code 2"));
 }

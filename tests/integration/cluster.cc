@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,10 +19,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/safetensors.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
@@ -432,6 +436,45 @@ std::optional<pid_t> Cluster::TrainerPid(int worker, const std::string& task_id)
   int pid = 0;
   if (!absl::SimpleAtoi(text, &pid) || pid <= 0) return std::nullopt;
   return pid;
+}
+
+std::map<std::string, std::vector<float>> CommittedModel(const trainyard::v1::Job& job) {
+  const std::string dir = absl::StrFormat(
+      "%s/step-%012d", absl::StripPrefix(job.checkpoint_uri(), "file://"), job.committed_step());
+  return ModelTensors(dir + "/model.safetensors");
+}
+
+std::map<std::string, std::vector<float>> ModelTensors(const std::string& path) {
+  std::map<std::string, std::vector<float>> out;
+  absl::StatusOr<SafetensorsFile> file = DecodeSafetensors(ReadFile(path));
+  if (!file.ok()) {
+    ADD_FAILURE() << path << ": " << file.status();
+    return out;
+  }
+  for (const TensorView& t : file->tensors) {
+    if (t.dtype != "F32") continue;
+    std::vector<float>& values = out[t.name];
+    values.resize(t.data.size() / sizeof(float));
+    std::memcpy(values.data(), t.data.data(), t.data.size());
+  }
+  return out;
+}
+
+double MaxDifference(const std::map<std::string, std::vector<float>>& a,
+                     const std::map<std::string, std::vector<float>>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, values] : a) {
+    auto it = b.find(name);
+    if (it == b.end() || it->second.size() != values.size()) {
+      ADD_FAILURE() << "tensor " << name << " differs in presence or size";
+      return INFINITY;
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(values[i] - it->second[i])));
+    }
+  }
+  return worst;
 }
 
 }  // namespace trainyard::testing

@@ -175,6 +175,15 @@ bool ProcessAlive(pid_t pid);
 // deadline, never a fixed sleep. Returns whether it holds.
 bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);
 
+// The float32 tensors of a safetensors file, by name (a test failure when it does not decode).
+std::map<std::string, std::vector<float>> ModelTensors(const std::string& path);
+// The parameters in the job's newest committed checkpoint (a file:// URI), by name.
+std::map<std::string, std::vector<float>> CommittedModel(const trainyard::v1::Job& job);
+// The largest absolute difference between two models with the same tensors (a test failure, and
+// infinity, when their tensors differ in name or size).
+double MaxDifference(const std::map<std::string, std::vector<float>>& a,
+                     const std::map<std::string, std::vector<float>>& b);
+
 }  // namespace trainyard::testing
 
 #endif  // TRAINYARD_TESTS_INTEGRATION_CLUSTER_H_

@@ -83,42 +83,6 @@ std::string TaskId(const Job& job, int rank) {
   return absl::StrCat(job.id(), ".g", job.generation(), ".r", rank);
 }
 
-// The parameters in the job's newest committed checkpoint (a file:// URI), by name.
-std::map<std::string, std::vector<float>> CommittedModel(const Job& job) {
-  std::map<std::string, std::vector<float>> out;
-  const std::string dir = absl::StrFormat(
-      "%s/step-%012d", absl::StripPrefix(job.checkpoint_uri(), "file://"), job.committed_step());
-  absl::StatusOr<SafetensorsFile> file = DecodeSafetensors(ReadFile(dir + "/model.safetensors"));
-  if (!file.ok()) {
-    ADD_FAILURE() << dir << ": " << file.status();
-    return out;
-  }
-  for (const TensorView& t : file->tensors) {
-    if (t.dtype != "F32") continue;
-    std::vector<float>& values = out[t.name];
-    values.resize(t.data.size() / sizeof(float));
-    std::memcpy(values.data(), t.data.data(), t.data.size());
-  }
-  return out;
-}
-
-double MaxDifference(const std::map<std::string, std::vector<float>>& a,
-                     const std::map<std::string, std::vector<float>>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& [name, values] : a) {
-    auto it = b.find(name);
-    if (it == b.end() || it->second.size() != values.size()) {
-      ADD_FAILURE() << "tensor " << name << " differs in presence or size";
-      return INFINITY;
-    }
-    for (size_t i = 0; i < values.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::fabs(values[i] - it->second[i])));
-    }
-  }
-  return worst;
-}
-
 // Submits `yaml` (a job named `name`) held after `held_at` updates, and waits until it is held
 // there with a checkpoint of `committed` or later committed. The caller releases it.
 absl::StatusOr<Job> SubmitAndHold(Cluster& cluster, const std::string& name,

@@ -1,6 +1,8 @@
 #include "server/job_manager.h"
 
 #include <atomic>
+#include <csignal>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +23,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::SizeIs;
 
 TEST_F(JobManagerTest, SingleJobRunsToSuccess) {
   Register("w1", 2);
@@ -178,9 +181,11 @@ TEST_F(JobManagerTest, BadSpecIsRefusedAndNothingIsStored) {
   v1::JobSpec ps = TestSpec("ps");
   ps.set_strategy(v1::PARAMETER_SERVER);
   ps.mutable_parameter_servers()->set_shards(1);
+  ps.mutable_parameter_servers()->set_mode("async");
+  ps.mutable_parameter_servers()->set_max_staleness(4);
   job = manager_->SubmitJob(ps);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(job.status().message()), HasSubstr("strategy: parameter_server"));
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("parameter_servers.mode: async"));
 
   auto list = manager_->ListJobs({}, 0, "");
   ASSERT_TRUE(list.ok());
@@ -512,9 +517,9 @@ TEST_F(JobManagerTest, ShipLogsIsIdempotentAndStreamsByRank) {
   std::string rank0;
   ASSERT_TRUE(manager_
                   ->StreamLogs(
-                      id, 0, false,
-                      [&](int rank, absl::string_view data) {
-                        EXPECT_EQ(rank, 0);
+                      id, LogSelection{0, std::nullopt}, false,
+                      [&](const v1::TaskInfo& task, absl::string_view data) {
+                        EXPECT_EQ(task.rank(), 0);
                         rank0 += std::string(data);
                         return true;
                       },
@@ -524,17 +529,18 @@ TEST_F(JobManagerTest, ShipLogsIsIdempotentAndStreamsByRank) {
   std::vector<std::pair<int, std::string>> all;
   ASSERT_TRUE(manager_
                   ->StreamLogs(
-                      id, -1, false,
-                      [&](int rank, absl::string_view data) {
-                        all.emplace_back(rank, std::string(data));
+                      id, LogSelection{}, false,
+                      [&](const v1::TaskInfo& task, absl::string_view data) {
+                        all.emplace_back(task.rank(), std::string(data));
                         return true;
                       },
                       [] { return false; })
                   .ok());
   EXPECT_THAT(all, ElementsAre(std::make_pair(0, std::string("hello world\n")),
                                std::make_pair(1, std::string("rank one\n"))));
-  EXPECT_EQ(manager_->StreamLogs(id, -2, false, nullptr, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      manager_->StreamLogs(id, LogSelection{-2, std::nullopt}, false, nullptr, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(JobManagerTest, FollowedLogsEndWhenTheJobEnds) {
@@ -548,8 +554,8 @@ TEST_F(JobManagerTest, FollowedLogsEndWhenTheJobEnds) {
   absl::Status result;
   std::thread follower([&] {
     result = manager_->StreamLogs(
-        id, 0, true,
-        [&](int, absl::string_view data) {
+        id, LogSelection{0, std::nullopt}, true,
+        [&](const v1::TaskInfo&, absl::string_view data) {
           followed += std::string(data);
           if (!got_first.HasBeenNotified()) got_first.Notify();
           return true;
@@ -626,6 +632,131 @@ TEST_F(JobManagerTest, PriorityJumpsTheQueue) {
   manager_->Tick();
   EXPECT_EQ(Get(high).state(), v1::SCHEDULED);
   EXPECT_EQ(Get(low).state(), v1::PENDING);
+}
+
+v1::JobSpec PsSpec(const std::string& name, int workers, int shards) {
+  v1::JobSpec spec = TestSpec(name, workers, workers);
+  spec.set_strategy(v1::PARAMETER_SERVER);
+  spec.mutable_parameter_servers()->set_shards(shards);
+  return spec;
+}
+
+// Shards are tasks of the job: placed with the ranks, counted in capacity, sent to their agents
+// with their role, and part of the job's success.
+TEST_F(JobManagerTest, ParameterServerShardsAreTasksOfTheJob) {
+  Register("w1", 2);
+  Register("w2", 2);
+  const std::string id = Submit(PsSpec("ps", 2, 2));
+  manager_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::SCHEDULED);
+  EXPECT_THAT(job.reason(), HasSubstr("; parameter-server shards on "));
+  std::map<std::string, v1::TaskInfo> tasks;
+  for (const v1::TaskInfo& t : job.tasks()) tasks[t.task_id()] = t;
+  ASSERT_THAT(tasks, SizeIs(4));
+  for (const char* suffix : {".g1.r0", ".g1.r1", ".g1.s0", ".g1.s1"}) {
+    ASSERT_EQ(tasks.count(id + suffix), 1u) << suffix;
+  }
+  const v1::TaskInfo& s1 = tasks[id + ".g1.s1"];
+  EXPECT_EQ(s1.role(), v1::TASK_ROLE_SHARD);
+  EXPECT_EQ(s1.shard(), 1);
+  // Spread: each worker runs one rank and one shard, and is full.
+  EXPECT_NE(tasks[id + ".g1.s0"].worker_id(), s1.worker_id());
+  for (const v1::Worker& w : manager_->ListWorkers()) {
+    EXPECT_EQ(w.slots_used(), 2) << w.id();
+    EXPECT_THAT(w.task_ids(), SizeIs(2));
+  }
+  auto task = manager_->TaskFor(id + ".g1.s1");
+  ASSERT_TRUE(task.ok()) << task.status();
+  EXPECT_EQ(task->role(), v1::TASK_ROLE_SHARD);
+  EXPECT_EQ(task->shard(), 1);
+  EXPECT_EQ(task->world_size(), 2);  // the ranks it serves
+  EXPECT_EQ(task->slots(), 1);
+  EXPECT_EQ(task->gpus(), 0);
+  auto rank = manager_->TaskFor(id + ".g1.r1");
+  ASSERT_TRUE(rank.ok());
+  EXPECT_EQ(rank->role(), v1::TASK_ROLE_RANK);
+  EXPECT_EQ(rank->world_size(), 2);
+  // Nothing else fits while it runs.
+  const std::string other = Submit(TestSpec("other"));
+  manager_->Tick();
+  EXPECT_EQ(Get(other).state(), v1::PENDING);
+
+  for (const auto& [task_id, t] : tasks) {
+    ASSERT_TRUE(Report(t.worker_id(), task_id, v1::TASK_RUNNING).ok());
+  }
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  // The ranks finish first; the job succeeds only once the shards have exited too.
+  ASSERT_TRUE(Report(tasks[id + ".g1.r0"].worker_id(), id + ".g1.r0", v1::TASK_EXITED).ok());
+  ASSERT_TRUE(Report(tasks[id + ".g1.r1"].worker_id(), id + ".g1.r1", v1::TASK_EXITED).ok());
+  ASSERT_TRUE(Report(tasks[id + ".g1.s0"].worker_id(), id + ".g1.s0", v1::TASK_EXITED).ok());
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  ASSERT_TRUE(Report(s1.worker_id(), id + ".g1.s1", v1::TASK_EXITED).ok());
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.reason(), "training finished: all 2 ranks and 2 shards exited with code 0");
+
+  // Roles survive a restart of the coordinator.
+  Reopen();
+  job = Get(id);
+  int shards = 0;
+  for (const v1::TaskInfo& t : job.tasks()) shards += t.role() == v1::TASK_ROLE_SHARD;
+  EXPECT_EQ(shards, 2);
+}
+
+TEST_F(JobManagerTest, ParameterServerJobWaitsForRoomForItsShards) {
+  Register("w1", 2);
+  Register("w2", 1);
+  const std::string id = Submit(PsSpec("ps", 2, 2));
+  manager_->Tick();
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  EXPECT_EQ(job.reason(),
+            "needs 2 ranks of 1 slot and 2 parameter-server shards of 1 slot; the cluster has 3 "
+            "slots");
+}
+
+TEST_F(JobManagerTest, AFailedShardRestartsTheJobAndIsNamed) {
+  Register("w1", 4);
+  v1::JobSpec spec = PsSpec("ps", 1, 1);
+  spec.mutable_restart()->set_max_failures(1);
+  const std::string id = Submit(spec);
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(Report("w1", id + ".g1.s0", v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(Report("w1", id + ".g1.s0", v1::TASK_EXITED, 0, "", SIGKILL).ok());
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::RESTARTING);
+  ASSERT_THAT(job.restarts(), SizeIs(1));
+  EXPECT_EQ(job.restarts(0).message(), "shard 0 killed by signal 9");
+}
+
+TEST_F(JobManagerTest, ShardLogsAreSelectedByShard) {
+  Register("w1", 4);
+  const std::string id = Submit(PsSpec("ps", 1, 1));
+  manager_->Tick();
+  ASSERT_TRUE(manager_->ShipLogs("w1", id + ".g1.r0", 0, "rank zero\n").ok());
+  ASSERT_TRUE(manager_->ShipLogs("w1", id + ".g1.s0", 0, "shard zero\n").ok());
+  auto read = [&](LogSelection selection) {
+    std::vector<std::string> out;
+    absl::Status s = manager_->StreamLogs(
+        id, selection, false,
+        [&](const v1::TaskInfo& task, absl::string_view data) {
+          out.push_back(absl::StrCat(
+              task.role() == v1::TASK_ROLE_SHARD ? "s" : "r",
+              task.role() == v1::TASK_ROLE_SHARD ? task.shard() : task.rank(), ":", data));
+          return true;
+        },
+        [] { return false; });
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  };
+  EXPECT_THAT(read(LogSelection{}), ElementsAre("r0:rank zero\n", "s0:shard zero\n"));
+  EXPECT_THAT(read(LogSelection{0, std::nullopt}), ElementsAre("r0:rank zero\n"));
+  EXPECT_THAT(read(LogSelection{-1, 0}), ElementsAre("s0:shard zero\n"));
+  EXPECT_THAT(read(LogSelection{-1, 3}), IsEmpty());
+  EXPECT_EQ(manager_->StreamLogs(id, LogSelection{-1, -1}, false, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

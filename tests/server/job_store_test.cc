@@ -1,3 +1,5 @@
+#include <sqlite3.h>
+
 #include <memory>
 #include <string>
 
@@ -67,6 +69,12 @@ TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
     task.set_task_id("demo-1.g2.r0");
     task.set_rank(0);
     m.tasks.emplace_back("demo-1", task);
+    v1::TaskInfo shard = task;
+    shard.set_task_id("demo-1.g2.s1");
+    shard.set_role(v1::TASK_ROLE_SHARD);
+    shard.set_shard(1);
+    shard.set_stop_deadline_unix_ms(123456789);
+    m.tasks.emplace_back("demo-1", shard);
     v1::Worker worker;
     worker.set_id("w1");
     worker.set_address("10.0.0.1");
@@ -112,8 +120,13 @@ TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
   EXPECT_EQ(j1.events(1).from(), v1::PENDING);
   EXPECT_EQ(j1.events(1).to(), v1::SCHEDULED);
   EXPECT_EQ(j1.events(1).time_unix_ms(), 20);
-  ASSERT_EQ(j1.tasks_size(), 2);
-  EXPECT_EQ(j1.tasks(0).task_id(), "demo-1.g2.r0");  // by rank
+  ASSERT_EQ(j1.tasks_size(), 3);
+  EXPECT_EQ(j1.tasks(0).task_id(), "demo-1.g2.r0");  // ranks by rank, then shards
+  EXPECT_EQ(j1.tasks(2).task_id(), "demo-1.g2.s1");
+  EXPECT_EQ(j1.tasks(2).role(), v1::TASK_ROLE_SHARD);
+  EXPECT_EQ(j1.tasks(2).shard(), 1);
+  EXPECT_EQ(j1.tasks(2).stop_deadline_unix_ms(), 123456789);
+  EXPECT_EQ(j1.tasks(0).role(), v1::TASK_ROLE_RANK);
   EXPECT_EQ(j1.tasks(1).exit_code(), 2);
   EXPECT_EQ(j1.tasks(1).message(), "boom");
   EXPECT_EQ(j1.tasks(1).state(), v1::TASK_EXITED);
@@ -128,6 +141,62 @@ TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
   EXPECT_EQ(contents->checkpoints[0].checkpoint.size_bytes(), 1234);
   EXPECT_EQ(contents->checkpoints[0].checkpoint.generation(), 2);
   EXPECT_TRUE(contents->checkpoints[0].retired);
+}
+
+// A database written by a coordinator before tasks had roles opens, keeps its tasks as ranks and
+// takes shard tasks afterwards.
+TEST(SqliteJobStoreTest, MigratesSchemaVersion1) {
+  TempDir dir;
+  const std::string path = dir.path() + "/state.db";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    const char* v1_schema = R"sql(
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE jobs(
+  id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, state INTEGER NOT NULL, job BLOB NOT NULL);
+CREATE TABLE tasks(
+  task_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, generation INTEGER NOT NULL,
+  rank INTEGER NOT NULL, worker_id TEXT NOT NULL, state INTEGER NOT NULL,
+  exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, message TEXT NOT NULL);
+INSERT INTO meta VALUES('schema_version', '1');
+INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
+)sql";
+    char* error = nullptr;
+    ASSERT_EQ(sqlite3_exec(db, v1_schema, nullptr, nullptr, &error), SQLITE_OK) << error;
+    StoredJob job = MakeJob("old-1", 1, v1::SUCCEEDED);
+    sqlite3_stmt* st = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db, "INSERT INTO jobs VALUES('old-1', 1, 4, ?)", -1, &st, nullptr),
+              SQLITE_OK);
+    const std::string blob = job.job.SerializeAsString();
+    sqlite3_bind_blob(st, 1, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+  }
+  for (int open = 0; open < 2; ++open) {  // the second open finds version 2
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    if (open == 0) {
+      StoreMutation m;
+      v1::TaskInfo shard;
+      shard.set_task_id("old-1.g1.s0");
+      shard.set_generation(1);
+      shard.set_worker_id("w2");
+      shard.set_role(v1::TASK_ROLE_SHARD);
+      m.tasks.emplace_back("old-1", shard);
+      ASSERT_TRUE((*store)->Apply(m).ok());
+    }
+    auto contents = (*store)->LoadAll();
+    ASSERT_TRUE(contents.ok()) << contents.status();
+    ASSERT_EQ(contents->jobs.size(), 1u);
+    const v1::Job& job = contents->jobs[0].job;
+    ASSERT_EQ(job.tasks_size(), 2);
+    EXPECT_EQ(job.tasks(0).task_id(), "old-1.g1.r0");
+    EXPECT_EQ(job.tasks(0).role(), v1::TASK_ROLE_RANK);
+    EXPECT_EQ(job.tasks(0).message(), "done");
+    EXPECT_EQ(job.tasks(1).role(), v1::TASK_ROLE_SHARD);
+  }
 }
 
 TEST(SqliteJobStoreTest, EmptyStoreStartsAtSequenceOne) {

@@ -407,5 +407,69 @@ TEST_F(RecoveryTest, AttemptThatFinishesWhileRestartingSucceeds) {
   EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
 }
 
+// A notice for the machine of a parameter-server shard stops the whole job at one step, shards
+// included (they serve until the ranks have saved); a lost shard machine restarts the job.
+TEST_F(RecoveryTest, PreemptionOrLossOfAShardMachineRestartsTheJob) {
+  Register("w1", 1);
+  Register("w2", 1);
+  Register("w3", 2);
+  v1::JobSpec spec = TestSpec("ps", 1, 1);
+  spec.set_strategy(v1::PARAMETER_SERVER);
+  spec.mutable_parameter_servers()->set_shards(1);
+  const std::string id = Submit(spec);
+  Start(id);
+  v1::Job job = Get(id);
+  std::string rank_worker;
+  std::string shard_worker;
+  for (const v1::TaskInfo& t : job.tasks()) {
+    (t.role() == v1::TASK_ROLE_SHARD ? shard_worker : rank_worker) = t.worker_id();
+  }
+  ASSERT_NE(rank_worker, shard_worker);
+  v1::ReportPreemptionRequest notice;
+  notice.set_worker_id(shard_worker);
+  notice.set_deadline_unix_ms(absl::ToUnixMillis(clock_.Now() + absl::Seconds(25)));
+  notice.set_source("SIGTERM");
+  ASSERT_TRUE(manager_->ReportPreemption(notice).ok());
+  for (const std::string& w : {rank_worker, shard_worker}) {
+    v1::SyncResponse sync = Sync(w);
+    ASSERT_THAT(sync.tasks(), SizeIs(1)) << w;
+    EXPECT_EQ(sync.tasks(0).stop_deadline_unix_ms(), notice.deadline_unix_ms()) << w;
+  }
+  // The deadline outlives a restart of the coordinator.
+  Reopen();
+  job = Get(id);
+  for (const v1::TaskInfo& t : job.tasks()) {
+    EXPECT_EQ(t.stop_deadline_unix_ms(), notice.deadline_unix_ms()) << t.task_id();
+  }
+  ASSERT_TRUE(Report(rank_worker, TaskOf(id, 0), v1::TASK_EXITED, 143, "stopped").ok());
+  ASSERT_TRUE(Report(shard_worker, id + ".g1.s0", v1::TASK_EXITED, 0).ok());
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING);
+  EXPECT_EQ(job.restarts(0).reason(), v1::PREEMPTED);
+
+  // The next attempt runs elsewhere; its shard's machine vanishes.
+  PassBackoff(id);
+  KeepAlive({"w1", "w2", "w3"});
+  Start(id);
+  job = Get(id);
+  for (const v1::TaskInfo& t : job.tasks()) {
+    if (t.generation() != 2) continue;
+    EXPECT_NE(t.worker_id(), shard_worker);
+    if (t.role() == v1::TASK_ROLE_SHARD) shard_worker = t.worker_id();
+  }
+  clock_.Advance(absl::Seconds(11));
+  std::vector<std::string> alive;
+  for (std::string w : {"w1", "w2", "w3"}) {
+    if (w != shard_worker) alive.push_back(w);
+  }
+  KeepAlive(alive);
+  manager_->Tick();
+  job = Get(id);
+  ASSERT_THAT(job.restarts(), SizeIs(2));
+  EXPECT_EQ(job.restarts(1).reason(), v1::WORKER_LOST);
+  EXPECT_THAT(job.restarts(1).message(),
+              HasSubstr(absl::StrCat("shard 0 lost: worker ", shard_worker)));
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -246,8 +246,13 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
   for (const v1::TaskStatus& task : tasks) {
     by_state[TaskStateLabel(task.state())]++;
     if (task.pid() <= 0 || task.state() != v1::TASK_RUNNING) continue;
-    const std::vector<ClientMetric::Label> labels = {{"job", task.job_id()},
-                                                     {"rank", absl::StrCat(task.rank())}};
+    // A parameter-server shard is labelled by its shard, a rank by its rank.
+    const std::vector<ClientMetric::Label> labels =
+        task.role() == v1::TASK_ROLE_SHARD
+            ? std::vector<ClientMetric::Label>{{"job", task.job_id()},
+                                               {"shard", absl::StrCat(task.shard())}}
+            : std::vector<ClientMetric::Label>{{"job", task.job_id()},
+                                               {"rank", absl::StrCat(task.rank())}};
     const std::string dir = absl::StrCat(proc_root_, "/", task.pid());
     if (std::optional<double> cpu = ParsePidCpuSeconds(ReadProcFile(dir + "/stat"), kTicks)) {
       AddSample(trainer_cpu, labels, *cpu);

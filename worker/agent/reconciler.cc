@@ -161,6 +161,8 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
       status.set_job_id(task.job_id());
       status.set_generation(task.generation());
       status.set_rank(task.rank());
+      status.set_role(task.role());
+      status.set_shard(task.shard());
       status.set_state(v1::TASK_EXITED);
       status.set_signal(SIGKILL);
       status.set_exit_code(128 + SIGKILL);
@@ -183,6 +185,8 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   status.set_job_id(task.job_id());
   status.set_generation(task.generation());
   status.set_rank(task.rank());
+  status.set_role(task.role());
+  status.set_shard(task.shard());
   auto fail = [&](const std::string& message) {
     LogError("task ", id, " failed to start: ", message);
     status.set_state(v1::TASK_FAILED_TO_START);
