@@ -17,6 +17,9 @@ inline constexpr char kTerminationMessageFile[] = "termination-message";
 // Written by the agent into the trainer's working directory before it sends SIGTERM to ask for a
 // save at the next agreed step and an exit by a deadline: one line, decimal unix milliseconds.
 inline constexpr char kStopDeadlineFile[] = "stop-deadline";
+// Written by a parameter-server shard into its working directory about once a second (replaced
+// whole): one "name value" line per counter of ShardStats, which the agent exports as metrics.
+inline constexpr char kShardMetricsFile[] = "shard-metrics";
 
 }  // namespace trainyard
 

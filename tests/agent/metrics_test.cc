@@ -123,6 +123,46 @@ TEST(AgentMetricsTest, FromAFakeProcTree) {
   std::filesystem::remove_all(root);
 }
 
+// A running parameter-server shard's counters come from the file it writes to its folder; a
+// shard that has not written one yet, or a rank, exports none.
+TEST(AgentMetricsTest, ShardCountersFromTheShardsFolder) {
+  const std::string root = absl::StrCat(::testing::TempDir(), "/tasks-", getpid());
+  WriteFile(root + "/ps-1.g1.s1/shard-metrics",
+            "pushes 40\nstale_pushes 3\nstaleness_sum 57\npulls 41\nbytes_received 4096\n"
+            "bytes_sent 8192\npull_wait_seconds 1.25\nversion 20\nnot a line\n");
+  v1::TaskStatus shard = Task("ps-1", 0, v1::TASK_RUNNING, 0);
+  shard.set_task_id("ps-1.g1.s1");
+  shard.set_role(v1::TASK_ROLE_SHARD);
+  shard.set_shard(1);
+  v1::TaskStatus silent = shard;
+  silent.set_task_id("ps-1.g1.s0");
+  silent.set_shard(0);
+  AgentMetricsSource source;
+  source.worker_name = "w1";
+  source.tasks = [&] {
+    return std::vector<v1::TaskStatus>{shard, silent, Task("ps-1", 0, v1::TASK_RUNNING, 0)};
+  };
+  source.gpus_allocated = [] { return 0; };
+  source.task_dir = [&root](const std::string& id) { return root + "/" + id; };
+  AgentMetrics metrics(source, nullptr, root);
+  const std::string text = Scrape(metrics);
+  const std::string labels = R"({job="ps-1",shard="1"})";
+  EXPECT_EQ(Value(text, "trainyard_ps_pushes_total" + labels), 40);
+  EXPECT_EQ(Value(text, "trainyard_ps_stale_pushes_total" + labels), 3);
+  EXPECT_EQ(Value(text, "trainyard_ps_push_staleness_versions_total" + labels), 57);
+  EXPECT_EQ(Value(text, "trainyard_ps_pulls_total" + labels), 41);
+  EXPECT_EQ(Value(text, "trainyard_ps_received_bytes_total" + labels), 4096);
+  EXPECT_EQ(Value(text, "trainyard_ps_sent_bytes_total" + labels), 8192);
+  EXPECT_EQ(Value(text, "trainyard_ps_pull_wait_seconds_total" + labels), 1.25);
+  EXPECT_EQ(Value(text, "trainyard_ps_version" + labels), 20);
+  EXPECT_THAT(text, Not(HasSubstr(R"(shard="0")")));
+  std::filesystem::remove_all(root);
+
+  // Without shards the families are absent, not empty.
+  source.tasks = [] { return std::vector<v1::TaskStatus>{}; };
+  EXPECT_THAT(Scrape(AgentMetrics(source, nullptr, root)), Not(HasSubstr("trainyard_ps_")));
+}
+
 TEST(AgentMetricsTest, RealProcOfThisProcess) {
   // Burn a little CPU so that this process has some to show.
   volatile double x = 0;

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "curl/curl.h"
 #include "gmock/gmock.h"
@@ -189,7 +190,11 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
 
   auto quick = cluster.Submit(Job("quick", 20, 0));
   ASSERT_TRUE(quick.ok()) << quick.status();
-  auto slow = cluster.Submit(Job("slow", 100000000, 500));
+  // The long job is a parameter_server one (a rank and a shard, one slot each) so that the
+  // shard's series exist too.
+  auto slow = cluster.Submit(absl::StrReplaceAll(
+      Job("slow", 100000000, 500),
+      {{"strategy: single", "strategy: parameter_server\nparameter_servers: 1"}}));
   ASSERT_TRUE(slow.ok()) << slow.status();
   const std::string id = slow->id();
   auto running = cluster.WaitFor(id, [](const v1::Job& j) {
@@ -237,19 +242,37 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   EXPECT_TRUE(PollUntil(
       [&] {
         return prometheus.Scalar(R"(trainyard_job_scheduling_latency_seconds_count)") == 2 &&
-               prometheus.Scalar(R"(sum(trainyard_slots{state="used"}))") == 1;
+               prometheus.Scalar(R"(sum(trainyard_slots{state="used"}))") == 2;
       },
       absl::Seconds(30)));
 
-  // The agents: one trainer running in all, with its CPU time; the machine's memory.
+  // The agents: a rank and a shard running, with their CPU time; the machine's memory.
   EXPECT_TRUE(PollUntil(
       [&] {
-        return prometheus.Scalar(R"(sum(trainyard_worker_trainers{state="running"}))") == 1 &&
+        return prometheus.Scalar(R"(sum(trainyard_worker_trainers{state="running"}))") == 2 &&
                prometheus.Scalar(absl::StrCat("trainyard_worker_trainer_cpu_seconds_total{job=\"",
-                                              id, "\"}")) > 0;
+                                              id, "\",rank=\"0\"}")) > 0 &&
+               prometheus.Scalar(absl::StrCat("trainyard_worker_trainer_cpu_seconds_total{job=\"",
+                                              id, "\",shard=\"0\"}")) > 0;
       },
       absl::Seconds(30)))
       << prometheus.Query("trainyard_worker_trainers").dump();
+  // The shard's own counters: it answers a push and a pull per step.
+  const std::string pushes =
+      absl::StrCat("trainyard_ps_pushes_total{job=\"", id, "\",shard=\"0\"}");
+  double first_pushes = 0;
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        first_pushes = prometheus.Scalar(pushes);
+        return first_pushes > 0;
+      },
+      absl::Seconds(30)))
+      << prometheus.Query("trainyard_ps_pushes_total").dump();
+  EXPECT_TRUE(
+      PollUntil([&] { return prometheus.Scalar(pushes) > first_pushes; }, absl::Seconds(30)));
+  EXPECT_GT(prometheus.Scalar(absl::StrCat("trainyard_ps_received_bytes_total{job=\"", id, "\"}")),
+            0);
+  EXPECT_GT(prometheus.Scalar(absl::StrCat("trainyard_ps_version{job=\"", id, "\"}")), 0);
   EXPECT_GT(prometheus.Scalar("min(trainyard_worker_memory_total_bytes)"), 0);
   EXPECT_EQ(prometheus.Scalar("max(trainyard_worker_gpu_monitoring)"), 0);
 

@@ -93,6 +93,20 @@ TEST(PsServiceTest, WorkersTrainThroughTheShardLikeCallsToItDirectly) {
   EXPECT_EQ(pulled->version, kSteps);
   EXPECT_TRUE(torch::equal(got[0], expected[0]));
   EXPECT_TRUE(torch::equal(got[1], expected[1]));
+
+  // What the shard's metrics count: every push and pull, and their payload bytes (the pieces
+  // hold 1000 float32 and 21 float64 values).
+  const ShardStats stats = (*server)->Stats();
+  EXPECT_EQ(stats.pushes, kWorkers * kSteps);
+  EXPECT_EQ(stats.stale_pushes, 0);
+  EXPECT_EQ(stats.pulls, kWorkers * kSteps + 1);
+  constexpr int64_t kPayload = 1000 * 4 + 21 * 8;
+  EXPECT_GE(stats.bytes_received, stats.pushes * kPayload);
+  EXPECT_LT(stats.bytes_received, stats.pushes * (kPayload + 256));
+  EXPECT_GE(stats.bytes_sent, stats.pulls * kPayload);
+  EXPECT_LT(stats.bytes_sent, stats.pulls * (kPayload + 256));
+  EXPECT_GE(stats.pull_wait_seconds, 0);
+  EXPECT_EQ(stats.version, kSteps);
 }
 
 TEST(PsServiceTest, RefusalsKeepTheirCodesAndNameTheShard) {

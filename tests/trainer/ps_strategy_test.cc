@@ -203,6 +203,7 @@ TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilTheyFinish) {
   const trainyard::v1::Task ps_task = JobTask(ps_dir, c, trainyard::v1::PARAMETER_SERVER);
   FakeRendezvous rendezvous;
   std::atomic<int> stop{0};
+  const std::string metrics_dir = MakeTempDir();
   std::vector<absl::Status> shard_results(kShards, absl::UnknownError("not run"));
   std::vector<std::thread> shards;
   for (int s = 0; s < kShards; ++s) {
@@ -215,6 +216,7 @@ TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilTheyFinish) {
       options.rendezvous = &rendezvous;
       options.listen = "127.0.0.1:0";
       options.stop_signal = &stop;
+      options.metrics_file = absl::StrCat(metrics_dir, "/shard-", s);
       shard_results[s] = RunShardTask(task, options);
     });
   }
@@ -223,6 +225,18 @@ TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilTheyFinish) {
   stop = 15;
   for (std::thread& t : shards) t.join();
   for (const absl::Status& s : shard_results) EXPECT_TRUE(s.ok()) << s;
+  // Each wrote its counters on the way out: a push and a pull per rank and update.
+  for (int s = 0; s < kShards; ++s) {
+    std::ifstream in(absl::StrCat(metrics_dir, "/shard-", s));
+    std::map<std::string, double> counters;
+    std::string name;
+    double value = 0;
+    while (in >> name >> value) counters[name] = value;
+    EXPECT_EQ(counters["pushes"], kRanks * kSteps) << "shard " << s;
+    EXPECT_EQ(counters["pulls"], counters["pushes"] + kRanks) << "shard " << s;
+    EXPECT_EQ(counters["version"], kSteps) << "shard " << s;
+    EXPECT_GT(counters["bytes_received"], 0) << "shard " << s;
+  }
   ExpectClose(ReadTensors(dp_dir + "/final/model.safetensors"),
               ReadTensors(ps_dir + "/final/model.safetensors"));
 

@@ -75,6 +75,8 @@ class Agent {
   std::vector<v1::TaskStatus> TaskStatuses() const { return reconciler_.Statuses(); }
   // GPUs handed to running trainers.
   int GpusAllocated() const { return options_.gpus - reconciler_.FreeGpus(); }
+  // A task's folder (its trainer's working directory).
+  std::string TaskDir(const std::string& task_id) const { return reconciler_.TaskDir(task_id); }
 
  private:
   class CoordinatorLogSink;

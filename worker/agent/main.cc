@@ -174,6 +174,7 @@ int main(int argc, char** argv) {
     source.gpus_offered = options.gpus;
     source.tasks = [&agent] { return agent.TaskStatuses(); };
     source.gpus_allocated = [&agent] { return agent.GpusAllocated(); };
+    source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
     metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(gpus));
     absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> started =
         trainyard::MetricsHttpServer::Start(listen, metrics);

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/exit_codes.h"
 
 namespace trainyard {
 namespace {
@@ -215,11 +216,74 @@ std::optional<int64_t> ParseVmRssBytes(absl::string_view status) {
   return std::nullopt;
 }
 
+std::map<std::string, double> ParseShardMetrics(absl::string_view text) {
+  std::map<std::string, double> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    double value = 0;
+    if (fields.size() == 2 && absl::SimpleAtod(fields[1], &value))
+      out[std::string(fields[0])] = value;
+  }
+  return out;
+}
+
 AgentMetrics::AgentMetrics(AgentMetricsSource source, std::unique_ptr<GpuMonitor> gpus,
                            std::string proc_root)
     : source_(std::move(source)), proc_root_(std::move(proc_root)), gpus_(std::move(gpus)) {}
 
 AgentMetrics::~AgentMetrics() = default;
+
+void AgentMetrics::CollectShardMetrics(const std::vector<v1::TaskStatus>& tasks,
+                                       std::vector<MetricFamily>& out) const {
+  if (!source_.task_dir) return;
+  // (file key, metric name, help, type); counters in the file count from the shard's start.
+  struct Series {
+    const char* key;
+    const char* name;
+    const char* help;
+    MetricType type;
+  };
+  static const Series kSeries[] = {
+      {"pushes", "trainyard_ps_pushes_total",
+       "Gradient pushes a parameter-server shard answered, applied or not.", MetricType::Counter},
+      {"stale_pushes", "trainyard_ps_stale_pushes_total",
+       "Pushes a shard did not apply because they were more than max_staleness versions behind "
+       "(asynchronous mode).",
+       MetricType::Counter},
+      {"staleness_sum", "trainyard_ps_push_staleness_versions_total",
+       "Versions behind the shard, summed over the pushes it applied (divide by the rate of "
+       "applied pushes for the mean staleness).",
+       MetricType::Counter},
+      {"pulls", "trainyard_ps_pulls_total", "Parameter pulls a shard answered.",
+       MetricType::Counter},
+      {"bytes_received", "trainyard_ps_received_bytes_total",
+       "Bytes of the pushes a shard received.", MetricType::Counter},
+      {"bytes_sent", "trainyard_ps_sent_bytes_total", "Bytes of the pulls a shard answered.",
+       MetricType::Counter},
+      {"pull_wait_seconds", "trainyard_ps_pull_wait_seconds_total",
+       "Time pulls waited at a shard for their version: the workers' wait for each other's pushes "
+       "in synchronous mode.",
+       MetricType::Counter},
+      {"version", "trainyard_ps_version", "A shard's version: the updates it applied.",
+       MetricType::Gauge},
+  };
+  std::vector<MetricFamily> families;
+  for (const Series& series : kSeries)
+    families.push_back(Family(series.name, series.help, series.type));
+  for (const v1::TaskStatus& task : tasks) {
+    if (task.role() != v1::TASK_ROLE_SHARD || task.state() != v1::TASK_RUNNING) continue;
+    const std::map<std::string, double> values = ParseShardMetrics(
+        ReadProcFile(absl::StrCat(source_.task_dir(task.task_id()), "/", kShardMetricsFile)));
+    if (values.empty()) continue;
+    const std::vector<ClientMetric::Label> labels = {{"job", task.job_id()},
+                                                     {"shard", absl::StrCat(task.shard())}};
+    for (size_t i = 0; i < families.size(); ++i) {
+      auto it = values.find(kSeries[i].key);
+      if (it != values.end()) AddSample(families[i], labels, it->second);
+    }
+  }
+  for (MetricFamily& family : families) Emit(out, std::move(family));
+}
 
 std::vector<MetricFamily> AgentMetrics::Collect() const {
   static const int64_t kTicks = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
@@ -269,6 +333,7 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
   Emit(out, std::move(trainers));
   Emit(out, std::move(trainer_cpu));
   Emit(out, std::move(trainer_rss));
+  CollectShardMetrics(tasks, out);
 
   if (std::optional<MachineCpu> cpu = ParseProcStat(ReadProcFile(proc_root_ + "/stat"), kTicks)) {
     MetricFamily seconds = Family(

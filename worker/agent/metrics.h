@@ -50,12 +50,16 @@ struct AgentMetricsSource {
   std::function<std::vector<trainyard::v1::TaskStatus>()> tasks;
   // GPUs handed to running trainers.
   std::function<int()> gpus_allocated;
+  // A task's folder, where a parameter-server shard writes its counters (kShardMetricsFile).
+  // Unset: no shard metrics.
+  std::function<std::string(const std::string& task_id)> task_dir;
 };
 
 // The worker agent's Prometheus metrics, read fresh on every scrape: trainer processes by state,
 // CPU and memory of the machine (/proc/stat, /proc/meminfo) and of each running trainer
-// (/proc/<pid>/stat, /proc/<pid>/status), and GPU utilisation and memory when a GpuMonitor is
-// given. Names are listed in docs/operations.md. Thread-safe.
+// (/proc/<pid>/stat, /proc/<pid>/status), the counters each running parameter-server shard
+// writes to its folder, and GPU utilisation and memory when a GpuMonitor is given. Names are listed
+// in docs/operations.md. Thread-safe.
 class AgentMetrics final : public prometheus::Collectable {
  public:
   // `gpus` may be null (no NVML): the GPU series are then absent and
@@ -67,13 +71,20 @@ class AgentMetrics final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
+  // The counters of each running parameter-server shard, from its folder.
+  void CollectShardMetrics(const std::vector<trainyard::v1::TaskStatus>& tasks,
+                           std::vector<prometheus::MetricFamily>& out) const;
+
   const AgentMetricsSource source_;
   const std::string proc_root_;
   mutable absl::Mutex gpu_mu_;  // NVML calls are serialised; scrapes may overlap
   const std::unique_ptr<GpuMonitor> gpus_ ABSL_PT_GUARDED_BY(gpu_mu_);
 };
 
-// ---- /proc parsing, exposed for tests ----
+// ---- parsing, exposed for tests ----
+
+// A shard's kShardMetricsFile: "name value" lines; lines that do not parse are skipped.
+std::map<std::string, double> ParseShardMetrics(absl::string_view text);
 
 // The aggregate "cpu" line of /proc/stat as seconds by mode (user, nice, system, idle, iowait,
 // irq, softirq, steal), and the number of "cpuN" lines. nullopt if there is no "cpu" line.

@@ -195,6 +195,7 @@ int main(int argc, char** argv) {
     shard_options.rendezvous = rendezvous.get();
     shard_options.stop_signal = &stop_signal;
     shard_options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
+    shard_options.metrics_file = trainyard::kShardMetricsFile;
     const absl::Status served = trainyard::trainer::RunShardTask(task, shard_options);
     if (!served.ok()) {
       return Fail(trainyard::trainer::ExitCodeForStatus(served), std::string(served.message()));

@@ -152,6 +152,16 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
         shard->Push(request->generation(), request->rank(), request->base_version(), gradients,
                     request->loss(), request->stop());
     if (!result.ok()) return ToGrpcStatus(result.status());
+    {
+      absl::MutexLock lock(&stats_mu_);
+      stats_.pushes++;
+      stats_.bytes_received += request->ByteSizeLong();
+      if (result->applied) {
+        stats_.staleness_sum += result->staleness;
+      } else {
+        stats_.stale_pushes++;
+      }
+    }
     response->set_version(result->version);
     response->set_staleness(result->staleness);
     response->set_applied(result->applied);
@@ -178,6 +188,10 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
       response->add_pieces()->set_data(static_cast<const char*>(piece.data_ptr()),
                                        piece.numel() * piece.element_size());
     }
+    absl::MutexLock lock(&stats_mu_);
+    stats_.pulls++;
+    stats_.bytes_sent += response->ByteSizeLong();
+    stats_.pull_wait_seconds += absl::ToDoubleSeconds(result->waited);
     return grpc::Status::OK;
   }
 
@@ -232,6 +246,17 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     Service* const service_;
   };
 
+  ShardStats Stats() const {
+    ShardStats stats;
+    {
+      absl::MutexLock lock(&stats_mu_);
+      stats = stats_;
+    }
+    absl::MutexLock lock(&mu_);
+    if (shard_ != nullptr) stats.version = shard_->version();
+    return stats;
+  }
+
   bool Quiet(absl::Duration quiet) const {
     absl::MutexLock lock(&activity_mu_);
     return in_flight_ == 0 && absl::Now() - last_call_ended_ >= quiet;
@@ -262,8 +287,10 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   const ShardConfig config_;
   ParameterShard* const shard_unowned_ = nullptr;  // Start's shard
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::set<int> finished_ranks_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex stats_mu_;
+  ShardStats stats_ ABSL_GUARDED_BY(stats_mu_);
   mutable absl::Mutex activity_mu_;
   int in_flight_ ABSL_GUARDED_BY(activity_mu_) = 0;
   absl::Time last_call_ended_ ABSL_GUARDED_BY(activity_mu_) = absl::Now();
@@ -302,6 +329,8 @@ bool PsServer::WaitUntilFinished(absl::Time deadline) {
 }
 
 bool PsServer::Quiet(absl::Duration quiet) const { return service_->Quiet(quiet); }
+
+ShardStats PsServer::Stats() const { return service_->Stats(); }
 
 PsServer::~PsServer() {
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
@@ -420,8 +449,10 @@ absl::StatusOr<ParameterShard::PullResult> PsClient::Pull(int64_t min_version,
     }
     std::memcpy(piece.data_ptr(), data.data(), data.size());
   }
-  return ParameterShard::PullResult{response.version(),
-                                    ShardAgreement{response.loss(), response.stop()}};
+  ParameterShard::PullResult result;
+  result.version = response.version();
+  result.agreement = ShardAgreement{response.loss(), response.stop()};
+  return result;
 }
 
 }  // namespace trainyard::trainer

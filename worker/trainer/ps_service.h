@@ -23,6 +23,18 @@
 
 namespace trainyard::trainer {
 
+// What a shard's server has done since it started, for its metrics.
+struct ShardStats {
+  int64_t pushes = 0;            // every push answered, applied or not
+  int64_t stale_pushes = 0;      // pushes not applied, too stale (asynchronous mode)
+  int64_t staleness_sum = 0;     // versions behind, summed over the applied pushes
+  int64_t pulls = 0;             // pulls answered
+  int64_t bytes_received = 0;    // gradient bytes of the pushes
+  int64_t bytes_sent = 0;        // parameter bytes of the pulls
+  double pull_wait_seconds = 0;  // time pulls waited for their version (the other ranks' pushes)
+  int64_t version = 0;           // the shard's version (0 before rank 0 initialised it)
+};
+
 class PsServer {
  public:
   // Serves `shard` (not owned; it must outlive the server) on `listen`, for example
@@ -40,6 +52,7 @@ class PsServer {
   bool WaitUntilFinished(absl::Time deadline);
   // Whether no call is in flight and none ended within `quiet` of now.
   bool Quiet(absl::Duration quiet) const;
+  ShardStats Stats() const;
 
  private:
   class Service;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/schedule.h"
 
@@ -186,6 +187,7 @@ absl::StatusOr<ParameterShard::PullResult> ParameterShard::Pull(int64_t generati
                                                                 std::vector<torch::Tensor>* out,
                                                                 absl::Time deadline) {
   if (generation != config_.generation) return Fenced(generation, config_.generation);
+  const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
   auto reached = [this, min_version]()
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ >= min_version; };
@@ -193,6 +195,7 @@ absl::StatusOr<ParameterShard::PullResult> ParameterShard::Pull(int64_t generati
     return absl::DeadlineExceededError(absl::StrCat(
         "version ", min_version, " was not reached in time; the shard is at ", version_));
   }
+  const absl::Duration waited = absl::Now() - start;
   out->resize(pieces_.size());
   for (size_t i = 0; i < pieces_.size(); ++i) {
     torch::Tensor& target = (*out)[i];
@@ -202,7 +205,7 @@ absl::StatusOr<ParameterShard::PullResult> ParameterShard::Pull(int64_t generati
     }
     target.copy_(pieces_[i].detach());
   }
-  return PullResult{version_, agreement_};
+  return PullResult{version_, agreement_, waited};
 }
 
 }  // namespace trainyard::trainer

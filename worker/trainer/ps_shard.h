@@ -86,6 +86,7 @@ class ParameterShard {
   struct PullResult {
     int64_t version = 0;
     ShardAgreement agreement;  // synchronous mode: of the update that made `version`
+    absl::Duration waited;     // for `min_version`
   };
   // Waits until the version is at least `min_version`, then copies the pieces into `out`
   // (resized to one tensor per piece; tensors of the right shape and dtype are reused).

@@ -1,5 +1,7 @@
 #include "worker/trainer/ps_task.h"
 
+#include <cstdio>
+#include <fstream>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,29 @@ namespace {
 
 // How long before a stop's deadline a shard still serving gives up (the agent kills at it).
 constexpr absl::Duration kShardExitAhead = absl::Milliseconds(200);
+
+// How often the counters are written out.
+constexpr absl::Duration kMetricsInterval = absl::Seconds(1);
+
+// Replaces `path` with the counters, one "name value" line each; a failure is logged once.
+void WriteStats(const std::string& path, const ShardStats& stats) {
+  if (path.empty()) return;
+  const std::string text = absl::StrCat(
+      "pushes ", stats.pushes, "\nstale_pushes ", stats.stale_pushes, "\nstaleness_sum ",
+      stats.staleness_sum, "\npulls ", stats.pulls, "\nbytes_received ", stats.bytes_received,
+      "\nbytes_sent ", stats.bytes_sent, "\npull_wait_seconds ", stats.pull_wait_seconds,
+      "\nversion ", stats.version, "\n");
+  const std::string tmp = path + ".tmp";
+  static bool warned = false;
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.close();
+    if (out && std::rename(tmp.c_str(), path.c_str()) == 0) return;
+  }
+  if (!warned) LogWarning("cannot write ", path, ": its metrics are not exported");
+  warned = true;
+}
 
 }  // namespace
 
@@ -51,7 +76,18 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
           config.workers, " ranks at ", address);
   std::optional<absl::Time> deadline;
   absl::Time stopped_at;
+  absl::Time stats_written = absl::InfinitePast();
+  // Written whichever way the loop ends.
+  struct FinalStats {
+    const PsServer& server;
+    const std::string& path;
+    ~FinalStats() { WriteStats(path, server.Stats()); }
+  } final_stats{**server, options.metrics_file};
   while (!(*server)->WaitUntilFinished(absl::Now() + options.poll_interval)) {
+    if (absl::Now() - stats_written >= kMetricsInterval) {
+      WriteStats(options.metrics_file, (*server)->Stats());
+      stats_written = absl::Now();
+    }
     if (options.stop_signal->load() == 0) continue;
     if (!deadline.has_value()) {
       deadline = options.stop_deadline_file.empty() ? std::nullopt

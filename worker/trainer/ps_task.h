@@ -33,6 +33,9 @@ struct ShardTaskOptions {
   // Stopped without a deadline (not a preemption: the attempt ended or the job was cancelled),
   // it ends once no rank has called for this long, rather than wait for ranks that are gone.
   absl::Duration quiet_after_plain_stop = absl::Seconds(2);
+  // Where it writes its counters (kShardMetricsFile) about once a second and at the end; empty:
+  // nowhere.
+  std::string metrics_file;
   // How often it looks at stop_signal.
   absl::Duration poll_interval = absl::Milliseconds(50);
 };
