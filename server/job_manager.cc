@@ -351,10 +351,6 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
   }
   // A valid spec the trainers cannot run yet is refused now, not failed after placement.
   if (spec.strategy() == v1::PARAMETER_SERVER) {
-    if (spec.parameter_servers().mode() == "async") {
-      return absl::InvalidArgumentError(
-          "parameter_servers.mode: async is not supported yet; use sync");
-    }
     if (spec.parameter_servers().dense() == "allreduce") {
       return absl::InvalidArgumentError(
           "parameter_servers.dense: allreduce is not supported yet; use shards");

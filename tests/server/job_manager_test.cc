@@ -181,11 +181,10 @@ TEST_F(JobManagerTest, BadSpecIsRefusedAndNothingIsStored) {
   v1::JobSpec ps = TestSpec("ps");
   ps.set_strategy(v1::PARAMETER_SERVER);
   ps.mutable_parameter_servers()->set_shards(1);
-  ps.mutable_parameter_servers()->set_mode("async");
-  ps.mutable_parameter_servers()->set_max_staleness(4);
+  ps.mutable_parameter_servers()->set_dense("allreduce");
   job = manager_->SubmitJob(ps);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(job.status().message()), HasSubstr("parameter_servers.mode: async"));
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("parameter_servers.dense: allreduce"));
 
   auto list = manager_->ListJobs({}, 0, "");
   ASSERT_TRUE(list.ok());

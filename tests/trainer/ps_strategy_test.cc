@@ -2,6 +2,8 @@
 // threads, two shards served over gRPC on loopback, 20 updates of SGD with momentum or AdamW,
 // with and without gradient accumulation; the exported models agree within 1e-5.
 
+#include "worker/trainer/ps_strategy.h"
+
 #include <torch/torch.h>
 
 #include <atomic>
@@ -12,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
@@ -21,7 +25,6 @@
 #include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/ps_service.h"
 #include "worker/trainer/ps_task.h"
-#include "worker/trainer/ps_strategy.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -98,6 +101,8 @@ std::vector<std::unique_ptr<PsServer>> StartShards(const trainyard::v1::Task& ta
     config.generation = task.generation();
     config.workers = ranks;
     config.optimizer = task.spec().optimizer();
+    config.synchronous = task.spec().parameter_servers().mode() != "async";
+    config.max_staleness = task.spec().parameter_servers().max_staleness();
     auto server = PsServer::StartEmpty(config, "127.0.0.1:0");
     EXPECT_TRUE(server.ok()) << server.status();
     if (!server.ok()) break;
@@ -279,6 +284,53 @@ TEST(PsShardTaskTest, ShardTasksServeTheRanksUntilTheyFinish) {
   options.rendezvous = &rendezvous;
   options.stop_signal = &stop;
   EXPECT_EQ(RunShardTask(ps_task, options).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Asynchronous ranks update the shards at their own pace. Rank 1 is held back until rank 0 has
+// finished its last update; rank 0's final checkpoint still holds rank 1's updates, all of them
+// (AdamW counts one optimizer step per applied push).
+TEST(PsAsyncTest, RanksGoAtTheirOwnPaceAndTheFinalCheckpointHoldsEveryUpdate) {
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = JobTask(dir, Case{true, 1}, trainyard::v1::PARAMETER_SERVER);
+  task.mutable_spec()->mutable_parameter_servers()->set_mode("async");
+  task.mutable_spec()->mutable_parameter_servers()->set_max_staleness(1000);  // none dropped
+  FakeRendezvous rendezvous;
+  const auto servers = StartShards(task, kRanks, kShards, rendezvous);
+  absl::Notification rank0_done;
+  std::atomic<int64_t> rank1_steps_before{-1};
+  std::vector<absl::StatusOr<TrainResult>> results = RunRanks(
+      task, kRanks,
+      [&](int rank, TrainerOptions& options) {
+        if (rank == 0) {
+          options.after_step = [&](int64_t step) {
+            if (step == kSteps) rank0_done.Notify();
+          };
+        } else {
+          options.before_step = [&](int64_t step, int64_t) {
+            if (step == kSteps - 5) {
+              rank0_done.WaitForNotification();
+              rank1_steps_before = step;
+            }
+          };
+        }
+      },
+      &rendezvous);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, kSteps);
+  }
+  // Rank 1 was 5 updates behind when rank 0 ended: the shards did not wait for it.
+  EXPECT_EQ(rank1_steps_before, kSteps - 5);
+  const auto state =
+      ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", dir, kSteps));
+  int steps_seen = 0;
+  for (const auto& [name, tensor] : state) {
+    if (!absl::EndsWith(name, ".step")) continue;
+    EXPECT_EQ(tensor.item<int64_t>(), kRanks * kSteps) << name;
+    ++steps_seen;
+  }
+  EXPECT_GT(steps_seen, 0);
+  for (const auto& server : servers) EXPECT_EQ(server->Stats().version, kRanks * kSteps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, PsStrategyTest,

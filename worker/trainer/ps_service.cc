@@ -195,13 +195,14 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status State(grpc::ServerContext*, const trainyard::v1::StateRequest* request,
+  grpc::Status State(grpc::ServerContext* context, const trainyard::v1::StateRequest* request,
                      trainyard::v1::StateResponse* response) override {
     const Activity activity(this);
     ParameterShard* shard = Shard(absl::InfinitePast());
     if (shard == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the shard is not initialised");
     }
+    if (request->snapshot()) return Snapshot(*shard, *request, context, response);
     absl::StatusOr<NamedTensors> state =
         shard->OptimizerState(request->generation(), request->version());
     if (!state.ok()) return ToGrpcStatus(state.status());
@@ -260,6 +261,45 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   bool Quiet(absl::Duration quiet) const {
     absl::MutexLock lock(&activity_mu_);
     return in_flight_ == 0 && absl::Now() - last_call_ended_ >= quiet;
+  }
+
+  // An asynchronous shard's parameters and optimizer state at one version, after every rank but
+  // the caller has finished when asked to.
+  grpc::Status Snapshot(const ParameterShard& shard, const trainyard::v1::StateRequest& request,
+                        grpc::ServerContext* context, trainyard::v1::StateResponse* response) {
+    if (request.generation() != Config().generation) {
+      return ToGrpcStatus(shard.TakeSnapshot(request.generation()).status());
+    }
+    if (request.after_other_ranks()) {
+      const int workers = std::max(1, Config().workers);
+      const int caller = request.rank();
+      absl::MutexLock lock(&mu_);
+      auto others_done = [this, workers, caller]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (int r = 0; r < workers; ++r) {
+          if (r != caller && finished_ranks_.count(r) == 0) return false;
+        }
+        return true;
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&others_done),
+                                 absl::FromChrono(context->deadline()) - absl::Milliseconds(100))) {
+        return grpc::Status(grpc::StatusCode::ABORTED,
+                            absl::StrCat("ranks still training (", finished_ranks_.size(), " of ",
+                                         workers - 1, " others finished)"));
+      }
+    }
+    absl::StatusOr<ParameterShard::Snapshot> snapshot = shard.TakeSnapshot(request.generation());
+    if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+    response->set_version(snapshot->version);
+    for (const torch::Tensor& piece : snapshot->pieces) {
+      SetBytes(piece, response->add_pieces()->mutable_data());
+    }
+    for (const auto& [name, tensor] : snapshot->optimizer_state) {
+      trainyard::v1::NamedTensor* out = response->add_optimizer_state();
+      out->set_name(name);
+      SetLayout(tensor, out->mutable_layout());
+      SetBytes(tensor, out->mutable_data());
+    }
+    return grpc::Status::OK;
   }
 
   bool WaitUntilFinished(absl::Time deadline) {
@@ -403,6 +443,46 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t ver
     state[t.name()] = *std::move(tensor);
   }
   return state;
+}
+
+absl::StatusOr<PsClient::SnapshotResult> PsClient::Snapshot(bool after_other_ranks,
+                                                            std::vector<torch::Tensor>& pieces) {
+  trainyard::v1::StateRequest request;
+  request.set_generation(generation_);
+  request.set_snapshot(true);
+  request.set_after_other_ranks(after_other_ranks);
+  request.set_rank(rank_);
+  trainyard::v1::StateResponse response;
+  absl::Status status = Call(&Stub::State, request, &response, "snapshot");
+  if (!status.ok()) return status;
+  if (response.pieces_size() != static_cast<int>(pieces.size())) {
+    return absl::InternalError(absl::StrCat("parameter server ", shard_, " sent ",
+                                            response.pieces_size(), " pieces for ", pieces.size()));
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string& data = response.pieces(static_cast<int>(i)).data();
+    torch::Tensor& piece = pieces[i];
+    if (static_cast<int64_t>(data.size()) != piece.numel() * piece.element_size()) {
+      return absl::InternalError(absl::StrCat("parameter server ", shard_, ": piece ", i, " has ",
+                                              data.size(), " bytes, expected ",
+                                              piece.numel() * piece.element_size()));
+    }
+    // The pieces are views of the parameters, contiguous within each parameter.
+    piece.copy_(torch::from_blob(const_cast<char*>(data.data()), piece.sizes(),
+                                 torch::TensorOptions().dtype(piece.scalar_type())));
+  }
+  SnapshotResult result;
+  result.version = response.version();
+  for (const trainyard::v1::NamedTensor& t : response.optimizer_state()) {
+    absl::StatusOr<torch::Tensor> tensor =
+        TensorFrom(t.layout(), t.data(), absl::StrCat("optimizer state ", t.name()));
+    if (!tensor.ok()) {
+      return absl::InternalError(
+          absl::StrCat("parameter server ", shard_, ": ", tensor.status().message()));
+    }
+    result.optimizer_state[t.name()] = *std::move(tensor);
+  }
+  return result;
 }
 
 absl::StatusOr<ParameterShard::PushResult> PsClient::Push(

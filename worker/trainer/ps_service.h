@@ -80,6 +80,16 @@ class PsClient {
   absl::Status Finish();
   // The shard's optimizer state at `version` (FAILED_PRECONDITION if it is at another one).
   absl::StatusOr<std::map<std::string, torch::Tensor>> State(int64_t version);
+  // An asynchronous shard's parameters (copied into `pieces`, this shard's pieces in order) and
+  // optimizer state at one version. With `after_other_ranks`, once every other rank has
+  // finished with the shard: ABORTED "ranks still training" when they have not within the
+  // timeout.
+  struct SnapshotResult {
+    int64_t version = 0;
+    std::map<std::string, torch::Tensor> optimizer_state;
+  };
+  absl::StatusOr<SnapshotResult> Snapshot(bool after_other_ranks,
+                                          std::vector<torch::Tensor>& pieces);
   // See ParameterShard::Push; the gradients are CPU tensors of the pieces' shapes.
   absl::StatusOr<ParameterShard::PushResult> Push(int64_t base_version,
                                                   const std::vector<torch::Tensor>& gradients,

@@ -83,6 +83,16 @@ absl::StatusOr<NamedTensors> ParameterShard::OptimizerState(int64_t generation,
   return OptimizerStateTensors(*optimizer_, named_pieces_);
 }
 
+absl::StatusOr<ParameterShard::Snapshot> ParameterShard::TakeSnapshot(int64_t generation) const {
+  if (generation != config_.generation) return Fenced(generation, config_.generation);
+  absl::MutexLock lock(&mu_);
+  Snapshot snapshot;
+  snapshot.version = version_;
+  for (const torch::Tensor& piece : pieces_) snapshot.pieces.push_back(piece.detach().clone());
+  snapshot.optimizer_state = OptimizerStateTensors(*optimizer_, named_pieces_);
+  return snapshot;
+}
+
 int64_t ParameterShard::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
@@ -145,7 +155,10 @@ absl::StatusOr<ParameterShard::PushResult> ParameterShard::Push(
       result.version = version_;
       return result;
     }
-    ApplyLocked(gradients, 1.0 / config_.workers, version_);
+    // W pushes make one step of the schedule, as one synchronous update of W ranks does.
+    const int64_t step =
+        config_.start_version + (version_ - config_.start_version) / config_.workers;
+    ApplyLocked(gradients, 1.0 / config_.workers, step);
     ++version_;
     result.version = version_;
     return result;

@@ -13,10 +13,11 @@
 //
 // Asynchronous mode: each push is applied when it arrives, scaled by 1 / workers (the mean
 // gradient's weight, so the learning rate means what it means in synchronous mode), and makes a
-// new version. A push computed from version b reaching a shard at version v has staleness v - b;
-// one staler than max_staleness is not applied: its worker pulls fresh parameters and computes
-// again, so no worker trains on parameters older than that and a slow worker never holds up the
-// others.
+// new version; the learning-rate schedule advances one step per `workers` pushes. A push
+// computed from version b reaching a shard at version v has staleness v - b; one staler than
+// max_staleness is not applied (it is counted): its worker pulls fresh parameters and goes on
+// with its next batch, so no update is made from parameters older than that and a slow worker
+// never holds up the others.
 //
 // Every call carries the attempt's generation; another one is refused with FAILED_PRECONDITION
 // (fencing: a worker of an old attempt cannot change a new attempt's shard).
@@ -98,6 +99,15 @@ class ParameterShard {
   // A copy of the optimizer's state, named as Create takes it, once the version is `version`.
   // FAILED_PRECONDITION for another generation or when the shard is at another version.
   absl::StatusOr<NamedTensors> OptimizerState(int64_t generation, int64_t version) const;
+
+  // The pieces (copies) and the optimizer's state taken at one version, for an asynchronous
+  // shard's checkpoint. FAILED_PRECONDITION for another generation.
+  struct Snapshot {
+    int64_t version = 0;
+    std::vector<torch::Tensor> pieces;
+    NamedTensors optimizer_state;
+  };
+  absl::StatusOr<Snapshot> TakeSnapshot(int64_t generation) const;
 
   int64_t version() const;
   const ShardConfig& config() const { return config_; }

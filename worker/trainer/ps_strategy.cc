@@ -12,8 +12,13 @@ namespace trainyard::trainer {
 std::string ParameterServerKey(int shard) { return absl::StrCat("ps/shard/", shard); }
 
 ParameterServerStrategy::ParameterServerStrategy(int rank, int world,
-                                                 std::vector<std::unique_ptr<PsClient>> shards)
-    : rank_(rank), world_(world), shards_(std::move(shards)) {}
+                                                 std::vector<std::unique_ptr<PsClient>> shards,
+                                                 bool synchronous)
+    : rank_(rank),
+      world_(world),
+      synchronous_(synchronous),
+      shards_(std::move(shards)),
+      shard_versions_(shards_.size(), 0) {}
 
 absl::Status ParameterServerStrategy::Setup(Model& model) {
   std::vector<ParameterShape> shapes;
@@ -106,16 +111,45 @@ NamedTensors ParameterServerStrategy::ShardState(const NamedTensors& whole, int 
 }
 
 absl::Status ParameterServerStrategy::GatherOptimizerState(int64_t step) {
+  if (!synchronous_) {
+    // The last checkpoint of a run or of a stop waits for the other ranks' last updates.
+    const bool last = step >= total_steps_ || local_.stop;
+    std::vector<torch::Tensor> values;
+    for (const torch::Tensor& p : params_) values.push_back(p.detach());
+    std::vector<std::map<std::string, torch::Tensor>> states(shards_.size());
+    absl::Status fetched = ForEachShard([&](int s) -> absl::Status {
+      std::vector<torch::Tensor> views = Views(values, pieces_[s]);
+      while (true) {
+        absl::StatusOr<PsClient::SnapshotResult> snapshot = shards_[s]->Snapshot(last, views);
+        // Another rank still trains (a slow one): it has its own timeouts and the job its stall
+        // timeout; wait on.
+        if (snapshot.status().code() == absl::StatusCode::kAborted) continue;
+        if (!snapshot.ok()) return snapshot.status();
+        states[s] = std::move(snapshot->optimizer_state);
+        shard_versions_[s] = snapshot->version;
+        return absl::OkStatus();
+      }
+    });
+    if (!fetched.ok()) return fetched;
+    return optimizer_ == nullptr ? absl::OkStatus() : LoadShardStates(states);
+  }
   if (optimizer_ == nullptr) return absl::OkStatus();
-  std::vector<absl::StatusOr<std::map<std::string, torch::Tensor>>> states(shards_.size());
+  std::vector<absl::StatusOr<std::map<std::string, torch::Tensor>>> fetched_states(shards_.size());
   absl::Status fetched = ForEachShard([&](int s) {
-    states[s] = shards_[s]->State(step);
-    return states[s].status();
+    fetched_states[s] = shards_[s]->State(step);
+    return fetched_states[s].status();
   });
   if (!fetched.ok()) return fetched;
+  std::vector<std::map<std::string, torch::Tensor>> states;
+  for (auto& state : fetched_states) states.push_back(*std::move(state));
+  return LoadShardStates(states);
+}
+
+absl::Status ParameterServerStrategy::LoadShardStates(
+    std::vector<std::map<std::string, torch::Tensor>>& states) {
   std::map<std::string, torch::Tensor> whole;
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
-    for (const auto& [key, tensor] : *states[s]) {
+    for (const auto& [key, tensor] : states[s]) {
       auto [piece_name, field] = SplitStateKey(key);
       size_t k = 0;
       if (piece_name.size() < 2 || !absl::SimpleAtoi(piece_name.substr(1), &k) ||
@@ -165,10 +199,12 @@ absl::Status ParameterServerStrategy::SyncState(Model&, int64_t start_step) {
     std::vector<torch::Tensor> views = Views(values, pieces_[s]);
     absl::StatusOr<ParameterShard::PullResult> result = shards_[s]->Pull(start_step, views);
     if (!result.ok()) return result.status();
-    if (result->version != start_step) {
+    // Asynchronous shards move on as soon as any rank pushes.
+    if (synchronous_ ? result->version != start_step : result->version < start_step) {
       return absl::AbortedError(absl::StrCat("rank ", rank_, " resumed at step ", start_step,
                                              ", parameter server ", s, " is at ", result->version));
     }
+    shard_versions_[s] = result->version;
     return absl::OkStatus();
   });
   version_ = start_step;
@@ -181,7 +217,36 @@ void ParameterServerStrategy::BeforeBackward(bool last_micro_batch, double updat
   if (last_micro_batch) local_ = StepAgreement{update_loss, stop_requested};
 }
 
+absl::Status ParameterServerStrategy::AfterBackwardAsync() {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<torch::Tensor> grads, values;
+  for (const torch::Tensor& p : params_) {
+    grads.push_back(p.grad().defined() ? p.grad().detach().contiguous() : torch::zeros_like(p));
+    values.push_back(p.detach());
+  }
+  std::vector<int> stale(shards_.size(), 0);
+  absl::Status status = ForEachShard([&](int s) -> absl::Status {
+    absl::StatusOr<ParameterShard::PushResult> pushed =
+        shards_[s]->Push(shard_versions_[s], Views(grads, pieces_[s]), local_.loss, local_.stop);
+    if (!pushed.ok()) return pushed.status();
+    stale[s] = pushed->applied ? 0 : 1;
+    std::vector<torch::Tensor> views = Views(values, pieces_[s]);
+    // Whatever the shard holds now: no waiting for the other ranks.
+    absl::StatusOr<ParameterShard::PullResult> pulled = shards_[s]->Pull(0, views);
+    if (!pulled.ok()) return pulled.status();
+    shard_versions_[s] = pulled->version;
+    return absl::OkStatus();
+  });
+  communication_seconds_ += SecondsSince(start);
+  if (!status.ok()) return status;
+  for (int n : stale) stale_pushes_ += n;
+  ++version_;
+  agreed_ = local_;  // each rank stops on its own request
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServerStrategy::AfterBackward(Model&) {
+  if (!synchronous_) return AfterBackwardAsync();
   const auto start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> grads, values;
   for (const torch::Tensor& p : params_) {

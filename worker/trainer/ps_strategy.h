@@ -1,13 +1,23 @@
 #ifndef TRAINYARD_WORKER_TRAINER_PS_STRATEGY_H_
 #define TRAINYARD_WORKER_TRAINER_PS_STRATEGY_H_
 
-// The worker side of a synchronous parameter_server job: the model's trainable parameters are
-// split over the shards (ps_partition.h); each update every rank pushes its gradients' pieces
-// to their shards, and pulls the parameters the shards made from the mean of all ranks'
-// gradients straight into the model's storage. The shards run the optimizer, so the trainer
-// does not (updates_parameters()).
+// The worker side of a parameter_server job: the model's trainable parameters are split over the
+// shards (ps_partition.h); the shards run the optimizer, so the trainer does not
+// (updates_parameters()).
+//
+// Synchronous: each update every rank pushes its gradients' pieces to their shards, and pulls
+// the parameters the shards made from the mean of all ranks' gradients straight into the
+// model's storage; the ranks agree on the update's loss and on stopping through the shards.
+//
+// Asynchronous: each rank pushes when its update is ready and pulls whatever each shard holds
+// then, never waiting for the other ranks; a push too stale to apply is dropped by the shard
+// (the rank goes on with fresh parameters). Each rank stops on its own stop request. Rank 0's
+// checkpoints hold a snapshot of the shards (their parameters and optimizer state, each shard
+// at one version); the final one of a run or of a stop is taken once every other rank has
+// finished, so it holds every rank's last update.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +35,8 @@ std::string ParameterServerKey(int shard);
 class ParameterServerStrategy final : public Strategy {
  public:
   // `shards[i]` talks to shard i of this attempt.
-  ParameterServerStrategy(int rank, int world, std::vector<std::unique_ptr<PsClient>> shards);
+  ParameterServerStrategy(int rank, int world, std::vector<std::unique_ptr<PsClient>> shards,
+                          bool synchronous = true);
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
@@ -34,17 +45,23 @@ class ParameterServerStrategy final : public Strategy {
   void SetTotalSteps(int64_t total_steps) override { total_steps_ = total_steps; }
   void SetOptimizer(torch::optim::Optimizer* optimizer, const NamedTensors& params) override;
   // Fetches every shard's optimizer state of version `step` and lays it out over the whole
-  // parameters in the trainer's optimizer.
+  // parameters in the trainer's optimizer. Asynchronous: a snapshot of each shard's parameters
+  // (into the model) and optimizer state, after the other ranks finished when `step` ends the
+  // run or a stop.
   absl::Status GatherOptimizerState(int64_t step) override;
   // Partitions the trainable parameters (float32 or float64, contiguous, CPU) over the shards.
   // INVALID_ARGUMENT for parameters it cannot hold.
   absl::Status Setup(Model& model) override;
   // Rank 0 initialises the shards with its parameters at `start_step`; every rank then pulls
-  // them, and ABORTED when the shards are at another step than the rank resumed at.
+  // them, and ABORTED when the shards are at another step than the rank resumed at (behind it,
+  // in asynchronous mode, where other ranks may have pushed already).
   absl::Status SyncState(Model& model, int64_t start_step) override;
   void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override;
-  // Pushes this rank's gradients and pulls the next version into the parameters.
+  // Pushes this rank's gradients and pulls the next version (synchronous) or the shards'
+  // current one (asynchronous) into the parameters.
   absl::Status AfterBackward(Model& model) override;
+  // Asynchronous mode: pushes the shards did not apply, too stale.
+  int64_t stale_pushes() const { return stale_pushes_; }
   absl::StatusOr<StepAgreement> EndStep() override;
   // Tells every shard this rank is done.
   absl::Status Finish() override;
@@ -58,8 +75,13 @@ class ParameterServerStrategy final : public Strategy {
   // first error in shard order.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& call);
 
+  // Asynchronous: merges each shard's optimizer state into the trainer's optimizer.
+  absl::Status LoadShardStates(std::vector<std::map<std::string, torch::Tensor>>& states);
+  absl::Status AfterBackwardAsync();
+
   const int rank_;
   const int world_;
+  const bool synchronous_;
   int64_t total_steps_ = 0;
   std::vector<std::unique_ptr<PsClient>> shards_;
   // Fixed by Setup and SetOptimizer.
@@ -70,7 +92,9 @@ class ParameterServerStrategy final : public Strategy {
   Partition partition_;
   std::vector<std::vector<Piece>> pieces_;  // per shard
   // Training thread only.
-  int64_t version_ = 0;
+  int64_t version_ = 0;                  // synchronous: the version every shard is at
+  std::vector<int64_t> shard_versions_;  // asynchronous: the version pulled from each shard
+  int64_t stale_pushes_ = 0;
   StepAgreement local_;
   StepAgreement agreed_;
   double communication_seconds_ = 0;

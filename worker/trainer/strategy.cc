@@ -284,10 +284,6 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
     return absl::InvalidArgumentError(
         absl::StrCat("task: rank ", task.rank(), " outside world size ", world));
   }
-  if (spec.parameter_servers().mode() == "async") {
-    return absl::UnimplementedError(
-        "parameter_servers.mode: async is not supported by this trainer yet");
-  }
   if (spec.parameter_servers().dense() == "allreduce") {
     return absl::UnimplementedError(
         "parameter_servers.dense: allreduce is not supported by this trainer yet");
@@ -307,7 +303,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
     shards.push_back(
         std::make_unique<PsClient>(*address, s, task.generation(), task.rank(), timeout));
   }
-  return std::make_unique<ParameterServerStrategy>(task.rank(), world, std::move(shards));
+  return std::make_unique<ParameterServerStrategy>(task.rank(), world, std::move(shards),
+                                                   spec.parameter_servers().mode() != "async");
 }
 
 }  // namespace
