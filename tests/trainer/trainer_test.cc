@@ -604,13 +604,16 @@ TEST(TrainerTest, CnnTrains) {
   EXPECT_EQ(result->step, 5);
 }
 
-TEST(TrainerTest, ParameterServerNeedsTheRendezvousAndIsSynchronousForNow) {
+TEST(TrainerTest, ParameterServerNeedsTheRendezvousAndShardsForItsDenseLayers) {
   trainyard::v1::Task task = SyntheticTask("", 5);
   task.mutable_spec()->set_strategy(trainyard::v1::PARAMETER_SERVER);
   task.mutable_spec()->mutable_parameter_servers()->set_shards(1);
-  task.mutable_spec()->mutable_parameter_servers()->set_mode("sync");
-  EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kInvalidArgument);
-  task.mutable_spec()->mutable_parameter_servers()->set_mode("async");
+  for (const char* mode : {"sync", "async"}) {
+    task.mutable_spec()->mutable_parameter_servers()->set_mode(mode);
+    EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kInvalidArgument)
+        << mode;
+  }
+  task.mutable_spec()->mutable_parameter_servers()->set_dense("allreduce");
   EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kUnimplemented);
 }
 
