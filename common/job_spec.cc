@@ -392,9 +392,9 @@ class SpecParser {
     const YAML::Node args = node["args"];
     if (!IsSet(args)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(args, "model.args"));
-    TY_RETURN_IF_ERROR(
-        CheckKeys(args, "model.args",
-                  {"inputs", "hidden", "classes", "channels", "height", "width", "dropout"}));
+    TY_RETURN_IF_ERROR(CheckKeys(
+        args, "model.args",
+        {"inputs", "hidden", "classes", "channels", "height", "width", "dropout", "vocab", "dim"}));
     v1::ModelArgs& out = *model.mutable_args();
     const std::string path = "model.args";
     TY_RETURN_IF_ERROR(Int32(args, path, "inputs", [&](int32_t v) { out.set_inputs(v); }));
@@ -404,6 +404,8 @@ class SpecParser {
     TY_RETURN_IF_ERROR(Int32(args, path, "width", [&](int32_t v) { out.set_width(v); }));
     TY_RETURN_IF_ERROR(
         Double(args, path, "dropout", [&](double v) { out.set_dropout(static_cast<float>(v)); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "dim", [&](int32_t v) { out.set_dim(v); }));
+    TY_RETURN_IF_ERROR(Int64List(args["vocab"], "model.args.vocab", out.mutable_vocab()));
     const YAML::Node hidden = args["hidden"];
     if (IsSet(hidden)) {
       if (hidden.IsScalar()) {
@@ -425,11 +427,33 @@ class SpecParser {
     return absl::OkStatus();
   }
 
+  // A list of integers, or one integer.
+  static absl::Status Int64List(const YAML::Node& node, const std::string& path,
+                                google::protobuf::RepeatedField<int64_t>* out) {
+    if (!IsSet(node)) return absl::OkStatus();
+    if (node.IsScalar()) {
+      absl::StatusOr<int64_t> v = ReadInt64(node, path);
+      if (!v.ok()) return v.status();
+      out->Add(*v);
+      return absl::OkStatus();
+    }
+    if (!node.IsSequence()) {
+      return FieldError(path, absl::StrCat("expected a list of integers, got ", Describe(node)));
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+      absl::StatusOr<int64_t> v = ReadInt64(node[i], absl::StrCat(path, "[", i, "]"));
+      if (!v.ok()) return v.status();
+      out->Add(*v);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status ParseData(const YAML::Node& node) {
     if (!IsSet(node)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(node, "data"));
-    TY_RETURN_IF_ERROR(CheckKeys(
-        node, "data", {"train", "synthetic", "features", "labels", "validation_split", "shuffle"}));
+    TY_RETURN_IF_ERROR(CheckKeys(node, "data",
+                                 {"train", "synthetic", "features", "labels", "categorical",
+                                  "validation_split", "shuffle"}));
     v1::DataSpec& data = *spec_.mutable_data();
     if (IsSet(node["train"]) && IsSet(node["synthetic"])) {
       return FieldError("data", "set only one of train or synthetic");
@@ -437,6 +461,7 @@ class SpecParser {
     TY_RETURN_IF_ERROR(String(node, "data", "train", data.mutable_train()));
     TY_RETURN_IF_ERROR(String(node, "data", "features", data.mutable_features()));
     TY_RETURN_IF_ERROR(String(node, "data", "labels", data.mutable_labels()));
+    TY_RETURN_IF_ERROR(String(node, "data", "categorical", data.mutable_categorical()));
     TY_RETURN_IF_ERROR(Double(node, "data", "validation_split",
                               [&](double v) { data.set_validation_split(static_cast<float>(v)); }));
     TY_RETURN_IF_ERROR(ReadField<bool>(node, "data", "shuffle", ReadBool,
@@ -448,8 +473,8 @@ class SpecParser {
       return absl::OkStatus();
     }
     TY_RETURN_IF_ERROR(ExpectMap(synthetic, "data.synthetic"));
-    TY_RETURN_IF_ERROR(
-        CheckKeys(synthetic, "data.synthetic", {"samples", "features", "classes", "noise"}));
+    TY_RETURN_IF_ERROR(CheckKeys(synthetic, "data.synthetic",
+                                 {"samples", "features", "classes", "noise", "vocab"}));
     v1::SyntheticData& out = *data.mutable_synthetic();
     const std::string path = "data.synthetic";
     TY_RETURN_IF_ERROR(Int64(synthetic, path, "samples", [&](int64_t v) { out.set_samples(v); }));
@@ -457,7 +482,7 @@ class SpecParser {
     TY_RETURN_IF_ERROR(Int32(synthetic, path, "classes", [&](int32_t v) { out.set_classes(v); }));
     TY_RETURN_IF_ERROR(
         Double(synthetic, path, "noise", [&](double v) { out.set_noise(static_cast<float>(v)); }));
-    return absl::OkStatus();
+    return Int64List(synthetic["vocab"], "data.synthetic.vocab", out.mutable_vocab());
   }
 
   absl::Status ParseOptimizer(const YAML::Node& node) {
@@ -601,8 +626,32 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
   if (!(args.dropout() >= 0 && args.dropout() < 1)) {
     return FieldError("model.args.dropout", "must be in [0, 1)");
   }
+  const bool embedding =
+      model.source_case() == v1::ModelSpec::kBuiltin && model.builtin() == "embedding_mlp";
+  if (!embedding && args.vocab_size() > 0) {
+    return FieldError("model.args.vocab", "only for model embedding_mlp");
+  }
+  if (!embedding && args.dim() != 0) {
+    return FieldError("model.args.dim", "only for model embedding_mlp");
+  }
   if (model.source_case() != v1::ModelSpec::kBuiltin) return absl::OkStatus();
-  if (model.builtin() == "mlp") {
+  if (embedding) {
+    if (args.vocab_size() == 0) {
+      return FieldError("model.args.vocab",
+                        "embedding_mlp needs the rows of each table, one per categorical field");
+    }
+    for (int i = 0; i < args.vocab_size(); ++i) {
+      if (args.vocab(i) <= 0 || args.vocab(i) > kMaxEmbeddingRows) {
+        return FieldError(absl::StrCat("model.args.vocab[", i, "]"),
+                          absl::StrCat("must be in [1, ", kMaxEmbeddingRows, "]"));
+      }
+    }
+    if (args.dim() <= 0) return FieldError("model.args.dim", "must be > 0 for embedding_mlp");
+    if (args.inputs() < 0) return FieldError("model.args.inputs", "must be >= 0");
+    if (args.classes() <= 0) {
+      return FieldError("model.args.classes", "must be > 0 for embedding_mlp");
+    }
+  } else if (model.builtin() == "mlp") {
     if (args.inputs() <= 0) return FieldError("model.args.inputs", "must be > 0 for mlp");
     if (args.classes() <= 0) return FieldError("model.args.classes", "must be > 0 for mlp");
   } else if (model.builtin() == "cnn") {
@@ -611,8 +660,8 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
     if (args.width() <= 0) return FieldError("model.args.width", "must be > 0 for cnn");
     if (args.classes() <= 0) return FieldError("model.args.classes", "must be > 0 for cnn");
   } else {
-    return FieldError("model.builtin",
-                      absl::StrCat("unknown model '", model.builtin(), "', expected mlp or cnn"));
+    return FieldError("model.builtin", absl::StrCat("unknown model '", model.builtin(),
+                                                    "', expected mlp, cnn or embedding_mlp"));
   }
   return absl::OkStatus();
 }
@@ -629,11 +678,55 @@ absl::Status ValidateData(const v1::DataSpec& data) {
     if (s.features() <= 0) return FieldError("data.synthetic.features", "must be > 0");
     if (s.classes() <= 0) return FieldError("data.synthetic.classes", "must be > 0");
     if (!(s.noise() >= 0)) return FieldError("data.synthetic.noise", "must be >= 0");
+    for (int i = 0; i < s.vocab_size(); ++i) {
+      if (s.vocab(i) <= 0) {
+        return FieldError(absl::StrCat("data.synthetic.vocab[", i, "]"), "must be > 0");
+      }
+    }
+    if (!data.categorical().empty()) {
+      return FieldError("data.categorical",
+                        "names a tensor of data.train's files; data.synthetic has vocab instead");
+    }
   }
   if (data.features().empty()) return FieldError("data.features", "must not be empty");
   if (data.labels().empty()) return FieldError("data.labels", "must not be empty");
   if (!(data.validation_split() >= 0 && data.validation_split() < 1)) {
     return FieldError("data.validation_split", "must be in [0, 1)");
+  }
+  return absl::OkStatus();
+}
+
+// embedding_mlp reads categorical ids, and only it does.
+absl::Status ValidateCategorical(const v1::ModelSpec& model, const v1::DataSpec& data) {
+  const bool embedding =
+      model.source_case() == v1::ModelSpec::kBuiltin && model.builtin() == "embedding_mlp";
+  const v1::SyntheticData& synthetic = data.synthetic();
+  if (!embedding) {
+    if (!data.categorical().empty()) {
+      return FieldError("data.categorical", "only for model embedding_mlp");
+    }
+    if (synthetic.vocab_size() > 0) {
+      return FieldError("data.synthetic.vocab", "only for model embedding_mlp");
+    }
+    return absl::OkStatus();
+  }
+  const v1::ModelArgs& args = model.args();
+  if (data.has_synthetic()) {
+    if (synthetic.vocab_size() != args.vocab_size()) {
+      return FieldError("data.synthetic.vocab",
+                        absl::StrCat("has ", synthetic.vocab_size(), " fields; model.args.vocab ",
+                                     args.vocab_size()));
+    }
+    for (int i = 0; i < synthetic.vocab_size(); ++i) {
+      if (synthetic.vocab(i) > args.vocab(i)) {
+        return FieldError(absl::StrCat("data.synthetic.vocab[", i, "]"),
+                          absl::StrCat(synthetic.vocab(i), " ids do not fit the ", args.vocab(i),
+                                       " rows of model.args.vocab[", i, "]"));
+      }
+    }
+  } else if (data.categorical().empty()) {
+    return FieldError("data.categorical",
+                      "embedding_mlp needs the name of the tensor of categorical ids");
   }
   return absl::OkStatus();
 }
@@ -797,6 +890,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   absl::Status status = ValidateModel(spec.model());
   if (!status.ok()) return status;
   status = ValidateData(spec.data());
+  if (!status.ok()) return status;
+  status = ValidateCategorical(spec.model(), spec.data());
   if (!status.ok()) return status;
 
   if (spec.batch_size() <= 0) return FieldError("batch_size", "must be > 0");

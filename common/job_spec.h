@@ -38,6 +38,8 @@ inline constexpr int64_t kDefaultStallTimeoutSeconds = 600;
 inline constexpr int32_t kDefaultMaxStaleness = 4;
 // The most parameter-server shards a job may have.
 inline constexpr int32_t kMaxParameterServerShards = 256;
+// Rows of one embedding_mlp table.
+inline constexpr int64_t kMaxEmbeddingRows = int64_t{1} << 32;
 
 // Fills defaults in place. Idempotent. Zero/empty means unset:
 //   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); for the

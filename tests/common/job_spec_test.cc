@@ -141,7 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"model", "{builtin: mlp, torchscript: /m.pt}"}},
                 "model: set only one of builtin or torchscript"},
         BadSpec{{{"model", "{builtin: resnet}"}},
-                "model.builtin: unknown model 'resnet', expected mlp or cnn"},
+                "model.builtin: unknown model 'resnet', expected mlp, cnn or embedding_mlp"},
         BadSpec{{{"model", "{builtin: mlp, args: {classes: 2}}"}},
                 "model.args.inputs: must be > 0 for mlp"},
         BadSpec{{{"model", "{builtin: mlp, args: {inputs: 3}}"}},
@@ -212,7 +212,49 @@ INSTANTIATE_TEST_SUITE_P(
                  {"batch_size", "8"},
                  {"accumulate_steps", "3"}},
                 "accumulate_steps: 3 micro-batches do not fit in a rank's 2 samples"},
-        BadSpec{{{"bucket_size_mb", "0"}}, "bucket_size_mb: must be > 0"}));
+        BadSpec{{{"bucket_size_mb", "0"}}, "bucket_size_mb: must be > 0"},
+        // embedding_mlp and categorical ids.
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2, vocab: [10]}}"}},
+                "model.args.vocab: only for model embedding_mlp"},
+        BadSpec{{{"model", "{builtin: embedding_mlp, args: {dim: 4, classes: 2}}"}},
+                "model.args.vocab: embedding_mlp needs the rows of each table, one per "
+                "categorical field"},
+        BadSpec{{{"model", "{builtin: embedding_mlp, args: {vocab: [10, 0], dim: 4, classes: 2}}"}},
+                "model.args.vocab[1]: must be in [1, 4294967296]"},
+        BadSpec{{{"model", "{builtin: embedding_mlp, args: {vocab: [10], classes: 2}}"}},
+                "model.args.dim: must be > 0 for embedding_mlp"},
+        BadSpec{{{"model", "{builtin: embedding_mlp, args: {vocab: [10], dim: 4, classes: 2}}"},
+                 {"data", "{synthetic: {samples: 64, features: 4, classes: 2, vocab: [10, 5]}}"}},
+                "data.synthetic.vocab: has 2 fields; model.args.vocab 1"},
+        BadSpec{{{"model", "{builtin: embedding_mlp, args: {vocab: [10], dim: 4, classes: 2}}"},
+                 {"data", "{synthetic: {samples: 64, features: 4, classes: 2, vocab: [11]}}"}},
+                "data.synthetic.vocab[0]: 11 ids do not fit the 10 rows of model.args.vocab[0]"},
+        BadSpec{{{"model", "{builtin: embedding_mlp, args: {vocab: [10], dim: 4, classes: 2}}"},
+                 {"data", "{train: /d/*.safetensors}"}},
+                "data.categorical: embedding_mlp needs the name of the tensor of categorical ids"},
+        BadSpec{{{"data", "{train: /d/*.safetensors, categorical: ids}"}},
+                "data.categorical: only for model embedding_mlp"},
+        BadSpec{{{"data", "{synthetic: {samples: 64, features: 4, classes: 2, vocab: [4]}}"}},
+                "data.synthetic.vocab: only for model embedding_mlp"}));
+
+TEST(JobSpecTest, EmbeddingMlpOverCategoricalIds) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(
+      Spec({{"model",
+             "{builtin: embedding_mlp, args: {vocab: [1000000, 50], dim: 16, hidden: [64], "
+             "classes: 2, inputs: 4}}"},
+            {"data", "{train: /d/*.safetensors, features: x, labels: y, categorical: ids}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().builtin(), "embedding_mlp");
+  ASSERT_EQ(spec->model().args().vocab_size(), 2);
+  EXPECT_EQ(spec->model().args().vocab(0), 1000000);
+  EXPECT_EQ(spec->model().args().dim(), 16);
+  EXPECT_EQ(spec->data().categorical(), "ids");
+  spec = ParseJobSpecYaml(
+      Spec({{"model", "{builtin: embedding_mlp, args: {vocab: 100, dim: 8, classes: 2}}"},
+            {"data", "{synthetic: {samples: 64, features: 4, classes: 2, vocab: 100}}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().synthetic().vocab_size(), 1);
+}
 
 TEST(JobSpecTest, DuplicateKeyIsRefused) {
   absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(Spec({}) + "seed: 1\nseed: 2\n");

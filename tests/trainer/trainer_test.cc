@@ -212,6 +212,69 @@ TEST(DataTest, PrefetcherYieldsTheBatchesOfEachStepInOrder) {
   EXPECT_FALSE(prefetcher.Next().has_value());
 }
 
+TEST(DataTest, CategoricalIdsTravelWithTheirSamples) {
+  trainyard::v1::SyntheticData synthetic;
+  synthetic.set_samples(400);
+  synthetic.set_features(3);
+  synthetic.set_classes(4);
+  for (int64_t v : {10, 1000}) synthetic.add_vocab(v);
+  Dataset data = *MakeSyntheticDataset(synthetic, 3);
+  ASSERT_EQ(data.categorical.sizes(), (std::vector<int64_t>{400, 2}));
+  EXPECT_GE(data.categorical.min().item<int64_t>(), 0);
+  EXPECT_LT(data.categorical.select(1, 0).max().item<int64_t>(), 10);
+  EXPECT_LT(data.categorical.select(1, 1).max().item<int64_t>(), 1000);
+  EXPECT_TRUE(torch::equal(data.categorical, MakeSyntheticDataset(synthetic, 3)->categorical));
+  // About half of each field's ids are the class's own.
+  const torch::Tensor field1 = data.categorical.select(1, 1);
+  int64_t most_common = 0;  // summed over the classes: the count of each class's commonest id
+  for (int64_t k = 0; k < 4; ++k) {
+    most_common += torch::bincount(field1.masked_select(data.labels.eq(k))).max().item<int64_t>();
+  }
+  EXPECT_GT(most_common, 150);
+  EXPECT_LT(most_common, 250);
+
+  absl::StatusOr<SplitDataset> split = SplitValidation(data, 0.25);
+  ASSERT_TRUE(split.ok());
+  EXPECT_TRUE(torch::equal(split->validation.categorical, data.categorical.narrow(0, 300, 100)));
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(8);
+  spec.set_max_steps(3);
+  const StepPlan plan = *PlanSteps(spec, 300, 1);
+  DataOrder order(plan, 9, true);
+  BatchPrefetcher prefetcher(split->train, plan, 9, true, 0, 1, 0, 3, 2);
+  for (int64_t step = 0; step < 3; ++step) {
+    std::optional<Batch> batch = prefetcher.Next();
+    ASSERT_TRUE(batch.has_value());
+    torch::Tensor index = torch::tensor(order.GlobalBatch(step), torch::kInt64);
+    EXPECT_TRUE(torch::equal(batch->categorical, split->train.categorical.index_select(0, index)));
+  }
+
+  // From files: int32 or int64 ids [N, fields], checked.
+  const std::string dir = MakeTempDir();
+  NamedTensors t = {{"x", torch::zeros({3, 2})},
+                    {"y", torch::tensor({0, 1, 0}, torch::kInt64)},
+                    {"ids", torch::tensor({1, 2, 3, 4, 5, 6}, torch::kInt32).reshape({3, 2})},
+                    {"flat", torch::tensor({1, 2, 3}, torch::kInt64)}};
+  WriteFile(dir + "/a.safetensors", *EncodeTensors(t, {}));
+  trainyard::v1::DataSpec files;
+  files.set_train(dir + "/*.safetensors");
+  files.set_features("x");
+  files.set_labels("y");
+  files.set_categorical("ids");
+  absl::StatusOr<Dataset> loaded = LoadDataset(files, 0, true);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->categorical.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(loaded->categorical,
+                           torch::tensor({1, 2, 3, 4, 5, 6}, torch::kInt64).reshape({3, 2})));
+  files.set_categorical("flat");
+  absl::Status status = LoadDataset(files, 0, true).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("data.categorical: 'flat' in "));
+  files.set_categorical("missing");
+  EXPECT_THAT(LoadDataset(files, 0, true).status().message(),
+              HasSubstr("data.categorical: tensor 'missing' not in"));
+}
+
 TEST(DataTest, LoadsFilesInSortedOrderAndNamesBadFields) {
   const std::string dir = MakeTempDir();
   auto write = [&](const std::string& name, int64_t first, int64_t n) {
@@ -588,6 +651,55 @@ TEST(TrainerTest, MlpLearnsSyntheticData) {
                             "epoch=2 val_accuracy=[0-9.]+"));
   EXPECT_THAT(lines[4], HasSubstr("step=100 total=100"));
   EXPECT_THAT(lines[5], HasSubstr("done: step=100"));
+}
+
+// The categorical ids alone carry the class (the dense features are pure noise): an
+// embedding_mlp learns them, and so does the same job on 2 data-parallel ranks, to within float
+// rounding of the single rank's parameters.
+TEST(TrainerTest, EmbeddingMlpLearnsFromCategoricalIds) {
+  auto make = [](const std::string& dir) {
+    trainyard::v1::Task task = SyntheticTask(dir, 60);
+    auto& spec = *task.mutable_spec();
+    spec.mutable_data()->mutable_synthetic()->set_noise(50.0f);
+    for (int64_t v : {50, 7, 300}) spec.mutable_data()->mutable_synthetic()->add_vocab(v);
+    auto& model = *spec.mutable_model();
+    model.set_builtin("embedding_mlp");
+    for (int64_t v : {64, 7, 1000}) model.mutable_args()->add_vocab(v);
+    model.mutable_args()->set_dim(4);
+    model.mutable_args()->set_classes(3);
+    return task;
+  };
+  const std::string single_dir = MakeTempDir();
+  absl::StatusOr<TrainResult> result = RunTrainer(make(single_dir), QuietOptions());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_LT(result->loss, 0.5 * result->first_loss);
+  ASSERT_TRUE(result->val_accuracy.has_value());
+  EXPECT_GT(*result->val_accuracy, 0.8);
+  const auto model = test_util::ReadTensors(single_dir + "/final/model.safetensors");
+  ASSERT_TRUE(model.count("embedding2.weight"));
+  EXPECT_EQ(model.at("embedding2.weight").sizes(), (std::vector<int64_t>{1000, 4}));
+
+  const std::string dp_dir = MakeTempDir();
+  trainyard::v1::Task dp = make(dp_dir);
+  dp.mutable_spec()->set_strategy(trainyard::v1::DATA_PARALLEL);
+  for (const auto& r : test_util::RunRanks(dp, 2, {})) ASSERT_TRUE(r.ok()) << r.status();
+  const auto dp_model = test_util::ReadTensors(dp_dir + "/final/model.safetensors");
+  for (const auto& [name, tensor] : model) {
+    ASSERT_TRUE(dp_model.count(name)) << name;
+    EXPECT_LE((tensor - dp_model.at(name)).abs().max().item<double>(), 1e-5) << name;
+  }
+
+  // Ids outside a table, or a field count the model does not have, are refused up front.
+  trainyard::v1::Task small = make("");
+  small.mutable_spec()->mutable_model()->mutable_args()->set_vocab(2, 100);
+  absl::Status status = RunTrainer(small, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("outside the 100 rows of model.args.vocab[2]"));
+  trainyard::v1::Task fewer = make("");
+  fewer.mutable_spec()->mutable_model()->mutable_args()->mutable_vocab()->RemoveLast();
+  status = RunTrainer(fewer, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("the data has 3 categorical fields"));
 }
 
 TEST(TrainerTest, CnnTrains) {

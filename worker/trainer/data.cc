@@ -107,6 +107,29 @@ absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData&
       x[i * f + j] = static_cast<float>(centres[label * f + j] + spec.noise() * normal.Next());
     }
   }
+  if (spec.vocab_size() > 0) {
+    const int64_t fields = spec.vocab_size();
+    for (int64_t v : spec.vocab()) {
+      if (v < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.synthetic.vocab: every field needs >= 1 id, got ", v));
+      }
+    }
+    std::mt19937_64 ids(static_cast<uint64_t>(seed) * 0xD1B54A32D192ED03ULL + 29);
+    data.categorical = torch::empty({n, fields}, torch::kInt64);
+    int64_t* c = data.categorical.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < fields; ++j) {
+        const uint64_t vocab = static_cast<uint64_t>(spec.vocab(static_cast<int>(j)));
+        const uint64_t draw = ids();
+        // The class's id for this field, or a uniform one; both from one 64-bit draw.
+        const uint64_t class_id = (static_cast<uint64_t>(y[i]) * 0x9E3779B97F4A7C15ULL +
+                                   static_cast<uint64_t>(j) * 0xBF58476D1CE4E5B9ULL) %
+                                  vocab;
+        c[i * fields + j] = static_cast<int64_t>((draw & 1) ? class_id : (draw >> 1) % vocab);
+      }
+    }
+  }
   return data;
 }
 
@@ -174,7 +197,7 @@ absl::StatusOr<Dataset> LoadDataset(const trainyard::v1::DataSpec& spec, int64_t
   if (!files.ok()) return files.status();
   const std::string features_name = spec.features().empty() ? "x" : spec.features();
   const std::string labels_name = spec.labels().empty() ? "y" : spec.labels();
-  std::vector<torch::Tensor> features, labels;
+  std::vector<torch::Tensor> features, labels, categorical;
   for (const std::string& path : *files) {
     absl::StatusOr<std::string> bytes = ReadLocalFile(path);
     if (!bytes.ok()) return bytes.status();
@@ -239,12 +262,42 @@ absl::StatusOr<Dataset> LoadDataset(const trainyard::v1::DataSpec& spec, int64_t
     } else {
       label = y->to(torch::kFloat32);
     }
+    if (!spec.categorical().empty()) {
+      const TensorView* cv = file->Find(spec.categorical());
+      if (cv == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.categorical: tensor '", spec.categorical(), "' not in ", path));
+      }
+      absl::StatusOr<torch::Tensor> ids = TensorFromView(*cv);
+      if (!ids.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.categorical: ", path, ": ", ids.status().message()));
+      }
+      if (torch::isFloatingType(ids->scalar_type()) || ids->scalar_type() == torch::kBool ||
+          ids->dim() != 2 || ids->size(0) != x->size(0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.categorical: '", spec.categorical(), "' in ", path,
+                         " must be integer ids of shape [", x->size(0), ", fields], got ",
+                         cv->dtype, " ", ShapeString(ids->sizes())));
+      }
+      if (!categorical.empty() && ids->size(1) != categorical.front().size(1)) {
+        return absl::InvalidArgumentError(absl::StrCat("data.categorical: ", path, " has ",
+                                                       ids->size(1), " fields, ", files->front(),
+                                                       " has ", categorical.front().size(1)));
+      }
+      torch::Tensor as_int64 = ids->to(torch::kInt64);
+      if (as_int64.numel() > 0 && as_int64.min().item<int64_t>() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("data.categorical: negative id in ", path));
+      }
+      categorical.push_back(std::move(as_int64));
+    }
     features.push_back(x->to(torch::kFloat32));
     labels.push_back(std::move(label));
   }
   Dataset data;
   data.features = torch::cat(features, 0).contiguous();
   data.labels = torch::cat(labels, 0).contiguous();
+  if (!categorical.empty()) data.categorical = torch::cat(categorical, 0).contiguous();
   if (data.size() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.train: the files matching '", spec.train(), "' hold no samples"));
@@ -266,9 +319,13 @@ absl::StatusOr<SplitDataset> SplitValidation(const Dataset& data, double fractio
   SplitDataset split;
   split.train.features = data.features.narrow(0, 0, n - held);
   split.train.labels = data.labels.narrow(0, 0, n - held);
+  if (data.categorical.defined()) split.train.categorical = data.categorical.narrow(0, 0, n - held);
   if (held > 0) {
     split.validation.features = data.features.narrow(0, n - held, held);
     split.validation.labels = data.labels.narrow(0, n - held, held);
+    if (data.categorical.defined()) {
+      split.validation.categorical = data.categorical.narrow(0, n - held, held);
+    }
   }
   return split;
 }
@@ -316,6 +373,7 @@ void BatchPrefetcher::BuildBatches() {
     batch.step = step;
     batch.features = data_.features.index_select(0, index);
     batch.labels = data_.labels.index_select(0, index);
+    if (data_.categorical.defined()) batch.categorical = data_.categorical.index_select(0, index);
     absl::MutexLock lock(&mu_);
     auto room = [this]()
                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || queue_.size() < depth_; };

@@ -23,6 +23,8 @@ namespace trainyard::trainer {
 struct Dataset {
   torch::Tensor features;  // [N, ...] float32, contiguous
   torch::Tensor labels;    // [N] int64 class ids, or [N, ...] float32 targets for mse
+  // [N, fields] int64 ids (data.categorical, data.synthetic.vocab); undefined without.
+  torch::Tensor categorical;
   int64_t size() const { return features.defined() ? features.size(0) : 0; }
   // Features per sample: the product of the dimensions after the first.
   int64_t FeatureWidth() const;
@@ -31,7 +33,9 @@ struct Dataset {
 };
 
 // Samples around one centre per class: centres ~ N(0, 1) per feature, sample i has class
-// i % classes and features centre + noise * N(0, 1). Draws from std::mt19937_64 seeded by `seed`
+// i % classes and features centre + noise * N(0, 1). With vocab, also categorical ids: field f of
+// a sample is, with probability 1/2, its class's id for that field (an id fixed per class and
+// field), else uniform in [0, vocab[f]). Draws from std::mt19937_64 seeded by `seed`
 // with our own Box-Muller, so the same seed gives identical bytes on every machine.
 // INVALID_ARGUMENT "data.synthetic.<field>: ..." for sizes < 1 (classes < 2).
 absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData& spec,
@@ -41,11 +45,12 @@ absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData&
 // NOT_FOUND "data.train: no files match '...'"; INVALID_ARGUMENT for other URI schemes.
 absl::StatusOr<std::vector<std::string>> ExpandDataGlob(const std::string& pattern);
 
-// Reads data.train (every matching safetensors file, concatenated along dim 0 in sorted order)
-// or data.synthetic. `classification` asks for integer labels as int64 class ids; otherwise
-// labels become float32. Errors name the field: NOT_FOUND for missing files, INVALID_ARGUMENT
-// for a missing tensor ("data.features: tensor 'x' not in /p/f.safetensors"), a bad file, a
-// dtype or shape mismatch, negative class ids.
+// Reads data.train (every matching safetensors file, concatenated along dim 0 in sorted order;
+// with data.categorical also that tensor of integer ids, as int64 [N, fields]) or data.synthetic.
+// `classification` asks for integer labels as int64 class ids; otherwise labels become float32.
+// Errors name the field: NOT_FOUND for missing files, INVALID_ARGUMENT for a missing tensor
+// ("data.features: tensor 'x' not in /p/f.safetensors"), a bad file, a dtype or shape mismatch,
+// negative class ids.
 absl::StatusOr<Dataset> LoadDataset(const trainyard::v1::DataSpec& spec, int64_t seed,
                                     bool classification);
 
@@ -62,6 +67,7 @@ struct Batch {
   int64_t step = 0;  // 0-based index of the update this batch is for
   torch::Tensor features;
   torch::Tensor labels;
+  torch::Tensor categorical;  // undefined when the data has none
 };
 
 // Builds the batches of updates [first_step, end_step) in order on a background thread, at most

@@ -67,6 +67,62 @@ class BuiltinModel final : public Model {
   const std::vector<int64_t> sample_shape_;  // {-1} for mlp, {C, H, W} for cnn
 };
 
+// embedding_mlp: one table per categorical field; the embeddings of a sample's ids and its dense
+// features, concatenated, go through an MLP.
+class EmbeddingMlp final : public Model {
+ public:
+  EmbeddingMlp(const trainyard::v1::ModelArgs& args, int64_t inputs, int64_t outputs)
+      : inputs_(inputs) {
+    for (int i = 0; i < args.vocab_size(); ++i) {
+      tables_.push_back(root_->register_module(absl::StrCat("embedding", i),
+                                               torch::nn::Embedding(args.vocab(i), args.dim())));
+    }
+    torch::nn::Sequential mlp;
+    int64_t width = args.vocab_size() * static_cast<int64_t>(args.dim()) + inputs;
+    for (int32_t h : args.hidden()) {
+      mlp->push_back(torch::nn::Linear(width, h));
+      mlp->push_back(torch::nn::ReLU());
+      if (args.dropout() > 0) mlp->push_back(torch::nn::Dropout(args.dropout()));
+      width = h;
+    }
+    mlp->push_back(torch::nn::Linear(width, outputs));
+    mlp_ = root_->register_module("mlp", mlp);
+  }
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    TORCH_CHECK(false, "embedding_mlp needs categorical ids (data.categorical)");
+  }
+  torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& categorical) override {
+    TORCH_CHECK(categorical.defined() && categorical.dim() == 2 &&
+                    categorical.size(1) == static_cast<int64_t>(tables_.size()),
+                "embedding_mlp needs categorical ids of shape [N, ", tables_.size(), "]");
+    std::vector<torch::Tensor> parts;
+    parts.reserve(tables_.size() + 1);
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      parts.push_back(tables_[i]->forward(categorical.select(1, static_cast<int64_t>(i))));
+    }
+    if (inputs_ > 0) parts.push_back(x.reshape({x.size(0), -1}));
+    return mlp_->forward(torch::cat(parts, 1));
+  }
+  NamedTensors NamedParameters() override { return FromDict(root_->named_parameters(true)); }
+  NamedTensors NamedBuffers() override { return FromDict(root_->named_buffers(true)); }
+  void SetTraining(bool training) override { root_->train(training); }
+  void To(const torch::Device& device) override { root_->to(device); }
+  absl::StatusOr<std::string> Export() override {
+    NamedTensors tensors = NamedParameters();
+    for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
+    return EncodeTensors(tensors, {{"format", "trainyard-model/1"}, {"model", "embedding_mlp"}});
+  }
+  std::string ExportName() const override { return "model.safetensors"; }
+  std::string Kind() const override { return "embedding_mlp"; }
+
+ private:
+  const int64_t inputs_;
+  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>();
+  std::vector<torch::nn::Embedding> tables_;
+  torch::nn::Sequential mlp_{nullptr};
+};
+
 class ScriptModel final : public Model {
  public:
   explicit ScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
@@ -321,9 +377,48 @@ int64_t Model::ParameterCount() {
   return n;
 }
 
+absl::StatusOr<std::unique_ptr<Model>> BuildEmbeddingMlp(const trainyard::v1::ModelArgs& args,
+                                                         int64_t data_inputs, int64_t outputs,
+                                                         const std::vector<int64_t>& max_ids) {
+  if (args.vocab_size() == 0 || args.dim() < 1) {
+    return absl::InvalidArgumentError(
+        "model.args: embedding_mlp needs vocab (rows per categorical field) and dim >= 1");
+  }
+  if (static_cast<int>(max_ids.size()) != args.vocab_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.categorical: the data has ", max_ids.size(),
+                     " categorical fields, model.args.vocab ", args.vocab_size()));
+  }
+  for (int i = 0; i < args.vocab_size(); ++i) {
+    if (args.vocab(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.vocab[", i, "]: must be >= 1, got ", args.vocab(i)));
+    }
+    if (max_ids[i] >= args.vocab(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("data.categorical: field ", i, " has id ",
+                                                     max_ids[i], ", outside the ", args.vocab(i),
+                                                     " rows of model.args.vocab[", i, "]"));
+    }
+  }
+  for (int i = 0; i < args.hidden_size(); ++i) {
+    if (args.hidden(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.hidden[", i, "]: must be >= 1, got ", args.hidden(i)));
+    }
+  }
+  // inputs 0 reads no dense features; otherwise they must match the data's.
+  if (args.inputs() > 0 && args.inputs() != data_inputs) {
+    return absl::InvalidArgumentError(absl::StrCat("model.args.inputs: ", args.inputs(),
+                                                   " does not match the ", data_inputs,
+                                                   " features per sample in the data"));
+  }
+  return std::make_unique<EmbeddingMlp>(args, args.inputs(), outputs);
+}
+
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
                                                   int64_t seed, int64_t data_inputs,
-                                                  int64_t data_outputs) {
+                                                  int64_t data_outputs,
+                                                  const std::vector<int64_t>& max_ids) {
   // Seeding and the initialisers' draws must not interleave with another build's (ranks run as
   // threads of one process share the generator), or the initial parameters would vary.
   static absl::Mutex* const build_mu = new absl::Mutex();
@@ -336,8 +431,15 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
     return LoadScript(spec.torchscript());
   }
   const auto& args = spec.args();
-  const int64_t inputs = args.inputs() > 0 ? args.inputs() : data_inputs;
   const int64_t outputs = args.classes() > 0 ? args.classes() : data_outputs;
+  if (spec.builtin() == "embedding_mlp") {
+    if (outputs < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.classes: must be >= 1, got ", outputs));
+    }
+    return BuildEmbeddingMlp(args, data_inputs, outputs, max_ids);
+  }
+  const int64_t inputs = args.inputs() > 0 ? args.inputs() : data_inputs;
   if (inputs != data_inputs) {
     return absl::InvalidArgumentError(absl::StrCat("model.args.inputs: ", inputs,
                                                    " does not match the ", data_inputs,
@@ -353,8 +455,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
   }
   if (spec.builtin() == "mlp") return BuildMlp(args, inputs, outputs);
   if (spec.builtin() == "cnn") return BuildCnn(args, inputs, outputs);
-  return absl::InvalidArgumentError(
-      absl::StrCat("model.builtin: unknown model '", spec.builtin(), "' (mlp, cnn)"));
+  return absl::InvalidArgumentError(absl::StrCat("model.builtin: unknown model '", spec.builtin(),
+                                                 "' (mlp, cnn, embedding_mlp)"));
 }
 
 torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device) {

@@ -52,12 +52,18 @@ std::string DescribeTorchError(const std::exception& e);
 
 // ---- models ----
 
-// A trainable model: built-in (mlp, cnn) or a TorchScript module. Not thread-safe.
+// A trainable model: built-in (mlp, cnn, embedding_mlp) or a TorchScript module. Not
+// thread-safe.
 class Model {
  public:
   virtual ~Model() = default;
   // x: [N, ...] float32 features. Returns [N, outputs]. Throws c10::Error on shape errors.
   virtual torch::Tensor Forward(const torch::Tensor& x) = 0;
+  // With the samples' categorical ids too ([N, fields] int64; undefined when the data has none),
+  // which only embedding_mlp reads.
+  virtual torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& categorical) {
+    return Forward(x);
+  }
   // Parameters and buffers by their module path names; tensors alias the model's storage.
   virtual NamedTensors NamedParameters() = 0;
   virtual NamedTensors NamedBuffers() = 0;
@@ -70,7 +76,7 @@ class Model {
   // "model.safetensors" for built-in models), with CPU tensors whatever the model's device.
   virtual absl::StatusOr<std::string> Export() = 0;
   virtual std::string ExportName() const = 0;
-  // "mlp", "cnn" or "torchscript".
+  // "mlp", "cnn", "embedding_mlp" or "torchscript".
   virtual std::string Kind() const = 0;
 
   int64_t ParameterCount();
@@ -83,9 +89,12 @@ class Model {
 // TorchScript modules are read through the object store (a path or file:// URI).
 // INVALID_ARGUMENT naming the field (model.builtin, model.args.inputs, model.torchscript) for a
 // bad spec or an unreadable module; NOT_FOUND when the module file does not exist.
+// embedding_mlp also checks the data's categorical ids: `max_ids` holds the largest id of each
+// field (empty when the data has none), which must fit model.args.vocab.
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
                                                   int64_t seed, int64_t data_inputs,
-                                                  int64_t data_outputs);
+                                                  int64_t data_outputs,
+                                                  const std::vector<int64_t>& max_ids = {});
 
 // A copy of `tensor` on `device`, detached; a plain clone when it is already there.
 torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device);

@@ -56,7 +56,10 @@ double Accuracy(Model& model, const Dataset& data, const torch::Device& device) 
   constexpr int64_t kChunk = 1024;
   for (int64_t begin = 0; begin < data.size(); begin += kChunk) {
     const int64_t n = std::min(kChunk, data.size() - begin);
-    torch::Tensor out = model.Forward(data.features.narrow(0, begin, n).to(device));
+    torch::Tensor out =
+        model.Forward(data.features.narrow(0, begin, n).to(device),
+                      data.categorical.defined() ? data.categorical.narrow(0, begin, n).to(device)
+                                                 : torch::Tensor());
     correct += out.argmax(1).eq(data.labels.narrow(0, begin, n).to(device)).sum().item<int64_t>();
   }
   model.SetTraining(true);
@@ -198,8 +201,17 @@ absl::Status Run::Prepare() {
   plan_ = *plan;
   strategy_->SetTotalSteps(plan_.total_steps);
 
+  // The largest categorical id of each field, over the training and validation samples.
+  std::vector<int64_t> max_ids;
+  if (data_.train.categorical.defined() && data_.train.size() > 0) {
+    torch::Tensor most = std::get<0>(data_.train.categorical.max(0));
+    if (data_.validation.categorical.defined() && data_.validation.size() > 0) {
+      most = torch::maximum(most, std::get<0>(data_.validation.categorical.max(0)));
+    }
+    max_ids.assign(most.data_ptr<int64_t>(), most.data_ptr<int64_t>() + most.numel());
+  }
   absl::StatusOr<std::unique_ptr<Model>> model =
-      BuildModel(spec_.model(), spec_.seed(), data_.train.FeatureWidth(), outputs);
+      BuildModel(spec_.model(), spec_.seed(), data_.train.FeatureWidth(), outputs, max_ids);
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
   device_ = TrainingDevice(task_);
@@ -218,7 +230,10 @@ absl::Status Run::Prepare() {
   try {
     torch::NoGradGuard no_grad;
     model_->SetTraining(false);
-    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1).to(device_));
+    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1).to(device_),
+                                        data_.train.categorical.defined()
+                                            ? data_.train.categorical.narrow(0, 0, 1).to(device_)
+                                            : torch::Tensor());
     model_->SetTraining(true);
     if (out.dim() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("model: forward() returns shape [",
@@ -491,6 +506,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     if (!device_.is_cpu()) {
       batch->features = batch->features.to(device_);
       batch->labels = batch->labels.to(device_);
+      if (batch->categorical.defined()) batch->categorical = batch->categorical.to(device_);
     }
     data_wait_s += seconds_since(step_start);
     lr = LearningRateAt(spec_.optimizer(), step, total);
@@ -519,7 +535,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
       for (int m = 0; m < accumulate; ++m) {
         const int64_t begin = n * m / accumulate;
         const int64_t size = n * (m + 1) / accumulate - begin;
-        torch::Tensor out = model_->Forward(batch->features.narrow(0, begin, size));
+        torch::Tensor out =
+            model_->Forward(batch->features.narrow(0, begin, size),
+                            batch->categorical.defined() ? batch->categorical.narrow(0, begin, size)
+                                                         : torch::Tensor());
         torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels.narrow(0, begin, size));
         if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
         loss_value += loss.item<double>();
