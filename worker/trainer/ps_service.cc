@@ -177,17 +177,19 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           "rank 0 did not initialise the shard in time");
     }
-    std::vector<torch::Tensor> pieces;
-    absl::StatusOr<ParameterShard::PullResult> result =
-        shard->Pull(request->generation(), request->min_version(), &pieces, deadline);
+    // The pieces go straight from the shard into the response, one copy.
+    absl::StatusOr<ParameterShard::PullResult> result = shard->PullWith(
+        request->generation(), request->min_version(), deadline,
+        [response](const std::vector<torch::Tensor>& pieces) {
+          for (const torch::Tensor& piece : pieces) {
+            response->add_pieces()->set_data(static_cast<const char*>(piece.data_ptr()),
+                                             piece.numel() * piece.element_size());
+          }
+        });
     if (!result.ok()) return ToGrpcStatus(result.status());
     response->set_version(result->version);
     response->set_loss(result->agreement.loss);
     response->set_stop(result->agreement.stop);
-    for (const torch::Tensor& piece : pieces) {
-      response->add_pieces()->set_data(static_cast<const char*>(piece.data_ptr()),
-                                       piece.numel() * piece.element_size());
-    }
     absl::MutexLock lock(&stats_mu_);
     stats_.pulls++;
     stats_.bytes_sent += response->ByteSizeLong();

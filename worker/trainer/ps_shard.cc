@@ -1,5 +1,6 @@
 #include "worker/trainer/ps_shard.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -69,8 +70,24 @@ ParameterShard::ParameterShard(ShardConfig config, std::vector<torch::Tensor> pi
       named_pieces_(NamePieces(pieces_)),
       optimizer_(std::move(optimizer)),
       version_(config_.start_version),
+      pushed_(config_.workers, false),
       pending_(config_.workers),
       pending_loss_(config_.workers, 0.0) {}
+
+void ParameterShard::AddToSumLocked(const std::vector<torch::Tensor>& gradients) {
+  torch::NoGradGuard no_grad;
+  if (sum_.empty()) {
+    for (const torch::Tensor& g : gradients) sum_.push_back(torch::empty_like(g));
+  }
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    if (summed_ == 0) {
+      sum_[i].copy_(gradients[i]);
+    } else {
+      sum_[i].add_(gradients[i]);
+    }
+  }
+  ++summed_;
+}
 
 absl::StatusOr<NamedTensors> ParameterShard::OptimizerState(int64_t generation,
                                                             int64_t version) const {
@@ -120,12 +137,11 @@ absl::Status ParameterShard::CheckGradients(const std::vector<torch::Tensor>& gr
   return absl::OkStatus();
 }
 
-void ParameterShard::ApplyLocked(const std::vector<torch::Tensor>& sum, double scale,
+void ParameterShard::ApplyLocked(std::vector<torch::Tensor>& sum, bool scale_in_place, double scale,
                                  int64_t step) {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < pieces_.size(); ++i) {
-    torch::Tensor grad = sum[i].mul(scale);
-    pieces_[i].mutable_grad() = grad;
+    pieces_[i].mutable_grad() = scale_in_place ? sum[i].mul_(scale) : sum[i].mul(scale);
   }
   SetLearningRate(*optimizer_, LearningRateAt(config_.optimizer, step, config_.total_steps));
   optimizer_->step();
@@ -158,7 +174,9 @@ absl::StatusOr<ParameterShard::PushResult> ParameterShard::Push(
     // W pushes make one step of the schedule, as one synchronous update of W ranks does.
     const int64_t step =
         config_.start_version + (version_ - config_.start_version) / config_.workers;
-    ApplyLocked(gradients, 1.0 / config_.workers, step);
+    // The gradients are the caller's: scaled into new tensors.
+    std::vector<torch::Tensor> scaled = gradients;
+    ApplyLocked(scaled, /*scale_in_place=*/false, 1.0 / config_.workers, step);
     ++version_;
     result.version = version_;
     return result;
@@ -168,31 +186,55 @@ absl::StatusOr<ParameterShard::PushResult> ParameterShard::Push(
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " pushed for version ", base_version, "; the shard is at ", version_));
   }
-  if (!pending_[rank].empty()) {
+  if (pushed_[rank]) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " pushed twice for version ", version_));
   }
-  pending_[rank].reserve(gradients.size());
-  for (const torch::Tensor& g : gradients) pending_[rank].push_back(g.clone());
+  pushed_[rank] = true;
+  // Summed in rank order whatever order the pushes come in (the same sum on every run): a push
+  // that is next in that order goes straight into the sum, an early one waits as a copy.
+  if (rank == summed_) {
+    AddToSumLocked(gradients);
+    while (summed_ < config_.workers && !pending_[summed_].empty()) {
+      AddToSumLocked(pending_[summed_]);
+      pending_[summed_ - 1].clear();
+    }
+  } else {
+    pending_[rank].reserve(gradients.size());
+    for (const torch::Tensor& g : gradients) pending_[rank].push_back(g.clone());
+  }
   pending_loss_[rank] = loss;
   pending_stop_ = pending_stop_ || stop;
   if (++pending_count_ == config_.workers) {
-    // Summed in rank order whatever order the pushes came in: the same sum on every run.
-    std::vector<torch::Tensor> sum = std::move(pending_[0]);
-    double loss_sum = pending_loss_[0];
-    for (int r = 1; r < config_.workers; ++r) {
-      for (size_t i = 0; i < sum.size(); ++i) sum[i].add_(pending_[r][i]);
-      loss_sum += pending_loss_[r];
-    }
-    ApplyLocked(sum, 1.0 / config_.workers, version_);
+    double loss_sum = 0;
+    for (int r = 0; r < config_.workers; ++r) loss_sum += pending_loss_[r];
+    ApplyLocked(sum_, /*scale_in_place=*/true, 1.0 / config_.workers, version_);
     agreement_ = ShardAgreement{loss_sum / config_.workers, pending_stop_};
-    for (auto& p : pending_) p.clear();
+    std::fill(pushed_.begin(), pushed_.end(), false);
+    summed_ = 0;
     pending_count_ = 0;
     pending_stop_ = false;
     ++version_;
   }
   result.version = version_;
   return result;
+}
+
+absl::StatusOr<ParameterShard::PullResult> ParameterShard::PullWith(
+    int64_t generation, int64_t min_version, absl::Time deadline,
+    const std::function<void(const std::vector<torch::Tensor>&)>& read) {
+  if (generation != config_.generation) return Fenced(generation, config_.generation);
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  auto reached = [this, min_version]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ >= min_version; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&reached), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "version ", min_version, " was not reached in time; the shard is at ", version_));
+  }
+  const absl::Duration waited = absl::Now() - start;
+  read(pieces_);
+  return PullResult{version_, agreement_, waited};
 }
 
 absl::StatusOr<ParameterShard::PullResult> ParameterShard::Pull(int64_t generation,

@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -96,6 +97,12 @@ class ParameterShard {
   absl::StatusOr<PullResult> Pull(int64_t generation, int64_t min_version,
                                   std::vector<torch::Tensor>* out, absl::Time deadline);
 
+  // As Pull, but hands the pieces themselves to `read`, under the shard's lock (no update runs
+  // meanwhile), instead of copying them out: for a transport that writes them out directly.
+  absl::StatusOr<PullResult> PullWith(
+      int64_t generation, int64_t min_version, absl::Time deadline,
+      const std::function<void(const std::vector<torch::Tensor>&)>& read);
+
   // A copy of the optimizer's state, named as Create takes it, once the version is `version`.
   // FAILED_PRECONDITION for another generation or when the shard is at another version.
   absl::StatusOr<NamedTensors> OptimizerState(int64_t generation, int64_t version) const;
@@ -121,9 +128,12 @@ class ParameterShard {
   ParameterShard(ShardConfig config, std::vector<torch::Tensor> pieces,
                  std::unique_ptr<torch::optim::Optimizer> optimizer);
   absl::Status CheckGradients(const std::vector<torch::Tensor>& gradients) const;
-  // Sets each piece's gradient to `scale` times `sum` and steps the optimizer at the learning
-  // rate of `step`.
-  void ApplyLocked(const std::vector<torch::Tensor>& sum, double scale, int64_t step)
+  // Adds rank summed_'s gradients to sum_ (copies them when it is the first) and moves on.
+  void AddToSumLocked(const std::vector<torch::Tensor>& gradients)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets each piece's gradient to `scale` times `sum` (scaling `sum` itself when
+  // `scale_in_place`) and steps the optimizer at the learning rate of `step`.
+  void ApplyLocked(std::vector<torch::Tensor>& sum, bool scale_in_place, double scale, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShardConfig config_;
@@ -136,7 +146,12 @@ class ParameterShard {
   std::unique_ptr<torch::optim::Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_);
   int64_t stale_pushes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Synchronous mode: the pushes of the current version, by rank (empty: not yet pushed).
+  // Synchronous mode: `sum_` holds the gradients of ranks [0, summed_) of the current version,
+  // added in rank order (buffers kept from one version to the next); `pending_` the pushes of
+  // later ranks that came early, by rank (empty: not pushed, or summed).
+  std::vector<torch::Tensor> sum_ ABSL_GUARDED_BY(mu_);
+  int summed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<bool> pushed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<torch::Tensor>> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<double> pending_loss_ ABSL_GUARDED_BY(mu_);
   int pending_count_ ABSL_GUARDED_BY(mu_) = 0;

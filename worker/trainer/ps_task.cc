@@ -56,6 +56,8 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
     return absl::InvalidArgumentError(
         "a parameter-server shard needs the coordinator's rendezvous (run with --coordinator)");
   }
+  // Every push and pull allocates and frees buffers of the model's size: keep them in the heap.
+  KeepStepMemory();
   ShardConfig config;
   config.generation = task.generation();
   config.workers = std::max(1, task.world_size());
