@@ -477,4 +477,35 @@ double MaxDifference(const std::map<std::string, std::vector<float>>& a,
   return worst;
 }
 
+int WorkerIndex(const std::string& worker_id) {
+  int i = -1;
+  return absl::SimpleAtoi(absl::StripPrefix(worker_id, "worker-"), &i) ? i : -1;
+}
+
+// Submits `yaml` (a job named `name`) held after `held_at` updates, and waits until it is held
+// there with a checkpoint of `committed` or later committed. The caller releases it.
+absl::StatusOr<trainyard::v1::Job> SubmitAndHold(Cluster& cluster, const std::string& name,
+                                                 const std::string& yaml, int64_t held_at,
+                                                 int64_t committed) {
+  cluster.Hold(name, held_at);
+  auto submitted = cluster.Submit(yaml);
+  if (!submitted.ok()) return submitted.status();
+  return cluster.WaitFor(submitted->id(), [held_at, committed](const trainyard::v1::Job& job) {
+    return job.state() == v1::RUNNING && job.progress().step() == held_at &&
+           job.committed_step() >= committed;
+  });
+}
+
+// Runs `yaml` to SUCCEEDED and returns the final job.
+trainyard::v1::Job RunToSuccess(Cluster& cluster, const std::string& yaml) {
+  auto submitted = cluster.Submit(yaml);
+  EXPECT_TRUE(submitted.ok()) << submitted.status();
+  if (!submitted.ok()) return trainyard::v1::Job();
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  EXPECT_TRUE(done.ok()) << done.status();
+  if (!done.ok()) return trainyard::v1::Job();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  return *done;
+}
+
 }  // namespace trainyard::testing

@@ -175,6 +175,17 @@ bool ProcessAlive(pid_t pid);
 // deadline, never a fixed sleep. Returns whether it holds.
 bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);
 
+// The index of a local cluster's worker ("worker-2" -> 2), -1 for another name.
+int WorkerIndex(const std::string& worker_id);
+// Submits `yaml` (a job named `name`) held after `held_at` updates (Cluster::Hold), and waits
+// until it is held there with a checkpoint of `committed` or later committed. The caller
+// releases it.
+absl::StatusOr<trainyard::v1::Job> SubmitAndHold(Cluster& cluster, const std::string& name,
+                                                 const std::string& yaml, int64_t held_at,
+                                                 int64_t committed);
+// Runs `yaml` to its end (within 240 s), expecting SUCCEEDED, and returns the final job.
+trainyard::v1::Job RunToSuccess(Cluster& cluster, const std::string& yaml);
+
 // The float32 tensors of a safetensors file, by name (a test failure when it does not decode).
 std::map<std::string, std::vector<float>> ModelTensors(const std::string& path);
 // The parameters in the job's newest committed checkpoint (a file:// URI), by name.

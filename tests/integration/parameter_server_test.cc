@@ -9,9 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
@@ -59,17 +57,6 @@ ClusterOptions Workers(int n, int slots) {
   return options;
 }
 
-Job RunToSuccess(Cluster& cluster, const std::string& yaml) {
-  auto submitted = cluster.Submit(yaml);
-  EXPECT_TRUE(submitted.ok()) << submitted.status();
-  if (!submitted.ok()) return Job();
-  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
-  EXPECT_TRUE(done.ok()) << done.status();
-  if (!done.ok()) return Job();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  return *done;
-}
-
 // The task of the job's current attempt that is `shard` (or rank `rank` when shard < 0).
 const v1::TaskInfo* CurrentTask(const Job& job, int rank, int shard) {
   for (const v1::TaskInfo& t : job.tasks()) {
@@ -80,24 +67,6 @@ const v1::TaskInfo* CurrentTask(const Job& job, int rank, int shard) {
     }
   }
   return nullptr;
-}
-
-int WorkerIndex(const std::string& worker_id) {
-  int i = -1;
-  return absl::SimpleAtoi(absl::StripPrefix(worker_id, "worker-"), &i) ? i : -1;
-}
-
-// Submits `yaml` (a job named `name`) held after `held_at` updates and waits until it is held
-// there with a checkpoint of `committed` or later. The caller releases it.
-absl::StatusOr<Job> SubmitAndHold(Cluster& cluster, const std::string& name,
-                                  const std::string& yaml, int64_t held_at, int64_t committed) {
-  cluster.Hold(name, held_at);
-  auto submitted = cluster.Submit(yaml);
-  if (!submitted.ok()) return submitted.status();
-  return cluster.WaitFor(submitted->id(), [held_at, committed](const Job& job) {
-    return job.state() == v1::RUNNING && job.progress().step() == held_at &&
-           job.committed_step() >= committed;
-  });
 }
 
 TEST(ParameterServerTest, SynchronousJobTrainsAsDataParallelDoes) {

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/safetensors.h"
 #include "gmock/gmock.h"
@@ -66,11 +66,6 @@ ClusterOptions Workers(int n) {
   return options;
 }
 
-int WorkerIndex(const std::string& worker_id) {
-  int i = -1;
-  return absl::SimpleAtoi(absl::StripPrefix(worker_id, "worker-"), &i) ? i : -1;
-}
-
 // The worker index running `rank` of the job's current attempt, -1 if none.
 int WorkerOfRank(const Job& job, int rank) {
   for (const auto& t : job.tasks()) {
@@ -81,31 +76,6 @@ int WorkerOfRank(const Job& job, int rank) {
 
 std::string TaskId(const Job& job, int rank) {
   return absl::StrCat(job.id(), ".g", job.generation(), ".r", rank);
-}
-
-// Submits `yaml` (a job named `name`) held after `held_at` updates, and waits until it is held
-// there with a checkpoint of `committed` or later committed. The caller releases it.
-absl::StatusOr<Job> SubmitAndHold(Cluster& cluster, const std::string& name,
-                                  const std::string& yaml, int64_t held_at, int64_t committed) {
-  cluster.Hold(name, held_at);
-  auto submitted = cluster.Submit(yaml);
-  if (!submitted.ok()) return submitted.status();
-  return cluster.WaitFor(submitted->id(), [held_at, committed](const Job& job) {
-    return job.state() == v1::RUNNING && job.progress().step() == held_at &&
-           job.committed_step() >= committed;
-  });
-}
-
-// Runs `yaml` to SUCCEEDED and returns the final job.
-Job RunToSuccess(Cluster& cluster, const std::string& yaml) {
-  auto submitted = cluster.Submit(yaml);
-  EXPECT_TRUE(submitted.ok()) << submitted.status();
-  if (!submitted.ok()) return Job();
-  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
-  EXPECT_TRUE(done.ok()) << done.status();
-  if (!done.ok()) return Job();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  return *done;
 }
 
 TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {

@@ -427,15 +427,10 @@ absl::Status PsClient::Finish() {
   return Call(&Stub::Finish, request, &response, "finish");
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t version) {
-  trainyard::v1::StateRequest request;
-  request.set_generation(generation_);
-  request.set_version(version);
-  trainyard::v1::StateResponse response;
-  absl::Status status = Call(&Stub::State, request, &response, "state");
-  if (!status.ok()) return status;
+absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::DecodeState(
+    const google::protobuf::RepeatedPtrField<trainyard::v1::NamedTensor>& tensors) const {
   std::map<std::string, torch::Tensor> state;
-  for (const trainyard::v1::NamedTensor& t : response.optimizer_state()) {
+  for (const trainyard::v1::NamedTensor& t : tensors) {
     absl::StatusOr<torch::Tensor> tensor =
         TensorFrom(t.layout(), t.data(), absl::StrCat("optimizer state ", t.name()));
     if (!tensor.ok()) {
@@ -445,6 +440,37 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t ver
     state[t.name()] = *std::move(tensor);
   }
   return state;
+}
+
+absl::Status PsClient::CopyPieces(
+    const google::protobuf::RepeatedPtrField<trainyard::v1::TensorData>& data,
+    std::vector<torch::Tensor>& pieces) const {
+  if (data.size() != static_cast<int>(pieces.size())) {
+    return absl::InternalError(absl::StrCat("parameter server ", shard_, " sent ", data.size(),
+                                            " pieces, expected ", pieces.size()));
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string& bytes = data.Get(static_cast<int>(i)).data();
+    torch::Tensor& piece = pieces[i];
+    if (!piece.is_contiguous() || !piece.device().is_cpu() ||
+        static_cast<int64_t>(bytes.size()) != piece.numel() * piece.element_size()) {
+      return absl::InternalError(absl::StrCat("parameter server ", shard_, ": piece ", i, " has ",
+                                              bytes.size(), " bytes, expected ",
+                                              piece.numel() * piece.element_size()));
+    }
+    std::memcpy(piece.data_ptr(), bytes.data(), bytes.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t version) {
+  trainyard::v1::StateRequest request;
+  request.set_generation(generation_);
+  request.set_version(version);
+  trainyard::v1::StateResponse response;
+  absl::Status status = Call(&Stub::State, request, &response, "state");
+  if (!status.ok()) return status;
+  return DecodeState(response.optimizer_state());
 }
 
 absl::StatusOr<PsClient::SnapshotResult> PsClient::Snapshot(bool after_other_ranks,
@@ -457,33 +483,13 @@ absl::StatusOr<PsClient::SnapshotResult> PsClient::Snapshot(bool after_other_ran
   trainyard::v1::StateResponse response;
   absl::Status status = Call(&Stub::State, request, &response, "snapshot");
   if (!status.ok()) return status;
-  if (response.pieces_size() != static_cast<int>(pieces.size())) {
-    return absl::InternalError(absl::StrCat("parameter server ", shard_, " sent ",
-                                            response.pieces_size(), " pieces for ", pieces.size()));
-  }
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const std::string& data = response.pieces(static_cast<int>(i)).data();
-    torch::Tensor& piece = pieces[i];
-    if (static_cast<int64_t>(data.size()) != piece.numel() * piece.element_size()) {
-      return absl::InternalError(absl::StrCat("parameter server ", shard_, ": piece ", i, " has ",
-                                              data.size(), " bytes, expected ",
-                                              piece.numel() * piece.element_size()));
-    }
-    // The pieces are views of the parameters, contiguous within each parameter.
-    piece.copy_(torch::from_blob(const_cast<char*>(data.data()), piece.sizes(),
-                                 torch::TensorOptions().dtype(piece.scalar_type())));
-  }
+  if (absl::Status copied = CopyPieces(response.pieces(), pieces); !copied.ok()) return copied;
+  absl::StatusOr<std::map<std::string, torch::Tensor>> state =
+      DecodeState(response.optimizer_state());
+  if (!state.ok()) return state.status();
   SnapshotResult result;
   result.version = response.version();
-  for (const trainyard::v1::NamedTensor& t : response.optimizer_state()) {
-    absl::StatusOr<torch::Tensor> tensor =
-        TensorFrom(t.layout(), t.data(), absl::StrCat("optimizer state ", t.name()));
-    if (!tensor.ok()) {
-      return absl::InternalError(
-          absl::StrCat("parameter server ", shard_, ": ", tensor.status().message()));
-    }
-    result.optimizer_state[t.name()] = *std::move(tensor);
-  }
+  result.optimizer_state = *std::move(state);
   return result;
 }
 
@@ -515,22 +521,7 @@ absl::StatusOr<ParameterShard::PullResult> PsClient::Pull(int64_t min_version,
   trainyard::v1::PullResponse response;
   absl::Status status = Call(&Stub::Pull, request, &response, "pull");
   if (!status.ok()) return status;
-  if (response.pieces_size() != static_cast<int>(pieces.size())) {
-    return absl::InternalError(absl::StrCat("parameter server ", shard_, " sent ",
-                                            response.pieces_size(), " pieces, expected ",
-                                            pieces.size()));
-  }
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const std::string& data = response.pieces(i).data();
-    torch::Tensor& piece = pieces[i];
-    if (!piece.is_contiguous() || !piece.device().is_cpu() ||
-        static_cast<int64_t>(data.size()) != piece.numel() * piece.element_size()) {
-      return absl::InternalError(absl::StrCat("parameter server ", shard_, ": piece ", i, " has ",
-                                              data.size(), " bytes, expected ",
-                                              piece.numel() * piece.element_size()));
-    }
-    std::memcpy(piece.data_ptr(), data.data(), data.size());
-  }
+  if (absl::Status copied = CopyPieces(response.pieces(), pieces); !copied.ok()) return copied;
   ParameterShard::PullResult result;
   result.version = response.version();
   result.agreement = ShardAgreement{response.loss(), response.stop()};

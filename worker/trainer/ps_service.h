@@ -101,6 +101,11 @@ class PsClient {
                                                   std::vector<torch::Tensor>& pieces);
 
  private:
+  absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeState(
+      const google::protobuf::RepeatedPtrField<trainyard::v1::NamedTensor>& tensors) const;
+  // Copies a response's pieces into `pieces` (contiguous CPU tensors of the sizes sent).
+  absl::Status CopyPieces(const google::protobuf::RepeatedPtrField<trainyard::v1::TensorData>& data,
+                          std::vector<torch::Tensor>& pieces) const;
   using Stub = trainyard::v1::ParameterServer::Stub;
   // One call of `rpc`, bounded by the timeout; errors name the shard, its address and `method`.
   template <typename Request, typename Response>

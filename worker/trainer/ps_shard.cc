@@ -241,26 +241,18 @@ absl::StatusOr<ParameterShard::PullResult> ParameterShard::Pull(int64_t generati
                                                                 int64_t min_version,
                                                                 std::vector<torch::Tensor>* out,
                                                                 absl::Time deadline) {
-  if (generation != config_.generation) return Fenced(generation, config_.generation);
-  const absl::Time start = absl::Now();
-  absl::MutexLock lock(&mu_);
-  auto reached = [this, min_version]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ >= min_version; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&reached), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "version ", min_version, " was not reached in time; the shard is at ", version_));
-  }
-  const absl::Duration waited = absl::Now() - start;
-  out->resize(pieces_.size());
-  for (size_t i = 0; i < pieces_.size(); ++i) {
-    torch::Tensor& target = (*out)[i];
-    if (!target.defined() || target.sizes() != pieces_[i].sizes() ||
-        target.scalar_type() != pieces_[i].scalar_type()) {
-      target = torch::empty_like(pieces_[i], torch::MemoryFormat::Contiguous);
-    }
-    target.copy_(pieces_[i].detach());
-  }
-  return PullResult{version_, agreement_, waited};
+  return PullWith(generation, min_version, deadline,
+                  [out](const std::vector<torch::Tensor>& pieces) {
+                    out->resize(pieces.size());
+                    for (size_t i = 0; i < pieces.size(); ++i) {
+                      torch::Tensor& target = (*out)[i];
+                      if (!target.defined() || target.sizes() != pieces[i].sizes() ||
+                          target.scalar_type() != pieces[i].scalar_type()) {
+                        target = torch::empty_like(pieces[i], torch::MemoryFormat::Contiguous);
+                      }
+                      target.copy_(pieces[i].detach());
+                    }
+                  });
 }
 
 }  // namespace trainyard::trainer
