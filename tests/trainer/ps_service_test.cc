@@ -134,6 +134,44 @@ TEST(PsServiceTest, RefusalsKeepTheirCodesAndNameTheShard) {
   EXPECT_EQ(shard->version(), 0);
 }
 
+// Table rows over gRPC: rows that are not the shard's, and rows of a table it does not have, are
+// refused with the shard's own words; good ones come back as the shard holds them.
+TEST(PsServiceTest, TableRowsTravelAndBadOnesAreRefused) {
+  ShardConfig config;
+  config.generation = 2;
+  config.shard = 0;
+  config.shards = 2;
+  config.optimizer.set_name("sgd");
+  config.optimizer.set_lr(1.0);
+  config.total_steps = 10;
+  // Rows 0, 2, 4 of a 5-row table of 2 float64 values.
+  const torch::Tensor rows = torch::arange(6, torch::kFloat64).reshape({3, 2});
+  auto shard = ParameterShard::Create(config, {}, {}, {rows}, {5});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto server = PsServer::Start(shard->get(), "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  PsClient client(absl::StrCat("127.0.0.1:", (*server)->port()), 0, 2, 0, absl::Seconds(10));
+  const torch::Tensor ids = torch::tensor({4, 0}, torch::kInt64);
+  auto bad = client.Push(
+      0, {}, 0, false,
+      {RowGradients{torch::tensor({3}, torch::kInt64), torch::ones({1, 2}, torch::kFloat64)}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("row 3 is not held by shard 0 of 2"));
+  bad = client.Push(0, {}, 0, false,
+                    {RowGradients{}, RowGradients{ids, torch::ones({2, 2}, torch::kFloat64)}});
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("rows of table 1; the shard has 1"));
+  ASSERT_TRUE(
+      client.Push(0, {}, 0, false, {RowGradients{ids, torch::ones({2, 2}, torch::kFloat64)}}).ok());
+  std::vector<torch::Tensor> out = {torch::empty({2, 2}, torch::kFloat64)};
+  auto pulled = client.PullRows(1, {ids}, out);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->version, 1);
+  // Rows 4 and 0 (local 2 and 0), each less the learning rate times the gradient 1.
+  EXPECT_TRUE(torch::equal(out[0], torch::tensor({{3.0, 4.0}, {-1.0, 0.0}}, torch::kFloat64)));
+  EXPECT_EQ(client.PullRows(1, {torch::tensor({1}, torch::kInt64)}, out).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PsServiceTest, AStuckOrDeadShardIsAnErrorWithinTheTimeout) {
   std::unique_ptr<ParameterShard> shard = MakeShard(2, Initial());
   auto server = PsServer::Start(shard.get(), "127.0.0.1:0");

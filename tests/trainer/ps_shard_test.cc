@@ -124,6 +124,145 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, SyncShardTest, ::testing::Bool(),
                            return std::string(info.param ? "AdamW" : "SgdNesterov");
                          });
 
+// An embedding table of 10 rows of 3 over 2 shards and 2 workers, 5 updates of AdamW (and of SGD
+// with Nesterov momentum) in which the workers touch rows 1, 4 and 7 only, row 4 from both: the
+// touched rows end exactly where the dense optimizer over the whole table takes them, and the
+// others keep their values and get no state (lazy updates; the dense optimizer would have
+// decayed them).
+TEST_P(SyncShardTest, TablesUpdateTheRowsTouchedLikeTheDenseOptimizerAndLeaveTheRest) {
+  const v1::OptimizerSpec spec = GetParam() ? AdamW() : Sgd();
+  constexpr int kWorkers = 2, kShards = 2, kSteps = 5, kRows = 10, kDim = 3;
+  torch::manual_seed(3);
+  const torch::Tensor initial = torch::randn({kRows, kDim});
+  std::vector<std::unique_ptr<ParameterShard>> shards;
+  for (int s = 0; s < kShards; ++s) {
+    ShardConfig config;
+    config.generation = 1;
+    config.shard = s;
+    config.shards = kShards;
+    config.workers = kWorkers;
+    config.optimizer = spec;
+    config.total_steps = kSteps;
+    auto shard = ParameterShard::Create(
+        config, {}, {}, {initial.slice(0, s, kRows, kShards).contiguous()}, {kRows});
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    shards.push_back(std::move(*shard));
+  }
+  torch::Tensor dense = initial.clone().set_requires_grad(true);
+  auto optimizer = BuildOptimizer(spec, {dense});
+  ASSERT_TRUE(optimizer.ok());
+  const std::vector<std::vector<int64_t>> touched = {{1, 4}, {4, 7}};  // by worker
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<torch::Tensor> grads;
+    torch::Tensor mean = torch::zeros({kRows, kDim});
+    for (int w = 0; w < kWorkers; ++w) {
+      grads.push_back(torch::randn({2, kDim}));
+      for (int k = 0; k < 2; ++k) mean[touched[w][k]] += grads[w][k] / kWorkers;
+    }
+    for (int w = kWorkers - 1; w >= 0; --w) {
+      const torch::Tensor ids = torch::tensor(touched[w], torch::kInt64);
+      for (int s = 0; s < kShards; ++s) {
+        const torch::Tensor mine = ids.remainder(kShards).eq(s).nonzero().squeeze(1);
+        ASSERT_TRUE(
+            shards[s]
+                ->Push(1, w, step, {}, 0, false,
+                       {RowGradients{ids.index_select(0, mine), grads[w].index_select(0, mine)}})
+                .ok());
+      }
+    }
+    dense.mutable_grad() = mean;
+    SetLearningRate(**optimizer, LearningRateAt(spec, step, kSteps));
+    (*optimizer)->step();
+  }
+  const torch::Tensor all = torch::arange(kRows);
+  for (int s = 0; s < kShards; ++s) {
+    const torch::Tensor mine = all.slice(0, s, kRows, kShards);
+    std::vector<torch::Tensor> rows;
+    ASSERT_TRUE(shards[s]->PullRows(1, kSteps, {mine}, &rows, absl::InfiniteFuture()).ok());
+    for (int64_t k = 0; k < mine.size(0); ++k) {
+      const int64_t row = mine[k].item<int64_t>();
+      const bool was_touched = row == 1 || row == 4 || row == 7;
+      const torch::Tensor expected = was_touched ? dense[row].detach() : initial[row];
+      EXPECT_TRUE(torch::allclose(rows[0][k], expected, 1e-6, 1e-6))
+          << "row " << row << ": " << rows[0][k] << " vs " << expected;
+    }
+    // The state has the table's shape; untouched rows have none.
+    auto state = shards[s]->OptimizerState(1, kSteps);
+    ASSERT_TRUE(state.ok());
+    bool found = false;
+    for (const auto& [name, tensor] : *state) {
+      if (name == "t0.step") {
+        EXPECT_EQ(tensor.item<int64_t>(), kSteps);
+        continue;
+      }
+      found = true;
+      ASSERT_EQ(tensor.size(0), mine.size(0)) << name;
+      for (int64_t k = 0; k < mine.size(0); ++k) {
+        const int64_t row = mine[k].item<int64_t>();
+        if (row != 1 && row != 4 && row != 7) {
+          EXPECT_EQ(tensor[k].abs().sum().item<double>(), 0) << name << " row " << row;
+        }
+      }
+    }
+    EXPECT_TRUE(found) << "shard " << s;
+  }
+}
+
+// Rows that are not the shard's, a wrong dtype, gradients of the wrong shape and a table that
+// does not exist are refused, naming the problem.
+TEST(ShardTest, BadRowsAreRefused) {
+  ShardConfig config;
+  config.generation = 1;
+  config.shard = 1;
+  config.shards = 2;
+  config.workers = 1;
+  config.optimizer.set_name("sgd");
+  config.optimizer.set_lr(0.1);
+  config.total_steps = 10;
+  // Rows 1, 3, 5 of a 6-row table.
+  auto shard = ParameterShard::Create(config, {}, {}, {torch::zeros({3, 2})}, {6});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto push = [&](torch::Tensor ids, torch::Tensor grads) {
+    return (*shard)->Push(1, 0, 0, {}, 0, false, {RowGradients{ids, grads}}).status();
+  };
+  absl::Status s = push(torch::tensor({2}, torch::kInt64), torch::ones({1, 2}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("row 2 is not held by shard 1 of 2"));
+  s = push(torch::tensor({7}, torch::kInt64), torch::ones({1, 2}));
+  EXPECT_THAT(s.message(), HasSubstr("row 7 is not held"));
+  s = push(torch::tensor({1}, torch::kInt32), torch::ones({1, 2}));
+  EXPECT_THAT(s.message(), HasSubstr("1-D int64"));
+  s = push(torch::tensor({1}, torch::kInt64), torch::ones({1, 3}));
+  EXPECT_THAT(s.message(), HasSubstr("must be [1, 2]"));
+  s = (*shard)
+          ->Push(1, 0, 0, {}, 0, false,
+                 {RowGradients{},
+                  RowGradients{torch::tensor({1}, torch::kInt64), torch::ones({1, 2})}})
+          .status();
+  EXPECT_THAT(s.message(), HasSubstr("row gradients for 2 tables; the shard has 1"));
+  EXPECT_EQ((*shard)->version(), 0);
+  // Repeated rows are summed: lr 0.1 times 1 + 2 at row 3 (local row 1).
+  ASSERT_TRUE(
+      push(torch::tensor({3, 3}, torch::kInt64), torch::tensor({{1.0f, 1.0f}, {2.0f, 2.0f}})).ok());
+  std::vector<torch::Tensor> rows;
+  ASSERT_TRUE(
+      (*shard)->PullRows(1, 1, {torch::tensor({5, 3}, torch::kInt64)}, &rows, absl::Now()).ok());
+  EXPECT_TRUE(torch::allclose(rows[0], torch::tensor({{0.0f, 0.0f}, {-0.3f, -0.3f}})));
+  EXPECT_EQ((*shard)
+                ->PullRows(2, 1, {torch::tensor({5}, torch::kInt64)}, &rows, absl::Now())
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*shard)
+                  ->PullRows(1, 1, {torch::tensor({4}, torch::kInt64)}, &rows, absl::Now())
+                  .status()
+                  .message(),
+              HasSubstr("row 4 is not held"));
+  // A table whose rows do not match the shard's share.
+  EXPECT_EQ(ParameterShard::Create(config, {}, {}, {torch::zeros({2, 2})}, {6}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 std::unique_ptr<ParameterShard> Shard(bool synchronous, int workers, int max_staleness = 0) {
   ShardConfig config;
   config.generation = 1;

@@ -99,6 +99,8 @@ std::vector<std::unique_ptr<PsServer>> StartShards(const trainyard::v1::Task& ta
   for (int s = 0; s < shards; ++s) {
     ShardConfig config;
     config.generation = task.generation();
+    config.shard = s;
+    config.shards = shards;
     config.workers = ranks;
     config.optimizer = task.spec().optimizer();
     config.synchronous = task.spec().parameter_servers().mode() != "async";
@@ -331,6 +333,117 @@ TEST(PsAsyncTest, RanksGoAtTheirOwnPaceAndTheFinalCheckpointHoldsEveryUpdate) {
   }
   EXPECT_GT(steps_seen, 0);
   for (const auto& server : servers) EXPECT_EQ(server->Stats().version, kRanks * kSteps);
+}
+
+// embedding_mlp on tables of `vocab` rows (the data's ids span `data_vocab`), the rest of
+// JobTask's job.
+trainyard::v1::Task EmbeddingTask(const std::string& dir, const Case& c,
+                                  trainyard::v1::Strategy strategy,
+                                  const std::vector<int64_t>& vocab,
+                                  const std::vector<int64_t>& data_vocab) {
+  trainyard::v1::Task task = JobTask(dir, c, strategy);
+  auto& spec = *task.mutable_spec();
+  spec.mutable_model()->set_builtin("embedding_mlp");
+  auto& args = *spec.mutable_model()->mutable_args();
+  args.clear_hidden();
+  args.add_hidden(16);
+  for (int64_t v : vocab) args.add_vocab(v);
+  args.set_dim(4);
+  args.set_classes(3);
+  for (int64_t v : data_vocab) spec.mutable_data()->mutable_synthetic()->add_vocab(v);
+  return task;
+}
+
+// A parameter_server job keeps embedding_mlp's tables on the shards by rows and moves only the
+// rows each batch touches. Plain SGD updates a row only through its gradient, so the lazy update
+// is the dense one and the job ends where data_parallel ends; with AdamW and weight decay on
+// tables of 2 rows, every update touches every row, and it does too.
+TEST(PsSparseTest, TablesOnTheShardsTrainLikeDataParallel) {
+  struct Sparse {
+    Case c;
+    std::vector<int64_t> vocab;
+  };
+  Case plain_sgd{false, 2};
+  for (const Sparse& sparse : {Sparse{plain_sgd, {64, 1000}}, Sparse{Case{true, 1}, {2, 2}}}) {
+    const std::string dp_dir = MakeTempDir(), ps_dir = MakeTempDir();
+    auto make = [&](const std::string& dir, trainyard::v1::Strategy strategy) {
+      trainyard::v1::Task task = EmbeddingTask(dir, sparse.c, strategy, sparse.vocab, sparse.vocab);
+      // The dense features are noise: the class is in the ids, so accuracy needs the trained
+      // rows.
+      task.mutable_spec()->mutable_data()->set_validation_split(0.25f);
+      task.mutable_spec()->mutable_data()->mutable_synthetic()->set_noise(50.0f);
+      if (!sparse.c.adamw) {
+        task.mutable_spec()->mutable_optimizer()->set_lr(0.5);
+        task.mutable_spec()->mutable_optimizer()->set_momentum(0);
+        task.mutable_spec()->mutable_optimizer()->set_weight_decay(0);
+      }
+      return task;
+    };
+    const auto dp = RunRanks(make(dp_dir, trainyard::v1::DATA_PARALLEL), kRanks, {});
+    for (const auto& r : dp) ASSERT_TRUE(r.ok()) << r.status();
+    const auto ps = RunPs(make(ps_dir, trainyard::v1::PARAMETER_SERVER), kRanks, kShards);
+    for (const auto& r : ps) ASSERT_TRUE(r.ok()) << r.status();
+    // Rank 0 evaluates with the shards' rows (BeforeEvaluate), not its stale copy of the tables.
+    ASSERT_TRUE(dp[0]->val_accuracy.has_value() && ps[0]->val_accuracy.has_value());
+    EXPECT_EQ(*ps[0]->val_accuracy, *dp[0]->val_accuracy);
+    SCOPED_TRACE(sparse.c.adamw ? "AdamW" : "SGD");
+    ExpectClose(ReadTensors(dp_dir + "/final/model.safetensors"),
+                ReadTensors(ps_dir + "/final/model.safetensors"));
+  }
+}
+
+// With a table of 200,000 rows (3.2 MB), what a push carries follows the at most 8 rows a rank's
+// batch touches; and a stop and a resume on other rank and shard counts carry every row's lazy
+// optimizer state, so the resumed run ends where the uninterrupted one ends.
+TEST(PsSparseTest, PushesCarryTheRowsTouchedAndResumeCarriesTheirState) {
+  const Case c{true, 1};
+  const std::vector<int64_t> vocab = {200000}, data_vocab = {5000};
+  const std::string whole = MakeTempDir(), stopped = MakeTempDir();
+  {
+    trainyard::v1::Task task =
+        EmbeddingTask(whole, c, trainyard::v1::PARAMETER_SERVER, vocab, data_vocab);
+    task.mutable_spec()->mutable_parameter_servers()->set_shards(kShards);
+    FakeRendezvous rendezvous;
+    const auto servers = StartShards(task, kRanks, kShards, rendezvous);
+    for (const auto& r : RunRanks(task, kRanks, {}, &rendezvous)) ASSERT_TRUE(r.ok()) << r.status();
+    const int64_t table_bytes = vocab[0] * 4 * 4;
+    for (const auto& server : servers) {
+      const ShardStats stats = server->Stats();
+      ASSERT_EQ(stats.pushes, kRanks * kSteps);
+      // 8 rows of 4 floats and their ids, the shard's dense pieces (under 2 KB) and framing.
+      EXPECT_LT(stats.bytes_received / stats.pushes, 4096)
+          << "of a " << table_bytes << "-byte table";
+    }
+  }
+  std::atomic<int> stop{0};
+  for (const auto& r :
+       RunPs(EmbeddingTask(stopped, c, trainyard::v1::PARAMETER_SERVER, vocab, data_vocab), kRanks,
+             kShards, [&stop](int rank, TrainerOptions&options) {
+               if (rank != 0) return;
+               options.stop_signal = &stop;
+               options.after_step = [&stop](int64_t step) {
+                 if (step == 9) stop = 15;
+               };
+             })) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, 10);
+  }
+  const auto saved =
+      ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", stopped, 10));
+  ASSERT_TRUE(saved.count("embedding0.weight.exp_avg"));
+  EXPECT_EQ(saved.at("embedding0.weight.exp_avg").sizes(), (std::vector<int64_t>{vocab[0], 4}));
+  EXPECT_EQ(saved.at("embedding0.weight.step").item<int64_t>(), 10);
+  const std::string resumed = MakeTempDir();
+  trainyard::v1::Task task =
+      EmbeddingTask(resumed, c, trainyard::v1::PARAMETER_SERVER, vocab, data_vocab);
+  task.set_generation(2);
+  task.add_resume_checkpoints(absl::StrFormat("file://%s/step-%012d", stopped, 10));
+  for (const auto& r : RunPs(task, 1, 3)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->start_step, 10);
+  }
+  ExpectClose(ReadTensors(whole + "/final/model.safetensors"),
+              ReadTensors(resumed + "/final/model.safetensors"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, PsStrategyTest,

@@ -99,11 +99,20 @@ class EmbeddingMlp final : public Model {
     std::vector<torch::Tensor> parts;
     parts.reserve(tables_.size() + 1);
     for (size_t i = 0; i < tables_.size(); ++i) {
-      parts.push_back(tables_[i]->forward(categorical.select(1, static_cast<int64_t>(i))));
+      const torch::Tensor ids = categorical.select(1, static_cast<int64_t>(i));
+      parts.push_back(lookup_ ? lookup_(static_cast<int>(i), ids) : tables_[i]->forward(ids));
     }
     if (inputs_ > 0) parts.push_back(x.reshape({x.size(0), -1}));
     return mlp_->forward(torch::cat(parts, 1));
   }
+  std::vector<EmbeddingTable> EmbeddingTables() override {
+    std::vector<EmbeddingTable> tables;
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      tables.push_back({absl::StrCat("embedding", i, ".weight"), static_cast<int>(i)});
+    }
+    return tables;
+  }
+  void SetRowLookup(RowLookup lookup) override { lookup_ = std::move(lookup); }
   NamedTensors NamedParameters() override { return FromDict(root_->named_parameters(true)); }
   NamedTensors NamedBuffers() override { return FromDict(root_->named_buffers(true)); }
   void SetTraining(bool training) override { root_->train(training); }
@@ -121,6 +130,7 @@ class EmbeddingMlp final : public Model {
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>();
   std::vector<torch::nn::Embedding> tables_;
   torch::nn::Sequential mlp_{nullptr};
+  RowLookup lookup_;
 };
 
 class ScriptModel final : public Model {

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,6 +65,19 @@ class Model {
   virtual torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& categorical) {
     return Forward(x);
   }
+  // An embedding table: a [rows, dim] parameter looked up by one column of the categorical ids.
+  struct EmbeddingTable {
+    std::string parameter;  // its name in NamedParameters()
+    int field = 0;          // the column of the categorical ids
+  };
+  // The model's embedding tables, which a strategy may keep elsewhere (SetRowLookup); none by
+  // default.
+  virtual std::vector<EmbeddingTable> EmbeddingTables() { return {}; }
+  // While set, Forward takes the rows of table `table` (EmbeddingTables' order) for `ids`
+  // ([N] int64) from lookup(table, ids) ([N, dim]) instead of the table parameter itself; an
+  // empty function restores the tables. Only models with tables use it.
+  using RowLookup = std::function<torch::Tensor(int table, const torch::Tensor& ids)>;
+  virtual void SetRowLookup(RowLookup lookup) {}
   // Parameters and buffers by their module path names; tensors alias the model's storage.
   virtual NamedTensors NamedParameters() = 0;
   virtual NamedTensors NamedBuffers() = 0;

@@ -63,6 +63,44 @@ absl::StatusOr<torch::Tensor> TensorFrom(const trainyard::v1::PieceLayout& layou
       .clone();
 }
 
+// The row entries of a request by table (`tables` of them; undefined where none came): ids as
+// int64 [k] and, `with_values`, the rows as [k, dim] of the table's dtype, both viewing the
+// request's bytes. INVALID_ARGUMENT for a table that does not exist, one given twice, or bytes
+// that do not fit.
+absl::StatusOr<std::vector<RowGradients>> RowsFrom(
+    const google::protobuf::RepeatedPtrField<trainyard::v1::Rows>& entries,
+    const std::vector<ParameterShard::TableShape>& tables, bool with_values) {
+  std::vector<RowGradients> rows(tables.size());
+  for (const trainyard::v1::Rows& entry : entries) {
+    const int t = entry.table();
+    if (t < 0 || t >= static_cast<int>(tables.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rows of table ", t, "; the shard has ", tables.size(), " tables"));
+    }
+    if (rows[t].ids.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("rows of table ", t, " given twice"));
+    }
+    if (entry.ids().size() % sizeof(int64_t) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", t, ": ", entry.ids().size(), " bytes of int64 row ids"));
+    }
+    const int64_t k = static_cast<int64_t>(entry.ids().size() / sizeof(int64_t));
+    rows[t].ids = torch::from_blob(const_cast<char*>(entry.ids().data()), {k},
+                                   torch::TensorOptions().dtype(torch::kInt64));
+    if (!with_values) continue;
+    const ParameterShard::TableShape& shape = tables[t];
+    const int64_t expected = k * shape.dim * static_cast<int64_t>(c10::elementSize(shape.dtype));
+    if (static_cast<int64_t>(entry.values().size()) != expected) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", t, ": ", entry.values().size(),
+                                                     " bytes for ", k, " rows of ", shape.dim, " ",
+                                                     c10::toString(shape.dtype)));
+    }
+    rows[t].grads = torch::from_blob(const_cast<char*>(entry.values().data()), {k, shape.dim},
+                                     torch::TensorOptions().dtype(shape.dtype));
+  }
+  return rows;
+}
+
 }  // namespace
 
 class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
@@ -105,11 +143,21 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
       if (!tensor.ok()) return ToGrpcStatus(tensor.status());
       state[t.name()] = *std::move(tensor);
     }
+    std::vector<torch::Tensor> tables;
+    std::vector<int64_t> table_rows;
+    for (int t = 0; t < request->tables_size(); ++t) {
+      const trainyard::v1::TableData& table = request->tables(t);
+      absl::StatusOr<torch::Tensor> values =
+          TensorFrom(table.layout(), table.data(), absl::StrCat("table ", t));
+      if (!values.ok()) return ToGrpcStatus(values.status());
+      tables.push_back(*std::move(values));
+      table_rows.push_back(table.rows());
+    }
     ShardConfig config = config_;
     config.start_version = request->version();
     config.total_steps = request->total_steps();
-    absl::StatusOr<std::unique_ptr<ParameterShard>> shard =
-        ParameterShard::Create(std::move(config), std::move(pieces), state);
+    absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(
+        std::move(config), std::move(pieces), state, std::move(tables), table_rows);
     if (!shard.ok()) return ToGrpcStatus(shard.status());
     absl::MutexLock lock(&mu_);
     if (shard_ != nullptr) {
@@ -148,9 +196,12 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
       gradients.push_back(torch::from_blob(const_cast<char*>(data.data()), shapes[i].first,
                                            torch::TensorOptions().dtype(shapes[i].second)));
     }
+    absl::StatusOr<std::vector<RowGradients>> rows =
+        RowsFrom(request->rows(), shard->table_shapes(), /*with_values=*/true);
+    if (!rows.ok()) return ToGrpcStatus(rows.status());
     absl::StatusOr<ParameterShard::PushResult> result =
         shard->Push(request->generation(), request->rank(), request->base_version(), gradients,
-                    request->loss(), request->stop());
+                    request->loss(), request->stop(), *rows);
     if (!result.ok()) return ToGrpcStatus(result.status());
     {
       absl::MutexLock lock(&stats_mu_);
@@ -190,10 +241,39 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     response->set_version(result->version);
     response->set_loss(result->agreement.loss);
     response->set_stop(result->agreement.stop);
-    absl::MutexLock lock(&stats_mu_);
-    stats_.pulls++;
-    stats_.bytes_sent += response->ByteSizeLong();
-    stats_.pull_wait_seconds += absl::ToDoubleSeconds(result->waited);
+    CountPull(*result, response->ByteSizeLong());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PullRows(grpc::ServerContext* context, const trainyard::v1::PullRowsRequest* request,
+                        trainyard::v1::PullRowsResponse* response) override {
+    const Activity activity(this);
+    const absl::Time deadline = absl::FromChrono(context->deadline());
+    ParameterShard* shard = Shard(deadline);
+    if (shard == nullptr) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "rank 0 did not initialise the shard in time");
+    }
+    absl::StatusOr<std::vector<RowGradients>> rows =
+        RowsFrom(request->rows(), shard->table_shapes(), /*with_values=*/false);
+    if (!rows.ok()) return ToGrpcStatus(rows.status());
+    std::vector<torch::Tensor> ids;
+    for (const RowGradients& r : *rows) ids.push_back(r.ids);
+    // The rows are gathered straight into the response's bytes.
+    absl::StatusOr<ParameterShard::PullResult> result = shard->PullRowsWith(
+        request->generation(), request->min_version(), deadline, ids,
+        [&](int table, const torch::Tensor& values, const torch::Tensor& local) {
+          trainyard::v1::Rows* out = response->add_rows();
+          out->set_table(table);
+          std::string* data = out->mutable_values();
+          data->resize(local.numel() * values.size(1) * values.element_size());
+          torch::Tensor target =
+              torch::from_blob(data->data(), {local.numel(), values.size(1)}, values.options());
+          torch::index_select_out(target, values, 0, local);
+        });
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    response->set_version(result->version);
+    CountPull(*result, response->ByteSizeLong());
     return grpc::Status::OK;
   }
 
@@ -208,6 +288,11 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     absl::StatusOr<NamedTensors> state =
         shard->OptimizerState(request->generation(), request->version());
     if (!state.ok()) return ToGrpcStatus(state.status());
+    absl::StatusOr<std::vector<torch::Tensor>> tables =
+        shard->Tables(request->generation(), request->version());
+    if (!tables.ok()) return ToGrpcStatus(tables.status());
+    for (const torch::Tensor& table : *tables)
+      SetBytes(table, response->add_tables()->mutable_data());
     for (const auto& [name, tensor] : *state) {
       trainyard::v1::NamedTensor* out = response->add_optimizer_state();
       out->set_name(name);
@@ -295,6 +380,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     for (const torch::Tensor& piece : snapshot->pieces) {
       SetBytes(piece, response->add_pieces()->mutable_data());
     }
+    for (const torch::Tensor& table : snapshot->tables) {
+      SetBytes(table, response->add_tables()->mutable_data());
+    }
     for (const auto& [name, tensor] : snapshot->optimizer_state) {
       trainyard::v1::NamedTensor* out = response->add_optimizer_state();
       out->set_name(name);
@@ -314,6 +402,13 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   }
 
  private:
+  void CountPull(const ParameterShard::PullResult& result, size_t bytes) {
+    absl::MutexLock lock(&stats_mu_);
+    stats_.pulls++;
+    stats_.bytes_sent += static_cast<int64_t>(bytes);
+    stats_.pull_wait_seconds += absl::ToDoubleSeconds(result.waited);
+  }
+
   // The attempt's settings: Start's shard's, or StartEmpty's.
   const ShardConfig& Config() const {
     return shard_unowned_ != nullptr ? shard_unowned_->config() : config_;
@@ -400,7 +495,9 @@ absl::Status PsClient::Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, cons
 
 absl::Status PsClient::Init(int64_t version, int64_t total_steps,
                             const std::vector<torch::Tensor>& pieces,
-                            const NamedTensors& optimizer_state) {
+                            const NamedTensors& optimizer_state,
+                            const std::vector<torch::Tensor>& tables,
+                            const std::vector<int64_t>& table_rows) {
   trainyard::v1::InitRequest request;
   request.set_generation(generation_);
   request.set_version(version);
@@ -414,6 +511,12 @@ absl::Status PsClient::Init(int64_t version, int64_t total_steps,
     out->set_name(name);
     SetLayout(tensor, out->mutable_layout());
     SetBytes(tensor, out->mutable_data());
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    trainyard::v1::TableData* out = request.add_tables();
+    out->set_rows(t < table_rows.size() ? table_rows[t] : 0);
+    SetLayout(tables[t], out->mutable_layout());
+    SetBytes(tables[t], out->mutable_data());
   }
   trainyard::v1::InitResponse response;
   return Call(&Stub::Init, request, &response, "init");
@@ -463,18 +566,35 @@ absl::Status PsClient::CopyPieces(
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> PsClient::State(int64_t version) {
+absl::StatusOr<PsClient::StateResult> PsClient::DecodeStateResponse(
+    const trainyard::v1::StateResponse& response, const std::vector<torch::Tensor>& tables) const {
+  StateResult result;
+  absl::StatusOr<std::map<std::string, torch::Tensor>> state =
+      DecodeState(response.optimizer_state());
+  if (!state.ok()) return state.status();
+  result.optimizer_state = *std::move(state);
+  result.tables = tables;
+  if (absl::Status copied = CopyPieces(response.tables(), result.tables); !copied.ok()) {
+    return copied;
+  }
+  result.version = response.version();
+  return result;
+}
+
+absl::StatusOr<PsClient::StateResult> PsClient::State(int64_t version,
+                                                      const std::vector<torch::Tensor>& tables) {
   trainyard::v1::StateRequest request;
   request.set_generation(generation_);
   request.set_version(version);
   trainyard::v1::StateResponse response;
   absl::Status status = Call(&Stub::State, request, &response, "state");
   if (!status.ok()) return status;
-  return DecodeState(response.optimizer_state());
+  return DecodeStateResponse(response, tables);
 }
 
-absl::StatusOr<PsClient::SnapshotResult> PsClient::Snapshot(bool after_other_ranks,
-                                                            std::vector<torch::Tensor>& pieces) {
+absl::StatusOr<PsClient::StateResult> PsClient::Snapshot(bool after_other_ranks,
+                                                         std::vector<torch::Tensor>& pieces,
+                                                         const std::vector<torch::Tensor>& tables) {
   trainyard::v1::StateRequest request;
   request.set_generation(generation_);
   request.set_snapshot(true);
@@ -484,17 +604,12 @@ absl::StatusOr<PsClient::SnapshotResult> PsClient::Snapshot(bool after_other_ran
   absl::Status status = Call(&Stub::State, request, &response, "snapshot");
   if (!status.ok()) return status;
   if (absl::Status copied = CopyPieces(response.pieces(), pieces); !copied.ok()) return copied;
-  absl::StatusOr<std::map<std::string, torch::Tensor>> state =
-      DecodeState(response.optimizer_state());
-  if (!state.ok()) return state.status();
-  SnapshotResult result;
-  result.version = response.version();
-  result.optimizer_state = *std::move(state);
-  return result;
+  return DecodeStateResponse(response, tables);
 }
 
 absl::StatusOr<ParameterShard::PushResult> PsClient::Push(
-    int64_t base_version, const std::vector<torch::Tensor>& gradients, double loss, bool stop) {
+    int64_t base_version, const std::vector<torch::Tensor>& gradients, double loss, bool stop,
+    const std::vector<RowGradients>& rows) {
   trainyard::v1::PushRequest request;
   request.set_generation(generation_);
   request.set_rank(rank_);
@@ -505,6 +620,13 @@ absl::StatusOr<ParameterShard::PushResult> PsClient::Push(
     const torch::Tensor c = g.contiguous();
     request.add_gradients()->set_data(static_cast<const char*>(c.data_ptr()),
                                       c.numel() * c.element_size());
+  }
+  for (size_t t = 0; t < rows.size(); ++t) {
+    if (!rows[t].ids.defined() || rows[t].ids.numel() == 0) continue;
+    trainyard::v1::Rows* out = request.add_rows();
+    out->set_table(static_cast<int>(t));
+    SetBytes(rows[t].ids, out->mutable_ids());
+    SetBytes(rows[t].grads, out->mutable_values());
   }
   trainyard::v1::PushResponse response;
   absl::Status status = Call(&Stub::Push, request, &response, "push");
@@ -525,6 +647,49 @@ absl::StatusOr<ParameterShard::PullResult> PsClient::Pull(int64_t min_version,
   ParameterShard::PullResult result;
   result.version = response.version();
   result.agreement = ShardAgreement{response.loss(), response.stop()};
+  return result;
+}
+
+absl::StatusOr<ParameterShard::PullResult> PsClient::PullRows(int64_t min_version,
+                                                              const std::vector<torch::Tensor>& ids,
+                                                              std::vector<torch::Tensor>& rows) {
+  trainyard::v1::PullRowsRequest request;
+  request.set_generation(generation_);
+  request.set_min_version(min_version);
+  request.set_rank(rank_);
+  std::vector<int> asked;  // the tables asked for, in request order
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (!ids[t].defined() || ids[t].numel() == 0) continue;
+    trainyard::v1::Rows* entry = request.add_rows();
+    entry->set_table(static_cast<int>(t));
+    SetBytes(ids[t], entry->mutable_ids());
+    asked.push_back(static_cast<int>(t));
+  }
+  trainyard::v1::PullRowsResponse response;
+  absl::Status status = Call(&Stub::PullRows, request, &response, "pull rows");
+  if (!status.ok()) return status;
+  if (response.rows_size() != static_cast<int>(asked.size())) {
+    return absl::InternalError(absl::StrCat("parameter server ", shard_, " sent rows of ",
+                                            response.rows_size(), " tables, expected ",
+                                            asked.size()));
+  }
+  for (const trainyard::v1::Rows& entry : response.rows()) {
+    const int t = entry.table();
+    if (t < 0 || t >= static_cast<int>(rows.size()) || !ids[t].defined() || ids[t].numel() == 0) {
+      return absl::InternalError(
+          absl::StrCat("parameter server ", shard_, " sent rows of table ", t, ", not asked for"));
+    }
+    torch::Tensor& target = rows[t];
+    if (!target.is_contiguous() ||
+        static_cast<int64_t>(entry.values().size()) != target.numel() * target.element_size()) {
+      return absl::InternalError(absl::StrCat(
+          "parameter server ", shard_, ": table ", t, " rows have ", entry.values().size(),
+          " bytes, expected ", target.numel() * target.element_size()));
+    }
+    std::memcpy(target.data_ptr(), entry.values().data(), entry.values().size());
+  }
+  ParameterShard::PullResult result;
+  result.version = response.version();
   return result;
 }
 

@@ -74,35 +74,52 @@ class PsClient {
   // Creates the shard of a server started with StartEmpty from `pieces` (CPU float32 or
   // float64) and their optimizer state (named "p{index}.{field}"; empty when fresh), at version
   // `version`.
+  // `tables` are the shard's rows of each embedding table ([RowsOnShard, dim]) and `table_rows`
+  // the tables' whole row counts.
   absl::Status Init(int64_t version, int64_t total_steps, const std::vector<torch::Tensor>& pieces,
-                    const NamedTensors& optimizer_state = {});
+                    const NamedTensors& optimizer_state = {},
+                    const std::vector<torch::Tensor>& tables = {},
+                    const std::vector<int64_t>& table_rows = {});
   // Tells the shard this rank is done with it.
   absl::Status Finish();
-  // The shard's optimizer state at `version` (FAILED_PRECONDITION if it is at another one).
-  absl::StatusOr<std::map<std::string, torch::Tensor>> State(int64_t version);
-  // An asynchronous shard's parameters (copied into `pieces`, this shard's pieces in order) and
-  // optimizer state at one version. With `after_other_ranks`, once every other rank has
-  // finished with the shard: ABORTED "ranks still training" when they have not within the
-  // timeout.
-  struct SnapshotResult {
-    int64_t version = 0;
+  // The shard's optimizer state and its rows of each table: `tables` are where the rows go
+  // (contiguous CPU tensors of the shard's rows' shapes, written into; those of the result alias
+  // them).
+  struct StateResult {
+    int64_t version = 0;  // Snapshot's
     std::map<std::string, torch::Tensor> optimizer_state;
+    std::vector<torch::Tensor> tables;
   };
-  absl::StatusOr<SnapshotResult> Snapshot(bool after_other_ranks,
-                                          std::vector<torch::Tensor>& pieces);
+  // At `version` (FAILED_PRECONDITION if the shard is at another one).
+  absl::StatusOr<StateResult> State(int64_t version, const std::vector<torch::Tensor>& tables = {});
+  // An asynchronous shard's parameters (copied into `pieces`, this shard's pieces in order),
+  // tables and optimizer state at one version. With `after_other_ranks`, once every other rank
+  // has finished with the shard: ABORTED "ranks still training" when they have not within the
+  // timeout.
+  absl::StatusOr<StateResult> Snapshot(bool after_other_ranks, std::vector<torch::Tensor>& pieces,
+                                       const std::vector<torch::Tensor>& tables = {});
   // See ParameterShard::Push; the gradients are CPU tensors of the pieces' shapes.
   absl::StatusOr<ParameterShard::PushResult> Push(int64_t base_version,
                                                   const std::vector<torch::Tensor>& gradients,
-                                                  double loss = 0, bool stop = false);
+                                                  double loss = 0, bool stop = false,
+                                                  const std::vector<RowGradients>& rows = {});
   // Waits for `min_version` and copies the shard's pieces into `pieces` (CPU, contiguous, of the
   // pieces' shapes and dtypes: the caller lays them out). INTERNAL when the shard's answer does
   // not fit them.
   absl::StatusOr<ParameterShard::PullResult> Pull(int64_t min_version,
                                                   std::vector<torch::Tensor>& pieces);
+  // Waits for `min_version` and copies the rows `ids[t]` of table t (int64 [k], rows this shard
+  // holds; undefined or empty for none) into `rows[t]` (contiguous CPU [k, dim] of the table's
+  // dtype). INTERNAL when the answer does not fit them.
+  absl::StatusOr<ParameterShard::PullResult> PullRows(int64_t min_version,
+                                                      const std::vector<torch::Tensor>& ids,
+                                                      std::vector<torch::Tensor>& rows);
 
  private:
   absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeState(
       const google::protobuf::RepeatedPtrField<trainyard::v1::NamedTensor>& tensors) const;
+  absl::StatusOr<StateResult> DecodeStateResponse(const trainyard::v1::StateResponse& response,
+                                                  const std::vector<torch::Tensor>& tables) const;
   // Copies a response's pieces into `pieces` (contiguous CPU tensors of the sizes sent).
   absl::Status CopyPieces(const google::protobuf::RepeatedPtrField<trainyard::v1::TensorData>& data,
                           std::vector<torch::Tensor>& pieces) const;

@@ -19,6 +19,14 @@
 // with its next batch, so no update is made from parameters older than that and a slow worker
 // never holds up the others.
 //
+// Embedding tables are held by rows, not pieces: row r of a table lives on shard r % shards (at
+// local row r / shards), and workers pull and push only the rows their batches touch. The
+// shard updates a table lazily, as torch's sparse optimizers do: a row's optimizer state
+// (momentum, Adam's moments) and its weight decay advance only in updates whose batches touched
+// it, so an update costs what its rows cost, whatever the table's size. Adam's bias correction
+// counts every update of the table. With every row touched in every update this is the dense
+// update exactly.
+//
 // Every call carries the attempt's generation; another one is refused with FAILED_PRECONDITION
 // (fencing: a worker of an old attempt cannot change a new attempt's shard).
 
@@ -43,12 +51,28 @@ namespace trainyard::trainer {
 
 struct ShardConfig {
   int64_t generation = 0;
+  int shard = 0;  // this shard's index, of `shards`: which table rows it holds
+  int shards = 1;
   int workers = 1;
   bool synchronous = true;
   int max_staleness = 0;  // asynchronous mode
   trainyard::v1::OptimizerSpec optimizer;
   int64_t total_steps = 0;    // for the learning-rate schedule
   int64_t start_version = 0;  // the step the attempt resumed from
+};
+
+// How many of a `rows`-row table's rows shard `shard` of `shards` holds (rows r with
+// r % shards == shard).
+inline int64_t RowsOnShard(int64_t rows, int shard, int shards) {
+  return rows > shard ? (rows - shard + shards - 1) / shards : 0;
+}
+
+// A worker's gradient of some rows of one embedding table: `ids` (int64 [k], the table's row
+// numbers, each held by the shard) and `grads` ([k, dim], of the table's dtype). Repeated ids are
+// summed. Empty (undefined or k = 0) when the worker touched none of the shard's rows.
+struct RowGradients {
+  torch::Tensor ids;
+  torch::Tensor grads;
 };
 
 // What a synchronous update agreed on: the workers' losses averaged, and whether any of them was
@@ -63,12 +87,16 @@ class ParameterShard {
   // `pieces` are this shard's parameter pieces (float32 or float64, CPU, contiguous), taken as
   // the initial values; the shard owns them from now on. `optimizer_state` is the optimizer's
   // state over them, named "p{piece index}.{field}" as OptimizerStateTensors names it (empty:
-  // fresh). INVALID_ARGUMENT for a bad config (workers < 1, max_staleness < 0 in asynchronous
-  // mode), pieces that are not CPU floating point, or state that does not fit them; the
-  // optimizer's errors (optimizer.name) otherwise.
+  // fresh). `tables` are the shard's rows of each embedding table ([RowsOnShard(rows), dim]
+  // each, CPU floating point; `table_rows` the tables' whole row counts), with their state named
+  // "t{table}.{field}" (momentum_buffer, exp_avg, exp_avg_sq shaped like the rows; step one
+  // int64). INVALID_ARGUMENT for a bad config (workers < 1, max_staleness < 0 in asynchronous
+  // mode, shard outside [0, shards)), pieces or tables that are not CPU floating point, or state
+  // that does not fit them; the optimizer's errors (optimizer.name) otherwise.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(
       ShardConfig config, std::vector<torch::Tensor> pieces,
-      const std::map<std::string, torch::Tensor>& optimizer_state = {});
+      const std::map<std::string, torch::Tensor>& optimizer_state = {},
+      std::vector<torch::Tensor> tables = {}, const std::vector<int64_t>& table_rows = {});
 
   struct PushResult {
     int64_t version = 0;    // the shard's version after the push
@@ -77,13 +105,15 @@ class ParameterShard {
   };
   // Worker `rank`'s gradients for the update from version `base_version`, one tensor per piece in
   // piece order, of the pieces' shapes; read during the call only. `loss` and `stop` are the
-  // rank's update loss and stop request, which the synchronous update combines.
+  // rank's update loss and stop request, which the synchronous update combines. `rows` holds the
+  // gradients of the table rows the rank touched, one entry per table (or none at all).
   // FAILED_PRECONDITION for another generation, or (synchronous) a base that is not the current
-  // version or a second push by one rank for it; INVALID_ARGUMENT for a rank out of range or
-  // gradients that do not match the pieces. Never blocks on other workers.
+  // version or a second push by one rank for it; INVALID_ARGUMENT for a rank out of range,
+  // gradients that do not match the pieces, or row ids the shard does not hold. Never blocks on
+  // other workers.
   absl::StatusOr<PushResult> Push(int64_t generation, int rank, int64_t base_version,
                                   const std::vector<torch::Tensor>& gradients, double loss = 0,
-                                  bool stop = false);
+                                  bool stop = false, const std::vector<RowGradients>& rows = {});
 
   struct PullResult {
     int64_t version = 0;
@@ -103,6 +133,25 @@ class ParameterShard {
       int64_t generation, int64_t min_version, absl::Time deadline,
       const std::function<void(const std::vector<torch::Tensor>&)>& read);
 
+  // As PullWith, for rows of the tables: `ids[t]` (int64 [k], rows of table t this shard holds;
+  // undefined or empty for none) are checked, and once the version is reached `read(t, values,
+  // local)` is called under the lock for each table with ids, `values` being the shard's rows of
+  // table t and `local` the positions of the ids in it. INVALID_ARGUMENT for ids the shard does
+  // not hold or more entries than tables.
+  using RowReader =
+      std::function<void(int table, const torch::Tensor& values, const torch::Tensor& local)>;
+  absl::StatusOr<PullResult> PullRowsWith(int64_t generation, int64_t min_version,
+                                          absl::Time deadline,
+                                          const std::vector<torch::Tensor>& ids,
+                                          const RowReader& read);
+  // PullRowsWith copying the rows out: `out[t]` is [k, dim].
+  absl::StatusOr<PullResult> PullRows(int64_t generation, int64_t min_version,
+                                      const std::vector<torch::Tensor>& ids,
+                                      std::vector<torch::Tensor>* out, absl::Time deadline);
+
+  // Copies of the shard's rows of each table once the version is `version` (as OptimizerState).
+  absl::StatusOr<std::vector<torch::Tensor>> Tables(int64_t generation, int64_t version) const;
+
   // A copy of the optimizer's state, named as Create takes it, once the version is `version`.
   // FAILED_PRECONDITION for another generation or when the shard is at another version.
   absl::StatusOr<NamedTensors> OptimizerState(int64_t generation, int64_t version) const;
@@ -112,6 +161,7 @@ class ParameterShard {
   struct Snapshot {
     int64_t version = 0;
     std::vector<torch::Tensor> pieces;
+    std::vector<torch::Tensor> tables;
     NamedTensors optimizer_state;
   };
   absl::StatusOr<Snapshot> TakeSnapshot(int64_t generation) const;
@@ -121,13 +171,39 @@ class ParameterShard {
   using PieceShape = std::pair<std::vector<int64_t>, c10::ScalarType>;
   // The pieces' shapes and dtypes, in piece order; fixed.
   const std::vector<PieceShape>& shapes() const { return shapes_; }
+  // Each table's whole row count and row width, in table order; fixed.
+  struct TableShape {
+    int64_t rows = 0;
+    int64_t dim = 0;
+    c10::ScalarType dtype = torch::kFloat32;
+  };
+  const std::vector<TableShape>& table_shapes() const { return table_shapes_; }
   // Pushes not applied because they were too stale (asynchronous mode).
   int64_t stale_pushes() const;
 
  private:
+  // One table's rows on this shard and their lazy optimizer state (allocated on first use).
+  struct Table {
+    torch::Tensor values;  // [local rows, dim]
+    torch::Tensor momentum_buffer, exp_avg, exp_avg_sq;
+    int64_t step = 0;  // updates applied to the table
+  };
   ParameterShard(ShardConfig config, std::vector<torch::Tensor> pieces,
-                 std::unique_ptr<torch::optim::Optimizer> optimizer);
+                 std::unique_ptr<torch::optim::Optimizer> optimizer, std::vector<Table> tables,
+                 std::vector<TableShape> table_shapes);
   absl::Status CheckGradients(const std::vector<torch::Tensor>& gradients) const;
+  // The positions in table `table`'s local rows of `ids`; INVALID_ARGUMENT naming the first id
+  // this shard does not hold.
+  absl::StatusOr<torch::Tensor> LocalRows(int table, const torch::Tensor& ids) const;
+  absl::Status CheckRows(const std::vector<RowGradients>& rows) const;
+  // Adds `rows` (one entry per table, or none), scaled by `scale`, into each table lazily at the
+  // learning rate of `step`; every table counts the update.
+  void ApplyRowsLocked(const std::vector<RowGradients>& rows, double scale, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  NamedTensors TableStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until the version is at least `min_version`: how long it waited, or DEADLINE_EXCEEDED.
+  absl::StatusOr<absl::Duration> AwaitVersionLocked(int64_t min_version, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds rank summed_'s gradients to sum_ (copies them when it is the first) and moves on.
   void AddToSumLocked(const std::vector<torch::Tensor>& gradients)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -139,11 +215,13 @@ class ParameterShard {
   const ShardConfig config_;
   // The pieces' shapes and dtypes, which pushes must match; fixed.
   const std::vector<PieceShape> shapes_;
+  const std::vector<TableShape> table_shapes_;
 
   mutable absl::Mutex mu_;
   std::vector<torch::Tensor> pieces_ ABSL_GUARDED_BY(mu_);
   NamedTensors named_pieces_ ABSL_GUARDED_BY(mu_);  // the same tensors, named "p{index}"
   std::unique_ptr<torch::optim::Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::vector<Table> tables_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_);
   int64_t stale_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   // Synchronous mode: `sum_` holds the gradients of ranks [0, summed_) of the current version,
@@ -153,6 +231,8 @@ class ParameterShard {
   int summed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<bool> pushed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<torch::Tensor>> pending_ ABSL_GUARDED_BY(mu_);
+  // The table rows each rank pushed for the current version (copies), by rank.
+  std::vector<std::vector<RowGradients>> pending_rows_ ABSL_GUARDED_BY(mu_);
   std::vector<double> pending_loss_ ABSL_GUARDED_BY(mu_);
   int pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool pending_stop_ ABSL_GUARDED_BY(mu_) = false;

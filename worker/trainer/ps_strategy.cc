@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -21,9 +22,7 @@ ParameterServerStrategy::ParameterServerStrategy(int rank, int world,
       shard_versions_(shards_.size(), 0) {}
 
 absl::Status ParameterServerStrategy::Setup(Model& model) {
-  std::vector<ParameterShape> shapes;
-  for (const auto& [name, p] : model.NamedParameters()) {
-    if (!p.requires_grad()) continue;
+  auto check = [](const std::string& name, const torch::Tensor& p) -> absl::Status {
     if (!p.device().is_cpu() || !p.is_contiguous() ||
         (p.scalar_type() != torch::kFloat32 && p.scalar_type() != torch::kFloat64)) {
       return absl::InvalidArgumentError(
@@ -31,6 +30,25 @@ absl::Status ParameterServerStrategy::Setup(Model& model) {
                        " is not a contiguous float32 or float64 CPU tensor, which "
                        "the parameter-server strategy needs"));
     }
+    return absl::OkStatus();
+  };
+  std::map<std::string, torch::Tensor> by_name;
+  for (const auto& [name, p] : model.NamedParameters()) by_name[name] = p;
+  std::set<std::string> table_names;
+  for (const Model::EmbeddingTable& table : model.EmbeddingTables()) {
+    auto it = by_name.find(table.parameter);
+    if (it == by_name.end() || it->second.dim() != 2 || !it->second.requires_grad()) {
+      return absl::InvalidArgumentError(absl::StrCat("model: embedding table ", table.parameter,
+                                                     " is not a trainable 2-D parameter"));
+    }
+    if (absl::Status ok = check(table.parameter, it->second); !ok.ok()) return ok;
+    tables_.push_back(Table{it->second, table.parameter, table.field});
+    table_names.insert(table.parameter);
+  }
+  std::vector<ParameterShape> shapes;
+  for (const auto& [name, p] : model.NamedParameters()) {
+    if (!p.requires_grad() || table_names.count(name) > 0) continue;
+    if (absl::Status ok = check(name, p); !ok.ok()) return ok;
     params_.push_back(p);
     names_.push_back(name);
     shapes.push_back({name, p.numel(), static_cast<int64_t>(p.element_size())});
@@ -41,6 +59,147 @@ absl::Status ParameterServerStrategy::Setup(Model& model) {
   partition_ = *std::move(partition);
   pieces_.resize(shards_.size());
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) pieces_[s] = partition_.PiecesOf(s);
+  if (!tables_.empty()) {
+    model.SetRowLookup([this](int t, const torch::Tensor& ids) { return LookUp(t, ids); });
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor ParameterServerStrategy::TableSlice(int t, int s) const {
+  const torch::Tensor& param = tables_[t].param;
+  return param.detach().slice(0, s, param.size(0), static_cast<int64_t>(shards_.size()));
+}
+
+std::vector<torch::Tensor> ParameterServerStrategy::TableBuffers(int s) const {
+  std::vector<torch::Tensor> buffers;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    buffers.push_back(
+        torch::empty_like(TableSlice(static_cast<int>(t), s), torch::MemoryFormat::Contiguous));
+  }
+  return buffers;
+}
+
+std::vector<ParameterServerStrategy::ShardRows> ParameterServerStrategy::SplitByShard(
+    const torch::Tensor& ids) const {
+  const int64_t n = static_cast<int64_t>(shards_.size());
+  std::vector<ShardRows> split(shards_.size());
+  const torch::Tensor owner = n > 1 ? ids.remainder(n) : torch::Tensor();
+  for (int64_t s = 0; s < n; ++s) {
+    ShardRows& rows = split[s];
+    rows.positions =
+        n > 1 ? owner.eq(s).nonzero().squeeze(1) : torch::arange(ids.size(0), ids.options());
+    rows.ids = n > 1 ? ids.index_select(0, rows.positions) : ids;
+  }
+  return split;
+}
+
+absl::StatusOr<std::vector<torch::Tensor>> ParameterServerStrategy::PullTableRows(
+    const std::vector<torch::Tensor>& ids, int64_t min_version) {
+  std::vector<torch::Tensor> rows(tables_.size());
+  std::vector<std::vector<ShardRows>> split(tables_.size());
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    if (!ids[t].defined()) continue;
+    rows[t] = torch::empty({ids[t].size(0), tables_[t].param.size(1)},
+                           tables_[t].param.options().requires_grad(false));
+    split[t] = SplitByShard(ids[t]);
+  }
+  absl::Status pulled = ForEachShard([&](int s) -> absl::Status {
+    std::vector<torch::Tensor> shard_ids(tables_.size()), buffers(tables_.size());
+    bool any = false;
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      if (!ids[t].defined() || split[t][s].ids.numel() == 0) continue;
+      shard_ids[t] = split[t][s].ids;
+      buffers[t] = torch::empty({shard_ids[t].size(0), rows[t].size(1)}, rows[t].options());
+      any = true;
+    }
+    if (!any) return absl::OkStatus();
+    absl::StatusOr<ParameterShard::PullResult> result =
+        shards_[s]->PullRows(min_version, shard_ids, buffers);
+    if (!result.ok()) return result.status();
+    // Each shard's rows go to their own positions: the threads write disjoint rows.
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      if (buffers[t].defined()) rows[t].index_copy_(0, split[t][s].positions, buffers[t]);
+    }
+    return absl::OkStatus();
+  });
+  if (!pulled.ok()) return pulled;
+  return rows;
+}
+
+absl::Status ParameterServerStrategy::BeforeForward(const torch::Tensor& categorical) {
+  if (tables_.empty()) return absl::OkStatus();
+  if (!categorical.defined()) {
+    return absl::InvalidArgumentError("the model's embedding tables need categorical ids");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<MicroRows> micro(tables_.size());
+  std::vector<torch::Tensor> ids(tables_.size());
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const torch::Tensor column = categorical.select(1, tables_[t].field).contiguous();
+    auto [unique, inverse] = at::_unique(column, /*sorted=*/true, /*return_inverse=*/true);
+    micro[t].ids = unique;
+    micro[t].inverse = inverse;
+    ids[t] = unique;
+  }
+  absl::StatusOr<std::vector<torch::Tensor>> rows = PullTableRows(ids, synchronous_ ? version_ : 0);
+  communication_seconds_ += SecondsSince(start);
+  if (!rows.ok()) return rows.status();
+  for (size_t t = 0; t < tables_.size(); ++t) micro[t].rows = (*rows)[t].requires_grad_(true);
+  micro_.push_back(std::move(micro));
+  return absl::OkStatus();
+}
+
+torch::Tensor ParameterServerStrategy::LookUp(int t, const torch::Tensor& ids) {
+  // Outside a training step (validation): the model's own table, which BeforeEvaluate updated.
+  if (micro_.empty()) return torch::embedding(tables_[t].param, ids);
+  const MicroRows& micro = micro_.back()[t];
+  TORCH_CHECK(micro.inverse.numel() == ids.numel(),
+              "embedding rows were pulled for another micro-batch");
+  return torch::embedding(micro.rows, micro.inverse);
+}
+
+std::vector<std::vector<RowGradients>> ParameterServerStrategy::TakeRowGradients() {
+  std::vector<std::vector<RowGradients>> by_shard(shards_.size(),
+                                                  std::vector<RowGradients>(tables_.size()));
+  if (micro_.empty()) return by_shard;
+  torch::NoGradGuard no_grad;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    std::vector<torch::Tensor> ids, grads;
+    for (const std::vector<MicroRows>& micro : micro_) {
+      const MicroRows& m = micro[t];
+      ids.push_back(m.ids);
+      grads.push_back(m.rows.grad().defined() ? m.rows.grad() : torch::zeros_like(m.rows));
+    }
+    // Rows repeated over micro-batches are summed by the shard.
+    const torch::Tensor all_ids = ids.size() == 1 ? ids[0] : torch::cat(ids);
+    const torch::Tensor all_grads = grads.size() == 1 ? grads[0] : torch::cat(grads);
+    std::vector<ShardRows> split = SplitByShard(all_ids);
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      if (split[s].ids.numel() == 0) continue;
+      by_shard[s][t] = RowGradients{
+          split[s].ids,
+          shards_.size() == 1 ? all_grads : all_grads.index_select(0, split[s].positions)};
+    }
+  }
+  micro_.clear();
+  return by_shard;
+}
+
+absl::Status ParameterServerStrategy::BeforeEvaluate(const torch::Tensor& categorical) {
+  if (tables_.empty() || !categorical.defined()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<torch::Tensor> ids(tables_.size());
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    ids[t] = std::get<0>(
+        at::_unique(categorical.select(1, tables_[t].field).contiguous(), /*sorted=*/true));
+  }
+  absl::StatusOr<std::vector<torch::Tensor>> rows = PullTableRows(ids, synchronous_ ? version_ : 0);
+  communication_seconds_ += SecondsSince(start);
+  if (!rows.ok()) return rows.status();
+  torch::NoGradGuard no_grad;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    tables_[t].param.detach().index_copy_(0, ids[t], (*rows)[t]);
+  }
   return absl::OkStatus();
 }
 
@@ -107,42 +266,56 @@ NamedTensors ParameterServerStrategy::ShardState(const NamedTensors& whole, int 
           field == "step" ? tensor : tensor.reshape(-1).narrow(0, piece.offset, piece.length));
     }
   }
+  const int64_t n = static_cast<int64_t>(shards_.size());
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    auto it = by_param.find(tables_[t].name);
+    if (it == by_param.end()) continue;
+    for (const auto& [field, tensor] : it->second) {
+      out.emplace_back(absl::StrCat("t", t, ".", field),
+                       field == "step" ? tensor : tensor.slice(0, shard, tensor.size(0), n));
+    }
+  }
   return out;
 }
 
 absl::Status ParameterServerStrategy::GatherOptimizerState(int64_t step) {
-  if (!synchronous_) {
-    // The last checkpoint of a run or of a stop waits for the other ranks' last updates.
-    const bool last = step >= total_steps_ || local_.stop;
-    std::vector<torch::Tensor> values;
-    for (const torch::Tensor& p : params_) values.push_back(p.detach());
-    std::vector<std::map<std::string, torch::Tensor>> states(shards_.size());
-    absl::Status fetched = ForEachShard([&](int s) -> absl::Status {
+  if (optimizer_ == nullptr && tables_.empty() && synchronous_) return absl::OkStatus();
+  // The last checkpoint of a run or of a stop waits for the other ranks' last updates
+  // (asynchronous mode).
+  const bool last = step >= total_steps_ || local_.stop;
+  std::vector<torch::Tensor> values;
+  for (const torch::Tensor& p : params_) values.push_back(p.detach());
+  std::vector<std::map<std::string, torch::Tensor>> states(shards_.size());
+  absl::Status fetched = ForEachShard([&](int s) -> absl::Status {
+    absl::StatusOr<PsClient::StateResult> state;
+    if (synchronous_) {
+      state = shards_[s]->State(step, TableBuffers(s));
+    } else {
       std::vector<torch::Tensor> views = Views(values, pieces_[s]);
       while (true) {
-        absl::StatusOr<PsClient::SnapshotResult> snapshot = shards_[s]->Snapshot(last, views);
+        state = shards_[s]->Snapshot(last, views, TableBuffers(s));
         // Another rank still trains (a slow one): it has its own timeouts and the job its stall
         // timeout; wait on.
-        if (snapshot.status().code() == absl::StatusCode::kAborted) continue;
-        if (!snapshot.ok()) return snapshot.status();
-        states[s] = std::move(snapshot->optimizer_state);
-        shard_versions_[s] = snapshot->version;
-        return absl::OkStatus();
+        if (state.status().code() != absl::StatusCode::kAborted) break;
       }
-    });
-    if (!fetched.ok()) return fetched;
-    return optimizer_ == nullptr ? absl::OkStatus() : LoadShardStates(states);
-  }
-  if (optimizer_ == nullptr) return absl::OkStatus();
-  std::vector<absl::StatusOr<std::map<std::string, torch::Tensor>>> fetched_states(shards_.size());
-  absl::Status fetched = ForEachShard([&](int s) {
-    fetched_states[s] = shards_[s]->State(step);
-    return fetched_states[s].status();
+    }
+    if (!state.ok()) return state.status();
+    states[s] = std::move(state->optimizer_state);
+    if (!synchronous_) shard_versions_[s] = state->version;
+    torch::NoGradGuard no_grad;
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      TableSlice(static_cast<int>(t), s).copy_(state->tables[t]);
+    }
+    return absl::OkStatus();
   });
   if (!fetched.ok()) return fetched;
-  std::vector<std::map<std::string, torch::Tensor>> states;
-  for (auto& state : fetched_states) states.push_back(*std::move(state));
-  return LoadShardStates(states);
+  tables_version_ = step;
+  return optimizer_ == nullptr ? absl::OkStatus() : LoadShardStates(states);
+}
+
+absl::Status ParameterServerStrategy::GatherModel(int64_t step) {
+  if (tables_.empty() || tables_version_ == step) return absl::OkStatus();
+  return GatherOptimizerState(step);
 }
 
 absl::Status ParameterServerStrategy::LoadShardStates(
@@ -152,6 +325,28 @@ absl::Status ParameterServerStrategy::LoadShardStates(
     for (const auto& [key, tensor] : states[s]) {
       auto [piece_name, field] = SplitStateKey(key);
       size_t k = 0;
+      if (!piece_name.empty() && piece_name[0] == 't' && !tables_.empty()) {
+        if (!absl::SimpleAtoi(piece_name.substr(1), &k) || k >= tables_.size()) {
+          return absl::InternalError(
+              absl::StrCat("parameter server ", s, " sent optimizer state '", key, "'"));
+        }
+        const Table& table = tables_[k];
+        const std::string name = absl::StrCat(table.name, ".", field);
+        if (field == "step") {
+          whole[name] = tensor;
+          continue;
+        }
+        torch::Tensor& target = whole[name];
+        if (!target.defined()) target = torch::zeros_like(table.param, tensor.scalar_type());
+        torch::Tensor rows =
+            target.slice(0, s, target.size(0), static_cast<int64_t>(shards_.size()));
+        if (tensor.sizes() != rows.sizes()) {
+          return absl::InternalError(absl::StrCat("parameter server ", s, ": optimizer state '",
+                                                  key, "' does not fit its rows of ", table.name));
+        }
+        rows.copy_(tensor);
+        continue;
+      }
       if (piece_name.size() < 2 || !absl::SimpleAtoi(piece_name.substr(1), &k) ||
           k >= pieces_[s].size()) {
         return absl::InternalError(
@@ -189,9 +384,15 @@ absl::Status ParameterServerStrategy::SyncState(Model&, int64_t start_step) {
     const NamedTensors whole = optimizer_ != nullptr
                                    ? OptimizerStateTensors(*optimizer_, optimizer_params_)
                                    : NamedTensors{};
+    std::vector<int64_t> table_rows;
+    for (const Table& table : tables_) table_rows.push_back(table.param.size(0));
     absl::Status init = ForEachShard([&](int s) {
+      std::vector<torch::Tensor> tables;
+      for (size_t t = 0; t < tables_.size(); ++t) {
+        tables.push_back(TableSlice(static_cast<int>(t), s).contiguous());
+      }
       return shards_[s]->Init(start_step, total_steps_, Views(values, pieces_[s]),
-                              ShardState(whole, s));
+                              ShardState(whole, s), tables, table_rows);
     });
     if (!init.ok()) return init;
   }
@@ -225,9 +426,10 @@ absl::Status ParameterServerStrategy::AfterBackwardAsync() {
     values.push_back(p.detach());
   }
   std::vector<int> stale(shards_.size(), 0);
+  const std::vector<std::vector<RowGradients>> rows = TakeRowGradients();
   absl::Status status = ForEachShard([&](int s) -> absl::Status {
-    absl::StatusOr<ParameterShard::PushResult> pushed =
-        shards_[s]->Push(shard_versions_[s], Views(grads, pieces_[s]), local_.loss, local_.stop);
+    absl::StatusOr<ParameterShard::PushResult> pushed = shards_[s]->Push(
+        shard_versions_[s], Views(grads, pieces_[s]), local_.loss, local_.stop, rows[s]);
     if (!pushed.ok()) return pushed.status();
     stale[s] = pushed->applied ? 0 : 1;
     std::vector<torch::Tensor> views = Views(values, pieces_[s]);
@@ -255,9 +457,10 @@ absl::Status ParameterServerStrategy::AfterBackward(Model&) {
     values.push_back(p.detach());
   }
   std::vector<StepAgreement> agreements(shards_.size());
+  const std::vector<std::vector<RowGradients>> rows = TakeRowGradients();
   absl::Status status = ForEachShard([&](int s) -> absl::Status {
     absl::StatusOr<ParameterShard::PushResult> pushed =
-        shards_[s]->Push(version_, Views(grads, pieces_[s]), local_.loss, local_.stop);
+        shards_[s]->Push(version_, Views(grads, pieces_[s]), local_.loss, local_.stop, rows[s]);
     if (!pushed.ok()) return pushed.status();
     std::vector<torch::Tensor> views = Views(values, pieces_[s]);
     absl::StatusOr<ParameterShard::PullResult> pulled = shards_[s]->Pull(version_ + 1, views);

@@ -9,6 +9,13 @@
 // the parameters the shards made from the mean of all ranks' gradients straight into the
 // model's storage; the ranks agree on the update's loss and on stopping through the shards.
 //
+// Embedding tables (Model::EmbeddingTables) are not cut into pieces: row r lives on shard
+// r % shards, and each micro-batch pulls only the rows it touches (BeforeForward) into a small
+// tensor the model looks them up in, whose gradient is pushed with the dense ones; so what a
+// step moves follows the rows it touches, not the table's size. The tables in the model itself
+// are brought up to date only where needed: the rows a validation set touches before it is
+// evaluated, and the whole tables on rank 0 before a checkpoint and before the export.
+//
 // Asynchronous: each rank pushes when its update is ready and pulls whatever each shard holds
 // then, never waiting for the other ranks; a push too stale to apply is dropped by the shard
 // (the rank goes on with fresh parameters). Each rank stops on its own stop request. Rank 0's
@@ -56,6 +63,10 @@ class ParameterServerStrategy final : public Strategy {
   // them, and ABORTED when the shards are at another step than the rank resumed at (behind it,
   // in asynchronous mode, where other ranks may have pushed already).
   absl::Status SyncState(Model& model, int64_t start_step) override;
+  // Pulls the rows of every table the micro-batch touches from their shards.
+  absl::Status BeforeForward(const torch::Tensor& categorical) override;
+  // Pulls the rows these ids touch into the model's tables.
+  absl::Status BeforeEvaluate(const torch::Tensor& categorical) override;
   void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override;
   // Pushes this rank's gradients and pulls the next version (synchronous) or the shards'
   // current one (asynchronous) into the parameters.
@@ -63,6 +74,8 @@ class ParameterServerStrategy final : public Strategy {
   // Asynchronous mode: pushes the shards did not apply, too stale.
   int64_t stale_pushes() const { return stale_pushes_; }
   absl::StatusOr<StepAgreement> EndStep() override;
+  // Fetches the whole tables into the model unless the last checkpoint did.
+  absl::Status GatherModel(int64_t step) override;
   // Tells every shard this rank is done.
   absl::Status Finish() override;
   double TakeCommunicationSeconds() override;
@@ -78,6 +91,24 @@ class ParameterServerStrategy final : public Strategy {
   // Asynchronous: merges each shard's optimizer state into the trainer's optimizer.
   absl::Status LoadShardStates(std::vector<std::map<std::string, torch::Tensor>>& states);
   absl::Status AfterBackwardAsync();
+  // The rows of shard `s` in table `t` ([RowsOnShard, dim] strided view of the model's table).
+  torch::Tensor TableSlice(int t, int s) const;
+  // New contiguous tensors shaped like shard `s`'s rows of each table.
+  std::vector<torch::Tensor> TableBuffers(int s) const;
+  // `ids` (sorted, distinct) split by shard: for each shard its ids and their positions in `ids`.
+  struct ShardRows {
+    torch::Tensor ids;
+    torch::Tensor positions;
+  };
+  std::vector<ShardRows> SplitByShard(const torch::Tensor& ids) const;
+  // Pulls the rows `ids` (sorted, distinct, per table; undefined for none) from their shards at
+  // `min_version`: [k, dim] per table.
+  absl::StatusOr<std::vector<torch::Tensor>> PullTableRows(const std::vector<torch::Tensor>& ids,
+                                                           int64_t min_version);
+  // The row gradients of this update, split by shard (per shard, per table).
+  std::vector<std::vector<RowGradients>> TakeRowGradients();
+  // The rows of table `t` looked up by `ids` in the current micro-batch's pulled rows.
+  torch::Tensor LookUp(int t, const torch::Tensor& ids);
 
   const int rank_;
   const int world_;
@@ -91,6 +122,23 @@ class ParameterServerStrategy final : public Strategy {
   NamedTensors optimizer_params_;
   Partition partition_;
   std::vector<std::vector<Piece>> pieces_;  // per shard
+  struct Table {
+    torch::Tensor param;  // the model's [rows, dim] parameter
+    std::string name;
+    int field = 0;  // its column of the categorical ids
+  };
+  std::vector<Table> tables_;
+  // Each micro-batch of the current update: per table, the distinct ids it touches (sorted),
+  // where each of its samples' ids is among them, and their rows (a leaf that collects their
+  // gradient).
+  struct MicroRows {
+    torch::Tensor ids;
+    torch::Tensor inverse;
+    torch::Tensor rows;
+  };
+  std::vector<std::vector<MicroRows>> micro_;
+  int64_t tables_version_ = -1;  // the version the model's whole tables hold (rank 0)
+
   // Training thread only.
   int64_t version_ = 0;                  // synchronous: the version every shard is at
   std::vector<int64_t> shard_versions_;  // asynchronous: the version pulled from each shard

@@ -60,6 +60,8 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
   KeepStepMemory();
   ShardConfig config;
   config.generation = task.generation();
+  config.shard = task.shard();
+  config.shards = std::max(1, spec.parameter_servers().shards());
   config.workers = std::max(1, task.world_size());
   config.synchronous = spec.parameter_servers().mode() != "async";
   config.max_staleness = spec.parameter_servers().max_staleness();

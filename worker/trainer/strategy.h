@@ -47,6 +47,9 @@ class Strategy {
   // Rank 0, before a checkpoint of `step`: makes the trainer's optimizer hold the state the
   // checkpoint records. The strategy's errors (a shard that cannot be reached) otherwise.
   virtual absl::Status GatherOptimizerState(int64_t step) { return absl::OkStatus(); }
+  // Rank 0, at the end of a finished run, before the model is exported: makes the model hold
+  // every trained parameter (a strategy that keeps some elsewhere fetches them). OK by default.
+  virtual absl::Status GatherModel(int64_t step) { return absl::OkStatus(); }
   // At the end of the run on every rank, finished or stopped (after the checkpoint of the stop):
   // the strategy may let go of what it shares with the other ranks (the parameter servers end
   // once every rank is done). OK by default.
@@ -57,6 +60,13 @@ class Strategy {
   // After a checkpoint was restored (or none was): every rank takes rank 0's parameters and
   // buffers, and all must have resumed at the same step (ABORTED otherwise).
   virtual absl::Status SyncState(Model& model, int64_t start_step) = 0;
+  // Before each micro-batch's forward, with its categorical ids ([n, fields] int64; undefined
+  // when the data has none): a strategy that keeps the model's embedding tables elsewhere
+  // fetches the rows the micro-batch touches. OK by default.
+  virtual absl::Status BeforeForward(const torch::Tensor& categorical) { return absl::OkStatus(); }
+  // Before the model is evaluated on samples with these categorical ids (outside training
+  // steps): such a strategy brings those rows of the tables in the model up to date.
+  virtual absl::Status BeforeEvaluate(const torch::Tensor& categorical) { return absl::OkStatus(); }
   // Before each micro-batch's backward(): whether this backward completes the update, so that
   // gradients are combined as they become ready. For the last one, also this rank's loss of the
   // whole update and whether it was asked to stop (ignored otherwise), which EndStep combines

@@ -535,10 +535,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
       for (int m = 0; m < accumulate; ++m) {
         const int64_t begin = n * m / accumulate;
         const int64_t size = n * (m + 1) / accumulate - begin;
-        torch::Tensor out =
-            model_->Forward(batch->features.narrow(0, begin, size),
-                            batch->categorical.defined() ? batch->categorical.narrow(0, begin, size)
-                                                         : torch::Tensor());
+        const torch::Tensor categorical = batch->categorical.defined()
+                                              ? batch->categorical.narrow(0, begin, size)
+                                              : torch::Tensor();
+        status = strategy_->BeforeForward(categorical);
+        if (!status.ok()) return status;
+        torch::Tensor out = model_->Forward(batch->features.narrow(0, begin, size), categorical);
         torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels.narrow(0, begin, size));
         if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
         loss_value += loss.item<double>();
@@ -576,6 +578,8 @@ absl::StatusOr<TrainResult> Run::Execute() {
           "epoch=%d",
           step, total, result.loss, lr, samples_per_s, epoch);
       if (has_val) {
+        status = strategy_->BeforeEvaluate(data_.validation.categorical);
+        if (!status.ok()) return status;
         try {
           result.val_accuracy = Accuracy(*model_, data_.validation, device_);
         } catch (const std::exception& e) {
@@ -643,6 +647,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
       if (!saved.ok()) {
         return absl::UnavailableError(absl::StrCat("final checkpoint: ", saved.message()));
       }
+    }
+  }
+  if (!result.stopped && store_ != nullptr && rank == 0) {
+    status = strategy_->GatherModel(step);
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat("model export: ", status.message()));
     }
   }
   // Every rank is past its last exchange (and rank 0 past its checkpoint).
