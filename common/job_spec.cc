@@ -885,6 +885,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (strategy == v1::PARAMETER_SERVER) {
     absl::Status status = ValidateParameterServers(spec.parameter_servers());
     if (!status.ok()) return status;
+    if (spec.parameter_servers().dense() == "allreduce" &&
+        spec.model().builtin() != "embedding_mlp") {
+      return FieldError("parameter_servers.dense",
+                        "allreduce keeps only embedding tables on the shards, and only model "
+                        "embedding_mlp has them; use strategy: data_parallel");
+    }
   }
 
   absl::Status status = ValidateModel(spec.model());

@@ -349,13 +349,6 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
   }
-  // A valid spec the trainers cannot run yet is refused now, not failed after placement.
-  if (spec.strategy() == v1::PARAMETER_SERVER) {
-    if (spec.parameter_servers().dense() == "allreduce") {
-      return absl::InvalidArgumentError(
-          "parameter_servers.dense: allreduce is not supported yet; use shards");
-    }
-  }
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(active_seqs_.size()) >= options_.max_active_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat("too many active jobs: ", active_seqs_.size(),

@@ -127,6 +127,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "step)"},
         BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{dense: gossip}"}},
                 "parameter_servers.dense: must be shards or allreduce, got 'gossip'"},
+        BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{dense: allreduce}"}},
+                "parameter_servers.dense: allreduce keeps only embedding tables on the shards, "
+                "and only model embedding_mlp has them; use strategy: data_parallel"},
         BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{slots: 0}"}},
                 "parameter_servers.slots: must be >= 1"},
         BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{shard: 2}"}},
@@ -500,7 +503,9 @@ TEST(JobSpecTest, ParameterServerForms) {
   spec = ParseJobSpecYaml(
       Spec({{"strategy", "parameter_server"},
             {"parameter_servers",
-             "{shards: 4, mode: async, max_staleness: 8, dense: allreduce, slots: 2}"}}));
+             "{shards: 4, mode: async, max_staleness: 8, dense: allreduce, slots: 2}"},
+            {"model", "{builtin: embedding_mlp, args: {vocab: 100, dim: 8, classes: 2}}"},
+            {"data", "{synthetic: {samples: 64, features: 4, classes: 2, vocab: 100}}"}}));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->parameter_servers().shards(), 4);
   EXPECT_EQ(spec->parameter_servers().mode(), "async");

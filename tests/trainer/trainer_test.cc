@@ -726,7 +726,7 @@ TEST(TrainerTest, ParameterServerNeedsTheRendezvousAndShardsForItsDenseLayers) {
         << mode;
   }
   task.mutable_spec()->mutable_parameter_servers()->set_dense("allreduce");
-  EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(RunTrainer(task, QuietOptions()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TrainerTest, DataParallelChecksItsWorld) {

@@ -14,10 +14,11 @@ std::string ParameterServerKey(int shard) { return absl::StrCat("ps/shard/", sha
 
 ParameterServerStrategy::ParameterServerStrategy(int rank, int world,
                                                  std::vector<std::unique_ptr<PsClient>> shards,
-                                                 bool synchronous)
+                                                 bool synchronous, std::unique_ptr<Strategy> dense)
     : rank_(rank),
       world_(world),
       synchronous_(synchronous),
+      dense_(std::move(dense)),
       shards_(std::move(shards)),
       shard_versions_(shards_.size(), 0) {}
 
@@ -45,9 +46,18 @@ absl::Status ParameterServerStrategy::Setup(Model& model) {
     tables_.push_back(Table{it->second, table.parameter, table.field});
     table_names.insert(table.parameter);
   }
+  if (dense_ != nullptr) {
+    if (tables_.empty()) {
+      return absl::InvalidArgumentError(
+          "parameter_servers.dense: allreduce keeps the embedding tables on the shards, and "
+          "this model has none (embedding_mlp has them); use strategy: data_parallel");
+    }
+    if (auto* dp = dynamic_cast<DataParallelStrategy*>(dense_.get())) dp->LeaveOut(table_names);
+    if (absl::Status ok = dense_->Setup(model); !ok.ok()) return ok;
+  }
   std::vector<ParameterShape> shapes;
   for (const auto& [name, p] : model.NamedParameters()) {
-    if (!p.requires_grad() || table_names.count(name) > 0) continue;
+    if (!p.requires_grad() || table_names.count(name) > 0 || dense_ != nullptr) continue;
     if (absl::Status ok = check(name, p); !ok.ok()) return ok;
     params_.push_back(p);
     names_.push_back(name);
@@ -94,7 +104,7 @@ std::vector<ParameterServerStrategy::ShardRows> ParameterServerStrategy::SplitBy
 }
 
 absl::StatusOr<std::vector<torch::Tensor>> ParameterServerStrategy::PullTableRows(
-    const std::vector<torch::Tensor>& ids, int64_t min_version) {
+    const std::vector<torch::Tensor>& ids, int64_t min_version, std::vector<int64_t>* versions) {
   std::vector<torch::Tensor> rows(tables_.size());
   std::vector<std::vector<ShardRows>> split(tables_.size());
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -116,6 +126,7 @@ absl::StatusOr<std::vector<torch::Tensor>> ParameterServerStrategy::PullTableRow
     absl::StatusOr<ParameterShard::PullResult> result =
         shards_[s]->PullRows(min_version, shard_ids, buffers);
     if (!result.ok()) return result.status();
+    if (versions != nullptr) (*versions)[s] = result->version;
     // Each shard's rows go to their own positions: the threads write disjoint rows.
     for (size_t t = 0; t < tables_.size(); ++t) {
       if (buffers[t].defined()) rows[t].index_copy_(0, split[t][s].positions, buffers[t]);
@@ -141,7 +152,10 @@ absl::Status ParameterServerStrategy::BeforeForward(const torch::Tensor& categor
     micro[t].inverse = inverse;
     ids[t] = unique;
   }
-  absl::StatusOr<std::vector<torch::Tensor>> rows = PullTableRows(ids, synchronous_ ? version_ : 0);
+  // dense: allreduce, asynchronous: an update's rows are as old as the first micro-batch's pull.
+  const bool base = dense_ != nullptr && !synchronous_ && micro_.empty();
+  absl::StatusOr<std::vector<torch::Tensor>> rows =
+      PullTableRows(ids, synchronous_ ? version_ : 0, base ? &shard_versions_ : nullptr);
   communication_seconds_ += SecondsSince(start);
   if (!rows.ok()) return rows.status();
   for (size_t t = 0; t < tables_.size(); ++t) micro[t].rows = (*rows)[t].requires_grad_(true);
@@ -321,6 +335,14 @@ absl::Status ParameterServerStrategy::GatherModel(int64_t step) {
 absl::Status ParameterServerStrategy::LoadShardStates(
     std::vector<std::map<std::string, torch::Tensor>>& states) {
   std::map<std::string, torch::Tensor> whole;
+  if (dense_ != nullptr) {
+    // The ranks' own optimizer holds the state of the layers they all-reduce.
+    std::set<std::string> table_names;
+    for (const Table& table : tables_) table_names.insert(table.name);
+    for (auto& [key, tensor] : OptimizerStateTensors(*optimizer_, optimizer_params_)) {
+      if (table_names.count(SplitStateKey(key).first) == 0) whole[key] = std::move(tensor);
+    }
+  }
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
     for (const auto& [key, tensor] : states[s]) {
       auto [piece_name, field] = SplitStateKey(key);
@@ -375,7 +397,10 @@ absl::Status ParameterServerStrategy::LoadShardStates(
   return absl::OkStatus();
 }
 
-absl::Status ParameterServerStrategy::SyncState(Model&, int64_t start_step) {
+absl::Status ParameterServerStrategy::SyncState(Model& model, int64_t start_step) {
+  if (dense_ != nullptr) {
+    if (absl::Status synced = dense_->SyncState(model, start_step); !synced.ok()) return synced;
+  }
   const auto start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> values;
   for (const torch::Tensor& p : params_) values.push_back(p.detach());
@@ -415,7 +440,28 @@ absl::Status ParameterServerStrategy::SyncState(Model&, int64_t start_step) {
 
 void ParameterServerStrategy::BeforeBackward(bool last_micro_batch, double update_loss,
                                              bool stop_requested) {
+  if (dense_ != nullptr) dense_->BeforeBackward(last_micro_batch, update_loss, stop_requested);
   if (last_micro_batch) local_ = StepAgreement{update_loss, stop_requested};
+}
+
+absl::Status ParameterServerStrategy::AfterBackwardHybrid(Model& model) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::vector<RowGradients>> rows = TakeRowGradients();
+  std::vector<int> stale(shards_.size(), 0);
+  // Every rank pushes to every shard, rows or not: a synchronous shard's update waits for all.
+  absl::Status status = ForEachShard([&](int s) -> absl::Status {
+    absl::StatusOr<ParameterShard::PushResult> pushed = shards_[s]->Push(
+        synchronous_ ? version_ : shard_versions_[s], {}, local_.loss, local_.stop, rows[s]);
+    if (!pushed.ok()) return pushed.status();
+    stale[s] = pushed->applied ? 0 : 1;
+    shard_versions_[s] = pushed->version;
+    return absl::OkStatus();
+  });
+  communication_seconds_ += SecondsSince(start);
+  if (!status.ok()) return status;
+  for (int n : stale) stale_pushes_ += n;
+  ++version_;
+  return dense_->AfterBackward(model);
 }
 
 absl::Status ParameterServerStrategy::AfterBackwardAsync() {
@@ -447,7 +493,8 @@ absl::Status ParameterServerStrategy::AfterBackwardAsync() {
   return absl::OkStatus();
 }
 
-absl::Status ParameterServerStrategy::AfterBackward(Model&) {
+absl::Status ParameterServerStrategy::AfterBackward(Model& model) {
+  if (dense_ != nullptr) return AfterBackwardHybrid(model);
   if (!synchronous_) return AfterBackwardAsync();
   const auto start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> grads, values;
@@ -477,14 +524,17 @@ absl::Status ParameterServerStrategy::AfterBackward(Model&) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepAgreement> ParameterServerStrategy::EndStep() { return agreed_; }
+absl::StatusOr<StepAgreement> ParameterServerStrategy::EndStep() {
+  return dense_ != nullptr ? dense_->EndStep() : agreed_;
+}
 
 absl::Status ParameterServerStrategy::Finish() {
   return ForEachShard([this](int s) { return shards_[s]->Finish(); });
 }
 
 double ParameterServerStrategy::TakeCommunicationSeconds() {
-  const double seconds = communication_seconds_;
+  const double seconds =
+      communication_seconds_ + (dense_ != nullptr ? dense_->TakeCommunicationSeconds() : 0);
   communication_seconds_ = 0;
   return seconds;
 }

@@ -16,6 +16,9 @@
 // are brought up to date only where needed: the rows a validation set touches before it is
 // evaluated, and the whole tables on rank 0 before a checkpoint and before the export.
 //
+// With dense: allreduce (the hybrid large recommendation models use) the shards hold only the
+// tables, and the other parameters stay with the ranks, all-reduced as in data_parallel.
+//
 // Asynchronous: each rank pushes when its update is ready and pulls whatever each shard holds
 // then, never waiting for the other ranks; a push too stale to apply is dropped by the shard
 // (the rank goes on with fresh parameters). Each rank stops on its own stop request. Rank 0's
@@ -41,13 +44,16 @@ std::string ParameterServerKey(int shard);
 
 class ParameterServerStrategy final : public Strategy {
  public:
-  // `shards[i]` talks to shard i of this attempt.
+  // `shards[i]` talks to shard i of this attempt. With `dense` (parameter_servers.dense:
+  // allreduce), the shards hold only the embedding tables and `dense` combines the other
+  // parameters' gradients among the ranks (a DataParallelStrategy; a SingleStrategy for one
+  // rank), whose updates the trainer's optimizer then makes.
   ParameterServerStrategy(int rank, int world, std::vector<std::unique_ptr<PsClient>> shards,
-                          bool synchronous = true);
+                          bool synchronous = true, std::unique_ptr<Strategy> dense = nullptr);
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  bool updates_parameters() const override { return true; }
+  bool updates_parameters() const override { return dense_ == nullptr; }
   // For the shards' learning-rate schedule: rank 0 gives it to them in SyncState.
   void SetTotalSteps(int64_t total_steps) override { total_steps_ = total_steps; }
   void SetOptimizer(torch::optim::Optimizer* optimizer, const NamedTensors& params) override;
@@ -91,6 +97,8 @@ class ParameterServerStrategy final : public Strategy {
   // Asynchronous: merges each shard's optimizer state into the trainer's optimizer.
   absl::Status LoadShardStates(std::vector<std::map<std::string, torch::Tensor>>& states);
   absl::Status AfterBackwardAsync();
+  // dense: allreduce: pushes the rows' gradients, then all-reduces the rest.
+  absl::Status AfterBackwardHybrid(Model& model);
   // The rows of shard `s` in table `t` ([RowsOnShard, dim] strided view of the model's table).
   torch::Tensor TableSlice(int t, int s) const;
   // New contiguous tensors shaped like shard `s`'s rows of each table.
@@ -102,9 +110,11 @@ class ParameterServerStrategy final : public Strategy {
   };
   std::vector<ShardRows> SplitByShard(const torch::Tensor& ids) const;
   // Pulls the rows `ids` (sorted, distinct, per table; undefined for none) from their shards at
-  // `min_version`: [k, dim] per table.
-  absl::StatusOr<std::vector<torch::Tensor>> PullTableRows(const std::vector<torch::Tensor>& ids,
-                                                           int64_t min_version);
+  // `min_version`: [k, dim] per table. `versions` (per shard), when given, gets the version of
+  // each shard pulled from.
+  absl::StatusOr<std::vector<torch::Tensor>> PullTableRows(
+      const std::vector<torch::Tensor>& ids, int64_t min_version,
+      std::vector<int64_t>* versions = nullptr);
   // The row gradients of this update, split by shard (per shard, per table).
   std::vector<std::vector<RowGradients>> TakeRowGradients();
   // The rows of table `t` looked up by `ids` in the current micro-batch's pulled rows.
@@ -113,6 +123,7 @@ class ParameterServerStrategy final : public Strategy {
   const int rank_;
   const int world_;
   const bool synchronous_;
+  const std::unique_ptr<Strategy> dense_;
   int64_t total_steps_ = 0;
   std::vector<std::unique_ptr<PsClient>> shards_;
   // Fixed by Setup and SetOptimizer.

@@ -115,7 +115,11 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
       return absl::OkStatus();
     }
   }
-  LogInfo("parameter server ", task.shard(), ": every rank finished");
+  const ShardStats stats = (*server)->Stats();
+  LogInfo("parameter server ", task.shard(), ": every rank finished at version ", stats.version,
+          "; pushes=", stats.pushes, " pulls=", stats.pulls,
+          " bytes_received=", stats.bytes_received, " bytes_sent=", stats.bytes_sent,
+          " stale_pushes=", stats.stale_pushes);
   return absl::OkStatus();
 }
 

@@ -61,7 +61,7 @@ DataParallelStrategy::~DataParallelStrategy() {
 
 absl::Status DataParallelStrategy::Setup(Model& model) {
   for (auto& [name, p] : model.NamedParameters()) {
-    if (p.requires_grad()) params_.push_back(p);
+    if (p.requires_grad() && left_out_.count(name) == 0) params_.push_back(p);
   }
   if (!params_.empty()) device_ = params_.front().device();
   absl::MutexLock lock(&mu_);
@@ -136,7 +136,9 @@ absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
       tensors.push_back(copy_back.back().second);
     }
   };
-  for (auto& [name, p] : model.NamedParameters()) add(p);
+  for (auto& [name, p] : model.NamedParameters()) {
+    if (left_out_.count(name) == 0) add(p);
+  }
   for (auto& [name, b] : model.NamedBuffers()) add(b);
   torch::Tensor step = torch::tensor({start_step}, torch::kInt64).to(device_);
   tensors.push_back(step);
@@ -276,6 +278,48 @@ torch::Device TrainingDevice(const trainyard::v1::Task& task) {
 
 namespace {
 
+absl::Duration CollectiveTimeout(const trainyard::v1::JobSpec& spec) {
+  return absl::Seconds(spec.collective_timeout_seconds() > 0 ? spec.collective_timeout_seconds()
+                                                             : kDefaultCollectiveTimeoutSeconds);
+}
+
+// The data-parallel strategy of `task`'s ranks (world > 1), over NCCL or Gloo.
+absl::StatusOr<std::unique_ptr<DataParallelStrategy>> MakeDataParallel(
+    const trainyard::v1::Task& task, const StrategyOptions& options, int world) {
+  const trainyard::v1::JobSpec& spec = task.spec();
+  const absl::Duration timeout = CollectiveTimeout(spec);
+  const int64_t bucket_bytes =
+      (spec.bucket_size_mb() > 0 ? spec.bucket_size_mb() : kDefaultBucketSizeMb) << 20;
+  std::unique_ptr<Communicator> communicator;
+  const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
+#if TRAINYARD_WITH_NCCL
+  if (TrainingDevice(task).is_cuda()) {
+    absl::StatusOr<std::unique_ptr<Communicator>> nccl =
+        NewNcclCommunicator(task.rank(), world, *options.rendezvous, timeout);
+    if (!nccl.ok()) return nccl.status();
+    communicator = *std::move(nccl);
+  }
+#endif
+  if (communicator == nullptr) {
+    if (wants_gpu && spec.strategy() == trainyard::v1::DATA_PARALLEL) {
+      LogWarning(
+          "resources.gpus_per_worker is set but this trainer has no CUDA or no NCCL; ranks "
+          "train on CPU and reduce with Gloo");
+    }
+    GlooOptions gloo;
+    gloo.hostname =
+        task.worker_address().empty() ? options.default_hostname : task.worker_address();
+    gloo.timeout = timeout;
+    gloo.connect_timeout = std::max(kMinConnectTimeout, timeout);
+    absl::StatusOr<std::unique_ptr<Communicator>> made =
+        NewGlooCommunicator(task.rank(), world, *options.rendezvous, gloo);
+    if (!made.ok()) return made.status();
+    communicator = *std::move(made);
+  }
+  return std::make_unique<DataParallelStrategy>(std::move(communicator), bucket_bytes,
+                                                options.overlap);
+}
+
 absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
     const trainyard::v1::Task& task, const StrategyOptions& options) {
   const trainyard::v1::JobSpec& spec = task.spec();
@@ -284,17 +328,27 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
     return absl::InvalidArgumentError(
         absl::StrCat("task: rank ", task.rank(), " outside world size ", world));
   }
-  if (spec.parameter_servers().dense() == "allreduce") {
-    return absl::UnimplementedError(
-        "parameter_servers.dense: allreduce is not supported by this trainer yet");
-  }
   if (options.rendezvous == nullptr) {
     return absl::InvalidArgumentError(
         "strategy: parameter_server needs the coordinator's rendezvous (run with --coordinator)");
   }
-  const absl::Duration timeout =
-      absl::Seconds(spec.collective_timeout_seconds() > 0 ? spec.collective_timeout_seconds()
-                                                          : kDefaultCollectiveTimeoutSeconds);
+  const absl::Duration timeout = CollectiveTimeout(spec);
+  // dense: allreduce: the layers other than the tables are all-reduced among the ranks.
+  std::unique_ptr<Strategy> dense;
+  if (spec.parameter_servers().dense() == "allreduce") {
+    if (world == 1) {
+      dense = std::make_unique<SingleStrategy>();
+    } else {
+      if (spec.batch_size() % world != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch_size: ", spec.batch_size(), " does not divide across ", world, " ranks"));
+      }
+      absl::StatusOr<std::unique_ptr<DataParallelStrategy>> made =
+          MakeDataParallel(task, options, world);
+      if (!made.ok()) return made.status();
+      dense = *std::move(made);
+    }
+  }
   std::vector<std::unique_ptr<PsClient>> shards;
   for (int s = 0; s < std::max(1, spec.parameter_servers().shards()); ++s) {
     absl::StatusOr<std::string> address =
@@ -304,7 +358,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
         std::make_unique<PsClient>(*address, s, task.generation(), task.rank(), timeout));
   }
   return std::make_unique<ParameterServerStrategy>(task.rank(), world, std::move(shards),
-                                                   spec.parameter_servers().mode() != "async");
+                                                   spec.parameter_servers().mode() != "async",
+                                                   std::move(dense));
 }
 
 }  // namespace
@@ -343,39 +398,10 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
         absl::StrCat("strategy: data_parallel with ", world,
                      " ranks needs the coordinator's rendezvous (run with --coordinator)"));
   }
-  const absl::Duration timeout =
-      absl::Seconds(spec.collective_timeout_seconds() > 0 ? spec.collective_timeout_seconds()
-                                                          : kDefaultCollectiveTimeoutSeconds);
-  const int64_t bucket_bytes =
-      (spec.bucket_size_mb() > 0 ? spec.bucket_size_mb() : kDefaultBucketSizeMb) << 20;
-  std::unique_ptr<Communicator> communicator;
-  const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
-#if TRAINYARD_WITH_NCCL
-  if (TrainingDevice(task).is_cuda()) {
-    absl::StatusOr<std::unique_ptr<Communicator>> nccl =
-        NewNcclCommunicator(task.rank(), world, *options.rendezvous, timeout);
-    if (!nccl.ok()) return nccl.status();
-    communicator = *std::move(nccl);
-  }
-#endif
-  if (communicator == nullptr) {
-    if (wants_gpu) {
-      LogWarning(
-          "resources.gpus_per_worker is set but this trainer has no CUDA or no NCCL; ranks "
-          "train on CPU and reduce with Gloo");
-    }
-    GlooOptions gloo;
-    gloo.hostname =
-        task.worker_address().empty() ? options.default_hostname : task.worker_address();
-    gloo.timeout = timeout;
-    gloo.connect_timeout = std::max(kMinConnectTimeout, timeout);
-    absl::StatusOr<std::unique_ptr<Communicator>> made =
-        NewGlooCommunicator(task.rank(), world, *options.rendezvous, gloo);
-    if (!made.ok()) return made.status();
-    communicator = *std::move(made);
-  }
-  return std::make_unique<DataParallelStrategy>(std::move(communicator), bucket_bytes,
-                                                options.overlap);
+  absl::StatusOr<std::unique_ptr<DataParallelStrategy>> made =
+      MakeDataParallel(task, options, world);
+  if (!made.ok()) return made.status();
+  return std::unique_ptr<Strategy>(*std::move(made));
 }
 
 }  // namespace trainyard::trainer

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -128,6 +130,9 @@ class DataParallelStrategy final : public Strategy {
   double TakeCommunicationSeconds() override;
 
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
+  // Before Setup: parameters (by name) this strategy leaves alone, neither reduced nor
+  // broadcast: a parameter_server job's embedding tables, which live on its shards.
+  void LeaveOut(std::set<std::string> names) { left_out_ = std::move(names); }
 
  private:
   struct Bucket {
@@ -150,6 +155,7 @@ class DataParallelStrategy final : public Strategy {
   const std::unique_ptr<Communicator> communicator_;
   const int64_t bucket_bytes_;
   const bool overlap_;
+  std::set<std::string> left_out_;
 
   // Fixed by Setup.
   std::vector<torch::Tensor> params_;
@@ -191,8 +197,8 @@ torch::Device TrainingDevice(const trainyard::v1::Task& task);
 
 // The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined;
 // parameter_server: until every shard published its address). INVALID_ARGUMENT for a world size
-// the strategy cannot run or a missing rendezvous; UNIMPLEMENTED for asynchronous or hybrid
-// parameter-server jobs; the communicator's or the rendezvous' errors otherwise.
+// the strategy cannot run or a missing rendezvous; the communicator's or the rendezvous' errors
+// otherwise.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
                                                        const StrategyOptions& options);
 
