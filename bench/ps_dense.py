@@ -14,23 +14,14 @@ figures.
 """
 import json
 import os
-import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
+
+from local_cluster import LocalCluster, median_samples_per_second
 
 BATCH = 64
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_yaml(name, strategy, shards, steps):
@@ -55,41 +46,16 @@ def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 300
     runs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    cli = os.path.join(build, "bin", "trainyard")
-    if not os.access(cli, os.X_OK):
-        sys.exit(f"build it first: cmake --build {build}")
-    state = tempfile.mkdtemp(prefix="ps_dense.")
-    port = free_port()
-    up = subprocess.Popen([cli, "up", "--workers", "2", "--slots", "4", "--port", str(port),
-                           "--state_dir", state], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-    coordinator = ["--coordinator", f"127.0.0.1:{port}"]
     configs = [("data_parallel", 0), ("parameter_server", 1), ("parameter_server", 2)]
     rows = []
-    try:
-        deadline = time.time() + 60
-        while subprocess.run([cli, *coordinator, "workers"], capture_output=True).returncode != 0:
-            if time.time() > deadline:
-                sys.exit("the local cluster did not come up")
-            time.sleep(0.2)
-        n = 0
+    with LocalCluster(build, workers=2, slots=4, prefix="ps_dense.") as cluster:
         for _ in range(runs):
             for strategy, shards in configs:
-                n += 1
                 name = f"{strategy.replace('_', '-')}-{shards}"
-                spec = os.path.join(state, f"{name}.yaml")
-                with open(spec, "w") as f:
-                    f.write(job_yaml(name, strategy, shards, steps))
-                done = subprocess.run([cli, *coordinator, "submit", spec, "--wait"],
-                                      capture_output=True, text=True)
-                job_id = f"{name}-{n}"
-                if done.returncode != 0:
-                    sys.exit(f"{job_id} did not succeed:\n{done.stdout}\n{done.stderr}")
-                log = subprocess.run([cli, *coordinator, "logs", job_id, "--rank", "0"],
-                                     capture_output=True, text=True).stdout
-                rates = [float(r) for r in re.findall(r"samples_per_s=([0-9.]+)", log)][2:]
+                job_id = cluster.run_job(name, job_yaml(name, strategy, shards, steps))
+                rate = median_samples_per_second(cluster.logs(job_id, "--rank", "0"))
                 rows.append({"system": "ours", "strategy": strategy, "shards": shards,
-                             "samples_per_second": statistics.median(rates)})
+                             "samples_per_second": rate})
                 print(json.dumps(rows[-1]), file=sys.stderr)
             peer = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "ps_rpc_torch.py"),
                                    str(steps), str(BATCH)], capture_output=True, text=True)
@@ -99,9 +65,6 @@ def main():
             rows.append({"system": "torch_rpc", "strategy": "parameter_server", "shards": 1,
                          "samples_per_second": result["samples_per_second"]})
             print(json.dumps(rows[-1]), file=sys.stderr)
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
 
     def pick(system, strategy, shards):
         return [r["samples_per_second"] for r in rows

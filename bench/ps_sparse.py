@@ -19,6 +19,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 
 from local_cluster import LocalCluster, median_samples_per_second
@@ -81,7 +82,7 @@ def main():
                 results[label].append((rate, moved))
                 print(json.dumps({"config": label, "samples_per_second": rate,
                                   "bytes_per_step": moved}), file=sys.stderr)
-            peer = cluster_free_peer(steps)
+            peer = run_peer(steps)
             results[PEER].append(peer)
             print(json.dumps({"config": PEER, "samples_per_second": peer[0],
                               "bytes_per_step": peer[1]}), file=sys.stderr)
@@ -103,8 +104,7 @@ def main():
         print(f"  {label}: " + " ".join(f"{r[0] / BATCH:.1f}" for r in results[label]))
 
 
-def cluster_free_peer(steps):
-    import subprocess
+def run_peer(steps):
     peer = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "ps_sparse_rpc_torch.py"),
                            str(steps), str(BATCH), str(ROWS)], capture_output=True, text=True)
     if peer.returncode != 0:

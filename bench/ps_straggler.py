@@ -18,22 +18,15 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from local_cluster import LocalCluster
+
 GLOBAL_BATCH = 64
 WINDOW = 20
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_yaml(name, mode, steps):
@@ -98,58 +91,30 @@ def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 400
     runs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    cli = os.path.join(build, "bin", "trainyard")
-    if not os.access(cli, os.X_OK):
-        sys.exit(f"build it first: cmake --build {build}")
-    state = tempfile.mkdtemp(prefix="ps_straggler.")
-    port = free_port()
-    env = dict(os.environ, PATH=os.path.join(build, "bin") + ":" + os.environ["PATH"])
-    up = subprocess.Popen([cli, "up", "--workers", "2", "--slots", "2", "--port", str(port),
-                           "--state_dir", state], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, env=env)
-    coordinator = ["--coordinator", f"127.0.0.1:{port}"]
-    try:
-        deadline = time.time() + 60
-        while subprocess.run([cli, *coordinator, "workers"], capture_output=True).returncode != 0:
-            if time.time() > deadline:
-                sys.exit("the local cluster did not come up")
-            time.sleep(0.2)
-        rows = []
-        n = 0
+    rows = []
+    with LocalCluster(build, workers=2, slots=2, prefix="ps_straggler.") as cluster:
         for _ in range(runs):
             for mode in ("sync", "async"):
                 for straggler in (False, True):
-                    n += 1
                     name = f"{mode}-{'straggler' if straggler else 'even'}"
-                    spec = os.path.join(state, f"{name}.yaml")
-                    with open(spec, "w") as f:
-                        f.write(job_yaml(name, mode, steps))
-                    job_id = f"{name}-{n}"
                     throttle = None
                     if straggler:
-                        throttle = Throttle(os.path.join(state, "worker-*", "tasks",
-                                                         f"{job_id}.g1.r1", "pid"))
+                        throttle = Throttle(os.path.join(cluster.state, "worker-*", "tasks",
+                                                         f"{cluster.job_id(name)}.g1.r1", "pid"))
                         throttle.start()
                     began = time.time()
-                    done = subprocess.run([cli, *coordinator, "submit", spec, "--wait"],
-                                          capture_output=True, text=True)
+                    try:
+                        job_id = cluster.run_job(name, job_yaml(name, mode, steps))
+                    finally:
+                        if throttle is not None:
+                            throttle.done.set()
+                            throttle.join()
                     wall = time.time() - began
-                    if throttle is not None:
-                        throttle.done.set()
-                        throttle.join()
-                    if done.returncode != 0:
-                        sys.exit(f"{job_id} did not succeed:\n{done.stdout}\n{done.stderr}")
-                    rates = []
-                    for rank in (0, 1):
-                        log = subprocess.run([cli, *coordinator, "logs", job_id, "--rank",
-                                              str(rank)], capture_output=True, text=True).stdout
-                        rates.append(steps_per_second(log))
+                    rates = [steps_per_second(cluster.logs(job_id, "--rank", str(rank)))
+                             for rank in (0, 1)]
                     rows.append({"mode": mode, "straggler": straggler, "rank0": rates[0],
                                  "rank1": rates[1], "wall": wall})
                     print(json.dumps(rows[-1]), file=sys.stderr)
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
 
     def median(mode, straggler, key):
         return statistics.median(r[key] for r in rows
