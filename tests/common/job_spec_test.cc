@@ -623,6 +623,23 @@ TEST(JobSpecTest, ExampleSafetensorsMlpParses) {
   EXPECT_EQ(spec->model().builtin(), "mlp");
 }
 
+TEST(JobSpecTest, ExampleParameterServerJobsParse) {
+  for (const char* name : {"parameter-server-mlp", "parameter-server-embeddings"}) {
+    const std::string yaml = ReadFile(absl::StrCat(SourceDir(), "/examples/", name, ".yaml"));
+    ASSERT_FALSE(yaml.empty()) << name;
+    absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml);
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_EQ(spec->strategy(), v1::PARAMETER_SERVER);
+    EXPECT_EQ(spec->parameter_servers().shards(), 2);
+  }
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(
+      ReadFile(SourceDir() + "/examples/parameter-server-embeddings.yaml"));
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->parameter_servers().dense(), "allreduce");
+  EXPECT_EQ(spec->model().builtin(), "embedding_mlp");
+  EXPECT_EQ(spec->data().categorical(), "ids");
+}
+
 TEST(ParseDurationSecondsTest, Valid) {
   EXPECT_EQ(*ParseDurationSeconds("90s"), 90);
   EXPECT_EQ(*ParseDurationSeconds("15m"), 900);
