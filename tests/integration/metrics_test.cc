@@ -293,13 +293,14 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
             evaluated = evaluated && rule["health"] == "ok";
           }
         }
-        return evaluated && alerts.size() == 9;
+        return evaluated && alerts.size() == 10;
       },
       absl::Seconds(30)));
-  EXPECT_THAT(alerts, ::testing::IsSupersetOf({"TrainyardJobOverRuntime", "TrainyardJobStalled",
-                                               "TrainyardJobRestartLoop", "TrainyardWorkerLost",
-                                               "TrainyardQueueBacklog", "TrainyardCheckpointTooOld",
-                                               "TrainyardGpusIdle"}));
+  EXPECT_THAT(alerts,
+              ::testing::IsSupersetOf(
+                  {"TrainyardJobOverRuntime", "TrainyardJobStalled", "TrainyardJobRestartLoop",
+                   "TrainyardWorkerLost", "TrainyardQueueBacklog", "TrainyardCheckpointTooOld",
+                   "TrainyardGpusIdle", "TrainyardParameterServerStalePushes"}));
 
   // Every /metrics output passes promtool's checks, and together they hold every metric that a
   // dashboard or an alert rule names (the GPU ones need NVML: agent_metrics_test covers them).
