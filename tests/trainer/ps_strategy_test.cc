@@ -125,6 +125,18 @@ std::vector<absl::StatusOr<TrainResult>> RunPs(
   return RunRanks(task, ranks, customize, &rendezvous);
 }
 
+// Rank 0 is asked to stop (SIGTERM's code in `stop`) once it has made `step` updates; every rank
+// then stops after the next one.
+std::function<void(int, TrainerOptions&)> StopAfter(int64_t step, std::atomic<int>& stop) {
+  return [step, &stop](int rank, TrainerOptions& options) {
+    if (rank != 0) return;
+    options.stop_signal = &stop;
+    options.after_step = [step, &stop](int64_t done) {
+      if (done == step) stop = 15;
+    };
+  };
+}
+
 void ExpectClose(const std::map<std::string, torch::Tensor>& a,
                  const std::map<std::string, torch::Tensor>& b) {
   ASSERT_FALSE(a.empty());
@@ -168,13 +180,7 @@ TEST_P(PsStrategyTest, StoppedAndResumedOnOtherCountsEndsLikeTheUninterruptedRun
   }
   std::atomic<int> stop{0};
   for (const auto& r : RunPs(JobTask(stopped, c, trainyard::v1::PARAMETER_SERVER), kRanks, kShards,
-                             [&stop](int rank, TrainerOptions&options) {
-                               if (rank != 0) return;
-                               options.stop_signal = &stop;
-                               options.after_step = [&stop](int64_t step) {
-                                 if (step == 9) stop = 15;
-                               };
-                             })) {
+                             StopAfter(9, stop))) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->stopped);
     EXPECT_EQ(r->step, 10);
@@ -418,13 +424,7 @@ TEST(PsSparseTest, PushesCarryTheRowsTouchedAndResumeCarriesTheirState) {
   std::atomic<int> stop{0};
   for (const auto& r :
        RunPs(EmbeddingTask(stopped, c, trainyard::v1::PARAMETER_SERVER, vocab, data_vocab), kRanks,
-             kShards, [&stop](int rank, TrainerOptions&options) {
-               if (rank != 0) return;
-               options.stop_signal = &stop;
-               options.after_step = [&stop](int64_t step) {
-                 if (step == 9) stop = 15;
-               };
-             })) {
+             kShards, StopAfter(9, stop))) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->step, 10);
   }
@@ -489,13 +489,7 @@ TEST(PsHybridTest, DenseLayersAllReducedTablesOnTheShards) {
   }
   std::atomic<int> stop{0};
   for (const auto& r : RunPs(make(stopped, trainyard::v1::PARAMETER_SERVER, vocab), kRanks, kShards,
-                             [&stop](int rank, TrainerOptions&options) {
-                               if (rank != 0) return;
-                               options.stop_signal = &stop;
-                               options.after_step = [&stop](int64_t step) {
-                                 if (step == 9) stop = 15;
-                               };
-                             })) {
+                             StopAfter(9, stop))) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->step, 10);
   }

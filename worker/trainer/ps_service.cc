@@ -223,11 +223,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
                     trainyard::v1::PullResponse* response) override {
     const Activity activity(this);
     const absl::Time deadline = absl::FromChrono(context->deadline());
-    ParameterShard* shard = Shard(deadline);
-    if (shard == nullptr) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          "rank 0 did not initialise the shard in time");
-    }
+    absl::StatusOr<ParameterShard*> initialised = InitialisedBy(deadline);
+    if (!initialised.ok()) return ToGrpcStatus(initialised.status());
+    ParameterShard* shard = *initialised;
     // The pieces go straight from the shard into the response, one copy.
     absl::StatusOr<ParameterShard::PullResult> result = shard->PullWith(
         request->generation(), request->min_version(), deadline,
@@ -249,11 +247,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
                         trainyard::v1::PullRowsResponse* response) override {
     const Activity activity(this);
     const absl::Time deadline = absl::FromChrono(context->deadline());
-    ParameterShard* shard = Shard(deadline);
-    if (shard == nullptr) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          "rank 0 did not initialise the shard in time");
-    }
+    absl::StatusOr<ParameterShard*> initialised = InitialisedBy(deadline);
+    if (!initialised.ok()) return ToGrpcStatus(initialised.status());
+    ParameterShard* shard = *initialised;
     absl::StatusOr<std::vector<RowGradients>> rows =
         RowsFrom(request->rows(), shard->table_shapes(), /*with_values=*/false);
     if (!rows.ok()) return ToGrpcStatus(rows.status());
@@ -412,6 +408,15 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   // The attempt's settings: Start's shard's, or StartEmpty's.
   const ShardConfig& Config() const {
     return shard_unowned_ != nullptr ? shard_unowned_->config() : config_;
+  }
+
+  // As Shard, DEADLINE_EXCEEDED when rank 0 has not initialised it by then.
+  absl::StatusOr<ParameterShard*> InitialisedBy(absl::Time deadline) {
+    ParameterShard* shard = Shard(deadline);
+    if (shard == nullptr) {
+      return absl::DeadlineExceededError("rank 0 did not initialise the shard in time");
+    }
+    return shard;
   }
 
   // The shard once initialised, waiting for it until `deadline`; null if it is not by then.

@@ -303,6 +303,13 @@ absl::Status ParameterServerStrategy::GatherOptimizerState(int64_t step) {
   absl::Status fetched = ForEachShard([&](int s) -> absl::Status {
     absl::StatusOr<PsClient::StateResult> state;
     if (synchronous_) {
+      if (dense_ != nullptr) {
+        // dense: allreduce does not wait for the shards after a push (the next row pull does),
+        // and the all-reduce may end before another rank's push arrives: wait for the update.
+        std::vector<torch::Tensor> none;
+        absl::StatusOr<ParameterShard::PullResult> reached = shards_[s]->Pull(step, none);
+        if (!reached.ok()) return reached.status();
+      }
       state = shards_[s]->State(step, TableBuffers(s));
     } else {
       std::vector<torch::Tensor> views = Views(values, pieces_[s]);
