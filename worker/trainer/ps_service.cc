@@ -1,6 +1,10 @@
 #include "worker/trainer/ps_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/support/method_handler.h>
 
 #include <cstring>
 #include <map>
@@ -13,7 +17,112 @@
 #include "common/grpc_status.h"
 
 namespace trainyard::trainer {
+
+// A PushPull message (see ps_service.proto): [u32 little-endian header length][header][tensor
+// bytes]. Sent, the tensors' bytes are gRPC slices over the tensors' own memory (each slice
+// keeps its tensor alive), so nothing is copied into the message; received, the bytes stay in
+// gRPC's slices until a SliceReader copies them, in order, to where they belong.
+struct TensorFrame {
+  std::string header;
+  std::vector<torch::Tensor> tensors;  // to send: contiguous CPU tensors
+
+  // Received: gRPC's slices, and where and how many tensor bytes follow the header.
+  std::vector<grpc::Slice> slices;
+  size_t data_slice = 0;
+  size_t data_offset = 0;
+  size_t data_bytes = 0;
+};
+
+// Reads a run of slices in order.
+class SliceReader {
+ public:
+  SliceReader(const std::vector<grpc::Slice>& slices, size_t slice, size_t offset)
+      : slices_(slices), slice_(slice), offset_(offset) {}
+  explicit SliceReader(const TensorFrame& frame)
+      : SliceReader(frame.slices, frame.data_slice, frame.data_offset) {}
+
+  // Copies the next `n` bytes to `dst`; false when fewer are left.
+  bool Read(void* dst, size_t n) {
+    char* out = static_cast<char*>(dst);
+    while (n > 0) {
+      if (slice_ >= slices_.size()) return false;
+      const size_t take = std::min(slices_[slice_].size() - offset_, n);
+      std::memcpy(out, slices_[slice_].begin() + offset_, take);
+      out += take;
+      n -= take;
+      offset_ += take;
+      if (offset_ == slices_[slice_].size()) {
+        ++slice_;
+        offset_ = 0;
+      }
+    }
+    return true;
+  }
+  size_t slice() const { return slice_; }
+  size_t offset() const { return offset_; }
+
+ private:
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_;
+  size_t offset_;
+};
+
+}  // namespace trainyard::trainer
+
+template <>
+class grpc::SerializationTraits<trainyard::trainer::TensorFrame> {
+ public:
+  static grpc::Status Serialize(const trainyard::trainer::TensorFrame& frame,
+                                grpc::ByteBuffer* buffer, bool* own_buffer) {
+    std::vector<grpc::Slice> slices;
+    std::string head(4 + frame.header.size(), '\0');
+    const uint32_t length = static_cast<uint32_t>(frame.header.size());
+    for (int i = 0; i < 4; ++i) head[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+    std::memcpy(head.data() + 4, frame.header.data(), frame.header.size());
+    slices.emplace_back(head);
+    for (const torch::Tensor& t : frame.tensors) {
+      const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+      if (bytes == 0) continue;
+      auto* keep = new torch::Tensor(t);
+      slices.emplace_back(
+          keep->data_ptr(), bytes, [](void* p) { delete static_cast<torch::Tensor*>(p); }, keep);
+    }
+    grpc::ByteBuffer out(slices.data(), slices.size());
+    buffer->Swap(&out);
+    *own_buffer = true;
+    return grpc::Status::OK;
+  }
+
+  static grpc::Status Deserialize(grpc::ByteBuffer* buffer,
+                                  trainyard::trainer::TensorFrame* frame) {
+    const size_t total = buffer->Length();
+    grpc::Status dumped = buffer->Dump(&frame->slices);
+    buffer->Clear();
+    if (!dumped.ok()) return dumped;
+    trainyard::trainer::SliceReader reader(frame->slices, 0, 0);
+    unsigned char head[4];
+    if (total < 4 || !reader.Read(head, 4)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "parameter-server frame: no header");
+    }
+    const uint32_t length =
+        head[0] | (head[1] << 8) | (head[2] << 16) | (static_cast<uint32_t>(head[3]) << 24);
+    if (length > total - 4) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "parameter-server frame: header longer than the message");
+    }
+    frame->header.resize(length);
+    reader.Read(frame->header.data(), length);
+    frame->data_slice = reader.slice();
+    frame->data_offset = reader.offset();
+    frame->data_bytes = total - 4 - length;
+    return grpc::Status::OK;
+  }
+};
+
+namespace trainyard::trainer {
 namespace {
+
+constexpr char kPushPullMethod[] = "/trainyard.v1.ParameterServer/PushPull";
 
 // Pieces are a few MiB each and a shard may hold gigabytes: no message limit of gRPC's own.
 constexpr int kUnlimited = -1;
@@ -105,8 +214,65 @@ absl::StatusOr<std::vector<RowGradients>> RowsFrom(
 
 class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
  public:
-  explicit Service(ParameterShard* shard) : shard_unowned_(shard), shard_(shard) {}
-  explicit Service(ShardConfig config) : config_(std::move(config)) {}
+  explicit Service(ParameterShard* shard) : shard_unowned_(shard), shard_(shard) { AddPushPull(); }
+  explicit Service(ShardConfig config) : config_(std::move(config)) { AddPushPull(); }
+
+  // The push of a rank's gradients and the pull that follows, in one call of frames (see
+  // TensorFrame): the gradients are read from gRPC's buffers straight into the tensors the push
+  // adds up, and the pulled pieces are copied once per version, under the shard's lock, into
+  // tensors that gRPC sends from to every rank (ParameterShard::PullShared).
+  grpc::Status PushPull(grpc::ServerContext* context, const TensorFrame* request,
+                        TensorFrame* response) {
+    const Activity activity(this);
+    const absl::Time deadline = absl::FromChrono(context->deadline());
+    absl::StatusOr<ParameterShard*> initialised = InitialisedBy(deadline);
+    if (!initialised.ok()) return ToGrpcStatus(initialised.status());
+    ParameterShard* shard = *initialised;
+    trainyard::v1::PushPullHeader header;
+    if (!header.ParseFromString(request->header)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "push-pull: the header does not parse");
+    }
+    const auto& shapes = shard->shapes();
+    int64_t expected = 0;
+    for (const auto& shape : shapes) expected += ByteSize(shape);
+    if (static_cast<int64_t>(request->data_bytes) != expected) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("push-pull: ", request->data_bytes,
+                                       " bytes of gradients for pieces of ", expected));
+    }
+    SliceReader reader(*request);
+    std::vector<torch::Tensor> gradients;
+    gradients.reserve(shapes.size());
+    for (const auto& [sizes, dtype] : shapes) {
+      gradients.push_back(torch::empty(sizes, torch::TensorOptions().dtype(dtype)));
+      reader.Read(gradients.back().data_ptr(), gradients.back().nbytes());
+    }
+    const trainyard::v1::PushRequest& push = header.push();
+    absl::StatusOr<std::vector<RowGradients>> rows =
+        RowsFrom(push.rows(), shard->table_shapes(), /*with_values=*/true);
+    if (!rows.ok()) return ToGrpcStatus(rows.status());
+    absl::StatusOr<ParameterShard::PushResult> pushed =
+        shard->Push(push.generation(), push.rank(), push.base_version(), gradients, push.loss(),
+                    push.stop(), *rows);
+    if (!pushed.ok()) return ToGrpcStatus(pushed.status());
+    CountPush(*pushed, request->header.size() + request->data_bytes);
+    absl::StatusOr<ParameterShard::PullResult> pulled = shard->PullShared(
+        push.generation(), header.pull_min_version(), deadline, &response->tensors);
+    if (!pulled.ok()) return ToGrpcStatus(pulled.status());
+    trainyard::v1::PushPullReply reply;
+    reply.mutable_push()->set_version(pushed->version);
+    reply.mutable_push()->set_staleness(pushed->staleness);
+    reply.mutable_push()->set_applied(pushed->applied);
+    reply.mutable_pull()->set_version(pulled->version);
+    reply.mutable_pull()->set_loss(pulled->agreement.loss);
+    reply.mutable_pull()->set_stop(pulled->agreement.stop);
+    response->header = reply.SerializeAsString();
+    int64_t sent = static_cast<int64_t>(response->header.size());
+    for (const torch::Tensor& t : response->tensors) sent += t.nbytes();
+    CountPull(*pulled, sent);
+    return grpc::Status::OK;
+  }
 
   grpc::Status Init(grpc::ServerContext*, const trainyard::v1::InitRequest* request,
                     trainyard::v1::InitResponse*) override {
@@ -203,16 +369,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
         shard->Push(request->generation(), request->rank(), request->base_version(), gradients,
                     request->loss(), request->stop(), *rows);
     if (!result.ok()) return ToGrpcStatus(result.status());
-    {
-      absl::MutexLock lock(&stats_mu_);
-      stats_.pushes++;
-      stats_.bytes_received += request->ByteSizeLong();
-      if (result->applied) {
-        stats_.staleness_sum += result->staleness;
-      } else {
-        stats_.stale_pushes++;
-      }
-    }
+    CountPush(*result, request->ByteSizeLong());
     response->set_version(result->version);
     response->set_staleness(result->staleness);
     response->set_applied(result->applied);
@@ -398,6 +555,26 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   }
 
  private:
+  void AddPushPull() {
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<Service, TensorFrame, TensorFrame>(
+            [](Service* service, grpc::ServerContext* context, const TensorFrame* request,
+               TensorFrame* response) { return service->PushPull(context, request, response); },
+            this)));
+  }
+
+  void CountPush(const ParameterShard::PushResult& result, size_t bytes) {
+    absl::MutexLock lock(&stats_mu_);
+    stats_.pushes++;
+    stats_.bytes_received += static_cast<int64_t>(bytes);
+    if (result.applied) {
+      stats_.staleness_sum += result.staleness;
+    } else {
+      stats_.stale_pushes++;
+    }
+  }
+
   void CountPull(const ParameterShard::PullResult& result, size_t bytes) {
     absl::MutexLock lock(&stats_mu_);
     stats_.pulls++;
@@ -484,8 +661,8 @@ PsClient::PsClient(const std::string& address, int shard, int64_t generation, in
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kUnlimited);
   args.SetMaxSendMessageSize(kUnlimited);
-  stub_ = trainyard::v1::ParameterServer::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  stub_ = trainyard::v1::ParameterServer::NewStub(channel_);
 }
 
 template <typename Request, typename Response>
@@ -612,26 +789,78 @@ absl::StatusOr<PsClient::StateResult> PsClient::Snapshot(bool after_other_ranks,
   return DecodeStateResponse(response, tables);
 }
 
-absl::StatusOr<ParameterShard::PushResult> PsClient::Push(
-    int64_t base_version, const std::vector<torch::Tensor>& gradients, double loss, bool stop,
-    const std::vector<RowGradients>& rows) {
-  trainyard::v1::PushRequest request;
+void PsClient::FillPush(int64_t base_version, double loss, bool stop,
+                        const std::vector<RowGradients>& rows,
+                        trainyard::v1::PushRequest& request) const {
   request.set_generation(generation_);
   request.set_rank(rank_);
   request.set_base_version(base_version);
   request.set_loss(loss);
   request.set_stop(stop);
-  for (const torch::Tensor& g : gradients) {
-    const torch::Tensor c = g.contiguous();
-    request.add_gradients()->set_data(static_cast<const char*>(c.data_ptr()),
-                                      c.numel() * c.element_size());
-  }
   for (size_t t = 0; t < rows.size(); ++t) {
     if (!rows[t].ids.defined() || rows[t].ids.numel() == 0) continue;
     trainyard::v1::Rows* out = request.add_rows();
     out->set_table(static_cast<int>(t));
     SetBytes(rows[t].ids, out->mutable_ids());
     SetBytes(rows[t].grads, out->mutable_values());
+  }
+}
+
+absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
+    int64_t base_version, const std::vector<torch::Tensor>& gradients, double loss, bool stop,
+    const std::vector<RowGradients>& rows, int64_t min_version,
+    std::vector<torch::Tensor>& pieces) {
+  trainyard::v1::PushPullHeader header;
+  FillPush(base_version, loss, stop, rows, *header.mutable_push());
+  header.set_pull_min_version(min_version);
+  TensorFrame request;
+  request.header = header.SerializeAsString();
+  for (const torch::Tensor& g : gradients) request.tensors.push_back(g.contiguous());
+  TensorFrame response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  const grpc::internal::RpcMethod method(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
+                                         channel_);
+  const std::string what =
+      absl::StrCat("parameter server ", shard_, " at ", address_, ": push-pull");
+  absl::Status status = FromGrpcStatus(grpc::internal::BlockingUnaryCall<TensorFrame, TensorFrame>(
+                                           channel_.get(), method, &context, request, &response),
+                                       what);
+  if (!status.ok()) return status;
+  trainyard::v1::PushPullReply reply;
+  if (!reply.ParseFromString(response.header)) {
+    return absl::InternalError(absl::StrCat(what, ": the reply's header does not parse"));
+  }
+  int64_t expected = 0;
+  for (const torch::Tensor& piece : pieces) {
+    if (!piece.is_contiguous() || !piece.device().is_cpu()) {
+      return absl::InternalError(absl::StrCat(what, ": pieces must be contiguous CPU tensors"));
+    }
+    expected += piece.nbytes();
+  }
+  if (static_cast<int64_t>(response.data_bytes) != expected) {
+    return absl::InternalError(absl::StrCat(what, ": ", response.data_bytes,
+                                            " bytes of parameters for pieces of ", expected));
+  }
+  SliceReader reader(response);
+  for (torch::Tensor& piece : pieces) reader.Read(piece.data_ptr(), piece.nbytes());
+  PushPullResult result;
+  result.push = ParameterShard::PushResult{reply.push().version(), reply.push().staleness(),
+                                           reply.push().applied()};
+  result.pull.version = reply.pull().version();
+  result.pull.agreement = ShardAgreement{reply.pull().loss(), reply.pull().stop()};
+  return result;
+}
+
+absl::StatusOr<ParameterShard::PushResult> PsClient::Push(
+    int64_t base_version, const std::vector<torch::Tensor>& gradients, double loss, bool stop,
+    const std::vector<RowGradients>& rows) {
+  trainyard::v1::PushRequest request;
+  FillPush(base_version, loss, stop, rows, request);
+  for (const torch::Tensor& g : gradients) {
+    const torch::Tensor c = g.contiguous();
+    request.add_gradients()->set_data(static_cast<const char*>(c.data_ptr()),
+                                      c.numel() * c.element_size());
   }
   trainyard::v1::PushResponse response;
   absl::Status status = Call(&Stub::Push, request, &response, "push");

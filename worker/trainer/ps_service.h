@@ -108,6 +108,17 @@ class PsClient {
   // not fit them.
   absl::StatusOr<ParameterShard::PullResult> Pull(int64_t min_version,
                                                   std::vector<torch::Tensor>& pieces);
+  // Push and Pull in one call (PushPull frames): the gradients go from their own memory, and the
+  // pulled parameters are read from gRPC's buffers straight into `pieces` (contiguous CPU, of the
+  // pieces' shapes). Errors as Push's and Pull's.
+  struct PushPullResult {
+    ParameterShard::PushResult push;
+    ParameterShard::PullResult pull;
+  };
+  absl::StatusOr<PushPullResult> PushPull(int64_t base_version,
+                                          const std::vector<torch::Tensor>& gradients, double loss,
+                                          bool stop, const std::vector<RowGradients>& rows,
+                                          int64_t min_version, std::vector<torch::Tensor>& pieces);
   // Waits for `min_version` and copies the rows `ids[t]` of table t (int64 [k], rows this shard
   // holds; undefined or empty for none) into `rows[t]` (contiguous CPU [k, dim] of the table's
   // dtype). INTERNAL when the answer does not fit them.
@@ -123,6 +134,9 @@ class PsClient {
   // Copies a response's pieces into `pieces` (contiguous CPU tensors of the sizes sent).
   absl::Status CopyPieces(const google::protobuf::RepeatedPtrField<trainyard::v1::TensorData>& data,
                           std::vector<torch::Tensor>& pieces) const;
+  // The push's fields other than its gradients.
+  void FillPush(int64_t base_version, double loss, bool stop, const std::vector<RowGradients>& rows,
+                trainyard::v1::PushRequest& request) const;
   using Stub = trainyard::v1::ParameterServer::Stub;
   // One call of `rpc`, bounded by the timeout; errors name the shard, its address and `method`.
   template <typename Request, typename Response>
@@ -134,6 +148,7 @@ class PsClient {
   const int64_t generation_;
   const int rank_;
   const absl::Duration timeout_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;
 };
 

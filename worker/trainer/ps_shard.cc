@@ -494,6 +494,22 @@ absl::StatusOr<ParameterShard::PullResult> ParameterShard::PullRowsWith(
   return PullResult{version_, agreement_, *waited};
 }
 
+absl::StatusOr<ParameterShard::PullResult> ParameterShard::PullShared(
+    int64_t generation, int64_t min_version, absl::Time deadline, std::vector<torch::Tensor>* out) {
+  return PullWith(generation, min_version, deadline,
+                  [this, out](const std::vector<torch::Tensor>& pieces)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                        if (shared_version_ != version_) {
+                          shared_.clear();
+                          for (const torch::Tensor& piece : pieces) {
+                            shared_.push_back(piece.detach().clone());
+                          }
+                          shared_version_ = version_;
+                        }
+                        *out = shared_;
+                      });
+}
+
 absl::StatusOr<ParameterShard::PullResult> ParameterShard::PullRows(
     int64_t generation, int64_t min_version, const std::vector<torch::Tensor>& ids,
     std::vector<torch::Tensor>* out, absl::Time deadline) {

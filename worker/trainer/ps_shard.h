@@ -133,6 +133,12 @@ class ParameterShard {
       int64_t generation, int64_t min_version, absl::Time deadline,
       const std::function<void(const std::vector<torch::Tensor>&)>& read);
 
+  // As Pull, but the copy of a version is made once and shared by every caller that pulls that
+  // version (never written again; a new version gets new tensors): for a transport that sends
+  // from them after the call, as PushPull does.
+  absl::StatusOr<PullResult> PullShared(int64_t generation, int64_t min_version,
+                                        absl::Time deadline, std::vector<torch::Tensor>* out);
+
   // As PullWith, for rows of the tables: `ids[t]` (int64 [k], rows of table t this shard holds;
   // undefined or empty for none) are checked, and once the version is reached `read(t, values,
   // local)` is called under the lock for each table with ids, `values` being the shard's rows of
@@ -237,6 +243,9 @@ class ParameterShard {
   int pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool pending_stop_ ABSL_GUARDED_BY(mu_) = false;
   ShardAgreement agreement_ ABSL_GUARDED_BY(mu_);
+  // PullShared's copy of the pieces, of version shared_version_ (-1: none yet).
+  std::vector<torch::Tensor> shared_ ABSL_GUARDED_BY(mu_);
+  int64_t shared_version_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace trainyard::trainer

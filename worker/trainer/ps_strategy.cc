@@ -481,15 +481,14 @@ absl::Status ParameterServerStrategy::AfterBackwardAsync() {
   std::vector<int> stale(shards_.size(), 0);
   const std::vector<std::vector<RowGradients>> rows = TakeRowGradients();
   absl::Status status = ForEachShard([&](int s) -> absl::Status {
-    absl::StatusOr<ParameterShard::PushResult> pushed = shards_[s]->Push(
-        shard_versions_[s], Views(grads, pieces_[s]), local_.loss, local_.stop, rows[s]);
-    if (!pushed.ok()) return pushed.status();
-    stale[s] = pushed->applied ? 0 : 1;
     std::vector<torch::Tensor> views = Views(values, pieces_[s]);
-    // Whatever the shard holds now: no waiting for the other ranks.
-    absl::StatusOr<ParameterShard::PullResult> pulled = shards_[s]->Pull(0, views);
-    if (!pulled.ok()) return pulled.status();
-    shard_versions_[s] = pulled->version;
+    // Then whatever the shard holds: no waiting for the other ranks.
+    absl::StatusOr<PsClient::PushPullResult> exchanged =
+        shards_[s]->PushPull(shard_versions_[s], Views(grads, pieces_[s]), local_.loss, local_.stop,
+                             rows[s], /*min_version=*/0, views);
+    if (!exchanged.ok()) return exchanged.status();
+    stale[s] = exchanged->push.applied ? 0 : 1;
+    shard_versions_[s] = exchanged->pull.version;
     return absl::OkStatus();
   });
   communication_seconds_ += SecondsSince(start);
@@ -513,13 +512,12 @@ absl::Status ParameterServerStrategy::AfterBackward(Model& model) {
   std::vector<StepAgreement> agreements(shards_.size());
   const std::vector<std::vector<RowGradients>> rows = TakeRowGradients();
   absl::Status status = ForEachShard([&](int s) -> absl::Status {
-    absl::StatusOr<ParameterShard::PushResult> pushed =
-        shards_[s]->Push(version_, Views(grads, pieces_[s]), local_.loss, local_.stop, rows[s]);
-    if (!pushed.ok()) return pushed.status();
     std::vector<torch::Tensor> views = Views(values, pieces_[s]);
-    absl::StatusOr<ParameterShard::PullResult> pulled = shards_[s]->Pull(version_ + 1, views);
-    if (!pulled.ok()) return pulled.status();
-    agreements[s] = StepAgreement{pulled->agreement.loss, pulled->agreement.stop};
+    absl::StatusOr<PsClient::PushPullResult> exchanged =
+        shards_[s]->PushPull(version_, Views(grads, pieces_[s]), local_.loss, local_.stop, rows[s],
+                             /*min_version=*/version_ + 1, views);
+    if (!exchanged.ok()) return exchanged.status();
+    agreements[s] = StepAgreement{exchanged->pull.agreement.loss, exchanged->pull.agreement.stop};
     return absl::OkStatus();
   });
   communication_seconds_ += SecondsSince(start);
