@@ -57,12 +57,18 @@ TEST(PsServiceTest, WorkersTrainThroughTheShardLikeCallsToItDirectly) {
       std::vector<torch::Tensor> pieces = {torch::empty({1000}),
                                            torch::empty({7, 3}, torch::kFloat64)};
       for (int step = 0; step < kSteps; ++step) {
-        auto pushed = client.Push(step, Gradient(rank, step), rank, step == 3 && rank == 2);
-        if (!pushed.ok()) {
-          results[rank] = pushed.status();
-          return;
+        const bool stop = step == 3 && rank == 2;
+        absl::StatusOr<ParameterShard::PullResult> pulled;
+        if (rank % 2 == 1) {
+          // Odd ranks push and pull in one call of raw frames (PushPull).
+          auto exchanged =
+              client.PushPull(step, Gradient(rank, step), rank, stop, {}, step + 1, pieces);
+          pulled = exchanged.ok() ? absl::StatusOr<ParameterShard::PullResult>(exchanged->pull)
+                                  : exchanged.status();
+        } else {
+          auto pushed = client.Push(step, Gradient(rank, step), rank, stop);
+          pulled = pushed.ok() ? client.Pull(step + 1, pieces) : pushed.status();
         }
-        auto pulled = client.Pull(step + 1, pieces);
         if (!pulled.ok()) {
           results[rank] = pulled.status();
           return;
@@ -131,6 +137,15 @@ TEST(PsServiceTest, RefusalsKeepTheirCodesAndNameTheShard) {
   // A pull into tensors of the wrong layout is the worker's bug, not the shard's.
   std::vector<torch::Tensor> wrong = {torch::empty({10}), torch::empty({7, 3}, torch::kFloat64)};
   EXPECT_EQ(client.Pull(0, wrong).status().code(), absl::StatusCode::kInternal);
+  // The same through PushPull's frames: gradients that do not fit, and a stale attempt.
+  std::vector<torch::Tensor> right = {torch::empty({1000}), torch::empty({7, 3}, torch::kFloat64)};
+  auto framed = client.PushPull(0, {torch::zeros({999}), torch::zeros({7, 3}, torch::kFloat64)}, 0,
+                                false, {}, 0, right);
+  EXPECT_EQ(framed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(framed.status().message()),
+              HasSubstr("push-pull: 4164 bytes of gradients for pieces of 4168"));
+  EXPECT_EQ(stale.PushPull(0, Gradient(0, 0), 0, false, {}, 0, right).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(shard->version(), 0);
 }
 
@@ -186,6 +201,13 @@ TEST(PsServiceTest, AStuckOrDeadShardIsAnErrorWithinTheTimeout) {
   auto waited = client.Pull(1, pieces);
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The same through PushPull: rank 0 of version 1 waits for version 2, which never comes.
+  PsClient other(address, 0, 2, 1, absl::Milliseconds(300));
+  ASSERT_TRUE(other.Push(0, Gradient(1, 0)).ok());
+  const absl::Time framed_start = absl::Now();
+  auto framed = client.PushPull(1, Gradient(0, 1), 0, false, {}, 2, pieces);
+  EXPECT_EQ(framed.status().code(), absl::StatusCode::kDeadlineExceeded) << framed.status();
+  EXPECT_LT(absl::Now() - framed_start, absl::Seconds(5));
 
   // The shard goes away: calls fail, they do not hang.
   server->reset();
@@ -194,6 +216,9 @@ TEST(PsServiceTest, AStuckOrDeadShardIsAnErrorWithinTheTimeout) {
   EXPECT_FALSE(dead.ok());
   EXPECT_THAT(dead.status().code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
                                                      absl::StatusCode::kDeadlineExceeded));
+  auto dead_framed = client.PushPull(2, Gradient(0, 2), 0, false, {}, 3, pieces);
+  EXPECT_THAT(dead_framed.status().code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
+                                                            absl::StatusCode::kDeadlineExceeded));
   EXPECT_LT(absl::Now() - gone, absl::Seconds(5));
 }
 

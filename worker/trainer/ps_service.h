@@ -3,11 +3,13 @@
 
 // The parameter-server shard over gRPC (proto/trainyard/v1/ps_service.proto): a server that
 // serves one ParameterShard, and the client a worker keeps for each shard. Tensors travel as raw
-// bytes in the pieces' order, shapes and dtypes: both ends compute the same partition. Copies:
-// a push is serialised from the gradients once and read in place on the shard (no copy after
-// gRPC's parse); a pull is copied out of the shard under its lock, into the response, and from
-// the response straight into the worker's parameters. Fewer copies would need gRPC's own buffers
-// (ByteBuffer) or a transport of our own: not measured yet.
+// bytes in the pieces' order, shapes and dtypes: both ends compute the same partition. The
+// update's exchange is one PushPull call per shard whose messages are frames, not protobuf
+// messages: the gradients are sent from the rank's own memory (no copy), read on the shard from
+// gRPC's buffers into the tensors the push adds up (one copy), and the shard's pieces of a
+// version are copied once and sent from that copy to every rank, which reads them from gRPC's
+// buffers straight into its parameters (one copy). The other calls (Init, Push, Pull, PullRows,
+// State) are plain protobuf messages: they carry little or run once per checkpoint.
 
 #include <torch/torch.h>
 
