@@ -152,6 +152,29 @@ TEST(CheckpointObjectsTest, StoredObjectsAreTheSnapshotsEncodingWithTheirHashesI
   }
 }
 
+// trainer_state.json round-trips, with the parameter servers' layout as a JSON object when there
+// is one and without the key when there is none; a state without it (older checkpoints) reads.
+TEST(TrainerStateTest, RoundTripsWithAndWithoutAParameterServerLayout) {
+  TrainerState state;
+  state.job_id = "j-1";
+  state.step = 7;
+  state.world_size = 2;
+  state.lr_schedule = "constant";
+  absl::StatusOr<TrainerState> back = DecodeTrainerState(EncodeTrainerState(state));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->step, 7);
+  EXPECT_TRUE(back->parameter_servers.empty());
+  EXPECT_FALSE(nlohmann::json::parse(EncodeTrainerState(state)).contains("parameter_servers"));
+
+  state.parameter_servers = R"({"shards":2,"tables":[{"parameter":"embedding0.weight"}]})";
+  const nlohmann::json encoded = nlohmann::json::parse(EncodeTrainerState(state));
+  EXPECT_EQ(encoded["parameter_servers"]["shards"], 2);
+  back = DecodeTrainerState(encoded.dump());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(nlohmann::json::parse(back->parameter_servers),
+            nlohmann::json::parse(state.parameter_servers));
+}
+
 TEST(CheckpointObjectsTest, ATensorWithoutASafetensorsFormFailsTheSaveAndWritesNoManifest) {
   const std::string dir = MakeTempDir();
   RecordingStore store;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -433,6 +434,19 @@ TEST(PsSparseTest, PushesCarryTheRowsTouchedAndResumeCarriesTheirState) {
   ASSERT_TRUE(saved.count("embedding0.weight.exp_avg"));
   EXPECT_EQ(saved.at("embedding0.weight.exp_avg").sizes(), (std::vector<int64_t>{vocab[0], 4}));
   EXPECT_EQ(saved.at("embedding0.weight.step").item<int64_t>(), 10);
+  // The checkpoint records the layout it was trained with.
+  std::ifstream state_file(absl::StrFormat("%s/step-%012d/trainer_state.json", stopped, 10));
+  const nlohmann::json state = nlohmann::json::parse(state_file, nullptr, false);
+  ASSERT_TRUE(state.contains("parameter_servers")) << state.dump();
+  const nlohmann::json& layout = state["parameter_servers"];
+  EXPECT_EQ(layout["shards"], kShards);
+  EXPECT_EQ(layout["mode"], "sync");
+  EXPECT_EQ(layout["tables"][0]["parameter"], "embedding0.weight");
+  EXPECT_EQ(layout["tables"][0]["rows"], vocab[0]);
+  EXPECT_FALSE(layout["partition"]["pieces"].empty());
+  for (const nlohmann::json& piece : layout["partition"]["pieces"]) {
+    EXPECT_NE(layout["partition"]["parameters"][piece[0].get<int>()]["name"], "embedding0.weight");
+  }
   const std::string resumed = MakeTempDir();
   trainyard::v1::Task task =
       EmbeddingTask(resumed, c, trainyard::v1::PARAMETER_SERVER, vocab, data_vocab);

@@ -89,6 +89,9 @@ std::string EncodeTrainerState(const TrainerState& s) {
                 {"seed", s.seed},
                 {"shuffle", s.shuffle}}}}},
             {"lr_scheduler", {{"name", s.lr_schedule}, {"last_lr", s.last_lr}, {"step", s.step}}}};
+  if (!s.parameter_servers.empty()) {
+    j["parameter_servers"] = json::parse(s.parameter_servers, nullptr, /*allow_exceptions=*/false);
+  }
   return j.dump(2);
 }
 
@@ -111,6 +114,7 @@ absl::StatusOr<TrainerState> DecodeTrainerState(absl::string_view text) {
       !ReadField(lr, "name", s.lr_schedule) || !ReadField(lr, "last_lr", s.last_lr)) {
     return absl::InvalidArgumentError("trainer_state.json: missing or mistyped fields");
   }
+  if (j.contains("parameter_servers")) s.parameter_servers = j["parameter_servers"].dump();
   return s;
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -67,6 +68,7 @@ absl::Status ParameterServerStrategy::Setup(Model& model) {
       PartitionParameters(shapes, static_cast<int>(shards_.size()));
   if (!partition.ok()) return partition.status();
   partition_ = *std::move(partition);
+  shapes_ = std::move(shapes);
   pieces_.resize(shards_.size());
   for (int s = 0; s < static_cast<int>(shards_.size()); ++s) pieces_[s] = partition_.PiecesOf(s);
   if (!tables_.empty()) {
@@ -527,6 +529,22 @@ absl::Status ParameterServerStrategy::AfterBackward(Model& model) {
   // some empty, and those still agree.
   agreed_ = agreements.empty() ? local_ : agreements[0];
   return absl::OkStatus();
+}
+
+std::string ParameterServerStrategy::Layout() const {
+  nlohmann::json layout;
+  layout["shards"] = shards_.size();
+  layout["mode"] = synchronous_ ? "sync" : "async";
+  layout["dense"] = dense_ != nullptr ? "allreduce" : "shards";
+  layout["partition"] = nlohmann::json::parse(PartitionToJson(partition_, shapes_));
+  layout["tables"] = nlohmann::json::array();
+  for (const Table& table : tables_) {
+    layout["tables"].push_back({{"parameter", table.name},
+                                {"rows", table.param.size(0)},
+                                {"dim", table.param.size(1)},
+                                {"row_to_shard", "row % shards"}});
+  }
+  return layout.dump();
 }
 
 absl::StatusOr<StepAgreement> ParameterServerStrategy::EndStep() {

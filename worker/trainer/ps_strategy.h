@@ -85,6 +85,9 @@ class ParameterServerStrategy final : public Strategy {
   // Tells every shard this rank is done.
   absl::Status Finish() override;
   double TakeCommunicationSeconds() override;
+  // {"shards", "mode", "dense", "partition": the dense pieces (PartitionToJson), "tables": each
+  // table's parameter, rows and dim, row r on shard r % shards}.
+  std::string Layout() const override;
 
  private:
   // `whole` (optimizer state by parameter, as OptimizerStateTensors names it) cut into the
@@ -132,6 +135,7 @@ class ParameterServerStrategy final : public Strategy {
   torch::optim::Optimizer* optimizer_ = nullptr;
   NamedTensors optimizer_params_;
   Partition partition_;
+  std::vector<ParameterShape> shapes_;      // of params_, partitioned
   std::vector<std::vector<Piece>> pieces_;  // per shard
   struct Table {
     torch::Tensor param;  // the model's [rows, dim] parameter

@@ -82,6 +82,9 @@ class Strategy {
   virtual absl::StatusOr<StepAgreement> EndStep() = 0;
   // Seconds spent blocked on communication since the last call, and resets the count.
   virtual double TakeCommunicationSeconds() = 0;
+  // What a checkpoint records of how the strategy lays the parameters out (a JSON object; empty
+  // for strategies where every rank holds the whole model).
+  virtual std::string Layout() const { return ""; }
 };
 
 // One process, nothing to exchange.

@@ -323,6 +323,7 @@ CheckpointData Run::Snapshot(int64_t step, double lr) {
   s.lr_schedule = spec_.optimizer().schedule().name().empty() ? "constant"
                                                               : spec_.optimizer().schedule().name();
   s.last_lr = lr;
+  s.parameter_servers = strategy_->Layout();
   data.snapshot_time = clock_.Now() - start;
   return data;
 }
