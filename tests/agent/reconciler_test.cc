@@ -25,6 +25,7 @@ using ::testing::ElementsAre;
 using testing::FakeProcessLauncher;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
 
@@ -234,6 +235,24 @@ TEST_F(ReconcilerTest, StopsUndesiredTasksWithSigtermThenSigkillAfterTheGracePer
   EXPECT_EQ(ended[0].state(), v1::TASK_STOPPED);
   EXPECT_EQ(ended[0].signal(), SIGKILL);
   EXPECT_EQ(reconciler.RunningCount(), 1);
+}
+
+// A task asked to stop that dies of a signal this agent did not send (here a SIGKILL from
+// elsewhere, before the grace period ran out) died on its own: an exit, not a stop, so that the
+// coordinator sees the cause rather than the stop it asked for because of a peer's error.
+TEST_F(ReconcilerTest, ADeathByAnotherSignalDuringAStopIsTheTasksOwn) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("j1.g1.r0"), MakeTask("j1.g1.r1")});
+  reconciler.Apply({});
+  launcher_.Exit(1000, ExitInfo{0, SIGKILL});
+  launcher_.Exit(1001, ExitInfo{0, SIGTERM});
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 2u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].signal(), SIGKILL);
+  EXPECT_THAT(ended[0].message(), Not(HasSubstr("stopped on request")));
+  EXPECT_EQ(ended[1].state(), v1::TASK_STOPPED);  // ended by the SIGTERM sent for the stop
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
 }
 
 TEST_F(ReconcilerTest, TaskThatStopsWithinTheGracePeriodGetsNoSigkill) {

@@ -358,6 +358,13 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     if (it == records_.end()) continue;
     Record& record = it->second;
     record.running = false;
+    // A stop explains an end by the trainer's handling of SIGTERM or by the SIGKILL sent here; a
+    // death by any other signal (someone's kill -9, the kernel's OOM killer, a crash) is the
+    // task's own even when a stop was asked for meanwhile, and is reported as such.
+    if (record.stop_cause != StopCause::kNone && e.exit.signal != 0 && e.exit.signal != SIGTERM &&
+        !(e.exit.signal == SIGKILL && record.killed)) {
+      record.stop_cause = StopCause::kNone;
+    }
     for (int gpu : record.gpus) gpu_used_[gpu] = false;
     record.gpus.clear();
     v1::TaskStatus& status = record.status;
