@@ -148,6 +148,21 @@ void ExpectClose(const std::map<std::string, torch::Tensor>& a,
   }
 }
 
+// Resumes `task` (whose checkpoint folder is the one it exports to) from the checkpoint of step
+// 10 in `stopped` on 1 rank and 3 shards, and expects it to end where the run in `whole` ended.
+void ResumeAndCompare(trainyard::v1::Task task, const std::string& stopped,
+                      const std::string& whole) {
+  task.set_generation(2);
+  task.add_resume_checkpoints(absl::StrFormat("file://%s/step-%012d", stopped, 10));
+  for (const auto& r : RunPs(task, 1, 3)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->start_step, 10);
+  }
+  const std::string resumed = task.checkpoint_uri().substr(std::string("file://").size());
+  ExpectClose(ReadTensors(whole + "/final/model.safetensors"),
+              ReadTensors(resumed + "/final/model.safetensors"));
+}
+
 class PsStrategyTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PsStrategyTest, SynchronousJobEndsWhereTheDataParallelJobEnds) {
@@ -448,16 +463,8 @@ TEST(PsSparseTest, PushesCarryTheRowsTouchedAndResumeCarriesTheirState) {
     EXPECT_NE(layout["partition"]["parameters"][piece[0].get<int>()]["name"], "embedding0.weight");
   }
   const std::string resumed = MakeTempDir();
-  trainyard::v1::Task task =
-      EmbeddingTask(resumed, c, trainyard::v1::PARAMETER_SERVER, vocab, data_vocab);
-  task.set_generation(2);
-  task.add_resume_checkpoints(absl::StrFormat("file://%s/step-%012d", stopped, 10));
-  for (const auto& r : RunPs(task, 1, 3)) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->start_step, 10);
-  }
-  ExpectClose(ReadTensors(whole + "/final/model.safetensors"),
-              ReadTensors(resumed + "/final/model.safetensors"));
+  ResumeAndCompare(EmbeddingTask(resumed, c, trainyard::v1::PARAMETER_SERVER, vocab, data_vocab),
+                   stopped, whole);
 }
 
 // dense: allreduce: the tables on the shards, the MLP all-reduced among the ranks and updated by
@@ -511,15 +518,7 @@ TEST(PsHybridTest, DenseLayersAllReducedTablesOnTheShards) {
       ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", stopped, 10));
   EXPECT_TRUE(saved.count("embedding0.weight.exp_avg"));
   EXPECT_TRUE(saved.count("mlp.0.weight.exp_avg"));
-  trainyard::v1::Task task = make(resumed, trainyard::v1::PARAMETER_SERVER, vocab);
-  task.set_generation(2);
-  task.add_resume_checkpoints(absl::StrFormat("file://%s/step-%012d", stopped, 10));
-  for (const auto& r : RunPs(task, 1, 3)) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->start_step, 10);
-  }
-  ExpectClose(ReadTensors(whole + "/final/model.safetensors"),
-              ReadTensors(resumed + "/final/model.safetensors"));
+  ResumeAndCompare(make(resumed, trainyard::v1::PARAMETER_SERVER, vocab), stopped, whole);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, PsStrategyTest,
