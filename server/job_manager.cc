@@ -550,19 +550,51 @@ std::vector<v1::Worker> JobManager::ListWorkers() const {
   return out;
 }
 
+std::map<std::string, JobManager::Usage> JobManager::UsedCapacityLocked() const {
+  std::map<std::string, Usage> used;
+  auto count = [&](const JobEntry& entry, bool skip_lost_workers) {
+    for (const v1::TaskInfo& t : entry.job.tasks()) {
+      if (t.generation() != entry.job.generation() || TaskEnded(t.state())) continue;
+      if (skip_lost_workers) {
+        const WorkerRecord* worker = workers_.Find(t.worker_id());
+        if (worker == nullptr || worker->info.state() == v1::LOST) continue;
+      }
+      Usage& u = used[t.worker_id()];
+      const auto [task_slots, task_gpus] = TaskUsage(entry.job.spec(), t);
+      u.slots += task_slots;
+      u.gpus += task_gpus;
+      u.task_ids.push_back(t.task_id());
+    }
+  };
+  for (int64_t seq : active_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry == nullptr) continue;
+    const v1::JobState state = entry->job.state();
+    if (state == v1::SCHEDULED || state == v1::RUNNING) {
+      count(*entry, false);
+    } else if (state == v1::RESTARTING || state == v1::PENDING) {
+      // The last attempt's ranks and shards, stopping (a pending job has none once they ended).
+      count(*entry, true);
+    }
+  }
+  // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
+  // gone (it may be saving during its grace period).
+  for (int64_t seq : stopping_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry != nullptr && clock_.Now() - entry->ended < kStoppingHold) count(*entry, true);
+  }
+  return used;
+}
+
 v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record) const {
   v1::Worker view = record.info;
-  int slots = 0;
-  int gpus = 0;
-  for (const auto& [entry, task] : ActiveTasksLocked()) {
-    if (task->worker_id() != view.id()) continue;
-    const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), *task);
-    slots += task_slots;
-    gpus += task_gpus;
-    view.add_task_ids(task->task_id());
+  const std::map<std::string, Usage> used = UsedCapacityLocked();
+  auto it = used.find(view.id());
+  if (it != used.end()) {
+    view.set_slots_used(it->second.slots);
+    view.set_gpus_used(it->second.gpus);
+    for (const std::string& id : it->second.task_ids) view.add_task_ids(id);
   }
-  view.set_slots_used(slots);
-  view.set_gpus_used(gpus);
   return view;
 }
 
@@ -1235,12 +1267,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   ClusterMetricsSnapshot snap;
   snap.now = clock_.Now();
   for (const auto& [id, entry] : jobs_) snap.jobs_by_state[entry.job.state()]++;
-  std::map<std::string, std::pair<int, int>> used;  // worker -> (slots, GPUs)
-  for (const auto& [entry, task] : ActiveTasksLocked()) {
-    const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), *task);
-    used[task->worker_id()].first += task_slots;
-    used[task->worker_id()].second += task_gpus;
-  }
+  const std::map<std::string, Usage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     snap.workers_by_state[record->info.state()]++;
     if (record->info.state() == v1::READY) {
@@ -1249,8 +1276,8 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
     }
     auto it = used.find(record->info.id());
     if (it != used.end()) {
-      snap.slots_used += it->second.first;
-      snap.gpus_used += it->second.second;
+      snap.slots_used += it->second.slots;
+      snap.gpus_used += it->second.gpus;
     }
   }
   for (int64_t seq : active_seqs_) {
@@ -1578,33 +1605,18 @@ void JobManager::ScheduleLocked() {
     pending.push_back(std::move(job));
   }
   if (pending.empty()) return;
-  std::map<std::string, std::pair<int, int>> used;  // worker -> (slots, GPUs)
-  for (const auto& [entry, task] : ActiveTasksLocked()) {
-    auto& [slots, gpus] = used[task->worker_id()];
-    const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), *task);
-    slots += task_slots;
-    gpus += task_gpus;
-  }
-  // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
-  // gone (it may be saving during its grace period); placing a job there would oversubscribe the
-  // machine or find its GPUs busy.
+  // Ended jobs whose trainers all reported gone (or past the hold) no longer hold anything.
   for (auto it = stopping_seqs_.begin(); it != stopping_seqs_.end();) {
     const JobEntry* entry = FindLocked(ids_by_seq_.at(*it));
     bool holding = false;
     if (entry != nullptr && clock_.Now() - entry->ended < kStoppingHold) {
       for (const v1::TaskInfo& t : entry->job.tasks()) {
-        if (t.generation() != entry->job.generation() || TaskEnded(t.state())) continue;
-        const WorkerRecord* worker = workers_.Find(t.worker_id());
-        if (worker == nullptr || worker->info.state() == v1::LOST) continue;
-        holding = true;
-        auto& [slots, gpus] = used[t.worker_id()];
-        const auto [task_slots, task_gpus] = TaskUsage(entry->job.spec(), t);
-        slots += task_slots;
-        gpus += task_gpus;
+        if (t.generation() == entry->job.generation() && !TaskEnded(t.state())) holding = true;
       }
     }
     it = holding ? std::next(it) : stopping_seqs_.erase(it);
   }
+  std::map<std::string, Usage> used = UsedCapacityLocked();
   std::vector<SchedWorker> workers;
   for (const WorkerRecord* record : workers_.All()) {
     SchedWorker w;
@@ -1612,8 +1624,8 @@ void JobManager::ScheduleLocked() {
     w.ready = record->info.state() == v1::READY;
     w.total_slots = record->info.slots();
     w.total_gpus = record->info.gpus();
-    w.free_slots = w.total_slots - used[w.id].first;
-    w.free_gpus = w.total_gpus - used[w.id].second;
+    w.free_slots = w.total_slots - used[w.id].slots;
+    w.free_gpus = w.total_gpus - used[w.id].gpus;
     workers.push_back(std::move(w));
   }
   ScheduleDecision decision = Schedule(std::move(pending), workers);

@@ -297,6 +297,17 @@ class JobManager {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // What each worker's trainers hold, by worker id: the one count of used capacity, for
+  // scheduling, the workers' views and the metrics. A task holds its slots and GPUs until its
+  // agent reports it ended: the tasks of scheduled and running attempts, and (unless their
+  // worker is lost) those of an attempt that is restarting or of a job that ended, which may
+  // still be stopping or saving for a preemption.
+  struct Usage {
+    int slots = 0;
+    int gpus = 0;
+    std::vector<std::string> task_ids;
+  };
+  std::map<std::string, Usage> UsedCapacityLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Fixed at construction.
   const Clock& clock_;

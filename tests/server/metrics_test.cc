@@ -124,7 +124,10 @@ TEST_F(MetricsTest, GaugesFollowTheStateAndPerJobSeriesEndWithTheJob) {
   EXPECT_THAT(text, Not(HasSubstr(id)));
   EXPECT_EQ(Value(text, R"(trainyard_jobs{state="cancelled"})"), 1);
   EXPECT_EQ(Value(text, R"(trainyard_jobs_finished_total{state="cancelled"})"), 1);
-  EXPECT_EQ(Value(text, R"(trainyard_gpus{state="used"})"), 0);
+  // Its trainer holds the GPUs until its agent reports it stopped.
+  EXPECT_EQ(Value(text, R"(trainyard_gpus{state="used"})"), 2);
+  ASSERT_TRUE(Report("w1", absl::StrCat(id, ".g1.r0"), v1::TASK_STOPPED, 0, "", 15).ok());
+  EXPECT_EQ(Value(Scrape(*metrics_), R"(trainyard_gpus{state="used"})"), 0);
 }
 
 TEST_F(MetricsTest, JobsByStateAddUpToSubmissions) {

@@ -211,6 +211,32 @@ TEST_F(RecoveryTest, APeerFailureFoundWhileRestartingSpendsTheFailureBudget) {
   EXPECT_EQ(job.reason(), "rank 1 exited with code 1: out of memory");
 }
 
+// The ranks of a restarting attempt hold their slots until their agents report them ended (they
+// may be saving for a preemption): a job submitted meanwhile is not placed over them, and the
+// workers' views and the metrics count them.
+TEST_F(RecoveryTest, RanksOfARestartingAttemptHoldTheirSlotsUntilTheyEnd) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string a = Submit(TestSpec("a", 2, 2));
+  const std::vector<std::string> workers = Start(a);
+  // Rank 0 fails on its own; rank 1 is still stopping.
+  ASSERT_TRUE(Report(workers[0], TaskOf(a, 0), v1::TASK_EXITED, 3, "lost a peer").ok());
+  ASSERT_EQ(Get(a).state(), v1::RESTARTING);
+  const std::string b = Submit(TestSpec("b", 2, 2));
+  manager_->Tick();
+  EXPECT_EQ(Get(b).state(), v1::PENDING) << Get(b).reason();
+  int used = 0;
+  for (const v1::Worker& w : manager_->ListWorkers()) used += w.slots_used();
+  EXPECT_EQ(used, 1);
+  EXPECT_EQ(manager_->MetricsSnapshot().slots_used, 1);
+  // Rank 1 ends: the slots are free again, and job a (first in the queue) gets them back.
+  ASSERT_TRUE(Report(workers[1], TaskOf(a, 1), v1::TASK_STOPPED, 0, "", 15).ok());
+  PassBackoff(a);
+  manager_->Tick();
+  EXPECT_EQ(Get(a).state(), v1::SCHEDULED) << Get(a).reason();
+  EXPECT_EQ(Get(b).state(), v1::PENDING);
+}
+
 TEST_F(RecoveryTest, StalledAttemptRestartsAsAHang) {
   Register("w1", 1);
   v1::JobSpec spec = TestSpec("stuck");
