@@ -572,8 +572,10 @@ std::map<std::string, JobManager::Usage> JobManager::UsedCapacityLocked() const 
     const v1::JobState state = entry->job.state();
     if (state == v1::SCHEDULED || state == v1::RUNNING) {
       count(*entry, false);
-    } else if (state == v1::RESTARTING || state == v1::PENDING) {
-      // The last attempt's ranks and shards, stopping (a pending job has none once they ended).
+    } else if ((state == v1::RESTARTING || state == v1::PENDING) &&
+               clock_.Now() - entry->restarting_since < kStoppingHold) {
+      // The last attempt's ranks and shards, stopping (a pending job has none once they ended),
+      // for as long as a stopped job's (an agent that never saw a task never reports it).
       count(*entry, true);
     }
   }

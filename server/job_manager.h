@@ -301,7 +301,7 @@ class JobManager {
   // scheduling, the workers' views and the metrics. A task holds its slots and GPUs until its
   // agent reports it ended: the tasks of scheduled and running attempts, and (unless their
   // worker is lost) those of an attempt that is restarting or of a job that ended, which may
-  // still be stopping or saving for a preemption.
+  // still be stopping or saving for a preemption, for at most a minute (kStoppingHold).
   struct Usage {
     int slots = 0;
     int gpus = 0;
