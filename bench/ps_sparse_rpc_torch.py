@@ -19,7 +19,6 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import json  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -27,8 +26,9 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed.rpc as rpc  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
+from rpc_peer import run_processes  # noqa: E402
 
 WINDOW = 20
 TRAINERS = 2
@@ -157,20 +157,7 @@ def main():
     for i, arg in enumerate(sys.argv[1:4]):
         values[i] = int(arg)
     steps, batch, rows = values
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    procs = [ctx.Process(target=run, args=(r, steps, batch, rows, port, out))
-             for r in range(TRAINERS + 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    if any(p.exitcode != 0 for p in procs):
-        sys.exit("a process failed")
-    rate, moved = out.get()
+    rate, moved = run_processes(run, (steps, batch, rows), TRAINERS + 1)
     print(json.dumps({"system": "torch_rpc", "samples_per_second": round(rate, 1),
                       "steps_per_second": round(rate / batch, 2),
                       "bytes_per_step": round(moved)}))

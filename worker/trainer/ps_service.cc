@@ -210,6 +210,30 @@ absl::StatusOr<std::vector<RowGradients>> RowsFrom(
   return rows;
 }
 
+// The results of a push and a pull in their messages, and back.
+void SetPushResponse(const ParameterShard::PushResult& result, trainyard::v1::PushResponse* out) {
+  out->set_version(result.version);
+  out->set_staleness(result.staleness);
+  out->set_applied(result.applied);
+}
+
+void SetPullResponse(const ParameterShard::PullResult& result, trainyard::v1::PullResponse* out) {
+  out->set_version(result.version);
+  out->set_loss(result.agreement.loss);
+  out->set_stop(result.agreement.stop);
+}
+
+ParameterShard::PushResult PushResultOf(const trainyard::v1::PushResponse& response) {
+  return ParameterShard::PushResult{response.version(), response.staleness(), response.applied()};
+}
+
+ParameterShard::PullResult PullResultOf(const trainyard::v1::PullResponse& response) {
+  ParameterShard::PullResult result;
+  result.version = response.version();
+  result.agreement = ShardAgreement{response.loss(), response.stop()};
+  return result;
+}
+
 }  // namespace
 
 class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
@@ -261,12 +285,8 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
         push.generation(), header.pull_min_version(), deadline, &response->tensors);
     if (!pulled.ok()) return ToGrpcStatus(pulled.status());
     trainyard::v1::PushPullReply reply;
-    reply.mutable_push()->set_version(pushed->version);
-    reply.mutable_push()->set_staleness(pushed->staleness);
-    reply.mutable_push()->set_applied(pushed->applied);
-    reply.mutable_pull()->set_version(pulled->version);
-    reply.mutable_pull()->set_loss(pulled->agreement.loss);
-    reply.mutable_pull()->set_stop(pulled->agreement.stop);
+    SetPushResponse(*pushed, reply.mutable_push());
+    SetPullResponse(*pulled, reply.mutable_pull());
     response->header = reply.SerializeAsString();
     int64_t sent = static_cast<int64_t>(response->header.size());
     for (const torch::Tensor& t : response->tensors) sent += t.nbytes();
@@ -370,9 +390,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
                     request->loss(), request->stop(), *rows);
     if (!result.ok()) return ToGrpcStatus(result.status());
     CountPush(*result, request->ByteSizeLong());
-    response->set_version(result->version);
-    response->set_staleness(result->staleness);
-    response->set_applied(result->applied);
+    SetPushResponse(*result, response);
     return grpc::Status::OK;
   }
 
@@ -393,9 +411,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
           }
         });
     if (!result.ok()) return ToGrpcStatus(result.status());
-    response->set_version(result->version);
-    response->set_loss(result->agreement.loss);
-    response->set_stop(result->agreement.stop);
+    SetPullResponse(*result, response);
     CountPull(*result, response->ByteSizeLong());
     return grpc::Status::OK;
   }
@@ -845,10 +861,8 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
   SliceReader reader(response);
   for (torch::Tensor& piece : pieces) reader.Read(piece.data_ptr(), piece.nbytes());
   PushPullResult result;
-  result.push = ParameterShard::PushResult{reply.push().version(), reply.push().staleness(),
-                                           reply.push().applied()};
-  result.pull.version = reply.pull().version();
-  result.pull.agreement = ShardAgreement{reply.pull().loss(), reply.pull().stop()};
+  result.push = PushResultOf(reply.push());
+  result.pull = PullResultOf(reply.pull());
   return result;
 }
 
@@ -865,7 +879,7 @@ absl::StatusOr<ParameterShard::PushResult> PsClient::Push(
   trainyard::v1::PushResponse response;
   absl::Status status = Call(&Stub::Push, request, &response, "push");
   if (!status.ok()) return status;
-  return ParameterShard::PushResult{response.version(), response.staleness(), response.applied()};
+  return PushResultOf(response);
 }
 
 absl::StatusOr<ParameterShard::PullResult> PsClient::Pull(int64_t min_version,
@@ -878,10 +892,7 @@ absl::StatusOr<ParameterShard::PullResult> PsClient::Pull(int64_t min_version,
   absl::Status status = Call(&Stub::Pull, request, &response, "pull");
   if (!status.ok()) return status;
   if (absl::Status copied = CopyPieces(response.pieces(), pieces); !copied.ok()) return copied;
-  ParameterShard::PullResult result;
-  result.version = response.version();
-  result.agreement = ShardAgreement{response.loss(), response.stop()};
-  return result;
+  return PullResultOf(response);
 }
 
 absl::StatusOr<ParameterShard::PullResult> PsClient::PullRows(int64_t min_version,
