@@ -123,15 +123,18 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   field("Committed step", job.committed_step() >= 0 ? absl::StrCat(job.committed_step()) : "-");
   field("Checkpoints", job.checkpoint_uri());
   field("Model", job.model_uri());
-  int failures = 0;
-  for (const v1::Restart& r : job.restarts()) failures += OnFailureBudget(r.reason());
   const v1::RestartPolicy& policy = job.spec().restart();
+  auto budget = [&](RestartBudget b) {
+    const std::optional<int32_t> limit = BudgetLimit(policy, b);
+    return absl::StrCat(RestartsOn(job, b), " of ",
+                        limit.has_value() ? absl::StrCat(*limit) : std::string("unlimited"));
+  };
   field("Restarts",
-        absl::StrCat(job.restarts_size(), " (failures ", failures, " of ", policy.max_failures(),
-                     " allowed; preemptions and other ", job.restarts_size() - failures, " of ",
-                     policy.has_max_preemptions() ? absl::StrCat(policy.max_preemptions())
-                                                  : std::string("unlimited"),
-                     ")"));
+        absl::StrCat(job.restarts_size(), " (failures ", budget(RestartBudget::kFailures),
+                     " allowed; hangs and "
+                     "infrastructure errors ",
+                     budget(RestartBudget::kInfrastructure), "; preemptions and lost workers ",
+                     budget(RestartBudget::kPreemptions), ")"));
 
   if (!job.restarts().empty()) {
     absl::StrAppend(&out, "\nRestarts:\n");

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/restart_reason.h"
 #include "common/uri.h"
 #include "yaml-cpp/yaml.h"
 
@@ -569,12 +570,15 @@ class SpecParser {
     if (!IsSet(node)) return absl::OkStatus();
     const std::string path = "restart";
     TY_RETURN_IF_ERROR(ExpectMap(node, path));
-    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"max_failures", "max_preemptions"}));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(node, path, {"max_failures", "max_preemptions", "max_infrastructure_errors"}));
     v1::RestartPolicy& restart = *spec_.mutable_restart();
     TY_RETURN_IF_ERROR(
         Int32(node, path, "max_failures", [&](int32_t v) { restart.set_max_failures(v); }));
     TY_RETURN_IF_ERROR(
         Int32(node, path, "max_preemptions", [&](int32_t v) { restart.set_max_preemptions(v); }));
+    TY_RETURN_IF_ERROR(Int32(node, path, "max_infrastructure_errors",
+                             [&](int32_t v) { restart.set_max_infrastructure_errors(v); }));
     return absl::OkStatus();
   }
 
@@ -833,6 +837,9 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
     spec.set_stall_timeout_seconds(kDefaultStallTimeoutSeconds);
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
   if (spec.bucket_size_mb() == 0) spec.set_bucket_size_mb(kDefaultBucketSizeMb);
+  if (!spec.restart().has_max_infrastructure_errors()) {
+    spec.mutable_restart()->set_max_infrastructure_errors(kDefaultMaxInfrastructureErrors);
+  }
 }
 
 namespace {
@@ -930,6 +937,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (restart.max_failures() < 0) return FieldError("restart.max_failures", "must be >= 0");
   if (restart.has_max_preemptions() && restart.max_preemptions() < 0) {
     return FieldError("restart.max_preemptions", "must be >= 0");
+  }
+  if (restart.max_infrastructure_errors() < 0) {
+    return FieldError("restart.max_infrastructure_errors", "must be >= 0");
   }
   if (spec.max_runtime_seconds() < 0) return FieldError("max_runtime", "must be >= 0");
   if (spec.log_every_steps() < 1) return FieldError("log_every_steps", "must be > 0");

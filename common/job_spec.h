@@ -50,7 +50,7 @@ inline constexpr int64_t kMaxEmbeddingRows = int64_t{1} << 32;
 //   the end); log_every_steps 10; batch_size 32; collective_timeout 60 s; stall_timeout 10 min;
 //   accumulate_steps 1;
 //   bucket_size_mb 25. seed, restart.max_failures and priority stay 0;
-//   restart.max_preemptions stays unset (unlimited).
+//   restart.max_preemptions stays unset (unlimited); restart.max_infrastructure_errors 10.
 void ApplyJobSpecDefaults(trainyard::v1::JobSpec& spec);
 
 // Checks a spec that already has its defaults; returns the first problem found. Same error form

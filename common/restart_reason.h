@@ -1,6 +1,8 @@
 #ifndef TRAINYARD_COMMON_RESTART_REASON_H_
 #define TRAINYARD_COMMON_RESTART_REASON_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -19,10 +21,61 @@ inline std::string RestartReasonName(trainyard::v1::RestartReason reason) {
   return absl::AsciiStrToLower(trainyard::v1::RestartReason_Name(reason));
 }
 
-// Which restart budget a reason draws on: restart.max_failures for the user's code (true),
-// restart.max_preemptions for everything the user's code is not to blame for.
-inline bool OnFailureBudget(trainyard::v1::RestartReason reason) {
-  return reason == trainyard::v1::FAILURE;
+// The budgets restarts draw on, one per kind of cause.
+enum class RestartBudget {
+  kFailures,        // restart.max_failures: the user's code failed
+  kInfrastructure,  // restart.max_infrastructure_errors: hangs, object store, coordinator
+  kPreemptions,     // restart.max_preemptions: the machine went away
+};
+
+// Default of restart.max_infrastructure_errors: enough for passing trouble, few enough that a
+// job that can never work (wrong object-store credentials) fails within minutes, not never.
+inline constexpr int32_t kDefaultMaxInfrastructureErrors = 10;
+
+inline RestartBudget BudgetOf(trainyard::v1::RestartReason reason) {
+  switch (reason) {
+    case trainyard::v1::PREEMPTED:
+    case trainyard::v1::WORKER_LOST:
+      return RestartBudget::kPreemptions;
+    case trainyard::v1::HANG:
+    case trainyard::v1::INFRASTRUCTURE:
+      return RestartBudget::kInfrastructure;
+    default:
+      return RestartBudget::kFailures;
+  }
+}
+
+// The budget's field name ("restart.max_failures") and its limit for `policy`; nullopt =
+// unlimited.
+inline const char* BudgetField(RestartBudget budget) {
+  switch (budget) {
+    case RestartBudget::kFailures:
+      return "restart.max_failures";
+    case RestartBudget::kInfrastructure:
+      return "restart.max_infrastructure_errors";
+    default:
+      return "restart.max_preemptions";
+  }
+}
+inline std::optional<int32_t> BudgetLimit(const trainyard::v1::RestartPolicy& policy,
+                                          RestartBudget budget) {
+  switch (budget) {
+    case RestartBudget::kFailures:
+      return policy.max_failures();
+    case RestartBudget::kInfrastructure:
+      return policy.has_max_infrastructure_errors() ? policy.max_infrastructure_errors()
+                                                    : kDefaultMaxInfrastructureErrors;
+    default:
+      if (!policy.has_max_preemptions()) return std::nullopt;
+      return policy.max_preemptions();
+  }
+}
+
+// How many of `job`'s restarts drew on `budget`.
+inline int RestartsOn(const trainyard::v1::Job& job, RestartBudget budget) {
+  int n = 0;
+  for (const trainyard::v1::Restart& r : job.restarts()) n += BudgetOf(r.reason()) == budget;
+  return n;
 }
 
 }  // namespace trainyard

@@ -196,6 +196,7 @@ absl::Status JobManager::Load() {
     entry.last_step_change = clock_.Now();
     entry.last_step_seen = entry.job.progress().step();
     if (entry.job.state() == v1::RESTARTING) entry.restarting_since = clock_.Now();
+    entry.attempt_placed = clock_.Now();
     // After a restart, trainers of jobs that ended just before may still be stopping.
     if (IsFinalJobState(entry.job.state())) {
       entry.ended = clock_.Now();
@@ -495,7 +496,7 @@ absl::Status JobManager::StreamLogs(
   std::map<std::string, int64_t> offsets;
   while (true) {
     // Read the version before the files so that an append racing with the reads wakes us.
-    const uint64_t log_version = logs_->version();
+    const uint64_t log_version = logs_->version(id);
     std::vector<std::pair<int64_t, v1::TaskInfo>> tasks;  // (generation, task)
     bool final = false;
     std::string job_id;
@@ -534,12 +535,12 @@ absl::Status JobManager::StreamLogs(
     if (!follow) return absl::OkStatus();
     if (cancelled()) return absl::CancelledError("log stream cancelled");
     if (final && !sent) {
-      if (logs_->WaitForAppend(log_version, kFinalLogGrace) == log_version) {
+      if (logs_->WaitForAppend(id, log_version, kFinalLogGrace) == log_version) {
         return absl::OkStatus();
       }
       continue;
     }
-    if (!sent) logs_->WaitForAppend(log_version, kStreamPoll);
+    if (!sent) logs_->WaitForAppend(id, log_version, kStreamPoll);
   }
 }
 
@@ -642,6 +643,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   info.set_hostname(request.hostname());
   info.set_pid(request.pid());
   info.set_state(v1::READY);
+  // The same agent process registering again (after a coordinator restart) is still being
+  // preempted; a new process under the name is a machine that came back.
+  if (const WorkerRecord* known = workers_.Find(request.name());
+      known != nullptr && known->info.state() == v1::DRAINING &&
+      known->info.pid() == request.pid() && known->info.hostname() == request.hostname()) {
+    info.set_state(v1::DRAINING);
+  }
   info.set_registered_unix_ms(now_ms);
   info.set_last_seen_unix_ms(now_ms);
   StoreMutation m;
@@ -704,7 +712,9 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
   v1::SyncResponse response;
   absl::MutexLock lock(&mu_);
   const WorkerRecord* record = workers_.Find(request.worker_id());
-  if (record == nullptr || record->info.state() == v1::LOST) {
+  // A worker known only from the store registers again first: its report of what it runs is
+  // what finds the tasks that died while the coordinator was away.
+  if (record == nullptr || record->info.state() == v1::LOST || record->restored) {
     response.set_reregister(true);
     return response;
   }
@@ -1087,7 +1097,12 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   }
   for (const StoredCheckpoint& c : entry.checkpoints) {
     if (c.checkpoint.step() == request.step() && c.checkpoint.uri() == request.uri()) {
-      return std::vector<std::string>();
+      // A retry (the answer to the first call was lost): the same folders to delete.
+      std::vector<std::string> retired;
+      for (const StoredCheckpoint& r : entry.checkpoints) {
+        if (r.retired && r.retired_by_step == request.step()) retired.push_back(r.checkpoint.uri());
+      }
+      return retired;
     }
   }
   StoredCheckpoint added;
@@ -1105,8 +1120,9 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   std::sort(list.begin(), list.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
     return a.checkpoint.step() < b.checkpoint.step();
   });
-  const int keep =
-      request.keep_last() > 0 ? request.keep_last() : entry.job.spec().checkpoint().keep_last();
+  // The spec's retention is the floor: a request may keep more, never fewer (0 keeps all).
+  const int spec_keep = entry.job.spec().checkpoint().keep_last();
+  const int keep = spec_keep <= 0 ? 0 : std::max(spec_keep, request.keep_last());
   StoreMutation extra;
   extra.checkpoints.push_back(added);
   std::vector<std::string> retired;
@@ -1119,6 +1135,7 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
         continue;
       }
       it->retired = true;
+      it->retired_by_step = request.step();
       retired.push_back(it->checkpoint.uri());
       extra.checkpoints.push_back(*it);
     }
@@ -1418,6 +1435,25 @@ void JobManager::RestartLostOrStalledLocked() {
       end = std::move(lost);
       break;
     }
+    if (!end.has_value() && now - entry.attempt_placed >= options_.start_timeout) {
+      // Ranks an agent never started (a broken agent, a trainer that cannot be launched) would
+      // keep the job SCHEDULED, or its started ranks waiting at the rendezvous, forever.
+      std::vector<std::string> starting;
+      for (const v1::TaskInfo& t : job.tasks()) {
+        if (IsActiveTask(entry, t) && t.state() == v1::TASK_STARTING) {
+          starting.push_back(absl::StrCat(TaskName(t), " on ", t.worker_id()));
+        }
+      }
+      if (!starting.empty()) {
+        AttemptEnd stuck;
+        stuck.reason = v1::INFRASTRUCTURE;
+        stuck.message =
+            absl::StrCat(absl::StrJoin(starting, ", "), " did not start within ",
+                         absl::FormatDuration(options_.start_timeout), " (--start_timeout)");
+        stuck.failed = now;
+        end = std::move(stuck);
+      }
+    }
     if (!end.has_value() && job.state() == v1::RUNNING) {
       const int64_t stall_s = job.spec().stall_timeout_seconds() > 0
                                   ? job.spec().stall_timeout_seconds()
@@ -1448,21 +1484,17 @@ void JobManager::RestartLostOrStalledLocked() {
 
 std::optional<std::string> JobManager::BudgetSpent(const v1::Job& job, v1::RestartReason reason,
                                                    int extra) const {
-  const bool failure = OnFailureBudget(reason);
-  int used = extra;
-  for (const v1::Restart& r : job.restarts()) used += OnFailureBudget(r.reason()) == failure;
-  const v1::RestartPolicy& policy = job.spec().restart();
-  if (failure) {
-    if (used <= policy.max_failures()) return std::nullopt;
-    if (policy.max_failures() == 0) return "";  // the cause alone says it all
-    return absl::StrCat(" (", used, " failures; restart.max_failures is ", policy.max_failures(),
-                        ")");
-  }
-  if (!policy.has_max_preemptions() || used <= policy.max_preemptions()) return std::nullopt;
-  return absl::StrCat(" (", used,
-                      " restarts for preemptions, lost workers, hangs or infrastructure errors; "
-                      "restart.max_preemptions is ",
-                      policy.max_preemptions(), ")");
+  const RestartBudget budget = BudgetOf(reason);
+  const int used = RestartsOn(job, budget) + extra;
+  const std::optional<int32_t> limit = BudgetLimit(job.spec().restart(), budget);
+  if (!limit.has_value() || used <= *limit) return std::nullopt;
+  if (budget == RestartBudget::kFailures && *limit == 0) return "";  // the cause says it all
+  const char* what = budget == RestartBudget::kFailures         ? "failures"
+                     : budget == RestartBudget::kInfrastructure ? "restarts for hangs or "
+                                                                  "infrastructure errors"
+                                                                : "restarts for preemptions or "
+                                                                  "lost workers";
+  return absl::StrCat(" (", used, " ", what, "; ", BudgetField(budget), " is ", *limit, ")");
 }
 
 absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, AttemptEnd end,
@@ -1575,8 +1607,8 @@ void JobManager::EnforceRuntimeLocked() {
     if (entry == nullptr) continue;
     const int64_t limit_s = entry->job.spec().max_runtime_seconds();
     const int64_t started = entry->job.started_unix_ms();
+    // Time spent restarting or waiting for capacity after a restart counts too.
     if (limit_s <= 0 || started <= 0) continue;
-    if (entry->job.state() != v1::RUNNING && entry->job.state() != v1::SCHEDULED) continue;
     if (now_ms - started >= limit_s * 1000) over.push_back(entry->job.id());
   }
   for (const std::string& id : over) {
@@ -1662,7 +1694,9 @@ void JobManager::ScheduleLocked() {
       absl::StrAppend(&reason, "; parameter-server shards on ",
                       absl::StrJoin(placement.shard_workers, ", "));
     }
-    TransitionLocked(*entry, std::move(updated), v1::SCHEDULED, reason, changed).IgnoreError();
+    if (TransitionLocked(*entry, std::move(updated), v1::SCHEDULED, reason, changed).ok()) {
+      entry->attempt_placed = clock_.Now();
+    }
     // Ranks of an earlier attempt must not meet the new ones.
     rendezvous_.EndAttempts(placement.job_id, generation - 1);
   }

@@ -47,6 +47,9 @@ struct JobManagerOptions {
   // How long ranks of an ended attempt may take to stop before the job restarts anyway (their
   // agents were told to stop them; a lost worker's ranks count as stopped at once).
   absl::Duration restart_stop_hold = absl::Seconds(60);
+  // Ranks of an attempt still STARTING this long after it was placed end the attempt as an
+  // infrastructure error (restart.max_infrastructure_errors).
+  absl::Duration start_timeout = absl::Minutes(10);
   // Told about submissions, transitions, progress, commits and lost workers (metrics); may be
   // null. Not owned; must outlive the manager.
   JobEventSink* event_sink = nullptr;
@@ -134,7 +137,8 @@ class JobManager {
 
   // Long poll: renews the lease, applies the reported task statuses, then answers as soon as the
   // worker's desired-state version differs from known_version, or after wait_ms (capped at
-  // max_sync_wait). An unknown or LOST worker gets reregister=true. Blocks.
+  // max_sync_wait). An unknown or LOST worker, or one not registered since this coordinator
+  // started, gets reregister=true. Blocks.
   absl::StatusOr<trainyard::v1::SyncResponse> Sync(const trainyard::v1::SyncRequest& request);
 
   // Applies one task status. Idempotent. NOT_FOUND for an unknown task, FAILED_PRECONDITION when
@@ -152,9 +156,10 @@ class JobManager {
                               const trainyard::v1::JobProgress& progress);
 
   // Fenced like ReportProgress. Records the checkpoint and the job's committed step in one
-  // transaction, retires committed checkpoints beyond keep_last (the request's, else the
-  // spec's; <= 0 keeps all) and returns their URIs. Committing the same step and URI again is a
-  // no-op. INVALID_ARGUMENT for a negative step or an empty URI.
+  // transaction, retires committed checkpoints beyond keep_last (the spec's, or the request's
+  // when larger: a request cannot lower it; a spec without one keeps all) and returns their
+  // URIs. Committing the same step and URI again changes nothing and returns the URIs that
+  // commit retired. INVALID_ARGUMENT for a negative step or an empty URI.
   absl::StatusOr<std::vector<std::string>> CommitCheckpoint(
       const trainyard::v1::CommitCheckpointRequest& request);
 
@@ -186,11 +191,12 @@ class JobManager {
 
   // ---- Background ----
 
-  // One round of housekeeping at clock time: expire leases, restart attempts that lost a worker
-  // or stalled (stall_timeout), move RESTARTING jobs whose old ranks have stopped back to
-  // PENDING (or FAILED when their restart budget is spent), enforce max_runtime, schedule
-  // pending jobs whose backoff has passed, persist progress. Non-blocking apart from store
-  // writes. Level-triggered: a condition whose store write failed is acted on again next time.
+  // One round of housekeeping at clock time: expire leases, restart attempts that lost a worker,
+  // stalled (stall_timeout) or did not start (start_timeout), move RESTARTING jobs whose old ranks
+  // have stopped back to PENDING (or FAILED when their restart budget is spent), enforce
+  // max_runtime (in every non-final state once the job has started), schedule pending jobs whose
+  // backoff has passed, persist progress. Non-blocking apart from store writes. Level-triggered: a
+  // condition whose store write failed is acted on again next time.
   void Tick();
 
   // Blocks until something asked for a Tick (a submit, an exit, a cancel, a new worker) or
@@ -223,6 +229,8 @@ class JobManager {
     int64_t last_step_seen = -1;
     absl::Time last_step_change = absl::InfinitePast();
     absl::Time restarting_since = absl::InfinitePast();  // when it entered RESTARTING
+    // When the current attempt was placed (or the coordinator started), for start_timeout.
+    absl::Time attempt_placed = absl::InfinitePast();
     // "worker w2 (SIGTERM)" once a preemption notice touched the current attempt (in memory).
     std::string preemption_notice;
   };

@@ -25,6 +25,9 @@ struct StoredJob {
 struct StoredCheckpoint {
   trainyard::v1::Checkpoint checkpoint;
   bool retired = false;  // outside retention: its objects may be deleted
+  // The step of the commit that retired it (-1: not retired, or retired before this was
+  // recorded), so that a retried commit hands back the same folders to delete.
+  int64_t retired_by_step = -1;
 };
 
 // Everything one state change writes. JobStore::Apply writes it in one transaction.

@@ -70,7 +70,7 @@ absl::StatusOr<int64_t> LogStore::Append(absl::string_view job_id, absl::string_
     return absl::UnavailableError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
   }
   sizes_[path] = end;
-  ++version_;
+  ++versions_[std::string(job_id)];
   appended_.SignalAll();
   return end;
 }
@@ -100,19 +100,25 @@ absl::StatusOr<std::string> LogStore::Read(absl::string_view job_id, absl::strin
   return out;
 }
 
-uint64_t LogStore::version() const {
-  absl::MutexLock lock(&mu_);
-  return version_;
+uint64_t LogStore::VersionLocked(absl::string_view job_id) const {
+  auto it = versions_.find(job_id);
+  return it == versions_.end() ? 0 : it->second;
 }
 
-uint64_t LogStore::WaitForAppend(uint64_t known, absl::Duration timeout) const {
+uint64_t LogStore::version(absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  return VersionLocked(job_id);
+}
+
+uint64_t LogStore::WaitForAppend(absl::string_view job_id, uint64_t known,
+                                 absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   // The deadline of a blocking wait is real time by nature; nothing in the logic reads it.
   const absl::Time deadline = absl::Now() + timeout;
-  while (version_ == known) {
+  while (VersionLocked(job_id) == known) {
     if (appended_.WaitWithDeadline(&mu_, deadline)) break;
   }
-  return version_;
+  return VersionLocked(job_id);
 }
 
 }  // namespace trainyard

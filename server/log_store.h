@@ -2,6 +2,7 @@
 #define TRAINYARD_SERVER_LOG_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -33,21 +34,23 @@ class LogStore {
   absl::StatusOr<std::string> Read(absl::string_view job_id, absl::string_view task_id,
                                    int64_t offset, int64_t max_bytes);
 
-  // Counts appends that added data; never decreases.
-  uint64_t version() const;
+  // Counts appends to the job's logs that added data; never decreases.
+  uint64_t version(absl::string_view job_id) const;
 
-  // Blocks until version() differs from `known` or `timeout` passes; returns version().
-  uint64_t WaitForAppend(uint64_t known, absl::Duration timeout) const;
+  // Blocks until version(job_id) differs from `known` or `timeout` passes; returns
+  // version(job_id). Appends to other jobs' logs do not end the wait.
+  uint64_t WaitForAppend(absl::string_view job_id, uint64_t known, absl::Duration timeout) const;
 
   std::string PathFor(absl::string_view job_id, absl::string_view task_id) const;
 
  private:
   absl::StatusOr<int64_t> SizeLocked(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t VersionLocked(absl::string_view job_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
   mutable absl::Mutex mu_;
   mutable absl::CondVar appended_;
-  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t, std::less<>> versions_ ABSL_GUARDED_BY(mu_);  // by job id
   std::map<std::string, int64_t> sizes_ ABSL_GUARDED_BY(mu_);  // path -> bytes on disk
 };
 

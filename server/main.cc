@@ -48,6 +48,10 @@ ABSL_FLAG(absl::Duration, restart_backoff, absl::Seconds(1),
           "0 restarts at once.");
 ABSL_FLAG(absl::Duration, restart_backoff_max, absl::Seconds(60),
           "Upper bound of the restart backoff.");
+ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(10),
+          "Ranks of an attempt that are still not started this long after it was placed (their "
+          "agent never launched them) end the attempt; the job restarts as after an "
+          "infrastructure error (restart.max_infrastructure_errors).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, once the server listens, write the bound port number to this file "
           "(atomically: temp file + rename).");
@@ -126,6 +130,11 @@ int Run() {
   options.restart_backoff = std::max(absl::GetFlag(FLAGS_restart_backoff), absl::ZeroDuration());
   options.restart_backoff_max =
       std::max(absl::GetFlag(FLAGS_restart_backoff_max), options.restart_backoff);
+  options.start_timeout = absl::GetFlag(FLAGS_start_timeout);
+  if (options.start_timeout <= absl::ZeroDuration()) {
+    LogError("--start_timeout: must be positive");
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(RealClock::Get(), *std::move(store),
                          std::make_unique<LogStore>(abs_state + "/logs"), options);

@@ -13,7 +13,8 @@ namespace trainyard {
 namespace {
 
 // 2: tasks gained role, shard (parameter-server shards) and stop_deadline_ms.
-constexpr int kSchemaVersion = 2;
+// 3: checkpoints gained retired_by (the step of the commit that retired them).
+constexpr int kSchemaVersion = 3;
 
 // From version 1 to 2, in one transaction with the new version number.
 constexpr char kMigrateFrom1[] = R"sql(
@@ -25,6 +26,15 @@ UPDATE meta SET value = '2' WHERE key = 'schema_version';
 COMMIT;
 )sql";
 
+constexpr char kMigrateFrom2[] = R"sql(
+BEGIN IMMEDIATE;
+ALTER TABLE checkpoints ADD COLUMN retired_by INTEGER NOT NULL DEFAULT -1;
+UPDATE meta SET value = '3' WHERE key = 'schema_version';
+COMMIT;
+)sql";
+
+// The tables as of version 2 (created where missing); the migrations take them on from there.
+constexpr int kBaseSchemaVersion = 2;
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs(
@@ -164,16 +174,23 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
     }
   }
   if (!version.has_value()) {
-    if (absl::Status s = SetMeta(db, "schema_version", absl::StrCat(kSchemaVersion)); !s.ok()) {
+    if (absl::Status s = SetMeta(db, "schema_version", absl::StrCat(kBaseSchemaVersion)); !s.ok()) {
       return s;
     }
-  } else if (*version > kSchemaVersion) {
+    version = kBaseSchemaVersion;
+  }
+  if (*version > kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat(path, ": schema version ", *version,
                                                       " is newer than supported ", kSchemaVersion));
-  } else if (*version == 1) {
-    if (absl::Status s = store->Exec(kMigrateFrom1); !s.ok()) {
-      store->Exec("ROLLBACK").IgnoreError();
-      return absl::Status(s.code(), absl::StrCat(path, ": migrating schema 1 to 2: ", s.message()));
+  } else {
+    // Each step in its own transaction with its version number: one cut short is redone.
+    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2};
+    for (int from = *version; from < kSchemaVersion; ++from) {
+      if (absl::Status s = store->Exec(migrations[from - 1]); !s.ok()) {
+        store->Exec("ROLLBACK").IgnoreError();
+        return absl::Status(s.code(), absl::StrCat(path, ": migrating schema ", from, " to ",
+                                                   from + 1, ": ", s.message()));
+      }
     }
   }
   return store;
@@ -255,10 +272,11 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
   for (const StoredCheckpoint& c : m.checkpoints) {
     Statement st(db_,
                  "INSERT OR REPLACE INTO checkpoints(job_id, step, uri, size_bytes, created_ms, "
-                 "generation, retired) VALUES(?, ?, ?, ?, ?, ?, ?)");
+                 "generation, retired, retired_by) VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
     st.Bind(1, c.checkpoint.job_id()).Bind(2, c.checkpoint.step()).Bind(3, c.checkpoint.uri());
     st.Bind(4, c.checkpoint.size_bytes()).Bind(5, c.checkpoint.created_unix_ms());
     st.Bind(6, c.checkpoint.generation()).Bind(7, int64_t{c.retired ? 1 : 0});
+    st.Bind(8, c.retired_by_step);
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   if (m.next_job_seq.has_value()) {
@@ -336,8 +354,8 @@ absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
   }
   {
     Statement st(db_,
-                 "SELECT job_id, step, uri, size_bytes, created_ms, generation, retired "
-                 "FROM checkpoints ORDER BY job_id, step");
+                 "SELECT job_id, step, uri, size_bytes, created_ms, generation, retired, "
+                 "retired_by FROM checkpoints ORDER BY job_id, step");
     while (st.Next()) {
       StoredCheckpoint c;
       c.checkpoint.set_job_id(st.Text(0));
@@ -347,6 +365,7 @@ absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
       c.checkpoint.set_created_unix_ms(st.Int(4));
       c.checkpoint.set_generation(st.Int(5));
       c.retired = st.Int(6) != 0;
+      c.retired_by_step = st.Int(7);
       out.checkpoints.push_back(std::move(c));
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;

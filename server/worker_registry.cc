@@ -16,7 +16,7 @@ WorkerRegistry::WorkerRegistry(const Clock& clock, absl::Duration lease_timeout)
 
 const WorkerRecord& WorkerRegistry::Register(v1::Worker info) {
   const absl::Time now = clock_.Now();
-  info.set_state(v1::READY);
+  if (info.state() != v1::DRAINING) info.set_state(v1::READY);
   info.set_registered_unix_ms(absl::ToUnixMillis(now));
   info.set_last_seen_unix_ms(absl::ToUnixMillis(now));
   std::string id = info.id();
@@ -24,6 +24,7 @@ const WorkerRecord& WorkerRegistry::Register(v1::Worker info) {
   record.info = std::move(info);
   record.lease_expiry = now + lease_timeout_;
   record.desired_version = ++next_version_;
+  record.restored = false;
   return record;
 }
 
@@ -33,6 +34,7 @@ void WorkerRegistry::Restore(v1::Worker info) {
   record.info = std::move(info);
   record.lease_expiry = clock_.Now() + lease_timeout_;
   record.desired_version = ++next_version_;
+  record.restored = true;
 }
 
 absl::Status WorkerRegistry::Renew(absl::string_view id) {

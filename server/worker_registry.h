@@ -18,6 +18,9 @@ struct WorkerRecord {
   trainyard::v1::Worker info;  // slots_used, gpus_used and task_ids are left to the caller
   absl::Time lease_expiry;
   uint64_t desired_version = 0;  // changes whenever the tasks it should run change
+  // Loaded from the store and not registered since this coordinator started: its agent is asked
+  // to register again, reporting what it runs, so that tasks it lost meanwhile are found.
+  bool restored = false;
 };
 
 // The workers the coordinator knows and their leases. A worker is READY (or DRAINING) while its
@@ -30,11 +33,12 @@ class WorkerRegistry {
 
   absl::Duration lease_timeout() const { return lease_timeout_; }
 
-  // Adds or replaces the worker `info.id()`: READY, registered and seen now, a fresh lease and
-  // a new desired-state version. Returns the stored record.
+  // Adds or replaces the worker `info.id()`: READY (or DRAINING when `info` says so), registered
+  // and seen now, a fresh lease and a new desired-state version. Returns the stored record.
   const WorkerRecord& Register(trainyard::v1::Worker info);
 
-  // Puts back a worker loaded from the store, keeping its state; its lease starts now.
+  // Puts back a worker loaded from the store, keeping its state; its lease starts now and it is
+  // marked `restored` until it registers.
   void Restore(trainyard::v1::Worker info);
 
   // Extends the lease from now. NOT_FOUND for an unknown worker, FAILED_PRECONDITION for a LOST

@@ -204,8 +204,9 @@ TEST(ViewsTest, DescribeShowsRestartsAndTheirRecovery) {
   r->set_recovery_seconds(3.2);
   r->set_scheduling_seconds(1.0);
   const std::string text = DescribeJob(job, absl::UTCTimeZone());
-  EXPECT_THAT(text, HasSubstr("Restarts:         1 (failures 0 of 3 allowed; preemptions and "
-                              "other 1 of unlimited)"));
+  EXPECT_THAT(text, HasSubstr("Restarts:         1 (failures 0 of 3 allowed; hangs and "
+                              "infrastructure errors 0 of 10; preemptions and lost workers 1 of "
+                              "unlimited)"));
   EXPECT_THAT(text, HasSubstr("1    preempted  2023-11-14T22:13:20+00:00  40         40       0  "
                               "   3.2s (detect 0.0, schedule 1.0"));
   EXPECT_THAT(text, HasSubstr("preemption notice for worker w2 (SIGTERM)"));

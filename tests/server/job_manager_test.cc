@@ -286,18 +286,46 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
     EXPECT_EQ(manager_->CommitCheckpoint(request).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
-  // Committing the same step again is a no-op.
+  // Committing the same step again (a retry whose first answer was lost) changes nothing and
+  // hands back the same folders to delete, also after a coordinator restart.
   retired = commit(30);
   ASSERT_TRUE(retired.ok());
-  EXPECT_THAT(*retired, IsEmpty());
+  EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000010"));
   EXPECT_EQ(Get(id).committed_step(), 30);
+  Reopen();
+  retired = commit(20);
+  ASSERT_TRUE(retired.ok());
+  EXPECT_THAT(*retired, IsEmpty());
+  retired = commit(30);
+  ASSERT_TRUE(retired.ok());
+  EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000010"));
+
+  // A request cannot keep fewer than the spec says (it may keep more).
+  {
+    v1::CommitCheckpointRequest request;
+    request.set_job_id(id);
+    request.set_generation(1);
+    request.set_step(35);
+    request.set_uri("file:///ckpt/ck-1/step-000000000035");
+    request.set_keep_last(1);
+    retired = manager_->CommitCheckpoint(request);
+    ASSERT_TRUE(retired.ok()) << retired.status();
+    EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000020"));
+    request.set_step(36);
+    request.set_uri("file:///ckpt/ck-1/step-000000000036");
+    request.set_keep_last(3);
+    retired = manager_->CommitCheckpoint(request);
+    ASSERT_TRUE(retired.ok()) << retired.status();
+    EXPECT_THAT(*retired, IsEmpty());
+  }
 
   auto list = manager_->ListCheckpoints(id);
   ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->size(), 2u);
-  EXPECT_EQ((*list)[0].step(), 30);
-  EXPECT_EQ((*list)[1].step(), 20);
-  EXPECT_EQ((*list)[0].size_bytes(), 130);
+  ASSERT_EQ(list->size(), 3u);
+  EXPECT_EQ((*list)[0].step(), 36);
+  EXPECT_EQ((*list)[1].step(), 35);
+  EXPECT_EQ((*list)[2].step(), 30);
+  EXPECT_EQ((*list)[2].size_bytes(), 130);
   EXPECT_EQ(manager_->ListCheckpoints("nope-1").status().code(), absl::StatusCode::kNotFound);
 
   // A job resuming from this one gets its own checkpoints first, then this job's.
@@ -310,15 +338,16 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
     return manager_->TaskFor(follow_id + ".g1.r0");
   }();
   ASSERT_TRUE(task.ok()) << task.status();
-  EXPECT_THAT(task->resume_checkpoints(), ElementsAre("file:///ckpt/ck-1/step-000000000030",
-                                                      "file:///ckpt/ck-1/step-000000000020"));
+  EXPECT_THAT(task->resume_checkpoints(), ElementsAre("file:///ckpt/ck-1/step-000000000036",
+                                                      "file:///ckpt/ck-1/step-000000000035",
+                                                      "file:///ckpt/ck-1/step-000000000030"));
 
   Reopen();
   list = manager_->ListCheckpoints(id);
   ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->size(), 2u);
-  EXPECT_EQ((*list)[0].step(), 30);
-  EXPECT_EQ(Get(id).committed_step(), 30);
+  ASSERT_EQ(list->size(), 3u);
+  EXPECT_EQ((*list)[0].step(), 36);
+  EXPECT_EQ(Get(id).committed_step(), 36);
 }
 
 TEST_F(JobManagerTest, SyncLongPollWakesWhenATaskIsPlaced) {
@@ -438,10 +467,19 @@ TEST_F(JobManagerTest, EverythingSurvivesARestart) {
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0].id(), "w1");
   EXPECT_EQ(workers[0].slots_used(), 1);
-  // The worker keeps syncing without registering again and still gets its task.
+  // The worker is asked to register again with what it runs, and then gets its task back.
+  EXPECT_TRUE(Sync("w1").reregister());
+  v1::RegisterWorkerRequest again;
+  again.set_name("w1");
+  again.set_slots(1);
+  v1::TaskStatus* running = again.add_tasks();
+  running->set_task_id(id + ".g1.r0");
+  running->set_state(v1::TASK_RUNNING);
+  ASSERT_TRUE(manager_->RegisterWorker(again).ok());
   v1::SyncResponse sync = Sync("w1");
   EXPECT_FALSE(sync.reregister());
   ASSERT_EQ(sync.tasks_size(), 1);
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
   // The sequence continues.
   EXPECT_EQ(Submit(TestSpec("tiny")), "tiny-2");
   ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_EXITED).ok());
@@ -567,6 +605,49 @@ TEST_F(JobManagerTest, FollowedLogsEndWhenTheJobEnds) {
   follower.join();
   EXPECT_TRUE(result.ok()) << result;
   EXPECT_EQ(followed, "step 1\nstep 2\n");
+}
+
+// Following the log of a finished job ends after the last pieces, however busy other jobs' logs
+// are.
+TEST_F(JobManagerTest, FollowedLogOfAFinishedJobEndsWhileOtherJobsLog) {
+  Register("w1", 2);
+  const std::string done = Submit(TestSpec("done"));
+  const std::string busy = Submit(TestSpec("busy"));
+  manager_->Tick();
+  ASSERT_TRUE(manager_->ShipLogs("w1", done + ".g1.r0", 0, "last words\n").ok());
+  ASSERT_TRUE(Report("w1", done + ".g1.r0", v1::TASK_EXITED).ok());
+  ASSERT_EQ(Get(done).state(), v1::SUCCEEDED);
+
+  std::atomic<bool> followed_to_the_end{false};
+  std::atomic<bool> writer_gave_up{false};
+  // The other job logs without pause until the follower is done (or for at most 30 s, which
+  // only a follower that never ends reaches).
+  std::thread writer([&] {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    int64_t offset = 0;
+    while (!followed_to_the_end.load()) {
+      if (absl::Now() > give_up) {
+        writer_gave_up = true;
+        return;
+      }
+      auto next = manager_->ShipLogs("w1", busy + ".g1.r0", offset, "tick\n");
+      ASSERT_TRUE(next.ok()) << next.status();
+      offset = *next;
+    }
+  });
+  std::string followed;
+  absl::Status result = manager_->StreamLogs(
+      done, LogSelection{}, true,
+      [&](const v1::TaskInfo&, absl::string_view data) {
+        followed += std::string(data);
+        return true;
+      },
+      [] { return false; });
+  followed_to_the_end = true;
+  writer.join();
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(followed, "last words\n");
+  EXPECT_FALSE(writer_gave_up.load()) << "the follow ended only when the other job went quiet";
 }
 
 TEST_F(JobManagerTest, WatchSendsEveryChangeAndEndsWhenFinal) {

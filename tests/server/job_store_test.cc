@@ -174,7 +174,7 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
     sqlite3_finalize(st);
     sqlite3_close(db);
   }
-  for (int open = 0; open < 2; ++open) {  // the second open finds version 2
+  for (int open = 0; open < 2; ++open) {  // the second open finds version 3
     auto store = SqliteJobStore::Open(path);
     ASSERT_TRUE(store.ok()) << store.status();
     if (open == 0) {
@@ -185,6 +185,13 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
       shard.set_worker_id("w2");
       shard.set_role(v1::TASK_ROLE_SHARD);
       m.tasks.emplace_back("old-1", shard);
+      StoredCheckpoint retired;
+      retired.checkpoint.set_job_id("old-1");
+      retired.checkpoint.set_step(10);
+      retired.checkpoint.set_uri("file:///c/old-1/step-000000000010");
+      retired.retired = true;
+      retired.retired_by_step = 30;
+      m.checkpoints.push_back(retired);
       ASSERT_TRUE((*store)->Apply(m).ok());
     }
     auto contents = (*store)->LoadAll();
@@ -196,6 +203,8 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
     EXPECT_EQ(job.tasks(0).role(), v1::TASK_ROLE_RANK);
     EXPECT_EQ(job.tasks(0).message(), "done");
     EXPECT_EQ(job.tasks(1).role(), v1::TASK_ROLE_SHARD);
+    ASSERT_EQ(contents->checkpoints.size(), 1u);
+    EXPECT_EQ(contents->checkpoints[0].retired_by_step, 30);
   }
 }
 

@@ -6,6 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/exit_codes.h"
+#include "common/job_spec.h"
+#include "common/restart_reason.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/job_manager_fixture.h"
@@ -365,6 +368,93 @@ TEST_F(RecoveryTest, PreemptionsHaveTheirOwnBudget) {
   EXPECT_THAT(job.reason(), HasSubstr("restart.max_preemptions is 1"));
 }
 
+// A job that can never work for a reason outside its code (wrong object-store credentials: exit
+// code 3 on every attempt) must not restart forever on the unlimited preemption budget.
+TEST_F(RecoveryTest, InfrastructureErrorsHaveABudgetOfTheirOwn) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("badcreds");
+  ApplyJobSpecDefaults(spec);
+  ASSERT_EQ(spec.restart().max_infrastructure_errors(), kDefaultMaxInfrastructureErrors);
+  spec.mutable_restart()->set_max_infrastructure_errors(2);
+  const std::string id = Submit(spec);
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    Start(id);
+    ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, kExitInfrastructure,
+                       "checkpoint store: 403 Forbidden")
+                    .ok());
+    if (attempt < 3) PassBackoff(id);
+  }
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED) << job.reason();
+  EXPECT_THAT(job.reason(), HasSubstr("403 Forbidden (3 restarts for hangs or infrastructure "
+                                      "errors; restart.max_infrastructure_errors is 2)"));
+  // Hangs share the budget; preemptions do not draw on it.
+  EXPECT_EQ(BudgetOf(v1::HANG), RestartBudget::kInfrastructure);
+  EXPECT_EQ(BudgetOf(v1::PREEMPTED), RestartBudget::kPreemptions);
+
+  // A job stored before the field existed gets the default, not "unlimited".
+  v1::RestartPolicy old_policy;
+  EXPECT_EQ(BudgetLimit(old_policy, RestartBudget::kInfrastructure),
+            kDefaultMaxInfrastructureErrors);
+}
+
+// An agent that never starts a rank (its trainer cannot be launched, the agent is wedged but
+// still syncs) must not keep the job SCHEDULED forever, nor the started ranks waiting.
+TEST_F(RecoveryTest, RanksThatNeverStartEndTheAttemptAfterTheStartTimeout) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string id = Submit(TestSpec("stuck", 2, 2));
+  manager_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::SCHEDULED);
+  // Rank 0 starts; rank 1's agent syncs but never launches it.
+  ASSERT_TRUE(Report(job.tasks(0).worker_id(), TaskOf(id, 0), v1::TASK_RUNNING).ok());
+  const std::string stuck_worker = job.tasks(1).worker_id();
+  for (int i = 0; i < 119; ++i) {  // 9 min 55 s, leases kept
+    clock_.Advance(absl::Seconds(5));
+    KeepAlive({"w1", "w2"});
+    manager_->Tick();
+  }
+  ASSERT_EQ(Get(id).state(), v1::RUNNING) << "ended before the start timeout";
+  clock_.Advance(absl::Seconds(5));
+  KeepAlive({"w1", "w2"});
+  manager_->Tick();
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING) << job.reason();
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).reason(), v1::INFRASTRUCTURE);
+  EXPECT_THAT(job.restarts(0).message(),
+              HasSubstr(absl::StrCat("rank 1 on ", stuck_worker, " did not start within 10m")));
+}
+
+// max_runtime bounds the job's time since it started, whatever state it is in: a job that keeps
+// restarting (or waits for capacity after a restart) does not run past it.
+TEST_F(RecoveryTest, MaxRuntimeCountsTimeSpentRestarting) {
+  JobManagerOptions options;
+  options.restart_backoff = absl::Minutes(10);
+  options.restart_backoff_max = absl::Minutes(10);
+  Reopen(options);
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("bounded");
+  spec.set_max_runtime_seconds(60);
+  spec.mutable_restart()->set_max_failures(5);
+  const std::string id = Submit(spec);
+  Start(id);
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 1, "boom").ok());
+  ASSERT_EQ(Get(id).state(), v1::PENDING);  // waiting out a backoff of 5 to 10 minutes
+  clock_.Advance(absl::Seconds(49));
+  Sync("w1");
+  manager_->Tick();
+  ASSERT_EQ(Get(id).state(), v1::PENDING);
+  clock_.Advance(absl::Seconds(1));
+  Sync("w1");
+  manager_->Tick();
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(), "exceeded max_runtime 1m");
+}
+
 TEST_F(RecoveryTest, BackoffGrowsWhileAttemptsMakeNoProgressAndResetsAfter) {
   JobManagerOptions options;
   options.restart_backoff = absl::Seconds(1);
@@ -413,6 +503,32 @@ TEST_F(RecoveryTest, RestartInProgressSurvivesACoordinatorRestart) {
   job = Get(id);
   EXPECT_EQ(job.state(), v1::PENDING);
   EXPECT_EQ(job.restarts(0).reason(), v1::INFRASTRUCTURE);
+}
+
+// A rank that died while the coordinator was down (its agent restarted too, or reaped it and
+// forgot it) is found when the agent registers again after the coordinator's restart: the
+// coordinator asks every agent it loaded from its database to do so.
+TEST_F(RecoveryTest, TasksLostWhileTheCoordinatorWasDownAreFoundWhenAgentsRegisterAgain) {
+  Register("w1", 1);
+  Register("w2", 1);
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  const std::vector<std::string> workers = Start(id);
+  Reopen();
+  for (const std::string& w : workers) EXPECT_TRUE(Sync(w).reregister()) << w;
+  // w1's agent still runs rank 0; w2's came back without rank 1.
+  v1::RegisterWorkerRequest request;
+  request.set_name(workers[0]);
+  request.set_slots(1);
+  v1::TaskStatus* running = request.add_tasks();
+  running->set_task_id(TaskOf(id, 0));
+  running->set_state(v1::TASK_RUNNING);
+  ASSERT_TRUE(manager_->RegisterWorker(request).ok());
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  Register(workers[1], 1);
+  const v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING) << job.reason();
+  EXPECT_EQ(job.restarts(0).reason(), v1::WORKER_LOST);
+  EXPECT_THAT(job.restarts(0).message(), HasSubstr("rank 1 lost"));
 }
 
 TEST_F(RecoveryTest, AttemptThatFinishesWhileRestartingSucceeds) {
@@ -472,6 +588,14 @@ TEST_F(RecoveryTest, PreemptionOrLossOfAShardMachineRestartsTheJob) {
   job = Get(id);
   ASSERT_EQ(job.state(), v1::PENDING);
   EXPECT_EQ(job.restarts(0).reason(), v1::PREEMPTED);
+  // The agents register again with the restarted coordinator; the one being preempted (the
+  // same process) stays DRAINING.
+  Register("w1", 1);
+  Register("w2", 1);
+  Register("w3", 2);
+  for (const v1::Worker& w : manager_->ListWorkers()) {
+    EXPECT_EQ(w.state(), w.id() == shard_worker ? v1::DRAINING : v1::READY) << w.id();
+  }
 
   // The next attempt runs elsewhere; its shard's machine vanishes.
   PassBackoff(id);
