@@ -29,6 +29,9 @@ constexpr int kDefaultPageSize = 100;
 // it gone: above the agents' default stop grace period, bounded for tasks an agent never saw.
 constexpr absl::Duration kStoppingHold = absl::Seconds(60);
 constexpr int kMaxPageSize = 1000;
+// Between passes triggered by changes, the scheduler looks at the whole queue at least this
+// often (everything time-driven, such as backoffs and holds, is also woken up on time).
+constexpr absl::Duration kFullSchedulePeriod = absl::Seconds(10);
 constexpr int64_t kLogChunkBytes = 64 * 1024;
 constexpr char kPageTokenPrefix[] = "before:";
 // How often blocked streams look at client cancellation and shutdown.
@@ -159,14 +162,12 @@ JobManager::JobManager(const Clock& clock, std::unique_ptr<JobStore> store,
     : clock_(clock),
       options_(std::move(options)),
       store_(std::move(store)),
+      committer_(store_.get()),
       logs_(std::move(logs)),
       rendezvous_(clock),
       workers_(clock, options_.worker_timeout) {}
 
-JobManager::~JobManager() {
-  absl::MutexLock lock(&mu_);
-  FlushProgressLocked(/*all=*/true);
-}
+JobManager::~JobManager() = default;
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(const Clock& clock,
                                                                std::unique_ptr<JobStore> store,
@@ -188,9 +189,11 @@ absl::Status JobManager::Load() {
     JobEntry& entry = jobs_[id];
     entry.seq = stored.seq;
     entry.job = std::move(stored.job);
-    entry.progress_persisted = clock_.Now();
     ids_by_seq_[entry.seq] = id;
-    if (!IsFinalJobState(entry.job.state())) active_seqs_.insert(entry.seq);
+    if (!IsFinalJobState(entry.job.state())) {
+      active_seqs_.insert(entry.seq);
+      if (entry.job.generation() > 0) attempt_seqs_.insert(entry.seq);
+    }
     // Stall and stop clocks restart with the coordinator: it cannot know what happened while
     // it was away.
     entry.last_step_change = clock_.Now();
@@ -240,7 +243,7 @@ bool JobManager::IsActiveTask(const JobEntry& entry, const v1::TaskInfo& task) c
 std::vector<std::pair<const JobManager::JobEntry*, const v1::TaskInfo*>>
 JobManager::ActiveTasksLocked() const {
   std::vector<std::pair<const JobEntry*, const v1::TaskInfo*>> out;
-  for (int64_t seq : active_seqs_) {
+  for (int64_t seq : attempt_seqs_) {
     const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
     if (entry == nullptr) continue;
     for (const v1::TaskInfo& t : entry->job.tasks()) {
@@ -262,7 +265,7 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
       if (t.task_id() == task_id) m.tasks.emplace_back(updated.id(), t);
     }
   }
-  if (absl::Status s = store_->Apply(m); !s.ok()) {
+  if (absl::Status s = committer_.Apply(std::move(m)); !s.ok()) {
     LogError("job ", updated.id(), ": store write failed: ", s.ToString());
     return s;
   }
@@ -274,9 +277,11 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
   const bool was_final = IsFinalJobState(entry.job.state());
   entry.job = std::move(updated);
   entry.version++;
-  // The row just written carries the latest progress too.
-  entry.progress_dirty = false;
-  entry.progress_persisted = clock_.Now();
+  if (!IsFinalJobState(entry.job.state()) && entry.job.generation() > 0) {
+    attempt_seqs_.insert(entry.seq);
+  } else {
+    attempt_seqs_.erase(entry.seq);
+  }
   std::set<std::pair<std::string, std::string>> after;
   for (const v1::TaskInfo& t : entry.job.tasks()) {
     job_of_task_[t.task_id()] = entry.job.id();
@@ -290,6 +295,7 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
     if (!before.count(p)) touched.insert(p.first);
   }
   for (const std::string& worker_id : touched) workers_.BumpVersion(worker_id);
+  schedule_all_ = true;  // capacity, the queue or priorities may have changed
   if (!was_final && IsFinalJobState(entry.job.state())) {
     active_seqs_.erase(entry.seq);
     entry.ended = clock_.Now();
@@ -350,49 +356,60 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
   }
-  absl::MutexLock lock(&mu_);
-  if (static_cast<int>(active_seqs_.size()) >= options_.max_active_jobs) {
-    return absl::ResourceExhaustedError(absl::StrCat("too many active jobs: ", active_seqs_.size(),
-                                                     " (limit ", options_.max_active_jobs, ")"));
-  }
-  if (!spec.checkpoint().resume_from().empty() &&
-      FindLocked(spec.checkpoint().resume_from()) == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint.resume_from: no job '", spec.checkpoint().resume_from(), "'"));
-  }
-  const int64_t seq = next_seq_;
-  const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
   v1::Job job;
-  job.set_id(absl::StrCat(spec.name(), "-", seq));
-  job.set_name(spec.name());
-  job.set_state(v1::PENDING);
-  job.set_reason("submitted");
-  job.set_generation(0);
-  job.set_created_unix_ms(now_ms);
-  job.set_updated_unix_ms(now_ms);
-  job.set_committed_step(-1);
-  const std::string& base =
-      spec.checkpoint().uri().empty() ? options_.checkpoint_root : spec.checkpoint().uri();
-  job.set_checkpoint_uri(JoinUri(base, job.id()));
-  *job.mutable_spec() = std::move(spec);
-  v1::JobEvent* event = job.add_events();
-  event->set_time_unix_ms(now_ms);
-  event->set_from(v1::JOB_STATE_UNSPECIFIED);
-  event->set_to(v1::PENDING);
-  event->set_reason("submitted");
-
-  StoreMutation m;
-  m.jobs.push_back({seq, job});
-  m.events.emplace_back(job.id(), *event);
-  m.next_job_seq = seq + 1;
-  if (absl::Status s = store_->Apply(m); !s.ok()) return s;
-  next_seq_ = seq + 1;
+  int64_t seq = 0;
+  std::shared_ptr<GroupCommitter::Ticket> ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    const int active = static_cast<int>(active_seqs_.size()) + submitting_;
+    if (active >= options_.max_active_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat("too many active jobs: ", active, " (limit ",
+                                                       options_.max_active_jobs, ")"));
+    }
+    if (!spec.checkpoint().resume_from().empty() &&
+        FindLocked(spec.checkpoint().resume_from()) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint.resume_from: no job '", spec.checkpoint().resume_from(), "'"));
+    }
+    // The number is taken now; a submission whose write fails leaves a gap.
+    seq = next_seq_++;
+    const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
+    job.set_id(absl::StrCat(spec.name(), "-", seq));
+    job.set_name(spec.name());
+    job.set_state(v1::PENDING);
+    job.set_reason("submitted");
+    job.set_generation(0);
+    job.set_created_unix_ms(now_ms);
+    job.set_updated_unix_ms(now_ms);
+    job.set_committed_step(-1);
+    const std::string& base =
+        spec.checkpoint().uri().empty() ? options_.checkpoint_root : spec.checkpoint().uri();
+    job.set_checkpoint_uri(JoinUri(base, job.id()));
+    *job.mutable_spec() = std::move(spec);
+    v1::JobEvent* event = job.add_events();
+    event->set_time_unix_ms(now_ms);
+    event->set_from(v1::JOB_STATE_UNSPECIFIED);
+    event->set_to(v1::PENDING);
+    event->set_reason("submitted");
+    StoreMutation m;
+    m.jobs.push_back({seq, job});
+    m.events.emplace_back(job.id(), *event);
+    m.next_job_seq = seq + 1;
+    // Queued under the lock, committed without it: submissions from many clients share one
+    // transaction, and the job becomes visible only once it is durable.
+    ticket = committer_.Enqueue(std::move(m));
+    ++submitting_;
+  }
+  const absl::Status written = committer_.Wait(ticket);
+  absl::MutexLock lock(&mu_);
+  --submitting_;
+  if (!written.ok()) return written;
   JobEntry& entry = jobs_[job.id()];
   entry.seq = seq;
   entry.job = job;
-  entry.progress_persisted = clock_.Now();
   ids_by_seq_[seq] = job.id();
   active_seqs_.insert(seq);
+  new_pending_.push_back(seq);
   LogInfo("job ", job.id(), " submitted");
   if (options_.event_sink != nullptr) options_.event_sink->OnJobSubmitted(job);
   RequestTickLocked();
@@ -547,7 +564,8 @@ absl::Status JobManager::StreamLogs(
 std::vector<v1::Worker> JobManager::ListWorkers() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Worker> out;
-  for (const WorkerRecord* record : workers_.All()) out.push_back(WorkerViewLocked(*record));
+  const std::map<std::string, Usage> used = UsedCapacityLocked();
+  for (const WorkerRecord* record : workers_.All()) out.push_back(WorkerViewLocked(*record, used));
   return out;
 }
 
@@ -567,7 +585,7 @@ std::map<std::string, JobManager::Usage> JobManager::UsedCapacityLocked() const 
       u.task_ids.push_back(t.task_id());
     }
   };
-  for (int64_t seq : active_seqs_) {
+  for (int64_t seq : attempt_seqs_) {
     const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
     if (entry == nullptr) continue;
     const v1::JobState state = entry->job.state();
@@ -589,9 +607,9 @@ std::map<std::string, JobManager::Usage> JobManager::UsedCapacityLocked() const 
   return used;
 }
 
-v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record) const {
+v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record,
+                                        const std::map<std::string, Usage>& used) const {
   v1::Worker view = record.info;
-  const std::map<std::string, Usage> used = UsedCapacityLocked();
   auto it = used.find(view.id());
   if (it != used.end()) {
     view.set_slots_used(it->second.slots);
@@ -620,7 +638,7 @@ absl::Status JobManager::PersistWorkerLocked(absl::string_view id) {
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("worker '", id, "' unknown"));
   StoreMutation m;
   m.workers.push_back(record->info);
-  return store_->Apply(m);
+  return committer_.Apply(std::move(m));
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
@@ -654,8 +672,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   info.set_last_seen_unix_ms(now_ms);
   StoreMutation m;
   m.workers.push_back(info);
-  if (absl::Status s = store_->Apply(m); !s.ok()) return s;
+  if (absl::Status s = committer_.Apply(std::move(m)); !s.ok()) return s;
   workers_.Register(info);
+  schedule_all_ = true;
   LogInfo("worker ", info.id(), " registered: ", info.slots(), " slots, ", info.gpus(), " GPUs, ",
           request.tasks_size(), " tasks reported");
 
@@ -970,42 +989,60 @@ absl::StatusOr<JobManager::JobEntry*> JobManager::FencedLocked(absl::string_view
 
 absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t generation, int rank,
                                         const v1::JobProgress& progress) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
-  if (!fenced.ok()) return fenced.status();
-  JobEntry& entry = **fenced;
-  const absl::Time now = clock_.Now();
-  if (progress.step() > entry.last_step_seen) {
-    entry.last_step_seen = progress.step();
-    entry.last_step_change = now;
-  }
-  if (entry.job.state() == v1::RESTARTING) {
-    // The ended attempt's last word (its final step) tells how many steps the restart loses.
-    v1::Restart* last = entry.job.mutable_restarts(entry.job.restarts_size() - 1);
-    if (progress.step() > last->last_step()) last->set_last_step(progress.step());
-  }
-  // Rank 0 speaks for the job; other ranks only fill in while rank 0 lags behind.
-  if (rank != 0 && progress.step() < entry.job.progress().step() &&
-      entry.job.progress().attempt_start_step() == progress.attempt_start_step()) {
-    return absl::OkStatus();
-  }
-  v1::JobProgress* stored = entry.job.mutable_progress();
-  *stored = progress;
-  stored->set_updated_unix_ms(absl::ToUnixMillis(now));
-  if (options_.event_sink != nullptr) options_.event_sink->OnProgress(job_id, progress.step(), now);
-  entry.version++;
-  entry.progress_dirty = true;
-  changed_.SignalAll();
-  if (entry.job.restarts_size() > 0) {
-    const v1::Restart& last = entry.job.restarts(entry.job.restarts_size() - 1);
-    if (!last.recovered() && last.generation() < generation &&
-        (entry.job.state() == v1::RUNNING || entry.job.state() == v1::SCHEDULED)) {
-      RecordRecoveryLocked(entry, progress);
+  v1::JobProgress stored;
+  uint64_t report = 0;
+  std::shared_ptr<GroupCommitter::Ticket> ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+    if (!fenced.ok()) return fenced.status();
+    JobEntry& entry = **fenced;
+    const absl::Time now = clock_.Now();
+    if (progress.step() > entry.last_step_seen) {
+      entry.last_step_seen = progress.step();
+      entry.last_step_change = now;
+    }
+    if (entry.job.state() == v1::RESTARTING) {
+      // The ended attempt's last word (its final step) tells how many steps the restart loses.
+      v1::Restart* last = entry.job.mutable_restarts(entry.job.restarts_size() - 1);
+      if (progress.step() > last->last_step()) last->set_last_step(progress.step());
+    }
+    // Rank 0 speaks for the job; other ranks only fill in while rank 0 lags behind. Compared
+    // with the latest report queued, which may not be written yet.
+    const v1::JobProgress& latest =
+        entry.progress_reports > 0 ? entry.queued_progress : entry.job.progress();
+    if (rank != 0 && progress.step() < latest.step() &&
+        latest.attempt_start_step() == progress.attempt_start_step()) {
       return absl::OkStatus();
     }
+    stored = progress;
+    stored.set_updated_unix_ms(absl::ToUnixMillis(now));
+    entry.queued_progress = stored;
+    report = ++entry.progress_reports;
+    // Written before it is acknowledged or shown, in a transaction shared with whatever else is
+    // being written meanwhile (other jobs' reports, submissions).
+    StoreMutation m;
+    m.progress.emplace_back(std::string(job_id), stored);
+    ticket = committer_.Enqueue(std::move(m));
   }
-  if (now - entry.progress_persisted >= options_.progress_persist_interval) {
-    FlushProgressLocked(/*all=*/false);
+  const absl::Status written = committer_.Wait(ticket);
+  absl::MutexLock lock(&mu_);
+  if (!written.ok()) return written;
+  JobEntry* entry = FindLocked(job_id);
+  // A later report of this job that was written first stays.
+  if (entry == nullptr || report <= entry->progress_applied) return absl::OkStatus();
+  entry->progress_applied = report;
+  *entry->job.mutable_progress() = stored;
+  const absl::Time now = clock_.Now();
+  if (options_.event_sink != nullptr) options_.event_sink->OnProgress(job_id, stored.step(), now);
+  entry->version++;
+  changed_.SignalAll();
+  if (entry->job.restarts_size() > 0 && entry->job.generation() == generation) {
+    const v1::Restart& last = entry->job.restarts(entry->job.restarts_size() - 1);
+    if (!last.recovered() && last.generation() < generation &&
+        (entry->job.state() == v1::RUNNING || entry->job.state() == v1::SCHEDULED)) {
+      RecordRecoveryLocked(*entry, stored);
+    }
   }
   return absl::OkStatus();
 }
@@ -1054,30 +1091,6 @@ void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& pr
   }
   LogInfo("job ", entry.job.id(), ": ", event.reason());
   if (options_.event_sink != nullptr) options_.event_sink->OnRecovered(entry.job, recovered);
-}
-
-void JobManager::FlushProgressLocked(bool all) {
-  const absl::Time now = clock_.Now();
-  StoreMutation m;
-  std::vector<JobEntry*> flushed;
-  // Only active jobs take progress reports (the fence refuses final ones), and every commit of a
-  // job writes its progress, so a final job is never dirty.
-  for (int64_t seq : active_seqs_) {
-    JobEntry& entry = jobs_.at(ids_by_seq_.at(seq));
-    if (!entry.progress_dirty) continue;
-    if (!all && now - entry.progress_persisted < options_.progress_persist_interval) continue;
-    m.jobs.push_back({entry.seq, entry.job});
-    flushed.push_back(&entry);
-  }
-  if (m.empty()) return;
-  if (absl::Status s = store_->Apply(m); !s.ok()) {
-    LogWarning("persisting progress failed: ", s.ToString());
-    return;
-  }
-  for (JobEntry* entry : flushed) {
-    entry->progress_dirty = false;
-    entry->progress_persisted = now;
-  }
 }
 
 absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
@@ -1201,6 +1214,7 @@ absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& req
   const int64_t deadline_ms = std::max<int64_t>(request.deadline_unix_ms(), absl::ToUnixMillis(now));
   if (record->info.state() != v1::DRAINING) {
     if (absl::Status s = workers_.SetState(request.worker_id(), v1::DRAINING); !s.ok()) return s;
+    schedule_all_ = true;
     if (absl::Status s = PersistWorkerLocked(request.worker_id()); !s.ok()) {
       workers_.SetState(request.worker_id(), v1::READY).IgnoreError();
       return s;
@@ -1299,11 +1313,18 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
       snap.gpus_used += it->second.gpus;
     }
   }
+  // Jobs never placed wait since their submission, in sequence order: the first is the oldest.
   for (int64_t seq : active_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry == nullptr || entry->job.generation() > 0) continue;
+    snap.oldest_pending_since = absl::FromUnixMillis(entry->job.created_unix_ms());
+    break;
+  }
+  for (int64_t seq : attempt_seqs_) {
     const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
     if (entry == nullptr) continue;
     const v1::Job& job = entry->job;
-    if (job.state() == v1::PENDING) {
+    if (job.state() == v1::PENDING) {  // after a restart
       absl::Time since = absl::FromUnixMillis(job.created_unix_ms());
       for (const v1::JobEvent& e : job.events()) {
         if (e.to() == v1::PENDING) since = absl::FromUnixMillis(e.time_unix_ms());
@@ -1312,7 +1333,6 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
         snap.oldest_pending_since = since;
       }
     }
-    if (job.generation() <= 0) continue;
     JobMetricsSnapshot j;
     j.id = job.id();
     j.state = job.state();
@@ -1367,7 +1387,6 @@ void JobManager::Tick() {
   RestartLostOrStalledLocked();
   EnforceRuntimeLocked();
   ScheduleLocked();
-  FlushProgressLocked(/*all=*/false);
 }
 
 bool JobManager::WaitForTickRequest(absl::Duration timeout) {
@@ -1394,6 +1413,7 @@ bool JobManager::IsShutDown() const {
 
 void JobManager::ExpireWorkersLocked() {
   const std::vector<std::string> lost = workers_.ExpireLeases();
+  if (!lost.empty()) schedule_all_ = true;
   for (const std::string& worker_id : lost) {
     if (absl::Status s = PersistWorkerLocked(worker_id); !s.ok()) {
       LogError("worker ", worker_id, ": persisting LOST failed: ", s.ToString());
@@ -1411,7 +1431,7 @@ void JobManager::RestartLostOrStalledLocked() {
   const absl::Time now = clock_.Now();
   std::vector<std::pair<std::string, AttemptEnd>> ends;
   std::vector<std::string> restarting;
-  for (int64_t seq : active_seqs_) {
+  for (int64_t seq : attempt_seqs_) {
     JobEntry& entry = jobs_.at(ids_by_seq_.at(seq));
     const v1::Job& job = entry.job;
     if (job.state() == v1::RESTARTING) {
@@ -1602,7 +1622,7 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
 void JobManager::EnforceRuntimeLocked() {
   const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
   std::vector<std::string> over;
-  for (int64_t seq : active_seqs_) {
+  for (int64_t seq : attempt_seqs_) {
     const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
     if (entry == nullptr) continue;
     const int64_t limit_s = entry->job.spec().max_runtime_seconds();
@@ -1620,38 +1640,46 @@ void JobManager::EnforceRuntimeLocked() {
   }
 }
 
+SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
+  SchedJob job;
+  job.id = entry.job.id();
+  job.priority = entry.job.spec().priority();
+  job.seq = entry.seq;
+  RankRange(entry.job.spec(), job.min_ranks, job.max_ranks);
+  job.batch_size = entry.job.spec().batch_size();
+  job.slots_per_rank = SlotsPerRank(entry.job.spec());
+  job.gpus_per_rank = GpusPerRank(entry.job.spec());
+  job.shards = ShardCount(entry.job.spec());
+  job.slots_per_shard = SlotsPerShard(entry.job.spec());
+  return job;
+}
+
 void JobManager::ScheduleLocked() {
+  const absl::Time now = clock_.Now();
+  // A full pass looks at every pending job. Between full passes, when only submissions came in,
+  // a pass over the new jobs and the job that blocked the queue last time decides as well: the
+  // capacity and everything queued before them are as the last full pass left them. Whatever
+  // such a pass would place (capacity came free after all) is left to a full pass.
+  bool full = schedule_all_ || now >= next_full_schedule_;
   std::vector<SchedJob> pending;
-  for (int64_t seq : active_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
-    if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
-    if (entry->job.next_attempt_unix_ms() > absl::ToUnixMillis(clock_.Now())) continue;
-    SchedJob job;
-    job.id = entry->job.id();
-    job.priority = entry->job.spec().priority();
-    job.seq = entry->seq;
-    RankRange(entry->job.spec(), job.min_ranks, job.max_ranks);
-    job.batch_size = entry->job.spec().batch_size();
-    job.slots_per_rank = SlotsPerRank(entry->job.spec());
-    job.gpus_per_rank = GpusPerRank(entry->job.spec());
-    job.shards = ShardCount(entry->job.spec());
-    job.slots_per_shard = SlotsPerShard(entry->job.spec());
-    pending.push_back(std::move(job));
-  }
-  if (pending.empty()) return;
-  // Ended jobs whose trainers all reported gone (or past the hold) no longer hold anything.
-  for (auto it = stopping_seqs_.begin(); it != stopping_seqs_.end();) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(*it));
-    bool holding = false;
-    if (entry != nullptr && clock_.Now() - entry->ended < kStoppingHold) {
-      for (const v1::TaskInfo& t : entry->job.tasks()) {
-        if (t.generation() == entry->job.generation() && !TaskEnded(t.state())) holding = true;
+  if (!full) {
+    if (new_pending_.empty()) return;
+    const JobEntry* blocker = FindLocked(schedule_blocker_);
+    if (blocker != nullptr && blocker->job.state() != v1::PENDING) blocker = nullptr;
+    if (blocker != nullptr) pending.push_back(SchedJobLocked(*blocker));
+    for (int64_t seq : new_pending_) {
+      auto id = ids_by_seq_.find(seq);
+      const JobEntry* entry = id == ids_by_seq_.end() ? nullptr : FindLocked(id->second);
+      if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
+      pending.push_back(SchedJobLocked(*entry));
+      // A job that goes before the blocker changes the order of the queue.
+      if (blocker != nullptr && pending.back().priority > blocker->job.spec().priority()) {
+        full = true;
       }
     }
-    it = holding ? std::next(it) : stopping_seqs_.erase(it);
   }
-  std::map<std::string, Usage> used = UsedCapacityLocked();
   std::vector<SchedWorker> workers;
+  std::map<std::string, Usage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     SchedWorker w;
     w.id = record->info.id();
@@ -1662,7 +1690,49 @@ void JobManager::ScheduleLocked() {
     w.free_gpus = w.total_gpus - used[w.id].gpus;
     workers.push_back(std::move(w));
   }
-  ScheduleDecision decision = Schedule(std::move(pending), workers);
+  ScheduleDecision decision;
+  if (!full) {
+    decision = Schedule(std::move(pending), workers);
+    full = !decision.placements.empty();
+  }
+  if (full) {
+    pending.clear();
+    absl::Time next = now + kFullSchedulePeriod;
+    for (int64_t seq : active_seqs_) {
+      const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+      if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
+      const absl::Time not_before = absl::FromUnixMillis(entry->job.next_attempt_unix_ms());
+      if (not_before > now) {
+        next = std::min(next, not_before);  // a restart's backoff ends
+        continue;
+      }
+      pending.push_back(SchedJobLocked(*entry));
+    }
+    // Capacity held by stopping ranks comes free by itself after kStoppingHold.
+    for (int64_t seq : attempt_seqs_) {
+      const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+      if (entry != nullptr && entry->restarting_since + kStoppingHold > now) {
+        next = std::min(next, entry->restarting_since + kStoppingHold);
+      }
+    }
+    // Ended jobs whose trainers all reported gone (or past the hold) no longer hold anything.
+    for (auto it = stopping_seqs_.begin(); it != stopping_seqs_.end();) {
+      const JobEntry* entry = FindLocked(ids_by_seq_.at(*it));
+      bool holding = false;
+      if (entry != nullptr && now - entry->ended < kStoppingHold) {
+        for (const v1::TaskInfo& t : entry->job.tasks()) {
+          if (t.generation() == entry->job.generation() && !TaskEnded(t.state())) holding = true;
+        }
+      }
+      if (holding) next = std::min(next, entry->ended + kStoppingHold);
+      it = holding ? std::next(it) : stopping_seqs_.erase(it);
+    }
+    schedule_all_ = false;
+    next_full_schedule_ = next;
+    decision = Schedule(std::move(pending), workers);
+  }
+  new_pending_.clear();
+  if (full) schedule_blocker_.clear();
   for (const Placement& placement : decision.placements) {
     JobEntry* entry = FindLocked(placement.job_id);
     if (entry == nullptr) continue;
@@ -1700,14 +1770,22 @@ void JobManager::ScheduleLocked() {
     // Ranks of an earlier attempt must not meet the new ones.
     rendezvous_.EndAttempts(placement.job_id, generation - 1);
   }
+  // Only the reason changed: derived again by every pass, it is shown but not written (a change
+  // at the head of a long queue would otherwise rewrite every queued job), and gets no event,
+  // so that a waiting job does not flood its history.
+  bool reasons_changed = false;
   for (const auto& [job_id, reason] : decision.pending_reasons) {
     JobEntry* entry = FindLocked(job_id);
-    if (entry == nullptr || entry->job.reason() == reason) continue;
-    // Only the reason changed: no event, so that a waiting job does not flood its history.
-    v1::Job updated = entry->job;
-    updated.set_reason(reason);
-    CommitLocked(*entry, std::move(updated), {}, {}).IgnoreError();
+    if (entry == nullptr) continue;
+    if (full && schedule_blocker_.empty() && absl::StartsWith(reason, "waiting for capacity")) {
+      schedule_blocker_ = job_id;
+    }
+    if (entry->job.reason() == reason) continue;
+    entry->job.set_reason(reason);
+    entry->version++;
+    reasons_changed = true;
   }
+  if (reasons_changed) changed_.SignalAll();
 }
 
 }  // namespace trainyard

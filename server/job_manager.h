@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/group_commit.h"
 #include "server/job_store.h"
 #include "server/log_store.h"
 #include "server/metrics_sink.h"
@@ -30,6 +31,8 @@
 
 namespace trainyard {
 
+struct SchedJob;
+
 struct JobManagerOptions {
   // Base URI for jobs whose spec sets no checkpoint.uri; a job's checkpoints go to {base}/{id}.
   std::string checkpoint_root = "file:///tmp/trainyard-checkpoints";
@@ -37,7 +40,6 @@ struct JobManagerOptions {
   int max_active_jobs = 10000;            // non-final jobs; beyond: RESOURCE_EXHAUSTED
   int64_t max_spec_yaml_bytes = 1 << 20;  // beyond: INVALID_ARGUMENT
   absl::Duration max_sync_wait = absl::Seconds(5);
-  absl::Duration progress_persist_interval = absl::Seconds(1);
   absl::Duration max_rendezvous_wait = absl::Seconds(30);
   // Restarts back off exponentially with jitter: the n-th restart in a row of attempts that
   // made no step progress waits uniformly in [d/2, d], d = min(restart_backoff * 2^(n-1),
@@ -151,7 +153,9 @@ class JobManager {
                                    int64_t offset, absl::string_view data);
 
   // Fenced by generation: FAILED_PRECONDITION "stale generation 1, current 2" for an older
-  // attempt (or a newer one than exists, or a final job); NOT_FOUND for an unknown job.
+  // attempt (or a newer one than exists, or a final job); NOT_FOUND for an unknown job. The
+  // progress is written to the store before it is shown or the call returns (reports of many
+  // jobs share a transaction); rank 0's reports win over other ranks' older steps.
   absl::Status ReportProgress(absl::string_view job_id, int64_t generation, int rank,
                               const trainyard::v1::JobProgress& progress);
 
@@ -195,7 +199,7 @@ class JobManager {
   // stalled (stall_timeout) or did not start (start_timeout), move RESTARTING jobs whose old ranks
   // have stopped back to PENDING (or FAILED when their restart budget is spent), enforce
   // max_runtime (in every non-final state once the job has started), schedule pending jobs whose
-  // backoff has passed, persist progress. Non-blocking apart from store writes. Level-triggered: a
+  // backoff has passed. Non-blocking apart from store writes. Level-triggered: a
   // condition whose store write failed is acted on again next time.
   void Tick();
 
@@ -220,9 +224,11 @@ class JobManager {
     int64_t seq = 0;
     trainyard::v1::Job job;  // with every event and the tasks of every generation
     uint64_t version = 0;    // bumped on every visible change, for watchers
-    absl::Time progress_persisted = absl::InfinitePast();
-    bool progress_dirty = false;
     std::vector<StoredCheckpoint> checkpoints;  // by step
+    // Progress reports: counted when queued for writing, applied in that order once written.
+    uint64_t progress_reports = 0;
+    uint64_t progress_applied = 0;
+    trainyard::v1::JobProgress queued_progress;  // the latest queued
     absl::Time ended = absl::InfinitePast();    // when it reached a final state (in memory)
     // Hang detection: the highest step reported by the current attempt and when it changed (or
     // the attempt started running, or the coordinator started).
@@ -293,7 +299,7 @@ class JobManager {
   void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnforceRuntimeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FlushProgressLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SchedJob SchedJobLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void RequestTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Tasks of non-final jobs, current generation, not ended: what workers should run.
@@ -303,7 +309,9 @@ class JobManager {
   trainyard::v1::Task BuildTaskLocked(const JobEntry& entry,
                                       const trainyard::v1::TaskInfo& info) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record) const
+  struct Usage;
+  trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record,
+                                         const std::map<std::string, Usage>& used) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // What each worker's trainers hold, by worker id: the one count of used capacity, for
   // scheduling, the workers' views and the metrics. A task holds its slots and GPUs until its
@@ -321,6 +329,7 @@ class JobManager {
   const Clock& clock_;
   const JobManagerOptions options_;
   const std::unique_ptr<JobStore> store_;
+  GroupCommitter committer_;  // every write to store_ goes through it
   const std::unique_ptr<LogStore> logs_;
   Rendezvous rendezvous_;  // thread-safe on its own; fenced under mu_ before use
 
@@ -330,6 +339,17 @@ class JobManager {
   absl::flat_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::string> ids_by_seq_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> active_seqs_ ABSL_GUARDED_BY(mu_);  // non-final jobs
+  // Non-final jobs that have had an attempt (generation > 0): the only ones that hold capacity,
+  // run tasks, report progress or can stall; housekeeping looks at these, not at the queue.
+  std::set<int64_t> attempt_seqs_ ABSL_GUARDED_BY(mu_);
+  int submitting_ ABSL_GUARDED_BY(mu_) = 0;  // submissions waiting for their commit
+  // Scheduling follows what changed: a full pass over the queue after anything that may free or
+  // take capacity (schedule_all_) or when something timed comes due (next_full_schedule_);
+  // otherwise only the jobs submitted since (new_pending_) and the job that blocked the queue.
+  bool schedule_all_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Time next_full_schedule_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<int64_t> new_pending_ ABSL_GUARDED_BY(mu_);
+  std::string schedule_blocker_ ABSL_GUARDED_BY(mu_);
   // Final jobs whose trainers may still be stopping: their capacity is not free until the agent
   // reports them ended (or kStoppingHold has passed, for tasks an agent never saw).
   std::set<int64_t> stopping_seqs_ ABSL_GUARDED_BY(mu_);

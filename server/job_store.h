@@ -37,11 +37,13 @@ struct StoreMutation {
   std::vector<std::pair<std::string, trainyard::v1::TaskInfo>> tasks;   // (job id, task), upserted
   std::vector<trainyard::v1::Worker> workers;                           // upserted by id
   std::vector<StoredCheckpoint> checkpoints;  // upserted by (job_id, step)
+  // (job id, latest progress), upserted; LoadAll puts it over the progress in the job's row.
+  std::vector<std::pair<std::string, trainyard::v1::JobProgress>> progress;
   std::optional<int64_t> next_job_seq;
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
-           checkpoints.empty() && !next_job_seq.has_value();
+           checkpoints.empty() && progress.empty() && !next_job_seq.has_value();
   }
 };
 

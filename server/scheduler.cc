@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <tuple>
 
@@ -147,6 +148,9 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
 
   ScheduleDecision decision;
   std::string blocked_by;  // the first job waiting for capacity; everything after it waits too
+  // Whether a job of a shape fits the empty cluster: jobs of a sweep share a few shapes, so a
+  // long queue costs one lookup per job, not a placement over every worker.
+  std::map<std::tuple<int, int, int, int, int, int, int>, bool> fits_empty;
   for (const SchedJob& job : jobs) {
     if (empty_bins.empty()) {
       decision.pending_reasons[job.id] =
@@ -154,7 +158,14 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       continue;
     }
     // Would the job fit the whole cluster with nothing else running?
-    if (!Place(job, empty_bins).has_value()) {
+    const auto shape =
+        std::make_tuple(job.min_ranks, job.max_ranks, job.slots_per_rank, job.gpus_per_rank,
+                        job.batch_size, job.shards, job.slots_per_shard);
+    auto cached = fits_empty.find(shape);
+    if (cached == fits_empty.end()) {
+      cached = fits_empty.emplace(shape, Place(job, empty_bins).has_value()).first;
+    }
+    if (!cached->second) {
       int largest_gpus = 0;
       int total_slots = 0;
       int total_gpus = 0;

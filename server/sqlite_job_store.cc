@@ -13,7 +13,8 @@ namespace trainyard {
 namespace {
 
 // 2: tasks gained role, shard (parameter-server shards) and stop_deadline_ms.
-// 3: checkpoints gained retired_by (the step of the commit that retired them).
+// 3: checkpoints gained retired_by (the step of the commit that retired them); progress moved
+//    to a table of its own (a small row per report instead of the whole job).
 constexpr int kSchemaVersion = 3;
 
 // From version 1 to 2, in one transaction with the new version number.
@@ -29,6 +30,7 @@ COMMIT;
 constexpr char kMigrateFrom2[] = R"sql(
 BEGIN IMMEDIATE;
 ALTER TABLE checkpoints ADD COLUMN retired_by INTEGER NOT NULL DEFAULT -1;
+CREATE TABLE IF NOT EXISTS progress(job_id TEXT PRIMARY KEY, progress BLOB NOT NULL);
 UPDATE meta SET value = '3' WHERE key = 'schema_version';
 COMMIT;
 )sql";
@@ -279,6 +281,11 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     st.Bind(8, c.retired_by_step);
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
+  for (const auto& [job_id, progress] : m.progress) {
+    Statement st(db_, "INSERT OR REPLACE INTO progress(job_id, progress) VALUES(?, ?)");
+    st.Bind(1, job_id).BindBlob(2, progress.SerializeAsString());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
   if (m.next_job_seq.has_value()) {
     if (absl::Status s = SetMeta(db_, "next_job_seq", absl::StrCat(*m.next_job_seq)); !s.ok()) {
       return s;
@@ -338,6 +345,17 @@ absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
       t->set_role(static_cast<v1::TaskRole>(st.Int(9)));
       t->set_shard(static_cast<int32_t>(st.Int(10)));
       t->set_stop_deadline_unix_ms(st.Int(11));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  {
+    Statement st(db_, "SELECT job_id, progress FROM progress");
+    while (st.Next()) {
+      auto it = index.find(st.Text(0));
+      if (it == index.end()) continue;
+      if (!out.jobs[it->second].job.mutable_progress()->ParseFromString(st.Text(1))) {
+        return absl::DataLossError(absl::StrCat("progress row '", st.Text(0), "' does not parse"));
+      }
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }
