@@ -190,6 +190,7 @@ absl::Status JobManager::Load() {
     entry.seq = stored.seq;
     entry.job = std::move(stored.job);
     ids_by_seq_[entry.seq] = id;
+    if (entry.job.state() == v1::PENDING) pending_[KeyOf(entry)] = &entry;
     if (!IsFinalJobState(entry.job.state())) {
       active_seqs_.insert(entry.seq);
       if (entry.job.generation() > 0) attempt_seqs_.insert(entry.seq);
@@ -205,7 +206,10 @@ absl::Status JobManager::Load() {
       entry.ended = clock_.Now();
       stopping_seqs_.insert(entry.seq);
     }
-    for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_[t.task_id()] = id;
+    for (const v1::TaskInfo& t : entry.job.tasks()) {
+      job_of_task_[t.task_id()] = id;
+      if (IsActiveTask(entry, t)) active_tasks_by_worker_[t.worker_id()].insert(t.task_id());
+    }
     next_seq_ = std::max(next_seq_, entry.seq + 1);
   }
   for (StoredCheckpoint& c : contents->checkpoints) {
@@ -234,23 +238,139 @@ void JobManager::RequestTickLocked() {
   tick_wanted_.SignalAll();
 }
 
-bool JobManager::IsActiveTask(const JobEntry& entry, const v1::TaskInfo& task) const {
-  const v1::JobState state = entry.job.state();
+bool JobManager::IsActiveTask(const v1::Job& job, const v1::TaskInfo& task) {
+  const v1::JobState state = job.state();
   return (state == v1::SCHEDULED || state == v1::RUNNING) &&
-         task.generation() == entry.job.generation() && !TaskEnded(task.state());
+         task.generation() == job.generation() && !TaskEnded(task.state());
 }
 
 std::vector<std::pair<const JobManager::JobEntry*, const v1::TaskInfo*>>
-JobManager::ActiveTasksLocked() const {
+JobManager::ActiveTasksLocked(absl::string_view worker_id) const {
   std::vector<std::pair<const JobEntry*, const v1::TaskInfo*>> out;
-  for (int64_t seq : attempt_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+  auto it = active_tasks_by_worker_.find(worker_id);
+  if (it == active_tasks_by_worker_.end()) return out;
+  for (const std::string& task_id : it->second) {
+    auto job = job_of_task_.find(task_id);
+    const JobEntry* entry = job == job_of_task_.end() ? nullptr : FindLocked(job->second);
     if (entry == nullptr) continue;
     for (const v1::TaskInfo& t : entry->job.tasks()) {
-      if (IsActiveTask(*entry, t)) out.emplace_back(entry, &t);
+      if (t.task_id() == task_id && IsActiveTask(*entry, t)) out.emplace_back(entry, &t);
     }
   }
   return out;
+}
+
+absl::Status JobManager::WriteLocked(StoreMutation m) {
+  if (unit_.has_value()) {
+    MergeMutation(unit_->mutation, std::move(m));
+    return absl::OkStatus();
+  }
+  return committer_.Apply(std::move(m));
+}
+
+void JobManager::AfterCommitLocked(std::function<void()> fn) {
+  if (unit_.has_value()) {
+    unit_->after_commit.push_back(std::move(fn));
+  } else {
+    fn();
+  }
+}
+
+void JobManager::BeginUnitLocked() { unit_.emplace(); }
+
+void JobManager::SaveWorkerLocked(absl::string_view id) {
+  if (!unit_.has_value() || unit_->saved_workers.count(id)) return;
+  const WorkerRecord* record = workers_.Find(id);
+  unit_->saved_workers.emplace(
+      std::string(id), record == nullptr ? std::nullopt : std::optional<WorkerRecord>(*record));
+}
+
+absl::Status JobManager::EndUnitLocked() {
+  UnitOfWork unit = std::move(*unit_);
+  unit_.reset();
+  absl::Status written =
+      unit.mutation.empty() ? absl::OkStatus() : committer_.Apply(std::move(unit.mutation));
+  if (written.ok()) {
+    for (std::function<void()>& fn : unit.after_commit) fn();
+    return absl::OkStatus();
+  }
+  LogError("store write failed, changes undone: ", written.ToString());
+  for (auto& [seq, saved] : unit.saved_jobs) {
+    auto id = ids_by_seq_.find(seq);
+    JobEntry* entry = id == ids_by_seq_.end() ? nullptr : FindLocked(id->second);
+    if (entry == nullptr) continue;
+    const v1::Job undone = std::move(entry->job);
+    const uint64_t version = entry->version;
+    *entry = std::move(saved);
+    entry->version = version + 1;  // watchers see the change back as a change
+    ReindexLocked(*entry, undone);
+  }
+  for (auto& [id, saved] : unit.saved_workers) {
+    if (saved.has_value()) {
+      workers_.PutBack(*std::move(saved));
+    } else {
+      workers_.Remove(id);
+    }
+    WakeWorkerLocked(id);
+  }
+  ClusterChangedLocked();
+  schedule_all_ = true;
+  RequestTickLocked();
+  changed_.SignalAll();
+  return written;
+}
+
+void JobManager::ReindexLocked(JobEntry& entry, const v1::Job& before) {
+  // Workers whose set of active tasks changed get a new desired-state version.
+  std::set<std::pair<std::string, std::string>> was_active;
+  for (const v1::TaskInfo& t : before.tasks()) {
+    if (IsActiveTask(before, t)) was_active.emplace(t.worker_id(), t.task_id());
+  }
+  if (!IsFinalJobState(entry.job.state()) && entry.job.generation() > 0) {
+    attempt_seqs_.insert(entry.seq);
+  } else {
+    attempt_seqs_.erase(entry.seq);
+  }
+  if (entry.job.state() != v1::PENDING) {
+    pending_.erase(KeyOf(entry));
+    parked_.erase(KeyOf(entry));
+  } else if (!parked_.count(KeyOf(entry))) {
+    pending_[KeyOf(entry)] = &entry;
+  }
+  std::set<std::pair<std::string, std::string>> active;
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    job_of_task_[t.task_id()] = entry.job.id();
+    if (IsActiveTask(entry, t)) active.emplace(t.worker_id(), t.task_id());
+  }
+  std::set<std::string> touched;
+  for (const auto& p : was_active) {
+    if (active.count(p)) continue;
+    touched.insert(p.first);
+    auto it = active_tasks_by_worker_.find(p.first);
+    if (it != active_tasks_by_worker_.end()) {
+      it->second.erase(p.second);
+      if (it->second.empty()) active_tasks_by_worker_.erase(it);
+    }
+  }
+  for (const auto& p : active) {
+    if (was_active.count(p)) continue;
+    touched.insert(p.first);
+    active_tasks_by_worker_[p.first].insert(p.second);
+  }
+  for (const std::string& worker_id : touched) {
+    workers_.BumpVersion(worker_id);
+    WakeWorkerLocked(worker_id);
+  }
+  const bool was_final = IsFinalJobState(before.state());
+  const bool is_final = IsFinalJobState(entry.job.state());
+  if (!was_final && is_final) {
+    active_seqs_.erase(entry.seq);
+    stopping_seqs_.insert(entry.seq);
+    RequestTickLocked();  // capacity came free
+  } else if (was_final && !is_final) {
+    active_seqs_.insert(entry.seq);
+    stopping_seqs_.erase(entry.seq);
+  }
 }
 
 absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
@@ -260,48 +380,35 @@ absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
   StoreMutation m = std::move(extra);
   m.jobs.push_back({entry.seq, updated});
   for (const v1::JobEvent& e : events) m.events.emplace_back(updated.id(), e);
+  bool task_ended = false;
   for (const std::string& task_id : changed_task_ids) {
     for (const v1::TaskInfo& t : updated.tasks()) {
-      if (t.task_id() == task_id) m.tasks.emplace_back(updated.id(), t);
+      if (t.task_id() != task_id) continue;
+      m.tasks.emplace_back(updated.id(), t);
+      task_ended = task_ended || TaskEnded(t.state());
     }
   }
-  if (absl::Status s = committer_.Apply(std::move(m)); !s.ok()) {
+  if (unit_.has_value()) unit_->saved_jobs.try_emplace(entry.seq, entry);
+  if (absl::Status s = WriteLocked(std::move(m)); !s.ok()) {
     LogError("job ", updated.id(), ": store write failed: ", s.ToString());
     return s;
   }
-  // Workers whose set of active tasks changed get a new desired-state version.
-  std::set<std::pair<std::string, std::string>> before;
-  for (const v1::TaskInfo& t : entry.job.tasks()) {
-    if (IsActiveTask(entry, t)) before.emplace(t.worker_id(), t.task_id());
-  }
-  const bool was_final = IsFinalJobState(entry.job.state());
+  const v1::JobState old_state = entry.job.state();
+  v1::Job before = std::move(entry.job);
   entry.job = std::move(updated);
   entry.version++;
-  if (!IsFinalJobState(entry.job.state()) && entry.job.generation() > 0) {
-    attempt_seqs_.insert(entry.seq);
-  } else {
-    attempt_seqs_.erase(entry.seq);
+  ReindexLocked(entry, before);
+  // Capacity comes free when a task ends; a job joins the queue again after a restart.
+  if ((entry.job.state() != old_state &&
+       (entry.job.state() == v1::PENDING || IsFinalJobState(entry.job.state()))) ||
+      task_ended) {
+    schedule_all_ = true;
   }
-  std::set<std::pair<std::string, std::string>> after;
-  for (const v1::TaskInfo& t : entry.job.tasks()) {
-    job_of_task_[t.task_id()] = entry.job.id();
-    if (IsActiveTask(entry, t)) after.emplace(t.worker_id(), t.task_id());
-  }
-  std::set<std::string> touched;
-  for (const auto& p : before) {
-    if (!after.count(p)) touched.insert(p.first);
-  }
-  for (const auto& p : after) {
-    if (!before.count(p)) touched.insert(p.first);
-  }
-  for (const std::string& worker_id : touched) workers_.BumpVersion(worker_id);
-  schedule_all_ = true;  // capacity, the queue or priorities may have changed
-  if (!was_final && IsFinalJobState(entry.job.state())) {
-    active_seqs_.erase(entry.seq);
+  if (!IsFinalJobState(old_state) && IsFinalJobState(entry.job.state())) {
     entry.ended = clock_.Now();
-    stopping_seqs_.insert(entry.seq);
-    rendezvous_.EndAttempts(entry.job.id(), entry.job.generation());
-    RequestTickLocked();  // capacity came free
+    AfterCommitLocked([this, id = entry.job.id(), generation = entry.job.generation()] {
+      rendezvous_.EndAttempts(id, generation);
+    });
   }
   changed_.SignalAll();
   return absl::OkStatus();
@@ -317,17 +424,23 @@ absl::Status JobManager::TransitionLocked(JobEntry& entry, v1::Job updated, v1::
       !s.ok()) {
     return s;
   }
-  LogInfo("job ", entry.job.id(), ": ", JobStateName(from), " -> ", JobStateName(to), " (", reason,
-          ")");
-  if (options_.event_sink != nullptr) {
-    options_.event_sink->OnJobTransition(entry.job, from, to, reason,
-                                         absl::FromUnixMillis(entry.job.updated_unix_ms()));
+  auto report = [this, from, to](const v1::Job& job, absl::string_view reason) {
+    LogInfo("job ", job.id(), ": ", JobStateName(from), " -> ", JobStateName(to), " (", reason,
+            ")");
+    if (options_.event_sink == nullptr) return;
+    options_.event_sink->OnJobTransition(job, from, to, reason,
+                                         absl::FromUnixMillis(job.updated_unix_ms()));
     // Counted once its cause is settled: the first report of an attempt's end is often a
     // consequence (a peer's lost connection), named better by a later one.
-    if (from == v1::RESTARTING && entry.job.restarts_size() > 0) {
-      options_.event_sink->OnRestart(entry.job,
-                                     entry.job.restarts(entry.job.restarts_size() - 1));
+    if (from == v1::RESTARTING && job.restarts_size() > 0) {
+      options_.event_sink->OnRestart(job, job.restarts(job.restarts_size() - 1));
     }
+  };
+  if (unit_.has_value()) {
+    AfterCommitLocked(
+        [report, job = entry.job, reason = std::string(reason)] { report(job, reason); });
+  } else {
+    report(entry.job, reason);
   }
   return absl::OkStatus();
 }
@@ -409,7 +522,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
   entry.job = job;
   ids_by_seq_[seq] = job.id();
   active_seqs_.insert(seq);
-  new_pending_.push_back(seq);
+  pending_[KeyOf(entry)] = &entry;
+  new_pending_.insert(KeyOf(entry));
   LogInfo("job ", job.id(), " submitted");
   if (options_.event_sink != nullptr) options_.event_sink->OnJobSubmitted(job);
   RequestTickLocked();
@@ -638,7 +752,7 @@ absl::Status JobManager::PersistWorkerLocked(absl::string_view id) {
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("worker '", id, "' unknown"));
   StoreMutation m;
   m.workers.push_back(record->info);
-  return committer_.Apply(std::move(m));
+  return WriteLocked(std::move(m));
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
@@ -670,13 +784,19 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   }
   info.set_registered_unix_ms(now_ms);
   info.set_last_seen_unix_ms(now_ms);
+  // The registration and what it finds out about the agent's tasks are one transaction.
+  BeginUnitLocked();
+  SaveWorkerLocked(info.id());
   StoreMutation m;
   m.workers.push_back(info);
-  if (absl::Status s = committer_.Apply(std::move(m)); !s.ok()) return s;
+  WriteLocked(std::move(m)).IgnoreError();  // deferred to EndUnitLocked
   workers_.Register(info);
-  schedule_all_ = true;
-  LogInfo("worker ", info.id(), " registered: ", info.slots(), " slots, ", info.gpus(), " GPUs, ",
-          request.tasks_size(), " tasks reported");
+  WakeWorkerLocked(info.id());  // a long poll of the agent's earlier life answers
+  ClusterChangedLocked();
+  AfterCommitLocked([info, reported = request.tasks_size()] {
+    LogInfo("worker ", info.id(), " registered: ", info.slots(), " slots, ", info.gpus(), " GPUs, ",
+            reported, " tasks reported");
+  });
 
   std::set<std::string> reported;
   for (const v1::TaskStatus& status : request.tasks()) {
@@ -685,9 +805,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   }
   // A task the agent had confirmed running but no longer reports died with the agent.
   std::vector<std::pair<std::string, v1::TaskInfo>> missing;
-  for (const auto& [entry, task] : ActiveTasksLocked()) {
-    if (task->worker_id() == info.id() && task->state() == v1::TASK_RUNNING &&
-        !reported.count(task->task_id())) {
+  for (const auto& [entry, task] : ActiveTasksLocked(info.id())) {
+    if (task->state() == v1::TASK_RUNNING && !reported.count(task->task_id())) {
       missing.emplace_back(entry->job.id(), *task);
     }
   }
@@ -719,6 +838,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
       EndAttemptLocked(*entry, std::move(updated), std::move(end), {task.task_id()}).IgnoreError();
     }
   }
+  if (absl::Status s = EndUnitLocked(); !s.ok()) return s;
   RequestTickLocked();
   changed_.SignalAll();
   v1::RegisterWorkerResponse response;
@@ -756,7 +876,8 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
     }
     if (record->desired_version != request.known_version()) break;
     ++blocked_syncs_;
-    const bool timed_out = changed_.WaitWithDeadline(&mu_, deadline);
+    // Its own condition: a change elsewhere does not wake a thousand idle long polls.
+    const bool timed_out = WorkerWakeupLocked(request.worker_id()).WaitWithDeadline(&mu_, deadline);
     --blocked_syncs_;
     if (timed_out) break;
   }
@@ -767,10 +888,8 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
   }
   workers_.Renew(request.worker_id()).IgnoreError();
   response.set_version(record->desired_version);
-  for (const auto& [entry, task] : ActiveTasksLocked()) {
-    if (task->worker_id() == request.worker_id()) {
-      *response.add_tasks() = BuildTaskLocked(*entry, *task);
-    }
+  for (const auto& [entry, task] : ActiveTasksLocked(request.worker_id())) {
+    *response.add_tasks() = BuildTaskLocked(*entry, *task);
   }
   return response;
 }
@@ -1212,24 +1331,24 @@ absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& req
   const absl::Time now = clock_.Now();
   // A deadline in the past or absent still asks for the fastest stop.
   const int64_t deadline_ms = std::max<int64_t>(request.deadline_unix_ms(), absl::ToUnixMillis(now));
+  // DRAINING and the stop deadlines of every rank on the worker are one transaction.
+  BeginUnitLocked();
   if (record->info.state() != v1::DRAINING) {
-    if (absl::Status s = workers_.SetState(request.worker_id(), v1::DRAINING); !s.ok()) return s;
-    schedule_all_ = true;
-    if (absl::Status s = PersistWorkerLocked(request.worker_id()); !s.ok()) {
-      workers_.SetState(request.worker_id(), v1::READY).IgnoreError();
-      return s;
-    }
-    LogWarning("worker ", request.worker_id(), " is being preempted (", request.source(),
-               "): DRAINING, deadline in ",
-               absl::FormatDuration(absl::Trunc(absl::FromUnixMillis(deadline_ms) - now,
-                                                absl::Milliseconds(100))));
+    SaveWorkerLocked(request.worker_id());
+    workers_.SetState(request.worker_id(), v1::DRAINING).IgnoreError();  // known: found above
+    ClusterChangedLocked();
+    PersistWorkerLocked(request.worker_id()).IgnoreError();  // deferred to EndUnitLocked
+    AfterCommitLocked([id = request.worker_id(), source = request.source(),
+                       left = absl::FromUnixMillis(deadline_ms) - now] {
+      LogWarning("worker ", id, " is being preempted (", source, "): DRAINING, deadline in ",
+                 absl::FormatDuration(absl::Trunc(left, absl::Milliseconds(100))));
+    });
   }
   std::set<std::string> job_ids;
-  for (const auto& [entry, task] : ActiveTasksLocked()) {
-    if (task->worker_id() == request.worker_id()) job_ids.insert(entry->job.id());
+  for (const auto& [entry, task] : ActiveTasksLocked(request.worker_id())) {
+    job_ids.insert(entry->job.id());
   }
   const std::string source = request.source().empty() ? "notice" : request.source();
-  absl::Status result;
   for (const std::string& job_id : job_ids) {
     JobEntry* entry = FindLocked(job_id);
     if (entry == nullptr) continue;
@@ -1256,22 +1375,21 @@ absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& req
         absl::ToDoubleSeconds(absl::FromUnixMillis(deadline_ms) - now)));
     *updated.add_events() = event;
     updated.set_updated_unix_ms(event.time_unix_ms());
-    if (absl::Status s = CommitLocked(*entry, std::move(updated), {event}, changed); !s.ok()) {
-      result = s;
-      continue;
-    }
+    CommitLocked(*entry, std::move(updated), {event}, changed).IgnoreError();  // deferred
     entry->preemption_notice = absl::StrCat("worker ", request.worker_id(), " (", source, ")");
     // The tasks' stop deadlines must reach their workers: wake their long polls.
     for (const v1::TaskInfo& t : entry->job.tasks()) {
       if (t.stop_deadline_unix_ms() == deadline_ms && IsActiveTask(*entry, t)) {
         workers_.BumpVersion(t.worker_id());
+        WakeWorkerLocked(t.worker_id());
       }
     }
-    LogInfo("job ", job_id, ": ", event.reason());
+    AfterCommitLocked([job_id, reason = event.reason()] { LogInfo("job ", job_id, ": ", reason); });
   }
+  if (absl::Status s = EndUnitLocked(); !s.ok()) return s;
   RequestTickLocked();
   changed_.SignalAll();
-  return result;
+  return absl::OkStatus();
 }
 
 absl::Status JobManager::RendezvousSet(absl::string_view job_id, int64_t generation,
@@ -1398,8 +1516,20 @@ bool JobManager::WaitForTickRequest(absl::Duration timeout) {
   return tick_requested_;
 }
 
+absl::CondVar& JobManager::WorkerWakeupLocked(absl::string_view worker_id) {
+  std::unique_ptr<absl::CondVar>& cv = worker_wakeups_[worker_id];
+  if (cv == nullptr) cv = std::make_unique<absl::CondVar>();
+  return *cv;
+}
+
+void JobManager::WakeWorkerLocked(absl::string_view worker_id) {
+  auto it = worker_wakeups_.find(worker_id);
+  if (it != worker_wakeups_.end()) it->second->SignalAll();
+}
+
 void JobManager::Shutdown() {
   absl::MutexLock lock(&mu_);
+  for (auto& [id, cv] : worker_wakeups_) cv->SignalAll();
   shutdown_ = true;
   rendezvous_.Shutdown();
   changed_.SignalAll();
@@ -1413,7 +1543,8 @@ bool JobManager::IsShutDown() const {
 
 void JobManager::ExpireWorkersLocked() {
   const std::vector<std::string> lost = workers_.ExpireLeases();
-  if (!lost.empty()) schedule_all_ = true;
+  for (const std::string& id : lost) WakeWorkerLocked(id);  // told to register again
+  if (!lost.empty()) ClusterChangedLocked();
   for (const std::string& worker_id : lost) {
     if (absl::Status s = PersistWorkerLocked(worker_id); !s.ok()) {
       LogError("worker ", worker_id, ": persisting LOST failed: ", s.ToString());
@@ -1544,7 +1675,9 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
   entry.restarting_since = now;
   entry.preemption_notice.clear();
   // Ranks still waiting to meet must not wait for peers that are being stopped.
-  rendezvous_.EndAttempts(entry.job.id(), entry.job.generation());
+  AfterCommitLocked([this, id = entry.job.id(), generation = entry.job.generation()] {
+    rendezvous_.EndAttempts(id, generation);
+  });
   RequestTickLocked();
   MaybeFinishRestartLocked(entry);
   return absl::OkStatus();
@@ -1654,30 +1787,21 @@ SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
   return job;
 }
 
+void JobManager::ClusterChangedLocked() {
+  cluster_epoch_++;
+  schedule_all_ = true;
+}
+
 void JobManager::ScheduleLocked() {
   const absl::Time now = clock_.Now();
-  // A full pass looks at every pending job. Between full passes, when only submissions came in,
-  // a pass over the new jobs and the job that blocked the queue last time decides as well: the
-  // capacity and everything queued before them are as the last full pass left them. Whatever
-  // such a pass would place (capacity came free after all) is left to a full pass.
-  bool full = schedule_all_ || now >= next_full_schedule_;
-  std::vector<SchedJob> pending;
-  if (!full) {
-    if (new_pending_.empty()) return;
-    const JobEntry* blocker = FindLocked(schedule_blocker_);
-    if (blocker != nullptr && blocker->job.state() != v1::PENDING) blocker = nullptr;
-    if (blocker != nullptr) pending.push_back(SchedJobLocked(*blocker));
-    for (int64_t seq : new_pending_) {
-      auto id = ids_by_seq_.find(seq);
-      const JobEntry* entry = id == ids_by_seq_.end() ? nullptr : FindLocked(id->second);
-      if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
-      pending.push_back(SchedJobLocked(*entry));
-      // A job that goes before the blocker changes the order of the queue.
-      if (blocker != nullptr && pending.back().priority > blocker->job.spec().priority()) {
-        full = true;
-      }
-    }
+  if (parked_epoch_ != cluster_epoch_) {
+    pending_.merge(parked_);
+    parked_.clear();
+    parked_epoch_ = cluster_epoch_;
+    schedule_all_ = true;
   }
+  const bool timed = now >= next_full_schedule_;
+  if (!schedule_all_ && !timed && new_pending_.empty()) return;
   std::vector<SchedWorker> workers;
   std::map<std::string, Usage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
@@ -1690,49 +1814,72 @@ void JobManager::ScheduleLocked() {
     w.free_gpus = w.total_gpus - used[w.id].gpus;
     workers.push_back(std::move(w));
   }
-  ScheduleDecision decision;
-  if (!full) {
-    decision = Schedule(std::move(pending), workers);
-    full = !decision.placements.empty();
-  }
-  if (full) {
-    pending.clear();
-    absl::Time next = now + kFullSchedulePeriod;
-    for (int64_t seq : active_seqs_) {
-      const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
-      if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
-      const absl::Time not_before = absl::FromUnixMillis(entry->job.next_attempt_unix_ms());
+  absl::Time next = now + kFullSchedulePeriod;
+  const JobEntry* blocker = nullptr;
+  if (auto it = jobs_.find(schedule_blocker_); it != jobs_.end()) blocker = &it->second;
+  if (blocker != nullptr && !pending_.count(KeyOf(*blocker))) blocker = nullptr;
+  // The queue in order; with `stop_at_blocker`, only up to the job that blocked it last time,
+  // and the new submissions behind it.
+  auto queue = [&](bool stop_at_blocker) {
+    std::vector<SchedJob> jobs;
+    auto add = [&](const JobEntry& entry) {
+      const absl::Time not_before = absl::FromUnixMillis(entry.job.next_attempt_unix_ms());
       if (not_before > now) {
         next = std::min(next, not_before);  // a restart's backoff ends
-        continue;
+        return;
       }
-      pending.push_back(SchedJobLocked(*entry));
-    }
-    // Capacity held by stopping ranks comes free by itself after kStoppingHold.
-    for (int64_t seq : attempt_seqs_) {
-      const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
-      if (entry != nullptr && entry->restarting_since + kStoppingHold > now) {
-        next = std::min(next, entry->restarting_since + kStoppingHold);
-      }
-    }
-    // Ended jobs whose trainers all reported gone (or past the hold) no longer hold anything.
-    for (auto it = stopping_seqs_.begin(); it != stopping_seqs_.end();) {
-      const JobEntry* entry = FindLocked(ids_by_seq_.at(*it));
-      bool holding = false;
-      if (entry != nullptr && now - entry->ended < kStoppingHold) {
-        for (const v1::TaskInfo& t : entry->job.tasks()) {
-          if (t.generation() == entry->job.generation() && !TaskEnded(t.state())) holding = true;
+      jobs.push_back(SchedJobLocked(entry));
+    };
+    for (const auto& [key, entry] : pending_) {
+      add(*entry);
+      if (stop_at_blocker && entry == blocker) {
+        for (auto n = new_pending_.upper_bound(key); n != new_pending_.end(); ++n) {
+          if (auto p = pending_.find(*n); p != pending_.end()) add(*p->second);
         }
+        break;
       }
-      if (holding) next = std::min(next, entry->ended + kStoppingHold);
-      it = holding ? std::next(it) : stopping_seqs_.erase(it);
     }
-    schedule_all_ = false;
-    next_full_schedule_ = next;
-    decision = Schedule(std::move(pending), workers);
+    return jobs;
+  };
+  ScheduleDecision decision = Schedule(queue(blocker != nullptr), workers);
+  if (blocker != nullptr) {
+    // The blocker was placed or another job went before it: what waits behind it may move.
+    auto reason = decision.pending_reasons.find(blocker->job.id());
+    if (!decision.placements.empty() || reason == decision.pending_reasons.end() ||
+        !absl::StartsWith(reason->second, "waiting for capacity")) {
+      decision = Schedule(queue(false), workers);
+    }
   }
+  // Capacity held by stopping ranks comes free by itself after kStoppingHold.
+  for (int64_t seq : attempt_seqs_) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+    if (entry != nullptr && entry->restarting_since + kStoppingHold > now) {
+      next = std::min(next, entry->restarting_since + kStoppingHold);
+    }
+  }
+  // Ended jobs whose trainers all reported gone (or past the hold) no longer hold anything.
+  for (auto it = stopping_seqs_.begin(); it != stopping_seqs_.end();) {
+    const JobEntry* entry = FindLocked(ids_by_seq_.at(*it));
+    bool holding = false;
+    if (entry != nullptr && now - entry->ended < kStoppingHold) {
+      for (const v1::TaskInfo& t : entry->job.tasks()) {
+        if (t.generation() == entry->job.generation() && !TaskEnded(t.state())) holding = true;
+      }
+    }
+    if (holding) next = std::min(next, entry->ended + kStoppingHold);
+    it = holding ? std::next(it) : stopping_seqs_.erase(it);
+  }
+  schedule_all_ = false;
+  next_full_schedule_ = next;
   new_pending_.clear();
-  if (full) schedule_blocker_.clear();
+  // Jobs that cannot run on this cluster wait, out of the passes, until it changes.
+  for (const std::string& id : decision.unfit) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    auto node = pending_.extract(KeyOf(it->second));
+    if (!node.empty()) parked_.insert(std::move(node));
+  }
+  schedule_blocker_.clear();
   for (const Placement& placement : decision.placements) {
     JobEntry* entry = FindLocked(placement.job_id);
     if (entry == nullptr) continue;
@@ -1777,7 +1924,7 @@ void JobManager::ScheduleLocked() {
   for (const auto& [job_id, reason] : decision.pending_reasons) {
     JobEntry* entry = FindLocked(job_id);
     if (entry == nullptr) continue;
-    if (full && schedule_blocker_.empty() && absl::StartsWith(reason, "waiting for capacity")) {
+    if (schedule_blocker_.empty() && absl::StartsWith(reason, "waiting for capacity")) {
       schedule_blocker_ = job_id;
     }
     if (entry->job.reason() == reason) continue;

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,7 +38,7 @@ struct JobManagerOptions {
   // Base URI for jobs whose spec sets no checkpoint.uri; a job's checkpoints go to {base}/{id}.
   std::string checkpoint_root = "file:///tmp/trainyard-checkpoints";
   absl::Duration worker_timeout = absl::Seconds(10);
-  int max_active_jobs = 10000;            // non-final jobs; beyond: RESOURCE_EXHAUSTED
+  int max_active_jobs = 100000;           // non-final jobs; beyond: RESOURCE_EXHAUSTED
   int64_t max_spec_yaml_bytes = 1 << 20;  // beyond: INVALID_ARGUMENT
   absl::Duration max_sync_wait = absl::Seconds(5);
   absl::Duration max_rendezvous_wait = absl::Seconds(30);
@@ -259,7 +260,8 @@ class JobManager {
 
   // Writes `updated` (the new version of entry.job), the given events and tasks and `extra` in
   // one transaction, then makes it current, wakes waiters and refreshes the desired state of
-  // every worker whose active tasks changed.
+  // every worker whose active tasks changed. Inside a unit of work the write is deferred to the
+  // unit's end (and this returns OK).
   absl::Status CommitLocked(JobEntry& entry, trainyard::v1::Job updated,
                             const std::vector<trainyard::v1::JobEvent>& events,
                             const std::vector<std::string>& changed_task_ids,
@@ -277,6 +279,32 @@ class JobManager {
   absl::StatusOr<JobEntry*> FencedLocked(absl::string_view job_id, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistWorkerLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A unit of work makes a request that changes several jobs and workers (RegisterWorker,
+  // ReportPreemption) one transaction: inside it, changes apply in memory at once, so each step
+  // sees the ones before, but their writes are gathered; EndUnitLocked writes them together or,
+  // when that fails, puts every job and worker the unit touched back as it was, so that neither
+  // the store nor memory holds half a result. What must not happen for a change that may be
+  // undone (metrics, ending rendezvous) waits for the commit: AfterCommitLocked.
+  struct UnitOfWork {
+    StoreMutation mutation;
+    std::map<int64_t, JobEntry> saved_jobs;  // by seq, as before the unit
+    std::map<std::string, std::optional<WorkerRecord>, std::less<>>
+        saved_workers;  // nullopt: was unknown
+    std::vector<std::function<void()>> after_commit;
+  };
+  void BeginUnitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EndUnitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a unit changes worker `id` in memory: keeps it to put back.
+  void SaveWorkerLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `m` now, or as part of the open unit.
+  absl::Status WriteLocked(StoreMutation m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `fn` now, or once the open unit is committed (never, if it is undone).
+  void AfterCommitLocked(std::function<void()> fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings the indexes (queue, attempts, active tasks by worker, active and stopping jobs) from
+  // `before` to entry.job, and wakes the workers whose active tasks changed.
+  void ReindexLocked(JobEntry& entry, const trainyard::v1::Job& before)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Ends the current attempt of an active job for `end`: RESTARTING (its ranks leave their
   // workers' desired state, so agents stop them) or, when the restart budget of the end's kind
@@ -299,13 +327,23 @@ class JobManager {
   void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnforceRuntimeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers came, went or changed state: parked jobs are looked at again.
+  void ClusterChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SchedJob SchedJobLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void RequestTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each worker's long polls wait on their own condition, signalled when its desired state or
+  // registration changes (and on Shutdown).
+  absl::CondVar& WorkerWakeupLocked(absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeWorkerLocked(absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Tasks of non-final jobs, current generation, not ended: what workers should run.
-  bool IsActiveTask(const JobEntry& entry, const trainyard::v1::TaskInfo& task) const;
-  std::vector<std::pair<const JobEntry*, const trainyard::v1::TaskInfo*>> ActiveTasksLocked() const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  static bool IsActiveTask(const trainyard::v1::Job& job, const trainyard::v1::TaskInfo& task);
+  static bool IsActiveTask(const JobEntry& entry, const trainyard::v1::TaskInfo& task) {
+    return IsActiveTask(entry.job, task);
+  }
+  // Those of one worker, from active_tasks_by_worker_.
+  std::vector<std::pair<const JobEntry*, const trainyard::v1::TaskInfo*>> ActiveTasksLocked(
+      absl::string_view worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   trainyard::v1::Task BuildTaskLocked(const JobEntry& entry,
                                       const trainyard::v1::TaskInfo& info) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -336,25 +374,42 @@ class JobManager {
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // any job, worker or desired-state change; Shutdown()
   absl::CondVar tick_wanted_;
-  absl::flat_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  // Node-based: entries stay where they are, so the indexes below may point at them.
+  absl::node_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  // PENDING jobs in queue order (higher priority first, then submission order): those the
+  // scheduler looks at, and those parked because they cannot run on the cluster as it is (looked
+  // at again when workers come, go or change state: cluster_epoch_).
+  using QueueKey = std::pair<int, int64_t>;  // (-priority, seq)
+  static QueueKey KeyOf(const JobEntry& entry) { return {-entry.job.spec().priority(), entry.seq}; }
+  std::map<QueueKey, JobEntry*> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<QueueKey, JobEntry*> parked_ ABSL_GUARDED_BY(mu_);
+  uint64_t cluster_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t parked_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, std::string> ids_by_seq_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> active_seqs_ ABSL_GUARDED_BY(mu_);  // non-final jobs
   // Non-final jobs that have had an attempt (generation > 0): the only ones that hold capacity,
   // run tasks, report progress or can stall; housekeeping looks at these, not at the queue.
   std::set<int64_t> attempt_seqs_ ABSL_GUARDED_BY(mu_);
   int submitting_ ABSL_GUARDED_BY(mu_) = 0;  // submissions waiting for their commit
-  // Scheduling follows what changed: a full pass over the queue after anything that may free or
-  // take capacity (schedule_all_) or when something timed comes due (next_full_schedule_);
-  // otherwise only the jobs submitted since (new_pending_) and the job that blocked the queue.
+  // Scheduling follows what changed: a pass after anything that may free capacity or change the
+  // queue (schedule_all_), when something timed comes due (next_full_schedule_) or for new
+  // submissions (new_pending_). A pass stops at the job that blocked the queue last time
+  // (schedule_blocker_) unless that job's fate changed: what waits behind it waits on.
   bool schedule_all_ ABSL_GUARDED_BY(mu_) = true;
   absl::Time next_full_schedule_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::vector<int64_t> new_pending_ ABSL_GUARDED_BY(mu_);
+  std::set<QueueKey> new_pending_ ABSL_GUARDED_BY(mu_);
   std::string schedule_blocker_ ABSL_GUARDED_BY(mu_);
   // Final jobs whose trainers may still be stopping: their capacity is not free until the agent
   // reports them ended (or kStoppingHold has passed, for tasks an agent never saw).
   std::set<int64_t> stopping_seqs_ ABSL_GUARDED_BY(mu_);
   int blocked_syncs_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<UnitOfWork> unit_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<absl::CondVar>> worker_wakeups_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> job_of_task_ ABSL_GUARDED_BY(mu_);
+  // Task ids of the active tasks (IsActiveTask) by worker id, kept by CommitLocked.
+  absl::flat_hash_map<std::string, std::set<std::string>> active_tasks_by_worker_
+      ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   bool tick_requested_ ABSL_GUARDED_BY(mu_) = false;

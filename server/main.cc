@@ -52,6 +52,9 @@ ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(10),
           "Ranks of an attempt that are still not started this long after it was placed (their "
           "agent never launched them) end the attempt; the job restarts as after an "
           "infrastructure error (restart.max_infrastructure_errors).");
+ABSL_FLAG(int, max_active_jobs, 100000,
+          "Jobs not yet finished (queued, running, restarting) the coordinator holds; a "
+          "submission beyond is refused with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, once the server listens, write the bound port number to this file "
           "(atomically: temp file + rename).");
@@ -131,6 +134,11 @@ int Run() {
   options.restart_backoff_max =
       std::max(absl::GetFlag(FLAGS_restart_backoff_max), options.restart_backoff);
   options.start_timeout = absl::GetFlag(FLAGS_start_timeout);
+  options.max_active_jobs = absl::GetFlag(FLAGS_max_active_jobs);
+  if (options.max_active_jobs < 1) {
+    LogError("--max_active_jobs: must be at least 1");
+    return 1;
+  }
   if (options.start_timeout <= absl::ZeroDuration()) {
     LogError("--start_timeout: must be positive");
     return 1;

@@ -131,6 +131,24 @@ std::string Capacity(const SchedJob& job, int slots, int gpus) {
   return absl::StrCat(Gpus(gpus), " and ", Slots(slots));
 }
 
+// Why a job that does not fit the whole cluster, even empty, waits.
+std::string UnfitReason(const SchedJob& job, const std::vector<Bin>& empty_bins) {
+  int largest_gpus = 0;
+  int total_slots = 0;
+  int total_gpus = 0;
+  for (const Bin& b : empty_bins) {
+    largest_gpus = std::max(largest_gpus, b.free_gpus);
+    total_slots += b.free_slots;
+    total_gpus += b.free_gpus;
+  }
+  if (UsesGpus(job) && largest_gpus < RankGpus(job)) {
+    return absl::StrCat("needs ", RankGpus(job), " GPUs per rank; the largest worker has ",
+                        largest_gpus);
+  }
+  return absl::StrCat("needs ", Needs(job), "; the cluster has ",
+                      Capacity(job, total_slots, total_gpus));
+}
+
 }  // namespace
 
 ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWorker>& workers) {
@@ -148,13 +166,15 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
 
   ScheduleDecision decision;
   std::string blocked_by;  // the first job waiting for capacity; everything after it waits too
-  // Whether a job of a shape fits the empty cluster: jobs of a sweep share a few shapes, so a
-  // long queue costs one lookup per job, not a placement over every worker.
-  std::map<std::tuple<int, int, int, int, int, int, int>, bool> fits_empty;
+  // Whether a job of a shape fits the empty cluster (empty) or why not: jobs of a sweep share a
+  // few shapes, so a long queue costs one lookup per job, not a placement over every worker.
+  std::map<std::tuple<int, int, int, int, int, int, int>, std::string> fits_empty;
+  std::string queued_behind;  // "queued behind JOB (no backfill)", once there is a blocker
   for (const SchedJob& job : jobs) {
     if (empty_bins.empty()) {
       decision.pending_reasons[job.id] =
           workers.empty() ? "no workers registered" : "no ready workers";
+      decision.unfit.push_back(job.id);
       continue;
     }
     // Would the job fit the whole cluster with nothing else running?
@@ -163,29 +183,19 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
                         job.batch_size, job.shards, job.slots_per_shard);
     auto cached = fits_empty.find(shape);
     if (cached == fits_empty.end()) {
-      cached = fits_empty.emplace(shape, Place(job, empty_bins).has_value()).first;
+      cached =
+          fits_empty
+              .emplace(shape, Place(job, empty_bins).has_value() ? std::string()
+                                                                 : UnfitReason(job, empty_bins))
+              .first;
     }
-    if (!cached->second) {
-      int largest_gpus = 0;
-      int total_slots = 0;
-      int total_gpus = 0;
-      for (const Bin& b : empty_bins) {
-        largest_gpus = std::max(largest_gpus, b.free_gpus);
-        total_slots += b.free_slots;
-        total_gpus += b.free_gpus;
-      }
-      if (UsesGpus(job) && largest_gpus < RankGpus(job)) {
-        decision.pending_reasons[job.id] = absl::StrCat(
-            "needs ", RankGpus(job), " GPUs per rank; the largest worker has ", largest_gpus);
-      } else {
-        decision.pending_reasons[job.id] = absl::StrCat("needs ", Needs(job), "; the cluster has ",
-                                                        Capacity(job, total_slots, total_gpus));
-      }
+    if (!cached->second.empty()) {
+      decision.pending_reasons[job.id] = cached->second;
+      decision.unfit.push_back(job.id);
       continue;
     }
     if (!blocked_by.empty()) {
-      decision.pending_reasons[job.id] =
-          absl::StrCat("queued behind ", blocked_by, " (no backfill)");
+      decision.pending_reasons[job.id] = queued_behind;
       continue;
     }
     for (Bin& b : free_bins) b.ranks = b.shards = 0;
@@ -207,6 +217,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
           absl::StrCat("waiting for capacity: needs ", Capacity(job, need_slots, need_gpus), ", ",
                        free, " free");
       blocked_by = job.id;
+      queued_behind = absl::StrCat("queued behind ", blocked_by, " (no backfill)");
       continue;
     }
     // Take the capacity so later jobs in this pass see only what is left.

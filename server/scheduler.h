@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+
 namespace trainyard {
 
 // What the scheduler needs to know about a pending job.
@@ -45,7 +47,10 @@ struct Placement {
 struct ScheduleDecision {
   std::vector<Placement> placements;
   // Why each pending job that was not placed is still waiting.
-  std::map<std::string, std::string> pending_reasons;
+  absl::flat_hash_map<std::string, std::string> pending_reasons;
+  // Those of them that cannot run on the cluster as it is, even empty (too large, or no ready
+  // worker at all): nothing but a change of workers can place them.
+  std::vector<std::string> unfit;
 };
 
 // Pure placement policy; no state, no clock, thread-compatible.

@@ -70,6 +70,17 @@ absl::Status WorkerRegistry::SetState(absl::string_view id, v1::WorkerState stat
   return absl::OkStatus();
 }
 
+void WorkerRegistry::PutBack(WorkerRecord record) {
+  std::string id = record.info.id();
+  record.desired_version = ++next_version_;
+  workers_[id] = std::move(record);
+}
+
+void WorkerRegistry::Remove(absl::string_view id) {
+  auto it = workers_.find(id);
+  if (it != workers_.end()) workers_.erase(it);
+}
+
 void WorkerRegistry::BumpVersion(absl::string_view id) {
   auto it = workers_.find(id);
   if (it != workers_.end()) it->second.desired_version = ++next_version_;

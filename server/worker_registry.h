@@ -51,6 +51,13 @@ class WorkerRegistry {
   // Sets the state (READY, DRAINING, LOST). NOT_FOUND for an unknown worker.
   absl::Status SetState(absl::string_view id, trainyard::v1::WorkerState state);
 
+  // Puts `record` back as it was (undoing a change that could not be written), with a new
+  // desired-state version.
+  void PutBack(WorkerRecord record);
+
+  // Forgets the worker.
+  void Remove(absl::string_view id);
+
   // Gives the worker a new desired-state version so that its waiting Sync answers.
   void BumpVersion(absl::string_view id);
 

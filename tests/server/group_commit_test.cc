@@ -129,6 +129,39 @@ class StoreFailureTest : public ::testing::Test {
 
   v1::JobSpec Spec(const std::string& name) { return TestSpec(name); }
 
+  absl::Status Register(const std::string& name, int slots,
+                        std::vector<v1::TaskStatus> tasks = {}) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.set_slots(slots);
+    request.set_hostname("host-" + name);
+    request.set_pid(42);
+    for (v1::TaskStatus& t : tasks) *request.add_tasks() = std::move(t);
+    return manager_->RegisterWorker(request).status();
+  }
+
+  // Submits a one-rank job, places it and reports its rank running; returns its id.
+  std::string StartOneRankJob(const std::string& name) {
+    auto job = manager_->SubmitJob(Spec(name));
+    EXPECT_TRUE(job.ok()) << job.status();
+    manager_->Tick();
+    auto placed = manager_->GetJob(job->id());
+    EXPECT_TRUE(placed.ok() && placed->tasks_size() == 1);
+    v1::TaskStatus running;
+    running.set_task_id(placed->tasks(0).task_id());
+    running.set_state(v1::TASK_RUNNING);
+    EXPECT_TRUE(manager_->ReportTaskStatus(placed->tasks(0).worker_id(), running).ok());
+    EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+    return job->id();
+  }
+
+  const v1::Worker* StoredWorker(const StoreContents& contents, const std::string& id) {
+    for (const v1::Worker& w : contents.workers) {
+      if (w.id() == id) return &w;
+    }
+    return nullptr;
+  }
+
   TempDir dir_;
   FakeClock clock_;
   FakeJobStore* store_ = nullptr;
@@ -175,6 +208,84 @@ TEST_F(StoreFailureTest, ACancelThatIsNotWrittenChangesNothing) {
   EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::PENDING);
   store_->FailWhen(nullptr);
   EXPECT_EQ(manager_->CancelJob(job->id(), "").status().code(), absl::StatusCode::kOk);
+}
+
+// An agent that comes back without a rank it ran: its registration and the rank's loss are one
+// transaction; when it cannot be written, neither the store nor the coordinator keeps either.
+TEST_F(StoreFailureTest, ARegistrationAndTheLossesItFindsAreOneTransaction) {
+  ASSERT_TRUE(Register("w1", 1).ok());
+  const std::string id = StartOneRankJob("tiny");
+  const int64_t registered = manager_->ListWorkers()[0].registered_unix_ms();
+  clock_.Advance(absl::Seconds(2));
+
+  store_->FailWhen([](const StoreMutation& m) { return !m.jobs.empty(); });
+  EXPECT_EQ(Register("w1", 1).code(), absl::StatusCode::kUnavailable);
+  auto job = manager_->GetJob(id);
+  EXPECT_EQ(job->state(), v1::RUNNING);
+  EXPECT_EQ(job->tasks(0).state(), v1::TASK_RUNNING);
+  EXPECT_EQ(manager_->ListWorkers()[0].registered_unix_ms(), registered);
+  auto stored = store_->LoadAll();
+  ASSERT_TRUE(stored.ok());
+  ASSERT_NE(StoredWorker(*stored, "w1"), nullptr);
+  EXPECT_EQ(StoredWorker(*stored, "w1")->registered_unix_ms(), registered);
+  EXPECT_EQ(stored->jobs[0].job.state(), v1::RUNNING);
+
+  store_->FailWhen(nullptr);
+  const size_t before = store_->transactions().size();
+  ASSERT_TRUE(Register("w1", 1).ok());
+  const std::vector<StoreMutation> written = store_->transactions();
+  ASSERT_EQ(written.size(), before + 1);
+  EXPECT_THAT(written.back().workers, SizeIs(1));
+  EXPECT_THAT(JobIds(written.back()), testing::Contains(id));
+  job = manager_->GetJob(id);
+  EXPECT_NE(job->state(), v1::RUNNING);
+  EXPECT_THAT(job->restarts(), SizeIs(1));
+  EXPECT_GT(manager_->ListWorkers()[0].registered_unix_ms(), registered);
+}
+
+// A preemption notice drains the worker and gives every rank on it a stop deadline in one
+// transaction: a failed write leaves the worker READY and no job with a deadline.
+TEST_F(StoreFailureTest, APreemptionNoticeIsOneTransaction) {
+  ASSERT_TRUE(Register("w1", 2).ok());
+  const std::string a = StartOneRankJob("a");
+  const std::string b = StartOneRankJob("b");
+  v1::ReportPreemptionRequest notice;
+  notice.set_worker_id("w1");
+  notice.set_deadline_unix_ms(absl::ToUnixMillis(clock_.Now() + absl::Seconds(30)));
+  notice.set_source("SIGTERM");
+
+  // Only the write that holds job b fails; without one transaction, a and the worker would stay.
+  store_->FailWhen([b](const StoreMutation& m) {
+    for (const StoredJob& j : m.jobs) {
+      if (j.job.id() == b) return true;
+    }
+    return false;
+  });
+  EXPECT_EQ(manager_->ReportPreemption(notice).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(manager_->ListWorkers()[0].state(), v1::READY);
+  for (const std::string& id : {a, b}) {
+    auto job = manager_->GetJob(id);
+    EXPECT_EQ(job->tasks(0).stop_deadline_unix_ms(), 0) << id;
+    EXPECT_EQ(job->state(), v1::RUNNING) << id;
+  }
+  auto stored = store_->LoadAll();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(StoredWorker(*stored, "w1")->state(), v1::READY);
+  for (const StoredJob& j : stored->jobs) {
+    EXPECT_EQ(j.job.tasks(0).stop_deadline_unix_ms(), 0) << j.job.id();
+  }
+
+  store_->FailWhen(nullptr);
+  const size_t before = store_->transactions().size();
+  ASSERT_TRUE(manager_->ReportPreemption(notice).ok());
+  const std::vector<StoreMutation> written = store_->transactions();
+  ASSERT_EQ(written.size(), before + 1);
+  EXPECT_THAT(written.back().workers, SizeIs(1));
+  EXPECT_THAT(JobIds(written.back()), testing::UnorderedElementsAre(a, b));
+  EXPECT_EQ(manager_->ListWorkers()[0].state(), v1::DRAINING);
+  for (const std::string& id : {a, b}) {
+    EXPECT_EQ(manager_->GetJob(id)->tasks(0).stop_deadline_unix_ms(), notice.deadline_unix_ms());
+  }
 }
 
 }  // namespace
