@@ -21,6 +21,13 @@ void Append(std::vector<T>& into, std::vector<T>& from) {
 }  // namespace
 
 void MergeMutation(StoreMutation& into, StoreMutation from) {
+  // Removals apply after the writes of a transaction: what `from` writes again after `into`
+  // removed it stays.
+  auto unremove = [](std::vector<std::string>& removed, const std::string& id) {
+    removed.erase(std::remove(removed.begin(), removed.end(), id), removed.end());
+  };
+  for (const StoredJob& j : from.jobs) unremove(into.removed_jobs, j.job.id());
+  for (const trainyard::v1::Worker& w : from.workers) unremove(into.removed_workers, w.id());
   Append(into.jobs, from.jobs);
   Append(into.events, from.events);
   Append(into.tasks, from.tasks);
@@ -30,6 +37,8 @@ void MergeMutation(StoreMutation& into, StoreMutation from) {
   if (from.next_job_seq.has_value()) {
     into.next_job_seq = std::max(into.next_job_seq.value_or(0), *from.next_job_seq);
   }
+  Append(into.removed_jobs, from.removed_jobs);
+  Append(into.removed_workers, from.removed_workers);
 }
 
 std::shared_ptr<GroupCommitter::Ticket> GroupCommitter::Enqueue(StoreMutation mutation) {

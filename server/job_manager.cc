@@ -205,6 +205,7 @@ absl::Status JobManager::Load() {
     if (IsFinalJobState(entry.job.state())) {
       entry.ended = clock_.Now();
       stopping_seqs_.insert(entry.seq);
+      finished_.emplace(entry.job.finished_unix_ms(), entry.seq);
     }
     for (const v1::TaskInfo& t : entry.job.tasks()) {
       job_of_task_[t.task_id()] = id;
@@ -366,10 +367,12 @@ void JobManager::ReindexLocked(JobEntry& entry, const v1::Job& before) {
   if (!was_final && is_final) {
     active_seqs_.erase(entry.seq);
     stopping_seqs_.insert(entry.seq);
+    finished_.emplace(entry.job.finished_unix_ms(), entry.seq);
     RequestTickLocked();  // capacity came free
   } else if (was_final && !is_final) {
     active_seqs_.insert(entry.seq);
     stopping_seqs_.erase(entry.seq);
+    finished_.erase({before.finished_unix_ms(), entry.seq});
   }
 }
 
@@ -877,7 +880,8 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
     if (record->desired_version != request.known_version()) break;
     ++blocked_syncs_;
     // Its own condition: a change elsewhere does not wake a thousand idle long polls.
-    const bool timed_out = WorkerWakeupLocked(request.worker_id()).WaitWithDeadline(&mu_, deadline);
+    const bool timed_out =
+        WorkerWakeupLocked(request.worker_id())->WaitWithDeadline(&mu_, deadline);
     --blocked_syncs_;
     if (timed_out) break;
   }
@@ -1499,12 +1503,75 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
 // ---- Background ----
 
 void JobManager::Tick() {
-  absl::MutexLock lock(&mu_);
-  tick_requested_ = false;
-  ExpireWorkersLocked();
-  RestartLostOrStalledLocked();
-  EnforceRuntimeLocked();
-  ScheduleLocked();
+  std::vector<std::string> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    tick_requested_ = false;
+    ExpireWorkersLocked();
+    RestartLostOrStalledLocked();
+    EnforceRuntimeLocked();
+    ScheduleLocked();
+    removed = ForgetExpiredLocked();
+  }
+  for (const std::string& id : removed) {
+    if (absl::Status s = logs_->RemoveJob(id); !s.ok()) {
+      LogWarning("job ", id, ": logs not removed: ", s.ToString());
+    }
+  }
+}
+
+std::vector<std::string> JobManager::ForgetExpiredLocked() {
+  // A batch at a time: a coordinator that was down for long catches up over a few ticks without
+  // holding the lock for one long transaction.
+  constexpr int kBatch = 500;
+  const absl::Time now = clock_.Now();
+  StoreMutation m;
+  std::vector<int64_t> seqs;
+  if (options_.job_retention != absl::InfiniteDuration()) {
+    const int64_t cutoff_ms = absl::ToUnixMillis(now - options_.job_retention);
+    for (auto it = finished_.begin();
+         it != finished_.end() && it->first <= cutoff_ms && static_cast<int>(seqs.size()) < kBatch;
+         ++it) {
+      if (stopping_seqs_.count(it->second)) continue;  // its trainers may still be stopping
+      auto id = ids_by_seq_.find(it->second);
+      if (id == ids_by_seq_.end()) continue;
+      seqs.push_back(it->second);
+      m.removed_jobs.push_back(id->second);
+    }
+  }
+  for (const WorkerRecord* w : workers_.All()) {
+    if (w->info.state() == v1::LOST &&
+        now - absl::FromUnixMillis(w->info.last_seen_unix_ms()) >= options_.lost_worker_retention) {
+      m.removed_workers.push_back(w->info.id());
+    }
+  }
+  if (m.empty()) return {};
+  if (absl::Status s = committer_.Apply(m); !s.ok()) {
+    LogWarning("removing expired jobs and workers: ", s.ToString(), " (tried again later)");
+    return {};
+  }
+  for (const std::string& id : m.removed_workers) {
+    workers_.Remove(id);
+    WakeWorkerLocked(id);
+    worker_wakeups_.erase(id);
+    LogInfo("worker ", id, " forgotten: LOST for ",
+            absl::FormatDuration(options_.lost_worker_retention));
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto it = jobs_.find(m.removed_jobs[i]);
+    if (it == jobs_.end()) continue;
+    const JobEntry& entry = it->second;
+    finished_.erase({entry.job.finished_unix_ms(), entry.seq});
+    for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_.erase(t.task_id());
+    ids_by_seq_.erase(entry.seq);
+    jobs_.erase(it);
+  }
+  if (!m.removed_jobs.empty()) {
+    LogInfo("removed ", m.removed_jobs.size(), " jobs finished more than ",
+            absl::FormatDuration(options_.job_retention), " ago");
+    changed_.SignalAll();
+  }
+  return m.removed_jobs;
 }
 
 bool JobManager::WaitForTickRequest(absl::Duration timeout) {
@@ -1516,10 +1583,10 @@ bool JobManager::WaitForTickRequest(absl::Duration timeout) {
   return tick_requested_;
 }
 
-absl::CondVar& JobManager::WorkerWakeupLocked(absl::string_view worker_id) {
-  std::unique_ptr<absl::CondVar>& cv = worker_wakeups_[worker_id];
-  if (cv == nullptr) cv = std::make_unique<absl::CondVar>();
-  return *cv;
+std::shared_ptr<absl::CondVar> JobManager::WorkerWakeupLocked(absl::string_view worker_id) {
+  std::shared_ptr<absl::CondVar>& cv = worker_wakeups_[worker_id];
+  if (cv == nullptr) cv = std::make_shared<absl::CondVar>();
+  return cv;
 }
 
 void JobManager::WakeWorkerLocked(absl::string_view worker_id) {

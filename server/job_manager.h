@@ -53,6 +53,11 @@ struct JobManagerOptions {
   // Ranks of an attempt still STARTING this long after it was placed end the attempt as an
   // infrastructure error (restart.max_infrastructure_errors).
   absl::Duration start_timeout = absl::Minutes(10);
+  // Finished jobs are removed this long after they finished, with their events, tasks, logs and
+  // checkpoint rows (not the checkpoints' objects); InfiniteDuration keeps them.
+  absl::Duration job_retention = absl::Hours(24 * 7);
+  // LOST workers are forgotten this long after they were last seen.
+  absl::Duration lost_worker_retention = absl::Hours(24);
   // Told about submissions, transitions, progress, commits and lost workers (metrics); may be
   // null. Not owned; must outlive the manager.
   JobEventSink* event_sink = nullptr;
@@ -325,6 +330,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RestartLostOrStalledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes finished jobs past job_retention (a bounded batch per call; returns their ids, whose
+  // logs the caller removes without the lock) and LOST workers past lost_worker_retention.
+  std::vector<std::string> ForgetExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnforceRuntimeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers came, went or changed state: parked jobs are looked at again.
@@ -333,7 +341,8 @@ class JobManager {
   void RequestTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Each worker's long polls wait on their own condition, signalled when its desired state or
   // registration changes (and on Shutdown).
-  absl::CondVar& WorkerWakeupLocked(absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<absl::CondVar> WorkerWakeupLocked(absl::string_view worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWorkerLocked(absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Tasks of non-final jobs, current generation, not ended: what workers should run.
@@ -402,9 +411,12 @@ class JobManager {
   // Final jobs whose trainers may still be stopping: their capacity is not free until the agent
   // reports them ended (or kStoppingHold has passed, for tasks an agent never saw).
   std::set<int64_t> stopping_seqs_ ABSL_GUARDED_BY(mu_);
+  // Final jobs by (finished_unix_ms, seq): what job_retention removes first.
+  std::set<std::pair<int64_t, int64_t>> finished_ ABSL_GUARDED_BY(mu_);
   int blocked_syncs_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<UnitOfWork> unit_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::unique_ptr<absl::CondVar>> worker_wakeups_
+  // Shared: a waiting long poll keeps its condition alive while a forgotten worker's goes.
+  absl::flat_hash_map<std::string, std::shared_ptr<absl::CondVar>> worker_wakeups_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> job_of_task_ ABSL_GUARDED_BY(mu_);
   // Task ids of the active tasks (IsActiveTask) by worker id, kept by CommitLocked.

@@ -40,10 +40,15 @@ struct StoreMutation {
   // (job id, latest progress), upserted; LoadAll puts it over the progress in the job's row.
   std::vector<std::pair<std::string, trainyard::v1::JobProgress>> progress;
   std::optional<int64_t> next_job_seq;
+  // Deleted after the writes above: jobs with their events, tasks, progress and checkpoint rows
+  // (the checkpoints' objects are not touched), and workers.
+  std::vector<std::string> removed_jobs;
+  std::vector<std::string> removed_workers;
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
-           checkpoints.empty() && progress.empty() && !next_job_seq.has_value();
+           checkpoints.empty() && progress.empty() && !next_job_seq.has_value() &&
+           removed_jobs.empty() && removed_workers.empty();
   }
 };
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace trainyard {
@@ -98,6 +99,25 @@ absl::StatusOr<std::string> LogStore::Read(absl::string_view job_id, absl::strin
   in.read(out.data(), n);
   out.resize(static_cast<size_t>(in.gcount()));
   return out;
+}
+
+absl::Status LogStore::RemoveJob(absl::string_view job_id) {
+  if (!IsSafeFileName(job_id)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad log name job '", job_id, "'"));
+  }
+  const std::string dir = absl::StrCat(dir_, "/", job_id);
+  absl::MutexLock lock(&mu_);
+  const std::string prefix = dir + "/";
+  for (auto it = sizes_.lower_bound(prefix);
+       it != sizes_.end() && absl::StartsWith(it->first, prefix);) {
+    it = sizes_.erase(it);
+  }
+  if (auto it = versions_.find(job_id); it != versions_.end()) versions_.erase(it);
+  appended_.SignalAll();  // a follower of the job sees it gone
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("remove ", dir, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 uint64_t LogStore::VersionLocked(absl::string_view job_id) const {

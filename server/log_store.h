@@ -41,6 +41,9 @@ class LogStore {
   // version(job_id). Appends to other jobs' logs do not end the wait.
   uint64_t WaitForAppend(absl::string_view job_id, uint64_t known, absl::Duration timeout) const;
 
+  // Removes every log of the job. OK when there are none.
+  absl::Status RemoveJob(absl::string_view job_id);
+
   std::string PathFor(absl::string_view job_id, absl::string_view task_id) const;
 
  private:

@@ -55,6 +55,13 @@ ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(10),
 ABSL_FLAG(int, max_active_jobs, 100000,
           "Jobs not yet finished (queued, running, restarting) the coordinator holds; a "
           "submission beyond is refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(absl::Duration, job_retention, absl::Hours(24 * 7),
+          "Finished jobs are removed this long after they finished, with their events, tasks, "
+          "logs and checkpoint records (the checkpoints themselves stay in storage); 'inf' keeps "
+          "them.");
+ABSL_FLAG(absl::Duration, lost_worker_retention, absl::Hours(24),
+          "Workers LOST for this long are forgotten (no longer listed); one that comes back "
+          "registers as new.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, once the server listens, write the bound port number to this file "
           "(atomically: temp file + rename).");
@@ -137,6 +144,16 @@ int Run() {
   options.max_active_jobs = absl::GetFlag(FLAGS_max_active_jobs);
   if (options.max_active_jobs < 1) {
     LogError("--max_active_jobs: must be at least 1");
+    return 1;
+  }
+  options.job_retention = absl::GetFlag(FLAGS_job_retention);
+  options.lost_worker_retention = absl::GetFlag(FLAGS_lost_worker_retention);
+  if (options.job_retention <= absl::ZeroDuration()) {
+    LogError("--job_retention: must be positive (or 'inf' to keep finished jobs)");
+    return 1;
+  }
+  if (options.lost_worker_retention <= absl::ZeroDuration()) {
+    LogError("--lost_worker_retention: must be positive");
     return 1;
   }
   if (options.start_timeout <= absl::ZeroDuration()) {

@@ -291,6 +291,21 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
       return s;
     }
   }
+  for (const std::string& job_id : m.removed_jobs) {
+    for (const char* sql :
+         {"DELETE FROM events WHERE job_id = ?", "DELETE FROM tasks WHERE job_id = ?",
+          "DELETE FROM checkpoints WHERE job_id = ?", "DELETE FROM progress WHERE job_id = ?",
+          "DELETE FROM jobs WHERE id = ?"}) {
+      Statement st(db_, sql);
+      st.Bind(1, job_id);
+      if (absl::Status s = st.Run(); !s.ok()) return s;
+    }
+  }
+  for (const std::string& worker_id : m.removed_workers) {
+    Statement st(db_, "DELETE FROM workers WHERE id = ?");
+    st.Bind(1, worker_id);
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 

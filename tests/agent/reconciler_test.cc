@@ -505,6 +505,31 @@ TEST_F(ReconcilerTest, TaskOfAnEarlierAgentRunIsReportedLostNotRestarted) {
   EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 
+TEST_F(ReconcilerTest, FoldersOfForgottenTasksAreRemovedAfterTheRetention) {
+  std::filesystem::create_directories(dir_ + "/tasks/old.g1.r0");  // an earlier run's
+  ReconcilerOptions options = Options();
+  options.task_retention = absl::Hours(1);
+  Reconciler reconciler(options, launcher_, clock_);
+  reconciler.CleanUpLeftovers();
+  reconciler.Apply({MakeTask("done.g1.r0"), MakeTask("runs.g1.r0")});
+  launcher_.Exit(1000, ExitInfo{0, 0});
+  ASSERT_EQ(reconciler.Tick().size(), 1u);
+  reconciler.StatusesForSync();
+  reconciler.Apply({MakeTask("runs.g1.r0")});  // done.g1.r0 is forgotten now
+  const std::string done = reconciler.TaskDir("done.g1.r0");
+  ASSERT_TRUE(std::filesystem::exists(done));
+
+  clock_.Advance(absl::Minutes(59));
+  EXPECT_EQ(reconciler.RemoveExpiredTaskDirs(), 0);
+  EXPECT_TRUE(std::filesystem::exists(done));
+  clock_.Advance(absl::Minutes(2));
+  EXPECT_EQ(reconciler.RemoveExpiredTaskDirs(), 2);
+  EXPECT_FALSE(std::filesystem::exists(done));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/tasks/old.g1.r0"));
+  EXPECT_TRUE(std::filesystem::exists(reconciler.TaskDir("runs.g1.r0")));
+  EXPECT_EQ(reconciler.RunningCount(), 1);
+}
+
 TEST(TailLinesTest, LastLines) {
   std::string tmpl = ::testing::TempDir() + "/tail-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl.data()), nullptr);

@@ -53,6 +53,18 @@ class FakeJobStore : public JobStore {
       checkpoints_[{c.checkpoint.job_id(), c.checkpoint.step()}] = c;
     }
     if (m.next_job_seq.has_value()) next_job_seq_ = *m.next_job_seq;
+    for (const std::string& id : m.removed_jobs) {
+      jobs_.erase(id);
+      events_.erase(id);
+      progress_.erase(id);
+      for (auto it = tasks_.begin(); it != tasks_.end();) {
+        it = it->second.first == id ? tasks_.erase(it) : std::next(it);
+      }
+      for (auto it = checkpoints_.begin(); it != checkpoints_.end();) {
+        it = it->first.first == id ? checkpoints_.erase(it) : std::next(it);
+      }
+    }
+    for (const std::string& id : m.removed_workers) workers_.erase(id);
     return absl::OkStatus();
   }
 

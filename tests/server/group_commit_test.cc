@@ -114,6 +114,21 @@ TEST(GroupCommitterTest, ManyThreadsGetEveryWriteDurableWithFewerTransactions) {
 
 // ---- JobManager when a write fails ----
 
+TEST(MergeMutationTest, WhatIsWrittenAfterItWasRemovedStays) {
+  StoreMutation into;
+  into.removed_workers.push_back("w1");
+  into.removed_jobs.push_back("old-1");
+  StoreMutation from;
+  v1::Worker w;
+  w.set_id("w1");  // registered again after it was forgotten
+  from.workers.push_back(w);
+  from.removed_jobs.push_back("old-2");
+  MergeMutation(into, std::move(from));
+  EXPECT_THAT(into.workers, SizeIs(1));
+  EXPECT_THAT(into.removed_workers, SizeIs(0));
+  EXPECT_THAT(into.removed_jobs, ElementsAre("old-1", "old-2"));
+}
+
 class StoreFailureTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -876,6 +877,67 @@ TEST_F(JobManagerTest, ShardLogsAreSelectedByShard) {
   EXPECT_THAT(read(LogSelection{-1, 3}), IsEmpty());
   EXPECT_EQ(manager_->StreamLogs(id, LogSelection{-1, -1}, false, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A coordinator that runs for months keeps only what is recent: finished jobs go with their
+// events, tasks, logs and checkpoint records after job_retention, LOST workers after
+// lost_worker_retention; jobs not finished stay however old they are.
+TEST_F(JobManagerTest, FinishedJobsAndLostWorkersAreForgottenAfterTheirRetention) {
+  JobManagerOptions options;
+  options.job_retention = absl::Hours(1);
+  options.lost_worker_retention = absl::Minutes(30);
+  Reopen(options);
+  Register("w1", 1);
+  Register("w2", 0);  // goes away for good
+  const std::string done = Submit(TestSpec("done"));
+  manager_->Tick();
+  const std::string task = done + ".g1.r0";
+  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "step 1\n").ok());
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(done);
+  commit.set_generation(1);
+  commit.set_step(10);
+  commit.set_uri("file:///ckpt/" + done + "/step-000000000010");
+  ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
+  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+  ASSERT_EQ(Get(done).state(), v1::SUCCEEDED);
+  const std::string waiting = Submit(TestSpec("waiting", 1, 1, /*gpus=*/1));  // never fits
+  const std::string log_dir = dir_.path() + "/logs/" + done;
+  ASSERT_TRUE(std::filesystem::exists(log_dir));
+
+  // Time passes; w1 keeps its lease, w2 does not.
+  auto pass = [&](absl::Duration d) {
+    for (absl::Duration t; t < d; t += absl::Seconds(5)) {
+      clock_.Advance(absl::Seconds(5));
+      Sync("w1");
+      manager_->Tick();
+    }
+  };
+  pass(absl::Minutes(20));
+  std::map<std::string, v1::WorkerState> workers;
+  for (const v1::Worker& w : manager_->ListWorkers()) workers[w.id()] = w.state();
+  EXPECT_EQ(workers, (std::map<std::string, v1::WorkerState>{{"w1", v1::READY}, {"w2", v1::LOST}}));
+  pass(absl::Minutes(39));
+  EXPECT_TRUE(manager_->GetJob(done).ok());
+  EXPECT_THAT(manager_->ListWorkers(), SizeIs(1));  // w2 forgotten
+  pass(absl::Minutes(2));
+  EXPECT_EQ(manager_->GetJob(done).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->ListCheckpoints(done).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(log_dir));
+  EXPECT_EQ(Get(waiting).state(), v1::PENDING);
+  auto listed = manager_->ListJobs({}, 0, "");
+  ASSERT_TRUE(listed.ok());
+  ASSERT_THAT(listed->jobs, SizeIs(1));
+  EXPECT_EQ(listed->jobs[0].id(), waiting);
+  // Gone from the database too: a restarted coordinator does not bring them back, and the
+  // next job's number still follows on.
+  Reopen(options);
+  EXPECT_EQ(manager_->GetJob(done).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager_->GetJob(waiting).ok());
+  ASSERT_THAT(manager_->ListWorkers(), SizeIs(1));
+  EXPECT_EQ(manager_->ListWorkers()[0].id(), "w1");
+  EXPECT_EQ(Submit(TestSpec("next")), "next-3");
 }
 
 }  // namespace

@@ -208,6 +208,67 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
   }
 }
 
+// Rows of `table` whose `column` is `value`, counted behind the store's back.
+int64_t CountRows(const std::string& path, const std::string& table, const std::string& column,
+                  const std::string& value) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  const std::string sql = "SELECT COUNT(*) FROM " + table + " WHERE " + column + " = ?";
+  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sql;
+  sqlite3_bind_text(st, 1, value.c_str(), -1, SQLITE_TRANSIENT);
+  EXPECT_EQ(sqlite3_step(st), SQLITE_ROW);
+  const int64_t n = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return n;
+}
+
+TEST(SqliteJobStoreTest, RemovingAJobRemovesEveryRowOfIt) {
+  TempDir dir;
+  const std::string path = dir.path() + "/state.db";
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  StoreMutation m;
+  for (const auto& [id, seq] : {std::pair<std::string, int64_t>{"gone-1", 1}, {"kept-2", 2}}) {
+    m.jobs.push_back(MakeJob(id, seq, v1::SUCCEEDED));
+    m.events.emplace_back(id, MakeEvent(10, v1::JOB_STATE_UNSPECIFIED, v1::PENDING, "submitted"));
+    v1::TaskInfo task;
+    task.set_task_id(id + ".g1.r0");
+    m.tasks.emplace_back(id, task);
+    StoredCheckpoint c;
+    c.checkpoint.set_job_id(id);
+    c.checkpoint.set_step(5);
+    m.checkpoints.push_back(c);
+    v1::JobProgress progress;
+    progress.set_step(5);
+    m.progress.emplace_back(id, progress);
+  }
+  v1::Worker worker;
+  worker.set_id("w-gone");
+  m.workers.push_back(worker);
+  ASSERT_TRUE((*store)->Apply(m).ok());
+
+  StoreMutation removal;
+  removal.removed_jobs.push_back("gone-1");
+  removal.removed_workers.push_back("w-gone");
+  ASSERT_TRUE((*store)->Apply(removal).ok());
+  for (const auto& [table, column] :
+       std::vector<std::pair<std::string, std::string>>{{"jobs", "id"},
+                                                        {"events", "job_id"},
+                                                        {"tasks", "job_id"},
+                                                        {"checkpoints", "job_id"},
+                                                        {"progress", "job_id"}}) {
+    EXPECT_EQ(CountRows(path, table, column, "gone-1"), 0) << table;
+    EXPECT_EQ(CountRows(path, table, column, "kept-2"), 1) << table;
+  }
+  EXPECT_EQ(CountRows(path, "workers", "id", "w-gone"), 0);
+  auto contents = (*store)->LoadAll();
+  ASSERT_TRUE(contents.ok());
+  ASSERT_EQ(contents->jobs.size(), 1u);
+  EXPECT_EQ(contents->jobs[0].job.id(), "kept-2");
+}
+
 TEST(SqliteJobStoreTest, EmptyStoreStartsAtSequenceOne) {
   TempDir dir;
   auto store = SqliteJobStore::Open(dir.path() + "/state.db");

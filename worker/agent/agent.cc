@@ -90,7 +90,8 @@ Agent::Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel)
                                                    task_id,
                                                    " now (later passes retry): ", status.message());
                                       }
-                                    }},
+                                    },
+                                    options_.task_retention},
                   *launcher_, clock_) {}
 
 Agent::~Agent() = default;
@@ -264,6 +265,7 @@ void Agent::SupervisorLoop() {
   do {
     const std::vector<v1::TaskStatus> ended = reconciler_.Tick();
     for (const v1::TaskStatus& change : ended) Report(change);
+    reconciler_.RemoveExpiredTaskDirs();
     if (!ended.empty() && reconciler_.RunningCount() == 0) {
       // The last trainer of a stop is gone: Run need not finish a call to a coordinator that
       // may not answer.

@@ -33,6 +33,7 @@ struct AgentOptions {
   std::string trainer_path;
   absl::Duration stop_grace_period = absl::Seconds(10);  // plain stops: SIGTERM to SIGKILL
   absl::Duration sync_wait = absl::Seconds(1);  // long-poll hold time, also the lease renewal
+  absl::Duration task_retention = absl::Hours(24);  // folders of ended tasks are kept this long
 };
 
 // The worker agent: registers with the coordinator, keeps its lease alive with long-polling

@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, trainer_path, "",
 ABSL_FLAG(absl::Duration, stop_grace_period, absl::Seconds(10),
           "how long a trainer has to exit after SIGTERM before it gets SIGKILL, when it is stopped "
           "on the coordinator's request or by SIGINT to the agent");
+ABSL_FLAG(absl::Duration, task_retention, absl::Hours(24),
+          "folders of tasks that ended (their output.log included; the coordinator has its own "
+          "copy) are removed this long after the coordinator stopped asking for them");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(25),
           "on a preemption (SIGTERM, or a notice from --preemption_notice_url) the machine is "
           "taken to be gone this long after the notice (or at the notice's own earlier time): "
@@ -137,6 +140,11 @@ int main(int argc, char** argv) {
                           " is not executable; tasks will fail to start");
   }
   options.stop_grace_period = absl::GetFlag(FLAGS_stop_grace_period);
+  options.task_retention = absl::GetFlag(FLAGS_task_retention);
+  if (options.task_retention < absl::ZeroDuration()) {
+    trainyard::LogError("--task_retention must be >= 0");
+    return 1;
+  }
   const absl::Duration grace_period = absl::GetFlag(FLAGS_grace_period);
   if (grace_period <= absl::ZeroDuration()) {
     trainyard::LogError("--grace_period must be > 0");

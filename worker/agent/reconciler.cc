@@ -97,6 +97,7 @@ int Reconciler::CleanUpLeftovers() {
   for (const fs::directory_entry& entry : fs::directory_iterator(tasks_dir, ec)) {
     if (!entry.is_directory(ec)) continue;
     const std::string task_id = entry.path().filename().string();
+    forgotten_.emplace_back(clock_.Now(), task_id);  // removed in time unless asked for again
     const std::string pid_text = ReadSmallFile((entry.path() / "pid").string());
     int64_t pid = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(pid_text), &pid) || pid <= 0) continue;
@@ -133,6 +134,7 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
         }
       }
       if (!record.running && record.sent) {
+        forgotten_.emplace_back(now, it->first);
         it = records_.erase(it);
         continue;
       }
@@ -313,6 +315,33 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
     message += "...";
   }
   return message;
+}
+
+int Reconciler::RemoveExpiredTaskDirs() {
+  std::vector<std::string> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time cutoff = clock_.Now() - options_.task_retention;
+    while (!forgotten_.empty() && forgotten_.front().first <= cutoff) {
+      std::string id = std::move(forgotten_.front().second);
+      forgotten_.pop_front();
+      if (records_.count(id) > 0) continue;  // asked for again: forgotten again later
+      seen_.erase(id);
+      from_disk_.erase(id);
+      expired.push_back(std::move(id));
+    }
+  }
+  int removed = 0;
+  for (const std::string& id : expired) {
+    std::error_code ec;
+    fs::remove_all(TaskDir(id), ec);
+    if (ec) {
+      LogWarning("cannot remove the folder of task ", id, ": ", ec.message());
+    } else {
+      ++removed;
+    }
+  }
+  return removed;
 }
 
 std::vector<v1::TaskStatus> Reconciler::Tick() {

@@ -2,10 +2,12 @@
 #define TRAINYARD_WORKER_AGENT_RECONCILER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +38,9 @@ struct ReconcilerOptions {
   // its final status becomes visible through Tick or Statuses: the agent ships the rest of the
   // task's log here, so a reported exit always comes with its whole log.
   std::function<void(const std::string& task_id)> before_exit_reported;
+  // Folders of tasks that ended and were forgotten (and those an earlier run of the agent left)
+  // are removed this long after: RemoveExpiredTaskDirs.
+  absl::Duration task_retention = absl::Hours(24);
 };
 
 // The worker's task table: makes the set of running trainers match the coordinator's desired
@@ -46,7 +51,8 @@ struct ReconcilerOptions {
 // termination-message if it wrote one, and stop-deadline when the trainer is asked to save and
 // exit by a deadline (see kStopDeadlineFile).
 // A task id is started at most once in the life of a work_dir: one that ran before (even in an
-// earlier run of the agent) is never started again.
+// earlier run of the agent) is never started again, as long as its folder is kept (the
+// coordinator never asks again for a task it has seen end).
 //
 // Thread-safe. Apply forks from the calling thread, which must live as long as the agent (the
 // trainers die with that thread).
@@ -95,6 +101,11 @@ class Reconciler {
   std::vector<v1::TaskStatus> Statuses() const;
   // The same, and marks ended tasks as sent to the coordinator (see Apply).
   std::vector<v1::TaskStatus> StatusesForSync();
+
+  // Removes the folders of tasks forgotten (see Apply) or left by an earlier run of the agent
+  // more than task_retention ago, unless the coordinator asked for them again meanwhile. Returns
+  // how many it removed. Cheap when there is nothing to remove: call it often.
+  int RemoveExpiredTaskDirs();
 
   // Running trainers (including ones being stopped).
   int RunningCount() const;
@@ -145,6 +156,8 @@ class Reconciler {
   std::map<std::string, Record> records_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> seen_ ABSL_GUARDED_BY(mu_);       // every task id ever started
   std::set<std::string> from_disk_ ABSL_GUARDED_BY(mu_);  // ran in an earlier agent run
+  // (when forgotten, task id) in that order: folders RemoveExpiredTaskDirs removes.
+  std::deque<std::pair<absl::Time, std::string>> forgotten_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> gpu_used_ ABSL_GUARDED_BY(mu_);
   bool stopping_all_ ABSL_GUARDED_BY(mu_) = false;
 };
