@@ -130,7 +130,8 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
                         limit.has_value() ? absl::StrCat(*limit) : std::string("unlimited"));
   };
   field("Restarts",
-        absl::StrCat(job.restarts_size(), " (failures ", budget(RestartBudget::kFailures),
+        absl::StrCat(job.restarts_size() + job.restarts_dropped(), " (failures ",
+                     budget(RestartBudget::kFailures),
                      " allowed; hangs and "
                      "infrastructure errors ",
                      budget(RestartBudget::kInfrastructure), "; preemptions and lost workers ",
@@ -138,6 +139,9 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
 
   if (!job.restarts().empty()) {
     absl::StrAppend(&out, "\nRestarts:\n");
+    if (job.restarts_dropped() > 0) {
+      absl::StrAppend(&out, "  (", job.restarts_dropped(), " earlier restarts not kept)\n");
+    }
     std::vector<std::vector<std::string>> rows;
     for (const v1::Restart& r : job.restarts()) {
       std::string recovery = "-";
@@ -183,7 +187,12 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   }
   absl::StrAppend(&out, "\nEvents:\n");
   if (job.events().empty()) absl::StrAppend(&out, "  (none)\n");
-  for (const v1::JobEvent& e : job.events()) {
+  for (int i = 0; i < job.events_size(); ++i) {
+    const v1::JobEvent& e = job.events(i);
+    // The coordinator drops events after the first ten: say where.
+    if (job.events_dropped() > 0 && i == 10) {
+      absl::StrAppend(&out, "  (", job.events_dropped(), " events not kept)\n");
+    }
     absl::StrAppend(&out, "  ", LocalTime(e.time_unix_ms(), zone), "  ",
                     e.from() == v1::JOB_STATE_UNSPECIFIED ? "-" : JobStateName(e.from()), " -> ",
                     JobStateName(e.to()), e.reason().empty() ? "" : ": ", e.reason(), "\n");

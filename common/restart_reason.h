@@ -71,9 +71,11 @@ inline std::optional<int32_t> BudgetLimit(const trainyard::v1::RestartPolicy& po
   }
 }
 
-// How many of `job`'s restarts drew on `budget`.
+// How many of `job`'s restarts drew on `budget`, those whose records were dropped included.
 inline int RestartsOn(const trainyard::v1::Job& job, RestartBudget budget) {
-  int n = 0;
+  int n = budget == RestartBudget::kFailures         ? job.dropped_failure_restarts()
+          : budget == RestartBudget::kInfrastructure ? job.dropped_infrastructure_restarts()
+                                                     : job.dropped_preemption_restarts();
   for (const trainyard::v1::Restart& r : job.restarts()) n += BudgetOf(r.reason()) == budget;
   return n;
 }

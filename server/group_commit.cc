@@ -39,6 +39,9 @@ void MergeMutation(StoreMutation& into, StoreMutation from) {
   }
   Append(into.removed_jobs, from.removed_jobs);
   Append(into.removed_workers, from.removed_workers);
+  // Trims remove from the middle of a job's events, after every insert of the transaction: as
+  // long as each one left at least its own count after keep_first, the result is the same.
+  Append(into.trimmed_events, from.trimmed_events);
 }
 
 std::shared_ptr<GroupCommitter::Ticket> GroupCommitter::Enqueue(StoreMutation mutation) {

@@ -376,13 +376,45 @@ void JobManager::ReindexLocked(JobEntry& entry, const v1::Job& before) {
   }
 }
 
+void JobManager::CapHistory(v1::Job& job, StoreMutation& m) const {
+  const int max_events = std::max(options_.max_job_events, 2 * kKeptFirstEvents);
+  if (job.events_size() > max_events) {
+    // The first ten say how the job began; the latest what it does now.
+    const int keep_first = kKeptFirstEvents;
+    const int excess = job.events_size() - max_events;
+    job.mutable_events()->DeleteSubrange(keep_first, excess);
+    job.set_events_dropped(job.events_dropped() + excess);
+    m.trimmed_events.push_back({job.id(), keep_first, excess});
+  }
+  const int max_restarts = std::max(options_.max_job_restart_records, 1);
+  if (job.restarts_size() > max_restarts) {
+    const int excess = job.restarts_size() - max_restarts;
+    for (int i = 0; i < excess; ++i) {
+      switch (BudgetOf(job.restarts(i).reason())) {
+        case RestartBudget::kFailures:
+          job.set_dropped_failure_restarts(job.dropped_failure_restarts() + 1);
+          break;
+        case RestartBudget::kInfrastructure:
+          job.set_dropped_infrastructure_restarts(job.dropped_infrastructure_restarts() + 1);
+          break;
+        case RestartBudget::kPreemptions:
+          job.set_dropped_preemption_restarts(job.dropped_preemption_restarts() + 1);
+          break;
+      }
+    }
+    job.mutable_restarts()->DeleteSubrange(0, excess);
+    job.set_restarts_dropped(job.restarts_dropped() + excess);
+  }
+}
+
 absl::Status JobManager::CommitLocked(JobEntry& entry, v1::Job updated,
                                       const std::vector<v1::JobEvent>& events,
                                       const std::vector<std::string>& changed_task_ids,
                                       StoreMutation extra) {
   StoreMutation m = std::move(extra);
-  m.jobs.push_back({entry.seq, updated});
   for (const v1::JobEvent& e : events) m.events.emplace_back(updated.id(), e);
+  CapHistory(updated, m);
+  m.jobs.push_back({entry.seq, updated});
   bool task_ended = false;
   for (const std::string& task_id : changed_task_ids) {
     for (const v1::TaskInfo& t : updated.tasks()) {
@@ -985,6 +1017,14 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
   if (status.state() == current.state()) return absl::OkStatus();
   if (current.state() == v1::TASK_RUNNING && status.state() == v1::TASK_STARTING) {
     return absl::OkStatus();
+  }
+  if (TaskEnded(status.state())) {
+    // Its agent shipped the whole log before reporting the end: say what the cap dropped.
+    AfterCommitLocked([this, job_id = entry->job.id(), task_id = status.task_id()] {
+      if (absl::Status s = logs_->Seal(job_id, task_id); !s.ok()) {
+        LogWarning("task ", task_id, ": log not sealed: ", s.ToString());
+      }
+    });
   }
   v1::Job updated = entry->job;
   v1::TaskInfo* task = updated.mutable_tasks(index);

@@ -58,6 +58,10 @@ struct JobManagerOptions {
   absl::Duration job_retention = absl::Hours(24 * 7);
   // LOST workers are forgotten this long after they were last seen.
   absl::Duration lost_worker_retention = absl::Hours(24);
+  // A job keeps at most this many events (its first ten and the latest; at least 20) and restart
+  // records (the latest); what is dropped is counted on the job.
+  int max_job_events = 1000;
+  int max_job_restart_records = 100;
   // Told about submissions, transitions, progress, commits and lost workers (metrics); may be
   // null. Not owned; must outlive the manager.
   JobEventSink* event_sink = nullptr;
@@ -271,6 +275,11 @@ class JobManager {
                             const std::vector<trainyard::v1::JobEvent>& events,
                             const std::vector<std::string>& changed_task_ids,
                             StoreMutation extra = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Drops `job`'s events and restart records beyond the caps (max_job_events,
+  // max_job_restart_records), counting them on the job; `m` deletes the dropped events.
+  static constexpr int kKeptFirstEvents = 10;
+  void CapHistory(trainyard::v1::Job& job, StoreMutation& m) const;
 
   // Moves the job to `to` with `reason` and commits it with the given task changes.
   absl::Status TransitionLocked(JobEntry& entry, trainyard::v1::Job updated,

@@ -44,11 +44,19 @@ struct StoreMutation {
   // (the checkpoints' objects are not touched), and workers.
   std::vector<std::string> removed_jobs;
   std::vector<std::string> removed_workers;
+  // Deleted after the writes above: `count` events of a job after its first `keep_first`, the
+  // oldest first (JobManager keeps a job's events under a cap).
+  struct EventTrim {
+    std::string job_id;
+    int keep_first = 0;
+    int count = 0;
+  };
+  std::vector<EventTrim> trimmed_events;
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
            checkpoints.empty() && progress.empty() && !next_job_seq.has_value() &&
-           removed_jobs.empty() && removed_workers.empty();
+           removed_jobs.empty() && removed_workers.empty() && trimmed_events.empty();
   }
 };
 

@@ -5,12 +5,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace trainyard {
 
@@ -24,7 +26,30 @@ bool IsSafeFileName(absl::string_view name) {
   return true;
 }
 
-LogStore::LogStore(std::string dir) : dir_(std::move(dir)) {}
+namespace {
+
+std::string CappedPath(const std::string& log_path) { return log_path + ".dropped"; }
+
+absl::Status AppendToFile(const std::string& path, absl::string_view data) {
+  std::ofstream out(path, std::ios::binary | std::ios::app);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.flush();
+  if (!out) return absl::UnavailableError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+std::string Size(int64_t bytes) {
+  if (bytes >= (1 << 20))
+    return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  if (bytes >= (1 << 10))
+    return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / (1 << 10));
+  return absl::StrCat(bytes, " bytes");
+}
+
+}  // namespace
+
+LogStore::LogStore(std::string dir, int64_t max_task_bytes)
+    : dir_(std::move(dir)), max_task_bytes_(std::max<int64_t>(max_task_bytes, 0)) {}
 
 std::string LogStore::PathFor(absl::string_view job_id, absl::string_view task_id) const {
   return absl::StrCat(dir_, "/", job_id, "/", task_id, ".log");
@@ -42,7 +67,27 @@ absl::StatusOr<int64_t> LogStore::SizeLocked(const std::string& path) {
     return absl::UnavailableError(absl::StrCat("stat ", path, ": ", ec.message()));
   }
   sizes_[path] = result;
+  std::ifstream capped(CappedPath(path));
+  Capped c;
+  if (capped >> c.kept >> c.shipped_end) capped_[path] = c;
   return result;
+}
+
+absl::Status LogStore::WriteCappedLocked(const std::string& path, const Capped& capped) {
+  // Replaced whole (temp file and rename): a crash leaves the old count or the new one.
+  const std::string target = CappedPath(path);
+  const std::string temp = target + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out << capped.kept << " " << capped.shipped_end << "\n";
+    out.flush();
+    if (!out)
+      return absl::UnavailableError(absl::StrCat("write ", temp, ": ", std::strerror(errno)));
+  }
+  std::error_code ec;
+  std::filesystem::rename(temp, target, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("rename ", temp, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> LogStore::Append(absl::string_view job_id, absl::string_view task_id,
@@ -56,24 +101,71 @@ absl::StatusOr<int64_t> LogStore::Append(absl::string_view job_id, absl::string_
   absl::MutexLock lock(&mu_);
   absl::StatusOr<int64_t> size = SizeLocked(path);
   if (!size.ok()) return size.status();
-  if (offset > *size) return *size;  // a gap: resend from what is here
   const int64_t end = offset + static_cast<int64_t>(data.size());
+  if (auto capped = capped_.find(path); capped != capped_.end()) {
+    // Past the limit: acknowledged and counted, not kept.
+    Capped& c = capped->second;
+    if (end <= c.shipped_end || c.sealed) return std::max(end, c.shipped_end);
+    Capped updated = c;
+    updated.shipped_end = end;
+    if (absl::Status s = WriteCappedLocked(path, updated); !s.ok()) return s;
+    c = updated;
+    return end;
+  }
+  if (offset > *size) return *size;  // a gap: resend from what is here
   if (end <= *size) return *size;
   absl::string_view fresh = data.substr(static_cast<size_t>(*size - offset));
   std::error_code ec;
   std::filesystem::create_directories(absl::StrCat(dir_, "/", job_id), ec);
   if (ec) return absl::UnavailableError(absl::StrCat("mkdir for ", path, ": ", ec.message()));
-  std::ofstream out(path, std::ios::binary | std::ios::app);
-  out.write(fresh.data(), static_cast<std::streamsize>(fresh.size()));
-  out.flush();
-  if (!out) {
-    sizes_.erase(path);  // re-read from disk next time
-    return absl::UnavailableError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
+  std::string write(fresh);
+  std::optional<Capped> capped;
+  if (*size + static_cast<int64_t>(fresh.size()) > max_task_bytes_) {
+    capped = Capped{max_task_bytes_, end};
+    write.resize(static_cast<size_t>(max_task_bytes_ - *size));
+    absl::StrAppend(&write, write.empty() || write.back() == '\n' ? "" : "\n",
+                    "[trainyard: this task's log reached its limit of ", Size(max_task_bytes_),
+                    " (--max_task_log_bytes); later output is not kept]\n");
+    if (absl::Status s = WriteCappedLocked(path, *capped); !s.ok()) return s;
   }
-  sizes_[path] = end;
+  if (absl::Status s = AppendToFile(path, write); !s.ok()) {
+    sizes_.erase(path);  // re-read from disk next time
+    capped_.erase(path);
+    return s;
+  }
+  sizes_[path] = *size + static_cast<int64_t>(write.size());
+  if (capped.has_value()) capped_[path] = *capped;
   ++versions_[std::string(job_id)];
   appended_.SignalAll();
   return end;
+}
+
+absl::Status LogStore::Seal(absl::string_view job_id, absl::string_view task_id) {
+  if (!IsSafeFileName(job_id) || !IsSafeFileName(task_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad log name job '", job_id, "' task '", task_id, "'"));
+  }
+  const std::string path = PathFor(job_id, task_id);
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<int64_t> size = SizeLocked(path);
+  if (!size.ok()) return size.status();
+  auto capped = capped_.find(path);
+  if (capped == capped_.end() || capped->second.sealed) return absl::OkStatus();
+  const Capped& c = capped->second;
+  const std::string line =
+      absl::StrCat("[trainyard: ", c.shipped_end - c.kept, " bytes of output past the limit of ",
+                   Size(c.kept), " were not kept]\n");
+  if (absl::Status s = AppendToFile(path, line); !s.ok()) {
+    sizes_.erase(path);
+    return s;
+  }
+  sizes_[path] = *size + static_cast<int64_t>(line.size());
+  capped->second.sealed = true;
+  std::error_code ec;
+  std::filesystem::remove(CappedPath(path), ec);
+  ++versions_[std::string(job_id)];
+  appended_.SignalAll();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> LogStore::Read(absl::string_view job_id, absl::string_view task_id,
@@ -111,6 +203,10 @@ absl::Status LogStore::RemoveJob(absl::string_view job_id) {
   for (auto it = sizes_.lower_bound(prefix);
        it != sizes_.end() && absl::StartsWith(it->first, prefix);) {
     it = sizes_.erase(it);
+  }
+  for (auto it = capped_.lower_bound(prefix);
+       it != capped_.end() && absl::StartsWith(it->first, prefix);) {
+    it = capped_.erase(it);
   }
   if (auto it = versions_.find(job_id); it != versions_.end()) versions_.erase(it);
   appended_.SignalAll();  // a follower of the job sees it gone

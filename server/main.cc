@@ -62,6 +62,15 @@ ABSL_FLAG(absl::Duration, job_retention, absl::Hours(24 * 7),
 ABSL_FLAG(absl::Duration, lost_worker_retention, absl::Hours(24),
           "Workers LOST for this long are forgotten (no longer listed); one that comes back "
           "registers as new.");
+ABSL_FLAG(int, max_job_events, 1000,
+          "Events a job keeps: past this, the oldest after its first 10 are dropped (and counted "
+          "in describe).");
+ABSL_FLAG(int, max_job_restart_records, 100,
+          "Restart records a job keeps: past this, the oldest are dropped (and counted in "
+          "describe); restart budgets still count every restart.");
+ABSL_FLAG(int64_t, max_task_log_bytes, int64_t{64} << 20,
+          "Output of one task the coordinator keeps in its log; past this, a line says so, later "
+          "output is dropped and, when the task ends, the count of bytes dropped is written.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, once the server listens, write the bound port number to this file "
           "(atomically: temp file + rename).");
@@ -152,6 +161,21 @@ int Run() {
     LogError("--job_retention: must be positive (or 'inf' to keep finished jobs)");
     return 1;
   }
+  const int64_t max_task_log_bytes = absl::GetFlag(FLAGS_max_task_log_bytes);
+  if (max_task_log_bytes < 4096) {
+    LogError("--max_task_log_bytes: must be at least 4096");
+    return 1;
+  }
+  options.max_job_events = absl::GetFlag(FLAGS_max_job_events);
+  options.max_job_restart_records = absl::GetFlag(FLAGS_max_job_restart_records);
+  if (options.max_job_events < 20) {
+    LogError("--max_job_events: must be at least 20");
+    return 1;
+  }
+  if (options.max_job_restart_records < 1) {
+    LogError("--max_job_restart_records: must be at least 1");
+    return 1;
+  }
   if (options.lost_worker_retention <= absl::ZeroDuration()) {
     LogError("--lost_worker_retention: must be positive");
     return 1;
@@ -160,9 +184,9 @@ int Run() {
     LogError("--start_timeout: must be positive");
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<JobManager>> manager =
-      JobManager::Create(RealClock::Get(), *std::move(store),
-                         std::make_unique<LogStore>(abs_state + "/logs"), options);
+  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
+      RealClock::Get(), *std::move(store),
+      std::make_unique<LogStore>(abs_state + "/logs", max_task_log_bytes), options);
   if (!manager.ok()) {
     LogError("cannot load state: ", manager.status().ToString());
     return 1;

@@ -180,9 +180,10 @@ void CoordinatorMetrics::OnJobTransition(const v1::Job& job, v1::JobState from, 
     // The events end with this transition; the one before it that entered PENDING starts the
     // wait (submission, or the end of a restart).
     absl::Time pending_since = absl::FromUnixMillis(job.created_unix_ms());
-    for (int i = 0; i + 1 < job.events_size(); ++i) {
+    for (int i = job.events_size() - 2; i >= 0; --i) {
       if (job.events(i).to() == v1::PENDING) {
         pending_since = absl::FromUnixMillis(job.events(i).time_unix_ms());
+        break;
       }
     }
     scheduling_latency_.Observe(std::max(0.0, absl::ToDoubleSeconds(now - pending_since)));

@@ -291,6 +291,13 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
       return s;
     }
   }
+  for (const StoreMutation::EventTrim& trim : m.trimmed_events) {
+    Statement st(db_,
+                 "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE job_id = ? ORDER BY "
+                 "id LIMIT ? OFFSET ?)");
+    st.Bind(1, trim.job_id).Bind(2, int64_t{trim.count}).Bind(3, int64_t{trim.keep_first});
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
   for (const std::string& job_id : m.removed_jobs) {
     for (const char* sql :
          {"DELETE FROM events WHERE job_id = ?", "DELETE FROM tasks WHERE job_id = ?",

@@ -1,5 +1,6 @@
 #include "client/format.h"
 
+#include "absl/strings/str_cat.h"
 #include "client/views.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -184,6 +185,26 @@ TEST(ViewsTest, DescribeShowsTasksAndEvents) {
               HasSubstr("Param servers:    2 shards, sync, dense shards\n"));
   EXPECT_THAT(text,
               HasSubstr("2023-11-14T22:13:20+00:00  RUNNING -> FAILED: rank 0 exited with code 2"));
+}
+
+TEST(ViewsTest, DescribeSaysWhatTheCoordinatorDidNotKeep) {
+  v1::Job job;
+  job.set_id("j-1");
+  job.set_state(v1::RUNNING);
+  for (int i = 0; i < 12; ++i) {
+    v1::JobEvent* e = job.add_events();
+    e->set_to(v1::RUNNING);
+    e->set_reason(absl::StrCat("event ", i < 10 ? i : i + 500));
+  }
+  job.set_events_dropped(500);
+  job.add_restarts()->set_reason(v1::PREEMPTED);
+  job.set_restarts_dropped(40);
+  job.set_dropped_preemption_restarts(40);
+  const std::string text = DescribeJob(job, absl::UTCTimeZone());
+  EXPECT_THAT(text, HasSubstr("event 9\n  (500 events not kept)\n"));
+  EXPECT_THAT(text, HasSubstr("  (40 earlier restarts not kept)\n"));
+  EXPECT_THAT(text, HasSubstr("Restarts:         41 ("));
+  EXPECT_THAT(text, HasSubstr("preemptions and lost workers 41 of unlimited"));
 }
 
 TEST(ViewsTest, DescribeShowsRestartsAndTheirRecovery) {

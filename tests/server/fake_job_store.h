@@ -1,6 +1,7 @@
 #ifndef TRAINYARD_TESTS_SERVER_FAKE_JOB_STORE_H_
 #define TRAINYARD_TESTS_SERVER_FAKE_JOB_STORE_H_
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
@@ -53,6 +54,12 @@ class FakeJobStore : public JobStore {
       checkpoints_[{c.checkpoint.job_id(), c.checkpoint.step()}] = c;
     }
     if (m.next_job_seq.has_value()) next_job_seq_ = *m.next_job_seq;
+    for (const StoreMutation::EventTrim& trim : m.trimmed_events) {
+      auto& events = events_[trim.job_id];
+      const size_t from = std::min<size_t>(trim.keep_first, events.size());
+      const size_t to = std::min<size_t>(from + trim.count, events.size());
+      events.erase(events.begin() + from, events.begin() + to);
+    }
     for (const std::string& id : m.removed_jobs) {
       jobs_.erase(id);
       events_.erase(id);

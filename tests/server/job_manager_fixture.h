@@ -25,8 +25,9 @@ class JobManagerTest : public ::testing::Test {
     options.worker_timeout = absl::Seconds(10);
     auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
     ASSERT_TRUE(store.ok()) << store.status();
-    auto manager = JobManager::Create(clock_, *std::move(store),
-                                      std::make_unique<LogStore>(dir_.path() + "/logs"), options);
+    auto manager = JobManager::Create(
+        clock_, *std::move(store),
+        std::make_unique<LogStore>(dir_.path() + "/logs", max_task_log_bytes_), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
   }
@@ -87,6 +88,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  int64_t max_task_log_bytes_ = int64_t{64} << 20;
   FakeClock clock_;
   std::unique_ptr<JobManager> manager_;
 };

@@ -940,5 +940,100 @@ TEST_F(JobManagerTest, FinishedJobsAndLostWorkersAreForgottenAfterTheirRetention
   EXPECT_EQ(Submit(TestSpec("next")), "next-3");
 }
 
+// A job that restarts for weeks does not grow without bound: its events and restart records are
+// capped, what was dropped is counted, and restart budgets still count every restart.
+TEST_F(JobManagerTest, EventsAndRestartRecordsAreCappedAndBudgetsCountWhatWasDropped) {
+  JobManagerOptions options;
+  options.max_job_events = 20;
+  options.max_job_restart_records = 3;
+  options.restart_backoff = absl::ZeroDuration();
+  Reopen(options);
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("flaky");
+  spec.mutable_restart()->set_max_failures(5);
+  const std::string id = Submit(spec);
+  for (int generation = 1; generation <= 6; ++generation) {
+    manager_->Tick();
+    ASSERT_EQ(Get(id).generation(), generation);
+    const std::string task = absl::StrCat(id, ".g", generation, ".r0");
+    ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
+    ASSERT_TRUE(manager_->ReportEvent(id, generation, "data loaded").ok());
+    ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 1, "boom").ok());
+  }
+  v1::Job job = Get(id);
+  // The sixth failure is past max_failures 5, though only three restart records are kept.
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("max_failures"));
+  EXPECT_THAT(job.restarts(), SizeIs(3));
+  EXPECT_EQ(job.restarts_dropped(), 2);
+  EXPECT_EQ(job.dropped_failure_restarts(), 2);
+  EXPECT_EQ(job.restarts(0).generation(), 3);
+  ASSERT_THAT(job.events(), SizeIs(20));
+  EXPECT_GT(job.events_dropped(), 0);
+  EXPECT_EQ(job.events(0).to(), v1::PENDING);  // the submission is kept
+  EXPECT_EQ(job.events(19).to(), v1::FAILED);  // and the end
+  const std::vector<std::string> reasons = Reasons(job);
+
+  // The database holds exactly what the coordinator shows.
+  Reopen(options);
+  job = Get(id);
+  EXPECT_EQ(Reasons(job), reasons);
+  EXPECT_THAT(job.restarts(), SizeIs(3));
+  EXPECT_EQ(job.restarts_dropped(), 2);
+}
+
+TEST(LogStoreTest, ALogPastItsLimitKeepsTheStartAndCountsTheRest) {
+  TempDir dir;
+  const std::string a(60, 'a');
+  const std::string b(60, 'b');
+  {
+    LogStore logs(dir.path(), 100);
+    EXPECT_EQ(*logs.Append("j-1", "t", 0, a), 60);
+    EXPECT_EQ(*logs.Append("j-1", "t", 60, b), 120);  // 40 of b kept, 20 dropped
+    EXPECT_EQ(*logs.Append("j-1", "t", 120, std::string(50, 'c')), 170);
+    EXPECT_EQ(*logs.Append("j-1", "t", 60, b), 170);  // a retry: nothing new
+  }
+  // A restarted coordinator remembers the log went past its limit.
+  LogStore logs(dir.path(), 100);
+  EXPECT_EQ(*logs.Append("j-1", "t", 170, std::string(30, 'd')), 200);
+  ASSERT_TRUE(logs.Seal("j-1", "t").ok());
+  ASSERT_TRUE(logs.Seal("j-1", "t").ok());  // once
+  const std::string text = *logs.Read("j-1", "t", 0, 1 << 20);
+  EXPECT_EQ(text.substr(0, 100), a + b.substr(0, 40));
+  EXPECT_EQ(text.substr(100),
+            "\n[trainyard: this task's log reached its limit of 100 bytes (--max_task_log_bytes); "
+            "later output is not kept]\n"
+            "[trainyard: 100 bytes of output past the limit of 100 bytes were not kept]\n");
+  // A log within its limit gets no line.
+  ASSERT_TRUE(logs.Append("j-1", "u", 0, "short\n").ok());
+  ASSERT_TRUE(logs.Seal("j-1", "u").ok());
+  EXPECT_EQ(*logs.Read("j-1", "u", 0, 1 << 20), "short\n");
+}
+
+TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
+  max_task_log_bytes_ = 10;
+  Reopen();
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("chatty"));
+  manager_->Tick();
+  const std::string task = id + ".g1.r0";
+  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "0123456789abcdef\n").ok());
+  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+  std::string text;
+  ASSERT_TRUE(manager_
+                  ->StreamLogs(
+                      id, {}, /*follow=*/false,
+                      [&](const v1::TaskInfo&, absl::string_view data) {
+                        absl::StrAppend(&text, data);
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
+  EXPECT_THAT(text, testing::StartsWith("0123456789\n[trainyard: this task's log reached"));
+  EXPECT_THAT(text, testing::EndsWith("[trainyard: 7 bytes of output past the limit of 10 bytes "
+                                      "were not kept]\n"));
+}
+
 }  // namespace
 }  // namespace trainyard
