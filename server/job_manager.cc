@@ -1603,6 +1603,7 @@ std::vector<std::string> JobManager::ForgetExpiredLocked() {
     const JobEntry& entry = it->second;
     finished_.erase({entry.job.finished_unix_ms(), entry.seq});
     for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_.erase(t.task_id());
+    rendezvous_.Forget(entry.job.id());
     ids_by_seq_.erase(entry.seq);
     jobs_.erase(it);
   }

@@ -104,6 +104,15 @@ void Rendezvous::EndAttempts(absl::string_view job_id, int64_t last_generation) 
   changed_.SignalAll();
 }
 
+void Rendezvous::Forget(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = ended_.find(job_id); it != ended_.end()) ended_.erase(it);
+  for (auto ns = namespaces_.begin(); ns != namespaces_.end();) {
+    ns = ns->first.first == job_id ? namespaces_.erase(ns) : ++ns;
+  }
+  changed_.SignalAll();
+}
+
 void Rendezvous::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;

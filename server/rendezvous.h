@@ -56,6 +56,10 @@ class Rendezvous {
   // now on. Waiters get FAILED_PRECONDITION. Idempotent.
   void EndAttempts(absl::string_view job_id, int64_t last_generation);
 
+  // Forgets the job (removed from the coordinator): its namespaces and the record that its
+  // attempts ended. Only for a job whose attempts all ended (EndAttempts).
+  void Forget(absl::string_view job_id);
+
   // Wakes every waiter with UNAVAILABLE; later calls fail with UNAVAILABLE.
   void Shutdown();
 

@@ -1035,5 +1035,70 @@ TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
                                       "were not kept]\n"));
 }
 
+// What a coordinator holds stays flat over a day of short jobs once the retention period has
+// passed: a day on a fake clock, a job a minute through the whole lifecycle (placed, running,
+// logs, a checkpoint, success), finished jobs kept for an hour.
+TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
+  JobManagerOptions options;
+  options.job_retention = absl::Hours(1);
+  Reopen(options);
+  Register("w1", 1);
+  auto bytes_under = [](const std::string& path) {
+    int64_t total = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path)) {
+      if (e.is_regular_file()) total += static_cast<int64_t>(e.file_size());
+    }
+    return total;
+  };
+  auto files_under = [](const std::string& path) {
+    int64_t n = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path))
+      n += e.is_regular_file();
+    return n;
+  };
+  struct Sample {
+    size_t jobs;
+    int64_t db_bytes;
+    int64_t log_files;
+  };
+  std::vector<Sample> samples;  // at each hour
+  for (int minute = 1; minute <= 24 * 60; ++minute) {
+    const std::string id = Submit(TestSpec("short"));
+    manager_->Tick();
+    const std::string task = id + ".g1.r0";
+    ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok()) << id;
+    ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, std::string(2000, 'x') + "\n").ok());
+    v1::CommitCheckpointRequest commit;
+    commit.set_job_id(id);
+    commit.set_generation(1);
+    commit.set_step(10);
+    commit.set_uri("file:///ckpt/" + id + "/step-000000000010");
+    ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
+    ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+    for (int s = 0; s < 6; ++s) {
+      clock_.Advance(absl::Seconds(10));
+      Sync("w1");
+      manager_->Tick();
+    }
+    if (minute % 60 == 0) {
+      auto listed = manager_->ListJobs({}, 0, "");
+      ASSERT_TRUE(listed.ok());
+      samples.push_back({listed->jobs.size(),
+                         bytes_under(dir_.path()) - bytes_under(dir_.path() + "/logs"),
+                         files_under(dir_.path() + "/logs")});
+    }
+  }
+  // After the first two hours everything is as it was at two hours, give or take the database's
+  // write-ahead log, which SQLite reuses rather than grows.
+  const Sample& settled = samples[1];
+  EXPECT_LE(settled.jobs, 61u);
+  for (size_t hour = 2; hour < samples.size(); ++hour) {
+    EXPECT_LE(samples[hour].jobs, settled.jobs) << "hour " << hour + 1;
+    EXPECT_LE(samples[hour].log_files, settled.log_files) << "hour " << hour + 1;
+    EXPECT_LE(samples[hour].db_bytes, settled.db_bytes * 3 / 2) << "hour " << hour + 1;
+  }
+  EXPECT_THAT(manager_->ListWorkers(), SizeIs(1));
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -104,6 +104,19 @@ TEST(RendezvousTest, EndAttemptsDropsAndWakesWaitersAndRefusesLateCalls) {
   EXPECT_EQ(*rv.Get("other", 1, "a", absl::ZeroDuration()), "x");
 }
 
+TEST(RendezvousTest, AForgottenJobLeavesNothingBehind) {
+  FakeClock clock;
+  Rendezvous rv(clock);
+  ASSERT_TRUE(rv.Set("job", 3, "a", "1").ok());
+  rv.EndAttempts("job", 3);
+  ASSERT_TRUE(rv.Set("other", 1, "a", "x").ok());
+  rv.Forget("job");
+  EXPECT_EQ(rv.NamespaceCount(), 1);
+  // The record that its attempts ended is gone too: nothing of the job is refused any more.
+  EXPECT_TRUE(rv.Set("job", 1, "a", "again").ok());
+  EXPECT_EQ(*rv.Get("other", 1, "a", absl::ZeroDuration()), "x");
+}
+
 TEST(RendezvousTest, IdleNamespacesExpireWhenAnotherIsCreated) {
   FakeClock clock;
   RendezvousOptions options;
