@@ -42,6 +42,7 @@ void MergeMutation(StoreMutation& into, StoreMutation from) {
   // Trims remove from the middle of a job's events, after every insert of the transaction: as
   // long as each one left at least its own count after keep_first, the result is the same.
   Append(into.trimmed_events, from.trimmed_events);
+  Append(into.removed_checkpoints, from.removed_checkpoints);
 }
 
 std::shared_ptr<GroupCommitter::Ticket> GroupCommitter::Enqueue(StoreMutation mutation) {

@@ -1,7 +1,5 @@
 #include "server/job_manager.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -12,13 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/backoff.h"
-#include "common/exit_codes.h"
 #include "common/job_spec.h"
-#include "common/restart_reason.h"
 #include "common/log.h"
+#include "common/restart_reason.h"
 #include "common/uri.h"
 #include "server/job_state.h"
+#include "server/restart_policy.h"
 #include "server/scheduler.h"
 
 namespace trainyard {
@@ -87,42 +84,6 @@ void RankRange(const v1::JobSpec& spec, int& min_ranks, int& max_ranks) {
   }
   min_ranks = std::max(spec.workers().min(), 1);
   max_ranks = std::max(spec.workers().max(), min_ranks);
-}
-
-// What a rank's end (not a success) means for the restart policy.
-v1::RestartReason ClassifyTaskEnd(const v1::TaskInfo& t) {
-  // A rank told to save for a preemption ends however it ends because of the notice.
-  if (t.stop_deadline_unix_ms() > 0) return v1::PREEMPTED;
-  switch (t.state()) {
-    // The worker cannot run the trainer at all (a bad installation): retrying without end
-    // would hide it, so it draws on the failure budget.
-    case v1::TASK_FAILED_TO_START:
-      return v1::FAILURE;
-    case v1::TASK_STOPPED:  // the agent stopped it without being asked
-      return v1::INFRASTRUCTURE;
-    default:
-      break;
-  }
-  if (t.signal() == SIGTERM || t.exit_code() == kExitStoppedBySignal ||
-      t.exit_code() == kExitInfrastructure) {
-    return v1::INFRASTRUCTURE;
-  }
-  return v1::FAILURE;  // user error, internal error, killed by a signal nobody sent on purpose
-}
-
-// How specific a cause is: a rank that exits with an infrastructure error is usually the
-// consequence of something else (a peer that died, a worker that vanished), found out later.
-int CauseRank(v1::RestartReason reason) {
-  switch (reason) {
-    case v1::INFRASTRUCTURE:
-      return 0;
-    case v1::HANG:
-      return 1;
-    case v1::FAILURE:
-      return 2;
-    default:
-      return 3;  // PREEMPTED, WORKER_LOST
-  }
 }
 
 absl::Time LastEventTime(const v1::Job& job, v1::JobState to) {
@@ -1288,9 +1249,18 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   added.checkpoint.set_size_bytes(request.size_bytes());
   added.checkpoint.set_created_unix_ms(absl::ToUnixMillis(clock_.Now()));
   added.checkpoint.set_generation(request.generation());
+  StoreMutation extra;
   std::vector<StoredCheckpoint> list;
   for (const StoredCheckpoint& c : entry.checkpoints) {
-    if (c.checkpoint.step() != request.step()) list.push_back(c);
+    if (c.checkpoint.step() == request.step()) continue;
+    // Retired by an earlier commit: its folder was handed out for deletion then (and the
+    // trainer's garbage collection deletes it if that failed); only the latest commit's are kept,
+    // for a retry of it.
+    if (c.retired) {
+      extra.removed_checkpoints.emplace_back(c.checkpoint.job_id(), c.checkpoint.step());
+      continue;
+    }
+    list.push_back(c);
   }
   list.push_back(added);
   std::sort(list.begin(), list.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
@@ -1299,7 +1269,6 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   // The spec's retention is the floor: a request may keep more, never fewer (0 keeps all).
   const int spec_keep = entry.job.spec().checkpoint().keep_last();
   const int keep = spec_keep <= 0 ? 0 : std::max(spec_keep, request.keep_last());
-  StoreMutation extra;
   extra.checkpoints.push_back(added);
   std::vector<std::string> retired;
   if (keep > 0) {
@@ -1741,21 +1710,6 @@ void JobManager::RestartLostOrStalledLocked() {
   }
 }
 
-std::optional<std::string> JobManager::BudgetSpent(const v1::Job& job, v1::RestartReason reason,
-                                                   int extra) const {
-  const RestartBudget budget = BudgetOf(reason);
-  const int used = RestartsOn(job, budget) + extra;
-  const std::optional<int32_t> limit = BudgetLimit(job.spec().restart(), budget);
-  if (!limit.has_value() || used <= *limit) return std::nullopt;
-  if (budget == RestartBudget::kFailures && *limit == 0) return "";  // the cause says it all
-  const char* what = budget == RestartBudget::kFailures         ? "failures"
-                     : budget == RestartBudget::kInfrastructure ? "restarts for hangs or "
-                                                                  "infrastructure errors"
-                                                                : "restarts for preemptions or "
-                                                                  "lost workers";
-  return absl::StrCat(" (", used, " ", what, "; ", BudgetField(budget), " is ", *limit, ")");
-}
-
 absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, AttemptEnd end,
                                           const std::vector<std::string>& changed_task_ids) {
   if (end.reason == v1::PREEMPTED && !entry.preemption_notice.empty()) {
@@ -1838,17 +1792,9 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
     return;
   }
   // Restarts in a row whose attempt never got to a step back off further and further.
-  int in_a_row = 1;
-  for (int i = updated.restarts_size() - 2; i >= 0 && !updated.restarts(i).recovered(); --i) {
-    in_a_row++;
-  }
-  absl::Duration delay = absl::ZeroDuration();
-  if (options_.restart_backoff > absl::ZeroDuration()) {
-    const absl::Duration bound =
-        BackoffBound(options_.restart_backoff, options_.restart_backoff_max, in_a_row - 1);
-    delay = bound * absl::Uniform(jitter_, 0.5, 1.0);
-    delay = absl::Trunc(delay, absl::Milliseconds(1));
-  }
+  const absl::Duration delay =
+      RestartBackoff(updated, options_.restart_backoff, options_.restart_backoff_max,
+                     absl::Uniform(jitter_, 0.5, 1.0));
   r.set_backoff_ms(absl::ToInt64Milliseconds(delay));
   updated.set_next_attempt_unix_ms(absl::ToUnixMillis(now + delay));
   const std::string reason =

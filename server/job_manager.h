@@ -329,10 +329,6 @@ class JobManager {
   // RESTARTING -> PENDING (with backoff) once every rank of the ended attempt has stopped, or
   // FAILED when the budget is spent. No-op otherwise.
   void MaybeFinishRestartLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // nullopt while the job's restarts (plus `extra` more of `reason`'s kind) stay within the
-  // budget of `reason`'s kind; otherwise what to add to the cause when the job fails.
-  std::optional<std::string> BudgetSpent(const trainyard::v1::Job& job,
-                                         trainyard::v1::RestartReason reason, int extra) const;
   // Fills in the recovery of the job's last restart on the first step report of the next
   // attempt, and records it (event, metrics).
   void RecordRecoveryLocked(JobEntry& entry, const trainyard::v1::JobProgress& progress)

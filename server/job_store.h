@@ -52,11 +52,15 @@ struct StoreMutation {
     int count = 0;
   };
   std::vector<EventTrim> trimmed_events;
+  // Checkpoint rows deleted after the writes above, by (job id, step): retired ones whose
+  // retiring commit is no longer the latest.
+  std::vector<std::pair<std::string, int64_t>> removed_checkpoints;
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
            checkpoints.empty() && progress.empty() && !next_job_seq.has_value() &&
-           removed_jobs.empty() && removed_workers.empty() && trimmed_events.empty();
+           removed_jobs.empty() && removed_workers.empty() && trimmed_events.empty() &&
+           removed_checkpoints.empty();
   }
 };
 

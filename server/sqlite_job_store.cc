@@ -298,6 +298,11 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     st.Bind(1, trim.job_id).Bind(2, int64_t{trim.count}).Bind(3, int64_t{trim.keep_first});
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
+  for (const auto& [job_id, step] : m.removed_checkpoints) {
+    Statement st(db_, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?");
+    st.Bind(1, job_id).Bind(2, step);
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
   for (const std::string& job_id : m.removed_jobs) {
     for (const char* sql :
          {"DELETE FROM events WHERE job_id = ?", "DELETE FROM tasks WHERE job_id = ?",

@@ -60,6 +60,7 @@ class FakeJobStore : public JobStore {
       const size_t to = std::min<size_t>(from + trim.count, events.size());
       events.erase(events.begin() + from, events.begin() + to);
     }
+    for (const auto& key : m.removed_checkpoints) checkpoints_.erase(key);
     for (const std::string& id : m.removed_jobs) {
       jobs_.erase(id);
       events_.erase(id);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -301,6 +302,34 @@ TEST_F(StoreFailureTest, APreemptionNoticeIsOneTransaction) {
   for (const std::string& id : {a, b}) {
     EXPECT_EQ(manager_->GetJob(id)->tasks(0).stop_deadline_unix_ms(), notice.deadline_unix_ms());
   }
+}
+
+// A job that checkpoints for weeks keeps a few checkpoint records, not one per save.
+TEST_F(StoreFailureTest, CheckpointRecordsStayFewOverManyCommits) {
+  ASSERT_TRUE(Register("w1", 1).ok());
+  v1::JobSpec spec = Spec("long");
+  spec.mutable_checkpoint()->set_keep_last(2);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok());
+  manager_->Tick();
+  for (int step = 100; step <= 10000; step += 100) {
+    v1::CommitCheckpointRequest request;
+    request.set_job_id(job->id());
+    request.set_generation(1);
+    request.set_step(step);
+    request.set_uri(absl::StrFormat("file:///ckpt/%s/step-%012d", job->id(), step));
+    auto retired = manager_->CommitCheckpoint(request);
+    ASSERT_TRUE(retired.ok()) << retired.status();
+    if (step >= 300) {
+      EXPECT_THAT(*retired, ElementsAre(absl::StrFormat("file:///ckpt/%s/step-%012d", job->id(),
+                                                        step - 200)));
+    }
+  }
+  // The two kept and the one the last commit retired (for a retry of it).
+  auto stored = store_->LoadAll();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_THAT(stored->checkpoints, SizeIs(3));
+  EXPECT_THAT(*manager_->ListCheckpoints(job->id()), SizeIs(2));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "common/restart_reason.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/restart_policy.h"
 #include "tests/server/job_manager_fixture.h"
 
 namespace trainyard {
@@ -76,6 +77,57 @@ class RecoveryTest : public JobManagerTest {
     }
   }
 };
+
+TEST(RestartPolicyTest, ClassifiesHowARankEnded) {
+  v1::TaskInfo t;
+  t.set_state(v1::TASK_EXITED);
+  t.set_exit_code(2);
+  EXPECT_EQ(ClassifyTaskEnd(t), v1::FAILURE);
+  t.set_exit_code(kExitInfrastructure);
+  EXPECT_EQ(ClassifyTaskEnd(t), v1::INFRASTRUCTURE);
+  t.set_exit_code(kExitStoppedBySignal);
+  EXPECT_EQ(ClassifyTaskEnd(t), v1::INFRASTRUCTURE);
+  t.set_stop_deadline_unix_ms(1);  // told to save for a preemption: however it ends
+  EXPECT_EQ(ClassifyTaskEnd(t), v1::PREEMPTED);
+  t.set_stop_deadline_unix_ms(0);
+  t.set_state(v1::TASK_FAILED_TO_START);
+  EXPECT_EQ(ClassifyTaskEnd(t), v1::FAILURE);
+  t.set_state(v1::TASK_STOPPED);
+  EXPECT_EQ(ClassifyTaskEnd(t), v1::INFRASTRUCTURE);
+  EXPECT_LT(CauseRank(v1::INFRASTRUCTURE), CauseRank(v1::FAILURE));
+  EXPECT_LT(CauseRank(v1::FAILURE), CauseRank(v1::WORKER_LOST));
+}
+
+TEST(RestartPolicyTest, BackoffGrowsWithRestartsInARowThatMadeNoProgress) {
+  v1::Job job;
+  job.add_restarts();
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 1.0), absl::Seconds(1));
+  job.add_restarts();
+  job.add_restarts();
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 1.0), absl::Seconds(4));
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 0.5), absl::Seconds(2));
+  for (int i = 0; i < 10; ++i) job.add_restarts();
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 1.0), absl::Seconds(60));
+  // An attempt that got to a step starts the count again.
+  job.mutable_restarts(job.restarts_size() - 2)->set_recovered(true);
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 1.0), absl::Seconds(1));
+  EXPECT_EQ(RestartBackoff(job, absl::ZeroDuration(), absl::Seconds(60), 1.0),
+            absl::ZeroDuration());
+}
+
+TEST(RestartPolicyTest, BudgetSpentNamesTheBudgetAndCountsDroppedRecords) {
+  v1::Job job;
+  job.mutable_spec()->mutable_restart()->set_max_failures(2);
+  job.add_restarts()->set_reason(v1::FAILURE);
+  EXPECT_FALSE(BudgetSpent(job, v1::FAILURE, 1).has_value());
+  job.set_dropped_failure_restarts(1);
+  EXPECT_EQ(BudgetSpent(job, v1::FAILURE, 1), " (3 failures; restart.max_failures is 2)");
+  EXPECT_FALSE(BudgetSpent(job, v1::PREEMPTED, 1).has_value());  // unlimited by default
+  job.mutable_spec()->mutable_restart()->set_max_failures(0);
+  job.clear_restarts();
+  job.set_dropped_failure_restarts(0);
+  EXPECT_EQ(BudgetSpent(job, v1::FAILURE, 1), "");  // the cause says it all
+}
 
 TEST_F(RecoveryTest, LostWorkerRestartsTheGangFromTheCommittedStep) {
   Register("w1", 1);
