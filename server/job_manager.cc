@@ -36,10 +36,6 @@ constexpr absl::Duration kStreamPoll = absl::Milliseconds(250);
 // After a job ends, how long a followed log waits for the last pieces the agents ship.
 constexpr absl::Duration kFinalLogGrace = absl::Milliseconds(500);
 
-bool TaskEnded(v1::TaskState state) {
-  return state == v1::TASK_EXITED || state == v1::TASK_FAILED_TO_START || state == v1::TASK_STOPPED;
-}
-
 bool TaskSucceeded(const v1::TaskInfo& t) {
   return t.state() == v1::TASK_EXITED && t.exit_code() == 0 && t.signal() == 0;
 }
@@ -146,16 +142,7 @@ absl::Status JobManager::Load() {
   absl::MutexLock lock(&mu_);
   next_seq_ = std::max<int64_t>(contents->next_job_seq, 1);
   for (StoredJob& stored : contents->jobs) {
-    const std::string id = stored.job.id();
-    JobEntry& entry = jobs_[id];
-    entry.seq = stored.seq;
-    entry.job = std::move(stored.job);
-    ids_by_seq_[entry.seq] = id;
-    if (entry.job.state() == v1::PENDING) pending_[KeyOf(entry)] = &entry;
-    if (!IsFinalJobState(entry.job.state())) {
-      active_seqs_.insert(entry.seq);
-      if (entry.job.generation() > 0) attempt_seqs_.insert(entry.seq);
-    }
+    JobEntry& entry = table_.Add(stored.seq, std::move(stored.job));
     // Stall and stop clocks restart with the coordinator: it cannot know what happened while
     // it was away.
     entry.last_step_change = clock_.Now();
@@ -163,36 +150,25 @@ absl::Status JobManager::Load() {
     if (entry.job.state() == v1::RESTARTING) entry.restarting_since = clock_.Now();
     entry.attempt_placed = clock_.Now();
     // After a restart, trainers of jobs that ended just before may still be stopping.
-    if (IsFinalJobState(entry.job.state())) {
-      entry.ended = clock_.Now();
-      stopping_seqs_.insert(entry.seq);
-      finished_.emplace(entry.job.finished_unix_ms(), entry.seq);
-    }
-    for (const v1::TaskInfo& t : entry.job.tasks()) {
-      job_of_task_[t.task_id()] = id;
-      if (IsActiveTask(entry, t)) active_tasks_by_worker_[t.worker_id()].insert(t.task_id());
-    }
+    if (IsFinalJobState(entry.job.state())) entry.ended = clock_.Now();
     next_seq_ = std::max(next_seq_, entry.seq + 1);
   }
   for (StoredCheckpoint& c : contents->checkpoints) {
-    auto it = jobs_.find(c.checkpoint.job_id());
-    if (it != jobs_.end()) it->second.checkpoints.push_back(std::move(c));
+    if (JobEntry* entry = table_.Find(c.checkpoint.job_id()); entry != nullptr) {
+      entry->checkpoints.push_back(std::move(c));
+    }
   }
   for (v1::Worker& w : contents->workers) workers_.Restore(std::move(w));
-  LogInfo("loaded ", jobs_.size(), " jobs (", active_seqs_.size(), " active), ",
+  LogInfo("loaded ", table_.size(), " jobs (", table_.active().size(), " active), ",
           contents->workers.size(), " workers, ", contents->checkpoints.size(), " checkpoints");
   tick_requested_ = true;
   return absl::OkStatus();
 }
 
-JobManager::JobEntry* JobManager::FindLocked(absl::string_view id) {
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? nullptr : &it->second;
-}
+JobManager::JobEntry* JobManager::FindLocked(absl::string_view id) { return table_.Find(id); }
 
 const JobManager::JobEntry* JobManager::FindLocked(absl::string_view id) const {
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? nullptr : &it->second;
+  return table_.Find(id);
 }
 
 void JobManager::RequestTickLocked() {
@@ -200,26 +176,9 @@ void JobManager::RequestTickLocked() {
   tick_wanted_.SignalAll();
 }
 
-bool JobManager::IsActiveTask(const v1::Job& job, const v1::TaskInfo& task) {
-  const v1::JobState state = job.state();
-  return (state == v1::SCHEDULED || state == v1::RUNNING) &&
-         task.generation() == job.generation() && !TaskEnded(task.state());
-}
-
 std::vector<std::pair<const JobManager::JobEntry*, const v1::TaskInfo*>>
 JobManager::ActiveTasksLocked(absl::string_view worker_id) const {
-  std::vector<std::pair<const JobEntry*, const v1::TaskInfo*>> out;
-  auto it = active_tasks_by_worker_.find(worker_id);
-  if (it == active_tasks_by_worker_.end()) return out;
-  for (const std::string& task_id : it->second) {
-    auto job = job_of_task_.find(task_id);
-    const JobEntry* entry = job == job_of_task_.end() ? nullptr : FindLocked(job->second);
-    if (entry == nullptr) continue;
-    for (const v1::TaskInfo& t : entry->job.tasks()) {
-      if (t.task_id() == task_id && IsActiveTask(*entry, t)) out.emplace_back(entry, &t);
-    }
-  }
-  return out;
+  return table_.ActiveTasksOn(worker_id);
 }
 
 absl::Status JobManager::WriteLocked(StoreMutation m) {
@@ -258,8 +217,7 @@ absl::Status JobManager::EndUnitLocked() {
   }
   LogError("store write failed, changes undone: ", written.ToString());
   for (auto& [seq, saved] : unit.saved_jobs) {
-    auto id = ids_by_seq_.find(seq);
-    JobEntry* entry = id == ids_by_seq_.end() ? nullptr : FindLocked(id->second);
+    JobEntry* entry = table_.FindBySeq(seq);
     if (entry == nullptr) continue;
     const v1::Job undone = std::move(entry->job);
     const uint64_t version = entry->version;
@@ -284,56 +242,12 @@ absl::Status JobManager::EndUnitLocked() {
 
 void JobManager::ReindexLocked(JobEntry& entry, const v1::Job& before) {
   // Workers whose set of active tasks changed get a new desired-state version.
-  std::set<std::pair<std::string, std::string>> was_active;
-  for (const v1::TaskInfo& t : before.tasks()) {
-    if (IsActiveTask(before, t)) was_active.emplace(t.worker_id(), t.task_id());
-  }
-  if (!IsFinalJobState(entry.job.state()) && entry.job.generation() > 0) {
-    attempt_seqs_.insert(entry.seq);
-  } else {
-    attempt_seqs_.erase(entry.seq);
-  }
-  if (entry.job.state() != v1::PENDING) {
-    pending_.erase(KeyOf(entry));
-    parked_.erase(KeyOf(entry));
-  } else if (!parked_.count(KeyOf(entry))) {
-    pending_[KeyOf(entry)] = &entry;
-  }
-  std::set<std::pair<std::string, std::string>> active;
-  for (const v1::TaskInfo& t : entry.job.tasks()) {
-    job_of_task_[t.task_id()] = entry.job.id();
-    if (IsActiveTask(entry, t)) active.emplace(t.worker_id(), t.task_id());
-  }
-  std::set<std::string> touched;
-  for (const auto& p : was_active) {
-    if (active.count(p)) continue;
-    touched.insert(p.first);
-    auto it = active_tasks_by_worker_.find(p.first);
-    if (it != active_tasks_by_worker_.end()) {
-      it->second.erase(p.second);
-      if (it->second.empty()) active_tasks_by_worker_.erase(it);
-    }
-  }
-  for (const auto& p : active) {
-    if (was_active.count(p)) continue;
-    touched.insert(p.first);
-    active_tasks_by_worker_[p.first].insert(p.second);
-  }
-  for (const std::string& worker_id : touched) {
+  for (const std::string& worker_id : table_.Reindex(entry, before)) {
     workers_.BumpVersion(worker_id);
     WakeWorkerLocked(worker_id);
   }
-  const bool was_final = IsFinalJobState(before.state());
-  const bool is_final = IsFinalJobState(entry.job.state());
-  if (!was_final && is_final) {
-    active_seqs_.erase(entry.seq);
-    stopping_seqs_.insert(entry.seq);
-    finished_.emplace(entry.job.finished_unix_ms(), entry.seq);
+  if (!IsFinalJobState(before.state()) && IsFinalJobState(entry.job.state())) {
     RequestTickLocked();  // capacity came free
-  } else if (was_final && !is_final) {
-    active_seqs_.insert(entry.seq);
-    stopping_seqs_.erase(entry.seq);
-    finished_.erase({before.finished_unix_ms(), entry.seq});
   }
 }
 
@@ -470,7 +384,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
   std::shared_ptr<GroupCommitter::Ticket> ticket;
   {
     absl::MutexLock lock(&mu_);
-    const int active = static_cast<int>(active_seqs_.size()) + submitting_;
+    const int active = static_cast<int>(table_.active().size()) + submitting_;
     if (active >= options_.max_active_jobs) {
       return absl::ResourceExhaustedError(absl::StrCat("too many active jobs: ", active, " (limit ",
                                                        options_.max_active_jobs, ")"));
@@ -513,13 +427,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
   absl::MutexLock lock(&mu_);
   --submitting_;
   if (!written.ok()) return written;
-  JobEntry& entry = jobs_[job.id()];
-  entry.seq = seq;
-  entry.job = job;
-  ids_by_seq_[seq] = job.id();
-  active_seqs_.insert(seq);
-  pending_[KeyOf(entry)] = &entry;
-  new_pending_.insert(KeyOf(entry));
+  JobEntry& entry = table_.Add(seq, job);
+  new_pending_.insert(JobTable::KeyOf(entry));
   LogInfo("job ", job.id(), " submitted");
   if (options_.event_sink != nullptr) options_.event_sink->OnJobSubmitted(job);
   RequestTickLocked();
@@ -553,8 +462,8 @@ absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobSta
   absl::MutexLock lock(&mu_);
   ListJobsResult result;
   int64_t last_seq = 0;
-  for (auto it = std::make_reverse_iterator(ids_by_seq_.lower_bound(before));
-       it != ids_by_seq_.rend(); ++it) {
+  for (auto it = std::make_reverse_iterator(table_.by_seq().lower_bound(before));
+       it != table_.by_seq().rend(); ++it) {
     const JobEntry* entry = FindLocked(it->second);
     if (entry == nullptr) continue;
     if (!wanted.empty() && !wanted.count(entry->job.state())) continue;
@@ -695,8 +604,8 @@ std::map<std::string, JobManager::Usage> JobManager::UsedCapacityLocked() const 
       u.task_ids.push_back(t.task_id());
     }
   };
-  for (int64_t seq : attempt_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+  for (int64_t seq : table_.attempts()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
     if (entry == nullptr) continue;
     const v1::JobState state = entry->job.state();
     if (state == v1::SCHEDULED || state == v1::RUNNING) {
@@ -710,8 +619,8 @@ std::map<std::string, JobManager::Usage> JobManager::UsedCapacityLocked() const 
   }
   // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
   // gone (it may be saving during its grace period).
-  for (int64_t seq : stopping_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+  for (int64_t seq : table_.stopping()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
     if (entry != nullptr && clock_.Now() - entry->ended < kStoppingHold) count(*entry, true);
   }
   return used;
@@ -929,8 +838,7 @@ int JobManager::BlockedSyncsForTesting() const {
 
 absl::StatusOr<v1::Task> JobManager::TaskFor(absl::string_view task_id) const {
   absl::MutexLock lock(&mu_);
-  auto it = job_of_task_.find(task_id);
-  const JobEntry* entry = it == job_of_task_.end() ? nullptr : FindLocked(it->second);
+  const JobEntry* entry = table_.FindByTask(task_id);
   if (entry != nullptr) {
     for (const v1::TaskInfo& t : entry->job.tasks()) {
       if (t.task_id() == task_id) return BuildTaskLocked(*entry, t);
@@ -957,8 +865,7 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
     shortened.mutable_message()->resize(kMaxTaskMessageBytes);
     return ApplyTaskStatusLocked(worker_id, shortened);
   }
-  auto jt = job_of_task_.find(status.task_id());
-  JobEntry* entry = jt == job_of_task_.end() ? nullptr : FindLocked(jt->second);
+  JobEntry* entry = table_.FindByTask(status.task_id());
   int index = -1;
   if (entry != nullptr) {
     for (int i = 0; i < entry->job.tasks_size(); ++i) {
@@ -1074,8 +981,7 @@ absl::StatusOr<int64_t> JobManager::ShipLogs(absl::string_view worker_id, absl::
   std::string job_id;
   {
     absl::MutexLock lock(&mu_);
-    auto it = job_of_task_.find(task_id);
-    const JobEntry* entry = it == job_of_task_.end() ? nullptr : FindLocked(it->second);
+    const JobEntry* entry = table_.FindByTask(task_id);
     if (entry == nullptr) return absl::NotFoundError(absl::StrCat("task '", task_id, "' unknown"));
     // Only the worker a task runs on may write its log.
     bool owner = false;
@@ -1086,7 +992,7 @@ absl::StatusOr<int64_t> JobManager::ShipLogs(absl::string_view worker_id, absl::
       return absl::FailedPreconditionError(
           absl::StrCat("task ", task_id, " does not run on worker '", worker_id, "'"));
     }
-    job_id = it->second;
+    job_id = entry->job.id();
   }
   return logs_->Append(job_id, task_id, offset, data);
 }
@@ -1430,7 +1336,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   absl::MutexLock lock(&mu_);
   ClusterMetricsSnapshot snap;
   snap.now = clock_.Now();
-  for (const auto& [id, entry] : jobs_) snap.jobs_by_state[entry.job.state()]++;
+  for (const auto& [state, n] : table_.counts()) snap.jobs_by_state[state] = n;
   const std::map<std::string, Usage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     snap.workers_by_state[record->info.state()]++;
@@ -1445,14 +1351,14 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
     }
   }
   // Jobs never placed wait since their submission, in sequence order: the first is the oldest.
-  for (int64_t seq : active_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+  for (int64_t seq : table_.active()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
     if (entry == nullptr || entry->job.generation() > 0) continue;
     snap.oldest_pending_since = absl::FromUnixMillis(entry->job.created_unix_ms());
     break;
   }
-  for (int64_t seq : attempt_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+  for (int64_t seq : table_.attempts()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
     if (entry == nullptr) continue;
     const v1::Job& job = entry->job;
     if (job.state() == v1::PENDING) {  // after a restart
@@ -1538,14 +1444,15 @@ std::vector<std::string> JobManager::ForgetExpiredLocked() {
   std::vector<int64_t> seqs;
   if (options_.job_retention != absl::InfiniteDuration()) {
     const int64_t cutoff_ms = absl::ToUnixMillis(now - options_.job_retention);
-    for (auto it = finished_.begin();
-         it != finished_.end() && it->first <= cutoff_ms && static_cast<int>(seqs.size()) < kBatch;
+    for (auto it = table_.finished().begin();
+         it != table_.finished().end() && it->first <= cutoff_ms &&
+         static_cast<int>(seqs.size()) < kBatch;
          ++it) {
-      if (stopping_seqs_.count(it->second)) continue;  // its trainers may still be stopping
-      auto id = ids_by_seq_.find(it->second);
-      if (id == ids_by_seq_.end()) continue;
+      if (table_.stopping().count(it->second)) continue;  // its trainers may still be stopping
+      const JobEntry* entry = table_.FindBySeq(it->second);
+      if (entry == nullptr) continue;
       seqs.push_back(it->second);
-      m.removed_jobs.push_back(id->second);
+      m.removed_jobs.push_back(entry->job.id());
     }
   }
   for (const WorkerRecord* w : workers_.All()) {
@@ -1567,14 +1474,8 @@ std::vector<std::string> JobManager::ForgetExpiredLocked() {
             absl::FormatDuration(options_.lost_worker_retention));
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
-    auto it = jobs_.find(m.removed_jobs[i]);
-    if (it == jobs_.end()) continue;
-    const JobEntry& entry = it->second;
-    finished_.erase({entry.job.finished_unix_ms(), entry.seq});
-    for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_.erase(t.task_id());
-    rendezvous_.Forget(entry.job.id());
-    ids_by_seq_.erase(entry.seq);
-    jobs_.erase(it);
+    rendezvous_.Forget(m.removed_jobs[i]);
+    table_.Remove(m.removed_jobs[i]);
   }
   if (!m.removed_jobs.empty()) {
     LogInfo("removed ", m.removed_jobs.size(), " jobs finished more than ",
@@ -1639,8 +1540,8 @@ void JobManager::RestartLostOrStalledLocked() {
   const absl::Time now = clock_.Now();
   std::vector<std::pair<std::string, AttemptEnd>> ends;
   std::vector<std::string> restarting;
-  for (int64_t seq : attempt_seqs_) {
-    JobEntry& entry = jobs_.at(ids_by_seq_.at(seq));
+  for (int64_t seq : table_.attempts()) {
+    JobEntry& entry = *table_.FindBySeq(seq);
     const v1::Job& job = entry.job;
     if (job.state() == v1::RESTARTING) {
       restarting.push_back(job.id());
@@ -1809,8 +1710,8 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
 void JobManager::EnforceRuntimeLocked() {
   const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
   std::vector<std::string> over;
-  for (int64_t seq : attempt_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+  for (int64_t seq : table_.attempts()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
     if (entry == nullptr) continue;
     const int64_t limit_s = entry->job.spec().max_runtime_seconds();
     const int64_t started = entry->job.started_unix_ms();
@@ -1849,8 +1750,7 @@ void JobManager::ClusterChangedLocked() {
 void JobManager::ScheduleLocked() {
   const absl::Time now = clock_.Now();
   if (parked_epoch_ != cluster_epoch_) {
-    pending_.merge(parked_);
-    parked_.clear();
+    table_.UnparkAll();
     parked_epoch_ = cluster_epoch_;
     schedule_all_ = true;
   }
@@ -1870,8 +1770,10 @@ void JobManager::ScheduleLocked() {
   }
   absl::Time next = now + kFullSchedulePeriod;
   const JobEntry* blocker = nullptr;
-  if (auto it = jobs_.find(schedule_blocker_); it != jobs_.end()) blocker = &it->second;
-  if (blocker != nullptr && !pending_.count(KeyOf(*blocker))) blocker = nullptr;
+  if (const JobEntry* b = table_.Find(schedule_blocker_);
+      b != nullptr && table_.pending().count(JobTable::KeyOf(*b))) {
+    blocker = b;
+  }
   // The queue in order; with `stop_at_blocker`, only up to the job that blocked it last time,
   // and the new submissions behind it.
   auto queue = [&](bool stop_at_blocker) {
@@ -1884,11 +1786,12 @@ void JobManager::ScheduleLocked() {
       }
       jobs.push_back(SchedJobLocked(entry));
     };
-    for (const auto& [key, entry] : pending_) {
+    const std::map<QueueKey, JobEntry*>& pending = table_.pending();
+    for (const auto& [key, entry] : pending) {
       add(*entry);
       if (stop_at_blocker && entry == blocker) {
         for (auto n = new_pending_.upper_bound(key); n != new_pending_.end(); ++n) {
-          if (auto p = pending_.find(*n); p != pending_.end()) add(*p->second);
+          if (auto p = pending.find(*n); p != pending.end()) add(*p->second);
         }
         break;
       }
@@ -1905,33 +1808,37 @@ void JobManager::ScheduleLocked() {
     }
   }
   // Capacity held by stopping ranks comes free by itself after kStoppingHold.
-  for (int64_t seq : attempt_seqs_) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(seq));
+  for (int64_t seq : table_.attempts()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
     if (entry != nullptr && entry->restarting_since + kStoppingHold > now) {
       next = std::min(next, entry->restarting_since + kStoppingHold);
     }
   }
   // Ended jobs whose trainers all reported gone (or past the hold) no longer hold anything.
-  for (auto it = stopping_seqs_.begin(); it != stopping_seqs_.end();) {
-    const JobEntry* entry = FindLocked(ids_by_seq_.at(*it));
+  std::vector<int64_t> stopped;
+  for (int64_t seq : table_.stopping()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
     bool holding = false;
     if (entry != nullptr && now - entry->ended < kStoppingHold) {
       for (const v1::TaskInfo& t : entry->job.tasks()) {
         if (t.generation() == entry->job.generation() && !TaskEnded(t.state())) holding = true;
       }
     }
-    if (holding) next = std::min(next, entry->ended + kStoppingHold);
-    it = holding ? std::next(it) : stopping_seqs_.erase(it);
+    if (holding) {
+      next = std::min(next, entry->ended + kStoppingHold);
+    } else {
+      stopped.push_back(seq);
+    }
   }
+  for (int64_t seq : stopped) table_.StoppedHolding(seq);
   schedule_all_ = false;
   next_full_schedule_ = next;
   new_pending_.clear();
   // Jobs that cannot run on this cluster wait, out of the passes, until it changes.
   for (const std::string& id : decision.unfit) {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) continue;
-    auto node = pending_.extract(KeyOf(it->second));
-    if (!node.empty()) parked_.insert(std::move(node));
+    if (const JobEntry* entry = table_.Find(id); entry != nullptr) {
+      table_.Park(JobTable::KeyOf(*entry));
+    }
   }
   schedule_blocker_.clear();
   for (const Placement& placement : decision.placements) {

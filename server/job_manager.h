@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "server/group_commit.h"
 #include "server/job_store.h"
+#include "server/job_table.h"
 #include "server/log_store.h"
 #include "server/metrics_sink.h"
 #include "server/rendezvous.h"
@@ -230,26 +231,8 @@ class JobManager {
   int RendezvousWaitersForTesting() const { return rendezvous_.WaitersForTesting(); }
 
  private:
-  struct JobEntry {
-    int64_t seq = 0;
-    trainyard::v1::Job job;  // with every event and the tasks of every generation
-    uint64_t version = 0;    // bumped on every visible change, for watchers
-    std::vector<StoredCheckpoint> checkpoints;  // by step
-    // Progress reports: counted when queued for writing, applied in that order once written.
-    uint64_t progress_reports = 0;
-    uint64_t progress_applied = 0;
-    trainyard::v1::JobProgress queued_progress;  // the latest queued
-    absl::Time ended = absl::InfinitePast();    // when it reached a final state (in memory)
-    // Hang detection: the highest step reported by the current attempt and when it changed (or
-    // the attempt started running, or the coordinator started).
-    int64_t last_step_seen = -1;
-    absl::Time last_step_change = absl::InfinitePast();
-    absl::Time restarting_since = absl::InfinitePast();  // when it entered RESTARTING
-    // When the current attempt was placed (or the coordinator started), for start_timeout.
-    absl::Time attempt_placed = absl::InfinitePast();
-    // "worker w2 (SIGTERM)" once a preemption notice touched the current attempt (in memory).
-    std::string preemption_notice;
-  };
+  using JobEntry = ::trainyard::JobEntry;
+  using QueueKey = JobTable::QueueKey;
 
   // What ended an attempt, for the restart policy.
   struct AttemptEnd {
@@ -351,11 +334,10 @@ class JobManager {
   void WakeWorkerLocked(absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Tasks of non-final jobs, current generation, not ended: what workers should run.
-  static bool IsActiveTask(const trainyard::v1::Job& job, const trainyard::v1::TaskInfo& task);
   static bool IsActiveTask(const JobEntry& entry, const trainyard::v1::TaskInfo& task) {
-    return IsActiveTask(entry.job, task);
+    return JobTable::IsActiveTask(entry.job, task);
   }
-  // Those of one worker, from active_tasks_by_worker_.
+  // Those of one worker.
   std::vector<std::pair<const JobEntry*, const trainyard::v1::TaskInfo*>> ActiveTasksLocked(
       absl::string_view worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   trainyard::v1::Task BuildTaskLocked(const JobEntry& entry,
@@ -388,22 +370,12 @@ class JobManager {
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // any job, worker or desired-state change; Shutdown()
   absl::CondVar tick_wanted_;
-  // Node-based: entries stay where they are, so the indexes below may point at them.
-  absl::node_hash_map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
-  // PENDING jobs in queue order (higher priority first, then submission order): those the
-  // scheduler looks at, and those parked because they cannot run on the cluster as it is (looked
-  // at again when workers come, go or change state: cluster_epoch_).
-  using QueueKey = std::pair<int, int64_t>;  // (-priority, seq)
-  static QueueKey KeyOf(const JobEntry& entry) { return {-entry.job.spec().priority(), entry.seq}; }
-  std::map<QueueKey, JobEntry*> pending_ ABSL_GUARDED_BY(mu_);
-  std::map<QueueKey, JobEntry*> parked_ ABSL_GUARDED_BY(mu_);
+  // The jobs and their indexes (the queue, attempts, active tasks by worker, ...).
+  JobTable table_ ABSL_GUARDED_BY(mu_);
+  // Jobs that cannot run on the cluster as it is are parked in table_ until a worker comes, goes
+  // or changes state (cluster_epoch_).
   uint64_t cluster_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t parked_epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, std::string> ids_by_seq_ ABSL_GUARDED_BY(mu_);
-  std::set<int64_t> active_seqs_ ABSL_GUARDED_BY(mu_);  // non-final jobs
-  // Non-final jobs that have had an attempt (generation > 0): the only ones that hold capacity,
-  // run tasks, report progress or can stall; housekeeping looks at these, not at the queue.
-  std::set<int64_t> attempt_seqs_ ABSL_GUARDED_BY(mu_);
   int submitting_ ABSL_GUARDED_BY(mu_) = 0;  // submissions waiting for their commit
   // Scheduling follows what changed: a pass after anything that may free capacity or change the
   // queue (schedule_all_), when something timed comes due (next_full_schedule_) or for new
@@ -413,19 +385,10 @@ class JobManager {
   absl::Time next_full_schedule_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::set<QueueKey> new_pending_ ABSL_GUARDED_BY(mu_);
   std::string schedule_blocker_ ABSL_GUARDED_BY(mu_);
-  // Final jobs whose trainers may still be stopping: their capacity is not free until the agent
-  // reports them ended (or kStoppingHold has passed, for tasks an agent never saw).
-  std::set<int64_t> stopping_seqs_ ABSL_GUARDED_BY(mu_);
-  // Final jobs by (finished_unix_ms, seq): what job_retention removes first.
-  std::set<std::pair<int64_t, int64_t>> finished_ ABSL_GUARDED_BY(mu_);
   int blocked_syncs_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<UnitOfWork> unit_ ABSL_GUARDED_BY(mu_);
   // Shared: a waiting long poll keeps its condition alive while a forgotten worker's goes.
   absl::flat_hash_map<std::string, std::shared_ptr<absl::CondVar>> worker_wakeups_
-      ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::string> job_of_task_ ABSL_GUARDED_BY(mu_);
-  // Task ids of the active tasks (IsActiveTask) by worker id, kept by CommitLocked.
-  absl::flat_hash_map<std::string, std::set<std::string>> active_tasks_by_worker_
       ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);

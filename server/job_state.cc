@@ -10,6 +10,10 @@ bool IsFinalJobState(JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
+bool TaskEnded(v1::TaskState state) {
+  return state == v1::TASK_EXITED || state == v1::TASK_FAILED_TO_START || state == v1::TASK_STOPPED;
+}
+
 std::string JobStateName(JobState state) { return v1::JobState_Name(state); }
 
 absl::Status CheckJobTransition(JobState from, JobState to) {

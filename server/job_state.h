@@ -21,6 +21,9 @@ namespace trainyard {
 
 bool IsFinalJobState(trainyard::v1::JobState state);
 
+// A task that exited, failed to start or was stopped: it runs no more.
+bool TaskEnded(trainyard::v1::TaskState state);
+
 // OK if `from -> to` is legal, FAILED_PRECONDITION naming both states otherwise.
 absl::Status CheckJobTransition(trainyard::v1::JobState from, trainyard::v1::JobState to);
 
