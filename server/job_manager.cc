@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
+#include "server/capacity.h"
 #include "server/job_state.h"
 #include "server/restart_policy.h"
 #include "server/scheduler.h"
@@ -91,18 +92,9 @@ absl::Time LastEventTime(const v1::Job& job, v1::JobState to) {
   return absl::InfinitePast();
 }
 
-int SlotsPerRank(const v1::JobSpec& spec) { return spec.resources().gpus_per_worker() > 0 ? 0 : 1; }
-int GpusPerRank(const v1::JobSpec& spec) { return std::max(spec.resources().gpus_per_worker(), 0); }
 int ShardCount(const v1::JobSpec& spec) {
   return spec.strategy() == v1::PARAMETER_SERVER ? std::max(spec.parameter_servers().shards(), 0)
                                                  : 0;
-}
-int SlotsPerShard(const v1::JobSpec& spec) { return std::max(spec.parameter_servers().slots(), 1); }
-
-// The capacity one task of a job holds on its worker: (slots, GPUs).
-std::pair<int, int> TaskUsage(const v1::JobSpec& spec, const v1::TaskInfo& t) {
-  if (IsShard(t)) return {SlotsPerShard(spec), 0};
-  return {SlotsPerRank(spec), GpusPerRank(spec)};
 }
 
 // Ranks (not shards) of one attempt.
@@ -583,51 +575,20 @@ absl::Status JobManager::StreamLogs(
 std::vector<v1::Worker> JobManager::ListWorkers() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Worker> out;
-  const std::map<std::string, Usage> used = UsedCapacityLocked();
+  const std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) out.push_back(WorkerViewLocked(*record, used));
   return out;
 }
 
-std::map<std::string, JobManager::Usage> JobManager::UsedCapacityLocked() const {
-  std::map<std::string, Usage> used;
-  auto count = [&](const JobEntry& entry, bool skip_lost_workers) {
-    for (const v1::TaskInfo& t : entry.job.tasks()) {
-      if (t.generation() != entry.job.generation() || TaskEnded(t.state())) continue;
-      if (skip_lost_workers) {
-        const WorkerRecord* worker = workers_.Find(t.worker_id());
-        if (worker == nullptr || worker->info.state() == v1::LOST) continue;
-      }
-      Usage& u = used[t.worker_id()];
-      const auto [task_slots, task_gpus] = TaskUsage(entry.job.spec(), t);
-      u.slots += task_slots;
-      u.gpus += task_gpus;
-      u.task_ids.push_back(t.task_id());
-    }
-  };
-  for (int64_t seq : table_.attempts()) {
-    const JobEntry* entry = table_.FindBySeq(seq);
-    if (entry == nullptr) continue;
-    const v1::JobState state = entry->job.state();
-    if (state == v1::SCHEDULED || state == v1::RUNNING) {
-      count(*entry, false);
-    } else if ((state == v1::RESTARTING || state == v1::PENDING) &&
-               clock_.Now() - entry->restarting_since < kStoppingHold) {
-      // The last attempt's ranks and shards, stopping (a pending job has none once they ended),
-      // for as long as a stopped job's (an agent that never saw a task never reports it).
-      count(*entry, true);
-    }
-  }
-  // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
-  // gone (it may be saving during its grace period).
-  for (int64_t seq : table_.stopping()) {
-    const JobEntry* entry = table_.FindBySeq(seq);
-    if (entry != nullptr && clock_.Now() - entry->ended < kStoppingHold) count(*entry, true);
-  }
-  return used;
+std::map<std::string, WorkerUsage> JobManager::UsedCapacityLocked() const {
+  return UsedCapacity(table_, clock_.Now(), kStoppingHold, [this](absl::string_view worker_id) {
+    const WorkerRecord* worker = workers_.Find(worker_id);
+    return worker == nullptr || worker->info.state() == v1::LOST;
+  });
 }
 
 v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record,
-                                        const std::map<std::string, Usage>& used) const {
+                                        const std::map<std::string, WorkerUsage>& used) const {
   v1::Worker view = record.info;
   auto it = used.find(view.id());
   if (it != used.end()) {
@@ -1337,7 +1298,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   ClusterMetricsSnapshot snap;
   snap.now = clock_.Now();
   for (const auto& [state, n] : table_.counts()) snap.jobs_by_state[state] = n;
-  const std::map<std::string, Usage> used = UsedCapacityLocked();
+  const std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     snap.workers_by_state[record->info.state()]++;
     if (record->info.state() == v1::READY) {
@@ -1757,7 +1718,7 @@ void JobManager::ScheduleLocked() {
   const bool timed = now >= next_full_schedule_;
   if (!schedule_all_ && !timed && new_pending_.empty()) return;
   std::vector<SchedWorker> workers;
-  std::map<std::string, Usage> used = UsedCapacityLocked();
+  std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     SchedWorker w;
     w.id = record->info.id();

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/capacity.h"
 #include "server/group_commit.h"
 #include "server/job_store.h"
 #include "server/job_table.h"
@@ -343,21 +344,12 @@ class JobManager {
   trainyard::v1::Task BuildTaskLocked(const JobEntry& entry,
                                       const trainyard::v1::TaskInfo& info) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  struct Usage;
   trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record,
-                                         const std::map<std::string, Usage>& used) const
+                                         const std::map<std::string, WorkerUsage>& used) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // What each worker's trainers hold, by worker id: the one count of used capacity, for
-  // scheduling, the workers' views and the metrics. A task holds its slots and GPUs until its
-  // agent reports it ended: the tasks of scheduled and running attempts, and (unless their
-  // worker is lost) those of an attempt that is restarting or of a job that ended, which may
-  // still be stopping or saving for a preemption, for at most a minute (kStoppingHold).
-  struct Usage {
-    int slots = 0;
-    int gpus = 0;
-    std::vector<std::string> task_ids;
-  };
-  std::map<std::string, Usage> UsedCapacityLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // UsedCapacity (capacity.h) of the jobs now, with kStoppingHold: the one count of used
+  // capacity, for scheduling, the workers' views and the metrics.
+  std::map<std::string, WorkerUsage> UsedCapacityLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Fixed at construction.
   const Clock& clock_;

@@ -1,4 +1,5 @@
-// JobTable: every index follows the jobs through their states, and a removed job leaves nothing.
+// JobTable: every index follows the jobs through their states, and a removed job leaves nothing;
+// UsedCapacity over it.
 
 #include "server/job_table.h"
 
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capacity.h"
 
 namespace trainyard {
 namespace {
@@ -128,6 +130,51 @@ TEST(JobTableTest, AJobPutBackFromFinalIsActiveAgain) {
   EXPECT_EQ(table.ActiveTasksOn("w1").size(), 1u);
   EXPECT_EQ(table.counts().at(v1::RUNNING), 1);
   EXPECT_EQ(table.counts().count(v1::SUCCEEDED), 0u);
+}
+
+TEST(CapacityTest, TasksHoldCapacityUntilTheyEndOrTheHoldRunsOut) {
+  JobTable table;
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  const absl::Duration hold = absl::Seconds(60);
+  // Running, 2 GPUs a rank, ranks on w1 and w2.
+  v1::Job gpu = MakeJob("gpu-1", v1::RUNNING);
+  gpu.mutable_spec()->mutable_resources()->set_gpus_per_worker(2);
+  gpu.set_generation(1);
+  AddTask(gpu, "w1", 0)->set_state(v1::TASK_RUNNING);
+  AddTask(gpu, "w2", 1)->set_state(v1::TASK_RUNNING);
+  table.Add(1, gpu);
+  // Restarting 10 s ago: its rank on w1 still stops; its rank on w3 is on a worker that is gone.
+  v1::Job restarting = MakeJob("cpu-2", v1::RESTARTING);
+  restarting.set_generation(1);
+  AddTask(restarting, "w1", 0)->set_state(v1::TASK_RUNNING);
+  AddTask(restarting, "w3", 1)->set_state(v1::TASK_RUNNING);
+  table.Add(2, restarting).restarting_since = now - absl::Seconds(10);
+  // Cancelled two minutes ago with a rank never reported: past the hold.
+  v1::Job cancelled = MakeJob("old-3", v1::CANCELLED);
+  cancelled.set_generation(1);
+  AddTask(cancelled, "w2", 0);
+  table.Add(3, cancelled).ended = now - absl::Minutes(2);
+  // A shard of a parameter-server job holds its slots and no GPU.
+  v1::Job ps = MakeJob("ps-4", v1::SCHEDULED);
+  ps.mutable_spec()->mutable_parameter_servers()->set_slots(3);
+  ps.set_generation(1);
+  v1::TaskInfo* shard = AddTask(ps, "w2", 0);
+  shard->set_role(v1::TASK_ROLE_SHARD);
+  shard->set_task_id("ps-4.g1.s0");
+  table.Add(4, ps);
+
+  const auto used = UsedCapacity(table, now, hold, [](absl::string_view w) { return w == "w3"; });
+  ASSERT_EQ(used.count("w3"), 0u);
+  EXPECT_EQ(used.at("w1").gpus, 2);
+  EXPECT_EQ(used.at("w1").slots, 1);  // the stopping CPU rank
+  EXPECT_THAT(used.at("w1").task_ids, UnorderedElementsAre("gpu-1.g1.r0", "cpu-2.g1.r0"));
+  EXPECT_EQ(used.at("w2").gpus, 2);
+  EXPECT_EQ(used.at("w2").slots, 3);  // the shard; the cancelled job's rank no longer counts
+  // Past the hold, the restarting job's ranks stop counting too.
+  const auto later =
+      UsedCapacity(table, now + absl::Minutes(1), hold, [](absl::string_view) { return false; });
+  EXPECT_EQ(later.at("w1").slots, 0);
+  EXPECT_EQ(later.at("w1").gpus, 2);
 }
 
 }  // namespace
