@@ -15,6 +15,7 @@
 #include "common/restart_reason.h"
 #include "common/uri.h"
 #include "server/capacity.h"
+#include "server/checkpoint_registry.h"
 #include "server/job_state.h"
 #include "server/restart_policy.h"
 #include "server/scheduler.h"
@@ -1099,16 +1100,6 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
     return absl::InvalidArgumentError(absl::StrCat("uri: '", request.uri(), "' is not step ",
                                                    request.step(), "'s folder ", expected_uri));
   }
-  for (const StoredCheckpoint& c : entry.checkpoints) {
-    if (c.checkpoint.step() == request.step() && c.checkpoint.uri() == request.uri()) {
-      // A retry (the answer to the first call was lost): the same folders to delete.
-      std::vector<std::string> retired;
-      for (const StoredCheckpoint& r : entry.checkpoints) {
-        if (r.retired && r.retired_by_step == request.step()) retired.push_back(r.checkpoint.uri());
-      }
-      return retired;
-    }
-  }
   StoredCheckpoint added;
   added.checkpoint.set_job_id(entry.job.id());
   added.checkpoint.set_step(request.step());
@@ -1116,56 +1107,26 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   added.checkpoint.set_size_bytes(request.size_bytes());
   added.checkpoint.set_created_unix_ms(absl::ToUnixMillis(clock_.Now()));
   added.checkpoint.set_generation(request.generation());
+  CheckpointCommitPlan plan = PlanCheckpointCommit(
+      entry.checkpoints, added, entry.job.spec().checkpoint().keep_last(), request.keep_last());
+  if (plan.retry) return plan.retired;
   StoreMutation extra;
-  std::vector<StoredCheckpoint> list;
-  for (const StoredCheckpoint& c : entry.checkpoints) {
-    if (c.checkpoint.step() == request.step()) continue;
-    // Retired by an earlier commit: its folder was handed out for deletion then (and the
-    // trainer's garbage collection deletes it if that failed); only the latest commit's are kept,
-    // for a retry of it.
-    if (c.retired) {
-      extra.removed_checkpoints.emplace_back(c.checkpoint.job_id(), c.checkpoint.step());
-      continue;
-    }
-    list.push_back(c);
-  }
-  list.push_back(added);
-  std::sort(list.begin(), list.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
-    return a.checkpoint.step() < b.checkpoint.step();
-  });
-  // The spec's retention is the floor: a request may keep more, never fewer (0 keeps all).
-  const int spec_keep = entry.job.spec().checkpoint().keep_last();
-  const int keep = spec_keep <= 0 ? 0 : std::max(spec_keep, request.keep_last());
-  extra.checkpoints.push_back(added);
-  std::vector<std::string> retired;
-  if (keep > 0) {
-    int kept = 0;
-    for (auto it = list.rbegin(); it != list.rend(); ++it) {
-      if (it->retired) continue;
-      if (kept < keep) {
-        kept++;
-        continue;
-      }
-      it->retired = true;
-      it->retired_by_step = request.step();
-      retired.push_back(it->checkpoint.uri());
-      extra.checkpoints.push_back(*it);
-    }
-  }
+  extra.checkpoints = std::move(plan.upserts);
+  extra.removed_checkpoints = std::move(plan.removals);
   v1::Job updated = entry.job;
   updated.set_committed_step(std::max(updated.committed_step(), request.step()));
   updated.set_updated_unix_ms(absl::ToUnixMillis(clock_.Now()));
   if (absl::Status s = CommitLocked(entry, std::move(updated), {}, {}, std::move(extra)); !s.ok()) {
     return s;
   }
-  entry.checkpoints = std::move(list);
+  entry.checkpoints = std::move(plan.records);
   if (options_.event_sink != nullptr) {
     options_.event_sink->OnCheckpointCommitted(
         entry.job.id(), request.step(), clock_.Now(),
         request.save_started_unix_ms() > 0 ? absl::FromUnixMillis(request.save_started_unix_ms())
                                            : absl::InfinitePast());
   }
-  return retired;
+  return plan.retired;
 }
 
 absl::Status JobManager::ReportModel(absl::string_view job_id, int64_t generation,
