@@ -1,0 +1,679 @@
+// What agents and trainers report: registration, long polls, task statuses, logs, progress,
+// checkpoint commits, preemption notices and rendezvous.
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/log.h"
+#include "common/restart_reason.h"
+#include "common/uri.h"
+#include "server/capacity.h"
+#include "server/checkpoint_registry.h"
+#include "server/job_manager.h"
+#include "server/job_manager_internal.h"
+#include "server/job_state.h"
+#include "server/restart_policy.h"
+#include "server/scheduler.h"
+
+namespace trainyard {
+
+using job_manager_internal::IsShard;
+using job_manager_internal::LastEventTime;
+using job_manager_internal::RanksOf;
+using job_manager_internal::TaskFailureReason;
+using job_manager_internal::TaskName;
+using job_manager_internal::TaskSucceeded;
+
+// ---- AgentService ----
+
+absl::Status JobManager::PersistWorkerLocked(absl::string_view id) {
+  const WorkerRecord* record = workers_.Find(id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("worker '", id, "' unknown"));
+  StoreMutation m;
+  m.workers.push_back(record->info);
+  return WriteLocked(std::move(m));
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  if (!IsSafeFileName(request.name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: '", request.name(), "' must be letters, digits, '.', '_' or '-'"));
+  }
+  if (request.slots() < 0 || request.gpus() < 0) {
+    return absl::InvalidArgumentError("slots, gpus: must be >= 0");
+  }
+  absl::MutexLock lock(&mu_);
+  const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
+  v1::Worker info;
+  info.set_id(request.name());
+  info.set_address(request.address());
+  info.set_slots(request.slots());
+  info.set_gpus(request.gpus());
+  info.set_memory_bytes(request.memory_bytes());
+  info.set_hostname(request.hostname());
+  info.set_pid(request.pid());
+  info.set_state(v1::READY);
+  // The same agent process registering again (after a coordinator restart) is still being
+  // preempted; a new process under the name is a machine that came back.
+  if (const WorkerRecord* known = workers_.Find(request.name());
+      known != nullptr && known->info.state() == v1::DRAINING &&
+      known->info.pid() == request.pid() && known->info.hostname() == request.hostname()) {
+    info.set_state(v1::DRAINING);
+  }
+  info.set_registered_unix_ms(now_ms);
+  info.set_last_seen_unix_ms(now_ms);
+  // The registration and what it finds out about the agent's tasks are one transaction.
+  BeginUnitLocked();
+  SaveWorkerLocked(info.id());
+  StoreMutation m;
+  m.workers.push_back(info);
+  WriteLocked(std::move(m)).IgnoreError();  // deferred to EndUnitLocked
+  workers_.Register(info);
+  WakeWorkerLocked(info.id());  // a long poll of the agent's earlier life answers
+  ClusterChangedLocked();
+  AfterCommitLocked([info, reported = request.tasks_size()] {
+    LogInfo("worker ", info.id(), " registered: ", info.slots(), " slots, ", info.gpus(), " GPUs, ",
+            reported, " tasks reported");
+  });
+
+  std::set<std::string> reported;
+  for (const v1::TaskStatus& status : request.tasks()) {
+    reported.insert(status.task_id());
+    ApplyTaskStatusLocked(info.id(), status).IgnoreError();
+  }
+  // A task the agent had confirmed running but no longer reports died with the agent.
+  std::vector<std::pair<std::string, v1::TaskInfo>> missing;
+  for (const auto& [entry, task] : ActiveTasksLocked(info.id())) {
+    if (task->state() == v1::TASK_RUNNING && !reported.count(task->task_id())) {
+      missing.emplace_back(entry->job.id(), *task);
+    }
+  }
+  for (const auto& [job_id, task] : missing) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr || IsFinalJobState(entry->job.state())) continue;
+    v1::Job updated = entry->job;
+    for (v1::TaskInfo& t : *updated.mutable_tasks()) {
+      if (t.task_id() != task.task_id()) continue;
+      t.set_state(v1::TASK_EXITED);
+      t.set_exit_code(-1);
+      t.set_message(absl::StrCat("lost: worker ", info.id(), " registered again without it"));
+    }
+    AttemptEnd end;
+    end.reason = task.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST;
+    end.message =
+        absl::StrCat(TaskName(task), " lost: worker ", info.id(), " registered again without it");
+    end.failed = clock_.Now();
+    if (entry->job.state() == v1::RESTARTING) {
+      // The attempt is already over; a lost rank may name its cause better.
+      v1::Restart* last = updated.mutable_restarts(updated.restarts_size() - 1);
+      if (CauseRank(end.reason) > CauseRank(last->reason())) {
+        last->set_reason(end.reason);
+        last->set_message(end.message);
+      }
+      CommitLocked(*entry, std::move(updated), {}, {task.task_id()}).IgnoreError();
+      MaybeFinishRestartLocked(*entry);
+    } else {
+      EndAttemptLocked(*entry, std::move(updated), std::move(end), {task.task_id()}).IgnoreError();
+    }
+  }
+  if (absl::Status s = EndUnitLocked(); !s.ok()) return s;
+  RequestTickLocked();
+  changed_.SignalAll();
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(info.id());
+  response.set_lease_timeout_ms(absl::ToInt64Milliseconds(options_.worker_timeout));
+  return response;
+}
+
+absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request) {
+  v1::SyncResponse response;
+  absl::MutexLock lock(&mu_);
+  const WorkerRecord* record = workers_.Find(request.worker_id());
+  // A worker known only from the store registers again first: its report of what it runs is
+  // what finds the tasks that died while the coordinator was away.
+  if (record == nullptr || record->info.state() == v1::LOST || record->restored) {
+    response.set_reregister(true);
+    return response;
+  }
+  workers_.Renew(request.worker_id()).IgnoreError();
+  for (const v1::TaskStatus& status : request.tasks()) {
+    absl::Status s = ApplyTaskStatusLocked(request.worker_id(), status);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      LogWarning("worker ", request.worker_id(), ": task ", status.task_id(), ": ", s.ToString());
+    }
+  }
+  const absl::Duration wait =
+      std::min(absl::Milliseconds(std::max<int64_t>(request.wait_ms(), 0)), options_.max_sync_wait);
+  // The deadline of a blocking wait is real time by nature; leases use the injected clock.
+  const absl::Time deadline = absl::Now() + wait;
+  while (!shutdown_) {
+    record = workers_.Find(request.worker_id());
+    if (record == nullptr || record->info.state() == v1::LOST) {
+      response.set_reregister(true);
+      return response;
+    }
+    if (record->desired_version != request.known_version()) break;
+    ++blocked_syncs_;
+    // Its own condition: a change elsewhere does not wake a thousand idle long polls.
+    const bool timed_out =
+        WorkerWakeupLocked(request.worker_id())->WaitWithDeadline(&mu_, deadline);
+    --blocked_syncs_;
+    if (timed_out) break;
+  }
+  record = workers_.Find(request.worker_id());
+  if (record == nullptr || record->info.state() == v1::LOST) {
+    response.set_reregister(true);
+    return response;
+  }
+  workers_.Renew(request.worker_id()).IgnoreError();
+  response.set_version(record->desired_version);
+  for (const auto& [entry, task] : ActiveTasksLocked(request.worker_id())) {
+    *response.add_tasks() = BuildTaskLocked(*entry, *task);
+  }
+  return response;
+}
+
+v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& info) const {
+  v1::Task task;
+  task.set_task_id(info.task_id());
+  task.set_job_id(entry.job.id());
+  task.set_generation(info.generation());
+  task.set_rank(info.rank());
+  task.set_role(info.role());
+  task.set_shard(info.shard());
+  // A shard serves every rank of its attempt: the world it knows is the ranks'.
+  task.set_world_size(RanksOf(entry.job, info.generation()));
+  *task.mutable_spec() = entry.job.spec();
+  task.set_checkpoint_uri(entry.job.checkpoint_uri());
+  for (auto it = entry.checkpoints.rbegin(); it != entry.checkpoints.rend(); ++it) {
+    if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
+  }
+  if (const JobEntry* from = FindLocked(entry.job.spec().checkpoint().resume_from());
+      from != nullptr && from != &entry) {
+    for (auto it = from->checkpoints.rbegin(); it != from->checkpoints.rend(); ++it) {
+      if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
+    }
+  }
+  const auto [slots, gpus] = TaskUsage(entry.job.spec(), info);
+  task.set_slots(slots);
+  task.set_gpus(gpus);
+  task.set_stop_deadline_unix_ms(info.stop_deadline_unix_ms());
+  if (const WorkerRecord* worker = workers_.Find(info.worker_id()); worker != nullptr) {
+    task.set_worker_address(worker->info.address());
+  }
+  return task;
+}
+
+int JobManager::BlockedSyncsForTesting() const {
+  absl::MutexLock lock(&mu_);
+  return blocked_syncs_;
+}
+
+absl::StatusOr<v1::Task> JobManager::TaskFor(absl::string_view task_id) const {
+  absl::MutexLock lock(&mu_);
+  const JobEntry* entry = table_.FindByTask(task_id);
+  if (entry != nullptr) {
+    for (const v1::TaskInfo& t : entry->job.tasks()) {
+      if (t.task_id() == task_id) return BuildTaskLocked(*entry, t);
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("task '", task_id, "' unknown"));
+}
+
+absl::Status JobManager::ReportTaskStatus(absl::string_view worker_id,
+                                          const v1::TaskStatus& status) {
+  // Only the worker a task runs on may report it.
+  if (worker_id.empty()) return absl::InvalidArgumentError("worker_id: required");
+  absl::MutexLock lock(&mu_);
+  workers_.Renew(worker_id).IgnoreError();
+  return ApplyTaskStatusLocked(worker_id, status);
+}
+
+absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
+                                               const v1::TaskStatus& status) {
+  // The message becomes the job's reason and an event: bounded, whatever an agent sends.
+  constexpr size_t kMaxTaskMessageBytes = 4096;
+  if (status.message().size() > kMaxTaskMessageBytes) {
+    v1::TaskStatus shortened = status;
+    shortened.mutable_message()->resize(kMaxTaskMessageBytes);
+    return ApplyTaskStatusLocked(worker_id, shortened);
+  }
+  JobEntry* entry = table_.FindByTask(status.task_id());
+  int index = -1;
+  if (entry != nullptr) {
+    for (int i = 0; i < entry->job.tasks_size(); ++i) {
+      if (entry->job.tasks(i).task_id() == status.task_id()) index = i;
+    }
+  }
+  if (index < 0) return absl::NotFoundError(absl::StrCat("task '", status.task_id(), "' unknown"));
+  const v1::TaskInfo& current = entry->job.tasks(index);
+  if (current.worker_id() != worker_id) {
+    return absl::FailedPreconditionError(absl::StrCat("task ", status.task_id(), " runs on ",
+                                                      current.worker_id(), ", not ", worker_id));
+  }
+  // Statuses repeat on every Sync: only news changes anything, and the first end wins.
+  if (status.state() == v1::TASK_STATE_UNSPECIFIED || TaskEnded(current.state())) {
+    return absl::OkStatus();
+  }
+  if (status.state() == current.state()) return absl::OkStatus();
+  if (current.state() == v1::TASK_RUNNING && status.state() == v1::TASK_STARTING) {
+    return absl::OkStatus();
+  }
+  if (TaskEnded(status.state())) {
+    // Its agent shipped the whole log before reporting the end: say what the cap dropped.
+    AfterCommitLocked([this, job_id = entry->job.id(), task_id = status.task_id()] {
+      if (absl::Status s = logs_->Seal(job_id, task_id); !s.ok()) {
+        LogWarning("task ", task_id, ": log not sealed: ", s.ToString());
+      }
+    });
+  }
+  v1::Job updated = entry->job;
+  v1::TaskInfo* task = updated.mutable_tasks(index);
+  task->set_state(status.state());
+  task->set_exit_code(status.exit_code());
+  task->set_signal(status.signal());
+  task->set_message(status.message());
+  const std::vector<std::string> changed = {task->task_id()};
+  // PENDING after a restart still carries the ended attempt's generation: its late reports
+  // change only the task.
+  const bool current_attempt =
+      (updated.state() == v1::SCHEDULED || updated.state() == v1::RUNNING ||
+       updated.state() == v1::RESTARTING) &&
+      task->generation() == updated.generation();
+  if (!current_attempt) return CommitLocked(*entry, std::move(updated), {}, changed);
+
+  switch (status.state()) {
+    case v1::TASK_RUNNING:
+      if (updated.state() == v1::SCHEDULED) {
+        const std::string reason = absl::StrCat(TaskName(*task), " running on ", task->worker_id());
+        // The stall clock starts when the attempt runs, and counts this attempt's steps: it may
+        // resume below the step the last one reached.
+        entry->last_step_change = clock_.Now();
+        entry->last_step_seen = -1;
+        return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
+      }
+      break;
+    case v1::TASK_EXITED:
+    case v1::TASK_FAILED_TO_START:
+    case v1::TASK_STOPPED: {
+      if (!TaskSucceeded(*task)) {
+        AttemptEnd end;
+        end.reason = ClassifyTaskEnd(*task);
+        end.message = TaskFailureReason(*task);
+        end.failed = clock_.Now();
+        if (updated.state() != v1::RESTARTING) {
+          return EndAttemptLocked(*entry, std::move(updated), std::move(end), changed);
+        }
+        // The attempt is already over: a rank that failed on its own (not one we stopped) may
+        // name the cause better than the first report did.
+        v1::Restart* last = updated.mutable_restarts(updated.restarts_size() - 1);
+        if (status.state() == v1::TASK_EXITED &&
+            CauseRank(end.reason) > CauseRank(last->reason())) {
+          last->set_reason(end.reason);
+          last->set_message(end.message);
+        }
+        absl::Status s = CommitLocked(*entry, std::move(updated), {}, changed);
+        if (s.ok()) MaybeFinishRestartLocked(*entry);
+        return s;
+      }
+      int ranks = 0;
+      int shards = 0;
+      bool all_done = true;
+      for (const v1::TaskInfo& t : updated.tasks()) {
+        if (t.generation() != updated.generation()) continue;
+        (IsShard(t) ? shards : ranks)++;
+        all_done = all_done && TaskSucceeded(t);
+      }
+      if (all_done) {
+        std::string reason = ranks == 1 ? std::string("training finished: rank 0")
+                                        : absl::StrCat("training finished: all ", ranks, " ranks");
+        if (shards > 0) {
+          absl::StrAppend(&reason, " and ", shards, shards == 1 ? " shard" : " shards");
+        }
+        absl::StrAppend(&reason, " exited with code 0");
+        return TransitionLocked(*entry, std::move(updated), v1::SUCCEEDED, reason, changed);
+      }
+      if (updated.state() == v1::SCHEDULED) {
+        const std::string reason = absl::StrCat(TaskName(*task), " finished");
+        return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
+      }
+      if (updated.state() == v1::RESTARTING) {
+        absl::Status s = CommitLocked(*entry, std::move(updated), {}, changed);
+        if (s.ok()) MaybeFinishRestartLocked(*entry);
+        return s;
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return CommitLocked(*entry, std::move(updated), {}, changed);
+}
+
+absl::StatusOr<int64_t> JobManager::ShipLogs(absl::string_view worker_id, absl::string_view task_id,
+                                             int64_t offset, absl::string_view data) {
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    const JobEntry* entry = table_.FindByTask(task_id);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("task '", task_id, "' unknown"));
+    // Only the worker a task runs on may write its log.
+    bool owner = false;
+    for (const v1::TaskInfo& t : entry->job.tasks()) {
+      owner |= t.task_id() == task_id && t.worker_id() == worker_id;
+    }
+    if (!owner) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", task_id, " does not run on worker '", worker_id, "'"));
+    }
+    job_id = entry->job.id();
+  }
+  return logs_->Append(job_id, task_id, offset, data);
+}
+
+absl::StatusOr<JobManager::JobEntry*> JobManager::FencedLocked(absl::string_view job_id,
+                                                               int64_t generation) {
+  JobEntry* entry = FindLocked(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  if (generation < entry->job.generation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale generation ", generation, ", current ", entry->job.generation()));
+  }
+  if (generation > entry->job.generation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unknown generation ", generation, ", current ", entry->job.generation()));
+  }
+  // Only a placed attempt reports: a PENDING job has none (generation 0 is no attempt).
+  if (IsFinalJobState(entry->job.state()) || entry->job.state() == v1::PENDING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", JobStateName(entry->job.state())));
+  }
+  return entry;
+}
+
+absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t generation, int rank,
+                                        const v1::JobProgress& progress) {
+  v1::JobProgress stored;
+  uint64_t report = 0;
+  std::shared_ptr<GroupCommitter::Ticket> ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+    if (!fenced.ok()) return fenced.status();
+    JobEntry& entry = **fenced;
+    const absl::Time now = clock_.Now();
+    if (progress.step() > entry.last_step_seen) {
+      entry.last_step_seen = progress.step();
+      entry.last_step_change = now;
+    }
+    if (entry.job.state() == v1::RESTARTING) {
+      // The ended attempt's last word (its final step) tells how many steps the restart loses.
+      v1::Restart* last = entry.job.mutable_restarts(entry.job.restarts_size() - 1);
+      if (progress.step() > last->last_step()) last->set_last_step(progress.step());
+    }
+    // Rank 0 speaks for the job; other ranks only fill in while rank 0 lags behind. Compared
+    // with the latest report queued, which may not be written yet.
+    const v1::JobProgress& latest =
+        entry.progress_reports > 0 ? entry.queued_progress : entry.job.progress();
+    if (rank != 0 && progress.step() < latest.step() &&
+        latest.attempt_start_step() == progress.attempt_start_step()) {
+      return absl::OkStatus();
+    }
+    stored = progress;
+    stored.set_updated_unix_ms(absl::ToUnixMillis(now));
+    entry.queued_progress = stored;
+    report = ++entry.progress_reports;
+    // Written before it is acknowledged or shown, in a transaction shared with whatever else is
+    // being written meanwhile (other jobs' reports, submissions).
+    StoreMutation m;
+    m.progress.emplace_back(std::string(job_id), stored);
+    ticket = committer_.Enqueue(std::move(m));
+  }
+  const absl::Status written = committer_.Wait(ticket);
+  absl::MutexLock lock(&mu_);
+  if (!written.ok()) return written;
+  JobEntry* entry = FindLocked(job_id);
+  // A later report of this job that was written first stays.
+  if (entry == nullptr || report <= entry->progress_applied) return absl::OkStatus();
+  entry->progress_applied = report;
+  *entry->job.mutable_progress() = stored;
+  const absl::Time now = clock_.Now();
+  if (options_.event_sink != nullptr) options_.event_sink->OnProgress(job_id, stored.step(), now);
+  entry->version++;
+  changed_.SignalAll();
+  if (entry->job.restarts_size() > 0 && entry->job.generation() == generation) {
+    const v1::Restart& last = entry->job.restarts(entry->job.restarts_size() - 1);
+    if (!last.recovered() && last.generation() < generation &&
+        (entry->job.state() == v1::RUNNING || entry->job.state() == v1::SCHEDULED)) {
+      RecordRecoveryLocked(*entry, stored);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& progress) {
+  const absl::Time now = clock_.Now();
+  v1::Job updated = entry.job;
+  v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
+  const absl::Time failed = absl::FromUnixMillis(r.failed_unix_ms());
+  const absl::Time detected = absl::FromUnixMillis(r.detected_unix_ms());
+  absl::Time placed = LastEventTime(updated, v1::SCHEDULED);
+  absl::Time running = LastEventTime(updated, v1::RUNNING);
+  if (placed < detected) placed = detected;
+  if (running < placed) running = now;
+  auto seconds = [](absl::Time from, absl::Time to) {
+    return std::max(0.0, absl::ToDoubleSeconds(to - from));
+  };
+  r.set_recovered(true);
+  r.set_recovered_unix_ms(absl::ToUnixMillis(now));
+  r.set_resumed_step(progress.attempt_start_step());
+  r.set_steps_lost(std::max<int64_t>(0, r.last_step() - progress.attempt_start_step()));
+  r.set_recovery_seconds(seconds(detected, now));
+  r.set_detection_seconds(seconds(failed, detected));
+  r.set_scheduling_seconds(seconds(detected, placed));
+  r.set_start_seconds(seconds(placed, running));
+  r.set_rendezvous_seconds(std::max(0.0, progress.rendezvous_seconds()));
+  r.set_checkpoint_load_seconds(std::max(0.0, progress.checkpoint_load_seconds()));
+  r.set_first_step_seconds(std::max(0.0, r.recovery_seconds() - r.scheduling_seconds() -
+                                             r.start_seconds() - r.rendezvous_seconds() -
+                                             r.checkpoint_load_seconds()));
+  v1::JobEvent event;
+  event.set_time_unix_ms(absl::ToUnixMillis(now));
+  event.set_from(updated.state());
+  event.set_to(updated.state());
+  event.set_reason(absl::StrFormat(
+      "recovered from %s: attempt %d resumed at step %d, %d steps lost, first step %.1fs after "
+      "detection (detection %.1fs, scheduling %.1fs, start %.1fs, rendezvous %.1fs, checkpoint "
+      "load %.1fs, first step %.1fs)",
+      RestartReasonName(r.reason()), updated.generation(), r.resumed_step(), r.steps_lost(),
+      r.recovery_seconds(), r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(),
+      r.rendezvous_seconds(), r.checkpoint_load_seconds(), r.first_step_seconds()));
+  *updated.add_events() = event;
+  const v1::Restart recovered = r;
+  if (absl::Status s = CommitLocked(entry, std::move(updated), {event}, {}); !s.ok()) {
+    return;  // the next report tries again
+  }
+  LogInfo("job ", entry.job.id(), ": ", event.reason());
+  if (options_.event_sink != nullptr) options_.event_sink->OnRecovered(entry.job, recovered);
+}
+
+absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
+    const v1::CommitCheckpointRequest& request) {
+  if (request.step() < 0) return absl::InvalidArgumentError("step: must be >= 0");
+  if (request.uri().empty()) return absl::InvalidArgumentError("uri: required");
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobEntry*> fenced = FencedLocked(request.job_id(), request.generation());
+  if (!fenced.ok()) return fenced.status();
+  JobEntry& entry = **fenced;
+  // Retention later hands this URI back for deletion: it must be the job's own step folder.
+  const std::string expected_uri =
+      JoinUri(entry.job.checkpoint_uri(), absl::StrFormat("step-%012d", request.step()));
+  if (request.uri() != expected_uri) {
+    return absl::InvalidArgumentError(absl::StrCat("uri: '", request.uri(), "' is not step ",
+                                                   request.step(), "'s folder ", expected_uri));
+  }
+  StoredCheckpoint added;
+  added.checkpoint.set_job_id(entry.job.id());
+  added.checkpoint.set_step(request.step());
+  added.checkpoint.set_uri(request.uri());
+  added.checkpoint.set_size_bytes(request.size_bytes());
+  added.checkpoint.set_created_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  added.checkpoint.set_generation(request.generation());
+  CheckpointCommitPlan plan = PlanCheckpointCommit(
+      entry.checkpoints, added, entry.job.spec().checkpoint().keep_last(), request.keep_last());
+  if (plan.retry) return plan.retired;
+  StoreMutation extra;
+  extra.checkpoints = std::move(plan.upserts);
+  extra.removed_checkpoints = std::move(plan.removals);
+  v1::Job updated = entry.job;
+  updated.set_committed_step(std::max(updated.committed_step(), request.step()));
+  updated.set_updated_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  if (absl::Status s = CommitLocked(entry, std::move(updated), {}, {}, std::move(extra)); !s.ok()) {
+    return s;
+  }
+  entry.checkpoints = std::move(plan.records);
+  if (options_.event_sink != nullptr) {
+    options_.event_sink->OnCheckpointCommitted(
+        entry.job.id(), request.step(), clock_.Now(),
+        request.save_started_unix_ms() > 0 ? absl::FromUnixMillis(request.save_started_unix_ms())
+                                           : absl::InfinitePast());
+  }
+  return plan.retired;
+}
+
+absl::Status JobManager::ReportModel(absl::string_view job_id, int64_t generation,
+                                     absl::string_view uri) {
+  if (uri.empty()) return absl::InvalidArgumentError("uri: required");
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+  if (!fenced.ok()) return fenced.status();
+  v1::Job updated = (*fenced)->job;
+  updated.set_model_uri(std::string(uri));
+  return CommitLocked(**fenced, std::move(updated), {}, {});
+}
+
+absl::Status JobManager::ReportEvent(absl::string_view job_id, int64_t generation,
+                                     absl::string_view message) {
+  if (message.empty()) return absl::InvalidArgumentError("message: required");
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+  if (!fenced.ok()) return fenced.status();
+  v1::Job updated = (*fenced)->job;
+  v1::JobEvent event;
+  event.set_time_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  event.set_from(updated.state());
+  event.set_to(updated.state());
+  event.set_reason(absl::StrCat("warning: ", message.substr(0, 1024)));
+  *updated.add_events() = event;
+  updated.set_updated_unix_ms(event.time_unix_ms());
+  LogWarning("job ", job_id, ": ", event.reason());
+  return CommitLocked(**fenced, std::move(updated), {event}, {});
+}
+
+absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& request) {
+  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
+  absl::MutexLock lock(&mu_);
+  const WorkerRecord* record = workers_.Find(request.worker_id());
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker '", request.worker_id(), "' unknown"));
+  }
+  if (record->info.state() == v1::LOST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker '", request.worker_id(), "' is LOST: register again"));
+  }
+  const absl::Time now = clock_.Now();
+  // A deadline in the past or absent still asks for the fastest stop.
+  const int64_t deadline_ms =
+      std::max<int64_t>(request.deadline_unix_ms(), absl::ToUnixMillis(now));
+  // DRAINING and the stop deadlines of every rank on the worker are one transaction.
+  BeginUnitLocked();
+  if (record->info.state() != v1::DRAINING) {
+    SaveWorkerLocked(request.worker_id());
+    workers_.SetState(request.worker_id(), v1::DRAINING).IgnoreError();  // known: found above
+    ClusterChangedLocked();
+    PersistWorkerLocked(request.worker_id()).IgnoreError();  // deferred to EndUnitLocked
+    AfterCommitLocked([id = request.worker_id(), source = request.source(),
+                       left = absl::FromUnixMillis(deadline_ms) - now] {
+      LogWarning("worker ", id, " is being preempted (", source, "): DRAINING, deadline in ",
+                 absl::FormatDuration(absl::Trunc(left, absl::Milliseconds(100))));
+    });
+  }
+  std::set<std::string> job_ids;
+  for (const auto& [entry, task] : ActiveTasksLocked(request.worker_id())) {
+    job_ids.insert(entry->job.id());
+  }
+  const std::string source = request.source().empty() ? "notice" : request.source();
+  for (const std::string& job_id : job_ids) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr) continue;
+    v1::Job updated = entry->job;
+    std::vector<std::string> changed;
+    for (v1::TaskInfo& t : *updated.mutable_tasks()) {
+      if (t.generation() != updated.generation() || TaskEnded(t.state()) ||
+          t.stop_deadline_unix_ms() > 0) {
+        continue;
+      }
+      t.set_stop_deadline_unix_ms(deadline_ms);
+      changed.push_back(t.task_id());
+    }
+    if (changed.empty()) continue;  // asked already
+    v1::JobEvent event;
+    event.set_time_unix_ms(absl::ToUnixMillis(now));
+    event.set_from(updated.state());
+    event.set_to(updated.state());
+    std::string message = request.message().substr(0, 256);
+    event.set_reason(absl::StrFormat(
+        "preemption notice for worker %s (%s%s%s): every rank saves at the next step they agree "
+        "on and stops within %.1fs; the job then restarts elsewhere",
+        request.worker_id(), source, message.empty() ? "" : ": ", message,
+        absl::ToDoubleSeconds(absl::FromUnixMillis(deadline_ms) - now)));
+    *updated.add_events() = event;
+    updated.set_updated_unix_ms(event.time_unix_ms());
+    CommitLocked(*entry, std::move(updated), {event}, changed).IgnoreError();  // deferred
+    entry->preemption_notice = absl::StrCat("worker ", request.worker_id(), " (", source, ")");
+    // The tasks' stop deadlines must reach their workers: wake their long polls.
+    for (const v1::TaskInfo& t : entry->job.tasks()) {
+      if (t.stop_deadline_unix_ms() == deadline_ms && IsActiveTask(*entry, t)) {
+        workers_.BumpVersion(t.worker_id());
+        WakeWorkerLocked(t.worker_id());
+      }
+    }
+    AfterCommitLocked([job_id, reason = event.reason()] { LogInfo("job ", job_id, ": ", reason); });
+  }
+  if (absl::Status s = EndUnitLocked(); !s.ok()) return s;
+  RequestTickLocked();
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::RendezvousSet(absl::string_view job_id, int64_t generation,
+                                       absl::string_view key, std::string value) {
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+    if (!fenced.ok()) return fenced.status();
+  }
+  // An attempt that ends between the check and the call is refused by the store itself.
+  return rendezvous_.Set(job_id, generation, key, std::move(value));
+}
+
+absl::StatusOr<std::string> JobManager::RendezvousGet(absl::string_view job_id, int64_t generation,
+                                                      absl::string_view key, absl::Duration wait) {
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> fenced = FencedLocked(job_id, generation);
+    if (!fenced.ok()) return fenced.status();
+  }
+  return rendezvous_.Get(job_id, generation, key, std::min(wait, options_.max_rendezvous_wait));
+}
+
+}  // namespace trainyard

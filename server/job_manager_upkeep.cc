@@ -1,0 +1,484 @@
+// The tick: lost workers, restarts, max_runtime, scheduling and retention.
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/log.h"
+#include "common/restart_reason.h"
+#include "common/uri.h"
+#include "server/capacity.h"
+#include "server/checkpoint_registry.h"
+#include "server/job_manager.h"
+#include "server/job_manager_internal.h"
+#include "server/job_state.h"
+#include "server/restart_policy.h"
+#include "server/scheduler.h"
+
+namespace trainyard {
+
+using job_manager_internal::kFullSchedulePeriod;
+using job_manager_internal::kStoppingHold;
+using job_manager_internal::RankRange;
+using job_manager_internal::ShardCount;
+using job_manager_internal::ShardTaskId;
+using job_manager_internal::TaskId;
+using job_manager_internal::TaskName;
+
+// ---- Background ----
+
+void JobManager::Tick() {
+  std::vector<std::string> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    tick_requested_ = false;
+    ExpireWorkersLocked();
+    RestartLostOrStalledLocked();
+    EnforceRuntimeLocked();
+    ScheduleLocked();
+    removed = ForgetExpiredLocked();
+  }
+  for (const std::string& id : removed) {
+    if (absl::Status s = logs_->RemoveJob(id); !s.ok()) {
+      LogWarning("job ", id, ": logs not removed: ", s.ToString());
+    }
+  }
+}
+
+std::vector<std::string> JobManager::ForgetExpiredLocked() {
+  // A batch at a time: a coordinator that was down for long catches up over a few ticks without
+  // holding the lock for one long transaction.
+  constexpr int kBatch = 500;
+  const absl::Time now = clock_.Now();
+  StoreMutation m;
+  std::vector<int64_t> seqs;
+  if (options_.job_retention != absl::InfiniteDuration()) {
+    const int64_t cutoff_ms = absl::ToUnixMillis(now - options_.job_retention);
+    for (auto it = table_.finished().begin();
+         it != table_.finished().end() && it->first <= cutoff_ms &&
+         static_cast<int>(seqs.size()) < kBatch;
+         ++it) {
+      if (table_.stopping().count(it->second)) continue;  // its trainers may still be stopping
+      const JobEntry* entry = table_.FindBySeq(it->second);
+      if (entry == nullptr) continue;
+      seqs.push_back(it->second);
+      m.removed_jobs.push_back(entry->job.id());
+    }
+  }
+  for (const WorkerRecord* w : workers_.All()) {
+    if (w->info.state() == v1::LOST &&
+        now - absl::FromUnixMillis(w->info.last_seen_unix_ms()) >= options_.lost_worker_retention) {
+      m.removed_workers.push_back(w->info.id());
+    }
+  }
+  if (m.empty()) return {};
+  if (absl::Status s = committer_.Apply(m); !s.ok()) {
+    LogWarning("removing expired jobs and workers: ", s.ToString(), " (tried again later)");
+    return {};
+  }
+  for (const std::string& id : m.removed_workers) {
+    workers_.Remove(id);
+    WakeWorkerLocked(id);
+    worker_wakeups_.erase(id);
+    LogInfo("worker ", id, " forgotten: LOST for ",
+            absl::FormatDuration(options_.lost_worker_retention));
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    rendezvous_.Forget(m.removed_jobs[i]);
+    table_.Remove(m.removed_jobs[i]);
+  }
+  if (!m.removed_jobs.empty()) {
+    LogInfo("removed ", m.removed_jobs.size(), " jobs finished more than ",
+            absl::FormatDuration(options_.job_retention), " ago");
+    changed_.SignalAll();
+  }
+  return m.removed_jobs;
+}
+
+void JobManager::ExpireWorkersLocked() {
+  const std::vector<std::string> lost = workers_.ExpireLeases();
+  for (const std::string& id : lost) WakeWorkerLocked(id);  // told to register again
+  if (!lost.empty()) ClusterChangedLocked();
+  for (const std::string& worker_id : lost) {
+    if (absl::Status s = PersistWorkerLocked(worker_id); !s.ok()) {
+      LogError("worker ", worker_id, ": persisting LOST failed: ", s.ToString());
+    }
+    LogWarning("worker ", worker_id, " lost: no heartbeat for ",
+               absl::FormatDuration(options_.worker_timeout));
+    if (options_.event_sink != nullptr) options_.event_sink->OnWorkerLost(worker_id);
+  }
+  // The jobs with ranks there restart in RestartLostOrStalledLocked, which looks at the state
+  // rather than at this edge, so a failed write is retried on the next tick.
+  if (!lost.empty()) changed_.SignalAll();
+}
+
+void JobManager::RestartLostOrStalledLocked() {
+  const absl::Time now = clock_.Now();
+  std::vector<std::pair<std::string, AttemptEnd>> ends;
+  std::vector<std::string> restarting;
+  for (int64_t seq : table_.attempts()) {
+    JobEntry& entry = *table_.FindBySeq(seq);
+    const v1::Job& job = entry.job;
+    if (job.state() == v1::RESTARTING) {
+      restarting.push_back(job.id());
+      continue;
+    }
+    if (job.state() != v1::SCHEDULED && job.state() != v1::RUNNING) continue;
+    std::optional<AttemptEnd> end;
+    for (const v1::TaskInfo& t : job.tasks()) {
+      if (!IsActiveTask(entry, t)) continue;
+      const WorkerRecord* worker = workers_.Find(t.worker_id());
+      if (worker != nullptr && worker->info.state() != v1::LOST) continue;
+      AttemptEnd lost;
+      lost.reason = t.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST;
+      lost.message =
+          absl::StrCat(TaskName(t), " lost: worker ", t.worker_id(),
+                       worker == nullptr ? " is unknown" : " lost (no heartbeat for ",
+                       worker == nullptr ? "" : absl::FormatDuration(options_.worker_timeout),
+                       worker == nullptr ? "" : ")");
+      lost.failed =
+          worker == nullptr ? now : absl::FromUnixMillis(worker->info.last_seen_unix_ms());
+      end = std::move(lost);
+      break;
+    }
+    if (!end.has_value() && now - entry.attempt_placed >= options_.start_timeout) {
+      // Ranks an agent never started (a broken agent, a trainer that cannot be launched) would
+      // keep the job SCHEDULED, or its started ranks waiting at the rendezvous, forever.
+      std::vector<std::string> starting;
+      for (const v1::TaskInfo& t : job.tasks()) {
+        if (IsActiveTask(entry, t) && t.state() == v1::TASK_STARTING) {
+          starting.push_back(absl::StrCat(TaskName(t), " on ", t.worker_id()));
+        }
+      }
+      if (!starting.empty()) {
+        AttemptEnd stuck;
+        stuck.reason = v1::INFRASTRUCTURE;
+        stuck.message =
+            absl::StrCat(absl::StrJoin(starting, ", "), " did not start within ",
+                         absl::FormatDuration(options_.start_timeout), " (--start_timeout)");
+        stuck.failed = now;
+        end = std::move(stuck);
+      }
+    }
+    if (!end.has_value() && job.state() == v1::RUNNING) {
+      const int64_t stall_s = job.spec().stall_timeout_seconds() > 0
+                                  ? job.spec().stall_timeout_seconds()
+                                  : kDefaultStallTimeoutSeconds;
+      const absl::Duration stall = absl::Seconds(stall_s);
+      if (entry.last_step_change != absl::InfinitePast() && now - entry.last_step_change >= stall) {
+        AttemptEnd hang;
+        hang.reason = v1::HANG;
+        hang.message = absl::StrCat("no step progress for ", absl::FormatDuration(stall),
+                                    " (stall_timeout; last step ",
+                                    std::max<int64_t>(entry.last_step_seen, 0), ")");
+        hang.failed = entry.last_step_change;
+        end = std::move(hang);
+      }
+    }
+    if (end.has_value()) ends.emplace_back(job.id(), *std::move(end));
+  }
+  for (auto& [job_id, end] : ends) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr) continue;
+    EndAttemptLocked(*entry, entry->job, std::move(end), {}).IgnoreError();
+  }
+  for (const std::string& job_id : restarting) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry != nullptr) MaybeFinishRestartLocked(*entry);
+  }
+}
+
+absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, AttemptEnd end,
+                                          const std::vector<std::string>& changed_task_ids) {
+  if (end.reason == v1::PREEMPTED && !entry.preemption_notice.empty()) {
+    end.message =
+        absl::StrCat("preemption notice for ", entry.preemption_notice, ": ", end.message);
+  }
+  if (std::optional<std::string> spent = BudgetSpent(updated, end.reason, 1); spent.has_value()) {
+    return TransitionLocked(entry, std::move(updated), v1::FAILED, end.message + *spent,
+                            changed_task_ids);
+  }
+  const absl::Time now = clock_.Now();
+  v1::Restart* r = updated.add_restarts();
+  r->set_generation(updated.generation());
+  r->set_reason(end.reason);
+  r->set_message(end.message);
+  r->set_failed_unix_ms(absl::ToUnixMillis(std::min(end.failed, now)));
+  r->set_detected_unix_ms(absl::ToUnixMillis(now));
+  r->set_last_step(std::max<int64_t>(updated.progress().step(), 0));
+  const std::string reason =
+      absl::StrCat("restarting (", RestartReasonName(end.reason), "): ", end.message);
+  if (absl::Status s =
+          TransitionLocked(entry, std::move(updated), v1::RESTARTING, reason, changed_task_ids);
+      !s.ok()) {
+    return s;
+  }
+  entry.restarting_since = now;
+  entry.preemption_notice.clear();
+  // Ranks still waiting to meet must not wait for peers that are being stopped.
+  AfterCommitLocked([this, id = entry.job.id(), generation = entry.job.generation()] {
+    rendezvous_.EndAttempts(id, generation);
+  });
+  RequestTickLocked();
+  MaybeFinishRestartLocked(entry);
+  return absl::OkStatus();
+}
+
+void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
+  if (entry.job.state() != v1::RESTARTING || entry.job.restarts_size() == 0) return;
+  const absl::Time now = clock_.Now();
+  const v1::Restart& current = entry.job.restarts(entry.job.restarts_size() - 1);
+  bool stopped = true;
+  const v1::TaskInfo* lost = nullptr;  // a rank on a vanished worker
+  const WorkerRecord* lost_worker = nullptr;
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    if (t.generation() != entry.job.generation() || TaskEnded(t.state())) continue;
+    const WorkerRecord* worker = workers_.Find(t.worker_id());
+    if (worker == nullptr || worker->info.state() == v1::LOST) {
+      if (lost == nullptr) {
+        lost = &t;
+        lost_worker = worker;
+      }
+      continue;
+    }
+    stopped = false;
+  }
+  // A rank on a vanished worker names the cause better than the errors of its peers.
+  const bool relabel = lost != nullptr && CauseRank(current.reason()) < CauseRank(v1::WORKER_LOST);
+  const bool waiting = !stopped && now - entry.restarting_since < options_.restart_stop_hold;
+  if (waiting && !relabel) return;
+  v1::Job updated = entry.job;
+  v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
+  if (relabel) {
+    r.set_reason(lost->stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST);
+    r.set_message(absl::StrCat(TaskName(*lost), " lost: worker ", lost->worker_id(), " lost"));
+    // The cause is known only now, when the lease ran out; it happened by the last heartbeat at
+    // the latest.
+    if (lost_worker != nullptr) {
+      r.set_failed_unix_ms(std::min(r.failed_unix_ms(), lost_worker->info.last_seen_unix_ms()));
+    }
+    r.set_detected_unix_ms(absl::ToUnixMillis(now));
+  }
+  if (waiting) {
+    // Recorded now, so that the detection time is when the cause was found.
+    CommitLocked(entry, std::move(updated), {}, {}).IgnoreError();
+    return;
+  }
+  // The cause may have changed kind while the old ranks stopped.
+  if (std::optional<std::string> spent = BudgetSpent(updated, r.reason(), 0); spent.has_value()) {
+    const std::string reason = r.message() + *spent;
+    TransitionLocked(entry, std::move(updated), v1::FAILED, reason, {}).IgnoreError();
+    return;
+  }
+  // Restarts in a row whose attempt never got to a step back off further and further.
+  const absl::Duration delay =
+      RestartBackoff(updated, options_.restart_backoff, options_.restart_backoff_max,
+                     absl::Uniform(jitter_, 0.5, 1.0));
+  r.set_backoff_ms(absl::ToInt64Milliseconds(delay));
+  updated.set_next_attempt_unix_ms(absl::ToUnixMillis(now + delay));
+  const std::string reason =
+      delay > absl::ZeroDuration()
+          ? absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonName(r.reason()),
+                         "): next attempt in ", absl::FormatDuration(delay), " (backoff)")
+          : absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonName(r.reason()),
+                         "): ready for the next attempt");
+  TransitionLocked(entry, std::move(updated), v1::PENDING, reason, {}).IgnoreError();
+}
+
+void JobManager::EnforceRuntimeLocked() {
+  const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
+  std::vector<std::string> over;
+  for (int64_t seq : table_.attempts()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
+    if (entry == nullptr) continue;
+    const int64_t limit_s = entry->job.spec().max_runtime_seconds();
+    const int64_t started = entry->job.started_unix_ms();
+    // Time spent restarting or waiting for capacity after a restart counts too.
+    if (limit_s <= 0 || started <= 0) continue;
+    if (now_ms - started >= limit_s * 1000) over.push_back(entry->job.id());
+  }
+  for (const std::string& id : over) {
+    JobEntry* entry = FindLocked(id);
+    const std::string reason =
+        absl::StrCat("exceeded max_runtime ",
+                     absl::FormatDuration(absl::Seconds(entry->job.spec().max_runtime_seconds())));
+    TransitionLocked(*entry, entry->job, v1::FAILED, reason, {}).IgnoreError();
+  }
+}
+
+SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
+  SchedJob job;
+  job.id = entry.job.id();
+  job.priority = entry.job.spec().priority();
+  job.seq = entry.seq;
+  RankRange(entry.job.spec(), job.min_ranks, job.max_ranks);
+  job.batch_size = entry.job.spec().batch_size();
+  job.slots_per_rank = SlotsPerRank(entry.job.spec());
+  job.gpus_per_rank = GpusPerRank(entry.job.spec());
+  job.shards = ShardCount(entry.job.spec());
+  job.slots_per_shard = SlotsPerShard(entry.job.spec());
+  return job;
+}
+
+void JobManager::ClusterChangedLocked() {
+  cluster_epoch_++;
+  schedule_all_ = true;
+}
+
+void JobManager::ScheduleLocked() {
+  const absl::Time now = clock_.Now();
+  if (parked_epoch_ != cluster_epoch_) {
+    table_.UnparkAll();
+    parked_epoch_ = cluster_epoch_;
+    schedule_all_ = true;
+  }
+  const bool timed = now >= next_full_schedule_;
+  if (!schedule_all_ && !timed && new_pending_.empty()) return;
+  std::vector<SchedWorker> workers;
+  std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
+  for (const WorkerRecord* record : workers_.All()) {
+    SchedWorker w;
+    w.id = record->info.id();
+    w.ready = record->info.state() == v1::READY;
+    w.total_slots = record->info.slots();
+    w.total_gpus = record->info.gpus();
+    w.free_slots = w.total_slots - used[w.id].slots;
+    w.free_gpus = w.total_gpus - used[w.id].gpus;
+    workers.push_back(std::move(w));
+  }
+  absl::Time next = now + kFullSchedulePeriod;
+  const JobEntry* blocker = nullptr;
+  if (const JobEntry* b = table_.Find(schedule_blocker_);
+      b != nullptr && table_.pending().count(JobTable::KeyOf(*b))) {
+    blocker = b;
+  }
+  // The queue in order; with `stop_at_blocker`, only up to the job that blocked it last time,
+  // and the new submissions behind it.
+  auto queue = [&](bool stop_at_blocker) {
+    std::vector<SchedJob> jobs;
+    auto add = [&](const JobEntry& entry) {
+      const absl::Time not_before = absl::FromUnixMillis(entry.job.next_attempt_unix_ms());
+      if (not_before > now) {
+        next = std::min(next, not_before);  // a restart's backoff ends
+        return;
+      }
+      jobs.push_back(SchedJobLocked(entry));
+    };
+    const std::map<QueueKey, JobEntry*>& pending = table_.pending();
+    for (const auto& [key, entry] : pending) {
+      add(*entry);
+      if (stop_at_blocker && entry == blocker) {
+        for (auto n = new_pending_.upper_bound(key); n != new_pending_.end(); ++n) {
+          if (auto p = pending.find(*n); p != pending.end()) add(*p->second);
+        }
+        break;
+      }
+    }
+    return jobs;
+  };
+  ScheduleDecision decision = Schedule(queue(blocker != nullptr), workers);
+  if (blocker != nullptr) {
+    // The blocker was placed or another job went before it: what waits behind it may move.
+    auto reason = decision.pending_reasons.find(blocker->job.id());
+    if (!decision.placements.empty() || reason == decision.pending_reasons.end() ||
+        !absl::StartsWith(reason->second, "waiting for capacity")) {
+      decision = Schedule(queue(false), workers);
+    }
+  }
+  // Capacity held by stopping ranks comes free by itself after kStoppingHold.
+  for (int64_t seq : table_.attempts()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
+    if (entry != nullptr && entry->restarting_since + kStoppingHold > now) {
+      next = std::min(next, entry->restarting_since + kStoppingHold);
+    }
+  }
+  // Ended jobs whose trainers all reported gone (or past the hold) no longer hold anything.
+  std::vector<int64_t> stopped;
+  for (int64_t seq : table_.stopping()) {
+    const JobEntry* entry = table_.FindBySeq(seq);
+    bool holding = false;
+    if (entry != nullptr && now - entry->ended < kStoppingHold) {
+      for (const v1::TaskInfo& t : entry->job.tasks()) {
+        if (t.generation() == entry->job.generation() && !TaskEnded(t.state())) holding = true;
+      }
+    }
+    if (holding) {
+      next = std::min(next, entry->ended + kStoppingHold);
+    } else {
+      stopped.push_back(seq);
+    }
+  }
+  for (int64_t seq : stopped) table_.StoppedHolding(seq);
+  schedule_all_ = false;
+  next_full_schedule_ = next;
+  new_pending_.clear();
+  // Jobs that cannot run on this cluster wait, out of the passes, until it changes.
+  for (const std::string& id : decision.unfit) {
+    if (const JobEntry* entry = table_.Find(id); entry != nullptr) {
+      table_.Park(JobTable::KeyOf(*entry));
+    }
+  }
+  schedule_blocker_.clear();
+  for (const Placement& placement : decision.placements) {
+    JobEntry* entry = FindLocked(placement.job_id);
+    if (entry == nullptr) continue;
+    v1::Job updated = entry->job;
+    const int64_t generation = updated.generation() + 1;
+    updated.set_generation(generation);
+    std::vector<std::string> changed;
+    for (int rank = 0; rank < static_cast<int>(placement.rank_workers.size()); ++rank) {
+      v1::TaskInfo* task = updated.add_tasks();
+      task->set_task_id(TaskId(updated.id(), generation, rank));
+      task->set_rank(rank);
+      task->set_worker_id(placement.rank_workers[rank]);
+      task->set_state(v1::TASK_STARTING);
+      task->set_generation(generation);
+      changed.push_back(task->task_id());
+    }
+    for (int shard = 0; shard < static_cast<int>(placement.shard_workers.size()); ++shard) {
+      v1::TaskInfo* task = updated.add_tasks();
+      task->set_task_id(ShardTaskId(updated.id(), generation, shard));
+      task->set_role(v1::TASK_ROLE_SHARD);
+      task->set_shard(shard);
+      task->set_worker_id(placement.shard_workers[shard]);
+      task->set_state(v1::TASK_STARTING);
+      task->set_generation(generation);
+      changed.push_back(task->task_id());
+    }
+    std::string reason = absl::StrCat("placed on ", absl::StrJoin(placement.rank_workers, ", "));
+    if (!placement.shard_workers.empty()) {
+      absl::StrAppend(&reason, "; parameter-server shards on ",
+                      absl::StrJoin(placement.shard_workers, ", "));
+    }
+    if (TransitionLocked(*entry, std::move(updated), v1::SCHEDULED, reason, changed).ok()) {
+      entry->attempt_placed = clock_.Now();
+    }
+    // Ranks of an earlier attempt must not meet the new ones.
+    rendezvous_.EndAttempts(placement.job_id, generation - 1);
+  }
+  // Only the reason changed: derived again by every pass, it is shown but not written (a change
+  // at the head of a long queue would otherwise rewrite every queued job), and gets no event,
+  // so that a waiting job does not flood its history.
+  bool reasons_changed = false;
+  for (const auto& [job_id, reason] : decision.pending_reasons) {
+    JobEntry* entry = FindLocked(job_id);
+    if (entry == nullptr) continue;
+    if (schedule_blocker_.empty() && absl::StartsWith(reason, "waiting for capacity")) {
+      schedule_blocker_ = job_id;
+    }
+    if (entry->job.reason() == reason) continue;
+    entry->job.set_reason(reason);
+    entry->version++;
+    reasons_changed = true;
+  }
+  if (reasons_changed) changed_.SignalAll();
+}
+
+}  // namespace trainyard
