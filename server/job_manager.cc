@@ -428,6 +428,9 @@ absl::Status JobManager::WatchJob(absl::string_view id,
       if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
       while (!first && entry->version == seen && !shutdown_ && !cancelled()) {
         changed_.WaitWithTimeout(&mu_, kStreamPoll);
+        // Looked up again: a job may be removed (retention) while the lock is let go.
+        entry = FindLocked(id);
+        if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' removed"));
       }
       if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
       if (cancelled()) return absl::CancelledError("watch cancelled");
