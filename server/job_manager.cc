@@ -57,12 +57,14 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(const Clock& cloc
 }
 
 absl::Status JobManager::Load() {
-  absl::StatusOr<StoreContents> contents = store_->LoadAll();
+  // Finished jobs come as summaries: their events and tasks are read when asked for.
+  absl::StatusOr<StoreContents> contents = store_->LoadActive();
   if (!contents.ok()) return contents.status();
   absl::MutexLock lock(&mu_);
   next_seq_ = std::max<int64_t>(contents->next_job_seq, 1);
   for (StoredJob& stored : contents->jobs) {
     JobEntry& entry = table_.Add(stored.seq, std::move(stored.job));
+    entry.history_in_store = !stored.full;
     // Stall and stop clocks restart with the coordinator: it cannot know what happened while
     // it was away.
     entry.last_step_change = clock_.Now();
@@ -357,10 +359,34 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(absl::string_view id) const {
-  absl::MutexLock lock(&mu_);
-  const JobEntry* entry = FindLocked(id);
-  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
-  return entry->job;
+  v1::Job job;
+  bool history_in_store = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const JobEntry* entry = FindLocked(id);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+    job = entry->job;
+    history_in_store = entry->history_in_store;
+  }
+  if (history_in_store) {
+    if (absl::Status s = FillHistory(job); !s.ok()) return s;
+  }
+  return job;
+}
+
+absl::Status JobManager::FillHistory(v1::Job& job) const {
+  // Read without the lock: a finished job's history no longer changes, and every write reaches
+  // the store before memory.
+  absl::StatusOr<JobHistory> history = store_->LoadHistory(job.id());
+  if (absl::IsNotFound(history.status())) {
+    return absl::NotFoundError(absl::StrCat("job '", job.id(), "' was removed"));
+  }
+  if (!history.ok()) return history.status();
+  job.clear_events();
+  job.clear_tasks();
+  for (v1::JobEvent& e : history->events) *job.add_events() = std::move(e);
+  for (v1::TaskInfo& t : history->tasks) *job.add_tasks() = std::move(t);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobState>& states,
@@ -422,6 +448,7 @@ absl::Status JobManager::WatchJob(absl::string_view id,
   bool first = true;
   while (true) {
     v1::Job copy;
+    bool history_in_store = false;
     {
       absl::MutexLock lock(&mu_);
       const JobEntry* entry = FindLocked(id);
@@ -436,6 +463,10 @@ absl::Status JobManager::WatchJob(absl::string_view id,
       if (cancelled()) return absl::CancelledError("watch cancelled");
       copy = entry->job;
       seen = entry->version;
+      history_in_store = entry->history_in_store;
+    }
+    if (history_in_store) {
+      if (absl::Status s = FillHistory(copy); !s.ok()) return s;
     }
     first = false;
     if (!sink(copy)) return absl::OkStatus();
@@ -456,22 +487,17 @@ absl::Status JobManager::StreamLogs(
   while (true) {
     // Read the version before the files so that an append racing with the reads wakes us.
     const uint64_t log_version = logs_->version(id);
+    if (IsShutDown()) return absl::UnavailableError("coordinator is shutting down");
+    absl::StatusOr<v1::Job> job = GetJob(id);
+    if (!job.ok()) return job.status();
+    const std::string& job_id = job->id();
+    const bool final = IsFinalJobState(job->state());
     std::vector<std::pair<int64_t, v1::TaskInfo>> tasks;  // (generation, task)
-    bool final = false;
-    std::string job_id;
-    {
-      absl::MutexLock lock(&mu_);
-      const JobEntry* entry = FindLocked(id);
-      if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
-      if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-      job_id = entry->job.id();
-      final = IsFinalJobState(entry->job.state());
-      for (const v1::TaskInfo& t : entry->job.tasks()) {
-        const bool wanted = selection.shard.has_value()
-                                ? IsShard(t) && t.shard() == *selection.shard
-                                : rank == -1 || (!IsShard(t) && t.rank() == rank);
-        if (wanted) tasks.emplace_back(t.generation(), t);
-      }
+    for (const v1::TaskInfo& t : job->tasks()) {
+      const bool wanted = selection.shard.has_value()
+                              ? IsShard(t) && t.shard() == *selection.shard
+                              : rank == -1 || (!IsShard(t) && t.rank() == rank);
+      if (wanted) tasks.emplace_back(t.generation(), t);
     }
     // By attempt, ranks before shards.
     std::stable_sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) {

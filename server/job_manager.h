@@ -248,6 +248,10 @@ class JobManager {
 
   absl::StatusOr<trainyard::v1::Job> SubmitValidated(trainyard::v1::JobSpec spec);
 
+  // Puts the job's events and tasks from the store into `job` (a finished job's whole record).
+  // NOT_FOUND when it was removed meanwhile. Call without the lock.
+  absl::Status FillHistory(trainyard::v1::Job& job) const ABSL_LOCKS_EXCLUDED(mu_);
+
   JobEntry* FindLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const JobEntry* FindLocked(absl::string_view id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

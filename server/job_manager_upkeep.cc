@@ -415,7 +415,11 @@ void JobManager::ScheduleLocked() {
       stopped.push_back(seq);
     }
   }
-  for (int64_t seq : stopped) table_.StoppedHolding(seq);
+  for (int64_t seq : stopped) {
+    table_.StoppedHolding(seq);
+    // Nothing of it runs any more: its history stays in the store only.
+    if (JobEntry* entry = table_.FindBySeq(seq); entry != nullptr) table_.DropHistory(*entry);
+  }
   schedule_all_ = false;
   next_full_schedule_ = next;
   new_pending_.clear();

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
 
@@ -20,6 +21,15 @@ namespace trainyard {
 struct StoredJob {
   int64_t seq = 0;
   trainyard::v1::Job job;
+  // False for a final job from LoadActive: its events are not loaded, and of its tasks only those
+  // not ended (which may still hold capacity). LoadHistory reads the rest.
+  bool full = true;
+};
+
+// A job's events (in order) and tasks (by generation, role, rank, shard).
+struct JobHistory {
+  std::vector<trainyard::v1::JobEvent> events;
+  std::vector<trainyard::v1::TaskInfo> tasks;
 };
 
 struct StoredCheckpoint {
@@ -82,6 +92,13 @@ class JobStore {
 
   // Reads everything back. INTERNAL/DATA_LOSS when rows cannot be decoded.
   virtual absl::StatusOr<StoreContents> LoadAll() = 0;
+
+  // Like LoadAll, but the history of finished jobs stays in the store (StoredJob::full): what a
+  // coordinator needs to start, in memory proportional to the jobs not finished.
+  virtual absl::StatusOr<StoreContents> LoadActive() = 0;
+
+  // The events and tasks of one job. NOT_FOUND when the store has no such job.
+  virtual absl::StatusOr<JobHistory> LoadHistory(absl::string_view job_id) = 0;
 };
 
 }  // namespace trainyard

@@ -108,6 +108,13 @@ void JobTable::Remove(absl::string_view id) {
   jobs_.erase(it);
 }
 
+void JobTable::DropHistory(JobEntry& entry) {
+  for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_.erase(t.task_id());
+  entry.job.clear_events();
+  entry.job.clear_tasks();
+  entry.history_in_store = true;
+}
+
 JobEntry* JobTable::Find(absl::string_view id) {
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : &it->second;

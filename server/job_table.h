@@ -37,6 +37,9 @@ struct JobEntry {
   absl::Time attempt_placed = absl::InfinitePast();
   // "worker w2 (SIGTERM)" once a preemption notice touched the current attempt (in memory).
   std::string preemption_notice;
+  // A finished job whose events and tasks are in the store only (JobTable::DropHistory, or loaded
+  // so): what shows the whole job reads them from there.
+  bool history_in_store = false;
 };
 
 // The coordinator's jobs and the indexes that keep its work proportional to what changed rather
@@ -63,6 +66,10 @@ class JobTable {
 
   // Forgets a job and everything the indexes hold of it.
   void Remove(absl::string_view id);
+
+  // Drops a final job's events and tasks from memory (they are in the store): what a finished
+  // job costs is then its summary.
+  void DropHistory(JobEntry& entry);
 
   JobEntry* Find(absl::string_view id);
   const JobEntry* Find(absl::string_view id) const;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/job_state.h"
 
 namespace trainyard {
 namespace {
@@ -321,7 +322,75 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
+namespace {
+
+// States of jobs not finished, and of tasks not ended, as SQL lists (from the proto's numbers).
+constexpr char kActiveJobStates[] = "(1, 2, 3, 7)";  // PENDING SCHEDULED RUNNING RESTARTING
+constexpr char kLiveTaskStates[] = "(0, 1, 2)";      // unspecified, STARTING, RUNNING
+static_assert(v1::PENDING == 1 && v1::SCHEDULED == 2 && v1::RUNNING == 3 && v1::RESTARTING == 7);
+static_assert(v1::TASK_STARTING == 1 && v1::TASK_RUNNING == 2);
+
+constexpr char kTaskColumns[] =
+    "t.task_id, t.generation, t.rank, t.worker_id, t.state, t.exit_code, t.signal, t.message, "
+    "t.role, t.shard, t.stop_deadline_ms";
+constexpr char kTaskOrder[] = "t.generation, t.role, t.rank, t.shard";
+
+// Reads the kTaskColumns of the statement's row, from column `first` on.
+template <typename Row>
+void ReadTask(Row& st, int first, v1::TaskInfo* t) {
+  t->set_task_id(st.Text(first));
+  t->set_generation(st.Int(first + 1));
+  t->set_rank(static_cast<int32_t>(st.Int(first + 2)));
+  t->set_worker_id(st.Text(first + 3));
+  t->set_state(static_cast<v1::TaskState>(st.Int(first + 4)));
+  t->set_exit_code(static_cast<int32_t>(st.Int(first + 5)));
+  t->set_signal(static_cast<int32_t>(st.Int(first + 6)));
+  t->set_message(st.Text(first + 7));
+  t->set_role(static_cast<v1::TaskRole>(st.Int(first + 8)));
+  t->set_shard(static_cast<int32_t>(st.Int(first + 9)));
+  t->set_stop_deadline_unix_ms(st.Int(first + 10));
+}
+
+template <typename Row>
+void ReadEvent(Row& st, int first, v1::JobEvent* e) {
+  e->set_time_unix_ms(st.Int(first));
+  e->set_from(static_cast<v1::JobState>(st.Int(first + 1)));
+  e->set_to(static_cast<v1::JobState>(st.Int(first + 2)));
+  e->set_reason(st.Text(first + 3));
+}
+
+}  // namespace
+
+absl::StatusOr<JobHistory> SqliteJobStore::LoadHistory(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  {
+    Statement st(db_, "SELECT 1 FROM jobs WHERE id = ?");
+    st.Bind(1, job_id);
+    if (!st.Next()) {
+      if (absl::Status s = st.step_status(); !s.ok()) return s;
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' not in the store"));
+    }
+  }
+  JobHistory history;
+  {
+    Statement st(db_,
+                 "SELECT time_ms, from_state, to_state, reason FROM events WHERE job_id = ? "
+                 "ORDER BY id");
+    st.Bind(1, job_id);
+    while (st.Next()) ReadEvent(st, 0, &history.events.emplace_back());
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  {
+    Statement st(db_, absl::StrCat("SELECT ", kTaskColumns, " FROM tasks t WHERE t.job_id = ? ",
+                                   "ORDER BY ", kTaskOrder));
+    st.Bind(1, job_id);
+    while (st.Next()) ReadTask(st, 0, &history.tasks.emplace_back());
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  return history;
+}
+
+absl::StatusOr<StoreContents> SqliteJobStore::Load(bool active_only) {
   absl::MutexLock lock(&mu_);
   StoreContents out;
   std::map<std::string, size_t> index;
@@ -333,45 +402,42 @@ absl::StatusOr<StoreContents> SqliteJobStore::LoadAll() {
       if (!stored.job.ParseFromString(st.Text(1))) {
         return absl::DataLossError(absl::StrCat("jobs row seq ", stored.seq, " does not parse"));
       }
+      stored.full = !active_only || !IsFinalJobState(stored.job.state());
       index[stored.job.id()] = out.jobs.size();
       out.jobs.push_back(std::move(stored));
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }
   {
-    Statement st(db_,
-                 "SELECT job_id, time_ms, from_state, to_state, reason FROM events ORDER BY id");
+    // Only the events of jobs not finished, when asked for those (through the index by job).
+    Statement st(db_, active_only
+                          ? absl::StrCat("SELECT e.job_id, e.time_ms, e.from_state, e.to_state, "
+                                         "e.reason FROM jobs j JOIN events e ON e.job_id = j.id "
+                                         "WHERE j.state IN ",
+                                         kActiveJobStates, " ORDER BY e.id")
+                          : std::string("SELECT job_id, time_ms, from_state, to_state, reason "
+                                        "FROM events ORDER BY id"));
     while (st.Next()) {
       auto it = index.find(st.Text(0));
       if (it == index.end()) continue;
-      v1::JobEvent* e = out.jobs[it->second].job.add_events();
-      e->set_time_unix_ms(st.Int(1));
-      e->set_from(static_cast<v1::JobState>(st.Int(2)));
-      e->set_to(static_cast<v1::JobState>(st.Int(3)));
-      e->set_reason(st.Text(4));
+      ReadEvent(st, 1, out.jobs[it->second].job.add_events());
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }
   {
-    Statement st(db_,
-                 "SELECT job_id, task_id, generation, rank, worker_id, state, exit_code, signal, "
-                 "message, role, shard, stop_deadline_ms FROM tasks "
-                 "ORDER BY job_id, generation, role, rank, shard");
+    // With `active_only`: the tasks of jobs not finished, and those not ended of finished jobs
+    // (they may still hold capacity while their trainers stop).
+    std::string sql = absl::StrCat("SELECT t.job_id, ", kTaskColumns, " FROM tasks t");
+    if (active_only) {
+      absl::StrAppend(&sql, " JOIN jobs j ON j.id = t.job_id WHERE j.state IN ", kActiveJobStates,
+                      " OR t.state IN ", kLiveTaskStates);
+    }
+    absl::StrAppend(&sql, " ORDER BY t.job_id, ", kTaskOrder);
+    Statement st(db_, sql);
     while (st.Next()) {
       auto it = index.find(st.Text(0));
       if (it == index.end()) continue;
-      v1::TaskInfo* t = out.jobs[it->second].job.add_tasks();
-      t->set_task_id(st.Text(1));
-      t->set_generation(st.Int(2));
-      t->set_rank(static_cast<int32_t>(st.Int(3)));
-      t->set_worker_id(st.Text(4));
-      t->set_state(static_cast<v1::TaskState>(st.Int(5)));
-      t->set_exit_code(static_cast<int32_t>(st.Int(6)));
-      t->set_signal(static_cast<int32_t>(st.Int(7)));
-      t->set_message(st.Text(8));
-      t->set_role(static_cast<v1::TaskRole>(st.Int(9)));
-      t->set_shard(static_cast<int32_t>(st.Int(10)));
-      t->set_stop_deadline_unix_ms(st.Int(11));
+      ReadTask(st, 1, out.jobs[it->second].job.add_tasks());
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }

@@ -35,7 +35,9 @@ class SqliteJobStore final : public JobStore {
   SqliteJobStore& operator=(const SqliteJobStore&) = delete;
 
   absl::Status Apply(const StoreMutation& mutation) override;
-  absl::StatusOr<StoreContents> LoadAll() override;
+  absl::StatusOr<StoreContents> LoadAll() override { return Load(/*active_only=*/false); }
+  absl::StatusOr<StoreContents> LoadActive() override { return Load(/*active_only=*/true); }
+  absl::StatusOr<JobHistory> LoadHistory(absl::string_view job_id) override;
 
   // The journal mode SQLite reports ("wal").
   absl::StatusOr<std::string> JournalMode();
@@ -44,6 +46,8 @@ class SqliteJobStore final : public JobStore {
   explicit SqliteJobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(absl::string_view sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyLocked(const StoreMutation& mutation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // LoadAll, or with `active_only` LoadActive.
+  absl::StatusOr<StoreContents> Load(bool active_only);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);

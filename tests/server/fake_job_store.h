@@ -99,6 +99,46 @@ class FakeJobStore : public JobStore {
     return out;
   }
 
+  absl::StatusOr<StoreContents> LoadActive() override {
+    absl::StatusOr<StoreContents> all = LoadAll();
+    if (!all.ok()) return all;
+    for (StoredJob& j : all->jobs) {
+      const trainyard::v1::JobState state = j.job.state();
+      if (state != trainyard::v1::SUCCEEDED && state != trainyard::v1::FAILED &&
+          state != trainyard::v1::CANCELLED) {
+        continue;
+      }
+      j.full = false;
+      j.job.clear_events();
+      auto* tasks = j.job.mutable_tasks();
+      for (int i = tasks->size() - 1; i >= 0; --i) {
+        const trainyard::v1::TaskState t = tasks->Get(i).state();
+        if (t != trainyard::v1::TASK_STARTING && t != trainyard::v1::TASK_RUNNING) {
+          tasks->DeleteSubrange(i, 1);
+        }
+      }
+    }
+    return all;
+  }
+
+  absl::StatusOr<JobHistory> LoadHistory(absl::string_view job_id) override {
+    absl::MutexLock lock(&mu_);
+    ++history_loads_;
+    if (!jobs_.count(std::string(job_id))) return absl::NotFoundError("fake store: no such job");
+    JobHistory history;
+    history.events = events_[std::string(job_id)];
+    for (const auto& [task_id, t] : tasks_) {
+      if (t.first == job_id) history.tasks.push_back(t.second);
+    }
+    return history;
+  }
+
+  // How many times LoadHistory was called.
+  int history_loads() const {
+    absl::MutexLock lock(&mu_);
+    return history_loads_;
+  }
+
   // Every successful write, in order.
   std::vector<StoreMutation> transactions() const {
     absl::MutexLock lock(&mu_);
@@ -118,6 +158,7 @@ class FakeJobStore : public JobStore {
   std::map<std::string, std::pair<std::string, trainyard::v1::TaskInfo>> tasks_;
   std::map<std::pair<std::string, int64_t>, StoredCheckpoint> checkpoints_;
   int64_t next_job_seq_ = 1;
+  int history_loads_ = 0;
 };
 
 }  // namespace trainyard

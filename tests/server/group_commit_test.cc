@@ -304,6 +304,32 @@ TEST_F(StoreFailureTest, APreemptionNoticeIsOneTransaction) {
   }
 }
 
+// A finished job costs its summary in memory: its events and tasks are read from the store when
+// someone asks for the whole job, not before.
+TEST_F(StoreFailureTest, AFinishedJobsHistoryIsReadFromTheStoreWhenAskedFor) {
+  ASSERT_TRUE(Register("w1", 1).ok());
+  const std::string id = StartOneRankJob("done");
+  EXPECT_THAT(manager_->GetJob(id)->events(), SizeIs(3));  // submitted, placed, running
+  EXPECT_EQ(store_->history_loads(), 0);
+  v1::TaskStatus exited;
+  exited.set_task_id(id + ".g1.r0");
+  exited.set_state(v1::TASK_EXITED);
+  ASSERT_TRUE(manager_->ReportTaskStatus("w1", exited).ok());
+  manager_->Tick();  // its rank ended: nothing holds capacity, the history goes
+  auto job = manager_->GetJob(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(store_->history_loads(), 1);
+  EXPECT_EQ(job->state(), v1::SUCCEEDED);
+  EXPECT_THAT(job->events(), SizeIs(4));
+  ASSERT_THAT(job->tasks(), SizeIs(1));
+  EXPECT_EQ(job->tasks(0).state(), v1::TASK_EXITED);
+  // Listing shows the summary without reading histories.
+  auto list = manager_->ListJobs({}, 0, "");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs[0].state(), v1::SUCCEEDED);
+  EXPECT_EQ(store_->history_loads(), 1);
+}
+
 // A job that checkpoints for weeks keeps a few checkpoint records, not one per save.
 TEST_F(StoreFailureTest, CheckpointRecordsStayFewOverManyCommits) {
   ASSERT_TRUE(Register("w1", 1).ok());

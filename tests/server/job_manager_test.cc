@@ -1100,5 +1100,36 @@ TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
   EXPECT_THAT(manager_->ListWorkers(), SizeIs(1));
 }
 
+// After a restart the coordinator holds finished jobs as summaries; describe and logs of one
+// still show all of it.
+TEST_F(JobManagerTest, AFinishedJobIsWholeAfterARestart) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("done"));
+  manager_->Tick();
+  const std::string task = id + ".g1.r0";
+  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "step 1\n").ok());
+  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+  const v1::Job before = Get(id);
+  ASSERT_EQ(before.state(), v1::SUCCEEDED);
+  Reopen();
+  const v1::Job after = Get(id);
+  EXPECT_EQ(Reasons(after), Reasons(before));
+  ASSERT_EQ(after.tasks_size(), 1);
+  EXPECT_EQ(after.tasks(0).task_id(), task);
+  EXPECT_EQ(after.tasks(0).state(), v1::TASK_EXITED);
+  std::string logs;
+  ASSERT_TRUE(manager_
+                  ->StreamLogs(
+                      id, {}, /*follow=*/true,
+                      [&](const v1::TaskInfo&, absl::string_view data) {
+                        absl::StrAppend(&logs, data);
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
+  EXPECT_EQ(logs, "step 1\n");
+}
+
 }  // namespace
 }  // namespace trainyard

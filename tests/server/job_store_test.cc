@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/sqlite_job_store.h"
 #include "tests/server/test_util.h"
@@ -267,6 +268,54 @@ TEST(SqliteJobStoreTest, RemovingAJobRemovesEveryRowOfIt) {
   ASSERT_TRUE(contents.ok());
   ASSERT_EQ(contents->jobs.size(), 1u);
   EXPECT_EQ(contents->jobs[0].job.id(), "kept-2");
+}
+
+// A coordinator starts with the history of unfinished jobs only; a finished job's comes on
+// request.
+TEST(SqliteJobStoreTest, LoadActiveLeavesFinishedJobsHistoryInTheStore) {
+  TempDir dir;
+  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok());
+  StoreMutation m;
+  m.jobs.push_back(MakeJob("done-1", 1, v1::SUCCEEDED));
+  m.jobs.push_back(MakeJob("runs-2", 2, v1::RUNNING));
+  for (const std::string id : {"done-1", "runs-2"}) {
+    m.events.emplace_back(id, MakeEvent(10, v1::JOB_STATE_UNSPECIFIED, v1::PENDING, "submitted"));
+    m.events.emplace_back(id, MakeEvent(20, v1::PENDING, v1::SCHEDULED, "placed"));
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::TaskInfo t;
+      t.set_task_id(absl::StrCat(id, ".g1.r", rank));
+      t.set_rank(rank);
+      t.set_generation(1);
+      t.set_worker_id("w1");
+      // done-1's rank 1 is still stopping: it may hold capacity, so it comes back.
+      t.set_state(id == std::string("done-1") && rank == 0 ? v1::TASK_EXITED : v1::TASK_RUNNING);
+      m.tasks.emplace_back(id, t);
+    }
+  }
+  ASSERT_TRUE((*store)->Apply(m).ok());
+
+  auto active = (*store)->LoadActive();
+  ASSERT_TRUE(active.ok()) << active.status();
+  ASSERT_EQ(active->jobs.size(), 2u);
+  const v1::Job& done = active->jobs[0].job;
+  EXPECT_FALSE(active->jobs[0].full);
+  EXPECT_EQ(done.events_size(), 0);
+  ASSERT_EQ(done.tasks_size(), 1);
+  EXPECT_EQ(done.tasks(0).task_id(), "done-1.g1.r1");
+  const v1::Job& runs = active->jobs[1].job;
+  EXPECT_TRUE(active->jobs[1].full);
+  EXPECT_EQ(runs.events_size(), 2);
+  EXPECT_EQ(runs.tasks_size(), 2);
+
+  auto history = (*store)->LoadHistory("done-1");
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->events.size(), 2u);
+  EXPECT_EQ(history->events[1].reason(), "placed");
+  ASSERT_EQ(history->tasks.size(), 2u);
+  EXPECT_EQ(history->tasks[0].task_id(), "done-1.g1.r0");
+  EXPECT_EQ(history->tasks[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ((*store)->LoadHistory("nope-3").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(SqliteJobStoreTest, EmptyStoreStartsAtSequenceOne) {
