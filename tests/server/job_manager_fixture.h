@@ -81,6 +81,20 @@ class JobManagerTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
+  // Every log of the job, as `trainyard logs` (with `follow`, `logs -f`) would print it.
+  std::string AllLogs(const std::string& id, bool follow = false) {
+    std::string text;
+    absl::Status s = manager_->StreamLogs(
+        id, {}, follow,
+        [&](const v1::TaskInfo&, absl::string_view data) {
+          text.append(data.data(), data.size());
+          return true;
+        },
+        [] { return false; });
+    EXPECT_TRUE(s.ok()) << s;
+    return text;
+  }
+
   static std::vector<std::string> Reasons(const v1::Job& job) {
     std::vector<std::string> out;
     for (const v1::JobEvent& e : job.events()) out.push_back(e.reason());

@@ -1020,16 +1020,7 @@ TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
   ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
   ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "0123456789abcdef\n").ok());
   ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
-  std::string text;
-  ASSERT_TRUE(manager_
-                  ->StreamLogs(
-                      id, {}, /*follow=*/false,
-                      [&](const v1::TaskInfo&, absl::string_view data) {
-                        absl::StrAppend(&text, data);
-                        return true;
-                      },
-                      [] { return false; })
-                  .ok());
+  const std::string text = AllLogs(id);
   EXPECT_THAT(text, testing::StartsWith("0123456789\n[trainyard: this task's log reached"));
   EXPECT_THAT(text, testing::EndsWith("[trainyard: 7 bytes of output past the limit of 10 bytes "
                                       "were not kept]\n"));
@@ -1118,17 +1109,7 @@ TEST_F(JobManagerTest, AFinishedJobIsWholeAfterARestart) {
   ASSERT_EQ(after.tasks_size(), 1);
   EXPECT_EQ(after.tasks(0).task_id(), task);
   EXPECT_EQ(after.tasks(0).state(), v1::TASK_EXITED);
-  std::string logs;
-  ASSERT_TRUE(manager_
-                  ->StreamLogs(
-                      id, {}, /*follow=*/true,
-                      [&](const v1::TaskInfo&, absl::string_view data) {
-                        absl::StrAppend(&logs, data);
-                        return true;
-                      },
-                      [] { return false; })
-                  .ok());
-  EXPECT_EQ(logs, "step 1\n");
+  EXPECT_EQ(AllLogs(id, /*follow=*/true), "step 1\n");
 }
 
 }  // namespace
