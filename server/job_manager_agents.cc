@@ -22,15 +22,13 @@
 #include "server/job_state.h"
 #include "server/restart_policy.h"
 #include "server/scheduler.h"
+#include "server/task_report.h"
 
 namespace trainyard {
 
-using job_manager_internal::IsShard;
 using job_manager_internal::LastEventTime;
 using job_manager_internal::RanksOf;
-using job_manager_internal::TaskFailureReason;
 using job_manager_internal::TaskName;
-using job_manager_internal::TaskSucceeded;
 
 // ---- AgentService ----
 
@@ -283,77 +281,36 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
   task->set_signal(status.signal());
   task->set_message(status.message());
   const std::vector<std::string> changed = {task->task_id()};
-  // PENDING after a restart still carries the ended attempt's generation: its late reports
-  // change only the task.
-  const bool current_attempt =
-      (updated.state() == v1::SCHEDULED || updated.state() == v1::RUNNING ||
-       updated.state() == v1::RESTARTING) &&
-      task->generation() == updated.generation();
-  if (!current_attempt) return CommitLocked(*entry, std::move(updated), {}, changed);
-
-  switch (status.state()) {
-    case v1::TASK_RUNNING:
-      if (updated.state() == v1::SCHEDULED) {
-        const std::string reason = absl::StrCat(TaskName(*task), " running on ", task->worker_id());
+  const TaskReportOutcome outcome = DecideTaskReport(updated, *task);
+  switch (outcome.kind) {
+    case TaskReportOutcome::Kind::kRunning:
+      if (outcome.started) {
         // The stall clock starts when the attempt runs, and counts this attempt's steps: it may
         // resume below the step the last one reached.
         entry->last_step_change = clock_.Now();
         entry->last_step_seen = -1;
-        return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
       }
-      break;
-    case v1::TASK_EXITED:
-    case v1::TASK_FAILED_TO_START:
-    case v1::TASK_STOPPED: {
-      if (!TaskSucceeded(*task)) {
-        AttemptEnd end;
-        end.reason = ClassifyTaskEnd(*task);
-        end.message = TaskFailureReason(*task);
-        end.failed = clock_.Now();
-        if (updated.state() != v1::RESTARTING) {
-          return EndAttemptLocked(*entry, std::move(updated), std::move(end), changed);
-        }
-        // The attempt is already over: a rank that failed on its own (not one we stopped) may
-        // name the cause better than the first report did.
-        v1::Restart* last = updated.mutable_restarts(updated.restarts_size() - 1);
-        if (status.state() == v1::TASK_EXITED &&
-            CauseRank(end.reason) > CauseRank(last->reason())) {
-          last->set_reason(end.reason);
-          last->set_message(end.message);
-        }
-        absl::Status s = CommitLocked(*entry, std::move(updated), {}, changed);
-        if (s.ok()) MaybeFinishRestartLocked(*entry);
-        return s;
-      }
-      int ranks = 0;
-      int shards = 0;
-      bool all_done = true;
-      for (const v1::TaskInfo& t : updated.tasks()) {
-        if (t.generation() != updated.generation()) continue;
-        (IsShard(t) ? shards : ranks)++;
-        all_done = all_done && TaskSucceeded(t);
-      }
-      if (all_done) {
-        std::string reason = ranks == 1 ? std::string("training finished: rank 0")
-                                        : absl::StrCat("training finished: all ", ranks, " ranks");
-        if (shards > 0) {
-          absl::StrAppend(&reason, " and ", shards, shards == 1 ? " shard" : " shards");
-        }
-        absl::StrAppend(&reason, " exited with code 0");
-        return TransitionLocked(*entry, std::move(updated), v1::SUCCEEDED, reason, changed);
-      }
-      if (updated.state() == v1::SCHEDULED) {
-        const std::string reason = absl::StrCat(TaskName(*task), " finished");
-        return TransitionLocked(*entry, std::move(updated), v1::RUNNING, reason, changed);
-      }
-      if (updated.state() == v1::RESTARTING) {
-        absl::Status s = CommitLocked(*entry, std::move(updated), {}, changed);
-        if (s.ok()) MaybeFinishRestartLocked(*entry);
-        return s;
-      }
-      break;
+      return TransitionLocked(*entry, std::move(updated), v1::RUNNING, outcome.reason, changed);
+    case TaskReportOutcome::Kind::kSucceeded:
+      return TransitionLocked(*entry, std::move(updated), v1::SUCCEEDED, outcome.reason, changed);
+    case TaskReportOutcome::Kind::kEndAttempt: {
+      AttemptEnd end;
+      end.reason = outcome.restart_reason;
+      end.message = outcome.reason;
+      end.failed = clock_.Now();
+      return EndAttemptLocked(*entry, std::move(updated), std::move(end), changed);
     }
-    default:
+    case TaskReportOutcome::Kind::kRestartingTaskEnded: {
+      if (outcome.relabel) {
+        v1::Restart* last = updated.mutable_restarts(updated.restarts_size() - 1);
+        last->set_reason(outcome.restart_reason);
+        last->set_message(outcome.reason);
+      }
+      absl::Status s = CommitLocked(*entry, std::move(updated), {}, changed);
+      if (s.ok()) MaybeFinishRestartLocked(*entry);
+      return s;
+    }
+    case TaskReportOutcome::Kind::kRecordOnly:
       break;
   }
   return CommitLocked(*entry, std::move(updated), {}, changed);
