@@ -278,6 +278,11 @@ class JobManager {
   absl::Status ApplyTaskStatusLocked(absl::string_view worker_id,
                                      const trainyard::v1::TaskStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The part of ApplyTaskStatusLocked after the checks: records the news about task `index` of
+  // the job and carries out what it means (task_report.h).
+  absl::Status RecordTaskStatusLocked(JobEntry& entry, int index,
+                                      const trainyard::v1::TaskStatus& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobEntry*> FencedLocked(absl::string_view job_id, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistWorkerLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

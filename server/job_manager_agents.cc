@@ -266,14 +266,22 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
   if (current.state() == v1::TASK_RUNNING && status.state() == v1::TASK_STARTING) {
     return absl::OkStatus();
   }
-  if (TaskEnded(status.state())) {
+  const std::string job_id = entry->job.id();
+  absl::Status recorded = RecordTaskStatusLocked(*entry, index, status);
+  if (recorded.ok() && TaskEnded(status.state())) {
     // Its agent shipped the whole log before reporting the end: say what the cap dropped.
-    AfterCommitLocked([this, job_id = entry->job.id(), task_id = status.task_id()] {
+    AfterCommitLocked([this, job_id, task_id = status.task_id()] {
       if (absl::Status s = logs_->Seal(job_id, task_id); !s.ok()) {
         LogWarning("task ", task_id, ": log not sealed: ", s.ToString());
       }
     });
   }
+  return recorded;
+}
+
+absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
+                                                const v1::TaskStatus& status) {
+  JobEntry* entry = &job_entry;
   v1::Job updated = entry->job;
   v1::TaskInfo* task = updated.mutable_tasks(index);
   task->set_state(status.state());

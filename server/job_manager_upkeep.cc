@@ -68,6 +68,8 @@ std::vector<std::string> JobManager::ForgetExpiredLocked() {
       if (table_.stopping().count(it->second)) continue;  // its trainers may still be stopping
       const JobEntry* entry = table_.FindBySeq(it->second);
       if (entry == nullptr) continue;
+      // A job waiting to resume from its checkpoints needs their records: kept until it ends.
+      if (table_.IsResumedFrom(entry->job.id())) continue;
       seqs.push_back(it->second);
       m.removed_jobs.push_back(entry->job.id());
     }

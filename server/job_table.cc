@@ -69,6 +69,15 @@ std::set<std::string> JobTable::Reindex(JobEntry& entry, const v1::Job& before) 
     touched.insert(p.first);
     active_tasks_by_worker_[p.first].insert(p.second);
   }
+  const bool was_unfinished = before.state() != v1::JOB_STATE_UNSPECIFIED && !was_final;
+  if (const std::string& from = job.spec().checkpoint().resume_from();
+      !from.empty() && was_unfinished != !is_final) {
+    if (!is_final) {
+      resumed_from_[from]++;
+    } else if (auto it = resumed_from_.find(from); it != resumed_from_.end() && --it->second == 0) {
+      resumed_from_.erase(it);
+    }
+  }
   if (is_final) {
     active_.erase(entry.seq);
     if (!was_final) {
@@ -91,6 +100,12 @@ void JobTable::Remove(absl::string_view id) {
   const JobEntry& entry = it->second;
   const v1::Job& job = entry.job;
   if (auto c = counts_.find(job.state()); c != counts_.end() && --c->second == 0) counts_.erase(c);
+  if (const std::string& from = job.spec().checkpoint().resume_from();
+      !from.empty() && !IsFinalJobState(job.state())) {
+    if (auto it = resumed_from_.find(from); it != resumed_from_.end() && --it->second == 0) {
+      resumed_from_.erase(it);
+    }
+  }
   active_.erase(entry.seq);
   attempts_.erase(entry.seq);
   stopping_.erase(entry.seq);

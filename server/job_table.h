@@ -100,6 +100,10 @@ class JobTable {
   const std::set<int64_t>& stopping() const { return stopping_; }
   void StoppedHolding(int64_t seq) { stopping_.erase(seq); }
 
+  // Whether a job not finished resumes from job `id`'s checkpoints (checkpoint.resume_from):
+  // such a job is not removed, whatever its age.
+  bool IsResumedFrom(absl::string_view id) const { return resumed_from_.count(id) > 0; }
+
   // PENDING jobs in queue order that the scheduler looks at, and those set aside (Park)
   // because they cannot run on the cluster as it is, until UnparkAll.
   const std::map<QueueKey, JobEntry*>& pending() const { return pending_; }
@@ -118,6 +122,8 @@ class JobTable {
   std::map<QueueKey, JobEntry*> pending_;
   std::map<QueueKey, JobEntry*> parked_;
   absl::flat_hash_map<std::string, std::string> job_of_task_;
+  // checkpoint.resume_from of jobs not finished: how many name each job.
+  absl::flat_hash_map<std::string, int> resumed_from_;
   absl::flat_hash_map<std::string, std::set<std::string>> active_tasks_by_worker_;
 };
 

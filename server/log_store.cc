@@ -69,7 +69,11 @@ absl::StatusOr<int64_t> LogStore::SizeLocked(const std::string& path) {
   sizes_[path] = result;
   std::ifstream capped(CappedPath(path));
   Capped c;
-  if (capped >> c.kept >> c.shipped_end) capped_[path] = c;
+  if (capped >> c.kept >> c.shipped_end) {
+    int sealed = 0;
+    if (capped >> sealed) c.sealed = sealed != 0;
+    capped_[path] = c;
+  }
   return result;
 }
 
@@ -79,7 +83,7 @@ absl::Status LogStore::WriteCappedLocked(const std::string& path, const Capped& 
   const std::string temp = target + ".tmp";
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out << capped.kept << " " << capped.shipped_end << "\n";
+    out << capped.kept << " " << capped.shipped_end << " " << (capped.sealed ? 1 : 0) << "\n";
     out.flush();
     if (!out)
       return absl::UnavailableError(absl::StrCat("write ", temp, ": ", std::strerror(errno)));
@@ -121,22 +125,28 @@ absl::StatusOr<int64_t> LogStore::Append(absl::string_view job_id, absl::string_
   std::string write(fresh);
   std::optional<Capped> capped;
   if (*size + static_cast<int64_t>(fresh.size()) > max_task_bytes_) {
-    capped = Capped{max_task_bytes_, end};
-    write.resize(static_cast<size_t>(max_task_bytes_ - *size));
-    absl::StrAppend(&write, write.empty() || write.back() == '\n' ? "" : "\n",
+    // The log may already be at or past the limit without a record of it (written before the
+    // limit was lowered): it keeps what it has.
+    const int64_t kept = std::max(*size, max_task_bytes_);
+    capped = Capped{kept, end};
+    write.resize(static_cast<size_t>(kept - *size));
+    absl::StrAppend(&write, write.empty() || write.back() != '\n' ? "\n" : "",
                     "[trainyard: this task's log reached its limit of ", Size(max_task_bytes_),
                     " (--max_task_log_bytes); later output is not kept]\n");
-    if (absl::Status s = WriteCappedLocked(path, *capped); !s.ok()) return s;
   }
+  // The data first, then the record of the limit: a crash between them leaves a log whose size
+  // says it reached the limit, which the next append records again.
   if (absl::Status s = AppendToFile(path, write); !s.ok()) {
     sizes_.erase(path);  // re-read from disk next time
-    capped_.erase(path);
     return s;
   }
   sizes_[path] = *size + static_cast<int64_t>(write.size());
-  if (capped.has_value()) capped_[path] = *capped;
   ++versions_[std::string(job_id)];
   appended_.SignalAll();
+  if (capped.has_value()) {
+    capped_[path] = *capped;
+    if (absl::Status s = WriteCappedLocked(path, *capped); !s.ok()) return s;  // resent: counted
+  }
   return end;
 }
 
@@ -152,20 +162,17 @@ absl::Status LogStore::Seal(absl::string_view job_id, absl::string_view task_id)
   auto capped = capped_.find(path);
   if (capped == capped_.end() || capped->second.sealed) return absl::OkStatus();
   const Capped& c = capped->second;
-  const std::string line =
-      absl::StrCat("[trainyard: ", c.shipped_end - c.kept, " bytes of output past the limit of ",
-                   Size(c.kept), " were not kept]\n");
+  const std::string line = absl::StrCat("[trainyard: ", c.shipped_end - c.kept,
+                                        " bytes of later output were not kept]\n");
   if (absl::Status s = AppendToFile(path, line); !s.ok()) {
     sizes_.erase(path);
     return s;
   }
   sizes_[path] = *size + static_cast<int64_t>(line.size());
   capped->second.sealed = true;
-  std::error_code ec;
-  std::filesystem::remove(CappedPath(path), ec);
   ++versions_[std::string(job_id)];
   appended_.SignalAll();
-  return absl::OkStatus();
+  return WriteCappedLocked(path, capped->second);
 }
 
 absl::StatusOr<std::string> LogStore::Read(absl::string_view job_id, absl::string_view task_id,

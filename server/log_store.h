@@ -20,7 +20,7 @@ namespace trainyard {
 //
 // A task's log keeps at most `max_task_bytes` of output. Past that, a line says so and later
 // output is acknowledged but not kept; the count of bytes dropped is kept in
-// {task_id}.log.dropped ("kept_bytes shipped_end") and written to the log by Seal.
+// {task_id}.log.dropped ("kept_bytes shipped_end sealed") and written to the log by Seal.
 class LogStore {
  public:
   // `dir` is created on the first append.

@@ -1003,11 +1003,32 @@ TEST(LogStoreTest, ALogPastItsLimitKeepsTheStartAndCountsTheRest) {
   EXPECT_EQ(text.substr(100),
             "\n[trainyard: this task's log reached its limit of 100 bytes (--max_task_log_bytes); "
             "later output is not kept]\n"
-            "[trainyard: 100 bytes of output past the limit of 100 bytes were not kept]\n");
+            "[trainyard: 100 bytes of later output were not kept]\n");
   // A log within its limit gets no line.
   ASSERT_TRUE(logs.Append("j-1", "u", 0, "short\n").ok());
   ASSERT_TRUE(logs.Seal("j-1", "u").ok());
   EXPECT_EQ(*logs.Read("j-1", "u", 0, 1 << 20), "short\n");
+}
+
+TEST(LogStoreTest, ALogAlreadyPastALoweredLimitKeepsWhatItHasAndASealedOneStaysSealed) {
+  TempDir dir;
+  {
+    LogStore logs(dir.path(), 1000);
+    ASSERT_EQ(*logs.Append("j-1", "t", 0, std::string(200, 'a')), 200);
+  }
+  {
+    LogStore logs(dir.path(), 100);  // the limit was lowered under a running task
+    EXPECT_EQ(*logs.Append("j-1", "t", 200, std::string(50, 'b')), 250);
+    ASSERT_TRUE(logs.Seal("j-1", "t").ok());
+  }
+  LogStore logs(dir.path(), 100);  // a restart after the task ended
+  EXPECT_EQ(*logs.Append("j-1", "t", 250, "late"), 254);
+  ASSERT_TRUE(logs.Seal("j-1", "t").ok());
+  EXPECT_EQ(*logs.Read("j-1", "t", 0, 1 << 20),
+            std::string(200, 'a') +
+                "\n[trainyard: this task's log reached its limit of 100 bytes "
+                "(--max_task_log_bytes); later output is not kept]\n"
+                "[trainyard: 50 bytes of later output were not kept]\n");
 }
 
 TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
@@ -1022,8 +1043,7 @@ TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
   ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
   const std::string text = AllLogs(id);
   EXPECT_THAT(text, testing::StartsWith("0123456789\n[trainyard: this task's log reached"));
-  EXPECT_THAT(text, testing::EndsWith("[trainyard: 7 bytes of output past the limit of 10 bytes "
-                                      "were not kept]\n"));
+  EXPECT_THAT(text, testing::EndsWith("[trainyard: 7 bytes of later output were not kept]\n"));
 }
 
 // What a coordinator holds stays flat over a day of short jobs once the retention period has
@@ -1110,6 +1130,33 @@ TEST_F(JobManagerTest, AFinishedJobIsWholeAfterARestart) {
   EXPECT_EQ(after.tasks(0).task_id(), task);
   EXPECT_EQ(after.tasks(0).state(), v1::TASK_EXITED);
   EXPECT_EQ(AllLogs(id, /*follow=*/true), "step 1\n");
+}
+
+// A job that will resume from another's checkpoints keeps that job (and its checkpoint records)
+// from being removed, however old it is.
+TEST_F(JobManagerTest, AJobResumedFromIsKeptWhileItsFollowerWaits) {
+  JobManagerOptions options;
+  options.job_retention = absl::Hours(1);
+  Reopen(options);
+  Register("w1", 1);
+  const std::string done = Submit(TestSpec("done"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", done + ".g1.r0", v1::TASK_EXITED, 0).ok());
+  v1::JobSpec follow = TestSpec("follow", 1, 1, /*gpus=*/1);  // waits: no GPU here
+  follow.mutable_checkpoint()->set_resume_from(done);
+  const std::string follower = Submit(follow);
+  auto pass = [&](absl::Duration d) {
+    for (absl::Duration t; t < d; t += absl::Minutes(1)) {
+      clock_.Advance(absl::Minutes(1));
+      Sync("w1");
+      manager_->Tick();
+    }
+  };
+  pass(absl::Hours(2));
+  EXPECT_TRUE(manager_->GetJob(done).ok());
+  ASSERT_TRUE(manager_->CancelJob(follower, "").ok());
+  pass(absl::Minutes(2));
+  EXPECT_EQ(manager_->GetJob(done).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
