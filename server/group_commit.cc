@@ -28,6 +28,12 @@ void MergeMutation(StoreMutation& into, StoreMutation from) {
   };
   for (const StoredJob& j : from.jobs) unremove(into.removed_jobs, j.job.id());
   for (const trainyard::v1::Worker& w : from.workers) unremove(into.removed_workers, w.id());
+  for (const StoredCheckpoint& c : from.checkpoints) {
+    const std::pair<std::string, int64_t> key(c.checkpoint.job_id(), c.checkpoint.step());
+    into.removed_checkpoints.erase(
+        std::remove(into.removed_checkpoints.begin(), into.removed_checkpoints.end(), key),
+        into.removed_checkpoints.end());
+  }
   Append(into.jobs, from.jobs);
   Append(into.events, from.events);
   Append(into.tasks, from.tasks);

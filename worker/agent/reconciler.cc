@@ -98,6 +98,7 @@ int Reconciler::CleanUpLeftovers() {
     if (!entry.is_directory(ec)) continue;
     const std::string task_id = entry.path().filename().string();
     forgotten_.emplace_back(clock_.Now(), task_id);  // removed in time unless asked for again
+    forgotten_at_[task_id] = clock_.Now();
     const std::string pid_text = ReadSmallFile((entry.path() / "pid").string());
     int64_t pid = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(pid_text), &pid) || pid <= 0) continue;
@@ -135,6 +136,7 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
       }
       if (!record.running && record.sent) {
         forgotten_.emplace_back(now, it->first);
+        forgotten_at_[it->first] = now;
         it = records_.erase(it);
         continue;
       }
@@ -323,9 +325,13 @@ int Reconciler::RemoveExpiredTaskDirs() {
     absl::MutexLock lock(&mu_);
     const absl::Time cutoff = clock_.Now() - options_.task_retention;
     while (!forgotten_.empty() && forgotten_.front().first <= cutoff) {
+      const absl::Time when = forgotten_.front().first;
       std::string id = std::move(forgotten_.front().second);
       forgotten_.pop_front();
       if (records_.count(id) > 0) continue;  // asked for again: forgotten again later
+      auto at = forgotten_at_.find(id);
+      if (at == forgotten_at_.end() || at->second != when) continue;  // a later entry counts
+      forgotten_at_.erase(at);
       seen_.erase(id);
       from_disk_.erase(id);
       expired.push_back(std::move(id));

@@ -158,6 +158,9 @@ class Reconciler {
   std::set<std::string> from_disk_ ABSL_GUARDED_BY(mu_);  // ran in an earlier agent run
   // (when forgotten, task id) in that order: folders RemoveExpiredTaskDirs removes.
   std::deque<std::pair<absl::Time, std::string>> forgotten_ ABSL_GUARDED_BY(mu_);
+  // The latest time each of them was forgotten: an older entry of a task asked for again and
+  // forgotten since does not count.
+  std::map<std::string, absl::Time> forgotten_at_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> gpu_used_ ABSL_GUARDED_BY(mu_);
   bool stopping_all_ ABSL_GUARDED_BY(mu_) = false;
 };
