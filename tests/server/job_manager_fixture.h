@@ -81,6 +81,16 @@ class JobManagerTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
+  // Time passes on the fake clock in 5 s steps; the workers in `alive` keep their leases (they
+  // sync), and the manager ticks after each step.
+  void PassTime(absl::Duration d, const std::vector<std::string>& alive = {}) {
+    for (absl::Duration t; t < d; t += absl::Seconds(5)) {
+      clock_.Advance(absl::Seconds(5));
+      for (const std::string& w : alive) Sync(w);
+      manager_->Tick();
+    }
+  }
+
   // Every log of the job, as `trainyard logs` (with `follow`, `logs -f`) would print it.
   std::string AllLogs(const std::string& id, bool follow = false) {
     std::string text;

@@ -907,13 +907,7 @@ TEST_F(JobManagerTest, FinishedJobsAndLostWorkersAreForgottenAfterTheirRetention
   ASSERT_TRUE(std::filesystem::exists(log_dir));
 
   // Time passes; w1 keeps its lease, w2 does not.
-  auto pass = [&](absl::Duration d) {
-    for (absl::Duration t; t < d; t += absl::Seconds(5)) {
-      clock_.Advance(absl::Seconds(5));
-      Sync("w1");
-      manager_->Tick();
-    }
-  };
+  auto pass = [&](absl::Duration d) { PassTime(d, {"w1"}); };
   pass(absl::Minutes(20));
   std::map<std::string, v1::WorkerState> workers;
   for (const v1::Worker& w : manager_->ListWorkers()) workers[w.id()] = w.state();
@@ -1086,11 +1080,7 @@ TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
     commit.set_uri("file:///ckpt/" + id + "/step-000000000010");
     ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
     ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
-    for (int s = 0; s < 6; ++s) {
-      clock_.Advance(absl::Seconds(10));
-      Sync("w1");
-      manager_->Tick();
-    }
+    PassTime(absl::Minutes(1), {"w1"});
     if (minute % 60 == 0) {
       auto listed = manager_->ListJobs({}, 0, "");
       ASSERT_TRUE(listed.ok());
@@ -1145,17 +1135,10 @@ TEST_F(JobManagerTest, AJobResumedFromIsKeptWhileItsFollowerWaits) {
   v1::JobSpec follow = TestSpec("follow", 1, 1, /*gpus=*/1);  // waits: no GPU here
   follow.mutable_checkpoint()->set_resume_from(done);
   const std::string follower = Submit(follow);
-  auto pass = [&](absl::Duration d) {
-    for (absl::Duration t; t < d; t += absl::Minutes(1)) {
-      clock_.Advance(absl::Minutes(1));
-      Sync("w1");
-      manager_->Tick();
-    }
-  };
-  pass(absl::Hours(2));
+  PassTime(absl::Hours(2), {"w1"});
   EXPECT_TRUE(manager_->GetJob(done).ok());
   ASSERT_TRUE(manager_->CancelJob(follower, "").ok());
-  pass(absl::Minutes(2));
+  PassTime(absl::Minutes(2), {"w1"});
   EXPECT_EQ(manager_->GetJob(done).status().code(), absl::StatusCode::kNotFound);
 }
 
