@@ -81,6 +81,28 @@ class JobManagerTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
+  // Submits a one-rank job with `spec` and runs it on w1 (registered) to success as its agent
+  // would: placed, running, `log` shipped, a checkpoint of step 10 committed if `checkpoint`,
+  // exited 0. Returns its id.
+  std::string RunOneRankJob(const v1::JobSpec& spec, const std::string& log,
+                            bool checkpoint = false) {
+    const std::string id = Submit(spec);
+    manager_->Tick();
+    const std::string task = id + ".g1.r0";
+    EXPECT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok()) << id;
+    EXPECT_TRUE(manager_->ShipLogs("w1", task, 0, log).ok()) << id;
+    if (checkpoint) {
+      v1::CommitCheckpointRequest commit;
+      commit.set_job_id(id);
+      commit.set_generation(1);
+      commit.set_step(10);
+      commit.set_uri("file:///ckpt/" + id + "/step-000000000010");
+      EXPECT_TRUE(manager_->CommitCheckpoint(commit).ok()) << id;
+    }
+    EXPECT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok()) << id;
+    return id;
+  }
+
   // Time passes on the fake clock in 5 s steps; the workers in `alive` keep their leases (they
   // sync), and the manager ticks after each step.
   void PassTime(absl::Duration d, const std::vector<std::string>& alive = {}) {

@@ -889,18 +889,7 @@ TEST_F(JobManagerTest, FinishedJobsAndLostWorkersAreForgottenAfterTheirRetention
   Reopen(options);
   Register("w1", 1);
   Register("w2", 0);  // goes away for good
-  const std::string done = Submit(TestSpec("done"));
-  manager_->Tick();
-  const std::string task = done + ".g1.r0";
-  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
-  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "step 1\n").ok());
-  v1::CommitCheckpointRequest commit;
-  commit.set_job_id(done);
-  commit.set_generation(1);
-  commit.set_step(10);
-  commit.set_uri("file:///ckpt/" + done + "/step-000000000010");
-  ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
-  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+  const std::string done = RunOneRankJob(TestSpec("done"), "step 1\n", /*checkpoint=*/true);
   ASSERT_EQ(Get(done).state(), v1::SUCCEEDED);
   const std::string waiting = Submit(TestSpec("waiting", 1, 1, /*gpus=*/1));  // never fits
   const std::string log_dir = dir_.path() + "/logs/" + done;
@@ -1029,12 +1018,7 @@ TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
   max_task_log_bytes_ = 10;
   Reopen();
   Register("w1", 1);
-  const std::string id = Submit(TestSpec("chatty"));
-  manager_->Tick();
-  const std::string task = id + ".g1.r0";
-  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
-  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "0123456789abcdef\n").ok());
-  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+  const std::string id = RunOneRankJob(TestSpec("chatty"), "0123456789abcdef\n");
   const std::string text = AllLogs(id);
   EXPECT_THAT(text, testing::StartsWith("0123456789\n[trainyard: this task's log reached"));
   EXPECT_THAT(text, testing::EndsWith("[trainyard: 7 bytes of later output were not kept]\n"));
@@ -1068,18 +1052,9 @@ TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
   };
   std::vector<Sample> samples;  // at each hour
   for (int minute = 1; minute <= 24 * 60; ++minute) {
-    const std::string id = Submit(TestSpec("short"));
-    manager_->Tick();
-    const std::string task = id + ".g1.r0";
-    ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok()) << id;
-    ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, std::string(2000, 'x') + "\n").ok());
-    v1::CommitCheckpointRequest commit;
-    commit.set_job_id(id);
-    commit.set_generation(1);
-    commit.set_step(10);
-    commit.set_uri("file:///ckpt/" + id + "/step-000000000010");
-    ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
-    ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+    const std::string id =
+        RunOneRankJob(TestSpec("short"), std::string(2000, 'x') + "\n", /*checkpoint=*/true);
+    ASSERT_EQ(Get(id).state(), v1::SUCCEEDED);
     PassTime(absl::Minutes(1), {"w1"});
     if (minute % 60 == 0) {
       auto listed = manager_->ListJobs({}, 0, "");
@@ -1105,12 +1080,8 @@ TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
 // still show all of it.
 TEST_F(JobManagerTest, AFinishedJobIsWholeAfterARestart) {
   Register("w1", 1);
-  const std::string id = Submit(TestSpec("done"));
-  manager_->Tick();
+  const std::string id = RunOneRankJob(TestSpec("done"), "step 1\n");
   const std::string task = id + ".g1.r0";
-  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
-  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "step 1\n").ok());
-  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
   const v1::Job before = Get(id);
   ASSERT_EQ(before.state(), v1::SUCCEEDED);
   Reopen();
