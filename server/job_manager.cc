@@ -57,14 +57,16 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(const Clock& cloc
 }
 
 absl::Status JobManager::Load() {
-  // Finished jobs come as summaries: their events and tasks are read when asked for.
+  // Finished jobs stay in the store (counted), unless their trainers may still be stopping.
   absl::StatusOr<StoreContents> contents = store_->LoadActive();
   if (!contents.ok()) return contents.status();
   absl::MutexLock lock(&mu_);
   next_seq_ = std::max<int64_t>(contents->next_job_seq, 1);
+  for (const auto& [state, n] : contents->not_loaded) {
+    table_.CountStored(state, static_cast<int>(n));
+  }
   for (StoredJob& stored : contents->jobs) {
     JobEntry& entry = table_.Add(stored.seq, std::move(stored.job));
-    entry.history_in_store = !stored.full;
     // Stall and stop clocks restart with the coordinator: it cannot know what happened while
     // it was away.
     entry.last_step_change = clock_.Now();
@@ -80,14 +82,62 @@ absl::Status JobManager::Load() {
       entry->checkpoints.push_back(std::move(c));
     }
   }
+  // The finished jobs that jobs not finished resume from come back with their checkpoints.
+  std::set<std::string> sources;
+  for (int64_t seq : table_.active()) {
+    const std::string& from = table_.FindBySeq(seq)->job.spec().checkpoint().resume_from();
+    if (!from.empty() && table_.Find(from) == nullptr) sources.insert(from);
+  }
+  for (const std::string& id : sources) {
+    absl::StatusOr<const JobEntry*> source = ResumeSourceLocked(id);
+    if (absl::IsNotFound(source.status())) {
+      LogWarning("job ", id, ", which a job resumes from, is not in the store");
+    } else if (!source.ok()) {
+      return source.status();
+    }
+  }
   for (v1::Worker& w : contents->workers) workers_.Restore(std::move(w));
-  LogInfo("loaded ", table_.size(), " jobs (", table_.active().size(), " active), ",
+  int64_t stored_only = 0;
+  for (const auto& [state, n] : contents->not_loaded) stored_only += n;
+  LogInfo("loaded ", table_.size(), " jobs (", table_.active().size(), " active; ",
+          stored_only - static_cast<int64_t>(sources.size()), " finished ones stay in the store), ",
           contents->workers.size(), " workers, ", contents->checkpoints.size(), " checkpoints");
   tick_requested_ = true;
   return absl::OkStatus();
 }
 
 JobManager::JobEntry* JobManager::FindLocked(absl::string_view id) { return table_.Find(id); }
+
+absl::StatusOr<StoredJobRecord> JobManager::LoadEvicted(absl::string_view id) const {
+  absl::StatusOr<StoredJobRecord> record = store_->LoadJob(id);
+  if (absl::IsNotFound(record.status())) {
+    return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  }
+  return record;
+}
+
+absl::StatusOr<const JobManager::JobEntry*> JobManager::ResumeSourceLocked(absl::string_view id) {
+  if (const JobEntry* entry = FindLocked(id); entry != nullptr) return entry;
+  // Read under the lock, which retention holds while it removes jobs: what is read stays true.
+  absl::StatusOr<StoredJobRecord> record = store_->LoadJob(id);
+  if (!record.ok()) return record.status();
+  JobEntry& entry = table_.Readmit(record->job.seq, std::move(record->job.job));
+  entry.checkpoints = std::move(record->checkpoints);
+  return &entry;
+}
+
+void JobManager::EvictFinishedLocked() {
+  std::vector<std::string> evict;
+  for (const auto& [finished_ms, seq] : table_.finished()) {
+    if (table_.stopping().count(seq)) continue;
+    const JobEntry* entry = table_.FindBySeq(seq);
+    if (entry == nullptr || entry->progress_applied != entry->progress_reports) continue;
+    const std::string& id = entry->job.id();
+    if (table_.IsResumedFrom(id) || pinned_sources_.count(id)) continue;
+    evict.push_back(id);
+  }
+  for (const std::string& id : evict) table_.Evict(id);
+}
 
 const JobManager::JobEntry* JobManager::FindLocked(absl::string_view id) const {
   return table_.Find(id);
@@ -311,10 +361,14 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
       return absl::ResourceExhaustedError(absl::StrCat("too many active jobs: ", active, " (limit ",
                                                        options_.max_active_jobs, ")"));
     }
-    if (!spec.checkpoint().resume_from().empty() &&
-        FindLocked(spec.checkpoint().resume_from()) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint.resume_from: no job '", spec.checkpoint().resume_from(), "'"));
+    if (const std::string& from = spec.checkpoint().resume_from(); !from.empty()) {
+      absl::StatusOr<const JobEntry*> source = ResumeSourceLocked(from);
+      if (absl::IsNotFound(source.status())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint.resume_from: no job '", from, "'"));
+      }
+      if (!source.ok()) return source.status();
+      pinned_sources_[from]++;  // until the job is added (or its write fails)
     }
     // The number is taken now; a submission whose write fails leaves a gap.
     seq = next_seq_++;
@@ -348,6 +402,11 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
   const absl::Status written = committer_.Wait(ticket);
   absl::MutexLock lock(&mu_);
   --submitting_;
+  if (const std::string& from = job.spec().checkpoint().resume_from(); !from.empty()) {
+    if (auto it = pinned_sources_.find(from); it != pinned_sources_.end() && --it->second == 0) {
+      pinned_sources_.erase(it);
+    }
+  }
   if (!written.ok()) return written;
   JobEntry& entry = table_.Add(seq, job);
   new_pending_.insert(JobTable::KeyOf(entry));
@@ -359,34 +418,13 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(absl::string_view id) const {
-  v1::Job job;
-  bool history_in_store = false;
   {
     absl::MutexLock lock(&mu_);
-    const JobEntry* entry = FindLocked(id);
-    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
-    job = entry->job;
-    history_in_store = entry->history_in_store;
+    if (const JobEntry* entry = FindLocked(id); entry != nullptr) return entry->job;
   }
-  if (history_in_store) {
-    if (absl::Status s = FillHistory(job); !s.ok()) return s;
-  }
-  return job;
-}
-
-absl::Status JobManager::FillHistory(v1::Job& job) const {
-  // Read without the lock: a finished job's history no longer changes, and every write reaches
-  // the store before memory.
-  absl::StatusOr<JobHistory> history = store_->LoadHistory(job.id());
-  if (absl::IsNotFound(history.status())) {
-    return absl::NotFoundError(absl::StrCat("job '", job.id(), "' was removed"));
-  }
-  if (!history.ok()) return history.status();
-  job.clear_events();
-  job.clear_tasks();
-  for (v1::JobEvent& e : history->events) *job.add_events() = std::move(e);
-  for (v1::TaskInfo& t : history->tasks) *job.add_tasks() = std::move(t);
-  return absl::OkStatus();
+  absl::StatusOr<StoredJobRecord> record = LoadEvicted(id);
+  if (!record.ok()) return record.status();
+  return std::move(record->job.job);
 }
 
 absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobState>& states,
@@ -405,40 +443,65 @@ absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobSta
     }
   }
   const std::set<v1::JobState> wanted(states.begin(), states.end());
-  absl::MutexLock lock(&mu_);
+  // The jobs in memory, then the finished ones in the store (read without the lock). A job
+  // leaves memory only once it is final and written, so each job is in one of the two reads
+  // or both (then memory's copy is shown).
+  std::map<int64_t, v1::Job, std::greater<>> page;  // newest first
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = std::make_reverse_iterator(table_.by_seq().lower_bound(before));
+         it != table_.by_seq().rend() && static_cast<int>(page.size()) <= page_size; ++it) {
+      const JobEntry* entry = FindLocked(it->second);
+      if (entry == nullptr) continue;
+      if (!wanted.empty() && !wanted.count(entry->job.state())) continue;
+      v1::Job job = entry->job;
+      job.clear_events();
+      page.emplace(it->first, std::move(job));
+    }
+  }
+  absl::StatusOr<std::vector<StoredJob>> stored =
+      store_->ListFinishedJobs(states, before, page_size + 1);
+  if (!stored.ok()) return stored.status();
+  for (StoredJob& j : *stored) {
+    if (!states.empty() && !wanted.count(j.job.state())) continue;
+    page.emplace(j.seq, std::move(j.job));  // no-op where memory had it
+  }
   ListJobsResult result;
   int64_t last_seq = 0;
-  for (auto it = std::make_reverse_iterator(table_.by_seq().lower_bound(before));
-       it != table_.by_seq().rend(); ++it) {
-    const JobEntry* entry = FindLocked(it->second);
-    if (entry == nullptr) continue;
-    if (!wanted.empty() && !wanted.count(entry->job.state())) continue;
+  for (auto& [seq, job] : page) {
     if (static_cast<int>(result.jobs.size()) == page_size) {
       result.next_page_token = absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, last_seq));
       break;
     }
-    v1::Job job = entry->job;
-    job.clear_events();
     result.jobs.push_back(std::move(job));
-    last_seq = it->first;
+    last_seq = seq;
   }
   return result;
 }
 
 absl::StatusOr<v1::Job> JobManager::CancelJob(absl::string_view id, absl::string_view reason) {
-  absl::MutexLock lock(&mu_);
-  JobEntry* entry = FindLocked(id);
-  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
-  if (IsFinalJobState(entry->job.state())) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (JobEntry* entry = FindLocked(id); entry != nullptr) return CancelLocked(*entry, reason);
+  }
+  // Not in memory: a finished job, or none.
+  absl::StatusOr<StoredJobRecord> record = LoadEvicted(id);
+  if (!record.ok()) return record.status();
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", id, " is already ", JobStateName(record->job.job.state())));
+}
+
+absl::StatusOr<v1::Job> JobManager::CancelLocked(JobEntry& entry, absl::string_view reason) {
+  if (IsFinalJobState(entry.job.state())) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", id, " is already ", JobStateName(entry->job.state())));
+        absl::StrCat("job ", entry.job.id(), " is already ", JobStateName(entry.job.state())));
   }
   const std::string why =
       reason.empty() ? std::string("cancelled by user") : absl::StrCat("cancelled: ", reason);
-  if (absl::Status s = TransitionLocked(*entry, entry->job, v1::CANCELLED, why, {}); !s.ok()) {
+  if (absl::Status s = TransitionLocked(entry, entry.job, v1::CANCELLED, why, {}); !s.ok()) {
     return s;
   }
-  return entry->job;
+  return entry.job;
 }
 
 absl::Status JobManager::WatchJob(absl::string_view id,
@@ -448,25 +511,29 @@ absl::Status JobManager::WatchJob(absl::string_view id,
   bool first = true;
   while (true) {
     v1::Job copy;
-    bool history_in_store = false;
+    bool in_memory = true;
     {
       absl::MutexLock lock(&mu_);
       const JobEntry* entry = FindLocked(id);
-      if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
-      while (!first && entry->version == seen && !shutdown_ && !cancelled()) {
+      while (entry != nullptr && !first && entry->version == seen && !shutdown_ && !cancelled()) {
         changed_.WaitWithTimeout(&mu_, kStreamPoll);
-        // Looked up again: a job may be removed (retention) while the lock is let go.
+        // Looked up again: a finished job may leave memory while the lock is let go.
         entry = FindLocked(id);
-        if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", id, "' removed"));
       }
       if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-      if (cancelled()) return absl::CancelledError("watch cancelled");
-      copy = entry->job;
-      seen = entry->version;
-      history_in_store = entry->history_in_store;
+      if (entry != nullptr && cancelled()) return absl::CancelledError("watch cancelled");
+      if (entry != nullptr) {
+        copy = entry->job;
+        seen = entry->version;
+      } else {
+        in_memory = false;
+      }
     }
-    if (history_in_store) {
-      if (absl::Status s = FillHistory(copy); !s.ok()) return s;
+    if (!in_memory) {
+      // Finished and in the store only (or removed, or never there).
+      absl::StatusOr<StoredJobRecord> record = LoadEvicted(id);
+      if (!record.ok()) return record.status();
+      copy = std::move(record->job.job);
     }
     first = false;
     if (!sink(copy)) return absl::OkStatus();
@@ -558,11 +625,22 @@ v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record,
 
 absl::StatusOr<std::vector<v1::Checkpoint>> JobManager::ListCheckpoints(
     absl::string_view job_id) const {
-  absl::MutexLock lock(&mu_);
-  const JobEntry* entry = FindLocked(job_id);
-  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  std::vector<StoredCheckpoint> records;
+  bool in_memory = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (const JobEntry* entry = FindLocked(job_id); entry != nullptr) {
+      records = entry->checkpoints;
+      in_memory = true;
+    }
+  }
+  if (!in_memory) {
+    absl::StatusOr<StoredJobRecord> record = LoadEvicted(job_id);
+    if (!record.ok()) return record.status();
+    records = std::move(record->checkpoints);
+  }
   std::vector<v1::Checkpoint> out;
-  for (auto it = entry->checkpoints.rbegin(); it != entry->checkpoints.rend(); ++it) {
+  for (auto it = records.rbegin(); it != records.rend(); ++it) {
     if (!it->retired) out.push_back(it->checkpoint);
   }
   return out;

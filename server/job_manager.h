@@ -227,6 +227,11 @@ class JobManager {
   // How many Sync calls are blocked waiting for a change now. For tests that must know a long
   // poll is really waiting before they change something.
   int BlockedSyncsForTesting() const;
+  // How many jobs are held in memory (the other finished ones are in the store only). For tests.
+  size_t JobsInMemoryForTesting() const {
+    absl::MutexLock lock(&mu_);
+    return table_.size();
+  }
   // How many rendezvous Gets are blocked now. For tests.
   int RendezvousWaitersForTesting() const { return rendezvous_.WaitersForTesting(); }
 
@@ -246,10 +251,21 @@ class JobManager {
   absl::Status Load();
 
   absl::StatusOr<trainyard::v1::Job> SubmitValidated(trainyard::v1::JobSpec spec);
+  absl::StatusOr<trainyard::v1::Job> CancelLocked(JobEntry& entry, absl::string_view reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Puts the job's events and tasks from the store into `job` (a finished job's whole record).
-  // NOT_FOUND when it was removed meanwhile. Call without the lock.
-  absl::Status FillHistory(trainyard::v1::Job& job) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A job not in memory, read from the store: a finished job that was evicted (EvictLocked).
+  // NOT_FOUND ("job 'x' not found") when the store has none either. Call without the lock: a
+  // job leaves memory only once all of it is in the store.
+  absl::StatusOr<StoredJobRecord> LoadEvicted(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The job that checkpoint.resume_from names, brought back into memory from the store if it was
+  // evicted (the placements of the job that resumes from it need its checkpoint records).
+  // NOT_FOUND when there is no such job.
+  absl::StatusOr<const JobEntry*> ResumeSourceLocked(absl::string_view id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the final jobs that nothing needs any more out of memory: not stopping, not a resume
+  // source of a job not finished (nor of a submission being written), no progress write in flight.
+  void EvictFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobEntry* FindLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const JobEntry* FindLocked(absl::string_view id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -327,9 +343,16 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RestartLostOrStalledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes finished jobs past job_retention (a bounded batch per call; returns their ids, whose
-  // logs the caller removes without the lock) and LOST workers past lost_worker_retention.
-  std::vector<std::string> ForgetExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the finished jobs in `expired` (from JobStore::FinishedBefore, read by Tick without
+  // the lock) that are past job_retention and not back in memory; returns their ids, whose logs
+  // the caller removes without the lock. Also forgets LOST workers past lost_worker_retention.
+  // A batch at a time: a coordinator that was down for long catches up over a few ticks without
+  // holding the lock for one long transaction. Otherwise once per period.
+  static constexpr int kRetentionBatch = 500;
+  static constexpr absl::Duration kRetentionPeriod = absl::Seconds(10);
+  std::vector<std::string> ForgetExpiredLocked(
+      const std::vector<std::pair<std::string, trainyard::v1::JobState>>& expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnforceRuntimeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers came, went or changed state: parked jobs are looked at again.
@@ -377,6 +400,10 @@ class JobManager {
   uint64_t cluster_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t parked_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int submitting_ ABSL_GUARDED_BY(mu_) = 0;  // submissions waiting for their commit
+  // checkpoint.resume_from of those submissions: kept in memory until the job is added.
+  absl::flat_hash_map<std::string, int> pinned_sources_ ABSL_GUARDED_BY(mu_);
+  // When Tick next looks for finished jobs past job_retention (sooner while it catches up).
+  absl::Time next_retention_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Scheduling follows what changed: a pass after anything that may free capacity or change the
   // queue (schedule_all_), when something timed comes due (next_full_schedule_) or for new
   // submissions (new_pending_). A pass stops at the job that blocked the queue last time

@@ -35,6 +35,32 @@ using job_manager_internal::TaskName;
 // ---- Background ----
 
 void JobManager::Tick() {
+  // Finished jobs past their retention are found in the store (where they are) without the
+  // lock: only this tick removes jobs, and ForgetExpiredLocked skips those back in memory.
+  std::vector<std::pair<std::string, v1::JobState>> expired;
+  if (options_.job_retention != absl::InfiniteDuration()) {
+    int limit = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (clock_.Now() >= next_retention_) {
+        limit = kRetentionBatch + static_cast<int>(table_.finished().size());
+      }
+    }
+    if (limit > 0) {
+      const int64_t cutoff_ms = absl::ToUnixMillis(clock_.Now() - options_.job_retention);
+      absl::StatusOr<std::vector<std::pair<std::string, v1::JobState>>> found =
+          store_->FinishedBefore(cutoff_ms, limit);
+      if (found.ok()) {
+        expired = std::move(*found);
+      } else {
+        LogWarning("looking for expired jobs: ", found.status().ToString(), " (tried again later)");
+      }
+      absl::MutexLock lock(&mu_);
+      // Once in a while, or at once while a backlog is worked off.
+      next_retention_ = static_cast<int>(expired.size()) >= limit ? absl::InfinitePast()
+                                                                  : clock_.Now() + kRetentionPeriod;
+    }
+  }
   std::vector<std::string> removed;
   {
     absl::MutexLock lock(&mu_);
@@ -43,7 +69,8 @@ void JobManager::Tick() {
     RestartLostOrStalledLocked();
     EnforceRuntimeLocked();
     ScheduleLocked();
-    removed = ForgetExpiredLocked();
+    EvictFinishedLocked();
+    removed = ForgetExpiredLocked(expired);
   }
   for (const std::string& id : removed) {
     if (absl::Status s = logs_->RemoveJob(id); !s.ok()) {
@@ -52,27 +79,20 @@ void JobManager::Tick() {
   }
 }
 
-std::vector<std::string> JobManager::ForgetExpiredLocked() {
-  // A batch at a time: a coordinator that was down for long catches up over a few ticks without
-  // holding the lock for one long transaction.
-  constexpr int kBatch = 500;
+std::vector<std::string> JobManager::ForgetExpiredLocked(
+    const std::vector<std::pair<std::string, v1::JobState>>& expired) {
   const absl::Time now = clock_.Now();
   StoreMutation m;
-  std::vector<int64_t> seqs;
-  if (options_.job_retention != absl::InfiniteDuration()) {
-    const int64_t cutoff_ms = absl::ToUnixMillis(now - options_.job_retention);
-    for (auto it = table_.finished().begin();
-         it != table_.finished().end() && it->first <= cutoff_ms &&
-         static_cast<int>(seqs.size()) < kBatch;
-         ++it) {
-      if (table_.stopping().count(it->second)) continue;  // its trainers may still be stopping
-      const JobEntry* entry = table_.FindBySeq(it->second);
-      if (entry == nullptr) continue;
-      // A job waiting to resume from its checkpoints needs their records: kept until it ends.
-      if (table_.IsResumedFrom(entry->job.id())) continue;
-      seqs.push_back(it->second);
-      m.removed_jobs.push_back(entry->job.id());
-    }
+  std::vector<v1::JobState> states;
+  for (const auto& [id, state] : expired) {
+    // Back in memory: something needs it again (its trainers may still be stopping, or a job
+    // resumes from its checkpoints), so it is kept until it leaves memory again.
+    if (table_.Find(id) != nullptr) continue;
+    // A job waiting to resume from its checkpoints needs their records: kept until it ends.
+    if (table_.IsResumedFrom(id) || pinned_sources_.count(id)) continue;
+    if (static_cast<int>(m.removed_jobs.size()) == kRetentionBatch) break;
+    m.removed_jobs.push_back(id);
+    states.push_back(state);
   }
   for (const WorkerRecord* w : workers_.All()) {
     if (w->info.state() == v1::LOST &&
@@ -92,9 +112,9 @@ std::vector<std::string> JobManager::ForgetExpiredLocked() {
     LogInfo("worker ", id, " forgotten: LOST for ",
             absl::FormatDuration(options_.lost_worker_retention));
   }
-  for (size_t i = 0; i < seqs.size(); ++i) {
+  for (size_t i = 0; i < m.removed_jobs.size(); ++i) {
     rendezvous_.Forget(m.removed_jobs[i]);
-    table_.Remove(m.removed_jobs[i]);
+    table_.CountStored(states[i], -1);
   }
   if (!m.removed_jobs.empty()) {
     LogInfo("removed ", m.removed_jobs.size(), " jobs finished more than ",
@@ -417,11 +437,8 @@ void JobManager::ScheduleLocked() {
       stopped.push_back(seq);
     }
   }
-  for (int64_t seq : stopped) {
-    table_.StoppedHolding(seq);
-    // Nothing of it runs any more: its history stays in the store only.
-    if (JobEntry* entry = table_.FindBySeq(seq); entry != nullptr) table_.DropHistory(*entry);
-  }
+  // Nothing of them runs any more: EvictFinishedLocked leaves them to the store.
+  for (int64_t seq : stopped) table_.StoppedHolding(seq);
   schedule_all_ = false;
   next_full_schedule_ = next;
   new_pending_.clear();

@@ -2,6 +2,7 @@
 #define TRAINYARD_SERVER_JOB_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,19 +18,11 @@ namespace trainyard {
 
 // A job as stored: the Job message plus its global submission sequence number (the scheduler's
 // FIFO order and the ListJobs order). The `events` and `tasks` fields of `job` are ignored when
-// writing; they live in their own tables and come back filled in by LoadAll().
+// writing; they live in their own tables and come back filled in by the loads (events in order,
+// tasks by generation, role, rank and shard), except from ListFinishedJobs.
 struct StoredJob {
   int64_t seq = 0;
   trainyard::v1::Job job;
-  // False for a final job from LoadActive: its events are not loaded, and of its tasks only those
-  // not ended (which may still hold capacity). LoadHistory reads the rest.
-  bool full = true;
-};
-
-// A job's events (in order) and tasks (by generation, role, rank, shard).
-struct JobHistory {
-  std::vector<trainyard::v1::JobEvent> events;
-  std::vector<trainyard::v1::TaskInfo> tasks;
 };
 
 struct StoredCheckpoint {
@@ -75,10 +68,18 @@ struct StoreMutation {
 };
 
 struct StoreContents {
-  std::vector<StoredJob> jobs;  // by seq; events in insertion order, tasks by (generation, rank)
+  std::vector<StoredJob> jobs;                 // by seq
   std::vector<trainyard::v1::Worker> workers;  // by id
-  std::vector<StoredCheckpoint> checkpoints;   // by (job_id, step)
+  std::vector<StoredCheckpoint> checkpoints;   // of those jobs, by (job_id, step)
   int64_t next_job_seq = 1;
+  // From LoadActive: the final jobs in the store that it did not return, by state.
+  std::map<trainyard::v1::JobState, int64_t> not_loaded;
+};
+
+// One job read alone: the whole job and its checkpoint records (by step).
+struct StoredJobRecord {
+  StoredJob job;
+  std::vector<StoredCheckpoint> checkpoints;
 };
 
 // Durable coordinator state. Implementations are thread-safe; calls block on disk I/O.
@@ -93,12 +94,24 @@ class JobStore {
   // Reads everything back. INTERNAL/DATA_LOSS when rows cannot be decoded.
   virtual absl::StatusOr<StoreContents> LoadAll() = 0;
 
-  // Like LoadAll, but the history of finished jobs stays in the store (StoredJob::full): what a
-  // coordinator needs to start, in memory proportional to the jobs not finished.
+  // What a coordinator needs to start, in memory proportional to the jobs not finished: like
+  // LoadAll, but of the final jobs only those with a task not ended (its trainer may still hold
+  // capacity); the others are counted in `not_loaded`. Workers and next_job_seq as LoadAll.
   virtual absl::StatusOr<StoreContents> LoadActive() = 0;
 
-  // The events and tasks of one job. NOT_FOUND when the store has no such job.
-  virtual absl::StatusOr<JobHistory> LoadHistory(absl::string_view job_id) = 0;
+  // One whole job with its checkpoint records. NOT_FOUND when the store has no such job.
+  virtual absl::StatusOr<StoredJobRecord> LoadJob(absl::string_view job_id) = 0;
+
+  // Final jobs in one of `states` (empty: any final state; other states are ignored) with a seq
+  // below `before_seq`, newest first, at most `limit`: summaries with their latest progress but
+  // without events and tasks.
+  virtual absl::StatusOr<std::vector<StoredJob>> ListFinishedJobs(
+      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit) = 0;
+
+  // Final jobs that finished (Job.finished_unix_ms) at or before `unix_ms`, the oldest first, at
+  // most `limit`: (id, state).
+  virtual absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>>
+  FinishedBefore(int64_t unix_ms, int limit) = 0;
 };
 
 }  // namespace trainyard

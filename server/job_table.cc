@@ -97,9 +97,36 @@ std::set<std::string> JobTable::Reindex(JobEntry& entry, const v1::Job& before) 
 void JobTable::Remove(absl::string_view id) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
+  CountStored(it->second.job.state(), -1);
+  Erase(id);
+}
+
+void JobTable::Evict(absl::string_view id) {
+  if (const JobEntry* entry = Find(id); entry != nullptr && IsFinalJobState(entry->job.state())) {
+    Erase(id);
+  }
+}
+
+JobEntry& JobTable::Readmit(int64_t seq, v1::Job job) {
+  const v1::JobState state = job.state();
+  JobEntry& entry = Add(seq, std::move(job));
+  CountStored(state, -1);  // Add counted it again
+  stopping_.erase(seq);
+  return entry;
+}
+
+void JobTable::CountStored(v1::JobState state, int n) {
+  auto c = counts_.find(state);
+  if (c == counts_.end()) c = counts_.emplace(state, 0).first;
+  c->second += n;
+  if (c->second <= 0) counts_.erase(c);
+}
+
+void JobTable::Erase(absl::string_view id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
   const JobEntry& entry = it->second;
   const v1::Job& job = entry.job;
-  if (auto c = counts_.find(job.state()); c != counts_.end() && --c->second == 0) counts_.erase(c);
   if (const std::string& from = job.spec().checkpoint().resume_from();
       !from.empty() && !IsFinalJobState(job.state())) {
     if (auto it = resumed_from_.find(from); it != resumed_from_.end() && --it->second == 0) {
@@ -121,13 +148,6 @@ void JobTable::Remove(absl::string_view id) {
   }
   by_seq_.erase(entry.seq);
   jobs_.erase(it);
-}
-
-void JobTable::DropHistory(JobEntry& entry) {
-  for (const v1::TaskInfo& t : entry.job.tasks()) job_of_task_.erase(t.task_id());
-  entry.job.clear_events();
-  entry.job.clear_tasks();
-  entry.history_in_store = true;
 }
 
 JobEntry* JobTable::Find(absl::string_view id) {

@@ -37,16 +37,15 @@ struct JobEntry {
   absl::Time attempt_placed = absl::InfinitePast();
   // "worker w2 (SIGTERM)" once a preemption notice touched the current attempt (in memory).
   std::string preemption_notice;
-  // A finished job whose events and tasks are in the store only (JobTable::DropHistory, or loaded
-  // so): what shows the whole job reads them from there.
-  bool history_in_store = false;
 };
 
-// The coordinator's jobs and the indexes that keep its work proportional to what changed rather
-// than to how many jobs it holds: the queue in order, the jobs with an attempt, the final jobs
-// by when they finished, the active tasks of each worker. Every change to a job's record goes
-// through Reindex, which is what keeps the indexes true. Not thread-safe: the JobManager holds
-// it under its lock.
+// The coordinator's jobs in memory and the indexes that keep its work proportional to what
+// changed rather than to how many jobs it holds: the queue in order, the jobs with an attempt, the
+// final jobs still held, the active tasks of each worker. Every change to a job's record goes
+// through Reindex, which is what keeps the indexes true. It holds the jobs not finished and the
+// final jobs something still needs (trainers stopping, a job resuming from their checkpoints);
+// other final jobs are evicted to the store, and only counted here. Not thread-safe: the
+// JobManager holds it under its lock.
 class JobTable {
  public:
   // Queue order: higher priority first, then submission order.
@@ -67,9 +66,14 @@ class JobTable {
   // Forgets a job and everything the indexes hold of it.
   void Remove(absl::string_view id);
 
-  // Drops a final job's events and tasks from memory (they are in the store): what a finished
-  // job costs is then its summary.
-  void DropHistory(JobEntry& entry);
+  // Takes a final job out of memory (it is in the store): it still counts in counts(). No-op for
+  // a job not final.
+  void Evict(absl::string_view id);
+  // Brings back a final job that was evicted (read from the store): not counted again, and not
+  // stopping.
+  JobEntry& Readmit(int64_t seq, trainyard::v1::Job job);
+  // Counts `n` more final jobs in `state` that are in the store only (negative: removed from it).
+  void CountStored(trainyard::v1::JobState state, int n);
 
   JobEntry* Find(absl::string_view id);
   const JobEntry* Find(absl::string_view id) const;
@@ -84,16 +88,16 @@ class JobTable {
       absl::string_view worker_id) const;
 
   size_t size() const { return jobs_.size(); }
-  // Jobs in each state.
+  // Jobs in each state, evicted ones included.
   const std::map<trainyard::v1::JobState, int>& counts() const { return counts_; }
-  // Every job by submission order (seq -> id).
+  // Every job in memory by submission order (seq -> id).
   const std::map<int64_t, std::string>& by_seq() const { return by_seq_; }
   // Non-final jobs.
   const std::set<int64_t>& active() const { return active_; }
   // Non-final jobs that have had an attempt (generation > 0): the only ones that hold capacity,
   // run tasks, report progress or can stall.
   const std::set<int64_t>& attempts() const { return attempts_; }
-  // Final jobs by (finished_unix_ms, seq): what retention removes first.
+  // Final jobs in memory by (finished_unix_ms, seq).
   const std::set<std::pair<int64_t, int64_t>>& finished() const { return finished_; }
   // Final jobs whose trainers may still be stopping (capacity not yet free): added when a job
   // becomes final, taken out by the caller with StoppedHolding.
@@ -111,6 +115,9 @@ class JobTable {
   void UnparkAll();
 
  private:
+  // Takes a job out of memory and the indexes, counts aside.
+  void Erase(absl::string_view id);
+
   // Node-based: entries stay where they are, so the indexes may point at them.
   absl::node_hash_map<std::string, JobEntry> jobs_;
   std::map<int64_t, std::string> by_seq_;

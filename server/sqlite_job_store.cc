@@ -2,12 +2,16 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/job_state.h"
 
 namespace trainyard {
@@ -16,7 +20,9 @@ namespace {
 // 2: tasks gained role, shard (parameter-server shards) and stop_deadline_ms.
 // 3: checkpoints gained retired_by (the step of the commit that retired them); progress moved
 //    to a table of its own (a small row per report instead of the whole job).
-constexpr int kSchemaVersion = 3;
+// 4: jobs gained finished_ms and the indexes by state and by finish time, so that finished jobs
+//    are listed and expired from the store rather than held in memory.
+constexpr int kSchemaVersion = 4;
 
 // From version 1 to 2, in one transaction with the new version number.
 constexpr char kMigrateFrom1[] = R"sql(
@@ -34,6 +40,13 @@ ALTER TABLE checkpoints ADD COLUMN retired_by INTEGER NOT NULL DEFAULT -1;
 CREATE TABLE IF NOT EXISTS progress(job_id TEXT PRIMARY KEY, progress BLOB NOT NULL);
 UPDATE meta SET value = '3' WHERE key = 'schema_version';
 COMMIT;
+)sql";
+
+// From version 3 to 4, inside the transaction of MigrateFrom3 (which also fills finished_ms).
+constexpr char kMigrateFrom3[] = R"sql(
+ALTER TABLE jobs ADD COLUMN finished_ms INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_ms, seq) WHERE state IN (4, 5, 6);
 )sql";
 
 // The tables as of version 2 (created where missing); the migrations take them on from there.
@@ -124,6 +137,7 @@ class Statement {
   }
   absl::Status step_status() const { return rc_ != SQLITE_OK ? status() : step_error_; }
   int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  bool IsNull(int col) { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
   std::string Text(int col) {
     const void* p = sqlite3_column_blob(stmt_, col);
     int n = sqlite3_column_bytes(stmt_, col);
@@ -191,7 +205,8 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
     // Each step in its own transaction with its version number: one cut short is redone.
     const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2};
     for (int from = *version; from < kSchemaVersion; ++from) {
-      if (absl::Status s = store->Exec(migrations[from - 1]); !s.ok()) {
+      absl::Status s = from == 3 ? store->MigrateFrom3() : store->Exec(migrations[from - 1]);
+      if (!s.ok()) {
         store->Exec("ROLLBACK").IgnoreError();
         return absl::Status(s.code(), absl::StrCat(path, ": migrating schema ", from, " to ",
                                                    from + 1, ": ", s.message()));
@@ -204,6 +219,30 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
 SqliteJobStore::~SqliteJobStore() {
   absl::MutexLock lock(&mu_);
   sqlite3_close_v2(db_);
+}
+
+absl::Status SqliteJobStore::MigrateFrom3() {
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  if (absl::Status s = Exec(kMigrateFrom3); !s.ok()) return s;
+  // finished_ms of the final jobs already there, from their rows.
+  std::vector<std::pair<std::string, int64_t>> finished;
+  {
+    Statement st(db_, "SELECT id, job FROM jobs WHERE state IN (4, 5, 6)");
+    while (st.Next()) {
+      v1::Job job;
+      if (!job.ParseFromString(st.Text(1))) {
+        return absl::DataLossError(absl::StrCat("jobs row '", st.Text(0), "' does not parse"));
+      }
+      finished.emplace_back(st.Text(0), job.finished_unix_ms());
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  for (const auto& [id, ms] : finished) {
+    Statement st(db_, "UPDATE jobs SET finished_ms = ? WHERE id = ?");
+    if (absl::Status s = st.Bind(1, ms).Bind(2, id).Run(); !s.ok()) return s;
+  }
+  if (absl::Status s = SetMeta(db_, "schema_version", "4"); !s.ok()) return s;
+  return Exec("COMMIT");
 }
 
 absl::Status SqliteJobStore::Exec(absl::string_view sql) {
@@ -243,10 +282,11 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     // An upsert rather than INSERT OR REPLACE: a clash on the unique seq must fail, not delete
     // the other job.
     Statement st(db_,
-                 "INSERT INTO jobs(id, seq, state, job) VALUES(?, ?, ?, ?) ON CONFLICT(id) DO "
-                 "UPDATE SET seq = excluded.seq, state = excluded.state, job = excluded.job");
+                 "INSERT INTO jobs(id, seq, state, job, finished_ms) VALUES(?, ?, ?, ?, ?) ON "
+                 "CONFLICT(id) DO UPDATE SET seq = excluded.seq, state = excluded.state, job = "
+                 "excluded.job, finished_ms = excluded.finished_ms");
     st.Bind(1, row.id()).Bind(2, stored.seq).Bind(3, static_cast<int64_t>(row.state()));
-    st.BindBlob(4, row.SerializeAsString());
+    st.BindBlob(4, row.SerializeAsString()).Bind(5, row.finished_unix_ms());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, event] : m.events) {
@@ -363,121 +403,74 @@ void ReadEvent(Row& st, int first, v1::JobEvent* e) {
 
 }  // namespace
 
-absl::StatusOr<JobHistory> SqliteJobStore::LoadHistory(absl::string_view job_id) {
-  absl::MutexLock lock(&mu_);
-  {
-    Statement st(db_, "SELECT 1 FROM jobs WHERE id = ?");
-    st.Bind(1, job_id);
-    if (!st.Next()) {
-      if (absl::Status s = st.step_status(); !s.ok()) return s;
-      return absl::NotFoundError(absl::StrCat("job '", job_id, "' not in the store"));
+absl::Status SqliteJobStore::ReadJobs(const std::string& sql, int64_t bound, bool with_progress,
+                                      std::vector<StoredJob>* out) {
+  Statement st(db_, sql);
+  if (bound != kNoBound) st.Bind(1, bound);
+  while (st.Next()) {
+    StoredJob stored;
+    stored.seq = st.Int(0);
+    if (!stored.job.ParseFromString(st.Text(1))) {
+      return absl::DataLossError(absl::StrCat("jobs row seq ", stored.seq, " does not parse"));
     }
+    if (with_progress && !st.IsNull(2) &&
+        !stored.job.mutable_progress()->ParseFromString(st.Text(2))) {
+      return absl::DataLossError(
+          absl::StrCat("progress of job seq ", stored.seq, " does not parse"));
+    }
+    out->push_back(std::move(stored));
   }
-  JobHistory history;
-  {
-    Statement st(db_,
-                 "SELECT time_ms, from_state, to_state, reason FROM events WHERE job_id = ? "
-                 "ORDER BY id");
-    st.Bind(1, job_id);
-    while (st.Next()) ReadEvent(st, 0, &history.events.emplace_back());
-    if (absl::Status s = st.step_status(); !s.ok()) return s;
-  }
-  {
-    Statement st(db_, absl::StrCat("SELECT ", kTaskColumns, " FROM tasks t WHERE t.job_id = ? ",
-                                   "ORDER BY ", kTaskOrder));
-    st.Bind(1, job_id);
-    while (st.Next()) ReadTask(st, 0, &history.tasks.emplace_back());
-    if (absl::Status s = st.step_status(); !s.ok()) return s;
-  }
-  return history;
+  return st.step_status();
 }
 
-absl::StatusOr<StoreContents> SqliteJobStore::Load(bool active_only) {
-  absl::MutexLock lock(&mu_);
-  StoreContents out;
+absl::Status SqliteJobStore::ReadDetails(const std::string& which,
+                                         const std::optional<std::string>& param,
+                                         std::vector<StoredJob>& jobs,
+                                         std::vector<StoredCheckpoint>* checkpoints) {
   std::map<std::string, size_t> index;
+  for (size_t i = 0; i < jobs.size(); ++i) index[jobs[i].job.id()] = i;
+  const std::string where =
+      which.empty() ? std::string() : absl::StrCat(" WHERE job_id IN ", which);
   {
-    Statement st(db_, "SELECT seq, job FROM jobs ORDER BY seq");
+    Statement st(db_, absl::StrCat("SELECT job_id, time_ms, from_state, to_state, reason FROM "
+                                   "events",
+                                   where, " ORDER BY id"));
+    if (param.has_value()) st.Bind(1, *param);
     while (st.Next()) {
-      StoredJob stored;
-      stored.seq = st.Int(0);
-      if (!stored.job.ParseFromString(st.Text(1))) {
-        return absl::DataLossError(absl::StrCat("jobs row seq ", stored.seq, " does not parse"));
-      }
-      stored.full = !active_only || !IsFinalJobState(stored.job.state());
-      index[stored.job.id()] = out.jobs.size();
-      out.jobs.push_back(std::move(stored));
+      auto it = index.find(st.Text(0));
+      if (it != index.end()) ReadEvent(st, 1, jobs[it->second].job.add_events());
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }
   {
-    // Only the events of jobs not finished, when asked for those (through the index by job).
-    Statement st(db_, active_only
-                          ? absl::StrCat("SELECT job_id, time_ms, from_state, to_state, reason "
-                                         "FROM events WHERE job_id IN (SELECT id FROM jobs WHERE "
-                                         "state IN ",
-                                         kActiveJobStates, ") ORDER BY id")
-                          : std::string("SELECT job_id, time_ms, from_state, to_state, reason "
-                                        "FROM events ORDER BY id"));
+    Statement st(db_, absl::StrCat("SELECT t.job_id, ", kTaskColumns, " FROM tasks t", where,
+                                   " ORDER BY t.job_id, ", kTaskOrder));
+    if (param.has_value()) st.Bind(1, *param);
     while (st.Next()) {
       auto it = index.find(st.Text(0));
-      if (it == index.end()) continue;
-      ReadEvent(st, 1, out.jobs[it->second].job.add_events());
+      if (it != index.end()) ReadTask(st, 1, jobs[it->second].job.add_tasks());
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }
   {
-    // With `active_only`: the tasks of jobs not finished, and those not ended of finished jobs
-    // (they may still hold capacity while their trainers stop).
-    // (Both halves through an index: tasks_by_job for the jobs, tasks_live for the rest.)
-    const std::string active_jobs =
-        absl::StrCat("(SELECT id FROM jobs WHERE state IN ", kActiveJobStates, ")");
-    std::string sql = absl::StrCat("SELECT t.job_id, ", kTaskColumns, " FROM tasks t");
-    if (active_only) {
-      absl::StrAppend(&sql, " WHERE t.job_id IN ", active_jobs, " UNION ALL SELECT t.job_id, ",
-                      kTaskColumns, " FROM tasks t WHERE t.state IN ", kLiveTaskStates,
-                      " AND t.job_id NOT IN ", active_jobs);
-      // A compound query orders by its result columns: job_id, then generation, role, rank and
-      // shard (columns 3, 10, 4 and 11 of the result).
-      absl::StrAppend(&sql, " ORDER BY 1, 3, 10, 4, 11");
-    } else {
-      absl::StrAppend(&sql, " ORDER BY t.job_id, ", kTaskOrder);
-    }
-    Statement st(db_, sql);
+    Statement st(db_, absl::StrCat("SELECT job_id, progress FROM progress", where));
+    if (param.has_value()) st.Bind(1, *param);
     while (st.Next()) {
       auto it = index.find(st.Text(0));
       if (it == index.end()) continue;
-      ReadTask(st, 1, out.jobs[it->second].job.add_tasks());
-    }
-    if (absl::Status s = st.step_status(); !s.ok()) return s;
-  }
-  {
-    Statement st(db_, "SELECT job_id, progress FROM progress");
-    while (st.Next()) {
-      auto it = index.find(st.Text(0));
-      if (it == index.end()) continue;
-      if (!out.jobs[it->second].job.mutable_progress()->ParseFromString(st.Text(1))) {
+      if (!jobs[it->second].job.mutable_progress()->ParseFromString(st.Text(1))) {
         return absl::DataLossError(absl::StrCat("progress row '", st.Text(0), "' does not parse"));
       }
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }
   {
-    Statement st(db_, "SELECT id, worker FROM workers ORDER BY id");
+    Statement st(db_, absl::StrCat("SELECT job_id, step, uri, size_bytes, created_ms, generation, "
+                                   "retired, retired_by FROM checkpoints",
+                                   where, " ORDER BY job_id, step"));
+    if (param.has_value()) st.Bind(1, *param);
     while (st.Next()) {
-      v1::Worker w;
-      if (!w.ParseFromString(st.Text(1))) {
-        return absl::DataLossError(absl::StrCat("workers row '", st.Text(0), "' does not parse"));
-      }
-      out.workers.push_back(std::move(w));
-    }
-    if (absl::Status s = st.step_status(); !s.ok()) return s;
-  }
-  {
-    Statement st(db_,
-                 "SELECT job_id, step, uri, size_bytes, created_ms, generation, retired, "
-                 "retired_by FROM checkpoints ORDER BY job_id, step");
-    while (st.Next()) {
+      if (!index.count(st.Text(0))) continue;
       StoredCheckpoint c;
       c.checkpoint.set_job_id(st.Text(0));
       c.checkpoint.set_step(st.Int(1));
@@ -487,7 +480,142 @@ absl::StatusOr<StoreContents> SqliteJobStore::Load(bool active_only) {
       c.checkpoint.set_generation(st.Int(5));
       c.retired = st.Int(6) != 0;
       c.retired_by_step = st.Int(7);
-      out.checkpoints.push_back(std::move(c));
+      checkpoints->push_back(std::move(c));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StoredJobRecord> SqliteJobStore::LoadJob(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  std::vector<StoredJob> jobs;
+  {
+    Statement st(db_, "SELECT seq, job FROM jobs WHERE id = ?");
+    st.Bind(1, job_id);
+    if (st.Next()) {
+      StoredJob& stored = jobs.emplace_back();
+      stored.seq = st.Int(0);
+      if (!stored.job.ParseFromString(st.Text(1))) {
+        return absl::DataLossError(absl::StrCat("jobs row '", job_id, "' does not parse"));
+      }
+    } else if (absl::Status s = st.step_status(); !s.ok()) {
+      return s;
+    } else {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' not in the store"));
+    }
+  }
+  // One job: its rows through the by-job indexes.
+  StoredJobRecord record;
+  if (absl::Status s = ReadDetails("(?)", std::string(job_id), jobs, &record.checkpoints);
+      !s.ok()) {
+    return s;
+  }
+  record.job = std::move(jobs[0]);
+  return record;
+}
+
+absl::StatusOr<std::vector<StoredJob>> SqliteJobStore::ListFinishedJobs(
+    const std::vector<v1::JobState>& states, int64_t before_seq, int limit) {
+  std::set<int> wanted;
+  for (v1::JobState state : states) {
+    if (IsFinalJobState(state)) wanted.insert(state);
+  }
+  if (states.empty()) wanted = {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED};
+  std::vector<StoredJob> out;
+  if (limit <= 0) return out;
+  // A query per state, each a walk down jobs_by_state from before_seq that stops at `limit`
+  // (one query over several states would sort all of their jobs first), merged by seq.
+  absl::MutexLock lock(&mu_);
+  for (int state : wanted) {
+    const std::string sql = absl::StrCat(
+        "SELECT j.seq, j.job, p.progress FROM jobs j INDEXED BY jobs_by_state LEFT JOIN progress "
+        "p ON p.job_id = j.id WHERE j.state = ",
+        state, " AND j.seq < ? ORDER BY j.seq DESC LIMIT ", limit);
+    if (absl::Status s = ReadJobs(sql, before_seq, /*with_progress=*/true, &out); !s.ok()) {
+      return s;
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const StoredJob& a, const StoredJob& b) { return a.seq > b.seq; });
+  if (static_cast<int>(out.size()) > limit) out.resize(limit);
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, v1::JobState>>> SqliteJobStore::FinishedBefore(
+    int64_t unix_ms, int limit) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, v1::JobState>> out;
+  // A walk along the partial index jobs_finished (its WHERE is repeated word for word) that stops
+  // at `limit`.
+  Statement st(db_,
+               "SELECT id, state FROM jobs INDEXED BY jobs_finished WHERE state IN (4, 5, 6) AND "
+               "finished_ms <= ? ORDER BY finished_ms, seq LIMIT ?");
+  st.Bind(1, unix_ms).Bind(2, int64_t{limit});
+  while (st.Next()) out.emplace_back(st.Text(0), static_cast<v1::JobState>(st.Int(1)));
+  if (absl::Status s = st.step_status(); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<StoreContents> SqliteJobStore::Load(bool active_only) {
+  absl::MutexLock lock(&mu_);
+  StoreContents out;
+  if (!active_only) {
+    if (absl::Status s =
+            ReadJobs("SELECT seq, job FROM jobs ORDER BY seq", kNoBound, false, &out.jobs);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ReadDetails("", std::nullopt, out.jobs, &out.checkpoints); !s.ok())
+      return s;
+  } else {
+    // The jobs not finished (through jobs_by_state), then the final ones with a task not ended
+    // (through tasks_live); their ids go to a temporary table that the other reads join.
+    if (absl::Status s = ReadJobs(absl::StrCat("SELECT seq, job FROM jobs WHERE state IN ",
+                                               kActiveJobStates, " ORDER BY seq"),
+                                  kNoBound, false, &out.jobs);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            ReadJobs(absl::StrCat("SELECT seq, job FROM jobs WHERE state NOT IN ", kActiveJobStates,
+                                  " AND id IN (SELECT job_id FROM tasks WHERE state IN ",
+                                  kLiveTaskStates, ") ORDER BY seq"),
+                     kNoBound, false, &out.jobs);
+        !s.ok()) {
+      return s;
+    }
+    std::sort(out.jobs.begin(), out.jobs.end(),
+              [](const StoredJob& a, const StoredJob& b) { return a.seq < b.seq; });
+    if (absl::Status s = Exec("CREATE TEMP TABLE IF NOT EXISTS loading(id TEXT PRIMARY KEY); "
+                              "DELETE FROM temp.loading");
+        !s.ok()) {
+      return s;
+    }
+    for (const StoredJob& j : out.jobs) {
+      Statement st(db_, "INSERT INTO temp.loading(id) VALUES(?)");
+      if (absl::Status s = st.Bind(1, j.job.id()).Run(); !s.ok()) return s;
+    }
+    absl::Status read =
+        ReadDetails("(SELECT id FROM temp.loading)", std::nullopt, out.jobs, &out.checkpoints);
+    Exec("DELETE FROM temp.loading").IgnoreError();
+    if (!read.ok()) return read;
+    Statement st(db_, absl::StrCat("SELECT state, COUNT(*) FROM jobs WHERE state NOT IN ",
+                                   kActiveJobStates, " GROUP BY state"));
+    while (st.Next()) out.not_loaded[static_cast<v1::JobState>(st.Int(0))] = st.Int(1);
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+    for (const StoredJob& j : out.jobs) {
+      if (IsFinalJobState(j.job.state())) out.not_loaded[j.job.state()]--;
+    }
+  }
+  {
+    Statement st(db_, "SELECT id, worker FROM workers ORDER BY id");
+    while (st.Next()) {
+      v1::Worker w;
+      if (!w.ParseFromString(st.Text(1))) {
+        return absl::DataLossError(absl::StrCat("workers row '", st.Text(0), "' does not parse"));
+      }
+      out.workers.push_back(std::move(w));
     }
     if (absl::Status s = st.step_status(); !s.ok()) return s;
   }

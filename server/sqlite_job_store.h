@@ -1,8 +1,12 @@
 #ifndef TRAINYARD_SERVER_SQLITE_JOB_STORE_H_
 #define TRAINYARD_SERVER_SQLITE_JOB_STORE_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -16,13 +20,17 @@ struct sqlite3;
 namespace trainyard {
 
 // JobStore on one SQLite file in WAL mode with synchronous=FULL: a committed Apply() survives a
-// crash of the process or the machine. Schema (version 1):
+// crash of the process or the machine. Schema (version 4; older files are migrated on open):
 //   meta(key, value)              schema_version, next_job_seq
-//   jobs(id, seq, state, job)     job = serialized trainyard.v1.Job without events and tasks
+//   jobs(id, seq, state, job, finished_ms)
+//                                 job = serialized trainyard.v1.Job without events and tasks;
+//                                 indexed by (state, seq) and, when final, by finished_ms
 //   events(id, job_id, time_ms, from_state, to_state, reason)
-//   tasks(task_id, job_id, generation, rank, worker_id, state, exit_code, signal, message)
+//   tasks(task_id, job_id, generation, rank, worker_id, state, exit_code, signal, message, role,
+//         shard, stop_deadline_ms)
+//   progress(job_id, progress)    progress = serialized trainyard.v1.JobProgress, the latest
 //   workers(id, worker)           worker = serialized trainyard.v1.Worker
-//   checkpoints(job_id, step, uri, size_bytes, created_ms, generation, retired)
+//   checkpoints(job_id, step, uri, size_bytes, created_ms, generation, retired, retired_by)
 // Thread-safe (one connection behind a mutex).
 class SqliteJobStore final : public JobStore {
  public:
@@ -37,7 +45,11 @@ class SqliteJobStore final : public JobStore {
   absl::Status Apply(const StoreMutation& mutation) override;
   absl::StatusOr<StoreContents> LoadAll() override { return Load(/*active_only=*/false); }
   absl::StatusOr<StoreContents> LoadActive() override { return Load(/*active_only=*/true); }
-  absl::StatusOr<JobHistory> LoadHistory(absl::string_view job_id) override;
+  absl::StatusOr<StoredJobRecord> LoadJob(absl::string_view job_id) override;
+  absl::StatusOr<std::vector<StoredJob>> ListFinishedJobs(
+      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit) override;
+  absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>> FinishedBefore(
+      int64_t unix_ms, int limit) override;
 
   // The journal mode SQLite reports ("wal").
   absl::StatusOr<std::string> JournalMode();
@@ -46,8 +58,20 @@ class SqliteJobStore final : public JobStore {
   explicit SqliteJobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(absl::string_view sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyLocked(const StoreMutation& mutation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MigrateFrom3() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // LoadAll, or with `active_only` LoadActive.
   absl::StatusOr<StoreContents> Load(bool active_only);
+  // Appends the jobs that `sql` selects as (seq, job[, progress]), its one parameter bound to
+  // `bound` unless kNoBound.
+  static constexpr int64_t kNoBound = INT64_MIN;
+  absl::Status ReadJobs(const std::string& sql, int64_t bound, bool with_progress,
+                        std::vector<StoredJob>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills the events, tasks and latest progress of `jobs` and appends their checkpoint records,
+  // reading the rows whose job_id is IN `which` (an SQL list or subquery, its one parameter bound
+  // to `param` if given; empty: every row).
+  absl::Status ReadDetails(const std::string& which, const std::optional<std::string>& param,
+                           std::vector<StoredJob>& jobs, std::vector<StoredCheckpoint>* checkpoints)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -102,41 +104,86 @@ class FakeJobStore : public JobStore {
   absl::StatusOr<StoreContents> LoadActive() override {
     absl::StatusOr<StoreContents> all = LoadAll();
     if (!all.ok()) return all;
+    StoreContents out;
+    out.workers = std::move(all->workers);
+    out.next_job_seq = all->next_job_seq;
+    std::set<std::string> loaded;
     for (StoredJob& j : all->jobs) {
-      const trainyard::v1::JobState state = j.job.state();
-      if (state != trainyard::v1::SUCCEEDED && state != trainyard::v1::FAILED &&
-          state != trainyard::v1::CANCELLED) {
+      bool live = !IsFinal(j.job.state());
+      for (const trainyard::v1::TaskInfo& t : j.job.tasks()) {
+        live = live || t.state() == trainyard::v1::TASK_STARTING ||
+               t.state() == trainyard::v1::TASK_RUNNING;
+      }
+      if (live) {
+        loaded.insert(j.job.id());
+        out.jobs.push_back(std::move(j));
+      } else {
+        out.not_loaded[j.job.state()]++;
+      }
+    }
+    for (StoredCheckpoint& c : all->checkpoints) {
+      if (loaded.count(c.checkpoint.job_id())) out.checkpoints.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  absl::StatusOr<StoredJobRecord> LoadJob(absl::string_view job_id) override {
+    absl::StatusOr<StoreContents> all = LoadAll();
+    if (!all.ok()) return all.status();
+    absl::MutexLock lock(&mu_);
+    ++job_loads_;
+    StoredJobRecord record;
+    for (StoredJob& j : all->jobs) {
+      if (j.job.id() == job_id) record.job = std::move(j);
+    }
+    if (record.job.job.id().empty()) return absl::NotFoundError("fake store: no such job");
+    for (StoredCheckpoint& c : all->checkpoints) {
+      if (c.checkpoint.job_id() == job_id) record.checkpoints.push_back(std::move(c));
+    }
+    return record;
+  }
+
+  absl::StatusOr<std::vector<StoredJob>> ListFinishedJobs(
+      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit) override {
+    absl::StatusOr<StoreContents> all = LoadAll();
+    if (!all.ok()) return all.status();
+    std::vector<StoredJob> out;
+    for (auto it = all->jobs.rbegin(); it != all->jobs.rend(); ++it) {
+      if (static_cast<int>(out.size()) == limit) break;
+      const trainyard::v1::JobState state = it->job.state();
+      if (it->seq >= before_seq || !IsFinal(state)) continue;
+      if (!states.empty() && std::find(states.begin(), states.end(), state) == states.end()) {
         continue;
       }
-      j.full = false;
-      j.job.clear_events();
-      auto* tasks = j.job.mutable_tasks();
-      for (int i = tasks->size() - 1; i >= 0; --i) {
-        const trainyard::v1::TaskState t = tasks->Get(i).state();
-        if (t != trainyard::v1::TASK_STARTING && t != trainyard::v1::TASK_RUNNING) {
-          tasks->DeleteSubrange(i, 1);
-        }
+      it->job.clear_events();
+      it->job.clear_tasks();
+      out.push_back(std::move(*it));
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>> FinishedBefore(
+      int64_t unix_ms, int limit) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::tuple<int64_t, int64_t, std::string, trainyard::v1::JobState>> found;
+    for (const auto& [id, j] : jobs_) {
+      if (IsFinal(j.job.state()) && j.job.finished_unix_ms() <= unix_ms) {
+        found.emplace_back(j.job.finished_unix_ms(), j.seq, id, j.job.state());
       }
     }
-    return all;
-  }
-
-  absl::StatusOr<JobHistory> LoadHistory(absl::string_view job_id) override {
-    absl::MutexLock lock(&mu_);
-    ++history_loads_;
-    if (!jobs_.count(std::string(job_id))) return absl::NotFoundError("fake store: no such job");
-    JobHistory history;
-    history.events = events_[std::string(job_id)];
-    for (const auto& [task_id, t] : tasks_) {
-      if (t.first == job_id) history.tasks.push_back(t.second);
+    std::sort(found.begin(), found.end());
+    std::vector<std::pair<std::string, trainyard::v1::JobState>> out;
+    for (const auto& [ms, seq, id, state] : found) {
+      if (static_cast<int>(out.size()) == limit) break;
+      out.emplace_back(id, state);
     }
-    return history;
+    return out;
   }
 
-  // How many times LoadHistory was called.
-  int history_loads() const {
+  // How many times LoadJob was called.
+  int job_loads() const {
     absl::MutexLock lock(&mu_);
-    return history_loads_;
+    return job_loads_;
   }
 
   // Every successful write, in order.
@@ -146,6 +193,11 @@ class FakeJobStore : public JobStore {
   }
 
  private:
+  static bool IsFinal(trainyard::v1::JobState state) {
+    return state == trainyard::v1::SUCCEEDED || state == trainyard::v1::FAILED ||
+           state == trainyard::v1::CANCELLED;
+  }
+
   mutable absl::Mutex mu_;
   std::function<bool(const StoreMutation&)> fail_;
   absl::Notification* entered_ = nullptr;
@@ -158,7 +210,7 @@ class FakeJobStore : public JobStore {
   std::map<std::string, std::pair<std::string, trainyard::v1::TaskInfo>> tasks_;
   std::map<std::pair<std::string, int64_t>, StoredCheckpoint> checkpoints_;
   int64_t next_job_seq_ = 1;
-  int history_loads_ = 0;
+  int job_loads_ = 0;
 };
 
 }  // namespace trainyard

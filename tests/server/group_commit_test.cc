@@ -21,6 +21,7 @@ namespace trainyard {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
 StoreMutation JobWrite(const std::string& id, int64_t seq) {
@@ -304,30 +305,49 @@ TEST_F(StoreFailureTest, APreemptionNoticeIsOneTransaction) {
   }
 }
 
-// A finished job costs its summary in memory: its events and tasks are read from the store when
-// someone asks for the whole job, not before.
-TEST_F(StoreFailureTest, AFinishedJobsHistoryIsReadFromTheStoreWhenAskedFor) {
+// A finished job leaves memory once nothing of it runs: what asks for it reads it from the store,
+// whole; listing reads summaries from the store without loading whole jobs.
+TEST_F(StoreFailureTest, AFinishedJobIsReadFromTheStoreWhenAskedFor) {
   ASSERT_TRUE(Register("w1", 1).ok());
   const std::string id = StartOneRankJob("done");
   EXPECT_THAT(manager_->GetJob(id)->events(), SizeIs(3));  // submitted, placed, running
-  EXPECT_EQ(store_->history_loads(), 0);
+  EXPECT_EQ(store_->job_loads(), 0);
   v1::TaskStatus exited;
   exited.set_task_id(id + ".g1.r0");
   exited.set_state(v1::TASK_EXITED);
   ASSERT_TRUE(manager_->ReportTaskStatus("w1", exited).ok());
-  manager_->Tick();  // its rank ended: nothing holds capacity, the history goes
+  manager_->Tick();  // its rank ended: nothing holds capacity, the job leaves memory
   auto job = manager_->GetJob(id);
   ASSERT_TRUE(job.ok());
-  EXPECT_EQ(store_->history_loads(), 1);
+  EXPECT_EQ(store_->job_loads(), 1);
   EXPECT_EQ(job->state(), v1::SUCCEEDED);
   EXPECT_THAT(job->events(), SizeIs(4));
   ASSERT_THAT(job->tasks(), SizeIs(1));
   EXPECT_EQ(job->tasks(0).state(), v1::TASK_EXITED);
-  // Listing shows the summary without reading histories.
   auto list = manager_->ListJobs({}, 0, "");
   ASSERT_TRUE(list.ok());
+  ASSERT_THAT(list->jobs, SizeIs(1));
   EXPECT_EQ(list->jobs[0].state(), v1::SUCCEEDED);
-  EXPECT_EQ(store_->history_loads(), 1);
+  EXPECT_EQ(store_->job_loads(), 1);
+  // Still counted, and still refused a cancel for what it is.
+  EXPECT_EQ(manager_->MetricsSnapshot().jobs_by_state[v1::SUCCEEDED], 1);
+  auto cancel = manager_->CancelJob(id, "");
+  EXPECT_EQ(cancel.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(cancel.status().message(), HasSubstr("already SUCCEEDED"));
+  EXPECT_EQ(manager_->CancelJob("none-9", "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->GetJob("none-9").status().code(), absl::StatusCode::kNotFound);
+  // A watch sends it once and ends.
+  std::vector<v1::JobState> watched;
+  ASSERT_TRUE(manager_
+                  ->WatchJob(
+                      id,
+                      [&](const v1::Job& j) {
+                        watched.push_back(j.state());
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
+  EXPECT_THAT(watched, ElementsAre(v1::SUCCEEDED));
 }
 
 // A job that checkpoints for weeks keeps a few checkpoint records, not one per save.

@@ -1047,6 +1047,7 @@ TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
   };
   struct Sample {
     size_t jobs;
+    size_t in_memory;
     int64_t db_bytes;
     int64_t log_files;
   };
@@ -1059,7 +1060,7 @@ TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
     if (minute % 60 == 0) {
       auto listed = manager_->ListJobs({}, 0, "");
       ASSERT_TRUE(listed.ok());
-      samples.push_back({listed->jobs.size(),
+      samples.push_back({listed->jobs.size(), manager_->JobsInMemoryForTesting(),
                          bytes_under(dir_.path()) - bytes_under(dir_.path() + "/logs"),
                          files_under(dir_.path() + "/logs")});
     }
@@ -1070,21 +1071,33 @@ TEST_F(JobManagerTest, ADayOfShortJobsLeavesMemoryDatabaseAndLogsFlat) {
   EXPECT_LE(settled.jobs, 61u);
   for (size_t hour = 2; hour < samples.size(); ++hour) {
     EXPECT_LE(samples[hour].jobs, settled.jobs) << "hour " << hour + 1;
+    // Finished jobs are in the store only: memory holds at most the one job just finished.
+    EXPECT_LE(samples[hour].in_memory, 1u) << "hour " << hour + 1;
     EXPECT_LE(samples[hour].log_files, settled.log_files) << "hour " << hour + 1;
     EXPECT_LE(samples[hour].db_bytes, settled.db_bytes * 3 / 2) << "hour " << hour + 1;
   }
   EXPECT_THAT(manager_->ListWorkers(), SizeIs(1));
 }
 
-// After a restart the coordinator holds finished jobs as summaries; describe and logs of one
-// still show all of it.
+// After a restart the coordinator holds only the jobs not finished; a finished job is read from
+// the store whole (describe and logs of it show all of it), listed and counted.
 TEST_F(JobManagerTest, AFinishedJobIsWholeAfterARestart) {
   Register("w1", 1);
   const std::string id = RunOneRankJob(TestSpec("done"), "step 1\n");
   const std::string task = id + ".g1.r0";
   const v1::Job before = Get(id);
   ASSERT_EQ(before.state(), v1::SUCCEEDED);
+  const std::string pending = Submit(TestSpec("waits", 1, 1, /*gpus=*/1));  // no GPU here
   Reopen();
+  EXPECT_EQ(manager_->JobsInMemoryForTesting(), 1u);
+  auto listed = manager_->ListJobs({}, 0, "");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_THAT(listed->jobs, SizeIs(2));
+  EXPECT_EQ(listed->jobs[0].id(), pending);
+  EXPECT_EQ(listed->jobs[1].id(), id);
+  const ClusterMetricsSnapshot metrics = manager_->MetricsSnapshot();
+  EXPECT_EQ(metrics.jobs_by_state.at(v1::SUCCEEDED), 1);
+  EXPECT_EQ(metrics.jobs_by_state.at(v1::PENDING), 1);
   const v1::Job after = Get(id);
   EXPECT_EQ(Reasons(after), Reasons(before));
   ASSERT_EQ(after.tasks_size(), 1);
@@ -1111,6 +1124,67 @@ TEST_F(JobManagerTest, AJobResumedFromIsKeptWhileItsFollowerWaits) {
   ASSERT_TRUE(manager_->CancelJob(follower, "").ok());
   PassTime(absl::Minutes(2), {"w1"});
   EXPECT_EQ(manager_->GetJob(done).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A job resuming from a finished job's checkpoints gets them at placement, whether the finished
+// job had left memory before the submission or the coordinator restarted in between.
+TEST_F(JobManagerTest, AJobResumesFromTheCheckpointsOfAJobInTheStoreOnly) {
+  Register("w1", 1);
+  const std::string done = RunOneRankJob(TestSpec("done"), "", /*checkpoint=*/true);
+  manager_->Tick();
+  ASSERT_EQ(manager_->JobsInMemoryForTesting(), 0u);
+  auto checkpoints = manager_->ListCheckpoints(done);
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  ASSERT_THAT(*checkpoints, SizeIs(1));
+  const std::string uri = (*checkpoints)[0].uri();
+  v1::JobSpec follow = TestSpec("follow", 1, 1, /*gpus=*/1);  // waits: no GPU yet
+  follow.mutable_checkpoint()->set_resume_from(done);
+  const std::string follower = Submit(follow);
+  Reopen();
+  EXPECT_EQ(manager_->JobsInMemoryForTesting(), 2u);  // the follower and its source
+  Register("w2", 1, /*gpus=*/1);
+  manager_->Tick();
+  ASSERT_EQ(Get(follower).state(), v1::SCHEDULED);
+  auto task = manager_->TaskFor(follower + ".g1.r0");
+  ASSERT_TRUE(task.ok()) << task.status();
+  EXPECT_THAT(task->resume_checkpoints(), ElementsAre(uri));
+  // Once the follower is done, nothing needs the source in memory.
+  ASSERT_TRUE(Report("w2", follower + ".g1.r0", v1::TASK_EXITED, 0).ok());
+  manager_->Tick();
+  EXPECT_EQ(manager_->JobsInMemoryForTesting(), 0u);
+  EXPECT_EQ(Submit(follow), "follow-3");  // the source is read from the store again
+  EXPECT_EQ(manager_->JobsInMemoryForTesting(), 2u);
+}
+
+// Pages of a listing run across the jobs in memory and those in the store only, in one order,
+// each job once.
+TEST_F(JobManagerTest, ListingPagesThroughJobsInMemoryAndInTheStore) {
+  Register("w1", 1);
+  std::vector<std::string> expected;  // newest first
+  for (int i = 0; i < 3; ++i) {
+    expected.insert(expected.begin(), RunOneRankJob(TestSpec("done"), ""));
+    expected.insert(expected.begin(), Submit(TestSpec("waits", 1, 1, /*gpus=*/1)));
+  }
+  manager_->Tick();
+  ASSERT_EQ(manager_->JobsInMemoryForTesting(), 3u);
+  for (int page_size : {1, 2, 4, 100}) {
+    std::vector<std::string> ids;
+    std::string token;
+    do {
+      auto page = manager_->ListJobs({}, page_size, token);
+      ASSERT_TRUE(page.ok()) << page.status();
+      EXPECT_LE(static_cast<int>(page->jobs.size()), page_size);
+      for (const v1::Job& job : page->jobs) ids.push_back(job.id());
+      token = page->next_page_token;
+    } while (!token.empty());
+    EXPECT_EQ(ids, expected) << "page size " << page_size;
+  }
+  auto succeeded = manager_->ListJobs({v1::SUCCEEDED}, 2, "");
+  ASSERT_TRUE(succeeded.ok());
+  ASSERT_THAT(succeeded->jobs, SizeIs(2));
+  EXPECT_EQ(succeeded->jobs[0].id(), expected[1]);
+  EXPECT_EQ(succeeded->jobs[1].id(), expected[3]);
+  EXPECT_FALSE(succeeded->next_page_token.empty());
 }
 
 }  // namespace

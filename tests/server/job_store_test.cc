@@ -1,7 +1,9 @@
 #include <sqlite3.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -166,6 +168,7 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
     char* error = nullptr;
     ASSERT_EQ(sqlite3_exec(db, v1_schema, nullptr, nullptr, &error), SQLITE_OK) << error;
     StoredJob job = MakeJob("old-1", 1, v1::SUCCEEDED);
+    job.job.set_finished_unix_ms(5000);
     sqlite3_stmt* st = nullptr;
     ASSERT_EQ(sqlite3_prepare_v2(db, "INSERT INTO jobs VALUES('old-1', 1, 4, ?)", -1, &st, nullptr),
               SQLITE_OK);
@@ -175,7 +178,7 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
     sqlite3_finalize(st);
     sqlite3_close(db);
   }
-  for (int open = 0; open < 2; ++open) {  // the second open finds version 3
+  for (int open = 0; open < 2; ++open) {  // the second open finds version 4
     auto store = SqliteJobStore::Open(path);
     ASSERT_TRUE(store.ok()) << store.status();
     if (open == 0) {
@@ -206,6 +209,13 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
     EXPECT_EQ(job.tasks(1).role(), v1::TASK_ROLE_SHARD);
     ASSERT_EQ(contents->checkpoints.size(), 1u);
     EXPECT_EQ(contents->checkpoints[0].retired_by_step, 30);
+    // Version 4 took the finish time out of the job's row.
+    auto expired = (*store)->FinishedBefore(5000, 10);
+    ASSERT_TRUE(expired.ok()) << expired.status();
+    ASSERT_EQ(expired->size(), 1u);
+    EXPECT_EQ((*expired)[0].first, "old-1");
+    EXPECT_EQ((*expired)[0].second, v1::SUCCEEDED);
+    EXPECT_TRUE((*store)->FinishedBefore(4999, 10)->empty());
   }
 }
 
@@ -270,16 +280,18 @@ TEST(SqliteJobStoreTest, RemovingAJobRemovesEveryRowOfIt) {
   EXPECT_EQ(contents->jobs[0].job.id(), "kept-2");
 }
 
-// A coordinator starts with the history of unfinished jobs only; a finished job's comes on
-// request.
-TEST(SqliteJobStoreTest, LoadActiveLeavesFinishedJobsHistoryInTheStore) {
+// A coordinator starts with the jobs not finished, and the finished ones whose trainers may still
+// be stopping; the other finished jobs stay in the store, counted, and come whole on request.
+TEST(SqliteJobStoreTest, LoadActiveLeavesFinishedJobsInTheStore) {
   TempDir dir;
   auto store = SqliteJobStore::Open(dir.path() + "/state.db");
   ASSERT_TRUE(store.ok());
   StoreMutation m;
-  m.jobs.push_back(MakeJob("done-1", 1, v1::SUCCEEDED));
+  m.jobs.push_back(MakeJob("stopping-1", 1, v1::SUCCEEDED));
   m.jobs.push_back(MakeJob("runs-2", 2, v1::RUNNING));
-  for (const std::string id : {"done-1", "runs-2"}) {
+  m.jobs.push_back(MakeJob("done-3", 3, v1::SUCCEEDED));
+  m.jobs.push_back(MakeJob("failed-4", 4, v1::FAILED));
+  for (const std::string id : {"stopping-1", "runs-2", "done-3"}) {
     m.events.emplace_back(id, MakeEvent(10, v1::JOB_STATE_UNSPECIFIED, v1::PENDING, "submitted"));
     m.events.emplace_back(id, MakeEvent(20, v1::PENDING, v1::SCHEDULED, "placed"));
     for (int rank = 0; rank < 2; ++rank) {
@@ -288,34 +300,99 @@ TEST(SqliteJobStoreTest, LoadActiveLeavesFinishedJobsHistoryInTheStore) {
       t.set_rank(rank);
       t.set_generation(1);
       t.set_worker_id("w1");
-      // done-1's rank 1 is still stopping: it may hold capacity, so it comes back.
-      t.set_state(id == std::string("done-1") && rank == 0 ? v1::TASK_EXITED : v1::TASK_RUNNING);
+      // stopping-1's rank 1 still runs: it may hold capacity, so the job comes back.
+      const bool runs = id == std::string("runs-2") || (id == std::string("stopping-1") && rank);
+      t.set_state(runs ? v1::TASK_RUNNING : v1::TASK_EXITED);
       m.tasks.emplace_back(id, t);
     }
+    StoredCheckpoint c;
+    c.checkpoint.set_job_id(id);
+    c.checkpoint.set_step(100);
+    c.checkpoint.set_uri("file:///c/" + id + "/step-000000000100");
+    m.checkpoints.push_back(c);
   }
+  v1::JobProgress latest;
+  latest.set_step(300);
+  m.progress.emplace_back("done-3", latest);
   ASSERT_TRUE((*store)->Apply(m).ok());
 
   auto active = (*store)->LoadActive();
   ASSERT_TRUE(active.ok()) << active.status();
   ASSERT_EQ(active->jobs.size(), 2u);
-  const v1::Job& done = active->jobs[0].job;
-  EXPECT_FALSE(active->jobs[0].full);
-  EXPECT_EQ(done.events_size(), 0);
-  ASSERT_EQ(done.tasks_size(), 1);
-  EXPECT_EQ(done.tasks(0).task_id(), "done-1.g1.r1");
+  const v1::Job& stopping = active->jobs[0].job;
+  EXPECT_EQ(stopping.id(), "stopping-1");
+  EXPECT_EQ(stopping.events_size(), 2);
+  EXPECT_EQ(stopping.tasks_size(), 2);
   const v1::Job& runs = active->jobs[1].job;
-  EXPECT_TRUE(active->jobs[1].full);
+  EXPECT_EQ(runs.id(), "runs-2");
   EXPECT_EQ(runs.events_size(), 2);
   EXPECT_EQ(runs.tasks_size(), 2);
+  ASSERT_EQ(active->checkpoints.size(), 2u);
+  EXPECT_EQ(active->checkpoints[0].checkpoint.job_id(), "runs-2");
+  EXPECT_EQ(active->checkpoints[1].checkpoint.job_id(), "stopping-1");
+  const std::map<v1::JobState, int64_t> counted = {{v1::SUCCEEDED, 1}, {v1::FAILED, 1}};
+  EXPECT_EQ(active->not_loaded, counted);
 
-  auto history = (*store)->LoadHistory("done-1");
-  ASSERT_TRUE(history.ok()) << history.status();
-  ASSERT_EQ(history->events.size(), 2u);
-  EXPECT_EQ(history->events[1].reason(), "placed");
-  ASSERT_EQ(history->tasks.size(), 2u);
-  EXPECT_EQ(history->tasks[0].task_id(), "done-1.g1.r0");
-  EXPECT_EQ(history->tasks[0].state(), v1::TASK_EXITED);
-  EXPECT_EQ((*store)->LoadHistory("nope-3").status().code(), absl::StatusCode::kNotFound);
+  auto done = (*store)->LoadJob("done-3");
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->job.seq, 3);
+  EXPECT_EQ(done->job.job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(done->job.job.progress().step(), 300);  // the progress row over the job's
+  ASSERT_EQ(done->job.job.events_size(), 2);
+  EXPECT_EQ(done->job.job.events(1).reason(), "placed");
+  ASSERT_EQ(done->job.job.tasks_size(), 2);
+  EXPECT_EQ(done->job.job.tasks(0).task_id(), "done-3.g1.r0");
+  ASSERT_EQ(done->checkpoints.size(), 1u);
+  EXPECT_EQ(done->checkpoints[0].checkpoint.step(), 100);
+  EXPECT_EQ((*store)->LoadJob("nope-9").status().code(), absl::StatusCode::kNotFound);
+  // A quote in an id is data, not SQL.
+  EXPECT_EQ((*store)->LoadJob("x') OR ('1'='1").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Listing and retention read finished jobs from the store: newest first from a sequence number
+// on, by state, a page at a time; and by when they finished, the oldest first.
+TEST(SqliteJobStoreTest, FinishedJobsAreListedAndExpiredFromTheStore) {
+  TempDir dir;
+  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
+  ASSERT_TRUE(store.ok());
+  StoreMutation m;
+  const v1::JobState states[] = {v1::SUCCEEDED, v1::FAILED,  v1::RUNNING,  v1::CANCELLED,
+                                 v1::SUCCEEDED, v1::PENDING, v1::SUCCEEDED};
+  for (int i = 0; i < 7; ++i) {
+    StoredJob job = MakeJob(absl::StrCat("j-", i + 1), i + 1, states[i]);
+    // Finished in the reverse order of submission, apart from the last.
+    if (i < 6) job.job.set_finished_unix_ms(1000 - i * 100);
+    if (i == 6) job.job.set_finished_unix_ms(2000);
+    m.jobs.push_back(job);
+  }
+  v1::JobProgress latest;
+  latest.set_step(999);
+  m.progress.emplace_back("j-5", latest);
+  ASSERT_TRUE((*store)->Apply(m).ok());
+
+  auto ids = [](const std::vector<StoredJob>& jobs) {
+    std::vector<std::string> out;
+    for (const StoredJob& j : jobs) out.push_back(j.job.id());
+    return out;
+  };
+  auto all = (*store)->ListFinishedJobs({}, INT64_MAX, 10);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(ids(*all), (std::vector<std::string>{"j-7", "j-5", "j-4", "j-2", "j-1"}));
+  EXPECT_EQ((*all)[1].job.progress().step(), 999);
+  EXPECT_EQ((*all)[0].job.progress().step(), 250);
+  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({}, 5, 2)), (std::vector<std::string>{"j-4", "j-2"}));
+  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({v1::SUCCEEDED, v1::RUNNING}, INT64_MAX, 10)),
+            (std::vector<std::string>{"j-7", "j-5", "j-1"}));
+  EXPECT_TRUE((*store)->ListFinishedJobs({v1::PENDING}, INT64_MAX, 10)->empty());
+
+  auto expired = (*store)->FinishedBefore(1000, 3);
+  ASSERT_TRUE(expired.ok()) << expired.status();
+  std::vector<std::string> expired_ids;
+  for (const auto& [id, state] : *expired) expired_ids.push_back(id);
+  EXPECT_EQ(expired_ids, (std::vector<std::string>{"j-5", "j-4", "j-2"}));
+  EXPECT_EQ((*expired)[1].second, v1::CANCELLED);
+  EXPECT_EQ((*store)->FinishedBefore(999, 10)->size(), 3u);  // j-1 finished at 1000
+  EXPECT_EQ((*store)->FinishedBefore(5000, 10)->size(), 5u);
 }
 
 TEST(SqliteJobStoreTest, EmptyStoreStartsAtSequenceOne) {
