@@ -348,7 +348,16 @@ absl::StatusOr<int64_t> JobManager::ShipLogs(absl::string_view worker_id, absl::
 absl::StatusOr<JobManager::JobEntry*> JobManager::FencedLocked(absl::string_view job_id,
                                                                int64_t generation) {
   JobEntry* entry = FindLocked(job_id);
-  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  if (entry == nullptr) {
+    // A finished job may be in the store only: its late callers hear what it is, as before it
+    // left memory.
+    absl::StatusOr<StoredJobRecord> stored = store_->LoadJob(job_id);
+    if (stored.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is ", JobStateName(stored->job.job.state())));
+    }
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  }
   if (generation < entry->job.generation()) {
     return absl::FailedPreconditionError(
         absl::StrCat("stale generation ", generation, ", current ", entry->job.generation()));
