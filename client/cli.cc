@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -14,11 +15,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/args.h"
 #include "client/format.h"
 #include "client/local_cluster.h"
 #include "client/views.h"
+#include "common/object_store.h"
+#include "common/uri.h"
 #include "grpcpp/grpcpp.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
 #include "worker/agent/subprocess.h"
@@ -69,6 +73,17 @@ std::vector<CommandSpec> Commands() {
        1,
        1},
       {"cancel", "JOB", "Cancel a job.", {}, 1, 1},
+      {"delete",
+       "JOB",
+       "Delete a finished job now: its record, events, tasks and logs (the coordinator does it "
+       "--job_retention after the job finished in any case). Its checkpoints stay in storage "
+       "unless --checkpoints is given.",
+       {{"checkpoints", '\0', false, "",
+         "first delete its checkpoints and exported model (everything under its checkpoint "
+         "URI), with this machine's storage credentials (for s3://, the AWS_* variables the "
+         "workers use)"}},
+       1,
+       1},
       {"workers", "", "List the worker machines.", {kOutputFlag}, 0, 0},
       {"checkpoints",
        "JOB",
@@ -108,6 +123,42 @@ void SetDeadline(grpc::ClientContext& context) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
 }
 
+// Deletes every object under a job's checkpoint URI (and, for a local folder, the folder).
+absl::Status DeleteCheckpointObjects(const std::string& checkpoint_uri) {
+  if (checkpoint_uri.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(checkpoint_uri);
+  if (!store.ok()) return store.status();
+  // The trailing '/' keeps job-1 from matching job-10's objects.
+  const std::string prefix = absl::StrCat(absl::StripSuffix(checkpoint_uri, "/"), "/");
+  absl::StatusOr<std::vector<ObjectInfo>> objects = (*store)->List(prefix);
+  if (!objects.ok()) return objects.status();
+  int64_t bytes = 0;
+  size_t done = 0;
+  for (const ObjectInfo& object : *objects) {
+    if (absl::Status s = (*store)->Delete(object.uri); !s.ok()) return s;
+    bytes += object.size_bytes;
+    if (++done % 100 == 0 && IsTerminal()) {
+      std::cerr << "\rdeleted " << done << " of " << objects->size() << " objects" << std::flush;
+    }
+  }
+  if (done >= 100 && IsTerminal()) std::cerr << "\r";
+  // A local folder is left without its empty subfolders.
+  if (absl::StatusOr<std::string> path = LocalPath(checkpoint_uri); path.ok()) {
+    std::error_code ec;
+    std::vector<std::filesystem::path> dirs;
+    for (auto it = std::filesystem::recursive_directory_iterator(*path, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->is_directory(ec)) dirs.push_back(it->path());
+    }
+    // Deepest first, the folder itself last.
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) std::filesystem::remove(*it, ec);
+    std::filesystem::remove(*path, ec);
+  }
+  std::cout << "deleted " << done << " checkpoint objects (" << HumanBytes(bytes) << ") under "
+            << checkpoint_uri << "\n";
+  return absl::OkStatus();
+}
+
 class Client {
  public:
   Client(std::string address, const ParsedArgs& args)
@@ -121,6 +172,7 @@ class Client {
   int Describe();
   int Logs();
   int Cancel();
+  int Delete();
   int Workers();
   int Checkpoints();
 
@@ -395,6 +447,37 @@ int Client::Cancel() {
   return kExitSucceeded;
 }
 
+int Client::Delete() {
+  const std::string& id = args_.args[0];
+  v1::DeleteJobRequest request;
+  request.set_id(id);
+  v1::DeleteJobResponse response;
+  if (args_.Has("checkpoints")) {
+    // Checked first, so that the objects go only when the job can go too.
+    request.set_validate_only(true);
+    grpc::ClientContext check;
+    SetDeadline(check);
+    if (grpc::Status s = stub_->DeleteJob(&check, request, &response); !s.ok()) return RpcError(s);
+    v1::GetJobRequest get;
+    get.set_id(id);
+    v1::Job job;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    if (grpc::Status s = stub_->GetJob(&context, get, &job); !s.ok()) return RpcError(s);
+    if (absl::Status s = DeleteCheckpointObjects(job.checkpoint_uri()); !s.ok()) {
+      std::cerr << "error: deleting the checkpoints under " << job.checkpoint_uri() << ": "
+                << s.message() << "\n(job " << id << " was not deleted; run the command again)\n";
+      return kExitStorageError;
+    }
+    request.set_validate_only(false);
+  }
+  grpc::ClientContext context;
+  SetDeadline(context);
+  if (grpc::Status s = stub_->DeleteJob(&context, request, &response); !s.ok()) return RpcError(s);
+  std::cout << "job " << id << " deleted\n";
+  return kExitSucceeded;
+}
+
 int Client::Workers() {
   v1::ListWorkersResponse response;
   grpc::ClientContext context;
@@ -490,6 +573,7 @@ int RunCli(const std::vector<std::string>& argv) {
   if (name == "describe") return client.Describe();
   if (name == "logs") return client.Logs();
   if (name == "cancel") return client.Cancel();
+  if (name == "delete") return client.Delete();
   if (name == "workers") return client.Workers();
   if (name == "checkpoints") return client.Checkpoints();
   std::cerr << "error: unknown command '" << name << "'\n";

@@ -12,6 +12,7 @@ inline constexpr int kExitJobFailed = 1;     // submit --wait: the job FAILED
 inline constexpr int kExitUsage = 2;         // bad flags or arguments, refused job spec
 inline constexpr int kExitJobCancelled = 3;  // submit --wait: the job was CANCELLED
 inline constexpr int kExitRpcError = 4;      // cannot reach the coordinator, or it said no
+inline constexpr int kExitStorageError = 5;  // delete --checkpoints: the object store failed
 
 // Runs `trainyard ARGS...` (argv without the program name) and returns the exit code. Writes
 // results to stdout and errors ("error: ...") to stderr.

@@ -504,6 +504,59 @@ absl::StatusOr<v1::Job> JobManager::CancelLocked(JobEntry& entry, absl::string_v
   return entry.job;
 }
 
+absl::Status JobManager::DeleteJob(absl::string_view id, bool validate_only) {
+  {
+    absl::MutexLock lock(&mu_);
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    const JobEntry* entry = FindLocked(id);
+    if (entry != nullptr) {
+      state = entry->job.state();
+      if (!IsFinalJobState(state)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", id, " is ", JobStateName(state), ": cancel it first"));
+      }
+      if (table_.stopping().count(entry->seq) ||
+          entry->progress_applied != entry->progress_reports) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", id, ": its trainers may still be stopping; try again in a minute"));
+      }
+    } else {
+      // Read under the lock, which retention also holds while it removes jobs.
+      absl::StatusOr<StoredJobRecord> stored = store_->LoadJob(id);
+      if (absl::IsNotFound(stored.status())) {
+        return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+      }
+      if (!stored.ok()) return stored.status();
+      state = stored->job.job.state();
+    }
+    if (table_.IsResumedFrom(id) || pinned_sources_.count(id)) {
+      std::string follower = "a submission being written";
+      for (int64_t seq : table_.active()) {
+        const JobEntry* e = table_.FindBySeq(seq);
+        if (e->job.spec().checkpoint().resume_from() == id) follower = "job " + e->job.id();
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, ": ", follower, " resumes from its checkpoints (checkpoint.resume_from)"));
+    }
+    if (validate_only) return absl::OkStatus();
+    StoreMutation m;
+    m.removed_jobs.push_back(std::string(id));
+    if (absl::Status s = WriteLocked(std::move(m)); !s.ok()) return s;
+    rendezvous_.Forget(id);
+    if (entry != nullptr) {
+      table_.Remove(id);
+    } else {
+      table_.CountStored(state, -1);
+    }
+    changed_.SignalAll();
+    LogInfo("job ", id, " deleted on request");
+  }
+  if (absl::Status s = logs_->RemoveJob(id); !s.ok()) {
+    LogWarning("job ", id, ": logs not removed: ", s.ToString());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobManager::WatchJob(absl::string_view id,
                                   const std::function<bool(const v1::Job&)>& sink,
                                   const std::function<bool()>& cancelled) {

@@ -117,6 +117,12 @@ class JobManager {
   // stop them. NOT_FOUND for an unknown job, FAILED_PRECONDITION for a final one.
   absl::StatusOr<trainyard::v1::Job> CancelJob(absl::string_view id, absl::string_view reason);
 
+  // Deletes a finished job now, as retention would: its record, events, tasks, logs, checkpoint
+  // records and rendezvous (not its checkpoint objects). With `validate_only`, only says whether
+  // it could. FAILED_PRECONDITION for a job not finished, one whose trainers may still be
+  // stopping, or one a job not finished resumes from; NOT_FOUND for an unknown job.
+  absl::Status DeleteJob(absl::string_view id, bool validate_only);
+
   // Calls `sink` with the job now and after every change of state, reason or progress, and
   // returns OK after sending a final state. Stops early with OK when `sink` returns false,
   // CANCELLED when `cancelled()` turns true (checked at least twice a second), UNAVAILABLE on

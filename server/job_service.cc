@@ -55,6 +55,11 @@ Status JobServiceImpl::CancelJob(ServerContext*, const v1::CancelJobRequest* req
   return Status::OK;
 }
 
+Status JobServiceImpl::DeleteJob(ServerContext*, const v1::DeleteJobRequest* request,
+                                 v1::DeleteJobResponse*) {
+  return ToGrpcStatus(manager_.DeleteJob(request->id(), request->validate_only()));
+}
+
 Status JobServiceImpl::WatchJob(ServerContext* context, const v1::WatchJobRequest* request,
                                 grpc::ServerWriter<v1::WatchJobResponse>* writer) {
   return ToGrpcStatus(manager_.WatchJob(

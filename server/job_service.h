@@ -22,6 +22,9 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
   grpc::Status CancelJob(grpc::ServerContext* context,
                          const trainyard::v1::CancelJobRequest* request,
                          trainyard::v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context,
+                         const trainyard::v1::DeleteJobRequest* request,
+                         trainyard::v1::DeleteJobResponse* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const trainyard::v1::WatchJobRequest* request,
                         grpc::ServerWriter<trainyard::v1::WatchJobResponse>* writer) override;
   grpc::Status GetJobLogs(grpc::ServerContext* context,

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/object_store.h"
@@ -102,6 +103,21 @@ TEST(JobLifecycleTest, SubmittedJobTrainsToSuccessWithCheckpoints) {
   // The trained model was exported.
   ASSERT_FALSE(described->model_uri().empty());
   EXPECT_TRUE((*store)->Head(described->model_uri()).ok());
+
+  // Deleted with its checkpoints and model: its folder is gone, and so is the job.
+  auto folder = LocalPath(job->checkpoint_uri());
+  ASSERT_TRUE(folder.ok());
+  ASSERT_TRUE(std::filesystem::exists(*folder));
+  auto objects = (*store)->List(job->checkpoint_uri() + "/");
+  ASSERT_TRUE(objects.ok());
+  ASSERT_GT(objects->size(), 2u);  // two checkpoints and the model
+  auto deleted = cluster.Cli({"delete", job->id(), "--checkpoints"});
+  EXPECT_EQ(deleted.exit_code, 0) << deleted.output;
+  EXPECT_TRUE(absl::StrContains(deleted.output,
+                                absl::StrCat("deleted ", objects->size(), " checkpoint objects")))
+      << deleted.output;
+  EXPECT_FALSE(std::filesystem::exists(*folder));
+  EXPECT_EQ(cluster.Get(job->id()).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(JobLifecycleTest, CancelStopsTheRunningTrainer) {

@@ -46,7 +46,7 @@ void ExpectValidManifest(ObjectStore& store, const std::string& step_uri) {
   for (const auto& object : manifest["objects"]) {
     auto data = store.Get(JoinUri(step_uri, object["name"].get<std::string>()));
     ASSERT_TRUE(data.ok()) << data.status();
-    EXPECT_EQ(static_cast<int64_t>(data->size()), object["size"].get<int64_t>());
+    EXPECT_EQ(static_cast<int64_t>(data->size()), object["size"].get<int64_t>()) << object["name"];
     EXPECT_EQ(Sha256Hex(*data), object["sha256"].get<std::string>());
   }
 }
@@ -133,6 +133,23 @@ TEST(S3CheckpointTest, CheckpointsKillResumeAndSkipACorruptCheckpoint) {
   EXPECT_EQ(store.Head(garbage).status().code(), absl::StatusCode::kNotFound);
   // keep_last: 2 committed step folders remain, nothing else.
   EXPECT_EQ(StepFolders(store, second_id).size(), 2u);
+
+  // Deleting the second job with its checkpoints (the CLI uses this machine's credentials, as
+  // the workers do) leaves nothing under its URI, as the AWS CLI sees it; the first job deleted
+  // without --checkpoints leaves its objects.
+  for (const auto& [key, value] : (*s3)->Env()) setenv(key.c_str(), value.c_str(), 1);
+  auto deleted = cluster.Cli({"delete", second_id, "--checkpoints"});
+  EXPECT_EQ(deleted.exit_code, 0) << deleted.output;
+  EXPECT_TRUE(absl::StrContains(deleted.output, "job " + second_id + " deleted")) << deleted.output;
+  auto listing = (*s3)->Aws({"s3", "ls", "--recursive", "s3://ckpt/runs/"});
+  ASSERT_EQ(listing.exit_code, 0) << listing.output;
+  EXPECT_FALSE(absl::StrContains(listing.output, second_id + "/")) << listing.output;
+  EXPECT_TRUE(absl::StrContains(listing.output, first->id() + "/step-")) << listing.output;
+  EXPECT_NE(cluster.Cli({"describe", second_id}).exit_code, 0);
+  auto kept = cluster.Cli({"delete", first->id()});
+  EXPECT_EQ(kept.exit_code, 0) << kept.output;
+  ExpectValidManifest(store, previous);
+  EXPECT_EQ(cluster.Get(first->id()).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

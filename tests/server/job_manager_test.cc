@@ -1187,5 +1187,51 @@ TEST_F(JobManagerTest, ListingPagesThroughJobsInMemoryAndInTheStore) {
   EXPECT_FALSE(succeeded->next_page_token.empty());
 }
 
+// A finished job can be deleted at once, with its logs and records, and is then gone for good; a
+// job not finished, one whose trainers may still be stopping and one that another job resumes
+// from cannot.
+TEST_F(JobManagerTest, AFinishedJobCanBeDeletedNow) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("done"));
+  manager_->Tick();
+  const std::string task = id + ".g1.r0";
+  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(manager_->ShipLogs("w1", task, 0, "step 1\n").ok());
+  absl::Status running = manager_->DeleteJob(id, /*validate_only=*/false);
+  EXPECT_EQ(running.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(running.message(), HasSubstr("RUNNING: cancel it first"));
+  ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
+  // Until a tick has seen its trainer gone, the job may still hold its slot.
+  EXPECT_THAT(manager_->DeleteJob(id, false).message(), HasSubstr("still be stopping"));
+  manager_->Tick();
+  v1::JobSpec follow = TestSpec("follow", 1, 1, /*gpus=*/1);  // waits: no GPU here
+  follow.mutable_checkpoint()->set_resume_from(id);
+  const std::string follower = Submit(follow);
+  absl::Status source = manager_->DeleteJob(id, false);
+  EXPECT_EQ(source.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(source.message(), HasSubstr("job " + follower + " resumes from its checkpoints"));
+  ASSERT_TRUE(manager_->CancelJob(follower, "").ok());
+  manager_->Tick();
+
+  // A check deletes nothing.
+  ASSERT_TRUE(manager_->DeleteJob(id, /*validate_only=*/true).ok());
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+  const std::string log_dir = dir_.path() + "/logs/" + id;
+  ASSERT_TRUE(std::filesystem::exists(log_dir));
+
+  ASSERT_TRUE(manager_->DeleteJob(id, false).ok());
+  EXPECT_EQ(manager_->GetJob(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(log_dir));
+  auto listed = manager_->ListJobs({}, 0, "");
+  ASSERT_TRUE(listed.ok());
+  ASSERT_THAT(listed->jobs, SizeIs(1));
+  EXPECT_EQ(listed->jobs[0].id(), follower);
+  EXPECT_EQ(manager_->MetricsSnapshot().jobs_by_state.count(v1::SUCCEEDED), 0u);
+  EXPECT_EQ(manager_->DeleteJob(id, false).code(), absl::StatusCode::kNotFound);
+  Reopen();
+  EXPECT_EQ(manager_->GetJob(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager_->GetJob(follower).ok());
+}
+
 }  // namespace
 }  // namespace trainyard
