@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/credentials.h"
 #include "server/coordinator_server.h"
 #include "server/job_manager.h"
 #include "server/sqlite_job_store.h"
@@ -81,11 +82,18 @@ int main(int argc, char** argv) {
   trainyard::JobManagerOptions options;
   options.checkpoint_root = "file://" + dir + "/ckpt";
   options.worker_timeout = absl::Hours(1);  // no agents here to renew the leases
+  // The trainers present the credentials their tasks carry, as under a real agent.
+  options.task_credential_key = trainyard::RandomBytes(32);
   auto manager = trainyard::JobManager::Create(
       trainyard::RealClock::Get(), *trainyard::SqliteJobStore::Open(dir + "/state.db"),
       std::make_unique<trainyard::LogStore>(dir + "/logs"), options);
   if (!manager.ok()) return 1;
-  auto server = trainyard::CoordinatorServer::Start(**manager, "127.0.0.1:0");
+  auto token_store = trainyard::SqliteJobStore::Open(dir + "/state.db");
+  if (!token_store.ok()) return 1;
+  auto auth = trainyard::Authenticator::Create(**token_store, options.task_credential_key,
+                                               trainyard::RealClock::Get());
+  if (!auth.ok()) return 1;
+  auto server = trainyard::CoordinatorServer::Start(**manager, **auth, {});
   if (!server.ok()) return 1;
   for (int i = 0; i < 2; ++i) {
     trainyard::v1::RegisterWorkerRequest request;

@@ -13,17 +13,22 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/args.h"
+#include "client/credentials.h"
 #include "client/format.h"
 #include "client/local_cluster.h"
 #include "client/views.h"
+#include "common/channel.h"
 #include "common/object_store.h"
 #include "common/uri.h"
 #include "grpcpp/grpcpp.h"
+#include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
 #include "worker/agent/subprocess.h"
 
@@ -36,7 +41,18 @@ const FlagSpec kOutputFlag{"output", 'o', true, "FORMAT", "table (default) or js
 
 std::vector<FlagSpec> GlobalFlags() {
   return {{"coordinator", '\0', true, "ADDR",
-           "coordinator host:port (default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)"}};
+           "coordinator host:port (default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)"},
+          {"token-file", '\0', true, "FILE",
+           "file holding the bearer token (default: $TRAINYARD_TOKEN, $TRAINYARD_TOKEN_FILE, "
+           "else the one `trainyard up` left for ADDR)"},
+          {"ca", '\0', true, "FILE",
+           "PEM CA of the coordinator's TLS certificate: use TLS (default: $TRAINYARD_CA_FILE)"},
+          {"cert", '\0', true, "FILE", "PEM client certificate, with --key ($TRAINYARD_CERT_FILE)"},
+          {"key", '\0', true, "FILE", "PEM key of --cert ($TRAINYARD_KEY_FILE)"},
+          {"tls-server-name", '\0', true, "NAME",
+           "name the coordinator's certificate carries, when not ADDR's host"},
+          {"insecure", '\0', false, "",
+           "allow plaintext to a coordinator not on this machine (the token travels in clear)"}};
 }
 
 std::vector<CommandSpec> Commands() {
@@ -91,6 +107,17 @@ std::vector<CommandSpec> Commands() {
        {kOutputFlag},
        1,
        1},
+      {"token",
+       "ACTION [ARG]",
+       "Manage API tokens (admins): `token create NAME --role user|admin|agent [--ttl 30d]` "
+       "prints a new token once (for an agent, NAME is the worker it may register as); "
+       "`token list`; `token revoke ID`.",
+       {{"role", '\0', true, "ROLE", "create: admin, user (default) or agent"},
+        {"ttl", '\0', true, "DURATION",
+         "create: how long it is valid (30d, 12h; default: until revoked)"},
+        kOutputFlag},
+       1,
+       2},
       {"up",
        "",
        "Run a local cluster (coordinator and workers) in the foreground.",
@@ -161,11 +188,11 @@ absl::Status DeleteCheckpointObjects(const std::string& checkpoint_uri) {
 
 class Client {
  public:
-  Client(std::string address, const ParsedArgs& args)
+  Client(std::string address, const ParsedArgs& args, std::shared_ptr<grpc::Channel> channel)
       : address_(std::move(address)),
         args_(args),
-        stub_(v1::JobService::NewStub(grpc::CreateCustomChannel(
-            address_, grpc::InsecureChannelCredentials(), ChannelArguments()))) {}
+        stub_(v1::JobService::NewStub(channel)),
+        admin_(v1::AdminService::NewStub(channel)) {}
 
   int Submit();
   int Jobs();
@@ -175,6 +202,7 @@ class Client {
   int Delete();
   int Workers();
   int Checkpoints();
+  int Token();
 
  private:
   // Prints the error and returns the exit code for it.
@@ -197,6 +225,7 @@ class Client {
   const std::string address_;
   const ParsedArgs& args_;
   std::unique_ptr<v1::JobService::Stub> stub_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
 };
 
 int Client::Submit() {
@@ -478,6 +507,109 @@ int Client::Delete() {
   return kExitSucceeded;
 }
 
+int Client::Token() {
+  const std::string& action = args_.args[0];
+  const std::string arg = args_.args.size() > 1 ? args_.args[1] : "";
+  if (action == "create") {
+    if (arg.empty()) {
+      std::cerr << "error: token create needs NAME\n";
+      return kExitUsage;
+    }
+    v1::CreateTokenRequest request;
+    request.set_name(arg);
+    const std::string role = args_.Get("role", "user");
+    if (role == "admin") {
+      request.set_role(v1::TOKEN_ADMIN);
+    } else if (role == "user") {
+      request.set_role(v1::TOKEN_USER);
+    } else if (role == "agent") {
+      request.set_role(v1::TOKEN_AGENT);
+    } else {
+      std::cerr << "error: --role takes admin, user or agent, got '" << role << "'\n";
+      return kExitUsage;
+    }
+    if (args_.Has("ttl")) {
+      absl::Duration ttl;
+      std::string text = args_.Get("ttl");
+      // absl durations know h, m, s; days are what people give for tokens.
+      if (int64_t days = 0;
+          absl::EndsWith(text, "d") &&
+          absl::SimpleAtoi(absl::string_view(text).substr(0, text.size() - 1), &days)) {
+        text = absl::StrCat(days * 24, "h");
+      }
+      if (!absl::ParseDuration(text, &ttl) || ttl <= absl::ZeroDuration()) {
+        std::cerr << "error: --ttl takes a positive duration (30d, 12h), got '" << args_.Get("ttl")
+                  << "'\n";
+        return kExitUsage;
+      }
+      request.set_ttl_seconds(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
+    }
+    v1::CreateTokenResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    if (grpc::Status s = admin_->CreateToken(&context, request, &response); !s.ok()) {
+      return RpcError(s);
+    }
+    if (Json()) {
+      std::cout << ToJson(response);
+    } else {
+      std::cout << response.secret() << "\n";
+      std::cerr << "token " << response.token().id() << " for " << role << " '" << arg
+                << "': shown once; keep it in a file only its user can read\n";
+    }
+    return kExitSucceeded;
+  }
+  if (action == "list") {
+    v1::ListTokensResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    if (grpc::Status s = admin_->ListTokens(&context, v1::ListTokensRequest(), &response);
+        !s.ok()) {
+      return RpcError(s);
+    }
+    if (Json()) {
+      std::cout << ToJson(response);
+      return kExitSucceeded;
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::Token& t : response.tokens()) {
+      std::string state = "valid";
+      if (t.revoked_unix_ms() != 0) {
+        state = "revoked by " + t.revoked_by();
+      } else if (t.expires_unix_ms() != 0 &&
+                 t.expires_unix_ms() <= absl::ToUnixMillis(absl::Now())) {
+        state = "expired";
+      }
+      const std::string& role_name = v1::TokenRole_Name(t.role());
+      absl::string_view role = role_name;
+      absl::ConsumePrefix(&role, "TOKEN_");
+      rows.push_back({t.id(), t.name(), absl::AsciiStrToLower(role), LocalTime(t.created_unix_ms()),
+                      t.expires_unix_ms() == 0 ? "never" : LocalTime(t.expires_unix_ms()),
+                      t.created_by(), state});
+    }
+    std::cout << Table({"ID", "NAME", "ROLE", "CREATED", "EXPIRES", "BY", "STATE"}, rows);
+    return kExitSucceeded;
+  }
+  if (action == "revoke") {
+    if (arg.empty()) {
+      std::cerr << "error: token revoke needs ID (from `trainyard token list`)\n";
+      return kExitUsage;
+    }
+    v1::RevokeTokenRequest request;
+    request.set_id(arg);
+    v1::Token response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    if (grpc::Status s = admin_->RevokeToken(&context, request, &response); !s.ok()) {
+      return RpcError(s);
+    }
+    std::cout << "token " << arg << " of '" << response.name() << "' revoked\n";
+    return kExitSucceeded;
+  }
+  std::cerr << "error: token takes create, list or revoke, got '" << action << "'\n";
+  return kExitUsage;
+}
+
 int Client::Workers() {
   v1::ListWorkersResponse response;
   grpc::ClientContext context;
@@ -566,7 +698,18 @@ int RunCli(const std::vector<std::string>& argv) {
     const char* env = std::getenv("TRAINYARD_COORDINATOR");
     address = env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
   }
-  Client client(address, *parsed);
+  absl::StatusOr<ClientCredentials> credentials = ResolveCredentials(address, *parsed);
+  if (!credentials.ok()) {
+    std::cerr << "error: " << credentials.status().message() << "\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      NewClientChannel(address, *credentials, ChannelArguments());
+  if (!channel.ok()) {
+    std::cerr << "error: " << channel.status().message() << "\n";
+    return kExitUsage;
+  }
+  Client client(address, *parsed, *std::move(channel));
   const std::string& name = parsed->command;
   if (name == "submit") return client.Submit();
   if (name == "jobs") return client.Jobs();
@@ -576,6 +719,7 @@ int RunCli(const std::vector<std::string>& argv) {
   if (name == "delete") return client.Delete();
   if (name == "workers") return client.Workers();
   if (name == "checkpoints") return client.Checkpoints();
+  if (name == "token") return client.Token();
   std::cerr << "error: unknown command '" << name << "'\n";
   return kExitUsage;
 }

@@ -16,6 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "client/credentials.h"
+#include "common/channel.h"
+#include "common/credentials.h"
+#include "grpcpp/grpcpp.h"
+#include "trainyard/v1/admin_service.grpc.pb.h"
 #include "worker/agent/subprocess.h"
 
 namespace trainyard::cli {
@@ -104,6 +109,25 @@ absl::StatusOr<int> ParsePortFile(const std::string& text) {
   return port;
 }
 
+// The token worker `name` registers with: the one an earlier run left in `path`, else a new one
+// made with the admin token and kept there.
+absl::StatusOr<std::string> AgentToken(v1::AdminService::Stub& admin, const std::string& name,
+                                       const std::string& path) {
+  if (absl::StatusOr<std::string> kept = ReadCredentialFile(path); kept.ok()) return kept;
+  v1::CreateTokenRequest request;
+  request.set_name(name);
+  request.set_role(v1::TOKEN_AGENT);
+  v1::CreateTokenResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  if (grpc::Status s = admin.CreateToken(&context, request, &response); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot make the token of ", name, ": ", s.error_message()));
+  }
+  if (absl::Status s = WriteSecretFile(path, response.secret() + "\n"); !s.ok()) return s;
+  return response.secret();
+}
+
 int RunLocalCluster(const LocalClusterOptions& options) {
   namespace fs = std::filesystem;
   std::string state_dir = options.state_dir;
@@ -176,6 +200,34 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   }
   const std::string address = absl::StrCat("127.0.0.1:", port);
 
+  // Authentication is on: the coordinator made an admin token in its state folder; each worker
+  // gets an agent token of its own, and the CLI on this machine finds the admin token for this
+  // address (removed again when the cluster stops).
+  absl::StatusOr<std::string> admin_token = ReadCredentialFile(state_dir + "/admin.token");
+  if (!admin_token.ok()) {
+    std::cerr << "error: " << admin_token.status().message()
+              << " (the coordinator writes it when no admin token is valid; make one with "
+                 "`trainyard token create` and put it there)\n";
+    StopChildren({&coordinator}, absl::Seconds(10));
+    return 1;
+  }
+  ClientCredentials admin_credentials;
+  admin_credentials.token = *admin_token;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> admin_channel =
+      NewClientChannel(address, admin_credentials);
+  if (!admin_channel.ok()) {
+    std::cerr << "error: " << admin_channel.status().message() << "\n";
+    StopChildren({&coordinator}, absl::Seconds(10));
+    return 1;
+  }
+  std::unique_ptr<v1::AdminService::Stub> admin = v1::AdminService::NewStub(*admin_channel);
+  const std::string cli_dir = LocalCredentialsDir(address);
+  fs::create_directories(cli_dir, ec);
+  if (absl::Status s = WriteSecretFile(cli_dir + "/token", *admin_token + "\n"); !s.ok()) {
+    std::cerr << "warning: the CLI will need --token-file " << state_dir
+              << "/admin.token: " << s.message() << "\n";
+  }
+
   const int gpus = DetectGpuCount();
   for (int i = 1; i <= workers; ++i) {
     SubprocessOptions worker;
@@ -187,7 +239,10 @@ int RunLocalCluster(const LocalClusterOptions& options) {
                    "--work_dir=" + state_dir + "/" + name,
                    absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port(i))};
     worker.output_file = absl::StrCat(state_dir, "/logs/", name, ".log");
-    absl::StatusOr<pid_t> pid = StartSubprocess(worker);
+    const std::string token_file = absl::StrCat(state_dir, "/", name, ".token");
+    absl::StatusOr<std::string> token = AgentToken(*admin, name, token_file);
+    worker.argv.push_back("--token_file=" + token_file);
+    absl::StatusOr<pid_t> pid = token.ok() ? StartSubprocess(worker) : token.status();
     if (!pid.ok()) {
       std::cerr << "error: " << pid.status().message() << "\n";
       std::vector<Child*> all;
@@ -242,6 +297,7 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   // SIGINT: a plain stop; SIGTERM would tell the agents their machine is being preempted.
   StopChildren(worker_children, absl::Seconds(30), SIGINT);
   StopChildren({&coordinator}, absl::Seconds(10));
+  fs::remove_all(cli_dir, ec);
   if (exit_code == 0) std::cout << "Stopped. State is kept in " << state_dir << "\n";
   return exit_code;
 }

@@ -1,8 +1,5 @@
 #include "common/s3_auth.h"
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-
 #include <algorithm>
 #include <cctype>
 #include <fstream>
@@ -20,14 +17,6 @@
 
 namespace trainyard {
 namespace {
-
-std::string HmacSha256(absl::string_view key, absl::string_view data) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
-  return std::string(reinterpret_cast<const char*>(out), len);
-}
 
 // Header values are trimmed and inner runs of spaces collapse to one, as SigV4 asks.
 std::string CanonicalHeaderValue(absl::string_view value) {

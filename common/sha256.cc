@@ -1,6 +1,7 @@
 #include "common/sha256.h"
 
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <string>
 
@@ -26,6 +27,14 @@ std::string Sha256Hex(absl::string_view data) {
   // EVP_Digest only fails on allocation failure, which we treat like any other OOM.
   EVP_Digest(data.data(), data.size(), digest, &digest_len, EVP_sha256(), nullptr);
   return Hex(digest, digest_len);
+}
+
+std::string HmacSha256(absl::string_view key, absl::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
 }
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }

@@ -12,6 +12,9 @@ namespace trainyard {
 // Lower-case hex SHA-256 of `data`.
 std::string Sha256Hex(absl::string_view data);
 
+// Raw (32-byte) HMAC-SHA256 of `data` under `key`.
+std::string HmacSha256(absl::string_view key, absl::string_view data);
+
 // SHA-256 of data given in pieces. Not thread-safe, not copyable.
 class Sha256 {
  public:

@@ -11,30 +11,48 @@ namespace trainyard {
 using grpc::ServerContext;
 using grpc::Status;
 
-Status AgentServiceImpl::RegisterWorker(ServerContext*, const v1::RegisterWorkerRequest* request,
+// Agents speak only for the worker their credential names (worker ids are worker names), and
+// trainers only for their own job, attempt and rank.
+
+Status AgentServiceImpl::RegisterWorker(ServerContext* context,
+                                        const v1::RegisterWorkerRequest* request,
                                         v1::RegisterWorkerResponse* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAgents, "RegisterWorker");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowWorker(*caller, request->name()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::RegisterWorkerResponse> result = manager_.RegisterWorker(*request);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = *std::move(result);
   return Status::OK;
 }
 
-Status AgentServiceImpl::Sync(ServerContext*, const v1::SyncRequest* request,
+Status AgentServiceImpl::Sync(ServerContext* context, const v1::SyncRequest* request,
                               v1::SyncResponse* response) {
+  absl::StatusOr<Principal> caller = gate_.Admit(*context, *request, Audience::kAgents, "Sync");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowWorker(*caller, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::SyncResponse> result = manager_.Sync(*request);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = *std::move(result);
   return Status::OK;
 }
 
-Status AgentServiceImpl::ReportTaskStatus(ServerContext*,
+Status AgentServiceImpl::ReportTaskStatus(ServerContext* context,
                                           const v1::ReportTaskStatusRequest* request,
                                           v1::ReportTaskStatusResponse*) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAgents, "ReportTaskStatus");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowWorker(*caller, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(manager_.ReportTaskStatus(request->worker_id(), request->status()));
 }
 
-Status AgentServiceImpl::ShipLogs(ServerContext*, const v1::ShipLogsRequest* request,
+Status AgentServiceImpl::ShipLogs(ServerContext* context, const v1::ShipLogsRequest* request,
                                   v1::ShipLogsResponse* response) {
+  absl::StatusOr<Principal> caller = gate_.Admit(*context, *request, Audience::kAgents, "ShipLogs");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowWorker(*caller, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<int64_t> next = manager_.ShipLogs(request->worker_id(), request->task_id(),
                                                    request->offset(), request->data());
   if (!next.ok()) return ToGrpcStatus(next.status());
@@ -42,41 +60,84 @@ Status AgentServiceImpl::ShipLogs(ServerContext*, const v1::ShipLogsRequest* req
   return Status::OK;
 }
 
-Status AgentServiceImpl::ReportProgress(ServerContext*, const v1::ReportProgressRequest* request,
+Status AgentServiceImpl::ReportProgress(ServerContext* context,
+                                        const v1::ReportProgressRequest* request,
                                         v1::ReportProgressResponse*) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kTasks, "ReportProgress");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s =
+          AllowTask(*caller, request->job_id(), request->generation(), request->rank());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return ToGrpcStatus(manager_.ReportProgress(request->job_id(), request->generation(),
                                               request->rank(), request->progress()));
 }
 
-Status AgentServiceImpl::CommitCheckpoint(ServerContext*,
+Status AgentServiceImpl::CommitCheckpoint(ServerContext* context,
                                           const v1::CommitCheckpointRequest* request,
                                           v1::CommitCheckpointResponse* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kTasks, "CommitCheckpoint");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowTask(*caller, request->job_id(), request->generation()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<std::vector<std::string>> retired = manager_.CommitCheckpoint(*request);
   if (!retired.ok()) return ToGrpcStatus(retired.status());
   for (std::string& uri : *retired) response->add_retired_uris(std::move(uri));
   return Status::OK;
 }
 
-Status AgentServiceImpl::ReportModel(ServerContext*, const v1::ReportModelRequest* request,
+Status AgentServiceImpl::ReportModel(ServerContext* context, const v1::ReportModelRequest* request,
                                      v1::ReportModelResponse*) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kTasks, "ReportModel");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowTask(*caller, request->job_id(), request->generation()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return ToGrpcStatus(
       manager_.ReportModel(request->job_id(), request->generation(), request->uri()));
 }
 
-Status AgentServiceImpl::ReportEvent(ServerContext*, const v1::ReportEventRequest* request,
+Status AgentServiceImpl::ReportEvent(ServerContext* context, const v1::ReportEventRequest* request,
                                      v1::ReportEventResponse*) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kTasks, "ReportEvent");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s =
+          AllowTask(*caller, request->job_id(), request->generation(), request->rank());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return ToGrpcStatus(
       manager_.ReportEvent(request->job_id(), request->generation(), request->message()));
 }
 
-Status AgentServiceImpl::ReportPreemption(ServerContext*,
+Status AgentServiceImpl::ReportPreemption(ServerContext* context,
                                           const v1::ReportPreemptionRequest* request,
                                           v1::ReportPreemptionResponse*) {
+  // Agents for their own machine; admins drain any worker this way.
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAgentsAdmins, "ReportPreemption");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowWorker(*caller, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(manager_.ReportPreemption(*request));
 }
 
-Status AgentServiceImpl::RendezvousSet(ServerContext*, const v1::RendezvousSetRequest* request,
+Status AgentServiceImpl::RendezvousSet(ServerContext* context,
+                                       const v1::RendezvousSetRequest* request,
                                        v1::RendezvousSetResponse*) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kTasks, "RendezvousSet");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s =
+          AllowTask(*caller, request->job_id(), request->generation(), request->rank());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return ToGrpcStatus(manager_.RendezvousSet(request->job_id(), request->generation(),
                                              request->key(), request->value()));
 }
@@ -84,6 +145,14 @@ Status AgentServiceImpl::RendezvousSet(ServerContext*, const v1::RendezvousSetRe
 Status AgentServiceImpl::RendezvousGet(ServerContext* context,
                                        const v1::RendezvousGetRequest* request,
                                        v1::RendezvousGetResponse* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kTasks, "RendezvousGet");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s =
+          AllowTask(*caller, request->job_id(), request->generation(), request->rank());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (request->wait_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError("wait_ms: must be >= 0"));
   }

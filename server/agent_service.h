@@ -1,15 +1,17 @@
 #ifndef TRAINYARD_SERVER_AGENT_SERVICE_H_
 #define TRAINYARD_SERVER_AGENT_SERVICE_H_
 
+#include "server/call_gate.h"
 #include "server/job_manager.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 
 namespace trainyard {
 
-// gRPC AgentService over JobManager. `manager` must outlive the service. Thread-safe.
+// gRPC AgentService over JobManager: agents for their own worker, trainers for their own job,
+// attempt and rank (auth.h). `manager` and `gate` must outlive the service. Thread-safe.
 class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
  public:
-  explicit AgentServiceImpl(JobManager& manager) : manager_(manager) {}
+  AgentServiceImpl(JobManager& manager, CallGate& gate) : manager_(manager), gate_(gate) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const trainyard::v1::RegisterWorkerRequest* request,
@@ -46,6 +48,7 @@ class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
 
  private:
   JobManager& manager_;
+  CallGate& gate_;
 };
 
 }  // namespace trainyard

@@ -8,24 +8,35 @@
 
 namespace trainyard {
 
-CoordinatorServer::CoordinatorServer(JobManager& manager)
-    : manager_(manager), job_service_(manager), agent_service_(manager) {}
+CoordinatorServer::CoordinatorServer(JobManager& manager, Authenticator& auth,
+                                     int max_streams_per_caller)
+    : manager_(manager),
+      gate_(auth, max_streams_per_caller),
+      job_service_(manager, gate_),
+      agent_service_(manager, gate_),
+      admin_service_(auth, gate_) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    JobManager& manager, const std::string& listen, absl::Duration tick_interval) {
+    JobManager& manager, Authenticator& auth, const CoordinatorServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(manager));
+  std::unique_ptr<CoordinatorServer> server(
+      new CoordinatorServer(manager, auth, options.max_streams_per_caller));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(
+      options.listen,
+      options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
+      &server->port_);
   builder.RegisterService(&server->job_service_);
   builder.RegisterService(&server->agent_service_);
-  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.RegisterService(&server->admin_service_);
+  // The largest request (a 1 MiB spec or log chunk, request_limits.cc) with room to spare.
+  builder.SetMaxReceiveMessageSize(4 << 20);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
-  server->ticker_ = std::thread([&manager, tick_interval] {
+  server->ticker_ = std::thread([&manager, tick_interval = options.tick_interval] {
     // WaitForTickRequest returns at once after Shutdown; the tick loop ends with it.
     while (true) {
       manager.WaitForTickRequest(tick_interval);

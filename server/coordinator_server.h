@@ -9,22 +9,33 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/admin_service.h"
 #include "server/agent_service.h"
+#include "server/auth.h"
+#include "server/call_gate.h"
 #include "server/job_manager.h"
 #include "server/job_service.h"
 
 namespace trainyard {
 
-// The coordinator's gRPC server: JobService, AgentService, grpc.health.v1.Health and server
-// reflection, plus the thread that runs JobManager::Tick() every `tick_interval` and whenever
-// the manager asks for it. `manager` must outlive the server.
+struct CoordinatorServerOptions {
+  std::string listen = "127.0.0.1:0";  // "host:port"; port 0 lets the kernel pick
+  // Null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  int max_streams_per_caller = 16;
+  absl::Duration tick_interval = absl::Milliseconds(100);
+};
+
+// The coordinator's gRPC server: JobService, AgentService, AdminService (each call admitted by a
+// CallGate over `auth`), grpc.health.v1.Health and server reflection, plus the thread that runs
+// JobManager::Tick() every `tick_interval` and whenever the manager asks for it. `manager` and
+// `auth` must outlive the server.
 class CoordinatorServer {
  public:
-  // Binds `listen` ("host:port"; port 0 lets the kernel pick) and starts serving and ticking.
-  // UNAVAILABLE when the address cannot be bound.
+  // Binds options.listen and starts serving and ticking. UNAVAILABLE when the address cannot be
+  // bound.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
-      JobManager& manager, const std::string& listen,
-      absl::Duration tick_interval = absl::Milliseconds(100));
+      JobManager& manager, Authenticator& auth, const CoordinatorServerOptions& options);
   ~CoordinatorServer();  // Shutdown(absl::Seconds(5)) if not done yet
 
   int port() const { return port_; }
@@ -35,11 +46,13 @@ class CoordinatorServer {
   void Shutdown(absl::Duration grace);
 
  private:
-  explicit CoordinatorServer(JobManager& manager);
+  CoordinatorServer(JobManager& manager, Authenticator& auth, int max_streams_per_caller);
 
   JobManager& manager_;
+  CallGate gate_;
   JobServiceImpl job_service_;
   AgentServiceImpl agent_service_;
+  AdminServiceImpl admin_service_;
   std::unique_ptr<grpc::Server> server_;
   std::thread ticker_;
   int port_ = 0;

@@ -49,6 +49,7 @@ void MergeMutation(StoreMutation& into, StoreMutation from) {
   // long as each one left at least its own count after keep_first, the result is the same.
   Append(into.trimmed_events, from.trimmed_events);
   Append(into.removed_checkpoints, from.removed_checkpoints);
+  Append(into.tokens, from.tokens);
 }
 
 std::shared_ptr<GroupCommitter::Ticket> GroupCommitter::Enqueue(StoreMutation mutation) {

@@ -329,7 +329,8 @@ absl::Status JobManager::TransitionLocked(JobEntry& entry, v1::Job updated, v1::
 
 // ---- JobService ----
 
-absl::StatusOr<v1::Job> JobManager::SubmitJobYaml(absl::string_view spec_yaml) {
+absl::StatusOr<v1::Job> JobManager::SubmitJobYaml(absl::string_view spec_yaml,
+                                                  const Principal* by) {
   if (static_cast<int64_t>(spec_yaml.size()) > options_.max_spec_yaml_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("spec_yaml: ", spec_yaml.size(),
                                                    " bytes is over the limit of ",
@@ -337,16 +338,26 @@ absl::StatusOr<v1::Job> JobManager::SubmitJobYaml(absl::string_view spec_yaml) {
   }
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(spec_yaml);
   if (!spec.ok()) return spec.status();
-  return SubmitValidated(*std::move(spec));
+  return SubmitValidated(*std::move(spec), by);
 }
 
-absl::StatusOr<v1::Job> JobManager::SubmitJob(v1::JobSpec spec) {
+absl::StatusOr<v1::Job> JobManager::SubmitJob(v1::JobSpec spec, const Principal* by) {
   ApplyJobSpecDefaults(spec);
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
-  return SubmitValidated(std::move(spec));
+  return SubmitValidated(std::move(spec), by);
 }
 
-absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
+absl::StatusOr<std::string> JobManager::JobOwner(absl::string_view id) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (const JobEntry* entry = FindLocked(id); entry != nullptr) return entry->job.owner();
+  }
+  absl::StatusOr<StoredJobRecord> record = LoadEvicted(id);
+  if (!record.ok()) return record.status();
+  return record->job.job.owner();
+}
+
+absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Principal* by) {
   if (!IsSafeFileName(spec.name())) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
@@ -368,6 +379,11 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
             absl::StrCat("checkpoint.resume_from: no job '", from, "'"));
       }
       if (!source.ok()) return source.status();
+      if (by != nullptr) {
+        if (absl::Status s = AllowJob(*by, from, (*source)->job.owner()); !s.ok()) {
+          return absl::PermissionDeniedError(absl::StrCat("checkpoint.resume_from: ", s.message()));
+        }
+      }
       pinned_sources_[from]++;  // until the job is added (or its write fails)
     }
     // The number is taken now; a submission whose write fails leaves a gap.
@@ -381,6 +397,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
     job.set_created_unix_ms(now_ms);
     job.set_updated_unix_ms(now_ms);
     job.set_committed_step(-1);
+    if (by != nullptr) job.set_owner(by->name);
     const std::string& base =
         spec.checkpoint().uri().empty() ? options_.checkpoint_root : spec.checkpoint().uri();
     job.set_checkpoint_uri(JoinUri(base, job.id()));
@@ -389,7 +406,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec) {
     event->set_time_unix_ms(now_ms);
     event->set_from(v1::JOB_STATE_UNSPECIFIED);
     event->set_to(v1::PENDING);
-    event->set_reason("submitted");
+    event->set_reason(by != nullptr ? absl::StrCat("submitted by ", by->name) : "submitted");
     StoreMutation m;
     m.jobs.push_back({seq, job});
     m.events.emplace_back(job.id(), *event);
@@ -428,8 +445,8 @@ absl::StatusOr<v1::Job> JobManager::GetJob(absl::string_view id) const {
 }
 
 absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobState>& states,
-                                                    int page_size,
-                                                    absl::string_view page_token) const {
+                                                    int page_size, absl::string_view page_token,
+                                                    absl::string_view owner) const {
   if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");
   if (page_size == 0) page_size = kDefaultPageSize;
   page_size = std::min(page_size, kMaxPageSize);
@@ -454,13 +471,14 @@ absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobSta
       const JobEntry* entry = FindLocked(it->second);
       if (entry == nullptr) continue;
       if (!wanted.empty() && !wanted.count(entry->job.state())) continue;
+      if (!owner.empty() && entry->job.owner() != owner) continue;
       v1::Job job = entry->job;
       job.clear_events();
       page.emplace(it->first, std::move(job));
     }
   }
   absl::StatusOr<std::vector<StoredJob>> stored =
-      store_->ListFinishedJobs(states, before, page_size + 1);
+      store_->ListFinishedJobs(states, before, page_size + 1, owner);
   if (!stored.ok()) return stored.status();
   for (StoredJob& j : *stored) {
     if (!states.empty() && !wanted.count(j.job.state())) continue;
@@ -479,10 +497,13 @@ absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobSta
   return result;
 }
 
-absl::StatusOr<v1::Job> JobManager::CancelJob(absl::string_view id, absl::string_view reason) {
+absl::StatusOr<v1::Job> JobManager::CancelJob(absl::string_view id, absl::string_view reason,
+                                              absl::string_view by) {
   {
     absl::MutexLock lock(&mu_);
-    if (JobEntry* entry = FindLocked(id); entry != nullptr) return CancelLocked(*entry, reason);
+    if (JobEntry* entry = FindLocked(id); entry != nullptr) {
+      return CancelLocked(*entry, reason, by);
+    }
   }
   // Not in memory: a finished job, or none.
   absl::StatusOr<StoredJobRecord> record = LoadEvicted(id);
@@ -491,13 +512,18 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(absl::string_view id, absl::string
       absl::StrCat("job ", id, " is already ", JobStateName(record->job.job.state())));
 }
 
-absl::StatusOr<v1::Job> JobManager::CancelLocked(JobEntry& entry, absl::string_view reason) {
+absl::StatusOr<v1::Job> JobManager::CancelLocked(JobEntry& entry, absl::string_view reason,
+                                                 absl::string_view by) {
   if (IsFinalJobState(entry.job.state())) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", entry.job.id(), " is already ", JobStateName(entry.job.state())));
   }
-  const std::string why =
-      reason.empty() ? std::string("cancelled by user") : absl::StrCat("cancelled: ", reason);
+  std::string why = by.empty() ? "cancelled" : absl::StrCat("cancelled by ", by);
+  if (!reason.empty()) {
+    absl::StrAppend(&why, ": ", reason);
+  } else if (by.empty()) {
+    why = "cancelled by user";
+  }
   if (absl::Status s = TransitionLocked(entry, entry.job, v1::CANCELLED, why, {}); !s.ok()) {
     return s;
   }

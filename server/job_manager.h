@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/auth.h"
 #include "server/capacity.h"
 #include "server/group_commit.h"
 #include "server/job_store.h"
@@ -66,6 +67,9 @@ struct JobManagerOptions {
   // Told about submissions, transitions, progress, commits and lost workers (metrics); may be
   // null. Not owned; must outlive the manager.
   JobEventSink* event_sink = nullptr;
+  // Signs each task's credential (Task.credential, common/credentials.h); empty: tasks carry
+  // none.
+  std::string task_credential_key;
 };
 
 // Which tasks' logs StreamLogs sends.
@@ -101,21 +105,31 @@ class JobManager {
   // Parses, validates and queues a job (PENDING, event "submitted"). INVALID_ARGUMENT with the
   // parser's message for a bad spec (nothing stored), for a spec_yaml over the size limit, or for
   // a checkpoint.resume_from naming no job; RESOURCE_EXHAUSTED when too many jobs are active.
-  absl::StatusOr<trainyard::v1::Job> SubmitJobYaml(absl::string_view spec_yaml);
+  // With `by`, the job is theirs (Job.owner, event "submitted by NAME") and a resume_from job
+  // must be theirs too (PERMISSION_DENIED otherwise); without, it has no owner.
+  absl::StatusOr<trainyard::v1::Job> SubmitJobYaml(absl::string_view spec_yaml,
+                                                   const Principal* by = nullptr);
   // Same for a spec message; defaults are applied first.
-  absl::StatusOr<trainyard::v1::Job> SubmitJob(trainyard::v1::JobSpec spec);
+  absl::StatusOr<trainyard::v1::Job> SubmitJob(trainyard::v1::JobSpec spec,
+                                               const Principal* by = nullptr);
+
+  // Who owns a job (empty: nobody). NOT_FOUND for an unknown id.
+  absl::StatusOr<std::string> JobOwner(absl::string_view id) const;
 
   // NOT_FOUND for an unknown id. With events and tasks of every attempt.
   absl::StatusOr<trainyard::v1::Job> GetJob(absl::string_view id) const;
 
-  // Newest first, filtered by `states` (empty = all). page_size 0 = 100, capped at 1000.
-  // INVALID_ARGUMENT for a page token this manager did not hand out.
+  // Newest first, filtered by `states` (empty = all) and `owner` (empty = anyone's). page_size
+  // 0 = 100, capped at 1000. INVALID_ARGUMENT for a page token this manager did not hand out.
   absl::StatusOr<ListJobsResult> ListJobs(const std::vector<trainyard::v1::JobState>& states,
-                                          int page_size, absl::string_view page_token) const;
+                                          int page_size, absl::string_view page_token,
+                                          absl::string_view owner = "") const;
 
   // Moves a non-final job to CANCELLED; its tasks leave their workers' desired state, so agents
-  // stop them. NOT_FOUND for an unknown job, FAILED_PRECONDITION for a final one.
-  absl::StatusOr<trainyard::v1::Job> CancelJob(absl::string_view id, absl::string_view reason);
+  // stop them. NOT_FOUND for an unknown job, FAILED_PRECONDITION for a final one. The event
+  // names `by` when given.
+  absl::StatusOr<trainyard::v1::Job> CancelJob(absl::string_view id, absl::string_view reason,
+                                               absl::string_view by = "");
 
   // Deletes a finished job now, as retention would: its record, events, tasks, logs, checkpoint
   // records and rendezvous (not its checkpoint objects). With `validate_only`, only says whether
@@ -256,8 +270,10 @@ class JobManager {
              JobManagerOptions options);
   absl::Status Load();
 
-  absl::StatusOr<trainyard::v1::Job> SubmitValidated(trainyard::v1::JobSpec spec);
-  absl::StatusOr<trainyard::v1::Job> CancelLocked(JobEntry& entry, absl::string_view reason)
+  absl::StatusOr<trainyard::v1::Job> SubmitValidated(trainyard::v1::JobSpec spec,
+                                                     const Principal* by);
+  absl::StatusOr<trainyard::v1::Job> CancelLocked(JobEntry& entry, absl::string_view reason,
+                                                  absl::string_view by)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A job not in memory, read from the store: a finished job that was evicted (EvictLocked).

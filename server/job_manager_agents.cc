@@ -208,6 +208,14 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
   if (const WorkerRecord* worker = workers_.Find(info.worker_id()); worker != nullptr) {
     task.set_worker_address(worker->info.address());
   }
+  if (!options_.task_credential_key.empty()) {
+    TaskScope scope;
+    scope.job_id = entry.job.id();
+    scope.generation = info.generation();
+    scope.shard = info.role() == v1::TASK_ROLE_SHARD;
+    scope.index = scope.shard ? info.shard() : info.rank();
+    task.set_credential(SignTaskCredential(options_.task_credential_key, scope));
+  }
   return task;
 }
 

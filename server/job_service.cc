@@ -10,15 +10,30 @@ namespace trainyard {
 using grpc::ServerContext;
 using grpc::Status;
 
-Status JobServiceImpl::SubmitJob(ServerContext*, const v1::SubmitJobRequest* request,
+absl::StatusOr<Principal> JobServiceImpl::AdmitForJob(const ServerContext& context,
+                                                      const google::protobuf::Message& request,
+                                                      absl::string_view rpc,
+                                                      absl::string_view job_id) {
+  absl::StatusOr<Principal> caller = gate_.Admit(context, request, Audience::kPeople, rpc);
+  if (!caller.ok() || caller->admin()) return caller;
+  absl::StatusOr<std::string> owner = manager_.JobOwner(job_id);
+  if (!owner.ok()) return owner.status();
+  if (absl::Status s = AllowJob(*caller, job_id, *owner); !s.ok()) return s;
+  return caller;
+}
+
+Status JobServiceImpl::SubmitJob(ServerContext* context, const v1::SubmitJobRequest* request,
                                  v1::Job* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kPeople, "SubmitJob");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<v1::Job> job;
   switch (request->spec_source_case()) {
     case v1::SubmitJobRequest::kSpecYaml:
-      job = manager_.SubmitJobYaml(request->spec_yaml());
+      job = manager_.SubmitJobYaml(request->spec_yaml(), &*caller);
       break;
     case v1::SubmitJobRequest::kSpec:
-      job = manager_.SubmitJob(request->spec());
+      job = manager_.SubmitJob(request->spec(), &*caller);
       break;
     default:
       return ToGrpcStatus(absl::InvalidArgumentError("spec_yaml or spec: required"));
@@ -28,40 +43,54 @@ Status JobServiceImpl::SubmitJob(ServerContext*, const v1::SubmitJobRequest* req
   return Status::OK;
 }
 
-Status JobServiceImpl::GetJob(ServerContext*, const v1::GetJobRequest* request, v1::Job* response) {
+Status JobServiceImpl::GetJob(ServerContext* context, const v1::GetJobRequest* request,
+                              v1::Job* response) {
+  absl::StatusOr<Principal> caller = AdmitForJob(*context, *request, "GetJob", request->id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<v1::Job> job = manager_.GetJob(request->id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
   return Status::OK;
 }
 
-Status JobServiceImpl::ListJobs(ServerContext*, const v1::ListJobsRequest* request,
+Status JobServiceImpl::ListJobs(ServerContext* context, const v1::ListJobsRequest* request,
                                 v1::ListJobsResponse* response) {
+  absl::StatusOr<Principal> caller = gate_.Admit(*context, *request, Audience::kPeople, "ListJobs");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   std::vector<v1::JobState> states;
   for (int s : request->states()) states.push_back(static_cast<v1::JobState>(s));
-  absl::StatusOr<ListJobsResult> result =
-      manager_.ListJobs(states, request->page_size(), request->page_token());
+  // Users list their own jobs; admins everyone's.
+  absl::StatusOr<ListJobsResult> result = manager_.ListJobs(
+      states, request->page_size(), request->page_token(), caller->admin() ? "" : caller->name);
   if (!result.ok()) return ToGrpcStatus(result.status());
   for (v1::Job& job : result->jobs) *response->add_jobs() = std::move(job);
   response->set_next_page_token(result->next_page_token);
   return Status::OK;
 }
 
-Status JobServiceImpl::CancelJob(ServerContext*, const v1::CancelJobRequest* request,
+Status JobServiceImpl::CancelJob(ServerContext* context, const v1::CancelJobRequest* request,
                                  v1::Job* response) {
-  absl::StatusOr<v1::Job> job = manager_.CancelJob(request->id(), request->reason());
+  absl::StatusOr<Principal> caller = AdmitForJob(*context, *request, "CancelJob", request->id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<v1::Job> job = manager_.CancelJob(request->id(), request->reason(), caller->name);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
   return Status::OK;
 }
 
-Status JobServiceImpl::DeleteJob(ServerContext*, const v1::DeleteJobRequest* request,
+Status JobServiceImpl::DeleteJob(ServerContext* context, const v1::DeleteJobRequest* request,
                                  v1::DeleteJobResponse*) {
+  absl::StatusOr<Principal> caller = AdmitForJob(*context, *request, "DeleteJob", request->id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   return ToGrpcStatus(manager_.DeleteJob(request->id(), request->validate_only()));
 }
 
 Status JobServiceImpl::WatchJob(ServerContext* context, const v1::WatchJobRequest* request,
                                 grpc::ServerWriter<v1::WatchJobResponse>* writer) {
+  absl::StatusOr<Principal> caller = AdmitForJob(*context, *request, "WatchJob", request->id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<CallGate::StreamSlot> slot = gate_.OpenStream(*caller);
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   return ToGrpcStatus(manager_.WatchJob(
       request->id(),
       [writer](const v1::Job& job) {
@@ -74,6 +103,10 @@ Status JobServiceImpl::WatchJob(ServerContext* context, const v1::WatchJobReques
 
 Status JobServiceImpl::GetJobLogs(ServerContext* context, const v1::GetJobLogsRequest* request,
                                   grpc::ServerWriter<v1::LogChunk>* writer) {
+  absl::StatusOr<Principal> caller = AdmitForJob(*context, *request, "GetJobLogs", request->id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<CallGate::StreamSlot> slot = gate_.OpenStream(*caller);
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   LogSelection selection;
   selection.rank = request->rank();
   if (request->has_shard()) selection.shard = request->shard();
@@ -90,14 +123,21 @@ Status JobServiceImpl::GetJobLogs(ServerContext* context, const v1::GetJobLogsRe
       [context] { return context->IsCancelled(); }));
 }
 
-Status JobServiceImpl::ListWorkers(ServerContext*, const v1::ListWorkersRequest*,
+Status JobServiceImpl::ListWorkers(ServerContext* context, const v1::ListWorkersRequest* request,
                                    v1::ListWorkersResponse* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kPeople, "ListWorkers");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   for (v1::Worker& w : manager_.ListWorkers()) *response->add_workers() = std::move(w);
   return Status::OK;
 }
 
-Status JobServiceImpl::ListCheckpoints(ServerContext*, const v1::ListCheckpointsRequest* request,
+Status JobServiceImpl::ListCheckpoints(ServerContext* context,
+                                       const v1::ListCheckpointsRequest* request,
                                        v1::ListCheckpointsResponse* response) {
+  absl::StatusOr<Principal> caller =
+      AdmitForJob(*context, *request, "ListCheckpoints", request->job_id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<std::vector<v1::Checkpoint>> list = manager_.ListCheckpoints(request->job_id());
   if (!list.ok()) return ToGrpcStatus(list.status());
   for (v1::Checkpoint& c : *list) *response->add_checkpoints() = std::move(c);

@@ -1,16 +1,18 @@
 #ifndef TRAINYARD_SERVER_JOB_SERVICE_H_
 #define TRAINYARD_SERVER_JOB_SERVICE_H_
 
+#include "server/call_gate.h"
 #include "server/job_manager.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
 
 namespace trainyard {
 
-// gRPC JobService over JobManager: checks requests, calls the manager, maps its status.
-// `manager` must outlive the service. Thread-safe.
+// gRPC JobService over JobManager: admits the call (people only; users reach only their own
+// jobs), calls the manager, maps its status. `manager` and `gate` must outlive the service.
+// Thread-safe.
 class JobServiceImpl final : public trainyard::v1::JobService::Service {
  public:
-  explicit JobServiceImpl(JobManager& manager) : manager_(manager) {}
+  JobServiceImpl(JobManager& manager, CallGate& gate) : manager_(manager), gate_(gate) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const trainyard::v1::SubmitJobRequest* request,
@@ -38,7 +40,13 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
                                trainyard::v1::ListCheckpointsResponse* response) override;
 
  private:
+  // Admit for people, then PERMISSION_DENIED unless the caller may see job `job_id`.
+  absl::StatusOr<Principal> AdmitForJob(const grpc::ServerContext& context,
+                                        const google::protobuf::Message& request,
+                                        absl::string_view rpc, absl::string_view job_id);
+
   JobManager& manager_;
+  CallGate& gate_;
 };
 
 }  // namespace trainyard

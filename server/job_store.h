@@ -33,6 +33,19 @@ struct StoredCheckpoint {
   int64_t retired_by_step = -1;
 };
 
+// An API token as stored: never the token itself, only its SHA-256.
+struct StoredToken {
+  std::string id;
+  std::string name;
+  std::string role;  // "admin", "user", "agent"
+  std::string hash;
+  int64_t created_unix_ms = 0;
+  int64_t expires_unix_ms = 0;  // 0: never
+  int64_t revoked_unix_ms = 0;  // 0: not revoked
+  std::string created_by;
+  std::string revoked_by;
+};
+
 // Everything one state change writes. JobStore::Apply writes it in one transaction.
 struct StoreMutation {
   std::vector<StoredJob> jobs;                                          // upserted by id
@@ -58,12 +71,13 @@ struct StoreMutation {
   // Checkpoint rows deleted after the writes above, by (job id, step): retired ones whose
   // retiring commit is no longer the latest.
   std::vector<std::pair<std::string, int64_t>> removed_checkpoints;
+  std::vector<StoredToken> tokens;  // upserted by id
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
            checkpoints.empty() && progress.empty() && !next_job_seq.has_value() &&
            removed_jobs.empty() && removed_workers.empty() && trimmed_events.empty() &&
-           removed_checkpoints.empty();
+           removed_checkpoints.empty() && tokens.empty();
   }
 };
 
@@ -103,15 +117,19 @@ class JobStore {
   virtual absl::StatusOr<StoredJobRecord> LoadJob(absl::string_view job_id) = 0;
 
   // Final jobs in one of `states` (empty: any final state; other states are ignored) with a seq
-  // below `before_seq`, newest first, at most `limit`: summaries with their latest progress but
-  // without events and tasks.
+  // below `before_seq`, of `owner` (empty: anyone's), newest first, at most `limit`: summaries
+  // with their latest progress but without events and tasks.
   virtual absl::StatusOr<std::vector<StoredJob>> ListFinishedJobs(
-      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit) = 0;
+      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit,
+      absl::string_view owner = "") = 0;
 
   // Final jobs that finished (Job.finished_unix_ms) at or before `unix_ms`, the oldest first, at
   // most `limit`: (id, state).
   virtual absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>>
   FinishedBefore(int64_t unix_ms, int limit) = 0;
+
+  // Every API token, revoked and expired ones included.
+  virtual absl::StatusOr<std::vector<StoredToken>> LoadTokens() = 0;
 };
 
 }  // namespace trainyard

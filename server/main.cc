@@ -1,8 +1,8 @@
 // trainyard-coordinator: the source of truth of a Trainyard cluster (DESIGN.md, "Processes").
 
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -20,7 +21,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/channel.h"
 #include "common/clock.h"
+#include "common/credentials.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "server/coordinator_server.h"
@@ -75,12 +78,26 @@ ABSL_FLAG(std::string, port_file, "",
           "If set, once the server listens, write the bound port number to this file "
           "(atomically: temp file + rename).");
 // Several coordinators or agents on one machine (tests, `trainyard up`) cannot all have it.
-constexpr char kDefaultMetricsListen[] = "0.0.0.0:7071";
+constexpr char kDefaultMetricsListen[] = "127.0.0.1:7071";
 ABSL_FLAG(std::string, metrics_listen, kDefaultMetricsListen,
           "Address for Prometheus metrics (HTTP GET /metrics), as HOST:PORT. Port 0 lets the "
           "kernel pick one (see --metrics_port_file); empty turns metrics off. If the default "
           "address is taken the coordinator runs without metrics (with a warning); an address "
           "given explicitly that cannot be bound stops it.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) of the gRPC port: with --tls_key, the port speaks TLS only.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, client_ca, "",
+          "PEM CA bundle that signs client certificates (CN: the name; OU: admin, user or agent, "
+          "user when absent). Without it, callers authenticate with tokens only.");
+ABSL_FLAG(bool, insecure, false,
+          "Allow plaintext gRPC on an address that is not loopback (tokens then travel in clear). "
+          "Without TLS, listening beyond loopback is refused unless this is given.");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "Where the coordinator writes an admin token (mode 0600) when no valid admin token "
+          "exists, e.g. at first start. Default: <state_dir>/admin.token.");
+ABSL_FLAG(int, max_streams_per_caller, 16,
+          "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, once metrics are served, write their bound port number to this file "
           "(atomically).");
@@ -184,6 +201,40 @@ int Run() {
     LogError("--start_timeout: must be positive");
     return 1;
   }
+  // Tokens through a connection of their own to the same database (opened after the first, so
+  // the schema is current).
+  absl::StatusOr<std::unique_ptr<SqliteJobStore>> token_store =
+      SqliteJobStore::Open(abs_state + "/state.db");
+  if (!token_store.ok()) {
+    LogError("cannot open the state database: ", token_store.status().ToString());
+    return 1;
+  }
+  absl::StatusOr<std::string> task_key = LoadOrCreateKey(abs_state + "/task-credential.key");
+  if (!task_key.ok()) {
+    LogError("task credential key: ", task_key.status().ToString());
+    return 1;
+  }
+  options.task_credential_key = *task_key;
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth =
+      Authenticator::Create(**token_store, *task_key, RealClock::Get());
+  if (!auth.ok()) {
+    LogError("cannot load tokens: ", auth.status().ToString());
+    return 1;
+  }
+  std::string admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
+  if (admin_token_file.empty()) admin_token_file = abs_state + "/admin.token";
+  absl::StatusOr<std::optional<std::string>> admin = (*auth)->EnsureAdminToken();
+  if (!admin.ok()) {
+    LogError("cannot make the first admin token: ", admin.status().ToString());
+    return 1;
+  }
+  if (admin->has_value()) {
+    if (absl::Status s = WriteSecretFile(admin_token_file, **admin + "\n"); !s.ok()) {
+      LogError("--admin_token_file: ", s.ToString());
+      return 1;
+    }
+    LogInfo("no admin token was valid: made one, in ", admin_token_file);
+  }
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
       RealClock::Get(), *std::move(store),
       std::make_unique<LogStore>(abs_state + "/logs", max_task_log_bytes), options);
@@ -219,15 +270,42 @@ int Run() {
     }
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
+  ServerTls tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.client_ca_file = absl::GetFlag(FLAGS_client_ca);
+  if (tls.cert_file.empty() && !IsLoopbackAddress(listen)) {
+    if (!absl::GetFlag(FLAGS_insecure)) {
+      LogError("--listen=", listen,
+               " is not loopback and there is no TLS: give --tls_cert and --tls_key, or "
+               "--insecure to serve plaintext (tokens then travel in clear)");
+      return 1;
+    }
+    LogWarning("serving plaintext on ", listen,
+               " (--insecure): tokens and job data travel in clear");
+  }
+  CoordinatorServerOptions server_options;
+  server_options.listen = listen;
+  server_options.max_streams_per_caller = absl::GetFlag(FLAGS_max_streams_per_caller);
+  if (server_options.max_streams_per_caller < 1) {
+    LogError("--max_streams_per_caller: must be >= 1");
+    return 1;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = NewServerCredentials(tls);
+  if (!credentials.ok()) {
+    LogError("TLS: ", credentials.status().message());
+    return 1;
+  }
+  server_options.credentials = *credentials;
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
-      CoordinatorServer::Start(**manager, listen);
+      CoordinatorServer::Start(**manager, **auth, server_options);
   if (!server.ok()) {
     LogError(server.status().ToString());
     return 1;
   }
   const std::string host = listen.substr(0, listen.rfind(':'));
-  LogInfo("listening on ", host, ":", (*server)->port(), " (state ", abs_state, ", checkpoints ",
-          checkpoint_root, ")");
+  LogInfo("listening on ", host, ":", (*server)->port(), tls.cert_file.empty() ? "" : " (TLS)",
+          " (state ", abs_state, ", checkpoints ", checkpoint_root, ")");
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
     if (absl::Status s = WritePortFile(port_file, (*server)->port()); !s.ok()) {
       LogError("--port_file: ", s.ToString());
@@ -253,7 +331,8 @@ int main(int argc, char** argv) {
       "trainyard-coordinator: job queue, scheduler and state of a Trainyard cluster.\n"
       "Usage: trainyard-coordinator [--listen=HOST:PORT] [--state_dir=DIR] "
       "[--checkpoint_root=URI] [--worker_timeout=10s] [--port_file=PATH] "
-      "[--metrics_listen=HOST:PORT]");
+      "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM] [--client_ca=PEM] "
+      "[--insecure]");
   absl::FlagsUsageConfig usage_config;
   // --help lists the flags defined in this file (by default absl looks for a file named after
   // the binary).

@@ -22,7 +22,8 @@ namespace {
 //    to a table of its own (a small row per report instead of the whole job).
 // 4: jobs gained finished_ms and the indexes by state and by finish time, so that finished jobs
 //    are listed and expired from the store rather than held in memory.
-constexpr int kSchemaVersion = 4;
+// 5: jobs gained owner (with an index for listing one owner's jobs); tokens.
+constexpr int kSchemaVersion = 5;
 
 // From version 1 to 2, in one transaction with the new version number.
 constexpr char kMigrateFrom1[] = R"sql(
@@ -47,6 +48,18 @@ constexpr char kMigrateFrom3[] = R"sql(
 ALTER TABLE jobs ADD COLUMN finished_ms INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_ms, seq) WHERE state IN (4, 5, 6);
+)sql";
+
+constexpr char kMigrateFrom4[] = R"sql(
+BEGIN IMMEDIATE;
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs(owner, state, seq);
+CREATE TABLE IF NOT EXISTS tokens(
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, hash TEXT NOT NULL,
+  created_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL, revoked_ms INTEGER NOT NULL,
+  created_by TEXT NOT NULL, revoked_by TEXT NOT NULL);
+UPDATE meta SET value = '5' WHERE key = 'schema_version';
+COMMIT;
 )sql";
 
 // The tables as of version 2 (created where missing); the migrations take them on from there.
@@ -203,7 +216,7 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                                                       " is newer than supported ", kSchemaVersion));
   } else {
     // Each step in its own transaction with its version number: one cut short is redone.
-    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2};
+    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr, kMigrateFrom4};
     for (int from = *version; from < kSchemaVersion; ++from) {
       absl::Status s = from == 3 ? store->MigrateFrom3() : store->Exec(migrations[from - 1]);
       if (!s.ok()) {
@@ -282,11 +295,11 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     // An upsert rather than INSERT OR REPLACE: a clash on the unique seq must fail, not delete
     // the other job.
     Statement st(db_,
-                 "INSERT INTO jobs(id, seq, state, job, finished_ms) VALUES(?, ?, ?, ?, ?) ON "
-                 "CONFLICT(id) DO UPDATE SET seq = excluded.seq, state = excluded.state, job = "
-                 "excluded.job, finished_ms = excluded.finished_ms");
+                 "INSERT INTO jobs(id, seq, state, job, finished_ms, owner) VALUES(?, ?, ?, ?, ?, "
+                 "?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, state = excluded.state, "
+                 "job = excluded.job, finished_ms = excluded.finished_ms, owner = excluded.owner");
     st.Bind(1, row.id()).Bind(2, stored.seq).Bind(3, static_cast<int64_t>(row.state()));
-    st.BindBlob(4, row.SerializeAsString()).Bind(5, row.finished_unix_ms());
+    st.BindBlob(4, row.SerializeAsString()).Bind(5, row.finished_unix_ms()).Bind(6, row.owner());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, event] : m.events) {
@@ -339,6 +352,19 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
                  "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE job_id = ? ORDER BY "
                  "id LIMIT ? OFFSET ?)");
     st.Bind(1, trim.job_id).Bind(2, int64_t{trim.count}).Bind(3, int64_t{trim.keep_first});
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const StoredToken& t : m.tokens) {
+    Statement st(db_,
+                 "INSERT INTO tokens(id, name, role, hash, created_ms, expires_ms, revoked_ms, "
+                 "created_by, revoked_by) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO "
+                 "UPDATE SET name = excluded.name, role = excluded.role, hash = excluded.hash, "
+                 "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, revoked_ms = "
+                 "excluded.revoked_ms, created_by = excluded.created_by, revoked_by = "
+                 "excluded.revoked_by");
+    st.Bind(1, t.id).Bind(2, t.name).Bind(3, t.role).Bind(4, t.hash).Bind(5, t.created_unix_ms);
+    st.Bind(6, t.expires_unix_ms).Bind(7, t.revoked_unix_ms).Bind(8, t.created_by);
+    st.Bind(9, t.revoked_by);
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, step] : m.removed_checkpoints) {
@@ -404,9 +430,10 @@ void ReadEvent(Row& st, int first, v1::JobEvent* e) {
 }  // namespace
 
 absl::Status SqliteJobStore::ReadJobs(const std::string& sql, int64_t bound, bool with_progress,
-                                      std::vector<StoredJob>* out) {
+                                      std::vector<StoredJob>* out, absl::string_view owner) {
   Statement st(db_, sql);
   if (bound != kNoBound) st.Bind(1, bound);
+  if (!owner.empty()) st.Bind(2, owner);
   while (st.Next()) {
     StoredJob stored;
     stored.seq = st.Int(0);
@@ -516,7 +543,8 @@ absl::StatusOr<StoredJobRecord> SqliteJobStore::LoadJob(absl::string_view job_id
 }
 
 absl::StatusOr<std::vector<StoredJob>> SqliteJobStore::ListFinishedJobs(
-    const std::vector<v1::JobState>& states, int64_t before_seq, int limit) {
+    const std::vector<v1::JobState>& states, int64_t before_seq, int limit,
+    absl::string_view owner) {
   std::set<int> wanted;
   for (v1::JobState state : states) {
     if (IsFinalJobState(state)) wanted.insert(state);
@@ -529,10 +557,11 @@ absl::StatusOr<std::vector<StoredJob>> SqliteJobStore::ListFinishedJobs(
   absl::MutexLock lock(&mu_);
   for (int state : wanted) {
     const std::string sql = absl::StrCat(
-        "SELECT j.seq, j.job, p.progress FROM jobs j INDEXED BY jobs_by_state LEFT JOIN progress "
-        "p ON p.job_id = j.id WHERE j.state = ",
-        state, " AND j.seq < ? ORDER BY j.seq DESC LIMIT ", limit);
-    if (absl::Status s = ReadJobs(sql, before_seq, /*with_progress=*/true, &out); !s.ok()) {
+        "SELECT j.seq, j.job, p.progress FROM jobs j INDEXED BY ",
+        owner.empty() ? "jobs_by_state" : "jobs_by_owner",
+        " LEFT JOIN progress p ON p.job_id = j.id WHERE j.state = ", state, " AND j.seq < ?",
+        owner.empty() ? "" : " AND j.owner = ?", " ORDER BY j.seq DESC LIMIT ", limit);
+    if (absl::Status s = ReadJobs(sql, before_seq, /*with_progress=*/true, &out, owner); !s.ok()) {
       return s;
     }
   }
@@ -553,6 +582,29 @@ absl::StatusOr<std::vector<std::pair<std::string, v1::JobState>>> SqliteJobStore
                "finished_ms <= ? ORDER BY finished_ms, seq LIMIT ?");
   st.Bind(1, unix_ms).Bind(2, int64_t{limit});
   while (st.Next()) out.emplace_back(st.Text(0), static_cast<v1::JobState>(st.Int(1)));
+  if (absl::Status s = st.step_status(); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<std::vector<StoredToken>> SqliteJobStore::LoadTokens() {
+  absl::MutexLock lock(&mu_);
+  std::vector<StoredToken> out;
+  Statement st(db_,
+               "SELECT id, name, role, hash, created_ms, expires_ms, revoked_ms, created_by, "
+               "revoked_by FROM tokens ORDER BY created_ms, id");
+  while (st.Next()) {
+    StoredToken t;
+    t.id = st.Text(0);
+    t.name = st.Text(1);
+    t.role = st.Text(2);
+    t.hash = st.Text(3);
+    t.created_unix_ms = st.Int(4);
+    t.expires_unix_ms = st.Int(5);
+    t.revoked_unix_ms = st.Int(6);
+    t.created_by = st.Text(7);
+    t.revoked_by = st.Text(8);
+    out.push_back(std::move(t));
+  }
   if (absl::Status s = st.step_status(); !s.ok()) return s;
   return out;
 }

@@ -47,9 +47,11 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<StoreContents> LoadActive() override { return Load(/*active_only=*/true); }
   absl::StatusOr<StoredJobRecord> LoadJob(absl::string_view job_id) override;
   absl::StatusOr<std::vector<StoredJob>> ListFinishedJobs(
-      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit) override;
+      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit,
+      absl::string_view owner) override;
   absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>> FinishedBefore(
       int64_t unix_ms, int limit) override;
+  absl::StatusOr<std::vector<StoredToken>> LoadTokens() override;
 
   // The journal mode SQLite reports ("wal").
   absl::StatusOr<std::string> JournalMode();
@@ -61,11 +63,12 @@ class SqliteJobStore final : public JobStore {
   absl::Status MigrateFrom3() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // LoadAll, or with `active_only` LoadActive.
   absl::StatusOr<StoreContents> Load(bool active_only);
-  // Appends the jobs that `sql` selects as (seq, job[, progress]), its one parameter bound to
-  // `bound` unless kNoBound.
+  // Appends the jobs that `sql` selects as (seq, job[, progress]), its first parameter bound to
+  // `bound` unless kNoBound and its second to `owner` unless empty.
   static constexpr int64_t kNoBound = INT64_MIN;
   absl::Status ReadJobs(const std::string& sql, int64_t bound, bool with_progress,
-                        std::vector<StoredJob>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                        std::vector<StoredJob>* out, absl::string_view owner = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills the events, tasks and latest progress of `jobs` and appends their checkpoint records,
   // reading the rows whose job_id is IN `which` (an SQL list or subquery, its one parameter bound
   // to `param` if given; empty: every row).

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/safetensors.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -249,8 +250,30 @@ void Cluster::StartCoordinator() {
     return;
   }
   address_ = "127.0.0.1:" + port;
-  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-  job_stub_ = v1::JobService::NewStub(channel);
+  admin_token_ = std::string(absl::StripAsciiWhitespace(ReadFile(state_dir_ + "/admin.token")));
+  if (admin_token_.empty()) ADD_FAILURE() << "the coordinator wrote no admin token";
+  job_stub_ = v1::JobService::NewStub(NewChannel());
+}
+
+std::shared_ptr<grpc::Channel> Cluster::NewChannel(const std::string& token) const {
+  ClientCredentials credentials;
+  credentials.token = token.empty() ? admin_token_ : token;
+  auto channel = NewClientChannel(address_, credentials);
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return channel.ok() ? *channel : nullptr;
+}
+
+std::string Cluster::CreateToken(const std::string& name, v1::TokenRole role) {
+  auto admin = v1::AdminService::NewStub(NewChannel());
+  v1::CreateTokenRequest request;
+  request.set_name(name);
+  request.set_role(role);
+  v1::CreateTokenResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status status = admin->CreateToken(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.secret();
 }
 
 void SetTestHold(const std::string& hold_dir, const std::string& job_name, int64_t updates) {
@@ -288,6 +311,12 @@ void Cluster::StartWorker(int i) {
   for (const std::string& arg : options_.worker_args) {
     argv.push_back(absl::StrReplaceAll(arg, {{"{i}", absl::StrCat(i)}}));
   }
+  // Each worker registers with an agent token of its own name, kept across restarts.
+  const std::string token_file = dir + ".token";
+  if (ReadFile(token_file).empty()) {
+    std::ofstream(token_file) << CreateToken(absl::StrCat("worker-", i), v1::TOKEN_AGENT) << "\n";
+  }
+  argv.push_back("--token_file=" + token_file);
   workers_.push_back(std::make_unique<Process>(std::move(argv), dir + ".log", options_.env));
 }
 
@@ -391,16 +420,17 @@ absl::StatusOr<std::string> Cluster::Logs(const std::string& id, int rank) {
 }
 
 Cluster::CliResult Cluster::Cli(const std::vector<std::string>& args, absl::Duration timeout) {
-  return RunCli(address_, root_.path(), args, timeout);
+  return RunCli(address_, root_.path(), args, timeout, {{"TRAINYARD_TOKEN", admin_token_}});
 }
 
 Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir,
-                          const std::vector<std::string>& args, absl::Duration timeout) {
+                          const std::vector<std::string>& args, absl::Duration timeout,
+                          std::map<std::string, std::string> env) {
   static int counter = 0;
   const std::string log = absl::StrCat(log_dir, "/cli-", ++counter, ".log");
   std::vector<std::string> argv = {BinDir() + "/trainyard", "--coordinator=" + address};
   argv.insert(argv.end(), args.begin(), args.end());
-  Process cli(argv, log);
+  Process cli(argv, log, std::move(env));
   Cluster::CliResult result;
   std::optional<int> status = cli.Wait(timeout);
   if (status.has_value() && WIFEXITED(*status)) result.exit_code = WEXITSTATUS(*status);

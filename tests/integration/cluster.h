@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
 
@@ -80,6 +81,12 @@ class Cluster {
   ~Cluster();
 
   const std::string& address() const { return address_; }
+  // The admin token the coordinator made at its first start (<state_dir>/admin.token).
+  const std::string& admin_token() const { return admin_token_; }
+  // A channel to the coordinator presenting `token` (the admin token when empty).
+  std::shared_ptr<grpc::Channel> NewChannel(const std::string& token = "") const;
+  // A new token from the coordinator (AdminService.CreateToken); a test failure if it fails.
+  std::string CreateToken(const std::string& name, trainyard::v1::TokenRole role);
   const std::string& state_dir() const { return state_dir_; }
   std::string worker_dir(int i) const;
   trainyard::v1::JobService::Stub& jobs() { return *job_stub_; }
@@ -107,7 +114,7 @@ class Cluster {
     // `trainyard submit` prints the new job's id as its first line.
     std::string FirstLine() const { return output.substr(0, output.find('\n')); }
   };
-  // Runs the `trainyard` CLI against this cluster and waits for it.
+  // Runs the `trainyard` CLI against this cluster as an admin and waits for it.
   CliResult Cli(const std::vector<std::string>& args, absl::Duration timeout = absl::Seconds(120));
 
   // Holds every attempt of the job named `job_name` (its spec's name) once it has done `updates`
@@ -134,6 +141,7 @@ class Cluster {
   std::string state_dir_;
   std::string hold_dir_;
   std::string address_;
+  std::string admin_token_;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<trainyard::v1::JobService::Stub> job_stub_;
@@ -153,11 +161,12 @@ absl::StatusOr<trainyard::v1::Job> WatchJobUntil(
     trainyard::v1::JobService::Stub& jobs, const std::string& id,
     const std::function<bool(const trainyard::v1::Job&)>& done, absl::Duration timeout);
 
-// Runs the `trainyard` CLI against the coordinator at `address`, its output in a file under
-// `log_dir`, and waits for it.
+// Runs the `trainyard` CLI against the coordinator at `address` with `env` added to its
+// environment (TRAINYARD_TOKEN, ...), its output in a file under `log_dir`, and waits for it.
 Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir,
                           const std::vector<std::string>& args,
-                          absl::Duration timeout = absl::Seconds(120));
+                          absl::Duration timeout = absl::Seconds(120),
+                          std::map<std::string, std::string> env = {});
 
 // A small job that learns in seconds: a 2-layer MLP on 4 separable synthetic classes, seed 7,
 // a log line every step. `extra` is appended as more top-level YAML (a checkpoint section, ...).

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/channel.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -60,13 +61,25 @@ std::string CommandLine(pid_t pid) {
   return text;
 }
 
+// Where `trainyard up` leaves the CLI's credentials, and where the CLI finds them: a folder of
+// `dir`, not the user's.
+std::map<std::string, std::string> ConfigEnv(const TempDir& dir) {
+  return {{"XDG_CONFIG_HOME", dir.path() + "/config"}};
+}
+
 // `trainyard up` with `workers` workers in a folder of `dir`, and the coordinator it started.
 struct LocalCluster {
   LocalCluster(const TempDir& dir, int workers, std::map<std::string, std::string> env = {})
       : state_dir(dir.path() + "/up"),
         up({BinDir() + "/trainyard", "up", "--workers", absl::StrCat(workers), "--slots", "1",
             "--port", "0", "--state_dir", state_dir},
-           dir.path() + "/up.log", std::move(env)) {}
+           dir.path() + "/up.log", WithConfig(dir, std::move(env))) {}
+
+  static std::map<std::string, std::string> WithConfig(const TempDir& dir,
+                                                       std::map<std::string, std::string> env) {
+    env.merge(ConfigEnv(dir));
+    return env;
+  }
 
   // Waits for the coordinator's port and for `count` READY workers; false (the caller fails)
   // if they do not come within 30 s each.
@@ -83,8 +96,11 @@ struct LocalCluster {
       return false;
     }
     address = absl::StrCat("127.0.0.1:", port);
-    jobs =
-        v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    ClientCredentials admin;
+    admin.token = std::string(absl::StripAsciiWhitespace(ReadFile(state_dir + "/admin.token")));
+    auto channel = NewClientChannel(address, admin);
+    if (!channel.ok()) return false;
+    jobs = v1::JobService::NewStub(*channel);
     return PollUntil(
         [&] {
           workers = ListWorkers(*jobs);
@@ -117,7 +133,9 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
   SetTestHold(hold_dir, kJobName, 25);
   const std::string spec_path = dir.path() + "/job.yaml";
   { std::ofstream(spec_path) << JobYaml(); }
-  const auto submit = RunCli(address, dir.path(), {"submit", spec_path});
+  // The CLI finds the credentials `up` left for it, without flags.
+  const auto submit =
+      RunCli(address, dir.path(), {"submit", spec_path}, absl::Seconds(120), ConfigEnv(dir));
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
   const std::string id = submit.FirstLine();
   auto held = WatchJobUntil(
@@ -131,7 +149,7 @@ TEST(LocalClusterTest, AKilledWorkerStaysDownAndItsJobRecoversOnTheSpare) {
 
   // `trainyard workers` shows each agent's host and process id, and the tasks it runs.
   workers = ListWorkers(jobs);
-  const auto listed = RunCli(address, dir.path(), {"workers"});
+  const auto listed = RunCli(address, dir.path(), {"workers"}, absl::Seconds(120), ConfigEnv(dir));
   ASSERT_EQ(listed.exit_code, 0) << listed.output;
   std::string victim;
   pid_t victim_pid = 0;

@@ -91,6 +91,12 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   ASSERT_GE(victim, 0);
   std::optional<pid_t> trainer = cluster.TrainerPid(victim, TaskId(*running, 1));
   ASSERT_TRUE(trainer.has_value());
+  // What rank 0 of this attempt presents to the coordinator, from its task folder.
+  v1::Task task_g1;
+  ASSERT_TRUE(task_g1.ParseFromString(ReadFile(absl::StrCat(
+      cluster.worker_dir(WorkerOfRank(*running, 0)), "/tasks/", TaskId(*running, 0), "/task.pb"))));
+  const std::string credential_g1 = task_g1.credential();
+  ASSERT_FALSE(credential_g1.empty());
   cluster.worker(victim).Signal(SIGKILL);
   kill(*trainer, SIGKILL);
   // The surviving rank cannot finish without its peer: let it go on into the broken gang.
@@ -110,9 +116,9 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   EXPECT_THAT(describe.output, HasSubstr("Restarts:         1"));
   EXPECT_LE(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 1e-5);
 
-  // A trainer of the first attempt that reports now is refused.
-  auto channel = grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials());
-  auto stub = v1::AgentService::NewStub(channel);
+  // A trainer of the first attempt that reports now is refused, even with the credential of its
+  // own attempt, which the coordinator handed its worker.
+  auto stub = v1::AgentService::NewStub(cluster.NewChannel(credential_g1));
   grpc::ClientContext context;
   v1::ReportProgressRequest request;
   request.set_job_id(id);

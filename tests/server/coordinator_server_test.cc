@@ -13,9 +13,12 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "common/channel.h"
+#include "common/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sqlite_job_store.h"
+#include "tests/common/fake_clock.h"
 #include "tests/server/test_util.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
@@ -52,24 +55,54 @@ class CoordinatorServerTest : public ::testing::Test {
   void SetUp() override {
     auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
     ASSERT_TRUE(store.ok()) << store.status();
+    auto token_store = SqliteJobStore::Open(dir_.path() + "/state.db");
+    ASSERT_TRUE(token_store.ok()) << token_store.status();
+    token_store_ = *std::move(token_store);
+    task_key_ = RandomBytes(32);
+    auto auth = Authenticator::Create(*token_store_, task_key_, auth_clock_);
+    ASSERT_TRUE(auth.ok()) << auth.status();
+    auth_ = *std::move(auth);
     JobManagerOptions options;
     options.checkpoint_root = "file:///ckpt";
+    options.task_credential_key = task_key_;
     auto manager = JobManager::Create(RealClock::Get(), *std::move(store),
                                       std::make_unique<LogStore>(dir_.path() + "/logs"), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
-    auto server = CoordinatorServer::Start(*manager_, "127.0.0.1:0");
+    CoordinatorServerOptions server_options;
+    server_options.max_streams_per_caller = 2;
+    StartServer(server_options);
+    admin_token_ = Token("root", Role::kAdmin);
+    channel_ = Channel(admin_token_);
+    jobs_ = v1::JobService::NewStub(channel_);
+    agents_ = v1::AgentService::NewStub(Channel(Token("w1", Role::kAgent)));
+  }
+
+  void StartServer(const CoordinatorServerOptions& options) {
+    auto server = CoordinatorServer::Start(*manager_, *auth_, options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     ASSERT_GT(server_->port(), 0);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                   grpc::InsecureChannelCredentials());
-    jobs_ = v1::JobService::NewStub(channel_);
-    agents_ = v1::AgentService::NewStub(channel_);
+    address_ = absl::StrCat("127.0.0.1:", server_->port());
   }
 
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown(absl::Seconds(2));
+  }
+
+  std::string Token(const std::string& name, Role role,
+                    absl::Duration ttl = absl::InfiniteDuration()) {
+    auto made = auth_->CreateToken(name, role, ttl, "test");
+    EXPECT_TRUE(made.ok()) << made.status();
+    return made.ok() ? made->first : "";
+  }
+
+  std::shared_ptr<grpc::Channel> Channel(const std::string& token) {
+    ClientCredentials credentials;
+    credentials.token = token;
+    auto channel = NewClientChannel(address_, credentials);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return *channel;
   }
 
   std::unique_ptr<grpc::ClientContext> Context() {
@@ -79,8 +112,14 @@ class CoordinatorServerTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  FakeClock auth_clock_;
+  std::string task_key_;
+  std::unique_ptr<SqliteJobStore> token_store_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<CoordinatorServer> server_;
+  std::string address_;
+  std::string admin_token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::AgentService::Stub> agents_;
@@ -133,11 +172,22 @@ TEST_F(CoordinatorServerTest, SubmittedJobReachesASyncingWorker) {
   ASSERT_EQ(placed.tasks_size(), 1);
   EXPECT_EQ(placed.tasks(0).task_id(), "tiny-1.g1.r0");
 
+  // The task carries the credential of its own attempt.
+  auto scope = VerifyTaskCredential(task_key_, placed.tasks(0).credential());
+  ASSERT_TRUE(scope.ok()) << scope.status();
+  EXPECT_EQ(scope->job_id, "tiny-1");
+  EXPECT_EQ(scope->generation, 1);
+  EXPECT_EQ(scope->index, 0);
+
+  // A trainer of an attempt before it is fenced off.
+  TaskScope old_attempt = *scope;
+  old_attempt.generation = 0;
+  auto old_trainer = v1::AgentService::NewStub(Channel(SignTaskCredential(task_key_, old_attempt)));
   v1::ReportProgressRequest progress;
   progress.set_job_id("tiny-1");
   progress.set_generation(0);
   v1::ReportProgressResponse progress_response;
-  grpc::Status status = agents_->ReportProgress(Context().get(), progress, &progress_response);
+  grpc::Status status = old_trainer->ReportProgress(Context().get(), progress, &progress_response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(status.error_message(), "stale generation 0, current 1");
 
@@ -214,6 +264,259 @@ TEST_F(CoordinatorServerTest, ServesReflection) {
   }
 }
 
+// Each privilege, refused to whoever lacks it, through the real server.
+TEST_F(CoordinatorServerTest, CallsWithoutAValidCredentialAreRefused) {
+  v1::ListJobsResponse listed;
+  auto anonymous = v1::JobService::NewStub(Channel(""));
+  grpc::Status status = anonymous->ListJobs(Context().get(), v1::ListJobsRequest(), &listed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("no credential"));
+
+  auto unknown = v1::JobService::NewStub(Channel(GenerateToken().token));
+  status = unknown->ListJobs(Context().get(), v1::ListJobsRequest(), &listed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  auto forged = v1::JobService::NewStub(Channel(admin_token_.substr(0, 17) + "forged-secret"));
+  status = forged->ListJobs(Context().get(), v1::ListJobsRequest(), &listed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // Expired: valid for an hour, then not.
+  const std::string brief = Token("brief", Role::kUser, absl::Hours(1));
+  auto brief_jobs = v1::JobService::NewStub(Channel(brief));
+  EXPECT_TRUE(brief_jobs->ListJobs(Context().get(), v1::ListJobsRequest(), &listed).ok());
+  auth_clock_.Advance(absl::Hours(1));
+  status = brief_jobs->ListJobs(Context().get(), v1::ListJobsRequest(), &listed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("expired"));
+
+  // Revoked by an admin through AdminService.
+  const std::string doomed = Token("doomed", Role::kUser);
+  auto doomed_jobs = v1::JobService::NewStub(Channel(doomed));
+  EXPECT_TRUE(doomed_jobs->ListJobs(Context().get(), v1::ListJobsRequest(), &listed).ok());
+  auto admin = v1::AdminService::NewStub(channel_);
+  v1::RevokeTokenRequest revoke;
+  revoke.set_id(*TokenId(doomed));
+  v1::Token revoked;
+  ASSERT_TRUE(admin->RevokeToken(Context().get(), revoke, &revoked).ok());
+  EXPECT_EQ(revoked.revoked_by(), "root");
+  status = doomed_jobs->ListJobs(Context().get(), v1::ListJobsRequest(), &listed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("revoked"));
+}
+
+TEST_F(CoordinatorServerTest, UsersReachOnlyTheirOwnJobsAndNoAgentOrAdminCall) {
+  auto alice = v1::JobService::NewStub(Channel(Token("alice", Role::kUser)));
+  const std::string bob_token = Token("bob", Role::kUser);
+  auto bob = v1::JobService::NewStub(Channel(bob_token));
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = TestSpec("mine");
+  v1::Job job;
+  ASSERT_TRUE(alice->SubmitJob(Context().get(), submit, &job).ok());
+  EXPECT_EQ(job.owner(), "alice");
+  EXPECT_EQ(job.events(0).reason(), "submitted by alice");
+
+  // Bob neither sees, follows, lists nor cancels it; the admin does.
+  v1::GetJobRequest get;
+  get.set_id(job.id());
+  v1::Job seen;
+  EXPECT_EQ(bob->GetJob(Context().get(), get, &seen).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::CancelJobRequest cancel;
+  cancel.set_id(job.id());
+  grpc::Status status = bob->CancelJob(Context().get(), cancel, &seen);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("belongs to another user"));
+  v1::GetJobLogsRequest logs;
+  logs.set_id(job.id());
+  auto context = Context();
+  auto reader = bob->GetJobLogs(context.get(), logs);
+  v1::LogChunk chunk;
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(bob->ListJobs(Context().get(), v1::ListJobsRequest(), &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 0);
+  ASSERT_TRUE(alice->ListJobs(Context().get(), v1::ListJobsRequest(), &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 1);
+  // Nor resumes from its checkpoints.
+  v1::SubmitJobRequest resume;
+  *resume.mutable_spec() = TestSpec("theft");
+  resume.mutable_spec()->mutable_checkpoint()->set_resume_from(job.id());
+  status = bob->SubmitJob(Context().get(), resume, &seen);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("checkpoint.resume_from"));
+  EXPECT_TRUE(jobs_->GetJob(Context().get(), get, &seen).ok());
+
+  // A user is no agent, no trainer and no admin.
+  auto bob_agent = v1::AgentService::NewStub(Channel(bob_token));
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("bob-box");
+  reg.set_slots(64);
+  v1::RegisterWorkerResponse reg_response;
+  status = bob_agent->RegisterWorker(Context().get(), reg, &reg_response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("RegisterWorker is for worker agents"));
+  v1::ReportProgressRequest progress;
+  progress.set_job_id(job.id());
+  v1::ReportProgressResponse progress_response;
+  EXPECT_EQ(bob_agent->ReportProgress(Context().get(), progress, &progress_response).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  auto bob_admin = v1::AdminService::NewStub(Channel(bob_token));
+  v1::CreateTokenRequest create;
+  create.set_name("bob2");
+  create.set_role(v1::TOKEN_ADMIN);
+  v1::CreateTokenResponse created;
+  EXPECT_EQ(bob_admin->CreateToken(Context().get(), create, &created).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::ReportPreemptionRequest drain;
+  drain.set_worker_id("w1");
+  v1::ReportPreemptionResponse drained;
+  EXPECT_EQ(bob_agent->ReportPreemption(Context().get(), drain, &drained).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(CoordinatorServerTest, AnAgentSpeaksOnlyForItsOwnWorker) {
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("w1");
+  reg.set_slots(1);
+  v1::RegisterWorkerResponse reg_response;
+  ASSERT_TRUE(agents_->RegisterWorker(Context().get(), reg, &reg_response).ok());
+  // Another agent cannot take the name, keep its lease, report for it or drain it.
+  auto w2 = v1::AgentService::NewStub(Channel(Token("w2", Role::kAgent)));
+  grpc::Status status = w2->RegisterWorker(Context().get(), reg, &reg_response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("may not speak for worker 'w1'"));
+  v1::SyncRequest sync;
+  sync.set_worker_id("w1");
+  v1::SyncResponse synced;
+  EXPECT_EQ(w2->Sync(Context().get(), sync, &synced).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::ReportTaskStatusRequest report;
+  report.set_worker_id("w1");
+  v1::ReportTaskStatusResponse reported;
+  EXPECT_EQ(w2->ReportTaskStatus(Context().get(), report, &reported).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::ReportPreemptionRequest drain;
+  drain.set_worker_id("w1");
+  v1::ReportPreemptionResponse drained;
+  EXPECT_EQ(w2->ReportPreemption(Context().get(), drain, &drained).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // An agent is not a person: it submits nothing.
+  auto w2_jobs = v1::JobService::NewStub(Channel(Token("w3", Role::kAgent)));
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = TestSpec("sneaky");
+  v1::Job job;
+  EXPECT_EQ(w2_jobs->SubmitJob(Context().get(), submit, &job).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // The worker's own agent may; so may an admin drain it.
+  EXPECT_TRUE(agents_->Sync(Context().get(), sync, &synced).ok());
+  auto admin_agents = v1::AgentService::NewStub(channel_);
+  drain.set_deadline_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Minutes(1)));
+  EXPECT_TRUE(admin_agents->ReportPreemption(Context().get(), drain, &drained).ok());
+}
+
+TEST_F(CoordinatorServerTest, ATaskCredentialServesOnlyItsJobAttemptAndRank) {
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = TestSpec("first");
+  v1::Job first;
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), submit, &first).ok());
+  *submit.mutable_spec() = TestSpec("second");
+  v1::Job second;
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), submit, &second).ok());
+  TaskScope scope;
+  scope.job_id = first.id();
+  scope.generation = 1;
+  scope.index = 0;
+  auto trainer = v1::AgentService::NewStub(Channel(SignTaskCredential(task_key_, scope)));
+
+  v1::RendezvousSetRequest set;
+  set.set_job_id(second.id());
+  set.set_generation(1);
+  set.set_key("addr");
+  set.set_value("10.0.0.66:1234");
+  v1::RendezvousSetResponse set_response;
+  grpc::Status status = trainer->RendezvousSet(Context().get(), set, &set_response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("is not for job " + second.id()));
+  set.set_job_id(first.id());
+  set.set_generation(2);
+  EXPECT_EQ(trainer->RendezvousSet(Context().get(), set, &set_response).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  set.set_generation(1);
+  set.set_rank(1);
+  EXPECT_EQ(trainer->RendezvousSet(Context().get(), set, &set_response).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(second.id());
+  commit.set_generation(1);
+  v1::CommitCheckpointResponse committed;
+  EXPECT_EQ(trainer->CommitCheckpoint(Context().get(), commit, &committed).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // A credential signed with another key is no credential.
+  auto forged = v1::AgentService::NewStub(Channel(SignTaskCredential(RandomBytes(32), scope)));
+  set.set_rank(0);
+  EXPECT_EQ(forged->RendezvousSet(Context().get(), set, &set_response).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // A trainer is no person.
+  auto trainer_jobs = v1::JobService::NewStub(Channel(SignTaskCredential(task_key_, scope)));
+  v1::ListJobsResponse listed;
+  EXPECT_EQ(trainer_jobs->ListJobs(Context().get(), v1::ListJobsRequest(), &listed).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(CoordinatorServerTest, OversizedFieldsAndTooManyStreamsAreRefused) {
+  v1::CancelJobRequest cancel;
+  cancel.set_id("x");
+  cancel.set_reason(std::string(5000, 'r'));
+  v1::Job job;
+  grpc::Status status = jobs_->CancelJob(Context().get(), cancel, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "reason: 5000 bytes is over the limit of 1024");
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("w1");
+  reg.set_hostname(std::string(300, 'h'));
+  v1::RegisterWorkerResponse registered;
+  status = agents_->RegisterWorker(Context().get(), reg, &registered);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("hostname: 300 bytes"));
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = TestSpec("wide");
+  for (int i = 0; i < 2000; ++i)
+    submit.mutable_spec()->mutable_model()->mutable_args()->add_hidden(4);
+  status = jobs_->SubmitJob(Context().get(), submit, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("spec.model.args.hidden: 2001 entries is over the limit of 1024"));
+
+  // Two streams per caller here: a third waits for one to end.
+  *submit.mutable_spec() = TestSpec("watched");
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), submit, &job).ok());
+  v1::WatchJobRequest watch;
+  watch.set_id(job.id());
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>>> readers;
+  v1::WatchJobResponse update;
+  for (int i = 0; i < 2; ++i) {
+    contexts.push_back(Context());
+    readers.push_back(jobs_->WatchJob(contexts.back().get(), watch));
+    ASSERT_TRUE(readers.back()->Read(&update));  // the stream is open on the server
+  }
+  auto third_context = Context();
+  auto third = jobs_->WatchJob(third_context.get(), watch);
+  EXPECT_FALSE(third->Read(&update));
+  status = third->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("already holds 2 streams"));
+  // Another caller has streams of its own.
+  auto other = v1::JobService::NewStub(Channel(Token("root2", Role::kAdmin)));
+  auto other_context = Context();
+  auto other_reader = other->WatchJob(other_context.get(), watch);
+  EXPECT_TRUE(other_reader->Read(&update));
+  other_context->TryCancel();
+  for (auto& c : contexts) c->TryCancel();
+}
+
 // The real binary: listens on a kernel-picked port, reports it through --port_file, stops
 // cleanly on SIGTERM and finds its jobs again after a restart on the same --state_dir.
 class CoordinatorProcess {
@@ -270,6 +573,15 @@ class CoordinatorProcess {
   int port_ = 0;
 };
 
+// A channel with the admin token the coordinator wrote into its state folder.
+std::shared_ptr<grpc::Channel> AdminChannel(const std::string& state_dir, int port) {
+  ClientCredentials credentials;
+  auto token = ReadCredentialFile(state_dir + "/admin.token");
+  EXPECT_TRUE(token.ok()) << token.status();
+  credentials.token = token.ok() ? *token : "";
+  return *NewClientChannel(absl::StrCat("127.0.0.1:", port), credentials);
+}
+
 TEST(CoordinatorBinaryTest, RestartOnTheSameStateDirKeepsJobs) {
   TempDir dir;
   const std::string state = dir.path() + "/state";
@@ -281,8 +593,7 @@ TEST(CoordinatorBinaryTest, RestartOnTheSameStateDirKeepsJobs) {
     {
       // The channel closes before the stop: the server's shutdown waits for connected clients
       // to go away, and an idle client only notices while it polls.
-      auto stub = v1::JobService::NewStub(grpc::CreateChannel(
-          absl::StrCat("127.0.0.1:", process.port()), grpc::InsecureChannelCredentials()));
+      auto stub = v1::JobService::NewStub(AdminChannel(state, process.port()));
       v1::SubmitJobRequest submit;
       *submit.mutable_spec() = TestSpec("persist");
       v1::Job job;
@@ -297,8 +608,7 @@ TEST(CoordinatorBinaryTest, RestartOnTheSameStateDirKeepsJobs) {
   ASSERT_GT(process.port(), 0);
   v1::Job job;
   {
-    auto stub = v1::JobService::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", process.port()), grpc::InsecureChannelCredentials()));
+    auto stub = v1::JobService::NewStub(AdminChannel(state, process.port()));
     v1::GetJobRequest get;
     get.set_id(id);
     grpc::ClientContext context;
@@ -308,7 +618,8 @@ TEST(CoordinatorBinaryTest, RestartOnTheSameStateDirKeepsJobs) {
   }
   EXPECT_EQ(job.state(), v1::PENDING);
   ASSERT_GE(job.events_size(), 1);
-  EXPECT_EQ(job.events(0).reason(), "submitted");
+  EXPECT_EQ(job.events(0).reason(), "submitted by admin");
+  EXPECT_EQ(job.owner(), "admin");
   EXPECT_EQ(job.checkpoint_uri(), absl::StrCat("file://", state, "/checkpoints/", id));
   EXPECT_EQ(process.Stop(), 0);
 }

@@ -62,6 +62,7 @@ class FakeJobStore : public JobStore {
       const size_t to = std::min<size_t>(from + trim.count, events.size());
       events.erase(events.begin() + from, events.begin() + to);
     }
+    for (const StoredToken& t : m.tokens) tokens_[t.id] = t;
     for (const auto& key : m.removed_checkpoints) checkpoints_.erase(key);
     for (const std::string& id : m.removed_jobs) {
       jobs_.erase(id);
@@ -144,7 +145,8 @@ class FakeJobStore : public JobStore {
   }
 
   absl::StatusOr<std::vector<StoredJob>> ListFinishedJobs(
-      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit) override {
+      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit,
+      absl::string_view owner) override {
     absl::StatusOr<StoreContents> all = LoadAll();
     if (!all.ok()) return all.status();
     std::vector<StoredJob> out;
@@ -152,6 +154,7 @@ class FakeJobStore : public JobStore {
       if (static_cast<int>(out.size()) == limit) break;
       const trainyard::v1::JobState state = it->job.state();
       if (it->seq >= before_seq || !IsFinal(state)) continue;
+      if (!owner.empty() && it->job.owner() != owner) continue;
       if (!states.empty() && std::find(states.begin(), states.end(), state) == states.end()) {
         continue;
       }
@@ -177,6 +180,13 @@ class FakeJobStore : public JobStore {
       if (static_cast<int>(out.size()) == limit) break;
       out.emplace_back(id, state);
     }
+    return out;
+  }
+
+  absl::StatusOr<std::vector<StoredToken>> LoadTokens() override {
+    absl::MutexLock lock(&mu_);
+    std::vector<StoredToken> out;
+    for (const auto& [id, t] : tokens_) out.push_back(t);
     return out;
   }
 
@@ -207,6 +217,7 @@ class FakeJobStore : public JobStore {
   std::map<std::string, std::vector<trainyard::v1::JobEvent>> events_;
   std::map<std::string, trainyard::v1::JobProgress> progress_;
   std::map<std::string, trainyard::v1::Worker> workers_;
+  std::map<std::string, StoredToken> tokens_;
   std::map<std::string, std::pair<std::string, trainyard::v1::TaskInfo>> tasks_;
   std::map<std::pair<std::string, int64_t>, StoredCheckpoint> checkpoints_;
   int64_t next_job_seq_ = 1;

@@ -363,6 +363,7 @@ TEST(SqliteJobStoreTest, FinishedJobsAreListedAndExpiredFromTheStore) {
     // Finished in the reverse order of submission, apart from the last.
     if (i < 6) job.job.set_finished_unix_ms(1000 - i * 100);
     if (i == 6) job.job.set_finished_unix_ms(2000);
+    job.job.set_owner(i % 2 == 0 ? "alice" : "bob");
     m.jobs.push_back(job);
   }
   v1::JobProgress latest;
@@ -375,15 +376,22 @@ TEST(SqliteJobStoreTest, FinishedJobsAreListedAndExpiredFromTheStore) {
     for (const StoredJob& j : jobs) out.push_back(j.job.id());
     return out;
   };
-  auto all = (*store)->ListFinishedJobs({}, INT64_MAX, 10);
+  auto all = (*store)->ListFinishedJobs({}, INT64_MAX, 10, "");
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(ids(*all), (std::vector<std::string>{"j-7", "j-5", "j-4", "j-2", "j-1"}));
   EXPECT_EQ((*all)[1].job.progress().step(), 999);
   EXPECT_EQ((*all)[0].job.progress().step(), 250);
-  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({}, 5, 2)), (std::vector<std::string>{"j-4", "j-2"}));
-  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({v1::SUCCEEDED, v1::RUNNING}, INT64_MAX, 10)),
+  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({}, 5, 2, "")),
+            (std::vector<std::string>{"j-4", "j-2"}));
+  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({v1::SUCCEEDED, v1::RUNNING}, INT64_MAX, 10, "")),
             (std::vector<std::string>{"j-7", "j-5", "j-1"}));
-  EXPECT_TRUE((*store)->ListFinishedJobs({v1::PENDING}, INT64_MAX, 10)->empty());
+  EXPECT_TRUE((*store)->ListFinishedJobs({v1::PENDING}, INT64_MAX, 10, "")->empty());
+  // One owner's jobs (users list only their own).
+  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({}, INT64_MAX, 10, "bob")),
+            (std::vector<std::string>{"j-4", "j-2"}));
+  EXPECT_EQ(ids(*(*store)->ListFinishedJobs({v1::SUCCEEDED}, 7, 10, "alice")),
+            (std::vector<std::string>{"j-5", "j-1"}));
+  EXPECT_TRUE((*store)->ListFinishedJobs({}, INT64_MAX, 10, "carol")->empty());
 
   auto expired = (*store)->FinishedBefore(1000, 3);
   ASSERT_TRUE(expired.ok()) << expired.status();

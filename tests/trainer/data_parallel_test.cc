@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_server.h"
@@ -52,13 +53,21 @@ class DataParallelTest : public ::testing::Test {
     JobManagerOptions options;
     options.checkpoint_root = "file://" + dir_ + "/ckpt";
     options.worker_timeout = absl::Hours(1);  // no agents here to renew the leases
+    // The trainers present the credentials their tasks carry, as under a real agent.
+    options.task_credential_key = RandomBytes(32);
     auto store = SqliteJobStore::Open(dir_ + "/state.db");
     ASSERT_TRUE(store.ok()) << store.status();
     auto manager = JobManager::Create(RealClock::Get(), *std::move(store),
                                       std::make_unique<LogStore>(dir_ + "/logs"), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
-    auto server = CoordinatorServer::Start(*manager_, "127.0.0.1:0");
+    auto token_store = SqliteJobStore::Open(dir_ + "/state.db");
+    ASSERT_TRUE(token_store.ok()) << token_store.status();
+    token_store_ = *std::move(token_store);
+    auto auth = Authenticator::Create(*token_store_, options.task_credential_key, RealClock::Get());
+    ASSERT_TRUE(auth.ok()) << auth.status();
+    auth_ = *std::move(auth);
+    auto server = CoordinatorServer::Start(*manager_, *auth_, {});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     for (int i = 0; i < 3; ++i) {
@@ -73,6 +82,7 @@ class DataParallelTest : public ::testing::Test {
   void TearDown() override {
     server_.reset();
     manager_.reset();
+    auth_.reset();
     std::filesystem::remove_all(dir_);
   }
 
@@ -176,6 +186,8 @@ class DataParallelTest : public ::testing::Test {
 
   std::string dir_;
   std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<SqliteJobStore> token_store_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<CoordinatorServer> server_;
 };
 

@@ -91,7 +91,7 @@ Agent::Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel)
                                                    " now (later passes retry): ", status.message());
                                       }
                                     },
-                                    options_.task_retention},
+                                    options_.task_retention, options_.trainer_env},
                   *launcher_, clock_) {}
 
 Agent::~Agent() = default;

@@ -2,6 +2,7 @@
 #define TRAINYARD_WORKER_AGENT_AGENT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@ struct AgentOptions {
   absl::Duration stop_grace_period = absl::Seconds(10);  // plain stops: SIGTERM to SIGKILL
   absl::Duration sync_wait = absl::Seconds(1);  // long-poll hold time, also the lease renewal
   absl::Duration task_retention = absl::Hours(24);  // folders of ended tasks are kept this long
+  std::map<std::string, std::string> trainer_env;   // ReconcilerOptions::trainer_env
 };
 
 // The worker agent: registers with the coordinator, keeps its lease alive with long-polling

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/channel.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "grpcpp/grpcpp.h"
@@ -78,12 +79,26 @@ ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(1),
           "how long each Sync long-poll is held by the coordinator; also the lease renewal "
           "period");
 // Several coordinators or agents on one machine (tests, `trainyard up`) cannot all have it.
-constexpr char kDefaultMetricsListen[] = "0.0.0.0:7072";
+constexpr char kDefaultMetricsListen[] = "127.0.0.1:7072";
 ABSL_FLAG(std::string, metrics_listen, kDefaultMetricsListen,
           "address for Prometheus metrics (HTTP GET /metrics) as HOST:PORT; port 0 lets the "
           "kernel pick one (see --metrics_port_file); empty turns metrics off. If the default "
           "address is taken the agent runs without metrics (with a warning); an address given "
           "explicitly that cannot be bound stops it");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding this agent's token (made by an admin: `trainyard token create NAME "
+          "--role agent`, NAME being --name); default: $TRAINYARD_TOKEN_FILE. Or authenticate "
+          "with a client certificate (--cert_file, --key_file; CN = --name, OU = agent)");
+ABSL_FLAG(std::string, ca_file, "",
+          "PEM CA of the coordinator's TLS certificate: speak TLS (also handed to trainers); "
+          "default: $TRAINYARD_CA_FILE");
+ABSL_FLAG(std::string, cert_file, "", "PEM client certificate of this agent (with --ca_file)");
+ABSL_FLAG(std::string, key_file, "", "PEM key of --cert_file");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name the coordinator's certificate carries, when not --coordinator's host");
+ABSL_FLAG(bool, insecure, false,
+          "allow plaintext to a coordinator that is not on this machine (credentials then "
+          "travel in clear)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, once metrics are served, write their bound port number to this file");
 
@@ -161,9 +176,48 @@ int main(int argc, char** argv) {
   channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  trainyard::Agent agent(
-      options, grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(),
-                                         channel_args));
+  trainyard::ClientCredentials credentials;
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (token_file.empty()) token_file = env("TRAINYARD_TOKEN_FILE");
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = trainyard::ReadCredentialFile(token_file);
+    if (!token.ok()) {
+      trainyard::LogError("--token_file: ", token.status().message());
+      return 1;
+    }
+    credentials.token = *token;
+  }
+  credentials.ca_file = absl::GetFlag(FLAGS_ca_file);
+  if (credentials.ca_file.empty()) credentials.ca_file = env("TRAINYARD_CA_FILE");
+  credentials.cert_file = absl::GetFlag(FLAGS_cert_file);
+  credentials.key_file = absl::GetFlag(FLAGS_key_file);
+  credentials.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  credentials.insecure = absl::GetFlag(FLAGS_insecure);
+  if (credentials.token.empty() && credentials.cert_file.empty()) {
+    trainyard::LogWarning(
+        "no credential (--token_file or --cert_file): the coordinator will "
+        "refuse this agent");
+  }
+  // Trainers reach the coordinator the same way, with their own task credentials.
+  if (!credentials.ca_file.empty()) {
+    options.trainer_env["TRAINYARD_CA_FILE"] =
+        std::filesystem::absolute(credentials.ca_file).lexically_normal().string();
+  }
+  if (!credentials.server_name.empty()) {
+    options.trainer_env["TRAINYARD_TLS_SERVER_NAME"] = credentials.server_name;
+  }
+  if (credentials.insecure) options.trainer_env["TRAINYARD_INSECURE"] = "1";
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      trainyard::NewClientChannel(options.coordinator, credentials, channel_args);
+  if (!channel.ok()) {
+    trainyard::LogError(channel.status().message());
+    return 1;
+  }
+  trainyard::Agent agent(options, *std::move(channel));
 
   // Declared after the agent so that they go first: scrapes read the agent. The server holds the
   // metrics only weakly.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/credentials.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
 
@@ -209,7 +210,8 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   fs::create_directories(dir, ec);
   if (ec) return fail(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   const std::string task_file = dir + "/task.pb";
-  if (!WriteFile(task_file, task.SerializeAsString())) {
+  // It holds the task's credential: for the trainer's user only.
+  if (!WriteSecretFile(task_file, task.SerializeAsString()).ok()) {
     return fail(absl::StrCat("cannot write ", task_file));
   }
 
@@ -231,6 +233,7 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
                 {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ",")},
                 // Models and datasets from object storage, cached by ETag across restarts.
                 {"TRAINYARD_CACHE_DIR", options_.work_dir + "/cache"}};
+  for (const auto& [key, value] : options_.trainer_env) launch.env.emplace_back(key, value);
   absl::StatusOr<int64_t> pid = launcher_.Launch(launch);
   if (!pid.ok()) return fail(std::string(pid.status().message()));
 

@@ -41,18 +41,20 @@ struct ReconcilerOptions {
   // Folders of tasks that ended and were forgotten (and those an earlier run of the agent left)
   // are removed this long after: RemoveExpiredTaskDirs.
   absl::Duration task_retention = absl::Hours(24);
+  // Added to every trainer's environment (how to reach the coordinator: TRAINYARD_CA_FILE, ...).
+  std::map<std::string, std::string> trainer_env;
 };
 
 // The worker's task table: makes the set of running trainers match the coordinator's desired
 // tasks and tracks how each one ends.
 //
 // Task folder {work_dir}/tasks/{task_id}/ (the trainer's working directory) holds task.pb (binary
-// trainyard.v1.Task), output.log (the trainer's stdout and stderr), pid, the trainer's
-// termination-message if it wrote one, and stop-deadline when the trainer is asked to save and
-// exit by a deadline (see kStopDeadlineFile).
-// A task id is started at most once in the life of a work_dir: one that ran before (even in an
-// earlier run of the agent) is never started again, as long as its folder is kept (the
-// coordinator never asks again for a task it has seen end).
+// trainyard.v1.Task with the task's credential, mode 0600), output.log (the trainer's stdout and
+// stderr), pid, the trainer's termination-message if it wrote one, and stop-deadline when the
+// trainer is asked to save and exit by a deadline (see kStopDeadlineFile). A task id is started at
+// most once in the life of a work_dir: one that ran before (even in an earlier run of the agent) is
+// never started again, as long as its folder is kept (the coordinator never asks again for a task
+// it has seen end).
 //
 // Thread-safe. Apply forks from the calling thread, which must live as long as the agent (the
 // trainers die with that thread).

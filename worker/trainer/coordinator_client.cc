@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
-#include "worker/trainer/grpc_channel.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -16,9 +15,12 @@ namespace {
 absl::Status FromGrpc(const grpc::Status& status, const char* method) {
   if (status.ok()) return absl::OkStatus();
   const std::string message = absl::StrCat(method, ": ", status.error_message());
-  // A refusal from the coordinator (a fenced, stale attempt; a job that ended meanwhile) is not
-  // the user's fault: it must not count as a user error (exit 2) in the restart policy.
+  // A refusal from the coordinator (a fenced, stale attempt; a job that ended meanwhile; a
+  // credential it does not take) is not the user's fault: it must not count as a user error
+  // (exit 2) in the restart policy, and retrying will not change it.
   switch (status.error_code()) {
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::ABORTED:
     case grpc::StatusCode::NOT_FOUND:
@@ -34,9 +36,10 @@ absl::Status FromGrpc(const grpc::Status& status, const char* method) {
 
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
-  GrpcCoordinatorClient(const std::string& address, std::string job_id, int64_t generation,
-                        int32_t rank, int32_t keep_last, absl::Duration rpc_timeout)
-      : stub_(trainyard::v1::AgentService::NewStub(NewCoordinatorChannel(address))),
+  GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
+                        int64_t generation, int32_t rank, int32_t keep_last,
+                        absl::Duration rpc_timeout)
+      : stub_(trainyard::v1::AgentService::NewStub(std::move(channel))),
         job_id_(std::move(job_id)),
         generation_(generation),
         rank_(rank),
@@ -114,13 +117,13 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 
 }  // namespace
 
-std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
+std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                                                             const std::string& job_id,
                                                             int64_t generation, int32_t rank,
                                                             int32_t keep_last,
                                                             absl::Duration rpc_timeout) {
-  return std::make_unique<GrpcCoordinatorClient>(address, job_id, generation, rank, keep_last,
-                                                 rpc_timeout);
+  return std::make_unique<GrpcCoordinatorClient>(std::move(channel), job_id, generation, rank,
+                                                 keep_last, rpc_timeout);
 }
 
 void SleepForRetry(absl::Duration d) { absl::SleepFor(d); }

@@ -4,6 +4,8 @@
 // What a trainer tells the coordinator: progress, committed checkpoints, the exported model.
 // The interface keeps gRPC out of the training runtime; tests use a fake.
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -43,9 +45,9 @@ class CoordinatorClient {
   virtual absl::Status ReportEvent(const std::string& message) { return absl::OkStatus(); }
 };
 
-// A client over trainyard.v1.AgentService on an insecure channel to `address` (host:port) that
-// presents job_id, generation and rank on every call; keep_last goes with each commit.
-std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(const std::string& address,
+// A client over trainyard.v1.AgentService on `channel` (grpc_channel.h) that presents job_id,
+// generation and rank on every call; keep_last goes with each commit.
+std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                                                             const std::string& job_id,
                                                             int64_t generation, int32_t rank,
                                                             int32_t keep_last,

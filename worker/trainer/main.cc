@@ -29,6 +29,7 @@
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/errors.h"
+#include "worker/trainer/grpc_channel.h"
 #include "worker/trainer/ps_task.h"
 #include "worker/trainer/rendezvous_client.h"
 #include "worker/trainer/trainer.h"
@@ -184,9 +185,15 @@ int main(int argc, char** argv) {
     // keep_last 0 means the spec left it out; never ask to retire the checkpoint just written.
     const int keep_last =
         task.spec().checkpoint().keep_last() > 0 ? task.spec().checkpoint().keep_last() : 3;
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        trainyard::trainer::NewCoordinatorChannel(address, task.credential());
+    if (!channel.ok()) {
+      return Fail(trainyard::kExitInfrastructure,
+                  absl::StrCat("coordinator: ", channel.status().message()));
+    }
     coordinator = trainyard::trainer::NewGrpcCoordinatorClient(
-        address, task.job_id(), task.generation(), task.rank(), keep_last, absl::Seconds(5));
-    rendezvous = trainyard::trainer::NewGrpcRendezvousClient(address, task.job_id(),
+        *channel, task.job_id(), task.generation(), task.rank(), keep_last, absl::Seconds(5));
+    rendezvous = trainyard::trainer::NewGrpcRendezvousClient(*channel, task.job_id(),
                                                              task.generation(), task.rank());
   }
 

@@ -9,7 +9,6 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
-#include "worker/trainer/grpc_channel.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -26,9 +25,9 @@ bool Retryable(const absl::Status& status) {
 
 class GrpcRendezvousClient final : public RendezvousClient {
  public:
-  GrpcRendezvousClient(const std::string& address, std::string job_id, int64_t generation,
-                       int32_t rank)
-      : stub_(trainyard::v1::AgentService::NewStub(NewCoordinatorChannel(address))),
+  GrpcRendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
+                       int64_t generation, int32_t rank)
+      : stub_(trainyard::v1::AgentService::NewStub(std::move(channel))),
         job_id_(std::move(job_id)),
         generation_(generation),
         rank_(rank) {}
@@ -95,10 +94,10 @@ class GrpcRendezvousClient final : public RendezvousClient {
 
 }  // namespace
 
-std::unique_ptr<RendezvousClient> NewGrpcRendezvousClient(const std::string& address,
+std::unique_ptr<RendezvousClient> NewGrpcRendezvousClient(std::shared_ptr<grpc::Channel> channel,
                                                           const std::string& job_id,
                                                           int64_t generation, int32_t rank) {
-  return std::make_unique<GrpcRendezvousClient>(address, job_id, generation, rank);
+  return std::make_unique<GrpcRendezvousClient>(std::move(channel), job_id, generation, rank);
 }
 
 }  // namespace trainyard::trainer

@@ -5,6 +5,8 @@
 // coordinator's rendezvous store in production, an in-memory one in tests). Communicators put
 // their listening addresses or unique ids here and wait for their peers'.
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 
@@ -25,9 +27,10 @@ class RendezvousClient {
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
 };
 
-// The coordinator's store over trainyard.v1.AgentService at `address` (host:port), namespaced by
-// job id and generation. Transient transport failures are retried until the caller's timeout.
-std::unique_ptr<RendezvousClient> NewGrpcRendezvousClient(const std::string& address,
+// The coordinator's store over trainyard.v1.AgentService on `channel` (grpc_channel.h),
+// namespaced by job id and generation. Transient transport failures are retried until the
+// caller's timeout.
+std::unique_ptr<RendezvousClient> NewGrpcRendezvousClient(std::shared_ptr<grpc::Channel> channel,
                                                           const std::string& job_id,
                                                           int64_t generation, int32_t rank);
 

@@ -1,0 +1,146 @@
+#include "common/channel.h"
+
+#include <grpcpp/support/client_interceptor.h>
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace trainyard {
+namespace {
+
+// Adds the bearer credential to every call's initial metadata. Call credentials would do the
+// same on TLS channels only; the interceptor also serves plaintext loopback channels.
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string& value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", value_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string& value_;
+};
+
+class BearerInterceptorFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(std::string token) : value_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(value_);
+  }
+
+ private:
+  const std::string value_;
+};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream contents;
+  if (!in || !(contents << in.rdbuf())) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read the ", what, " ", path));
+  }
+  return contents.str();
+}
+
+}  // namespace
+
+bool IsLoopbackAddress(absl::string_view address) {
+  absl::string_view host = address;
+  if (absl::ConsumePrefix(&host, "[")) {
+    host = host.substr(0, host.find(']'));
+  } else if (size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  absl::ConsumePrefix(&host, "ipv4:");
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path) {
+  absl::StatusOr<std::string> contents = ReadFile(path, "credential file");
+  if (!contents.ok()) return contents.status();
+  std::string line(absl::StripAsciiWhitespace(contents->substr(0, contents->find('\n'))));
+  if (line.empty()) return absl::InvalidArgumentError(absl::StrCat("the file ", path, " is empty"));
+  return line;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> NewServerCredentials(
+    const ServerTls& tls) {
+  if (tls.cert_file.empty()) {
+    if (!tls.key_file.empty() || !tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError("a TLS key or client CA needs the certificate too");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.key_file.empty()) return absl::InvalidArgumentError("a TLS certificate needs its key");
+  grpc::SslServerCredentialsOptions options;
+  absl::StatusOr<std::string> cert = ReadFile(tls.cert_file, "certificate file");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFile(tls.key_file, "key file");
+  if (!key.ok()) return key.status();
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadFile(tls.client_ca_file, "client CA file");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+    options.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
+    const std::string& address, const ClientCredentials& credentials,
+    const grpc::ChannelArguments& args) {
+  grpc::ChannelArguments channel_args = args;
+  std::shared_ptr<grpc::ChannelCredentials> transport;
+  if (!credentials.ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    absl::StatusOr<std::string> ca = ReadFile(credentials.ca_file, "CA file");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    if (credentials.cert_file.empty() != credentials.key_file.empty()) {
+      return absl::InvalidArgumentError("a client certificate needs both its file and its key");
+    }
+    if (!credentials.cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadFile(credentials.cert_file, "certificate file");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadFile(credentials.key_file, "key file");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    if (!credentials.server_name.empty()) {
+      channel_args.SetSslTargetNameOverride(credentials.server_name);
+    }
+    transport = grpc::SslCredentials(ssl);
+  } else {
+    if (!credentials.cert_file.empty()) {
+      return absl::InvalidArgumentError("a client certificate needs TLS: give the CA file too");
+    }
+    if (!credentials.insecure && !IsLoopbackAddress(address)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the coordinator ", address,
+                       " is not on this machine: give the CA file of its TLS certificate, or allow "
+                       "plaintext explicitly (--insecure)"));
+    }
+    transport = grpc::InsecureChannelCredentials();
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!credentials.token.empty()) {
+    interceptors.push_back(std::make_unique<BearerInterceptorFactory>(credentials.token));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, transport, channel_args,
+                                                                 std::move(interceptors));
+}
+
+}  // namespace trainyard

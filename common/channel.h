@@ -1,0 +1,58 @@
+#ifndef TRAINYARD_COMMON_CHANNEL_H_
+#define TRAINYARD_COMMON_CHANNEL_H_
+
+// Client channels to the coordinator: TLS verified against a CA, an optional client certificate,
+// and a bearer credential sent with every call. Used by the CLI, the worker agent and trainers.
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace trainyard {
+
+struct ClientCredentials {
+  // PEM file of the CA(s) that signed the coordinator's certificate. Set: the channel uses TLS.
+  std::string ca_file;
+  // The name the coordinator's certificate must carry when it differs from the address's host.
+  std::string server_name;
+  // PEM client certificate and key (both or neither; needs ca_file).
+  std::string cert_file;
+  std::string key_file;
+  // A bearer token or task credential, sent as "authorization: Bearer ..." on every call.
+  std::string token;
+  // Allow plaintext to an address that is not loopback (the token then travels in clear).
+  bool insecure = false;
+};
+
+// True for "127.0.0.1:P", "[::1]:P", "localhost:P" and other 127/8 addresses.
+bool IsLoopbackAddress(absl::string_view address);
+
+// A channel to `address` ("host:port") with `credentials` and `args`. INVALID_ARGUMENT naming the
+// file when a PEM file cannot be read, or when the address is not loopback and neither TLS nor
+// `insecure` is set (nothing is sent then). Does not connect; thread-safe.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
+    const std::string& address, const ClientCredentials& credentials,
+    const grpc::ChannelArguments& args = grpc::ChannelArguments());
+
+// The coordinator's side: TLS with its certificate, and client certificates verified against
+// client_ca_file when a client presents one (optional: tokens are the other way in).
+struct ServerTls {
+  std::string cert_file;       // PEM; empty: plaintext
+  std::string key_file;        // PEM
+  std::string client_ca_file;  // PEM; empty: client certificates are not asked for
+};
+
+// INVALID_ARGUMENT naming the file when one cannot be read, or the key without the certificate.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> NewServerCredentials(const ServerTls& tls);
+
+// Reads a credential file: its first line, trimmed. INVALID_ARGUMENT naming the file when it
+// cannot be read or is empty.
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_COMMON_CHANNEL_H_
