@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,10 +29,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/channel.h"
+#include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator address");
+ABSL_FLAG(std::string, token_file, "",
+          "an admin token (the coordinator's <state_dir>/admin.token); agents get agent tokens "
+          "made with it");
 ABSL_FLAG(int, threads, 8, "submit: concurrent clients");
 ABSL_FLAG(int, jobs, 10000, "submit: jobs to submit");
 ABSL_FLAG(int, window, 1000, "submit: submissions per reported window");
@@ -62,9 +68,27 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
+// The admin token, and a channel that presents it.
+std::string AdminToken() {
+  absl::StatusOr<std::string> token =
+      trainyard::ReadCredentialFile(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    std::fprintf(stderr, "--token_file: %s\n", std::string(token.status().message()).c_str());
+    std::exit(2);
+  }
+  return *token;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& token, int id) {
+  trainyard::ClientCredentials credentials;
+  credentials.token = token;
+  grpc::ChannelArguments args;
+  args.SetInt("grpc.channel_id", id);
+  return *trainyard::NewClientChannel(absl::GetFlag(FLAGS_coordinator), credentials, args);
+}
+
 int Submit() {
-  auto channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials());
+  const std::string token = AdminToken();
   const int total = absl::GetFlag(FLAGS_jobs);
   const int window = absl::GetFlag(FLAGS_window);
   v1::SubmitJobRequest request;
@@ -79,13 +103,7 @@ int Submit() {
   for (int t = 0; t < absl::GetFlag(FLAGS_threads); ++t) {
     threads.emplace_back([&] {
       // One channel per client, as separate processes would have.
-      auto own = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator),
-                                           grpc::InsecureChannelCredentials(), [] {
-                                             grpc::ChannelArguments args;
-                                             args.SetInt("grpc.channel_id", rand());
-                                             return args;
-                                           }());
-      auto stub = v1::JobService::NewStub(own);
+      auto stub = v1::JobService::NewStub(Channel(token, rand()));
       while (next.fetch_add(1) < total) {
         grpc::ClientContext context;
         v1::Job job;
@@ -112,7 +130,6 @@ int Submit() {
   }
   std::printf("all %zu | %.0f (failed %d)\n", acked.size(),
               acked.size() / absl::ToDoubleSeconds(elapsed), failed.load());
-  (void)channel;
   return failed.load() == 0 ? 0 : 1;
 }
 
@@ -121,13 +138,26 @@ int Agents() {
   const int agents = absl::GetFlag(FLAGS_agents);
   const absl::Duration wait = absl::GetFlag(FLAGS_sync_wait);
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
-  // A few channels shared by the agents (a thousand TCP connections would measure the kernel).
+  // A few channels shared by the agents (a thousand TCP connections would measure the kernel);
+  // each agent presents its own token with each call.
+  const std::string admin_token = AdminToken();
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < 8; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt("grpc.channel_id", i);
-    channels.push_back(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  for (int i = 0; i < 8; ++i) channels.push_back(Channel("", i));
+  std::vector<std::string> tokens(agents);
+  {
+    auto admin = v1::AdminService::NewStub(Channel(admin_token, 100));
+    for (int a = 0; a < agents; ++a) {
+      v1::CreateTokenRequest request;
+      request.set_name(absl::StrCat("sim-", a));
+      request.set_role(v1::TOKEN_AGENT);
+      v1::CreateTokenResponse response;
+      grpc::ClientContext context;
+      if (grpc::Status s = admin->CreateToken(&context, request, &response); !s.ok()) {
+        std::fprintf(stderr, "CreateToken: %s\n", s.error_message().c_str());
+        return 1;
+      }
+      tokens[a] = "Bearer " + response.secret();
+    }
   }
   absl::Mutex mu;
   std::vector<double> overshoot_ms;  // long polls that waited: time beyond the wait
@@ -149,6 +179,7 @@ int Agents() {
         r.set_slots(1);
         r.set_pid(a + 1);
         grpc::ClientContext context;
+        context.AddMetadata("authorization", tokens[a]);
         v1::RegisterWorkerResponse response;
         return stub->RegisterWorker(&context, r, &response).ok();
       };
@@ -164,6 +195,7 @@ int Agents() {
         request.set_known_version(known);
         request.set_wait_ms(absl::ToInt64Milliseconds(wait));
         grpc::ClientContext context;
+        context.AddMetadata("authorization", tokens[a]);
         context.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(30)));
         v1::SyncResponse response;
         const absl::Time sent = absl::Now();
@@ -203,6 +235,7 @@ int Agents() {
             report.mutable_status()->set_task_id(task.task_id());
             report.mutable_status()->set_state(state);
             grpc::ClientContext report_context;
+            report_context.AddMetadata("authorization", tokens[a]);
             v1::ReportTaskStatusResponse ignored;
             if (!stub->ReportTaskStatus(&report_context, report, &ignored).ok()) errors++;
           }
@@ -213,7 +246,7 @@ int Agents() {
   }
   // The submitter: a steady stream of small jobs.
   std::thread submitter([&] {
-    auto stub = v1::JobService::NewStub(channels[0]);
+    auto stub = v1::JobService::NewStub(Channel(admin_token, 101));
     v1::SubmitJobRequest request;
     request.set_spec_yaml(SpecYaml("single"));
     const absl::Duration period = absl::Seconds(1.0 / absl::GetFlag(FLAGS_rate));

@@ -40,6 +40,7 @@ class Coordinator:
             time.sleep(0.05)
         with open(port_file) as f:
             self.address = "127.0.0.1:" + f.read().strip()
+        self.token_flag = "--token_file=" + os.path.join(self.state, "admin.token")
         return self
 
     def __exit__(self, *exc):
@@ -67,7 +68,7 @@ def main():
 
     print(f"## Durable submissions, 8 clients, no workers, queue growing to {jobs}")
     with Coordinator(build) as c:
-        print(load(build, "submit", f"--coordinator={c.address}", "--threads=8",
+        print(load(build, "submit", f"--coordinator={c.address}", c.token_flag, "--threads=8",
                    f"--jobs={jobs}", "--window=1000"), end="")
         # Idle: everything queued, nothing changing.
         time.sleep(2)
@@ -81,10 +82,10 @@ def main():
     print(f"\n## {agents} simulated agents (1 slot each, Sync long poll 1 s), jobs at 20/s, "
           f"{jobs} unplaceable jobs queued")
     with Coordinator(build) as c:
-        load(build, "submit", f"--coordinator={c.address}", "--threads=8", f"--jobs={jobs}",
+        load(build, "submit", f"--coordinator={c.address}", c.token_flag, "--threads=8", f"--jobs={jobs}",
              "--window=100000", "--spec=gpu")
         before = cpu_seconds(c.proc.pid)
-        print(load(build, "agents", f"--coordinator={c.address}", f"--agents={agents}",
+        print(load(build, "agents", f"--coordinator={c.address}", c.token_flag, f"--agents={agents}",
                    f"--seconds={seconds}", "--rate=20"), end="")
         print(f"coordinator CPU: {(cpu_seconds(c.proc.pid) - before) / seconds * 100:.0f} % of a "
               f"core")

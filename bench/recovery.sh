@@ -26,13 +26,16 @@ trap cleanup EXIT
 pids+=($!)
 for _ in $(seq 100); do [[ -s $dir/port ]] && break; sleep 0.1; done
 export TRAINYARD_COORDINATOR=127.0.0.1:$(cat "$dir/port")
+export TRAINYARD_TOKEN_FILE=$dir/state/admin.token  # the CLI, as an admin
 export TRAINYARD_TEST_HOLD_DIR=$dir/holds
 mkdir -p "$TRAINYARD_TEST_HOLD_DIR"
 held_at=250  # between two checkpoints (every 100): a vanished machine loses 50 steps
 declare -A workers
 start_worker() {
+  [[ -s $dir/w$1.token ]] || "$bin/trainyard" token create "w$1" --role agent >"$dir/w$1.token"
   "$bin/trainyard-worker" --name="w$1" --address=127.0.0.1 --slots=1 --gpus=0 \
-    --work_dir="$dir/w$1" --metrics_listen=127.0.0.1:0 >"$dir/w$1.log" 2>&1 &
+    --work_dir="$dir/w$1" --metrics_listen=127.0.0.1:0 --token_file="$dir/w$1.token" \
+    >"$dir/w$1.log" 2>&1 &
   workers[$1]=$!
   pids+=($!)
   disown $!  # no job-control message when it is killed on purpose

@@ -32,11 +32,11 @@ std::string JobsTable(const std::vector<v1::Job>& jobs, absl::Time now, bool ter
   std::vector<std::vector<std::string>> rows;
   for (const v1::Job& job : jobs) {
     const std::string reason = terminal ? Truncate(job.reason(), 60) : job.reason();
-    rows.push_back({job.id(), job.name(), JobStateName(job.state()), StepText(job.progress()),
-                    LossText(job.progress()),
+    rows.push_back({job.id(), job.name(), job.owner().empty() ? "-" : job.owner(),
+                    JobStateName(job.state()), StepText(job.progress()), LossText(job.progress()),
                     ShortAge(now - absl::FromUnixMillis(job.created_unix_ms())), reason});
   }
-  return Table({"ID", "NAME", "STATE", "STEP", "LOSS", "AGE", "REASON"}, rows);
+  return Table({"ID", "NAME", "OWNER", "STATE", "STEP", "LOSS", "AGE", "REASON"}, rows);
 }
 
 std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
@@ -94,6 +94,7 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   };
   field("ID", job.id());
   field("Name", job.name());
+  field("Owner", job.owner());
   field("State", JobStateName(job.state()));
   field("Reason", job.reason());
   field("Generation", absl::StrCat(job.generation()));

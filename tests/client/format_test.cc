@@ -102,6 +102,7 @@ TEST(ViewsTest, JobsTable) {
   v1::Job job;
   job.set_id("j-1");
   job.set_name("mnist");
+  job.set_owner("alice");
   job.set_state(v1::FAILED);
   job.set_reason(std::string(100, 'x'));
   job.set_created_unix_ms(1'700'000'000'000);
@@ -110,8 +111,8 @@ TEST(ViewsTest, JobsTable) {
   job.mutable_progress()->set_loss(1.5);
   const absl::Time now = absl::FromUnixMillis(1'700'000'000'000) + absl::Minutes(5);
   const std::string tty = JobsTable({job}, now, /*terminal=*/true);
-  EXPECT_THAT(tty, HasSubstr("ID   NAME   STATE   STEP    LOSS    AGE  REASON"));
-  EXPECT_THAT(tty, HasSubstr("j-1  mnist  FAILED  10/100  1.5000  5m   xxx"));
+  EXPECT_THAT(tty, HasSubstr("ID   NAME   OWNER  STATE   STEP    LOSS    AGE  REASON"));
+  EXPECT_THAT(tty, HasSubstr("j-1  mnist  alice  FAILED  10/100  1.5000  5m   xxx"));
   EXPECT_THAT(tty, HasSubstr("..."));
   EXPECT_THAT(JobsTable({job}, now, /*terminal=*/false), HasSubstr(std::string(100, 'x')));
 }

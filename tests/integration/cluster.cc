@@ -258,6 +258,7 @@ void Cluster::StartCoordinator() {
 std::shared_ptr<grpc::Channel> Cluster::NewChannel(const std::string& token) const {
   ClientCredentials credentials;
   credentials.token = token.empty() ? admin_token_ : token;
+  credentials.ca_file = options_.ca_file;
   auto channel = NewClientChannel(address_, credentials);
   EXPECT_TRUE(channel.ok()) << channel.status();
   return channel.ok() ? *channel : nullptr;
@@ -317,6 +318,7 @@ void Cluster::StartWorker(int i) {
     std::ofstream(token_file) << CreateToken(absl::StrCat("worker-", i), v1::TOKEN_AGENT) << "\n";
   }
   argv.push_back("--token_file=" + token_file);
+  if (!options_.ca_file.empty()) argv.push_back("--ca_file=" + options_.ca_file);
   workers_.push_back(std::make_unique<Process>(std::move(argv), dir + ".log", options_.env));
 }
 
@@ -420,7 +422,9 @@ absl::StatusOr<std::string> Cluster::Logs(const std::string& id, int rank) {
 }
 
 Cluster::CliResult Cluster::Cli(const std::vector<std::string>& args, absl::Duration timeout) {
-  return RunCli(address_, root_.path(), args, timeout, {{"TRAINYARD_TOKEN", admin_token_}});
+  std::map<std::string, std::string> env = {{"TRAINYARD_TOKEN", admin_token_}};
+  if (!options_.ca_file.empty()) env["TRAINYARD_CA_FILE"] = options_.ca_file;
+  return RunCli(address_, root_.path(), args, timeout, std::move(env));
 }
 
 Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir,

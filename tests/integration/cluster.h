@@ -71,6 +71,9 @@ struct ClusterOptions {
   // the worker's index.
   std::vector<std::string> coordinator_args;
   std::vector<std::string> worker_args;
+  // The CA of the coordinator's TLS certificate (its --tls_cert in coordinator_args): the
+  // workers, the CLI and the test's own channels verify it. Empty: plaintext.
+  std::string ca_file;
 };
 
 class Cluster {

@@ -1,0 +1,146 @@
+// The coordinator's protection with real TLS (certificates made by `openssl` here), client
+// certificates, tokens and task credentials, through the real binaries; and the same checks
+// from a client that is not ours (foreign_client.py: Debian's grpcio, stubs from our protos).
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
+
+namespace trainyard::testing {
+namespace {
+
+// Runs a shell command; its exit code and output.
+std::pair<int, std::string> Shell(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// A CA, a server certificate for 127.0.0.1 signed by it, a client certificate for alice
+// (OU=user) signed by it, and another CA that signed nothing here.
+struct Certificates {
+  explicit Certificates(const std::string& dir) : dir(dir) {
+    const std::string script = absl::StrCat(
+        "set -e; cd ", dir, "\n",
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=trainyard-test-ca "
+        "-keyout ca.key -out ca.pem\n",
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
+        "-keyout other.key -out other-ca.pem\n",
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=coordinator -keyout server.key "
+        "-out server.csr\n",
+        "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > server.ext\n",
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "-extfile server.ext -out server.pem\n",
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=alice/OU=user -keyout alice.key "
+        "-out alice.csr\n",
+        "openssl x509 -req -in alice.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "-out alice.pem\n");
+    auto [code, output] = Shell(script);
+    EXPECT_EQ(code, 0) << output;
+  }
+  std::string Path(const std::string& name) const { return dir + "/" + name; }
+  std::string dir;
+};
+
+ClusterOptions TlsCluster(const Certificates& certs) {
+  ClusterOptions options;
+  options.coordinator_args = {"--tls_cert=" + certs.Path("server.pem"),
+                              "--tls_key=" + certs.Path("server.key"),
+                              "--client_ca=" + certs.Path("ca.pem")};
+  options.ca_file = certs.Path("ca.pem");
+  return options;
+}
+
+TEST(SecurityTest, OverTlsAJobTrainsAndOnlyTheRightCallersGetIn) {
+  TempDir dir;
+  Certificates certs(dir.path());
+  Cluster cluster(TlsCluster(certs));
+  // Agents and trainers speak TLS too: the job trains to its end.
+  const v1::Job done = RunToSuccess(cluster, SyntheticJobYaml("over-tls", 20));
+  EXPECT_EQ(done.owner(), "admin");
+
+  // Alice with her client certificate and no token: her jobs are hers.
+  const std::string spec_path = dir.path() + "/job.yaml";
+  { std::ofstream(spec_path) << SyntheticJobYaml("alices", 20); }
+  const std::map<std::string, std::string> alice = {
+      {"TRAINYARD_CA_FILE", certs.Path("ca.pem")},
+      {"TRAINYARD_CERT_FILE", certs.Path("alice.pem")},
+      {"TRAINYARD_KEY_FILE", certs.Path("alice.key")},
+      {"XDG_CONFIG_HOME", dir.path() + "/config"}};
+  auto submitted = RunCli(cluster.address(), dir.path(), {"submit", spec_path, "--wait"},
+                          absl::Seconds(120), alice);
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.output;
+  const std::string id = submitted.FirstLine();
+  auto listed = RunCli(cluster.address(), dir.path(), {"jobs"}, absl::Seconds(60), alice);
+  EXPECT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_TRUE(absl::StrContains(listed.output, id)) << listed.output;
+  EXPECT_FALSE(absl::StrContains(listed.output, done.id())) << listed.output;
+  auto described = cluster.Cli({"describe", id});
+  EXPECT_TRUE(absl::StrContains(described.output, "alice")) << described.output;
+  EXPECT_TRUE(absl::StrContains(described.output, "submitted by alice")) << described.output;
+  auto theirs =
+      RunCli(cluster.address(), dir.path(), {"describe", done.id()}, absl::Seconds(60), alice);
+  EXPECT_EQ(theirs.exit_code, 4) << theirs.output;
+  EXPECT_TRUE(absl::StrContains(theirs.output, "belongs to another user")) << theirs.output;
+
+  // A client that trusts another CA does not get through; nor does plaintext.
+  std::map<std::string, std::string> wrong_ca = alice;
+  wrong_ca["TRAINYARD_CA_FILE"] = certs.Path("other-ca.pem");
+  auto refused = RunCli(cluster.address(), dir.path(), {"jobs"}, absl::Seconds(60), wrong_ca);
+  EXPECT_EQ(refused.exit_code, 4) << refused.output;
+  EXPECT_TRUE(absl::StrContains(refused.output, "cannot reach the coordinator")) << refused.output;
+  auto plain = RunCli(
+      cluster.address(), dir.path(), {"jobs"}, absl::Seconds(60),
+      {{"TRAINYARD_TOKEN", cluster.admin_token()}, {"XDG_CONFIG_HOME", dir.path() + "/config"}});
+  EXPECT_EQ(plain.exit_code, 4) << plain.output;
+
+  // The same checks from a client that is not ours.
+  const std::string alice_token = cluster.CreateToken("alice", v1::TOKEN_USER);
+  const std::string bob_token = cluster.CreateToken("bob", v1::TOKEN_USER);
+  auto [code, output] = Shell(absl::StrCat(
+      "/usr/bin/python3 ", SourceDir(), "/tests/integration/foreign_client.py ", cluster.address(),
+      " ", SourceDir(), "/proto ", certs.Path("ca.pem"), " ", certs.Path("other-ca.pem"), " ",
+      cluster.admin_token(), " ", alice_token, " ", bob_token));
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_TRUE(absl::StrContains(output, "0 failed")) << output;
+}
+
+TEST(SecurityTest, PlaintextBeyondLoopbackNeedsInsecure) {
+  TempDir dir;
+  Process refused({BinDir() + "/trainyard-coordinator", "--listen=0.0.0.0:0",
+                   "--state_dir=" + dir.path() + "/a", "--metrics_listen="},
+                  dir.path() + "/a.log");
+  auto status = refused.Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_NE(WEXITSTATUS(*status), 0);
+  EXPECT_TRUE(absl::StrContains(refused.Log(), "is not loopback and there is no TLS"))
+      << refused.Log();
+
+  const std::string port_file = dir.path() + "/port";
+  Process allowed(
+      {BinDir() + "/trainyard-coordinator", "--listen=0.0.0.0:0", "--insecure",
+       "--state_dir=" + dir.path() + "/b", "--metrics_listen=", "--port_file=" + port_file},
+      dir.path() + "/b.log");
+  EXPECT_TRUE(PollUntil([&] { return !ReadFile(port_file).empty() || !allowed.running(); },
+                        absl::Seconds(30)));
+  EXPECT_TRUE(allowed.running()) << allowed.Log();
+  EXPECT_TRUE(absl::StrContains(allowed.Log(), "tokens and job data travel in clear"))
+      << allowed.Log();
+  allowed.Stop();
+}
+
+}  // namespace
+}  // namespace trainyard::testing
