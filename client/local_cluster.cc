@@ -170,6 +170,8 @@ int RunLocalCluster(const LocalClusterOptions& options) {
     coordinator.argv = {options.bin_dir + "/trainyard-coordinator",
                         absl::StrCat("--listen=127.0.0.1:", options.port),
                         "--state_dir=" + state_dir, "--port_file=" + port_file,
+                        // One machine, one user: jobs may read whatever that user can.
+                        "--allowed_local_paths=*",
                         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port(0))};
     coordinator.output_file = state_dir + "/logs/coordinator.log";
     absl::StatusOr<pid_t> pid = StartSubprocess(coordinator);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <string>
@@ -11,9 +12,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
 #include "yaml-cpp/yaml.h"
@@ -956,6 +959,40 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                      spec.batch_size() / workers.max(), " samples"));
   }
   if (spec.bucket_size_mb() < 1) return FieldError("bucket_size_mb", "must be > 0");
+  return absl::OkStatus();
+}
+
+absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::string>& allowed) {
+  const std::pair<const char*, const std::string*> fields[] = {
+      {"data.train", &spec.data().train()},
+      {"model.torchscript", &spec.model().torchscript()},
+      {"checkpoint.uri", &spec.checkpoint().uri()}};
+  for (const auto& [field, value] : fields) {
+    if (value->empty()) continue;
+    // Object storage is not the worker's disk; anything else is read from it.
+    if (absl::StrContains(*value, "://") && !absl::StartsWith(*value, "file://")) continue;
+    absl::StatusOr<std::string> path = LocalPath(*value);
+    if (!path.ok()) path = *value;  // a relative path: still the worker's disk
+    const std::string where =
+        allowed.empty() ? "no local paths are allowed here: use object storage (s3://)"
+                        : absl::StrCat("local paths must be under ", absl::StrJoin(allowed, ", "));
+    if (!absl::StartsWith(*path, "/")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": '", *value, "' is not an absolute path; ", where));
+    }
+    const std::string normal = std::filesystem::path(*path).lexically_normal().string();
+    bool inside = false;
+    for (const std::string& folder : allowed) {
+      const std::string prefix = absl::StrCat(absl::StripSuffix(folder, "/"), "/");
+      inside |= absl::StartsWith(normal + "/", prefix);
+    }
+    if (!inside) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": '", *value,
+                                                     "' is outside the "
+                                                     "folders this coordinator allows; ",
+                                                     where));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 #define TRAINYARD_COMMON_JOB_SPEC_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -56,6 +57,14 @@ void ApplyJobSpecDefaults(trainyard::v1::JobSpec& spec);
 // Checks a spec that already has its defaults; returns the first problem found. Same error form
 // as ParseJobSpecYaml ("<field>: <problem>"), INVALID_ARGUMENT.
 absl::Status ValidateJobSpec(const trainyard::v1::JobSpec& spec);
+
+// Checks that every local path in `spec` (data.train, model.torchscript, checkpoint.uri: plain
+// paths and file:// URIs) is absolute and lies under one of `allowed` (absolute folders). Globs
+// are checked as written, so a pattern must name its folders (`/data/run-*/x` is under `/data`).
+// Symlinks are not followed: the folders named must not hold links that lead out. INVALID_ARGUMENT
+// naming the field and the allowed folders.
+absl::Status CheckLocalPaths(const trainyard::v1::JobSpec& spec,
+                             const std::vector<std::string>& allowed);
 
 // "90s", "15m", "12h", "2d", "1h30m" -> seconds. INVALID_ARGUMENT otherwise.
 absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text);

@@ -362,6 +362,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
   }
+  if (options_.allowed_local_paths.has_value()) {
+    if (absl::Status s = CheckLocalPaths(spec, *options_.allowed_local_paths); !s.ok()) return s;
+  }
   v1::Job job;
   int64_t seq = 0;
   std::shared_ptr<GroupCommitter::Ticket> ticket;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -20,12 +21,15 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/channel.h"
 #include "common/clock.h"
 #include "common/credentials.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
+#include "common/uri.h"
 #include "server/coordinator_server.h"
 #include "server/job_manager.h"
 #include "server/log_store.h"
@@ -96,6 +100,11 @@ ABSL_FLAG(bool, insecure, false,
 ABSL_FLAG(std::string, admin_token_file, "",
           "Where the coordinator writes an admin token (mode 0600) when no valid admin token "
           "exists, e.g. at first start. Default: <state_dir>/admin.token.");
+ABSL_FLAG(std::string, allowed_local_paths, "",
+          "Comma-separated folders (or file:// URIs) under which a job's local paths (data.train, "
+          "model.torchscript, checkpoint.uri) must lie; others are refused at submission. "
+          "Default: the checkpoint root when it is local, else none (object storage only). '*' "
+          "allows any path the trainer's user can read: only for a machine of one user.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
 ABSL_FLAG(std::string, metrics_port_file, "",
@@ -215,6 +224,23 @@ int Run() {
     return 1;
   }
   options.task_credential_key = *task_key;
+  if (const std::string allowed = absl::GetFlag(FLAGS_allowed_local_paths); allowed != "*") {
+    std::vector<std::string> folders;
+    for (absl::string_view part : absl::StrSplit(allowed, ',', absl::SkipWhitespace())) {
+      absl::StatusOr<std::string> path = LocalPath(absl::StripAsciiWhitespace(part));
+      if (!path.ok() || !absl::StartsWith(*path, "/")) {
+        LogError("--allowed_local_paths: '", part, "' is not an absolute folder");
+        return 1;
+      }
+      folders.push_back(*path);
+    }
+    if (allowed.empty()) {
+      if (absl::StatusOr<std::string> root = LocalPath(checkpoint_root); root.ok()) {
+        folders.push_back(*root);
+      }
+    }
+    options.allowed_local_paths = folders;
+  }
   absl::StatusOr<std::unique_ptr<Authenticator>> auth =
       Authenticator::Create(**token_store, *task_key, RealClock::Get());
   if (!auth.ok()) {

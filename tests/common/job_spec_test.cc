@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace trainyard {
 namespace {
 
+using ::testing::HasSubstr;
 using trainyard::v1::JobSpec;
 
 // A minimal valid spec as ordered top-level entries; tests replace, add or remove entries.
@@ -655,6 +657,35 @@ TEST(ParseDurationSecondsTest, Invalid) {
                           "99999999999999999d"}) {
     EXPECT_EQ(ParseDurationSeconds(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST(CheckLocalPathsTest, LocalPathsMustLieUnderAnAllowedFolder) {
+  v1::JobSpec spec;
+  spec.mutable_data()->set_train("/data/run-*/train-*.safetensors");
+  spec.mutable_model()->set_torchscript("file:///models/net.pt");
+  spec.mutable_checkpoint()->set_uri("s3://bucket/ckpt");
+  EXPECT_TRUE(CheckLocalPaths(spec, {"/data", "/models/"}).ok());
+
+  absl::Status s = CheckLocalPaths(spec, {"/data"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "model.torchscript: 'file:///models/net.pt' is outside the folders this coordinator "
+            "allows; local paths must be under /data");
+  // Climbing out, a folder that only starts like an allowed one, a relative path.
+  spec.mutable_model()->clear_torchscript();
+  spec.mutable_data()->set_train("/data/../etc/passwd");
+  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).code(), absl::StatusCode::kInvalidArgument);
+  spec.mutable_data()->set_train("/database/x.safetensors");
+  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).code(), absl::StatusCode::kInvalidArgument);
+  spec.mutable_data()->set_train("data/x.safetensors");
+  EXPECT_THAT(std::string(CheckLocalPaths(spec, {"/data"}).message()),
+              HasSubstr("data.train: 'data/x.safetensors' is not an absolute path"));
+  // Nothing allowed: object storage only.
+  spec.mutable_data()->set_train("/data/x.safetensors");
+  EXPECT_THAT(std::string(CheckLocalPaths(spec, {}).message()),
+              HasSubstr("no local paths are allowed here"));
+  spec.mutable_data()->set_train("s3://bucket/x-*.safetensors");
+  EXPECT_TRUE(CheckLocalPaths(spec, {}).ok());
 }
 
 }  // namespace

@@ -234,7 +234,10 @@ void Cluster::StartCoordinator() {
       BinDir() + "/trainyard-coordinator", "--listen=" + listen, "--state_dir=" + state_dir_,
       "--port_file=" + port_file,
       absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
-      "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + metrics_port_file};
+      "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + metrics_port_file,
+      // Tests read data from temporary folders (and some from nowhere, to fail); a test of the
+      // restriction gives its own value, which comes later and wins.
+      "--allowed_local_paths=*"};
   argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
   coordinator_ =
       std::make_unique<Process>(std::move(argv), root_.path() + "/coordinator.log", options_.env);

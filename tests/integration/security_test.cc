@@ -61,6 +61,7 @@ ClusterOptions TlsCluster(const Certificates& certs) {
                               "--tls_key=" + certs.Path("server.key"),
                               "--client_ca=" + certs.Path("ca.pem")};
   options.ca_file = certs.Path("ca.pem");
+  options.coordinator_args.push_back("--allowed_local_paths=" + certs.dir + "/data");
   return options;
 }
 
@@ -106,6 +107,17 @@ TEST(SecurityTest, OverTlsAJobTrainsAndOnlyTheRightCallersGetIn) {
       cluster.address(), dir.path(), {"jobs"}, absl::Seconds(60),
       {{"TRAINYARD_TOKEN", cluster.admin_token()}, {"XDG_CONFIG_HOME", dir.path() + "/config"}});
   EXPECT_EQ(plain.exit_code, 4) << plain.output;
+
+  // Local paths outside the allowed folder are refused at submission, naming the field.
+  const std::string snoop_path = dir.path() + "/snoop.yaml";
+  {
+    std::ofstream(snoop_path) << SyntheticJobYaml("snoop", 5,
+                                                  "checkpoint: {uri: \"file:///etc/../root\"}\n");
+  }
+  auto snoop = cluster.Cli({"submit", snoop_path});
+  EXPECT_EQ(snoop.exit_code, 2) << snoop.output;
+  EXPECT_TRUE(absl::StrContains(snoop.output, "checkpoint.uri: 'file:///etc/../root' is outside"))
+      << snoop.output;
 
   // The same checks from a client that is not ours.
   const std::string alice_token = cluster.CreateToken("alice", v1::TOKEN_USER);
