@@ -36,6 +36,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  if (!options.health_listen.empty()) {
+    grpc::ServerBuilder health;
+    health.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(),
+                            &server->health_port_);
+    server->health_server_ = health.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0) {
+      server->server_->Shutdown();
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.health_listen));
+    }
+  }
   server->ticker_ = std::thread([&manager, tick_interval = options.tick_interval] {
     // WaitForTickRequest returns at once after Shutdown; the tick loop ends with it.
     while (true) {
@@ -57,6 +67,7 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   manager_.Shutdown();
+  if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   if (ticker_.joinable()) ticker_.join();
 }

@@ -23,6 +23,9 @@ struct CoordinatorServerOptions {
   // Null: plaintext.
   std::shared_ptr<grpc::ServerCredentials> credentials;
   int max_streams_per_caller = 16;
+  // Non-empty: a second, plaintext port serving only grpc.health.v1.Health, for probes that
+  // cannot speak TLS (the kubelet's).
+  std::string health_listen;
   absl::Duration tick_interval = absl::Milliseconds(100);
 };
 
@@ -39,6 +42,7 @@ class CoordinatorServer {
   ~CoordinatorServer();  // Shutdown(absl::Seconds(5)) if not done yet
 
   int port() const { return port_; }
+  int health_port() const { return health_port_; }
   std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // Ends blocked streams (JobManager::Shutdown), stops accepting calls, waits up to `grace` for
@@ -54,6 +58,8 @@ class CoordinatorServer {
   AgentServiceImpl agent_service_;
   AdminServiceImpl admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;
+  int health_port_ = 0;
   std::thread ticker_;
   int port_ = 0;
   bool shut_down_ = false;

@@ -105,6 +105,9 @@ ABSL_FLAG(std::string, allowed_local_paths, "",
           "model.torchscript, checkpoint.uri) must lie; others are refused at submission. "
           "Default: the checkpoint root when it is local, else none (object storage only). '*' "
           "allows any path the trainer's user can read: only for a machine of one user.");
+ABSL_FLAG(std::string, health_listen, "",
+          "If set (HOST:PORT), also serve grpc.health.v1.Health alone, in plaintext, there: for "
+          "probes that cannot speak TLS, such as the kubelet's gRPC probe.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
 ABSL_FLAG(std::string, metrics_port_file, "",
@@ -313,6 +316,7 @@ int Run() {
   CoordinatorServerOptions server_options;
   server_options.listen = listen;
   server_options.max_streams_per_caller = absl::GetFlag(FLAGS_max_streams_per_caller);
+  server_options.health_listen = absl::GetFlag(FLAGS_health_listen);
   if (server_options.max_streams_per_caller < 1) {
     LogError("--max_streams_per_caller: must be >= 1");
     return 1;

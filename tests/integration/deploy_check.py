@@ -142,6 +142,17 @@ def check_kubernetes(deploy):
     mounts = [m["mountPath"] for m in coordinator.get("volumeMounts", [])]
     check(state_dir in mounts, f"--state_dir {state_dir} is not on the volume ({mounts})")
 
+    # TLS on the gRPC port from a mounted Secret; probes on the plaintext health port.
+    args = dict(a.split("=", 1) for a in coordinator["args"] if "=" in a)
+    for flag in ["--tls_cert", "--tls_key"]:
+        check(any(args.get(flag, "").startswith(m + "/") for m in mounts),
+              f"coordinator {flag} is not a file on a mounted volume")
+    health = args.get("--health_listen", "")
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
+        port = coordinator.get(probe, {}).get("grpc", {}).get("port")
+        check(port is not None and health.endswith(f":{port}"),
+              f"coordinator {probe} (port {port}) is not on --health_listen ({health})")
+
     ports = {p["name"] for s in by_kind["Service"] for p in s["spec"]["ports"]}
     check({"grpc", "metrics"} <= ports, f"Services lack grpc or metrics ports: {ports}")
 
@@ -160,6 +171,11 @@ def check_kubernetes(deploy):
     grace_s = int(re.fullmatch(r"(\d+)s", grace).group(1))
     check(pod.get("terminationGracePeriodSeconds", 30) > grace_s,
           f"terminationGracePeriodSeconds must be above the agent's grace period {grace}")
+    agent_args = dict(a.split("=", 1) for a in agent["args"] if "=" in a)
+    agent_mounts = [m["mountPath"] for m in agent.get("volumeMounts", [])]
+    for flag in ["--ca_file", "--token_file"]:
+        check(any(agent_args.get(flag, "").startswith(m + "/") for m in agent_mounts),
+              f"agent {flag} is not a file on a mounted volume")
     for name, container in [("coordinator", coordinator), ("agent", agent)]:
         refs = [e.get("secretRef", {}).get("name") for e in container.get("envFrom", [])]
         check("trainyard-s3" in refs, f"{name} does not take S3 credentials from the Secret")

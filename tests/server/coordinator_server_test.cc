@@ -71,6 +71,7 @@ class CoordinatorServerTest : public ::testing::Test {
     manager_ = *std::move(manager);
     CoordinatorServerOptions server_options;
     server_options.max_streams_per_caller = 2;
+    server_options.health_listen = "127.0.0.1:0";
     StartServer(server_options);
     admin_token_ = Token("root", Role::kAdmin);
     channel_ = Channel(admin_token_);
@@ -211,25 +212,45 @@ TEST_F(CoordinatorServerTest, SubmittedJobReachesASyncingWorker) {
   EXPECT_EQ(update.job().state(), v1::CANCELLED);
 }
 
-TEST_F(CoordinatorServerTest, ServesHealth) {
-  grpc::GenericStub stub(channel_);
+// grpc.health.v1.Health/Check through `channel`: its status and response bytes.
+std::pair<grpc::Status, std::string> HealthCheck(std::shared_ptr<grpc::Channel> channel) {
+  grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
-  auto context = Context();
-  auto call = stub.PrepareUnaryCall(context.get(), "/grpc.health.v1.Health/Check",
-                                    ToBuffer(std::string()), &cq);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  auto call =
+      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", ToBuffer(std::string()), &cq);
   call->StartCall();
   grpc::ByteBuffer response;
   grpc::Status status;
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
   Await(cq, reinterpret_cast<void*>(1));
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  // HealthCheckResponse{status: SERVING (1)}.
-  EXPECT_EQ(FromBuffer(response), std::string("\x08\x01", 2));
   cq.Shutdown();
   void* tag;
   bool ok;
   while (cq.Next(&tag, &ok)) {
   }
+  return {status, status.ok() ? FromBuffer(response) : ""};
+}
+
+TEST_F(CoordinatorServerTest, ServesHealth) {
+  // HealthCheckResponse{status: SERVING (1)}, without a credential.
+  auto [status, response] = HealthCheck(Channel(""));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response, std::string("\x08\x01", 2));
+  // And on the probe port, which serves nothing else.
+  auto probe = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()),
+                                   grpc::InsecureChannelCredentials());
+  std::tie(status, response) = HealthCheck(probe);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response, std::string("\x08\x01", 2));
+  v1::ListJobsResponse listed;
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + admin_token_);
+  EXPECT_EQ(v1::JobService::NewStub(probe)
+                ->ListJobs(&context, v1::ListJobsRequest(), &listed)
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST_F(CoordinatorServerTest, ServesReflection) {
