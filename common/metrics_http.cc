@@ -1,5 +1,7 @@
 #include "common/metrics_http.h"
 
+#include <openssl/crypto.h>
+
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -16,7 +18,12 @@ MetricsHttpServer::MetricsHttpServer(std::unique_ptr<prometheus::Exposer> expose
 MetricsHttpServer::~MetricsHttpServer() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& listen, const std::shared_ptr<prometheus::Collectable>& collectable) {
+    const std::string& listen, const std::shared_ptr<prometheus::Collectable>& collectable,
+    const std::string& basic_auth) {
+  const size_t split = basic_auth.find(':');
+  if (!basic_auth.empty() && (split == std::string::npos || split == 0)) {
+    return absl::InvalidArgumentError("metrics basic auth: expected USER:PASSWORD");
+  }
   const size_t colon = listen.rfind(':');
   int requested = -1;
   if (colon == std::string::npos ||
@@ -33,6 +40,16 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
   }
   exposer->RegisterCollectable(collectable);
+  if (!basic_auth.empty()) {
+    exposer->RegisterAuth(
+        [user = basic_auth.substr(0, split), password = basic_auth.substr(split + 1)](
+            const std::string& u, const std::string& p) {
+          // Compared in constant time for equal lengths, as a password check should be.
+          return u == user && p.size() == password.size() &&
+                 CRYPTO_memcmp(p.data(), password.data(), p.size()) == 0;
+        },
+        "trainyard");
+  }
   const std::vector<int> ports = exposer->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));

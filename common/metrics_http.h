@@ -16,11 +16,14 @@ namespace trainyard {
 // An HTTP server answering GET /metrics with the text exposition of one collectable.
 class MetricsHttpServer {
  public:
-  // Listens on `listen` (HOST:PORT; port 0 lets the kernel pick). INVALID_ARGUMENT for an
-  // address without a port, UNAVAILABLE when it cannot bind. The collectable is held weakly: it
-  // must outlive the server or be dropped from scrapes once gone.
+  // Listens on `listen` (HOST:PORT; port 0 lets the kernel pick). With `basic_auth`
+  // ("USER:PASSWORD"), scrapes must present it (HTTP basic authentication; 401 otherwise).
+  // INVALID_ARGUMENT for an address without a port or credentials without a colon, UNAVAILABLE
+  // when it cannot bind. The collectable is held weakly: it must outlive the server or be
+  // dropped from scrapes once gone.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& listen, const std::shared_ptr<prometheus::Collectable>& collectable);
+      const std::string& listen, const std::shared_ptr<prometheus::Collectable>& collectable,
+      const std::string& basic_auth = "");
   ~MetricsHttpServer();
 
   // The bound port.

@@ -110,6 +110,10 @@ ABSL_FLAG(std::string, health_listen, "",
           "probes that cannot speak TLS, such as the kubelet's gRPC probe.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "File holding USER:PASSWORD: scrapes of /metrics must present them (HTTP basic "
+          "authentication, as Prometheus's basic_auth sends). Metrics are served in plaintext: "
+          "keep them on loopback or a private network.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, once metrics are served, write their bound port number to this file "
           "(atomically).");
@@ -274,10 +278,19 @@ int Run() {
   JobManager* manager_ptr = manager->get();
   metrics->SetSnapshotSource([manager_ptr] { return manager_ptr->MetricsSnapshot(); });
   std::unique_ptr<MetricsHttpServer> metrics_server;
+  std::string metrics_auth;
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_basic_auth_file); !path.empty()) {
+    absl::StatusOr<std::string> read = ReadCredentialFile(path);
+    if (!read.ok()) {
+      LogError("--metrics_basic_auth_file: ", read.status().message());
+      return 1;
+    }
+    metrics_auth = *read;
+  }
   if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
       !metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(metrics_listen, metrics);
+        MetricsHttpServer::Start(metrics_listen, metrics, metrics_auth);
     if (started.ok()) {
       metrics_server = *std::move(started);
       LogInfo("metrics on ", metrics_listen.substr(0, metrics_listen.rfind(':')), ":",

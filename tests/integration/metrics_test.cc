@@ -38,10 +38,12 @@ size_t Append(char* data, size_t size, size_t count, void* out) {
 }
 
 // GET `url`; the body on HTTP 200, UNAVAILABLE otherwise.
-absl::StatusOr<std::string> HttpGet(const std::string& url) {
+// `user_password` ("USER:PASSWORD"): HTTP basic authentication.
+absl::StatusOr<std::string> HttpGet(const std::string& url, const std::string& user_password = "") {
   CURL* curl = curl_easy_init();
   std::string body;
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  if (!user_password.empty()) curl_easy_setopt(curl, CURLOPT_USERPWD, user_password.c_str());
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Append);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 5000L);
@@ -107,9 +109,13 @@ std::set<std::string> NamesIn(const std::string& path) {
   return names;
 }
 
+constexpr char kScrapeAuth[] = "prometheus:s3cret-scrape";
+
 class Prometheus {
  public:
-  Prometheus(const std::string& dir, int coordinator_port, const std::vector<int>& worker_ports)
+  // `password_file`: scrapes authenticate as user "prometheus" with the password in it.
+  Prometheus(const std::string& dir, int coordinator_port, const std::vector<int>& worker_ports,
+             const std::string& password_file)
       : port_(FreePort()) {
     // The deployed configuration with this cluster's targets and a fast pace.
     YAML::Node config = YAML::LoadFile(SourceDir() + "/deploy/prometheus/prometheus.yml");
@@ -124,6 +130,8 @@ class Prometheus {
         for (int p : worker_ports) targets.push_back(absl::StrCat("127.0.0.1:", p));
       }
       scrape["static_configs"][0]["targets"] = targets;
+      scrape["basic_auth"]["username"] = "prometheus";
+      scrape["basic_auth"]["password_file"] = password_file;
     }
     const std::string config_path = dir + "/prometheus.yml";
     std::ofstream(config_path) << YAML::Dump(config) << "\n";
@@ -174,8 +182,16 @@ std::string Job(const std::string& name, int64_t max_steps, int64_t every_steps)
 }
 
 TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
+  // Metrics behind HTTP basic authentication, as Prometheus's basic_auth presents it.
+  TempDir secrets;
+  const std::string auth_file = secrets.path() + "/metrics-auth";
+  const std::string password_file = secrets.path() + "/metrics-password";
+  std::ofstream(auth_file) << kScrapeAuth << "\n";
+  std::ofstream(password_file) << "s3cret-scrape";
   ClusterOptions options;
   options.workers = 2;
+  options.coordinator_args = {"--metrics_basic_auth_file=" + auth_file};
+  options.worker_args = {"--metrics_basic_auth_file=" + auth_file};
   Cluster cluster(options);
   const int coordinator_port = cluster.coordinator_metrics_port();
   const std::vector<int> worker_ports = {cluster.worker_metrics_port(0),
@@ -185,7 +201,16 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   ASSERT_GT(worker_ports[1], 0);
 
   TempDir dir;
-  Prometheus prometheus(dir.path(), coordinator_port, worker_ports);
+  // Without the credentials (or with wrong ones) a scrape is refused.
+  for (int port : {coordinator_port, worker_ports[0]}) {
+    for (const std::string user : {"", "-u prometheus:wrong "}) {
+      auto [code, out] = Shell(absl::StrCat("curl -s -o /dev/null -w '%{http_code}' ", user,
+                                            "http://127.0.0.1:", port, "/metrics"),
+                               absl::StrCat(dir.path(), "/curl-", port, "-", user.size(), ".log"));
+      EXPECT_EQ(out, "401") << port << " " << user;
+    }
+  }
+  Prometheus prometheus(dir.path(), coordinator_port, worker_ports, password_file);
   ASSERT_TRUE(prometheus.WaitReady()) << prometheus.Log();
 
   auto quick = cluster.Submit(Job("quick", 20, 0));
@@ -307,7 +332,8 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   std::string coordinator_text;
   ASSERT_TRUE(PollUntil(
       [&] {
-        auto text = HttpGet(absl::StrCat("http://127.0.0.1:", coordinator_port, "/metrics"));
+        auto text =
+            HttpGet(absl::StrCat("http://127.0.0.1:", coordinator_port, "/metrics"), kScrapeAuth);
         coordinator_text = text.ok() ? *text : "";
         return absl::StrContains(coordinator_text,
                                  "trainyard_job_last_checkpoint_commit_latency_seconds{");
@@ -317,7 +343,8 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   std::set<std::string> exported = SampleNames(coordinator_text);
   std::vector<std::pair<std::string, std::string>> outputs = {{"coordinator", coordinator_text}};
   for (size_t i = 0; i < worker_ports.size(); ++i) {
-    auto text = HttpGet(absl::StrCat("http://127.0.0.1:", worker_ports[i], "/metrics"));
+    auto text =
+        HttpGet(absl::StrCat("http://127.0.0.1:", worker_ports[i], "/metrics"), kScrapeAuth);
     ASSERT_TRUE(text.ok()) << text.status();
     outputs.emplace_back(absl::StrCat("worker-", i), *text);
     for (const std::string& name : SampleNames(*text)) exported.insert(name);
@@ -346,7 +373,8 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   ASSERT_TRUE(cluster.Cli({"cancel", id}).exit_code == 0);
   auto cancelled = cluster.WaitForFinal(id);
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
-  auto after = HttpGet(absl::StrCat("http://127.0.0.1:", coordinator_port, "/metrics"));
+  auto after =
+      HttpGet(absl::StrCat("http://127.0.0.1:", coordinator_port, "/metrics"), kScrapeAuth);
   ASSERT_TRUE(after.ok());
   EXPECT_THAT(*after, ::testing::Not(::testing::HasSubstr(absl::StrCat("job=\"", id, "\""))));
   EXPECT_THAT(*after,

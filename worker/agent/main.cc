@@ -99,6 +99,10 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext to a coordinator that is not on this machine (credentials then "
           "travel in clear)");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "File holding USER:PASSWORD: scrapes of /metrics must present them (HTTP basic "
+          "authentication, as Prometheus's basic_auth sends). Metrics are served in plaintext: "
+          "keep them on loopback or a private network.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, once metrics are served, write their bound port number to this file");
 
@@ -238,8 +242,17 @@ int main(int argc, char** argv) {
     source.gpus_allocated = [&agent] { return agent.GpusAllocated(); };
     source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
     metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(gpus));
+    std::string metrics_auth;
+    if (const std::string path = absl::GetFlag(FLAGS_metrics_basic_auth_file); !path.empty()) {
+      absl::StatusOr<std::string> read = trainyard::ReadCredentialFile(path);
+      if (!read.ok()) {
+        trainyard::LogError("--metrics_basic_auth_file: ", read.status().message());
+        return 1;
+      }
+      metrics_auth = *read;
+    }
     absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> started =
-        trainyard::MetricsHttpServer::Start(listen, metrics);
+        trainyard::MetricsHttpServer::Start(listen, metrics, metrics_auth);
     if (started.ok()) {
       metrics_server = *std::move(started);
       trainyard::LogInfo("metrics on ", listen.substr(0, listen.rfind(':')), ":",
