@@ -178,7 +178,7 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
     sqlite3_finalize(st);
     sqlite3_close(db);
   }
-  for (int open = 0; open < 2; ++open) {  // the second open finds version 4
+  for (int open = 0; open < 2; ++open) {  // the second open finds version 5
     auto store = SqliteJobStore::Open(path);
     ASSERT_TRUE(store.ok()) << store.status();
     if (open == 0) {
@@ -216,6 +216,25 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
     EXPECT_EQ((*expired)[0].first, "old-1");
     EXPECT_EQ((*expired)[0].second, v1::SUCCEEDED);
     EXPECT_TRUE((*store)->FinishedBefore(4999, 10)->empty());
+    // Version 5: a job from before has no owner (admins only), and tokens are kept.
+    EXPECT_EQ((*store)->ListFinishedJobs({}, INT64_MAX, 10, "")->size(), 1u);
+    EXPECT_TRUE((*store)->ListFinishedJobs({}, INT64_MAX, 10, "alice")->empty());
+    if (open == 0) {
+      StoreMutation m;
+      StoredToken token;
+      token.id = "0123456789ab";
+      token.name = "alice";
+      token.role = "user";
+      token.hash = "ab";
+      token.created_unix_ms = 7;
+      m.tokens.push_back(token);
+      ASSERT_TRUE((*store)->Apply(m).ok());
+    }
+    auto tokens = (*store)->LoadTokens();
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    ASSERT_EQ(tokens->size(), 1u);
+    EXPECT_EQ((*tokens)[0].name, "alice");
+    EXPECT_EQ((*tokens)[0].created_unix_ms, 7);
   }
 }
 
