@@ -140,6 +140,13 @@ absl::StatusOr<TaskScope> VerifyTaskCredential(absl::string_view key,
   return scope;
 }
 
+std::string AttemptSecret(absl::string_view key, absl::string_view job_id, int64_t generation) {
+  std::string secret;
+  absl::WebSafeBase64Escape(HmacSha256(key, absl::StrCat("attempt\n", job_id, "\n", generation)),
+                            &secret);
+  return secret;
+}
+
 absl::Status WriteSecretFile(const std::string& path, absl::string_view content) {
   const std::string temp = absl::StrCat(path, ".tmp");
   const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

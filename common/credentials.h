@@ -56,6 +56,10 @@ std::string SignTaskCredential(absl::string_view key, const TaskScope& scope);
 // UNAUTHENTICATED when the credential is malformed or not signed with `key`.
 absl::StatusOr<TaskScope> VerifyTaskCredential(absl::string_view key, absl::string_view credential);
 
+// The secret every process of one attempt (job, generation) shares, and no other: what its
+// parameter servers ask of callers. Web-safe base64 of an HMAC under `key`.
+std::string AttemptSecret(absl::string_view key, absl::string_view job_id, int64_t generation);
+
 // Writes `content` to `path` readable by its owner only (mode 0600), atomically (temp file, then
 // rename). UNAVAILABLE naming the path when it cannot.
 absl::Status WriteSecretFile(const std::string& path, absl::string_view content);

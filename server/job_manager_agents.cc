@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/credentials.h"
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "common/restart_reason.h"
@@ -215,6 +216,8 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
     scope.shard = info.role() == v1::TASK_ROLE_SHARD;
     scope.index = scope.shard ? info.shard() : info.rank();
     task.set_credential(SignTaskCredential(options_.task_credential_key, scope));
+    task.set_attempt_secret(
+        AttemptSecret(options_.task_credential_key, entry.job.id(), info.generation()));
   }
   return task;
 }

@@ -179,6 +179,9 @@ TEST_F(CoordinatorServerTest, SubmittedJobReachesASyncingWorker) {
   EXPECT_EQ(scope->job_id, "tiny-1");
   EXPECT_EQ(scope->generation, 1);
   EXPECT_EQ(scope->index, 0);
+  // And the secret its attempt's parameter servers ask for, which a later attempt does not share.
+  EXPECT_EQ(placed.tasks(0).attempt_secret(), AttemptSecret(task_key_, "tiny-1", 1));
+  EXPECT_NE(placed.tasks(0).attempt_secret(), AttemptSecret(task_key_, "tiny-1", 2));
 
   // A trainer of an attempt before it is fenced off.
   TaskScope old_attempt = *scope;

@@ -187,6 +187,29 @@ TEST(PsServiceTest, TableRowsTravelAndBadOnesAreRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A shard started with its attempt's secret answers only callers that present it: a stranger
+// who reaches the port can neither push, pull, read the state nor finish.
+TEST(PsServiceTest, OnlyCallersWithTheAttemptsSecretAreServed) {
+  std::unique_ptr<ParameterShard> shard = MakeShard(1, Initial());
+  auto server = PsServer::Start(shard.get(), "127.0.0.1:0", "s3cret");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  std::vector<torch::Tensor> pieces = {torch::empty({1000}), torch::empty({7, 3}, torch::kFloat64)};
+  for (const std::string secret : {"", "guess"}) {
+    PsClient stranger(address, 0, 2, 0, absl::Seconds(10), secret);
+    EXPECT_EQ(stranger.Push(0, Gradient(0, 0)).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(stranger.Pull(0, pieces).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(stranger.PushPull(0, Gradient(0, 0), 1.0, false, {}, 1, pieces).status().code(),
+              absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(stranger.Finish().code(), absl::StatusCode::kUnauthenticated);
+  }
+  // Nothing a stranger sent reached the shard: the rank's own push is the first.
+  PsClient rank(address, 0, 2, 0, absl::Seconds(10), "s3cret");
+  auto pushed = rank.PushPull(0, Gradient(0, 0), 1.0, false, {}, 1, pieces);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ((*server)->Stats().pushes, 1);
+}
+
 TEST(PsServiceTest, AStuckOrDeadShardIsAnErrorWithinTheTimeout) {
   std::unique_ptr<ParameterShard> shard = MakeShard(2, Initial());
   auto server = PsServer::Start(shard.get(), "127.0.0.1:0");

@@ -5,6 +5,7 @@
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/support/method_handler.h>
+#include <openssl/crypto.h>
 
 #include <cstring>
 #include <map>
@@ -238,8 +239,29 @@ ParameterShard::PullResult PullResultOf(const trainyard::v1::PullResponse& respo
 
 class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
  public:
-  explicit Service(ParameterShard* shard) : shard_unowned_(shard), shard_(shard) { AddPushPull(); }
-  explicit Service(ShardConfig config) : config_(std::move(config)) { AddPushPull(); }
+  Service(ParameterShard* shard, std::string caller_secret)
+      : secret_(std::move(caller_secret)), shard_unowned_(shard), shard_(shard) {
+    AddPushPull();
+  }
+  Service(ShardConfig config, std::string caller_secret)
+      : config_(std::move(config)), secret_(std::move(caller_secret)) {
+    AddPushPull();
+  }
+
+  // Only the ranks and shards of this attempt know its secret: anyone else who reaches the port
+  // is refused before anything is read or changed.
+  grpc::Status Admit(const grpc::ServerContext* context) const {
+    if (secret_.empty()) return grpc::Status::OK;
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find("authorization");
+    const std::string expected = "Bearer " + secret_;
+    if (it != metadata.end() && it->second.size() == expected.size() &&
+        CRYPTO_memcmp(it->second.data(), expected.data(), expected.size()) == 0) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this parameter server serves only the ranks of its own attempt");
+  }
 
   // The push of a rank's gradients and the pull that follows, in one call of frames (see
   // TensorFrame): the gradients are read from gRPC's buffers straight into the tensors the push
@@ -247,6 +269,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   // tensors that gRPC sends from to every rank (ParameterShard::PullShared).
   grpc::Status PushPull(grpc::ServerContext* context, const TensorFrame* request,
                         TensorFrame* response) {
+    if (grpc::Status admitted = Admit(context); !admitted.ok()) return admitted;
     const Activity activity(this);
     const absl::Time deadline = absl::FromChrono(context->deadline());
     absl::StatusOr<ParameterShard*> initialised = InitialisedBy(deadline);
@@ -294,8 +317,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Init(grpc::ServerContext*, const trainyard::v1::InitRequest* request,
+  grpc::Status Init(grpc::ServerContext* context, const trainyard::v1::InitRequest* request,
                     trainyard::v1::InitResponse*) override {
+    if (grpc::Status admitted = Admit(context); !admitted.ok()) return admitted;
     const Activity activity(this);
     {
       absl::MutexLock lock(&mu_);
@@ -355,8 +379,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Push(grpc::ServerContext*, const trainyard::v1::PushRequest* request,
+  grpc::Status Push(grpc::ServerContext* context, const trainyard::v1::PushRequest* request,
                     trainyard::v1::PushResponse* response) override {
+    if (grpc::Status admitted = Admit(context); !admitted.ok()) return admitted;
     const Activity activity(this);
     ParameterShard* shard = Shard(absl::InfinitePast());
     if (shard == nullptr) {
@@ -396,6 +421,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status Pull(grpc::ServerContext* context, const trainyard::v1::PullRequest* request,
                     trainyard::v1::PullResponse* response) override {
+    if (grpc::Status admitted = Admit(context); !admitted.ok()) return admitted;
     const Activity activity(this);
     const absl::Time deadline = absl::FromChrono(context->deadline());
     absl::StatusOr<ParameterShard*> initialised = InitialisedBy(deadline);
@@ -418,6 +444,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status PullRows(grpc::ServerContext* context, const trainyard::v1::PullRowsRequest* request,
                         trainyard::v1::PullRowsResponse* response) override {
+    if (grpc::Status admitted = Admit(context); !admitted.ok()) return admitted;
     const Activity activity(this);
     const absl::Time deadline = absl::FromChrono(context->deadline());
     absl::StatusOr<ParameterShard*> initialised = InitialisedBy(deadline);
@@ -448,6 +475,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   grpc::Status State(grpc::ServerContext* context, const trainyard::v1::StateRequest* request,
                      trainyard::v1::StateResponse* response) override {
+    if (grpc::Status admitted = Admit(context); !admitted.ok()) return admitted;
     const Activity activity(this);
     ParameterShard* shard = Shard(absl::InfinitePast());
     if (shard == nullptr) {
@@ -471,8 +499,9 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Finish(grpc::ServerContext*, const trainyard::v1::FinishRequest* request,
+  grpc::Status Finish(grpc::ServerContext* context, const trainyard::v1::FinishRequest* request,
                       trainyard::v1::FinishResponse*) override {
+    if (grpc::Status admitted = Admit(context); !admitted.ok()) return admitted;
     const Activity activity(this);
     const int64_t generation = Config().generation;
     if (request->generation() != generation) {
@@ -621,6 +650,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   }
 
   const ShardConfig config_;
+  const std::string secret_;                       // empty: anyone who reaches the port
   ParameterShard* const shard_unowned_ = nullptr;  // Start's shard
   mutable absl::Mutex mu_;
   std::set<int> finished_ranks_ ABSL_GUARDED_BY(mu_);
@@ -634,13 +664,15 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 };
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(ParameterShard* shard,
-                                                          const std::string& listen) {
-  return Serve(std::make_unique<Service>(shard), listen);
+                                                          const std::string& listen,
+                                                          std::string caller_secret) {
+  return Serve(std::make_unique<Service>(shard, std::move(caller_secret)), listen);
 }
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::StartEmpty(ShardConfig config,
-                                                               const std::string& listen) {
-  return Serve(std::make_unique<Service>(std::move(config)), listen);
+                                                               const std::string& listen,
+                                                               std::string caller_secret) {
+  return Serve(std::make_unique<Service>(std::move(config), std::move(caller_secret)), listen);
 }
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Serve(std::unique_ptr<Service> service,
@@ -672,8 +704,13 @@ PsServer::~PsServer() {
 }
 
 PsClient::PsClient(const std::string& address, int shard, int64_t generation, int rank,
-                   absl::Duration timeout)
-    : address_(address), shard_(shard), generation_(generation), rank_(rank), timeout_(timeout) {
+                   absl::Duration timeout, std::string caller_secret)
+    : address_(address),
+      shard_(shard),
+      generation_(generation),
+      rank_(rank),
+      timeout_(timeout),
+      bearer_(caller_secret.empty() ? "" : "Bearer " + caller_secret) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kUnlimited);
   args.SetMaxSendMessageSize(kUnlimited);
@@ -687,6 +724,7 @@ absl::Status PsClient::Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, cons
                             const Request& request, Response* response, const char* method) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  if (!bearer_.empty()) context.AddMetadata("authorization", bearer_);
   return FromGrpcStatus((stub_.get()->*rpc)(&context, request, response),
                         absl::StrCat("parameter server ", shard_, " at ", address_, ": ", method));
 }
@@ -835,6 +873,7 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
   TensorFrame response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  if (!bearer_.empty()) context.AddMetadata("authorization", bearer_);
   const grpc::internal::RpcMethod method(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
                                          channel_);
   const std::string what =

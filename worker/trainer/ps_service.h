@@ -40,14 +40,18 @@ struct ShardStats {
 class PsServer {
  public:
   // Serves `shard` (not owned; it must outlive the server) on `listen`, for example
-  // "0.0.0.0:0" (port picked by the kernel). UNAVAILABLE when it cannot listen there.
+  // "0.0.0.0:0" (port picked by the kernel). UNAVAILABLE when it cannot listen there. With
+  // `caller_secret` (the attempt's, Task.attempt_secret), every call must present it as its
+  // bearer credential, or it is refused with UNAUTHENTICATED.
   static absl::StatusOr<std::unique_ptr<PsServer>> Start(ParameterShard* shard,
-                                                         const std::string& listen);
+                                                         const std::string& listen,
+                                                         std::string caller_secret = "");
   // Serves a shard that rank 0 creates with Init: `config` less start_version and total_steps,
   // which Init brings along with the pieces. Before Init, a pull waits for it (until its
   // deadline) and a push is refused with FAILED_PRECONDITION; a second Init too.
   static absl::StatusOr<std::unique_ptr<PsServer>> StartEmpty(ShardConfig config,
-                                                              const std::string& listen);
+                                                              const std::string& listen,
+                                                              std::string caller_secret = "");
   ~PsServer();  // stops serving: calls in flight end with CANCELLED or their result
   int port() const { return port_; }
   // Whether every rank of the shard's attempt has called Finish; waits for it until `deadline`.
@@ -70,8 +74,9 @@ class PsServer {
 // UNAVAILABLE or DEADLINE_EXCEEDED naming the shard, never a hang. Thread-compatible.
 class PsClient {
  public:
+  // `caller_secret`: what the shard's server asks of its callers (PsServer::Start).
   PsClient(const std::string& address, int shard, int64_t generation, int rank,
-           absl::Duration timeout);
+           absl::Duration timeout, std::string caller_secret = "");
 
   // Creates the shard of a server started with StartEmpty from `pieces` (CPU float32 or
   // float64) and their optimizer state (named "p{index}.{field}"; empty when fresh), at version
@@ -150,6 +155,7 @@ class PsClient {
   const int64_t generation_;
   const int rank_;
   const absl::Duration timeout_;
+  const std::string bearer_;  // "Bearer SECRET", or empty
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;
 };

@@ -66,7 +66,8 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
   config.synchronous = spec.parameter_servers().mode() != "async";
   config.max_staleness = spec.parameter_servers().max_staleness();
   config.optimizer = spec.optimizer();
-  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::StartEmpty(config, options.listen);
+  absl::StatusOr<std::unique_ptr<PsServer>> server =
+      PsServer::StartEmpty(config, options.listen, task.attempt_secret());
   if (!server.ok()) return server.status();
   const std::string host =
       task.worker_address().empty() ? options.default_hostname : task.worker_address();
