@@ -309,8 +309,4 @@ absl::StatusOr<std::optional<std::string>> Authenticator::EnsureAdminToken() {
   return std::optional<std::string>(std::move(made->first));
 }
 
-std::string Authenticator::SignTask(const TaskScope& scope) const {
-  return SignTaskCredential(task_key_, scope);
-}
-
 }  // namespace trainyard

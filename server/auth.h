@@ -105,8 +105,6 @@ class Authenticator {
   // When no admin token is valid: makes one named "admin" and returns it; otherwise nullopt.
   absl::StatusOr<std::optional<std::string>> EnsureAdminToken();
 
-  std::string SignTask(const TaskScope& scope) const;
-
  private:
   struct Record {
     TokenInfo info;

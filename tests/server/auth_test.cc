@@ -119,7 +119,7 @@ TEST_F(AuthenticatorTest, TaskCredentialsCarryTheirScopeAndCannotBeAltered) {
   scope.generation = 2;
   scope.shard = true;
   scope.index = 1;
-  const std::string credential = auth->SignTask(scope);
+  const std::string credential = SignTaskCredential(key_, scope);
   auto who = As(*auth, credential);
   ASSERT_TRUE(who.ok()) << who.status();
   EXPECT_EQ(who->role, Role::kTask);
