@@ -9,17 +9,20 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/tls_metrics_server.h"
 
 namespace trainyard {
 
-MetricsHttpServer::MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer, int port)
-    : exposer_(std::move(exposer)), port_(port) {}
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer,
+                                     std::unique_ptr<TlsMetricsServer> tls, int port)
+    : exposer_(std::move(exposer)), tls_(std::move(tls)), port_(port) {}
 
 MetricsHttpServer::~MetricsHttpServer() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& listen, const std::shared_ptr<prometheus::Collectable>& collectable,
-    const std::string& basic_auth) {
+    const MetricsHttpOptions& options) {
+  const std::string& basic_auth = options.basic_auth;
   const size_t split = basic_auth.find(':');
   if (!basic_auth.empty() && (split == std::string::npos || split == 0)) {
     return absl::InvalidArgumentError("metrics basic auth: expected USER:PASSWORD");
@@ -31,6 +34,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       requested > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address '", listen, "': expected HOST:PORT"));
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("metrics TLS needs both the certificate and the key");
+  }
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TlsMetricsServer>> tls = TlsMetricsServer::Start(
+        listen, collectable, options.tls_cert_file, options.tls_key_file, basic_auth);
+    if (!tls.ok()) return tls.status();
+    const int port = (*tls)->port();
+    return std::unique_ptr<MetricsHttpServer>(
+        new MetricsHttpServer(nullptr, *std::move(tls), port));
   }
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
@@ -54,7 +68,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (ports.empty()) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));
   }
-  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(std::move(exposer), ports[0]));
+  return std::unique_ptr<MetricsHttpServer>(
+      new MetricsHttpServer(std::move(exposer), nullptr, ports[0]));
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

@@ -13,26 +13,36 @@
 
 namespace trainyard {
 
+struct MetricsHttpOptions {
+  std::string basic_auth;  // "USER:PASSWORD": scrapes must present it (HTTP basic auth)
+  // PEM certificate (chain) and key: serve HTTPS (TlsMetricsServer) instead of HTTP.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+};
+
+class TlsMetricsServer;
+
 // An HTTP server answering GET /metrics with the text exposition of one collectable.
 class MetricsHttpServer {
  public:
-  // Listens on `listen` (HOST:PORT; port 0 lets the kernel pick). With `basic_auth`
-  // ("USER:PASSWORD"), scrapes must present it (HTTP basic authentication; 401 otherwise).
-  // INVALID_ARGUMENT for an address without a port or credentials without a colon, UNAVAILABLE
-  // when it cannot bind. The collectable is held weakly: it must outlive the server or be
-  // dropped from scrapes once gone.
+  // Listens on `listen` (HOST:PORT; port 0 lets the kernel pick), as `options` say.
+  // INVALID_ARGUMENT for an address without a port, credentials without a colon or TLS files
+  // that do not load, UNAVAILABLE when it cannot bind. The collectable is held weakly: it must
+  // outlive the server or be dropped from scrapes once gone.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& listen, const std::shared_ptr<prometheus::Collectable>& collectable,
-      const std::string& basic_auth = "");
+      const MetricsHttpOptions& options = {});
   ~MetricsHttpServer();
 
   // The bound port.
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer, int port);
+  MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer,
+                    std::unique_ptr<TlsMetricsServer> tls, int port);
 
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // HTTP
+  std::unique_ptr<TlsMetricsServer> tls_;         // or HTTPS
   int port_;
 };
 

@@ -112,8 +112,12 @@ ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
 ABSL_FLAG(std::string, metrics_basic_auth_file, "",
           "File holding USER:PASSWORD: scrapes of /metrics must present them (HTTP basic "
-          "authentication, as Prometheus's basic_auth sends). Metrics are served in plaintext: "
-          "keep them on loopback or a private network.");
+          "authentication, as Prometheus's basic_auth sends). Without --metrics_tls_cert they "
+          "travel in clear: keep them on loopback or a private network.");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate (chain) for /metrics: with --metrics_tls_key, metrics are served over "
+          "HTTPS only (Prometheus: scheme: https, tls_config).");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, once metrics are served, write their bound port number to this file "
           "(atomically).");
@@ -290,7 +294,9 @@ int Run() {
   if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
       !metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(metrics_listen, metrics, metrics_auth);
+        MetricsHttpServer::Start(metrics_listen, metrics,
+                                 {metrics_auth, absl::GetFlag(FLAGS_metrics_tls_cert),
+                                  absl::GetFlag(FLAGS_metrics_tls_key)});
     if (started.ok()) {
       metrics_server = *std::move(started);
       LogInfo("metrics on ", metrics_listen.substr(0, metrics_listen.rfind(':')), ":",

@@ -424,6 +424,37 @@ absl::StatusOr<std::string> Cluster::Logs(const std::string& id, int rank) {
   return text;
 }
 
+std::pair<int, std::string> RunShell(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TestCertificates::TestCertificates(const std::string& dir) : dir(dir) {
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir, "\n",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=trainyard-test-ca "
+      "-keyout ca.key -out ca.pem\n",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
+      "-keyout other.key -out other-ca.pem\n",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=coordinator -keyout server.key "
+      "-out server.csr\n",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > server.ext\n",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-extfile server.ext -out server.pem\n",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=alice/OU=user -keyout alice.key "
+      "-out alice.csr\n",
+      "openssl x509 -req -in alice.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-out alice.pem\n");
+  auto [code, output] = RunShell(script);
+  EXPECT_EQ(code, 0) << output;
+}
+
 Cluster::CliResult Cluster::Cli(const std::vector<std::string>& args, absl::Duration timeout) {
   std::map<std::string, std::string> env = {{"TRAINYARD_TOKEN", admin_token_}};
   if (!options_.ca_file.empty()) env["TRAINYARD_CA_FILE"] = options_.ca_file;

@@ -176,6 +176,19 @@ Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir
 std::string SyntheticJobYaml(const std::string& name, int64_t max_steps,
                              const std::string& extra = "");
 
+// Runs `command` with /bin/sh and waits for it: its exit code and output (stdout and stderr).
+std::pair<int, std::string> RunShell(const std::string& command);
+
+// Made with `openssl` in `dir` (a test failure if it fails): a CA (ca.pem, ca.key), a server
+// certificate for 127.0.0.1 and localhost signed by it (server.pem, server.key), a client
+// certificate for alice with OU=user (alice.pem, alice.key), and another CA that signed nothing
+// here (other-ca.pem).
+struct TestCertificates {
+  explicit TestCertificates(const std::string& dir);
+  std::string Path(const std::string& name) const { return dir + "/" + name; }
+  std::string dir;
+};
+
 std::string BinDir();
 std::string SourceDir();
 // Reads a whole file; empty if it cannot.

@@ -38,12 +38,15 @@ size_t Append(char* data, size_t size, size_t count, void* out) {
 }
 
 // GET `url`; the body on HTTP 200, UNAVAILABLE otherwise.
-// `user_password` ("USER:PASSWORD"): HTTP basic authentication.
-absl::StatusOr<std::string> HttpGet(const std::string& url, const std::string& user_password = "") {
+// `user_password` ("USER:PASSWORD"): HTTP basic authentication; `ca_file`: the CA of an
+// https:// server's certificate.
+absl::StatusOr<std::string> HttpGet(const std::string& url, const std::string& user_password = "",
+                                    const std::string& ca_file = "") {
   CURL* curl = curl_easy_init();
   std::string body;
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   if (!user_password.empty()) curl_easy_setopt(curl, CURLOPT_USERPWD, user_password.c_str());
+  if (!ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, ca_file.c_str());
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Append);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 5000L);
@@ -113,9 +116,10 @@ constexpr char kScrapeAuth[] = "prometheus:s3cret-scrape";
 
 class Prometheus {
  public:
-  // `password_file`: scrapes authenticate as user "prometheus" with the password in it.
+  // `password_file`: scrapes authenticate as user "prometheus" with the password in it;
+  // `coordinator_ca`: the coordinator's metrics are scraped over HTTPS, verified against it.
   Prometheus(const std::string& dir, int coordinator_port, const std::vector<int>& worker_ports,
-             const std::string& password_file)
+             const std::string& password_file, const std::string& coordinator_ca)
       : port_(FreePort()) {
     // The deployed configuration with this cluster's targets and a fast pace.
     YAML::Node config = YAML::LoadFile(SourceDir() + "/deploy/prometheus/prometheus.yml");
@@ -126,6 +130,8 @@ class Prometheus {
       YAML::Node targets(YAML::NodeType::Sequence);
       if (scrape["job_name"].as<std::string>() == "trainyard-coordinator") {
         targets.push_back(absl::StrCat("127.0.0.1:", coordinator_port));
+        scrape["scheme"] = "https";
+        scrape["tls_config"]["ca_file"] = coordinator_ca;
       } else {
         for (int p : worker_ports) targets.push_back(absl::StrCat("127.0.0.1:", p));
       }
@@ -188,9 +194,13 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   const std::string password_file = secrets.path() + "/metrics-password";
   std::ofstream(auth_file) << kScrapeAuth << "\n";
   std::ofstream(password_file) << "s3cret-scrape";
+  // The coordinator's over HTTPS.
+  TestCertificates certs(secrets.path());
   ClusterOptions options;
   options.workers = 2;
-  options.coordinator_args = {"--metrics_basic_auth_file=" + auth_file};
+  options.coordinator_args = {"--metrics_basic_auth_file=" + auth_file,
+                              "--metrics_tls_cert=" + certs.Path("server.pem"),
+                              "--metrics_tls_key=" + certs.Path("server.key")};
   options.worker_args = {"--metrics_basic_auth_file=" + auth_file};
   Cluster cluster(options);
   const int coordinator_port = cluster.coordinator_metrics_port();
@@ -202,15 +212,24 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
 
   TempDir dir;
   // Without the credentials (or with wrong ones) a scrape is refused.
-  for (int port : {coordinator_port, worker_ports[0]}) {
+  const std::string coordinator_url =
+      absl::StrCat("https://127.0.0.1:", coordinator_port, "/metrics");
+  for (const std::string& url :
+       {coordinator_url, absl::StrCat("http://127.0.0.1:", worker_ports[0], "/metrics")}) {
     for (const std::string user : {"", "-u prometheus:wrong "}) {
-      auto [code, out] = Shell(absl::StrCat("curl -s -o /dev/null -w '%{http_code}' ", user,
-                                            "http://127.0.0.1:", port, "/metrics"),
-                               absl::StrCat(dir.path(), "/curl-", port, "-", user.size(), ".log"));
-      EXPECT_EQ(out, "401") << port << " " << user;
+      auto [code, out] =
+          Shell(absl::StrCat("curl -s -o /dev/null -w '%{http_code}' --cacert ",
+                             certs.Path("ca.pem"), " ", user, url),
+                absl::StrCat(dir.path(), "/curl-", url.size(), "-", user.size(), ".log"));
+      EXPECT_EQ(out, "401") << url << " " << user;
     }
   }
-  Prometheus prometheus(dir.path(), coordinator_port, worker_ports, password_file);
+  // Plaintext to the HTTPS port gets nowhere; a client that trusts another CA neither.
+  EXPECT_FALSE(
+      HttpGet(absl::StrCat("http://127.0.0.1:", coordinator_port, "/metrics"), kScrapeAuth).ok());
+  EXPECT_FALSE(HttpGet(coordinator_url, kScrapeAuth, certs.Path("other-ca.pem")).ok());
+  Prometheus prometheus(dir.path(), coordinator_port, worker_ports, password_file,
+                        certs.Path("ca.pem"));
   ASSERT_TRUE(prometheus.WaitReady()) << prometheus.Log();
 
   auto quick = cluster.Submit(Job("quick", 20, 0));
@@ -332,8 +351,7 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   std::string coordinator_text;
   ASSERT_TRUE(PollUntil(
       [&] {
-        auto text =
-            HttpGet(absl::StrCat("http://127.0.0.1:", coordinator_port, "/metrics"), kScrapeAuth);
+        auto text = HttpGet(coordinator_url, kScrapeAuth, certs.Path("ca.pem"));
         coordinator_text = text.ok() ? *text : "";
         return absl::StrContains(coordinator_text,
                                  "trainyard_job_last_checkpoint_commit_latency_seconds{");
@@ -373,8 +391,7 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   ASSERT_TRUE(cluster.Cli({"cancel", id}).exit_code == 0);
   auto cancelled = cluster.WaitForFinal(id);
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
-  auto after =
-      HttpGet(absl::StrCat("http://127.0.0.1:", coordinator_port, "/metrics"), kScrapeAuth);
+  auto after = HttpGet(coordinator_url, kScrapeAuth, certs.Path("ca.pem"));
   ASSERT_TRUE(after.ok());
   EXPECT_THAT(*after, ::testing::Not(::testing::HasSubstr(absl::StrCat("job=\"", id, "\""))));
   EXPECT_THAT(*after,

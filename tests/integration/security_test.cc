@@ -17,45 +17,7 @@
 namespace trainyard::testing {
 namespace {
 
-// Runs a shell command; its exit code and output.
-std::pair<int, std::string> Shell(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-// A CA, a server certificate for 127.0.0.1 signed by it, a client certificate for alice
-// (OU=user) signed by it, and another CA that signed nothing here.
-struct Certificates {
-  explicit Certificates(const std::string& dir) : dir(dir) {
-    const std::string script = absl::StrCat(
-        "set -e; cd ", dir, "\n",
-        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=trainyard-test-ca "
-        "-keyout ca.key -out ca.pem\n",
-        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
-        "-keyout other.key -out other-ca.pem\n",
-        "openssl req -newkey rsa:2048 -nodes -subj /CN=coordinator -keyout server.key "
-        "-out server.csr\n",
-        "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > server.ext\n",
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
-        "-extfile server.ext -out server.pem\n",
-        "openssl req -newkey rsa:2048 -nodes -subj /CN=alice/OU=user -keyout alice.key "
-        "-out alice.csr\n",
-        "openssl x509 -req -in alice.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
-        "-out alice.pem\n");
-    auto [code, output] = Shell(script);
-    EXPECT_EQ(code, 0) << output;
-  }
-  std::string Path(const std::string& name) const { return dir + "/" + name; }
-  std::string dir;
-};
-
-ClusterOptions TlsCluster(const Certificates& certs) {
+ClusterOptions TlsCluster(const TestCertificates& certs) {
   ClusterOptions options;
   options.coordinator_args = {"--tls_cert=" + certs.Path("server.pem"),
                               "--tls_key=" + certs.Path("server.key"),
@@ -67,7 +29,7 @@ ClusterOptions TlsCluster(const Certificates& certs) {
 
 TEST(SecurityTest, OverTlsAJobTrainsAndOnlyTheRightCallersGetIn) {
   TempDir dir;
-  Certificates certs(dir.path());
+  TestCertificates certs(dir.path());
   Cluster cluster(TlsCluster(certs));
   // Agents and trainers speak TLS too: the job trains to its end.
   const v1::Job done = RunToSuccess(cluster, SyntheticJobYaml("over-tls", 20));
@@ -122,7 +84,7 @@ TEST(SecurityTest, OverTlsAJobTrainsAndOnlyTheRightCallersGetIn) {
   // The same checks from a client that is not ours.
   const std::string alice_token = cluster.CreateToken("alice", v1::TOKEN_USER);
   const std::string bob_token = cluster.CreateToken("bob", v1::TOKEN_USER);
-  auto [code, output] = Shell(absl::StrCat(
+  auto [code, output] = RunShell(absl::StrCat(
       "/usr/bin/python3 ", SourceDir(), "/tests/integration/foreign_client.py ", cluster.address(),
       " ", SourceDir(), "/proto ", certs.Path("ca.pem"), " ", certs.Path("other-ca.pem"), " ",
       cluster.admin_token(), " ", alice_token, " ", bob_token));

@@ -101,8 +101,12 @@ ABSL_FLAG(bool, insecure, false,
           "travel in clear)");
 ABSL_FLAG(std::string, metrics_basic_auth_file, "",
           "File holding USER:PASSWORD: scrapes of /metrics must present them (HTTP basic "
-          "authentication, as Prometheus's basic_auth sends). Metrics are served in plaintext: "
-          "keep them on loopback or a private network.");
+          "authentication, as Prometheus's basic_auth sends). Without --metrics_tls_cert they "
+          "travel in clear: keep them on loopback or a private network.");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate (chain) for /metrics: with --metrics_tls_key, metrics are served over "
+          "HTTPS only (Prometheus: scheme: https, tls_config).");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, once metrics are served, write their bound port number to this file");
 
@@ -252,7 +256,9 @@ int main(int argc, char** argv) {
       metrics_auth = *read;
     }
     absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> started =
-        trainyard::MetricsHttpServer::Start(listen, metrics, metrics_auth);
+        trainyard::MetricsHttpServer::Start(listen, metrics,
+                                            {metrics_auth, absl::GetFlag(FLAGS_metrics_tls_cert),
+                                             absl::GetFlag(FLAGS_metrics_tls_key)});
     if (started.ok()) {
       metrics_server = *std::move(started);
       trainyard::LogInfo("metrics on ", listen.substr(0, listen.rfind(':')), ":",
