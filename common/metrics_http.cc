@@ -7,11 +7,30 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/tls_metrics_server.h"
 
 namespace trainyard {
+
+absl::StatusOr<MetricsHttpOptions> LoadMetricsHttpOptions(const std::string& basic_auth_file,
+                                                          const std::string& tls_cert_file,
+                                                          const std::string& tls_key_file) {
+  MetricsHttpOptions options;
+  if (!basic_auth_file.empty()) {
+    std::ifstream in(basic_auth_file);
+    std::string line;
+    if (!in || !std::getline(in, line) ||
+        (options.basic_auth = std::string(absl::StripAsciiWhitespace(line))).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read USER:PASSWORD from ", basic_auth_file));
+    }
+  }
+  options.tls_cert_file = tls_cert_file;
+  options.tls_key_file = tls_key_file;
+  return options;
+}
 
 MetricsHttpServer::MetricsHttpServer(std::unique_ptr<prometheus::Exposer> exposer,
                                      std::unique_ptr<TlsMetricsServer> tls, int port)

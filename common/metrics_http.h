@@ -20,6 +20,12 @@ struct MetricsHttpOptions {
   std::string tls_key_file;
 };
 
+// The options the coordinator's and the agent's flags name: the basic-auth file's first line,
+// trimmed, and the TLS files as given. INVALID_ARGUMENT naming the file when it cannot be read.
+absl::StatusOr<MetricsHttpOptions> LoadMetricsHttpOptions(const std::string& basic_auth_file,
+                                                          const std::string& tls_cert_file,
+                                                          const std::string& tls_key_file);
+
 class TlsMetricsServer;
 
 // An HTTP server answering GET /metrics with the text exposition of one collectable.

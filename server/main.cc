@@ -282,26 +282,23 @@ int Run() {
   JobManager* manager_ptr = manager->get();
   metrics->SetSnapshotSource([manager_ptr] { return manager_ptr->MetricsSnapshot(); });
   std::unique_ptr<MetricsHttpServer> metrics_server;
-  std::string metrics_auth;
-  if (const std::string path = absl::GetFlag(FLAGS_metrics_basic_auth_file); !path.empty()) {
-    absl::StatusOr<std::string> read = ReadCredentialFile(path);
-    if (!read.ok()) {
-      LogError("--metrics_basic_auth_file: ", read.status().message());
-      return 1;
-    }
-    metrics_auth = *read;
+  absl::StatusOr<MetricsHttpOptions> metrics_options = LoadMetricsHttpOptions(
+      absl::GetFlag(FLAGS_metrics_basic_auth_file), absl::GetFlag(FLAGS_metrics_tls_cert),
+      absl::GetFlag(FLAGS_metrics_tls_key));
+  if (!metrics_options.ok()) {
+    LogError("metrics: ", metrics_options.status().message());
+    return 1;
   }
   if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
       !metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(metrics_listen, metrics,
-                                 {metrics_auth, absl::GetFlag(FLAGS_metrics_tls_cert),
-                                  absl::GetFlag(FLAGS_metrics_tls_key)});
+        MetricsHttpServer::Start(metrics_listen, metrics, *metrics_options);
     if (started.ok()) {
       metrics_server = *std::move(started);
       LogInfo("metrics on ", metrics_listen.substr(0, metrics_listen.rfind(':')), ":",
               metrics_server->port(), "/metrics");
-    } else if (metrics_listen != kDefaultMetricsListen) {
+    } else if (metrics_listen != kDefaultMetricsListen ||
+               absl::IsInvalidArgument(started.status())) {
       LogError("--metrics_listen: ", started.status().ToString());
       return 1;
     } else {

@@ -246,24 +246,21 @@ int main(int argc, char** argv) {
     source.gpus_allocated = [&agent] { return agent.GpusAllocated(); };
     source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
     metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(gpus));
-    std::string metrics_auth;
-    if (const std::string path = absl::GetFlag(FLAGS_metrics_basic_auth_file); !path.empty()) {
-      absl::StatusOr<std::string> read = trainyard::ReadCredentialFile(path);
-      if (!read.ok()) {
-        trainyard::LogError("--metrics_basic_auth_file: ", read.status().message());
-        return 1;
-      }
-      metrics_auth = *read;
+    absl::StatusOr<trainyard::MetricsHttpOptions> metrics_options =
+        trainyard::LoadMetricsHttpOptions(absl::GetFlag(FLAGS_metrics_basic_auth_file),
+                                          absl::GetFlag(FLAGS_metrics_tls_cert),
+                                          absl::GetFlag(FLAGS_metrics_tls_key));
+    if (!metrics_options.ok()) {
+      trainyard::LogError("metrics: ", metrics_options.status().message());
+      return 1;
     }
     absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> started =
-        trainyard::MetricsHttpServer::Start(listen, metrics,
-                                            {metrics_auth, absl::GetFlag(FLAGS_metrics_tls_cert),
-                                             absl::GetFlag(FLAGS_metrics_tls_key)});
+        trainyard::MetricsHttpServer::Start(listen, metrics, *metrics_options);
     if (started.ok()) {
       metrics_server = *std::move(started);
       trainyard::LogInfo("metrics on ", listen.substr(0, listen.rfind(':')), ":",
                          metrics_server->port(), "/metrics");
-    } else if (listen != kDefaultMetricsListen) {
+    } else if (listen != kDefaultMetricsListen || absl::IsInvalidArgument(started.status())) {
       trainyard::LogError("--metrics_listen: ", started.status().ToString());
       return 1;
     } else {
