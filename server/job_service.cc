@@ -1,5 +1,6 @@
 #include "server/job_service.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -128,7 +129,25 @@ Status JobServiceImpl::ListWorkers(ServerContext* context, const v1::ListWorkers
   absl::StatusOr<Principal> caller =
       gate_.Admit(*context, *request, Audience::kPeople, "ListWorkers");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  for (v1::Worker& w : manager_.ListWorkers()) *response->add_workers() = std::move(w);
+  std::map<std::string, bool> mine;  // job id -> whether the caller may see it
+  for (v1::Worker& w : manager_.ListWorkers()) {
+    if (!caller->admin()) {
+      // A user sees every machine, but only the tasks of their own jobs on it.
+      std::vector<std::string> kept;
+      for (std::string& task_id : *w.mutable_task_ids()) {
+        const std::string job_id = task_id.substr(0, task_id.rfind(".g"));
+        auto [it, added] = mine.emplace(job_id, false);
+        if (added) {
+          absl::StatusOr<std::string> owner = manager_.JobOwner(job_id);
+          it->second = owner.ok() && AllowJob(*caller, job_id, *owner).ok();
+        }
+        if (it->second) kept.push_back(std::move(task_id));
+      }
+      w.clear_task_ids();
+      for (std::string& task_id : kept) w.add_task_ids(std::move(task_id));
+    }
+    *response->add_workers() = std::move(w);
+  }
   return Status::OK;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,16 @@ std::string FromBuffer(const grpc::ByteBuffer& buffer) {
     out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return out;
+}
+
+// Polls `condition` until it holds or 20 s pass (the server's tick thread acts on its own time).
+bool PollUntilTrue(const std::function<bool()>& condition) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
 }
 
 void Await(grpc::CompletionQueue& cq, void* expected) {
@@ -371,6 +382,30 @@ TEST_F(CoordinatorServerTest, UsersReachOnlyTheirOwnJobsAndNoAgentOrAdminCall) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(status.error_message(), HasSubstr("checkpoint.resume_from"));
   EXPECT_TRUE(jobs_->GetJob(Context().get(), get, &seen).ok());
+
+  // Bob sees the machines, not which of alice's tasks run on them.
+  v1::RegisterWorkerRequest w1;
+  w1.set_name("w1");
+  w1.set_slots(4);
+  v1::RegisterWorkerResponse w1_response;
+  ASSERT_TRUE(agents_->RegisterWorker(Context().get(), w1, &w1_response).ok());
+  v1::SubmitJobRequest placed;
+  *placed.mutable_spec() = TestSpec("placed");
+  v1::Job placed_job;
+  ASSERT_TRUE(alice->SubmitJob(Context().get(), placed, &placed_job).ok());
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(PollUntilTrue([&] {
+    workers.Clear();
+    grpc::ClientContext c;
+    return alice->ListWorkers(&c, v1::ListWorkersRequest(), &workers).ok() &&
+           workers.workers_size() == 1 && workers.workers(0).task_ids_size() >= 1;
+  }));
+  for (const std::string& task_id : workers.workers(0).task_ids()) {
+    EXPECT_TRUE(task_id == job.id() + ".g1.r0" || task_id == placed_job.id() + ".g1.r0") << task_id;
+  }
+  ASSERT_TRUE(bob->ListWorkers(Context().get(), v1::ListWorkersRequest(), &workers).ok());
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).task_ids_size(), 0);
 
   // A user is no agent, no trainer and no admin.
   auto bob_agent = v1::AgentService::NewStub(Channel(bob_token));
