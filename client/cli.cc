@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/args.h"
@@ -26,8 +27,11 @@
 #include "client/views.h"
 #include "common/channel.h"
 #include "common/object_store.h"
+#include "common/safetensors.h"
+#include "common/shard_index.h"
 #include "common/uri.h"
 #include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
 #include "worker/agent/subprocess.h"
@@ -107,6 +111,14 @@ std::vector<CommandSpec> Commands() {
        {kOutputFlag},
        1,
        1},
+      {"data",
+       "inspect URI",
+       "Print the index of a sharded safetensors data set (a path, file:// or s3:// URI with "
+       "wildcards in file names), read from the shards' headers only: shards, samples, "
+       "tensors, dtypes, shapes and bytes. s3:// uses this machine's AWS_* variables.",
+       {kOutputFlag},
+       2,
+       2},
       {"token",
        "ACTION [ARG]",
        "Manage API tokens (admins): `token create NAME --role user|admin|agent [--ttl 30d]` "
@@ -184,6 +196,82 @@ absl::Status DeleteCheckpointObjects(const std::string& checkpoint_uri) {
   std::cout << "deleted " << done << " checkpoint objects (" << HumanBytes(bytes) << ") under "
             << checkpoint_uri << "\n";
   return absl::OkStatus();
+}
+
+// `trainyard data inspect URI`: needs no coordinator.
+int Data(const ParsedArgs& args) {
+  if (args.args[0] != "inspect") {
+    std::cerr << "error: data takes inspect, got '" << args.args[0] << "'\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<ShardIndex> index = IndexShards(args.args[1]);
+  if (!index.ok()) {
+    std::cerr << "error: " << index.status().message() << "\n";
+    return absl::IsNotFound(index.status()) || absl::IsInvalidArgument(index.status())
+               ? kExitUsage
+               : kExitStorageError;
+  }
+  if (args.Get("output", "table") == "json") {
+    nlohmann::json out;
+    out["samples"] = index->samples;
+    out["bytes"] = index->bytes;
+    out["header_bytes_read"] = index->header_bytes_read;
+    out["shards"] = nlohmann::json::array();
+    for (const ShardInfo& shard : index->shards) {
+      nlohmann::json s;
+      s["uri"] = shard.uri;
+      s["bytes"] = shard.size_bytes;
+      s["samples"] = shard.samples;
+      s["tensors"] = nlohmann::json::array();
+      for (const SafetensorsSlot& t : shard.header.tensors) {
+        s["tensors"].push_back({{"name", t.name},
+                                {"dtype", t.dtype},
+                                {"shape", t.shape},
+                                {"begin", shard.header.data_start + t.begin},
+                                {"end", shard.header.data_start + t.end}});
+      }
+      out["shards"].push_back(std::move(s));
+    }
+    std::cout << out.dump(2) << "\n";
+    return kExitSucceeded;
+  }
+  std::cout << index->shards.size() << " shards, " << GroupThousands(index->samples) << " samples, "
+            << HumanBytes(index->bytes)
+            << " (headers read: " << HumanBytes(index->header_bytes_read) << ")\n\n";
+  std::vector<std::vector<std::string>> shard_rows;
+  for (const ShardInfo& shard : index->shards) {
+    shard_rows.push_back({shard.uri, shard.samples < 0 ? "mixed" : GroupThousands(shard.samples),
+                          HumanBytes(shard.size_bytes)});
+  }
+  std::cout << Table({"SHARD", "SAMPLES", "BYTES"}, shard_rows) << "\n";
+  // The tensors of the first shard, per sample; shards that differ are named.
+  const ShardInfo& first = index->shards.front();
+  std::vector<std::vector<std::string>> tensor_rows;
+  for (const SafetensorsSlot& t : first.header.tensors) {
+    std::vector<std::string> dims;
+    for (size_t i = 1; i < t.shape.size(); ++i) dims.push_back(absl::StrCat(t.shape[i]));
+    int64_t bytes = 0;
+    for (const ShardInfo& shard : index->shards) {
+      for (const SafetensorsSlot& u : shard.header.tensors) {
+        if (u.name == t.name) bytes += static_cast<int64_t>(u.end - u.begin);
+      }
+    }
+    tensor_rows.push_back(
+        {t.name, t.dtype, absl::StrCat("[", absl::StrJoin(dims, ", "), "]"), HumanBytes(bytes)});
+  }
+  std::cout << Table({"TENSOR", "DTYPE", "SHAPE PER SAMPLE", "BYTES (ALL SHARDS)"}, tensor_rows);
+  for (const ShardInfo& shard : index->shards) {
+    bool same = shard.header.tensors.size() == first.header.tensors.size();
+    for (size_t i = 0; same && i < shard.header.tensors.size(); ++i) {
+      const SafetensorsSlot& a = shard.header.tensors[i];
+      const SafetensorsSlot& b = first.header.tensors[i];
+      same = a.name == b.name && a.dtype == b.dtype &&
+             std::vector<int64_t>(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end()) ==
+                 std::vector<int64_t>(b.shape.begin() + (b.shape.empty() ? 0 : 1), b.shape.end());
+    }
+    if (!same) std::cout << "warning: " << shard.uri << " holds other tensors than the first\n";
+  }
+  return kExitSucceeded;
 }
 
 class Client {
@@ -692,6 +780,7 @@ int RunCli(const std::vector<std::string>& argv) {
     return kExitUsage;
   }
   if (parsed->command == "up") return Up(*parsed);
+  if (parsed->command == "data") return Data(*parsed);
 
   std::string address = parsed->Get("coordinator");
   if (address.empty()) {

@@ -118,23 +118,30 @@ const TensorView* SafetensorsFile::Find(absl::string_view name) const {
   return nullptr;
 }
 
-absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
-  if (buffer.size() < 8) {
+absl::StatusOr<uint64_t> SafetensorsHeaderSize(absl::string_view first_bytes) {
+  if (first_bytes.size() < 8) {
     return absl::DataLossError(
-        absl::StrCat("safetensors: file is truncated (", buffer.size(), " bytes)"));
+        absl::StrCat("safetensors: file is truncated (", first_bytes.size(), " bytes)"));
   }
-  const uint64_t header_size = GetLe64(buffer.data());
+  const uint64_t header_size = GetLe64(first_bytes.data());
   if (header_size > kMaxHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("safetensors: header size ", header_size, " is too large"));
   }
-  if (header_size > buffer.size() - 8) {
-    return absl::DataLossError(absl::StrCat("safetensors: header of ", header_size,
-                                            " bytes does not fit in a file of ", buffer.size(),
+  return header_size;
+}
+
+absl::StatusOr<SafetensorsHeader> DecodeSafetensorsHeader(absl::string_view prefix,
+                                                          uint64_t file_size) {
+  absl::StatusOr<uint64_t> header_size = SafetensorsHeaderSize(prefix);
+  if (!header_size.ok()) return header_size.status();
+  if (*header_size > file_size - 8 || *header_size > prefix.size() - 8) {
+    return absl::DataLossError(absl::StrCat("safetensors: header of ", *header_size,
+                                            " bytes does not fit in a file of ", file_size,
                                             " bytes (truncated?)"));
   }
   nlohmann::json header = nlohmann::json::parse(
-      buffer.begin() + 8, buffer.begin() + 8 + static_cast<std::ptrdiff_t>(header_size),
+      prefix.begin() + 8, prefix.begin() + 8 + static_cast<std::ptrdiff_t>(*header_size),
       /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) {
     return absl::InvalidArgumentError("safetensors: header is not valid JSON");
@@ -143,16 +150,9 @@ absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
     return absl::InvalidArgumentError("safetensors: header is not a JSON object");
   }
 
-  SafetensorsFile file;
-  struct Entry {
-    std::string name;
-    std::string dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin;
-    uint64_t end;
-  };
-  std::vector<Entry> entries;
-  const uint64_t data_size = buffer.size() - 8 - header_size;
+  SafetensorsHeader out;
+  out.data_start = 8 + *header_size;
+  const uint64_t data_size = file_size - out.data_start;
   bool truncated = false;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -167,7 +167,7 @@ absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
           return absl::InvalidArgumentError(
               absl::StrCat("safetensors: __metadata__ value for '", m.key(), "' is not a string"));
         }
-        file.metadata[m.key()] = m.value().get<std::string>();
+        out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
@@ -186,7 +186,7 @@ absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
         !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
       return absl::InvalidArgumentError(where + " needs data_offsets [begin, end]");
     }
-    Entry entry;
+    SafetensorsSlot entry;
     entry.name = name;
     entry.dtype = dtype->get<std::string>();
     for (const nlohmann::json& dim : *shape) {
@@ -212,27 +212,36 @@ absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
                                                      " bytes, its shape and dtype need ", *size));
     }
     if (entry.end > data_size) truncated = true;
-    entries.push_back(std::move(entry));
+    out.tensors.push_back(std::move(entry));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-  });
-  for (size_t i = 1; i < entries.size(); ++i) {
-    if (entries[i].begin < entries[i - 1].end) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensors '", entries[i - 1].name,
-                                                     "' and '", entries[i].name, "' overlap"));
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const SafetensorsSlot& a, const SafetensorsSlot& b) {
+              return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+            });
+  for (size_t i = 1; i < out.tensors.size(); ++i) {
+    if (out.tensors[i].begin < out.tensors[i - 1].end) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensors '",
+                                                     out.tensors[i - 1].name, "' and '",
+                                                     out.tensors[i].name, "' overlap"));
     }
   }
   if (truncated) {
     return absl::DataLossError(
         absl::StrCat("safetensors: data section has ", data_size, " bytes, the header needs ",
-                     entries.empty() ? 0 : entries.back().end, " (truncated?)"));
+                     out.tensors.empty() ? 0 : out.tensors.back().end, " (truncated?)"));
   }
+  return out;
+}
 
+absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer) {
+  absl::StatusOr<SafetensorsHeader> header = DecodeSafetensorsHeader(buffer, buffer.size());
+  if (!header.ok()) return header.status();
+  SafetensorsFile file;
+  file.metadata = std::move(header->metadata);
   file.buffer = std::move(buffer);
-  const char* data = file.buffer.data() + 8 + header_size;
-  file.tensors.reserve(entries.size());
-  for (Entry& entry : entries) {
+  const char* data = file.buffer.data() + header->data_start;
+  file.tensors.reserve(header->tensors.size());
+  for (SafetensorsSlot& entry : header->tensors) {
     TensorView view;
     view.name = std::move(entry.name);
     view.dtype = std::move(entry.dtype);

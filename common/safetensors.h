@@ -49,6 +49,32 @@ struct SafetensorsFile {
   const TensorView* Find(absl::string_view name) const;
 };
 
+// Where one tensor's bytes are: [begin, end) from the start of the data section.
+struct SafetensorsSlot {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// A file's header alone: enough to know its tensors without reading their data.
+struct SafetensorsHeader {
+  uint64_t data_start = 0;  // file offset of the data section (8 + header length)
+  std::map<std::string, std::string> metadata;
+  std::vector<SafetensorsSlot> tensors;  // in data-offset order
+};
+
+// The header length the first 8 bytes of a file announce. DATA_LOSS for fewer than 8 bytes,
+// INVALID_ARGUMENT for a length over the format's limit (100 MB).
+absl::StatusOr<uint64_t> SafetensorsHeaderSize(absl::string_view first_bytes);
+
+// Parses and checks the header of a file of `file_size` bytes from `prefix`, its first
+// 8 + header-length bytes (or more): dtypes, shapes, offsets inside the file, no overlaps.
+// Errors as DecodeSafetensors.
+absl::StatusOr<SafetensorsHeader> DecodeSafetensorsHeader(absl::string_view prefix,
+                                                          uint64_t file_size);
+
 // Parses and checks the whole file: header JSON, dtypes, offsets inside the buffer, sizes that
 // match shapes, no overlaps. INVALID_ARGUMENT (DATA_LOSS for truncated data) on any violation.
 absl::StatusOr<SafetensorsFile> DecodeSafetensors(std::string buffer);
