@@ -38,7 +38,9 @@
 #include "absl/time/clock.h"
 #include "common/object_store.h"
 #include "common/s3_object_store.h"
+#include "common/safetensors.h"
 #include "common/sha256.h"
+#include "common/shard_index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/s3rver.h"
@@ -547,6 +549,29 @@ TEST_F(S3rverTest, SmallObjectsRoundTripWithRangesHeadAndDelete) {
   absl::Status denied = bad_client.GetObject("bkt", "with space/and+plus=.bin").status();
   EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(denied.message(), HasSubstr("InvalidAccessKeyId"));
+}
+
+// The data-set index over S3: shards listed by pattern, each header fetched by ranged GETs, the
+// same as the files would give; the data is never fetched.
+TEST_F(S3rverTest, ShardIndexReadsOnlyTheHeadersOfRemoteShards) {
+  S3ObjectStore store(std::make_unique<S3Client>(server_->ClientOptions()));
+  for (int i = 0; i < 2; ++i) {
+    const int64_t n = 50000 + i;
+    const std::string features(n * 8, '\x01');
+    auto file = EncodeSafetensors({{"features", "U8", {n, 8}, features}}, {});
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE(store.Put(absl::StrCat("s3://bkt/ds/train-", i, ".safetensors"), *file).ok());
+  }
+  ASSERT_TRUE(store.Put("s3://bkt/ds/readme.txt", "not a shard").ok());
+  auto index = IndexShards(store, "s3://bkt/ds/train-*.safetensors");
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ(index->shards.size(), 2u);
+  EXPECT_EQ(index->shards[1].uri, "s3://bkt/ds/train-1.safetensors");
+  EXPECT_EQ(index->samples, 100001);
+  EXPECT_EQ(index->shards[0].header.tensors[0].shape, (std::vector<int64_t>{50000, 8}));
+  // 800 KB of data, a few hundred bytes read.
+  EXPECT_GT(index->bytes, 800000);
+  EXPECT_LT(index->header_bytes_read, 500);
 }
 
 TEST_F(S3rverTest, MultipartUploadsAndParallelDownloadsAreByteIdentical) {
