@@ -58,8 +58,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::InvalidArgumentError("metrics TLS needs both the certificate and the key");
   }
   if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::unique_ptr<TlsMetricsServer>> tls = TlsMetricsServer::Start(
-        listen, collectable, options.tls_cert_file, options.tls_key_file, basic_auth);
+    absl::StatusOr<std::unique_ptr<TlsMetricsServer>> tls =
+        TlsMetricsServer::Start(listen.substr(0, colon), requested, collectable,
+                                options.tls_cert_file, options.tls_key_file, basic_auth);
     if (!tls.ok()) return tls.status();
     const int port = (*tls)->port();
     return std::unique_ptr<MetricsHttpServer>(

@@ -17,7 +17,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "prometheus/text_serializer.h"
@@ -55,16 +54,9 @@ std::string Response(int code, const char* reason, const std::string& body,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TlsMetricsServer>> TlsMetricsServer::Start(
-    const std::string& listen, std::weak_ptr<prometheus::Collectable> collectable,
+    const std::string& host, int port, std::weak_ptr<prometheus::Collectable> collectable,
     const std::string& cert_file, const std::string& key_file, const std::string& basic_auth) {
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(absl::string_view(listen).substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address '", listen, "': expected HOST:PORT"));
-  }
+  const std::string listen = absl::StrCat(host, ":", port);
   // A scraper that hangs up mid-answer must not kill the process: OpenSSL writes to the socket
   // with write(2), which raises SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
@@ -88,16 +80,15 @@ absl::StatusOr<std::unique_ptr<TlsMetricsServer>> TlsMetricsServer::Start(
         absl::StrCat("metrics TLS key ", key_file, ": ", OpenSslError()));
   }
 
-  std::string host = listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string bare = host.size() >= 2 && host.front() == '[' && host.back() == ']'
+                               ? host.substr(1, host.size() - 2)
+                               : host;
   addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), absl::StrCat(port).c_str(), &hints,
+  if (getaddrinfo(bare.empty() ? nullptr : bare.c_str(), absl::StrCat(port).c_str(), &hints,
                   &found) != 0 ||
       found == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));

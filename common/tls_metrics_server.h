@@ -21,11 +21,12 @@ namespace trainyard {
 
 class TlsMetricsServer {
  public:
-  // Listens on `listen` (HOST:PORT; port 0: the kernel picks) with the PEM certificate (chain)
-  // and key. With `basic_auth` ("USER:PASSWORD") a request must carry it (401 otherwise).
-  // INVALID_ARGUMENT for files that do not load, UNAVAILABLE when it cannot bind.
+  // Listens on `host` ("[::1]" style for IPv6) and `port` (0: the kernel picks) with the PEM
+  // certificate (chain) and key. With `basic_auth` ("USER:PASSWORD") a request must carry it
+  // (401 otherwise). INVALID_ARGUMENT for files that do not load, UNAVAILABLE when it cannot
+  // bind.
   static absl::StatusOr<std::unique_ptr<TlsMetricsServer>> Start(
-      const std::string& listen, std::weak_ptr<prometheus::Collectable> collectable,
+      const std::string& host, int port, std::weak_ptr<prometheus::Collectable> collectable,
       const std::string& cert_file, const std::string& key_file, const std::string& basic_auth);
   ~TlsMetricsServer();  // stops accepting and waits for the request in progress
   TlsMetricsServer(const TlsMetricsServer&) = delete;

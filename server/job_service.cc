@@ -46,10 +46,14 @@ Status JobServiceImpl::SubmitJob(ServerContext* context, const v1::SubmitJobRequ
 
 Status JobServiceImpl::GetJob(ServerContext* context, const v1::GetJobRequest* request,
                               v1::Job* response) {
-  absl::StatusOr<Principal> caller = AdmitForJob(*context, *request, "GetJob", request->id());
+  absl::StatusOr<Principal> caller = gate_.Admit(*context, *request, Audience::kPeople, "GetJob");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // The job carries its owner: one read, also for a job that is only in the store.
   absl::StatusOr<v1::Job> job = manager_.GetJob(request->id());
   if (!job.ok()) return ToGrpcStatus(job.status());
+  if (absl::Status s = AllowJob(*caller, request->id(), job->owner()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   *response = *std::move(job);
   return Status::OK;
 }
