@@ -1,0 +1,181 @@
+// `trainyard data pack` against NumPy: arrays written by NumPy (python3-numpy) are packed, and
+// the shards are read back by a reader written in Python from the safetensors format alone.
+
+#include "client/data_pack.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/shard_index.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::pair<int, std::string> Shell(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// Reads every shard of PREFIX with json + numpy, concatenates each tensor and compares it with
+// the .npy file of the same name in DIR; prints the shards' metadata extremes of "y".
+constexpr char kChecker[] = R"PY(
+import glob, json, struct, sys
+import numpy as np
+prefix, folder = sys.argv[1], sys.argv[2]
+dtypes = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+          "I8": "i1", "U8": "u1", "BOOL": "?"}
+parts, extremes = {}, []
+for path in sorted(glob.glob(prefix + "-*.safetensors")):
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    extremes.append((meta.get("trainyard.min.y"), meta.get("trainyard.max.y")))
+    for name, info in header.items():
+        b, e = info["data_offsets"]
+        a = np.frombuffer(data[8 + n + b:8 + n + e], dtype=dtypes[info["dtype"]])
+        parts.setdefault(name, []).append(a.reshape(info["shape"]))
+for name, chunks in parts.items():
+    want = np.load(folder + "/" + name + ".npy")
+    got = np.concatenate(chunks)
+    assert got.dtype == want.dtype.newbyteorder("<") or got.dtype == want.dtype, (name, got.dtype)
+    assert np.array_equal(got, want), name
+print("shards", len(extremes), "tensors", sorted(parts), "extremes", extremes)
+)PY";
+
+class DataPackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = ::testing::TempDir() + "data_pack.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    std::ofstream(dir_ + "/check.py") << kChecker;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
+  auto [code, out] = Shell(absl::StrCat(
+      "cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; r = np.random.default_rng(1); ",
+      "np.save('x.npy', r.random((1000, 3, 2), dtype=np.float32)); ",
+      "np.save('y.npy', r.integers(-2, 7, 1000)); ",
+      "np.save('ids.npy', r.integers(0, 250, (1000, 4)).astype(np.uint8)); ",
+      "np.save('h.npy', r.random(1000).astype(np.float16))\""));
+  ASSERT_EQ(code, 0) << out;
+  PackOptions options;
+  options.prefix = dir_ + "/out/train";
+  std::filesystem::create_directories(dir_ + "/out");
+  for (const char* name : {"x", "y", "ids", "h"}) {
+    options.tensors.push_back({name, absl::StrCat(dir_, "/", name, ".npy"), {}, ""});
+  }
+  options.shard_bytes = 16 * 1024;  // 24 + 8 + 4 + 2 bytes a sample: 431 samples a shard
+  int64_t reported = 0;
+  options.progress = [&](int64_t shards, int64_t) { reported = shards; };
+  absl::StatusOr<PackResult> result = PackShards(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->shards.size(), 3u);
+  EXPECT_EQ(reported, 3);
+  EXPECT_EQ(result->samples, 1000);
+  EXPECT_EQ(result->shards[0], dir_ + "/out/train-00000.safetensors");
+  std::tie(code, out) =
+      Shell(absl::StrCat("/usr/bin/python3 ", dir_, "/check.py ", options.prefix, " ", dir_));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("shards 3 tensors ['h', 'ids', 'x', 'y']"));
+  // The index agrees: every shard has its samples, the extremes of y are per shard.
+  auto index = IndexShards(options.prefix + "-*.safetensors");
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->samples, 1000);
+  EXPECT_EQ(index->shards[2].samples, 1000 - 2 * 431);
+  EXPECT_EQ(index->shards[0].header.metadata.count("trainyard.max.ids"), 1u);
+  EXPECT_EQ(index->shards[0].header.metadata.count("trainyard.max.x"), 0u);  // floats: none
+  EXPECT_THAT(out, HasSubstr("('-2', '6')"));
+
+  // Packing again over the shards is refused before anything is written.
+  absl::StatusOr<PackResult> again = PackShards(options);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  // Arrays that disagree on the sample count are refused, and nothing is left behind.
+  std::tie(code, out) =
+      Shell(absl::StrCat("cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; ",
+                         "np.save('short.npy', np.zeros(999, dtype=np.int32)); ",
+                         "np.save('f.npy', np.asfortranarray(np.zeros((1000, 2))))\""));
+  ASSERT_EQ(code, 0) << out;
+  options.prefix = dir_ + "/out/bad";
+  options.tensors[1].npy_path = dir_ + "/short.npy";
+  absl::Status status = PackShards(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("short.npy has 999 samples"));
+  options.tensors[1].npy_path = dir_ + "/f.npy";
+  EXPECT_THAT(std::string(PackShards(options).status().message()), HasSubstr("Fortran"));
+  options.tensors[1].npy_path = dir_ + "/missing.npy";
+  EXPECT_EQ(PackShards(options).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IndexShards(dir_ + "/out/bad-*").status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_F(DataPackTest, CsvColumnsBecomeTensorsOfTheirDtypes) {
+  std::ofstream(dir_ + "/in.csv") << "id,age,\"income\",label,note\n"
+                                  << "1,31,1000.5,2,\"a, b\"\n"
+                                  << "2,45,-20.25,0,x\n"
+                                  << "3,28,7,1,\"say \"\"hi\"\"\"\n";
+  absl::StatusOr<std::vector<PackColumn>> columns =
+      ParseCsvColumns("x=age, income:F32; y=label:I64; n=age:F16");
+  ASSERT_TRUE(columns.ok()) << columns.status();
+  PackOptions options;
+  options.prefix = dir_ + "/csv";
+  options.csv_path = dir_ + "/in.csv";
+  options.tensors = *columns;
+  absl::StatusOr<PackResult> result = PackShards(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->samples, 3);
+  // NumPy's view of the same numbers, for the checker.
+  auto [code, out] = Shell(absl::StrCat(
+      "cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; ",
+      "np.save('x.npy', np.array([[31, 1000.5], [45, -20.25], [28, 7]], dtype=np.float32)); ",
+      "np.save('y.npy', np.array([2, 0, 1], dtype=np.int64)); ",
+      "np.save('n.npy', np.array([31, 45, 28], dtype=np.float16))\" && /usr/bin/python3 check.py "
+      "csv ."));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("extremes [('0', '2')]"));
+
+  // A bad value is named by line and column; a missing column lists the ones there are.
+  std::ofstream(dir_ + "/bad.csv") << "age,label\n1,2\n3,x\n";
+  options.prefix = dir_ + "/bad";
+  options.csv_path = dir_ + "/bad.csv";
+  options.tensors = *ParseCsvColumns("y=label:I64");
+  absl::Status status = PackShards(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("bad.csv line 3, column 'label': 'x' is not an integer"));
+  options.tensors = *ParseCsvColumns("y=labels:U8");
+  EXPECT_THAT(std::string(PackShards(options).status().message()),
+              HasSubstr("no column 'labels' (it has age, label)"));
+  std::ofstream(dir_ + "/big.csv") << "label\n300\n";
+  options.csv_path = dir_ + "/big.csv";
+  options.tensors = *ParseCsvColumns("y=label:U8");
+  EXPECT_THAT(std::string(PackShards(options).status().message()),
+              HasSubstr("300 does not fit U8"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-00000.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-00000.safetensors.part"));
+  EXPECT_EQ(ParseCsvColumns("x=a:F99").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseCsvColumns("x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainyard::cli
