@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -22,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "client/args.h"
 #include "client/credentials.h"
+#include "client/data_pack.h"
 #include "client/format.h"
 #include "client/local_cluster.h"
 #include "client/views.h"
@@ -112,13 +114,21 @@ std::vector<CommandSpec> Commands() {
        1,
        1},
       {"data",
-       "inspect URI",
-       "Print the index of a sharded safetensors data set (a path, file:// or s3:// URI with "
-       "wildcards in file names), read from the shards' headers only: shards, samples, "
-       "tensors, dtypes, shapes and bytes. s3:// uses this machine's AWS_* variables.",
-       {kOutputFlag},
+       "inspect URI | pack PREFIX INPUT...",
+       "`data inspect URI`: print the index of a sharded safetensors data set (a path, file:// "
+       "or s3:// URI with wildcards in file names), read from the shards' headers only: shards, "
+       "samples, tensors, dtypes, shapes and bytes; s3:// uses this machine's AWS_* variables. "
+       "`data pack PREFIX TENSOR=FILE.npy...` or `data pack PREFIX FILE.csv --columns SPEC`: "
+       "write PREFIX-00000.safetensors, ... (local files) from NumPy arrays (the first dimension "
+       "is the sample) or CSV columns; nothing is written unless all of it is.",
+       {kOutputFlag,
+        {"columns", '\0', true, "SPEC",
+         "pack, CSV: which columns make which tensor, e.g. 'x=age,income:F32;y=label:I64' "
+         "(dtypes F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)"},
+        {"shard-size", '\0', true, "BYTES",
+         "pack: data per shard (256MB by default; 64MiB, 1GB, plain bytes)"}},
        2,
-       2},
+       1000},
       {"token",
        "ACTION [ARG]",
        "Manage API tokens (admins): `token create NAME --role user|admin|agent [--ttl 30d]` "
@@ -198,10 +208,111 @@ absl::Status DeleteCheckpointObjects(const std::string& checkpoint_uri) {
   return absl::OkStatus();
 }
 
-// `trainyard data inspect URI`: needs no coordinator.
+// "256MB", "64MiB", "1G", "1000": bytes.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  static const std::pair<const char*, int64_t> kUnits[] = {{"kib", int64_t{1} << 10},
+                                                           {"mib", int64_t{1} << 20},
+                                                           {"gib", int64_t{1} << 30},
+                                                           {"kb", 1000},
+                                                           {"mb", 1000000},
+                                                           {"gb", 1000000000},
+                                                           {"k", 1000},
+                                                           {"m", 1000000},
+                                                           {"g", 1000000000},
+                                                           {"b", 1}};
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  int64_t unit = 1;
+  absl::string_view number = lower;
+  for (const auto& [suffix, size] : kUnits) {
+    if (absl::EndsWith(lower, suffix)) {
+      unit = size;
+      number = absl::string_view(lower).substr(0, lower.size() - std::strlen(suffix));
+      break;
+    }
+  }
+  double value;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(number), &value) || !(value > 0) ||
+      value * static_cast<double>(unit) > 1e15) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (256MB, 64MiB)"));
+  }
+  return static_cast<int64_t>(value * static_cast<double>(unit));
+}
+
+// `trainyard data pack PREFIX INPUT...`.
+int Pack(const ParsedArgs& args) {
+  if (args.args.size() < 3) {
+    std::cerr << "error: data pack needs PREFIX and TENSOR=FILE.npy... or FILE.csv\n";
+    return kExitUsage;
+  }
+  PackOptions options;
+  options.prefix = args.args[1];
+  if (args.Has("shard-size")) {
+    absl::StatusOr<int64_t> size = ParseByteSize(args.Get("shard-size"));
+    if (!size.ok()) {
+      std::cerr << "error: --shard-size: " << size.status().message() << "\n";
+      return kExitUsage;
+    }
+    options.shard_bytes = *size;
+  }
+  const std::vector<std::string> inputs(args.args.begin() + 2, args.args.end());
+  if (inputs.size() == 1 && absl::EndsWithIgnoreCase(inputs[0], ".csv")) {
+    if (!args.Has("columns")) {
+      std::cerr << "error: packing " << inputs[0] << " needs --columns "
+                << "(e.g. 'x=age,income:F32;y=label:I64')\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<std::vector<PackColumn>> columns = ParseCsvColumns(args.Get("columns"));
+    if (!columns.ok()) {
+      std::cerr << "error: " << columns.status().message() << "\n";
+      return kExitUsage;
+    }
+    options.csv_path = inputs[0];
+    options.tensors = *std::move(columns);
+  } else {
+    if (args.Has("columns")) {
+      std::cerr << "error: --columns is for a CSV input\n";
+      return kExitUsage;
+    }
+    for (const std::string& input : inputs) {
+      const size_t eq = input.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == input.size()) {
+        std::cerr << "error: '" << input << "' is not TENSOR=FILE.npy (or one FILE.csv)\n";
+        return kExitUsage;
+      }
+      PackColumn column;
+      column.tensor = input.substr(0, eq);
+      column.npy_path = input.substr(eq + 1);
+      options.tensors.push_back(std::move(column));
+    }
+  }
+  const bool terminal = IsTerminal();
+  options.progress = [terminal](int64_t shards, int64_t samples) {
+    if (terminal) {
+      std::cerr << "\rwrote " << shards << " shards, " << GroupThousands(samples) << " samples"
+                << std::flush;
+    }
+  };
+  absl::StatusOr<PackResult> result = PackShards(options);
+  if (terminal) std::cerr << "\r\033[K";
+  if (!result.ok()) {
+    std::cerr << "error: " << result.status().message() << "\n";
+    return absl::IsUnavailable(result.status()) ? kExitStorageError : kExitUsage;
+  }
+  std::cout << "wrote " << result->shards.size() << " shards, " << GroupThousands(result->samples)
+            << " samples, " << HumanBytes(result->bytes) << ": " << options.prefix
+            << "-*.safetensors\n";
+  return kExitSucceeded;
+}
+
+// `trainyard data inspect URI` and `data pack`: need no coordinator.
 int Data(const ParsedArgs& args) {
+  if (args.args[0] == "pack") return Pack(args);
   if (args.args[0] != "inspect") {
-    std::cerr << "error: data takes inspect, got '" << args.args[0] << "'\n";
+    std::cerr << "error: data takes inspect or pack, got '" << args.args[0] << "'\n";
+    return kExitUsage;
+  }
+  if (args.args.size() != 2) {
+    std::cerr << "error: data inspect takes one URI\n";
     return kExitUsage;
   }
   absl::StatusOr<ShardIndex> index = IndexShards(args.args[1]);

@@ -455,9 +455,11 @@ class SpecParser {
   absl::Status ParseData(const YAML::Node& node) {
     if (!IsSet(node)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(node, "data"));
-    TY_RETURN_IF_ERROR(CheckKeys(node, "data",
-                                 {"train", "synthetic", "features", "labels", "categorical",
-                                  "validation_split", "shuffle"}));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(node, "data",
+                  {"train", "synthetic", "features", "labels", "categorical", "validation_split",
+                   "shuffle", "shuffle_window", "validation", "feature_scale", "feature_offset",
+                   "prefetch_shards", "fetch_threads"}));
     v1::DataSpec& data = *spec_.mutable_data();
     if (IsSet(node["train"]) && IsSet(node["synthetic"])) {
       return FieldError("data", "set only one of train or synthetic");
@@ -470,6 +472,30 @@ class SpecParser {
                               [&](double v) { data.set_validation_split(static_cast<float>(v)); }));
     TY_RETURN_IF_ERROR(ReadField<bool>(node, "data", "shuffle", ReadBool,
                                        Set<bool>([&](bool v) { data.set_shuffle(v); })));
+    TY_RETURN_IF_ERROR(
+        Int64(node, "data", "shuffle_window", [&](int64_t v) { data.set_shuffle_window(v); }));
+    TY_RETURN_IF_ERROR(Double(node, "data", "feature_scale",
+                              [&](double v) { data.set_feature_scale(static_cast<float>(v)); }));
+    TY_RETURN_IF_ERROR(Double(node, "data", "feature_offset",
+                              [&](double v) { data.set_feature_offset(static_cast<float>(v)); }));
+    TY_RETURN_IF_ERROR(
+        Int32(node, "data", "prefetch_shards", [&](int32_t v) { data.set_prefetch_shards(v); }));
+    TY_RETURN_IF_ERROR(
+        Int32(node, "data", "fetch_threads", [&](int32_t v) { data.set_fetch_threads(v); }));
+    const YAML::Node validation = node["validation"];
+    if (IsSet(validation)) {
+      TY_RETURN_IF_ERROR(ExpectMap(validation, "data.validation"));
+      TY_RETURN_IF_ERROR(
+          CheckKeys(validation, "data.validation", {"every_steps", "every_epoch", "max_samples"}));
+      v1::ValidationSpec& v = *data.mutable_validation();
+      const std::string path = "data.validation";
+      TY_RETURN_IF_ERROR(
+          Int64(validation, path, "every_steps", [&](int64_t x) { v.set_every_steps(x); }));
+      TY_RETURN_IF_ERROR(ReadField<bool>(validation, path, "every_epoch", ReadBool,
+                                         Set<bool>([&](bool x) { v.set_every_epoch(x); })));
+      TY_RETURN_IF_ERROR(
+          Int64(validation, path, "max_samples", [&](int64_t x) { v.set_max_samples(x); }));
+    }
     const YAML::Node synthetic = node["synthetic"];
     if (!synthetic.IsDefined()) return absl::OkStatus();
     if (synthetic.IsNull()) {
@@ -699,6 +725,32 @@ absl::Status ValidateData(const v1::DataSpec& data) {
   if (data.labels().empty()) return FieldError("data.labels", "must not be empty");
   if (!(data.validation_split() >= 0 && data.validation_split() < 1)) {
     return FieldError("data.validation_split", "must be in [0, 1)");
+  }
+  if (data.shuffle_window() < 0) return FieldError("data.shuffle_window", "must be >= 0");
+  if (data.shuffle_window() > 0 && data.train().empty()) {
+    return FieldError("data.shuffle_window", "windows of shards need data.train");
+  }
+  if (data.has_feature_scale() && !std::isfinite(data.feature_scale())) {
+    return FieldError("data.feature_scale", "must be a finite number");
+  }
+  if (!std::isfinite(data.feature_offset())) {
+    return FieldError("data.feature_offset", "must be a finite number");
+  }
+  if (data.prefetch_shards() < 0 || data.prefetch_shards() > 64) {
+    return FieldError("data.prefetch_shards", "must be in [0, 64]");
+  }
+  if (data.fetch_threads() < 0 || data.fetch_threads() > 64) {
+    return FieldError("data.fetch_threads", "must be in [0, 64]");
+  }
+  const v1::ValidationSpec& validation = data.validation();
+  if (validation.every_steps() < 0) {
+    return FieldError("data.validation.every_steps", "must be >= 0");
+  }
+  if (validation.max_samples() < 0) {
+    return FieldError("data.validation.max_samples", "must be >= 0");
+  }
+  if (data.has_validation() && data.validation_split() == 0) {
+    return FieldError("data.validation", "needs data.validation_split > 0");
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/parallel.h"
 #include "common/sha256.h"
 
 namespace trainyard {
@@ -368,33 +369,6 @@ bool DnsCompatibleBucket(const std::string& bucket) {
     if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-')) return false;
   }
   return true;
-}
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads; stops handing out work after the first
-// error and returns it.
-absl::Status ParallelFor(int64_t n, int threads, const std::function<absl::Status(int64_t)>& fn) {
-  std::atomic<int64_t> next{0};
-  std::atomic<bool> failed{false};
-  absl::Mutex mu;
-  absl::Status first;
-  auto worker = [&] {
-    while (!failed.load()) {
-      const int64_t i = next.fetch_add(1);
-      if (i >= n) return;
-      absl::Status s = fn(i);
-      if (!s.ok()) {
-        absl::MutexLock lock(&mu);
-        if (first.ok()) first = s;
-        failed = true;
-      }
-    }
-  };
-  const int count = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < count; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  return first;
 }
 
 }  // namespace

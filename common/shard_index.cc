@@ -26,6 +26,7 @@ absl::StatusOr<ShardIndex> IndexShards(ObjectStore& store, const std::string& pa
     absl::StatusOr<ObjectInfo> info = store.Head(uri);
     if (!info.ok()) return info.status();
     shard.size_bytes = info->size_bytes;
+    shard.etag = info->etag;
     auto named = [&uri](const absl::Status& s) {
       return absl::Status(s.code(), absl::StrCat(uri, ": ", s.message()));
     };

@@ -18,6 +18,7 @@ namespace trainyard {
 struct ShardInfo {
   std::string uri;
   int64_t size_bytes = 0;
+  std::string etag;  // what the store said when the header was read (ObjectInfo::etag)
   // Samples: the first dimension, which every tensor of a data shard shares; -1 when they do
   // not (then it is no data shard).
   int64_t samples = 0;

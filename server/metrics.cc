@@ -393,6 +393,7 @@ void CoordinatorMetrics::AddJobFamilies(
       step_time.Add({{"job", j.id}, {"phase", "communication"}},
                     j.progress.communication_seconds());
       step_time.Add({{"job", j.id}, {"phase", "checkpoint"}}, j.progress.checkpoint_seconds());
+      step_time.Add({{"job", j.id}, {"phase", "validation"}}, j.progress.validation_seconds());
     }
     world.Add(job, j.ranks);
     gpus.Add(job, j.gpus);

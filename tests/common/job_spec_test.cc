@@ -170,6 +170,26 @@ INSTANTIATE_TEST_SUITE_P(
                 "data.validation_split: must be in [0, 1)"},
         BadSpec{{{"data", "{train: /d/x.safetensors, validation_split: -0.1}"}},
                 "data.validation_split: must be in [0, 1)"},
+        BadSpec{{{"data", "{train: /d/x.safetensors, shuffle_window: -1}"}},
+                "data.shuffle_window: must be >= 0"},
+        BadSpec{{{"data", "{synthetic: {samples: 9, features: 2, classes: 2}, shuffle_window: 4}"}},
+                "data.shuffle_window: windows of shards need data.train"},
+        BadSpec{{{"data", "{train: /d/x.safetensors, prefetch_shards: 65}"}},
+                "data.prefetch_shards: must be in [0, 64]"},
+        BadSpec{{{"data", "{train: /d/x.safetensors, fetch_threads: -1}"}},
+                "data.fetch_threads: must be in [0, 64]"},
+        BadSpec{{{"data", "{train: /d/x.safetensors, feature_scale: 1e40}"}},
+                "data.feature_scale: must be a finite number"},
+        BadSpec{{{"data", "{train: /d/x.safetensors, validation: {every_steps: 5}}"}},
+                "data.validation: needs data.validation_split > 0"},
+        BadSpec{{{"data",
+                  "{train: /d/x.safetensors, validation_split: 0.1, "
+                  "validation: {max_samples: -2}}"}},
+                "data.validation.max_samples: must be >= 0"},
+        BadSpec{{{"data",
+                  "{train: /d/x.safetensors, validation_split: 0.1, "
+                  "validation: {every: 5}}"}},
+                "data.validation.every: unknown key"},
         // Batch, steps.
         BadSpec{{{"batch_size", "0"}}, "batch_size: must be > 0"},
         BadSpec{{{"batch_size", "-8"}}, "batch_size: must be > 0"},
@@ -460,9 +480,14 @@ TEST(JobSpecTest, ShortForms) {
       {"optimizer", "{name: adam, lr: 2e-3, betas: [0, 0.99], schedule: cosine}"},
       {"max_steps", "1e4"},
       {"max_runtime", "5400"},
-      {"data", "{train: file:///d/*.safetensors, shuffle: no, validation_split: 0.25}"},
+      {"data",
+       "{train: file:///d/*.safetensors, shuffle: no, validation_split: 0.25, "
+       "shuffle_window: 4096, prefetch_shards: 3, fetch_threads: 8}"},
   }));
   ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().shuffle_window(), 4096);
+  EXPECT_EQ(spec->data().prefetch_shards(), 3);
+  EXPECT_EQ(spec->data().fetch_threads(), 8);
   EXPECT_EQ(spec->workers().min(), 1);
   EXPECT_EQ(spec->workers().max(), 4);
   ASSERT_EQ(spec->model().args().hidden_size(), 1);
@@ -532,6 +557,9 @@ data:
   labels: label
   validation_split: 0.1
   shuffle: false
+  feature_scale: 0.00392
+  feature_offset: -0.5
+  validation: {every_steps: 20, every_epoch: true, max_samples: 100}
 batch_size: 30
 optimizer:
   name: sgd
@@ -563,6 +591,11 @@ log_every_steps: 1
   EXPECT_FLOAT_EQ(spec->data().synthetic().noise(), 0.3f);
   EXPECT_EQ(spec->data().features(), "image");
   EXPECT_FALSE(spec->data().shuffle());
+  EXPECT_FLOAT_EQ(spec->data().feature_scale(), 0.00392f);
+  EXPECT_FLOAT_EQ(spec->data().feature_offset(), -0.5f);
+  EXPECT_EQ(spec->data().validation().every_steps(), 20);
+  EXPECT_TRUE(spec->data().validation().every_epoch());
+  EXPECT_EQ(spec->data().validation().max_samples(), 100);
   EXPECT_TRUE(spec->optimizer().nesterov());
   EXPECT_DOUBLE_EQ(spec->optimizer().weight_decay(), 5e-4);
   EXPECT_EQ(spec->optimizer().schedule().warmup_steps(), 100);

@@ -4,13 +4,19 @@
 // the previous committed step, and collects garbage in its own checkpoint folder.
 
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/s3_object_store.h"
+#include "common/safetensors.h"
 #include "common/sha256.h"
 #include "common/uri.h"
 #include "gtest/gtest.h"
@@ -150,6 +156,104 @@ TEST(S3CheckpointTest, CheckpointsKillResumeAndSkipACorruptCheckpoint) {
   EXPECT_EQ(kept.exit_code, 0) << kept.output;
   ExpectValidManifest(store, previous);
   EXPECT_EQ(cluster.Get(first->id()).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Shards in s3rver read by a data_parallel job (2 ranks on one worker) through a worker cache
+// that holds four of the eight shards: the job learns, the cache stays within its bound, and
+// the ranks fetch the tensors they name and nothing else.
+TEST(S3DataTest, AJobStreamsShardsThroughABoundedWorkerCache) {
+  if (S3rver::BinaryPath().empty()) GTEST_SKIP() << "s3rver is not installed";
+  auto s3 = S3rver::Start({"data"});
+  ASSERT_TRUE(s3.ok()) << s3.status();
+  S3ObjectStore store(std::make_unique<S3Client>((*s3)->ClientOptions()));
+  constexpr int kShards = 8;
+  constexpr int64_t kRows = 2000, kWidth = 64;
+  int64_t column_bytes = 0, unused_bytes = 0;
+  for (int shard = 0; shard < kShards; ++shard) {
+    // Four classes; the first 8 features sit around 60 * class, the rest are noise.
+    std::string x(kRows * kWidth, '\0'), y(kRows * 8, '\0'), unused(kRows * kWidth * 4, '\1');
+    uint64_t state = 977 + shard;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int64_t label = (r * 7 + shard) % 4;
+      std::memcpy(&y[r * 8], &label, 8);
+      for (int64_t c = 0; c < kWidth; ++c) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        const int noise = static_cast<int>((state >> 33) % 40);
+        x[r * kWidth + c] = static_cast<char>(c < 8 ? 60 * label + noise : (state >> 40) % 256);
+      }
+    }
+    auto file = EncodeSafetensors({{"x", "U8", {kRows, kWidth}, x},
+                                   {"y", "I64", {kRows}, y},
+                                   {"unused", "F32", {kRows, kWidth}, unused}},
+                                  {});
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE(store.Put(absl::StrCat("s3://data/ds/train-", shard, ".safetensors"), *file).ok());
+    column_bytes += static_cast<int64_t>(x.size() + y.size());
+    unused_bytes += static_cast<int64_t>(unused.size());
+  }
+  ClusterOptions options;
+  options.env = (*s3)->Env();
+  options.slots_per_worker = 2;
+  constexpr int64_t kCacheBytes = 1000000;  // six shards' x and y (144 KB each), not eight
+  options.worker_args = {absl::StrCat("--data_cache_bytes=", kCacheBytes)};
+  Cluster cluster(options);
+  auto job = cluster.Submit(R"(name: s3-data
+strategy: data_parallel
+workers: 2
+model:
+  builtin: mlp
+  args: {inputs: 64, hidden: [32], classes: 4}
+data:
+  train: s3://data/ds/train-*.safetensors
+  features: x
+  labels: y
+  feature_scale: 0.00392
+  shuffle_window: 2000
+  prefetch_shards: 1
+  validation_split: 0.05
+  validation: {every_epoch: true}
+batch_size: 64
+optimizer: {name: adamw, lr: 0.01}
+epochs: 2
+log_every_steps: 50
+seed: 3
+)");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto done = cluster.WaitForFinal(job->id(), absl::Minutes(5));
+  ASSERT_TRUE(done.ok()) << done.status();
+  auto logs = cluster.Logs(job->id());
+  ASSERT_TRUE(logs.ok());
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n" << *logs;
+  EXPECT_TRUE(done->progress().has_val_accuracy());
+  EXPECT_GT(done->progress().val_accuracy(), 0.9) << *logs;
+
+  // What the ranks fetched: every shard's x and y at least once (the cache cannot keep them
+  // across the two epochs), never the unused tensor, which is larger than all of them.
+  int64_t fetched = 0;
+  int reports = 0;
+  for (absl::string_view line : absl::StrSplit(*logs, '\n')) {
+    const size_t at = line.find("data: fetched ");
+    if (at == absl::string_view::npos) continue;
+    int64_t bytes = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(line.substr(at + 14, line.find(' ', at + 14) - (at + 14)), &bytes))
+        << line;
+    fetched += bytes;
+    ++reports;
+  }
+  EXPECT_EQ(reports, 2) << *logs;
+  EXPECT_GE(fetched, column_bytes);
+  EXPECT_LE(fetched, 3 * column_bytes);
+  EXPECT_LT(fetched, unused_bytes);
+  // The worker's cache never needed more than its bound: what is left is within it.
+  int64_t on_disk = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(cluster.worker_dir(0) + "/cache/shards", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    struct stat st;
+    if (stat(it->path().c_str(), &st) == 0) on_disk += static_cast<int64_t>(st.st_blocks) * 512;
+  }
+  EXPECT_GT(on_disk, 0);
+  EXPECT_LE(on_disk, kCacheBytes);
 }
 
 }  // namespace

@@ -314,6 +314,157 @@ TEST(DataTest, LoadsFilesInSortedOrderAndNamesBadFields) {
   EXPECT_TRUE(torch::equal(split->validation.features, data->features.narrow(0, 3, 2)));
 }
 
+TEST(DataTest, ShardWindowsMakeEachEpochAPermutationDrawnFromAFewShards) {
+  const std::vector<int64_t> shards = {5, 7, 3, 9, 6};  // 30 samples
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_epochs(3);
+  const StepPlan plan = *PlanSteps(spec, 30, 1);  // 7 steps per epoch, 2 samples dropped
+  std::vector<int64_t> first;                     // shard of each global sample
+  for (size_t k = 0; k < shards.size(); ++k) first.insert(first.end(), shards[k], int64_t(k));
+  DataOrder a(plan, 5, /*shuffle=*/true, shards, /*window=*/6);
+  DataOrder b(plan, 5, /*shuffle=*/true, shards, /*window=*/6);
+  std::vector<std::vector<int64_t>> epochs(3);
+  for (int64_t step = 0; step < plan.total_steps; ++step) {
+    const std::vector<int64_t> batch = a.GlobalBatch(step);
+    ASSERT_EQ(batch.size(), 4u);
+    epochs[static_cast<size_t>(step / 7)].insert(epochs[step / 7].end(), batch.begin(),
+                                                 batch.end());
+    // Every sample comes from a shard in flight; a 6-sample window spans at most 3 shards of 3+
+    // samples, two windows (a batch straddling them) at most 5.
+    const std::vector<int> in_flight = a.ShardsInFlight(step);
+    EXPECT_LE(in_flight.size(), 5u);
+    for (int64_t i : batch) {
+      EXPECT_NE(std::find(in_flight.begin(), in_flight.end(), first[i]), in_flight.end())
+          << "step " << step << " sample " << i;
+    }
+    // At an epoch's start, the shards fetched ahead are the epoch's next ones (later, the next
+    // epoch's first shards may be some of those in flight now).
+    if (step % 7 == 0) {
+      const std::vector<int> ahead = a.ShardsAfter(step, 2);
+      EXPECT_EQ(ahead.size(), 2u);
+      std::set<int> all(in_flight.begin(), in_flight.end());
+      all.insert(ahead.begin(), ahead.end());
+      EXPECT_EQ(all.size(), in_flight.size() + 2) << "step " << step;
+    }
+    // Ranks take slices of the same global order, whatever their number: resume on another
+    // number of ranks continues the same sequence.
+    for (int world : {2, 4}) {
+      std::vector<int64_t> joined;
+      for (int r = 0; r < world; ++r) {
+        std::vector<int64_t> part = b.RankBatch(step, r, world);
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+      EXPECT_EQ(joined, batch);
+    }
+  }
+  for (const std::vector<int64_t>& epoch : epochs) {
+    EXPECT_EQ(std::set<int64_t>(epoch.begin(), epoch.end()).size(), 28u);  // no sample twice
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  // The shard order changes between epochs too.
+  EXPECT_NE(a.ShardsInFlight(0), a.ShardsInFlight(7));
+  // Any step, in any order, gives the same batch (resume from any step).
+  DataOrder c(plan, 5, true, shards, 6);
+  EXPECT_EQ(c.GlobalBatch(16), a.GlobalBatch(16));
+  EXPECT_EQ(c.GlobalBatch(3), a.GlobalBatch(3));
+  EXPECT_NE(DataOrder(plan, 6, true, shards, 6).GlobalBatch(3), a.GlobalBatch(3));
+
+  // Without shuffle: file order, shard by shard, the next shards ahead.
+  DataOrder plain(plan, 5, /*shuffle=*/false, shards, 6);
+  EXPECT_EQ(plain.GlobalBatch(1), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(plain.ShardsInFlight(1), (std::vector<int>{0, 1}));
+  EXPECT_EQ(plain.ShardsAfter(1, 2), (std::vector<int>{2, 3}));
+  // No window: one permutation of everything, every shard in flight, nothing ahead.
+  DataOrder whole(plan, 5, true, shards, 0);
+  EXPECT_EQ(whole.GlobalBatch(2), DataOrder(plan, 5, true).GlobalBatch(2));
+  EXPECT_EQ(whole.ShardsInFlight(2).size(), 5u);
+  EXPECT_TRUE(whole.ShardsAfter(2, 2).empty());
+}
+
+// Shard `i` with `n` samples: "x" uint8 [n, 2, 3] holding (i * 10 + row) % 256 in every byte,
+// "y" int32 labels row % 5, "big" an unused float32 column.
+std::string CompactShard(int i, int64_t n, std::map<std::string, std::string> metadata = {}) {
+  torch::Tensor row = torch::arange(n, torch::kInt64);
+  NamedTensors t = {{"x", (row + i * 10)
+                              .remainder(256)
+                              .to(torch::kUInt8)
+                              .reshape({n, 1, 1})
+                              .expand({n, 2, 3})
+                              .contiguous()},
+                    {"y", row.remainder(5).to(torch::kInt32)},
+                    {"big", torch::zeros({n, 16})}};
+  return *EncodeTensors(t, metadata);
+}
+
+TEST(DataTest, ShardsAreReadPerBatchInTheirCompactDtypeAndScaled) {
+  const std::string dir = MakeTempDir();
+  for (int i = 0; i < 3; ++i) {
+    WriteFile(absl::StrCat(dir, "/part-", i, ".safetensors"), CompactShard(i, 10 + i));
+  }
+  trainyard::v1::DataSpec spec;
+  spec.set_train(dir + "/part-*.safetensors");
+  spec.set_features("x");
+  spec.set_labels("y");
+  spec.set_feature_scale(0.5f);
+  spec.set_feature_offset(-1.0f);
+  spec.set_validation_split(0.1f);  // 33 samples: 3 held out
+  absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(spec, 0, true, {});
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ((*data)->train_size(), 30);
+  EXPECT_EQ((*data)->validation_size(), 3);
+  EXPECT_EQ((*data)->sample_shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ((*data)->outputs(), 5);  // read from the labels: max 4
+  EXPECT_EQ((*data)->shard_train_samples(), (std::vector<int64_t>{10, 11, 9}));
+  // Sample 12 is row 2 of shard 1, byte 12; sample 32 row 11 of shard 2 (validation).
+  absl::StatusOr<Batch> batch = (*data)->Gather({12, 0, 32});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->features.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(batch->features.sizes(), (std::vector<int64_t>{3, 2, 3}));
+  EXPECT_TRUE(torch::equal(batch->features.select(1, 0).select(1, 0),
+                           torch::tensor({12 * 0.5f - 1, -1.0f, 31 * 0.5f - 1})));
+  EXPECT_EQ(batch->labels.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(batch->labels, torch::tensor({2, 0, 1}, torch::kInt64)));
+  // The whole set through LoadDataset agrees sample for sample (scale and offset included).
+  absl::StatusOr<Dataset> whole = LoadDataset(spec, 0, true);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(
+      torch::equal(whole->features.index_select(0, torch::tensor({12, 0, 32})), batch->features));
+
+  // The prefetcher over shards and windows gives each rank Gather of its slice of the order.
+  trainyard::v1::JobSpec job;
+  job.set_batch_size(6);
+  job.set_max_steps(12);
+  const StepPlan plan = *PlanSteps(job, 30, 2);
+  BatchPrefetcher::Order order;
+  order.seed = 3;
+  order.window = 8;
+  BatchPrefetcher prefetcher(**data, plan, order, /*rank=*/1, /*world_size=*/2, 2, 12, 2);
+  DataOrder expected(plan, 3, true, (*data)->shard_train_samples(), 8);
+  for (int64_t step = 2; step < 12; ++step) {
+    std::optional<Batch> got = prefetcher.Next();
+    ASSERT_TRUE(got.has_value()) << prefetcher.status();
+    absl::StatusOr<Batch> want = (*data)->Gather(expected.RankBatch(step, 1, 2));
+    EXPECT_TRUE(torch::equal(got->features, want->features)) << "step " << step;
+    EXPECT_TRUE(torch::equal(got->labels, want->labels));
+  }
+  EXPECT_FALSE(prefetcher.Next().has_value());
+  EXPECT_TRUE(prefetcher.status().ok());
+
+  // Extremes that `trainyard data pack` records are used instead of reading the labels.
+  for (int i = 0; i < 3; ++i) {
+    WriteFile(absl::StrCat(dir, "/part-", i, ".safetensors"),
+              CompactShard(i, 10 + i, {{"trainyard.min.y", "0"}, {"trainyard.max.y", "41"}}));
+  }
+  EXPECT_EQ((*OpenTrainingData(spec, 0, true, {}))->outputs(), 42);
+  // Shards that disagree on the features' dtype are refused, naming the shard.
+  NamedTensors odd = {{"x", torch::zeros({4, 2, 3})}, {"y", torch::zeros({4}, torch::kInt32)}};
+  WriteFile(dir + "/part-3.safetensors", *EncodeTensors(odd, {}));
+  absl::Status status = OpenTrainingData(spec, 0, true, {}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("data.features: " + dir + "/part-3.safetensors has F32"));
+}
+
 // ---- schedules and optimizers ----
 
 TEST(ScheduleTest, CosineWarmsUpLinearlyThenDecaysToMinLr) {

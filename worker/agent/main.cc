@@ -52,6 +52,9 @@ ABSL_FLAG(int, gpus, -1,
 ABSL_FLAG(std::string, work_dir, "./trainyard-worker",
           "folder for task folders ({work_dir}/tasks/{task_id}/: task.pb, output.log, pid, "
           "stop-deadline)");
+ABSL_FLAG(int64_t, data_cache_bytes, int64_t{10} << 30,
+          "bound on the disk space of remote data shards cached under {work_dir}/cache/shards, "
+          "shared by the tasks of this worker (least recently used shards not in use go first)");
 ABSL_FLAG(std::string, trainer_path, "",
           "the trainyard-trainer executable (default: the one next to this binary)");
 ABSL_FLAG(absl::Duration, stop_grace_period, absl::Seconds(10),
@@ -219,6 +222,12 @@ int main(int argc, char** argv) {
     options.trainer_env["TRAINYARD_TLS_SERVER_NAME"] = credentials.server_name;
   }
   if (credentials.insecure) options.trainer_env["TRAINYARD_INSECURE"] = "1";
+  if (absl::GetFlag(FLAGS_data_cache_bytes) < 1) {
+    trainyard::LogError("--data_cache_bytes must be > 0");
+    return 2;
+  }
+  options.trainer_env["TRAINYARD_DATA_CACHE_BYTES"] =
+      absl::StrCat(absl::GetFlag(FLAGS_data_cache_bytes));
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       trainyard::NewClientChannel(options.coordinator, credentials, channel_args);
   if (!channel.ok()) {

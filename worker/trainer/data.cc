@@ -4,19 +4,23 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/log.h"
 #include "common/object_cache.h"
 #include "common/object_store.h"
 #include "common/safetensors.h"
+#include "common/shard_index.h"
+#include "common/shard_reader.h"
 #include "common/uri.h"
 #include "worker/trainer/model.h"
 
@@ -49,15 +53,6 @@ class NormalSource {
   bool has_spare_ = false;
   double spare_ = 0;
 };
-
-absl::StatusOr<std::string> ReadLocalFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("data.train: cannot open ", path));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::UnavailableError(absl::StrCat("data.train: error reading ", path));
-  return buffer.str();
-}
 
 }  // namespace
 
@@ -133,176 +128,469 @@ absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData&
   return data;
 }
 
-absl::StatusOr<std::vector<std::string>> ExpandDataGlob(const std::string& pattern) {
-  std::string local = pattern;
-  if (absl::StartsWith(pattern, "s3://")) {
-    // Remote files come through the local cache (keyed by ETag): a restart reads them from disk.
-    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(pattern);
-    if (!store.ok()) {
-      return absl::Status(store.status().code(),
-                          absl::StrCat("data.train: ", store.status().message()));
+namespace {
+
+struct Dtype {
+  const char* name;
+  torch::ScalarType type;
+};
+constexpr Dtype kDtypes[] = {
+    {"F64", torch::kFloat64},   {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
+    {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
+    {"I16", torch::kInt16},     {"I8", torch::kInt8},     {"U8", torch::kUInt8},
+    {"BOOL", torch::kBool},
+};
+
+std::optional<torch::ScalarType> ScalarTypeOf(const std::string& dtype) {
+  for (const Dtype& d : kDtypes) {
+    if (dtype == d.name) return d.type;
+  }
+  return std::nullopt;
+}
+
+bool IsIntegerDtype(const std::string& dtype) {
+  return dtype == "I64" || dtype == "I32" || dtype == "I16" || dtype == "I8" || dtype == "U8";
+}
+
+std::string DisplayPath(const std::string& uri) {
+  return absl::StartsWith(uri, "file://") ? uri.substr(7) : uri;
+}
+
+// One named tensor of every shard: its dtype and the shape of one sample.
+struct Column {
+  std::string field;  // "data.features", for errors
+  std::string name;
+  std::string dtype;
+  torch::ScalarType type = torch::kFloat32;
+  std::vector<int64_t> sample_shape;
+  int64_t row_bytes = 0;
+};
+
+// The extremes of an integer column per field (the last dimension; one field for [N] labels)
+// that `trainyard data pack` records in each shard's metadata as "trainyard.min.NAME" and
+// "trainyard.max.NAME" (comma-separated); nullopt when a shard does not.
+std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> RecordedExtremes(
+    const ShardIndex& index, const std::string& name, size_t fields) {
+  std::vector<int64_t> lo(fields, INT64_MAX), hi(fields, INT64_MIN);
+  for (const ShardInfo& shard : index.shards) {
+    auto min_it = shard.header.metadata.find("trainyard.min." + name);
+    auto max_it = shard.header.metadata.find("trainyard.max." + name);
+    if (min_it == shard.header.metadata.end() || max_it == shard.header.metadata.end()) {
+      return std::nullopt;
     }
-    absl::StatusOr<std::vector<std::string>> uris = ExpandObjectGlob(**store, pattern);
-    if (!uris.ok()) {
-      return absl::Status(uris.status().code(),
-                          absl::StrCat("data.train: ", uris.status().message()));
+    const std::vector<std::string> mins = absl::StrSplit(min_it->second, ',');
+    const std::vector<std::string> maxs = absl::StrSplit(max_it->second, ',');
+    if (mins.size() != fields || maxs.size() != fields) return std::nullopt;
+    for (size_t f = 0; f < fields; ++f) {
+      int64_t a, b;
+      if (!absl::SimpleAtoi(mins[f], &a) || !absl::SimpleAtoi(maxs[f], &b)) return std::nullopt;
+      lo[f] = std::min(lo[f], a);
+      hi[f] = std::max(hi[f], b);
     }
-    ObjectCache cache(ObjectCache::DefaultDir());
-    std::vector<std::string> files;
-    for (const std::string& uri : *uris) {
-      absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
-      if (!path.ok()) {
-        return absl::Status(path.status().code(),
-                            absl::StrCat("data.train: ", path.status().message()));
+  }
+  return std::make_pair(lo, hi);
+}
+
+class ShardData final : public TrainingData {
+ public:
+  ShardData(std::unique_ptr<ShardReader> reader, ShardReaderOptions reader_options,
+            std::vector<Column> columns, std::vector<int64_t> shard_samples,
+            const trainyard::v1::DataSpec& spec, bool classification, const DataOptions& options)
+      : reader_(std::move(reader)),
+        reader_options_(std::move(reader_options)),
+        columns_(std::move(columns)),
+        shard_samples_(std::move(shard_samples)),
+        classification_(classification),
+        has_categorical_(columns_.size() > 2),
+        scale_(spec.has_feature_scale() ? spec.feature_scale() : 1.0f),
+        offset_(spec.feature_offset()),
+        pin_(options.pin_memory) {
+    int64_t first = 0;
+    for (int64_t n : shard_samples_) {
+      shard_first_.push_back(first);
+      first += n;
+    }
+    sample_shape_ = columns_[0].sample_shape;
+  }
+
+  // The split, and what the model needs to know of the labels and ids.
+  absl::Status Prepare(const trainyard::v1::DataSpec& spec, const ShardIndex& index) {
+    const int64_t n = shard_first_.empty() ? 0 : shard_first_.back() + shard_samples_.back();
+    if (n == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.train: the files matching '", spec.train(), "' hold no samples"));
+    }
+    const double fraction = spec.validation_split();
+    validation_ = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
+    if (validation_ >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("data.validation_split: ", fraction, " of ", n,
+                                                     " samples leaves none to train on"));
+    }
+    train_ = n - validation_;
+    for (size_t k = 0; k < shard_samples_.size(); ++k) {
+      shard_train_samples_.push_back(
+          std::clamp<int64_t>(train_ - shard_first_[k], 0, shard_samples_[k]));
+    }
+    if (classification_) {
+      absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<int64_t>>> labels =
+          Extremes(index, 1);
+      if (!labels.ok()) return labels.status();
+      if (labels->first[0] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.labels: negative class id ", labels->first[0], " in '", columns_[1].name, "'"));
       }
-      files.push_back(*std::move(path));
+      outputs_ = labels->second[0] + 1;
+    } else {
+      outputs_ = 1;
+      for (int64_t d : columns_[1].sample_shape) outputs_ *= d;
     }
-    return files;
+    if (has_categorical_) {
+      absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<int64_t>>> ids =
+          Extremes(index, 2);
+      if (!ids.ok()) return ids.status();
+      for (int64_t lo : ids->first) {
+        if (lo < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("data.categorical: negative id ", lo, " in '", columns_[2].name, "'"));
+        }
+      }
+      max_ids_ = ids->second;
+    }
+    return absl::OkStatus();
   }
-  if (absl::StrContains(pattern, "://")) {
-    if (!absl::StartsWith(pattern, "file://")) {
+
+  int64_t ShardBytes(int shard) const override { return reader_->ColumnBytes(shard); }
+  void Hold(const std::vector<int>& shards) override { reader_->Hold(shards); }
+  int64_t bytes_fetched() const override { return reader_->bytes_fetched(); }
+  bool remote() const override { return reader_->remote(); }
+
+  absl::StatusOr<Batch> Gather(const std::vector<int64_t>& indices) override {
+    const int64_t n = static_cast<int64_t>(indices.size());
+    std::vector<torch::Tensor> out;
+    std::vector<char*> dst;
+    for (const Column& c : columns_) {
+      std::vector<int64_t> shape = {n};
+      shape.insert(shape.end(), c.sample_shape.begin(), c.sample_shape.end());
+      torch::Tensor t =
+          torch::empty(shape, torch::TensorOptions().dtype(c.type).pinned_memory(pin_));
+      dst.push_back(static_cast<char*>(t.data_ptr()));
+      out.push_back(std::move(t));
+    }
+    std::shared_ptr<const MappedShard> mapped;
+    int current = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t index = indices[static_cast<size_t>(i)];
+      const int shard =
+          static_cast<int>(std::upper_bound(shard_first_.begin(), shard_first_.end(), index) -
+                           shard_first_.begin() - 1);
+      if (shard != current) {
+        absl::StatusOr<std::shared_ptr<const MappedShard>> got = reader_->Get(shard);
+        if (!got.ok()) {
+          return absl::Status(got.status().code(),
+                              absl::StrCat("data.train: ", got.status().message()));
+        }
+        mapped = *std::move(got);
+        current = shard;
+      }
+      const int64_t row = index - shard_first_[static_cast<size_t>(shard)];
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        const int64_t bytes = columns_[c].row_bytes;
+        std::memcpy(dst[c] + i * bytes, mapped->column(c).data() + row * bytes,
+                    static_cast<size_t>(bytes));
+      }
+    }
+    Batch batch;
+    batch.features = out[0].scalar_type() == torch::kFloat32 ? out[0] : out[0].to(torch::kFloat32);
+    if (scale_ != 1.0f) batch.features.mul_(scale_);
+    if (offset_ != 0.0f) batch.features.add_(offset_);
+    batch.labels =
+        classification_ ? out[1].reshape({n}).to(torch::kInt64) : out[1].to(torch::kFloat32);
+    if (has_categorical_) batch.categorical = out[2].to(torch::kInt64);
+    if (pin_) {
+      batch.features = batch.features.is_pinned() ? batch.features : batch.features.pin_memory();
+      batch.labels = batch.labels.is_pinned() ? batch.labels : batch.labels.pin_memory();
+    }
+    return batch;
+  }
+
+ private:
+  // Column `c`'s extremes per field: from the shards' metadata, or read from the column.
+  absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<int64_t>>> Extremes(
+      const ShardIndex& index, size_t c) {
+    const Column& column = columns_[c];
+    const size_t fields =
+        column.sample_shape.empty() ? 1 : static_cast<size_t>(column.sample_shape.back());
+    if (auto recorded = RecordedExtremes(index, column.name, fields)) return *recorded;
+    // Read this column alone, shard by shard, through a reader of its own: a remote data set's
+    // other tensors are not fetched for it, and each shard is let go once read.
+    LogInfo(column.field, ": the shards do not record the extremes of '", column.name,
+            "' (trainyard data pack does): reading them");
+    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(index.shards.front().uri);
+    if (!store.ok()) return store.status();
+    absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+        ShardReader::Open(*std::move(store), index, {column.name}, reader_options_);
+    if (!reader.ok()) return reader.status();
+    std::vector<int64_t> lo(fields, INT64_MAX), hi(fields, INT64_MIN);
+    for (size_t k = 0; k < shard_samples_.size(); ++k) {
+      if (shard_samples_[k] == 0) continue;
+      (*reader)->Hold({static_cast<int>(k)});
+      absl::StatusOr<std::shared_ptr<const MappedShard>> mapped =
+          (*reader)->Get(static_cast<int>(k));
+      if (!mapped.ok()) {
+        return absl::Status(mapped.status().code(),
+                            absl::StrCat(column.field, ": ", mapped.status().message()));
+      }
+      const absl::string_view bytes = (*mapped)->column(0);
+      torch::Tensor t = torch::from_blob(const_cast<char*>(bytes.data()),
+                                         {shard_samples_[k], static_cast<int64_t>(fields)},
+                                         torch::TensorOptions().dtype(column.type))
+                            .to(torch::kInt64);
+      const torch::Tensor mins = std::get<0>(t.min(0));
+      const torch::Tensor maxs = std::get<0>(t.max(0));
+      for (size_t f = 0; f < fields; ++f) {
+        lo[f] = std::min(lo[f], mins[static_cast<int64_t>(f)].item<int64_t>());
+        hi[f] = std::max(hi[f], maxs[static_cast<int64_t>(f)].item<int64_t>());
+      }
+    }
+    return std::make_pair(lo, hi);
+  }
+
+  const std::unique_ptr<ShardReader> reader_;
+  const ShardReaderOptions reader_options_;
+  const std::vector<Column> columns_;  // features, labels[, categorical]
+  const std::vector<int64_t> shard_samples_;
+  std::vector<int64_t> shard_first_;
+  const bool classification_;
+  const bool has_categorical_;
+  const float scale_;
+  const float offset_;
+  const bool pin_;
+};
+
+class MemoryData final : public TrainingData {
+ public:
+  MemoryData(Dataset train, Dataset validation) {
+    train_ = train.size();
+    validation_ = validation.size();
+    if (train.features.defined()) {
+      const auto shape = train.features.sizes().slice(1);
+      sample_shape_.assign(shape.begin(), shape.end());
+    }
+    outputs_ = std::max(train.OutputWidth(), validation.OutputWidth());
+    auto join = [&](const torch::Tensor& a, const torch::Tensor& b) {
+      return b.defined() && b.size(0) > 0 ? torch::cat({a, b}, 0) : a;
+    };
+    all_.features = join(train.features, validation.features);
+    all_.labels = join(train.labels, validation.labels);
+    if (train.categorical.defined()) {
+      all_.categorical = join(train.categorical, validation.categorical);
+      if (all_.categorical.size(0) > 0) {
+        torch::Tensor most = std::get<0>(all_.categorical.max(0));
+        max_ids_.assign(most.data_ptr<int64_t>(), most.data_ptr<int64_t>() + most.numel());
+      }
+    }
+  }
+
+  absl::StatusOr<Batch> Gather(const std::vector<int64_t>& indices) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor index = torch::from_blob(const_cast<int64_t*>(indices.data()),
+                                           {static_cast<int64_t>(indices.size())}, torch::kInt64);
+    Batch batch;
+    batch.features = all_.features.index_select(0, index);
+    batch.labels = all_.labels.index_select(0, index);
+    if (all_.categorical.defined()) batch.categorical = all_.categorical.index_select(0, index);
+    return batch;
+  }
+
+ private:
+  Dataset all_;
+};
+
+// The shards' column `name` for `field`, checked to be the same dtype and sample shape in
+// every shard and to have `samples[k]` samples (filled from the first column when empty).
+absl::StatusOr<Column> CheckColumn(const ShardIndex& index, const std::string& field,
+                                   const std::string& name, std::vector<int64_t>& samples) {
+  Column column;
+  column.field = field;
+  column.name = name;
+  const bool first_column = samples.empty();
+  for (size_t k = 0; k < index.shards.size(); ++k) {
+    const ShardInfo& shard = index.shards[k];
+    const std::string path = DisplayPath(shard.uri);
+    auto slot = std::find_if(shard.header.tensors.begin(), shard.header.tensors.end(),
+                             [&](const SafetensorsSlot& t) { return t.name == name; });
+    if (slot == shard.header.tensors.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": tensor '", name, "' not in ", path));
+    }
+    const std::optional<torch::ScalarType> type = ScalarTypeOf(slot->dtype);
+    if (!type.has_value() || slot->dtype == "BOOL" || slot->shape.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": tensor '", name, "' in ", path,
+                                                     " must be a numeric tensor with a sample "
+                                                     "dimension, got ",
+                                                     slot->dtype, " ", ShapeString(slot->shape)));
+    }
+    const std::vector<int64_t> sample(slot->shape.begin() + 1, slot->shape.end());
+    if (k == 0) {
+      column.dtype = slot->dtype;
+      column.type = *type;
+      column.sample_shape = sample;
+    } else if (sample != column.sample_shape || slot->dtype != column.dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", path, " has ", slot->dtype, " ", ShapeString(slot->shape),
+                       ", expected ", column.dtype, " [*", column.sample_shape.empty() ? "" : ",",
+                       absl::StrJoin(column.sample_shape, ","), "] like ",
+                       DisplayPath(index.shards.front().uri)));
+    }
+    if (first_column) {
+      samples.push_back(slot->shape[0]);
+    } else if (slot->shape[0] != samples[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", path, ": '", name, "' has shape ", ShapeString(slot->shape),
+                       " but the features have ", samples[k], " samples"));
+    }
+  }
+  column.row_bytes = SafetensorsDtypeSize(column.dtype);
+  for (int64_t d : column.sample_shape) column.row_bytes *= d;
+  return column;
+}
+
+absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::DataSpec& spec,
+                                                         bool classification,
+                                                         const DataOptions& options) {
+  const std::string& pattern = spec.train();
+  if (absl::StrContains(pattern, "://") && !absl::StartsWith(pattern, "file://") &&
+      !absl::StartsWith(pattern, "s3://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.train: only local paths, file:// and s3:// URIs are supported, got '", pattern, "'"));
+  }
+  if (!absl::StrContains(pattern, "://") && !absl::StartsWith(pattern, "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.train: '", pattern, "' is not an absolute path or URI"));
+  }
+  const std::string uri = absl::StartsWith(pattern, "/") ? "file://" + pattern : pattern;
+  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("data.train: ", store.status().message()));
+  }
+  absl::StatusOr<ShardIndex> index = IndexShards(**store, uri);
+  if (!index.ok()) {
+    if (index.status().code() == absl::StatusCode::kNotFound &&
+        absl::StrContains(index.status().message(), "match")) {
+      return absl::NotFoundError(absl::StrCat("data.train: no files match '", pattern, "'"));
+    }
+    return absl::Status(index.status().code(),
+                        absl::StrCat("data.train: ", index.status().message()));
+  }
+  std::vector<int64_t> samples;
+  std::vector<Column> columns;
+  const std::string features = spec.features().empty() ? "x" : spec.features();
+  const std::string labels = spec.labels().empty() ? "y" : spec.labels();
+  absl::StatusOr<Column> x = CheckColumn(*index, "data.features", features, samples);
+  if (!x.ok()) return x.status();
+  columns.push_back(*std::move(x));
+  absl::StatusOr<Column> y = CheckColumn(*index, "data.labels", labels, samples);
+  if (!y.ok()) return y.status();
+  if (classification) {
+    if (!IsIntegerDtype(y->dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.labels: cross_entropy needs integer class ids, '", labels, "' in ",
+                       DisplayPath(index->shards.front().uri), " is ", y->dtype));
+    }
+    int64_t width = 1;
+    for (int64_t d : y->sample_shape) width *= d;
+    if (width != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.labels: class ids in ", DisplayPath(index->shards.front().uri),
+                       " must have shape [N], got [N,", absl::StrJoin(y->sample_shape, ","), "]"));
+    }
+  }
+  columns.push_back(*std::move(y));
+  if (!spec.categorical().empty()) {
+    absl::StatusOr<Column> ids =
+        CheckColumn(*index, "data.categorical", spec.categorical(), samples);
+    if (!ids.ok()) return ids.status();
+    if (!IsIntegerDtype(ids->dtype) || ids->sample_shape.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data.train: only local paths and file:// URIs are supported, got '", pattern, "'"));
+          "data.categorical: '", spec.categorical(), "' in ",
+          DisplayPath(index->shards.front().uri), " must be integer ids of shape [N, fields], got ",
+          ids->dtype, " [N", ids->sample_shape.empty() ? "" : ",",
+          absl::StrJoin(ids->sample_shape, ","), "]"));
     }
-    local = pattern.substr(std::string("file://").size());
+    columns.push_back(*std::move(ids));
   }
-  glob_t matches;
-  const int rc = glob(local.c_str(), 0, nullptr, &matches);
-  std::vector<std::string> files;
-  if (rc == 0) {
-    for (size_t i = 0; i < matches.gl_pathc; ++i) files.emplace_back(matches.gl_pathv[i]);
+  ShardReaderOptions reader_options;
+  reader_options.cache_dir =
+      options.cache_dir.empty() ? ObjectCache::DefaultDir() + "/shards" : options.cache_dir;
+  reader_options.cache_bytes = options.cache_bytes;
+  if (spec.fetch_threads() > 0) reader_options.fetch_threads = spec.fetch_threads();
+  std::vector<std::string> names;
+  for (const Column& c : columns) names.push_back(c.name);
+  const ShardIndex kept = *index;
+  absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+      ShardReader::Open(*std::move(store), *std::move(index), names, reader_options);
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(),
+                        absl::StrCat("data.train: ", reader.status().message()));
   }
-  globfree(&matches);
-  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
-    return absl::NotFoundError(absl::StrCat("data.train: no files match '", pattern, "'"));
+  auto data = std::make_unique<ShardData>(*std::move(reader), reader_options, std::move(columns),
+                                          std::move(samples), spec, classification, options);
+  if (absl::Status s = data->Prepare(spec, kept); !s.ok()) return s;
+  return data;
+}
+
+}  // namespace
+
+int64_t TrainingData::FeatureWidth() const {
+  int64_t width = 1;
+  for (int64_t d : sample_shape_) width *= d;
+  return width;
+}
+
+DataOptions DataOptions::FromEnvironment() {
+  DataOptions options;
+  options.cache_dir = ObjectCache::DefaultDir() + "/shards";
+  const char* bytes = std::getenv("TRAINYARD_DATA_CACHE_BYTES");
+  int64_t value;
+  if (bytes != nullptr && absl::SimpleAtoi(bytes, &value) && value > 0) options.cache_bytes = value;
+  return options;
+}
+
+std::unique_ptr<TrainingData> InMemoryData(Dataset train, Dataset validation) {
+  return std::make_unique<MemoryData>(std::move(train), std::move(validation));
+}
+
+absl::StatusOr<std::unique_ptr<TrainingData>> OpenTrainingData(const trainyard::v1::DataSpec& spec,
+                                                               int64_t seed, bool classification,
+                                                               const DataOptions& options) {
+  if (!spec.train().empty()) return OpenShards(spec, classification, options);
+  if (spec.synthetic().samples() == 0 && spec.synthetic().features() == 0) {
+    return absl::InvalidArgumentError("data: set data.train or data.synthetic");
   }
-  if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat("data.train: cannot expand '", pattern, "'"));
-  }
-  std::sort(files.begin(), files.end());
-  return files;
+  absl::StatusOr<Dataset> data = MakeSyntheticDataset(spec.synthetic(), seed);
+  if (!data.ok()) return data.status();
+  if (!classification) data->labels = data->labels.to(torch::kFloat32);
+  absl::StatusOr<SplitDataset> split = SplitValidation(*data, spec.validation_split());
+  if (!split.ok()) return split.status();
+  return InMemoryData(std::move(split->train), std::move(split->validation));
 }
 
 absl::StatusOr<Dataset> LoadDataset(const trainyard::v1::DataSpec& spec, int64_t seed,
                                     bool classification) {
-  if (spec.train().empty()) {
-    if (spec.synthetic().samples() == 0 && spec.synthetic().features() == 0) {
-      return absl::InvalidArgumentError("data: set data.train or data.synthetic");
-    }
-    absl::StatusOr<Dataset> data = MakeSyntheticDataset(spec.synthetic(), seed);
-    if (data.ok() && !classification) data->labels = data->labels.to(torch::kFloat32);
-    return data;
-  }
-  absl::StatusOr<std::vector<std::string>> files = ExpandDataGlob(spec.train());
-  if (!files.ok()) return files.status();
-  const std::string features_name = spec.features().empty() ? "x" : spec.features();
-  const std::string labels_name = spec.labels().empty() ? "y" : spec.labels();
-  std::vector<torch::Tensor> features, labels, categorical;
-  for (const std::string& path : *files) {
-    absl::StatusOr<std::string> bytes = ReadLocalFile(path);
-    if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<SafetensorsFile> file = DecodeSafetensors(*std::move(bytes));
-    if (!file.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.train: ", path, ": ", file.status().message()));
-    }
-    const TensorView* fv = file->Find(features_name);
-    if (fv == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.features: tensor '", features_name, "' not in ", path));
-    }
-    const TensorView* lv = file->Find(labels_name);
-    if (lv == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.labels: tensor '", labels_name, "' not in ", path));
-    }
-    absl::StatusOr<torch::Tensor> x = TensorFromView(*fv);
-    if (!x.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.features: ", path, ": ", x.status().message()));
-    }
-    absl::StatusOr<torch::Tensor> y = TensorFromView(*lv);
-    if (!y.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.labels: ", path, ": ", y.status().message()));
-    }
-    if (x->dim() < 1 || x->scalar_type() == torch::kBool) {
-      return absl::InvalidArgumentError(absl::StrCat("data.features: tensor '", features_name,
-                                                     "' in ", path,
-                                                     " must be a numeric "
-                                                     "tensor with a sample dimension"));
-    }
-    if (!features.empty() && x->sizes().slice(1) != features.front().sizes().slice(1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.features: ", path, " has shape ", ShapeString(x->sizes()), ", expected [*",
-          features.front().dim() > 1 ? "," : "",
-          absl::StrJoin(features.front().sizes().slice(1), ","), "] like ", files->front()));
-    }
-    if (y->dim() < 1 || y->size(0) != x->size(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.labels: ", path, ": '", labels_name, "' has shape ", ShapeString(y->sizes()),
-          " but '", features_name, "' has ", x->size(0), " samples"));
-    }
-    torch::Tensor label;
-    if (classification) {
-      if (torch::isFloatingType(y->scalar_type()) || y->scalar_type() == torch::kBool) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.labels: cross_entropy needs integer class ids, '", labels_name,
-                         "' in ", path, " is ", lv->dtype));
-      }
-      if (y->numel() != y->size(0)) {
-        return absl::InvalidArgumentError(absl::StrCat("data.labels: class ids in ", path,
-                                                       " must have shape [N], got ",
-                                                       ShapeString(y->sizes())));
-      }
-      label = y->reshape({y->size(0)}).to(torch::kInt64);
-      if (label.numel() > 0 && label.min().item<int64_t>() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("data.labels: negative class id in ", path));
-      }
-    } else {
-      label = y->to(torch::kFloat32);
-    }
-    if (!spec.categorical().empty()) {
-      const TensorView* cv = file->Find(spec.categorical());
-      if (cv == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.categorical: tensor '", spec.categorical(), "' not in ", path));
-      }
-      absl::StatusOr<torch::Tensor> ids = TensorFromView(*cv);
-      if (!ids.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.categorical: ", path, ": ", ids.status().message()));
-      }
-      if (torch::isFloatingType(ids->scalar_type()) || ids->scalar_type() == torch::kBool ||
-          ids->dim() != 2 || ids->size(0) != x->size(0)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.categorical: '", spec.categorical(), "' in ", path,
-                         " must be integer ids of shape [", x->size(0), ", fields], got ",
-                         cv->dtype, " ", ShapeString(ids->sizes())));
-      }
-      if (!categorical.empty() && ids->size(1) != categorical.front().size(1)) {
-        return absl::InvalidArgumentError(absl::StrCat("data.categorical: ", path, " has ",
-                                                       ids->size(1), " fields, ", files->front(),
-                                                       " has ", categorical.front().size(1)));
-      }
-      torch::Tensor as_int64 = ids->to(torch::kInt64);
-      if (as_int64.numel() > 0 && as_int64.min().item<int64_t>() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("data.categorical: negative id in ", path));
-      }
-      categorical.push_back(std::move(as_int64));
-    }
-    features.push_back(x->to(torch::kFloat32));
-    labels.push_back(std::move(label));
-  }
-  Dataset data;
-  data.features = torch::cat(features, 0).contiguous();
-  data.labels = torch::cat(labels, 0).contiguous();
-  if (!categorical.empty()) data.categorical = torch::cat(categorical, 0).contiguous();
-  if (data.size() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.train: the files matching '", spec.train(), "' hold no samples"));
-  }
-  return data;
+  trainyard::v1::DataSpec whole = spec;
+  whole.set_validation_split(0);
+  absl::StatusOr<std::unique_ptr<TrainingData>> data =
+      OpenTrainingData(whole, seed, classification, DataOptions::FromEnvironment());
+  if (!data.ok()) return data.status();
+  std::vector<int64_t> all(static_cast<size_t>((*data)->train_size()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  absl::StatusOr<Batch> batch = (*data)->Gather(all);
+  if (!batch.ok()) return batch.status();
+  Dataset out;
+  out.features = batch->features;
+  out.labels = batch->labels;
+  out.categorical = batch->categorical;
+  return out;
 }
 
 absl::StatusOr<SplitDataset> SplitValidation(const Dataset& data, double fraction) {
@@ -330,11 +618,27 @@ absl::StatusOr<SplitDataset> SplitValidation(const Dataset& data, double fractio
   return split;
 }
 
+BatchPrefetcher::BatchPrefetcher(TrainingData& data, const StepPlan& plan, const Order& order,
+                                 int rank, int world_size, int64_t first_step, int64_t end_step,
+                                 int depth)
+    : data_(data),
+      order_(plan, order.seed, order.shuffle, data.shard_train_samples(), order.window),
+      prefetch_shards_(order.prefetch_shards),
+      rank_(rank),
+      world_size_(world_size),
+      first_step_(first_step),
+      end_step_(end_step),
+      depth_(static_cast<size_t>(std::max(1, depth))) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
 BatchPrefetcher::BatchPrefetcher(Dataset data, const StepPlan& plan, int64_t seed, bool shuffle,
                                  int rank, int world_size, int64_t first_step, int64_t end_step,
                                  int depth)
-    : data_(std::move(data)),
+    : owned_(InMemoryData(std::move(data))),
+      data_(*owned_),
       order_(plan, seed, shuffle),
+      prefetch_shards_(0),
       rank_(rank),
       world_size_(world_size),
       first_step_(first_step),
@@ -352,35 +656,42 @@ BatchPrefetcher::~BatchPrefetcher() {
 }
 
 void BatchPrefetcher::Loop() {
+  absl::Status status;
   try {
-    BuildBatches();
+    status = BuildBatches();
   } catch (const std::exception& e) {
-    // Next() then reports the end of the data early, which the training loop treats as an
-    // internal error.
-    LogError("the data thread failed: ", DescribeTorchError(e));
+    status = absl::InternalError(absl::StrCat("the data thread failed: ", DescribeTorchError(e)));
   }
+  if (!status.ok()) LogError(status.message());
   absl::MutexLock lock(&mu_);
+  status_ = status;
   done_ = true;
 }
 
-void BatchPrefetcher::BuildBatches() {
+absl::Status BatchPrefetcher::BuildBatches() {
   torch::NoGradGuard no_grad;
+  std::vector<int> in_flight;
   for (int64_t step = first_step_; step < end_step_; ++step) {
-    const std::vector<int64_t> indices = order_.RankBatch(step, rank_, world_size_);
-    torch::Tensor index = torch::from_blob(const_cast<int64_t*>(indices.data()),
-                                           {static_cast<int64_t>(indices.size())}, torch::kInt64);
-    Batch batch;
-    batch.step = step;
-    batch.features = data_.features.index_select(0, index);
-    batch.labels = data_.labels.index_select(0, index);
-    if (data_.categorical.defined()) batch.categorical = data_.categorical.index_select(0, index);
+    if (!data_.shard_train_samples().empty()) {
+      std::vector<int> shards = order_.ShardsInFlight(step);
+      if (shards != in_flight) {
+        in_flight = shards;
+        std::vector<int> ahead = order_.ShardsAfter(step, prefetch_shards_);
+        shards.insert(shards.end(), ahead.begin(), ahead.end());
+        data_.Hold(shards);
+      }
+    }
+    absl::StatusOr<Batch> batch = data_.Gather(order_.RankBatch(step, rank_, world_size_));
+    if (!batch.ok()) return batch.status();
+    batch->step = step;
     absl::MutexLock lock(&mu_);
     auto room = [this]()
                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || queue_.size() < depth_; };
     mu_.Await(absl::Condition(&room));
-    if (stop_) return;
-    queue_.push_back(std::move(batch));
+    if (stop_) return absl::OkStatus();
+    queue_.push_back(*std::move(batch));
   }
+  return absl::OkStatus();
 }
 
 std::optional<Batch> BatchPrefetcher::Next() {
@@ -391,6 +702,11 @@ std::optional<Batch> BatchPrefetcher::Next() {
   Batch batch = std::move(queue_.front());
   queue_.pop_front();
   return batch;
+}
+
+absl::Status BatchPrefetcher::status() {
+  absl::MutexLock lock(&mu_);
+  return status_;
 }
 
 }  // namespace trainyard::trainer

@@ -223,6 +223,7 @@ int main(int argc, char** argv) {
   options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
   options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
   options.num_threads = ThreadCount(task);
+  options.data = trainyard::trainer::DataOptions::FromEnvironment();
   options.before_step = TestHold(task);
   absl::StatusOr<trainyard::trainer::TrainResult> result;
   {

@@ -54,6 +54,13 @@ class ParameterServerStrategy final : public Strategy {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   bool updates_parameters() const override { return dense_ == nullptr; }
+  // With dense: allreduce, through the ranks' all-reduce; the workers of a job whose every
+  // parameter lives on the shards have no channel among themselves.
+  bool sums_over_ranks() const override { return dense_ != nullptr && dense_->sums_over_ranks(); }
+  absl::StatusOr<std::vector<double>> SumOverRanks(std::vector<double> values) override {
+    if (dense_ == nullptr) return Strategy::SumOverRanks(std::move(values));
+    return dense_->SumOverRanks(std::move(values));
+  }
   // For the shards' learning-rate schedule: rank 0 gives it to them in SyncState.
   void SetTotalSteps(int64_t total_steps) override { total_steps_ = total_steps; }
   void SetOptimizer(torch::optim::Optimizer* optimizer, const NamedTensors& params) override;

@@ -259,6 +259,13 @@ absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep() {
   return StepAgreement{t[0].item<double>() / world_size(), t[1].item<double>() > 0};
 }
 
+absl::StatusOr<std::vector<double>> DataParallelStrategy::SumOverRanks(std::vector<double> values) {
+  torch::Tensor t = torch::tensor(values, torch::kFloat64).to(device_);
+  if (absl::Status s = communicator_->AllReduce({t}, ReduceOp::kSum); !s.ok()) return s;
+  t = t.to(torch::kCPU);
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
 double DataParallelStrategy::TakeCommunicationSeconds() {
   const double seconds = communication_seconds_;
   communication_seconds_ = 0;

@@ -82,6 +82,13 @@ class Strategy {
   virtual absl::StatusOr<StepAgreement> EndStep() = 0;
   // Seconds spent blocked on communication since the last call, and resets the count.
   virtual double TakeCommunicationSeconds() = 0;
+  // Whether SumOverRanks works: then every rank measures its share of the validation split.
+  virtual bool sums_over_ranks() const { return false; }
+  // Outside a step, on every rank at once: the element-wise sum of `values` over the ranks.
+  // UNIMPLEMENTED where sums_over_ranks() is false; the communicator's errors otherwise.
+  virtual absl::StatusOr<std::vector<double>> SumOverRanks(std::vector<double> values) {
+    return absl::UnimplementedError("this strategy does not sum over ranks");
+  }
   // What a checkpoint records of how the strategy lays the parameters out (a JSON object; empty
   // for strategies where every rank holds the whole model).
   virtual std::string Layout() const { return ""; }
@@ -100,6 +107,10 @@ class SingleStrategy final : public Strategy {
   absl::Status AfterBackward(Model&) override { return absl::OkStatus(); }
   absl::StatusOr<StepAgreement> EndStep() override { return local_; }
   double TakeCommunicationSeconds() override { return 0; }
+  bool sums_over_ranks() const override { return true; }
+  absl::StatusOr<std::vector<double>> SumOverRanks(std::vector<double> values) override {
+    return values;
+  }
 
  private:
   StepAgreement local_;
@@ -131,6 +142,8 @@ class DataParallelStrategy final : public Strategy {
   absl::Status AfterBackward(Model& model) override;
   absl::StatusOr<StepAgreement> EndStep() override;
   double TakeCommunicationSeconds() override;
+  bool sums_over_ranks() const override { return true; }
+  absl::StatusOr<std::vector<double>> SumOverRanks(std::vector<double> values) override;
 
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
   // Before Setup: parameters (by name) this strategy leaves alone, neither reduced nor

@@ -49,21 +49,36 @@ torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::
   return torch::mse_loss(out, labels.reshape_as(out));
 }
 
-double Accuracy(Model& model, const Dataset& data, const torch::Device& device) {
+// Correct predictions and samples among validation samples [first, first + count) (global
+// indices), chunk by chunk.
+absl::StatusOr<std::pair<int64_t, int64_t>> CountCorrect(Model& model, TrainingData& data,
+                                                         Strategy& strategy, int64_t first,
+                                                         int64_t count,
+                                                         const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   int64_t correct = 0;
   constexpr int64_t kChunk = 1024;
-  for (int64_t begin = 0; begin < data.size(); begin += kChunk) {
-    const int64_t n = std::min(kChunk, data.size() - begin);
-    torch::Tensor out =
-        model.Forward(data.features.narrow(0, begin, n).to(device),
-                      data.categorical.defined() ? data.categorical.narrow(0, begin, n).to(device)
-                                                 : torch::Tensor());
-    correct += out.argmax(1).eq(data.labels.narrow(0, begin, n).to(device)).sum().item<int64_t>();
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < count; begin += kChunk) {
+    const int64_t n = std::min(kChunk, count - begin);
+    indices.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = first + begin + i;
+    absl::StatusOr<Batch> batch = data.Gather(indices);
+    if (!batch.ok()) return batch.status();
+    if (absl::Status s = strategy.BeforeEvaluate(batch->categorical); !s.ok()) return s;
+    try {
+      torch::Tensor out = model.Forward(
+          batch->features.to(device),
+          batch->categorical.defined() ? batch->categorical.to(device) : torch::Tensor());
+      correct += out.argmax(1).eq(batch->labels.to(device)).sum().item<int64_t>();
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: validation failed: ", DescribeTorchError(e)));
+    }
   }
   model.SetTraining(true);
-  return data.size() == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(data.size());
+  return std::make_pair(correct, count);
 }
 
 // Checks a loaded checkpoint against the live model and optimizer without changing either.
@@ -148,6 +163,13 @@ class Run {
                   std::optional<absl::Time> deadline, TrainResult& result);
   void ReportStopSkip(Checkpointer& checkpointer, int64_t step, const std::string& why);
   absl::Status Export(TrainResult& result);
+  // Remote shards: INVALID_ARGUMENT when the shards a window spans, plus those fetched ahead,
+  // cannot fit the worker's data cache.
+  absl::Status CheckCacheFits() const;
+  // Measures the validation split (at most data.validation.max_samples of it) into
+  // result.val_accuracy: every rank its share, summed over ranks, where the strategy can sum;
+  // rank 0 all of it otherwise (the other ranks return at once).
+  absl::Status Validate(TrainResult& result);
 
   const trainyard::v1::Task& task_;
   const trainyard::v1::JobSpec& spec_;
@@ -156,7 +178,7 @@ class Run {
 
   LossKind loss_kind_ = LossKind::kCrossEntropy;
   std::unique_ptr<Strategy> strategy_;
-  SplitDataset data_;
+  std::unique_ptr<TrainingData> data_;
   StepPlan plan_;
   std::unique_ptr<Model> model_;
   // Where the model and each batch live; the CPU unless TrainingDevice finds a GPU for the task.
@@ -189,32 +211,24 @@ absl::Status Run::Prepare() {
   if (!strategy.ok()) return strategy.status();
   strategy_ = *std::move(strategy);
 
-  absl::StatusOr<Dataset> data =
-      LoadDataset(spec_.data(), spec_.seed(), loss_kind_ == LossKind::kCrossEntropy);
+  device_ = TrainingDevice(task_);
+  DataOptions data_options = options_.data;
+  data_options.pin_memory = !device_.is_cpu();
+  absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(
+      spec_.data(), spec_.seed(), loss_kind_ == LossKind::kCrossEntropy, data_options);
   if (!data.ok()) return data.status();
-  const int64_t outputs = data->OutputWidth();
-  absl::StatusOr<SplitDataset> split = SplitValidation(*data, spec_.data().validation_split());
-  if (!split.ok()) return split.status();
-  data_ = *std::move(split);
-  absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_.train.size(), strategy_->world_size());
+  data_ = *std::move(data);
+  const int64_t outputs = data_->outputs();
+  absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_->train_size(), strategy_->world_size());
   if (!plan.ok()) return plan.status();
   plan_ = *plan;
+  if (absl::Status fits = CheckCacheFits(); !fits.ok()) return fits;
   strategy_->SetTotalSteps(plan_.total_steps);
 
-  // The largest categorical id of each field, over the training and validation samples.
-  std::vector<int64_t> max_ids;
-  if (data_.train.categorical.defined() && data_.train.size() > 0) {
-    torch::Tensor most = std::get<0>(data_.train.categorical.max(0));
-    if (data_.validation.categorical.defined() && data_.validation.size() > 0) {
-      most = torch::maximum(most, std::get<0>(data_.validation.categorical.max(0)));
-    }
-    max_ids.assign(most.data_ptr<int64_t>(), most.data_ptr<int64_t>() + most.numel());
-  }
   absl::StatusOr<std::unique_ptr<Model>> model =
-      BuildModel(spec_.model(), spec_.seed(), data_.train.FeatureWidth(), outputs, max_ids);
+      BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids());
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
-  device_ = TrainingDevice(task_);
   if (!device_.is_cpu()) {
     try {
       model_->To(device_);
@@ -227,13 +241,14 @@ absl::Status Run::Prepare() {
   params_ = model_->NamedParameters();
   if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
   // A quick forward pass turns shape mismatches into a clear error before training starts.
+  absl::StatusOr<Batch> first = data_->Gather({0});
+  if (!first.ok()) return first.status();
   try {
     torch::NoGradGuard no_grad;
     model_->SetTraining(false);
-    torch::Tensor out = model_->Forward(data_.train.features.narrow(0, 0, 1).to(device_),
-                                        data_.train.categorical.defined()
-                                            ? data_.train.categorical.narrow(0, 0, 1).to(device_)
-                                            : torch::Tensor());
+    torch::Tensor out = model_->Forward(
+        first->features.to(device_),
+        first->categorical.defined() ? first->categorical.to(device_) : torch::Tensor());
     model_->SetTraining(true);
     if (out.dim() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("model: forward() returns shape [",
@@ -268,6 +283,62 @@ absl::Status Run::Prepare() {
   absl::Status setup = strategy_->Setup(*model_);
   rendezvous_seconds_ += SecondsSince(setup_start);
   return setup;
+}
+
+absl::Status Run::CheckCacheFits() const {
+  if (!data_->remote()) return absl::OkStatus();
+  const trainyard::v1::DataSpec& spec = spec_.data();
+  const bool shuffle = !spec.has_shuffle() || spec.shuffle();
+  const std::vector<int64_t>& samples = data_->shard_train_samples();
+  int64_t largest = 0, all = 0, fewest = INT64_MAX;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    if (samples[k] == 0) continue;
+    largest = std::max(largest, data_->ShardBytes(static_cast<int>(k)));
+    all += data_->ShardBytes(static_cast<int>(k));
+    fewest = std::min(fewest, samples[k]);
+  }
+  const int64_t cache = options_.data.cache_bytes;
+  if (shuffle && spec.shuffle_window() == 0) {
+    if (all <= cache) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.shuffle_window: a permutation of all samples needs all ", all,
+                     " bytes of the remote shards in the worker's data cache of ", cache,
+                     " bytes; set data.shuffle_window to read the shards a few at a time"));
+  }
+  const int64_t window = shuffle ? spec.shuffle_window() : plan_.global_batch_size;
+  // A batch may straddle two windows; a window spans whole shards plus one cut at each end.
+  const int64_t span = (2 * window + fewest - 1) / fewest + 1;
+  const int64_t ahead = spec.prefetch_shards() > 0 ? spec.prefetch_shards() : 2;
+  const int64_t need = std::min(all, (span + ahead) * largest);
+  if (need <= cache) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.shuffle_window: windows of ", window, " samples span up to ", span, " shards of up to ",
+      largest, " bytes; with ", ahead, " fetched ahead (data.prefetch_shards)", " that is ", need,
+      " bytes, more than the worker's data cache of ", cache,
+      " bytes (trainyard-worker --data_cache_bytes)"));
+}
+
+absl::Status Run::Validate(TrainResult& result) {
+  const int64_t limit = spec_.data().validation().max_samples();
+  const int64_t count =
+      limit > 0 ? std::min(limit, data_->validation_size()) : data_->validation_size();
+  const bool shared = strategy_->sums_over_ranks();
+  const int rank = strategy_->rank();
+  const int world = strategy_->world_size();
+  if (!shared && rank != 0) return absl::OkStatus();
+  const int64_t begin = shared ? count * rank / world : 0;
+  const int64_t end = shared ? count * (rank + 1) / world : count;
+  absl::StatusOr<std::pair<int64_t, int64_t>> mine =
+      CountCorrect(*model_, *data_, *strategy_, data_->train_size() + begin, end - begin, device_);
+  if (!mine.ok()) return mine.status();
+  std::vector<double> sums = {static_cast<double>(mine->first), static_cast<double>(mine->second)};
+  if (shared) {
+    absl::StatusOr<std::vector<double>> all = strategy_->SumOverRanks(sums);
+    if (!all.ok()) return all.status();
+    sums = *std::move(all);
+  }
+  if (sums[1] > 0) result.val_accuracy = sums[0] / sums[1];
+  return absl::OkStatus();
 }
 
 void Run::Resume() {
@@ -437,15 +508,24 @@ absl::StatusOr<TrainResult> Run::Execute() {
 
   const int64_t total = plan_.total_steps;
   const int64_t log_every = spec_.log_every_steps() > 0 ? spec_.log_every_steps() : 10;
-  const bool has_val =
-      data_.validation.size() > 0 && loss_kind_ == LossKind::kCrossEntropy && rank == 0;
+  const bool has_val = data_->validation_size() > 0 && loss_kind_ == LossKind::kCrossEntropy;
+  const trainyard::v1::ValidationSpec& val_spec = spec_.data().validation();
+  // Validation is due every every_steps, at each epoch's end with every_epoch, every log line
+  // when neither is set, and at the last step.
+  auto validation_due = [&](int64_t step) {
+    if (!has_val) return false;
+    if (step == plan_.total_steps) return true;
+    if (val_spec.every_epoch() && step % plan_.steps_per_epoch == 0) return true;
+    if (val_spec.every_steps() > 0) return step % val_spec.every_steps() == 0;
+    return !val_spec.every_epoch() && step % log_every == 0;
+  };
   Print(absl::StrFormat(
       "start: model=%s parameters=%d train_samples=%d validation_samples=%d features=%d "
       "batch_size=%d steps_per_epoch=%d total_steps=%d start_step=%d threads=%d rank=%d "
       "world_size=%d",
-      model_->Kind(), model_->ParameterCount(), data_.train.size(), data_.validation.size(),
-      data_.train.FeatureWidth(), plan_.global_batch_size, plan_.steps_per_epoch, total,
-      start_step_, std::max(1, options_.num_threads), rank, world));
+      model_->Kind(), model_->ParameterCount(), data_->train_size(), data_->validation_size(),
+      data_->FeatureWidth(), plan_.global_batch_size, plan_.steps_per_epoch, total, start_step_,
+      std::max(1, options_.num_threads), rank, world));
 
   // Ranks hold identical replicas: rank 0 alone saves and reports.
   std::unique_ptr<Checkpointer> checkpointer;
@@ -477,8 +557,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
   progress.set_checkpoint_load_seconds(checkpoint_load_seconds_);
 
   const bool shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
-  BatchPrefetcher prefetcher(data_.train, plan_, spec_.seed(), shuffle, rank, world, start_step_,
-                             total);
+  BatchPrefetcher::Order order;
+  order.seed = spec_.seed();
+  order.shuffle = shuffle;
+  order.window = spec_.data().shuffle_window();
+  order.prefetch_shards = spec_.data().prefetch_shards() > 0 ? spec_.data().prefetch_shards() : 2;
+  BatchPrefetcher prefetcher(*data_, plan_, order, rank, world, start_step_, total);
   const int64_t every = spec_.checkpoint().every_steps();
   int64_t step = start_step_;
   int64_t last_checkpoint_step = start_step_;
@@ -488,7 +572,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   int64_t interval_steps = 0;
   // Where step time goes, summed over the steps since the last report.
   auto seconds_since = [](Steady::time_point t) { return SecondsSince(t); };
-  double data_wait_s = 0, step_s = 0, communication_s = 0, checkpoint_s = 0;
+  double data_wait_s = 0, step_s = 0, communication_s = 0, checkpoint_s = 0, validation_s = 0;
   int64_t timed_steps = 0;
   absl::Time timing_start = clock_.Now();
   strategy_->TakeCommunicationSeconds();  // the start-up broadcast is not a step's
@@ -503,7 +587,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
     }
     const Steady::time_point step_start = Steady::now();
     std::optional<Batch> batch = prefetcher.Next();
-    if (!batch.has_value()) return absl::InternalError("the data thread ended early");
+    if (!batch.has_value()) {
+      absl::Status data_status = prefetcher.status();
+      return data_status.ok() ? absl::InternalError("the data thread ended early") : data_status;
+    }
     if (!device_.is_cpu()) {
       batch->features = batch->features.to(device_);
       batch->labels = batch->labels.to(device_);
@@ -566,6 +653,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     if (options_.after_step) options_.after_step(step);
 
     const int64_t epoch = step / plan_.steps_per_epoch;
+    bool validated = false;
     if (step % log_every == 0 || step == total) {
       const absl::Time now = clock_.Now();
       const double seconds = absl::ToDoubleSeconds(now - interval_start);
@@ -578,18 +666,26 @@ absl::StatusOr<TrainResult> Run::Execute() {
           "step=%d total=%d loss=%.8f lr=%g samples_per_s=%.1f "
           "epoch=%d",
           step, total, result.loss, lr, samples_per_s, epoch);
-      if (has_val) {
-        status = strategy_->BeforeEvaluate(data_.validation.categorical);
-        if (!status.ok()) return status;
-        try {
-          result.val_accuracy = Accuracy(*model_, data_.validation, device_);
-        } catch (const std::exception& e) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("model: validation failed: ", DescribeTorchError(e)));
+      if (result.val_accuracy.has_value() || validation_due(step)) {
+        if (validation_due(step)) {
+          const Steady::time_point val_start = Steady::now();
+          if (status = Validate(result); !status.ok()) return status;
+          validation_s += seconds_since(val_start);
+          validated = true;
         }
-        absl::StrAppendFormat(&line, " val_accuracy=%.4f", *result.val_accuracy);
+        if (result.val_accuracy.has_value()) {
+          absl::StrAppendFormat(&line, " val_accuracy=%.4f", *result.val_accuracy);
+        }
       }
       Print(line);
+    }
+    if (!validated && validation_due(step)) {
+      const Steady::time_point val_start = Steady::now();
+      if (status = Validate(result); !status.ok()) return status;
+      validation_s += seconds_since(val_start);
+      if (result.val_accuracy.has_value()) {
+        Print(absl::StrFormat("step=%d val_accuracy=%.4f", step, *result.val_accuracy));
+      }
     }
     if (checkpointer != nullptr && every > 0 && step % every == 0 && step < total) {
       const Steady::time_point save_start = Steady::now();
@@ -606,9 +702,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
       progress.set_data_wait_seconds(data_wait_s / n);
       progress.set_communication_seconds(communication_s / n);
       progress.set_checkpoint_seconds(checkpoint_s / n);
+      progress.set_validation_seconds(validation_s / n);
       progress.set_compute_seconds(
-          std::max(0.0, step_s - data_wait_s - communication_s - checkpoint_s) / n);
-      data_wait_s = step_s = communication_s = checkpoint_s = 0;
+          std::max(0.0, step_s - data_wait_s - communication_s - checkpoint_s - validation_s) / n);
+      data_wait_s = step_s = communication_s = checkpoint_s = validation_s = 0;
       timed_steps = 0;
       timing_start = clock_.Now();
     }
@@ -623,6 +720,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
     }
   }
   result.step = step;
+  if (data_->remote()) {
+    LogInfo("data: fetched ", data_->bytes_fetched(), " bytes of remote shards into the cache");
+  }
 
   std::optional<absl::Time> deadline;
   if (result.stopped && rank == 0 && !options_.stop_deadline_file.empty()) {

@@ -16,6 +16,7 @@
 #include "common/exit_codes.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator_client.h"
+#include "worker/trainer/data.h"
 #include "worker/trainer/rendezvous_client.h"
 
 namespace trainyard::trainer {
@@ -54,6 +55,8 @@ struct TrainerOptions {
   // while the coordinator is unreachable (a coordinator restart takes seconds).
   absl::Duration coordinator_retry_for = absl::Seconds(60);
   int num_threads = 1;  // torch::set_num_threads
+  // The worker's data cache for remote shards (pin_memory is decided by the device).
+  DataOptions data;
   const Clock* clock = &RealClock::Get();
   absl::Duration report_interval = absl::Seconds(1);
   // Receives the progress lines ("step=... total=... loss=..."), the start line and the end
