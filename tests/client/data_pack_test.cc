@@ -3,9 +3,7 @@
 
 #include "client/data_pack.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,22 +14,14 @@
 #include "common/shard_index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/run_shell.h"
 
 namespace trainyard::cli {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::pair<int, std::string> Shell(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using ::trainyard::testing::RunShell;
 
 // Reads every shard of PREFIX with json + numpy, concatenates each tensor and compares it with
 // the .npy file of the same name in DIR; prints the shards' metadata extremes of "y".
@@ -73,7 +63,7 @@ class DataPackTest : public ::testing::Test {
 };
 
 TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
-  auto [code, out] = Shell(absl::StrCat(
+  auto [code, out] = RunShell(absl::StrCat(
       "cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; r = np.random.default_rng(1); ",
       "np.save('x.npy', r.random((1000, 3, 2), dtype=np.float32)); ",
       "np.save('y.npy', r.integers(-2, 7, 1000)); ",
@@ -96,7 +86,7 @@ TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
   EXPECT_EQ(result->samples, 1000);
   EXPECT_EQ(result->shards[0], dir_ + "/out/train-00000.safetensors");
   std::tie(code, out) =
-      Shell(absl::StrCat("/usr/bin/python3 ", dir_, "/check.py ", options.prefix, " ", dir_));
+      RunShell(absl::StrCat("/usr/bin/python3 ", dir_, "/check.py ", options.prefix, " ", dir_));
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("shards 3 tensors ['h', 'ids', 'x', 'y']"));
   // The index agrees: every shard has its samples, the extremes of y are per shard.
@@ -113,9 +103,9 @@ TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   // Arrays that disagree on the sample count are refused, and nothing is left behind.
   std::tie(code, out) =
-      Shell(absl::StrCat("cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; ",
-                         "np.save('short.npy', np.zeros(999, dtype=np.int32)); ",
-                         "np.save('f.npy', np.asfortranarray(np.zeros((1000, 2))))\""));
+      RunShell(absl::StrCat("cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; ",
+                            "np.save('short.npy', np.zeros(999, dtype=np.int32)); ",
+                            "np.save('f.npy', np.asfortranarray(np.zeros((1000, 2))))\""));
   ASSERT_EQ(code, 0) << out;
   options.prefix = dir_ + "/out/bad";
   options.tensors[1].npy_path = dir_ + "/short.npy";
@@ -145,7 +135,7 @@ TEST_F(DataPackTest, CsvColumnsBecomeTensorsOfTheirDtypes) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->samples, 3);
   // NumPy's view of the same numbers, for the checker.
-  auto [code, out] = Shell(absl::StrCat(
+  auto [code, out] = RunShell(absl::StrCat(
       "cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; ",
       "np.save('x.npy', np.array([[31, 1000.5], [45, -20.25], [28, 7]], dtype=np.float32)); ",
       "np.save('y.npy', np.array([2, 0, 1], dtype=np.int64)); ",

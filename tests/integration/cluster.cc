@@ -424,17 +424,6 @@ absl::StatusOr<std::string> Cluster::Logs(const std::string& id, int rank) {
   return text;
 }
 
-std::pair<int, std::string> RunShell(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
 TestCertificates::TestCertificates(const std::string& dir) : dir(dir) {
   const std::string script = absl::StrCat(
       "set -e; cd ", dir, "\n",

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/common/run_shell.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
@@ -175,9 +176,6 @@ Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir
 // a log line every step. `extra` is appended as more top-level YAML (a checkpoint section, ...).
 std::string SyntheticJobYaml(const std::string& name, int64_t max_steps,
                              const std::string& extra = "");
-
-// Runs `command` with /bin/sh and waits for it: its exit code and output (stdout and stderr).
-std::pair<int, std::string> RunShell(const std::string& command);
 
 // Made with `openssl` in `dir` (a test failure if it fails): a CA (ca.pem, ca.key), a server
 // certificate for 127.0.0.1 and localhost signed by it (server.pem, server.key), a client

@@ -621,24 +621,21 @@ absl::StatusOr<SplitDataset> SplitValidation(const Dataset& data, double fractio
 BatchPrefetcher::BatchPrefetcher(TrainingData& data, const StepPlan& plan, const Order& order,
                                  int rank, int world_size, int64_t first_step, int64_t end_step,
                                  int depth)
-    : data_(data),
-      order_(plan, order.seed, order.shuffle, data.shard_train_samples(), order.window),
-      prefetch_shards_(order.prefetch_shards),
-      rank_(rank),
-      world_size_(world_size),
-      first_step_(first_step),
-      end_step_(end_step),
-      depth_(static_cast<size_t>(std::max(1, depth))) {
-  thread_ = std::thread([this] { Loop(); });
-}
+    : BatchPrefetcher(nullptr, &data, plan, order, rank, world_size, first_step, end_step, depth) {}
 
 BatchPrefetcher::BatchPrefetcher(Dataset data, const StepPlan& plan, int64_t seed, bool shuffle,
                                  int rank, int world_size, int64_t first_step, int64_t end_step,
                                  int depth)
-    : owned_(InMemoryData(std::move(data))),
-      data_(*owned_),
-      order_(plan, seed, shuffle),
-      prefetch_shards_(0),
+    : BatchPrefetcher(InMemoryData(std::move(data)), nullptr, plan, Order{seed, shuffle, 0, 0},
+                      rank, world_size, first_step, end_step, depth) {}
+
+BatchPrefetcher::BatchPrefetcher(std::unique_ptr<TrainingData> owned, TrainingData* data,
+                                 const StepPlan& plan, const Order& order, int rank, int world_size,
+                                 int64_t first_step, int64_t end_step, int depth)
+    : owned_(std::move(owned)),
+      data_(owned_ != nullptr ? *owned_ : *data),
+      order_(plan, order.seed, order.shuffle, data_.shard_train_samples(), order.window),
+      prefetch_shards_(order.prefetch_shards),
       rank_(rank),
       world_size_(world_size),
       first_step_(first_step),

@@ -167,6 +167,10 @@ class BatchPrefetcher {
   absl::Status status();
 
  private:
+  // Reads `owned` when set, else `data`.
+  BatchPrefetcher(std::unique_ptr<TrainingData> owned, TrainingData* data, const StepPlan& plan,
+                  const Order& order, int rank, int world_size, int64_t first_step,
+                  int64_t end_step, int depth);
   void Loop();
   absl::Status BuildBatches();
 
