@@ -254,6 +254,25 @@ seed: 3
   }
   EXPECT_GT(on_disk, 0);
   EXPECT_LE(on_disk, kCacheBytes);
+
+  // Without a window, every shard would have to be in the cache at once: refused, naming the
+  // field, before any step.
+  auto whole = cluster.Submit(R"(name: s3-whole
+model:
+  builtin: mlp
+  args: {inputs: 64, hidden: [32], classes: 4}
+data: {train: "s3://data/ds/train-*.safetensors", features: x, labels: y}
+batch_size: 64
+max_steps: 10
+)");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto refused = cluster.WaitForFinal(whole->id());
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(refused->reason(),
+                                "data.shuffle_window: a permutation of all samples needs all"))
+      << refused->reason();
+  EXPECT_EQ(refused->progress().step(), 0);
 }
 
 }  // namespace

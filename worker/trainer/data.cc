@@ -549,7 +549,6 @@ int64_t TrainingData::FeatureWidth() const {
 
 DataOptions DataOptions::FromEnvironment() {
   DataOptions options;
-  options.cache_dir = ObjectCache::DefaultDir() + "/shards";
   const char* bytes = std::getenv("TRAINYARD_DATA_CACHE_BYTES");
   int64_t value;
   if (bytes != nullptr && absl::SimpleAtoi(bytes, &value) && value > 0) options.cache_bytes = value;
@@ -669,7 +668,11 @@ absl::Status BatchPrefetcher::BuildBatches() {
   torch::NoGradGuard no_grad;
   std::vector<int> in_flight;
   for (int64_t step = first_step_; step < end_step_; ++step) {
-    if (!data_.shard_train_samples().empty()) {
+    // Windows hold their shards and read the next ones ahead. A permutation of everything over
+    // local shards maps them as batches first need them and keeps them (reading them all ahead
+    // would pull the whole data set through the page cache at start); remote ones, which must
+    // all fit the cache then, are all fetched ahead.
+    if (order_.windowed() || data_.remote()) {
       std::vector<int> shards = order_.ShardsInFlight(step);
       if (shards != in_flight) {
         in_flight = shards;

@@ -71,8 +71,9 @@ struct Batch {
 
 // Where the trainer's data lives that the spec does not say.
 struct DataOptions {
-  // Remote shards: the worker's cache folder and its bound (the agent sets both through
-  // TRAINYARD_CACHE_DIR and TRAINYARD_DATA_CACHE_BYTES; FromEnvironment).
+  // Remote shards: the worker's cache folder (empty: {ObjectCache::DefaultDir()}/shards, which
+  // follows the agent's TRAINYARD_CACHE_DIR) and its bound (TRAINYARD_DATA_CACHE_BYTES, set by
+  // the agent; FromEnvironment).
   std::string cache_dir;
   int64_t cache_bytes = int64_t{10} << 30;
   // Batches in page-locked memory, for fast copies to a GPU.
