@@ -6,7 +6,10 @@
 // are fetched, the named tensors' bytes only, with parallel ranged GETs into a bounded cache
 // folder on this machine (shared by the processes that use it: one fetches, the others wait for
 // it), then mapped like local ones. The reader holds the shards it is told to (those in flight
-// and those ahead); the mapping of any other shard ends when the last batch built from it does.
+// and those ahead) and reads each into memory in file order once it is mapped, so that batches,
+// which take rows at random, do not fault pages in from disk one at a time; the mapping of any
+// other shard ends when the last batch built from it does. Resident memory is therefore about
+// the held shards' tensors.
 
 #include <cstdint>
 #include <deque>
@@ -105,6 +108,8 @@ class ShardReader {
   // Removes least recently used shard files not mapped by anyone until `need` more bytes fit.
   void Evict(int64_t need);
   std::shared_ptr<const MappedShard> Map(int i, int fd) const;
+  // Reads a loaded shard's columns into memory in file order; stops early when the reader does.
+  void Populate(const MappedShard& shard);
 
   // Fixed at construction.
   const std::unique_ptr<ObjectStore> store_;
