@@ -596,7 +596,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
       batch->labels = batch->labels.to(device_);
       if (batch->categorical.defined()) batch->categorical = batch->categorical.to(device_);
     }
-    data_wait_s += seconds_since(step_start);
+    const double waited = seconds_since(step_start);
+    data_wait_s += waited;
+    result.data_wait_seconds += waited;
     lr = LearningRateAt(spec_.optimizer(), step, total);
     SetLearningRate(*optimizer_, lr);
     // What the update draws (dropout masks) is a function of the step and the rank alone, so a
@@ -694,7 +696,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
       checkpoint_s += seconds_since(save_start);
       if (saving) last_checkpoint_step = step;
     }
-    step_s += seconds_since(step_start);
+    const double stepped = seconds_since(step_start);
+    step_s += stepped;
+    result.step_seconds += stepped;
     communication_s += strategy_->TakeCommunicationSeconds();
     ++timed_steps;
     if (clock_.Now() - timing_start >= options_.report_interval || step == total) {

@@ -85,6 +85,9 @@ struct TrainResult {
   // before the deadline (a job event says so), or the one before it was still being written.
   bool stop_checkpoint_skipped = false;
   std::string model_uri;  // the exported model; empty when stopped or without checkpoint_uri
+  // This rank's seconds over all its updates: in whole steps, and waiting for their batches.
+  double step_seconds = 0;
+  double data_wait_seconds = 0;
 };
 
 // Runs `task` to completion (blocking) on the calling thread plus a data thread, a checkpoint
