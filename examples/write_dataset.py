@@ -1,48 +1,43 @@
 #!/usr/bin/python3
-"""Writes a learnable classification data set as safetensors files, using numpy only.
+"""Writes a learnable classification data set as sharded safetensors: NumPy makes the arrays,
+`trainyard data pack` writes the shards and `trainyard data inspect` shows what it wrote.
 
-Each file holds `x` (float32, [n, features]) and `y` (int64 class ids, [n]). Samples lie around
+The shards hold `x` (float32, [n, features]) and `y` (int64 class ids, [n]). Samples lie around
 one random centre per class, so a small model can learn them. The same arguments write the same
 bytes.
 
   /usr/bin/python3 examples/write_dataset.py --out-dir /tmp/data --samples 1000 --features 16 \
       --classes 4 --files 2 --seed 7
   # data.train: /tmp/data/train-*.safetensors
+
+The `trainyard` binary is found through $TRAINYARD_BIN_DIR, then $PATH, then build/bin of this
+checkout (or give --trainyard).
 """
 
 import argparse
-import json
 import os
-import struct
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 
 
-def write_safetensors(path, tensors):
-    """tensors: name -> numpy array (float32 or int64). Writes the file atomically."""
-    dtypes = {np.dtype("float32"): "F32", np.dtype("int64"): "I64"}
-    header = {}
-    chunks = []
-    offset = 0
-    for name in sorted(tensors):
-        array = np.ascontiguousarray(tensors[name])
-        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {
-            "dtype": dtypes[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        chunks.append(data)
-        offset += len(data)
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    header_bytes += b" " * (-len(header_bytes) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(header_bytes)))
-        f.write(header_bytes)
-        for chunk in chunks:
-            f.write(chunk)
-    os.replace(tmp, path)
+def find_trainyard(given):
+    if given:
+        return given
+    candidates = []
+    if os.environ.get("TRAINYARD_BIN_DIR"):
+        candidates.append(os.path.join(os.environ["TRAINYARD_BIN_DIR"], "trainyard"))
+    if shutil.which("trainyard"):
+        candidates.append(shutil.which("trainyard"))
+    candidates.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build",
+                                   "bin", "trainyard"))
+    for path in candidates:
+        if os.access(path, os.X_OK):
+            return path
+    sys.exit("cannot find the trainyard binary: build it (make build) or pass --trainyard")
 
 
 def main():
@@ -56,6 +51,7 @@ def main():
     parser.add_argument("--noise", type=float, default=0.5,
                         help="standard deviation around each class centre")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trainyard", help="the trainyard binary")
     args = parser.parse_args()
     if args.samples < args.files or args.files < 1:
         parser.error("need --files >= 1 and --samples >= --files")
@@ -66,14 +62,20 @@ def main():
     x = (centres[y] + args.noise * rng.normal(0.0, 1.0, size=(args.samples, args.features)))
     x = x.astype(np.float32)
 
+    trainyard = find_trainyard(args.trainyard)
     os.makedirs(args.out_dir, exist_ok=True)
-    bounds = np.linspace(0, args.samples, args.files + 1).astype(np.int64)
-    for i in range(args.files):
-        lo, hi = bounds[i], bounds[i + 1]
-        path = os.path.join(args.out_dir, "train-%05d.safetensors" % i)
-        write_safetensors(path, {"x": x[lo:hi], "y": y[lo:hi]})
-        print(path)
-
+    # Shards of ceil(samples / files) samples: --files of them (fewer when that does not divide).
+    per_shard = -(-args.samples // args.files)
+    shard_bytes = per_shard * (4 * args.features + 8)
+    with tempfile.TemporaryDirectory() as arrays:
+        np.save(os.path.join(arrays, "x.npy"), x)
+        np.save(os.path.join(arrays, "y.npy"), y)
+        prefix = os.path.join(args.out_dir, "train")
+        subprocess.run([trainyard, "data", "pack", prefix,
+                        "x=" + os.path.join(arrays, "x.npy"), "y=" + os.path.join(arrays, "y.npy"),
+                        "--shard-size", str(shard_bytes)], check=True)
+    subprocess.run([trainyard, "data", "inspect", os.path.join(args.out_dir, "train-*.safetensors")],
+                   check=True)
 
 if __name__ == "__main__":
     main()
