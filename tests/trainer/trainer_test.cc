@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -802,6 +803,45 @@ TEST(TrainerTest, MlpLearnsSyntheticData) {
                             "epoch=2 val_accuracy=[0-9.]+"));
   EXPECT_THAT(lines[4], HasSubstr("step=100 total=100"));
   EXPECT_THAT(lines[5], HasSubstr("done: step=100"));
+}
+
+// Validation runs at its own cadence, on at most max_samples of the split.
+TEST(TrainerTest, ValidationKeepsItsOwnCadenceAndSampleLimit) {
+  // 180 training samples in batches of 16: 11 steps an epoch.
+  auto run = [](const trainyard::v1::ValidationSpec& validation, std::vector<int64_t>& steps) {
+    trainyard::v1::Task task = SyntheticTask("", 30);
+    task.mutable_spec()->mutable_data()->mutable_synthetic()->set_noise(3.0f);  // not learnable
+    *task.mutable_spec()->mutable_data()->mutable_validation() = validation;
+    TrainerOptions options;
+    const std::regex measured(R"(^step=([0-9]+) val_accuracy=)");
+    options.print_line = [&](const std::string& line) {
+      std::smatch m;
+      if (std::regex_search(line, m, measured)) steps.push_back(std::stoll(m[1]));
+    };
+    return RunTrainer(task, options);
+  };
+  trainyard::v1::ValidationSpec every_epoch;
+  every_epoch.set_every_epoch(true);
+  std::vector<int64_t> steps;
+  absl::StatusOr<TrainResult> result = run(every_epoch, steps);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(steps, (std::vector<int64_t>{11, 22}));  // and at step 30, in its progress line
+  ASSERT_TRUE(result->val_accuracy.has_value());
+  const double all = *result->val_accuracy;
+  EXPECT_GT(all, 0.0);
+  EXPECT_LT(all, 1.0);
+
+  trainyard::v1::ValidationSpec every_7;
+  every_7.set_every_steps(7);
+  every_7.set_max_samples(1);
+  steps.clear();
+  result = run(every_7, steps);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(steps, (std::vector<int64_t>{7, 14, 21, 28}));
+  // One sample: right or wrong.
+  ASSERT_TRUE(result->val_accuracy.has_value());
+  EXPECT_TRUE(*result->val_accuracy == 0.0 || *result->val_accuracy == 1.0)
+      << *result->val_accuracy;
 }
 
 // The categorical ids alone carry the class (the dense features are pure noise): an
