@@ -242,18 +242,52 @@ trainyard::v1::Task DataParallelTask(const std::string& checkpoint_dir, int64_t 
   return task;
 }
 
-TEST(ResumeTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoRanksEnd) {
+// The task's synthetic samples written to 5 shards of 24 and read from there, shuffled by shard
+// and within windows of 30 samples.
+void ReadFromShardWindows(trainyard::v1::Task& task) {
+  static const std::string* const dir = [] {
+    auto* made = new std::string(MakeTempDir());
+    trainyard::v1::SyntheticData synthetic = ResumeTask("", 1).spec().data().synthetic();
+    const Dataset data = *MakeSyntheticDataset(synthetic, 11);
+    for (int64_t k = 0; k < 5; ++k) {
+      NamedTensors shard = {{"x", data.features.narrow(0, k * 24, 24).contiguous()},
+                            {"y", data.labels.narrow(0, k * 24, 24).contiguous()}};
+      std::ofstream(absl::StrCat(*made, "/part-", k, ".safetensors"), std::ios::binary)
+          << *EncodeTensors(shard, {});
+    }
+    return made;
+  }();
+  auto& data = *task.mutable_spec()->mutable_data();
+  data.clear_synthetic();
+  data.set_train(*dir + "/part-*.safetensors");
+  data.set_features("x");
+  data.set_labels("y");
+  data.set_shuffle_window(30);
+}
+
+class ResumeAcrossWorldsTest : public ::testing::TestWithParam<bool> {
+ protected:
+  trainyard::v1::Task Task(const std::string& checkpoint_dir, int64_t total_steps) {
+    trainyard::v1::Task task = DataParallelTask(checkpoint_dir, total_steps);
+    if (GetParam()) ReadFromShardWindows(task);
+    return task;
+  }
+};
+
+// Synthetic data in memory, and shards read through shuffle windows: the order is the same on
+// any number of ranks, so a resume on three ranks continues what two began.
+TEST_P(ResumeAcrossWorldsTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoRanksEnd) {
   constexpr int64_t kTotal = 26;
   constexpr int64_t kStop = 13;
   const std::string dir_a = MakeTempDir(), dir_b = MakeTempDir(), dir_c = MakeTempDir();
 
-  std::vector<absl::StatusOr<TrainResult>> a = RunRanks(DataParallelTask(dir_a, kTotal), 2, {});
+  std::vector<absl::StatusOr<TrainResult>> a = RunRanks(Task(dir_a, kTotal), 2, {});
   for (const auto& r : a) ASSERT_TRUE(r.ok()) << r.status();
 
   // Rank 0 alone is asked to stop, during step 13 (after 12): the ranks agree to stop after 13.
   std::atomic<int> stop{0};
   std::vector<absl::StatusOr<TrainResult>> b =
-      RunRanks(DataParallelTask(dir_b, kTotal), 2, [&stop](int rank, TrainerOptions& options) {
+      RunRanks(Task(dir_b, kTotal), 2, [&stop](int rank, TrainerOptions& options) {
         if (rank != 0) return;
         options.stop_signal = &stop;
         options.after_step = [&stop](int64_t step) {
@@ -270,7 +304,7 @@ TEST(ResumeTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoRanksEnd) {
               HasSubstr("\"world_size\": 2"));
 
   FakeCoordinator coordinator(/*keep_last=*/3);
-  trainyard::v1::Task task_c = DataParallelTask(dir_c, kTotal);
+  trainyard::v1::Task task_c = Task(dir_c, kTotal);
   task_c.add_resume_checkpoints("file://" + StepFolder(dir_b, kStop));
   std::vector<absl::StatusOr<TrainResult>> c =
       RunRanks(task_c, 3, [&coordinator](int rank, TrainerOptions& options) {
@@ -288,7 +322,7 @@ TEST(ResumeTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoRanksEnd) {
             1e-3);
   // On as many ranks as before, the all-reduces add up in the same order: bit for bit.
   const std::string dir_d = MakeTempDir();
-  trainyard::v1::Task task_d = DataParallelTask(dir_d, kTotal);
+  trainyard::v1::Task task_d = Task(dir_d, kTotal);
   task_d.add_resume_checkpoints("file://" + StepFolder(dir_b, kStop));
   for (const auto& r : RunRanks(task_d, 2, {})) ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(ReadFile(dir_d + "/final/model.safetensors"),
@@ -301,6 +335,11 @@ TEST(ResumeTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoRanksEnd) {
   EXPECT_GT(progress.front().rendezvous_seconds(), 0);
   EXPECT_GT(progress.front().checkpoint_load_seconds(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Data, ResumeAcrossWorldsTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "ShardWindows" : "Synthetic";
+                         });
 
 // ---- the checkpoint of a stop with a deadline ----
 
