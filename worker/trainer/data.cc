@@ -130,24 +130,6 @@ absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData&
 
 namespace {
 
-struct Dtype {
-  const char* name;
-  torch::ScalarType type;
-};
-constexpr Dtype kDtypes[] = {
-    {"F64", torch::kFloat64},   {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
-    {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
-    {"I16", torch::kInt16},     {"I8", torch::kInt8},     {"U8", torch::kUInt8},
-    {"BOOL", torch::kBool},
-};
-
-std::optional<torch::ScalarType> ScalarTypeOf(const std::string& dtype) {
-  for (const Dtype& d : kDtypes) {
-    if (dtype == d.name) return d.type;
-  }
-  return std::nullopt;
-}
-
 bool IsIntegerDtype(const std::string& dtype) {
   return dtype == "I64" || dtype == "I32" || dtype == "I16" || dtype == "I8" || dtype == "U8";
 }

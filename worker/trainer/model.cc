@@ -309,6 +309,13 @@ std::string SafetensorsDtype(torch::ScalarType type) {
   return "";
 }
 
+std::optional<torch::ScalarType> ScalarTypeOf(const std::string& dtype) {
+  for (const auto& entry : kDtypes) {
+    if (dtype == entry.name) return entry.type;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view) {
   for (const auto& entry : kDtypes) {
     if (view.dtype != entry.name) continue;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,8 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // The safetensors dtype name of `type` ("F32", "I64", ...); empty for types the format lacks.
 std::string SafetensorsDtype(torch::ScalarType type);
+// The LibTorch type of a safetensors dtype name; nullopt for names it does not know.
+std::optional<torch::ScalarType> ScalarTypeOf(const std::string& dtype);
 // A CPU tensor holding a copy of `view`'s data. INVALID_ARGUMENT for an unknown dtype.
 absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view);
 // A safetensors object laid out over the tensors' own memory: the header, then each tensor's
