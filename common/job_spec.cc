@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
+#include "common/yaml_fields.h"
 #include "yaml-cpp/yaml.h"
 
 namespace trainyard {
@@ -37,127 +38,6 @@ constexpr int kDefaultLogEverySteps = 10;
 constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
 constexpr int kDefaultBucketSizeMb = 25;
-
-absl::Status FieldError(absl::string_view path, absl::string_view problem) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));
-}
-
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string Child(absl::string_view path, absl::string_view key) {
-  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
-}
-
-std::string Describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Null:
-      return "null";
-    case YAML::NodeType::Scalar:
-      return absl::StrCat("'", node.Scalar(), "'");
-    default:
-      return "nothing";
-  }
-}
-
-absl::Status ExpectMap(const YAML::Node& node, absl::string_view path) {
-  if (node.IsMap()) return absl::OkStatus();
-  return FieldError(path, absl::StrCat("expected a mapping, got ", Describe(node)));
-}
-
-// Checks that every key of `node` (a mapping) is one of `known`, and that none repeats.
-absl::Status CheckKeys(const YAML::Node& node, absl::string_view path,
-                       const std::vector<absl::string_view>& known) {
-  std::set<std::string> seen;
-  for (const auto& item : node) {
-    if (!item.first.IsScalar()) {
-      return FieldError(path.empty() ? "spec" : path, "keys must be plain strings");
-    }
-    const std::string& key = item.first.Scalar();
-    const std::string key_path = Child(path, key);
-    if (!seen.insert(key).second) return FieldError(key_path, "duplicate key");
-    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    absl::string_view best;
-    size_t best_distance = 3;
-    for (absl::string_view candidate : known) {
-      const size_t distance = EditDistance(key, candidate);
-      if (distance < best_distance && distance < candidate.size()) {
-        best = candidate;
-        best_distance = distance;
-      }
-    }
-    if (best.empty()) return FieldError(key_path, "unknown key");
-    return FieldError(key_path, absl::StrCat("unknown key (did you mean '", best, "'?)"));
-  }
-  return absl::OkStatus();
-}
-
-bool IsSet(const YAML::Node& node) { return node.IsDefined() && !node.IsNull(); }
-
-absl::StatusOr<std::string> ReadString(const YAML::Node& node, absl::string_view path) {
-  if (!node.IsScalar()) {
-    return FieldError(path, absl::StrCat("expected a string, got ", Describe(node)));
-  }
-  return node.Scalar();
-}
-
-absl::StatusOr<int64_t> ReadInt64(const YAML::Node& node, absl::string_view path) {
-  if (node.IsScalar()) {
-    const std::string& text = node.Scalar();
-    int64_t value;
-    if (absl::SimpleAtoi(text, &value)) return value;
-    // Accept integral numbers written in floating-point form, such as 1e4.
-    double d;
-    if (absl::SimpleAtod(text, &d) && std::isfinite(d) && d == std::floor(d) &&
-        std::fabs(d) <= 9.0e15) {
-      return static_cast<int64_t>(d);
-    }
-  }
-  return FieldError(path, absl::StrCat("expected an integer, got ", Describe(node)));
-}
-
-absl::StatusOr<int32_t> ReadInt32(const YAML::Node& node, absl::string_view path) {
-  absl::StatusOr<int64_t> value = ReadInt64(node, path);
-  if (!value.ok()) return value.status();
-  if (*value < std::numeric_limits<int32_t>::min() ||
-      *value > std::numeric_limits<int32_t>::max()) {
-    return FieldError(path, absl::StrCat(*value, " is out of range"));
-  }
-  return static_cast<int32_t>(*value);
-}
-
-absl::StatusOr<double> ReadDouble(const YAML::Node& node, absl::string_view path) {
-  if (node.IsScalar()) {
-    double value;
-    if (absl::SimpleAtod(node.Scalar(), &value) && std::isfinite(value)) return value;
-  }
-  return FieldError(path, absl::StrCat("expected a number, got ", Describe(node)));
-}
-
-absl::StatusOr<bool> ReadBool(const YAML::Node& node, absl::string_view path) {
-  if (node.IsScalar()) {
-    const std::string text = absl::AsciiStrToLower(node.Scalar());
-    if (text == "true" || text == "yes" || text == "on") return true;
-    if (text == "false" || text == "no" || text == "off") return false;
-  }
-  return FieldError(path, absl::StrCat("expected true or false, got ", Describe(node)));
-}
 
 #define TY_RETURN_IF_ERROR(expr)             \
   do {                                       \
@@ -264,7 +144,8 @@ class SpecParser {
                                   "collective_timeout",
                                   "stall_timeout",
                                   "accumulate_steps",
-                                  "bucket_size_mb"}));
+                                  "bucket_size_mb",
+                                  "stop_at_step"}));
     TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
     TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
     TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
@@ -278,6 +159,8 @@ class SpecParser {
     TY_RETURN_IF_ERROR(String(root, "", "loss", spec_.mutable_loss()));
     TY_RETURN_IF_ERROR(Int64(root, "", "max_steps", [this](int64_t v) { spec_.set_max_steps(v); }));
     TY_RETURN_IF_ERROR(Int32(root, "", "epochs", [this](int32_t v) { spec_.set_epochs(v); }));
+    TY_RETURN_IF_ERROR(
+        Int64(root, "", "stop_at_step", [this](int64_t v) { spec_.set_stop_at_step(v); }));
     TY_RETURN_IF_ERROR(Int64(root, "", "seed", [this](int64_t v) { spec_.set_seed(v); }));
     TY_RETURN_IF_ERROR(ParseCheckpoint(root["checkpoint"]));
     TY_RETURN_IF_ERROR(ParseRestart(root["restart"]));
@@ -978,6 +861,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.epochs() < 0) return FieldError("epochs", "must be >= 0");
   if (spec.max_steps() == 0 && spec.epochs() == 0) {
     return FieldError("max_steps", "set max_steps or epochs");
+  }
+  if (spec.stop_at_step() < 0) return FieldError("stop_at_step", "must be >= 0");
+  if (spec.max_steps() > 0 && spec.stop_at_step() > spec.max_steps()) {
+    return FieldError("stop_at_step",
+                      absl::StrCat("must be <= max_steps (", spec.max_steps(), ")"));
   }
 
   const v1::CheckpointSpec& ckpt = spec.checkpoint();
