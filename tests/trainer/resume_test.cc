@@ -151,6 +151,36 @@ TEST(ResumeTest, StopBetweenCheckpointsThenResumeEndsBitForBitWhereAnUninterrupt
   }
 }
 
+// A search's rung: the job ends at stop_at_step with a checkpoint while its schedule runs to
+// max_steps; the next rung resumes there and ends where a run that never stopped ends.
+TEST(ResumeTest, AJobEndingAtStopAtStepIsContinuedBitForBitByTheNextRung) {
+  constexpr int64_t kTotal = 26;
+  constexpr int64_t kRungEnd = 13;  // between checkpoints, mid-epoch, mid-schedule
+  const std::string dir_a = MakeTempDir(), dir_b = MakeTempDir(), dir_c = MakeTempDir();
+  absl::StatusOr<TrainResult> a = RunTrainer(ResumeTask(dir_a, kTotal), QuietOptions());
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  trainyard::v1::Task rung0 = ResumeTask(dir_b, kTotal);
+  rung0.mutable_spec()->set_stop_at_step(kRungEnd);
+  absl::StatusOr<TrainResult> b = RunTrainer(rung0, QuietOptions());
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(b->stopped);  // it ended, nobody stopped it
+  EXPECT_EQ(b->step, kRungEnd);
+  ASSERT_TRUE(FileExists(StepFolder(dir_b, kRungEnd) + "/MANIFEST.json"));
+  ASSERT_TRUE(FileExists(dir_b + "/final/model.safetensors"));
+  EXPECT_FALSE(FileExists(StepFolder(dir_b, kRungEnd + 1) + "/MANIFEST.json"));
+
+  trainyard::v1::Task rung1 = ResumeTask(dir_c, kTotal);
+  rung1.add_resume_checkpoints("file://" + StepFolder(dir_b, kRungEnd));
+  absl::StatusOr<TrainResult> c = RunTrainer(rung1, QuietOptions());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->start_step, kRungEnd);
+  EXPECT_EQ(c->step, kTotal);
+  EXPECT_EQ(c->loss, a->loss);
+  ExpectSameTensors(ReadTensors(dir_a + "/final/model.safetensors"),
+                    ReadTensors(dir_c + "/final/model.safetensors"));
+}
+
 TEST(ResumeTest, TheFirstProgressReportFollowsTheFirstStep) {
   const std::string dir = MakeTempDir();
   FakeCoordinator coordinator(/*keep_last=*/3);

@@ -298,7 +298,7 @@ absl::Status ParameterServerStrategy::GatherOptimizerState(int64_t step) {
   if (optimizer_ == nullptr && tables_.empty() && synchronous_) return absl::OkStatus();
   // The last checkpoint of a run or of a stop waits for the other ranks' last updates
   // (asynchronous mode).
-  const bool last = step >= total_steps_ || local_.stop;
+  const bool last = step >= end_step_ || local_.stop;
   std::vector<torch::Tensor> values;
   for (const torch::Tensor& p : params_) values.push_back(p.detach());
   std::vector<std::map<std::string, torch::Tensor>> states(shards_.size());

@@ -62,7 +62,10 @@ class ParameterServerStrategy final : public Strategy {
     return dense_->SumOverRanks(std::move(values));
   }
   // For the shards' learning-rate schedule: rank 0 gives it to them in SyncState.
-  void SetTotalSteps(int64_t total_steps) override { total_steps_ = total_steps; }
+  void SetTotalSteps(int64_t total_steps, int64_t end_step) override {
+    total_steps_ = total_steps;
+    end_step_ = end_step;
+  }
   void SetOptimizer(torch::optim::Optimizer* optimizer, const NamedTensors& params) override;
   // Fetches every shard's optimizer state of version `step` and lays it out over the whole
   // parameters in the trainer's optimizer. Asynchronous: a snapshot of each shard's parameters
@@ -135,6 +138,7 @@ class ParameterServerStrategy final : public Strategy {
   const bool synchronous_;
   const std::unique_ptr<Strategy> dense_;
   int64_t total_steps_ = 0;
+  int64_t end_step_ = 0;
   std::vector<std::unique_ptr<PsClient>> shards_;
   // Fixed by Setup and SetOptimizer.
   std::vector<torch::Tensor> params_;

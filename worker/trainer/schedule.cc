@@ -41,6 +41,8 @@ absl::StatusOr<StepPlan> PlanSteps(const trainyard::v1::JobSpec& spec, int64_t t
   } else {
     return absl::InvalidArgumentError("max_steps: set max_steps or epochs");
   }
+  plan.end_step =
+      spec.stop_at_step() > 0 ? std::min(spec.stop_at_step(), plan.total_steps) : plan.total_steps;
   return plan;
 }
 

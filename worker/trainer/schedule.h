@@ -19,6 +19,9 @@ struct StepPlan {
   int64_t global_batch_size = 0;  // samples per update over all ranks
   int64_t steps_per_epoch = 0;    // floor(train_samples / global_batch_size): drop-last
   int64_t total_steps = 0;
+  // Where this job stops: stop_at_step when set (a search's rung), else total_steps. The
+  // learning-rate schedule and the data order run to total_steps all the same.
+  int64_t end_step = 0;
 };
 
 // total_steps = max_steps if > 0, else epochs * steps_per_epoch; the smaller when both are set.

@@ -39,8 +39,9 @@ class Strategy {
   virtual int world_size() const = 0;
   // Once, after the model is built and before any checkpoint is restored.
   virtual absl::Status Setup(Model& model) = 0;
-  // The run's total updates, once the data is known; before SyncState.
-  virtual void SetTotalSteps(int64_t total_steps) {}
+  // The run's total updates (the learning-rate schedule's length) and the step this job stops at
+  // (stop_at_step), once the data is known; before SyncState.
+  virtual void SetTotalSteps(int64_t total_steps, int64_t end_step) {}
   // The trainer's optimizer over its trainable parameters (by name), before SyncState, which
   // finds it restored from the checkpoint resumed from. A strategy that updates the parameters
   // itself keeps the optimizer's state elsewhere and carries it through this one: into its own

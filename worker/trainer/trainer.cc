@@ -223,7 +223,7 @@ absl::Status Run::Prepare() {
   if (!plan.ok()) return plan.status();
   plan_ = *plan;
   if (absl::Status fits = CheckCacheFits(); !fits.ok()) return fits;
-  strategy_->SetTotalSteps(plan_.total_steps);
+  strategy_->SetTotalSteps(plan_.total_steps, plan_.end_step);
 
   absl::StatusOr<std::unique_ptr<Model>> model =
       BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids());
@@ -506,7 +506,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
   const int world = strategy_->world_size();
   const int accumulate = std::max(1, spec_.accumulate_steps());
 
+  // The schedule runs to `total`; this job stops at `end` (a search's rung ends earlier).
   const int64_t total = plan_.total_steps;
+  const int64_t end = plan_.end_step;
   const int64_t log_every = spec_.log_every_steps() > 0 ? spec_.log_every_steps() : 10;
   const bool has_val = data_->validation_size() > 0 && loss_kind_ == LossKind::kCrossEntropy;
   const trainyard::v1::ValidationSpec& val_spec = spec_.data().validation();
@@ -514,7 +516,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   // when neither is set, and at the last step.
   auto validation_due = [&](int64_t step) {
     if (!has_val) return false;
-    if (step == plan_.total_steps) return true;
+    if (step == end) return true;
     if (val_spec.every_epoch() && step % plan_.steps_per_epoch == 0) return true;
     if (val_spec.every_steps() > 0) return step % val_spec.every_steps() == 0;
     return !val_spec.every_epoch() && step % log_every == 0;
@@ -522,10 +524,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
   Print(absl::StrFormat(
       "start: model=%s parameters=%d train_samples=%d validation_samples=%d features=%d "
       "batch_size=%d steps_per_epoch=%d total_steps=%d start_step=%d threads=%d rank=%d "
-      "world_size=%d",
+      "world_size=%d end_step=%d",
       model_->Kind(), model_->ParameterCount(), data_->train_size(), data_->validation_size(),
       data_->FeatureWidth(), plan_.global_batch_size, plan_.steps_per_epoch, total, start_step_,
-      std::max(1, options_.num_threads), rank, world));
+      std::max(1, options_.num_threads), rank, world, end));
 
   // Ranks hold identical replicas: rank 0 alone saves and reports.
   std::unique_ptr<Checkpointer> checkpointer;
@@ -546,11 +548,11 @@ absl::StatusOr<TrainResult> Run::Execute() {
   }
 
   TrainResult result;
-  result.total_steps = total;
+  result.total_steps = end;
   result.start_step = start_step_;
   result.resumed_from = resumed_from_;
   trainyard::v1::JobProgress progress;
-  progress.set_total_steps(total);
+  progress.set_total_steps(end);
   progress.set_world_size(world);
   progress.set_attempt_start_step(start_step_);
   progress.set_rendezvous_seconds(rendezvous_seconds_);
@@ -562,7 +564,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   order.shuffle = shuffle;
   order.window = spec_.data().shuffle_window();
   order.prefetch_shards = spec_.data().prefetch_shards() > 0 ? spec_.data().prefetch_shards() : 2;
-  BatchPrefetcher prefetcher(*data_, plan_, order, rank, world, start_step_, total);
+  BatchPrefetcher prefetcher(*data_, plan_, order, rank, world, start_step_, end);
   const int64_t every = spec_.checkpoint().every_steps();
   int64_t step = start_step_;
   int64_t last_checkpoint_step = start_step_;
@@ -578,7 +580,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   strategy_->TakeCommunicationSeconds();  // the start-up broadcast is not a step's
   bool stop_agreed = false;
   model_->SetTraining(true);
-  while (step < total) {
+  while (step < end) {
     if (options_.before_step) options_.before_step(step, start_step_);
     // One rank alone may stop at once; several stop together at an update they agreed on.
     if (stop_agreed || (world == 1 && StopRequested())) {
@@ -656,7 +658,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
 
     const int64_t epoch = step / plan_.steps_per_epoch;
     bool validated = false;
-    if (step % log_every == 0 || step == total) {
+    if (step % log_every == 0 || step == end) {
       const absl::Time now = clock_.Now();
       const double seconds = absl::ToDoubleSeconds(now - interval_start);
       if (seconds > 0) {
@@ -689,7 +691,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
         Print(absl::StrFormat("step=%d val_accuracy=%.4f", step, *result.val_accuracy));
       }
     }
-    if (checkpointer != nullptr && every > 0 && step % every == 0 && step < total) {
+    if (checkpointer != nullptr && every > 0 && step % every == 0 && step < end) {
       const Steady::time_point save_start = Steady::now();
       if (status = strategy_->GatherOptimizerState(step); !status.ok()) return status;
       const bool saving = checkpointer->SaveAsync(step, [&] { return Snapshot(step, lr); });
@@ -701,7 +703,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     result.step_seconds += stepped;
     communication_s += strategy_->TakeCommunicationSeconds();
     ++timed_steps;
-    if (clock_.Now() - timing_start >= options_.report_interval || step == total) {
+    if (clock_.Now() - timing_start >= options_.report_interval || step == end) {
       const double n = static_cast<double>(timed_steps);
       progress.set_data_wait_seconds(data_wait_s / n);
       progress.set_communication_seconds(communication_s / n);
@@ -784,13 +786,13 @@ absl::StatusOr<TrainResult> Run::Execute() {
       return absl::UnavailableError(absl::StrCat("final progress report: ", reported.message()));
     }
   }
-  std::string end = absl::StrFormat("done: step=%d total=%d loss=%.8f stopped=%s", step, total,
-                                    result.loss, result.stopped ? "true" : "false");
+  std::string done = absl::StrFormat("done: step=%d total=%d loss=%.8f stopped=%s", step, total,
+                                     result.loss, result.stopped ? "true" : "false");
   if (result.val_accuracy.has_value()) {
-    absl::StrAppendFormat(&end, " val_accuracy=%.4f", *result.val_accuracy);
+    absl::StrAppendFormat(&done, " val_accuracy=%.4f", *result.val_accuracy);
   }
-  if (!result.model_uri.empty()) absl::StrAppend(&end, " model=", result.model_uri);
-  Print(end);
+  if (!result.model_uri.empty()) absl::StrAppend(&done, " model=", result.model_uri);
+  Print(done);
   return result;
 }
 
