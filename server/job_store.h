@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
+#include "trainyard/v1/search_service.pb.h"
 
 namespace trainyard {
 
@@ -46,6 +47,13 @@ struct StoredToken {
   std::string revoked_by;
 };
 
+// A hyperparameter search as stored, with its sequence number (the ListSearches order). Its
+// `trials` are ignored when writing: each trial is a row of its own (StoreMutation::trials).
+struct StoredSearch {
+  int64_t seq = 0;
+  trainyard::v1::Search search;
+};
+
 // Everything one state change writes. JobStore::Apply writes it in one transaction.
 struct StoreMutation {
   std::vector<StoredJob> jobs;                                          // upserted by id
@@ -72,12 +80,15 @@ struct StoreMutation {
   // retiring commit is no longer the latest.
   std::vector<std::pair<std::string, int64_t>> removed_checkpoints;
   std::vector<StoredToken> tokens;  // upserted by id
+  std::vector<StoredSearch> searches;  // upserted by id
+  std::vector<std::pair<std::string, trainyard::v1::Trial>>
+      trials;  // (search id, trial), by number
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
            checkpoints.empty() && progress.empty() && !next_job_seq.has_value() &&
            removed_jobs.empty() && removed_workers.empty() && trimmed_events.empty() &&
-           removed_checkpoints.empty() && tokens.empty();
+           removed_checkpoints.empty() && tokens.empty() && searches.empty() && trials.empty();
   }
 };
 
@@ -130,6 +141,9 @@ class JobStore {
 
   // Every API token, revoked and expired ones included.
   virtual absl::StatusOr<std::vector<StoredToken>> LoadTokens() = 0;
+
+  // Every search by seq, each with its trials by number.
+  virtual absl::StatusOr<std::vector<StoredSearch>> LoadSearches() = 0;
 };
 
 }  // namespace trainyard

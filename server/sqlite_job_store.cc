@@ -23,7 +23,8 @@ namespace {
 // 4: jobs gained finished_ms and the indexes by state and by finish time, so that finished jobs
 //    are listed and expired from the store rather than held in memory.
 // 5: jobs gained owner (with an index for listing one owner's jobs); tokens.
-constexpr int kSchemaVersion = 5;
+// 6: searches and their trials.
+constexpr int kSchemaVersion = 6;
 
 // From version 1 to 2, in one transaction with the new version number.
 constexpr char kMigrateFrom1[] = R"sql(
@@ -59,6 +60,17 @@ CREATE TABLE IF NOT EXISTS tokens(
   created_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL, revoked_ms INTEGER NOT NULL,
   created_by TEXT NOT NULL, revoked_by TEXT NOT NULL);
 UPDATE meta SET value = '5' WHERE key = 'schema_version';
+COMMIT;
+)sql";
+
+constexpr char kMigrateFrom5[] = R"sql(
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS searches(
+  id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, state INTEGER NOT NULL, search BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS trials(
+  search_id TEXT NOT NULL, number INTEGER NOT NULL, trial BLOB NOT NULL,
+  PRIMARY KEY(search_id, number));
+UPDATE meta SET value = '6' WHERE key = 'schema_version';
 COMMIT;
 )sql";
 
@@ -216,7 +228,8 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                                                       " is newer than supported ", kSchemaVersion));
   } else {
     // Each step in its own transaction with its version number: one cut short is redone.
-    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr, kMigrateFrom4};
+    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr, kMigrateFrom4,
+                                      kMigrateFrom5};
     for (int from = *version; from < kSchemaVersion; ++from) {
       absl::Status s = from == 3 ? store->MigrateFrom3() : store->Exec(migrations[from - 1]);
       if (!s.ok()) {
@@ -365,6 +378,23 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     st.Bind(1, t.id).Bind(2, t.name).Bind(3, t.role).Bind(4, t.hash).Bind(5, t.created_unix_ms);
     st.Bind(6, t.expires_unix_ms).Bind(7, t.revoked_unix_ms).Bind(8, t.created_by);
     st.Bind(9, t.revoked_by);
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const StoredSearch& stored : m.searches) {
+    v1::Search row = stored.search;
+    row.clear_trials();
+    // An upsert, as for jobs: a clash on the unique seq must fail.
+    Statement st(db_,
+                 "INSERT INTO searches(id, seq, state, search) VALUES(?, ?, ?, ?) ON CONFLICT(id) "
+                 "DO UPDATE SET seq = excluded.seq, state = excluded.state, search = "
+                 "excluded.search");
+    st.Bind(1, row.id()).Bind(2, stored.seq).Bind(3, static_cast<int64_t>(row.state()));
+    st.BindBlob(4, row.SerializeAsString());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const auto& [search_id, trial] : m.trials) {
+    Statement st(db_, "INSERT OR REPLACE INTO trials(search_id, number, trial) VALUES(?, ?, ?)");
+    st.Bind(1, search_id).Bind(2, trial.number()).BindBlob(3, trial.SerializeAsString());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, step] : m.removed_checkpoints) {
@@ -604,6 +634,36 @@ absl::StatusOr<std::vector<StoredToken>> SqliteJobStore::LoadTokens() {
     t.created_by = st.Text(7);
     t.revoked_by = st.Text(8);
     out.push_back(std::move(t));
+  }
+  if (absl::Status s = st.step_status(); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<std::vector<StoredSearch>> SqliteJobStore::LoadSearches() {
+  absl::MutexLock lock(&mu_);
+  std::vector<StoredSearch> out;
+  std::map<std::string, size_t> by_id;
+  {
+    Statement st(db_, "SELECT seq, search FROM searches ORDER BY seq");
+    while (st.Next()) {
+      StoredSearch stored;
+      stored.seq = st.Int(0);
+      if (!stored.search.ParseFromString(st.Text(1))) {
+        return absl::DataLossError(absl::StrCat("searches row ", stored.seq, " does not parse"));
+      }
+      by_id[stored.search.id()] = out.size();
+      out.push_back(std::move(stored));
+    }
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  Statement st(db_, "SELECT search_id, number, trial FROM trials ORDER BY search_id, number");
+  while (st.Next()) {
+    auto it = by_id.find(st.Text(0));
+    if (it == by_id.end()) continue;  // a trial of no search: nothing refers to it
+    if (!out[it->second].search.add_trials()->ParseFromString(st.Text(2))) {
+      return absl::DataLossError(
+          absl::StrCat("trials row (", st.Text(0), ", ", st.Int(1), ") does not parse"));
+    }
   }
   if (absl::Status s = st.step_status(); !s.ok()) return s;
   return out;

@@ -20,7 +20,7 @@ struct sqlite3;
 namespace trainyard {
 
 // JobStore on one SQLite file in WAL mode with synchronous=FULL: a committed Apply() survives a
-// crash of the process or the machine. Schema (version 4; older files are migrated on open):
+// crash of the process or the machine. Schema (version 6; older files are migrated on open):
 //   meta(key, value)              schema_version, next_job_seq
 //   jobs(id, seq, state, job, finished_ms)
 //                                 job = serialized trainyard.v1.Job without events and tasks;
@@ -31,6 +31,9 @@ namespace trainyard {
 //   progress(job_id, progress)    progress = serialized trainyard.v1.JobProgress, the latest
 //   workers(id, worker)           worker = serialized trainyard.v1.Worker
 //   checkpoints(job_id, step, uri, size_bytes, created_ms, generation, retired, retired_by)
+//   tokens(id, name, role, hash, created_ms, expires_ms, revoked_ms, created_by, revoked_by)
+//   searches(id, seq, state, search)   search = serialized trainyard.v1.Search without trials
+//   trials(search_id, number, trial)   trial = serialized trainyard.v1.Trial
 // Thread-safe (one connection behind a mutex).
 class SqliteJobStore final : public JobStore {
  public:
@@ -52,6 +55,7 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>> FinishedBefore(
       int64_t unix_ms, int limit) override;
   absl::StatusOr<std::vector<StoredToken>> LoadTokens() override;
+  absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override;
 
   // The journal mode SQLite reports ("wal").
   absl::StatusOr<std::string> JournalMode();

@@ -63,6 +63,8 @@ class FakeJobStore : public JobStore {
       events.erase(events.begin() + from, events.begin() + to);
     }
     for (const StoredToken& t : m.tokens) tokens_[t.id] = t;
+    for (const StoredSearch& search : m.searches) searches_[search.search.id()] = search;
+    for (const auto& [id, trial] : m.trials) trials_[id][trial.number()] = trial;
     for (const auto& key : m.removed_checkpoints) checkpoints_.erase(key);
     for (const std::string& id : m.removed_jobs) {
       jobs_.erase(id);
@@ -190,6 +192,21 @@ class FakeJobStore : public JobStore {
     return out;
   }
 
+  absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override {
+    absl::MutexLock lock(&mu_);
+    std::vector<StoredSearch> out;
+    for (const auto& [id, stored] : searches_) {
+      out.push_back(stored);
+      out.back().search.clear_trials();
+      if (auto it = trials_.find(id); it != trials_.end()) {
+        for (const auto& [number, trial] : it->second) *out.back().search.add_trials() = trial;
+      }
+    }
+    std::sort(out.begin(), out.end(),
+              [](const StoredSearch& a, const StoredSearch& b) { return a.seq < b.seq; });
+    return out;
+  }
+
   // How many times LoadJob was called.
   int job_loads() const {
     absl::MutexLock lock(&mu_);
@@ -218,6 +235,8 @@ class FakeJobStore : public JobStore {
   std::map<std::string, trainyard::v1::JobProgress> progress_;
   std::map<std::string, trainyard::v1::Worker> workers_;
   std::map<std::string, StoredToken> tokens_;
+  std::map<std::string, StoredSearch> searches_;
+  std::map<std::string, std::map<int, trainyard::v1::Trial>> trials_;
   std::map<std::string, std::pair<std::string, trainyard::v1::TaskInfo>> tasks_;
   std::map<std::pair<std::string, int64_t>, StoredCheckpoint> checkpoints_;
   int64_t next_job_seq_ = 1;
