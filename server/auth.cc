@@ -114,6 +114,12 @@ absl::Status AllowJob(const Principal& p, absl::string_view job_id, absl::string
       absl::StrCat("job ", job_id, " belongs to another user; ", Who(p), " may not see it"));
 }
 
+absl::Status AllowSearch(const Principal& p, absl::string_view search_id, absl::string_view owner) {
+  if (p.admin() || (p.role == Role::kUser && p.name == owner)) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("search ", search_id, " belongs to another user; ", Who(p), " may not see it"));
+}
+
 absl::Status AllowWorker(const Principal& p, absl::string_view worker) {
   if (p.admin() || (p.role == Role::kAgent && p.name == worker)) return absl::OkStatus();
   return absl::PermissionDeniedError(

@@ -58,6 +58,10 @@ absl::Status Allow(const Principal& principal, Audience audience, absl::string_v
 absl::Status AllowJob(const Principal& principal, absl::string_view job_id,
                       absl::string_view owner);
 
+// PERMISSION_DENIED unless `principal` is an admin or the search's owner.
+absl::Status AllowSearch(const Principal& principal, absl::string_view search_id,
+                         absl::string_view owner);
+
 // PERMISSION_DENIED unless `principal` is an admin or the agent of worker `worker`.
 absl::Status AllowWorker(const Principal& principal, absl::string_view worker);
 

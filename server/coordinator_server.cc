@@ -30,6 +30,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(&server->job_service_);
   builder.RegisterService(&server->agent_service_);
   builder.RegisterService(&server->admin_service_);
+  if (options.searches != nullptr) {
+    server->search_service_ = std::make_unique<SearchServiceImpl>(*options.searches, server->gate_);
+    builder.RegisterService(server->search_service_.get());
+  }
   // The largest request (a 1 MiB spec or log chunk, request_limits.cc) with room to spare.
   builder.SetMaxReceiveMessageSize(4 << 20);
   server->server_ = builder.BuildAndStart();
@@ -46,14 +50,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options.health_listen));
     }
   }
-  server->ticker_ = std::thread([&manager, tick_interval = options.tick_interval] {
-    // WaitForTickRequest returns at once after Shutdown; the tick loop ends with it.
-    while (true) {
-      manager.WaitForTickRequest(tick_interval);
-      if (manager.IsShutDown()) break;
-      manager.Tick();
-    }
-  });
+  server->ticker_ =
+      std::thread([&manager, searches = options.searches, tick_interval = options.tick_interval] {
+        // WaitForTickRequest returns at once after Shutdown; the tick loop ends with it.
+        while (true) {
+          manager.WaitForTickRequest(tick_interval);
+          if (manager.IsShutDown()) break;
+          manager.Tick();
+          if (searches != nullptr) searches->Tick();
+        }
+      });
   return server;
 }
 

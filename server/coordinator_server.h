@@ -15,6 +15,7 @@
 #include "server/call_gate.h"
 #include "server/job_manager.h"
 #include "server/job_service.h"
+#include "server/search_service.h"
 
 namespace trainyard {
 
@@ -27,11 +28,14 @@ struct CoordinatorServerOptions {
   // cannot speak TLS (the kubelet's).
   std::string health_listen;
   absl::Duration tick_interval = absl::Milliseconds(100);
+  // Non-null: SearchService is served and searches tick after the jobs. Must outlive the server.
+  SearchManager* searches = nullptr;
 };
 
-// The coordinator's gRPC server: JobService, AgentService, AdminService (each call admitted by a
-// CallGate over `auth`), grpc.health.v1.Health and server reflection, plus the thread that runs
-// JobManager::Tick() every `tick_interval` and whenever the manager asks for it. `manager` and
+// The coordinator's gRPC server: JobService, AgentService, AdminService and SearchService (each
+// call admitted by a CallGate over `auth`), grpc.health.v1.Health and server reflection, plus the
+// thread that runs JobManager::Tick() (then SearchManager::Tick()) every `tick_interval` and
+// whenever the manager asks for it. `manager` and
 // `auth` must outlive the server.
 class CoordinatorServer {
  public:
@@ -57,6 +61,7 @@ class CoordinatorServer {
   JobServiceImpl job_service_;
   AgentServiceImpl agent_service_;
   AdminServiceImpl admin_service_;
+  std::unique_ptr<SearchServiceImpl> search_service_;  // with options.searches
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;
   int health_port_ = 0;

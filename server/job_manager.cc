@@ -341,10 +341,11 @@ absl::StatusOr<v1::Job> JobManager::SubmitJobYaml(absl::string_view spec_yaml,
   return SubmitValidated(*std::move(spec), by);
 }
 
-absl::StatusOr<v1::Job> JobManager::SubmitJob(v1::JobSpec spec, const Principal* by) {
+absl::StatusOr<v1::Job> JobManager::SubmitJob(v1::JobSpec spec, const Principal* by,
+                                              const SubmitOptions& options) {
   ApplyJobSpecDefaults(spec);
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
-  return SubmitValidated(std::move(spec), by);
+  return SubmitValidated(std::move(spec), by, options);
 }
 
 absl::StatusOr<std::string> JobManager::JobOwner(absl::string_view id) const {
@@ -357,7 +358,8 @@ absl::StatusOr<std::string> JobManager::JobOwner(absl::string_view id) const {
   return record->job.job.owner();
 }
 
-absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Principal* by) {
+absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Principal* by,
+                                                    const SubmitOptions& options) {
   if (!IsSafeFileName(spec.name())) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
@@ -365,12 +367,26 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
   if (options_.allowed_local_paths.has_value()) {
     if (absl::Status s = CheckLocalPaths(spec, *options_.allowed_local_paths); !s.ok()) return s;
   }
+  auto taken = [&](absl::string_view what) {
+    return absl::AlreadyExistsError(absl::StrCat("job ", options.id, " exists (", what, ")"));
+  };
+  if (!options.id.empty() && !options.validate_only) {
+    // A finished job may be in the store only; one in memory is checked again under the lock.
+    absl::StatusOr<StoredJobRecord> stored = LoadEvicted(options.id);
+    if (stored.ok()) return taken(JobStateName(stored->job.job.state()));
+    if (!absl::IsNotFound(stored.status())) return stored.status();
+  }
   v1::Job job;
   int64_t seq = 0;
   std::shared_ptr<GroupCommitter::Ticket> ticket;
   {
     absl::MutexLock lock(&mu_);
     const int active = static_cast<int>(table_.active().size()) + submitting_;
+    if (!options.id.empty() && !options.validate_only) {
+      if (const JobEntry* entry = FindLocked(options.id); entry != nullptr) {
+        return taken(JobStateName(entry->job.state()));
+      }
+    }
     if (active >= options_.max_active_jobs) {
       return absl::ResourceExhaustedError(absl::StrCat("too many active jobs: ", active, " (limit ",
                                                        options_.max_active_jobs, ")"));
@@ -387,12 +403,13 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
           return absl::PermissionDeniedError(absl::StrCat("checkpoint.resume_from: ", s.message()));
         }
       }
-      pinned_sources_[from]++;  // until the job is added (or its write fails)
+      if (!options.validate_only) pinned_sources_[from]++;  // until the job is added (or fails)
     }
     // The number is taken now; a submission whose write fails leaves a gap.
-    seq = next_seq_++;
+    seq = options.validate_only ? next_seq_ : next_seq_++;
     const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
-    job.set_id(absl::StrCat(spec.name(), "-", seq));
+    job.set_id(options.id.empty() ? absl::StrCat(spec.name(), "-", seq) : options.id);
+    if (!options.trial.search_id().empty()) *job.mutable_trial() = options.trial;
     job.set_name(spec.name());
     job.set_state(v1::PENDING);
     job.set_reason("submitted");
@@ -410,6 +427,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
     event->set_from(v1::JOB_STATE_UNSPECIFIED);
     event->set_to(v1::PENDING);
     event->set_reason(by != nullptr ? absl::StrCat("submitted by ", by->name) : "submitted");
+    if (options.validate_only) return job;
     StoreMutation m;
     m.jobs.push_back({seq, job});
     m.events.emplace_back(job.id(), *event);

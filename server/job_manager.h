@@ -81,6 +81,15 @@ struct LogSelection {
   std::optional<int> shard;  // set: only this parameter-server shard (rank is ignored)
 };
 
+// How a job is submitted on behalf of a hyperparameter search (SearchManager).
+struct SubmitOptions {
+  // The job's id instead of "{name}-{seq}": submitting the same id again is ALREADY_EXISTS, so a
+  // search that retries a submission after a restart never runs a trial twice.
+  std::string id;
+  trainyard::v1::TrialLink trial;  // Job.trial
+  bool validate_only = false;      // every check, nothing written
+};
+
 struct ListJobsResult {
   std::vector<trainyard::v1::Job> jobs;  // newest first, without events
   std::string next_page_token;           // empty on the last page
@@ -112,9 +121,12 @@ class JobManager {
   // must be theirs too (PERMISSION_DENIED otherwise); without, it has no owner.
   absl::StatusOr<trainyard::v1::Job> SubmitJobYaml(absl::string_view spec_yaml,
                                                    const Principal* by = nullptr);
-  // Same for a spec message; defaults are applied first.
+  // Same for a spec message; defaults are applied first. With options.id, ALREADY_EXISTS when a
+  // job has that id (in memory or in the store); with validate_only, the job that would be
+  // submitted, written nowhere.
   absl::StatusOr<trainyard::v1::Job> SubmitJob(trainyard::v1::JobSpec spec,
-                                               const Principal* by = nullptr);
+                                               const Principal* by = nullptr,
+                                               const SubmitOptions& options = {});
 
   // Who owns a job (empty: nobody). NOT_FOUND for an unknown id.
   absl::StatusOr<std::string> JobOwner(absl::string_view id) const;
@@ -274,7 +286,8 @@ class JobManager {
   absl::Status Load();
 
   absl::StatusOr<trainyard::v1::Job> SubmitValidated(trainyard::v1::JobSpec spec,
-                                                     const Principal* by);
+                                                     const Principal* by,
+                                                     const SubmitOptions& options = {});
   absl::StatusOr<trainyard::v1::Job> CancelLocked(JobEntry& entry, absl::string_view reason,
                                                   absl::string_view by)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

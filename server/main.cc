@@ -34,6 +34,7 @@
 #include "server/job_manager.h"
 #include "server/log_store.h"
 #include "server/metrics.h"
+#include "server/search_manager.h"
 #include "server/sqlite_job_store.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
@@ -280,7 +281,26 @@ int Run() {
     return 1;
   }
   JobManager* manager_ptr = manager->get();
-  metrics->SetSnapshotSource([manager_ptr] { return manager_ptr->MetricsSnapshot(); });
+  // Searches through a connection of their own to the same database.
+  absl::StatusOr<std::unique_ptr<SqliteJobStore>> search_store =
+      SqliteJobStore::Open(abs_state + "/state.db");
+  if (!search_store.ok()) {
+    LogError("cannot open the state database: ", search_store.status().ToString());
+    return 1;
+  }
+  std::unique_ptr<TrialJobs> trial_jobs = TrialJobsOf(**manager);
+  absl::StatusOr<std::unique_ptr<SearchManager>> searches =
+      SearchManager::Create(RealClock::Get(), *trial_jobs, *std::move(search_store));
+  if (!searches.ok()) {
+    LogError("cannot load searches: ", searches.status().ToString());
+    return 1;
+  }
+  SearchManager* searches_ptr = searches->get();
+  metrics->SetSnapshotSource([manager_ptr, searches_ptr] {
+    ClusterMetricsSnapshot snap = manager_ptr->MetricsSnapshot();
+    snap.searches = searches_ptr->MetricsSnapshot();
+    return snap;
+  });
   std::unique_ptr<MetricsHttpServer> metrics_server;
   absl::StatusOr<MetricsHttpOptions> metrics_options = LoadMetricsHttpOptions(
       absl::GetFlag(FLAGS_metrics_basic_auth_file), absl::GetFlag(FLAGS_metrics_tls_cert),
@@ -333,6 +353,7 @@ int Run() {
   server_options.listen = listen;
   server_options.max_streams_per_caller = absl::GetFlag(FLAGS_max_streams_per_caller);
   server_options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  server_options.searches = searches->get();
   if (server_options.max_streams_per_caller < 1) {
     LogError("--max_streams_per_caller: must be >= 1");
     return 1;
@@ -364,6 +385,7 @@ int Run() {
   (*server)->Shutdown(absl::Seconds(5));
   server->reset();
   metrics_server.reset();  // scrapes read the manager
+  searches->reset();
   manager->reset();  // flushes progress, closes the database
   LogInfo("stopped");
   return 0;

@@ -27,6 +27,14 @@ std::string JobStateLabel(v1::JobState state) { return Lower(v1::JobState_Name(s
 
 std::string WorkerStateLabel(v1::WorkerState state) { return Lower(v1::WorkerState_Name(state)); }
 
+// "SEARCH_RUNNING" -> "running", "TRIAL_STOPPED" -> "stopped".
+std::string SearchStateLabel(v1::SearchState state) {
+  return Lower(v1::SearchState_Name(state).substr(sizeof("SEARCH_") - 1));
+}
+std::string TrialStateLabel(v1::TrialState state) {
+  return Lower(v1::TrialState_Name(state).substr(sizeof("TRIAL_") - 1));
+}
+
 constexpr v1::JobState kJobStates[] = {v1::PENDING,   v1::SCHEDULED, v1::RUNNING,  v1::RESTARTING,
                                        v1::SUCCEEDED, v1::FAILED,    v1::CANCELLED};
 constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::LOST};
@@ -327,7 +335,39 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
                    : std::max(0.0, absl::ToDoubleSeconds(snap.now - snap.oldest_pending_since)));
 
   AddJobFamilies(snap, commit_latency, out);
+  AddSearchFamilies(snap, out);
   return out;
+}
+
+void CoordinatorMetrics::AddSearchFamilies(const ClusterMetricsSnapshot& snap,
+                                           std::vector<MetricFamily>& out) {
+  FamilyBuilder searches(out, "trainyard_searches",
+                         "Hyperparameter searches the coordinator knows, by state.",
+                         MetricType::Gauge);
+  FamilyBuilder trials(out, "trainyard_search_trials",
+                       "Trials of each running search, by state (running, completed, stopped: "
+                       "ASHA ended it at a rung, failed, cancelled).",
+                       MetricType::Gauge);
+  FamilyBuilder best(out, "trainyard_search_best_metric",
+                     "The best trial's metric so far, for each running search (label metric: "
+                     "val_accuracy or loss).",
+                     MetricType::Gauge);
+  std::map<v1::SearchState, int> by_state;
+  for (const SearchMetrics& s : snap.searches) {
+    by_state[s.state]++;
+    if (s.state != v1::SEARCH_RUNNING) continue;
+    for (v1::TrialState state : {v1::TRIAL_RUNNING, v1::TRIAL_COMPLETED, v1::TRIAL_STOPPED,
+                                 v1::TRIAL_FAILED, v1::TRIAL_CANCELLED}) {
+      auto it = s.trials.find(state);
+      trials.Add({{"search", s.id}, {"state", TrialStateLabel(state)}},
+                 it == s.trials.end() ? 0 : it->second);
+    }
+    if (s.has_best) best.Add({{"search", s.id}, {"metric", s.metric}}, s.best_metric);
+  }
+  for (v1::SearchState state :
+       {v1::SEARCH_RUNNING, v1::SEARCH_SUCCEEDED, v1::SEARCH_FAILED, v1::SEARCH_CANCELLED}) {
+    searches.Add({{"state", SearchStateLabel(state)}}, by_state[state]);
+  }
 }
 
 void CoordinatorMetrics::AddJobFamilies(

@@ -62,6 +62,8 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
     double last_commit_latency_seconds = -1;
   };
 
+  static void AddSearchFamilies(const ClusterMetricsSnapshot& snap,
+                                std::vector<prometheus::MetricFamily>& out);
   static void AddJobFamilies(const ClusterMetricsSnapshot& snap,
                              const absl::flat_hash_map<std::string, double>& commit_latency,
                              std::vector<prometheus::MetricFamily>& out);

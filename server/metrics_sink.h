@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "trainyard/v1/job.pb.h"
+#include "trainyard/v1/search_service.pb.h"
 
 namespace trainyard {
 
@@ -34,6 +35,16 @@ struct JobMetricsSnapshot {
   double gpu_seconds = 0;
 };
 
+// What the coordinator's gauges show of one search.
+struct SearchMetrics {
+  std::string id;
+  std::string metric;  // searcher.metric
+  trainyard::v1::SearchState state = trainyard::v1::SEARCH_STATE_UNSPECIFIED;
+  std::map<trainyard::v1::TrialState, int> trials;  // by state
+  bool has_best = false;
+  double best_metric = 0;
+};
+
 // The coordinator's state at one moment, taken under the JobManager's lock.
 struct ClusterMetricsSnapshot {
   absl::Time now;
@@ -48,6 +59,7 @@ struct ClusterMetricsSnapshot {
   // When the job that has waited longest in PENDING entered it; InfinitePast if none waits.
   absl::Time oldest_pending_since = absl::InfinitePast();
   std::vector<JobMetricsSnapshot> jobs;
+  std::vector<SearchMetrics> searches;  // from SearchManager::MetricsSnapshot
 };
 
 // Told about events by the JobManager. Calls arrive under the manager's lock, from any thread:

@@ -23,6 +23,12 @@ constexpr FieldBound kBounds[] = {
     {"trainyard.v1.CancelJobRequest.id", 256},
     {"trainyard.v1.CancelJobRequest.reason", 1024},
     {"trainyard.v1.DeleteJobRequest.id", 256},
+    // A search spec in YAML: SearchManagerOptions::max_spec_yaml_bytes also applies.
+    {"trainyard.v1.SubmitSearchRequest.spec_yaml", 1 << 20},
+    {"trainyard.v1.GetSearchRequest.id", 256},
+    {"trainyard.v1.CancelSearchRequest.id", 256},
+    {"trainyard.v1.CancelSearchRequest.reason", 1024},
+    {"trainyard.v1.ExtendSearchRequest.id", 256},
     {"trainyard.v1.WatchJobRequest.id", 256},
     {"trainyard.v1.GetJobLogsRequest.id", 256},
     {"trainyard.v1.ListCheckpointsRequest.job_id", 256},
