@@ -36,6 +36,7 @@
 #include "nlohmann/json.hpp"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
+#include "trainyard/v1/search_service.grpc.pb.h"
 #include "worker/agent/subprocess.h"
 
 namespace trainyard::cli {
@@ -129,6 +130,17 @@ std::vector<CommandSpec> Commands() {
          "pack: data per shard (256MB by default; 64MiB, 1GB, plain bytes)"}},
        2,
        1000},
+      {"search",
+       "ACTION [ARG]",
+       "Hyperparameter searches, whose trials are jobs: `search submit FILE` (a search spec: "
+       "name, searcher {name: random|grid|asha, metric, max_trials, ...}, hyperparameters by "
+       "field path, template: a job spec; prints the search's id), `search list`, "
+       "`search describe ID` (every trial's values, rung, metric and state; the best trial and "
+       "its model), `search cancel ID` (with its running trials), "
+       "`search extend ID --max-trials N`.",
+       {{"max-trials", '\0', true, "N", "extend: the search's new total of trials"}, kOutputFlag},
+       1,
+       2},
       {"token",
        "ACTION [ARG]",
        "Manage API tokens (admins): `token create NAME --role user|admin|agent [--ttl 30d]` "
@@ -385,13 +397,27 @@ int Data(const ParsedArgs& args) {
   return kExitSucceeded;
 }
 
+// A spec from a file, or from stdin for "-".
+absl::StatusOr<std::string> ReadSpecFile(const std::string& file) {
+  std::ostringstream text;
+  if (file == "-") {
+    text << std::cin.rdbuf();
+    return text.str();
+  }
+  std::ifstream in(file);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", file));
+  text << in.rdbuf();
+  return text.str();
+}
+
 class Client {
  public:
   Client(std::string address, const ParsedArgs& args, std::shared_ptr<grpc::Channel> channel)
       : address_(std::move(address)),
         args_(args),
         stub_(v1::JobService::NewStub(channel)),
-        admin_(v1::AdminService::NewStub(channel)) {}
+        admin_(v1::AdminService::NewStub(channel)),
+        search_(v1::SearchService::NewStub(channel)) {}
 
   int Submit();
   int Jobs();
@@ -402,6 +428,7 @@ class Client {
   int Workers();
   int Checkpoints();
   int Token();
+  int Search();
 
  private:
   // Prints the error and returns the exit code for it.
@@ -425,25 +452,16 @@ class Client {
   const ParsedArgs& args_;
   std::unique_ptr<v1::JobService::Stub> stub_;
   std::unique_ptr<v1::AdminService::Stub> admin_;
+  std::unique_ptr<v1::SearchService::Stub> search_;
 };
 
 int Client::Submit() {
-  const std::string& file = args_.args[0];
-  std::string yaml;
-  if (file == "-") {
-    std::ostringstream text;
-    text << std::cin.rdbuf();
-    yaml = text.str();
-  } else {
-    std::ifstream in(file);
-    if (!in) {
-      std::cerr << "error: cannot read " << file << "\n";
-      return kExitUsage;
-    }
-    std::ostringstream text;
-    text << in.rdbuf();
-    yaml = text.str();
+  absl::StatusOr<std::string> read = ReadSpecFile(args_.args[0]);
+  if (!read.ok()) {
+    std::cerr << "error: " << read.status().message() << "\n";
+    return kExitUsage;
   }
+  std::string yaml = *std::move(read);
   if (args_.Has("resume-from")) {
     absl::StatusOr<std::string> updated = SetResumeFrom(yaml, args_.Get("resume-from"));
     if (!updated.ok()) {
@@ -809,6 +827,93 @@ int Client::Token() {
   return kExitUsage;
 }
 
+int Client::Search() {
+  const std::string& action = args_.args[0];
+  const bool has_arg = args_.args.size() > 1;
+  auto needs_arg = [&](const char* what) {
+    std::cerr << "error: search " << action << " takes " << what << "\n";
+    return kExitUsage;
+  };
+  auto print = [&](const v1::Search& search) {
+    if (Json()) {
+      std::cout << ToJson(search);
+    } else {
+      std::cout << "search " << search.id() << " " << SearchStateName(search.state()) << " ("
+                << search.reason() << ")\n";
+    }
+    return kExitSucceeded;
+  };
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::Search search;
+  if (action == "submit") {
+    if (!has_arg) return needs_arg("a spec file (or - for stdin)");
+    absl::StatusOr<std::string> yaml = ReadSpecFile(args_.args[1]);
+    if (!yaml.ok()) {
+      std::cerr << "error: " << yaml.status().message() << "\n";
+      return kExitUsage;
+    }
+    v1::SubmitSearchRequest request;
+    request.set_spec_yaml(*yaml);
+    grpc::Status status = search_->SubmitSearch(&context, request, &search);
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      std::cerr << "error: invalid search spec: " << status.error_message() << "\n";
+      return kExitUsage;
+    }
+    if (!status.ok()) return RpcError(status);
+    if (Json()) return print(search);
+    std::cout << search.id() << "\n";
+    return kExitSucceeded;
+  }
+  if (action == "list") {
+    if (has_arg) return needs_arg("no argument");
+    v1::ListSearchesResponse response;
+    grpc::Status status = search_->ListSearches(&context, v1::ListSearchesRequest(), &response);
+    if (!status.ok()) return RpcError(status);
+    if (Json()) {
+      std::cout << ToJson(response);
+    } else {
+      std::cout << SearchesTable({response.searches().begin(), response.searches().end()},
+                                 absl::Now(), IsTerminal());
+    }
+    return kExitSucceeded;
+  }
+  if (!has_arg) return needs_arg("a search id");
+  const std::string& id = args_.args[1];
+  if (action == "describe") {
+    v1::GetSearchRequest request;
+    request.set_id(id);
+    grpc::Status status = search_->GetSearch(&context, request, &search);
+    if (!status.ok()) return RpcError(status);
+    std::cout << (Json() ? ToJson(search) : DescribeSearch(search));
+    return kExitSucceeded;
+  }
+  if (action == "cancel") {
+    v1::CancelSearchRequest request;
+    request.set_id(id);
+    request.set_reason("cancelled by the user");
+    grpc::Status status = search_->CancelSearch(&context, request, &search);
+    if (!status.ok()) return RpcError(status);
+    return print(search);
+  }
+  if (action == "extend") {
+    int max_trials = 0;
+    if (!absl::SimpleAtoi(args_.Get("max-trials"), &max_trials) || max_trials <= 0) {
+      std::cerr << "error: search extend takes --max-trials N (the new total)\n";
+      return kExitUsage;
+    }
+    v1::ExtendSearchRequest request;
+    request.set_id(id);
+    request.set_max_trials(max_trials);
+    grpc::Status status = search_->ExtendSearch(&context, request, &search);
+    if (!status.ok()) return RpcError(status);
+    return print(search);
+  }
+  std::cerr << "error: unknown search action '" << action
+            << "' (submit, list, describe, cancel, extend)\n";
+  return kExitUsage;
+}
+
 int Client::Workers() {
   v1::ListWorkersResponse response;
   grpc::ClientContext context;
@@ -920,6 +1025,7 @@ int RunCli(const std::vector<std::string>& argv) {
   if (name == "workers") return client.Workers();
   if (name == "checkpoints") return client.Checkpoints();
   if (name == "token") return client.Token();
+  if (name == "search") return client.Search();
   std::cerr << "error: unknown command '" << name << "'\n";
   return kExitUsage;
 }

@@ -39,6 +39,93 @@ std::string JobsTable(const std::vector<v1::Job>& jobs, absl::Time now, bool ter
   return Table({"ID", "NAME", "OWNER", "STATE", "STEP", "LOSS", "AGE", "REASON"}, rows);
 }
 
+std::string SearchStateName(v1::SearchState state) {
+  return v1::SearchState_Name(state).substr(sizeof("SEARCH_") - 1);
+}
+
+std::string TrialStateName(v1::TrialState state) {
+  return v1::TrialState_Name(state).substr(sizeof("TRIAL_") - 1);
+}
+
+namespace {
+
+std::string BestText(const v1::Search& search) {
+  if (search.best_trial() < 0) return "-";
+  return absl::StrFormat("%.4f (trial %d)", search.best_metric(), search.best_trial());
+}
+
+}  // namespace
+
+std::string SearchesTable(const std::vector<v1::Search>& searches, absl::Time now, bool terminal) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Search& s : searches) {
+    const std::string reason = terminal ? Truncate(s.reason(), 50) : s.reason();
+    rows.push_back(
+        {s.id(), s.name(), s.owner().empty() ? "-" : s.owner(), SearchStateName(s.state()),
+         absl::StrCat(s.spec().searcher().name(), " ", s.spec().searcher().metric()),
+         absl::StrCat(s.trials_running(), "/", s.trials_created(), "/",
+                      s.spec().searcher().max_trials()),
+         BestText(s), ShortAge(now - absl::FromUnixMillis(s.created_unix_ms())), reason});
+  }
+  return Table({"ID", "NAME", "OWNER", "STATE", "SEARCHER", "TRIALS", "BEST", "AGE", "REASON"},
+               rows);
+}
+
+std::string DescribeSearch(const v1::Search& s, absl::TimeZone zone) {
+  const v1::SearcherSpec& searcher = s.spec().searcher();
+  std::string out;
+  absl::StrAppend(&out, "ID:          ", s.id(), "\n");
+  absl::StrAppend(&out, "Name:        ", s.name(), "\n");
+  if (!s.owner().empty()) absl::StrAppend(&out, "Owner:       ", s.owner(), "\n");
+  absl::StrAppend(&out, "State:       ", SearchStateName(s.state()), " (", s.reason(), ")\n");
+  std::string how =
+      absl::StrCat(searcher.name(), ", ", searcher.smaller_is_better() ? "minimise " : "maximise ",
+                   searcher.metric());
+  if (searcher.name() == "asha") {
+    absl::StrAppend(&how, ", max_length ", searcher.max_length(), ", divisor ", searcher.divisor(),
+                    ", ", searcher.max_rungs(), " rungs");
+  }
+  absl::StrAppend(&out, "Searcher:    ", how, "\n");
+  absl::StrAppend(&out, "Trials:      ", s.trials_created(), " of ", searcher.max_trials(), ", ",
+                  s.trials_running(), " running (at most ", searcher.max_concurrent_trials(), "), ",
+                  s.trials_failed(), " failed (at most ", searcher.max_failed_trials(), ")\n");
+  absl::StrAppend(
+      &out, "Created:     ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(s.created_unix_ms()), zone), "\n");
+  if (s.best_trial() >= 0) {
+    absl::StrAppend(&out, "Best trial:  ", s.best_trial(), ", ", searcher.metric(), " ",
+                    absl::StrFormat("%.6g", s.best_metric()), "\n");
+    if (!s.best_model_uri().empty()) {
+      absl::StrAppend(&out, "Best model:  ", s.best_model_uri(), "\n");
+    }
+  }
+  std::vector<std::string> paths;
+  for (const v1::Hyperparameter& h : s.spec().hyperparameters()) paths.push_back(h.path());
+  std::vector<std::string> header = {"TRIAL", "STATE", "RUNG", "STEP", searcher.metric()};
+  for (const std::string& p : paths) header.push_back(p);
+  header.push_back("JOB");
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Trial& t : s.trials()) {
+    std::vector<std::string> row = {
+        absl::StrCat(t.number(), t.number() == s.best_trial() ? " *" : ""),
+        TrialStateName(t.state()), absl::StrCat(t.rung()), absl::StrCat(t.step()),
+        t.has_metric() ? absl::StrFormat("%.4f", t.metric()) : "-"};
+    for (const std::string& p : paths) {
+      auto it = t.hyperparameters().find(p);
+      row.push_back(it == t.hyperparameters().end() ? "-" : it->second);
+    }
+    row.push_back(t.job_id());
+    rows.push_back(std::move(row));
+  }
+  absl::StrAppend(&out, "\n", Table(header, rows));
+  for (const v1::Trial& t : s.trials()) {
+    if (t.state() == v1::TRIAL_FAILED) {
+      absl::StrAppend(&out, "trial ", t.number(), " failed: ", t.message(), "\n");
+    }
+  }
+  return out;
+}
+
 std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::Worker& w : workers) {
@@ -98,6 +185,14 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   field("State", JobStateName(job.state()));
   field("Reason", job.reason());
   field("Generation", absl::StrCat(job.generation()));
+  if (!job.trial().search_id().empty()) {
+    field("Search", absl::StrCat(job.trial().search_id(), ", trial ", job.trial().trial(),
+                                 ", rung ", job.trial().rung()));
+  }
+  if (job.spec().stop_at_step() > 0) {
+    field("Stops at",
+          absl::StrCat("step ", job.spec().stop_at_step(), " of ", job.spec().max_steps()));
+  }
   if (job.spec().strategy() == v1::PARAMETER_SERVER) {
     const v1::ParameterServerSpec& ps = job.spec().parameter_servers();
     std::string servers = absl::StrCat(ps.shards(), ps.shards() == 1 ? " shard, " : " shards, ",

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "trainyard/v1/job.pb.h"
 #include "trainyard/v1/job_service.pb.h"
+#include "trainyard/v1/search_service.pb.h"
 
 namespace trainyard::cli {
 
@@ -22,6 +23,15 @@ std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints,
                              absl::TimeZone zone = absl::LocalTimeZone());
 // Everything about one job, restarts and events included.
 std::string DescribeJob(const v1::Job& job, absl::TimeZone zone = absl::LocalTimeZone());
+
+// ID NAME OWNER STATE SEARCHER TRIALS (running/created/max) BEST AGE REASON.
+std::string SearchesTable(const std::vector<v1::Search>& searches, absl::Time now, bool terminal);
+// One search: its searcher, best trial (metric, model) and every trial's hyperparameters, rung,
+// step, metric, state and job.
+std::string DescribeSearch(const v1::Search& search, absl::TimeZone zone = absl::LocalTimeZone());
+// "RUNNING", "SUCCEEDED", ... without the enum's prefix.
+std::string SearchStateName(v1::SearchState state);
+std::string TrialStateName(v1::TrialState state);
 
 // The job spec YAML with checkpoint.resume_from set to `job_id` (added or replaced).
 // INVALID_ARGUMENT if the text is not a YAML mapping.
