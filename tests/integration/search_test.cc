@@ -1,0 +1,262 @@
+// Hyperparameter searches on a real cluster: trials run as jobs on the workers, ASHA promotes
+// trials by resuming their jobs' checkpoints, and a coordinator killed with SIGKILL mid-search
+// carries the search on with no trial lost or run twice.
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
+#include "trainyard/v1/search_service.grpc.pb.h"
+
+namespace trainyard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A job that learns in a few dozen steps and measures itself on a validation split.
+constexpr char kTemplate[] = R"(template:
+  name: trial-mlp
+  strategy: single
+  model: {builtin: mlp, args: {inputs: 16, hidden: [32], classes: 4}}
+  data:
+    synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
+    validation_split: 0.25
+  batch_size: 32
+  optimizer: {name: adamw}
+  log_every_steps: 3
+  seed: 7
+)";
+
+class SearchClusterTest : public ::testing::Test {
+ protected:
+  SearchClusterTest() : cluster_(Options()) {}
+  static ClusterOptions Options() {
+    ClusterOptions options;
+    options.workers = 2;
+    return options;
+  }
+  std::unique_ptr<v1::SearchService::Stub> Stub() {
+    return v1::SearchService::NewStub(cluster_.NewChannel());
+  }
+  // GetSearch, surviving a coordinator restart (UNAVAILABLE is retried by the poll).
+  absl::StatusOr<v1::Search> GetSearch(const std::string& id) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::GetSearchRequest request;
+    request.set_id(id);
+    v1::Search search;
+    grpc::Status status = Stub()->GetSearch(&context, request, &search);
+    if (!status.ok()) return absl::UnavailableError(status.error_message());
+    return search;
+  }
+  bool WaitForSearch(const std::string& id, const std::function<bool(const v1::Search&)>& done,
+                     v1::Search* last, absl::Duration timeout = absl::Seconds(240)) {
+    return PollUntil(
+        [&] {
+          absl::StatusOr<v1::Search> search = GetSearch(id);
+          if (!search.ok()) return false;
+          *last = *search;
+          return done(*search);
+        },
+        timeout);
+  }
+  std::string WriteSpec(const std::string& name, const std::string& yaml) {
+    const std::string path = absl::StrCat(cluster_.state_dir(), "/../", name);
+    std::ofstream(path) << yaml;
+    return path;
+  }
+
+  Cluster cluster_;
+};
+
+TEST_F(SearchClusterTest, AshaPromotesFromCheckpointsAndSurvivesACoordinatorKill) {
+  // Every trial's job waits after its first update until released: the coordinator is killed
+  // while two trials are mid-run.
+  cluster_.Hold("trial-mlp", 1);
+  const std::string spec = WriteSpec(
+      "asha.yaml", absl::StrCat("name: asha-mlp\n"
+                                "searcher: {name: asha, metric: val_accuracy, max_trials: 6,\n"
+                                "  max_concurrent_trials: 2, max_length: 27, divisor: 3,\n"
+                                "  max_rungs: 3, seed: 3}\n"
+                                "hyperparameters:\n"
+                                "  optimizer.lr: {type: log, min: 1e-4, max: 3e-2}\n"
+                                "  model.args.hidden: {type: categorical, values: [[8], [32]]}\n",
+                                kTemplate));
+  Cluster::CliResult submitted = cluster_.Cli({"search", "submit", spec});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.output;
+  const std::string id = submitted.FirstLine();
+  EXPECT_EQ(id, "asha-mlp-s1");
+
+  v1::Search search;
+  ASSERT_TRUE(WaitForSearch(
+      id,
+      [&](const v1::Search& s) {
+        int running = 0;
+        for (const v1::Trial& t : s.trials()) {
+          if (t.state() != v1::TRIAL_RUNNING || !t.job_submitted()) continue;
+          absl::StatusOr<v1::Job> job = cluster_.Get(t.job_id());
+          running += job.ok() && job->state() == v1::RUNNING;
+        }
+        return running == 2;
+      },
+      &search))
+      << search.DebugString();
+  // The gauges show the running trials.
+  const auto [curl_code, metrics] = RunShell(
+      absl::StrCat("curl -s http://127.0.0.1:", cluster_.coordinator_metrics_port(), "/metrics"));
+  ASSERT_EQ(curl_code, 0) << metrics;
+  EXPECT_THAT(metrics, HasSubstr(absl::StrCat("trainyard_search_trials{search=\"", id,
+                                              "\",state=\"running\"} 2")));
+  EXPECT_THAT(metrics, HasSubstr("trainyard_searches{state=\"running\"} 1"));
+
+  cluster_.KillCoordinator(SIGKILL);
+  cluster_.StartCoordinator();
+  // Rung 0 ends at step 3, before 4 updates: trials finish it; a promoted trial's next job then
+  // waits at step 7, so the search is still running with a best trial.
+  cluster_.Hold("trial-mlp", 4);
+  ASSERT_TRUE(WaitForSearch(
+      id,
+      [&](const v1::Search& s) {
+        for (const v1::Trial& t : s.trials()) {
+          if (t.rung() < 1 || t.state() != v1::TRIAL_RUNNING) continue;
+          absl::StatusOr<v1::Job> job = cluster_.Get(t.job_id());
+          if (job.ok() && job->state() == v1::RUNNING) return true;
+        }
+        return false;
+      },
+      &search))
+      << search.DebugString();
+  ASSERT_GE(search.best_trial(), 0);
+  const auto [code, running] = RunShell(absl::StrCat(
+      "curl -s http://127.0.0.1:", cluster_.coordinator_metrics_port(), "/metrics | tee ",
+      cluster_.state_dir(), "/../search.metrics | promtool check metrics"));
+  EXPECT_EQ(code, 0) << running;
+  const std::string scraped = ReadFile(cluster_.state_dir() + "/../search.metrics");
+  EXPECT_THAT(scraped, HasSubstr(absl::StrCat("trainyard_search_best_metric{search=\"", id,
+                                              "\",metric=\"val_accuracy\"} ")));
+  EXPECT_THAT(scraped, HasSubstr(absl::StrCat("trainyard_search_trials{search=\"", id,
+                                              "\",state=\"completed\"} 0")));
+  cluster_.Release("trial-mlp");
+  ASSERT_TRUE(WaitForSearch(
+      id, [](const v1::Search& s) { return s.state() != v1::SEARCH_RUNNING; }, &search))
+      << search.DebugString();
+  ASSERT_EQ(search.state(), v1::SEARCH_SUCCEEDED) << search.DebugString();
+  ASSERT_EQ(search.trials_size(), 6);
+
+  // Every rung ran once: the jobs the coordinator knows are exactly the trials' jobs.
+  std::multiset<std::string> expected;
+  int promoted = 0, stopped = 0;
+  for (const v1::Trial& t : search.trials()) {
+    EXPECT_TRUE(t.state() == v1::TRIAL_COMPLETED || t.state() == v1::TRIAL_STOPPED)
+        << t.DebugString();
+    stopped += t.state() == v1::TRIAL_STOPPED;
+    for (const std::string& job : t.job_ids()) expected.insert(job);
+    EXPECT_EQ(t.rung_metrics_size(), t.job_ids_size());
+    // A promoted trial's next rung resumed where the last one stopped: no step redone.
+    const int64_t ends[] = {3, 9, 27};
+    for (int rung = 1; rung < t.job_ids_size(); ++rung) {
+      ++promoted;
+      absl::StatusOr<v1::Job> job = cluster_.Get(t.job_ids(rung));
+      ASSERT_TRUE(job.ok()) << job.status();
+      EXPECT_EQ(job->state(), v1::SUCCEEDED);
+      EXPECT_EQ(job->spec().checkpoint().resume_from(), t.job_ids(rung - 1));
+      EXPECT_EQ(job->progress().attempt_start_step(), ends[rung - 1]) << job->id();
+      EXPECT_EQ(job->progress().step(), ends[rung]) << job->id();
+      EXPECT_EQ(job->trial().rung(), rung);
+    }
+  }
+  EXPECT_GT(promoted, 0);
+  EXPECT_GT(stopped, 0);
+  v1::ListJobsRequest list;
+  list.set_page_size(1000);
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext context;
+  ASSERT_TRUE(cluster_.jobs().ListJobs(&context, list, &jobs).ok());
+  std::multiset<std::string> seen;
+  for (const v1::Job& job : jobs.jobs()) {
+    if (job.trial().search_id() == id) seen.insert(job.id());
+  }
+  EXPECT_EQ(seen, expected);
+
+  // The best trial went furthest, and its model is there.
+  ASSERT_GE(search.best_trial(), 0);
+  const v1::Trial& best = search.trials(search.best_trial());
+  EXPECT_EQ(best.state(), v1::TRIAL_COMPLETED);
+  EXPECT_FALSE(search.best_model_uri().empty());
+  EXPECT_GT(search.best_metric(), 0.5);
+
+  Cluster::CliResult described = cluster_.Cli({"search", "describe", id});
+  ASSERT_EQ(described.exit_code, 0) << described.output;
+  EXPECT_THAT(described.output, HasSubstr("State:       SUCCEEDED"));
+  EXPECT_THAT(described.output, HasSubstr("optimizer.lr"));
+  EXPECT_THAT(described.output, HasSubstr(search.best_model_uri()));
+  Cluster::CliResult listed = cluster_.Cli({"search", "list"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_THAT(listed.output, HasSubstr(id));
+}
+
+TEST_F(SearchClusterTest, CancellingASearchCancelsItsTrialsAndBadSpecsAreRefused) {
+  const std::string bad = WriteSpec(
+      "bad.yaml", absl::StrCat("name: bad\n"
+                               "searcher: {name: random, metric: val_accuracy, max_trials: 2}\n"
+                               "hyperparameters:\n"
+                               "  optimizer.lr: {type: double, min: 0, max: 0.1}\n",
+                               kTemplate, "  max_steps: 10\n"));
+  Cluster::CliResult refused = cluster_.Cli({"search", "submit", bad});
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output,
+              HasSubstr("invalid search spec: hyperparameters.optimizer.lr: 0 makes "
+                        "optimizer.lr: must be > 0"));
+
+  cluster_.Hold("trial-mlp", 1);
+  const std::string spec = WriteSpec(
+      "random.yaml", absl::StrCat("name: random-mlp\n"
+                                  "searcher: {name: random, metric: loss, max_trials: 5,\n"
+                                  "  max_concurrent_trials: 2}\n"
+                                  "hyperparameters:\n"
+                                  "  optimizer.lr: {type: log, min: 1e-3, max: 1e-2}\n",
+                                  kTemplate, "  max_steps: 50\n"));
+  Cluster::CliResult submitted = cluster_.Cli({"search", "submit", spec});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.output;
+  const std::string id = submitted.FirstLine();
+  v1::Search search;
+  ASSERT_TRUE(WaitForSearch(
+      id,
+      [&](const v1::Search& s) {
+        int running = 0;
+        for (const v1::Trial& t : s.trials()) {
+          absl::StatusOr<v1::Job> job = cluster_.Get(t.job_id());
+          running += job.ok() && job->state() == v1::RUNNING;
+        }
+        return running == 2;
+      },
+      &search));
+  Cluster::CliResult cancelled = cluster_.Cli({"search", "cancel", id});
+  ASSERT_EQ(cancelled.exit_code, 0) << cancelled.output;
+  EXPECT_THAT(cancelled.output, HasSubstr("CANCELLED"));
+  absl::StatusOr<v1::Search> after = GetSearch(id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->trials_size(), 2);
+  for (const v1::Trial& t : after->trials()) {
+    EXPECT_EQ(t.state(), v1::TRIAL_CANCELLED);
+    absl::StatusOr<v1::Job> job = cluster_.WaitForFinal(t.job_id());
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->state(), v1::CANCELLED);
+  }
+  Cluster::CliResult json = cluster_.Cli({"search", "describe", id, "-o", "json"});
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_THAT(json.output, HasSubstr("\"state\": \"SEARCH_CANCELLED\""));
+}
+
+}  // namespace
+}  // namespace trainyard::testing
