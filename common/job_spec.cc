@@ -39,12 +39,6 @@ constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
 constexpr int kDefaultBucketSizeMb = 25;
 
-#define TY_RETURN_IF_ERROR(expr)             \
-  do {                                       \
-    absl::Status ty_status_ = (expr);        \
-    if (!ty_status_.ok()) return ty_status_; \
-  } while (false)
-
 // Reads `map[key]` with `reader` and hands it to `setter` when present and not null; a missing
 // or null key leaves the field untouched.
 template <typename T, typename Reader, typename Setter>
@@ -710,17 +704,9 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
 
 absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
   JobSpec spec;
-  try {
-    const YAML::Node root = YAML::Load(std::string(yaml));
-    absl::Status status = SpecParser(spec).Parse(root);
-    if (!status.ok()) return status;
-  } catch (const YAML::Exception& e) {
-    if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.msg));
-    return absl::InvalidArgumentError(
-        absl::StrCat("yaml: line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.what()));
-  }
+  absl::Status parsed = ParseYamlDocument(
+      yaml, [&spec](const YAML::Node& root) { return SpecParser(spec).Parse(root); });
+  if (!parsed.ok()) return parsed;
   ApplyJobSpecDefaults(spec);
   absl::Status status = ValidateJobSpec(spec);
   if (!status.ok()) return status;

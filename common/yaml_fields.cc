@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <set>
 
@@ -28,6 +29,19 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
 }
 
 }  // namespace
+
+absl::Status ParseYamlDocument(absl::string_view yaml,
+                               const std::function<absl::Status(const YAML::Node&)>& parse) {
+  try {
+    return parse(YAML::Load(std::string(yaml)));
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat("yaml: line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.what()));
+  }
+}
 
 absl::Status FieldError(absl::string_view path, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));

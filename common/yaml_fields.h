@@ -2,6 +2,7 @@
 #define TRAINYARD_COMMON_YAML_FIELDS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,7 +11,19 @@
 #include "absl/strings/string_view.h"
 #include "yaml-cpp/yaml.h"
 
+// Returns the status of `expr` when it is not OK.
+#define TY_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    absl::Status ty_status_ = (expr);        \
+    if (!ty_status_.ok()) return ty_status_; \
+  } while (false)
+
 namespace trainyard {
+
+// Loads `yaml` and hands the document to `parse`, whose status it returns. A YAML syntax error is
+// INVALID_ARGUMENT "yaml: line L, column C: <problem>"; yaml-cpp's exceptions never escape.
+absl::Status ParseYamlDocument(absl::string_view yaml,
+                               const std::function<absl::Status(const YAML::Node&)>& parse);
 
 // Reading YAML specs (jobs, searches) field by field. Every error is INVALID_ARGUMENT and starts
 // with the dotted path of the field: "optimizer.lr: expected a number, got 'abc'".

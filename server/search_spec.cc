@@ -26,12 +26,6 @@ using trainyard::v1::SearchSpec;
 constexpr int kMaxRungs = 10;
 constexpr int kMaxHyperparameters = 64;
 
-#define TY_RETURN_IF_ERROR(expr)             \
-  do {                                       \
-    absl::Status ty_status_ = (expr);        \
-    if (!ty_status_.ok()) return ty_status_; \
-  } while (false)
-
 std::string Flow(const YAML::Node& node) {
   YAML::Emitter out;
   out.SetMapFormat(YAML::Flow);
@@ -421,17 +415,9 @@ absl::Status ParseSearch(const YAML::Node& root, SearchSpec& spec) {
 
 absl::StatusOr<SearchSpec> ParseSearchYaml(absl::string_view yaml) {
   SearchSpec spec;
-  try {
-    const YAML::Node root = YAML::Load(std::string(yaml));
-    absl::Status status = ParseSearch(root, spec);
-    if (!status.ok()) return status;
-  } catch (const YAML::Exception& e) {
-    if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.msg));
-    return absl::InvalidArgumentError(
-        absl::StrCat("yaml: line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.what()));
-  }
+  absl::Status parsed =
+      ParseYamlDocument(yaml, [&spec](const YAML::Node& root) { return ParseSearch(root, spec); });
+  if (!parsed.ok()) return parsed;
   return spec;
 }
 

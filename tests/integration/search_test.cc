@@ -75,6 +75,22 @@ class SearchClusterTest : public ::testing::Test {
     std::ofstream(path) << yaml;
     return path;
   }
+  // `trainyard search submit`: the new search's id, empty (and a test failure) when refused.
+  std::string SubmitSearch(const std::string& name, const std::string& yaml) {
+    Cluster::CliResult submitted = cluster_.Cli({"search", "submit", WriteSpec(name, yaml)});
+    EXPECT_EQ(submitted.exit_code, 0) << submitted.output;
+    return submitted.exit_code == 0 ? submitted.FirstLine() : "";
+  }
+  // Trials at `min_rung` or later whose job is RUNNING.
+  int RunningTrialJobs(const v1::Search& search, int min_rung = 0) {
+    int running = 0;
+    for (const v1::Trial& t : search.trials()) {
+      if (t.rung() < min_rung || t.state() != v1::TRIAL_RUNNING || !t.job_submitted()) continue;
+      absl::StatusOr<v1::Job> job = cluster_.Get(t.job_id());
+      running += job.ok() && job->state() == v1::RUNNING;
+    }
+    return running;
+  }
 
   Cluster cluster_;
 };
@@ -83,7 +99,7 @@ TEST_F(SearchClusterTest, AshaPromotesFromCheckpointsAndSurvivesACoordinatorKill
   // Every trial's job waits after its first update until released: the coordinator is killed
   // while two trials are mid-run.
   cluster_.Hold("trial-mlp", 1);
-  const std::string spec = WriteSpec(
+  const std::string id = SubmitSearch(
       "asha.yaml", absl::StrCat("name: asha-mlp\n"
                                 "searcher: {name: asha, metric: val_accuracy, max_trials: 6,\n"
                                 "  max_concurrent_trials: 2, max_length: 27, divisor: 3,\n"
@@ -92,24 +108,11 @@ TEST_F(SearchClusterTest, AshaPromotesFromCheckpointsAndSurvivesACoordinatorKill
                                 "  optimizer.lr: {type: log, min: 1e-4, max: 3e-2}\n"
                                 "  model.args.hidden: {type: categorical, values: [[8], [32]]}\n",
                                 kTemplate));
-  Cluster::CliResult submitted = cluster_.Cli({"search", "submit", spec});
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.output;
-  const std::string id = submitted.FirstLine();
-  EXPECT_EQ(id, "asha-mlp-s1");
+  ASSERT_EQ(id, "asha-mlp-s1");
 
   v1::Search search;
   ASSERT_TRUE(WaitForSearch(
-      id,
-      [&](const v1::Search& s) {
-        int running = 0;
-        for (const v1::Trial& t : s.trials()) {
-          if (t.state() != v1::TRIAL_RUNNING || !t.job_submitted()) continue;
-          absl::StatusOr<v1::Job> job = cluster_.Get(t.job_id());
-          running += job.ok() && job->state() == v1::RUNNING;
-        }
-        return running == 2;
-      },
-      &search))
+      id, [&](const v1::Search& s) { return RunningTrialJobs(s) == 2; }, &search))
       << search.DebugString();
   // The gauges show the running trials.
   const auto [curl_code, metrics] = RunShell(
@@ -125,16 +128,7 @@ TEST_F(SearchClusterTest, AshaPromotesFromCheckpointsAndSurvivesACoordinatorKill
   // waits at step 7, so the search is still running with a best trial.
   cluster_.Hold("trial-mlp", 4);
   ASSERT_TRUE(WaitForSearch(
-      id,
-      [&](const v1::Search& s) {
-        for (const v1::Trial& t : s.trials()) {
-          if (t.rung() < 1 || t.state() != v1::TRIAL_RUNNING) continue;
-          absl::StatusOr<v1::Job> job = cluster_.Get(t.job_id());
-          if (job.ok() && job->state() == v1::RUNNING) return true;
-        }
-        return false;
-      },
-      &search))
+      id, [&](const v1::Search& s) { return RunningTrialJobs(s, /*min_rung=*/1) > 0; }, &search))
       << search.DebugString();
   ASSERT_GE(search.best_trial(), 0);
   const auto [code, running] = RunShell(absl::StrCat(
@@ -219,28 +213,17 @@ TEST_F(SearchClusterTest, CancellingASearchCancelsItsTrialsAndBadSpecsAreRefused
                         "optimizer.lr: must be > 0"));
 
   cluster_.Hold("trial-mlp", 1);
-  const std::string spec = WriteSpec(
+  const std::string id = SubmitSearch(
       "random.yaml", absl::StrCat("name: random-mlp\n"
                                   "searcher: {name: random, metric: loss, max_trials: 5,\n"
                                   "  max_concurrent_trials: 2}\n"
                                   "hyperparameters:\n"
                                   "  optimizer.lr: {type: log, min: 1e-3, max: 1e-2}\n",
                                   kTemplate, "  max_steps: 50\n"));
-  Cluster::CliResult submitted = cluster_.Cli({"search", "submit", spec});
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.output;
-  const std::string id = submitted.FirstLine();
+  ASSERT_FALSE(id.empty());
   v1::Search search;
   ASSERT_TRUE(WaitForSearch(
-      id,
-      [&](const v1::Search& s) {
-        int running = 0;
-        for (const v1::Trial& t : s.trials()) {
-          absl::StatusOr<v1::Job> job = cluster_.Get(t.job_id());
-          running += job.ok() && job->state() == v1::RUNNING;
-        }
-        return running == 2;
-      },
-      &search));
+      id, [&](const v1::Search& s) { return RunningTrialJobs(s) == 2; }, &search));
   Cluster::CliResult cancelled = cluster_.Cli({"search", "cancel", id});
   ASSERT_EQ(cancelled.exit_code, 0) << cancelled.output;
   EXPECT_THAT(cancelled.output, HasSubstr("CANCELLED"));
