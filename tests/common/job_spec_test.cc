@@ -731,6 +731,21 @@ TEST(JobSpecTest, ExampleParameterServerJobsParse) {
   EXPECT_EQ(spec->data().categorical(), "ids");
 }
 
+TEST(JobSpecTest, ExampleDistillationJobsParse) {
+  absl::StatusOr<JobSpec> teacher =
+      ParseJobSpecYaml(ReadFile(SourceDir() + "/examples/distill/teacher.yaml"));
+  ASSERT_TRUE(teacher.ok()) << teacher.status();
+  EXPECT_EQ(teacher->model().torchscript(), "/tmp/trainyard-distill/cnn-init.pt");
+  EXPECT_FALSE(teacher->has_distill());
+  absl::StatusOr<JobSpec> student =
+      ParseJobSpecYaml(ReadFile(SourceDir() + "/examples/distill/student.yaml"));
+  ASSERT_TRUE(student.ok()) << student.status();
+  EXPECT_EQ(student->model().builtin(), "mlp");
+  EXPECT_EQ(student->distill().teacher(), "/tmp/trainyard-distill/teacher.pt");
+  EXPECT_DOUBLE_EQ(student->distill().temperature(), 4);
+  EXPECT_DOUBLE_EQ(student->distill().alpha(), 0.9);
+}
+
 TEST(ParseDurationSecondsTest, Valid) {
   EXPECT_EQ(*ParseDurationSeconds("90s"), 90);
   EXPECT_EQ(*ParseDurationSeconds("15m"), 900);
