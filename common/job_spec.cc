@@ -139,7 +139,8 @@ class SpecParser {
                                   "stall_timeout",
                                   "accumulate_steps",
                                   "bucket_size_mb",
-                                  "stop_at_step"}));
+                                  "stop_at_step",
+                                  "distill"}));
     TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
     TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
     TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
@@ -158,6 +159,7 @@ class SpecParser {
     TY_RETURN_IF_ERROR(Int64(root, "", "seed", [this](int64_t v) { spec_.set_seed(v); }));
     TY_RETURN_IF_ERROR(ParseCheckpoint(root["checkpoint"]));
     TY_RETURN_IF_ERROR(ParseRestart(root["restart"]));
+    TY_RETURN_IF_ERROR(ParseDistill(root["distill"]));
     TY_RETURN_IF_ERROR(Int32(root, "", "priority", [this](int32_t v) { spec_.set_priority(v); }));
     TY_RETURN_IF_ERROR(ParseDuration(root["max_runtime"], "max_runtime",
                                      [this](int64_t v) { spec_.set_max_runtime_seconds(v); }));
@@ -472,6 +474,23 @@ class SpecParser {
     return absl::OkStatus();
   }
 
+  // Every key is required: no temperature or weight suits every teacher, and an alpha of 0 (the
+  // teacher ignored) could not be told from one left out.
+  absl::Status ParseDistill(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    const std::string path = "distill";
+    TY_RETURN_IF_ERROR(ExpectMap(node, path));
+    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"teacher", "temperature", "alpha"}));
+    for (const char* key : {"teacher", "temperature", "alpha"}) {
+      if (!IsSet(node[key])) return FieldError(Child(path, key), "required");
+    }
+    v1::DistillSpec& distill = *spec_.mutable_distill();
+    TY_RETURN_IF_ERROR(String(node, path, "teacher", distill.mutable_teacher()));
+    TY_RETURN_IF_ERROR(Positive<double>(node, path, "temperature", "must be > 0",
+                                        [&](double v) { distill.set_temperature(v); }));
+    return Double(node, path, "alpha", [&](double v) { distill.set_alpha(v); });
+  }
+
   absl::Status ParseRestart(const YAML::Node& node) {
     if (!IsSet(node)) return absl::OkStatus();
     const std::string path = "restart";
@@ -667,6 +686,24 @@ absl::Status ValidateCategorical(const v1::ModelSpec& model, const v1::DataSpec&
   return absl::OkStatus();
 }
 
+absl::Status ValidateDistill(const v1::JobSpec& spec) {
+  if (!spec.has_distill()) return absl::OkStatus();
+  const v1::DistillSpec& distill = spec.distill();
+  if (distill.teacher().empty()) return FieldError("distill.teacher", "must not be empty");
+  if (!(distill.temperature() > 0) || !std::isfinite(distill.temperature())) {
+    return FieldError("distill.temperature", "must be > 0");
+  }
+  if (!(distill.alpha() >= 0 && distill.alpha() <= 1)) {
+    return FieldError("distill.alpha", "must be in [0, 1]");
+  }
+  // The teacher's targets are a distribution over classes.
+  if (spec.loss() != "cross_entropy") {
+    return FieldError("distill",
+                      absl::StrCat("only with loss cross_entropy, not '", spec.loss(), "'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateOptimizer(const v1::OptimizerSpec& opt) {
   if (opt.name() != "sgd" && opt.name() != "adam" && opt.name() != "adamw") {
     return FieldError("optimizer.name", absl::StrCat("unknown optimizer '", opt.name(),
@@ -842,6 +879,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return FieldError(
         "loss", absl::StrCat("unknown loss '", spec.loss(), "', expected cross_entropy or mse"));
   }
+  status = ValidateDistill(spec);
+  if (!status.ok()) return status;
 
   if (spec.max_steps() < 0) return FieldError("max_steps", "must be >= 0");
   if (spec.epochs() < 0) return FieldError("epochs", "must be >= 0");
@@ -892,6 +931,7 @@ absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::str
   const std::pair<const char*, const std::string*> fields[] = {
       {"data.train", &spec.data().train()},
       {"model.torchscript", &spec.model().torchscript()},
+      {"distill.teacher", &spec.distill().teacher()},
       {"checkpoint.uri", &spec.checkpoint().uri()}};
   for (const auto& [field, value] : fields) {
     if (value->empty()) continue;

@@ -30,7 +30,8 @@ namespace trainyard {
 // adamw without weight_decay gets 0.01 (an explicit 0 stays 0), and explicit zeros are refused
 // for fields whose zero means "default": batch_size, workers, checkpoint.keep_last,
 // log_every_steps, optimizer.lr, optimizer.eps, accumulate_steps, bucket_size_mb,
-// parameter_servers (shards, max_staleness, slots).
+// parameter_servers (shards, max_staleness, slots). A `distill` section must give all three of
+// teacher, temperature and alpha.
 absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
 // stall_timeout when a spec leaves it unset (zero): 10 minutes.
@@ -58,11 +59,11 @@ void ApplyJobSpecDefaults(trainyard::v1::JobSpec& spec);
 // as ParseJobSpecYaml ("<field>: <problem>"), INVALID_ARGUMENT.
 absl::Status ValidateJobSpec(const trainyard::v1::JobSpec& spec);
 
-// Checks that every local path in `spec` (data.train, model.torchscript, checkpoint.uri: plain
-// paths and file:// URIs) is absolute and lies under one of `allowed` (absolute folders). Globs
-// are checked as written, so a pattern must name its folders (`/data/run-*/x` is under `/data`).
-// Symlinks are not followed: the folders named must not hold links that lead out. INVALID_ARGUMENT
-// naming the field and the allowed folders.
+// Checks that every local path in `spec` (data.train, model.torchscript, distill.teacher,
+// checkpoint.uri: plain paths and file:// URIs) is absolute and lies under one of `allowed`
+// (absolute folders). Globs are checked as written, so a pattern must name its folders
+// (`/data/run-*/x` is under `/data`). Symlinks are not followed: the folders named must not hold
+// links that lead out. INVALID_ARGUMENT naming the field and the allowed folders.
 absl::Status CheckLocalPaths(const trainyard::v1::JobSpec& spec,
                              const std::vector<std::string>& allowed);
 

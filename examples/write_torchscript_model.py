@@ -5,7 +5,10 @@
       --hidden 32 --classes 4 --seed 1
 
 The module takes x of shape [N, inputs] (anything that flattens to it) and returns logits
-[N, classes].
+[N, classes]. With --conv it is a CNN over images of --image C H W (inputs = C * H * W): per
+entry of --conv a block of 3x3 convolution with that many channels, ReLU and 2x2 max-pooling, as
+the built-in `cnn` has, then the --hidden layers and the classifier. A job that trains a
+TorchScript model exports one (final/model.pt), which another job can use as its `distill.teacher`.
 """
 
 import argparse
@@ -15,10 +18,19 @@ from torch import nn
 
 
 class Classifier(nn.Module):
-    def __init__(self, inputs, hidden, classes):
+    def __init__(self, inputs, hidden, classes, image=None, conv=()):
         super().__init__()
         layers = []
         width = inputs
+        self.shape = [-1, inputs]
+        if conv:
+            channels, rows, cols = image
+            self.shape = [-1, channels, rows, cols]
+            for c in conv:
+                layers += [nn.Conv2d(channels, c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+                channels, rows, cols = c, rows // 2, cols // 2
+            layers.append(nn.Flatten())
+            width = channels * rows * cols
         for h in hidden:
             layers.append(nn.Linear(width, h))
             layers.append(nn.ReLU())
@@ -27,7 +39,7 @@ class Classifier(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.flatten(1))
+        return self.net(x.reshape(self.shape))
 
 
 def main():
@@ -38,11 +50,21 @@ def main():
     parser.add_argument("--hidden", type=int, nargs="*", default=[32],
                         help="hidden layer widths, e.g. --hidden 64 32")
     parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--conv", type=int, nargs="*", default=[],
+                        help="channels of each convolution block, e.g. --conv 16 32")
+    parser.add_argument("--image", type=int, nargs=3, metavar=("C", "H", "W"),
+                        help="with --conv: the shape of a sample (C * H * W = --inputs)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.conv:
+        if not args.image or args.image[0] * args.image[1] * args.image[2] != args.inputs:
+            parser.error("--conv needs --image C H W with C * H * W = --inputs")
+        if min(args.image[1:]) >> len(args.conv) < 1:
+            parser.error("too many --conv blocks for the image: each halves its height and width")
 
     torch.manual_seed(args.seed)
-    module = torch.jit.script(Classifier(args.inputs, args.hidden, args.classes))
+    module = torch.jit.script(Classifier(args.inputs, args.hidden, args.classes, args.image,
+                                         args.conv))
     module.save(args.out)
     params = sum(p.numel() for p in module.parameters())
     print("%s: %d parameters" % (args.out, params))

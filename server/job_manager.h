@@ -67,8 +67,8 @@ struct JobManagerOptions {
   // Told about submissions, transitions, progress, commits and lost workers (metrics); may be
   // null. Not owned; must outlive the manager.
   JobEventSink* event_sink = nullptr;
-  // Folders under which a spec's local paths (data.train, model.torchscript, checkpoint.uri)
-  // must lie (CheckLocalPaths); nullopt: anywhere.
+  // Folders under which a spec's local paths (data.train, model.torchscript, distill.teacher,
+  // checkpoint.uri) must lie (CheckLocalPaths); nullopt: anywhere.
   std::optional<std::vector<std::string>> allowed_local_paths;
   // Signs each task's credential (Task.credential, common/credentials.h); empty: tasks carry
   // none.

@@ -260,7 +260,30 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"data", "{train: /d/*.safetensors, categorical: ids}"}},
                 "data.categorical: only for model embedding_mlp"},
         BadSpec{{{"data", "{synthetic: {samples: 64, features: 4, classes: 2, vocab: [4]}}"}},
-                "data.synthetic.vocab: only for model embedding_mlp"}));
+                "data.synthetic.vocab: only for model embedding_mlp"},
+        // Distillation.
+        BadSpec{{{"distill", "/m/teacher.pt"}}, "distill: expected a mapping, got '/m/teacher.pt'"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: 2, alpha: 0.5, beta: 1}"}},
+                "distill.beta: unknown key"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temprature: 2, alpha: 0.5}"}},
+                "distill.temprature: unknown key (did you mean 'temperature'?)"},
+        BadSpec{{{"distill", "{temperature: 2, alpha: 0.5}"}}, "distill.teacher: required"},
+        BadSpec{{{"distill", "{teacher: /t.pt, alpha: 0.5}"}}, "distill.temperature: required"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: 2}"}}, "distill.alpha: required"},
+        BadSpec{{{"distill", "{teacher: '', temperature: 2, alpha: 0.5}"}},
+                "distill.teacher: must not be empty"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: 0, alpha: 0.5}"}},
+                "distill.temperature: must be > 0"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: -1, alpha: 0.5}"}},
+                "distill.temperature: must be > 0"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: hot, alpha: 0.5}"}},
+                "distill.temperature: expected a number, got 'hot'"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: 2, alpha: 1.5}"}},
+                "distill.alpha: must be in [0, 1]"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: 2, alpha: -0.1}"}},
+                "distill.alpha: must be in [0, 1]"},
+        BadSpec{{{"distill", "{teacher: /t.pt, temperature: 2, alpha: 0.5}"}, {"loss", "mse"}},
+                "distill: only with loss cross_entropy, not 'mse'"}));
 
 TEST(JobSpecTest, EmbeddingMlpOverCategoricalIds) {
   absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(
@@ -324,6 +347,7 @@ loss: cross_entropy
 max_steps: 2000                  # or epochs
 seed: 42
 checkpoint: {uri: s3://bucket/ckpt, every_steps: 200, keep_last: 3}
+distill: {teacher: s3://bucket/models/teacher.pt, temperature: 2.0, alpha: 0.5}   # optional
 restart: {max_failures: 3}       # preemptions retry without limit by default
 priority: 0
 max_runtime: 12h
@@ -365,6 +389,9 @@ TEST(JobSpecTest, DesignExampleParses) {
   EXPECT_EQ(spec.checkpoint().uri(), "s3://bucket/ckpt");
   EXPECT_EQ(spec.checkpoint().every_steps(), 200);
   EXPECT_EQ(spec.checkpoint().keep_last(), 3);
+  EXPECT_EQ(spec.distill().teacher(), "s3://bucket/models/teacher.pt");
+  EXPECT_DOUBLE_EQ(spec.distill().temperature(), 2.0);
+  EXPECT_DOUBLE_EQ(spec.distill().alpha(), 0.5);
   EXPECT_EQ(spec.restart().max_failures(), 3);
   EXPECT_FALSE(spec.restart().has_max_preemptions());
   EXPECT_EQ(spec.priority(), 0);
@@ -612,6 +639,35 @@ log_every_steps: 1
   EXPECT_EQ(spec->log_every_steps(), 1);
 }
 
+TEST(JobSpecTest, DistillSection) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(
+      Spec({{"distill", "{teacher: s3://bucket/teacher.pt, temperature: 4, alpha: 0.7}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->has_distill());
+  EXPECT_EQ(spec->distill().teacher(), "s3://bucket/teacher.pt");
+  EXPECT_DOUBLE_EQ(spec->distill().temperature(), 4);
+  EXPECT_DOUBLE_EQ(spec->distill().alpha(), 0.7);
+  // Both ends of alpha; every strategy.
+  for (const char* alpha : {"0", "1"}) {
+    spec = ParseJobSpecYaml(Spec({{"strategy", "parameter_server"},
+                                  {"workers", "2"},
+                                  {"distill", absl::StrCat("{teacher: /t.pt, temperature: 0.5, "
+                                                           "alpha: ",
+                                                           alpha, "}")}}));
+    ASSERT_TRUE(spec.ok()) << alpha << ": " << spec.status();
+    EXPECT_DOUBLE_EQ(spec->distill().alpha(), std::stod(alpha));
+  }
+  // Left out or null: no distillation.
+  spec = ParseJobSpecYaml(Spec({{"distill", ""}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->has_distill());
+  // A spec built in code is validated the same way.
+  JobSpec built = *ParseJobSpecYaml(Spec({}));
+  built.mutable_distill()->set_teacher("/t.pt");
+  built.mutable_distill()->set_alpha(0.5);
+  EXPECT_EQ(ValidateJobSpec(built).message(), "distill.temperature: must be > 0");
+}
+
 TEST(JobSpecTest, TorchscriptModel) {
   absl::StatusOr<JobSpec> spec =
       ParseJobSpecYaml(Spec({{"model", "{torchscript: s3://bucket/models/net.pt}"}}));
@@ -675,6 +731,21 @@ TEST(JobSpecTest, ExampleParameterServerJobsParse) {
   EXPECT_EQ(spec->data().categorical(), "ids");
 }
 
+TEST(JobSpecTest, ExampleDistillationJobsParse) {
+  absl::StatusOr<JobSpec> teacher =
+      ParseJobSpecYaml(ReadFile(SourceDir() + "/examples/distill/teacher.yaml"));
+  ASSERT_TRUE(teacher.ok()) << teacher.status();
+  EXPECT_EQ(teacher->model().torchscript(), "/tmp/trainyard-distill/cnn-init.pt");
+  EXPECT_FALSE(teacher->has_distill());
+  absl::StatusOr<JobSpec> student =
+      ParseJobSpecYaml(ReadFile(SourceDir() + "/examples/distill/student.yaml"));
+  ASSERT_TRUE(student.ok()) << student.status();
+  EXPECT_EQ(student->model().builtin(), "mlp");
+  EXPECT_EQ(student->distill().teacher(), "/tmp/trainyard-distill/teacher.pt");
+  EXPECT_DOUBLE_EQ(student->distill().temperature(), 4);
+  EXPECT_DOUBLE_EQ(student->distill().alpha(), 0.9);
+}
+
 TEST(ParseDurationSecondsTest, Valid) {
   EXPECT_EQ(*ParseDurationSeconds("90s"), 90);
   EXPECT_EQ(*ParseDurationSeconds("15m"), 900);
@@ -718,6 +789,14 @@ TEST(CheckLocalPathsTest, LocalPathsMustLieUnderAnAllowedFolder) {
   EXPECT_THAT(std::string(CheckLocalPaths(spec, {}).message()),
               HasSubstr("no local paths are allowed here"));
   spec.mutable_data()->set_train("s3://bucket/x-*.safetensors");
+  EXPECT_TRUE(CheckLocalPaths(spec, {}).ok());
+  // A distillation teacher is a local path like any other.
+  spec.mutable_distill()->set_teacher("/models/teacher.pt");
+  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).message(),
+            "distill.teacher: '/models/teacher.pt' is outside the folders this coordinator "
+            "allows; local paths must be under /data");
+  EXPECT_TRUE(CheckLocalPaths(spec, {"/models"}).ok());
+  spec.mutable_distill()->set_teacher("s3://bucket/teacher.pt");
   EXPECT_TRUE(CheckLocalPaths(spec, {}).ok());
 }
 

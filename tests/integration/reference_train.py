@@ -1,6 +1,11 @@
 #!/usr/bin/python3
-"""The reference for the PyTorch parity test: the plain PyTorch loop that a Trainyard `single`
-job with SGD and no shuffling must match step for step. Prints `step=N loss=X` lines."""
+"""The reference for the PyTorch parity test: the plain PyTorch loop that a Trainyard job with SGD
+and no shuffling must match step for step (a `single` job, and a `data_parallel` or synchronous
+`parameter_server` one, whose ranks split each batch and average their gradients). With
+--teacher, the loss is knowledge distillation's:
+  (1 - alpha) * cross_entropy(student, labels)
+  + alpha * T^2 * kl_div(log_softmax(student / T), log_softmax(teacher / T), batchmean),
+the teacher in eval mode under no_grad. Prints `step=N loss=X` lines."""
 import argparse
 import glob
 import json
@@ -39,8 +44,12 @@ def main():
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--momentum", type=float, default=0.0)
-    parser.add_argument("--compare-with", help="a trained TorchScript model to compare the "
-                        "final parameters with; prints max_param_diff=X")
+    parser.add_argument("--teacher", help="a TorchScript teacher: distil it into the model")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--compare-with", action="append", default=[],
+                        help="a trained TorchScript model to compare the final parameters with; "
+                        "prints max_param_diff=X model=PATH (repeat it for several)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -50,6 +59,10 @@ def main():
     y = torch.from_numpy(np.concatenate([p[args.labels] for p in parts]).astype(np.int64))
     model = torch.jit.load(args.model)
     model.train()
+    teacher = None
+    if args.teacher:
+        teacher = torch.jit.load(args.teacher)
+        teacher.eval()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     steps_per_epoch = x.shape[0] // args.batch
     for step in range(args.steps):
@@ -57,17 +70,26 @@ def main():
         xb = x[i * args.batch:(i + 1) * args.batch]
         yb = y[i * args.batch:(i + 1) * args.batch]
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        out = model(xb)
+        loss = torch.nn.functional.cross_entropy(out, yb)
+        if teacher is not None:
+            with torch.no_grad():
+                soft = teacher(xb)
+            t = args.temperature
+            kl = torch.nn.functional.kl_div(torch.log_softmax(out / t, 1),
+                                            torch.log_softmax(soft / t, 1),
+                                            reduction="batchmean", log_target=True)
+            loss = (1 - args.alpha) * loss + args.alpha * t * t * kl
         loss.backward()
         optimizer.step()
         print(f"step={step + 1} loss={loss.item():.8f}", flush=True)
-    if args.compare_with:
-        trained = dict(torch.jit.load(args.compare_with).named_parameters())
-        ours = dict(model.named_parameters())
+    ours = dict(model.named_parameters())
+    for path in args.compare_with:
+        trained = dict(torch.jit.load(path).named_parameters())
         if sorted(trained) != sorted(ours):
             raise SystemExit(f"parameter names differ: {sorted(trained)} vs {sorted(ours)}")
         diff = max((trained[k] - ours[k]).abs().max().item() for k in ours)
-        print(f"max_param_diff={diff:.3e}", flush=True)
+        print(f"max_param_diff={diff:.3e} model={path}", flush=True)
 
 
 if __name__ == "__main__":

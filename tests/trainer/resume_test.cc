@@ -42,6 +42,7 @@ using ::trainyard::trainer::test_util::ExpectSameTensors;
 using ::trainyard::trainer::test_util::QuietOptions;
 using ::trainyard::trainer::test_util::ReadTensors;
 using ::trainyard::trainer::test_util::RunRanks;
+using ::trainyard::trainer::test_util::SaveScriptModule;
 
 std::string StepFolder(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%012d", dir, step);
@@ -176,6 +177,57 @@ TEST(ResumeTest, AJobEndingAtStopAtStepIsContinuedBitForBitByTheNextRung) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->start_step, kRungEnd);
   EXPECT_EQ(c->step, kTotal);
+  EXPECT_EQ(c->loss, a->loss);
+  ExpectSameTensors(ReadTensors(dir_a + "/final/model.safetensors"),
+                    ReadTensors(dir_c + "/final/model.safetensors"));
+}
+
+// Every attempt of a distillation job loads its teacher again and its checkpoints hold the
+// student alone, yet the resumed run ends bit for bit where the uninterrupted one ends.
+TEST(ResumeTest, ADistillationJobResumesBitForBit) {
+  constexpr int64_t kTotal = 26;
+  constexpr int64_t kStop = 13;
+  const std::string teacher = MakeTempDir() + "/teacher.pt";
+  torch::manual_seed(9);
+  SaveScriptModule(teacher, {{"w", torch::randn({8, 3})}}, R"(
+def forward(self, x):
+    return x @ self.w
+)");
+  auto make = [&](const std::string& dir) {
+    trainyard::v1::Task task = ResumeTask(dir, kTotal);
+    auto& distill = *task.mutable_spec()->mutable_distill();
+    distill.set_teacher(teacher);
+    distill.set_temperature(3.0);
+    distill.set_alpha(0.7);
+    return task;
+  };
+  const std::string dir_a = MakeTempDir(), dir_b = MakeTempDir(), dir_c = MakeTempDir(),
+                    dir_plain = MakeTempDir();
+  absl::StatusOr<TrainResult> a = RunTrainer(make(dir_a), QuietOptions());
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<TrainResult> plain = RunTrainer(ResumeTask(dir_plain, kTotal), QuietOptions());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NE(a->loss, plain->loss);
+
+  std::atomic<int> stop{0};
+  TrainerOptions stop_options = QuietOptions();
+  stop_options.stop_signal = &stop;
+  stop_options.after_step = [&stop](int64_t step) {
+    if (step == kStop) stop = 15;
+  };
+  absl::StatusOr<TrainResult> b = RunTrainer(make(dir_b), stop_options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(b->stopped);
+  const auto stopped = ReadTensors(StepFolder(dir_b, kStop) + "/model.safetensors");
+  const auto plain_final = ReadTensors(dir_plain + "/final/model.safetensors");
+  ASSERT_EQ(stopped.size(), plain_final.size());
+  for (const auto& [name, tensor] : plain_final) EXPECT_EQ(stopped.count(name), 1u) << name;
+
+  trainyard::v1::Task task_c = make(dir_c);
+  task_c.add_resume_checkpoints("file://" + StepFolder(dir_b, kStop));
+  absl::StatusOr<TrainResult> c = RunTrainer(task_c, QuietOptions());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->start_step, kStop);
   EXPECT_EQ(c->loss, a->loss);
   ExpectSameTensors(ReadTensors(dir_a + "/final/model.safetensors"),
                     ReadTensors(dir_c + "/final/model.safetensors"));

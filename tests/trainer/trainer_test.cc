@@ -29,6 +29,7 @@
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/data.h"
+#include "worker/trainer/distill.h"
 #include "worker/trainer/errors.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/schedule.h"
@@ -81,6 +82,7 @@ using test_util::Eventually;
 using test_util::ExpectSameTensors;
 using test_util::QuietOptions;
 using test_util::ReadTensors;
+using test_util::SaveScriptModule;
 
 // ---- safetensors <-> torch ----
 
@@ -779,6 +781,180 @@ TEST(ProgressReporterTest, FirstReportGoesOutAtOnceAndFailedOnesAreSentAgain) {
     ASSERT_TRUE(wait_for(3));
     EXPECT_EQ(coordinator.progress()[2].step(), 7);
   }
+}
+
+// ---- distillation ----
+
+TEST(DistillTest, LossWeighsCrossEntropyAgainstTheSoftenedDivergence) {
+  torch::manual_seed(3);
+  const torch::Tensor student = torch::randn({5, 4}).requires_grad_();
+  const torch::Tensor teacher = 3 * torch::randn({5, 4});
+  const torch::Tensor labels = torch::tensor({0, 3, 1, 1, 2}, torch::kInt64);
+  const double t = 2.5, alpha = 0.3;
+  torch::Tensor loss = DistillationLoss(student, teacher, labels, t, alpha);
+
+  // The definition, term by term, in double precision.
+  const torch::Tensor s = student.detach().to(torch::kFloat64);
+  const torch::Tensor p = torch::softmax(teacher.to(torch::kFloat64) / t, 1);
+  const double ce = -torch::log_softmax(s, 1).gather(1, labels.unsqueeze(1)).mean().item<double>();
+  const double kl = (p * (p.log() - torch::log_softmax(s / t, 1))).sum(1).mean().item<double>();
+  EXPECT_NEAR(loss.item<double>(), (1 - alpha) * ce + alpha * t * t * kl, 1e-6);
+  EXPECT_NEAR(DistillationLoss(student, teacher, labels, t, 0).item<double>(), ce, 1e-6);
+  // A student that agrees with its teacher has nothing left to learn from it.
+  EXPECT_NEAR(DistillationLoss(teacher, teacher, labels, t, 1).item<double>(), 0, 1e-6);
+
+  // Halves weighted by their share of the samples add up to the whole (micro-batches, ranks).
+  auto part = [&](int64_t begin, int64_t size) {
+    return DistillationLoss(student.narrow(0, begin, size), teacher.narrow(0, begin, size),
+                            labels.narrow(0, begin, size), t, alpha)
+               .item<double>() *
+           static_cast<double>(size) / 5.0;
+  };
+  EXPECT_NEAR(part(0, 2) + part(2, 3), loss.item<double>(), 1e-6);
+  loss.backward();
+  ASSERT_TRUE(student.grad().defined());
+  EXPECT_GT(student.grad().abs().sum().item<double>(), 0);
+}
+
+// A teacher that ignores the features and, in evaluation mode only, strongly favours class 0.
+std::string FavourClassZeroTeacher(const std::string& dir, int64_t classes = 3) {
+  const std::string path = dir + "/teacher.pt";
+  torch::Tensor favour = torch::zeros({classes});
+  favour[0] = 6;
+  SaveScriptModule(path, {{"favour", favour}}, R"(
+def forward(self, x):
+    logits = x[:, :1] * 0.0 + self.favour
+    if self.training:
+        logits = -logits
+    return logits
+)");
+  return path;
+}
+
+void Distill(trainyard::v1::Task& task, const std::string& teacher, double temperature,
+             double alpha) {
+  auto& distill = *task.mutable_spec()->mutable_distill();
+  distill.set_teacher(teacher);
+  distill.set_temperature(temperature);
+  distill.set_alpha(alpha);
+}
+
+// With alpha 1 the student learns what its teacher says, not what the labels say; with alpha 0
+// the teacher changes nothing at all.
+TEST(DistillTest, TheStudentFollowsItsTeacherInProportionToAlpha) {
+  const std::string dir = MakeTempDir();
+  const std::string teacher = FavourClassZeroTeacher(dir);
+  absl::StatusOr<TrainResult> plain = RunTrainer(SyntheticTask("", 60), QuietOptions());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(plain->val_accuracy.has_value());
+  EXPECT_GT(*plain->val_accuracy, 0.8);
+
+  trainyard::v1::Task task = SyntheticTask("", 60);
+  Distill(task, teacher, 1.0, 1.0);
+  absl::StatusOr<TrainResult> taught = RunTrainer(task, QuietOptions());
+  ASSERT_TRUE(taught.ok()) << taught.status();
+  // The student calls every sample class 0, as the teacher in evaluation mode does: it is right
+  // exactly on the validation samples of class 0.
+  absl::StatusOr<Dataset> data = LoadDataset(task.spec().data(), task.spec().seed(), true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  absl::StatusOr<SplitDataset> split =
+      SplitValidation(*data, task.spec().data().validation_split());
+  ASSERT_TRUE(split.ok()) << split.status();
+  const double zeros = split->validation.labels.eq(0).to(torch::kFloat64).mean().item<double>();
+  ASSERT_TRUE(taught->val_accuracy.has_value());
+  EXPECT_DOUBLE_EQ(*taught->val_accuracy, zeros);
+  EXPECT_LT(taught->loss, 0.1 * taught->first_loss);
+
+  trainyard::v1::Task ignored = SyntheticTask("", 60);
+  Distill(ignored, teacher, 3.0, 0.0);
+  absl::StatusOr<TrainResult> alone = RunTrainer(ignored, QuietOptions());
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->loss, plain->loss);
+  EXPECT_EQ(alone->val_accuracy, plain->val_accuracy);
+
+  trainyard::v1::Task half = SyntheticTask("", 60);
+  Distill(half, teacher, 3.0, 0.5);
+  absl::StatusOr<TrainResult> mixed = RunTrainer(half, QuietOptions());
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_NE(mixed->first_loss, plain->first_loss);
+}
+
+TEST(DistillTest, ABadTeacherIsRefusedBeforeTraining) {
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = SyntheticTask("", 5);
+  Distill(task, FavourClassZeroTeacher(dir, /*classes=*/4), 2.0, 0.5);
+  absl::Status status = RunTrainer(task, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "distill.teacher: forward() returns shape [1,4] for 1 samples, the student gives "
+            "[1,3]");
+
+  Distill(task, dir + "/missing.pt", 2.0, 0.5);
+  status = RunTrainer(task, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(status.message()), ::testing::StartsWith("distill.teacher: "));
+
+  Distill(task, FavourClassZeroTeacher(dir), 0.0, 0.5);
+  status = RunTrainer(task, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "distill.temperature: must be > 0, got 0");
+
+  Distill(task, FavourClassZeroTeacher(dir), 2.0, 0.5);
+  task.mutable_spec()->set_loss("mse");
+  status = RunTrainer(task, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "distill: only with loss cross_entropy");
+
+  // What a job with a built-in model exports holds no code to run.
+  const std::string trained = MakeTempDir();
+  ASSERT_TRUE(RunTrainer(SyntheticTask(trained, 2), QuietOptions()).ok());
+  trainyard::v1::Task student = SyntheticTask("", 5);
+  Distill(student, trained + "/final/model.safetensors", 2.0, 0.5);
+  status = RunTrainer(student, QuietOptions()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("only a job with a TorchScript model exports one"));
+}
+
+// The teacher sees each rank's share of the batch: two data-parallel ranks end where one rank
+// ends, to within float rounding, and the checkpoint holds the student alone.
+TEST(DistillTest, TwoDataParallelRanksEndWhereOneEnds) {
+  const std::string dir = MakeTempDir();
+  torch::manual_seed(5);
+  const std::string teacher = dir + "/linear.pt";
+  SaveScriptModule(teacher, {{"w", torch::randn({8, 3})}, {"b", torch::randn({3})}}, R"(
+def forward(self, x):
+    return x @ self.w + self.b
+)");
+  auto make = [&](const std::string& checkpoint_dir) {
+    trainyard::v1::Task task = SyntheticTask(checkpoint_dir, 30);
+    task.mutable_spec()->set_strategy(trainyard::v1::DATA_PARALLEL);
+    Distill(task, teacher, 2.0, 0.6);
+    return task;
+  };
+  const std::string single_dir = MakeTempDir(), dp_dir = MakeTempDir(), plain_dir = MakeTempDir();
+  absl::StatusOr<TrainResult> single = RunTrainer(make(single_dir), QuietOptions());
+  ASSERT_TRUE(single.ok()) << single.status();
+  for (const auto& r : test_util::RunRanks(make(dp_dir), 2, {})) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NEAR(r->loss, single->loss, 1e-5);
+  }
+  const auto model = ReadTensors(single_dir + "/final/model.safetensors");
+  const auto dp_model = ReadTensors(dp_dir + "/final/model.safetensors");
+  ASSERT_EQ(model.size(), dp_model.size());
+  for (const auto& [name, tensor] : model) {
+    ASSERT_TRUE(dp_model.count(name)) << name;
+    EXPECT_LE((tensor - dp_model.at(name)).abs().max().item<double>(), 1e-5) << name;
+  }
+  // The same tensors as a job without a teacher saves, and different values.
+  ASSERT_TRUE(RunTrainer(SyntheticTask(plain_dir, 30), QuietOptions()).ok());
+  const auto plain = ReadTensors(plain_dir + "/final/model.safetensors");
+  ASSERT_EQ(plain.size(), model.size());
+  double moved = 0;
+  for (const auto& [name, tensor] : plain) {
+    ASSERT_TRUE(model.count(name)) << name;
+    moved = std::max(moved, (tensor - model.at(name)).abs().max().item<double>());
+  }
+  EXPECT_GT(moved, 1e-3);
 }
 
 // ---- whole runs ----

@@ -3,6 +3,7 @@
 
 // Helpers shared by the in-process trainer tests (they include LibTorch).
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -46,6 +47,24 @@ inline void ExpectSameTensors(const std::map<std::string, torch::Tensor>& a,
   for (const auto& [name, t] : a) {
     ASSERT_TRUE(b.count(name)) << name;
     EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+  }
+}
+
+// Saves a TorchScript module at `path` holding `parameters` (dotless names) and a `training`
+// flag (as torch.jit.script gives every module), with `source` defining its methods, e.g.
+// "def forward(self, x):\n    return x @ self.w\n". A test failure if it cannot.
+inline void SaveScriptModule(const std::string& path, const NamedTensors& parameters,
+                             const std::string& source) {
+  try {
+    torch::jit::Module module("TestModule");
+    module.register_attribute("training", c10::BoolType::get(), true);
+    for (const auto& [name, tensor] : parameters) {
+      module.register_parameter(name, tensor, /*is_buffer=*/false);
+    }
+    module.define(source);
+    module.save(path);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << path << ": " << DescribeTorchError(e);
   }
 }
 

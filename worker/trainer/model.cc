@@ -241,37 +241,6 @@ absl::StatusOr<std::unique_ptr<Model>> BuildCnn(const trainyard::v1::ModelArgs& 
                                         std::vector<int64_t>{channels, height, width});
 }
 
-absl::StatusOr<std::unique_ptr<Model>> LoadScript(const std::string& uri) {
-  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
-  if (!store.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.torchscript: ", store.status().message()));
-  }
-  absl::StatusOr<std::string> bytes;
-  if (absl::StartsWith(uri, "s3://")) {
-    // Through the local cache (keyed by ETag): a restart does not download the model again.
-    ObjectCache cache(ObjectCache::DefaultDir());
-    absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
-    bytes = path.ok() ? FileObjectStore().Get(*path) : path.status();
-  } else {
-    bytes = (*store)->Get(uri);
-  }
-  if (!bytes.ok()) {
-    return absl::Status(bytes.status().code() == absl::StatusCode::kNotFound
-                            ? absl::StatusCode::kNotFound
-                            : absl::StatusCode::kInvalidArgument,
-                        absl::StrCat("model.torchscript: ", bytes.status().message()));
-  }
-  std::istringstream in(*bytes);
-  try {
-    torch::jit::Module module = torch::jit::load(in);
-    return std::make_unique<ScriptModel>(std::move(module));
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.torchscript: cannot load '", uri, "': ", DescribeTorchError(e)));
-  }
-}
-
 enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
 
 OptimizerKind KindOf(const torch::optim::Optimizer& optimizer) {
@@ -445,7 +414,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
     if (spec.torchscript().empty()) {
       return absl::InvalidArgumentError("model.torchscript: empty path");
     }
-    return LoadScript(spec.torchscript());
+    return LoadTorchScript(spec.torchscript(), "model.torchscript");
   }
   const auto& args = spec.args();
   const int64_t outputs = args.classes() > 0 ? args.classes() : data_outputs;
@@ -474,6 +443,43 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
   if (spec.builtin() == "cnn") return BuildCnn(args, inputs, outputs);
   return absl::InvalidArgumentError(absl::StrCat("model.builtin: unknown model '", spec.builtin(),
                                                  "' (mlp, cnn, embedding_mlp)"));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
+                                                       absl::string_view field) {
+  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+  if (!store.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", store.status().message()));
+  }
+  absl::StatusOr<std::string> bytes;
+  if (absl::StartsWith(uri, "s3://")) {
+    // Through the local cache (keyed by ETag): a restart does not download the model again.
+    ObjectCache cache(ObjectCache::DefaultDir());
+    absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
+    bytes = path.ok() ? FileObjectStore().Get(*path) : path.status();
+  } else {
+    bytes = (*store)->Get(uri);
+  }
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code() == absl::StatusCode::kNotFound
+                            ? absl::StatusCode::kNotFound
+                            : absl::StatusCode::kInvalidArgument,
+                        absl::StrCat(field, ": ", bytes.status().message()));
+  }
+  std::istringstream in(*bytes);
+  try {
+    torch::jit::Module module = torch::jit::load(in);
+    return std::make_unique<ScriptModel>(std::move(module));
+  } catch (const std::exception& e) {
+    // What a finished job with a built-in model exports is a likely mistake here.
+    const char* hint = absl::EndsWith(uri, ".safetensors")
+                           ? " (a built-in model's export, model.safetensors, holds its tensors "
+                             "but not its code: only a job with a TorchScript model exports one, "
+                             "model.pt)"
+                           : "";
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot load '", uri, "': ", DescribeTorchError(e), hint));
+  }
 }
 
 torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device) {

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/safetensors.h"
 #include "trainyard/v1/job.pb.h"
 
@@ -112,6 +113,13 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
                                                   int64_t seed, int64_t data_inputs,
                                                   int64_t data_outputs,
                                                   const std::vector<int64_t>& max_ids = {});
+
+// The TorchScript module at `uri` (a path, file:// or s3:// URI; s3 through the worker's object
+// cache, so that a restart does not download it again), on the CPU and in training mode.
+// `field` names the spec field in errors: INVALID_ARGUMENT "<field>: ..." for a bad URI or a file
+// that is not a module, NOT_FOUND when there is no such file.
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
+                                                       absl::string_view field);
 
 // A copy of `tensor` on `device`, detached; a plain clone when it is already there.
 torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device);

@@ -28,6 +28,7 @@
 #include "common/uri.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/data.h"
+#include "worker/trainer/distill.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/schedule.h"
 #include "worker/trainer/strategy.h"
@@ -181,6 +182,7 @@ class Run {
   std::unique_ptr<TrainingData> data_;
   StepPlan plan_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Teacher> teacher_;  // null unless the job distils
   // Where the model and each batch live; the CPU unless TrainingDevice finds a GPU for the task.
   torch::Device device_ = torch::kCPU;
   NamedTensors params_;
@@ -243,6 +245,7 @@ absl::Status Run::Prepare() {
   // A quick forward pass turns shape mismatches into a clear error before training starts.
   absl::StatusOr<Batch> first = data_->Gather({0});
   if (!first.ok()) return first.status();
+  int64_t classes = 0;
   try {
     torch::NoGradGuard no_grad;
     model_->SetTraining(false);
@@ -260,9 +263,21 @@ absl::Status Run::Prepare() {
                                                      " is out of range for the model's ",
                                                      out.size(1), " outputs"));
     }
+    classes = out.size(1);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: forward() fails on the data: ", DescribeTorchError(e)));
+  }
+  if (spec_.has_distill()) {
+    if (loss_kind_ != LossKind::kCrossEntropy) {
+      return absl::InvalidArgumentError("distill: only with loss cross_entropy");
+    }
+    absl::StatusOr<std::unique_ptr<Teacher>> teacher = Teacher::Load(spec_.distill(), device_);
+    if (!teacher.ok()) return teacher.status();
+    teacher_ = *std::move(teacher);
+    if (absl::Status s = teacher_->Check(first->features.to(device_), classes); !s.ok()) return s;
+    LogInfo("distilling from ", spec_.distill().teacher(), " at temperature ",
+            teacher_->temperature(), " with alpha ", teacher_->alpha());
   }
   std::vector<torch::Tensor> tensors;
   for (const auto& [name, p] : params_) tensors.push_back(p);
@@ -632,8 +647,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
                                               : torch::Tensor();
         status = strategy_->BeforeForward(categorical);
         if (!status.ok()) return status;
-        torch::Tensor out = model_->Forward(batch->features.narrow(0, begin, size), categorical);
-        torch::Tensor loss = ComputeLoss(loss_kind_, out, batch->labels.narrow(0, begin, size));
+        const torch::Tensor features = batch->features.narrow(0, begin, size);
+        const torch::Tensor labels = batch->labels.narrow(0, begin, size);
+        torch::Tensor out = model_->Forward(features, categorical);
+        // The teacher sees the student's micro-batch: its loss is a mean over the same samples.
+        torch::Tensor loss = teacher_ != nullptr ? teacher_->Loss(out, features, labels)
+                                                 : ComputeLoss(loss_kind_, out, labels);
         if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
         loss_value += loss.item<double>();
         const bool last = m + 1 == accumulate;
