@@ -28,6 +28,14 @@ std::pair<int, std::string> RunCommand(const std::vector<std::string>& argv,
   return {code, process.Log()};
 }
 
+// The parity tests' data: 320 samples of 12 features in 3 classes, in 2 shards.
+std::pair<int, std::string> WriteData(const std::string& data_dir) {
+  return RunCommand(
+      {kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data_dir, "--samples",
+       "320", "--features", "12", "--classes", "3", "--files", "2", "--seed", "9"},
+      data_dir + ".log");
+}
+
 TEST(PyTorchParityTest, PerStepLossesMatchPyTorch) {
   if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
   TempDir dir;
@@ -38,10 +46,7 @@ TEST(PyTorchParityTest, PerStepLossesMatchPyTorch) {
                   "--inputs", "12", "--hidden", "24", "--classes", "3", "--seed", "5"},
                  dir.path() + "/model.log");
   ASSERT_EQ(model_rc, 0) << model_out;
-  auto [data_rc, data_out] = RunCommand(
-      {kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data_dir, "--samples",
-       "320", "--features", "12", "--classes", "3", "--files", "2", "--seed", "9"},
-      dir.path() + "/data.log");
+  auto [data_rc, data_out] = WriteData(data_dir);
   ASSERT_EQ(data_rc, 0) << data_out;
 
   constexpr int kSteps = 25;  // more than one epoch of 10 batches
@@ -119,10 +124,7 @@ TEST(PyTorchParityTest, DistillationLossesMatchPyTorchOnEveryStrategy) {
   ASSERT_EQ(student_rc, 0) << student_out;
   auto [teacher_rc, teacher_out] = write_model(teacher, {"32", "16"}, "8");
   ASSERT_EQ(teacher_rc, 0) << teacher_out;
-  auto [data_rc, data_out] = RunCommand(
-      {kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data_dir, "--samples",
-       "320", "--features", "12", "--classes", "3", "--files", "2", "--seed", "9"},
-      dir.path() + "/data.log");
+  auto [data_rc, data_out] = WriteData(data_dir);
   ASSERT_EQ(data_rc, 0) << data_out;
 
   constexpr int kSteps = 25;  // more than one epoch of 10 batches
