@@ -31,7 +31,7 @@ TEMPLATE = """template:
 SPACE = """hyperparameters:
   optimizer.name: {type: categorical, values: [sgd, adamw]}
   optimizer.lr: {type: log, min: 1e-5, max: 3e-1}
-  model.args.hidden: {type: categorical, values: [[32], [256], [256, 256]]}
+  model.args.hidden: {type: categorical, values: [[64], [512, 512]]}
 """
 
 
