@@ -6,7 +6,7 @@ CTEST_ARGS ?=
 # The build's own progress lines are enough; no "Entering directory" for every sub-make.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-unit test-integration demo bench clean
+.PHONY: all deps configure build test test-unit test-integration test-images images demo bench clean
 
 all: build
 
@@ -27,6 +27,14 @@ test-unit: build
 
 test-integration: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+
+# The images of deploy/Dockerfile (podman; offline with a debootstrap base), then the containers
+# test: a coordinator and three workers from the runtime image, a preemption by `podman stop`.
+images:
+	@bash scripts/build-images.sh
+
+test-images: build images
+	@bash tests/images/cluster_test.sh $(BUILD_DIR)
 
 demo: deps build
 	@bash scripts/demo.sh $(BUILD_DIR)
