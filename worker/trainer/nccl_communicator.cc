@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "worker/trainer/nccl_calls.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -18,8 +19,9 @@ namespace {
 constexpr char kUniqueIdKey[] = "nccl/unique_id";
 constexpr absl::Duration kPollInterval = absl::Microseconds(200);
 
+// A call outside any communicator (ncclGetUniqueId): only ncclSuccess is success.
 absl::Status FromNccl(ncclResult_t result, absl::string_view what) {
-  if (result == ncclSuccess || result == ncclInProgress) return absl::OkStatus();
+  if (result == ncclSuccess) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(result)));
 }
 
@@ -28,25 +30,21 @@ absl::Status FromCuda(cudaError_t result, absl::string_view what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(result)));
 }
 
-// Polls the communicator until its pending operation is done, it reports an error, or the
-// deadline passes; the last two abort it, since NCCL cannot cancel a single collective.
-absl::Status AwaitComm(ncclComm_t comm, absl::Time deadline, absl::Duration timeout,
-                       absl::string_view op, cudaEvent_t event) {
+// Waits for `event`, recorded on the stream after a collective NCCL had taken (NcclCalls::Settle),
+// watching the communicator meanwhile: a peer lost, or a deadline passed, aborts it, since NCCL
+// cannot cancel a single collective.
+absl::Status AwaitEvent(NcclCalls& calls, absl::Time deadline, absl::Duration timeout,
+                        absl::string_view op, cudaEvent_t event) {
   while (true) {
-    if (event != nullptr) {
-      const cudaError_t query = cudaEventQuery(event);
-      if (query == cudaSuccess) return absl::OkStatus();
-      if (query != cudaErrorNotReady) return FromCuda(query, op);
+    const cudaError_t query = cudaEventQuery(event);
+    if (query != cudaSuccess && query != cudaErrorNotReady) {
+      calls.Abort();
+      return FromCuda(query, op);
     }
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm, &state);
-    if (state == ncclSuccess && event == nullptr) return absl::OkStatus();
-    if (state != ncclSuccess && state != ncclInProgress) {
-      ncclCommAbort(comm);
-      return absl::UnavailableError(absl::StrCat(op, ": lost a peer: ", ncclGetErrorString(state)));
-    }
+    if (absl::Status state = calls.Poll(op); !state.ok()) return state;
+    if (query == cudaSuccess) return absl::OkStatus();
     if (absl::Now() > deadline) {
-      ncclCommAbort(comm);
+      calls.Abort();
       return absl::DeadlineExceededError(
           absl::StrCat(op, ": a peer did not respond within the collective timeout of ",
                        absl::FormatDuration(timeout), " (collective_timeout)"));
@@ -57,9 +55,9 @@ absl::Status AwaitComm(ncclComm_t comm, absl::Time deadline, absl::Duration time
 
 class NcclWork final : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaEvent_t event, absl::Time deadline, absl::Duration timeout,
+  NcclWork(NcclCalls* calls, cudaEvent_t event, absl::Time deadline, absl::Duration timeout,
            absl::Status* broken)
-      : comm_(comm), event_(event), deadline_(deadline), timeout_(timeout), broken_(broken) {}
+      : calls_(calls), event_(event), deadline_(deadline), timeout_(timeout), broken_(broken) {}
   explicit NcclWork(absl::Status status) : status_(std::move(status)), done_(true) {}
   ~NcclWork() override {
     if (event_ != nullptr) cudaEventDestroy(event_);
@@ -72,13 +70,13 @@ class NcclWork final : public Work {
       status_ = *broken_;
       return status_;
     }
-    status_ = AwaitComm(comm_, deadline_, timeout_, "all-reduce", event_);
+    status_ = AwaitEvent(*calls_, deadline_, timeout_, "all-reduce", event_);
     if (!status_.ok()) *broken_ = status_;
     return status_;
   }
 
  private:
-  ncclComm_t comm_ = nullptr;
+  NcclCalls* calls_ = nullptr;
   cudaEvent_t event_ = nullptr;
   absl::Time deadline_;
   absl::Duration timeout_;
@@ -104,13 +102,29 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int world_size, ncclComm_t comm, cudaStream_t stream,
                    absl::Duration timeout)
-      : rank_(rank), world_size_(world_size), comm_(comm), stream_(stream), timeout_(timeout) {}
+      : rank_(rank),
+        world_size_(world_size),
+        comm_(comm),
+        stream_(stream),
+        timeout_(timeout),
+        calls_(RealNcclApi()) {
+    calls_.set_comm(comm);
+  }
 
+  // A non-blocking communicator is finalized (its state in progress until every peer is done
+  // with it) before it is destroyed; one that failed was aborted, which freed it.
   ~NcclCommunicator() override {
-    if (broken_.ok()) {
+    if (broken_.ok() && !calls_.aborted()) {
       cudaStreamSynchronize(stream_);
-      ncclCommDestroy(comm_);
+      absl::Status finalized =
+          calls_.Settle(ncclCommFinalize(comm_), "ncclCommFinalize", absl::Now() + timeout_);
+      if (finalized.ok()) {
+        ncclCommDestroy(comm_);
+      } else {
+        LogWarning("nccl: ", finalized.ToString());
+      }
     }
+    if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
     cudaStreamDestroy(stream_);
   }
 
@@ -128,20 +142,24 @@ class NcclCommunicator final : public Communicator {
     }
     const ncclRedOp_t nccl_op =
         op == ReduceOp::kMax ? ncclMax : (op == ReduceOp::kMean ? ncclAvg : ncclSum);
-    absl::Status status = Enqueue([&] {
-      ncclGroupStart();
+    absl::Status status = EnqueueGroup("all-reduce", [&]() -> absl::Status {
       for (torch::Tensor& t : tensors) {
-        ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), *NcclType(t),
-                      nccl_op, comm_, stream_);
+        absl::Status issued =
+            calls_.Check(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
+                                       *NcclType(t), nccl_op, comm_, stream_),
+                         "ncclAllReduce");
+        if (!issued.ok()) return issued;
       }
-      return ncclGroupEnd();
+      return absl::OkStatus();
     });
     if (!status.ok()) return std::make_unique<NcclWork>(status);
+    // Recorded only now that NCCL has queued the group on the stream: an event recorded while
+    // ncclGroupEnd was still in progress could complete before the collectives ran.
     cudaEvent_t done = nullptr;
     status = FromCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     if (status.ok()) status = FromCuda(cudaEventRecord(done, stream_), "cudaEventRecord");
     if (!status.ok()) return std::make_unique<NcclWork>(status);
-    return std::make_unique<NcclWork>(comm_, done, absl::Now() + timeout_, timeout_, &broken_);
+    return std::make_unique<NcclWork>(&calls_, done, absl::Now() + timeout_, timeout_, &broken_);
   }
 
   absl::Status Broadcast(std::vector<torch::Tensor> tensors, int root) override {
@@ -151,12 +169,14 @@ class NcclCommunicator final : public Communicator {
         return absl::InvalidArgumentError("broadcast: NCCL sends contiguous CUDA tensors");
       }
     }
-    absl::Status status = Enqueue([&] {
-      ncclGroupStart();
+    absl::Status status = EnqueueGroup("broadcast", [&]() -> absl::Status {
       for (torch::Tensor& t : tensors) {
-        ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, stream_);
+        absl::Status issued = calls_.Check(
+            ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, stream_),
+            "ncclBroadcast");
+        if (!issued.ok()) return issued;
       }
-      return ncclGroupEnd();
+      return absl::OkStatus();
     });
     if (status.ok()) status = Synchronize("broadcast");
     return status;
@@ -168,27 +188,34 @@ class NcclCommunicator final : public Communicator {
       absl::Status status = FromCuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc");
       if (!status.ok()) return status;
     }
-    absl::Status status = Enqueue([&] {
-      return ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm_,
-                           stream_);
+    absl::Status status = EnqueueGroup("barrier", [&] {
+      return calls_.Check(
+          ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm_, stream_),
+          "ncclAllReduce");
     });
     if (status.ok()) status = Synchronize("barrier");
     return status;
   }
 
  private:
-  // Orders the collective after the work LibTorch queued on the default stream (which produced
-  // the tensors), then issues it.
+  // Orders the collectives after the work LibTorch queued on the default stream (which produced
+  // the tensors), issues them as one group (`issue` checks each call) and returns once NCCL has
+  // queued the group on the stream. The group is closed even when a call in it failed, so this
+  // thread's next NCCL call is not taken into it.
   template <typename Fn>
-  absl::Status Enqueue(Fn&& issue) {
+  absl::Status EnqueueGroup(absl::string_view op, Fn&& issue) {
     cudaEvent_t ready = nullptr;
     absl::Status status =
         FromCuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     if (status.ok()) status = FromCuda(cudaEventRecord(ready, nullptr), "cudaEventRecord");
     if (status.ok()) status = FromCuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWait");
     if (ready != nullptr) cudaEventDestroy(ready);
-    if (!status.ok()) return status;
-    status = FromNccl(issue(), "nccl");
+    if (status.ok()) status = calls_.Check(ncclGroupStart(), "ncclGroupStart");
+    if (status.ok()) {
+      absl::Status issued = issue();
+      const ncclResult_t ended = ncclGroupEnd();
+      status = issued.ok() ? calls_.Settle(ended, op, absl::Now() + timeout_) : issued;
+    }
     if (!status.ok()) broken_ = status;
     return status;
   }
@@ -198,7 +225,7 @@ class NcclCommunicator final : public Communicator {
     absl::Status status =
         FromCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     if (status.ok()) status = FromCuda(cudaEventRecord(done, stream_), "cudaEventRecord");
-    if (status.ok()) status = AwaitComm(comm_, absl::Now() + timeout_, timeout_, op, done);
+    if (status.ok()) status = AwaitEvent(calls_, absl::Now() + timeout_, timeout_, op, done);
     if (done != nullptr) cudaEventDestroy(done);
     if (!status.ok()) broken_ = status;
     return status;
@@ -209,6 +236,7 @@ class NcclCommunicator final : public Communicator {
   const ncclComm_t comm_;
   const cudaStream_t stream_;
   const absl::Duration timeout_;
+  NcclCalls calls_;
   absl::Status broken_;  // the first failure; the communicator is aborted after it
   void* barrier_buffer_ = nullptr;
 };
@@ -244,12 +272,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(int rank, int 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so that a missing peer cannot hang the init past the timeout
   ncclComm_t comm = nullptr;
+  // Non-blocking: the call returns at once (ncclInProgress) and the state says when every rank
+  // has joined; a rank that never comes leaves it in progress until the deadline aborts it.
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+  NcclCalls init(RealNcclApi());
+  init.set_comm(comm);
   status =
-      FromNccl(ncclCommInitRankConfig(&comm, world_size, id, rank, &config), "ncclCommInitRank");
-  if (status.ok()) {
-    status = AwaitComm(comm, absl::Now() + std::max(timeout, absl::Minutes(5)), timeout,
-                       "nccl init", nullptr);
-  }
+      init.Settle(started, "ncclCommInitRank", absl::Now() + std::max(timeout, absl::Minutes(5)));
   if (!status.ok()) {
     cudaStreamDestroy(stream);
     return status;
