@@ -537,7 +537,8 @@ absl::StatusOr<PackResult> PackCsv(const PackOptions& options) {
     for (const Source& s : sources) {
       std::vector<int64_t> sample;
       if (s.fields.size() > 1) sample.push_back(static_cast<int64_t>(s.fields.size()));
-      tensors.push_back(ShardWriter::Tensor{s.column->tensor, s.dtype, sample, s.buffer});
+      tensors.push_back(
+          ShardWriter::Tensor{s.column->tensor, s.dtype, std::move(sample), s.buffer});
     }
     absl::Status status = writer.Write(tensors, rows);
     for (Source& s : sources) s.buffer.clear();

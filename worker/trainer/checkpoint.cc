@@ -134,9 +134,16 @@ absl::Status RestoreTorchRngState(const std::string& hex) {
       hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
     return absl::InvalidArgumentError("torch_cpu_generator: not a hex string");
   }
-  const std::string bytes = absl::HexStringToBytes(hex);
-  torch::Tensor state = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
-  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  // Decoded here: Abseil's HexStringToBytes changed its signature (newer releases return a bool
+  // and deprecate the old form), and the text is already checked.
+  auto nibble = [](char c) {
+    return static_cast<uint8_t>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+  };
+  torch::Tensor state = torch::empty({static_cast<int64_t>(hex.size() / 2)}, torch::kUInt8);
+  uint8_t* bytes = state.data_ptr<uint8_t>();
+  for (size_t i = 0; i < hex.size() / 2; ++i) {
+    bytes[i] = static_cast<uint8_t>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
+  }
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   try {
     std::lock_guard<std::mutex> lock(gen.mutex());

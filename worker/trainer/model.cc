@@ -250,9 +250,16 @@ OptimizerKind KindOf(const torch::optim::Optimizer& optimizer) {
   return OptimizerKind::kOther;
 }
 
+// The key of parameter `p` in Optimizer::state(): LibTorch 2 keys the map by the parameter's
+// TensorImpl address, LibTorch 1 by that address as text (c10::guts::to_string, which LibTorch 2
+// removed).
+#if TORCH_VERSION_MAJOR >= 2
+void* StateKey(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
 std::string StateKey(const torch::Tensor& p) {
   return c10::guts::to_string(p.unsafeGetTensorImpl());
 }
+#endif
 
 }  // namespace
 
