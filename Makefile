@@ -6,7 +6,7 @@ CTEST_ARGS ?=
 # The build's own progress lines are enough; no "Entering directory" for every sub-make.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-unit test-integration test-images images demo bench clean
+.PHONY: all deps configure build test test-unit test-integration test-images test-trixie images demo bench clean
 
 all: build
 
@@ -35,6 +35,10 @@ images:
 
 test-images: build images
 	@bash tests/images/cluster_test.sh $(BUILD_DIR)
+
+# The same sources built and unit-tested against Debian 13's LibTorch 2.6 in a debootstrap root.
+test-trixie:
+	@bash scripts/trixie-test.sh
 
 demo: deps build
 	@bash scripts/demo.sh $(BUILD_DIR)

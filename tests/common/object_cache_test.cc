@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "common/file_object_store.h"
 #include "common/s3_object_store.h"
 #include "gtest/gtest.h"
