@@ -37,7 +37,7 @@ fi
 mirror() {
   local uri
   uri=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list.d/*.sources \
-          /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}')
+          /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}' || true)
   echo "${uri:-http://deb.debian.org/debian}"
 }
 

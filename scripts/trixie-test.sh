@@ -14,7 +14,7 @@ command -v debootstrap >/dev/null 2>&1 ||
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 
 mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list.d/*.sources \
-           /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}')
+           /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}' || true)
 mirror=${mirror:-http://deb.debian.org/debian}
 if [ ! -x "$root/usr/bin/apt-get" ]; then
   echo "trixie-test: making a trixie root in $root from $mirror"
@@ -24,6 +24,7 @@ fi
 mounted=()
 cleanup() { for ((i=${#mounted[@]}-1; i>=0; i--)); do umount "${mounted[$i]}" || true; done; }
 trap cleanup EXIT
+trap 'exit 1' INT TERM
 for d in proc sys dev; do
   if ! mountpoint -q "$root/$d"; then mount --bind "/$d" "$root/$d"; mounted+=("$root/$d"); fi
 done
