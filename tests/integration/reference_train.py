@@ -53,6 +53,11 @@ def main():
     args = parser.parse_args()
 
     torch.set_num_threads(1)
+    # The reference runs the scripted modules as written, through the simple executor: PyTorch
+    # 2.6's profiling executor (Debian 13) stalls for minutes on a module's third call, and its
+    # optimisations are not what is compared.
+    torch._C._jit_set_profiling_executor(False)
+    torch._C._get_graph_executor_optimize(False)
     files = sorted(glob.glob(args.data))
     parts = [read_safetensors(f) for f in files]
     x = torch.from_numpy(np.concatenate([p[args.features] for p in parts]).astype(np.float32))
