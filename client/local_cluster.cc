@@ -236,8 +236,9 @@ int RunLocalCluster(const LocalClusterOptions& options) {
     const std::string name = absl::StrCat("worker-", i);
     worker.argv = {options.bin_dir + "/trainyard-worker", "--coordinator=" + address,
                    "--name=" + name, "--address=127.0.0.1", absl::StrCat("--slots=", slots),
-                   // One worker takes the machine's GPUs so that none is handed out twice.
-                   absl::StrCat("--gpus=", i == 1 ? gpus : 0),
+                   // One worker takes the machine's GPUs (finding them itself, through NVML
+                   // where it can) so that none is handed out twice.
+                   absl::StrCat("--gpus=", i == 1 && gpus > 0 ? -1 : 0),
                    "--work_dir=" + state_dir + "/" + name,
                    absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port(i))};
     worker.output_file = absl::StrCat(state_dir, "/logs/", name, ".log");

@@ -24,8 +24,16 @@ using ::testing::Not;
 
 class FakeGpus final : public GpuMonitor {
  public:
+  absl::StatusOr<int> Count() override { return 2; }
   std::vector<GpuSample> Sample() override {
-    return {{0, 0.75, 1 << 30, 4LL << 30}, {1, 0.0, 0, 4LL << 30}};
+    GpuSample a, b;
+    a.index = 0;
+    a.utilization_ratio = 0.75;
+    a.memory_used_bytes = 1 << 30;
+    a.memory_total_bytes = 4LL << 30;
+    b.index = 1;
+    b.memory_total_bytes = 4LL << 30;
+    return {a, b};
   }
 };
 

@@ -93,6 +93,7 @@ TEST_F(ReconcilerTest, StartsDesiredTasksWithTheirFolderArgumentsAndEnvironment)
   EXPECT_EQ(launched.output_file, task_dir + "/output.log");
   EXPECT_THAT(launched.env,
               UnorderedElementsAre(Pair("OMP_NUM_THREADS", "4"), Pair("CUDA_VISIBLE_DEVICES", ""),
+                                   Pair("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
                                    Pair("TRAINYARD_CACHE_DIR", dir_ + "/cache")));
   v1::Task written;
   ASSERT_TRUE(written.ParseFromString(Read(task_dir + "/task.pb")));
@@ -115,6 +116,12 @@ TEST_F(ReconcilerTest, AssignsDistinctGpusAndFreesThemOnExit) {
   EXPECT_THAT(launcher_.launched()[1].options.env,
               ::testing::Contains(Pair("CUDA_VISIBLE_DEVICES", "2")));
   EXPECT_EQ(reconciler.FreeGpus(), 0);
+  // Which task each GPU serves, for the GPU metrics.
+  std::map<int, v1::TaskStatus> gpu_tasks = reconciler.GpuTasks();
+  ASSERT_EQ(gpu_tasks.size(), 3u);
+  EXPECT_EQ(gpu_tasks[0].task_id(), "a.g1.r0");
+  EXPECT_EQ(gpu_tasks[1].task_id(), "a.g1.r0");
+  EXPECT_EQ(gpu_tasks[2].task_id(), "b.g1.r0");
 
   // No GPU left: the third task fails to start instead of sharing one.
   std::vector<v1::TaskStatus> changes = reconciler.Apply(
@@ -126,6 +133,9 @@ TEST_F(ReconcilerTest, AssignsDistinctGpusAndFreesThemOnExit) {
   launcher_.Exit(1000, ExitInfo{0, 0});
   reconciler.Tick();
   EXPECT_EQ(reconciler.FreeGpus(), 2);
+  gpu_tasks = reconciler.GpuTasks();
+  ASSERT_EQ(gpu_tasks.size(), 1u);
+  EXPECT_EQ(gpu_tasks[2].task_id(), "b.g1.r0");
 }
 
 TEST_F(ReconcilerTest, ReportsExitWithTerminationMessageAfterTheLogHook) {

@@ -78,6 +78,7 @@ class Agent {
   std::vector<v1::TaskStatus> TaskStatuses() const { return reconciler_.Statuses(); }
   // GPUs handed to running trainers.
   int GpusAllocated() const { return options_.gpus - reconciler_.FreeGpus(); }
+  std::map<int, v1::TaskStatus> GpuTasks() const { return reconciler_.GpuTasks(); }
   // A task's folder (its trainer's working directory).
   std::string TaskDir(const std::string& task_id) const { return reconciler_.TaskDir(task_id); }
 

@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, address, "127.0.0.1",
           "address other machines reach this one at (trainers of a job meet their peers there)");
 ABSL_FLAG(int, slots, 0, "CPU slots offered to the scheduler (default: the number of cores)");
 ABSL_FLAG(int, gpus, -1,
-          "GPUs offered to the scheduler; -1 detects them (the count of /dev/nvidia[0-9]*)");
+          "GPUs offered to the scheduler; -1 finds them: NVML's count (libnvidia-ml.so.1, loaded "
+          "at run time), else the count of /dev/nvidia[0-9]*");
 ABSL_FLAG(std::string, work_dir, "./trainyard-worker",
           "folder for task folders ({work_dir}/tasks/{task_id}/: task.pb, output.log, pid, "
           "stop-deadline)");
@@ -146,8 +147,22 @@ int main(int argc, char** argv) {
   options.slots = absl::GetFlag(FLAGS_slots) > 0
                       ? absl::GetFlag(FLAGS_slots)
                       : std::max(1u, std::thread::hardware_concurrency());
-  options.gpus =
-      absl::GetFlag(FLAGS_gpus) >= 0 ? absl::GetFlag(FLAGS_gpus) : trainyard::DetectGpuCount();
+  // NVML, when the driver has it: how many GPUs to offer, and their metrics.
+  std::unique_ptr<trainyard::GpuMonitor> nvml;
+  if (absl::StatusOr<std::unique_ptr<trainyard::GpuMonitor>> loaded = trainyard::LoadNvml();
+      loaded.ok()) {
+    nvml = *std::move(loaded);
+  } else {
+    trainyard::LogInfo("no NVML (no GPU discovery through it, no GPU metrics): ",
+                       loaded.status().message());
+  }
+  if (absl::GetFlag(FLAGS_gpus) >= 0) {
+    options.gpus = absl::GetFlag(FLAGS_gpus);
+  } else {
+    std::string how;
+    options.gpus = trainyard::DiscoverGpus(nvml.get(), "/dev", &how);
+    trainyard::LogInfo("offering ", options.gpus, " GPUs, found through ", how);
+  }
   options.memory_bytes = trainyard::MachineMemoryBytes();
   options.hostname = Hostname();
   std::error_code ec;
@@ -241,20 +256,15 @@ int main(int argc, char** argv) {
   std::shared_ptr<trainyard::AgentMetrics> metrics;
   std::unique_ptr<trainyard::MetricsHttpServer> metrics_server;
   if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
-    absl::StatusOr<std::unique_ptr<trainyard::GpuMonitor>> nvml = trainyard::LoadNvml();
-    std::unique_ptr<trainyard::GpuMonitor> gpus;
-    if (nvml.ok()) {
-      gpus = *std::move(nvml);
-    } else {
-      trainyard::LogInfo("no GPU metrics: ", nvml.status().message());
-    }
     trainyard::AgentMetricsSource source;
     source.worker_name = options.name;
     source.gpus_offered = options.gpus;
     source.tasks = [&agent] { return agent.TaskStatuses(); };
     source.gpus_allocated = [&agent] { return agent.GpusAllocated(); };
+    source.gpu_tasks = [&agent] { return agent.GpuTasks(); };
+    source.hostname = options.hostname;
     source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
-    metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(gpus));
+    metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(nvml));
     absl::StatusOr<trainyard::MetricsHttpOptions> metrics_options =
         trainyard::LoadMetricsHttpOptions(absl::GetFlag(FLAGS_metrics_basic_auth_file),
                                           absl::GetFlag(FLAGS_metrics_tls_cert),

@@ -1,6 +1,5 @@
 #include "worker/agent/metrics.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -51,94 +50,6 @@ void Emit(std::vector<MetricFamily>& out, MetricFamily family) {
   if (!family.metric.empty()) out.push_back(std::move(family));
 }
 
-// ---- NVML, declared here so that no NVIDIA header is needed to build ----
-
-using NvmlReturn = int;  // nvmlReturn_t; 0 is NVML_SUCCESS
-using NvmlDevice = void*;
-struct NvmlUtilization {
-  unsigned int gpu;
-  unsigned int memory;
-};
-struct NvmlMemory {
-  unsigned long long total;  // NOLINT(runtime/int): NVML's own types
-  unsigned long long free;   // NOLINT(runtime/int)
-  unsigned long long used;   // NOLINT(runtime/int)
-};
-
-class NvmlMonitor final : public GpuMonitor {
- public:
-  static absl::StatusOr<std::unique_ptr<GpuMonitor>> Load(const std::string& library) {
-    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* error = dlerror();
-      return absl::NotFoundError(
-          absl::StrCat("cannot load ", library, ": ", error != nullptr ? error : "unknown error"));
-    }
-    std::unique_ptr<NvmlMonitor> monitor(new NvmlMonitor(handle));
-    if (!monitor->Resolve()) {
-      return absl::NotFoundError(absl::StrCat(library, " lacks the NVML functions needed"));
-    }
-    if (const NvmlReturn r = monitor->init_(); r != 0) {
-      monitor->initialised_ = false;
-      return absl::UnavailableError(absl::StrCat("nvmlInit failed with code ", r));
-    }
-    monitor->initialised_ = true;
-    return std::unique_ptr<GpuMonitor>(std::move(monitor));
-  }
-
-  ~NvmlMonitor() override {
-    if (initialised_ && shutdown_ != nullptr) shutdown_();
-    dlclose(handle_);
-  }
-
-  std::vector<GpuSample> Sample() override {
-    std::vector<GpuSample> samples;
-    unsigned int count = 0;
-    if (get_count_(&count) != 0) return samples;
-    for (unsigned int i = 0; i < count; ++i) {
-      NvmlDevice device = nullptr;
-      if (get_handle_(i, &device) != 0) continue;
-      GpuSample sample;
-      sample.index = static_cast<int>(i);
-      NvmlUtilization utilization = {};
-      if (get_utilization_(device, &utilization) != 0) continue;
-      sample.utilization_ratio = utilization.gpu / 100.0;
-      NvmlMemory memory = {};
-      if (get_memory_(device, &memory) != 0) continue;
-      sample.memory_used_bytes = static_cast<int64_t>(memory.used);
-      sample.memory_total_bytes = static_cast<int64_t>(memory.total);
-      samples.push_back(sample);
-    }
-    return samples;
-  }
-
- private:
-  explicit NvmlMonitor(void* handle) : handle_(handle) {}
-
-  template <typename F>
-  bool Symbol(const char* name, F& out) {
-    out = reinterpret_cast<F>(dlsym(handle_, name));
-    return out != nullptr;
-  }
-
-  bool Resolve() {
-    return Symbol("nvmlInit_v2", init_) && Symbol("nvmlShutdown", shutdown_) &&
-           Symbol("nvmlDeviceGetCount_v2", get_count_) &&
-           Symbol("nvmlDeviceGetHandleByIndex_v2", get_handle_) &&
-           Symbol("nvmlDeviceGetUtilizationRates", get_utilization_) &&
-           Symbol("nvmlDeviceGetMemoryInfo", get_memory_);
-  }
-
-  void* const handle_;
-  bool initialised_ = false;
-  NvmlReturn (*init_)() = nullptr;
-  NvmlReturn (*shutdown_)() = nullptr;
-  NvmlReturn (*get_count_)(unsigned int*) = nullptr;
-  NvmlReturn (*get_handle_)(unsigned int, NvmlDevice*) = nullptr;
-  NvmlReturn (*get_utilization_)(NvmlDevice, NvmlUtilization*) = nullptr;
-  NvmlReturn (*get_memory_)(NvmlDevice, NvmlMemory*) = nullptr;
-};
-
 std::string TaskStateLabel(v1::TaskState state) {
   std::string name = absl::AsciiStrToLower(v1::TaskState_Name(state));
   if (absl::StartsWith(name, "task_")) name = name.substr(5);
@@ -146,10 +57,6 @@ std::string TaskStateLabel(v1::TaskState state) {
 }
 
 }  // namespace
-
-absl::StatusOr<std::unique_ptr<GpuMonitor>> LoadNvml(const std::string& library) {
-  return NvmlMonitor::Load(library);
-}
 
 std::optional<MachineCpu> ParseProcStat(absl::string_view text, int64_t ticks_per_second) {
   static const char* const kModes[] = {"user",   "nice", "system",  "idle",
@@ -388,15 +295,50 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
         Family("trainyard_worker_gpu_memory_used_bytes", "GPU memory in use.", MetricType::Gauge);
     MetricFamily total =
         Family("trainyard_worker_gpu_memory_total_bytes", "GPU memory.", MetricType::Gauge);
+    // NVIDIA's DCGM exporter names and labels, so that dashboards made for it work here; the
+    // task using the GPU in place of its Kubernetes pod.
+    MetricFamily dcgm_util = Family("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).",
+                                    MetricType::Gauge);
+    MetricFamily dcgm_used = Family("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
+                                    MetricType::Gauge);
+    MetricFamily dcgm_free = Family("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
+                                    MetricType::Gauge);
+    MetricFamily dcgm_temp = Family("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).",
+                                    MetricType::Gauge);
+    MetricFamily dcgm_power = Family("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).",
+                                     MetricType::Gauge);
+    const std::map<int, v1::TaskStatus> tasks =
+        source_.gpu_tasks ? source_.gpu_tasks() : std::map<int, v1::TaskStatus>();
+    constexpr double kMiB = 1024.0 * 1024.0;
     for (const GpuSample& s : samples) {
       const std::vector<ClientMetric::Label> labels = {{"gpu", absl::StrCat(s.index)}};
       AddSample(utilization, labels, s.utilization_ratio);
       AddSample(used, labels, static_cast<double>(s.memory_used_bytes));
       AddSample(total, labels, static_cast<double>(s.memory_total_bytes));
+      std::vector<ClientMetric::Label> dcgm = {{"gpu", absl::StrCat(s.index)},
+                                               {"UUID", s.uuid},
+                                               {"device", absl::StrCat("nvidia", s.index)},
+                                               {"modelName", s.name},
+                                               {"Hostname", source_.hostname}};
+      if (auto it = tasks.find(s.index); it != tasks.end()) {
+        dcgm.push_back({"job", it->second.job_id()});
+        dcgm.push_back({"task", it->second.task_id()});
+      }
+      AddSample(dcgm_util, dcgm, s.utilization_ratio * 100);
+      AddSample(dcgm_used, dcgm, static_cast<double>(s.memory_used_bytes) / kMiB);
+      AddSample(dcgm_free, dcgm,
+                static_cast<double>(s.memory_total_bytes - s.memory_used_bytes) / kMiB);
+      if (s.temperature_celsius.has_value()) AddSample(dcgm_temp, dcgm, *s.temperature_celsius);
+      if (s.power_watts.has_value()) AddSample(dcgm_power, dcgm, *s.power_watts);
     }
     Emit(out, std::move(utilization));
     Emit(out, std::move(used));
     Emit(out, std::move(total));
+    Emit(out, std::move(dcgm_util));
+    Emit(out, std::move(dcgm_used));
+    Emit(out, std::move(dcgm_free));
+    Emit(out, std::move(dcgm_temp));
+    Emit(out, std::move(dcgm_power));
   }
   return out;
 }

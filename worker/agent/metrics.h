@@ -16,30 +16,9 @@
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "trainyard/v1/agent_service.pb.h"
+#include "worker/agent/nvml.h"
 
 namespace trainyard {
-
-// One GPU as NVML sees it.
-struct GpuSample {
-  int index = 0;
-  double utilization_ratio = 0;  // 0..1: share of the last sample period a kernel ran
-  int64_t memory_used_bytes = 0;
-  int64_t memory_total_bytes = 0;
-};
-
-// Reads GPU utilisation and memory. Implementations are thread-safe.
-class GpuMonitor {
- public:
-  virtual ~GpuMonitor() = default;
-  // Every GPU that answered; one that fails to answer is left out.
-  virtual std::vector<GpuSample> Sample() = 0;
-};
-
-// NVML loaded at run time with dlopen, so the agent runs on machines without the NVIDIA driver.
-// NOT_FOUND when `library` cannot be loaded or lacks a needed symbol, UNAVAILABLE when it loads
-// but nvmlInit fails (a driver without GPUs, a broken install).
-absl::StatusOr<std::unique_ptr<GpuMonitor>> LoadNvml(
-    const std::string& library = "libnvidia-ml.so.1");
 
 // What the agent knows that /proc does not. Functions are called on the scraping thread and must
 // be thread-safe.
@@ -50,6 +29,9 @@ struct AgentMetricsSource {
   std::function<std::vector<trainyard::v1::TaskStatus>()> tasks;
   // GPUs handed to running trainers.
   std::function<int()> gpus_allocated;
+  // The running task each allocated GPU (by index) is handed to. Unset: no task labels.
+  std::function<std::map<int, trainyard::v1::TaskStatus>()> gpu_tasks;
+  std::string hostname;  // the DCGM-named series' Hostname label
   // A task's folder, where a parameter-server shard writes its counters (kShardMetricsFile).
   // Unset: no shard metrics.
   std::function<std::string(const std::string& task_id)> task_dir;
@@ -58,8 +40,9 @@ struct AgentMetricsSource {
 // The worker agent's Prometheus metrics, read fresh on every scrape: trainer processes by state,
 // CPU and memory of the machine (/proc/stat, /proc/meminfo) and of each running trainer
 // (/proc/<pid>/stat, /proc/<pid>/status), the counters each running parameter-server shard
-// writes to its folder, and GPU utilisation and memory when a GpuMonitor is given. Names are listed
-// in docs/operations.md. Thread-safe.
+// writes to its folder, and, when a GpuMonitor is given, each GPU's utilisation, memory,
+// temperature and power under NVIDIA's DCGM exporter names (DCGM_FI_DEV_*, labelled with the job
+// and task using the GPU) and ours. Names are listed in docs/operations.md. Thread-safe.
 class AgentMetrics final : public prometheus::Collectable {
  public:
   // `gpus` may be null (no NVML): the GPU series are then absent and

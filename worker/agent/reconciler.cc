@@ -231,6 +231,9 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   launch.output_file = dir + "/output.log";
   launch.env = {{"OMP_NUM_THREADS", absl::StrCat(task.slots() > 0 ? task.slots() : 1)},
                 {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ",")},
+                // The indices above are NVML's (PCI bus order), as the GPU metrics number them;
+                // CUDA's own default order puts the fastest first.
+                {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
                 // Models and datasets from object storage, cached by ETag across restarts.
                 {"TRAINYARD_CACHE_DIR", options_.work_dir + "/cache"}};
   for (const auto& [key, value] : options_.trainer_env) launch.env.emplace_back(key, value);
@@ -492,6 +495,16 @@ int Reconciler::FreeGpus() const {
   int free = 0;
   for (bool used : gpu_used_) free += !used;
   return free;
+}
+
+std::map<int, v1::TaskStatus> Reconciler::GpuTasks() const {
+  absl::MutexLock lock(&mu_);
+  std::map<int, v1::TaskStatus> tasks;
+  for (const auto& [id, record] : records_) {
+    if (!record.running) continue;
+    for (int gpu : record.gpus) tasks[gpu] = record.status;
+  }
+  return tasks;
 }
 
 }  // namespace trainyard

@@ -113,6 +113,8 @@ class Reconciler {
   int RunningCount() const;
   // Local GPUs not assigned to a running task.
   int FreeGpus() const;
+  // The running task each assigned GPU (by local index) is handed to.
+  std::map<int, v1::TaskStatus> GpuTasks() const;
 
   std::string TaskDir(const std::string& task_id) const;
   std::string LogPath(const std::string& task_id) const;

@@ -226,8 +226,8 @@ std::string DescribeExit(const ExitInfo& exit) {
   return absl::StrCat("exited with code ", exit.exit_code);
 }
 
-int DetectGpuCount() {
-  DIR* dir = opendir("/dev");
+int DetectGpuCount(const std::string& dev) {
+  DIR* dir = opendir(dev.c_str());
   if (dir == nullptr) return 0;
   int count = 0;
   while (struct dirent* entry = readdir(dir)) {

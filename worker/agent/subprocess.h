@@ -66,7 +66,7 @@ std::string SignalName(int sig);
 std::string DescribeExit(const ExitInfo& exit);
 
 // The number of /dev/nvidia[0-9]* device files: the GPUs this machine has.
-int DetectGpuCount();
+int DetectGpuCount(const std::string& dev = "/dev");
 
 // The folder holding the running executable (from /proc/self/exe); empty if unknown.
 std::string SelfExecutableDir();
