@@ -6,7 +6,8 @@ CTEST_ARGS ?=
 # The build's own progress lines are enough; no "Entering directory" for every sub-make.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-unit test-integration test-images test-trixie images demo bench clean
+.PHONY: all deps configure build test test-unit test-integration test-images test-trixie images demo bench clean \
+	gpu-bundle gpu-rehearsal
 
 all: build
 
@@ -39,6 +40,15 @@ test-images: build images
 # The same sources built and unit-tested against Debian 13's LibTorch 2.6 in a debootstrap root.
 test-trixie:
 	@bash scripts/trixie-test.sh
+
+# What a bare CUDA machine needs to build and check the trainer (.gpu/, scripts/gpu-check.sh
+# there), and the check rehearsed without a GPU in a Debian 13 root that has none of our -dev
+# packages (slow; not part of make test).
+gpu-bundle: deps build
+	@bash scripts/gpu-bundle.sh $(BUILD_DIR)
+
+gpu-rehearsal: gpu-bundle
+	@bash scripts/gpu-rehearsal.sh
 
 demo: deps build
 	@bash scripts/demo.sh $(BUILD_DIR)

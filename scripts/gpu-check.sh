@@ -1,0 +1,382 @@
+#!/usr/bin/env bash
+# The GPU check: run from the repository root on a CUDA machine that has a compiler, CMake and a
+# PyTorch install, with the bundle (.gpu/, from `make gpu-bundle`) beside the sources. Builds the
+# trainer and its tests against that machine's own LibTorch and NCCL, then runs each item of the
+# acceptance on its own (a failure or skip never stops the next) and writes a report.
+# Usage: scripts/gpu-check.sh [OUT_DIR]      (default: $OUT, else ./gpu-report)
+#   BUNDLE=.gpu  BUILD=build-gpu  PYTHON=python3  JOBS=$(nproc)  ITEMS="build unit ..." (a subset)
+# Writes into OUT_DIR at most 8 files: report.md, report.json, build.log, items.log,
+# cluster-logs.tar.gz. A rerun reuses the build folder: only what changed is rebuilt.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+out=${1:-${OUT:-$here/gpu-report}}
+build=${BUILD:-$here/build-gpu}
+packed=${BUNDLE:-$here/.gpu}/bundle.tar.xz
+[ -f "$packed" ] || { echo "gpu-check: no bundle at $packed: run make gpu-bundle where the dependencies are, and carry .gpu" >&2; exit 2; }
+# Unpacked into the build folder once per bundle.
+bundle=$build/bundle
+mkdir -p "$build"
+stamp=$(cksum <"$packed")
+if [ "$(cat "$bundle/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$bundle" && mkdir -p "$bundle"
+  if ! tar -C "$bundle" -xJf "$packed" 2>/dev/null; then
+    # No xz program (a minimal system): Python's lzma reads it.
+    ${PYTHON:-python3} -c '
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    try:
+        t.extractall(sys.argv[2], filter="fully_trusted")
+    except TypeError:
+        t.extractall(sys.argv[2])' \
+      "$packed" "$bundle" || { echo "gpu-check: cannot unpack $packed" >&2; exit 2; }
+  fi
+  echo "$stamp" >"$bundle/.stamp"
+fi
+python=${PYTHON:-python3}
+jobs=${JOBS:-$(nproc)}
+all_items="machine build unit gpu_tests cluster_cpu gpu_job nvml precision data_wait benchmarks gpu_metrics"
+items=${ITEMS:-$all_items}
+mkdir -p "$out"
+state=$(mktemp -d /tmp/gpu-check-XXXXXX)
+work=$state/work
+mkdir -p "$work"
+: >"$out/items.log"
+results=$state/results.tsv   # name \t status \t seconds \t detail
+figures=$state/figures.tsv   # name \t key \t value
+: >"$results"
+: >"$figures"
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+cluster_pid=""
+cleanup() {
+  [ -n "$cluster_pid" ] && kill -TERM "$cluster_pid" 2>/dev/null && wait "$cluster_pid" 2>/dev/null
+}
+trap cleanup EXIT
+
+log() { echo "$*" >>"$out/items.log"; }
+figure() { printf '%s\t%s\t%s\n' "$current" "$1" "$2" >>"$figures"; log "  $1 = $2"; }
+# An item's function ends with `pass`, `fail REASON` or `skip REASON` (its last word counts).
+pass() { echo "pass" >"$state/$current.status"; echo "${1:-}" >"$state/$current.detail"; }
+fail() { echo "fail" >"$state/$current.status"; echo "$1" >"$state/$current.detail"; }
+skip() { echo "skip" >"$state/$current.status"; echo "$1" >"$state/$current.detail"; }
+has_cuda() { [ "$(cat "$state/cuda" 2>/dev/null)" = "True" ]; }
+built() { [ -x "$build/bin/trainyard-trainer" ]; }
+
+run_item() {
+  current=$1
+  echo "fail" >"$state/$current.status"
+  echo "ended without a result" >"$state/$current.detail"
+  log ""
+  log "==== $current ($(date -u +%H:%M:%S))"
+  echo "gpu-check: $current ..."
+  local t0=$SECONDS
+  "item_$current" >>"$out/items.log" 2>&1
+  local status detail
+  status=$(cat "$state/$current.status")
+  detail=$(tr '\n\t' '  ' <"$state/$current.detail")
+  printf '%s\t%s\t%s\t%s\n' "$current" "$status" "$((SECONDS - t0))" "$detail" >>"$results"
+  echo "gpu-check: $current: $status${detail:+ ($detail)}"
+}
+
+# ---- items ----
+
+item_machine() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
+  "$python" - "$state" <<'EOF'
+import sys, torch
+state = sys.argv[1]
+cuda = torch.cuda.is_available()
+open(f"{state}/cuda", "w").write(str(cuda))
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", cuda)
+if cuda:
+    print("device", torch.cuda.get_device_name(0))
+EOF
+  local torch_version gpu
+  torch_version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
+    { fail "$python cannot import torch"; return; }
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  figure torch "$torch_version"
+  figure gpu "${gpu:-none}"
+  figure cores "$(nproc)"
+  figure compiler "$(c++ --version | head -1)"
+  figure cmake "$(cmake --version | head -1)"
+  figure glibc "$(ldd --version | head -1 | awk '{print $NF}')"
+  if has_cuda; then pass "$gpu, torch $torch_version"; else pass "no CUDA device; torch $torch_version"; fi
+}
+
+# NCCL and the CUDA runtime that PyTorch itself loads (its pip packages), else the toolkit's.
+find_nccl() {
+  "$python" - <<'EOF'
+import glob, os, site, sys
+roots = [os.path.join(p, "nvidia") for p in site.getsitepackages() + [site.getusersitepackages()]]
+def first(pattern):
+    for r in roots:
+        hits = sorted(glob.glob(os.path.join(r, pattern), recursive=True))
+        if hits:
+            return hits[0]
+    return ""
+inc = first("**/include/nccl.h")
+lib = first("**/lib/libnccl.so*")
+rt_inc = first("**/include/cuda_runtime_api.h")
+rt_lib = first("**/lib/libcudart.so*")
+for base in ("/usr/local/cuda",):
+    inc = inc or (os.path.exists(f"{base}/include/nccl.h") and f"{base}/include/nccl.h") or ""
+    lib = lib or next(iter(sorted(glob.glob(f"{base}/lib64/libnccl.so*"))), "")
+    rt_inc = rt_inc or (os.path.exists(f"{base}/include/cuda_runtime_api.h") and f"{base}/include/cuda_runtime_api.h") or ""
+    rt_lib = rt_lib or next(iter(sorted(glob.glob(f"{base}/lib64/libcudart.so*"))), "")
+print(os.path.dirname(inc) if inc else "", lib, os.path.dirname(rt_inc) if rt_inc else "", rt_lib)
+EOF
+}
+
+item_build() {
+  local torch_dir t0=$SECONDS
+  torch_dir=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch
+  [ -f "$torch_dir/TorchConfig.cmake" ] || { fail "no TorchConfig.cmake under $torch_dir"; return; }
+  local nccl_args=(-DTRAINYARD_WITH_NCCL=OFF)
+  read -r nccl_inc nccl_lib rt_inc rt_lib < <(find_nccl)
+  if [ -n "$nccl_inc" ] && [ -n "$nccl_lib" ] && [ -n "$rt_inc" ] && [ -n "$rt_lib" ]; then
+    nccl_args=(-DTRAINYARD_WITH_NCCL=ON -DNCCL_INCLUDE_DIR="$nccl_inc" -DNCCL_LIBRARY="$nccl_lib"
+      -DCUDART_INCLUDE_DIR="$rt_inc" -DCUDART_LIBRARY="$rt_lib")
+    figure nccl "$nccl_lib"
+  else
+    figure nccl "not found (the NCCL communicator is left out)"
+  fi
+  # Configured every time (seconds; a failed configure is never taken for a finished one), and
+  # then only what changed is rebuilt.
+  local generator=()
+  if [ -f "$build/build.ninja" ] || { [ ! -f "$build/Makefile" ] && command -v ninja >/dev/null 2>&1; }; then
+    generator=(-G Ninja)
+  fi
+  # CMAKE_POLICY_VERSION_MINIMUM: CMake 4 refuses configs that ask for policies below 3.5.
+  cmake -S "$here" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DTRAINYARD_GPU_BUNDLE="$bundle" -DTorch_DIR="$torch_dir" "${nccl_args[@]}" \
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >"$out/build.log" 2>&1 ||
+    { tail -30 "$out/build.log"; fail "cmake configure failed (build.log)"; return; }
+  cmake --build "$build" -j"$jobs" >>"$out/build.log" 2>&1 ||
+    { grep -m20 -E 'error|Error' "$out/build.log"; fail "build failed (build.log)"; return; }
+  figure build_seconds "$((SECONDS - t0))"
+  ldd "$build/bin/trainyard-trainer" | grep -E 'torch|nccl|cudart|grpc|gloo' || true
+  if ldd "$build/bin/trainyard-trainer" | grep -q 'not found'; then
+    ldd "$build/bin/trainyard-trainer" | grep 'not found'
+    fail "the trainer does not resolve all its libraries"; return
+  fi
+  # One folder of all four programs either way: the tests look in the build's bin/, and the
+  # agent and `trainyard up` look beside themselves (the bundle's bin/).
+  ln -sf "$build/bin/trainyard-trainer" "$bundle/bin/trainyard-trainer"
+  for b in trainyard trainyard-coordinator trainyard-worker; do
+    ln -sf "$bundle/bin/$b" "$build/bin/$b"
+  done
+  pass "$((SECONDS - t0)) s on $jobs cores"
+}
+
+# ctest's own summary gives the counts; a label with no test ran nothing.
+run_ctest() {
+  local label=$1
+  (cd "$build" && ctest -L "$label" --output-on-failure --timeout 600 -j"$((jobs > 4 ? 4 : jobs))") \
+    >"$state/ctest-$label.log" 2>&1
+  local rc=$?
+  cat "$state/ctest-$label.log"
+  grep -E 'tests passed|tests failed' "$state/ctest-$label.log" | tail -1
+  return $rc
+}
+
+item_unit() {
+  built || { skip "no build"; return; }
+  if run_ctest unit; then
+    pass "$(grep -E 'tests passed' "$state/ctest-unit.log" | tail -1)"
+  else
+    fail "$(grep -E 'tests passed|tests failed' "$state/ctest-unit.log" | tail -1); failed: $(grep -E '^\s+[0-9]+ - ' "$state/ctest-unit.log" | awk '{print $3}' | tr '\n' ' ')"
+  fi
+}
+
+item_gpu_tests() {
+  built || { skip "no build"; return; }
+  if ! run_ctest gpu; then fail "$(grep -E '\*\*\*Failed|tests failed' "$state/ctest-gpu.log" | tail -1)"; return; fi
+  local ran
+  ran=$(grep -hoE '\[  PASSED  \] [0-9]+ test' "$build"/Testing/Temporary/LastTest.log | head -1 | awk '{print $4}')
+  if has_cuda; then
+    [ "${ran:-0}" -gt 0 ] && pass "$ran cases passed" || fail "no case ran on the GPU"
+  else
+    skip "no CUDA device: every case skipped ($(grep -m1 -oE 'no CUDA device[^"]*' "$build"/Testing/Temporary/LastTest.log || echo 'see items.log'))"
+  fi
+}
+
+# A local cluster from the bundle's coordinator and agent with the trainer built here.
+start_cluster() {
+  local port
+  port=$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  export TRAINYARD_COORDINATOR="127.0.0.1:$port"
+  "$bundle/bin/trainyard" up --workers 1 --port "$port" --state_dir "$work/cluster" \
+    >"$work/cluster.log" 2>&1 &
+  cluster_pid=$!
+  local deadline=$((SECONDS + 60))
+  until "$bundle/bin/trainyard" workers 2>/dev/null | grep -q READY; do
+    if ! kill -0 "$cluster_pid" 2>/dev/null || [ $SECONDS -gt $deadline ]; then
+      cat "$work/cluster.log"; return 1
+    fi
+    sleep 0.2
+  done
+  "$bundle/bin/trainyard" workers
+}
+
+job_spec() {  # NAME GPUS STEPS
+  cat <<EOF
+name: $1
+strategy: single
+resources: {gpus_per_worker: $2}
+model: {builtin: mlp, args: {inputs: 64, hidden: [256, 256], classes: 8}}
+data:
+  synthetic: {samples: 20000, features: 64, classes: 8, noise: 0.5}
+  validation_split: 0.1
+batch_size: 256
+optimizer: {name: adamw, lr: 0.001}
+loss: cross_entropy
+max_steps: $3
+seed: 3
+checkpoint: {uri: "file://$work/ckpt", every_steps: 100}
+EOF
+}
+
+# Submits and follows the job to its end (at most 10 minutes); prints its id when it succeeded.
+run_job() {  # NAME GPUS STEPS [RESUME_FROM]
+  local spec="$work/$1.yaml" job rc=0
+  job_spec "$1" "$2" "$3" >"$spec"
+  local resume=()
+  [ -n "${4:-}" ] && resume=(--resume-from "$4")
+  timeout 600 "$bundle/bin/trainyard" submit "$spec" "${resume[@]}" --wait >"$work/$1.submit" 2>&1 || rc=$?
+  job=$(head -1 "$work/$1.submit")
+  cat "$work/$1.submit" >&2
+  [ -n "$job" ] && "$bundle/bin/trainyard" describe "$job" >&2
+  [ -n "$job" ] && "$bundle/bin/trainyard" logs "$job" >"$work/$1.log" 2>&1
+  cat "$work/$1.log" >&2 2>/dev/null
+  [ "$rc" = 0 ] || return 1
+  echo "$job"
+}
+
+job_field() {  # JOB PYTHON-EXPRESSION over `describe -o json` (the Job message) as j
+  "$bundle/bin/trainyard" describe "$1" -o json |
+    "$python" -c "import json,sys; j=json.load(sys.stdin); print($2)"
+}
+
+# The same path as gpu_job on the CPU, so that a machine without a GPU (the rehearsal) proves the
+# bundle's programs, the job helpers and the resume check before a GPU run depends on them.
+item_cluster_cpu() {
+  built || { skip "no build"; return; }
+  start_cluster || { fail "the local cluster did not come up"; return; }
+  local job resumed start t0=$SECONDS
+  job=$(run_job cpu-check 0 200) || { fail "a CPU job through the bundle's coordinator and agent did not succeed"; return; }
+  figure cpu_job_seconds "$((SECONDS - t0))"
+  resumed=$(run_job cpu-check-resume 0 300 "$job") || { fail "the resume of $job did not succeed"; return; }
+  start=$(job_field "$resumed" 'j.get("progress", {}).get("attemptStartStep", 0)')
+  figure resume_start_step "$start"
+  [ "$start" = 200 ] || { fail "the resume of $job started at step $start, not 200"; return; }
+  pass "job $job SUCCEEDED on the CPU through the bundle's coordinator and agent; $resumed resumed it at step 200"
+}
+
+item_gpu_job() {
+  built || { skip "no build"; return; }
+  has_cuda || { skip "no CUDA device"; return; }
+  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  local job resumed on_cpu t0=$SECONDS
+  job=$(run_job gpu-check 1 300) || { fail "a 1-GPU job did not succeed"; return; }
+  figure gpu_job_seconds "$((SECONDS - t0))"
+  grep -q 'training on cuda:0' "$work/gpu-check.log" ||
+    { fail "job $job did not train on cuda:0 (its log)"; return; }
+  # Resumed on the GPU and on the CPU from the GPU job's last checkpoint.
+  resumed=$(run_job gpu-resume 1 400 "$job") || { fail "the GPU resume of $job did not succeed"; return; }
+  on_cpu=$(run_job cpu-resume 0 400 "$job") || { fail "the CPU resume of $job did not succeed"; return; }
+  local s1 s2
+  s1=$(job_field "$resumed" 'j.get("progress", {}).get("attemptStartStep", 0)')
+  s2=$(job_field "$on_cpu" 'j.get("progress", {}).get("attemptStartStep", 0)')
+  figure gpu_resume_start_step "$s1"
+  figure cpu_resume_start_step "$s2"
+  [ "$s1" = 300 ] && [ "$s2" = 300 ] ||
+    { fail "resumes started at $s1 (GPU) and $s2 (CPU), not at 300"; return; }
+  pass "trained on cuda:0; resumed at step 300 on the GPU and on the CPU"
+}
+
+not_built() { skip "not built yet: $1 (issue 35)"; }
+item_nvml() {
+  built || { skip "no build"; return; }
+  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  local line smi
+  line=$(grep -m1 -o 'offering .* GPUs, found through .*' "$work/cluster/logs/worker-1.log")
+  figure agent "${line:-no discovery line (trainyard up gave worker-1 --gpus=0: no /dev/nvidia*)}"
+  if ! nvidia-smi -L >/dev/null 2>&1; then skip "no NVIDIA driver"; return; fi
+  smi=$(nvidia-smi -L | grep -c '^GPU ')
+  case "$line" in
+    "offering $smi GPUs, found through NVML") pass "the agent found $smi GPUs through NVML, as nvidia-smi lists" ;;
+    *) fail "nvidia-smi lists $smi GPUs; the agent: ${line:-said nothing}" ;;
+  esac
+}
+item_precision() { not_built "precision: bf16 | fp16 and the loss scaler"; }
+item_data_wait() { not_built "pinned batches copied on a side stream, and its benchmark"; }
+item_benchmarks() { not_built "ResNet-50 and the scaling MLP against eager PyTorch and torch.compile"; }
+item_gpu_metrics() {
+  built || { skip "no build"; return; }
+  has_cuda || { skip "no CUDA device"; return; }
+  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  # worker-1's metrics are on the coordinator's port + 2 (trainyard up). A job that runs until
+  # cancelled, so that the scrape sees it on its GPU.
+  local url="http://127.0.0.1:$(( ${TRAINYARD_COORDINATOR##*:} + 2 ))/metrics" job found=""
+  job_spec gpu-metrics 1 1000000 >"$work/gpu-metrics.yaml"
+  job=$("$bundle/bin/trainyard" submit "$work/gpu-metrics.yaml" | head -1) || { fail "submit failed"; return; }
+  local deadline=$((SECONDS + 120))
+  while [ $SECONDS -lt $deadline ]; do
+    if curl -sf "$url" >"$work/worker-metrics.txt" 2>/dev/null ||
+       "$python" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$url" >"$work/worker-metrics.txt" 2>/dev/null; then
+      if grep -q "^DCGM_FI_DEV_GPU_UTIL{.*job=\"$job\"" "$work/worker-metrics.txt"; then found=1; break; fi
+    fi
+    sleep 1
+  done
+  "$bundle/bin/trainyard" cancel "$job" >/dev/null 2>&1
+  grep -E '^(DCGM_|trainyard_worker_gpu)' "$work/worker-metrics.txt"
+  [ -n "$found" ] || { fail "no DCGM_FI_DEV_GPU_UTIL series labelled with job $job in $url within 120 s"; return; }
+  local v
+  for m in DCGM_FI_DEV_GPU_UTIL DCGM_FI_DEV_FB_USED DCGM_FI_DEV_GPU_TEMP DCGM_FI_DEV_POWER_USAGE; do
+    v=$(grep -m1 "^$m{.*job=\"$job\"" "$work/worker-metrics.txt" | awk '{print $NF}')
+    figure "$m" "${v:-absent}"
+  done
+  pass "each GPU series of the agent names job $job while it runs"
+}
+
+for it in $items; do
+  case " $all_items " in *" $it "*) run_item "$it" ;; *) echo "gpu-check: unknown item $it" >&2 ;; esac
+done
+cleanup
+cluster_pid=""
+[ -d "$work/cluster" ] && tar -czf "$out/cluster-logs.tar.gz" -C "$work" cluster/logs \
+  $(cd "$work" && ls *.log 2>/dev/null) 2>/dev/null
+
+"$python" - "$results" "$figures" "$out" "$started" <<'EOF'
+import json, sys, datetime
+results_path, figures_path, out, started = sys.argv[1:5]
+items = []
+for line in open(results_path):
+    name, status, seconds, detail = line.rstrip("\n").split("\t", 3)
+    items.append({"name": name, "status": status, "seconds": int(seconds), "detail": detail.strip(),
+                  "figures": {}})
+by_name = {i["name"]: i for i in items}
+for line in open(figures_path):
+    name, key, value = line.rstrip("\n").split("\t", 2)
+    if name in by_name:
+        by_name[name]["figures"][key] = value
+counts = {s: sum(1 for i in items if i["status"] == s) for s in ("pass", "fail", "skip")}
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+report = {"started": started, "finished": now,
+          "counts": counts, "items": items}
+json.dump(report, open(f"{out}/report.json", "w"), indent=2)
+with open(f"{out}/report.md", "w") as f:
+    f.write(f"# GPU check, {started}\n\n")
+    f.write(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped\n\n")
+    f.write("| item | result | seconds | detail |\n| --- | --- | ---: | --- |\n")
+    for i in items:
+        f.write(f"| {i['name']} | {i['status']} | {i['seconds']} | {i['detail']} |\n")
+    f.write("\n## Figures\n\n")
+    for i in items:
+        for k, v in i["figures"].items():
+            f.write(f"- {i['name']}.{k}: {v}\n")
+print(open(f"{out}/report.md").read())
+EOF
+grep -q $'\tfail\t' "$results" && exit 1
+exit 0

@@ -1,0 +1,170 @@
+// The trainer on a GPU: a job trains on cuda:0, its checkpoints load on a CPU and resume on the
+// GPU where they stopped; the NCCL communicator runs every collective the trainer uses and turns
+// a missing peer into an abort at its timeout. Each case skips, saying why, where LibTorch has
+// no CUDA device or the trainer was built without NCCL.
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/trainer/fake_rendezvous.h"
+#include "tests/trainer/test_files.h"
+#include "tests/trainer/trainer_test_util.h"
+#include "worker/trainer/strategy.h"
+#include "worker/trainer/trainer.h"
+#if TRAINYARD_WITH_NCCL
+#include "worker/trainer/nccl_communicator.h"
+#endif
+
+namespace trainyard::trainer {
+namespace {
+
+using test_files::MakeTempDir;
+using test_util::QuietOptions;
+using test_util::ReadTensors;
+using ::testing::AnyOf;
+
+#define SKIP_WITHOUT_CUDA()                                                              \
+  if (!torch::cuda::is_available())                                                      \
+  GTEST_SKIP() << "no CUDA device: LibTorch " << TORCH_VERSION << " built without CUDA " \
+               << "or no GPU visible"
+
+trainyard::v1::Task GpuTask(const std::string& checkpoint_dir, int64_t max_steps) {
+  trainyard::v1::Task task;
+  task.set_task_id("gpujob.g1.r0");
+  task.set_job_id("gpujob");
+  task.set_generation(1);
+  task.set_world_size(1);
+  task.set_slots(1);
+  task.set_checkpoint_uri("file://" + checkpoint_dir);
+  auto& spec = *task.mutable_spec();
+  spec.set_strategy(trainyard::v1::SINGLE);
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_model()->mutable_args()->add_hidden(64);
+  auto& synthetic = *spec.mutable_data()->mutable_synthetic();
+  synthetic.set_samples(2048);
+  synthetic.set_features(32);
+  synthetic.set_classes(4);
+  synthetic.set_noise(0.5);
+  spec.mutable_data()->set_validation_split(0.25);
+  spec.set_batch_size(64);
+  spec.mutable_optimizer()->set_name("adam");
+  spec.mutable_optimizer()->set_lr(0.01);
+  spec.set_loss("cross_entropy");
+  spec.set_max_steps(max_steps);
+  spec.set_seed(11);
+  spec.set_log_every_steps(1000);
+  spec.mutable_checkpoint()->set_every_steps(max_steps / 2);
+  return task;
+}
+
+std::string StepDir(const std::string& dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%012lld", static_cast<long long>(step));
+  return dir + "/" + name;
+}
+
+TEST(GpuTrainingTest, AJobTrainsOnCudaAndItsCheckpointsLoadOnTheCpuAndResumeOnTheGpu) {
+  SKIP_WITHOUT_CUDA();
+  const std::string dir = MakeTempDir();
+  trainyard::v1::Task task = GpuTask(dir, 40);
+  ASSERT_TRUE(TrainingDevice(task).is_cuda());
+  absl::StatusOr<TrainResult> whole = RunTrainer(task, QuietOptions());
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->step, 40);
+  EXPECT_LT(whole->loss, whole->first_loss);
+  ASSERT_TRUE(whole->val_accuracy.has_value());
+  EXPECT_GT(*whole->val_accuracy, 0.5);
+
+  // The checkpoint holds host tensors that a CPU-only reader takes as they are.
+  for (const auto& [name, tensor] : ReadTensors(StepDir(dir, 20) + "/model.safetensors")) {
+    EXPECT_TRUE(tensor.device().is_cpu()) << name;
+    EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
+  }
+
+  // Resumed on the CPU from step 20: the second half runs there and learns on.
+  const std::string cpu_dir = MakeTempDir();
+  trainyard::v1::Task on_cpu = GpuTask(cpu_dir, 40);
+  on_cpu.mutable_spec()->mutable_resources()->set_gpus_per_worker(0);
+  on_cpu.add_resume_checkpoints("file://" + StepDir(dir, 20));
+  ASSERT_TRUE(TrainingDevice(on_cpu).is_cpu());
+  absl::StatusOr<TrainResult> cpu = RunTrainer(on_cpu, QuietOptions());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->start_step, 20);
+  EXPECT_EQ(cpu->step, 40);
+  // Same data order and state; only the arithmetic's rounding differs between the devices.
+  EXPECT_NEAR(cpu->loss, whole->loss, 1e-3 + 1e-3 * std::abs(whole->loss));
+
+  // Resumed on the GPU from step 20: it continues where the uninterrupted run went.
+  const std::string gpu_dir = MakeTempDir();
+  trainyard::v1::Task on_gpu = GpuTask(gpu_dir, 40);
+  on_gpu.add_resume_checkpoints("file://" + StepDir(dir, 20));
+  absl::StatusOr<TrainResult> resumed = RunTrainer(on_gpu, QuietOptions());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->start_step, 20);
+  EXPECT_EQ(resumed->resumed_from, "file://" + StepDir(dir, 20));
+  EXPECT_NEAR(resumed->loss, whole->loss, 1e-5 + 1e-5 * std::abs(whole->loss));
+}
+
+#if TRAINYARD_WITH_NCCL
+TEST(NcclGpuTest, AGroupOfOneRunsEveryCollectiveTheTrainerUses) {
+  SKIP_WITHOUT_CUDA();
+  FakeRendezvous rendezvous;
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      NewNcclCommunicator(0, 1, rendezvous, absl::Seconds(30));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ((*comm)->backend(), "nccl");
+  const torch::Device cuda(torch::kCUDA, 0);
+
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+    for (torch::Dtype dtype : {torch::kFloat32, torch::kFloat64}) {
+      torch::Tensor a = torch::arange(1000, torch::TensorOptions(dtype).device(cuda));
+      torch::Tensor b = torch::full({7, 3}, 2.5, torch::TensorOptions(dtype).device(cuda));
+      torch::Tensor a0 = a.clone(), b0 = b.clone();
+      std::unique_ptr<Work> work = (*comm)->AllReduceAsync({a, b}, op);
+      ASSERT_TRUE(work->Wait().ok());
+      EXPECT_TRUE(a.equal(a0)) << "a group of one reduces to itself";
+      EXPECT_TRUE(b.equal(b0));
+    }
+  }
+  torch::Tensor ids = torch::arange(5, torch::TensorOptions(torch::kInt64).device(cuda));
+  ASSERT_TRUE((*comm)->Broadcast({ids}, 0).ok());
+  EXPECT_EQ(ids.sum().item<int64_t>(), 10);
+  ASSERT_TRUE((*comm)->Barrier().ok());
+
+  // A CPU tensor is not NCCL's: refused, not silently copied.
+  absl::Status cpu = (*comm)->AllReduceAsync({torch::ones({3})}, ReduceOp::kSum)->Wait();
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
+}
+
+TEST(NcclGpuTest, APeerThatNeverComesAbortsAtTheTimeout) {
+  SKIP_WITHOUT_CUDA();
+  FakeRendezvous rendezvous;
+  const absl::Time start = absl::Now();
+  // Rank 0 of two: rank 1 never joins, so the non-blocking init stays in progress.
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      NewNcclCommunicator(0, 2, rendezvous, absl::Seconds(3));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(comm.ok());
+  EXPECT_THAT(comm.status().code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                          absl::StatusCode::kUnavailable))
+      << comm.status();
+  EXPECT_LT(took, absl::Seconds(30)) << "the abort took " << took;
+}
+#else
+TEST(NcclGpuTest, BuiltWithoutNccl) {
+  GTEST_SKIP() << "built without NCCL (nccl.h or the CUDA runtime not found at configure time)";
+}
+#endif  // TRAINYARD_WITH_NCCL
+
+}  // namespace
+}  // namespace trainyard::trainer
