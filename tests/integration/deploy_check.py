@@ -99,7 +99,7 @@ def check_prometheus(deploy):
         alerts = {r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
     for wanted in ["TrainyardJobOverRuntime", "TrainyardJobStalled", "TrainyardJobRestartLoop",
                    "TrainyardWorkerLost", "TrainyardQueueBacklog", "TrainyardCheckpointTooOld",
-                   "TrainyardGpusIdle"]:
+                   "TrainyardGpusIdle", "TrainyardJobGpuIdle"]:
         check(wanted in alerts, f"alerts.yml has no {wanted}")
     return alerts
 
