@@ -140,7 +140,8 @@ class SpecParser {
                                   "accumulate_steps",
                                   "bucket_size_mb",
                                   "stop_at_step",
-                                  "distill"}));
+                                  "distill",
+                                  "precision"}));
     TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
     TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
     TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
@@ -160,6 +161,7 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ParseCheckpoint(root["checkpoint"]));
     TY_RETURN_IF_ERROR(ParseRestart(root["restart"]));
     TY_RETURN_IF_ERROR(ParseDistill(root["distill"]));
+    TY_RETURN_IF_ERROR(ParsePrecision(root["precision"]));
     TY_RETURN_IF_ERROR(Int32(root, "", "priority", [this](int32_t v) { spec_.set_priority(v); }));
     TY_RETURN_IF_ERROR(ParseDuration(root["max_runtime"], "max_runtime",
                                      [this](int64_t v) { spec_.set_max_runtime_seconds(v); }));
@@ -178,6 +180,23 @@ class SpecParser {
   }
 
  private:
+  absl::Status ParsePrecision(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    absl::StatusOr<std::string> name = ReadString(node, "precision");
+    if (!name.ok()) return name.status();
+    if (*name == "fp32") {
+      spec_.set_precision(v1::FP32);
+    } else if (*name == "bf16") {
+      spec_.set_precision(v1::BF16);
+    } else if (*name == "fp16") {
+      spec_.set_precision(v1::FP16);
+    } else {
+      return FieldError("precision",
+                        absl::StrCat("unknown precision '", *name, "', expected fp32, bf16 or fp16"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status ParseStrategy(const YAML::Node& node) {
     if (!IsSet(node)) return absl::OkStatus();
     absl::StatusOr<std::string> name = ReadString(node, "strategy");
@@ -752,6 +771,7 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
 
 void ApplyJobSpecDefaults(JobSpec& spec) {
   if (spec.strategy() == v1::STRATEGY_UNSPECIFIED) spec.set_strategy(v1::SINGLE);
+  if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::FP32);
   v1::WorkerRange& workers = *spec.mutable_workers();
   if (workers.min() == 0 && workers.max() == 0) {
     workers.set_min(1);
@@ -881,6 +901,18 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   status = ValidateDistill(spec);
   if (!status.ok()) return status;
+  if (spec.precision() == v1::FP16) {
+    // float16 on a CPU is emulated and slow, and a job that asked for it must not quietly train
+    // in another precision: refused here rather than failed on a worker.
+    if (spec.resources().gpus_per_worker() <= 0) {
+      return FieldError("precision",
+                        "fp16 needs GPUs (resources.gpus_per_worker > 0); on CPUs use bf16");
+    }
+    if (strategy == v1::PARAMETER_SERVER) {
+      return FieldError("precision",
+                        "fp16 (with loss scaling) is not supported with parameter_server; use bf16");
+    }
+  }
 
   if (spec.max_steps() < 0) return FieldError("max_steps", "must be >= 0");
   if (spec.epochs() < 0) return FieldError("epochs", "must be >= 0");

@@ -309,7 +309,21 @@ item_nvml() {
     *) fail "nvidia-smi lists $smi GPUs; the agent: ${line:-said nothing}" ;;
   esac
 }
-item_precision() { not_built "precision: bf16 | fp16 and the loss scaler"; }
+item_precision() {
+  built || { skip "no build"; return; }
+  has_cuda || { skip "no CUDA device (bf16 on the CPU is checked against PyTorch by make test)"; return; }
+  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  local rc=0
+  "$python" "$here/tests/gpu/precision_parity.py" "$bundle/bin/trainyard" "$work/precision" \
+    >"$work/precision.out" 2>&1 || rc=$?
+  cat "$work/precision.out"
+  while read -r _ key value; do figure "$key" "$value"; done < <(grep '^figure ' "$work/precision.out")
+  if [ "$rc" = 0 ]; then
+    pass "fp32, bf16 and fp16 per-step losses match torch.autocast (and GradScaler) within tolerance"
+  else
+    fail "$(grep -v '^figure\|^{' "$work/precision.out" | tail -1)"
+  fi
+}
 item_data_wait() { not_built "pinned batches copied on a side stream, and its benchmark"; }
 item_benchmarks() { not_built "ResNet-50 and the scaling MLP against eager PyTorch and torch.compile"; }
 item_gpu_metrics() {

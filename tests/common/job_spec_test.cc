@@ -98,6 +98,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"strategy", "ring"}},
                 "strategy: unknown strategy 'ring', expected single, data_parallel or "
                 "parameter_server"},
+        // Precision.
+        BadSpec{{{"precision", "fp8"}},
+                "precision: unknown precision 'fp8', expected fp32, bf16 or fp16"},
+        BadSpec{{{"precision", "fp16"}},
+                "precision: fp16 needs GPUs (resources.gpus_per_worker > 0); on CPUs use bf16"},
+        BadSpec{{{"precision", "fp16"},
+                 {"resources", "{gpus_per_worker: 1}"},
+                 {"strategy", "parameter_server"}},
+                "precision: fp16 (with loss scaling) is not supported with parameter_server; use "
+                "bf16"},
         BadSpec{{{"workers", "0"}}, "workers: must be >= 1"},
         BadSpec{{{"workers", "{min: 0, max: 2}"}}, "workers.min: must be >= 1"},
         BadSpec{{{"strategy", "data_parallel"}, {"workers", "{min: 3, max: 2}"}},
@@ -351,6 +361,7 @@ distill: {teacher: s3://bucket/models/teacher.pt, temperature: 2.0, alpha: 0.5} 
 restart: {max_failures: 3}       # preemptions retry without limit by default
 priority: 0
 max_runtime: 12h
+precision: bf16                  # fp32 (default) | bf16 | fp16
 )";
 
 TEST(JobSpecTest, DesignExampleParses) {
@@ -397,6 +408,7 @@ TEST(JobSpecTest, DesignExampleParses) {
   EXPECT_EQ(spec.priority(), 0);
   EXPECT_EQ(spec.max_runtime_seconds(), 12 * 3600);
   EXPECT_EQ(spec.log_every_steps(), 10);
+  EXPECT_EQ(spec.precision(), v1::BF16);
 }
 
 TEST(JobSpecTest, DefaultsForAMinimalSpec) {
@@ -427,6 +439,14 @@ TEST(JobSpecTest, DefaultsForAMinimalSpec) {
   EXPECT_EQ(spec.collective_timeout_seconds(), 60);
   EXPECT_EQ(spec.accumulate_steps(), 1);
   EXPECT_EQ(spec.bucket_size_mb(), 25);
+  EXPECT_EQ(spec.precision(), v1::FP32);
+}
+
+TEST(JobSpecTest, Fp16OnGpus) {
+  absl::StatusOr<JobSpec> parsed = ParseJobSpecYaml(
+      Spec({{"precision", "fp16"}, {"resources", "{gpus_per_worker: 1}"}}));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->precision(), v1::FP16);
 }
 
 TEST(JobSpecTest, DataParallelKnobs) {

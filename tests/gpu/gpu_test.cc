@@ -115,6 +115,37 @@ TEST(GpuTrainingTest, AJobTrainsOnCudaAndItsCheckpointsLoadOnTheCpuAndResumeOnTh
   EXPECT_NEAR(resumed->loss, whole->loss, 1e-5 + 1e-5 * std::abs(whole->loss));
 }
 
+// fp16 with its loss scale, and bf16, on the GPU: both learn, stay near float32, keep float32
+// parameters; the fp16 checkpoint carries the scale and resumes exactly where the run went.
+TEST(GpuTrainingTest, MixedPrecisionTrainsAndFp16ResumesWithItsLossScale) {
+  SKIP_WITHOUT_CUDA();
+  absl::StatusOr<TrainResult> fp32 = RunTrainer(GpuTask(MakeTempDir(), 40), QuietOptions());
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  for (auto precision : {trainyard::v1::BF16, trainyard::v1::FP16}) {
+    const std::string dir = MakeTempDir();
+    trainyard::v1::Task task = GpuTask(dir, 40);
+    task.mutable_spec()->set_precision(precision);
+    absl::StatusOr<TrainResult> mixed = RunTrainer(task, QuietOptions());
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    EXPECT_LT(mixed->loss, mixed->first_loss) << precision;
+    EXPECT_NE(mixed->loss, fp32->loss) << precision << ": autocast did not run";
+    EXPECT_NEAR(mixed->loss, fp32->loss, 0.1 * std::abs(fp32->loss) + 0.02) << precision;
+    for (const auto& [name, t] : ReadTensors(dir + "/final/model.safetensors")) {
+      EXPECT_EQ(t.scalar_type(), torch::kFloat32) << name;
+    }
+    if (precision != trainyard::v1::FP16) continue;
+    const std::string state = test_files::ReadFile(StepDir(dir, 20) + "/trainer_state.json");
+    EXPECT_NE(state.find("\"loss_scaler\""), std::string::npos) << state;
+    trainyard::v1::Task resumed = GpuTask(MakeTempDir(), 40);
+    resumed.mutable_spec()->set_precision(precision);
+    resumed.add_resume_checkpoints("file://" + StepDir(dir, 20));
+    absl::StatusOr<TrainResult> again = RunTrainer(resumed, QuietOptions());
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->start_step, 20);
+    EXPECT_NEAR(again->loss, mixed->loss, 1e-5 + 1e-5 * std::abs(mixed->loss));
+  }
+}
+
 #if TRAINYARD_WITH_NCCL
 TEST(NcclGpuTest, AGroupOfOneRunsEveryCollectiveTheTrainerUses) {
   SKIP_WITHOUT_CUDA();

@@ -5,8 +5,12 @@ and no shuffling must match step for step (a `single` job, and a `data_parallel`
 --teacher, the loss is knowledge distillation's:
   (1 - alpha) * cross_entropy(student, labels)
   + alpha * T^2 * kl_div(log_softmax(student / T), log_softmax(teacher / T), batchmean),
-the teacher in eval mode under no_grad. Prints `step=N loss=X` lines."""
+the teacher in eval mode under no_grad. With --precision bf16 or fp16, the forward pass and the
+loss run under torch.autocast(device, dtype), backward outside it, and fp16 scales the loss with
+torch.amp.GradScaler (GPU only). --device cuda trains on the first GPU. Prints `step=N loss=X`
+lines."""
 import argparse
+import contextlib
 import glob
 import json
 import struct
@@ -47,6 +51,8 @@ def main():
     parser.add_argument("--teacher", help="a TorchScript teacher: distil it into the model")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--compare-with", action="append", default=[],
                         help="a trained TorchScript model to compare the final parameters with; "
                         "prints max_param_diff=X model=PATH (repeat it for several)")
@@ -62,35 +68,54 @@ def main():
     parts = [read_safetensors(f) for f in files]
     x = torch.from_numpy(np.concatenate([p[args.features] for p in parts]).astype(np.float32))
     y = torch.from_numpy(np.concatenate([p[args.labels] for p in parts]).astype(np.int64))
-    model = torch.jit.load(args.model)
+    device = torch.device(args.device)
+    x, y = x.to(device), y.to(device)
+    model = torch.jit.load(args.model, map_location=device)
     model.train()
     teacher = None
     if args.teacher:
-        teacher = torch.jit.load(args.teacher)
+        teacher = torch.jit.load(args.teacher, map_location=device)
         teacher.eval()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    scaler = None
+    if args.precision == "fp16":
+        # torch.amp.GradScaler from PyTorch 2.3; torch.cuda.amp's before.
+        if hasattr(torch.amp, "GradScaler"):
+            scaler = torch.amp.GradScaler("cuda")
+        else:
+            scaler = torch.cuda.amp.GradScaler()
     steps_per_epoch = x.shape[0] // args.batch
     for step in range(args.steps):
         i = step % steps_per_epoch
         xb = x[i * args.batch:(i + 1) * args.batch]
         yb = y[i * args.batch:(i + 1) * args.batch]
         optimizer.zero_grad()
-        out = model(xb)
-        loss = torch.nn.functional.cross_entropy(out, yb)
-        if teacher is not None:
-            with torch.no_grad():
-                soft = teacher(xb)
-            t = args.temperature
-            kl = torch.nn.functional.kl_div(torch.log_softmax(out / t, 1),
-                                            torch.log_softmax(soft / t, 1),
-                                            reduction="batchmean", log_target=True)
-            loss = (1 - args.alpha) * loss + args.alpha * t * t * kl
-        loss.backward()
-        optimizer.step()
+        # PyTorch 1.13 refuses a CPU autocast dtype other than bfloat16 even when disabled.
+        mixed = (torch.autocast(args.device, dtype=dtype) if args.precision != "fp32"
+                 else contextlib.nullcontext())
+        with mixed:
+            out = model(xb)
+            loss = torch.nn.functional.cross_entropy(out, yb)
+            if teacher is not None:
+                with torch.no_grad():
+                    soft = teacher(xb)
+                t = args.temperature
+                kl = torch.nn.functional.kl_div(torch.log_softmax(out / t, 1),
+                                                torch.log_softmax(soft / t, 1),
+                                                reduction="batchmean", log_target=True)
+                loss = (1 - args.alpha) * loss + args.alpha * t * t * kl
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         print(f"step={step + 1} loss={loss.item():.8f}", flush=True)
     ours = dict(model.named_parameters())
     for path in args.compare_with:
-        trained = dict(torch.jit.load(path).named_parameters())
+        trained = dict(torch.jit.load(path, map_location=device).named_parameters())
         if sorted(trained) != sorted(ours):
             raise SystemExit(f"parameter names differ: {sorted(trained)} vs {sorted(ours)}")
         diff = max((trained[k] - ours[k]).abs().max().item() for k in ours)

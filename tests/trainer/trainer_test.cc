@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <set>
@@ -32,6 +33,7 @@
 #include "worker/trainer/distill.h"
 #include "worker/trainer/errors.h"
 #include "worker/trainer/model.h"
+#include "worker/trainer/precision.h"
 #include "worker/trainer/schedule.h"
 #include "worker/trainer/strategy.h"
 
@@ -1202,6 +1204,137 @@ TEST(TrainerTest, AGpuJobTrainsOnCudaOnlyWhereLibTorchHasIt) {
                            "step-000000000003/optimizer.safetensors", "final/model.safetensors"}) {
     EXPECT_EQ(ReadFile(dir_gpu + "/" + file), ReadFile(dir_cpu + "/" + file)) << file;
   }
+}
+
+
+// ---- precision ----
+
+TEST(PrecisionTest, AutocastTypes) {
+  EXPECT_EQ(*AutocastType(trainyard::v1::FP32, torch::kCPU), std::nullopt);
+  EXPECT_EQ(*AutocastType(trainyard::v1::PRECISION_UNSPECIFIED, torch::kCPU), std::nullopt);
+  EXPECT_EQ(*AutocastType(trainyard::v1::BF16, torch::kCPU), torch::kBFloat16);
+  EXPECT_EQ(*AutocastType(trainyard::v1::FP16, torch::Device(torch::kCUDA, 0)), torch::kHalf);
+  absl::StatusOr<std::optional<torch::ScalarType>> cpu_fp16 =
+      AutocastType(trainyard::v1::FP16, torch::kCPU);
+  EXPECT_EQ(cpu_fp16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cpu_fp16.status().message(), HasSubstr("precision: fp16 needs a GPU"));
+}
+
+TEST(PrecisionTest, TheGuardCastsMatrixProductsInsideAndRestoresAutocastAfter) {
+  torch::Tensor a = torch::randn({4, 8}), b = torch::randn({8, 3});
+  {
+    AutocastGuard guard(torch::kCPU, torch::kBFloat16);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+    {
+      AutocastGuard off(torch::kCPU, std::nullopt);  // fp32 changes nothing
+      EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+    }
+  }
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32);
+}
+
+TEST(PrecisionTest, Bf16TrainsOnTheCpuNearButNotAtFloat32AndResumesExactly) {
+  const std::string dir_fp32 = MakeTempDir(), dir_bf16 = MakeTempDir();
+  trainyard::v1::Task fp32 = SyntheticTask(dir_fp32, 12);
+  trainyard::v1::Task bf16 = SyntheticTask(dir_bf16, 12);
+  bf16.mutable_spec()->set_precision(trainyard::v1::BF16);
+  bf16.mutable_spec()->mutable_checkpoint()->set_every_steps(6);
+  absl::StatusOr<TrainResult> a = RunTrainer(fp32, QuietOptions());
+  absl::StatusOr<TrainResult> b = RunTrainer(bf16, QuietOptions());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(a->loss, b->loss) << "bf16 computed exactly what fp32 did: autocast did not run";
+  EXPECT_NEAR(a->loss, b->loss, 0.05 * std::abs(a->loss));
+  // Parameters stay float32.
+  for (const auto& [name, t] : ReadTensors(dir_bf16 + "/final/model.safetensors")) {
+    EXPECT_EQ(t.scalar_type(), torch::kFloat32) << name;
+  }
+  // Resumed from step 6 it ends exactly where the uninterrupted bf16 run did.
+  trainyard::v1::Task resumed = SyntheticTask(MakeTempDir(), 12);
+  resumed.mutable_spec()->set_precision(trainyard::v1::BF16);
+  resumed.add_resume_checkpoints("file://" + dir_bf16 + "/step-000000000006");
+  absl::StatusOr<TrainResult> c = RunTrainer(resumed, QuietOptions());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->start_step, 6);
+  EXPECT_EQ(c->loss, b->loss);
+}
+
+TEST(PrecisionTest, Fp16OnACpuRankIsRefusedBeforeAnyStep) {
+  trainyard::v1::Task task = SyntheticTask(MakeTempDir(), 5);
+  task.mutable_spec()->set_precision(trainyard::v1::FP16);
+  int steps = 0;
+  TrainerOptions options = QuietOptions();
+  options.after_step = [&steps](int64_t) { ++steps; };
+  absl::StatusOr<TrainResult> result = RunTrainer(task, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), HasSubstr("precision: fp16 needs a GPU"));
+  EXPECT_EQ(steps, 0);
+}
+
+TEST(LossScalerTest, ScalesUnscalesAndSkipsAnOverflowLoweringTheScale) {
+  LossScaler scaler;
+  EXPECT_EQ(scaler.scale(), 65536.0);
+  torch::Tensor w = torch::ones({3}, torch::requires_grad());
+  scaler.Scale((w * 2).sum()).backward();
+  EXPECT_TRUE(w.grad().equal(torch::full({3}, 2.0 * 65536)));
+  EXPECT_FALSE(scaler.Unscale({w}));
+  EXPECT_TRUE(w.grad().equal(torch::full({3}, 2.0)));
+  scaler.Update(false);
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+
+  w.mutable_grad().zero_();
+  w.mutable_grad()[1] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(scaler.Unscale({w}));
+  scaler.Update(true);
+  EXPECT_EQ(scaler.scale(), 32768.0);
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+  w.mutable_grad()[1] = std::nan("");
+  EXPECT_TRUE(scaler.Unscale({w})) << "NaN counts as an overflow too";
+  torch::Tensor unused = torch::ones({2}, torch::requires_grad());  // no gradient: skipped
+  w.mutable_grad().zero_();
+  EXPECT_FALSE(scaler.Unscale({w, unused}));
+}
+
+TEST(LossScalerTest, GrowsAfterAnIntervalOfGoodStepsAsGradScalerDoes) {
+  LossScaler::Options options;
+  options.init_scale = 8;
+  options.growth_interval = 3;
+  LossScaler scaler(options);
+  scaler.Update(false);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 8);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 16);
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+  scaler.Update(false);
+  scaler.Update(true);  // an overflow resets the count
+  scaler.Update(false);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 8);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 16);
+}
+
+TEST(LossScalerTest, ItsStateTravelsInTheTrainerStateAndIsChecked) {
+  TrainerState state;
+  state.job_id = "j";
+  state.loss_scale = 1024;
+  state.loss_scale_growth_tracker = 17;
+  absl::StatusOr<TrainerState> back = DecodeTrainerState(EncodeTrainerState(state));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->loss_scale, 1024);
+  EXPECT_EQ(back->loss_scale_growth_tracker, 17);
+  state.loss_scale = 0;  // not an fp16 job: no loss_scaler at all
+  EXPECT_THAT(EncodeTrainerState(state), ::testing::Not(HasSubstr("loss_scaler")));
+
+  LossScaler scaler;
+  ASSERT_TRUE(scaler.Restore(1024, 17).ok());
+  EXPECT_EQ(scaler.scale(), 1024);
+  EXPECT_EQ(scaler.growth_tracker(), 17);
+  EXPECT_EQ(scaler.Restore(0, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scaler.Restore(std::nan(""), 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scaler.Restore(8, -1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -92,6 +92,10 @@ std::string EncodeTrainerState(const TrainerState& s) {
   if (!s.parameter_servers.empty()) {
     j["parameter_servers"] = json::parse(s.parameter_servers, nullptr, /*allow_exceptions=*/false);
   }
+  if (s.loss_scale > 0) {
+    // torch.cuda.amp.GradScaler.state_dict()'s names.
+    j["loss_scaler"] = {{"scale", s.loss_scale}, {"_growth_tracker", s.loss_scale_growth_tracker}};
+  }
   return j.dump(2);
 }
 
@@ -115,6 +119,13 @@ absl::StatusOr<TrainerState> DecodeTrainerState(absl::string_view text) {
     return absl::InvalidArgumentError("trainer_state.json: missing or mistyped fields");
   }
   if (j.contains("parameter_servers")) s.parameter_servers = j["parameter_servers"].dump();
+  if (j.contains("loss_scaler")) {
+    const json& scaler = j["loss_scaler"];
+    if (!ReadField(scaler, "scale", s.loss_scale) ||
+        !ReadField(scaler, "_growth_tracker", s.loss_scale_growth_tracker)) {
+      return absl::InvalidArgumentError("trainer_state.json: loss_scaler is missing fields");
+    }
+  }
   return s;
 }
 

@@ -85,6 +85,9 @@ struct TrainerState {
   std::string torch_rng_state;  // hex of the default CPU generator's state (TorchRngState())
   std::string lr_schedule;      // "constant" | "cosine"
   double last_lr = 0;           // the lr of the last update; the schedule is a function of step
+  // precision: fp16 jobs: the dynamic loss scale and updates since it last changed; 0 otherwise.
+  double loss_scale = 0;
+  int64_t loss_scale_growth_tracker = 0;
   // parameter_server jobs: how the parameters were laid out over the shards (JSON object, see
   // Strategy::Layout); empty otherwise. Recorded, not needed to resume: the checkpoint holds
   // whole parameters, which any shard count partitions again.

@@ -31,6 +31,7 @@
 #include "worker/trainer/distill.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/schedule.h"
+#include "worker/trainer/precision.h"
 #include "worker/trainer/strategy.h"
 
 namespace trainyard::trainer {
@@ -185,6 +186,9 @@ class Run {
   std::unique_ptr<Teacher> teacher_;  // null unless the job distils
   // Where the model and each batch live; the CPU unless TrainingDevice finds a GPU for the task.
   torch::Device device_ = torch::kCPU;
+  // The forward pass's autocast dtype (nullopt: float32), and the loss scale of fp16 jobs.
+  std::optional<torch::ScalarType> autocast_;
+  std::optional<LossScaler> scaler_;
   NamedTensors params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<ObjectStore> store_;  // null without a checkpoint URI
@@ -214,6 +218,11 @@ absl::Status Run::Prepare() {
   strategy_ = *std::move(strategy);
 
   device_ = TrainingDevice(task_);
+  absl::StatusOr<std::optional<torch::ScalarType>> autocast =
+      AutocastType(spec_.precision(), device_);
+  if (!autocast.ok()) return autocast.status();
+  autocast_ = *autocast;
+  if (spec_.precision() == trainyard::v1::FP16) scaler_.emplace();
   DataOptions data_options = options_.data;
   data_options.pin_memory = !device_.is_cpu();
   absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(
@@ -371,6 +380,14 @@ void Run::Resume() {
       ReportSkippedCheckpoint(options_.coordinator, uri, status);
       continue;
     }
+    if (scaler_.has_value() && ckpt->state.loss_scale > 0) {
+      // A checkpoint of an fp32 or bf16 run has none: the scale then starts afresh.
+      if (status = scaler_->Restore(ckpt->state.loss_scale, ckpt->state.loss_scale_growth_tracker);
+          !status.ok()) {
+        ReportSkippedCheckpoint(options_.coordinator, uri, status);
+        continue;
+      }
+    }
     ApplyCheckpoint(*ckpt, *model_, *optimizer_, params_);
     start_step_ = ckpt->state.step;
     resumed_from_ = uri;
@@ -409,6 +426,10 @@ CheckpointData Run::Snapshot(int64_t step, double lr) {
   s.lr_schedule = spec_.optimizer().schedule().name().empty() ? "constant"
                                                               : spec_.optimizer().schedule().name();
   s.last_lr = lr;
+  if (scaler_.has_value()) {
+    s.loss_scale = scaler_->scale();
+    s.loss_scale_growth_tracker = scaler_->growth_tracker();
+  }
   s.parameter_servers = strategy_->Layout();
   data.snapshot_time = clock_.Now() - start;
   return data;
@@ -649,19 +670,35 @@ absl::StatusOr<TrainResult> Run::Execute() {
         if (!status.ok()) return status;
         const torch::Tensor features = batch->features.narrow(0, begin, size);
         const torch::Tensor labels = batch->labels.narrow(0, begin, size);
-        torch::Tensor out = model_->Forward(features, categorical);
-        // The teacher sees the student's micro-batch: its loss is a mean over the same samples.
-        torch::Tensor loss = teacher_ != nullptr ? teacher_->Loss(out, features, labels)
-                                                 : ComputeLoss(loss_kind_, out, labels);
+        torch::Tensor loss;
+        {
+          // The forward pass and the loss under autocast, backward outside it: torch.autocast's
+          // recipe.
+          AutocastGuard autocast(device_, autocast_);
+          torch::Tensor out = model_->Forward(features, categorical);
+          // The teacher sees the student's micro-batch: its loss is a mean over the same samples.
+          loss = teacher_ != nullptr ? teacher_->Loss(out, features, labels)
+                                     : ComputeLoss(loss_kind_, out, labels);
+        }
         if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
         loss_value += loss.item<double>();
         const bool last = m + 1 == accumulate;
         strategy_->BeforeBackward(last, loss_value, last && StopRequested());
-        loss.backward();
+        (scaler_.has_value() ? scaler_->Scale(loss) : loss).backward();
       }
       status = strategy_->AfterBackward(*model_);
       if (!status.ok()) return status;
-      if (!strategy_->updates_parameters()) optimizer_->step();
+      // fp16: gradients (all-reduced already, so every rank agrees) back to their true size; an
+      // update with an overflow is skipped and the scale lowered.
+      bool overflow = false;
+      if (scaler_.has_value()) {
+        std::vector<torch::Tensor> parameters;
+        parameters.reserve(params_.size());
+        for (const auto& [name, p] : params_) parameters.push_back(p);
+        overflow = scaler_->Unscale(parameters);
+      }
+      if (!strategy_->updates_parameters() && !overflow) optimizer_->step();
+      if (scaler_.has_value()) scaler_->Update(overflow);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
