@@ -12,26 +12,9 @@ root=${ROOT:-/var/tmp/trainyard-gpu-rehearsal}
 out=${1:-$here/gpu-report-rehearsal}
 [ "$(id -u)" -eq 0 ] || { echo "gpu-rehearsal: run as root (debootstrap, chroot)" >&2; exit 1; }
 [ -f "$here/.gpu/bundle.tar.xz" ] || { echo "gpu-rehearsal: no bundle: run make gpu-bundle" >&2; exit 1; }
-command -v debootstrap >/dev/null 2>&1 ||
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
-
-mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list.d/*.sources \
-           /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}' || true)
-mirror=${mirror:-http://deb.debian.org/debian}
-if [ ! -x "$root/usr/bin/apt-get" ]; then
-  echo "gpu-rehearsal: making a trixie root in $root from $mirror"
-  mkdir -p "$root"
-  debootstrap --variant=minbase --include=ca-certificates trixie "$root" "$mirror" \
-    >"$root.debootstrap.log" 2>&1 || { tail -20 "$root.debootstrap.log" >&2; exit 1; }
-fi
-mounted=()
-cleanup() { for ((i=${#mounted[@]}-1; i>=0; i--)); do umount "${mounted[$i]}" || true; done; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-for d in proc sys dev; do
-  if ! mountpoint -q "$root/$d"; then mount --bind "/$d" "$root/$d"; mounted+=("$root/$d"); fi
-done
-cp /etc/resolv.conf "$root/etc/resolv.conf"
+# shellcheck source=scripts/trixie-root.sh
+source "$here/scripts/trixie-root.sh"
+trixie_root "$root" gpu-rehearsal
 
 # What the GPU machine has, and no more.
 if ! chroot "$root" dpkg-query -W python3-torch >/dev/null 2>&1; then
@@ -59,10 +42,7 @@ done
 echo "gpu-rehearsal: $(chroot "$root" sh -c 'g++ --version | head -1'), $(chroot "$root" cmake --version | head -1), PyTorch $(chroot "$root" python3 -c 'import torch; print(torch.__version__)')"
 
 # The sources and the bundle, as the device machine gets them; its build folder is kept.
-rm -rf "$root/src"
-mkdir -p "$root/src"
-(cd "$here" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -c) |
-  tar -x -C "$root/src"
+trixie_copy_sources "$here" "$root"
 cp -a "$here/.gpu" "$root/src/.gpu"
 rm -rf "$root/out"
 mkdir -p "$root/out"

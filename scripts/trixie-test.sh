@@ -10,25 +10,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 root=${ROOT:-/var/tmp/trainyard-trixie}
 ctest_args=("$@")
 [ "$(id -u)" -eq 0 ] || { echo "trixie-test: run as root (debootstrap, chroot)" >&2; exit 1; }
-command -v debootstrap >/dev/null 2>&1 ||
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
-
-mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list.d/*.sources \
-           /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}' || true)
-mirror=${mirror:-http://deb.debian.org/debian}
-if [ ! -x "$root/usr/bin/apt-get" ]; then
-  echo "trixie-test: making a trixie root in $root from $mirror"
-  debootstrap --variant=minbase --include=ca-certificates trixie "$root" "$mirror" \
-    >"$root.debootstrap.log" 2>&1 || { tail -20 "$root.debootstrap.log" >&2; exit 1; }
-fi
-mounted=()
-cleanup() { for ((i=${#mounted[@]}-1; i>=0; i--)); do umount "${mounted[$i]}" || true; done; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-for d in proc sys dev; do
-  if ! mountpoint -q "$root/$d"; then mount --bind "/$d" "$root/$d"; mounted+=("$root/$d"); fi
-done
-cp /etc/resolv.conf "$root/etc/resolv.conf"
+# shellcheck source=scripts/trixie-root.sh
+source "$here/scripts/trixie-root.sh"
+trixie_root "$root" trixie-test
 
 # What scripts/install-deps.sh installs, from trixie.
 packages=(build-essential cmake pkg-config git libgrpc++-dev protobuf-compiler-grpc
@@ -53,10 +37,7 @@ fi
 echo "trixie-test: $(chroot "$root" sh -c 'g++ --version | head -1'), LibTorch" \
   "$(chroot "$root" python3 -c 'import torch; print(torch.__version__)')"
 
-rm -rf "$root/src"
-mkdir -p "$root/src"
-(cd "$here" && git ls-files -z --cached --others --exclude-standard |
-  tar --null -T - -c) | tar -x -C "$root/src"
+trixie_copy_sources "$here" "$root"
 ln -s /opt/tools "$root/src/.tools"
 chroot "$root" bash -c "cmake -S /src -B /build -DCMAKE_BUILD_TYPE=Release >/dev/null &&
   cmake --build /build -j\$(nproc) &&

@@ -1,0 +1,47 @@
+# Sourced by scripts/trixie-test.sh and scripts/gpu-rehearsal.sh: a Debian 13 (trixie) root made
+# with debootstrap from this machine's Debian mirror, kept between runs, with /proc, /sys and /dev
+# bound into it until the sourcing script exits.
+
+# trixie_root ROOT NAME: makes ROOT if it has no apt-get yet and mounts into it; NAME prefixes the
+# messages. Needs root.
+trixie_root() {
+  local root=$1 name=$2
+  command -v debootstrap >/dev/null 2>&1 ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+  local mirror
+  mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list.d/*.sources \
+             /etc/apt/sources.list 2>/dev/null | grep -v security | head -1 | awk '{print $2}' || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  if [ ! -x "$root/usr/bin/apt-get" ]; then
+    echo "$name: making a trixie root in $root from $mirror"
+    mkdir -p "$root"
+    debootstrap --variant=minbase --include=ca-certificates trixie "$root" "$mirror" \
+      >"$root.debootstrap.log" 2>&1 || { tail -20 "$root.debootstrap.log" >&2; return 1; }
+  fi
+  trixie_mounted=()
+  trap trixie_unmount EXIT
+  trap 'exit 1' INT TERM
+  local d
+  for d in proc sys dev; do
+    if ! mountpoint -q "$root/$d"; then
+      mount --bind "/$d" "$root/$d"
+      trixie_mounted+=("$root/$d")
+    fi
+  done
+  cp /etc/resolv.conf "$root/etc/resolv.conf"
+}
+
+trixie_unmount() {
+  local i
+  for ((i=${#trixie_mounted[@]}-1; i>=0; i--)); do umount "${trixie_mounted[$i]}" || true; done
+}
+
+# trixie_copy_sources HERE ROOT: the sources as a checkout has them (what git tracks, and what it
+# does not ignore) in ROOT/src, replacing what was there.
+trixie_copy_sources() {
+  local here=$1 root=$2
+  rm -rf "$root/src"
+  mkdir -p "$root/src"
+  (cd "$here" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -c) |
+    tar -x -C "$root/src"
+}
