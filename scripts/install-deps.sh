@@ -18,6 +18,8 @@ packages=(
   # test-only tools
   awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint
   openssl python3-grpcio python3-protobuf python3-optuna
+  # benchmarks only (bench/cpu_step.py)
+  python3-torchvision
 )
 
 missing=()

@@ -320,7 +320,12 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
   EXPECT_GT(prometheus.Scalar("min(trainyard_worker_memory_total_bytes)"), 0);
   EXPECT_EQ(prometheus.Scalar("max(trainyard_worker_gpu_monitoring)"), 0);
 
-  // The deployed rules are loaded and evaluate without errors against real series.
+  // The deployed rules are loaded and evaluate without errors against real series: every one of
+  // them.
+  const YAML::Node deployed = YAML::LoadFile(SourceDir() + "/deploy/prometheus/alerts.yml");
+  size_t deployed_alerts = 0;
+  for (const YAML::Node& group : deployed["groups"]) deployed_alerts += group["rules"].size();
+  ASSERT_GT(deployed_alerts, 10u);
   std::set<std::string> alerts;
   ASSERT_TRUE(PollUntil(
       [&] {
@@ -337,14 +342,15 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
             evaluated = evaluated && rule["health"] == "ok";
           }
         }
-        return evaluated && alerts.size() == 10;
+        return evaluated && alerts.size() == deployed_alerts;
       },
       absl::Seconds(30)));
   EXPECT_THAT(alerts,
               ::testing::IsSupersetOf(
                   {"TrainyardJobOverRuntime", "TrainyardJobStalled", "TrainyardJobRestartLoop",
                    "TrainyardWorkerLost", "TrainyardQueueBacklog", "TrainyardCheckpointTooOld",
-                   "TrainyardGpusIdle", "TrainyardParameterServerStalePushes"}));
+                   "TrainyardGpusIdle", "TrainyardJobGpuIdle",
+                   "TrainyardParameterServerStalePushes"}));
 
   // Every /metrics output passes promtool's checks, and together they hold every metric that a
   // dashboard or an alert rule names (the GPU ones need NVML: agent_metrics_test covers them).
