@@ -282,7 +282,8 @@ class SpecParser {
   absl::Status ParseModel(const YAML::Node& node) {
     if (!IsSet(node)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(node, "model"));
-    TY_RETURN_IF_ERROR(CheckKeys(node, "model", {"builtin", "torchscript", "args"}));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(node, "model", {"builtin", "torchscript", "args", "memory_format"}));
     v1::ModelSpec& model = *spec_.mutable_model();
     if (IsSet(node["builtin"]) && IsSet(node["torchscript"])) {
       return FieldError("model", "set only one of builtin or torchscript");
@@ -291,6 +292,8 @@ class SpecParser {
         String(node, "model", "builtin", [&](const std::string& v) { model.set_builtin(v); }));
     TY_RETURN_IF_ERROR(String(node, "model", "torchscript",
                               [&](const std::string& v) { model.set_torchscript(v); }));
+    TY_RETURN_IF_ERROR(String(node, "model", "memory_format",
+                              [&](const std::string& v) { model.set_memory_format(v); }));
     const YAML::Node args = node["args"];
     if (!IsSet(args)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(args, "model.args"));
@@ -566,6 +569,18 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
     case v1::ModelSpec::kBuiltin:
       break;
   }
+  if (!model.memory_format().empty() && model.memory_format() != "contiguous" &&
+      model.memory_format() != "channels_last") {
+    return FieldError("model.memory_format",
+                      absl::StrCat("unknown memory format '", model.memory_format(),
+                                   "', expected contiguous or channels_last"));
+  }
+  if (model.memory_format() == "channels_last" && model.source_case() == v1::ModelSpec::kBuiltin &&
+      model.builtin() != "cnn") {
+    return FieldError("model.memory_format",
+                      "channels_last is for convolutional models (cnn, or a TorchScript model with "
+                      "4-D weights)");
+  }
   const v1::ModelArgs& args = model.args();
   for (int i = 0; i < args.hidden_size(); ++i) {
     if (args.hidden(i) <= 0)
@@ -772,6 +787,9 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
 void ApplyJobSpecDefaults(JobSpec& spec) {
   if (spec.strategy() == v1::STRATEGY_UNSPECIFIED) spec.set_strategy(v1::SINGLE);
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::FP32);
+  if (spec.has_model() && spec.model().memory_format().empty()) {
+    spec.mutable_model()->set_memory_format("contiguous");
+  }
   v1::WorkerRange& workers = *spec.mutable_workers();
   if (workers.min() == 0 && workers.max() == 0) {
     workers.set_min(1);

@@ -98,6 +98,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"strategy", "ring"}},
                 "strategy: unknown strategy 'ring', expected single, data_parallel or "
                 "parameter_server"},
+        // Memory format.
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2}, memory_format: nhwc}"}},
+                "model.memory_format: unknown memory format 'nhwc', expected contiguous or "
+                "channels_last"},
+        BadSpec{{{"model",
+                  "{builtin: mlp, args: {inputs: 4, classes: 2}, memory_format: channels_last}"}},
+                "model.memory_format: channels_last is for convolutional models (cnn, or a "
+                "TorchScript model with 4-D weights)"},
         // Precision.
         BadSpec{{{"precision", "fp8"}},
                 "precision: unknown precision 'fp8', expected fp32, bf16 or fp16"},
@@ -440,6 +448,7 @@ TEST(JobSpecTest, DefaultsForAMinimalSpec) {
   EXPECT_EQ(spec.accumulate_steps(), 1);
   EXPECT_EQ(spec.bucket_size_mb(), 25);
   EXPECT_EQ(spec.precision(), v1::FP32);
+  EXPECT_EQ(spec.model().memory_format(), "contiguous");
 }
 
 TEST(JobSpecTest, Fp16OnGpus) {

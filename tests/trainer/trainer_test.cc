@@ -1085,6 +1085,64 @@ TEST(TrainerTest, CnnTrains) {
   EXPECT_EQ(result->step, 5);
 }
 
+// model.memory_format: channels_last turns every 4-D weight NHWC (and so the convolutions'
+// activations) and trains to what the default layout trains to; its checkpoints hold the same
+// tensors in the same (row-major) layout.
+TEST(TrainerTest, ChannelsLastTrainsAsTheDefaultLayoutDoes) {
+  auto cnn = [](const std::string& dir, const std::string& format) {
+    trainyard::v1::Task task = SyntheticTask(dir, 8);
+    task.mutable_spec()->mutable_data()->mutable_synthetic()->set_features(3 * 6 * 6);
+    auto& model = *task.mutable_spec()->mutable_model();
+    model.set_builtin("cnn");
+    model.set_memory_format(format);
+    model.mutable_args()->clear_hidden();
+    model.mutable_args()->add_hidden(4);
+    model.mutable_args()->add_hidden(6);
+    model.mutable_args()->set_channels(3);
+    model.mutable_args()->set_height(6);
+    model.mutable_args()->set_width(6);
+    return task;
+  };
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      BuildModel(cnn("", "channels_last").spec().model(), 1, 3 * 6 * 6, 3);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(ApplyMemoryFormat(**model, "channels_last").ok());
+  int nhwc = 0;
+  for (const auto& [name, p] : (*model)->NamedParameters()) {
+    if (p.dim() == 4) {
+      EXPECT_TRUE(p.is_contiguous(torch::MemoryFormat::ChannelsLast)) << name;
+      EXPECT_FALSE(p.is_contiguous()) << name;
+      ++nhwc;
+    }
+  }
+  EXPECT_EQ(nhwc, 2);
+  torch::Tensor out = (*model)->Forward(torch::rand({2, 3 * 6 * 6}));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3}));
+
+  const std::string dir_default = MakeTempDir(), dir_nhwc = MakeTempDir();
+  absl::StatusOr<TrainResult> a = RunTrainer(cnn(dir_default, "contiguous"), QuietOptions());
+  absl::StatusOr<TrainResult> b = RunTrainer(cnn(dir_nhwc, "channels_last"), QuietOptions());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NEAR(a->loss, b->loss, 1e-5 * std::abs(a->loss));
+  std::map<std::string, torch::Tensor> ta = ReadTensors(dir_default + "/final/model.safetensors");
+  std::map<std::string, torch::Tensor> tb = ReadTensors(dir_nhwc + "/final/model.safetensors");
+  ASSERT_EQ(ta.size(), tb.size());
+  for (const auto& [name, t] : ta) {
+    ASSERT_EQ(tb.count(name), 1u) << name;
+    EXPECT_EQ(t.sizes(), tb[name].sizes()) << name;
+    EXPECT_TRUE(torch::allclose(t, tb[name], 1e-4, 1e-5)) << name;
+  }
+
+  // A model without convolutions is refused, naming the field.
+  absl::StatusOr<std::unique_ptr<Model>> mlp =
+      BuildModel(SyntheticTask("", 1).spec().model(), 1, 8, 3);
+  ASSERT_TRUE(mlp.ok());
+  absl::Status refused = ApplyMemoryFormat(**mlp, "channels_last");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("model.memory_format"));
+}
+
 TEST(TrainerTest, ParameterServerNeedsTheRendezvousAndShardsForItsDenseLayers) {
   trainyard::v1::Task task = SyntheticTask("", 5);
   task.mutable_spec()->set_strategy(trainyard::v1::PARAMETER_SERVER);

@@ -489,6 +489,26 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
   }
 }
 
+absl::Status ApplyMemoryFormat(Model& model, const std::string& format) {
+  if (format.empty() || format == "contiguous") return absl::OkStatus();
+  if (format != "channels_last") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.memory_format: unknown memory format '", format, "'"));
+  }
+  int converted = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : model.NamedParameters()) {
+    if (p.dim() != 4) continue;
+    p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+    ++converted;
+  }
+  if (converted == 0) {
+    return absl::InvalidArgumentError(
+        "model.memory_format: channels_last, but the model has no 4-D weights (no convolution)");
+  }
+  return absl::OkStatus();
+}
+
 torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device) {
   if (tensor.device() == device) return tensor.detach().clone();
   return tensor.detach().to(device, /*non_blocking=*/false, /*copy=*/true);

@@ -121,6 +121,13 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
 absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
                                                        absl::string_view field);
 
+// model.memory_format: "channels_last" lays every 4-D parameter out as NHWC in place (what
+// PyTorch's model.to(memory_format=torch.channels_last) does), so that convolutions take and give
+// channels-last activations; "contiguous" or empty leaves the model as it is. Call it after the
+// model is on its device and before an optimizer holds state. INVALID_ARGUMENT naming
+// model.memory_format for an unknown format, or channels_last on a model without 4-D weights.
+absl::Status ApplyMemoryFormat(Model& model, const std::string& format);
+
 // A copy of `tensor` on `device`, detached; a plain clone when it is already there.
 torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device);
 

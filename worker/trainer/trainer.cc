@@ -249,6 +249,10 @@ absl::Status Run::Prepare() {
     }
     LogInfo("training on ", device_.str());
   }
+  if (absl::Status format = ApplyMemoryFormat(*model_, spec_.model().memory_format());
+      !format.ok()) {
+    return format;
+  }
   params_ = model_->NamedParameters();
   if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
   // A quick forward pass turns shape mismatches into a clear error before training starts.
