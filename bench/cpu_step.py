@@ -27,18 +27,9 @@ import torchvision  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from local_cluster import LocalCluster, median_samples_per_second  # noqa: E402
+from flat_model import Flat  # noqa: E402
 
 LOG_EVERY = 10
-
-
-class Flat(nn.Module):
-    def __init__(self, net, shape):
-        super().__init__()
-        self.net = net
-        self.shape = shape
-
-    def forward(self, x):
-        return self.net(x.view(self.shape))
 
 
 def eager_rate(model, images, labels, batch, steps, warmup):

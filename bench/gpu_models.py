@@ -30,20 +30,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flat_model import Flat  # noqa: E402
+
 PEAK_TFLOPS = {"H100": {"bf16": 989.0, "fp32": 495.0}, "H200": {"bf16": 989.0, "fp32": 495.0},
                "A100": {"bf16": 312.0, "fp32": 156.0}}
-
-
-class Flat(nn.Module):
-    """Takes the trainer's [N, C*H*W] features, as a job's model must."""
-
-    def __init__(self, net, shape):
-        super().__init__()
-        self.net = net
-        self.shape = shape
-
-    def forward(self, x):
-        return self.net(x.view(self.shape))
 
 
 def mlp(inputs, hidden, classes):
