@@ -126,7 +126,8 @@ for base in ("/usr/local/cuda",):
     lib = lib or next(iter(sorted(glob.glob(f"{base}/lib64/libnccl.so*"))), "")
     rt_inc = rt_inc or (os.path.exists(f"{base}/include/cuda_runtime_api.h") and f"{base}/include/cuda_runtime_api.h") or ""
     rt_lib = rt_lib or next(iter(sorted(glob.glob(f"{base}/lib64/libcudart.so*"))), "")
-print(os.path.dirname(inc) if inc else "", lib, os.path.dirname(rt_inc) if rt_inc else "", rt_lib)
+print("|".join([os.path.dirname(inc) if inc else "", lib,
+                os.path.dirname(rt_inc) if rt_inc else "", rt_lib]))
 EOF
 }
 
@@ -135,7 +136,9 @@ item_build() {
   torch_dir=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch
   [ -f "$torch_dir/TorchConfig.cmake" ] || { fail "no TorchConfig.cmake under $torch_dir"; return; }
   local nccl_args=(-DTRAINYARD_WITH_NCCL=OFF)
-  read -r nccl_inc nccl_lib rt_inc rt_lib < <(find_nccl)
+  # '|'-separated: a missing one is an empty field, never a shift of the others.
+  local nccl_inc nccl_lib rt_inc rt_lib
+  IFS='|' read -r nccl_inc nccl_lib rt_inc rt_lib < <(find_nccl)
   if [ -n "$nccl_inc" ] && [ -n "$nccl_lib" ] && [ -n "$rt_inc" ] && [ -n "$rt_lib" ]; then
     nccl_args=(-DTRAINYARD_WITH_NCCL=ON -DNCCL_INCLUDE_DIR="$nccl_inc" -DNCCL_LIBRARY="$nccl_lib"
       -DCUDART_INCLUDE_DIR="$rt_inc" -DCUDART_LIBRARY="$rt_lib")
