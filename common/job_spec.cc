@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -180,39 +182,41 @@ class SpecParser {
   }
 
  private:
-  absl::Status ParsePrecision(const YAML::Node& node) {
+  // A field whose value is one of `choices` (YAML name, enum value): "unknown FIELD 'x',
+  // expected a, b or c" otherwise.
+  template <typename Enum>
+  absl::Status ParseChoice(const YAML::Node& node, const std::string& field,
+                           std::initializer_list<std::pair<const char*, Enum>> choices,
+                           void (JobSpec::*set)(Enum)) {
     if (!IsSet(node)) return absl::OkStatus();
-    absl::StatusOr<std::string> name = ReadString(node, "precision");
+    absl::StatusOr<std::string> name = ReadString(node, field);
     if (!name.ok()) return name.status();
-    if (*name == "fp32") {
-      spec_.set_precision(v1::FP32);
-    } else if (*name == "bf16") {
-      spec_.set_precision(v1::BF16);
-    } else if (*name == "fp16") {
-      spec_.set_precision(v1::FP16);
-    } else {
-      return FieldError("precision",
-                        absl::StrCat("unknown precision '", *name, "', expected fp32, bf16 or fp16"));
+    std::string expected;
+    size_t i = 0;
+    for (const auto& [choice, value] : choices) {
+      if (*name == choice) {
+        (spec_.*set)(value);
+        return absl::OkStatus();
+      }
+      absl::StrAppend(&expected, i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", "), choice);
+      ++i;
     }
-    return absl::OkStatus();
+    return FieldError(field,
+                      absl::StrCat("unknown ", field, " '", *name, "', expected ", expected));
+  }
+
+  absl::Status ParsePrecision(const YAML::Node& node) {
+    return ParseChoice<v1::Precision>(
+        node, "precision", {{"fp32", v1::FP32}, {"bf16", v1::BF16}, {"fp16", v1::FP16}},
+        &JobSpec::set_precision);
   }
 
   absl::Status ParseStrategy(const YAML::Node& node) {
-    if (!IsSet(node)) return absl::OkStatus();
-    absl::StatusOr<std::string> name = ReadString(node, "strategy");
-    if (!name.ok()) return name.status();
-    if (*name == "single") {
-      spec_.set_strategy(v1::SINGLE);
-    } else if (*name == "data_parallel") {
-      spec_.set_strategy(v1::DATA_PARALLEL);
-    } else if (*name == "parameter_server") {
-      spec_.set_strategy(v1::PARAMETER_SERVER);
-    } else {
-      return FieldError("strategy",
-                        absl::StrCat("unknown strategy '", *name,
-                                     "', expected single, data_parallel or parameter_server"));
-    }
-    return absl::OkStatus();
+    return ParseChoice<v1::Strategy>(node, "strategy",
+                                     {{"single", v1::SINGLE},
+                                      {"data_parallel", v1::DATA_PARALLEL},
+                                      {"parameter_server", v1::PARAMETER_SERVER}},
+                                     &JobSpec::set_strategy);
   }
 
   absl::Status ParseWorkers(const YAML::Node& node) {

@@ -224,6 +224,15 @@ start_cluster() {
   "$bundle/bin/trainyard" workers
 }
 
+# The preconditions of an item that runs jobs: the build, CUDA when it says `cuda`, and the local
+# cluster (started by the first item that needs it). Says skip or fail itself; returns non-zero
+# when the item cannot go on.
+ready_for_jobs() {  # [cuda [WHY-NO-CUDA-IS-FINE]]
+  built || { skip "no build"; return 1; }
+  if [ "${1:-}" = cuda ] && ! has_cuda; then skip "no CUDA device${2:+ ($2)}"; return 1; fi
+  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return 1; }
+}
+
 job_spec() {  # NAME GPUS STEPS
   cat <<EOF
 name: $1
@@ -266,8 +275,7 @@ job_field() {  # JOB PYTHON-EXPRESSION over `describe -o json` (the Job message)
 # The same path as gpu_job on the CPU, so that a machine without a GPU (the rehearsal) proves the
 # bundle's programs, the job helpers and the resume check before a GPU run depends on them.
 item_cluster_cpu() {
-  built || { skip "no build"; return; }
-  start_cluster || { fail "the local cluster did not come up"; return; }
+  ready_for_jobs || return
   local job resumed start t0=$SECONDS
   job=$(run_job cpu-check 0 200) || { fail "a CPU job through the bundle's coordinator and agent did not succeed"; return; }
   figure cpu_job_seconds "$((SECONDS - t0))"
@@ -279,9 +287,7 @@ item_cluster_cpu() {
 }
 
 item_gpu_job() {
-  built || { skip "no build"; return; }
-  has_cuda || { skip "no CUDA device"; return; }
-  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  ready_for_jobs cuda || return
   local job resumed on_cpu t0=$SECONDS
   job=$(run_job gpu-check 1 300) || { fail "a 1-GPU job did not succeed"; return; }
   figure gpu_job_seconds "$((SECONDS - t0))"
@@ -301,8 +307,7 @@ item_gpu_job() {
 }
 
 item_nvml() {
-  built || { skip "no build"; return; }
-  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  ready_for_jobs || return
   local line smi
   line=$(grep -m1 -o 'offering .* GPUs, found through .*' "$work/cluster/logs/worker-1.log")
   figure agent "${line:-no discovery line (trainyard up gave worker-1 --gpus=0: no /dev/nvidia*)}"
@@ -314,9 +319,7 @@ item_nvml() {
   esac
 }
 item_precision() {
-  built || { skip "no build"; return; }
-  has_cuda || { skip "no CUDA device (bf16 on the CPU is checked against PyTorch by make test)"; return; }
-  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  ready_for_jobs cuda "bf16 on the CPU is checked against PyTorch by make test" || return
   local rc=0
   "$python" "$here/tests/gpu/precision_parity.py" "$bundle/bin/trainyard" "$work/precision" \
     >"$work/precision.out" 2>&1 || rc=$?
@@ -331,27 +334,26 @@ item_precision() {
 # Trainyard against eager PyTorch and torch.compile on this GPU (bench/gpu_models.py): its table
 # goes to OUT_DIR/bench.md. Several minutes: run it in a call of its own (ITEMS=benchmarks).
 item_benchmarks() {
-  built || { skip "no build"; return; }
-  has_cuda || { skip "no CUDA device"; return; }
-  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  ready_for_jobs cuda || return
   local rc=0
   "$python" "$here/bench/gpu_models.py" "$bundle/bin/trainyard" "$work/bench" \
     ${BENCH_ARGS:-} >"$out/bench.md" 2>&1 || rc=$?
   cat "$out/bench.md"
   [ "$rc" = 0 ] || { fail "bench/gpu_models.py exited $rc (bench.md)"; return; }
-  "$python" - "$out/bench.md" "$state/bench.json" <<'EOF'
+  # The script's last line is its figures as JSON: kept for data_wait, and the headline ones
+  # into the report.
+  while read -r key value; do figure "$key" "$value"; done < <("$python" - "$out/bench.md" "$state/bench.json" <<'EOF'
 import json, sys
 figures = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 json.dump(figures, open(sys.argv[2], "w"))
-EOF
-  while read -r key value; do figure "$key" "$value"; done < <("$python" -c '
-import json, sys
-f = json.load(open(sys.argv[1]))
-for case, r in f.items():
+for case, r in figures.items():
     if isinstance(r, dict):
-        for k in ("trainyard", "vs_eager", "vs_compiled", "gpu_util_trainyard", "mfu_trainyard", "data_wait_share"):
+        for k in ("trainyard", "vs_eager", "vs_compiled", "gpu_util_trainyard", "mfu_trainyard",
+                  "data_wait_share"):
             v = r.get(k)
-            print(f"{case}.{k}", "-" if v is None else round(v, 4))' "$state/bench.json")
+            print(f"{case}.{k}", "-" if v is None else round(v, 4))
+EOF
+)
   pass "table in bench.md"
 }
 
@@ -370,9 +372,7 @@ item_data_wait() {
   fi
 }
 item_gpu_metrics() {
-  built || { skip "no build"; return; }
-  has_cuda || { skip "no CUDA device"; return; }
-  [ -n "$cluster_pid" ] || start_cluster || { fail "the local cluster did not come up"; return; }
+  ready_for_jobs cuda || return
   # worker-1's metrics are on the coordinator's port + 2 (trainyard up). A job that runs until
   # cancelled, so that the scrape sees it on its GPU.
   local url="http://127.0.0.1:$(( ${TRAINYARD_COORDINATOR##*:} + 2 ))/metrics" job found=""

@@ -17,7 +17,9 @@
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
+#include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
+#include "worker/trainer/checkpoint.h"
 #include "worker/trainer/strategy.h"
 #include "worker/trainer/trainer.h"
 #if TRAINYARD_WITH_NCCL
@@ -38,15 +40,8 @@ using ::testing::AnyOf;
                << "or no GPU visible"
 
 trainyard::v1::Task GpuTask(const std::string& checkpoint_dir, int64_t max_steps) {
-  trainyard::v1::Task task;
-  task.set_task_id("gpujob.g1.r0");
-  task.set_job_id("gpujob");
-  task.set_generation(1);
-  task.set_world_size(1);
-  task.set_slots(1);
-  task.set_checkpoint_uri("file://" + checkpoint_dir);
+  trainyard::v1::Task task = test_tasks::SingleRankTask("gpujob", checkpoint_dir);
   auto& spec = *task.mutable_spec();
-  spec.set_strategy(trainyard::v1::SINGLE);
   spec.mutable_resources()->set_gpus_per_worker(1);
   spec.mutable_model()->set_builtin("mlp");
   spec.mutable_model()->mutable_args()->add_hidden(64);
@@ -67,12 +62,6 @@ trainyard::v1::Task GpuTask(const std::string& checkpoint_dir, int64_t max_steps
   return task;
 }
 
-std::string StepDir(const std::string& dir, int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "step-%012lld", static_cast<long long>(step));
-  return dir + "/" + name;
-}
-
 TEST(GpuTrainingTest, AJobTrainsOnCudaAndItsCheckpointsLoadOnTheCpuAndResumeOnTheGpu) {
   SKIP_WITHOUT_CUDA();
   const std::string dir = MakeTempDir();
@@ -86,7 +75,8 @@ TEST(GpuTrainingTest, AJobTrainsOnCudaAndItsCheckpointsLoadOnTheCpuAndResumeOnTh
   EXPECT_GT(*whole->val_accuracy, 0.5);
 
   // The checkpoint holds host tensors that a CPU-only reader takes as they are.
-  for (const auto& [name, tensor] : ReadTensors(StepDir(dir, 20) + "/model.safetensors")) {
+  const std::string half = CheckpointStepUri(dir, 20);  // the checkpoint of step 20
+  for (const auto& [name, tensor] : ReadTensors(half + "/model.safetensors")) {
     EXPECT_TRUE(tensor.device().is_cpu()) << name;
     EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
   }
@@ -95,7 +85,7 @@ TEST(GpuTrainingTest, AJobTrainsOnCudaAndItsCheckpointsLoadOnTheCpuAndResumeOnTh
   const std::string cpu_dir = MakeTempDir();
   trainyard::v1::Task on_cpu = GpuTask(cpu_dir, 40);
   on_cpu.mutable_spec()->mutable_resources()->set_gpus_per_worker(0);
-  on_cpu.add_resume_checkpoints("file://" + StepDir(dir, 20));
+  on_cpu.add_resume_checkpoints("file://" + half);
   ASSERT_TRUE(TrainingDevice(on_cpu).is_cpu());
   absl::StatusOr<TrainResult> cpu = RunTrainer(on_cpu, QuietOptions());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -107,11 +97,11 @@ TEST(GpuTrainingTest, AJobTrainsOnCudaAndItsCheckpointsLoadOnTheCpuAndResumeOnTh
   // Resumed on the GPU from step 20: it continues where the uninterrupted run went.
   const std::string gpu_dir = MakeTempDir();
   trainyard::v1::Task on_gpu = GpuTask(gpu_dir, 40);
-  on_gpu.add_resume_checkpoints("file://" + StepDir(dir, 20));
+  on_gpu.add_resume_checkpoints("file://" + half);
   absl::StatusOr<TrainResult> resumed = RunTrainer(on_gpu, QuietOptions());
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->start_step, 20);
-  EXPECT_EQ(resumed->resumed_from, "file://" + StepDir(dir, 20));
+  EXPECT_EQ(resumed->resumed_from, "file://" + half);
   EXPECT_NEAR(resumed->loss, whole->loss, 1e-5 + 1e-5 * std::abs(whole->loss));
 }
 
@@ -134,11 +124,12 @@ TEST(GpuTrainingTest, MixedPrecisionTrainsAndFp16ResumesWithItsLossScale) {
       EXPECT_EQ(t.scalar_type(), torch::kFloat32) << name;
     }
     if (precision != trainyard::v1::FP16) continue;
-    const std::string state = test_files::ReadFile(StepDir(dir, 20) + "/trainer_state.json");
+    const std::string half = CheckpointStepUri(dir, 20);
+    const std::string state = test_files::ReadFile(half + "/trainer_state.json");
     EXPECT_NE(state.find("\"loss_scaler\""), std::string::npos) << state;
     trainyard::v1::Task resumed = GpuTask(MakeTempDir(), 40);
     resumed.mutable_spec()->set_precision(precision);
-    resumed.add_resume_checkpoints("file://" + StepDir(dir, 20));
+    resumed.add_resume_checkpoints("file://" + half);
     absl::StatusOr<TrainResult> again = RunTrainer(resumed, QuietOptions());
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->start_step, 20);

@@ -23,6 +23,7 @@
 #include "tests/trainer/fake_coordinator.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
+#include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/data.h"
 #include "worker/trainer/model.h"
@@ -65,15 +66,8 @@ double MaxDifference(const std::map<std::string, torch::Tensor>& a,
 // a cosine schedule with warm-up, shuffled data over several epochs, dropout (the random
 // generator). No validation split, so that every sample trains.
 trainyard::v1::Task ResumeTask(const std::string& checkpoint_dir, int64_t total_steps) {
-  trainyard::v1::Task task;
-  task.set_task_id("job1.g1.r0");
-  task.set_job_id("job1");
-  task.set_generation(1);
-  task.set_world_size(1);
-  task.set_slots(1);
-  task.set_checkpoint_uri("file://" + checkpoint_dir);
+  trainyard::v1::Task task = test_tasks::SingleRankTask("job1", checkpoint_dir);
   auto& spec = *task.mutable_spec();
-  spec.set_strategy(trainyard::v1::SINGLE);
   spec.mutable_model()->set_builtin("mlp");
   spec.mutable_model()->mutable_args()->add_hidden(16);
   spec.mutable_model()->mutable_args()->set_dropout(0.25f);

@@ -27,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/test_files.h"
+#include "tests/trainer/test_tasks.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.pb.h"
 
@@ -37,6 +38,7 @@ using ::testing::HasSubstr;
 using ::trainyard::trainer::test_files::FileExists;
 using ::trainyard::trainer::test_files::MakeTempDir;
 using ::trainyard::trainer::test_files::ReadFile;
+using ::trainyard::trainer::test_tasks::SingleRankTask;
 
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
@@ -171,15 +173,8 @@ struct FakeCoordinatorServer {
 };
 
 trainyard::v1::Task BaseTask(const std::string& checkpoint_dir) {
-  trainyard::v1::Task task;
-  task.set_task_id("jobx.g1.r0");
-  task.set_job_id("jobx");
-  task.set_generation(1);
-  task.set_world_size(1);
-  task.set_slots(1);
-  task.set_checkpoint_uri("file://" + checkpoint_dir);
+  trainyard::v1::Task task = SingleRankTask("jobx", checkpoint_dir);
   auto& spec = *task.mutable_spec();
-  spec.set_strategy(trainyard::v1::SINGLE);
   spec.mutable_model()->set_builtin("mlp");
   spec.mutable_model()->mutable_args()->add_hidden(16);
   spec.set_batch_size(16);

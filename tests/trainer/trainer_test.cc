@@ -26,6 +26,7 @@
 #include "tests/common/fake_clock.h"
 #include "tests/trainer/fake_coordinator.h"
 #include "tests/trainer/test_files.h"
+#include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/coordinator_client.h"
@@ -53,15 +54,8 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 
 // A small synthetic classification task for the in-process runs.
 trainyard::v1::Task SyntheticTask(const std::string& checkpoint_dir, int64_t max_steps) {
-  trainyard::v1::Task task;
-  task.set_task_id("job1.g1.r0");
-  task.set_job_id("job1");
-  task.set_generation(1);
-  task.set_world_size(1);
-  task.set_slots(1);
-  if (!checkpoint_dir.empty()) task.set_checkpoint_uri("file://" + checkpoint_dir);
+  trainyard::v1::Task task = test_tasks::SingleRankTask("job1", checkpoint_dir);
   auto& spec = *task.mutable_spec();
-  spec.set_strategy(trainyard::v1::SINGLE);
   spec.mutable_model()->set_builtin("mlp");
   spec.mutable_model()->mutable_args()->add_hidden(16);
   auto& synthetic = *spec.mutable_data()->mutable_synthetic();
@@ -1134,13 +1128,19 @@ TEST(TrainerTest, ChannelsLastTrainsAsTheDefaultLayoutDoes) {
     EXPECT_TRUE(torch::allclose(t, tb[name], 1e-4, 1e-5)) << name;
   }
 
-  // A model without convolutions is refused, naming the field.
+  // A model without convolutions is refused, naming the field: by the trainer itself too, so
+  // a trainer that never applied the format would fail here.
   absl::StatusOr<std::unique_ptr<Model>> mlp =
       BuildModel(SyntheticTask("", 1).spec().model(), 1, 8, 3);
   ASSERT_TRUE(mlp.ok());
   absl::Status refused = ApplyMemoryFormat(**mlp, "channels_last");
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("model.memory_format"));
+  trainyard::v1::Task mlp_task = SyntheticTask("", 2);
+  mlp_task.mutable_spec()->mutable_model()->set_memory_format("channels_last");
+  absl::Status trainer_refused = RunTrainer(mlp_task, QuietOptions()).status();
+  EXPECT_EQ(trainer_refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(trainer_refused.message(), HasSubstr("model.memory_format"));
 }
 
 TEST(TrainerTest, ParameterServerNeedsTheRendezvousAndShardsForItsDenseLayers) {
@@ -1334,24 +1334,25 @@ TEST(LossScalerTest, ScalesUnscalesAndSkipsAnOverflowLoweringTheScale) {
   LossScaler scaler;
   EXPECT_EQ(scaler.scale(), 65536.0);
   torch::Tensor w = torch::ones({3}, torch::requires_grad());
+  torch::Tensor unused = torch::ones({2}, torch::requires_grad());  // no gradient: skipped
+  const NamedTensors params = {{"w", w}, {"unused", unused}};
   scaler.Scale((w * 2).sum()).backward();
   EXPECT_TRUE(w.grad().equal(torch::full({3}, 2.0 * 65536)));
-  EXPECT_FALSE(scaler.Unscale({w}));
+  EXPECT_FALSE(scaler.Unscale(params));
   EXPECT_TRUE(w.grad().equal(torch::full({3}, 2.0)));
   scaler.Update(false);
   EXPECT_EQ(scaler.growth_tracker(), 1);
 
   w.mutable_grad().zero_();
   w.mutable_grad()[1] = std::numeric_limits<float>::infinity();
-  EXPECT_TRUE(scaler.Unscale({w}));
+  EXPECT_TRUE(scaler.Unscale(params));
   scaler.Update(true);
   EXPECT_EQ(scaler.scale(), 32768.0);
   EXPECT_EQ(scaler.growth_tracker(), 0);
   w.mutable_grad()[1] = std::nan("");
-  EXPECT_TRUE(scaler.Unscale({w})) << "NaN counts as an overflow too";
-  torch::Tensor unused = torch::ones({2}, torch::requires_grad());  // no gradient: skipped
+  EXPECT_TRUE(scaler.Unscale(params)) << "NaN counts as an overflow too";
   w.mutable_grad().zero_();
-  EXPECT_FALSE(scaler.Unscale({w, unused}));
+  EXPECT_FALSE(scaler.Unscale(params));
 }
 
 TEST(LossScalerTest, GrowsAfterAnIntervalOfGoodStepsAsGradScalerDoes) {

@@ -84,15 +84,16 @@ LossScaler::LossScaler(Options options)
     : options_(options), scale_(static_cast<float>(options.init_scale)) {}
 
 torch::Tensor LossScaler::Scale(const torch::Tensor& loss) const {
-  return loss * torch::full({}, scale_, loss.options().dtype(torch::kFloat32));
+  // A power of two times the float32 loss: exact, as GradScaler's tensor product is.
+  return loss * static_cast<double>(scale_);
 }
 
-bool LossScaler::Unscale(const std::vector<torch::Tensor>& parameters) {
+bool LossScaler::Unscale(const NamedTensors& parameters) {
   // GradScaler: inv_scale = scale.double().reciprocal().float().
   const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
   torch::NoGradGuard no_grad;
   torch::Tensor found;
-  for (const torch::Tensor& p : parameters) {
+  for (const auto& [name, p] : parameters) {
     const torch::Tensor& g = p.grad();
     if (!g.defined()) continue;
     // Checked before the division, as the fused kernel does: inf * inv_scale is still inf.

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "trainyard/v1/job.pb.h"
+#include "worker/trainer/model.h"
 
 namespace trainyard::trainer {
 
@@ -59,7 +60,7 @@ class LossScaler {
   // Divides each defined gradient by the scale in place (multiplies by its float32 reciprocal, as
   // GradScaler.unscale_ does) and returns true when any held an inf or NaN: then the update must
   // be skipped. One host synchronisation.
-  bool Unscale(const std::vector<torch::Tensor>& parameters);
+  bool Unscale(const NamedTensors& parameters);
   // After each update, skipped or not.
   void Update(bool found_inf);
 

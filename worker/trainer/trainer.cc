@@ -30,8 +30,8 @@
 #include "worker/trainer/data.h"
 #include "worker/trainer/distill.h"
 #include "worker/trainer/model.h"
-#include "worker/trainer/schedule.h"
 #include "worker/trainer/precision.h"
+#include "worker/trainer/schedule.h"
 #include "worker/trainer/strategy.h"
 
 namespace trainyard::trainer {
@@ -694,13 +694,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       if (!status.ok()) return status;
       // fp16: gradients (all-reduced already, so every rank agrees) back to their true size; an
       // update with an overflow is skipped and the scale lowered.
-      bool overflow = false;
-      if (scaler_.has_value()) {
-        std::vector<torch::Tensor> parameters;
-        parameters.reserve(params_.size());
-        for (const auto& [name, p] : params_) parameters.push_back(p);
-        overflow = scaler_->Unscale(parameters);
-      }
+      const bool overflow = scaler_.has_value() && scaler_->Unscale(params_);
       if (!strategy_->updates_parameters() && !overflow) optimizer_->step();
       if (scaler_.has_value()) scaler_->Update(overflow);
     } catch (const std::exception& e) {
