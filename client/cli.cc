@@ -138,7 +138,10 @@ std::vector<CommandSpec> Commands() {
        "`search describe ID` (every trial's values, rung, metric and state; the best trial and "
        "its model), `search cancel ID` (with its running trials), "
        "`search extend ID --max-trials N`.",
-       {{"max-trials", '\0', true, "N", "extend: the search's new total of trials"}, kOutputFlag},
+       {{"max-trials", '\0', true, "N", "extend: the search's new total of trials"},
+        {"wait", '\0', false, "",
+         "submit: follow the search until it ends; exit 0 succeeded, 1 failed, 3 cancelled"},
+        kOutputFlag},
        1,
        2},
       {"token",
@@ -447,6 +450,7 @@ class Client {
     return output == "json";
   }
   int Follow(const std::string& id);
+  int FollowSearch(const std::string& id);
 
   const std::string address_;
   const ParsedArgs& args_;
@@ -827,6 +831,57 @@ int Client::Token() {
   return kExitUsage;
 }
 
+// Polls the search (it has no watch stream) until it ends, redrawing one line on a terminal and
+// printing each new line otherwise; rides out a coordinator restart as Follow does.
+int Client::FollowSearch(const std::string& id) {
+  constexpr absl::Duration kPollInterval = absl::Seconds(1);
+  const bool tty = IsTerminal();
+  std::string last_line;
+  int failures = 0;
+  v1::Search search;
+  while (true) {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::GetSearchRequest request;
+    request.set_id(id);
+    grpc::Status status = search_->GetSearch(&context, request, &search);
+    if (!status.ok()) {
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || ++failures > 30) {
+        if (tty && !last_line.empty()) std::cout << "\n";
+        return RpcError(status);
+      }
+    } else {
+      failures = 0;
+      if (search.state() != v1::SEARCH_RUNNING) break;
+      const std::string line = SearchProgressLine(search);
+      if (line != last_line) {
+        std::cout << (tty ? "\r" : "") << line << (tty ? "\x1b[K" : "\n") << std::flush;
+        last_line = line;
+      }
+    }
+    absl::SleepFor(kPollInterval);
+  }
+  if (tty && !last_line.empty()) std::cout << "\r\x1b[K";
+  if (Json()) {
+    std::cout << ToJson(search);
+  } else {
+    std::cout << SearchProgressLine(search) << "\n";
+    if (!search.reason().empty()) std::cout << "  " << search.reason() << "\n";
+    if (!search.best_model_uri().empty()) {
+      std::cout << "  best model: " << search.best_model_uri() << "\n";
+    }
+  }
+  std::cout << std::flush;
+  switch (search.state()) {
+    case v1::SEARCH_SUCCEEDED:
+      return kExitSucceeded;
+    case v1::SEARCH_CANCELLED:
+      return kExitJobCancelled;
+    default:
+      return kExitJobFailed;
+  }
+}
+
 int Client::Search() {
   const std::string& action = args_.args[0];
   const bool has_arg = args_.args.size() > 1;
@@ -861,9 +916,9 @@ int Client::Search() {
       return kExitUsage;
     }
     if (!status.ok()) return RpcError(status);
-    if (Json()) return print(search);
-    std::cout << search.id() << "\n";
-    return kExitSucceeded;
+    if (Json() && !args_.Has("wait")) return print(search);
+    std::cout << search.id() << "\n" << std::flush;
+    return args_.Has("wait") ? FollowSearch(search.id()) : kExitSucceeded;
   }
   if (action == "list") {
     if (has_arg) return needs_arg("no argument");

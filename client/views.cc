@@ -126,6 +126,22 @@ std::string DescribeSearch(const v1::Search& s, absl::TimeZone zone) {
   return out;
 }
 
+std::string SearchProgressLine(const v1::Search& s) {
+  int done = 0;
+  for (const v1::Trial& t : s.trials()) done += t.state() != v1::TRIAL_RUNNING;
+  std::string out = absl::StrCat("search ", s.id(), " ", SearchStateName(s.state()), ": ",
+                                 s.trials_running(), " running, ", done, " done");
+  if (s.trials_failed() > 0) absl::StrAppend(&out, " (", s.trials_failed(), " failed)");
+  // Grid's max_trials 0 is the whole grid, whose size the client does not know.
+  const int planned = s.spec().searcher().max_trials();
+  absl::StrAppend(&out, planned > 0 ? absl::StrCat(" of ", planned) : "", " trials");
+  if (s.best_trial() >= 0) {
+    absl::StrAppend(&out, "; best ", s.spec().searcher().metric(), " ",
+                    absl::StrFormat("%.4f", s.best_metric()), " (trial ", s.best_trial(), ")");
+  }
+  return out;
+}
+
 std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::Worker& w : workers) {

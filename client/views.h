@@ -30,6 +30,9 @@ std::string SearchesTable(const std::vector<v1::Search>& searches, absl::Time no
 // step, metric, state and job.
 std::string DescribeSearch(const v1::Search& search, absl::TimeZone zone = absl::LocalTimeZone());
 // "RUNNING", "SUCCEEDED", ... without the enum's prefix.
+// One line on a search's way: "search S RUNNING: 2 running, 3 done (1 failed) of 6 trials; best
+// val_accuracy 0.9120 (trial 4)", as `search submit --wait` shows it.
+std::string SearchProgressLine(const v1::Search& search);
 std::string SearchStateName(v1::SearchState state);
 std::string TrialStateName(v1::TrialState state);
 

@@ -249,6 +249,29 @@ TEST(ViewsTest, StateLineNamesTheWorkers) {
   EXPECT_EQ(StateLine(job), "PENDING: waiting for 2 slots");
 }
 
+TEST(ViewsTest, SearchProgressLineCountsTrialsAndNamesTheBest) {
+  v1::Search s;
+  s.set_id("lr-s1");
+  s.set_state(v1::SEARCH_RUNNING);
+  s.mutable_spec()->mutable_searcher()->set_metric("val_accuracy");
+  s.mutable_spec()->mutable_searcher()->set_max_trials(6);
+  s.set_best_trial(-1);
+  for (v1::TrialState state : {v1::TRIAL_RUNNING, v1::TRIAL_RUNNING, v1::TRIAL_COMPLETED}) {
+    s.add_trials()->set_state(state);
+  }
+  s.set_trials_running(2);
+  EXPECT_EQ(SearchProgressLine(s), "search lr-s1 RUNNING: 2 running, 1 done of 6 trials");
+  s.add_trials()->set_state(v1::TRIAL_FAILED);
+  s.set_trials_failed(1);
+  s.set_best_trial(2);
+  s.set_best_metric(0.91234);
+  EXPECT_EQ(SearchProgressLine(s),
+            "search lr-s1 RUNNING: 2 running, 2 done (1 failed) of 6 trials; best val_accuracy "
+            "0.9123 (trial 2)");
+  s.mutable_spec()->mutable_searcher()->set_max_trials(0);  // a whole grid
+  EXPECT_THAT(SearchProgressLine(s), HasSubstr("2 done (1 failed) trials;"));
+}
+
 TEST(ViewsTest, SetResumeFromAddsOrReplaces) {
   absl::StatusOr<std::string> out = SetResumeFrom("name: a\nmax_steps: 10\n", "j-9");
   ASSERT_TRUE(out.ok()) << out.status();

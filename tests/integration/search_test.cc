@@ -4,9 +4,11 @@
 
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -197,6 +199,53 @@ TEST_F(SearchClusterTest, AshaPromotesFromCheckpointsAndSurvivesACoordinatorKill
   Cluster::CliResult listed = cluster_.Cli({"search", "list"});
   ASSERT_EQ(listed.exit_code, 0) << listed.output;
   EXPECT_THAT(listed.output, HasSubstr(id));
+}
+
+// `search submit --wait` follows the search to its end and exits with its outcome: 0 for one that
+// succeeds, 3 for one cancelled while its trials are held mid-run.
+TEST_F(SearchClusterTest, SubmitWaitFollowsTheSearchAndExitsWithItsOutcome) {
+  Cluster::CliResult done = cluster_.Cli(
+      {"search", "submit", "--wait",
+       WriteSpec("wait.yaml", absl::StrCat("name: wait-mlp\n"
+                                           "searcher: {name: random, metric: val_accuracy,\n"
+                                           "  max_trials: 2, max_concurrent_trials: 2}\n"
+                                           "hyperparameters:\n"
+                                           "  optimizer.lr: {type: log, min: 1e-3, max: 1e-2}\n",
+                                           kTemplate, "  max_steps: 6\n"))});
+  ASSERT_EQ(done.exit_code, 0) << done.output;
+  EXPECT_EQ(done.FirstLine(), "wait-mlp-s1");
+  EXPECT_THAT(done.output,
+              HasSubstr("search wait-mlp-s1 SUCCEEDED: 0 running, 2 done of 2 trials; best "
+                        "val_accuracy "));
+  EXPECT_THAT(done.output, HasSubstr("best model: "));
+
+  // The follower runs on its own, so that the test can read its live line while the only trial is
+  // held mid-run, then cancel the search under it.
+  cluster_.Hold("trial-mlp", 1);
+  Process follower({BinDir() + "/trainyard", "--coordinator=" + cluster_.address(), "search",
+                    "submit", "--wait",
+                    WriteSpec("held.yaml",
+                              absl::StrCat("name: held-mlp\n"
+                                           "searcher: {name: random, metric: loss, max_trials: 3,\n"
+                                           "  max_concurrent_trials: 1}\n"
+                                           "hyperparameters:\n"
+                                           "  optimizer.lr: {type: log, min: 1e-3, max: 1e-2}\n",
+                                           kTemplate, "  max_steps: 50\n"))},
+                   cluster_.state_dir() + "/../follower.log",
+                   {{"TRAINYARD_TOKEN", cluster_.admin_token()}});
+  // Search ids count every search the coordinator made: this one is the second.
+  const std::string id = "held-mlp-s2";
+  const std::string live = absl::StrCat("search ", id, " RUNNING: 1 running, 0 done of 3 trials");
+  ASSERT_TRUE(PollUntil([&] { return follower.Log().find(live) != std::string::npos; },
+                        absl::Seconds(120)))
+      << follower.Log();
+  EXPECT_EQ(follower.Log().substr(0, follower.Log().find('\n')), id);
+  Cluster::CliResult cancel = cluster_.Cli({"search", "cancel", id});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
+  const std::optional<int> ended = follower.Wait(absl::Seconds(60));
+  ASSERT_TRUE(ended.has_value() && WIFEXITED(*ended)) << follower.Log();
+  EXPECT_EQ(WEXITSTATUS(*ended), 3) << follower.Log();
+  EXPECT_THAT(follower.Log(), HasSubstr(absl::StrCat("search ", id, " CANCELLED: 0 running, 1 done")));
 }
 
 TEST_F(SearchClusterTest, CancellingASearchCancelsItsTrialsAndBadSpecsAreRefused) {
