@@ -1,6 +1,8 @@
 #ifndef TRAINYARD_COMMON_EXIT_CODES_H_
 #define TRAINYARD_COMMON_EXIT_CODES_H_
 
+#include <string>
+
 namespace trainyard {
 
 // How a trainer process ends. The agent reports the code; the coordinator classifies it
@@ -20,6 +22,11 @@ inline constexpr char kStopDeadlineFile[] = "stop-deadline";
 // Written by a parameter-server shard into its working directory about once a second (replaced
 // whole): one "name value" line per counter of ShardStats, which the agent exports as metrics.
 inline constexpr char kShardMetricsFile[] = "shard-metrics";
+
+// "SIGKILL", "SIGTERM", ...; "signal N" for ones without a name here.
+std::string SignalName(int sig);
+// How a process ended, as messages say it: "exited with code 3", "killed by signal 9 (SIGKILL)".
+std::string DescribeExit(int exit_code, int signal);
 
 }  // namespace trainyard
 

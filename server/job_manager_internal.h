@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/exit_codes.h"
 #include "trainyard/v1/job.pb.h"
 
 namespace trainyard {
@@ -62,8 +63,7 @@ inline std::string TaskFailureReason(const v1::TaskInfo& t) {
       reason = absl::StrCat(TaskName(t), " stopped unexpectedly");
       break;
     default:
-      reason = t.signal() != 0 ? absl::StrCat(TaskName(t), " killed by signal ", t.signal())
-                               : absl::StrCat(TaskName(t), " exited with code ", t.exit_code());
+      reason = absl::StrCat(TaskName(t), " ", DescribeExit(t.exit_code(), t.signal()));
   }
   if (!t.message().empty()) absl::StrAppend(&reason, ": ", t.message());
   return reason;

@@ -95,7 +95,8 @@ prometheus::Histogram::BucketBoundaries RecoveryBuckets() {
 std::string PreemptionReasonLabel(absl::string_view message) {
   // The coordinator writes "preemption notice for worker w (SOURCE)"; SOURCE is how the agent
   // learnt of it: SIGTERM, or the cloud's metadata endpoint (gce, aws).
-  const std::string m = Lower(message);
+  // Only the notice's own part: the task's reason after the ':' may name a signal too.
+  const std::string m = Lower(message.substr(0, message.find(':')));
   if (absl::StrContains(m, "(sigterm")) return "termination_signal";
   if (absl::StrContains(m, "(gce") || absl::StrContains(m, "(aws") ||
       absl::StrContains(m, "(notice")) {

@@ -112,7 +112,7 @@ TEST_F(JobManagerTest, SignalAndFailedToStartNameTheCause) {
   manager_->Tick();
   ASSERT_TRUE(Report("w1", a + ".g1.r0", v1::TASK_EXITED, 0, "out of memory", 9).ok());
   ASSERT_TRUE(Report("w1", b + ".g1.r0", v1::TASK_FAILED_TO_START, 0, "exec: no such file").ok());
-  EXPECT_EQ(Get(a).reason(), "rank 0 killed by signal 9: out of memory");
+  EXPECT_EQ(Get(a).reason(), "rank 0 killed by signal 9 (SIGKILL): out of memory");
   EXPECT_EQ(Get(b).reason(), "rank 0 failed to start: exec: no such file");
 }
 
@@ -848,7 +848,7 @@ TEST_F(JobManagerTest, AFailedShardRestartsTheJobAndIsNamed) {
   v1::Job job = Get(id);
   EXPECT_EQ(job.state(), v1::RESTARTING);
   ASSERT_THAT(job.restarts(), SizeIs(1));
-  EXPECT_EQ(job.restarts(0).message(), "shard 0 killed by signal 9");
+  EXPECT_EQ(job.restarts(0).message(), "shard 0 killed by signal 9 (SIGKILL)");
 }
 
 TEST_F(JobManagerTest, ShardLogsAreSelectedByShard) {

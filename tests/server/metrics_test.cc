@@ -173,6 +173,10 @@ TEST(CoordinatorMetricsTest, RestartsArePresentAtZeroAndCountedByReason) {
   preempted.set_reason(v1::PREEMPTED);
   preempted.set_message("preemption notice for worker w2 (SIGTERM): rank 1 exited with code 143");
   metrics.OnRestart(job, preempted);
+  // The task's reason after the notice may name a signal too: only the notice's source counts.
+  preempted.set_message(
+      "preemption notice for worker w3 (gce): rank 0 killed by signal 15 (SIGTERM)");
+  metrics.OnRestart(job, preempted);
   v1::Restart lost;
   lost.set_reason(v1::WORKER_LOST);
   metrics.OnRestart(job, lost);
@@ -182,7 +186,8 @@ TEST(CoordinatorMetricsTest, RestartsArePresentAtZeroAndCountedByReason) {
   lost.set_rendezvous_seconds(0.5);
   metrics.OnRecovered(job, lost);
   text = Scrape(metrics);
-  EXPECT_EQ(Value(text, R"(trainyard_restarts_total{reason="preempted"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_restarts_total{reason="preempted"})"), 2);
+  EXPECT_EQ(Value(text, R"(trainyard_preemptions_total{reason="cloud_notice"})"), 1);
   EXPECT_EQ(Value(text, R"(trainyard_restarts_total{reason="worker_lost"})"), 1);
   EXPECT_EQ(Value(text, R"(trainyard_preemptions_total{reason="termination_signal"})"), 1);
   EXPECT_EQ(Value(text, "trainyard_restart_lost_steps_total"), 20);

@@ -294,25 +294,23 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
   const bool stopped = record.stop_cause == StopCause::kUndesired;
   const bool clean_exit = exit.signal == 0 && exit.exit_code == 0;
   if (detail.empty() && !stopped && !clean_exit) detail = TailLines(LogPath(task_id), 3);
+  // Why the task ended, not how: the exit code and signal travel in their own fields, and the
+  // coordinator's reason ("rank 1 exited with code 143: ...") and `describe` show them.
   std::string message;
   switch (record.stop_cause) {
     case StopCause::kNone:
-      if (exit.signal != 0) message = DescribeExit(exit);
       break;
     case StopCause::kUndesired:
-      message = absl::StrCat("stopped on request (", DescribeExit(exit), ")");
+      message = "stopped on request";
       break;
     case StopCause::kSaveDeadline:
-      message = absl::StrCat("asked to save and exit by ", Utc(record.stop_deadline), " (",
-                             DescribeExit(exit), ")");
+      message = absl::StrCat("asked to save and exit by ", Utc(record.stop_deadline));
       break;
     case StopCause::kAgentShutdown:
-      message = absl::StrCat("stopped because the worker agent is shutting down (",
-                             DescribeExit(exit), ")");
+      message = "stopped because the worker agent is shutting down";
       break;
     case StopCause::kPreemption:
-      message =
-          absl::StrCat("stopped because the worker is being preempted (", DescribeExit(exit), ")");
+      message = "stopped because the worker is being preempted";
       break;
   }
   if (!detail.empty()) message = message.empty() ? detail : absl::StrCat(message, ": ", detail);

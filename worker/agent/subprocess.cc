@@ -14,6 +14,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
 
 extern char** environ;
 
@@ -176,54 +177,8 @@ absl::Status SignalSubprocess(pid_t pid, int sig, bool group) {
   return ErrnoStatus(errno, absl::StrCat("kill ", pid));
 }
 
-std::string SignalName(int sig) {
-  switch (sig) {
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGINT:
-      return "SIGINT";
-    case SIGQUIT:
-      return "SIGQUIT";
-    case SIGILL:
-      return "SIGILL";
-    case SIGTRAP:
-      return "SIGTRAP";
-    case SIGABRT:
-      return "SIGABRT";
-    case SIGBUS:
-      return "SIGBUS";
-    case SIGFPE:
-      return "SIGFPE";
-    case SIGKILL:
-      return "SIGKILL";
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGSEGV:
-      return "SIGSEGV";
-    case SIGUSR2:
-      return "SIGUSR2";
-    case SIGPIPE:
-      return "SIGPIPE";
-    case SIGALRM:
-      return "SIGALRM";
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGXCPU:
-      return "SIGXCPU";
-    case SIGXFSZ:
-      return "SIGXFSZ";
-    case SIGSYS:
-      return "SIGSYS";
-    default:
-      return absl::StrCat("signal ", sig);
-  }
-}
-
 std::string DescribeExit(const ExitInfo& exit) {
-  if (exit.signal != 0) {
-    return absl::StrCat("killed by signal ", exit.signal, " (", SignalName(exit.signal), ")");
-  }
-  return absl::StrCat("exited with code ", exit.exit_code);
+  return trainyard::DescribeExit(exit.exit_code, exit.signal);
 }
 
 int DetectGpuCount(const std::string& dev) {

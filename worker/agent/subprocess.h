@@ -59,9 +59,6 @@ absl::StatusOr<ExitInfo> WaitSubprocess(pid_t pid);
 // been started with new_session). A process that is already gone is not an error.
 absl::Status SignalSubprocess(pid_t pid, int sig, bool group);
 
-// "SIGKILL", "SIGTERM", ...; "signal N" for ones without a name here.
-std::string SignalName(int sig);
-
 // "exited with code 3", "killed by signal 9 (SIGKILL)".
 std::string DescribeExit(const ExitInfo& exit);
 
