@@ -11,7 +11,7 @@
 
 namespace trainyard {
 
-// Maps a YAML job spec (DESIGN.md, "Job spec") onto the JobSpec proto, fills defaults and
+// Maps a YAML job spec (docs/user-guide.md, "The job spec") onto the JobSpec proto, fills defaults and
 // validates it. INVALID_ARGUMENT whose message starts with the dotted field path, for example
 // "optimizer.lr: must be > 0", "model.args.hiden: unknown key", "batch_size: expected an
 // integer, got 'abc'". Nothing is returned on error. Never throws; a YAML syntax error reads

@@ -11,7 +11,7 @@
 
 namespace trainyard {
 
-// The job state machine (DESIGN.md, "State machines"):
+// The job state machine (docs/architecture.md, "Job states"):
 //   PENDING    -> SCHEDULED | CANCELLED | FAILED
 //   SCHEDULED  -> RUNNING | SUCCEEDED | FAILED | CANCELLED | RESTARTING
 //   RUNNING    -> SUCCEEDED | FAILED | CANCELLED | RESTARTING

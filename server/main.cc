@@ -1,4 +1,4 @@
-// trainyard-coordinator: the source of truth of a Trainyard cluster (DESIGN.md, "Processes").
+// trainyard-coordinator: the source of truth of a Trainyard cluster (docs/architecture.md).
 
 #include <unistd.h>
 

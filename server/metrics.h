@@ -24,11 +24,11 @@
 
 namespace trainyard {
 
-// The coordinator's Prometheus metrics (DESIGN.md, "Metrics"; the list is in
-// docs/operations.md). Counters and histograms are updated as the JobManager reports events;
-// gauges are computed from a JobManager snapshot on every scrape, so they always agree with the
-// state (jobs by state add up to the jobs the coordinator knows). Per-job series carry the label
-// `job` (the job id) and exist while the job has been placed and is not final.
+// The coordinator's Prometheus metrics (listed in docs/operations.md, "Metrics"). Counters and
+// histograms are updated as the JobManager reports events; gauges are computed from a JobManager
+// snapshot on every scrape, so they always agree with the state (jobs by state add up to the jobs
+// the coordinator knows). Per-job series carry the label `job` (the job id) and exist while the
+// job has been placed and is not final.
 //
 // Register it with an Exposer through a shared_ptr. Thread-safe.
 class CoordinatorMetrics final : public JobEventSink, public prometheus::Collectable {

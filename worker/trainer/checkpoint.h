@@ -1,7 +1,7 @@
 #ifndef TRAINYARD_WORKER_TRAINER_CHECKPOINT_H_
 #define TRAINYARD_WORKER_TRAINER_CHECKPOINT_H_
 
-// Checkpoints (DESIGN.md, "Checkpoints"). A checkpoint of step S lives in
+// Checkpoints (docs/architecture.md, "Checkpoints"). A checkpoint of step S lives in
 // {checkpoint_uri}/step-{S:%012d}/ and holds:
 //   model.safetensors      parameters and buffers by module path name
 //   optimizer.safetensors  per-parameter state "<param>.<field>" (see OptimizerStateTensors),
