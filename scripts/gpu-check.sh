@@ -139,6 +139,10 @@ item_build() {
   # '|'-separated: a missing one is an empty field, never a shift of the others.
   local nccl_inc nccl_lib rt_inc rt_lib
   IFS='|' read -r nccl_inc nccl_lib rt_inc rt_lib < <(find_nccl)
+  # The CUDA runtime alone is enough for the batch feed's copy stream.
+  if [ -n "$rt_inc" ] && [ -n "$rt_lib" ]; then
+    nccl_args+=(-DCUDART_INCLUDE_DIR="$rt_inc" -DCUDART_LIBRARY="$rt_lib")
+  fi
   if [ -n "$nccl_inc" ] && [ -n "$nccl_lib" ] && [ -n "$rt_inc" ] && [ -n "$rt_lib" ]; then
     nccl_args=(-DTRAINYARD_WITH_NCCL=ON -DNCCL_INCLUDE_DIR="$nccl_inc" -DNCCL_LIBRARY="$nccl_lib"
       -DCUDART_INCLUDE_DIR="$rt_inc" -DCUDART_LIBRARY="$rt_lib")
@@ -160,6 +164,7 @@ item_build() {
   cmake --build "$build" -j"$jobs" >>"$out/build.log" 2>&1 ||
     { grep -m20 -E 'error|Error' "$out/build.log"; fail "build failed (build.log)"; return; }
   figure build_seconds "$((SECONDS - t0))"
+  figure batch_feed "$(grep -m1 -o 'GPU batch feed: .*' "$out/build.log" || echo unknown)"
   ldd "$build/bin/trainyard-trainer" | grep -E 'torch|nccl|cudart|grpc|gloo' || true
   if ldd "$build/bin/trainyard-trainer" | grep -q 'not found'; then
     ldd "$build/bin/trainyard-trainer" | grep 'not found'

@@ -1,5 +1,5 @@
 // The trainer on a GPU: a job trains on cuda:0, its checkpoints load on a CPU and resume on the
-// GPU where they stopped; the NCCL communicator runs every collective the trainer uses and turns
+// GPU where they stopped; its updates never wait for the GPU on the host; the NCCL communicator runs every collective the trainer uses and turns
 // a missing peer into an abort at its timeout. Each case skips, saying why, where LibTorch has
 // no CUDA device or the trainer was built without NCCL.
 
@@ -20,10 +20,15 @@
 #include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/checkpoint.h"
+#include "worker/trainer/data.h"
+#include "worker/trainer/device_feed.h"
 #include "worker/trainer/strategy.h"
 #include "worker/trainer/trainer.h"
 #if TRAINYARD_WITH_NCCL
 #include "worker/trainer/nccl_communicator.h"
+#endif
+#if TRAINYARD_WITH_CUDA_FEED
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace trainyard::trainer {
@@ -135,6 +140,72 @@ TEST(GpuTrainingTest, MixedPrecisionTrainsAndFp16ResumesWithItsLossScale) {
     EXPECT_EQ(again->start_step, 20);
     EXPECT_NEAR(again->loss, mixed->loss, 1e-5 + 1e-5 * std::abs(mixed->loss));
   }
+}
+
+// An update queues its work without waiting for the GPU: the batch comes from pinned memory on
+// the feed's copy stream and the loss stays on the device. With LibTorch's sync debug mode at
+// "error", any synchronising call inside an update (a loss read, a blocking copy, a stream
+// synchronise) throws, which fails the job. The first update (CUDA's lazy set-up) and what runs
+// between updates (log lines, reports, validation, checkpoints) are not checked.
+TEST(GpuTrainingTest, AnUpdateNeverWaitsForTheGpu) {
+  SKIP_WITHOUT_CUDA();
+#if !TRAINYARD_WITH_CUDA_FEED
+  GTEST_SKIP() << "built without the feed's copy stream (no LibTorch with CUDA at build time)";
+#else
+  using c10::cuda::SyncDebugMode;
+  auto sync_mode = [](SyncDebugMode mode) { c10::cuda::warning_state().set_sync_debug_mode(mode); };
+  // The detector works: a loss read is a synchronising call.
+  sync_mode(SyncDebugMode::L_ERROR);
+  EXPECT_ANY_THROW(torch::ones({1}, torch::kCUDA).sum().item<float>());
+  sync_mode(SyncDebugMode::L_DISABLED);
+
+  trainyard::v1::Task task = GpuTask(MakeTempDir(), 30);
+  TrainerOptions options = QuietOptions();
+  options.report_interval = absl::Hours(1);
+  int checked = 0;
+  options.before_step = [&](int64_t step, int64_t attempt_start_step) {
+    if (step == attempt_start_step) return;
+    sync_mode(SyncDebugMode::L_ERROR);
+    ++checked;
+  };
+  options.after_step = [&](int64_t) { sync_mode(SyncDebugMode::L_DISABLED); };
+  absl::StatusOr<TrainResult> result = RunTrainer(task, options);
+  sync_mode(SyncDebugMode::L_DISABLED);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(checked, 29);
+  EXPECT_EQ(result->step, 30);
+  EXPECT_LT(result->loss, result->first_loss);
+#endif
+}
+
+// The feed's copies land on the GPU intact and in order, with or without Prefetch between them.
+TEST(GpuTrainingTest, TheFeedBringsEachBatchToTheGpuIntact) {
+  SKIP_WITHOUT_CUDA();
+  trainyard::v1::SyntheticData synthetic;
+  synthetic.set_samples(4096);
+  synthetic.set_features(64);
+  synthetic.set_classes(4);
+  Dataset data = *MakeSyntheticDataset(synthetic, 3);
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(512);
+  spec.set_max_steps(24);
+  const StepPlan plan = *PlanSteps(spec, 4096, 1);
+  BatchPrefetcher expected(data, plan, 9, true, 0, 1, 0, 24, 2);
+  BatchPrefetcher source(data, plan, 9, true, 0, 1, 0, 24, 2);
+  const std::unique_ptr<DeviceFeed> feed =
+      MakeDeviceFeed(source, torch::Device(torch::kCUDA, 0));
+  for (int64_t step = 0; step < 24; ++step) {
+    std::optional<Batch> batch = feed->Next();
+    std::optional<Batch> want = expected.Next();
+    ASSERT_TRUE(batch.has_value() && want.has_value());
+    ASSERT_TRUE(batch->features.is_cuda());
+    // Work on the current stream, as a step's would be, before the check reads it back.
+    torch::Tensor doubled = batch->features * 2;
+    if (step % 3 != 0) feed->Prefetch();
+    EXPECT_TRUE(torch::equal(doubled.cpu(), want->features * 2)) << step;
+    EXPECT_TRUE(torch::equal(batch->labels.cpu(), want->labels)) << step;
+  }
+  EXPECT_FALSE(feed->Next().has_value());
 }
 
 #if TRAINYARD_WITH_NCCL

@@ -381,14 +381,15 @@ void CheckGradientsAreTheMean(int64_t bucket_bytes, bool overlap, int accumulate
     ASSERT_TRUE(strategies[r]->SyncState(*models[r], 0).ok());
     for (int m = 0; m < accumulate; ++m) {
       torch::Tensor out = models[r]->Forward(inputs[r].narrow(0, 4 * m, 4));
-      strategies[r]->BeforeBackward(m + 1 == accumulate, r + 1.0, r == 1);
+      strategies[r]->BeforeBackward(m + 1 == accumulate, torch::tensor(r + 1.0, torch::kDouble),
+                                    r == 1);
       (torch::nn::functional::cross_entropy(out, labels[r].narrow(0, 4 * m, 4)) / accumulate)
           .backward();
     }
     ASSERT_TRUE(strategies[r]->AfterBackward(*models[r]).ok());
     absl::StatusOr<StepAgreement> agreed = strategies[r]->EndStep();
     ASSERT_TRUE(agreed.ok());
-    EXPECT_DOUBLE_EQ(agreed->loss, 1.5);
+    EXPECT_DOUBLE_EQ(agreed->loss.item<double>(), 1.5);
     EXPECT_TRUE(agreed->stop);
   });
   if (bucket_bytes < 100) {

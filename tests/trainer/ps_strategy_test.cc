@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/common/fake_clock.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/trainer_test_util.h"
@@ -355,6 +356,44 @@ TEST(PsAsyncTest, RanksGoAtTheirOwnPaceAndTheFinalCheckpointHoldsEveryUpdate) {
   }
   EXPECT_GT(steps_seen, 0);
   for (const auto& server : servers) EXPECT_EQ(server->Stats().version, kRanks * kSteps);
+}
+
+// An asynchronous job's samples/s counts the updates the ranks made, each of a rank's share of the
+// batch, not rank 0's updates as if each were the global batch's. Rank 1 is held before its
+// first update until rank 0 has finished, so the shards apply rank 0's updates alone, 8 samples
+// each (a share of the batch of 16); rank 0's clock moves 1 s per update: 8 samples/s.
+TEST(PsAsyncTest, SamplesPerSecondCountsTheUpdatesTheRanksMade) {
+  trainyard::v1::Task task =
+      JobTask(MakeTempDir(), Case{false, 1}, trainyard::v1::PARAMETER_SERVER);
+  task.mutable_spec()->mutable_parameter_servers()->set_mode("async");
+  task.mutable_spec()->mutable_parameter_servers()->set_max_staleness(1000);
+  task.mutable_spec()->set_log_every_steps(5);
+  FakeClock clock;
+  std::vector<double> rates;  // rank 0's thread only
+  absl::Notification rank0_done;
+  std::vector<absl::StatusOr<TrainResult>> results =
+      RunPs(task, kRanks, kShards, [&](int rank, TrainerOptions& options) {
+        if (rank == 0) {
+          options.clock = &clock;
+          options.print_line = [&rates](const std::string& line) {
+            const size_t at = line.find(" samples_per_s=");
+            if (absl::StartsWith(line, "step=") && at != std::string::npos) {
+              rates.push_back(std::stod(line.substr(at + 15)));
+            }
+          };
+          options.after_step = [&](int64_t step) {
+            clock.Advance(absl::Seconds(1));
+            if (step == kSteps) rank0_done.Notify();
+          };
+        } else {
+          options.before_step = [&](int64_t step, int64_t) {
+            if (step == 0) rank0_done.WaitForNotification();
+          };
+        }
+      });
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(rates.size(), static_cast<size_t>(kSteps / 5));
+  for (double rate : rates) EXPECT_DOUBLE_EQ(rate, 8.0);
 }
 
 // embedding_mlp on tables of `vocab` rows (the data's ids span `data_vocab`), the rest of

@@ -31,6 +31,7 @@
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/coordinator_client.h"
 #include "worker/trainer/data.h"
+#include "worker/trainer/device_feed.h"
 #include "worker/trainer/distill.h"
 #include "worker/trainer/errors.h"
 #include "worker/trainer/model.h"
@@ -209,6 +210,33 @@ TEST(DataTest, PrefetcherYieldsTheBatchesOfEachStepInOrder) {
     EXPECT_TRUE(torch::equal(batch->labels, data.labels.index_select(0, index)));
   }
   EXPECT_FALSE(prefetcher.Next().has_value());
+}
+
+// The feed hands over the source's batches in order, whether or not the step asked for the next
+// one ahead (Prefetch), and ends where the source ends.
+TEST(DataTest, DeviceFeedHandsOverTheSourcesBatchesInOrder) {
+  trainyard::v1::SyntheticData synthetic;
+  synthetic.set_samples(40);
+  synthetic.set_features(3);
+  synthetic.set_classes(2);
+  Dataset data = *MakeSyntheticDataset(synthetic, 3);
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(8);
+  spec.set_max_steps(10);
+  const StepPlan plan = *PlanSteps(spec, 40, 1);
+  BatchPrefetcher expected(data, plan, 9, true, 0, 1, 0, 10, 2);
+  BatchPrefetcher source(data, plan, 9, true, 0, 1, 0, 10, 2);
+  const std::unique_ptr<DeviceFeed> feed = MakeDeviceFeed(source, torch::kCPU);
+  for (int64_t step = 0; step < 10; ++step) {
+    std::optional<Batch> batch = feed->Next();
+    std::optional<Batch> want = expected.Next();
+    ASSERT_TRUE(batch.has_value() && want.has_value());
+    EXPECT_EQ(batch->step, step);
+    EXPECT_TRUE(torch::equal(batch->features, want->features));
+    EXPECT_TRUE(torch::equal(batch->labels, want->labels));
+    if (step % 3 != 0) feed->Prefetch();
+  }
+  EXPECT_FALSE(feed->Next().has_value());
 }
 
 TEST(DataTest, CategoricalIdsTravelWithTheirSamples) {

@@ -1,5 +1,6 @@
 #include "worker/trainer/ps_strategy.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -447,10 +448,16 @@ absl::Status ParameterServerStrategy::SyncState(Model& model, int64_t start_step
   return pulled;
 }
 
-void ParameterServerStrategy::BeforeBackward(bool last_micro_batch, double update_loss,
+void ParameterServerStrategy::BeforeBackward(bool last_micro_batch,
+                                             const torch::Tensor& update_loss,
                                              bool stop_requested) {
   if (dense_ != nullptr) dense_->BeforeBackward(last_micro_batch, update_loss, stop_requested);
-  if (last_micro_batch) local_ = StepAgreement{update_loss, stop_requested};
+  if (last_micro_batch) local_ = ShardAgreement{update_loss.item<double>(), stop_requested};
+}
+
+std::optional<int64_t> ParameterServerStrategy::UpdatesApplied() const {
+  if (synchronous_ || dense_ != nullptr || shard_versions_.empty()) return std::nullopt;
+  return *std::max_element(shard_versions_.begin(), shard_versions_.end());
 }
 
 absl::Status ParameterServerStrategy::AfterBackwardHybrid(Model& model) {
@@ -511,7 +518,7 @@ absl::Status ParameterServerStrategy::AfterBackward(Model& model) {
     grads.push_back(p.grad().defined() ? p.grad().detach().contiguous() : torch::zeros_like(p));
     values.push_back(p.detach());
   }
-  std::vector<StepAgreement> agreements(shards_.size());
+  std::vector<ShardAgreement> agreements(shards_.size());
   const std::vector<std::vector<RowGradients>> rows = TakeRowGradients();
   absl::Status status = ForEachShard([&](int s) -> absl::Status {
     std::vector<torch::Tensor> views = Views(values, pieces_[s]);
@@ -519,7 +526,7 @@ absl::Status ParameterServerStrategy::AfterBackward(Model& model) {
         shards_[s]->PushPull(version_, Views(grads, pieces_[s]), local_.loss, local_.stop, rows[s],
                              /*min_version=*/version_ + 1, views);
     if (!exchanged.ok()) return exchanged.status();
-    agreements[s] = StepAgreement{exchanged->pull.agreement.loss, exchanged->pull.agreement.stop};
+    agreements[s] = exchanged->pull.agreement;
     return absl::OkStatus();
   });
   communication_seconds_ += SecondsSince(start);
@@ -548,7 +555,8 @@ std::string ParameterServerStrategy::Layout() const {
 }
 
 absl::StatusOr<StepAgreement> ParameterServerStrategy::EndStep() {
-  return dense_ != nullptr ? dense_->EndStep() : agreed_;
+  if (dense_ != nullptr) return dense_->EndStep();
+  return StepAgreement{torch::tensor(agreed_.loss, torch::kDouble), agreed_.stop};
 }
 
 absl::Status ParameterServerStrategy::Finish() {

@@ -83,7 +83,11 @@ class ParameterServerStrategy final : public Strategy {
   absl::Status BeforeForward(const torch::Tensor& categorical) override;
   // Pulls the rows these ids touch into the model's tables.
   absl::Status BeforeEvaluate(const torch::Tensor& categorical) override;
-  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override;
+  void BeforeBackward(bool last_micro_batch, const torch::Tensor& update_loss,
+                      bool stop_requested) override;
+  // Asynchronous mode: the furthest version pulled from a shard (every push, by any rank, that a
+  // shard applied).
+  std::optional<int64_t> UpdatesApplied() const override;
   // Pushes this rank's gradients and pulls the next version (synchronous) or the shards'
   // current one (asynchronous) into the parameters.
   absl::Status AfterBackward(Model& model) override;
@@ -169,8 +173,9 @@ class ParameterServerStrategy final : public Strategy {
   int64_t version_ = 0;                  // synchronous: the version every shard is at
   std::vector<int64_t> shard_versions_;  // asynchronous: the version pulled from each shard
   int64_t stale_pushes_ = 0;
-  StepAgreement local_;
-  StepAgreement agreed_;
+  // The loss on the host: it travels to the shards (whose tensors are on the CPU anyway).
+  ShardAgreement local_;
+  ShardAgreement agreed_;
   double communication_seconds_ = 0;
 };
 

@@ -155,7 +155,7 @@ absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
   return absl::OkStatus();
 }
 
-void DataParallelStrategy::BeforeBackward(bool last_micro_batch, double update_loss,
+void DataParallelStrategy::BeforeBackward(bool last_micro_batch, const torch::Tensor& update_loss,
                                           bool stop_requested) {
   absl::MutexLock lock(&mu_);
   reduce_this_backward_ = last_micro_batch;
@@ -163,10 +163,11 @@ void DataParallelStrategy::BeforeBackward(bool last_micro_batch, double update_l
   local_ = StepAgreement{update_loss, stop_requested};
   agreed_.reset();
   if (report_offset_ >= 0) {
+    // Written on the device: no copy through the host.
     torch::NoGradGuard no_grad;
-    buckets_.back()
-        .flat.narrow(0, report_offset_, 2)
-        .copy_(torch::tensor({update_loss, stop_requested ? 1.0 : 0.0}, torch::kDouble));
+    torch::Tensor report = buckets_.back().flat.narrow(0, report_offset_, 2);
+    report.narrow(0, 0, 1).copy_(update_loss.reshape({1}));
+    report.narrow(0, 1, 1).fill_(stop_requested ? 1.0 : 0.0);
   }
   for (Bucket& bucket : buckets_) {
     bucket.pending = static_cast<int>(bucket.params.size());
@@ -238,10 +239,11 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
     if (!params_[i].grad().is_same(grads_[i])) params_[i].mutable_grad() = grads_[i];
   }
   if (report_offset_ >= 0) {
-    torch::Tensor report =
-        buckets_.back().flat.narrow(0, report_offset_, 2).to(torch::kCPU, torch::kDouble);
-    // A mean of 0/1 flags is above 0 when any rank was asked to stop.
-    agreed_ = StepAgreement{report[0].item<double>(), report[1].item<double>() > 0};
+    // A copy: the bucket is next update's. A mean of 0/1 flags is above 0 when any rank was asked
+    // to stop.
+    torch::Tensor report = buckets_.back().flat.narrow(0, report_offset_, 2).to(
+        torch::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    agreed_ = StepAgreement{report[0], report[1].item<double>() > 0};
   }
   return absl::OkStatus();
 }
@@ -250,13 +252,13 @@ absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep() {
   if (agreed_.has_value()) return *std::exchange(agreed_, std::nullopt);
   const auto start = std::chrono::steady_clock::now();
   // On the parameters' device: NCCL reduces CUDA tensors only.
-  torch::Tensor t =
-      torch::tensor({local_.loss, local_.stop ? 1.0 : 0.0}, torch::kDouble).to(device_);
+  torch::Tensor t = torch::empty({2}, torch::TensorOptions(device_).dtype(torch::kDouble));
+  t.narrow(0, 0, 1).copy_(local_.loss.reshape({1}));
+  t.narrow(0, 1, 1).fill_(local_.stop ? 1.0 : 0.0);
   absl::Status status = communicator_->AllReduce({t}, ReduceOp::kSum);
   communication_seconds_ += SecondsSince(start);
   if (!status.ok()) return status;
-  t = t.cpu();
-  return StepAgreement{t[0].item<double>() / world_size(), t[1].item<double>() > 0};
+  return StepAgreement{t[0] / world_size(), t[1].item<double>() > 0};
 }
 
 absl::StatusOr<std::vector<double>> DataParallelStrategy::SumOverRanks(std::vector<double> values) {

@@ -26,7 +26,10 @@
 namespace trainyard::trainer {
 
 struct StepAgreement {
-  double loss = 0;    // the update's loss, averaged over ranks
+  // The update's loss averaged over ranks: a 0-dim float64 tensor on the training device. Reading
+  // it (.item) waits for the step to finish on a GPU, so the trainer reads it only where it
+  // prints or reports it.
+  torch::Tensor loss;
   bool stop = false;  // some rank was asked to stop: all stop after this update
 };
 
@@ -72,15 +75,21 @@ class Strategy {
   virtual absl::Status BeforeEvaluate(const torch::Tensor& categorical) { return absl::OkStatus(); }
   // Before each micro-batch's backward(): whether this backward completes the update, so that
   // gradients are combined as they become ready. For the last one, also this rank's loss of the
-  // whole update and whether it was asked to stop (ignored otherwise), which EndStep combines
-  // over ranks; a strategy may send them along with the gradients.
-  virtual void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) = 0;
+  // whole update (a 0-dim float64 tensor on the training device) and whether it was asked to stop
+  // (ignored otherwise), which EndStep combines over ranks; a strategy may send them along with
+  // the gradients.
+  virtual void BeforeBackward(bool last_micro_batch, const torch::Tensor& update_loss,
+                              bool stop_requested) = 0;
   // After the update's last backward(), before the optimizer step: gradients hold the mean over
   // ranks when it returns OK.
   virtual absl::Status AfterBackward(Model& model) = 0;
   // After the optimizer step: the update's loss averaged over ranks and whether any rank was
   // asked to stop, from what the ranks gave the update's last BeforeBackward.
   virtual absl::StatusOr<StepAgreement> EndStep() = 0;
+  // Where ranks do not update together (asynchronous parameter servers): the updates applied so
+  // far by all ranks together, as this rank last saw them, each of one rank's share of the global
+  // batch. nullopt where every update is all ranks' at once (an update: the global batch).
+  virtual std::optional<int64_t> UpdatesApplied() const { return std::nullopt; }
   // Seconds spent blocked on communication since the last call, and resets the count.
   virtual double TakeCommunicationSeconds() = 0;
   // Whether SumOverRanks works: then every rank measures its share of the validation split.
@@ -102,7 +111,8 @@ class SingleStrategy final : public Strategy {
   int world_size() const override { return 1; }
   absl::Status Setup(Model&) override { return absl::OkStatus(); }
   absl::Status SyncState(Model&, int64_t) override { return absl::OkStatus(); }
-  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override {
+  void BeforeBackward(bool last_micro_batch, const torch::Tensor& update_loss,
+                      bool stop_requested) override {
     if (last_micro_batch) local_ = StepAgreement{update_loss, stop_requested};
   }
   absl::Status AfterBackward(Model&) override { return absl::OkStatus(); }
@@ -129,6 +139,8 @@ class SingleStrategy final : public Strategy {
 // reduced from its accumulated (or zero) gradient after backward. The update's loss and stop flag
 // travel at the end of the bucket that is reduced last, when its dtype is float32 or float64
 // (the loss is then averaged in that precision); otherwise EndStep reduces them on their own.
+// The loss stays on the device; the stop flag is read on the host after the all-reduce, which
+// the host waits for anyway (the communicator enforces its timeout there).
 class DataParallelStrategy final : public Strategy {
  public:
   DataParallelStrategy(std::unique_ptr<Communicator> communicator, int64_t bucket_bytes,
@@ -139,7 +151,8 @@ class DataParallelStrategy final : public Strategy {
   int world_size() const override { return communicator_->world_size(); }
   absl::Status Setup(Model& model) override;
   absl::Status SyncState(Model& model, int64_t start_step) override;
-  void BeforeBackward(bool last_micro_batch, double update_loss, bool stop_requested) override;
+  void BeforeBackward(bool last_micro_batch, const torch::Tensor& update_loss,
+                      bool stop_requested) override;
   absl::Status AfterBackward(Model& model) override;
   absl::StatusOr<StepAgreement> EndStep() override;
   double TakeCommunicationSeconds() override;

@@ -28,6 +28,7 @@
 #include "common/uri.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/data.h"
+#include "worker/trainer/device_feed.h"
 #include "worker/trainer/distill.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/precision.h"
@@ -605,6 +606,12 @@ absl::StatusOr<TrainResult> Run::Execute() {
   order.window = spec_.data().shuffle_window();
   order.prefetch_shards = spec_.data().prefetch_shards() > 0 ? spec_.data().prefetch_shards() : 2;
   BatchPrefetcher prefetcher(*data_, plan_, order, rank, world, start_step_, end);
+  const std::unique_ptr<DeviceFeed> feed = MakeDeviceFeed(prefetcher, device_);
+  // The last update's loss, on the device: read (a wait for the GPU) only to print or report it.
+  torch::Tensor last_loss;
+  auto read_loss = [&] {
+    if (last_loss.defined()) result.loss = last_loss.item<double>();
+  };
   const int64_t every = spec_.checkpoint().every_steps();
   int64_t step = start_step_;
   int64_t last_checkpoint_step = start_step_;
@@ -612,6 +619,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
   double samples_per_s = 0;
   absl::Time interval_start = clock_.Now();
   int64_t interval_steps = 0;
+  // The samples the job trained between two log lines: the global batch per update where ranks
+  // update together; where they go at their own pace, a rank's share per update any rank made.
+  const int64_t rank_share = std::max<int64_t>(1, plan_.global_batch_size / world);
+  std::optional<int64_t> interval_updates = strategy_->UpdatesApplied();
   // Where step time goes, summed over the steps since the last report.
   auto seconds_since = [](Steady::time_point t) { return SecondsSince(t); };
   double data_wait_s = 0, step_s = 0, communication_s = 0, checkpoint_s = 0, validation_s = 0;
@@ -628,26 +639,27 @@ absl::StatusOr<TrainResult> Run::Execute() {
       break;
     }
     const Steady::time_point step_start = Steady::now();
-    std::optional<Batch> batch = prefetcher.Next();
+    std::optional<Batch> batch;
+    try {
+      batch = feed->Next();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("data: moving the batch of step ", step + 1,
+                                              " to ", device_.str(), ": ", DescribeTorchError(e)));
+    }
     if (!batch.has_value()) {
       absl::Status data_status = prefetcher.status();
       return data_status.ok() ? absl::InternalError("the data thread ended early") : data_status;
     }
-    if (!device_.is_cpu()) {
-      batch->features = batch->features.to(device_);
-      batch->labels = batch->labels.to(device_);
-      if (batch->categorical.defined()) batch->categorical = batch->categorical.to(device_);
-    }
-    const double waited = seconds_since(step_start);
-    data_wait_s += waited;
-    result.data_wait_seconds += waited;
+    double waited = seconds_since(step_start);
     lr = LearningRateAt(spec_.optimizer(), step, total);
     SetLearningRate(*optimizer_, lr);
     // What the update draws (dropout masks) is a function of the step and the rank alone, so a
     // resumed run draws exactly what the uninterrupted one did, on CPU and GPU alike, and the
     // ranks draw independently of each other.
     torch::manual_seed(StepSeed(spec_.seed(), step, rank));
-    double loss_value = 0;
+    // The update's loss stays on the device: reading it here would make the host wait for every
+    // step on a GPU.
+    torch::Tensor update_loss;
     try {
       // Zeroed in place: the data-parallel strategy keeps each gradient in its bucket, which
       // LibTorch 2's default (set_to_none) would replace with a new tensor every step.
@@ -685,9 +697,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
                                      : ComputeLoss(loss_kind_, out, labels);
         }
         if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
-        loss_value += loss.item<double>();
+        const torch::Tensor share = loss.detach().to(torch::kDouble);
+        update_loss = update_loss.defined() ? update_loss + share : share;
         const bool last = m + 1 == accumulate;
-        strategy_->BeforeBackward(last, loss_value, last && StopRequested());
+        strategy_->BeforeBackward(last, update_loss, last && StopRequested());
         (scaler_.has_value() ? scaler_->Scale(loss) : loss).backward();
       }
       status = strategy_->AfterBackward(*model_);
@@ -697,6 +710,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
       const bool overflow = scaler_.has_value() && scaler_->Unscale(params_);
       if (!strategy_->updates_parameters() && !overflow) optimizer_->step();
       if (scaler_.has_value()) scaler_->Update(overflow);
+      // The next batch's copy runs while the GPU works through this update.
+      const Steady::time_point prefetch_start = Steady::now();
+      feed->Prefetch();
+      waited += seconds_since(prefetch_start);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
@@ -704,22 +721,31 @@ absl::StatusOr<TrainResult> Run::Execute() {
     absl::StatusOr<StepAgreement> agreed = strategy_->EndStep();
     if (!agreed.ok()) return agreed.status();
     stop_agreed = agreed->stop;
+    data_wait_s += waited;
+    result.data_wait_seconds += waited;
     ++step;
     ++interval_steps;
-    if (step == start_step_ + 1) result.first_loss = agreed->loss;
-    result.loss = agreed->loss;
+    last_loss = agreed->loss;
     if (options_.after_step) options_.after_step(step);
+    if (step == start_step_ + 1) {
+      read_loss();
+      result.first_loss = result.loss;
+    }
 
     const int64_t epoch = step / plan_.steps_per_epoch;
     bool validated = false;
     if (step % log_every == 0 || step == end) {
       const absl::Time now = clock_.Now();
       const double seconds = absl::ToDoubleSeconds(now - interval_start);
-      if (seconds > 0) {
-        samples_per_s = static_cast<double>(interval_steps * plan_.global_batch_size) / seconds;
+      int64_t samples = interval_steps * plan_.global_batch_size;
+      if (const std::optional<int64_t> updates = strategy_->UpdatesApplied(); updates.has_value()) {
+        samples = (*updates - interval_updates.value_or(*updates)) * rank_share;
+        interval_updates = updates;
       }
+      if (seconds > 0) samples_per_s = static_cast<double>(samples) / seconds;
       interval_start = now;
       interval_steps = 0;
+      read_loss();
       std::string line = absl::StrFormat(
           "step=%d total=%d loss=%.8f lr=%g samples_per_s=%.1f "
           "epoch=%d",
@@ -758,6 +784,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     communication_s += strategy_->TakeCommunicationSeconds();
     ++timed_steps;
     if (clock_.Now() - timing_start >= options_.report_interval || step == end) {
+      read_loss();  // the progress report's
       const double n = static_cast<double>(timed_steps);
       progress.set_data_wait_seconds(data_wait_s / n);
       progress.set_communication_seconds(communication_s / n);
@@ -780,6 +807,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     }
   }
   result.step = step;
+  read_loss();
   if (data_->remote()) {
     LogInfo("data: fetched ", data_->bytes_fetched(), " bytes of remote shards into the cache");
   }
