@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "worker/trainer/gloo_communicator.h"
+#include "worker/trainer/collective/gloo_communicator.h"
 
 ABSL_FLAG(int, rank, 0, "this process's rank");
 ABSL_FLAG(int, world, 2, "number of ranks");

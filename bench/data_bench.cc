@@ -31,9 +31,9 @@
 #include "absl/strings/str_format.h"
 #include "common/job_spec.h"
 #include "common/safetensors.h"
-#include "worker/trainer/data.h"
-#include "worker/trainer/schedule.h"
-#include "worker/trainer/trainer.h"
+#include "worker/trainer/data/data.h"
+#include "worker/trainer/data/schedule.h"
+#include "worker/trainer/loop/trainer.h"
 
 ABSL_FLAG(std::string, mode, "", "gen, read or train");
 ABSL_FLAG(std::string, dir, "", "gen: output folder");

@@ -33,8 +33,8 @@
 #include "common/object_store.h"
 #include "common/s3_client.h"
 #include "common/s3_object_store.h"
-#include "worker/trainer/checkpoint.h"
-#include "worker/trainer/trainer.h"
+#include "worker/trainer/checkpoint/checkpoint.h"
+#include "worker/trainer/loop/trainer.h"
 
 namespace {
 

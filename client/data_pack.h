@@ -2,7 +2,7 @@
 #define TRAINYARD_CLIENT_DATA_PACK_H_
 
 // `trainyard data pack`: writes a data set as sharded safetensors, the form trainers stream
-// (worker/trainer/data.h), from NumPy .npy files or a CSV file.
+// (worker/trainer/data/data.h), from NumPy .npy files or a CSV file.
 
 #include <cstdint>
 #include <functional>

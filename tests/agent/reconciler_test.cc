@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/backoff.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/fake_process_launcher.h"
 #include "tests/common/fake_clock.h"
-#include "common/backoff.h"
 
 namespace trainyard {
 namespace {

@@ -19,13 +19,13 @@
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
-#include "worker/trainer/checkpoint.h"
-#include "worker/trainer/data.h"
-#include "worker/trainer/device_feed.h"
-#include "worker/trainer/strategy.h"
-#include "worker/trainer/trainer.h"
+#include "worker/trainer/checkpoint/checkpoint.h"
+#include "worker/trainer/data/data.h"
+#include "worker/trainer/data/device_feed.h"
+#include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/strategy/strategy.h"
 #if TRAINYARD_WITH_NCCL
-#include "worker/trainer/nccl_communicator.h"
+#include "worker/trainer/collective/nccl_communicator.h"
 #endif
 #if TRAINYARD_WITH_CUDA_FEED
 #include <c10/cuda/CUDAFunctions.h>

@@ -2,7 +2,7 @@
 // safetensors encoding of the snapshot, the manifest's sizes and hashes are those of the stored
 // bytes, and the upload runs at a low priority on the CPUs it is given.
 
-#include "worker/trainer/checkpoint.h"
+#include "worker/trainer/checkpoint/checkpoint.h"
 
 #include <sched.h>
 #include <sys/resource.h>
@@ -23,7 +23,7 @@
 #include "common/sha256.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/test_files.h"
-#include "worker/trainer/model.h"
+#include "worker/trainer/model/model.h"
 
 namespace trainyard::trainer {
 namespace {

@@ -16,13 +16,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
-#include "worker/trainer/gloo_communicator.h"
+#include "worker/trainer/collective/gloo_communicator.h"
 #if TRAINYARD_WITH_NCCL
-#include "worker/trainer/nccl_communicator.h"
+#include "worker/trainer/collective/nccl_communicator.h"
 #endif
-#include "worker/trainer/model.h"
-#include "worker/trainer/schedule.h"
-#include "worker/trainer/strategy.h"
+#include "worker/trainer/data/schedule.h"
+#include "worker/trainer/model/model.h"
+#include "worker/trainer/strategy/strategy.h"
 
 namespace trainyard::trainer {
 namespace {

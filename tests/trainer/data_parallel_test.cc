@@ -25,7 +25,7 @@
 #include "server/coordinator_server.h"
 #include "server/job_manager.h"
 #include "server/sqlite_job_store.h"
-#include "worker/trainer/model.h"
+#include "worker/trainer/model/model.h"
 
 extern char** environ;
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "worker/trainer/rendezvous_client.h"
+#include "worker/trainer/coordinator/rendezvous_client.h"
 
 namespace trainyard::trainer {
 

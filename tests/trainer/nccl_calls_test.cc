@@ -2,7 +2,7 @@
 // communicator's state leaves ncclInProgress, every error aborts the communicator once, and a
 // call still in progress at its deadline is aborted too.
 
-#include "worker/trainer/nccl_calls.h"
+#include "worker/trainer/collective/nccl_calls.h"
 
 #include <deque>
 #include <string>

@@ -1,7 +1,7 @@
 // The parameter-server partition: every element on exactly one shard, shards balanced by bytes,
 // large tensors cut into pieces, the same result every time, and the layout a checkpoint records.
 
-#include "worker/trainer/ps_partition.h"
+#include "worker/trainer/ps/partition.h"
 
 #include <algorithm>
 #include <map>

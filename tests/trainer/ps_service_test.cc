@@ -2,7 +2,8 @@
 // through real sockets, fencing and bad requests with their codes, and a dead or stuck shard
 // turning into an error within the timeout.
 
-#include "worker/trainer/ps_service.h"
+#include "worker/trainer/ps/client.h"
+#include "worker/trainer/ps/server.h"
 
 #include <thread>
 

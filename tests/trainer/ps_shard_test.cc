@@ -2,15 +2,15 @@
 // on the whole model with the mean gradient, the agreement on loss and stop, asynchronous updates
 // with bounded staleness, and fencing by generation.
 
-#include "worker/trainer/ps_shard.h"
+#include "worker/trainer/ps/shard.h"
 
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/ps_partition.h"
-#include "worker/trainer/schedule.h"
+#include "worker/trainer/data/schedule.h"
+#include "worker/trainer/model/model.h"
+#include "worker/trainer/ps/partition.h"
 
 namespace trainyard::trainer {
 namespace {

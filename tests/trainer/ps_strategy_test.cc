@@ -2,7 +2,7 @@
 // threads, two shards served over gRPC on loopback, 20 updates of SGD with momentum or AdamW,
 // with and without gradient accumulation; the exported models agree within 1e-5.
 
-#include "worker/trainer/ps_strategy.h"
+#include "worker/trainer/ps/strategy.h"
 
 #include <torch/torch.h>
 
@@ -25,8 +25,8 @@
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/trainer_test_util.h"
-#include "worker/trainer/ps_service.h"
-#include "worker/trainer/ps_task.h"
+#include "worker/trainer/loop/shard_task.h"
+#include "worker/trainer/ps/server.h"
 
 namespace trainyard::trainer {
 namespace {

@@ -25,10 +25,10 @@
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
-#include "worker/trainer/data.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/schedule.h"
-#include "worker/trainer/trainer.h"
+#include "worker/trainer/data/data.h"
+#include "worker/trainer/data/schedule.h"
+#include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/model.h"
 
 namespace trainyard::trainer {
 namespace {

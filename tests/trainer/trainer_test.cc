@@ -1,7 +1,7 @@
 // Unit tests of the training runtime: tensors <-> safetensors, data, schedules, optimizers,
 // checkpoints and exact resume. Everything runs in-process on tiny models.
 
-#include "worker/trainer/trainer.h"
+#include "worker/trainer/loop/trainer.h"
 
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -28,16 +28,16 @@
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
-#include "worker/trainer/checkpoint.h"
-#include "worker/trainer/coordinator_client.h"
-#include "worker/trainer/data.h"
-#include "worker/trainer/device_feed.h"
-#include "worker/trainer/distill.h"
-#include "worker/trainer/errors.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/precision.h"
-#include "worker/trainer/schedule.h"
-#include "worker/trainer/strategy.h"
+#include "worker/trainer/checkpoint/checkpoint.h"
+#include "worker/trainer/coordinator/coordinator_client.h"
+#include "worker/trainer/data/data.h"
+#include "worker/trainer/data/device_feed.h"
+#include "worker/trainer/data/schedule.h"
+#include "worker/trainer/loop/errors.h"
+#include "worker/trainer/model/distill.h"
+#include "worker/trainer/model/model.h"
+#include "worker/trainer/model/precision.h"
+#include "worker/trainer/strategy/strategy.h"
 
 namespace trainyard::trainer {
 namespace {

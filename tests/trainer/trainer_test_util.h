@@ -19,8 +19,8 @@
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/trainer.h"
+#include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/model.h"
 
 namespace trainyard::trainer::test_util {
 

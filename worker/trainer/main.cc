@@ -27,12 +27,12 @@
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "trainyard/v1/agent_service.pb.h"
-#include "worker/trainer/coordinator_client.h"
-#include "worker/trainer/errors.h"
-#include "worker/trainer/grpc_channel.h"
-#include "worker/trainer/ps_task.h"
-#include "worker/trainer/rendezvous_client.h"
-#include "worker/trainer/trainer.h"
+#include "worker/trainer/coordinator/coordinator_client.h"
+#include "worker/trainer/coordinator/grpc_channel.h"
+#include "worker/trainer/coordinator/rendezvous_client.h"
+#include "worker/trainer/loop/errors.h"
+#include "worker/trainer/loop/shard_task.h"
+#include "worker/trainer/loop/trainer.h"
 
 ABSL_FLAG(std::string, task_file, "",
           "Path of the task to run: a binary-serialised trainyard.v1.Task.");

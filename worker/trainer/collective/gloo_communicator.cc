@@ -1,0 +1,859 @@
+#include "worker/trainer/collective/gloo_communicator.h"
+
+#include <gloo/allreduce.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/buffer.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
+#include <pthread.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+
+namespace trainyard::trainer {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// Gloo's rendezvous store over ours. Gloo expects failures as exceptions; the status behind the
+// last one is kept so that the caller can report its real code.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(RendezvousClient& client, absl::Duration timeout)
+      : client_(client), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(client_.Set(key, std::string(data.begin(), data.end())));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> value = client_.Get(key, timeout_);
+    Check(value.status());
+    return std::vector<char>(value->begin(), value->end());
+  }
+
+  // Gloo passes the context's timeout, which is the (shorter) collective timeout by the time it
+  // meets the peers; waiting for the slowest rank to start gets the connect timeout instead.
+  void wait(const std::vector<std::string>& keys) override {
+    const absl::Time deadline = absl::Now() + timeout_;
+    for (const std::string& key : keys) {
+      Check(client_.Get(key, std::max(deadline - absl::Now(), absl::ZeroDuration())).status());
+    }
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& /*timeout*/) override {
+    wait(keys);
+  }
+
+  const absl::Status& last_error() const { return last_error_; }
+
+ private:
+  void Check(const absl::Status& status) {
+    if (status.ok()) return;
+    last_error_ = status;
+    throw gloo::IoException(std::string(status.message()));
+  }
+
+  RendezvousClient& client_;
+  const absl::Duration timeout_;
+  absl::Status last_error_;
+};
+
+// Elementwise reductions, c = a op b. `c` may equal `a` or `b`; that is safe for an elementwise
+// loop, so the vectorizer may ignore the apparent dependence. Built with -O3 (see
+// CMakeLists.txt): this loop is where large all-reduces spend their CPU time outside the kernel.
+using ReduceFn = void (*)(void* c, const void* a, const void* b, size_t n);
+
+template <typename T>
+void SumInto(void* c_, const void* a_, const void* b_, size_t n) {
+  T* c = static_cast<T*>(c_);
+  const T* a = static_cast<const T*>(a_);
+  const T* b = static_cast<const T*>(b_);
+#pragma GCC ivdep
+  for (size_t i = 0; i < n; ++i) c[i] = a[i] + b[i];
+}
+
+template <typename T>
+void MaxInto(void* c_, const void* a_, const void* b_, size_t n) {
+  T* c = static_cast<T*>(c_);
+  const T* a = static_cast<const T*>(a_);
+  const T* b = static_cast<const T*>(b_);
+#pragma GCC ivdep
+  for (size_t i = 0; i < n; ++i) c[i] = a[i] > b[i] ? a[i] : b[i];
+}
+
+// A gloo failure as a status naming the collective: timeouts (a stuck peer) apart from broken
+// connections (a dead one).
+absl::Status FromGloo(const std::string& what, absl::string_view op, absl::Duration timeout) {
+  if (absl::StrContains(what, "timeout") || absl::StrContains(what, "Timeout") ||
+      absl::StrContains(what, "timed out") || absl::StrContains(what, "Timed out")) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(op, ": a peer did not respond within the collective timeout of ",
+                     absl::FormatDuration(timeout), " (collective_timeout): ", what));
+  }
+  return absl::UnavailableError(absl::StrCat(op, ": lost a peer: ", what));
+}
+
+// The socket of a connected TCP pair, which Gloo keeps to itself: a pointer to the member, taken
+// through a class derived from the pair, reads it without changing Gloo. -1 for other transports.
+struct PairSocket : gloo::transport::tcp::Pair {
+  static int Of(gloo::transport::Pair& pair) {
+    auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(&pair);
+    return tcp == nullptr ? -1 : tcp->*(&PairSocket::fd_);
+  }
+};
+
+// Ends a collective in which no bytes have moved for the collective timeout. A socket's own
+// timeout bounds one blocked read or write, but the kernel lets a write go on for as long as a few
+// bytes get through now and then (a frozen peer's receive window opening a little), and a read
+// waits only once the write before it is done, so a peer that stops in the middle of a large
+// all-reduce took two or three timeouts to be noticed. The collective's thread arms the watchdog
+// when it starts and again at every frame or message that completes (Arm is an atomic store, so a
+// small all-reduce pays no thread hand-off); the watchdog checks the deadline a few times per
+// timeout and, once it has passed, shuts the group's sockets down: every blocked read and write
+// fails at once, and the group is broken from then on.
+//
+// It holds its own descriptors of the sockets (dup), so that a socket Gloo closes after an error
+// stays this one until the watchdog is gone, never a later socket that reused the number; since
+// they keep the connections open, a failed collective shuts them down too (ShutDown), so that the
+// peers see the break at once.
+class Watchdog {
+ public:
+  // Takes ownership of `sockets` (-1 entries are skipped).
+  Watchdog(std::vector<int> sockets, absl::Duration timeout)
+      : sockets_(std::move(sockets)),
+        timeout_ns_(absl::ToInt64Nanoseconds(timeout)),
+        poll_(std::clamp(timeout / 20, absl::Milliseconds(10), absl::Milliseconds(250))),
+        thread_([this] { Loop(); }) {}
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+    for (int fd : sockets_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  // Shuts every socket down: blocked reads and writes fail, and the peers see the connections end.
+  void ShutDown() {
+    for (int fd : sockets_) {
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    }
+  }
+
+  // The collective has made progress (or starts): it fails if it makes none for the timeout.
+  void Arm() { deadline_ns_.store(NowNs() + timeout_ns_, std::memory_order_relaxed); }
+  void Disarm() { deadline_ns_.store(kDisarmed, std::memory_order_relaxed); }
+  // Whether a deadline passed (the sockets are shut down).
+  bool fired() const { return fired_.load(std::memory_order_acquire); }
+
+ private:
+  static constexpr int64_t kDisarmed = std::numeric_limits<int64_t>::max();
+  static int64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), poll_)) {
+      if (NowNs() < deadline_ns_.load(std::memory_order_relaxed)) continue;
+      fired_.store(true, std::memory_order_release);
+      ShutDown();
+      return;
+    }
+  }
+
+  const std::vector<int> sockets_;
+  const int64_t timeout_ns_;
+  const absl::Duration poll_;
+  std::atomic<int64_t> deadline_ns_{kDisarmed};
+  std::atomic<bool> fired_{false};
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// Arms `watchdog` for the life of one collective.
+class ArmedFor {
+ public:
+  explicit ArmedFor(Watchdog& watchdog) : watchdog_(watchdog) { watchdog_.Arm(); }
+  ~ArmedFor() { watchdog_.Disarm(); }
+  ArmedFor(const ArmedFor&) = delete;
+  ArmedFor& operator=(const ArmedFor&) = delete;
+
+ private:
+  Watchdog& watchdog_;
+};
+
+// A write to a socket whose peer has gone raises SIGPIPE, which would end the process; blocked
+// on this thread while it writes, the write fails with EPIPE instead, which becomes UNAVAILABLE.
+// A SIGPIPE raised meanwhile is consumed before the mask is restored.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedSigpipeBlock() {
+    if (sigismember(&old_, SIGPIPE)) return;
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+      const timespec zero = {0, 0};
+      sigtimedwait(&pipe_, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+};
+
+// Completion of one collective, shared by the caller's Work and the queued closure, so that a
+// caller may drop its Work before the collective ends.
+class WorkState {
+ public:
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    return status_;
+  }
+  void Finish(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
+    done_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+class GlooWork final : public Work {
+ public:
+  explicit GlooWork(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+  absl::Status Wait() override { return state_->Wait(); }
+
+ private:
+  const std::shared_ptr<WorkState> state_;
+};
+
+// Messages go over Gloo's TCP pairs in synchronous mode: the thread running a collective writes
+// to the sockets and reads from them itself, and the kernel wakes it when a peer's data arrives.
+// Gloo's own collectives (gloo::allreduce and the like) hand every message to the device's
+// event-loop thread instead, which wakes the caller through a condition variable: several thread
+// hand-offs per message, each a wait for a core on a busy machine.
+//
+// Every two ranks share two connections, one per direction (the lower rank writes on `up`, the
+// higher on `down`), so that a rank may write to a peer and read from it at the same time
+// without the two waiting on each other.
+//
+// A message names its destination by slot: the receiver registers a buffer under that slot and
+// the bytes land in it at the sender's chosen offset. Reads happen only inside a collective and
+// in the order the peer wrote, so every collective reuses the same slots once the previous one's
+// buffers are gone.
+constexpr int kScratchSlot = 0x7a000001;  // a piece to reduce, into the scratch buffer
+constexpr int kDataSlot = 0x7a000002;     // final values, straight into the tensor
+
+// How two ranks cut a tensor of `bytes` into messages (frames). Every frame but the last is
+// kFrameBytes long; a tensor of up to kOneRoundBytes goes in at most two frames, larger ones in
+// frames of kFrameBytes, which the scratch buffer and the reduction after each keep in the core's
+// cache. The first frame is short enough to sit in the socket's buffers even if the peer never
+// reads it (see FrameSender).
+constexpr size_t kFrameBytes = 256 << 10;
+constexpr size_t kOneRoundBytes = 1 << 20;
+constexpr size_t kScratchBytes = kOneRoundBytes - kFrameBytes;  // the longest frame
+
+struct Frames {
+  explicit Frames(size_t bytes)
+      : bytes(bytes),
+        count(bytes <= kFrameBytes      ? 1
+              : bytes <= kOneRoundBytes ? 2
+                                        : (bytes + kFrameBytes - 1) / kFrameBytes) {}
+  size_t offset(size_t i) const { return i * kFrameBytes; }
+  size_t length(size_t i) const { return i + 1 < count ? kFrameBytes : bytes - offset(i); }
+  size_t bytes;
+  size_t count;
+};
+
+// Writes the frames of one tensor to the peer on its own thread, while the collective's thread
+// reads the peer's, so that both directions flow at once. Used by one collective at a time.
+//
+// After the first frame it waits for the collective's thread to have received the peer's first
+// frame: a peer that never joins the collective then costs one frame, which fits in the socket's
+// buffers, instead of a write that blocks until the socket's timeout, which Gloo restarts
+// whenever a few bytes get through.
+class FrameSender {
+ public:
+  FrameSender() : thread_([this] { Loop(); }) {}
+  ~FrameSender() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  // Starts writing `out`, each frame to offset 0 at the receiver. `out` must outlive Finish(),
+  // which must come before the next Start().
+  void Start(gloo::transport::Buffer* out, Frames frames) {
+    absl::MutexLock lock(&mu_);
+    out_ = out;
+    frames_ = frames;
+    sent_ = 0;
+    peer_joined_ = false;
+    abort_ = false;
+    error_.clear();
+    busy_ = true;
+  }
+
+  // The peer's first frame has arrived.
+  void PeerJoined() {
+    absl::MutexLock lock(&mu_);
+    peer_joined_ = true;
+  }
+
+  // Blocks until `count` frames are written (true) or the writes failed (false).
+  bool WaitSent(size_t count) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this, count]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sent_ >= count || !busy_; };
+    mu_.Await(absl::Condition(&ready));
+    return sent_ >= count;
+  }
+
+  // Stops after the frame being written, if any, and blocks until then (abort), or blocks until
+  // every frame is written. Returns the writes' error, if any ("" when none).
+  std::string Finish(bool abort) {
+    absl::MutexLock lock(&mu_);
+    abort_ = abort;
+    mu_.Await(absl::Condition(
+        +[](FrameSender* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return !s->busy_; }, this));
+    return error_;
+  }
+
+ private:
+  void Loop() {
+    ScopedSigpipeBlock sigpipe;
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(
+          +[](FrameSender* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->stop_ || s->busy_; },
+          this));
+      if (stop_) return;
+      gloo::transport::Buffer* out = out_;
+      const Frames frames = frames_;
+      std::string error;
+      for (size_t i = 0; i < frames.count && error.empty(); ++i) {
+        if (i == 1) {
+          mu_.Await(absl::Condition(
+              +[](FrameSender* s)
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->peer_joined_ || s->abort_; },
+              this));
+        }
+        if (abort_) break;
+        mu_.Unlock();
+        try {
+          out->send(frames.offset(i), frames.length(i), 0);
+          out->waitSend();
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        mu_.Lock();
+        if (error.empty()) ++sent_;
+      }
+      error_ = error;
+      busy_ = false;
+    }
+  }
+
+  absl::Mutex mu_;
+  gloo::transport::Buffer* out_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Frames frames_ ABSL_GUARDED_BY(mu_){0};
+  size_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool peer_joined_ ABSL_GUARDED_BY(mu_) = false;
+  bool abort_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// The ring's segments. Each rank writes a segment to its right neighbour before it reads one from
+// its left neighbour, so all of them may be writing at once with nobody reading: a segment must
+// fit in the socket's send buffer, which Gloo sizes to the message, up to net.core.wmem_max
+// (208 KiB where not raised). Fixed, since both ends of a connection must cut alike.
+constexpr size_t kRingSegmentBytes = 128 << 10;
+
+// Three ranks or more reduce tensors from this size with Gloo's own ring (ReduceBulk).
+constexpr size_t kBulkBytes = 2 << 20;
+
+// Byte ranges of `count` elements of `size` bytes split into `parts` near-equal chunks.
+struct Range {
+  size_t offset;
+  size_t bytes;
+};
+Range Chunk(size_t count, size_t size, int parts, int index) {
+  const size_t base = count / parts;
+  const size_t extra = count % parts;
+  const size_t i = static_cast<size_t>(index);
+  const size_t start = i * base + std::min(i, extra);
+  return {start * size, (base + (i < extra ? 1 : 0)) * size};
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::Context> up, std::shared_ptr<gloo::Context> down,
+                   std::shared_ptr<gloo::Context> bulk, absl::Duration timeout)
+      : up_(std::move(up)),
+        down_(std::move(down)),
+        bulk_(std::move(bulk)),
+        rank_(up_->rank),
+        size_(up_->size),
+        timeout_(timeout),
+        scratch_(new double[kScratchBytes / sizeof(double)]),
+        watchdog_(Sockets(), timeout) {
+    if (size_ > 1) {
+      scratch_in_ = From(LeftRank()).createRecvBuffer(kScratchSlot, scratch_.get(), kScratchBytes);
+    }
+    if (size_ == 2) sender_ = std::make_unique<FrameSender>();
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+
+  std::unique_ptr<Work> AllReduceAsync(std::vector<torch::Tensor> tensors, ReduceOp op) override {
+    auto state = std::make_shared<WorkState>();
+    Enqueue([this, tensors = std::move(tensors), op, state]() mutable {
+      state->Finish(RunAllReduce(tensors, op));
+    });
+    return std::make_unique<GlooWork>(std::move(state));
+  }
+
+  absl::Status AllReduce(std::vector<torch::Tensor> tensors, ReduceOp op) override {
+    WaitIdle();
+    return RunAllReduce(tensors, op);
+  }
+
+  absl::Status Broadcast(std::vector<torch::Tensor> tensors, int root) override {
+    WaitIdle();
+    return RunBroadcast(tensors, root);
+  }
+
+  absl::Status Barrier() override {
+    WaitIdle();
+    return RunBarrier();
+  }
+
+ private:
+  // Closures run in order on the communicator's thread; the destructor drains the queue first.
+  void Enqueue(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+    ++outstanding_;
+  }
+
+  // Blocking collectives run on the caller's thread, which saves two thread hand-offs per call
+  // (most of the cost of a small all-reduce), once everything queued before them is done. The
+  // one calling thread cannot queue more meanwhile, so the order is kept.
+  void WaitIdle() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* outstanding) { return *outstanding == 0; }, &outstanding_));
+  }
+
+  void Loop() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](GlooCommunicator* c)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return c->stop_ || !c->queue_.empty(); },
+            this));
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+      absl::MutexLock lock(&mu_);
+      --outstanding_;
+    }
+  }
+
+  // The ring's neighbours: this rank receives from the left and sends to the right (the same
+  // peer when there are two ranks).
+  int LeftRank() const { return (rank_ + size_ - 1) % size_; }
+  int RightRank() const { return (rank_ + 1) % size_; }
+  // The connection this rank writes to `peer` on, and the one it reads from `peer` on.
+  gloo::transport::Pair& To(int peer) { return *(rank_ < peer ? up_ : down_)->getPair(peer); }
+  gloo::transport::Pair& From(int peer) { return *(peer < rank_ ? up_ : down_)->getPair(peer); }
+
+  // On whichever thread runs collectives. After the first failure the group is broken: every
+  // later collective fails at once with the same status instead of waiting out its timeout again.
+  absl::Status RunAllReduce(std::vector<torch::Tensor>& tensors, ReduceOp op) {
+    if (!broken_.ok()) return broken_;
+    for (const torch::Tensor& t : tensors) {
+      if (!t.device().is_cpu() ||
+          (t.scalar_type() != torch::kFloat && t.scalar_type() != torch::kDouble)) {
+        return absl::InvalidArgumentError("all-reduce: Gloo reduces float32/float64 CPU tensors");
+      }
+    }
+    ScopedSigpipeBlock sigpipe;
+    ArmedFor armed(watchdog_);
+    for (torch::Tensor& t : tensors) {
+      torch::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
+      const bool is_float = t.scalar_type() == torch::kFloat;
+      ReduceFn fn;
+      if (op == ReduceOp::kMax) {
+        fn = is_float ? &MaxInto<float> : &MaxInto<double>;
+      } else {
+        fn = is_float ? &SumInto<float> : &SumInto<double>;
+      }
+      watchdog_.Arm();  // Gloo's own ring (ReduceBulk) gets the timeout per tensor
+      absl::Status status = Guard("all-reduce", [&] {
+        Reduce(buffer.data_ptr(), static_cast<size_t>(buffer.numel()), buffer.element_size(), fn);
+      });
+      if (!status.ok()) return status;
+      if (op == ReduceOp::kMean) buffer.div_(static_cast<double>(size_));
+      if (!buffer.is_same(t)) t.copy_(buffer);
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs `body` (Gloo calls, which throw), turning a failure into the broken state.
+  // A collective that ran past its deadline fails with DEADLINE_EXCEEDED, even if its last
+  // bytes arrived as the watchdog shut the sockets down.
+  template <typename Body>
+  absl::Status Guard(absl::string_view op, Body body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      broken_ = watchdog_.fired() ? Expired(op) : FromGloo(e.what(), op, timeout_);
+      watchdog_.ShutDown();
+      return broken_;
+    }
+    if (watchdog_.fired()) {
+      broken_ = Expired(op);
+      return broken_;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Expired(absl::string_view op) const {
+    return absl::DeadlineExceededError(
+        absl::StrCat(op, ": no progress within the collective timeout of ",
+                     absl::FormatDuration(timeout_),
+                     " (collective_timeout): a peer stopped sending or receiving"));
+  }
+
+  // Copies of the sockets of every connection of the group, for the watchdog.
+  std::vector<int> Sockets() const {
+    std::vector<int> sockets;
+    for (const auto& context : {up_, down_, bulk_}) {
+      for (int peer = 0; context != nullptr && peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        const int fd = PairSocket::Of(*context->getPair(peer));
+        sockets.push_back(fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      }
+    }
+    return sockets;
+  }
+
+  void Reduce(void* data, size_t count, size_t size, ReduceFn fn) {
+    if (count == 0 || size_ == 1) return;
+    const size_t bytes = count * size;
+    if (size_ == 2) {
+      ReduceWithPeer(static_cast<char*>(data), bytes, size, fn);
+    } else if (bytes >= kBulkBytes) {
+      ReduceBulk(data, count, size, fn);
+    } else {
+      ReduceRing(static_cast<char*>(data), count, size, fn);
+    }
+  }
+
+  // Gloo's own ring, through its event loop: for large tensors over three ranks or more, where
+  // that loop reading while this thread writes and reduces is worth its hand-offs.
+  void ReduceBulk(void* data, size_t count, size_t size, ReduceFn fn) {
+    gloo::AllreduceOptions opts(bulk_);
+    if (size == sizeof(float)) {
+      opts.setOutput(static_cast<float*>(data), count);
+    } else {
+      opts.setOutput(static_cast<double*>(data), count);
+    }
+    opts.setReduceFunction(fn);
+    opts.setTag(next_tag_++);
+    opts.setTimeout(ToChrono(timeout_));
+    gloo::allreduce(opts);
+  }
+
+  // c = op(rank 0's, rank 1's) on both ranks, so that they end with identical bits.
+  void ReduceSegment(ReduceFn fn, char* mine, size_t bytes, size_t size) {
+    const char* theirs = reinterpret_cast<const char*>(scratch_.get());
+    const bool first = rank_ == 0;
+    fn(mine, first ? mine : theirs, first ? theirs : mine, bytes / size);
+  }
+
+  // Two ranks: each sends all of its tensor and reduces all of the peer's into it, in one round
+  // rather than the ring's two (reduce-scatter, then all-gather) for the same bytes on the wire.
+  // The sender's thread writes while this one reads and reduces, so that both directions flow
+  // all the time, for one hand-off per call.
+  void ReduceWithPeer(char* data, size_t bytes, size_t size, ReduceFn fn) {
+    std::unique_ptr<gloo::transport::Buffer> out =
+        To(RightRank()).createSendBuffer(kScratchSlot, data, bytes);
+    const Frames frames(bytes);
+    sender_->Start(out.get(), frames);
+    try {
+      for (size_t i = 0; i < frames.count; ++i) {
+        scratch_in_->waitRecv();
+        watchdog_.Arm();
+        if (i == 0) sender_->PeerJoined();
+        // A frame is reduced in place only once it has gone out.
+        if (!sender_->WaitSent(i + 1)) break;
+        watchdog_.Arm();
+        ReduceSegment(fn, data + frames.offset(i), frames.length(i), size);
+      }
+    } catch (...) {
+      sender_->Finish(/*abort=*/true);
+      throw;
+    }
+    const std::string error = sender_->Finish(/*abort=*/false);
+    if (!error.empty()) throw gloo::IoException(error);
+  }
+
+  // Three ranks or more: the ring. Reduce-scatter: in step s this rank passes chunk rank - s to
+  // the right and reduces chunk rank - s - 1 from the left into its own, ending with chunk
+  // rank + 1 complete. All-gather: the complete chunks travel once around the ring, straight
+  // into the tensors. Each chunk is reduced on one rank only, so all ranks end with its bits.
+  void ReduceRing(char* data, size_t count, size_t size, ReduceFn fn) {
+    const int n = size_;
+    const int r = rank_;
+    const size_t bytes = count * size;
+    const size_t segment = kRingSegmentBytes;
+    auto mod = [n](int i) { return ((i % n) + n) % n; };
+    auto segments = [segment](size_t b) { return (b + segment - 1) / segment; };
+    gloo::transport::Pair& right = To(RightRank());
+    std::unique_ptr<gloo::transport::Buffer> to_scratch =
+        right.createSendBuffer(kScratchSlot, data, bytes);
+    std::unique_ptr<gloo::transport::Buffer> to_data =
+        right.createSendBuffer(kDataSlot, data, bytes);
+    std::unique_ptr<gloo::transport::Buffer> in_data =
+        From(LeftRank()).createRecvBuffer(kDataSlot, data, bytes);
+    const char* scratch = reinterpret_cast<const char*>(scratch_.get());
+
+    for (int s = 0; s < n - 1; ++s) {
+      const Range send = Chunk(count, size, n, mod(r - s));
+      const Range recv = Chunk(count, size, n, mod(r - s - 1));
+      const size_t sends = segments(send.bytes);
+      const size_t recvs = segments(recv.bytes);
+      auto send_segment = [&](size_t i) {
+        const size_t at = i * segment;
+        to_scratch->send(send.offset + at, std::min(send.bytes - at, segment), 0);
+        to_scratch->waitSend();
+        watchdog_.Arm();
+      };
+      if (sends > 0) send_segment(0);
+      for (size_t i = 0; i < std::max(sends, recvs); ++i) {
+        if (i < recvs) {
+          scratch_in_->waitRecv();
+          watchdog_.Arm();
+        }
+        if (i + 1 < sends) send_segment(i + 1);
+        if (i < recvs) {
+          const size_t at = i * segment;
+          char* mine = data + recv.offset + at;
+          fn(mine, scratch, mine, std::min(recv.bytes - at, segment) / size);
+        }
+      }
+    }
+
+    for (int s = 0; s < n - 1; ++s) {
+      const Range send = Chunk(count, size, n, mod(r + 1 - s));
+      const Range recv = Chunk(count, size, n, mod(r - s));
+      const size_t sends = segments(send.bytes);
+      const size_t recvs = segments(recv.bytes);
+      auto send_segment = [&](size_t i) {
+        const size_t at = send.offset + i * segment;
+        to_data->send(at, std::min(send.offset + send.bytes - at, segment), at);
+        to_data->waitSend();
+        watchdog_.Arm();
+      };
+      if (sends > 0) send_segment(0);
+      for (size_t i = 0; i < std::max(sends, recvs); ++i) {
+        if (i < recvs) {
+          in_data->waitRecv();
+          watchdog_.Arm();
+        }
+        if (i + 1 < sends) send_segment(i + 1);
+      }
+    }
+  }
+
+  absl::Status RunBroadcast(std::vector<torch::Tensor>& tensors, int root) {
+    if (!broken_.ok()) return broken_;
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast: no rank ", root));
+    }
+    for (const torch::Tensor& t : tensors) {
+      if (!t.device().is_cpu() || !t.is_contiguous()) {
+        return absl::InvalidArgumentError("broadcast: Gloo sends contiguous CPU tensors");
+      }
+    }
+    if (size_ == 1) return absl::OkStatus();
+    ScopedSigpipeBlock sigpipe;
+    ArmedFor armed(watchdog_);
+    for (torch::Tensor& t : tensors) {
+      const size_t bytes = t.nbytes();
+      if (bytes == 0) continue;
+      auto* data = static_cast<char*>(t.data_ptr());
+      watchdog_.Arm();  // each tensor gets the timeout, and each peer's copy of it
+      absl::Status status = Guard("broadcast", [&] {
+        // One message per tensor and peer: only the root writes, so nothing waits on a write.
+        if (rank_ == root) {
+          for (int peer = 0; peer < size_; ++peer) {
+            if (peer == root) continue;
+            std::unique_ptr<gloo::transport::Buffer> out =
+                To(peer).createSendBuffer(kDataSlot, data, bytes);
+            out->send(0, bytes, 0);
+            out->waitSend();
+            watchdog_.Arm();
+          }
+        } else {
+          From(root).createRecvBuffer(kDataSlot, data, bytes)->waitRecv();
+        }
+      });
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+
+  // An all-reduce of one value: no rank can finish it before every rank has contributed.
+  absl::Status RunBarrier() {
+    if (!broken_.ok()) return broken_;
+    if (size_ == 1) return absl::OkStatus();
+    ScopedSigpipeBlock sigpipe;
+    ArmedFor armed(watchdog_);
+    float token = 0;
+    return Guard("barrier", [&] { Reduce(&token, 1, sizeof(token), &SumInto<float>); });
+  }
+
+  // Fixed at construction.
+  const std::shared_ptr<gloo::Context> up_;
+  const std::shared_ptr<gloo::Context> down_;
+  const std::shared_ptr<gloo::Context> bulk_;
+  const int rank_;
+  const int size_;
+  const absl::Duration timeout_;
+  const std::unique_ptr<double[]> scratch_;  // one segment from the left neighbour
+  std::unique_ptr<gloo::transport::Buffer> scratch_in_;
+  std::unique_ptr<FrameSender> sender_;  // two ranks only
+  Watchdog watchdog_;
+
+  // Used by whichever thread runs collectives: the communicator's, or the caller's while
+  // nothing is outstanding (WaitIdle), never both at once.
+  absl::Status broken_;
+  uint32_t next_tag_ = 0;
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // queued or running on the thread
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(int rank, int world_size,
+                                                                  RendezvousClient& rendezvous,
+                                                                  const GlooOptions& options) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo: rank ", rank, " of world size ", world_size));
+  }
+  StoreAdapter store(rendezvous, options.connect_timeout);
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    // A pair's timeout bounds each blocking read and write on its socket (SO_RCVTIMEO,
+    // SO_SNDTIMEO): the collective timeout, behind the communicator's watchdog, which bounds the
+    // time without progress. Waiting for the slowest rank to start is the store's, with the
+    // connect timeout; connecting once every rank has published its address is quick.
+    auto connect = [&](const char* prefix, bool sync) {
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+      context->setTimeout(ToChrono(options.timeout));
+      gloo::rendezvous::PrefixStore prefixed(prefix, store);
+      context->connectFullMesh(prefixed, device);
+      for (int peer = 0; peer < world_size && sync; ++peer) {
+        if (peer != rank) context->getPair(peer)->setSync(/*sync=*/true, /*busyPoll=*/false);
+      }
+      return context;
+    };
+    auto up = connect("up", true);
+    auto down = connect("down", true);
+    // Gloo's own ring, through the device's event loop, for large tensors over three ranks or
+    // more.
+    std::shared_ptr<gloo::Context> bulk;
+    if (world_size > 2) bulk = connect("bulk", false);
+    LogInfo("gloo: rank ", rank, " of ", world_size, " connected on ", options.hostname);
+    return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
+        std::move(up), std::move(down), std::move(bulk), options.timeout));
+  } catch (const std::exception& e) {
+    if (!store.last_error().ok()) {
+      return absl::Status(store.last_error().code(),
+                          absl::StrCat("gloo: meeting the peers: ", store.last_error().message()));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("gloo: connecting to the peers on ", options.hostname, ": ", e.what()));
+  }
+}
+
+}  // namespace trainyard::trainer

@@ -1,0 +1,103 @@
+#include "worker/trainer/coordinator/rendezvous_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "trainyard/v1/agent_service.grpc.pb.h"
+
+namespace trainyard::trainer {
+namespace {
+
+// How long one RendezvousGet may hold the call; longer waits are several calls, so that a
+// coordinator restart costs at most one of them.
+constexpr absl::Duration kMaxWaitPerCall = absl::Seconds(20);
+// Time the call itself may take beyond the wait it asks for.
+constexpr absl::Duration kRpcSlack = absl::Seconds(5);
+
+bool Retryable(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable;
+}
+
+class GrpcRendezvousClient final : public RendezvousClient {
+ public:
+  GrpcRendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
+                       int64_t generation, int32_t rank)
+      : stub_(trainyard::v1::AgentService::NewStub(std::move(channel))),
+        job_id_(std::move(job_id)),
+        generation_(generation),
+        rank_(rank) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    absl::Duration backoff = absl::Milliseconds(100);
+    while (true) {
+      trainyard::v1::RendezvousSetRequest request;
+      request.set_job_id(job_id_);
+      request.set_generation(generation_);
+      request.set_rank(rank_);
+      request.set_key(key);
+      request.set_value(value);
+      trainyard::v1::RendezvousSetResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcSlack));
+      absl::Status status = FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
+                                           absl::StrCat("rendezvous set ", key));
+      if (!Retryable(status) || absl::Now() + backoff >= deadline) return status;
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration backoff = absl::Milliseconds(100);
+    while (true) {
+      const absl::Duration wait =
+          std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kMaxWaitPerCall);
+      trainyard::v1::RendezvousGetRequest request;
+      request.set_job_id(job_id_);
+      request.set_generation(generation_);
+      request.set_rank(rank_);
+      request.set_key(key);
+      request.set_wait_ms(absl::ToInt64Milliseconds(wait));
+      trainyard::v1::RendezvousGetResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + wait + kRpcSlack));
+      absl::Status status = FromGrpcStatus(stub_->RendezvousGet(&context, request, &response),
+                                           absl::StrCat("rendezvous get ", key));
+      if (status.ok()) return std::move(*response.mutable_value());
+      const bool time_left = absl::Now() < deadline;
+      if (status.code() == absl::StatusCode::kDeadlineExceeded && time_left) continue;
+      if (!Retryable(status) || absl::Now() + backoff >= deadline) {
+        if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "rendezvous: key '", key, "' not set within ", absl::FormatDuration(timeout)));
+        }
+        return status;
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  }
+
+ private:
+  const std::unique_ptr<trainyard::v1::AgentService::Stub> stub_;
+  const std::string job_id_;
+  const int64_t generation_;
+  const int32_t rank_;
+};
+
+}  // namespace
+
+std::unique_ptr<RendezvousClient> NewGrpcRendezvousClient(std::shared_ptr<grpc::Channel> channel,
+                                                          const std::string& job_id,
+                                                          int64_t generation, int32_t rank) {
+  return std::make_unique<GrpcRendezvousClient>(std::move(channel), job_id, generation, rank);
+}
+
+}  // namespace trainyard::trainer

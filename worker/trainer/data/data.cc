@@ -1,0 +1,694 @@
+#include "worker/trainer/data/data.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/log.h"
+#include "common/object_cache.h"
+#include "common/object_store.h"
+#include "common/safetensors.h"
+#include "common/shard_index.h"
+#include "common/shard_reader.h"
+#include "common/uri.h"
+#include "worker/trainer/model/model.h"
+
+namespace trainyard::trainer {
+namespace {
+
+std::string ShapeString(c10::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+// Standard normal draws from mt19937_64 by Box-Muller, identical on every platform.
+class NormalSource {
+ public:
+  explicit NormalSource(uint64_t seed) : rng_(seed) {}
+  double Next() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    const double u1 = 1.0 - static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(rng_() >> 11) * 0x1.0p-53;        // [0, 1)
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = r * std::sin(2.0 * M_PI * u2);
+    has_spare_ = true;
+    return r * std::cos(2.0 * M_PI * u2);
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  bool has_spare_ = false;
+  double spare_ = 0;
+};
+
+}  // namespace
+
+int64_t Dataset::FeatureWidth() const {
+  return size() == 0 ? 0 : features.numel() / features.size(0);
+}
+
+int64_t Dataset::OutputWidth() const {
+  if (!labels.defined() || labels.size(0) == 0) return 0;
+  if (labels.scalar_type() == torch::kInt64) return labels.max().item<int64_t>() + 1;
+  return labels.numel() / labels.size(0);
+}
+
+absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData& spec,
+                                             int64_t seed) {
+  if (spec.samples() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.synthetic.samples: must be >= 1, got ", spec.samples()));
+  }
+  if (spec.features() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.synthetic.features: must be >= 1, got ", spec.features()));
+  }
+  if (spec.classes() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.synthetic.classes: must be >= 2, got ", spec.classes()));
+  }
+  if (spec.noise() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.synthetic.noise: must be >= 0, got ", spec.noise()));
+  }
+  const int64_t n = spec.samples();
+  const int64_t f = spec.features();
+  const int64_t k = spec.classes();
+  NormalSource normal(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ULL + 17);
+  std::vector<double> centres(static_cast<size_t>(k * f));
+  for (double& c : centres) c = normal.Next();
+  Dataset data;
+  data.features = torch::empty({n, f}, torch::kFloat32);
+  data.labels = torch::empty({n}, torch::kInt64);
+  float* x = data.features.data_ptr<float>();
+  int64_t* y = data.labels.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = i % k;
+    y[i] = label;
+    for (int64_t j = 0; j < f; ++j) {
+      x[i * f + j] = static_cast<float>(centres[label * f + j] + spec.noise() * normal.Next());
+    }
+  }
+  if (spec.vocab_size() > 0) {
+    const int64_t fields = spec.vocab_size();
+    for (int64_t v : spec.vocab()) {
+      if (v < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.synthetic.vocab: every field needs >= 1 id, got ", v));
+      }
+    }
+    std::mt19937_64 ids(static_cast<uint64_t>(seed) * 0xD1B54A32D192ED03ULL + 29);
+    data.categorical = torch::empty({n, fields}, torch::kInt64);
+    int64_t* c = data.categorical.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < fields; ++j) {
+        const uint64_t vocab = static_cast<uint64_t>(spec.vocab(static_cast<int>(j)));
+        const uint64_t draw = ids();
+        // The class's id for this field, or a uniform one; both from one 64-bit draw.
+        const uint64_t class_id = (static_cast<uint64_t>(y[i]) * 0x9E3779B97F4A7C15ULL +
+                                   static_cast<uint64_t>(j) * 0xBF58476D1CE4E5B9ULL) %
+                                  vocab;
+        c[i * fields + j] = static_cast<int64_t>((draw & 1) ? class_id : (draw >> 1) % vocab);
+      }
+    }
+  }
+  return data;
+}
+
+namespace {
+
+bool IsIntegerDtype(const std::string& dtype) {
+  return dtype == "I64" || dtype == "I32" || dtype == "I16" || dtype == "I8" || dtype == "U8";
+}
+
+std::string DisplayPath(const std::string& uri) {
+  return absl::StartsWith(uri, "file://") ? uri.substr(7) : uri;
+}
+
+// One named tensor of every shard: its dtype and the shape of one sample.
+struct Column {
+  std::string field;  // "data.features", for errors
+  std::string name;
+  std::string dtype;
+  torch::ScalarType type = torch::kFloat32;
+  std::vector<int64_t> sample_shape;
+  int64_t row_bytes = 0;
+};
+
+// The extremes of an integer column per field (the last dimension; one field for [N] labels)
+// that `trainyard data pack` records in each shard's metadata as "trainyard.min.NAME" and
+// "trainyard.max.NAME" (comma-separated); nullopt when a shard does not.
+std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> RecordedExtremes(
+    const ShardIndex& index, const std::string& name, size_t fields) {
+  std::vector<int64_t> lo(fields, INT64_MAX), hi(fields, INT64_MIN);
+  for (const ShardInfo& shard : index.shards) {
+    auto min_it = shard.header.metadata.find("trainyard.min." + name);
+    auto max_it = shard.header.metadata.find("trainyard.max." + name);
+    if (min_it == shard.header.metadata.end() || max_it == shard.header.metadata.end()) {
+      return std::nullopt;
+    }
+    const std::vector<std::string> mins = absl::StrSplit(min_it->second, ',');
+    const std::vector<std::string> maxs = absl::StrSplit(max_it->second, ',');
+    if (mins.size() != fields || maxs.size() != fields) return std::nullopt;
+    for (size_t f = 0; f < fields; ++f) {
+      int64_t a, b;
+      if (!absl::SimpleAtoi(mins[f], &a) || !absl::SimpleAtoi(maxs[f], &b)) return std::nullopt;
+      lo[f] = std::min(lo[f], a);
+      hi[f] = std::max(hi[f], b);
+    }
+  }
+  return std::make_pair(lo, hi);
+}
+
+class ShardData final : public TrainingData {
+ public:
+  ShardData(std::unique_ptr<ShardReader> reader, ShardReaderOptions reader_options,
+            std::vector<Column> columns, std::vector<int64_t> shard_samples,
+            const trainyard::v1::DataSpec& spec, bool classification, const DataOptions& options)
+      : reader_(std::move(reader)),
+        reader_options_(std::move(reader_options)),
+        columns_(std::move(columns)),
+        shard_samples_(std::move(shard_samples)),
+        classification_(classification),
+        has_categorical_(columns_.size() > 2),
+        scale_(spec.has_feature_scale() ? spec.feature_scale() : 1.0f),
+        offset_(spec.feature_offset()),
+        pin_(options.pin_memory) {
+    int64_t first = 0;
+    for (int64_t n : shard_samples_) {
+      shard_first_.push_back(first);
+      first += n;
+    }
+    sample_shape_ = columns_[0].sample_shape;
+  }
+
+  // The split, and what the model needs to know of the labels and ids.
+  absl::Status Prepare(const trainyard::v1::DataSpec& spec, const ShardIndex& index) {
+    const int64_t n = shard_first_.empty() ? 0 : shard_first_.back() + shard_samples_.back();
+    if (n == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.train: the files matching '", spec.train(), "' hold no samples"));
+    }
+    const double fraction = spec.validation_split();
+    validation_ = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
+    if (validation_ >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("data.validation_split: ", fraction, " of ", n,
+                                                     " samples leaves none to train on"));
+    }
+    train_ = n - validation_;
+    for (size_t k = 0; k < shard_samples_.size(); ++k) {
+      shard_train_samples_.push_back(
+          std::clamp<int64_t>(train_ - shard_first_[k], 0, shard_samples_[k]));
+    }
+    if (classification_) {
+      absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<int64_t>>> labels =
+          Extremes(index, 1);
+      if (!labels.ok()) return labels.status();
+      if (labels->first[0] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.labels: negative class id ", labels->first[0], " in '", columns_[1].name, "'"));
+      }
+      outputs_ = labels->second[0] + 1;
+    } else {
+      outputs_ = 1;
+      for (int64_t d : columns_[1].sample_shape) outputs_ *= d;
+    }
+    if (has_categorical_) {
+      absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<int64_t>>> ids =
+          Extremes(index, 2);
+      if (!ids.ok()) return ids.status();
+      for (int64_t lo : ids->first) {
+        if (lo < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("data.categorical: negative id ", lo, " in '", columns_[2].name, "'"));
+        }
+      }
+      max_ids_ = ids->second;
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t ShardBytes(int shard) const override { return reader_->ColumnBytes(shard); }
+  void Hold(const std::vector<int>& shards) override { reader_->Hold(shards); }
+  int64_t bytes_fetched() const override { return reader_->bytes_fetched(); }
+  bool remote() const override { return reader_->remote(); }
+
+  absl::StatusOr<Batch> Gather(const std::vector<int64_t>& indices) override {
+    const int64_t n = static_cast<int64_t>(indices.size());
+    std::vector<torch::Tensor> out;
+    std::vector<char*> dst;
+    for (const Column& c : columns_) {
+      std::vector<int64_t> shape = {n};
+      shape.insert(shape.end(), c.sample_shape.begin(), c.sample_shape.end());
+      torch::Tensor t =
+          torch::empty(shape, torch::TensorOptions().dtype(c.type).pinned_memory(pin_));
+      dst.push_back(static_cast<char*>(t.data_ptr()));
+      out.push_back(std::move(t));
+    }
+    std::shared_ptr<const MappedShard> mapped;
+    int current = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t index = indices[static_cast<size_t>(i)];
+      const int shard =
+          static_cast<int>(std::upper_bound(shard_first_.begin(), shard_first_.end(), index) -
+                           shard_first_.begin() - 1);
+      if (shard != current) {
+        absl::StatusOr<std::shared_ptr<const MappedShard>> got = reader_->Get(shard);
+        if (!got.ok()) {
+          return absl::Status(got.status().code(),
+                              absl::StrCat("data.train: ", got.status().message()));
+        }
+        mapped = *std::move(got);
+        current = shard;
+      }
+      const int64_t row = index - shard_first_[static_cast<size_t>(shard)];
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        const int64_t bytes = columns_[c].row_bytes;
+        std::memcpy(dst[c] + i * bytes, mapped->column(c).data() + row * bytes,
+                    static_cast<size_t>(bytes));
+      }
+    }
+    Batch batch;
+    batch.features = out[0].scalar_type() == torch::kFloat32 ? out[0] : out[0].to(torch::kFloat32);
+    if (scale_ != 1.0f) batch.features.mul_(scale_);
+    if (offset_ != 0.0f) batch.features.add_(offset_);
+    batch.labels =
+        classification_ ? out[1].reshape({n}).to(torch::kInt64) : out[1].to(torch::kFloat32);
+    if (has_categorical_) batch.categorical = out[2].to(torch::kInt64);
+    if (pin_) {
+      batch.features = batch.features.is_pinned() ? batch.features : batch.features.pin_memory();
+      batch.labels = batch.labels.is_pinned() ? batch.labels : batch.labels.pin_memory();
+    }
+    return batch;
+  }
+
+ private:
+  // Column `c`'s extremes per field: from the shards' metadata, or read from the column.
+  absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<int64_t>>> Extremes(
+      const ShardIndex& index, size_t c) {
+    const Column& column = columns_[c];
+    const size_t fields =
+        column.sample_shape.empty() ? 1 : static_cast<size_t>(column.sample_shape.back());
+    if (auto recorded = RecordedExtremes(index, column.name, fields)) return *recorded;
+    // Read this column alone, shard by shard, through a reader of its own: a remote data set's
+    // other tensors are not fetched for it, and each shard is let go once read.
+    LogInfo(column.field, ": the shards do not record the extremes of '", column.name,
+            "' (trainyard data pack does): reading them");
+    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(index.shards.front().uri);
+    if (!store.ok()) return store.status();
+    absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+        ShardReader::Open(*std::move(store), index, {column.name}, reader_options_);
+    if (!reader.ok()) return reader.status();
+    std::vector<int64_t> lo(fields, INT64_MAX), hi(fields, INT64_MIN);
+    for (size_t k = 0; k < shard_samples_.size(); ++k) {
+      if (shard_samples_[k] == 0) continue;
+      (*reader)->Hold({static_cast<int>(k)});
+      absl::StatusOr<std::shared_ptr<const MappedShard>> mapped =
+          (*reader)->Get(static_cast<int>(k));
+      if (!mapped.ok()) {
+        return absl::Status(mapped.status().code(),
+                            absl::StrCat(column.field, ": ", mapped.status().message()));
+      }
+      const absl::string_view bytes = (*mapped)->column(0);
+      torch::Tensor t = torch::from_blob(const_cast<char*>(bytes.data()),
+                                         {shard_samples_[k], static_cast<int64_t>(fields)},
+                                         torch::TensorOptions().dtype(column.type))
+                            .to(torch::kInt64);
+      const torch::Tensor mins = std::get<0>(t.min(0));
+      const torch::Tensor maxs = std::get<0>(t.max(0));
+      for (size_t f = 0; f < fields; ++f) {
+        lo[f] = std::min(lo[f], mins[static_cast<int64_t>(f)].item<int64_t>());
+        hi[f] = std::max(hi[f], maxs[static_cast<int64_t>(f)].item<int64_t>());
+      }
+    }
+    return std::make_pair(lo, hi);
+  }
+
+  const std::unique_ptr<ShardReader> reader_;
+  const ShardReaderOptions reader_options_;
+  const std::vector<Column> columns_;  // features, labels[, categorical]
+  const std::vector<int64_t> shard_samples_;
+  std::vector<int64_t> shard_first_;
+  const bool classification_;
+  const bool has_categorical_;
+  const float scale_;
+  const float offset_;
+  const bool pin_;
+};
+
+class MemoryData final : public TrainingData {
+ public:
+  MemoryData(Dataset train, Dataset validation) {
+    train_ = train.size();
+    validation_ = validation.size();
+    if (train.features.defined()) {
+      const auto shape = train.features.sizes().slice(1);
+      sample_shape_.assign(shape.begin(), shape.end());
+    }
+    outputs_ = std::max(train.OutputWidth(), validation.OutputWidth());
+    auto join = [&](const torch::Tensor& a, const torch::Tensor& b) {
+      return b.defined() && b.size(0) > 0 ? torch::cat({a, b}, 0) : a;
+    };
+    all_.features = join(train.features, validation.features);
+    all_.labels = join(train.labels, validation.labels);
+    if (train.categorical.defined()) {
+      all_.categorical = join(train.categorical, validation.categorical);
+      if (all_.categorical.size(0) > 0) {
+        torch::Tensor most = std::get<0>(all_.categorical.max(0));
+        max_ids_.assign(most.data_ptr<int64_t>(), most.data_ptr<int64_t>() + most.numel());
+      }
+    }
+  }
+
+  absl::StatusOr<Batch> Gather(const std::vector<int64_t>& indices) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor index = torch::from_blob(const_cast<int64_t*>(indices.data()),
+                                           {static_cast<int64_t>(indices.size())}, torch::kInt64);
+    Batch batch;
+    batch.features = all_.features.index_select(0, index);
+    batch.labels = all_.labels.index_select(0, index);
+    if (all_.categorical.defined()) batch.categorical = all_.categorical.index_select(0, index);
+    return batch;
+  }
+
+ private:
+  Dataset all_;
+};
+
+// The shards' column `name` for `field`, checked to be the same dtype and sample shape in
+// every shard and to have `samples[k]` samples (filled from the first column when empty).
+absl::StatusOr<Column> CheckColumn(const ShardIndex& index, const std::string& field,
+                                   const std::string& name, std::vector<int64_t>& samples) {
+  Column column;
+  column.field = field;
+  column.name = name;
+  const bool first_column = samples.empty();
+  for (size_t k = 0; k < index.shards.size(); ++k) {
+    const ShardInfo& shard = index.shards[k];
+    const std::string path = DisplayPath(shard.uri);
+    auto slot = std::find_if(shard.header.tensors.begin(), shard.header.tensors.end(),
+                             [&](const SafetensorsSlot& t) { return t.name == name; });
+    if (slot == shard.header.tensors.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": tensor '", name, "' not in ", path));
+    }
+    const std::optional<torch::ScalarType> type = ScalarTypeOf(slot->dtype);
+    if (!type.has_value() || slot->dtype == "BOOL" || slot->shape.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": tensor '", name, "' in ", path,
+                                                     " must be a numeric tensor with a sample "
+                                                     "dimension, got ",
+                                                     slot->dtype, " ", ShapeString(slot->shape)));
+    }
+    const std::vector<int64_t> sample(slot->shape.begin() + 1, slot->shape.end());
+    if (k == 0) {
+      column.dtype = slot->dtype;
+      column.type = *type;
+      column.sample_shape = sample;
+    } else if (sample != column.sample_shape || slot->dtype != column.dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", path, " has ", slot->dtype, " ", ShapeString(slot->shape),
+                       ", expected ", column.dtype, " [*", column.sample_shape.empty() ? "" : ",",
+                       absl::StrJoin(column.sample_shape, ","), "] like ",
+                       DisplayPath(index.shards.front().uri)));
+    }
+    if (first_column) {
+      samples.push_back(slot->shape[0]);
+    } else if (slot->shape[0] != samples[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", path, ": '", name, "' has shape ", ShapeString(slot->shape),
+                       " but the features have ", samples[k], " samples"));
+    }
+  }
+  column.row_bytes = SafetensorsDtypeSize(column.dtype);
+  for (int64_t d : column.sample_shape) column.row_bytes *= d;
+  return column;
+}
+
+absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::DataSpec& spec,
+                                                         bool classification,
+                                                         const DataOptions& options) {
+  const std::string& pattern = spec.train();
+  if (absl::StrContains(pattern, "://") && !absl::StartsWith(pattern, "file://") &&
+      !absl::StartsWith(pattern, "s3://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.train: only local paths, file:// and s3:// URIs are supported, got '", pattern, "'"));
+  }
+  if (!absl::StrContains(pattern, "://") && !absl::StartsWith(pattern, "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.train: '", pattern, "' is not an absolute path or URI"));
+  }
+  const std::string uri = absl::StartsWith(pattern, "/") ? "file://" + pattern : pattern;
+  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("data.train: ", store.status().message()));
+  }
+  absl::StatusOr<ShardIndex> index = IndexShards(**store, uri);
+  if (!index.ok()) {
+    if (index.status().code() == absl::StatusCode::kNotFound &&
+        absl::StrContains(index.status().message(), "match")) {
+      return absl::NotFoundError(absl::StrCat("data.train: no files match '", pattern, "'"));
+    }
+    return absl::Status(index.status().code(),
+                        absl::StrCat("data.train: ", index.status().message()));
+  }
+  std::vector<int64_t> samples;
+  std::vector<Column> columns;
+  const std::string features = spec.features().empty() ? "x" : spec.features();
+  const std::string labels = spec.labels().empty() ? "y" : spec.labels();
+  absl::StatusOr<Column> x = CheckColumn(*index, "data.features", features, samples);
+  if (!x.ok()) return x.status();
+  columns.push_back(*std::move(x));
+  absl::StatusOr<Column> y = CheckColumn(*index, "data.labels", labels, samples);
+  if (!y.ok()) return y.status();
+  if (classification) {
+    if (!IsIntegerDtype(y->dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.labels: cross_entropy needs integer class ids, '", labels, "' in ",
+                       DisplayPath(index->shards.front().uri), " is ", y->dtype));
+    }
+    int64_t width = 1;
+    for (int64_t d : y->sample_shape) width *= d;
+    if (width != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.labels: class ids in ", DisplayPath(index->shards.front().uri),
+                       " must have shape [N], got [N,", absl::StrJoin(y->sample_shape, ","), "]"));
+    }
+  }
+  columns.push_back(*std::move(y));
+  if (!spec.categorical().empty()) {
+    absl::StatusOr<Column> ids =
+        CheckColumn(*index, "data.categorical", spec.categorical(), samples);
+    if (!ids.ok()) return ids.status();
+    if (!IsIntegerDtype(ids->dtype) || ids->sample_shape.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.categorical: '", spec.categorical(), "' in ",
+          DisplayPath(index->shards.front().uri), " must be integer ids of shape [N, fields], got ",
+          ids->dtype, " [N", ids->sample_shape.empty() ? "" : ",",
+          absl::StrJoin(ids->sample_shape, ","), "]"));
+    }
+    columns.push_back(*std::move(ids));
+  }
+  ShardReaderOptions reader_options;
+  reader_options.cache_dir =
+      options.cache_dir.empty() ? ObjectCache::DefaultDir() + "/shards" : options.cache_dir;
+  reader_options.cache_bytes = options.cache_bytes;
+  if (spec.fetch_threads() > 0) reader_options.fetch_threads = spec.fetch_threads();
+  std::vector<std::string> names;
+  for (const Column& c : columns) names.push_back(c.name);
+  const ShardIndex kept = *index;
+  absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+      ShardReader::Open(*std::move(store), *std::move(index), names, reader_options);
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(),
+                        absl::StrCat("data.train: ", reader.status().message()));
+  }
+  auto data = std::make_unique<ShardData>(*std::move(reader), reader_options, std::move(columns),
+                                          std::move(samples), spec, classification, options);
+  if (absl::Status s = data->Prepare(spec, kept); !s.ok()) return s;
+  return data;
+}
+
+}  // namespace
+
+int64_t TrainingData::FeatureWidth() const {
+  int64_t width = 1;
+  for (int64_t d : sample_shape_) width *= d;
+  return width;
+}
+
+DataOptions DataOptions::FromEnvironment() {
+  DataOptions options;
+  const char* bytes = std::getenv("TRAINYARD_DATA_CACHE_BYTES");
+  int64_t value;
+  if (bytes != nullptr && absl::SimpleAtoi(bytes, &value) && value > 0) options.cache_bytes = value;
+  return options;
+}
+
+std::unique_ptr<TrainingData> InMemoryData(Dataset train, Dataset validation) {
+  return std::make_unique<MemoryData>(std::move(train), std::move(validation));
+}
+
+absl::StatusOr<std::unique_ptr<TrainingData>> OpenTrainingData(const trainyard::v1::DataSpec& spec,
+                                                               int64_t seed, bool classification,
+                                                               const DataOptions& options) {
+  if (!spec.train().empty()) return OpenShards(spec, classification, options);
+  if (spec.synthetic().samples() == 0 && spec.synthetic().features() == 0) {
+    return absl::InvalidArgumentError("data: set data.train or data.synthetic");
+  }
+  absl::StatusOr<Dataset> data = MakeSyntheticDataset(spec.synthetic(), seed);
+  if (!data.ok()) return data.status();
+  if (!classification) data->labels = data->labels.to(torch::kFloat32);
+  absl::StatusOr<SplitDataset> split = SplitValidation(*data, spec.validation_split());
+  if (!split.ok()) return split.status();
+  return InMemoryData(std::move(split->train), std::move(split->validation));
+}
+
+absl::StatusOr<Dataset> LoadDataset(const trainyard::v1::DataSpec& spec, int64_t seed,
+                                    bool classification) {
+  trainyard::v1::DataSpec whole = spec;
+  whole.set_validation_split(0);
+  absl::StatusOr<std::unique_ptr<TrainingData>> data =
+      OpenTrainingData(whole, seed, classification, DataOptions::FromEnvironment());
+  if (!data.ok()) return data.status();
+  std::vector<int64_t> all(static_cast<size_t>((*data)->train_size()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  absl::StatusOr<Batch> batch = (*data)->Gather(all);
+  if (!batch.ok()) return batch.status();
+  Dataset out;
+  out.features = batch->features;
+  out.labels = batch->labels;
+  out.categorical = batch->categorical;
+  return out;
+}
+
+absl::StatusOr<SplitDataset> SplitValidation(const Dataset& data, double fraction) {
+  if (!(fraction >= 0 && fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.validation_split: must be in [0, 1), got ", fraction));
+  }
+  const int64_t n = data.size();
+  const int64_t held = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
+  if (held >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("data.validation_split: ", fraction, " of ", n,
+                                                   " samples leaves none to train on"));
+  }
+  SplitDataset split;
+  split.train.features = data.features.narrow(0, 0, n - held);
+  split.train.labels = data.labels.narrow(0, 0, n - held);
+  if (data.categorical.defined()) split.train.categorical = data.categorical.narrow(0, 0, n - held);
+  if (held > 0) {
+    split.validation.features = data.features.narrow(0, n - held, held);
+    split.validation.labels = data.labels.narrow(0, n - held, held);
+    if (data.categorical.defined()) {
+      split.validation.categorical = data.categorical.narrow(0, n - held, held);
+    }
+  }
+  return split;
+}
+
+BatchPrefetcher::BatchPrefetcher(TrainingData& data, const StepPlan& plan, const Order& order,
+                                 int rank, int world_size, int64_t first_step, int64_t end_step,
+                                 int depth)
+    : BatchPrefetcher(nullptr, &data, plan, order, rank, world_size, first_step, end_step, depth) {}
+
+BatchPrefetcher::BatchPrefetcher(Dataset data, const StepPlan& plan, int64_t seed, bool shuffle,
+                                 int rank, int world_size, int64_t first_step, int64_t end_step,
+                                 int depth)
+    : BatchPrefetcher(InMemoryData(std::move(data)), nullptr, plan, Order{seed, shuffle, 0, 0},
+                      rank, world_size, first_step, end_step, depth) {}
+
+BatchPrefetcher::BatchPrefetcher(std::unique_ptr<TrainingData> owned, TrainingData* data,
+                                 const StepPlan& plan, const Order& order, int rank, int world_size,
+                                 int64_t first_step, int64_t end_step, int depth)
+    : owned_(std::move(owned)),
+      data_(owned_ != nullptr ? *owned_ : *data),
+      order_(plan, order.seed, order.shuffle, data_.shard_train_samples(), order.window),
+      prefetch_shards_(order.prefetch_shards),
+      rank_(rank),
+      world_size_(world_size),
+      first_step_(first_step),
+      end_step_(end_step),
+      depth_(static_cast<size_t>(std::max(1, depth))) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+BatchPrefetcher::~BatchPrefetcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void BatchPrefetcher::Loop() {
+  absl::Status status;
+  try {
+    status = BuildBatches();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("the data thread failed: ", DescribeTorchError(e)));
+  }
+  if (!status.ok()) LogError(status.message());
+  absl::MutexLock lock(&mu_);
+  status_ = status;
+  done_ = true;
+}
+
+absl::Status BatchPrefetcher::BuildBatches() {
+  torch::NoGradGuard no_grad;
+  std::vector<int> in_flight;
+  for (int64_t step = first_step_; step < end_step_; ++step) {
+    // Windows hold their shards and read the next ones ahead. A permutation of everything over
+    // local shards maps them as batches first need them and keeps them (reading them all ahead
+    // would pull the whole data set through the page cache at start); remote ones, which must
+    // all fit the cache then, are all fetched ahead.
+    if (order_.windowed() || data_.remote()) {
+      std::vector<int> shards = order_.ShardsInFlight(step);
+      if (shards != in_flight) {
+        in_flight = shards;
+        std::vector<int> ahead = order_.ShardsAfter(step, prefetch_shards_);
+        shards.insert(shards.end(), ahead.begin(), ahead.end());
+        data_.Hold(shards);
+      }
+    }
+    absl::StatusOr<Batch> batch = data_.Gather(order_.RankBatch(step, rank_, world_size_));
+    if (!batch.ok()) return batch.status();
+    batch->step = step;
+    absl::MutexLock lock(&mu_);
+    auto room = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || queue_.size() < depth_; };
+    mu_.Await(absl::Condition(&room));
+    if (stop_) return absl::OkStatus();
+    queue_.push_back(*std::move(batch));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<Batch> BatchPrefetcher::Next() {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ || !queue_.empty(); };
+  mu_.Await(absl::Condition(&ready));
+  if (queue_.empty()) return std::nullopt;
+  Batch batch = std::move(queue_.front());
+  queue_.pop_front();
+  return batch;
+}
+
+absl::Status BatchPrefetcher::status() {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+}  // namespace trainyard::trainer

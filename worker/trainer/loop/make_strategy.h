@@ -1,0 +1,36 @@
+#ifndef TRAINYARD_WORKER_TRAINER_LOOP_MAKE_STRATEGY_H_
+#define TRAINYARD_WORKER_TRAINER_LOOP_MAKE_STRATEGY_H_
+
+// Which Strategy a task runs, connected to its peers: single, data-parallel over NCCL or Gloo,
+// or parameter-server (with its dense layers all-reduced or on the shards).
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "worker/trainer/coordinator/rendezvous_client.h"
+#include "worker/trainer/strategy/strategy.h"
+
+namespace trainyard::trainer {
+
+struct StrategyOptions {
+  // Where ranks meet; required for world sizes above 1. Not owned; used only during
+  // MakeStrategy.
+  RendezvousClient* rendezvous = nullptr;
+  // Start gradient all-reduces from autograd hooks during backward (true) or all after it.
+  bool overlap = true;
+  // Where peers reach this rank when the task does not say (task.worker_address).
+  std::string default_hostname = "127.0.0.1";
+};
+
+// The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined;
+// parameter_server: until every shard published its address). INVALID_ARGUMENT for a world size
+// the strategy cannot run or a missing rendezvous; the communicator's or the rendezvous' errors
+// otherwise.
+absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
+                                                       const StrategyOptions& options);
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_LOOP_MAKE_STRATEGY_H_

@@ -1,0 +1,677 @@
+#include "worker/trainer/model/model.h"
+
+#include <torch/script.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "common/file_object_store.h"
+#include "common/object_cache.h"
+#include "common/object_store.h"
+
+namespace trainyard::trainer {
+namespace {
+
+struct DtypeEntry {
+  const char* name;
+  torch::ScalarType type;
+};
+
+constexpr DtypeEntry kDtypes[] = {
+    {"F64", torch::kFloat64},   {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
+    {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
+    {"I16", torch::kInt16},     {"I8", torch::kInt8},     {"U8", torch::kUInt8},
+    {"BOOL", torch::kBool},
+};
+
+NamedTensors FromDict(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
+  NamedTensors out;
+  for (const auto& item : dict) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+// mlp and cnn: a Sequential with the input reshaped to what its first layer expects.
+class BuiltinModel final : public Model {
+ public:
+  BuiltinModel(std::string kind, torch::nn::Sequential net, std::vector<int64_t> sample_shape)
+      : kind_(std::move(kind)), net_(std::move(net)), sample_shape_(std::move(sample_shape)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    std::vector<int64_t> shape = {x.size(0)};
+    shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
+    return net_->forward(x.reshape(shape));
+  }
+  NamedTensors NamedParameters() override { return FromDict(net_->named_parameters(true)); }
+  NamedTensors NamedBuffers() override { return FromDict(net_->named_buffers(true)); }
+  void SetTraining(bool training) override { net_->train(training); }
+  void To(const torch::Device& device) override { net_->to(device); }
+  absl::StatusOr<std::string> Export() override {  // EncodeTensors copies to the CPU
+    NamedTensors tensors = NamedParameters();
+    for (auto& buffer : NamedBuffers()) tensors.push_back(std::move(buffer));
+    for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
+    return EncodeTensors(tensors, {{"format", "trainyard-model/1"}, {"model", kind_}});
+  }
+  std::string ExportName() const override { return "model.safetensors"; }
+  std::string Kind() const override { return kind_; }
+
+ private:
+  const std::string kind_;
+  torch::nn::Sequential net_;
+  const std::vector<int64_t> sample_shape_;  // {-1} for mlp, {C, H, W} for cnn
+};
+
+// embedding_mlp: one table per categorical field; the embeddings of a sample's ids and its dense
+// features, concatenated, go through an MLP.
+class EmbeddingMlp final : public Model {
+ public:
+  EmbeddingMlp(const trainyard::v1::ModelArgs& args, int64_t inputs, int64_t outputs)
+      : inputs_(inputs) {
+    for (int i = 0; i < args.vocab_size(); ++i) {
+      tables_.push_back(root_->register_module(absl::StrCat("embedding", i),
+                                               torch::nn::Embedding(args.vocab(i), args.dim())));
+    }
+    torch::nn::Sequential mlp;
+    int64_t width = args.vocab_size() * static_cast<int64_t>(args.dim()) + inputs;
+    for (int32_t h : args.hidden()) {
+      mlp->push_back(torch::nn::Linear(width, h));
+      mlp->push_back(torch::nn::ReLU());
+      if (args.dropout() > 0) mlp->push_back(torch::nn::Dropout(args.dropout()));
+      width = h;
+    }
+    mlp->push_back(torch::nn::Linear(width, outputs));
+    mlp_ = root_->register_module("mlp", mlp);
+  }
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    TORCH_CHECK(false, "embedding_mlp needs categorical ids (data.categorical)");
+  }
+  torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& categorical) override {
+    TORCH_CHECK(categorical.defined() && categorical.dim() == 2 &&
+                    categorical.size(1) == static_cast<int64_t>(tables_.size()),
+                "embedding_mlp needs categorical ids of shape [N, ", tables_.size(), "]");
+    std::vector<torch::Tensor> parts;
+    parts.reserve(tables_.size() + 1);
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      const torch::Tensor ids = categorical.select(1, static_cast<int64_t>(i));
+      parts.push_back(lookup_ ? lookup_(static_cast<int>(i), ids) : tables_[i]->forward(ids));
+    }
+    if (inputs_ > 0) parts.push_back(x.reshape({x.size(0), -1}));
+    return mlp_->forward(torch::cat(parts, 1));
+  }
+  std::vector<EmbeddingTable> EmbeddingTables() override {
+    std::vector<EmbeddingTable> tables;
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      tables.push_back({absl::StrCat("embedding", i, ".weight"), static_cast<int>(i)});
+    }
+    return tables;
+  }
+  void SetRowLookup(RowLookup lookup) override { lookup_ = std::move(lookup); }
+  NamedTensors NamedParameters() override { return FromDict(root_->named_parameters(true)); }
+  NamedTensors NamedBuffers() override { return FromDict(root_->named_buffers(true)); }
+  void SetTraining(bool training) override { root_->train(training); }
+  void To(const torch::Device& device) override { root_->to(device); }
+  absl::StatusOr<std::string> Export() override {
+    NamedTensors tensors = NamedParameters();
+    for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
+    return EncodeTensors(tensors, {{"format", "trainyard-model/1"}, {"model", "embedding_mlp"}});
+  }
+  std::string ExportName() const override { return "model.safetensors"; }
+  std::string Kind() const override { return "embedding_mlp"; }
+
+ private:
+  const int64_t inputs_;
+  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>();
+  std::vector<torch::nn::Embedding> tables_;
+  torch::nn::Sequential mlp_{nullptr};
+  RowLookup lookup_;
+};
+
+class ScriptModel final : public Model {
+ public:
+  explicit ScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    torch::IValue out = module_.forward({x});
+    TORCH_CHECK(out.isTensor(), "forward() must return a Tensor, got ", out.tagKind());
+    return out.toTensor();
+  }
+  NamedTensors NamedParameters() override {
+    NamedTensors out;
+    for (const auto& p : module_.named_parameters(true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors NamedBuffers() override {
+    NamedTensors out;
+    for (const auto& b : module_.named_buffers(true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void SetTraining(bool training) override { module_.train(training); }
+  void To(const torch::Device& device) override {
+    module_.to(device);
+    device_ = device;
+  }
+  absl::StatusOr<std::string> Export() override {
+    std::ostringstream out;
+    try {
+      // A module saved with CUDA tensors cannot be loaded where there is no GPU.
+      if (!device_.is_cpu()) module_.to(torch::kCPU);
+      module_.save(out);
+      if (!device_.is_cpu()) module_.to(device_);
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat("saving the TorchScript module: ", DescribeTorchError(e)));
+    }
+    return out.str();
+  }
+  std::string ExportName() const override { return "model.pt"; }
+  std::string Kind() const override { return "torchscript"; }
+
+ private:
+  torch::jit::Module module_;
+  torch::Device device_ = torch::kCPU;
+};
+
+absl::StatusOr<std::unique_ptr<Model>> BuildMlp(const trainyard::v1::ModelArgs& args,
+                                                int64_t inputs, int64_t outputs) {
+  torch::nn::Sequential net;
+  int64_t width = inputs;
+  for (int i = 0; i < args.hidden_size(); ++i) {
+    if (args.hidden(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.hidden[", i, "]: must be >= 1, got ", args.hidden(i)));
+    }
+    net->push_back(torch::nn::Linear(width, args.hidden(i)));
+    net->push_back(torch::nn::ReLU());
+    if (args.dropout() > 0) net->push_back(torch::nn::Dropout(args.dropout()));
+    width = args.hidden(i);
+  }
+  net->push_back(torch::nn::Linear(width, outputs));
+  return std::make_unique<BuiltinModel>("mlp", std::move(net), std::vector<int64_t>{-1});
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildCnn(const trainyard::v1::ModelArgs& args,
+                                                int64_t inputs, int64_t outputs) {
+  const int64_t channels = args.channels() > 0 ? args.channels() : 1;
+  int64_t height = args.height();
+  int64_t width = args.width();
+  if (height == 0 && width == 0) {
+    // A square image when the spec leaves the size out.
+    const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(inputs / channels)));
+    height = width = side;
+  }
+  if (channels * height * width != inputs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.args: channels * height * width = ", channels, " * ", height, " * ",
+                     width, " does not match the ", inputs, " features per sample"));
+  }
+  std::vector<int64_t> hidden(args.hidden().begin(), args.hidden().end());
+  if (hidden.empty()) hidden = {16, 32};
+  torch::nn::Sequential net;
+  int64_t in_channels = channels;
+  int64_t h = height, w = width;
+  for (size_t i = 0; i < hidden.size(); ++i) {
+    if (hidden[i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.hidden[", i, "]: must be >= 1, got ", hidden[i]));
+    }
+    net->push_back(
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, hidden[i], 3).padding(1)));
+    net->push_back(torch::nn::ReLU());
+    net->push_back(torch::nn::MaxPool2d(2));
+    in_channels = hidden[i];
+    h /= 2;
+    w /= 2;
+    if (h < 1 || w < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("model.args.hidden: ", hidden.size(),
+                                                     " conv blocks are too many for a ", height,
+                                                     "x", width, " input"));
+    }
+  }
+  if (args.dropout() > 0) net->push_back(torch::nn::Dropout(args.dropout()));
+  net->push_back(torch::nn::Flatten());
+  net->push_back(torch::nn::Linear(in_channels * h * w, outputs));
+  return std::make_unique<BuiltinModel>("cnn", std::move(net),
+                                        std::vector<int64_t>{channels, height, width});
+}
+
+enum class OptimizerKind { kSgd, kAdam, kAdamW, kOther };
+
+OptimizerKind KindOf(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return OptimizerKind::kSgd;
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return OptimizerKind::kAdam;
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return OptimizerKind::kAdamW;
+  return OptimizerKind::kOther;
+}
+
+// The key of parameter `p` in Optimizer::state(): LibTorch 2 keys the map by the parameter's
+// TensorImpl address, LibTorch 1 by that address as text (c10::guts::to_string, which LibTorch 2
+// removed).
+#if TORCH_VERSION_MAJOR >= 2
+void* StateKey(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
+std::string StateKey(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+#endif
+
+}  // namespace
+
+std::string DescribeTorchError(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+    lines.emplace_back(absl::StripAsciiWhitespace(line));
+  }
+  if (lines.empty()) return "unknown error";
+  // The interpreter prints both tracebacks first and the cause last.
+  if (text.find("Traceback of TorchScript") != std::string::npos) return lines.back();
+  return lines.front();
+}
+
+// ---- safetensors <-> torch ----
+
+std::string SafetensorsDtype(torch::ScalarType type) {
+  for (const auto& entry : kDtypes) {
+    if (entry.type == type) return entry.name;
+  }
+  return "";
+}
+
+std::optional<torch::ScalarType> ScalarTypeOf(const std::string& dtype) {
+  for (const auto& entry : kDtypes) {
+    if (dtype == entry.name) return entry.type;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view) {
+  for (const auto& entry : kDtypes) {
+    if (view.dtype != entry.name) continue;
+    torch::Tensor t = torch::empty(view.shape, torch::TensorOptions().dtype(entry.type));
+    if (static_cast<size_t>(t.nbytes()) != view.data.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", view.name, "': ", view.data.size(),
+                                                     " bytes for shape [",
+                                                     absl::StrJoin(view.shape, ","), "]"));
+    }
+    if (!view.data.empty()) std::memcpy(t.data_ptr(), view.data.data(), view.data.size());
+    return t;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", view.name, "': unsupported dtype ", view.dtype));
+}
+
+std::vector<absl::string_view> SafetensorsPieces::Pieces() const {
+  std::vector<absl::string_view> pieces = {header};
+  pieces.insert(pieces.end(), data.begin(), data.end());
+  return pieces;
+}
+
+absl::StatusOr<SafetensorsPieces> LayOutTensors(
+    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  SafetensorsPieces object;
+  std::vector<TensorView> views;
+  object.tensors.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    TensorView view;
+    view.name = name;
+    view.dtype = SafetensorsDtype(tensor.scalar_type());
+    if (view.dtype.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': dtype ",
+                                                     c10::toString(tensor.scalar_type()),
+                                                     " has no safetensors form"));
+    }
+    object.tensors.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    const torch::Tensor& t = object.tensors.back();
+    view.shape = t.sizes().vec();
+    view.data = absl::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    object.data.push_back(view.data);
+    views.push_back(std::move(view));
+  }
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(views, metadata);
+  if (!header.ok()) return header.status();
+  object.header = *std::move(header);
+  return object;
+}
+
+absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
+                                          const std::map<std::string, std::string>& metadata) {
+  absl::StatusOr<SafetensorsPieces> object = LayOutTensors(tensors, metadata);
+  if (!object.ok()) return object.status();
+  return absl::StrJoin(object->Pieces(), "");
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeTensors(
+    std::string buffer, std::map<std::string, std::string>* metadata) {
+  absl::StatusOr<SafetensorsFile> file = DecodeSafetensors(std::move(buffer));
+  if (!file.ok()) return file.status();
+  std::map<std::string, torch::Tensor> out;
+  for (const TensorView& view : file->tensors) {
+    absl::StatusOr<torch::Tensor> t = TensorFromView(view);
+    if (!t.ok()) return t.status();
+    out.emplace(view.name, *std::move(t));
+  }
+  if (metadata != nullptr) *metadata = file->metadata;
+  return out;
+}
+
+// ---- models ----
+
+int64_t Model::ParameterCount() {
+  int64_t n = 0;
+  for (const auto& [name, p] : NamedParameters()) n += p.numel();
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildEmbeddingMlp(const trainyard::v1::ModelArgs& args,
+                                                         int64_t data_inputs, int64_t outputs,
+                                                         const std::vector<int64_t>& max_ids) {
+  if (args.vocab_size() == 0 || args.dim() < 1) {
+    return absl::InvalidArgumentError(
+        "model.args: embedding_mlp needs vocab (rows per categorical field) and dim >= 1");
+  }
+  if (static_cast<int>(max_ids.size()) != args.vocab_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.categorical: the data has ", max_ids.size(),
+                     " categorical fields, model.args.vocab ", args.vocab_size()));
+  }
+  for (int i = 0; i < args.vocab_size(); ++i) {
+    if (args.vocab(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.vocab[", i, "]: must be >= 1, got ", args.vocab(i)));
+    }
+    if (max_ids[i] >= args.vocab(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("data.categorical: field ", i, " has id ",
+                                                     max_ids[i], ", outside the ", args.vocab(i),
+                                                     " rows of model.args.vocab[", i, "]"));
+    }
+  }
+  for (int i = 0; i < args.hidden_size(); ++i) {
+    if (args.hidden(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.hidden[", i, "]: must be >= 1, got ", args.hidden(i)));
+    }
+  }
+  // inputs 0 reads no dense features; otherwise they must match the data's.
+  if (args.inputs() > 0 && args.inputs() != data_inputs) {
+    return absl::InvalidArgumentError(absl::StrCat("model.args.inputs: ", args.inputs(),
+                                                   " does not match the ", data_inputs,
+                                                   " features per sample in the data"));
+  }
+  return std::make_unique<EmbeddingMlp>(args, args.inputs(), outputs);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
+                                                  int64_t seed, int64_t data_inputs,
+                                                  int64_t data_outputs,
+                                                  const std::vector<int64_t>& max_ids) {
+  // Seeding and the initialisers' draws must not interleave with another build's (ranks run as
+  // threads of one process share the generator), or the initial parameters would vary.
+  static absl::Mutex* const build_mu = new absl::Mutex();
+  absl::MutexLock lock(build_mu);
+  torch::manual_seed(static_cast<uint64_t>(seed));
+  if (spec.source_case() == trainyard::v1::ModelSpec::kTorchscript) {
+    if (spec.torchscript().empty()) {
+      return absl::InvalidArgumentError("model.torchscript: empty path");
+    }
+    return LoadTorchScript(spec.torchscript(), "model.torchscript");
+  }
+  const auto& args = spec.args();
+  const int64_t outputs = args.classes() > 0 ? args.classes() : data_outputs;
+  if (spec.builtin() == "embedding_mlp") {
+    if (outputs < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.args.classes: must be >= 1, got ", outputs));
+    }
+    return BuildEmbeddingMlp(args, data_inputs, outputs, max_ids);
+  }
+  const int64_t inputs = args.inputs() > 0 ? args.inputs() : data_inputs;
+  if (inputs != data_inputs) {
+    return absl::InvalidArgumentError(absl::StrCat("model.args.inputs: ", inputs,
+                                                   " does not match the ", data_inputs,
+                                                   " features per sample in the data"));
+  }
+  if (outputs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.args.classes: must be >= 1, got ", outputs));
+  }
+  if (args.dropout() < 0 || args.dropout() >= 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.args.dropout: must be in [0, 1), got ", args.dropout()));
+  }
+  if (spec.builtin() == "mlp") return BuildMlp(args, inputs, outputs);
+  if (spec.builtin() == "cnn") return BuildCnn(args, inputs, outputs);
+  return absl::InvalidArgumentError(absl::StrCat("model.builtin: unknown model '", spec.builtin(),
+                                                 "' (mlp, cnn, embedding_mlp)"));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
+                                                       absl::string_view field) {
+  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+  if (!store.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", store.status().message()));
+  }
+  absl::StatusOr<std::string> bytes;
+  if (absl::StartsWith(uri, "s3://")) {
+    // Through the local cache (keyed by ETag): a restart does not download the model again.
+    ObjectCache cache(ObjectCache::DefaultDir());
+    absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
+    bytes = path.ok() ? FileObjectStore().Get(*path) : path.status();
+  } else {
+    bytes = (*store)->Get(uri);
+  }
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code() == absl::StatusCode::kNotFound
+                            ? absl::StatusCode::kNotFound
+                            : absl::StatusCode::kInvalidArgument,
+                        absl::StrCat(field, ": ", bytes.status().message()));
+  }
+  std::istringstream in(*bytes);
+  try {
+    torch::jit::Module module = torch::jit::load(in);
+    return std::make_unique<ScriptModel>(std::move(module));
+  } catch (const std::exception& e) {
+    // What a finished job with a built-in model exports is a likely mistake here.
+    const char* hint = absl::EndsWith(uri, ".safetensors")
+                           ? " (a built-in model's export, model.safetensors, holds its tensors "
+                             "but not its code: only a job with a TorchScript model exports one, "
+                             "model.pt)"
+                           : "";
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot load '", uri, "': ", DescribeTorchError(e), hint));
+  }
+}
+
+absl::Status ApplyMemoryFormat(Model& model, const std::string& format) {
+  if (format.empty() || format == "contiguous") return absl::OkStatus();
+  if (format != "channels_last") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.memory_format: unknown memory format '", format, "'"));
+  }
+  int converted = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : model.NamedParameters()) {
+    if (p.dim() != 4) continue;
+    p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+    ++converted;
+  }
+  if (converted == 0) {
+    return absl::InvalidArgumentError(
+        "model.memory_format: channels_last, but the model has no 4-D weights (no convolution)");
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device) {
+  if (tensor.device() == device) return tensor.detach().clone();
+  return tensor.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// ---- optimizers ----
+
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildOptimizer(
+    const trainyard::v1::OptimizerSpec& spec, const std::vector<torch::Tensor>& parameters) {
+  if (!(spec.lr() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.lr: must be > 0, got ", spec.lr()));
+  }
+  const double beta1 = (spec.beta1() == 0 && spec.beta2() == 0) ? 0.9 : spec.beta1();
+  const double beta2 = spec.beta2() == 0 ? 0.999 : spec.beta2();
+  const double eps = spec.eps() == 0 ? 1e-8 : spec.eps();
+  try {
+    if (spec.name() == "sgd" || spec.name().empty()) {
+      if (spec.nesterov() && spec.momentum() <= 0) {
+        return absl::InvalidArgumentError("optimizer.nesterov: needs momentum > 0");
+      }
+      return std::make_unique<torch::optim::SGD>(parameters,
+                                                 torch::optim::SGDOptions(spec.lr())
+                                                     .momentum(spec.momentum())
+                                                     .nesterov(spec.nesterov())
+                                                     .weight_decay(spec.weight_decay()));
+    }
+    if (spec.name() == "adam") {
+      return std::make_unique<torch::optim::Adam>(parameters,
+                                                  torch::optim::AdamOptions(spec.lr())
+                                                      .betas({beta1, beta2})
+                                                      .eps(eps)
+                                                      .weight_decay(spec.weight_decay()));
+    }
+    if (spec.name() == "adamw") {
+      return std::make_unique<torch::optim::AdamW>(parameters,
+                                                   torch::optim::AdamWOptions(spec.lr())
+                                                       .betas({beta1, beta2})
+                                                       .eps(eps)
+                                                       .weight_decay(spec.weight_decay()));
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: ", DescribeTorchError(e)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer.name: unknown optimizer '", spec.name(), "' (sgd, adam, adamw)"));
+}
+
+void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
+                                   const NamedTensors& parameters) {
+  NamedTensors out;
+  const auto& state = optimizer.state();
+  auto add = [&out](const std::string& name, const char* field, const torch::Tensor& t) {
+    if (t.defined()) out.emplace_back(absl::StrCat(name, ".", field), CopyTo(t, torch::kCPU));
+  };
+  for (const auto& [name, p] : parameters) {
+    auto it = state.find(StateKey(p));
+    if (it == state.end()) continue;
+    const torch::optim::OptimizerParamState* s = it->second.get();
+    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+      add(name, "momentum_buffer", sgd->momentum_buffer());
+    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+      add(name, "exp_avg", adam->exp_avg());
+      add(name, "exp_avg_sq", adam->exp_avg_sq());
+      add(name, "max_exp_avg_sq", adam->max_exp_avg_sq());
+      add(name, "step", torch::tensor({adam->step()}, torch::kInt64));
+    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+      add(name, "exp_avg", adamw->exp_avg());
+      add(name, "exp_avg_sq", adamw->exp_avg_sq());
+      add(name, "max_exp_avg_sq", adamw->max_exp_avg_sq());
+      add(name, "step", torch::tensor({adamw->step()}, torch::kInt64));
+    }
+  }
+  return out;
+}
+
+absl::Status CheckOptimizerState(const torch::optim::Optimizer& optimizer,
+                                 const NamedTensors& parameters,
+                                 const std::map<std::string, torch::Tensor>& state) {
+  const OptimizerKind kind = KindOf(optimizer);
+  std::map<std::string, torch::Tensor> by_name(parameters.begin(), parameters.end());
+  for (const auto& [key, tensor] : state) {
+    const size_t dot = key.rfind('.');
+    const std::string param = dot == std::string::npos ? key : key.substr(0, dot);
+    const std::string field = dot == std::string::npos ? "" : key.substr(dot + 1);
+    auto it = by_name.find(param);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state '", key, "': the model has no parameter '", param, "'"));
+    }
+    const bool sgd_field = field == "momentum_buffer";
+    const bool adam_field =
+        field == "exp_avg" || field == "exp_avg_sq" || field == "max_exp_avg_sq" || field == "step";
+    if ((kind == OptimizerKind::kSgd && !sgd_field) ||
+        ((kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) && !adam_field)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state '", key, "': not state of this optimizer"));
+    }
+    if (field == "step") {
+      if (tensor.numel() != 1 || tensor.scalar_type() != torch::kInt64) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state '", key, "': expected one I64 value"));
+      }
+    } else if (tensor.sizes() != it->second.sizes() ||
+               tensor.scalar_type() != it->second.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state '", key,
+                                                     "': shape or dtype differs from the "
+                                                     "parameter"));
+    }
+  }
+  if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
+    for (const auto& [name, p] : parameters) {
+      const int present = state.count(name + ".exp_avg") + state.count(name + ".exp_avg_sq") +
+                          state.count(name + ".step");
+      if (present != 0 && present != 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state of '", name, "': incomplete"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LoadOptimizerState(torch::optim::Optimizer& optimizer, const NamedTensors& parameters,
+                        const std::map<std::string, torch::Tensor>& state) {
+  const OptimizerKind kind = KindOf(optimizer);
+  auto& out = optimizer.state();
+  out.clear();
+  for (const auto& [name, p] : parameters) {
+    auto get = [&state, &name = name, &p = p](const char* field) -> torch::Tensor {
+      auto it = state.find(absl::StrCat(name, ".", field));
+      return it == state.end() ? torch::Tensor() : CopyTo(it->second, p.device());
+    };
+    if (kind == OptimizerKind::kSgd) {
+      torch::Tensor buf = get("momentum_buffer");
+      if (!buf.defined()) continue;
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(buf);
+      out[StateKey(p)] = std::move(s);
+    } else if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
+      torch::Tensor step = get("step");
+      if (!step.defined()) continue;
+      torch::Tensor max_sq = get("max_exp_avg_sq");
+      if (kind == OptimizerKind::kAdam) {
+        auto s = std::make_unique<torch::optim::AdamParamState>();
+        s->step(step.item<int64_t>());
+        s->exp_avg(get("exp_avg"));
+        s->exp_avg_sq(get("exp_avg_sq"));
+        if (max_sq.defined()) s->max_exp_avg_sq(max_sq);
+        out[StateKey(p)] = std::move(s);
+      } else {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        s->step(step.item<int64_t>());
+        s->exp_avg(get("exp_avg"));
+        s->exp_avg_sq(get("exp_avg_sq"));
+        if (max_sq.defined()) s->max_exp_avg_sq(max_sq);
+        out[StateKey(p)] = std::move(s);
+      }
+    }
+  }
+}
+
+}  // namespace trainyard::trainer
