@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint_layout.h"
 #include "common/credentials.h"
 #include "common/job_spec.h"
 #include "common/log.h"
@@ -500,8 +501,7 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
   if (!fenced.ok()) return fenced.status();
   JobEntry& entry = **fenced;
   // Retention later hands this URI back for deletion: it must be the job's own step folder.
-  const std::string expected_uri =
-      JoinUri(entry.job.checkpoint_uri(), absl::StrFormat("step-%012d", request.step()));
+  const std::string expected_uri = CheckpointStepUri(entry.job.checkpoint_uri(), request.step());
   if (request.uri() != expected_uri) {
     return absl::InvalidArgumentError(absl::StrCat("uri: '", request.uri(), "' is not step ",
                                                    request.step(), "'s folder ", expected_uri));

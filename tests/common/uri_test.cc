@@ -1,5 +1,7 @@
 #include "common/uri.h"
 
+#include "absl/strings/match.h"
+#include "common/checkpoint_layout.h"
 #include "gtest/gtest.h"
 
 namespace trainyard {
@@ -76,6 +78,14 @@ TEST(LocalPathTest, FileAndPlain) {
   EXPECT_EQ(*LocalPath("/a/b"), "/a/b");
   EXPECT_EQ(LocalPath("s3://bucket/a").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LocalPath("a/b").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The step folder the trainer writes is the one the coordinator accepts a commit for.
+TEST(CheckpointLayoutTest, StepFoldersAreZeroPaddedUnderTheCheckpointUri) {
+  EXPECT_EQ(CheckpointStepUri("s3://bucket/jobs/j-1", 42), "s3://bucket/jobs/j-1/step-000000000042");
+  EXPECT_EQ(CheckpointStepUri("file:///ckpt/j-1/", 0), "file:///ckpt/j-1/step-000000000000");
+  EXPECT_TRUE(absl::StartsWith(CheckpointStepUri("file:///c", 7),
+                               JoinUri("file:///c", kCheckpointStepPrefix)));
 }
 
 }  // namespace

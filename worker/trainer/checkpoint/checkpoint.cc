@@ -166,10 +166,6 @@ absl::Status RestoreTorchRngState(const std::string& hex) {
   return absl::OkStatus();
 }
 
-std::string CheckpointStepUri(const std::string& base, int64_t step) {
-  return JoinUri(base, absl::StrFormat("step-%012d", step));
-}
-
 absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri) {
   absl::StatusOr<std::string> manifest_bytes = store.Get(JoinUri(step_uri, kManifestObject));
   if (!manifest_bytes.ok()) return manifest_bytes.status();
@@ -242,7 +238,7 @@ Checkpointer::Checkpointer(ObjectStore* store, CoordinatorClient* coordinator, c
                            Options options)
     : store_(store), coordinator_(coordinator), clock_(clock), options_(std::move(options)) {
   // Only our own step folders: resume lists may name another job's checkpoints too.
-  const std::string own = JoinUri(options_.base_uri, "step-");
+  const std::string own = JoinUri(options_.base_uri, kCheckpointStepPrefix);
   for (const std::string& uri : options_.committed) {
     if (absl::StartsWith(uri, own)) committed_.insert(uri);
   }
@@ -447,7 +443,7 @@ void Checkpointer::RecordDuration(absl::Duration duration) {
 void Checkpointer::CollectGarbage() {
   std::string base = options_.base_uri;
   if (base.empty() || base.back() != '/') base += '/';
-  absl::StatusOr<std::vector<ObjectInfo>> objects = store_->List(JoinUri(base, "step-"));
+  absl::StatusOr<std::vector<ObjectInfo>> objects = store_->List(JoinUri(base, kCheckpointStepPrefix));
   if (!objects.ok()) {
     LogWarning("garbage collection: cannot list ", base, ": ", objects.status().ToString());
     return;

@@ -65,6 +65,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/checkpoint_layout.h"
 #include "common/clock.h"
 #include "common/object_store.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
@@ -105,9 +106,6 @@ absl::StatusOr<TrainerState> DecodeTrainerState(absl::string_view json);
 // string. Thread-safe (they take the generator's lock).
 std::string TorchRngState();
 absl::Status RestoreTorchRngState(const std::string& hex);
-
-// {base}/step-{step:%012d}
-std::string CheckpointStepUri(const std::string& base, int64_t step);
 
 // What a checkpoint holds, as snapshotted at a step boundary. Tensors must not alias live
 // training state (clone them).

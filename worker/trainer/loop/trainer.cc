@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint_layout.h"
 #include "common/log.h"
 #include "common/object_store.h"
 #include "common/uri.h"
@@ -505,7 +506,7 @@ void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool d
 absl::Status Run::Export(TrainResult& result) {
   absl::StatusOr<std::string> bytes = model_->Export();
   if (!bytes.ok()) return bytes.status();
-  const std::string uri = JoinUri(task_.checkpoint_uri(), "final/" + model_->ExportName());
+  const std::string uri = JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
   absl::Status put =
       RetryCall(4, absl::Milliseconds(250), [&] { return store_->Put(uri, *bytes); });
   if (!put.ok()) {
