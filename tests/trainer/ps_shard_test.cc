@@ -2,6 +2,7 @@
 // on the whole model with the mean gradient, the agreement on loss and stop, asynchronous updates
 // with bounded staleness, and fencing by generation.
 
+#include "worker/trainer/model/optimizer.h"
 #include "worker/trainer/ps/shard.h"
 
 #include <thread>

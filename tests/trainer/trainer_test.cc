@@ -2,6 +2,7 @@
 // checkpoints and exact resume. Everything runs in-process on tiny models.
 
 #include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/optimizer.h"
 
 #include <stdlib.h>
 #include <torch/torch.h>

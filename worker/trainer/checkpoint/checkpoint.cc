@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/uri.h"
+#include "worker/trainer/model/optimizer.h"
 
 namespace trainyard::trainer {
 namespace {

@@ -34,6 +34,7 @@
 #include "worker/trainer/loop/make_strategy.h"
 #include "worker/trainer/model/distill.h"
 #include "worker/trainer/model/model.h"
+#include "worker/trainer/model/optimizer.h"
 #include "worker/trainer/model/precision.h"
 #include "worker/trainer/strategy/strategy.h"
 

@@ -4,7 +4,8 @@
 // Part model/ of the trainer (worker/trainer/PARTS): models, their parameters and optimizer state,
 // distillation's teacher, mixed precision. It may call no other part.
 //
-// Models, optimizers, and the conversion between LibTorch tensors and safetensors.
+// Models: the built-in ones and TorchScript modules, built from the spec, exported when trained.
+// Tensors and their safetensors form are in tensors.h, optimizers in optimizer.h.
 
 #include <torch/torch.h>
 
@@ -19,46 +20,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/safetensors.h"
 #include "trainyard/v1/job.pb.h"
+#include "worker/trainer/model/tensors.h"
 
 namespace trainyard::trainer {
-
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
-
-// ---- safetensors <-> torch ----
-
-// The safetensors dtype name of `type` ("F32", "I64", ...); empty for types the format lacks.
-std::string SafetensorsDtype(torch::ScalarType type);
-// The LibTorch type of a safetensors dtype name; nullopt for names it does not know.
-std::optional<torch::ScalarType> ScalarTypeOf(const std::string& dtype);
-// A CPU tensor holding a copy of `view`'s data. INVALID_ARGUMENT for an unknown dtype.
-absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view);
-// A safetensors object laid out over the tensors' own memory: the header, then each tensor's
-// bytes, without a serialised copy (only a tensor not on the CPU or not contiguous is copied).
-struct SafetensorsPieces {
-  std::string header;
-  std::vector<torch::Tensor> tensors;    // what `data` points into
-  std::vector<absl::string_view> data;  // one per tensor, in order
-  // The object's bytes in order: the header, then the data.
-  std::vector<absl::string_view> Pieces() const;
-};
-// INVALID_ARGUMENT for unsupported dtypes or duplicate names.
-absl::StatusOr<SafetensorsPieces> LayOutTensors(
-    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata);
-// The same object in one buffer.
-absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
-                                          const std::map<std::string, std::string>& metadata);
-// Parses a safetensors buffer into tensors by name; `metadata` (if not null) receives the
-// "__metadata__" map. Errors as DecodeSafetensors.
-absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeTensors(
-    std::string buffer, std::map<std::string, std::string>* metadata = nullptr);
-
-// A one-line description of an exception from LibTorch: the message of a c10::Error without its
-// backtrace, or the final "RuntimeError: ..." line of a TorchScript interpreter error.
-std::string DescribeTorchError(const std::exception& e);
-
-// ---- models ----
 
 // A trainable model: built-in (mlp, cnn, embedding_mlp) or a TorchScript module. Not
 // thread-safe.
@@ -130,35 +95,6 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
 // model is on its device and before an optimizer holds state. INVALID_ARGUMENT naming
 // model.memory_format for an unknown format, or channels_last on a model without 4-D weights.
 absl::Status ApplyMemoryFormat(Model& model, const std::string& format);
-
-// A copy of `tensor` on `device`, detached; a plain clone when it is already there.
-torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device);
-
-// ---- optimizers ----
-
-// sgd (momentum, nesterov, weight_decay), adam and adamw (beta1, beta2, eps, weight_decay), with
-// beta1/beta2/eps of 0 meaning the usual defaults (0.9, 0.999, 1e-8).
-// INVALID_ARGUMENT "optimizer.name: ..." for anything else.
-absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildOptimizer(
-    const trainyard::v1::OptimizerSpec& spec, const std::vector<torch::Tensor>& parameters);
-
-void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
-
-// Per-parameter optimizer state as "<param>.momentum_buffer", "<param>.exp_avg",
-// "<param>.exp_avg_sq", "<param>.max_exp_avg_sq" and "<param>.step" (I64, shape [1]). CPU copies
-// of the state, whatever the parameters' device; parameters without state are absent.
-NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
-                                   const NamedTensors& parameters);
-
-// Checks that `state` fits `optimizer` over `parameters` (names, shapes, the kind of state)
-// without changing anything. INVALID_ARGUMENT naming the offending entry.
-absl::Status CheckOptimizerState(const torch::optim::Optimizer& optimizer,
-                                 const NamedTensors& parameters,
-                                 const std::map<std::string, torch::Tensor>& state);
-// Replaces the optimizer's state with copies of `state` (which CheckOptimizerState accepted) on
-// each parameter's device.
-void LoadOptimizerState(torch::optim::Optimizer& optimizer, const NamedTensors& parameters,
-                        const std::map<std::string, torch::Tensor>& state);
 
 }  // namespace trainyard::trainer
 

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "worker/trainer/data/schedule.h"
 #include "worker/trainer/model/model.h"
+#include "worker/trainer/model/optimizer.h"
 
 namespace trainyard::trainer {
 namespace {

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "worker/trainer/model/optimizer.h"
 
 namespace trainyard::trainer {
 std::string ParameterServerKey(int shard) { return absl::StrCat("ps/shard/", shard); }
