@@ -1,0 +1,88 @@
+#ifndef TRAINYARD_CLIENT_COMMANDS_H_
+#define TRAINYARD_CLIENT_COMMANDS_H_
+
+// The `trainyard` CLI's commands, one group per file: jobs and workers (job_commands.cc),
+// searches (search_commands.cc), tokens (token_commands.cc), and data (data_commands.cc, which
+// needs no coordinator); cli.cc holds the command table and hands each command to its group.
+// Internal to the CLI.
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/args.h"
+#include "client/cli.h"
+#include "grpcpp/grpcpp.h"
+#include "trainyard/v1/admin_service.grpc.pb.h"
+#include "trainyard/v1/job_service.grpc.pb.h"
+#include "trainyard/v1/search_service.grpc.pb.h"
+
+namespace trainyard::cli {
+
+inline constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
+
+// Whether standard output is a terminal (live lines are redrawn there, printed otherwise).
+bool IsTerminal();
+void SetDeadline(grpc::ClientContext& context);
+// A spec from a file, or from stdin for "-".
+absl::StatusOr<std::string> ReadSpecFile(const std::string& file);
+
+// `trainyard data inspect|pack ...` (data_commands.cc).
+int Data(const ParsedArgs& args);
+
+// The commands that talk to the coordinator, over one channel.
+class Client {
+ public:
+  Client(std::string address, const ParsedArgs& args, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)),
+        args_(args),
+        stub_(v1::JobService::NewStub(channel)),
+        admin_(v1::AdminService::NewStub(channel)),
+        search_(v1::SearchService::NewStub(channel)) {}
+
+  int Submit();
+  int Jobs();
+  int Describe();
+  int Logs();
+  int Cancel();
+  int Delete();
+  int Workers();
+  int Checkpoints();
+  int Token();
+  int Search();
+
+ private:
+  // Prints the error and returns the exit code for it.
+  int RpcError(const grpc::Status& status) const;
+  // One unary call bounded by kRpcTimeout: nullopt when it succeeded, else the error printed and
+  // the exit code for it.
+  template <typename Stub, typename Request, typename Response>
+  std::optional<int> Call(Stub& stub,
+                          grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                    Response*),
+                          const Request& request, Response* response) const {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = (stub.*rpc)(&context, request, response);
+    if (status.ok()) return std::nullopt;
+    return RpcError(status);
+  }
+  bool Json() const {
+    const std::string output = args_.Get("output", "table");
+    return output == "json";
+  }
+  int Follow(const std::string& id);
+  int FollowSearch(const std::string& id);
+
+  const std::string address_;
+  const ParsedArgs& args_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+  std::unique_ptr<v1::SearchService::Stub> search_;
+};
+
+}  // namespace trainyard::cli
+
+#endif  // TRAINYARD_CLIENT_COMMANDS_H_

@@ -1,0 +1,205 @@
+// The data commands, which need no coordinator: data pack and data inspect.
+
+#include "client/commands.h"
+
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "client/data_pack.h"
+#include "client/format.h"
+#include "common/safetensors.h"
+#include "common/shard_index.h"
+#include "nlohmann/json.hpp"
+
+namespace trainyard::cli {
+namespace {
+
+// "256MB", "64MiB", "1G", "1000": bytes.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  static const std::pair<const char*, int64_t> kUnits[] = {{"kib", int64_t{1} << 10},
+                                                           {"mib", int64_t{1} << 20},
+                                                           {"gib", int64_t{1} << 30},
+                                                           {"kb", 1000},
+                                                           {"mb", 1000000},
+                                                           {"gb", 1000000000},
+                                                           {"k", 1000},
+                                                           {"m", 1000000},
+                                                           {"g", 1000000000},
+                                                           {"b", 1}};
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  int64_t unit = 1;
+  absl::string_view number = lower;
+  for (const auto& [suffix, size] : kUnits) {
+    if (absl::EndsWith(lower, suffix)) {
+      unit = size;
+      number = absl::string_view(lower).substr(0, lower.size() - std::strlen(suffix));
+      break;
+    }
+  }
+  double value;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(number), &value) || !(value > 0) ||
+      value * static_cast<double>(unit) > 1e15) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (256MB, 64MiB)"));
+  }
+  return static_cast<int64_t>(value * static_cast<double>(unit));
+}
+
+// `trainyard data pack PREFIX INPUT...`.
+int Pack(const ParsedArgs& args) {
+  if (args.args.size() < 3) {
+    std::cerr << "error: data pack needs PREFIX and TENSOR=FILE.npy... or FILE.csv\n";
+    return kExitUsage;
+  }
+  PackOptions options;
+  options.prefix = args.args[1];
+  if (args.Has("shard-size")) {
+    absl::StatusOr<int64_t> size = ParseByteSize(args.Get("shard-size"));
+    if (!size.ok()) {
+      std::cerr << "error: --shard-size: " << size.status().message() << "\n";
+      return kExitUsage;
+    }
+    options.shard_bytes = *size;
+  }
+  const std::vector<std::string> inputs(args.args.begin() + 2, args.args.end());
+  if (inputs.size() == 1 && absl::EndsWithIgnoreCase(inputs[0], ".csv")) {
+    if (!args.Has("columns")) {
+      std::cerr << "error: packing " << inputs[0] << " needs --columns "
+                << "(e.g. 'x=age,income:F32;y=label:I64')\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<std::vector<PackColumn>> columns = ParseCsvColumns(args.Get("columns"));
+    if (!columns.ok()) {
+      std::cerr << "error: " << columns.status().message() << "\n";
+      return kExitUsage;
+    }
+    options.csv_path = inputs[0];
+    options.tensors = *std::move(columns);
+  } else {
+    if (args.Has("columns")) {
+      std::cerr << "error: --columns is for a CSV input\n";
+      return kExitUsage;
+    }
+    for (const std::string& input : inputs) {
+      const size_t eq = input.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == input.size()) {
+        std::cerr << "error: '" << input << "' is not TENSOR=FILE.npy (or one FILE.csv)\n";
+        return kExitUsage;
+      }
+      PackColumn column;
+      column.tensor = input.substr(0, eq);
+      column.npy_path = input.substr(eq + 1);
+      options.tensors.push_back(std::move(column));
+    }
+  }
+  const bool terminal = IsTerminal();
+  options.progress = [terminal](int64_t shards, int64_t samples) {
+    if (terminal) {
+      std::cerr << "\rwrote " << shards << " shards, " << GroupThousands(samples) << " samples"
+                << std::flush;
+    }
+  };
+  absl::StatusOr<PackResult> result = PackShards(options);
+  if (terminal) std::cerr << "\r\033[K";
+  if (!result.ok()) {
+    std::cerr << "error: " << result.status().message() << "\n";
+    return absl::IsUnavailable(result.status()) ? kExitStorageError : kExitUsage;
+  }
+  std::cout << "wrote " << result->shards.size() << " shards, " << GroupThousands(result->samples)
+            << " samples, " << HumanBytes(result->bytes) << ": " << options.prefix
+            << "-*.safetensors\n";
+  return kExitSucceeded;
+}
+
+}  // namespace
+
+// `trainyard data inspect URI` and `data pack`: need no coordinator.
+int Data(const ParsedArgs& args) {
+  if (args.args[0] == "pack") return Pack(args);
+  if (args.args[0] != "inspect") {
+    std::cerr << "error: data takes inspect or pack, got '" << args.args[0] << "'\n";
+    return kExitUsage;
+  }
+  if (args.args.size() != 2) {
+    std::cerr << "error: data inspect takes one URI\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<ShardIndex> index = IndexShards(args.args[1]);
+  if (!index.ok()) {
+    std::cerr << "error: " << index.status().message() << "\n";
+    return absl::IsNotFound(index.status()) || absl::IsInvalidArgument(index.status())
+               ? kExitUsage
+               : kExitStorageError;
+  }
+  if (args.Get("output", "table") == "json") {
+    nlohmann::json out;
+    out["samples"] = index->samples;
+    out["bytes"] = index->bytes;
+    out["header_bytes_read"] = index->header_bytes_read;
+    out["shards"] = nlohmann::json::array();
+    for (const ShardInfo& shard : index->shards) {
+      nlohmann::json s;
+      s["uri"] = shard.uri;
+      s["bytes"] = shard.size_bytes;
+      s["samples"] = shard.samples;
+      s["tensors"] = nlohmann::json::array();
+      for (const SafetensorsSlot& t : shard.header.tensors) {
+        s["tensors"].push_back({{"name", t.name},
+                                {"dtype", t.dtype},
+                                {"shape", t.shape},
+                                {"begin", shard.header.data_start + t.begin},
+                                {"end", shard.header.data_start + t.end}});
+      }
+      out["shards"].push_back(std::move(s));
+    }
+    std::cout << out.dump(2) << "\n";
+    return kExitSucceeded;
+  }
+  std::cout << index->shards.size() << " shards, " << GroupThousands(index->samples) << " samples, "
+            << HumanBytes(index->bytes)
+            << " (headers read: " << HumanBytes(index->header_bytes_read) << ")\n\n";
+  std::vector<std::vector<std::string>> shard_rows;
+  for (const ShardInfo& shard : index->shards) {
+    shard_rows.push_back({shard.uri, shard.samples < 0 ? "mixed" : GroupThousands(shard.samples),
+                          HumanBytes(shard.size_bytes)});
+  }
+  std::cout << Table({"SHARD", "SAMPLES", "BYTES"}, shard_rows) << "\n";
+  // The tensors of the first shard, per sample; shards that differ are named.
+  const ShardInfo& first = index->shards.front();
+  std::vector<std::vector<std::string>> tensor_rows;
+  for (const SafetensorsSlot& t : first.header.tensors) {
+    std::vector<std::string> dims;
+    for (size_t i = 1; i < t.shape.size(); ++i) dims.push_back(absl::StrCat(t.shape[i]));
+    int64_t bytes = 0;
+    for (const ShardInfo& shard : index->shards) {
+      for (const SafetensorsSlot& u : shard.header.tensors) {
+        if (u.name == t.name) bytes += static_cast<int64_t>(u.end - u.begin);
+      }
+    }
+    tensor_rows.push_back(
+        {t.name, t.dtype, absl::StrCat("[", absl::StrJoin(dims, ", "), "]"), HumanBytes(bytes)});
+  }
+  std::cout << Table({"TENSOR", "DTYPE", "SHAPE PER SAMPLE", "BYTES (ALL SHARDS)"}, tensor_rows);
+  for (const ShardInfo& shard : index->shards) {
+    bool same = shard.header.tensors.size() == first.header.tensors.size();
+    for (size_t i = 0; same && i < shard.header.tensors.size(); ++i) {
+      const SafetensorsSlot& a = shard.header.tensors[i];
+      const SafetensorsSlot& b = first.header.tensors[i];
+      same = a.name == b.name && a.dtype == b.dtype &&
+             std::vector<int64_t>(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end()) ==
+                 std::vector<int64_t>(b.shape.begin() + (b.shape.empty() ? 0 : 1), b.shape.end());
+    }
+    if (!same) std::cout << "warning: " << shard.uri << " holds other tensors than the first\n";
+  }
+  return kExitSucceeded;
+}
+
+}  // namespace trainyard::cli
