@@ -181,15 +181,7 @@ TEST(GpuTrainingTest, AnUpdateNeverWaitsForTheGpu) {
 // The feed's copies land on the GPU intact and in order, with or without Prefetch between them.
 TEST(GpuTrainingTest, TheFeedBringsEachBatchToTheGpuIntact) {
   SKIP_WITHOUT_CUDA();
-  trainyard::v1::SyntheticData synthetic;
-  synthetic.set_samples(4096);
-  synthetic.set_features(64);
-  synthetic.set_classes(4);
-  Dataset data = *MakeSyntheticDataset(synthetic, 3);
-  trainyard::v1::JobSpec spec;
-  spec.set_batch_size(512);
-  spec.set_max_steps(24);
-  const StepPlan plan = *PlanSteps(spec, 4096, 1);
+  const auto [data, plan] = test_util::MakeSyntheticSteps(4096, 64, 512, 24);
   BatchPrefetcher expected(data, plan, 9, true, 0, 1, 0, 24, 2);
   BatchPrefetcher source(data, plan, 9, true, 0, 1, 0, 24, 2);
   const std::unique_ptr<DeviceFeed> feed =

@@ -190,15 +190,7 @@ TEST(DataTest, OrderIsDeterministicAndCoversEachEpoch) {
 }
 
 TEST(DataTest, PrefetcherYieldsTheBatchesOfEachStepInOrder) {
-  trainyard::v1::SyntheticData synthetic;
-  synthetic.set_samples(40);
-  synthetic.set_features(3);
-  synthetic.set_classes(2);
-  Dataset data = *MakeSyntheticDataset(synthetic, 3);
-  trainyard::v1::JobSpec spec;
-  spec.set_batch_size(8);
-  spec.set_max_steps(12);
-  const StepPlan plan = *PlanSteps(spec, 40, 1);
+  const auto [data, plan] = test_util::MakeSyntheticSteps(40, 3, 8, 12);
   DataOrder order(plan, 9, true);
   BatchPrefetcher prefetcher(data, plan, 9, true, 0, 1, /*first_step=*/4, /*end_step=*/12, 2);
   for (int64_t step = 4; step < 12; ++step) {
@@ -216,15 +208,7 @@ TEST(DataTest, PrefetcherYieldsTheBatchesOfEachStepInOrder) {
 // The feed hands over the source's batches in order, whether or not the step asked for the next
 // one ahead (Prefetch), and ends where the source ends.
 TEST(DataTest, DeviceFeedHandsOverTheSourcesBatchesInOrder) {
-  trainyard::v1::SyntheticData synthetic;
-  synthetic.set_samples(40);
-  synthetic.set_features(3);
-  synthetic.set_classes(2);
-  Dataset data = *MakeSyntheticDataset(synthetic, 3);
-  trainyard::v1::JobSpec spec;
-  spec.set_batch_size(8);
-  spec.set_max_steps(10);
-  const StepPlan plan = *PlanSteps(spec, 40, 1);
+  const auto [data, plan] = test_util::MakeSyntheticSteps(40, 3, 8, 10);
   BatchPrefetcher expected(data, plan, 9, true, 0, 1, 0, 10, 2);
   BatchPrefetcher source(data, plan, 9, true, 0, 1, 0, 10, 2);
   const std::unique_ptr<DeviceFeed> feed = MakeDeviceFeed(source, torch::kCPU);

@@ -19,10 +19,30 @@
 #include "gtest/gtest.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
+#include "worker/trainer/data/data.h"
+#include "worker/trainer/data/schedule.h"
 #include "worker/trainer/loop/trainer.h"
 #include "worker/trainer/model/model.h"
 
 namespace trainyard::trainer::test_util {
+
+// A synthetic dataset of `samples` samples of `features` features in 2 classes, and the plan of
+// `steps` updates of `batch` samples on one rank: what the data tests feed their prefetchers.
+struct SyntheticSteps {
+  Dataset data;
+  StepPlan plan;
+};
+inline SyntheticSteps MakeSyntheticSteps(int64_t samples, int64_t features, int64_t batch,
+                                         int64_t steps) {
+  trainyard::v1::SyntheticData synthetic;
+  synthetic.set_samples(samples);
+  synthetic.set_features(features);
+  synthetic.set_classes(2);
+  trainyard::v1::JobSpec spec;
+  spec.set_batch_size(batch);
+  spec.set_max_steps(steps);
+  return SyntheticSteps{*MakeSyntheticDataset(synthetic, 3), *PlanSteps(spec, samples, 1)};
+}
 
 // Trainer options that print nothing.
 inline TrainerOptions QuietOptions() {
