@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/tls_metrics_server.h"
 
 namespace trainyard {
@@ -104,6 +105,35 @@ absl::Status WritePortFile(const std::string& path, int port) {
     return absl::UnavailableError(absl::StrCat("rename ", temp, " -> ", path));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartDaemonMetrics(
+    const DaemonMetricsFlags& flags, const std::shared_ptr<prometheus::Collectable>& collectable) {
+  absl::StatusOr<MetricsHttpOptions> options =
+      LoadMetricsHttpOptions(flags.basic_auth_file, flags.tls_cert_file, flags.tls_key_file);
+  if (!options.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics: ", options.status().message()));
+  }
+  if (flags.listen.empty()) return std::unique_ptr<MetricsHttpServer>();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+      MetricsHttpServer::Start(flags.listen, collectable, *options);
+  if (!started.ok()) {
+    // Only an address asked for explicitly is worth refusing to start over.
+    if (flags.listen != flags.default_listen || absl::IsInvalidArgument(started.status())) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("--metrics_listen: ", started.status().message()));
+    }
+    LogWarning("metrics are off: ", started.status().message());
+    return std::unique_ptr<MetricsHttpServer>();
+  }
+  LogInfo("metrics on ", flags.listen.substr(0, flags.listen.rfind(':')), ":", (*started)->port(),
+          "/metrics");
+  if (!flags.port_file.empty()) {
+    if (absl::Status s = WritePortFile(flags.port_file, (*started)->port()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--metrics_port_file: ", s.message()));
+    }
+  }
+  return started;
 }
 
 }  // namespace trainyard

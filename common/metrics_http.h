@@ -52,6 +52,27 @@ class MetricsHttpServer {
   int port_;
 };
 
+// What a daemon's metrics flags say (--metrics_listen, --metrics_basic_auth_file,
+// --metrics_tls_cert, --metrics_tls_key, --metrics_port_file), and the daemon's own default
+// address.
+struct DaemonMetricsFlags {
+  std::string listen;  // empty: metrics off
+  std::string default_listen;
+  std::string basic_auth_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string port_file;  // empty: none
+};
+
+// The coordinator's and the agent's metrics start-up: serves `collectable` as the flags say,
+// logs where, and writes the port file. nullptr when metrics are off: no address, or the default
+// address is taken (several daemons on one machine: tests, `trainyard up`), which is logged as a
+// warning. An error, which should stop the daemon, for files that cannot be read, an address
+// given explicitly that cannot be bound, a malformed address, or a port file that cannot be
+// written; its message names the flag.
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartDaemonMetrics(
+    const DaemonMetricsFlags& flags, const std::shared_ptr<prometheus::Collectable>& collectable);
+
 // Writes `port` and a newline to `path` atomically (temp file, then rename), so a reader never
 // sees a partial number. UNAVAILABLE when it cannot.
 absl::Status WritePortFile(const std::string& path, int port);

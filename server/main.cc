@@ -302,38 +302,18 @@ int Run() {
     snap.searches = searches_ptr->MetricsSnapshot();
     return snap;
   });
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  absl::StatusOr<MetricsHttpOptions> metrics_options = LoadMetricsHttpOptions(
-      absl::GetFlag(FLAGS_metrics_basic_auth_file), absl::GetFlag(FLAGS_metrics_tls_cert),
-      absl::GetFlag(FLAGS_metrics_tls_key));
-  if (!metrics_options.ok()) {
-    LogError("metrics: ", metrics_options.status().message());
+  DaemonMetricsFlags metrics_flags;
+  metrics_flags.listen = absl::GetFlag(FLAGS_metrics_listen);
+  metrics_flags.default_listen = kDefaultMetricsListen;
+  metrics_flags.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
+  metrics_flags.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert);
+  metrics_flags.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key);
+  metrics_flags.port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
+      StartDaemonMetrics(metrics_flags, metrics);
+  if (!metrics_server.ok()) {
+    LogError(metrics_server.status().message());
     return 1;
-  }
-  if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-      !metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(metrics_listen, metrics, *metrics_options);
-    if (started.ok()) {
-      metrics_server = *std::move(started);
-      LogInfo("metrics on ", metrics_listen.substr(0, metrics_listen.rfind(':')), ":",
-              metrics_server->port(), "/metrics");
-    } else if (metrics_listen != kDefaultMetricsListen ||
-               absl::IsInvalidArgument(started.status())) {
-      LogError("--metrics_listen: ", started.status().ToString());
-      return 1;
-    } else {
-      // The default port may be taken on a machine running several coordinators (tests, `up`);
-      // only an address asked for explicitly is worth refusing to start over.
-      LogWarning("metrics are off: ", started.status().message());
-    }
-  }
-  if (const std::string path = absl::GetFlag(FLAGS_metrics_port_file);
-      !path.empty() && metrics_server != nullptr) {
-    if (absl::Status s = WritePortFile(path, metrics_server->port()); !s.ok()) {
-      LogError("--metrics_port_file: ", s.ToString());
-      return 1;
-    }
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   ServerTls tls;
@@ -385,7 +365,7 @@ int Run() {
   LogInfo("signal ", signal_number, ": shutting down");
   (*server)->Shutdown(absl::Seconds(5));
   server->reset();
-  metrics_server.reset();  // scrapes read the manager
+  metrics_server->reset();  // scrapes read the manager
   searches->reset();
   manager->reset();  // flushes progress, closes the database
   LogInfo("stopped");

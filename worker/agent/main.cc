@@ -254,7 +254,6 @@ int main(int argc, char** argv) {
   // Declared after the agent so that they go first: scrapes read the agent. The server holds the
   // metrics only weakly.
   std::shared_ptr<trainyard::AgentMetrics> metrics;
-  std::unique_ptr<trainyard::MetricsHttpServer> metrics_server;
   if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
     trainyard::AgentMetricsSource source;
     source.worker_name = options.name;
@@ -265,33 +264,19 @@ int main(int argc, char** argv) {
     source.hostname = options.hostname;
     source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
     metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(nvml));
-    absl::StatusOr<trainyard::MetricsHttpOptions> metrics_options =
-        trainyard::LoadMetricsHttpOptions(absl::GetFlag(FLAGS_metrics_basic_auth_file),
-                                          absl::GetFlag(FLAGS_metrics_tls_cert),
-                                          absl::GetFlag(FLAGS_metrics_tls_key));
-    if (!metrics_options.ok()) {
-      trainyard::LogError("metrics: ", metrics_options.status().message());
-      return 1;
-    }
-    absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> started =
-        trainyard::MetricsHttpServer::Start(listen, metrics, *metrics_options);
-    if (started.ok()) {
-      metrics_server = *std::move(started);
-      trainyard::LogInfo("metrics on ", listen.substr(0, listen.rfind(':')), ":",
-                         metrics_server->port(), "/metrics");
-    } else if (listen != kDefaultMetricsListen || absl::IsInvalidArgument(started.status())) {
-      trainyard::LogError("--metrics_listen: ", started.status().ToString());
-      return 1;
-    } else {
-      trainyard::LogWarning("metrics are off: ", started.status().message());
-    }
   }
-  if (const std::string path = absl::GetFlag(FLAGS_metrics_port_file);
-      !path.empty() && metrics_server != nullptr) {
-    if (absl::Status s = trainyard::WritePortFile(path, metrics_server->port()); !s.ok()) {
-      trainyard::LogError("--metrics_port_file: ", s.ToString());
-      return 1;
-    }
+  trainyard::DaemonMetricsFlags metrics_flags;
+  metrics_flags.listen = absl::GetFlag(FLAGS_metrics_listen);
+  metrics_flags.default_listen = kDefaultMetricsListen;
+  metrics_flags.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
+  metrics_flags.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert);
+  metrics_flags.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key);
+  metrics_flags.port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> metrics_server =
+      trainyard::StartDaemonMetrics(metrics_flags, metrics);
+  if (!metrics_server.ok()) {
+    trainyard::LogError(metrics_server.status().message());
+    return 1;
   }
 
   // Stopped (and joined) before the agent goes: it calls into it.
