@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/exit_codes.h"
+#include "common/job_spec.h"
 #include "common/log.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
@@ -171,6 +172,8 @@ int main(int argc, char** argv) {
     return Fail(trainyard::kExitInternal,
                 absl::StrCat("cannot read a trainyard.v1.Task from ", task_file));
   }
+  // The coordinator sent the spec with its defaults; a task file made by hand gets them here.
+  trainyard::ApplyJobSpecDefaults(*task.mutable_spec());
   trainyard::LogInfo("task ", task.task_id(), " job ", task.job_id(), " generation ",
                      task.generation(),
                      task.role() == trainyard::v1::TASK_ROLE_SHARD
@@ -182,9 +185,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<trainyard::trainer::RendezvousClient> rendezvous;
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (!address.empty()) {
-    // keep_last 0 means the spec left it out; never ask to retire the checkpoint just written.
-    const int keep_last =
-        task.spec().checkpoint().keep_last() > 0 ? task.spec().checkpoint().keep_last() : 3;
+    const int keep_last = task.spec().checkpoint().keep_last();
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
         trainyard::trainer::NewCoordinatorChannel(address, task.credential());
     if (!channel.ok()) {

@@ -17,14 +17,11 @@
 namespace trainyard::trainer {
 namespace {
 
-constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
-constexpr int64_t kDefaultBucketSizeMb = 25;
 // Meeting the peers waits for the slowest rank to start, load its data and build its model.
 constexpr absl::Duration kMinConnectTimeout = absl::Minutes(5);
 
 absl::Duration CollectiveTimeout(const trainyard::v1::JobSpec& spec) {
-  return absl::Seconds(spec.collective_timeout_seconds() > 0 ? spec.collective_timeout_seconds()
-                                                             : kDefaultCollectiveTimeoutSeconds);
+  return absl::Seconds(spec.collective_timeout_seconds());
 }
 
 // The data-parallel strategy of `task`'s ranks (world > 1), over NCCL or Gloo.
@@ -33,7 +30,7 @@ absl::StatusOr<std::unique_ptr<DataParallelStrategy>> MakeDataParallel(
   const trainyard::v1::JobSpec& spec = task.spec();
   const absl::Duration timeout = CollectiveTimeout(spec);
   const int64_t bucket_bytes =
-      (spec.bucket_size_mb() > 0 ? spec.bucket_size_mb() : kDefaultBucketSizeMb) << 20;
+      int64_t{spec.bucket_size_mb()} << 20;
   std::unique_ptr<Communicator> communicator;
   const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
 #if TRAINYARD_WITH_NCCL

@@ -24,10 +24,10 @@ struct StrategyOptions {
   std::string default_hostname = "127.0.0.1";
 };
 
-// The strategy of `task.spec.strategy`, connected to its peers (blocks until they all joined;
-// parameter_server: until every shard published its address). INVALID_ARGUMENT for a world size
-// the strategy cannot run or a missing rendezvous; the communicator's or the rendezvous' errors
-// otherwise.
+// The strategy of `task.spec.strategy` (a spec with its defaults, ApplyJobSpecDefaults),
+// connected to its peers (blocks until they all joined; parameter_server: until every shard
+// published its address). INVALID_ARGUMENT for a world size the strategy cannot run or a missing
+// rendezvous; the communicator's or the rendezvous' errors otherwise.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
                                                        const StrategyOptions& options);
 

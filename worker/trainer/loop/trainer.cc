@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint_layout.h"
+#include "common/job_spec.h"
 #include "common/log.h"
 #include "common/object_store.h"
 #include "common/uri.h"
@@ -553,7 +554,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   // The schedule runs to `total`; this job stops at `end` (a search's rung ends earlier).
   const int64_t total = plan_.total_steps;
   const int64_t end = plan_.end_step;
-  const int64_t log_every = spec_.log_every_steps() > 0 ? spec_.log_every_steps() : 10;
+  const int64_t log_every = spec_.log_every_steps();
   const bool has_val = data_->validation_size() > 0 && loss_kind_ == LossKind::kCrossEntropy;
   const trainyard::v1::ValidationSpec& val_spec = spec_.data().validation();
   // Validation is due every every_steps, at each epoch's end with every_epoch, every log line
@@ -916,8 +917,12 @@ std::optional<absl::Time> ReadStopDeadline(const std::string& path) {
 
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options) {
+  // The spec's defaults, applied where the coordinator applies them at submission (one home:
+  // common/job_spec.h); a task made by hand (tests, benchmarks) gets them here. Idempotent.
+  trainyard::v1::Task with_defaults = task;
+  ApplyJobSpecDefaults(*with_defaults.mutable_spec());
   try {
-    Run run(task, options);
+    Run run(with_defaults, options);
     absl::StatusOr<TrainResult> result = run.Execute();
     if (!result.ok()) run.Leave();
     return result;
