@@ -1,0 +1,107 @@
+#ifndef TRAINYARD_WORKER_TRAINER_LOOP_RUN_H_
+#define TRAINYARD_WORKER_TRAINER_LOOP_RUN_H_
+
+// One training run of a task, inside RunTrainer (trainer.h): its state, the loop itself
+// (trainer.cc) and what happens around it (run_setup.cc: preparing the data, model, optimizer and
+// strategy, resuming, the checkpoint of a stop, validation, the export). Internal to loop/.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/object_store.h"
+#include "worker/trainer/checkpoint/checkpoint.h"
+#include "worker/trainer/data/data.h"
+#include "worker/trainer/data/schedule.h"
+#include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/distill.h"
+#include "worker/trainer/model/model.h"
+#include "worker/trainer/model/precision.h"
+#include "worker/trainer/strategy/strategy.h"
+
+namespace trainyard::trainer::internal {
+
+enum class LossKind { kCrossEntropy, kMse };
+
+// How long the final progress report of a stop without a deadline keeps trying.
+inline constexpr absl::Duration kStopReportTime = absl::Seconds(5);
+
+using Steady = std::chrono::steady_clock;
+
+class Run {
+ public:
+  Run(const trainyard::v1::Task& task, const TrainerOptions& options)
+      : task_(task), spec_(task.spec()), options_(options), clock_(*options.clock) {}
+
+  absl::StatusOr<TrainResult> Execute();
+  // After a failed Execute: tells the strategy's peers that this rank is gone (best effort), so
+  // that parameter-server shards need not wait for it.
+  void Leave();
+
+ private:
+  void Print(const std::string& line) {
+    if (options_.print_line) {
+      options_.print_line(line);
+    } else {
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
+  }
+  bool StopRequested() const {
+    return options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
+  }
+  absl::Status Prepare();
+  void Resume();
+  CheckpointData Snapshot(int64_t step, double lr);
+  // The checkpoint of a stop at `step` (rank 0): within the deadline if the agent gave one.
+  void SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,
+                  std::optional<absl::Time> deadline, TrainResult& result);
+  void ReportStopSkip(Checkpointer& checkpointer, int64_t step, const std::string& why);
+  absl::Status Export(TrainResult& result);
+  // Remote shards: INVALID_ARGUMENT when the shards a window spans, plus those fetched ahead,
+  // cannot fit the worker's data cache.
+  absl::Status CheckCacheFits() const;
+  // Measures the validation split (at most data.validation.max_samples of it) into
+  // result.val_accuracy: every rank its share, summed over ranks, where the strategy can sum;
+  // rank 0 all of it otherwise (the other ranks return at once).
+  absl::Status Validate(TrainResult& result);
+
+  const trainyard::v1::Task& task_;
+  const trainyard::v1::JobSpec& spec_;
+  const TrainerOptions& options_;
+  const Clock& clock_;
+
+  LossKind loss_kind_ = LossKind::kCrossEntropy;
+  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<TrainingData> data_;
+  StepPlan plan_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Teacher> teacher_;  // null unless the job distils
+  // Where the model and each batch live; the CPU unless TrainingDevice finds a GPU for the task.
+  torch::Device device_ = torch::kCPU;
+  // The forward pass's autocast dtype (nullopt: float32), and the loss scale of fp16 jobs.
+  std::optional<torch::ScalarType> autocast_;
+  std::optional<LossScaler> scaler_;
+  NamedTensors params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<ObjectStore> store_;  // null without a checkpoint URI
+  int64_t start_step_ = 0;
+  std::string resumed_from_;
+  // How this attempt started (JobProgress.rendezvous_seconds, checkpoint_load_seconds).
+  double rendezvous_seconds_ = 0;
+  double checkpoint_load_seconds_ = 0;
+};
+
+}  // namespace trainyard::trainer::internal
+
+#endif  // TRAINYARD_WORKER_TRAINER_LOOP_RUN_H_

@@ -1,0 +1,445 @@
+#include "worker/trainer/loop/run.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoint_layout.h"
+#include "common/log.h"
+#include "common/object_store.h"
+#include "common/uri.h"
+#include "worker/trainer/checkpoint/checkpoint.h"
+#include "worker/trainer/data/data.h"
+#include "worker/trainer/loop/make_strategy.h"
+#include "worker/trainer/model/distill.h"
+#include "worker/trainer/model/model.h"
+#include "worker/trainer/model/optimizer.h"
+#include "worker/trainer/model/precision.h"
+#include "worker/trainer/strategy/strategy.h"
+
+namespace trainyard::trainer::internal {
+namespace {
+
+absl::StatusOr<std::pair<int64_t, int64_t>> CountCorrect(Model& model, TrainingData& data,
+                                                         Strategy& strategy, int64_t first,
+                                                         int64_t count,
+                                                         const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  model.SetTraining(false);
+  int64_t correct = 0;
+  constexpr int64_t kChunk = 1024;
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < count; begin += kChunk) {
+    const int64_t n = std::min(kChunk, count - begin);
+    indices.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = first + begin + i;
+    absl::StatusOr<Batch> batch = data.Gather(indices);
+    if (!batch.ok()) return batch.status();
+    if (absl::Status s = strategy.BeforeEvaluate(batch->categorical); !s.ok()) return s;
+    try {
+      torch::Tensor out = model.Forward(
+          batch->features.to(device),
+          batch->categorical.defined() ? batch->categorical.to(device) : torch::Tensor());
+      correct += out.argmax(1).eq(batch->labels.to(device)).sum().item<int64_t>();
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: validation failed: ", DescribeTorchError(e)));
+    }
+  }
+  model.SetTraining(true);
+  return std::make_pair(correct, count);
+}
+
+// Checks a loaded checkpoint against the live model and optimizer without changing either.
+absl::Status CheckCompatible(const LoadedCheckpoint& ckpt, Model& model,
+                             torch::optim::Optimizer& optimizer, const NamedTensors& params,
+                             const trainyard::v1::JobSpec& spec, const StepPlan& plan) {
+  NamedTensors expected = params;
+  for (auto& buffer : model.NamedBuffers()) expected.push_back(std::move(buffer));
+  for (const auto& [name, tensor] : expected) {
+    auto it = ckpt.model.find(name);
+    if (it == ckpt.model.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.safetensors: no tensor '", name, "'"));
+    }
+    if (it->second.sizes() != tensor.sizes() || it->second.scalar_type() != tensor.scalar_type()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: tensor '", name, "' differs in shape or dtype"));
+    }
+  }
+  const std::string optimizer_name =
+      spec.optimizer().name().empty() ? "sgd" : spec.optimizer().name();
+  if (ckpt.optimizer_name != optimizer_name) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.safetensors: state of '",
+                                                   ckpt.optimizer_name, "', the job uses '",
+                                                   optimizer_name, "'"));
+  }
+  absl::Status status = CheckOptimizerState(optimizer, params, ckpt.optimizer);
+  if (!status.ok()) return status;
+  const TrainerState& s = ckpt.state;
+  if (s.step < 0 || s.step > plan.total_steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_state.json: step ", s.step, " outside [0, ", plan.total_steps, "]"));
+  }
+  if (s.data_cursor != s.step * plan.global_batch_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_state.json: data cursor ", s.data_cursor, " is not step ", s.step,
+                     " times the batch size ", plan.global_batch_size));
+  }
+  if (s.seed != spec.seed()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_state.json: seed ", s.seed, ", the job uses ", spec.seed()));
+  }
+  return absl::OkStatus();
+}
+
+void ApplyCheckpoint(const LoadedCheckpoint& ckpt, Model& model, torch::optim::Optimizer& optimizer,
+                     const NamedTensors& params) {
+  torch::NoGradGuard no_grad;
+  NamedTensors targets = params;
+  for (auto& buffer : model.NamedBuffers()) targets.push_back(std::move(buffer));
+  for (auto& [name, tensor] : targets) tensor.copy_(ckpt.model.at(name));
+  LoadOptimizerState(optimizer, params, ckpt.optimizer);
+}
+
+}  // namespace
+
+absl::Status Run::Prepare() {
+  if (spec_.loss() == "mse") {
+    loss_kind_ = LossKind::kMse;
+  } else if (spec_.loss().empty() || spec_.loss() == "cross_entropy") {
+    loss_kind_ = LossKind::kCrossEntropy;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss: unknown loss '", spec_.loss(), "' (cross_entropy, mse)"));
+  }
+  StrategyOptions strategy_options;
+  strategy_options.rendezvous = options_.rendezvous;
+  strategy_options.overlap = options_.overlap_communication;
+  const Steady::time_point meet_start = Steady::now();
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(task_, strategy_options);
+  rendezvous_seconds_ += SecondsSince(meet_start);
+  if (!strategy.ok()) return strategy.status();
+  strategy_ = *std::move(strategy);
+
+  device_ = TrainingDevice(task_);
+  absl::StatusOr<std::optional<torch::ScalarType>> autocast =
+      AutocastType(spec_.precision(), device_);
+  if (!autocast.ok()) return autocast.status();
+  autocast_ = *autocast;
+  if (spec_.precision() == trainyard::v1::FP16) scaler_.emplace();
+  DataOptions data_options = options_.data;
+  data_options.pin_memory = !device_.is_cpu();
+  absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(
+      spec_.data(), spec_.seed(), loss_kind_ == LossKind::kCrossEntropy, data_options);
+  if (!data.ok()) return data.status();
+  data_ = *std::move(data);
+  const int64_t outputs = data_->outputs();
+  absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_->train_size(), strategy_->world_size());
+  if (!plan.ok()) return plan.status();
+  plan_ = *plan;
+  if (absl::Status fits = CheckCacheFits(); !fits.ok()) return fits;
+  strategy_->SetTotalSteps(plan_.total_steps, plan_.end_step);
+
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids());
+  if (!model.ok()) return model.status();
+  model_ = *std::move(model);
+  if (!device_.is_cpu()) {
+    try {
+      model_->To(device_);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("moving the model to ", device_.str(), ": ", DescribeTorchError(e)));
+    }
+    LogInfo("training on ", device_.str());
+  }
+  if (absl::Status format = ApplyMemoryFormat(*model_, spec_.model().memory_format());
+      !format.ok()) {
+    return format;
+  }
+  params_ = model_->NamedParameters();
+  if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
+  // A quick forward pass turns shape mismatches into a clear error before training starts.
+  absl::StatusOr<Batch> first = data_->Gather({0});
+  if (!first.ok()) return first.status();
+  int64_t classes = 0;
+  try {
+    torch::NoGradGuard no_grad;
+    model_->SetTraining(false);
+    torch::Tensor out = model_->Forward(
+        first->features.to(device_),
+        first->categorical.defined() ? first->categorical.to(device_) : torch::Tensor());
+    model_->SetTraining(true);
+    if (out.dim() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("model: forward() returns shape [",
+                                                     absl::StrJoin(out.sizes(), ","),
+                                                     "], expected [N, outputs]"));
+    }
+    if (loss_kind_ == LossKind::kCrossEntropy && out.size(1) < outputs) {
+      return absl::InvalidArgumentError(absl::StrCat("data.labels: class id ", outputs - 1,
+                                                     " is out of range for the model's ",
+                                                     out.size(1), " outputs"));
+    }
+    classes = out.size(1);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: forward() fails on the data: ", DescribeTorchError(e)));
+  }
+  if (spec_.has_distill()) {
+    if (loss_kind_ != LossKind::kCrossEntropy) {
+      return absl::InvalidArgumentError("distill: only with loss cross_entropy");
+    }
+    absl::StatusOr<std::unique_ptr<Teacher>> teacher = Teacher::Load(spec_.distill(), device_);
+    if (!teacher.ok()) return teacher.status();
+    teacher_ = *std::move(teacher);
+    if (absl::Status s = teacher_->Check(first->features.to(device_), classes); !s.ok()) return s;
+    LogInfo("distilling from ", spec_.distill().teacher(), " at temperature ",
+            teacher_->temperature(), " with alpha ", teacher_->alpha());
+  }
+  std::vector<torch::Tensor> tensors;
+  for (const auto& [name, p] : params_) tensors.push_back(p);
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
+      BuildOptimizer(spec_.optimizer(), tensors);
+  if (!optimizer.ok()) return optimizer.status();
+  optimizer_ = *std::move(optimizer);
+  strategy_->SetOptimizer(optimizer_.get(), params_);
+
+  if (!task_.checkpoint_uri().empty()) {
+    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(task_.checkpoint_uri());
+    if (!store.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint.uri: ", store.status().message()));
+    }
+    store_ = *std::move(store);
+  }
+  const Steady::time_point setup_start = Steady::now();
+  absl::Status setup = strategy_->Setup(*model_);
+  rendezvous_seconds_ += SecondsSince(setup_start);
+  return setup;
+}
+
+absl::Status Run::CheckCacheFits() const {
+  if (!data_->remote()) return absl::OkStatus();
+  const trainyard::v1::DataSpec& spec = spec_.data();
+  const bool shuffle = !spec.has_shuffle() || spec.shuffle();
+  const std::vector<int64_t>& samples = data_->shard_train_samples();
+  int64_t largest = 0, all = 0, fewest = INT64_MAX;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    if (samples[k] == 0) continue;
+    largest = std::max(largest, data_->ShardBytes(static_cast<int>(k)));
+    all += data_->ShardBytes(static_cast<int>(k));
+    fewest = std::min(fewest, samples[k]);
+  }
+  const int64_t cache = options_.data.cache_bytes;
+  if (shuffle && spec.shuffle_window() == 0) {
+    if (all <= cache) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.shuffle_window: a permutation of all samples needs all ", all,
+                     " bytes of the remote shards in the worker's data cache of ", cache,
+                     " bytes; set data.shuffle_window to read the shards a few at a time"));
+  }
+  const int64_t window = shuffle ? spec.shuffle_window() : plan_.global_batch_size;
+  // A batch may straddle two windows; a window spans whole shards plus one cut at each end.
+  const int64_t span = (2 * window + fewest - 1) / fewest + 1;
+  const int64_t ahead = spec.prefetch_shards() > 0 ? spec.prefetch_shards() : 2;
+  const int64_t need = std::min(all, (span + ahead) * largest);
+  if (need <= cache) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.shuffle_window: windows of ", window, " samples span up to ", span, " shards of up to ",
+      largest, " bytes; with ", ahead, " fetched ahead (data.prefetch_shards)", " that is ", need,
+      " bytes, more than the worker's data cache of ", cache,
+      " bytes (trainyard-worker --data_cache_bytes)"));
+}
+
+absl::Status Run::Validate(TrainResult& result) {
+  const int64_t limit = spec_.data().validation().max_samples();
+  const int64_t count =
+      limit > 0 ? std::min(limit, data_->validation_size()) : data_->validation_size();
+  const bool shared = strategy_->sums_over_ranks();
+  const int rank = strategy_->rank();
+  const int world = strategy_->world_size();
+  if (!shared && rank != 0) return absl::OkStatus();
+  const int64_t begin = shared ? count * rank / world : 0;
+  const int64_t end = shared ? count * (rank + 1) / world : count;
+  absl::StatusOr<std::pair<int64_t, int64_t>> mine =
+      CountCorrect(*model_, *data_, *strategy_, data_->train_size() + begin, end - begin, device_);
+  if (!mine.ok()) return mine.status();
+  std::vector<double> sums = {static_cast<double>(mine->first), static_cast<double>(mine->second)};
+  if (shared) {
+    absl::StatusOr<std::vector<double>> all = strategy_->SumOverRanks(sums);
+    if (!all.ok()) return all.status();
+    sums = *std::move(all);
+  }
+  if (sums[1] > 0) result.val_accuracy = sums[0] / sums[1];
+  return absl::OkStatus();
+}
+
+void Run::Resume() {
+  for (const std::string& uri : task_.resume_checkpoints()) {
+    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+    absl::StatusOr<LoadedCheckpoint> ckpt = store.ok()
+                                                ? ReadCheckpoint(**store, uri)
+                                                : absl::StatusOr<LoadedCheckpoint>(store.status());
+    absl::Status status = ckpt.status();
+    if (status.ok()) {
+      status = CheckCompatible(*ckpt, *model_, *optimizer_, params_, spec_, plan_);
+    }
+    if (status.ok()) status = RestoreTorchRngState(ckpt->state.torch_rng_state);
+    if (!status.ok()) {
+      ReportSkippedCheckpoint(options_.coordinator, uri, status);
+      continue;
+    }
+    if (scaler_.has_value() && ckpt->state.loss_scale > 0) {
+      // A checkpoint of an fp32 or bf16 run has none: the scale then starts afresh.
+      if (status = scaler_->Restore(ckpt->state.loss_scale, ckpt->state.loss_scale_growth_tracker);
+          !status.ok()) {
+        ReportSkippedCheckpoint(options_.coordinator, uri, status);
+        continue;
+      }
+    }
+    ApplyCheckpoint(*ckpt, *model_, *optimizer_, params_);
+    start_step_ = ckpt->state.step;
+    resumed_from_ = uri;
+    LogInfo("resumed from ", uri, " at step ", start_step_);
+    return;
+  }
+  if (task_.resume_checkpoints_size() > 0) {
+    LogWarning("no usable checkpoint among ", task_.resume_checkpoints_size(),
+               "; starting from scratch");
+  }
+}
+
+CheckpointData Run::Snapshot(int64_t step, double lr) {
+  const absl::Time start = clock_.Now();
+  torch::NoGradGuard no_grad;
+  CheckpointData data;
+  // Host copies: the checkpoint thread encodes them while training goes on.
+  for (const auto& [name, p] : params_) data.model.emplace_back(name, CopyTo(p, torch::kCPU));
+  for (const auto& [name, b] : model_->NamedBuffers()) {
+    data.model.emplace_back(name, CopyTo(b, torch::kCPU));
+  }
+  data.optimizer = OptimizerStateTensors(*optimizer_, params_);
+  data.optimizer_name = spec_.optimizer().name().empty() ? "sgd" : spec_.optimizer().name();
+  TrainerState& s = data.state;
+  s.job_id = task_.job_id();
+  s.generation = task_.generation();
+  s.step = step;
+  s.epoch = step / plan_.steps_per_epoch;
+  s.data_cursor = step * plan_.global_batch_size;
+  s.world_size = strategy_->world_size();
+  s.global_batch_size = plan_.global_batch_size;
+  s.total_steps = plan_.total_steps;
+  s.seed = spec_.seed();
+  s.shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
+  s.torch_rng_state = TorchRngState();
+  s.lr_schedule = spec_.optimizer().schedule().name().empty() ? "constant"
+                                                              : spec_.optimizer().schedule().name();
+  s.last_lr = lr;
+  if (scaler_.has_value()) {
+    s.loss_scale = scaler_->scale();
+    s.loss_scale_growth_tracker = scaler_->growth_tracker();
+  }
+  s.parameter_servers = strategy_->Layout();
+  data.snapshot_time = clock_.Now() - start;
+  return data;
+}
+
+void Run::ReportStopSkip(Checkpointer& checkpointer, int64_t step, const std::string& why) {
+  // The commits of this run, else the checkpoint it resumed from: what the next attempt gets.
+  const int64_t committed = std::max(checkpointer.last_committed_step(),
+                                     resumed_from_.empty() ? int64_t{-1} : start_step_);
+  const std::string message = absl::StrCat(
+      "preemption: checkpoint at step ", step, " skipped: ", why, "; ",
+      committed >= 0 ? absl::StrCat("the job resumes from its last committed checkpoint (step ",
+                                    committed, ")")
+                     : std::string("the job has no committed checkpoint and starts over"));
+  LogWarning(message);
+  if (options_.coordinator == nullptr) return;
+  absl::Status reported = options_.coordinator->ReportEvent(message);
+  if (!reported.ok()) LogWarning("cannot report the skipped checkpoint: ", reported.ToString());
+}
+
+void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,
+                     std::optional<absl::Time> deadline, TrainResult& result) {
+  const absl::Time limit = deadline.value_or(absl::InfiniteFuture());
+  absl::Status previous = checkpointer.WaitUntil(limit);
+  // The previous save's own failure may carry DEADLINE_EXCEEDED too (a commit that timed out):
+  // only a save still going means the deadline came.
+  if (deadline.has_value() && checkpointer.Uploading()) {
+    // Nothing more fits; the process ends at the deadline while that save goes on.
+    if (due) {
+      result.stop_checkpoint_skipped = true;
+      ReportStopSkip(checkpointer, step, absl::StrCat(previous.message(), " at the deadline"));
+    } else {
+      LogWarning("checkpoint at stop: ", previous.message(), " at the deadline");
+    }
+    return;
+  }
+  if (!previous.ok()) LogWarning("checkpoint at stop failed: ", previous.ToString());
+  if (!due) return;
+  if (deadline.has_value()) {
+    const std::vector<absl::Duration> recent = checkpointer.RecentSaveDurations();
+    if (!recent.empty()) {
+      const absl::Duration longest = *std::max_element(recent.begin(), recent.end());
+      const absl::Duration left = *deadline - clock_.Now();
+      if (longest + kStopSaveMargin > left) {
+        result.stop_checkpoint_skipped = true;
+        ReportStopSkip(
+            checkpointer, step,
+            absl::StrFormat("recent saves took %.1f s, %s", absl::ToDoubleSeconds(longest),
+                            left > absl::ZeroDuration()
+                                ? absl::StrFormat("%.1f s left before the deadline",
+                                                  absl::ToDoubleSeconds(left))
+                                : std::string("the deadline has passed")));
+        return;
+      }
+    }
+  }
+  if (absl::Status gathered = strategy_->GatherOptimizerState(step); !gathered.ok()) {
+    result.stop_checkpoint_skipped = true;
+    ReportStopSkip(checkpointer, step, std::string(gathered.message()));
+    return;
+  }
+  checkpointer.SaveAsync(Snapshot(step, lr), /*final_save=*/true, limit);
+  absl::Status saved = checkpointer.WaitUntil(limit);
+  if (!saved.ok()) LogWarning("checkpoint at stop failed: ", saved.ToString());
+}
+
+absl::Status Run::Export(TrainResult& result) {
+  absl::StatusOr<std::string> bytes = model_->Export();
+  if (!bytes.ok()) return bytes.status();
+  const std::string uri = JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
+  absl::Status put =
+      RetryCall(4, absl::Milliseconds(250), [&] { return store_->Put(uri, *bytes); });
+  if (!put.ok()) {
+    return absl::UnavailableError(absl::StrCat("model export: ", put.message()));
+  }
+  result.model_uri = uri;
+  LogInfo("model exported to ", uri);
+  if (options_.coordinator != nullptr) {
+    absl::Status report =
+        RetryUntil(clock_, clock_.Now() + options_.coordinator_retry_for, absl::Milliseconds(250),
+                   absl::Seconds(2), [&] { return options_.coordinator->ReportModel(uri); });
+    if (!report.ok()) {
+      return absl::UnavailableError(absl::StrCat("ReportModel: ", report.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Run::Leave() {
+  if (strategy_ == nullptr) return;
+  if (absl::Status left = strategy_->Finish(); !left.ok()) {
+    LogInfo("leaving the other ranks: ", left.ToString());
+  }
+}
+
+}  // namespace trainyard::trainer::internal
