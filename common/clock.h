@@ -14,6 +14,10 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual absl::Time Now() const = 0;
+  // Waits `d` of this clock's time. The real clock sleeps; a simulated one may instead move on by
+  // `d` at once, so that code that waits between tries (retry backoff) runs in no real time under
+  // test, its waits measured in the clock's time.
+  virtual void SleepFor(absl::Duration d) const { absl::SleepFor(d); }
 };
 
 // Wall-clock time. Thread-safe; the returned reference lives for the whole program.

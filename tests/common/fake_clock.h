@@ -7,7 +7,8 @@
 
 namespace trainyard {
 
-// A clock that moves only when told. Thread-safe.
+// A clock that moves only when told: by Advance, or by a wait on it (SleepFor moves it on by the
+// wait at once). Thread-safe.
 class FakeClock final : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'700'000'000)) : now_(start) {}
@@ -15,14 +16,15 @@ class FakeClock final : public Clock {
     absl::MutexLock lock(&mu_);
     return now_;
   }
-  void Advance(absl::Duration d) {
+  void Advance(absl::Duration d) const {
     absl::MutexLock lock(&mu_);
     now_ += d;
   }
+  void SleepFor(absl::Duration d) const override { Advance(d); }
 
  private:
   mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainyard

@@ -22,7 +22,9 @@
 #include "common/object_store.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
+#include "tests/common/fake_clock.h"
 #include "tests/trainer/test_files.h"
+#include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/model/model.h"
 
 namespace trainyard::trainer {
@@ -218,6 +220,47 @@ TEST(CheckpointUploadThreadTest, RunsAtNiceTenOnlyOnTheGivenCpusAndLeavesTheCall
   }
   ASSERT_FALSE(anywhere.cpus().empty());
   for (const std::set<int>& cpus : anywhere.cpus()) EXPECT_EQ(cpus, before);
+}
+
+// RetryUntil waits between tries on its clock: on a simulated one the backoff doubles from 100 ms
+// up to its cap in the clock's time alone, the last wait is cut short at the give-up time, and
+// an error that is not a transport failure ends it at once.
+TEST(RetryUntilTest, BacksOffOnItsClockAndGivesUpOnTime) {
+  FakeClock clock;
+  const absl::Time start = clock.Now();
+  std::vector<absl::Duration> tried_at;
+  auto fail_until = [&](int ok_at) {
+    return [&, ok_at] {
+      tried_at.push_back(clock.Now() - start);
+      return static_cast<int>(tried_at.size()) >= ok_at ? absl::OkStatus()
+                                                        : absl::UnavailableError("refused");
+    };
+  };
+  EXPECT_TRUE(RetryUntil(clock, start + absl::Seconds(60), absl::Milliseconds(100),
+                         absl::Milliseconds(300), fail_until(5))
+                  .ok());
+  EXPECT_EQ(tried_at, (std::vector<absl::Duration>{
+                          absl::ZeroDuration(), absl::Milliseconds(100), absl::Milliseconds(300),
+                          absl::Milliseconds(600), absl::Milliseconds(900)}));
+
+  tried_at.clear();
+  const absl::Time again = clock.Now();
+  absl::Status gave_up = RetryUntil(clock, again + absl::Milliseconds(250), absl::Milliseconds(100),
+                                    absl::Seconds(1), fail_until(100));
+  EXPECT_EQ(gave_up.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(tried_at.size(), 3u);  // at 0, 100 and 250 ms (the last wait cut to 150 ms)
+  EXPECT_EQ(clock.Now() - again, absl::Milliseconds(250));
+
+  tried_at.clear();
+  EXPECT_EQ(RetryUntil(clock, clock.Now() + absl::Seconds(60), absl::Milliseconds(100),
+                       absl::Seconds(1),
+                       [&] {
+                         tried_at.push_back(absl::ZeroDuration());
+                         return absl::FailedPreconditionError("fenced off");
+                       })
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tried_at.size(), 1u);
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ bool IsRetryableCoordinatorError(const absl::Status& status);
 // Calls `fn` until it returns OK or an error IsRetryableCoordinatorError rejects, sleeping
 // `backoff`, 2 * backoff, ... (at most `max_backoff`) between failures, and stops retrying once
 // `clock` reaches `give_up_at` (the last sleep is cut short to end there). Made to ride out a
-// coordinator restart. Returns the last status. Blocks (real time for the sleeps).
+// coordinator restart. Returns the last status. Waits on `clock` (Clock::SleepFor): real sleeps on
+// the real clock, none on a simulated one.
 template <typename Fn>
 absl::Status RetryUntil(const Clock& clock, absl::Time give_up_at, absl::Duration backoff,
                         absl::Duration max_backoff, Fn&& fn);
@@ -129,7 +130,7 @@ absl::Status RetryUntil(const Clock& clock, absl::Time give_up_at, absl::Duratio
     if (status.ok() || !IsRetryableCoordinatorError(status)) return status;
     const absl::Time now = clock.Now();
     if (now >= give_up_at) return status;
-    SleepForRetry(std::min(wait, give_up_at - now));
+    clock.SleepFor(std::min(wait, give_up_at - now));
     wait = std::min(wait * 2, max_backoff);
   }
 }
