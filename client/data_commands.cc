@@ -1,7 +1,5 @@
 // The data commands, which need no coordinator: data pack and data inspect.
 
-#include "client/commands.h"
-
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -14,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "client/commands.h"
 #include "client/data_pack.h"
 #include "client/format.h"
 #include "common/safetensors.h"

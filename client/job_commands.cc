@@ -1,8 +1,6 @@
 // The job and worker commands: submit (and follow), jobs, describe, logs, cancel, delete, workers,
 // checkpoints.
 
-#include "client/commands.h"
-
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -17,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "client/commands.h"
 #include "client/format.h"
 #include "client/views.h"
 #include "common/object_store.h"
@@ -198,7 +197,8 @@ int Client::Jobs() {
   v1::ListJobsResponse all;
   while (true) {
     v1::ListJobsResponse response;
-    if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::ListJobs, request, &response)) {
+    if (std::optional<int> failed =
+            Call(*stub_, &v1::JobService::Stub::ListJobs, request, &response)) {
       return *failed;
     }
     for (v1::Job& job : *response.mutable_jobs()) *all.add_jobs() = std::move(job);
@@ -309,7 +309,8 @@ int Client::Delete() {
   if (args_.Has("checkpoints")) {
     // Checked first, so that the objects go only when the job can go too.
     request.set_validate_only(true);
-    if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::DeleteJob, request, &response)) {
+    if (std::optional<int> failed =
+            Call(*stub_, &v1::JobService::Stub::DeleteJob, request, &response)) {
       return *failed;
     }
     v1::GetJobRequest get;
@@ -325,7 +326,8 @@ int Client::Delete() {
     }
     request.set_validate_only(false);
   }
-  if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::DeleteJob, request, &response)) {
+  if (std::optional<int> failed =
+          Call(*stub_, &v1::JobService::Stub::DeleteJob, request, &response)) {
     return *failed;
   }
   std::cout << "job " << id << " deleted\n";
@@ -334,7 +336,8 @@ int Client::Delete() {
 
 int Client::Workers() {
   v1::ListWorkersResponse response;
-  if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response)) {
+  if (std::optional<int> failed =
+          Call(*stub_, &v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response)) {
     return *failed;
   }
   if (Json()) {
@@ -350,7 +353,8 @@ int Client::Checkpoints() {
   v1::ListCheckpointsRequest request;
   request.set_job_id(args_.args[0]);
   v1::ListCheckpointsResponse response;
-  if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::ListCheckpoints, request, &response)) {
+  if (std::optional<int> failed =
+          Call(*stub_, &v1::JobService::Stub::ListCheckpoints, request, &response)) {
     return *failed;
   }
   if (Json()) {

@@ -1,13 +1,12 @@
 // The hyperparameter search commands: search submit (and follow), list, describe, cancel, extend.
 
-#include "client/commands.h"
-
 #include <iostream>
 #include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
+#include "client/commands.h"
 #include "client/format.h"
 #include "client/views.h"
 

@@ -1,7 +1,5 @@
 // The token commands: token create, list, revoke.
 
-#include "client/commands.h"
-
 #include <algorithm>
 #include <iostream>
 #include <optional>
@@ -14,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "client/commands.h"
 #include "client/format.h"
 #include "client/views.h"
 
@@ -57,7 +56,8 @@ int Client::Token() {
       request.set_ttl_seconds(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
     }
     v1::CreateTokenResponse response;
-    if (std::optional<int> failed = Call(*admin_, &v1::AdminService::Stub::CreateToken, request, &response)) {
+    if (std::optional<int> failed =
+            Call(*admin_, &v1::AdminService::Stub::CreateToken, request, &response)) {
       return *failed;
     }
     if (Json()) {
@@ -71,7 +71,8 @@ int Client::Token() {
   }
   if (action == "list") {
     v1::ListTokensResponse response;
-    if (std::optional<int> failed = Call(*admin_, &v1::AdminService::Stub::ListTokens, v1::ListTokensRequest(), &response)) {
+    if (std::optional<int> failed = Call(*admin_, &v1::AdminService::Stub::ListTokens,
+                                         v1::ListTokensRequest(), &response)) {
       return *failed;
     }
     if (Json()) {
@@ -105,7 +106,8 @@ int Client::Token() {
     v1::RevokeTokenRequest request;
     request.set_id(arg);
     v1::Token response;
-    if (std::optional<int> failed = Call(*admin_, &v1::AdminService::Stub::RevokeToken, request, &response)) {
+    if (std::optional<int> failed =
+            Call(*admin_, &v1::AdminService::Stub::RevokeToken, request, &response)) {
       return *failed;
     }
     std::cout << "token " << arg << " of '" << response.name() << "' revoked\n";

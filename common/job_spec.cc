@@ -206,9 +206,9 @@ class SpecParser {
   }
 
   absl::Status ParsePrecision(const YAML::Node& node) {
-    return ParseChoice<v1::Precision>(
-        node, "precision", {{"fp32", v1::FP32}, {"bf16", v1::BF16}, {"fp16", v1::FP16}},
-        &JobSpec::set_precision);
+    return ParseChoice<v1::Precision>(node, "precision",
+                                      {{"fp32", v1::FP32}, {"bf16", v1::BF16}, {"fp16", v1::FP16}},
+                                      &JobSpec::set_precision);
   }
 
   absl::Status ParseStrategy(const YAML::Node& node) {
@@ -818,6 +818,7 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (data.features().empty()) data.set_features("x");
   if (data.labels().empty()) data.set_labels("y");
   if (!data.has_shuffle()) data.set_shuffle(true);
+  if (data.prefetch_shards() == 0) data.set_prefetch_shards(kDefaultPrefetchShards);
   v1::OptimizerSpec& opt = *spec.mutable_optimizer();
   if (opt.name().empty()) opt.set_name("sgd");
   if (opt.lr() == 0) opt.set_lr(kDefaultLr);
@@ -931,8 +932,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                         "fp16 needs GPUs (resources.gpus_per_worker > 0); on CPUs use bf16");
     }
     if (strategy == v1::PARAMETER_SERVER) {
-      return FieldError("precision",
-                        "fp16 (with loss scaling) is not supported with parameter_server; use bf16");
+      return FieldError(
+          "precision", "fp16 (with loss scaling) is not supported with parameter_server; use bf16");
     }
   }
 

@@ -11,11 +11,11 @@
 
 namespace trainyard {
 
-// Maps a YAML job spec (docs/user-guide.md, "The job spec") onto the JobSpec proto, fills defaults and
-// validates it. INVALID_ARGUMENT whose message starts with the dotted field path, for example
-// "optimizer.lr: must be > 0", "model.args.hiden: unknown key", "batch_size: expected an
-// integer, got 'abc'". Nothing is returned on error. Never throws; a YAML syntax error reads
-// "yaml: line L, column C: <problem>".
+// Maps a YAML job spec (docs/user-guide.md, "The job spec") onto the JobSpec proto, fills
+// defaults and validates it. INVALID_ARGUMENT whose message starts with the dotted field path,
+// for example "optimizer.lr: must be > 0", "model.args.hiden: unknown key", "batch_size:
+// expected an integer, got 'abc'". Nothing is returned on error. Never throws; a YAML syntax
+// error reads "yaml: line L, column C: <problem>".
 //
 // Every key is checked (unknown keys are refused, with a suggestion when one is close); list
 // items are named like "model.args.hidden[1]". A null value ("key:" with nothing) means unset.
@@ -36,6 +36,8 @@ absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
 // stall_timeout when a spec leaves it unset (zero): 10 minutes.
 inline constexpr int64_t kDefaultStallTimeoutSeconds = 600;
+// data.prefetch_shards when a spec leaves it unset (zero).
+inline constexpr int32_t kDefaultPrefetchShards = 2;
 // parameter_servers.max_staleness of an async job that leaves it unset.
 inline constexpr int32_t kDefaultMaxStaleness = 4;
 // The most parameter-server shards a job may have.
@@ -47,12 +49,12 @@ inline constexpr int64_t kMaxEmbeddingRows = int64_t{1} << 32;
 //   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); for the
 //   parameter_server strategy parameter_servers {shards: 1, mode: sync, dense: shards, slots: 1}
 //   and max_staleness 4 in mode async; loss cross_entropy; data.features "x", data.labels "y",
-//   data.shuffle true; optimizer.name sgd, lr 0.01, schedule constant; for adam/adamw betas
-//   0.9/0.999 (when both are 0) and eps 1e-8; checkpoint.keep_last 3 (every_steps 0 = only at
-//   the end); log_every_steps 10; batch_size 32; collective_timeout 60 s; stall_timeout 10 min;
-//   accumulate_steps 1;
-//   bucket_size_mb 25. seed, restart.max_failures and priority stay 0;
-//   restart.max_preemptions stays unset (unlimited); restart.max_infrastructure_errors 10.
+//   data.shuffle true, data.prefetch_shards 2; optimizer.name sgd, lr 0.01, schedule constant;
+//   for adam/adamw betas 0.9/0.999 (when both are 0) and eps 1e-8; checkpoint.keep_last 3
+//   (every_steps 0 = only at the end); log_every_steps 10; batch_size 32; collective_timeout
+//   60 s; stall_timeout 10 min; accumulate_steps 1; bucket_size_mb 25. seed,
+//   restart.max_failures and priority stay 0; restart.max_preemptions stays unset (unlimited);
+//   restart.max_infrastructure_errors 10.
 void ApplyJobSpecDefaults(trainyard::v1::JobSpec& spec);
 
 // Checks a spec that already has its defaults; returns the first problem found. Same error form

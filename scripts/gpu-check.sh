@@ -139,13 +139,13 @@ item_build() {
   # '|'-separated: a missing one is an empty field, never a shift of the others.
   local nccl_inc nccl_lib rt_inc rt_lib
   IFS='|' read -r nccl_inc nccl_lib rt_inc rt_lib < <(find_nccl)
-  # The CUDA runtime alone is enough for the batch feed's copy stream.
+  # The CUDA runtime alone is enough for the batch feed's copy stream; NCCL needs it too.
+  local rt_args=()
   if [ -n "$rt_inc" ] && [ -n "$rt_lib" ]; then
-    nccl_args+=(-DCUDART_INCLUDE_DIR="$rt_inc" -DCUDART_LIBRARY="$rt_lib")
+    rt_args=(-DCUDART_INCLUDE_DIR="$rt_inc" -DCUDART_LIBRARY="$rt_lib")
   fi
-  if [ -n "$nccl_inc" ] && [ -n "$nccl_lib" ] && [ -n "$rt_inc" ] && [ -n "$rt_lib" ]; then
-    nccl_args=(-DTRAINYARD_WITH_NCCL=ON -DNCCL_INCLUDE_DIR="$nccl_inc" -DNCCL_LIBRARY="$nccl_lib"
-      -DCUDART_INCLUDE_DIR="$rt_inc" -DCUDART_LIBRARY="$rt_lib")
+  if [ -n "$nccl_inc" ] && [ -n "$nccl_lib" ] && [ ${#rt_args[@]} -gt 0 ]; then
+    nccl_args=(-DTRAINYARD_WITH_NCCL=ON -DNCCL_INCLUDE_DIR="$nccl_inc" -DNCCL_LIBRARY="$nccl_lib")
     figure nccl "$nccl_lib"
   else
     figure nccl "not found (the NCCL communicator is left out)"
@@ -158,7 +158,7 @@ item_build() {
   fi
   # CMAKE_POLICY_VERSION_MINIMUM: CMake 4 refuses configs that ask for policies below 3.5.
   cmake -S "$here" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DTRAINYARD_GPU_BUNDLE="$bundle" -DTorch_DIR="$torch_dir" "${nccl_args[@]}" \
+    -DTRAINYARD_GPU_BUNDLE="$bundle" -DTorch_DIR="$torch_dir" "${nccl_args[@]}" "${rt_args[@]}" \
     -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >"$out/build.log" 2>&1 ||
     { tail -30 "$out/build.log"; fail "cmake configure failed (build.log)"; return; }
   cmake --build "$build" -j"$jobs" >>"$out/build.log" 2>&1 ||

@@ -27,6 +27,7 @@
 #include "common/channel.h"
 #include "common/clock.h"
 #include "common/credentials.h"
+#include "common/daemon_metrics_flags.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "common/uri.h"
@@ -112,17 +113,6 @@ ABSL_FLAG(std::string, health_listen, "",
           "probes that cannot speak TLS, such as the kubelet's gRPC probe.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
-ABSL_FLAG(std::string, metrics_basic_auth_file, "",
-          "File holding USER:PASSWORD: scrapes of /metrics must present them (HTTP basic "
-          "authentication, as Prometheus's basic_auth sends). Without --metrics_tls_cert they "
-          "travel in clear: keep them on loopback or a private network.");
-ABSL_FLAG(std::string, metrics_tls_cert, "",
-          "PEM certificate (chain) for /metrics: with --metrics_tls_key, metrics are served over "
-          "HTTPS only (Prometheus: scheme: https, tls_config).");
-ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
-ABSL_FLAG(std::string, metrics_port_file, "",
-          "If set, once metrics are served, write their bound port number to this file "
-          "(atomically).");
 
 namespace trainyard {
 namespace {
@@ -302,15 +292,9 @@ int Run() {
     snap.searches = searches_ptr->MetricsSnapshot();
     return snap;
   });
-  DaemonMetricsFlags metrics_flags;
-  metrics_flags.listen = absl::GetFlag(FLAGS_metrics_listen);
-  metrics_flags.default_listen = kDefaultMetricsListen;
-  metrics_flags.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
-  metrics_flags.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert);
-  metrics_flags.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key);
-  metrics_flags.port_file = absl::GetFlag(FLAGS_metrics_port_file);
-  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
-      StartDaemonMetrics(metrics_flags, metrics);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server = StartDaemonMetrics(
+      DaemonMetricsFlagsFromCommandLine(absl::GetFlag(FLAGS_metrics_listen), kDefaultMetricsListen),
+      metrics);
   if (!metrics_server.ok()) {
     LogError(metrics_server.status().message());
     return 1;
@@ -383,10 +367,11 @@ int main(int argc, char** argv) {
       "[--metrics_listen=HOST:PORT] [--tls_cert=PEM --tls_key=PEM] [--client_ca=PEM] "
       "[--insecure]");
   absl::FlagsUsageConfig usage_config;
-  // --help lists the flags defined in this file (by default absl looks for a file named after
-  // the binary).
+  // --help lists the flags defined in this file and the shared metrics flags (by default absl
+  // looks for a file named after the binary).
   usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "server/main.cc");
+    return absl::EndsWith(path, "server/main.cc") ||
+           absl::EndsWith(path, trainyard::kDaemonMetricsFlagsFile);
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   absl::SetFlagsUsageConfig(usage_config);

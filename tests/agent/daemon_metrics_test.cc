@@ -47,8 +47,7 @@ TEST(DaemonMetricsTest, StartsWhereAskedAndWritesItsPort) {
   flags.default_listen = "127.0.0.1:7071";
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> taken = StartDaemonMetrics(flags, registry);
   ASSERT_FALSE(taken.ok());
-  EXPECT_TRUE(absl::StartsWith(taken.status().message(), "--metrics_listen: "))
-      << taken.status();
+  EXPECT_TRUE(absl::StartsWith(taken.status().message(), "--metrics_listen: ")) << taken.status();
 }
 
 TEST(DaemonMetricsTest, BadFilesStopTheDaemon) {

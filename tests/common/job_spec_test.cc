@@ -485,6 +485,7 @@ TEST(JobSpecTest, ApplyDefaultsIsIdempotent) {
   EXPECT_EQ(empty.SerializeAsString(), first);
   EXPECT_EQ(empty.strategy(), v1::SINGLE);
   EXPECT_EQ(empty.batch_size(), 32);
+  EXPECT_EQ(empty.data().prefetch_shards(), 2);
 }
 
 TEST(JobSpecTest, ApplyDefaultsOnProtoSpecs) {

@@ -82,7 +82,8 @@ TEST(LocalPathTest, FileAndPlain) {
 
 // The step folder the trainer writes is the one the coordinator accepts a commit for.
 TEST(CheckpointLayoutTest, StepFoldersAreZeroPaddedUnderTheCheckpointUri) {
-  EXPECT_EQ(CheckpointStepUri("s3://bucket/jobs/j-1", 42), "s3://bucket/jobs/j-1/step-000000000042");
+  EXPECT_EQ(CheckpointStepUri("s3://bucket/jobs/j-1", 42),
+            "s3://bucket/jobs/j-1/step-000000000042");
   EXPECT_EQ(CheckpointStepUri("file:///ckpt/j-1/", 0), "file:///ckpt/j-1/step-000000000000");
   EXPECT_TRUE(absl::StartsWith(CheckpointStepUri("file:///c", 7),
                                JoinUri("file:///c", kCheckpointStepPrefix)));

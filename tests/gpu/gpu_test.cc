@@ -1,7 +1,8 @@
 // The trainer on a GPU: a job trains on cuda:0, its checkpoints load on a CPU and resume on the
-// GPU where they stopped; its updates never wait for the GPU on the host; the NCCL communicator runs every collective the trainer uses and turns
-// a missing peer into an abort at its timeout. Each case skips, saying why, where LibTorch has
-// no CUDA device or the trainer was built without NCCL.
+// GPU where they stopped; its updates never wait for the GPU on the host; the NCCL communicator
+// runs every collective the trainer uses and turns a missing peer into an abort at its timeout.
+// Each case skips, saying why, where LibTorch has no CUDA device or the trainer was built without
+// NCCL.
 
 #include <torch/torch.h>
 

@@ -222,22 +222,20 @@ TEST_F(SearchClusterTest, SubmitWaitFollowsTheSearchAndExitsWithItsOutcome) {
   // The follower runs on its own, so that the test can read its live line while the only trial is
   // held mid-run, then cancel the search under it.
   cluster_.Hold("trial-mlp", 1);
-  Process follower({BinDir() + "/trainyard", "--coordinator=" + cluster_.address(), "search",
-                    "submit", "--wait",
-                    WriteSpec("held.yaml",
-                              absl::StrCat("name: held-mlp\n"
+  Process follower(
+      {BinDir() + "/trainyard", "--coordinator=" + cluster_.address(), "search", "submit", "--wait",
+       WriteSpec("held.yaml", absl::StrCat("name: held-mlp\n"
                                            "searcher: {name: random, metric: loss, max_trials: 3,\n"
                                            "  max_concurrent_trials: 1}\n"
                                            "hyperparameters:\n"
                                            "  optimizer.lr: {type: log, min: 1e-3, max: 1e-2}\n",
                                            kTemplate, "  max_steps: 50\n"))},
-                   cluster_.state_dir() + "/../follower.log",
-                   {{"TRAINYARD_TOKEN", cluster_.admin_token()}});
+      cluster_.state_dir() + "/../follower.log", {{"TRAINYARD_TOKEN", cluster_.admin_token()}});
   // Search ids count every search the coordinator made: this one is the second.
   const std::string id = "held-mlp-s2";
   const std::string live = absl::StrCat("search ", id, " RUNNING: 1 running, 0 done of 3 trials");
-  ASSERT_TRUE(PollUntil([&] { return follower.Log().find(live) != std::string::npos; },
-                        absl::Seconds(120)))
+  ASSERT_TRUE(
+      PollUntil([&] { return follower.Log().find(live) != std::string::npos; }, absl::Seconds(120)))
       << follower.Log();
   EXPECT_EQ(follower.Log().substr(0, follower.Log().find('\n')), id);
   Cluster::CliResult cancel = cluster_.Cli({"search", "cancel", id});
@@ -245,7 +243,8 @@ TEST_F(SearchClusterTest, SubmitWaitFollowsTheSearchAndExitsWithItsOutcome) {
   const std::optional<int> ended = follower.Wait(absl::Seconds(60));
   ASSERT_TRUE(ended.has_value() && WIFEXITED(*ended)) << follower.Log();
   EXPECT_EQ(WEXITSTATUS(*ended), 3) << follower.Log();
-  EXPECT_THAT(follower.Log(), HasSubstr(absl::StrCat("search ", id, " CANCELLED: 0 running, 1 done")));
+  EXPECT_THAT(follower.Log(),
+              HasSubstr(absl::StrCat("search ", id, " CANCELLED: 0 running, 1 done")));
 }
 
 TEST_F(SearchClusterTest, CancellingASearchCancelsItsTrialsAndBadSpecsAreRefused) {

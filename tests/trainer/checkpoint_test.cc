@@ -131,8 +131,7 @@ TEST(CheckpointObjectsTest, StoredObjectsAreTheSnapshotsEncodingWithTheirHashesI
     absl::StatusOr<std::string> model = EncodeTensors(data.model, {{"format", "trainyard/1"}});
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_TRUE(ReadFile(step_dir + "/model.safetensors") == *model);
-    absl::StatusOr<std::string> optimizer =
-        EncodeTensors(data.optimizer, {{"optimizer", "adamw"}});
+    absl::StatusOr<std::string> optimizer = EncodeTensors(data.optimizer, {{"optimizer", "adamw"}});
     ASSERT_TRUE(optimizer.ok()) << optimizer.status();
     EXPECT_TRUE(ReadFile(step_dir + "/optimizer.safetensors") == *optimizer);
 
@@ -239,9 +238,9 @@ TEST(RetryUntilTest, BacksOffOnItsClockAndGivesUpOnTime) {
   EXPECT_TRUE(RetryUntil(clock, start + absl::Seconds(60), absl::Milliseconds(100),
                          absl::Milliseconds(300), fail_until(5))
                   .ok());
-  EXPECT_EQ(tried_at, (std::vector<absl::Duration>{
-                          absl::ZeroDuration(), absl::Milliseconds(100), absl::Milliseconds(300),
-                          absl::Milliseconds(600), absl::Milliseconds(900)}));
+  EXPECT_EQ(tried_at, (std::vector<absl::Duration>{absl::ZeroDuration(), absl::Milliseconds(100),
+                                                   absl::Milliseconds(300), absl::Milliseconds(600),
+                                                   absl::Milliseconds(900)}));
 
   tried_at.clear();
   const absl::Time again = clock.Now();
@@ -252,14 +251,14 @@ TEST(RetryUntilTest, BacksOffOnItsClockAndGivesUpOnTime) {
   EXPECT_EQ(clock.Now() - again, absl::Milliseconds(250));
 
   tried_at.clear();
-  EXPECT_EQ(RetryUntil(clock, clock.Now() + absl::Seconds(60), absl::Milliseconds(100),
-                       absl::Seconds(1),
-                       [&] {
-                         tried_at.push_back(absl::ZeroDuration());
-                         return absl::FailedPreconditionError("fenced off");
-                       })
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      RetryUntil(clock, clock.Now() + absl::Seconds(60), absl::Milliseconds(100), absl::Seconds(1),
+                 [&] {
+                   tried_at.push_back(absl::ZeroDuration());
+                   return absl::FailedPreconditionError("fenced off");
+                 })
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tried_at.size(), 1u);
 }
 

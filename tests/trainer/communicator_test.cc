@@ -193,12 +193,16 @@ void CheckSums(int world, const std::vector<int64_t>& counts, torch::Dtype dtype
 TEST(GlooCommunicatorPathsTest, TwoRanksFloat) {
   CheckSums(2, {1, 3, 1000, 65536, 262143, 262144, 262145, 1000003}, torch::kFloat);
 }
-TEST(GlooCommunicatorPathsTest, TwoRanksDouble) { CheckSums(2, {1, 131072, 131073, 500001}, torch::kDouble); }
+TEST(GlooCommunicatorPathsTest, TwoRanksDouble) {
+  CheckSums(2, {1, 131072, 131073, 500001}, torch::kDouble);
+}
 // Fewer elements than ranks (empty chunks), the ring, and Gloo's ring from 2 MiB.
 TEST(GlooCommunicatorPathsTest, ThreeRanks) {
   CheckSums(3, {1, 2, 7, 100000, 524287, 524288, 700001}, torch::kFloat);
 }
-TEST(GlooCommunicatorPathsTest, FourRanksDouble) { CheckSums(4, {5, 99999, 300001}, torch::kDouble); }
+TEST(GlooCommunicatorPathsTest, FourRanksDouble) {
+  CheckSums(4, {5, 99999, 300001}, torch::kDouble);
+}
 
 TEST(GlooCommunicatorPathsTest, MaxWithNanIsTheSameOnEveryRank) {
   FakeRendezvous rendezvous;
@@ -318,9 +322,8 @@ TEST(GlooCommunicatorPathsTest, AStuckPeerOfThreeTimesOut) {
   ASSERT_TRUE(comms[2] != nullptr);
   std::vector<absl::Status> status(2);
   const absl::Time start = absl::Now();
-  OnEveryRank(2, [&](int r) {
-    status[r] = comms[r]->AllReduce({torch::ones({100000})}, ReduceOp::kSum);
-  });
+  OnEveryRank(
+      2, [&](int r) { status[r] = comms[r]->AllReduce({torch::ones({100000})}, ReduceOp::kSum); });
   // Whichever rank times out first shuts its connections down; the other may see that first.
   EXPECT_TRUE(status[0].code() == absl::StatusCode::kDeadlineExceeded ||
               status[1].code() == absl::StatusCode::kDeadlineExceeded)
@@ -332,7 +335,6 @@ TEST(GlooCommunicatorPathsTest, AStuckPeerOfThreeTimesOut) {
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
 }
-
 
 // ---- the data-parallel strategy ----
 

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/channel.h"
+#include "common/daemon_metrics_flags.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "grpcpp/grpcpp.h"
@@ -103,20 +104,13 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext to a coordinator that is not on this machine (credentials then "
           "travel in clear)");
-ABSL_FLAG(std::string, metrics_basic_auth_file, "",
-          "File holding USER:PASSWORD: scrapes of /metrics must present them (HTTP basic "
-          "authentication, as Prometheus's basic_auth sends). Without --metrics_tls_cert they "
-          "travel in clear: keep them on loopback or a private network.");
-ABSL_FLAG(std::string, metrics_tls_cert, "",
-          "PEM certificate (chain) for /metrics: with --metrics_tls_key, metrics are served over "
-          "HTTPS only (Prometheus: scheme: https, tls_config).");
-ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
-ABSL_FLAG(std::string, metrics_port_file, "",
-          "if set, once metrics are served, write their bound port number to this file");
 
 int main(int argc, char** argv) {
   absl::FlagsUsageConfig usage_config;
-  auto own_flags = [](absl::string_view file) { return absl::EndsWith(file, "agent/main.cc"); };
+  auto own_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "agent/main.cc") ||
+           absl::EndsWith(file, trainyard::kDaemonMetricsFlagsFile);
+  };
   usage_config.contains_help_flags = own_flags;
   usage_config.contains_helpshort_flags = own_flags;
   absl::SetFlagsUsageConfig(usage_config);
@@ -265,15 +259,10 @@ int main(int argc, char** argv) {
     source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
     metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(nvml));
   }
-  trainyard::DaemonMetricsFlags metrics_flags;
-  metrics_flags.listen = absl::GetFlag(FLAGS_metrics_listen);
-  metrics_flags.default_listen = kDefaultMetricsListen;
-  metrics_flags.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
-  metrics_flags.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert);
-  metrics_flags.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key);
-  metrics_flags.port_file = absl::GetFlag(FLAGS_metrics_port_file);
   absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> metrics_server =
-      trainyard::StartDaemonMetrics(metrics_flags, metrics);
+      trainyard::StartDaemonMetrics(trainyard::DaemonMetricsFlagsFromCommandLine(
+                                        absl::GetFlag(FLAGS_metrics_listen), kDefaultMetricsListen),
+                                    metrics);
   if (!metrics_server.ok()) {
     trainyard::LogError(metrics_server.status().message());
     return 1;

@@ -262,15 +262,13 @@ bool Checkpointer::SaveAsync(int64_t step, absl::FunctionRef<CheckpointData()> s
         // Once per outage: at a short checkpoint period there would be a line every few steps.
         if (skip_logged_step_ != upload_step_) {
           skip_logged_step_ = upload_step_;
-          LogWarning("checkpoint of step ", step, " skipped: the commit of step ",
-                     upload_step_,
+          LogWarning("checkpoint of step ", step, " skipped: the commit of step ", upload_step_,
                      " is being retried (the coordinator is unreachable); due checkpoints are "
                      "skipped until it goes through");
         }
       } else {
-        LogWarning("checkpoint of step ", step, " skipped: the checkpoint of step ",
-                   upload_step_, " is still uploading after ",
-                   absl::FormatDuration(options_.max_wait));
+        LogWarning("checkpoint of step ", step, " skipped: the checkpoint of step ", upload_step_,
+                   " is still uploading after ", absl::FormatDuration(options_.max_wait));
       }
       return false;
     }
@@ -444,7 +442,8 @@ void Checkpointer::RecordDuration(absl::Duration duration) {
 void Checkpointer::CollectGarbage() {
   std::string base = options_.base_uri;
   if (base.empty() || base.back() != '/') base += '/';
-  absl::StatusOr<std::vector<ObjectInfo>> objects = store_->List(JoinUri(base, kCheckpointStepPrefix));
+  absl::StatusOr<std::vector<ObjectInfo>> objects =
+      store_->List(JoinUri(base, kCheckpointStepPrefix));
   if (!objects.ok()) {
     LogWarning("garbage collection: cannot list ", base, ": ", objects.status().ToString());
     return;

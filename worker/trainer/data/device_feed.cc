@@ -8,7 +8,8 @@ namespace trainyard::trainer {
 
 #if TRAINYARD_WITH_CUDA_FEED
 // device_feed_cuda.cc
-std::unique_ptr<DeviceFeed> MakeCopyStreamFeed(BatchPrefetcher& source, const torch::Device& device);
+std::unique_ptr<DeviceFeed> MakeCopyStreamFeed(BatchPrefetcher& source,
+                                               const torch::Device& device);
 #endif
 
 namespace {
@@ -45,7 +46,5 @@ std::unique_ptr<DeviceFeed> MakeDeviceFeed(BatchPrefetcher& source, const torch:
 #endif
   return std::make_unique<DirectFeed>(source, device);
 }
-
-bool DeviceFeedUsesCopyStream() { return TRAINYARD_WITH_CUDA_FEED != 0; }
 
 }  // namespace trainyard::trainer

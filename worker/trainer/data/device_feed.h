@@ -33,10 +33,6 @@ class DeviceFeed {
 // The feed for `device`. `source` must outlive it.
 std::unique_ptr<DeviceFeed> MakeDeviceFeed(BatchPrefetcher& source, const torch::Device& device);
 
-// Whether this trainer copies batches to a GPU on a stream of its own (built against a LibTorch
-// with CUDA); without, a GPU's batches are copied on the update's stream as it starts.
-bool DeviceFeedUsesCopyStream();
-
 }  // namespace trainyard::trainer
 
 #endif  // TRAINYARD_WORKER_TRAINER_DATA_DEVICE_FEED_H_

@@ -86,7 +86,8 @@ class CopyStreamFeed final : public DeviceFeed {
 
 }  // namespace
 
-std::unique_ptr<DeviceFeed> MakeCopyStreamFeed(BatchPrefetcher& source, const torch::Device& device) {
+std::unique_ptr<DeviceFeed> MakeCopyStreamFeed(BatchPrefetcher& source,
+                                               const torch::Device& device) {
   return std::make_unique<CopyStreamFeed>(source, device);
 }
 

@@ -1,5 +1,3 @@
-#include "worker/trainer/loop/run.h"
-
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -20,6 +18,7 @@
 #include "worker/trainer/checkpoint/checkpoint.h"
 #include "worker/trainer/data/data.h"
 #include "worker/trainer/loop/make_strategy.h"
+#include "worker/trainer/loop/run.h"
 #include "worker/trainer/model/distill.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/model/optimizer.h"
@@ -249,7 +248,7 @@ absl::Status Run::CheckCacheFits() const {
   const int64_t window = shuffle ? spec.shuffle_window() : plan_.global_batch_size;
   // A batch may straddle two windows; a window spans whole shards plus one cut at each end.
   const int64_t span = (2 * window + fewest - 1) / fewest + 1;
-  const int64_t ahead = spec.prefetch_shards() > 0 ? spec.prefetch_shards() : 2;
+  const int64_t ahead = spec.prefetch_shards();
   const int64_t need = std::min(all, (span + ahead) * largest);
   if (need <= cache) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -416,7 +415,8 @@ void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool d
 absl::Status Run::Export(TrainResult& result) {
   absl::StatusOr<std::string> bytes = model_->Export();
   if (!bytes.ok()) return bytes.status();
-  const std::string uri = JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
+  const std::string uri =
+      JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
   absl::Status put =
       RetryCall(4, absl::Milliseconds(250), [&] { return store_->Put(uri, *bytes); });
   if (!put.ok()) {

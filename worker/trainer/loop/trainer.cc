@@ -129,13 +129,20 @@ absl::StatusOr<TrainResult> Run::Execute() {
   order.seed = spec_.seed();
   order.shuffle = shuffle;
   order.window = spec_.data().shuffle_window();
-  order.prefetch_shards = spec_.data().prefetch_shards() > 0 ? spec_.data().prefetch_shards() : 2;
+  order.prefetch_shards = spec_.data().prefetch_shards();
   BatchPrefetcher prefetcher(*data_, plan_, order, rank, world, start_step_, end);
   const std::unique_ptr<DeviceFeed> feed = MakeDeviceFeed(prefetcher, device_);
+  auto feed_error = [&](int64_t update, const std::exception& e) {
+    return absl::InternalError(absl::StrCat("data: moving the batch of step ", update, " to ",
+                                            device_.str(), ": ", DescribeTorchError(e)));
+  };
   // The last update's loss, on the device: read (a wait for the GPU) only to print or report it.
+  // Released once read, so that a step reads it at most once.
   torch::Tensor last_loss;
   auto read_loss = [&] {
-    if (last_loss.defined()) result.loss = last_loss.item<double>();
+    if (!last_loss.defined()) return;
+    result.loss = last_loss.item<double>();
+    last_loss.reset();
   };
   const int64_t every = spec_.checkpoint().every_steps();
   int64_t step = start_step_;
@@ -168,8 +175,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     try {
       batch = feed->Next();
     } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("data: moving the batch of step ", step + 1,
-                                              " to ", device_.str(), ": ", DescribeTorchError(e)));
+      return feed_error(step + 1, e);
     }
     if (!batch.has_value()) {
       absl::Status data_status = prefetcher.status();
@@ -235,14 +241,18 @@ absl::StatusOr<TrainResult> Run::Execute() {
       const bool overflow = scaler_.has_value() && scaler_->Unscale(params_);
       if (!strategy_->updates_parameters() && !overflow) optimizer_->step();
       if (scaler_.has_value()) scaler_->Update(overflow);
-      // The next batch's copy runs while the GPU works through this update.
-      const Steady::time_point prefetch_start = Steady::now();
-      feed->Prefetch();
-      waited += seconds_since(prefetch_start);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
     }
+    // The next batch's copy runs while the GPU works through this update.
+    const Steady::time_point prefetch_start = Steady::now();
+    try {
+      feed->Prefetch();
+    } catch (const std::exception& e) {
+      return feed_error(step + 2, e);
+    }
+    waited += seconds_since(prefetch_start);
     absl::StatusOr<StepAgreement> agreed = strategy_->EndStep();
     if (!agreed.ok()) return agreed.status();
     stop_agreed = agreed->stop;

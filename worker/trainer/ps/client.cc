@@ -15,15 +15,15 @@
 
 namespace trainyard::trainer {
 
-using ps_wire::TensorFrame;
-using ps_wire::SliceReader;
 using ps_wire::kPushPullMethod;
 using ps_wire::kUnlimited;
-using ps_wire::SetLayout;
-using ps_wire::SetBytes;
-using ps_wire::TensorFrom;
-using ps_wire::PushResultOf;
 using ps_wire::PullResultOf;
+using ps_wire::PushResultOf;
+using ps_wire::SetBytes;
+using ps_wire::SetLayout;
+using ps_wire::SliceReader;
+using ps_wire::TensorFrame;
+using ps_wire::TensorFrom;
 
 PsClient::PsClient(const std::string& address, int shard, int64_t generation, int rank,
                    absl::Duration timeout, std::string caller_secret)

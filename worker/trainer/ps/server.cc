@@ -19,17 +19,17 @@
 
 namespace trainyard::trainer {
 
-using ps_wire::TensorFrame;
-using ps_wire::SliceReader;
+using ps_wire::ByteSize;
 using ps_wire::kPushPullMethod;
 using ps_wire::kUnlimited;
-using ps_wire::ByteSize;
-using ps_wire::SetLayout;
-using ps_wire::SetBytes;
-using ps_wire::TensorFrom;
 using ps_wire::RowsFrom;
-using ps_wire::SetPushResponse;
+using ps_wire::SetBytes;
+using ps_wire::SetLayout;
 using ps_wire::SetPullResponse;
+using ps_wire::SetPushResponse;
+using ps_wire::SliceReader;
+using ps_wire::TensorFrame;
+using ps_wire::TensorFrom;
 
 class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
  public:

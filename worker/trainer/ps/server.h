@@ -1,9 +1,10 @@
 #ifndef TRAINYARD_WORKER_TRAINER_PS_SERVER_H_
 #define TRAINYARD_WORKER_TRAINER_PS_SERVER_H_
 
-// The parameter-server shard over gRPC (proto/trainyard/v1/ps_service.proto): this server serves one
-// ParameterShard; client.h is what a worker keeps for each shard, wire.h what they exchange. Tensors travel as raw
-// bytes in the pieces' order, shapes and dtypes: both ends compute the same partition. The
+// The parameter-server shard over gRPC (proto/trainyard/v1/ps_service.proto): this server serves
+// one ParameterShard; client.h is what a worker keeps for each shard, wire.h what they exchange.
+// Tensors travel as raw bytes in the pieces' order, shapes and dtypes: both ends compute the same
+// partition. The
 // update's exchange is one PushPull call per shard whose messages are frames, not protobuf
 // messages: the gradients are sent from the rank's own memory (no copy), read on the shard from
 // gRPC's buffers into the tensors the push adds up (one copy), and the shard's pieces of a

@@ -114,8 +114,9 @@ ParameterShard::PullResult PullResultOf(const trainyard::v1::PullResponse& respo
 
 }  // namespace trainyard::trainer::ps_wire
 
-grpc::Status grpc::SerializationTraits<trainyard::trainer::ps_wire::TensorFrame>::Serialize(const trainyard::trainer::ps_wire::TensorFrame& frame,
-                              grpc::ByteBuffer* buffer, bool* own_buffer) {
+grpc::Status grpc::SerializationTraits<trainyard::trainer::ps_wire::TensorFrame>::Serialize(
+    const trainyard::trainer::ps_wire::TensorFrame& frame, grpc::ByteBuffer* buffer,
+    bool* own_buffer) {
   std::vector<grpc::Slice> slices;
   std::string head(4 + frame.header.size(), '\0');
   const uint32_t length = static_cast<uint32_t>(frame.header.size());
@@ -135,8 +136,8 @@ grpc::Status grpc::SerializationTraits<trainyard::trainer::ps_wire::TensorFrame>
   return grpc::Status::OK;
 }
 
-grpc::Status grpc::SerializationTraits<trainyard::trainer::ps_wire::TensorFrame>::Deserialize(grpc::ByteBuffer* buffer,
-                                trainyard::trainer::ps_wire::TensorFrame* frame) {
+grpc::Status grpc::SerializationTraits<trainyard::trainer::ps_wire::TensorFrame>::Deserialize(
+    grpc::ByteBuffer* buffer, trainyard::trainer::ps_wire::TensorFrame* frame) {
   const size_t total = buffer->Length();
   grpc::Status dumped = buffer->Dump(&frame->slices);
   buffer->Clear();
