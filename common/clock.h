@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -18,6 +19,24 @@ class Clock {
   // `d` at once, so that code that waits between tries (retry backoff) runs in no real time under
   // test, its waits measured in the clock's time.
   virtual void SleepFor(absl::Duration d) const { absl::SleepFor(d); }
+  // Waits on `cv` (`mu` held, released while waiting, as CondVar::WaitWithDeadline) until it is
+  // signalled or this clock reaches `deadline`; true when the deadline has passed. May return
+  // early without either (callers loop on their condition, as with any condition variable).
+  virtual bool WaitWithDeadline(absl::CondVar& cv, absl::Mutex& mu, absl::Time deadline) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return cv.WaitWithDeadline(&mu, deadline);
+  }
+  // Waits (`mu` held, as Mutex::AwaitWithDeadline) until `condition` holds or this clock reaches
+  // `deadline`; returns whether the condition holds.
+  virtual bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& condition,
+                                 absl::Time deadline) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return mu.AwaitWithDeadline(condition, deadline);
+  }
+  // The same, for `timeout` of this clock's time from now.
+  bool AwaitWithTimeout(absl::Mutex& mu, const absl::Condition& condition,
+                        absl::Duration timeout) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return AwaitWithDeadline(mu, condition, Now() + timeout);
+  }
 };
 
 // Wall-clock time. Thread-safe; the returned reference lives for the whole program.

@@ -42,7 +42,7 @@ class FakeProcessLauncher final : public ProcessLauncher {
     Launched* p = Find(pid);
     if (p == nullptr) return absl::NotFoundError("no such pid");
     p->signals.push_back(signal);
-    if (signal == 9 && !p->exit.has_value()) p->exit = ExitInfo{137, 9};
+    if (signal == 9 && !p->exit.has_value() && !unkillable_) p->exit = ExitInfo{137, 9};
     return absl::OkStatus();
   }
   absl::StatusOr<std::optional<ExitInfo>> PollExit(int64_t pid) override {
@@ -64,6 +64,11 @@ class FakeProcessLauncher final : public ProcessLauncher {
   void OnSignal(std::function<void(int64_t pid, int signal)> hook) {
     absl::MutexLock lock(&mu_);
     on_signal_ = std::move(hook);
+  }
+  // SIGKILL no longer ends processes (a process stuck in the kernel).
+  void MakeUnkillable() {
+    absl::MutexLock lock(&mu_);
+    unkillable_ = true;
   }
   void FailLaunches(absl::Status status) {
     absl::MutexLock lock(&mu_);
@@ -87,6 +92,7 @@ class FakeProcessLauncher final : public ProcessLauncher {
   std::vector<Launched> launched_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_with_ ABSL_GUARDED_BY(mu_);
   std::function<void(int64_t, int)> on_signal_ ABSL_GUARDED_BY(mu_);
+  bool unkillable_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace trainyard::testing

@@ -12,10 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
-#include "common/log.h"
 #include "common/backoff.h"
-#include "common/grpc_status.h"
+#include "common/log.h"
 
 namespace trainyard {
 namespace {
@@ -62,23 +60,23 @@ class Agent::CoordinatorLogSink final : public LogSink {
     request.set_task_id(task_id);
     request.set_offset(offset);
     request.set_data(std::string(data));
-    v1::ShipLogsResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(agent_.RpcDeadline(absl::Seconds(10))));
-    grpc::Status status = agent_.stub_->ShipLogs(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
-    return response.next_offset();
+    CallLimits limits;
+    limits.deadline = agent_.RpcDeadline(absl::Seconds(10));
+    absl::StatusOr<v1::ShipLogsResponse> response = agent_.link_->ShipLogs(request, limits);
+    if (!response.ok()) return response.status();
+    return response->next_offset();
   }
 
  private:
   Agent& agent_;
 };
 
-Agent::Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel)
+Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
+             std::unique_ptr<ProcessLauncher> launcher, const Clock& clock)
     : options_(std::move(options)),
-      clock_(RealClock::Get()),
-      stub_(v1::AgentService::NewStub(channel)),
-      launcher_(NewRealProcessLauncher()),
+      clock_(clock),
+      link_(std::move(link)),
+      launcher_(std::move(launcher)),
       log_sink_(std::make_unique<CoordinatorLogSink>(*this)),
       shipper_(*log_sink_),
       reconciler_(ReconcilerOptions{options_.work_dir, options_.trainer_path, options_.coordinator,
@@ -100,20 +98,37 @@ void Agent::Wake() {
   ++wake_seq_;
   wake_cv_.SignalAll();
   // A long poll would hold the news up to sync_wait.
-  if (active_call_ != nullptr) active_call_->TryCancel();
+  if (active_call_ != nullptr) active_call_->Cancel();
 }
 
 void Agent::Sleep(absl::Duration d, uint64_t seen) {
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = std::min(clock_.Now() + d, leave_by_);
   while (wake_seq_ == seen) {
-    if (wake_cv_.WaitWithDeadline(&mu_, deadline)) break;
+    if (clock_.WaitWithDeadline(wake_cv_, mu_, deadline)) break;
   }
 }
 
 absl::Time Agent::RpcDeadline(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return std::min(clock_.Now() + timeout, leave_by_);
+}
+
+absl::StatusOr<CallLimits> Agent::BeginCall(absl::Duration timeout, uint64_t seen,
+                                            CallCanceller& canceller) {
+  CallLimits limits;
+  limits.deadline = RpcDeadline(timeout);
+  limits.wait_for_ready = true;
+  limits.canceller = &canceller;
+  absl::MutexLock lock(&mu_);
+  if (wake_seq_ != seen) return absl::CancelledError("woken");
+  active_call_ = &canceller;
+  return limits;
+}
+
+void Agent::EndCall() {
+  absl::MutexLock lock(&mu_);
+  active_call_ = nullptr;
 }
 
 void Agent::RequestStop() {
@@ -157,22 +172,16 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   request.set_hostname(options_.hostname);
   request.set_pid(static_cast<int32_t>(getpid()));
   for (v1::TaskStatus& status : reconciler_.Statuses()) *request.add_tasks() = std::move(status);
-  v1::RegisterWorkerResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(RpcDeadline(timeout)));
   // Waits for the channel's own reconnection instead of failing at once while it backs off: a
   // restarted coordinator is found within moments of listening.
-  context.set_wait_for_ready(true);
-  {
-    absl::MutexLock lock(&mu_);
-    if (wake_seq_ != seen) return absl::CancelledError("woken");
-    active_call_ = &context;
-  }
-  grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+  CallCanceller canceller;
+  absl::StatusOr<CallLimits> limits = BeginCall(timeout, seen, canceller);
+  if (!limits.ok()) return limits.status();
+  absl::StatusOr<v1::RegisterWorkerResponse> response = link_->RegisterWorker(request, *limits);
+  EndCall();
+  if (!response.ok()) return response.status();
   absl::MutexLock lock(&mu_);
-  active_call_ = nullptr;
-  if (!status.ok()) return FromGrpcStatus(status);
-  worker_id_ = response.worker_id().empty() ? options_.name : response.worker_id();
+  worker_id_ = response->worker_id().empty() ? options_.name : response->worker_id();
   known_version_ = 0;
   LogInfo("registered as ", worker_id_, " with ", options_.slots, " slots, ", options_.gpus,
           " GPUs at ", options_.coordinator);
@@ -190,25 +199,16 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
   for (v1::TaskStatus& status : reconciler_.StatusesForSync()) {
     *request.add_tasks() = std::move(status);
   }
-  v1::SyncResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(RpcDeadline(wait + timeout)));
-  context.set_wait_for_ready(true);  // as in RegisterOnce
-  {
-    absl::MutexLock lock(&mu_);
-    if (wake_seq_ != seen) return absl::CancelledError("woken");
-    active_call_ = &context;
-  }
-  const absl::Time start = absl::Now();
-  grpc::Status status = stub_->Sync(&context, request, &response);
-  {
-    absl::MutexLock lock(&mu_);
-    active_call_ = nullptr;
-  }
-  if (!status.ok()) return FromGrpcStatus(status);
-  if (response.reregister()) return absl::NotFoundError("the coordinator asks to register again");
+  CallCanceller canceller;
+  absl::StatusOr<CallLimits> limits = BeginCall(wait + timeout, seen, canceller);
+  if (!limits.ok()) return limits.status();
+  const absl::Time start = clock_.Now();
+  absl::StatusOr<v1::SyncResponse> response = link_->Sync(request, *limits);
+  EndCall();
+  if (!response.ok()) return response.status();
+  if (response->reregister()) return absl::NotFoundError("the coordinator asks to register again");
 
-  std::vector<v1::Task> desired(response.tasks().begin(), response.tasks().end());
+  std::vector<v1::Task> desired(response->tasks().begin(), response->tasks().end());
   for (const v1::TaskStatus& change : reconciler_.Apply(desired)) {
     if (change.state() == v1::TASK_RUNNING) {
       shipper_.Track(change.task_id(), reconciler_.LogPath(change.task_id()));
@@ -218,12 +218,12 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
   bool changed;
   {
     absl::MutexLock lock(&mu_);
-    changed = known_version_ != response.version();
-    known_version_ = response.version();
+    changed = known_version_ != response->version();
+    known_version_ = response->version();
   }
   // A coordinator that answers at once without a change would otherwise be polled in a tight
   // loop.
-  if (!changed && absl::Now() - start < absl::Milliseconds(20)) {
+  if (!changed && clock_.Now() - start < absl::Milliseconds(20)) {
     Sleep(std::min(wait, absl::Milliseconds(200)), seen);
   }
   return absl::OkStatus();
@@ -238,10 +238,9 @@ absl::Status Agent::ReportPreemption(const PreemptionNotice& notice) {
   request.set_deadline_unix_ms(absl::ToUnixMillis(notice.deadline));
   request.set_source(notice.source);
   request.set_message(notice.message);
-  v1::ReportPreemptionResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(RpcDeadline(absl::Seconds(1))));
-  return FromGrpcStatus(stub_->ReportPreemption(&context, request, &response));
+  CallLimits limits;
+  limits.deadline = RpcDeadline(absl::Seconds(1));
+  return link_->ReportPreemption(request, limits);
 }
 
 void Agent::Report(const v1::TaskStatus& status) {
@@ -251,13 +250,12 @@ void Agent::Report(const v1::TaskStatus& status) {
     request.set_worker_id(worker_id_);
   }
   *request.mutable_status() = status;
-  v1::ReportTaskStatusResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(RpcDeadline(absl::Seconds(5))));
-  grpc::Status result = stub_->ReportTaskStatus(&context, request, &response);
+  CallLimits limits;
+  limits.deadline = RpcDeadline(absl::Seconds(5));
+  const absl::Status result = link_->ReportTaskStatus(request, limits);
   if (!result.ok()) {
     // The next Sync carries it as well.
-    LogWarning("cannot report task ", status.task_id(), ": ", result.error_message());
+    LogWarning("cannot report task ", status.task_id(), ": ", result.message());
   }
 }
 

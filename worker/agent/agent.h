@@ -13,8 +13,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "grpcpp/grpcpp.h"
-#include "trainyard/v1/agent_service.grpc.pb.h"
+#include "trainyard/v1/agent_service.pb.h"
+#include "worker/agent/coordinator_link.h"
 #include "worker/agent/log_shipper.h"
 #include "worker/agent/preemption_notice.h"
 #include "worker/agent/process_launcher.h"
@@ -53,9 +53,14 @@ struct AgentOptions {
 //    deadline whatever happens.
 // In both it keeps syncing and reporting while the trainers wind down, so that the coordinator
 // learns at once how each one ended, and ships the rest of their logs.
+//
+// Its parts come from the caller: the calls to the coordinator (`link`), how trainers are started
+// (`launcher`) and the time that decides leases, backoff and kill times (`clock`), so that tests
+// can run it against a scripted coordinator and fake processes on a simulated clock.
 class Agent {
  public:
-  Agent(AgentOptions options, std::shared_ptr<grpc::Channel> channel);
+  Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
+        std::unique_ptr<ProcessLauncher> launcher, const Clock& clock);
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -102,11 +107,16 @@ class Agent {
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits up to `d` (never past leave_by_), or until Wake is called after wake_seq_ was `seen`.
   void Sleep(absl::Duration d, uint64_t seen);
+  // Limits of a call started now with `timeout` that Wake cancels; CANCELLED, and no call, when
+  // Wake came after wake_seq_ was `seen`. EndCall when it returns.
+  absl::StatusOr<CallLimits> BeginCall(absl::Duration timeout, uint64_t seen,
+                                       CallCanceller& canceller);
+  void EndCall();
 
   const AgentOptions options_;
   const Clock& clock_;
-  std::unique_ptr<v1::AgentService::Stub> stub_;
-  std::unique_ptr<ProcessLauncher> launcher_;
+  const std::unique_ptr<CoordinatorLink> link_;
+  const std::unique_ptr<ProcessLauncher> launcher_;
   std::unique_ptr<CoordinatorLogSink> log_sink_;
   LogShipper shipper_;
   Reconciler reconciler_;
@@ -121,7 +131,7 @@ class Agent {
   absl::Time leave_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // of the agent, preempted
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t known_version_ ABSL_GUARDED_BY(mu_) = 0;
-  grpc::ClientContext* active_call_ ABSL_GUARDED_BY(mu_) = nullptr;
+  CallCanceller* active_call_ ABSL_GUARDED_BY(mu_) = nullptr;  // Register or Sync in flight
 };
 
 // MemTotal from /proc/meminfo in bytes; 0 if unknown.

@@ -17,13 +17,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/channel.h"
+#include "common/clock.h"
 #include "common/daemon_metrics_flags.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/agent.h"
+#include "worker/agent/coordinator_link.h"
 #include "worker/agent/metrics.h"
 #include "worker/agent/preemption_watcher.h"
+#include "worker/agent/process_launcher.h"
 #include "worker/agent/subprocess.h"
 
 namespace {
@@ -243,7 +246,9 @@ int main(int argc, char** argv) {
     trainyard::LogError(channel.status().message());
     return 1;
   }
-  trainyard::Agent agent(options, *std::move(channel));
+  const trainyard::Clock& clock = trainyard::RealClock::Get();
+  trainyard::Agent agent(options, trainyard::NewGrpcCoordinatorLink(*std::move(channel)),
+                         trainyard::NewRealProcessLauncher(), clock);
 
   // Declared after the agent so that they go first: scrapes read the agent. The server holds the
   // metrics only weakly.
@@ -288,7 +293,7 @@ int main(int argc, char** argv) {
     absl::MutexLock lock(&signal_mu);
     signal_target = &agent;
   }
-  std::thread signal_thread([stop_signals, grace_period] {
+  std::thread signal_thread([stop_signals, grace_period, &clock] {
     while (true) {
       int sig = 0;
       if (sigwait(&stop_signals, &sig) != 0) continue;
@@ -296,7 +301,7 @@ int main(int argc, char** argv) {
       if (signal_target == nullptr) continue;
       if (sig == SIGTERM) {
         signal_target->RequestPreemption(
-            {"SIGTERM", absl::Now() + grace_period, "SIGTERM to the worker agent"});
+            {"SIGTERM", clock.Now() + grace_period, "SIGTERM to the worker agent"});
       } else {
         signal_target->RequestStop();
       }

@@ -1,0 +1,294 @@
+// The agent's own logic (registration, lease renewal, backoff while the coordinator is away,
+// re-registration, preemption) against a scripted coordinator and fake trainers, on a clock the
+// test moves from one of the agent's waits to the next.
+
+#include "worker/agent/agent.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/backoff.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/fake_coordinator_link.h"
+#include "tests/agent/fake_process_launcher.h"
+#include "tests/common/fake_clock.h"
+
+namespace trainyard {
+namespace {
+
+using testing::CountCalls;
+using testing::FakeCoordinatorLink;
+using testing::FakeProcessLauncher;
+using Calls = std::vector<FakeCoordinatorLink::Call>;
+
+constexpr absl::Duration kSyncWait = absl::Seconds(1);
+
+v1::Task MakeTask(const std::string& id) {
+  v1::Task task;
+  task.set_task_id(id);
+  task.set_job_id(id.substr(0, id.find('.')));
+  task.set_generation(1);
+  task.set_world_size(1);
+  task.set_slots(1);
+  return task;
+}
+
+// Whether `calls` hold a report of `task_id` in `state`.
+bool Reported(const Calls& calls, const std::string& task_id, v1::TaskState state) {
+  return std::any_of(calls.begin(), calls.end(), [&](const FakeCoordinatorLink::Call& call) {
+    return call.rpc == "ReportTaskStatus" && call.report.status().task_id() == task_id &&
+           call.report.status().state() == state;
+  });
+}
+
+int FailedCalls(const Calls& calls) {
+  return static_cast<int>(std::count_if(calls.begin(), calls.end(),
+                                        [](const FakeCoordinatorLink::Call& c) { return !c.ok; }));
+}
+
+// A signal a fake trainer received, when, and how many preemption reports had reached the
+// coordinator by then.
+struct Signalled {
+  int signal;
+  absl::Time at;
+  int preemption_reports;
+};
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/agent-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    auto link = std::make_unique<FakeCoordinatorLink>(clock_);
+    auto launcher = std::make_unique<FakeProcessLauncher>();
+    link_ = link.get();
+    launcher_ = launcher.get();
+    launcher_->OnSignal([this](int64_t, int signal) {
+      const int reports = CountCalls(link_->calls(), "ReportPreemption");
+      absl::MutexLock lock(&mu_);
+      signals_.push_back({signal, clock_.Now(), reports});
+    });
+    AgentOptions options;
+    options.coordinator = "10.0.0.1:7070";
+    options.name = "w1";
+    options.address = "10.0.0.2";
+    options.slots = 2;
+    options.work_dir = dir_;
+    options.trainer_path = "/opt/trainyard/bin/trainyard-trainer";
+    options.stop_grace_period = absl::Seconds(10);
+    options.sync_wait = kSyncWait;
+    agent_ = std::make_unique<Agent>(options, std::move(link), std::move(launcher), clock_);
+  }
+
+  void TearDown() override {
+    if (run_.valid()) {
+      agent_->RequestStop();
+      RunUntil([this] { return Ended(); });
+      // One that never stops holds the test here until its time limit.
+      EXPECT_EQ(run_.get(), 0);
+    }
+    agent_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Start() {
+    run_ = std::async(std::launch::async, [this] { return agent_->Run(); });
+  }
+  bool Ended() { return run_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+
+  // Starts the agent with one desired task and waits until it reports the trainer running.
+  void StartWithATrainer() {
+    link_->SetDesired({MakeTask("j1.g1.r0")});
+    Start();
+    ASSERT_TRUE(link_->WaitFor(
+        [](const Calls& calls) { return Reported(calls, "j1.g1.r0", v1::TASK_RUNNING); }));
+    ASSERT_EQ(launcher_->launched().size(), 1u);
+  }
+
+  // Moves the clock from each wait of the agent's to its end until `done` holds, never past
+  // `limit`. `done` is read while the agent waits (or has ended), when what it did before the
+  // wait is all there is to see. `each` sees every wait's deadline first.
+  void RunUntil(const std::function<bool()>& done, absl::Time limit = absl::InfiniteFuture(),
+                const std::function<void(absl::Time)>& each = nullptr) {
+    for (int i = 0; i < 20000; ++i) {
+      std::optional<absl::Time> wake = clock_.AwaitWaiter(absl::Milliseconds(20));
+      if (done()) return;
+      if (!wake.has_value()) continue;
+      if (each) each(*wake);
+      clock_.AdvanceTo(std::min(*wake, limit));
+    }
+  }
+
+  std::vector<Signalled> signals() {
+    absl::MutexLock lock(&mu_);
+    return signals_;
+  }
+  bool SignalledWith(int signal) {
+    for (const Signalled& s : signals()) {
+      if (s.signal == signal) return true;
+    }
+    return false;
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  FakeCoordinatorLink* link_ = nullptr;
+  FakeProcessLauncher* launcher_ = nullptr;
+  std::unique_ptr<Agent> agent_;
+  std::future<int> run_;
+  absl::Mutex mu_;
+  std::vector<Signalled> signals_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(AgentTest, RegistersStartsTheDesiredTasksAndRenewsItsLeaseWithinTheSyncWait) {
+  StartWithATrainer();
+  const Calls first = link_->calls();
+  ASSERT_EQ(first.front().rpc, "RegisterWorker");
+  EXPECT_EQ(first.front().registration.name(), "w1");
+  EXPECT_EQ(first.front().registration.slots(), 2);
+  EXPECT_EQ(launcher_->launched()[0].options.argv[0], "/opt/trainyard/bin/trainyard-trainer");
+
+  // Twenty rounds of syncs: the agent never waits longer than the sync wait between two, and
+  // each asks the coordinator to hold it that long.
+  const absl::Time from = clock_.Now();
+  RunUntil([&] { return clock_.Now() - from >= 20 * kSyncWait; }, absl::InfiniteFuture(),
+           [&](absl::Time wake) { EXPECT_LE(wake - clock_.Now(), kSyncWait); });
+  absl::Time last = absl::InfinitePast();
+  int syncs = 0;
+  for (const FakeCoordinatorLink::Call& call : link_->calls()) {
+    if (call.rpc != "Sync") continue;
+    ++syncs;
+    EXPECT_EQ(call.sync.wait_ms(), absl::ToInt64Milliseconds(kSyncWait));
+    EXPECT_EQ(call.sync.worker_id(), "w1");
+    if (last != absl::InfinitePast()) {
+      EXPECT_LE(call.at - last, kSyncWait);
+    }
+    last = call.at;
+  }
+  EXPECT_GE(syncs, 20);
+  EXPECT_TRUE(signals().empty());
+}
+
+TEST_F(AgentTest, RegistersAgainWithItsRunningTasksWhenTheCoordinatorHasForgottenIt) {
+  StartWithATrainer();
+  const int64_t pid = launcher_->launched()[0].pid;
+  link_->ForgetWorker();
+  RunUntil([&] { return CountCalls(link_->calls(), "RegisterWorker") == 2; });
+
+  const Calls calls = link_->calls();
+  ASSERT_EQ(CountCalls(calls, "RegisterWorker"), 2);
+  const v1::RegisterWorkerRequest* again = nullptr;
+  for (const FakeCoordinatorLink::Call& call : calls) {
+    if (call.rpc == "RegisterWorker") again = &call.registration;
+  }
+  ASSERT_EQ(again->tasks_size(), 1);
+  EXPECT_EQ(again->tasks(0).task_id(), "j1.g1.r0");
+  EXPECT_EQ(again->tasks(0).state(), v1::TASK_RUNNING);
+  EXPECT_EQ(again->tasks(0).pid(), pid);
+  // The trainer lives on, and is not started twice.
+  EXPECT_TRUE(signals().empty());
+  EXPECT_EQ(launcher_->launched().size(), 1u);
+}
+
+TEST_F(AgentTest, BacksOffUpToTwoSecondsWhileTheCoordinatorIsAwayAndKeepsItsTrainers) {
+  StartWithATrainer();
+  link_->SetAvailable(false);
+  RunUntil([&] { return FailedCalls(link_->calls()) == 1; });
+  ASSERT_EQ(FailedCalls(link_->calls()), 1);
+
+  // The n-th wait after a failure is drawn from [bound/2, bound], bound = 100 ms * 2^n up to 2 s.
+  for (int n = 0; n < 8; ++n) {
+    std::optional<absl::Time> wake = clock_.AwaitWaiter();
+    ASSERT_TRUE(wake.has_value());
+    const absl::Duration bound = BackoffBound(absl::Milliseconds(100), absl::Seconds(2), n);
+    EXPECT_GE(*wake - clock_.Now(), bound / 2) << "after failure " << n + 1;
+    EXPECT_LE(*wake - clock_.Now(), bound) << "after failure " << n + 1;
+    clock_.AdvanceTo(*wake);
+    ASSERT_TRUE(link_->WaitFor([&](const Calls& calls) { return FailedCalls(calls) == n + 2; }));
+  }
+  EXPECT_TRUE(signals().empty()) << "a trainer was signalled while the coordinator was away";
+
+  // Back: the next call goes through and carries the trainer's status.
+  link_->SetAvailable(true);
+  const size_t before = link_->calls().size();
+  RunUntil([&] { return link_->calls().size() > before && link_->calls().back().ok; });
+  const FakeCoordinatorLink::Call back = link_->calls().back();
+  ASSERT_EQ(back.rpc, "Sync");
+  ASSERT_EQ(back.sync.tasks_size(), 1);
+  EXPECT_EQ(back.sync.tasks(0).state(), v1::TASK_RUNNING);
+}
+
+TEST_F(AgentTest, APreemptionIsReportedFirstAndTrainersAreKilledAtTheDeadlineLessAMargin) {
+  StartWithATrainer();
+  const absl::Time deadline = clock_.Now() + absl::Seconds(30);
+  const absl::Time kill_at = deadline - absl::Seconds(2);
+  agent_->RequestPreemption({"test", deadline, "spot capacity reclaimed"});
+
+  ASSERT_TRUE(link_->WaitFor(
+      [](const Calls& calls) { return CountCalls(calls, "ReportPreemption") == 1; }));
+  RunUntil([&] { return SignalledWith(SIGTERM); }, kill_at);
+  std::vector<Signalled> seen = signals();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].signal, SIGTERM);
+  EXPECT_EQ(seen[0].preemption_reports, 1) << "the trainers heard of it before the coordinator";
+  const v1::ReportPreemptionRequest report = [&] {
+    for (const FakeCoordinatorLink::Call& call : link_->calls()) {
+      if (call.rpc == "ReportPreemption") return call.preemption;
+    }
+    return v1::ReportPreemptionRequest();
+  }();
+  EXPECT_EQ(report.worker_id(), "w1");
+  EXPECT_EQ(report.deadline_unix_ms(), absl::ToUnixMillis(deadline));
+  std::ifstream file(agent_->TaskDir("j1.g1.r0") + "/" + kStopDeadlineFile);
+  int64_t written = 0;
+  file >> written;
+  EXPECT_EQ(written, absl::ToUnixMillis(kill_at));
+
+  // The trainer does not exit: it is killed when the clock reaches kill_at, not before.
+  RunUntil([&] { return SignalledWith(SIGKILL); }, kill_at);
+  ASSERT_TRUE(run_.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  EXPECT_EQ(run_.get(), 0);
+  seen = signals();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].signal, SIGKILL);
+  EXPECT_EQ(seen[1].at, kill_at);
+  EXPECT_TRUE(Reported(link_->calls(), "j1.g1.r0", v1::TASK_EXITED));
+  EXPECT_LT(clock_.Now(), deadline);
+}
+
+TEST_F(AgentTest, LeavesBeforeTheDeadlineWhenNeitherTheCoordinatorNorATrainerAnswers) {
+  StartWithATrainer();
+  link_->SetAvailable(false);
+  launcher_->MakeUnkillable();
+  const absl::Time deadline = clock_.Now() + absl::Seconds(30);
+  agent_->RequestPreemption({"test", deadline, "spot capacity reclaimed"});
+
+  absl::Time latest_wait = absl::InfinitePast();
+  RunUntil([&] { return Ended(); }, deadline,
+           [&](absl::Time wake) { latest_wait = std::max(latest_wait, wake); });
+  ASSERT_TRUE(Ended());
+  EXPECT_EQ(run_.get(), 0);
+  EXPECT_LT(clock_.Now(), deadline);
+  EXPECT_LT(latest_wait, deadline) << "the agent waited past the machine's end";
+  EXPECT_TRUE(SignalledWith(SIGKILL));
+  // A few quick tries, not one per loop.
+  EXPECT_EQ(CountCalls(link_->calls(), "ReportPreemption"), 3);
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,154 @@
+#ifndef TRAINYARD_TESTS_AGENT_FAKE_COORDINATOR_LINK_H_
+#define TRAINYARD_TESTS_AGENT_FAKE_COORDINATOR_LINK_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "worker/agent/coordinator_link.h"
+
+namespace trainyard::testing {
+
+// A scripted coordinator for the agent: answers at once, records every call with the time of
+// `clock`, and is told by the test what the desired tasks are, when it is unreachable and when
+// to ask for a new registration. Thread-safe.
+class FakeCoordinatorLink final : public CoordinatorLink {
+ public:
+  struct Call {
+    std::string rpc;  // RegisterWorker, Sync, ReportTaskStatus, ReportPreemption, ShipLogs
+    absl::Time at;
+    bool ok = true;  // answered (not UNAVAILABLE or CANCELLED)
+    v1::RegisterWorkerRequest registration;
+    v1::SyncRequest sync;
+    v1::ReportTaskStatusRequest report;
+    v1::ReportPreemptionRequest preemption;
+  };
+
+  explicit FakeCoordinatorLink(const Clock& clock) : clock_(clock) {}
+
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request, const CallLimits& limits) override {
+    Call call = Begin("RegisterWorker", limits);
+    call.registration = request;
+    absl::MutexLock lock(&mu_);
+    if (!call.ok) return Fail(std::move(call), limits);
+    registered_ = true;
+    calls_.push_back(std::move(call));
+    v1::RegisterWorkerResponse response;
+    response.set_worker_id(request.name());
+    return response;
+  }
+  absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request,
+                                        const CallLimits& limits) override {
+    Call call = Begin("Sync", limits);
+    call.sync = request;
+    absl::MutexLock lock(&mu_);
+    if (!call.ok) return Fail(std::move(call), limits);
+    calls_.push_back(std::move(call));
+    v1::SyncResponse response;
+    if (!registered_) {
+      response.set_reregister(true);
+      return response;
+    }
+    response.set_version(version_);
+    for (const v1::Task& task : desired_) *response.add_tasks() = task;
+    return response;
+  }
+  absl::Status ReportTaskStatus(const v1::ReportTaskStatusRequest& request,
+                                const CallLimits& limits) override {
+    Call call = Begin("ReportTaskStatus", limits);
+    call.report = request;
+    absl::MutexLock lock(&mu_);
+    if (!call.ok) return Fail(std::move(call), limits);
+    calls_.push_back(std::move(call));
+    return absl::OkStatus();
+  }
+  absl::Status ReportPreemption(const v1::ReportPreemptionRequest& request,
+                                const CallLimits& limits) override {
+    Call call = Begin("ReportPreemption", limits);
+    call.preemption = request;
+    absl::MutexLock lock(&mu_);
+    if (!call.ok) return Fail(std::move(call), limits);
+    calls_.push_back(std::move(call));
+    return absl::OkStatus();
+  }
+  // Logs are taken whole and not recorded (the log shipper has tests of its own).
+  absl::StatusOr<v1::ShipLogsResponse> ShipLogs(const v1::ShipLogsRequest& request,
+                                                const CallLimits& limits) override {
+    absl::MutexLock lock(&mu_);
+    if (!available_) return absl::UnavailableError("the coordinator is away");
+    v1::ShipLogsResponse response;
+    response.set_next_offset(request.offset() + static_cast<int64_t>(request.data().size()));
+    return response;
+  }
+
+  // While false, every call fails with UNAVAILABLE (and is recorded so).
+  void SetAvailable(bool available) {
+    absl::MutexLock lock(&mu_);
+    available_ = available;
+  }
+  // The tasks the next Syncs answer, under a new version.
+  void SetDesired(std::vector<v1::Task> tasks) {
+    absl::MutexLock lock(&mu_);
+    desired_ = std::move(tasks);
+    ++version_;
+  }
+  // Forgets the worker, as a restarted coordinator that lost it would: Syncs answer reregister
+  // until it registers again.
+  void ForgetWorker() {
+    absl::MutexLock lock(&mu_);
+    registered_ = false;
+  }
+  std::vector<Call> calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  // Waits (in real time, up to 30 s) until `done` holds for the calls so far; whether it did.
+  bool WaitFor(const std::function<bool(const std::vector<Call>&)>& done) const {
+    absl::MutexLock lock(&mu_);
+    auto met = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done(calls_); };
+    return mu_.AwaitWithTimeout(absl::Condition(&met), absl::Seconds(30));
+  }
+
+ private:
+  Call Begin(const std::string& rpc, const CallLimits& limits) {
+    Call call;
+    call.rpc = rpc;
+    call.at = clock_.Now();
+    absl::MutexLock lock(&mu_);
+    call.ok = available_ && (limits.canceller == nullptr || !limits.canceller->cancelled());
+    return call;
+  }
+  absl::Status Fail(Call call, const CallLimits& limits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    calls_.push_back(std::move(call));
+    if (limits.canceller != nullptr && limits.canceller->cancelled()) {
+      return absl::CancelledError("cancelled");
+    }
+    return absl::UnavailableError("the coordinator is away");
+  }
+
+  const Clock& clock_;
+  mutable absl::Mutex mu_;
+  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+  bool available_ ABSL_GUARDED_BY(mu_) = true;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<v1::Task> desired_ ABSL_GUARDED_BY(mu_);
+};
+
+// How many of `calls` are of `rpc`.
+inline int CountCalls(const std::vector<FakeCoordinatorLink::Call>& calls, const std::string& rpc) {
+  int n = 0;
+  for (const FakeCoordinatorLink::Call& call : calls) n += call.rpc == rpc ? 1 : 0;
+  return n;
+}
+
+}  // namespace trainyard::testing
+
+#endif  // TRAINYARD_TESTS_AGENT_FAKE_COORDINATOR_LINK_H_

@@ -1,0 +1,69 @@
+#include "worker/agent/coordinator_link.h"
+
+#include <memory>
+#include <utility>
+
+#include "common/grpc_status.h"
+#include "trainyard/v1/agent_service.grpc.pb.h"
+
+namespace trainyard {
+namespace {
+
+class GrpcCoordinatorLink final : public CoordinatorLink {
+ public:
+  explicit GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel)
+      : stub_(v1::AgentService::NewStub(std::move(channel))) {}
+
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request, const CallLimits& limits) override {
+    return Call(&Stub::RegisterWorker, request, limits);
+  }
+  absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request,
+                                        const CallLimits& limits) override {
+    return Call(&Stub::Sync, request, limits);
+  }
+  absl::Status ReportTaskStatus(const v1::ReportTaskStatusRequest& request,
+                                const CallLimits& limits) override {
+    return Call(&Stub::ReportTaskStatus, request, limits).status();
+  }
+  absl::Status ReportPreemption(const v1::ReportPreemptionRequest& request,
+                                const CallLimits& limits) override {
+    return Call(&Stub::ReportPreemption, request, limits).status();
+  }
+  absl::StatusOr<v1::ShipLogsResponse> ShipLogs(const v1::ShipLogsRequest& request,
+                                                const CallLimits& limits) override {
+    return Call(&Stub::ShipLogs, request, limits);
+  }
+
+ private:
+  using Stub = v1::AgentService::Stub;
+
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                          Response*),
+                                const Request& request, const CallLimits& limits) {
+    grpc::ClientContext context;
+    if (limits.deadline != absl::InfiniteFuture()) {
+      context.set_deadline(absl::ToChronoTime(limits.deadline));
+    }
+    context.set_wait_for_ready(limits.wait_for_ready);
+    if (limits.canceller != nullptr) {
+      limits.canceller->SetCancel([&context] { context.TryCancel(); });
+    }
+    Response response;
+    const grpc::Status status = ((*stub_).*rpc)(&context, request, &response);
+    if (limits.canceller != nullptr) limits.canceller->SetCancel(nullptr);
+    if (!status.ok()) return FromGrpcStatus(status);
+    return response;
+  }
+
+  const std::unique_ptr<Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<CoordinatorLink> NewGrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel) {
+  return std::make_unique<GrpcCoordinatorLink>(std::move(channel));
+}
+
+}  // namespace trainyard

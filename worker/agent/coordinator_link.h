@@ -1,0 +1,86 @@
+#ifndef TRAINYARD_WORKER_AGENT_COORDINATOR_LINK_H_
+#define TRAINYARD_WORKER_AGENT_COORDINATOR_LINK_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "trainyard/v1/agent_service.pb.h"
+
+namespace trainyard {
+
+// Lets another thread end a call to the coordinator early: the agent cancels its long poll when
+// a stop or preemption is requested. Cancel before the call has started ends the call as soon as
+// it starts. Thread-safe.
+class CallCanceller {
+ public:
+  void Cancel() {
+    std::function<void()> cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      cancel = cancel_;
+    }
+    if (cancel) cancel();
+  }
+  bool cancelled() const {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  // For CoordinatorLink implementations: `cancel` ends the call in flight; it runs at once when
+  // Cancel came first. Cleared (nullptr) when the call has ended.
+  void SetCancel(std::function<void()> cancel) {
+    bool now;
+    {
+      absl::MutexLock lock(&mu_);
+      cancel_ = cancel;
+      now = cancelled_;
+    }
+    if (now && cancel) cancel();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> cancel_ ABSL_GUARDED_BY(mu_);
+};
+
+// How long one call may take, and how it may end early.
+struct CallLimits {
+  absl::Time deadline = absl::InfiniteFuture();  // in the agent's clock's time
+  // Waits for the channel to (re)connect instead of failing at once while it backs off.
+  bool wait_for_ready = false;
+  CallCanceller* canceller = nullptr;  // may be null; outlives the call
+};
+
+// The agent's calls to the coordinator (the agent's half of trainyard.v1.AgentService). The seam
+// between the agent's logic and gRPC: tests use a fake. Errors are the coordinator's or the
+// transport's status (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED when a CallCanceller ended the
+// call). Implementations are thread-safe.
+class CoordinatorLink {
+ public:
+  virtual ~CoordinatorLink() = default;
+  virtual absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request, const CallLimits& limits) = 0;
+  virtual absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request,
+                                                const CallLimits& limits) = 0;
+  virtual absl::Status ReportTaskStatus(const v1::ReportTaskStatusRequest& request,
+                                        const CallLimits& limits) = 0;
+  virtual absl::Status ReportPreemption(const v1::ReportPreemptionRequest& request,
+                                        const CallLimits& limits) = 0;
+  virtual absl::StatusOr<v1::ShipLogsResponse> ShipLogs(const v1::ShipLogsRequest& request,
+                                                        const CallLimits& limits) = 0;
+};
+
+// The link over a gRPC channel (TLS and credentials are the channel's). Deadlines are read as
+// wall-clock times.
+std::unique_ptr<CoordinatorLink> NewGrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_AGENT_COORDINATOR_LINK_H_
