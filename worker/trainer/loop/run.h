@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/object_store.h"
 #include "worker/trainer/checkpoint/checkpoint.h"
+#include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/data/data.h"
 #include "worker/trainer/data/schedule.h"
 #include "worker/trainer/loop/trainer.h"
@@ -62,6 +63,16 @@ class Run {
   }
   absl::Status Prepare();
   void Resume();
+  // Rank 0's checkpointer; null on other ranks and without a checkpoint store.
+  std::unique_ptr<Checkpointer> MakeCheckpointer(int rank) const;
+  // One optimizer update on `batch` (the step after `step`), in `accumulate` micro-batches.
+  absl::Status Update(const Batch& batch, int64_t step, int accumulate);
+  // After the loop, which ended at `step` (result.stopped if asked to stop): the final or stop
+  // checkpoint (rank 0; `checkpointer` null elsewhere), the model's export, the strategy's end,
+  // the final progress report (through `reporter` where not null) and the "done" line.
+  absl::Status Conclude(int64_t step, double lr, int64_t last_checkpoint_step,
+                        Checkpointer* checkpointer, ProgressReporter* reporter,
+                        trainyard::v1::JobProgress& progress, TrainResult& result);
   CheckpointData Snapshot(int64_t step, double lr);
   // The checkpoint of a stop at `step` (rank 0): within the deadline if the agent gave one.
   void SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,

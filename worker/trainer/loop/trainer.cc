@@ -53,7 +53,140 @@ torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::
 // Correct predictions and samples among validation samples [first, first + count) (global
 // indices), chunk by chunk.
 
+// The samples the job trained per second between two log lines: the global batch per update
+// where ranks update together; where they go at their own pace (UpdatesApplied has a count), a
+// rank's share per update any rank made.
+class Throughput {
+ public:
+  Throughput(const Clock& clock, int64_t global_batch, int world, std::optional<int64_t> updates)
+      : clock_(clock),
+        global_batch_(global_batch),
+        rank_share_(std::max<int64_t>(1, global_batch / world)),
+        start_(clock.Now()),
+        updates_(updates) {}
+
+  // This rank made an update.
+  void Step() { ++steps_; }
+  // Samples per second since the last call (or construction), given the count of updates the
+  // ranks made so far where the strategy keeps one; nullopt when no time has passed.
+  std::optional<double> Measure(std::optional<int64_t> updates) {
+    const absl::Time now = clock_.Now();
+    const double seconds = absl::ToDoubleSeconds(now - start_);
+    int64_t samples = steps_ * global_batch_;
+    if (updates.has_value()) {
+      samples = (*updates - updates_.value_or(*updates)) * rank_share_;
+      updates_ = updates;
+    }
+    start_ = now;
+    steps_ = 0;
+    if (seconds <= 0) return std::nullopt;
+    return static_cast<double>(samples) / seconds;
+  }
+
+ private:
+  const Clock& clock_;
+  const int64_t global_batch_;
+  const int64_t rank_share_;
+  absl::Time start_;
+  int64_t steps_ = 0;
+  std::optional<int64_t> updates_;
+};
+
+// Where step time goes, summed over the steps since the last progress report.
+struct StepTimes {
+  double data_wait = 0;
+  double step = 0;  // the whole of each step, the others included
+  double communication = 0;
+  double checkpoint = 0;
+  double validation = 0;
+  int64_t steps = 0;
+
+  // Writes the means per step into `progress` (compute: what the others leave of a step) and
+  // starts again.
+  void ReportInto(trainyard::v1::JobProgress& progress) {
+    const double n = static_cast<double>(steps);
+    progress.set_data_wait_seconds(data_wait / n);
+    progress.set_communication_seconds(communication / n);
+    progress.set_checkpoint_seconds(checkpoint / n);
+    progress.set_validation_seconds(validation / n);
+    progress.set_compute_seconds(
+        std::max(0.0, step - data_wait - communication - checkpoint - validation) / n);
+    *this = StepTimes();
+  }
+};
+
 }  // namespace
+
+absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
+  // The update's loss stays on the device (the strategy agrees on it with the other ranks):
+  // reading it here would make the host wait for every step on a GPU.
+  torch::Tensor update_loss;
+  try {
+    // Zeroed in place: the data-parallel strategy keeps each gradient in its bucket, which
+    // LibTorch 2's default (set_to_none) would replace with a new tensor every step.
+#if TORCH_VERSION_MAJOR >= 2
+    optimizer_->zero_grad(/*set_to_none=*/false);
+#else
+    optimizer_->zero_grad();
+#endif
+    const int64_t n = batch.features.size(0);
+    if (n < accumulate) {
+      return absl::InvalidArgumentError(absl::StrCat("accumulate_steps: ", accumulate,
+                                                     " micro-batches do not fit in a rank's ", n,
+                                                     " samples"));
+    }
+    // Micro-batch losses weighted by their share add up to the loss of the rank's whole
+    // batch, so accumulating changes memory use, not the result.
+    for (int m = 0; m < accumulate; ++m) {
+      const int64_t begin = n * m / accumulate;
+      const int64_t size = n * (m + 1) / accumulate - begin;
+      const torch::Tensor categorical =
+          batch.categorical.defined() ? batch.categorical.narrow(0, begin, size) : torch::Tensor();
+      absl::Status status = strategy_->BeforeForward(categorical);
+      if (!status.ok()) return status;
+      const torch::Tensor features = batch.features.narrow(0, begin, size);
+      const torch::Tensor labels = batch.labels.narrow(0, begin, size);
+      torch::Tensor loss;
+      {
+        // The forward pass and the loss under autocast, backward outside it: torch.autocast's
+        // recipe.
+        AutocastGuard autocast(device_, autocast_);
+        torch::Tensor out = model_->Forward(features, categorical);
+        // The teacher sees the student's micro-batch: its loss is a mean over the same samples.
+        loss = teacher_ != nullptr ? teacher_->Loss(out, features, labels)
+                                   : ComputeLoss(loss_kind_, out, labels);
+      }
+      if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
+      const torch::Tensor share = loss.detach().to(torch::kDouble);
+      update_loss = update_loss.defined() ? update_loss + share : share;
+      const bool last = m + 1 == accumulate;
+      strategy_->BeforeBackward(last, update_loss, last && StopRequested());
+      (scaler_.has_value() ? scaler_->Scale(loss) : loss).backward();
+    }
+    absl::Status status = strategy_->AfterBackward(*model_);
+    if (!status.ok()) return status;
+    // fp16: gradients (all-reduced already, so every rank agrees) back to their true size; an
+    // update with an overflow is skipped and the scale lowered.
+    const bool overflow = scaler_.has_value() && scaler_->Unscale(params_);
+    if (!strategy_->updates_parameters() && !overflow) optimizer_->step();
+    if (scaler_.has_value()) scaler_->Update(overflow);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<Checkpointer> Run::MakeCheckpointer(int rank) const {
+  if (store_ == nullptr || rank != 0) return nullptr;
+  Checkpointer::Options ckpt_options;
+  ckpt_options.base_uri = task_.checkpoint_uri();
+  ckpt_options.collect_garbage = true;
+  ckpt_options.commit_retry_for = options_.coordinator_retry_for;
+  ckpt_options.committed.assign(task_.resume_checkpoints().begin(),
+                                task_.resume_checkpoints().end());
+  return std::make_unique<Checkpointer>(store_.get(), options_.coordinator, clock_, ckpt_options);
+}
 
 absl::StatusOr<TrainResult> Run::Execute() {
   torch::set_num_threads(std::max(1, options_.num_threads));
@@ -96,17 +229,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       std::max(1, options_.num_threads), rank, world, end));
 
   // Ranks hold identical replicas: rank 0 alone saves and reports.
-  std::unique_ptr<Checkpointer> checkpointer;
-  if (store_ != nullptr && rank == 0) {
-    Checkpointer::Options ckpt_options;
-    ckpt_options.base_uri = task_.checkpoint_uri();
-    ckpt_options.collect_garbage = true;
-    ckpt_options.commit_retry_for = options_.coordinator_retry_for;
-    ckpt_options.committed.assign(task_.resume_checkpoints().begin(),
-                                  task_.resume_checkpoints().end());
-    checkpointer =
-        std::make_unique<Checkpointer>(store_.get(), options_.coordinator, clock_, ckpt_options);
-  }
+  const std::unique_ptr<Checkpointer> checkpointer = MakeCheckpointer(rank);
   std::unique_ptr<ProgressReporter> reporter;
   if (options_.coordinator != nullptr && rank == 0) {
     reporter =
@@ -149,16 +272,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
   int64_t last_checkpoint_step = start_step_;
   double lr = 0;
   double samples_per_s = 0;
-  absl::Time interval_start = clock_.Now();
-  int64_t interval_steps = 0;
-  // The samples the job trained between two log lines: the global batch per update where ranks
-  // update together; where they go at their own pace, a rank's share per update any rank made.
-  const int64_t rank_share = std::max<int64_t>(1, plan_.global_batch_size / world);
-  std::optional<int64_t> interval_updates = strategy_->UpdatesApplied();
-  // Where step time goes, summed over the steps since the last report.
+  Throughput throughput(clock_, plan_.global_batch_size, world, strategy_->UpdatesApplied());
   auto seconds_since = [](Steady::time_point t) { return SecondsSince(t); };
-  double data_wait_s = 0, step_s = 0, communication_s = 0, checkpoint_s = 0, validation_s = 0;
-  int64_t timed_steps = 0;
+  StepTimes times;
   absl::Time timing_start = clock_.Now();
   strategy_->TakeCommunicationSeconds();  // the start-up broadcast is not a step's
   bool stop_agreed = false;
@@ -188,63 +304,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     // resumed run draws exactly what the uninterrupted one did, on CPU and GPU alike, and the
     // ranks draw independently of each other.
     torch::manual_seed(StepSeed(spec_.seed(), step, rank));
-    // The update's loss stays on the device: reading it here would make the host wait for every
-    // step on a GPU.
-    torch::Tensor update_loss;
-    try {
-      // Zeroed in place: the data-parallel strategy keeps each gradient in its bucket, which
-      // LibTorch 2's default (set_to_none) would replace with a new tensor every step.
-#if TORCH_VERSION_MAJOR >= 2
-      optimizer_->zero_grad(/*set_to_none=*/false);
-#else
-      optimizer_->zero_grad();
-#endif
-      const int64_t n = batch->features.size(0);
-      if (n < accumulate) {
-        return absl::InvalidArgumentError(absl::StrCat("accumulate_steps: ", accumulate,
-                                                       " micro-batches do not fit in a rank's ", n,
-                                                       " samples"));
-      }
-      // Micro-batch losses weighted by their share add up to the loss of the rank's whole
-      // batch, so accumulating changes memory use, not the result.
-      for (int m = 0; m < accumulate; ++m) {
-        const int64_t begin = n * m / accumulate;
-        const int64_t size = n * (m + 1) / accumulate - begin;
-        const torch::Tensor categorical = batch->categorical.defined()
-                                              ? batch->categorical.narrow(0, begin, size)
-                                              : torch::Tensor();
-        status = strategy_->BeforeForward(categorical);
-        if (!status.ok()) return status;
-        const torch::Tensor features = batch->features.narrow(0, begin, size);
-        const torch::Tensor labels = batch->labels.narrow(0, begin, size);
-        torch::Tensor loss;
-        {
-          // The forward pass and the loss under autocast, backward outside it: torch.autocast's
-          // recipe.
-          AutocastGuard autocast(device_, autocast_);
-          torch::Tensor out = model_->Forward(features, categorical);
-          // The teacher sees the student's micro-batch: its loss is a mean over the same samples.
-          loss = teacher_ != nullptr ? teacher_->Loss(out, features, labels)
-                                     : ComputeLoss(loss_kind_, out, labels);
-        }
-        if (accumulate > 1) loss = loss * (static_cast<double>(size) / static_cast<double>(n));
-        const torch::Tensor share = loss.detach().to(torch::kDouble);
-        update_loss = update_loss.defined() ? update_loss + share : share;
-        const bool last = m + 1 == accumulate;
-        strategy_->BeforeBackward(last, update_loss, last && StopRequested());
-        (scaler_.has_value() ? scaler_->Scale(loss) : loss).backward();
-      }
-      status = strategy_->AfterBackward(*model_);
-      if (!status.ok()) return status;
-      // fp16: gradients (all-reduced already, so every rank agrees) back to their true size; an
-      // update with an overflow is skipped and the scale lowered.
-      const bool overflow = scaler_.has_value() && scaler_->Unscale(params_);
-      if (!strategy_->updates_parameters() && !overflow) optimizer_->step();
-      if (scaler_.has_value()) scaler_->Update(overflow);
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
-    }
+    if (status = Update(*batch, step, accumulate); !status.ok()) return status;
     // The next batch's copy runs while the GPU works through this update.
     const Steady::time_point prefetch_start = Steady::now();
     try {
@@ -256,10 +316,10 @@ absl::StatusOr<TrainResult> Run::Execute() {
     absl::StatusOr<StepAgreement> agreed = strategy_->EndStep();
     if (!agreed.ok()) return agreed.status();
     stop_agreed = agreed->stop;
-    data_wait_s += waited;
+    times.data_wait += waited;
     result.data_wait_seconds += waited;
     ++step;
-    ++interval_steps;
+    throughput.Step();
     last_loss = agreed->loss;
     if (options_.after_step) options_.after_step(step);
     if (step == start_step_ + 1) {
@@ -270,16 +330,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     const int64_t epoch = step / plan_.steps_per_epoch;
     bool validated = false;
     if (step % log_every == 0 || step == end) {
-      const absl::Time now = clock_.Now();
-      const double seconds = absl::ToDoubleSeconds(now - interval_start);
-      int64_t samples = interval_steps * plan_.global_batch_size;
-      if (const std::optional<int64_t> updates = strategy_->UpdatesApplied(); updates.has_value()) {
-        samples = (*updates - interval_updates.value_or(*updates)) * rank_share;
-        interval_updates = updates;
-      }
-      if (seconds > 0) samples_per_s = static_cast<double>(samples) / seconds;
-      interval_start = now;
-      interval_steps = 0;
+      samples_per_s = throughput.Measure(strategy_->UpdatesApplied()).value_or(samples_per_s);
       read_loss();
       std::string line = absl::StrFormat(
           "step=%d total=%d loss=%.8f lr=%g samples_per_s=%.1f "
@@ -289,7 +340,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
         if (validation_due(step)) {
           const Steady::time_point val_start = Steady::now();
           if (status = Validate(result); !status.ok()) return status;
-          validation_s += seconds_since(val_start);
+          times.validation += seconds_since(val_start);
           validated = true;
         }
         if (result.val_accuracy.has_value()) {
@@ -301,7 +352,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     if (!validated && validation_due(step)) {
       const Steady::time_point val_start = Steady::now();
       if (status = Validate(result); !status.ok()) return status;
-      validation_s += seconds_since(val_start);
+      times.validation += seconds_since(val_start);
       if (result.val_accuracy.has_value()) {
         Print(absl::StrFormat("step=%d val_accuracy=%.4f", step, *result.val_accuracy));
       }
@@ -310,25 +361,17 @@ absl::StatusOr<TrainResult> Run::Execute() {
       const Steady::time_point save_start = Steady::now();
       if (status = strategy_->GatherOptimizerState(step); !status.ok()) return status;
       const bool saving = checkpointer->SaveAsync(step, [&] { return Snapshot(step, lr); });
-      checkpoint_s += seconds_since(save_start);
+      times.checkpoint += seconds_since(save_start);
       if (saving) last_checkpoint_step = step;
     }
     const double stepped = seconds_since(step_start);
-    step_s += stepped;
+    times.step += stepped;
     result.step_seconds += stepped;
-    communication_s += strategy_->TakeCommunicationSeconds();
-    ++timed_steps;
+    times.communication += strategy_->TakeCommunicationSeconds();
+    ++times.steps;
     if (clock_.Now() - timing_start >= options_.report_interval || step == end) {
       read_loss();  // the progress report's
-      const double n = static_cast<double>(timed_steps);
-      progress.set_data_wait_seconds(data_wait_s / n);
-      progress.set_communication_seconds(communication_s / n);
-      progress.set_checkpoint_seconds(checkpoint_s / n);
-      progress.set_validation_seconds(validation_s / n);
-      progress.set_compute_seconds(
-          std::max(0.0, step_s - data_wait_s - communication_s - checkpoint_s - validation_s) / n);
-      data_wait_s = step_s = communication_s = checkpoint_s = validation_s = 0;
-      timed_steps = 0;
+      times.ReportInto(progress);
       timing_start = clock_.Now();
     }
     if (reporter != nullptr) {
@@ -343,6 +386,19 @@ absl::StatusOr<TrainResult> Run::Execute() {
   }
   result.step = step;
   read_loss();
+  if (status = Conclude(step, lr, last_checkpoint_step, checkpointer.get(), reporter.get(),
+                        progress, result);
+      !status.ok()) {
+    return status;
+  }
+  return result;
+}
+
+absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step,
+                           Checkpointer* checkpointer, ProgressReporter* reporter,
+                           trainyard::v1::JobProgress& progress, TrainResult& result) {
+  const int rank = strategy_->rank();
+  const int64_t total = plan_.total_steps;
   if (data_->remote()) {
     LogInfo("data: fetched ", data_->bytes_fetched(), " bytes of remote shards into the cache");
   }
@@ -361,7 +417,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       SaveAtStop(*checkpointer, step, lr, due, deadline, result);
     } else {
       if (due) {
-        status = strategy_->GatherOptimizerState(step);
+        absl::Status status = strategy_->GatherOptimizerState(step);
         if (!status.ok()) {
           return absl::UnavailableError(absl::StrCat("final checkpoint: ", status.message()));
         }
@@ -374,7 +430,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     }
   }
   if (!result.stopped && store_ != nullptr && rank == 0) {
-    status = strategy_->GatherModel(step);
+    absl::Status status = strategy_->GatherModel(step);
     if (!status.ok()) {
       return absl::UnavailableError(absl::StrCat("model export: ", status.message()));
     }
@@ -384,7 +440,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     LogWarning("ending the run with the other ranks: ", finished.ToString());
   }
   if (!result.stopped && store_ != nullptr && rank == 0) {
-    status = Export(result);
+    absl::Status status = Export(result);
     if (!status.ok()) return status;
   }
   if (reporter != nullptr) {
@@ -410,7 +466,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   }
   if (!result.model_uri.empty()) absl::StrAppend(&done, " model=", result.model_uri);
   Print(done);
-  return result;
+  return absl::OkStatus();
 }
 
 }  // namespace internal
