@@ -18,6 +18,7 @@
 #include "client/credentials.h"
 #include "client/local_cluster.h"
 #include "common/channel.h"
+#include "common/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/subprocess.h"
 
@@ -186,7 +187,7 @@ bool IsFinal(v1::JobState state) {
 }
 
 void SetDeadline(grpc::ClientContext& context) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+  context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + kRpcTimeout));
 }
 
 // A spec from a file, or from stdin for "-".

@@ -18,6 +18,7 @@
 #include "client/commands.h"
 #include "client/format.h"
 #include "client/views.h"
+#include "common/clock.h"
 #include "common/object_store.h"
 #include "common/uri.h"
 
@@ -72,17 +73,9 @@ int Client::Submit() {
     std::cerr << "error: " << read.status().message() << "\n";
     return kExitUsage;
   }
-  std::string yaml = *std::move(read);
-  if (args_.Has("resume-from")) {
-    absl::StatusOr<std::string> updated = SetResumeFrom(yaml, args_.Get("resume-from"));
-    if (!updated.ok()) {
-      std::cerr << "error: invalid job spec: " << updated.status().message() << "\n";
-      return kExitUsage;
-    }
-    yaml = *updated;
-  }
   v1::SubmitJobRequest request;
-  request.set_spec_yaml(yaml);
+  request.set_spec_yaml(*std::move(read));
+  if (args_.Has("resume-from")) request.set_resume_from(args_.Get("resume-from"));
   v1::Job job;
   grpc::ClientContext context;
   SetDeadline(context);
@@ -133,7 +126,7 @@ int Client::Follow(const std::string& id) {
       }
       const v1::JobProgress& p = job.progress();
       if (job.state() == v1::RUNNING && p.step() > 0) {
-        eta.Observe(absl::Now(), p.step());
+        eta.Observe(RealClock::Get().Now(), p.step());
         const std::string line = ProgressLine(p, eta.Eta(p.total_steps()));
         if (tty) {
           std::cout << "\r" << line << "\x1b[K";
@@ -159,7 +152,7 @@ int Client::Follow(const std::string& id) {
       end_progress_line();
       return RpcError(status);
     }
-    absl::SleepFor(absl::Seconds(1));
+    RealClock::Get().SleepFor(absl::Seconds(1));
   }
   end_progress_line();
   const v1::JobProgress& p = job.progress();
@@ -208,8 +201,8 @@ int Client::Jobs() {
   if (Json()) {
     std::cout << ToJson(all);
   } else {
-    std::cout << JobsTable(std::vector<v1::Job>(all.jobs().begin(), all.jobs().end()), absl::Now(),
-                           IsTerminal());
+    std::cout << JobsTable(std::vector<v1::Job>(all.jobs().begin(), all.jobs().end()),
+                           RealClock::Get().Now(), IsTerminal());
   }
   return kExitSucceeded;
 }
@@ -344,7 +337,8 @@ int Client::Workers() {
     std::cout << ToJson(response);
   } else {
     std::cout << WorkersTable(
-        std::vector<v1::Worker>(response.workers().begin(), response.workers().end()), absl::Now());
+        std::vector<v1::Worker>(response.workers().begin(), response.workers().end()),
+        RealClock::Get().Now());
   }
   return kExitSucceeded;
 }

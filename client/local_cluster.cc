@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "client/credentials.h"
 #include "common/channel.h"
+#include "common/clock.h"
 #include "common/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
@@ -76,7 +77,7 @@ void StopChildren(std::vector<Child*> children, absl::Duration grace, int signal
   for (Child* child : children) {
     if (!child->done) SignalSubprocess(child->pid, signal, /*group=*/true).IgnoreError();
   }
-  const absl::Time deadline = absl::Now() + grace;
+  const absl::Time deadline = RealClock::Get().Now() + grace;
   for (Child* child : children) {
     while (!child->done) {
       absl::StatusOr<std::optional<ExitInfo>> exit = TryWaitSubprocess(child->pid);
@@ -84,14 +85,14 @@ void StopChildren(std::vector<Child*> children, absl::Duration grace, int signal
         child->done = true;
         break;
       }
-      if (absl::Now() >= deadline) {
+      if (RealClock::Get().Now() >= deadline) {
         std::cerr << "trainyard up: " << child->name << " did not stop in time; killing it\n";
         SignalSubprocess(child->pid, SIGKILL, /*group=*/true).IgnoreError();
         WaitSubprocess(child->pid).IgnoreError();
         child->done = true;
         break;
       }
-      absl::SleepFor(absl::Milliseconds(20));
+      RealClock::Get().SleepFor(absl::Milliseconds(20));
     }
   }
 }
@@ -119,7 +120,7 @@ absl::StatusOr<std::string> AgentToken(v1::AdminService::Stub& admin, const std:
   request.set_role(v1::TOKEN_AGENT);
   v1::CreateTokenResponse response;
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + absl::Seconds(10)));
   if (grpc::Status s = admin.CreateToken(&context, request, &response); !s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("cannot make the token of ", name, ": ", s.error_message()));
@@ -184,7 +185,7 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   Child& coordinator = children[0];
 
   int port = 0;
-  const absl::Time deadline = absl::Now() + options.start_timeout;
+  const absl::Time deadline = RealClock::Get().Now() + options.start_timeout;
   while (true) {
     absl::StatusOr<int> parsed = ParsePortFile(ReadAll(port_file));
     if (parsed.ok()) {
@@ -192,13 +193,13 @@ int RunLocalCluster(const LocalClusterOptions& options) {
       break;
     }
     if (ReapDead(children) != nullptr) return 1;
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get().Now() >= deadline) {
       std::cerr << "error: the coordinator did not write " << port_file << " within "
                 << absl::FormatDuration(options.start_timeout) << "\n";
       StopChildren({&coordinator}, absl::Seconds(5));
       return 1;
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    RealClock::Get().SleepFor(absl::Milliseconds(50));
   }
   const std::string address = absl::StrCat("127.0.0.1:", port);
 

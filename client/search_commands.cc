@@ -9,6 +9,7 @@
 #include "client/commands.h"
 #include "client/format.h"
 #include "client/views.h"
+#include "common/clock.h"
 
 namespace trainyard::cli {
 
@@ -40,7 +41,7 @@ int Client::FollowSearch(const std::string& id) {
         last_line = line;
       }
     }
-    absl::SleepFor(kPollInterval);
+    RealClock::Get().SleepFor(kPollInterval);
   }
   if (tty && !last_line.empty()) std::cout << "\r\x1b[K";
   if (Json()) {
@@ -112,7 +113,7 @@ int Client::Search() {
       std::cout << ToJson(response);
     } else {
       std::cout << SearchesTable({response.searches().begin(), response.searches().end()},
-                                 absl::Now(), IsTerminal());
+                                 RealClock::Get().Now(), IsTerminal());
     }
     return kExitSucceeded;
   }

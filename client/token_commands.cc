@@ -15,6 +15,7 @@
 #include "client/commands.h"
 #include "client/format.h"
 #include "client/views.h"
+#include "common/clock.h"
 
 namespace trainyard::cli {
 
@@ -85,7 +86,7 @@ int Client::Token() {
       if (t.revoked_unix_ms() != 0) {
         state = "revoked by " + t.revoked_by();
       } else if (t.expires_unix_ms() != 0 &&
-                 t.expires_unix_ms() <= absl::ToUnixMillis(absl::Now())) {
+                 t.expires_unix_ms() <= absl::ToUnixMillis(RealClock::Get().Now())) {
         state = "expired";
       }
       const std::string& role_name = v1::TokenRole_Name(t.role());

@@ -312,23 +312,6 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   return out;
 }
 
-absl::StatusOr<std::string> SetResumeFrom(const std::string& yaml, const std::string& job_id) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("the job spec is not valid YAML: ", e.what()));
-  }
-  if (!root.IsMap()) return absl::InvalidArgumentError("the job spec is not a YAML mapping");
-  if (root["checkpoint"] && !root["checkpoint"].IsMap()) {
-    return absl::InvalidArgumentError("checkpoint: expected a mapping");
-  }
-  root["checkpoint"]["resume_from"] = job_id;
-  YAML::Emitter out;
-  out << root;
-  return std::string(out.c_str()) + "\n";
-}
-
 std::string ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;

@@ -36,10 +36,6 @@ std::string SearchProgressLine(const v1::Search& search);
 std::string SearchStateName(v1::SearchState state);
 std::string TrialStateName(v1::TrialState state);
 
-// The job spec YAML with checkpoint.resume_from set to `job_id` (added or replaced).
-// INVALID_ARGUMENT if the text is not a YAML mapping.
-absl::StatusOr<std::string> SetResumeFrom(const std::string& yaml, const std::string& job_id);
-
 // "RUNNING on worker-1, worker-2" from the job's running tasks; just the state otherwise.
 std::string StateLine(const v1::Job& job);
 

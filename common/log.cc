@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace trainyard {
 namespace {
@@ -25,9 +26,9 @@ void LogLine(LogSeverity severity, absl::string_view message) {
   const char letter = severity == LogSeverity::kInfo      ? 'I'
                       : severity == LogSeverity::kWarning ? 'W'
                                                           : 'E';
-  std::string line =
-      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
-                   std::string(1, letter), " ");
+  std::string line = absl::StrCat(
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", RealClock::Get().Now(), absl::UTCTimeZone()), " ",
+      std::string(1, letter), " ");
   absl::MutexLock lock(&log_mu);
   absl::StrAppend(&line, *component, ": ", message, "\n");
   std::fwrite(line.data(), 1, line.size(), stderr);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/grpc_status.h"
 
 namespace trainyard {
@@ -158,7 +159,7 @@ Status AgentServiceImpl::RendezvousGet(ServerContext* context,
   }
   absl::Duration wait = absl::Milliseconds(request->wait_ms());
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  if (deadline != absl::InfiniteFuture()) wait = std::min(wait, deadline - absl::Now());
+  if (deadline != absl::InfiniteFuture()) wait = std::min(wait, deadline - RealClock::Get().Now());
   wait = std::max(wait, absl::ZeroDuration());
   absl::StatusOr<std::string> value =
       manager_.RendezvousGet(request->job_id(), request->generation(), request->key(), wait);

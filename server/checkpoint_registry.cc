@@ -5,8 +5,7 @@
 namespace trainyard {
 
 CheckpointCommitPlan PlanCheckpointCommit(const std::vector<StoredCheckpoint>& records,
-                                          const StoredCheckpoint& added, int spec_keep_last,
-                                          int request_keep_last) {
+                                          const StoredCheckpoint& added, int keep_last) {
   CheckpointCommitPlan plan;
   const int64_t step = added.checkpoint.step();
   for (const StoredCheckpoint& c : records) {
@@ -33,7 +32,7 @@ CheckpointCommitPlan PlanCheckpointCommit(const std::vector<StoredCheckpoint>& r
               return a.checkpoint.step() < b.checkpoint.step();
             });
   plan.upserts.push_back(added);
-  const int keep = spec_keep_last <= 0 ? 0 : std::max(spec_keep_last, request_keep_last);
+  const int keep = std::max(keep_last, 0);
   if (keep > 0) {
     int kept = 0;
     for (auto it = plan.records.rbegin(); it != plan.records.rend(); ++it) {

@@ -22,15 +22,13 @@ struct CheckpointCommitPlan {
   std::vector<std::pair<std::string, int64_t>> removals;  // records to delete: (job id, step)
 };
 
-// Commits `added` to `records` (the job's, by step). The latest checkpoints not retired are kept:
-// at least `spec_keep_last`, more if `request_keep_last` asks (a request can never keep fewer);
-// a spec_keep_last of 0 keeps all. A commit for a step already recorded replaces it. Records
-// retired by an earlier commit are removed: their folders were handed out then (and the
-// trainer's garbage collection deletes them if that failed); only the latest commit's are kept,
-// to answer a retry of it.
+// Commits `added` to `records` (the job's, by step). The latest `keep_last` checkpoints not
+// retired are kept (the spec's checkpoint.keep_last); 0 keeps all. A commit for a step already
+// recorded replaces it. Records retired by an earlier commit are removed: their folders were handed
+// out then (and the trainer's garbage collection deletes them if that failed); only the latest
+// commit's are kept, to answer a retry of it.
 CheckpointCommitPlan PlanCheckpointCommit(const std::vector<StoredCheckpoint>& records,
-                                          const StoredCheckpoint& added, int spec_keep_last,
-                                          int request_keep_last);
+                                          const StoredCheckpoint& added, int keep_last);
 
 }  // namespace trainyard
 

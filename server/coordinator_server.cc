@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace trainyard {
@@ -73,8 +74,9 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   manager_.Shutdown();
-  if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (health_server_ != nullptr)
+    health_server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now()));
+  server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now() + grace));
   if (ticker_.joinable()) ticker_.join();
 }
 

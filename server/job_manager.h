@@ -88,6 +88,8 @@ struct SubmitOptions {
   std::string id;
   trainyard::v1::TrialLink trial;  // Job.trial
   bool validate_only = false;      // every check, nothing written
+  // Set: replaces the spec's checkpoint.resume_from (SubmitJobRequest.resume_from).
+  std::string resume_from;
 };
 
 struct ListJobsResult {
@@ -120,7 +122,8 @@ class JobManager {
   // With `by`, the job is theirs (Job.owner, event "submitted by NAME") and a resume_from job
   // must be theirs too (PERMISSION_DENIED otherwise); without, it has no owner.
   absl::StatusOr<trainyard::v1::Job> SubmitJobYaml(absl::string_view spec_yaml,
-                                                   const Principal* by = nullptr);
+                                                   const Principal* by = nullptr,
+                                                   const SubmitOptions& options = {});
   // Same for a spec message; defaults are applied first. With options.id, ALREADY_EXISTS when a
   // job has that id (in memory or in the store); with validate_only, the job that would be
   // submitted, written nowhere.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint_layout.h"
+#include "common/clock.h"
 #include "common/credentials.h"
 #include "common/job_spec.h"
 #include "common/log.h"
@@ -154,7 +155,7 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
   const absl::Duration wait =
       std::min(absl::Milliseconds(std::max<int64_t>(request.wait_ms(), 0)), options_.max_sync_wait);
   // The deadline of a blocking wait is real time by nature; leases use the injected clock.
-  const absl::Time deadline = absl::Now() + wait;
+  const absl::Time deadline = RealClock::Get().Now() + wait;
   while (!shutdown_) {
     record = workers_.Find(request.worker_id());
     if (record == nullptr || record->info.state() == v1::LOST) {
@@ -495,26 +496,21 @@ void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& pr
 absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
     const v1::CommitCheckpointRequest& request) {
   if (request.step() < 0) return absl::InvalidArgumentError("step: must be >= 0");
-  if (request.uri().empty()) return absl::InvalidArgumentError("uri: required");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<JobEntry*> fenced = FencedLocked(request.job_id(), request.generation());
   if (!fenced.ok()) return fenced.status();
   JobEntry& entry = **fenced;
-  // Retention later hands this URI back for deletion: it must be the job's own step folder.
-  const std::string expected_uri = CheckpointStepUri(entry.job.checkpoint_uri(), request.step());
-  if (request.uri() != expected_uri) {
-    return absl::InvalidArgumentError(absl::StrCat("uri: '", request.uri(), "' is not step ",
-                                                   request.step(), "'s folder ", expected_uri));
-  }
   StoredCheckpoint added;
   added.checkpoint.set_job_id(entry.job.id());
   added.checkpoint.set_step(request.step());
-  added.checkpoint.set_uri(request.uri());
+  // The trainer writes step folders where the layout puts them; retention hands this URI back for
+  // deletion, so it is the job's own by construction.
+  added.checkpoint.set_uri(CheckpointStepUri(entry.job.checkpoint_uri(), request.step()));
   added.checkpoint.set_size_bytes(request.size_bytes());
   added.checkpoint.set_created_unix_ms(absl::ToUnixMillis(clock_.Now()));
   added.checkpoint.set_generation(request.generation());
-  CheckpointCommitPlan plan = PlanCheckpointCommit(
-      entry.checkpoints, added, entry.job.spec().checkpoint().keep_last(), request.keep_last());
+  CheckpointCommitPlan plan =
+      PlanCheckpointCommit(entry.checkpoints, added, entry.job.spec().checkpoint().keep_last());
   if (plan.retry) return plan.retired;
   StoreMutation extra;
   extra.checkpoints = std::move(plan.upserts);

@@ -28,13 +28,15 @@ Status JobServiceImpl::SubmitJob(ServerContext* context, const v1::SubmitJobRequ
   absl::StatusOr<Principal> caller =
       gate_.Admit(*context, *request, Audience::kPeople, "SubmitJob");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
+  SubmitOptions options;
+  options.resume_from = request->resume_from();
   absl::StatusOr<v1::Job> job;
   switch (request->spec_source_case()) {
     case v1::SubmitJobRequest::kSpecYaml:
-      job = manager_.SubmitJobYaml(request->spec_yaml(), &*caller);
+      job = manager_.SubmitJobYaml(request->spec_yaml(), &*caller, options);
       break;
     case v1::SubmitJobRequest::kSpec:
-      job = manager_.SubmitJob(request->spec(), &*caller);
+      job = manager_.SubmitJob(request->spec(), &*caller, options);
       break;
     default:
       return ToGrpcStatus(absl::InvalidArgumentError("spec_yaml or spec: required"));

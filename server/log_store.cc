@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 
 namespace trainyard {
 
@@ -237,7 +238,7 @@ uint64_t LogStore::WaitForAppend(absl::string_view job_id, uint64_t known,
                                  absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   // The deadline of a blocking wait is real time by nature; nothing in the logic reads it.
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = RealClock::Get().Now() + timeout;
   while (VersionLocked(job_id) == known) {
     if (appended_.WaitWithDeadline(&mu_, deadline)) break;
   }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 
 namespace trainyard {
 
@@ -68,7 +69,7 @@ absl::Status Rendezvous::Set(absl::string_view job_id, int64_t generation, absl:
 
 absl::StatusOr<std::string> Rendezvous::Get(absl::string_view job_id, int64_t generation,
                                             absl::string_view key, absl::Duration wait) {
-  const absl::Time deadline = absl::Now() + wait;
+  const absl::Time deadline = RealClock::Get().Now() + wait;
   absl::MutexLock lock(&mu_);
   while (true) {
     if (absl::Status open = CheckOpenLocked(job_id, generation); !open.ok()) return open;

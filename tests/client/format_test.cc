@@ -272,22 +272,6 @@ TEST(ViewsTest, SearchProgressLineCountsTrialsAndNamesTheBest) {
   EXPECT_THAT(SearchProgressLine(s), HasSubstr("2 done (1 failed) trials;"));
 }
 
-TEST(ViewsTest, SetResumeFromAddsOrReplaces) {
-  absl::StatusOr<std::string> out = SetResumeFrom("name: a\nmax_steps: 10\n", "j-9");
-  ASSERT_TRUE(out.ok()) << out.status();
-  YAML::Node node = YAML::Load(*out);
-  EXPECT_EQ(node["checkpoint"]["resume_from"].as<std::string>(), "j-9");
-  EXPECT_EQ(node["max_steps"].as<int>(), 10);
-  out = SetResumeFrom("checkpoint: {uri: /ck, resume_from: old}\n", "new");
-  ASSERT_TRUE(out.ok());
-  node = YAML::Load(*out);
-  EXPECT_EQ(node["checkpoint"]["resume_from"].as<std::string>(), "new");
-  EXPECT_EQ(node["checkpoint"]["uri"].as<std::string>(), "/ck");
-  EXPECT_EQ(SetResumeFrom("- a list\n", "x").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetResumeFrom("a: [unclosed\n", "x").status().code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 TEST(ViewsTest, JsonIsProtobufJson) {
   v1::Worker w;
   w.set_id("worker-1");

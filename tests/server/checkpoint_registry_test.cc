@@ -1,4 +1,4 @@
-// PlanCheckpointCommit: retention, its floor, retries and the records it keeps.
+// PlanCheckpointCommit: retention, retries and the records it keeps.
 
 #include "server/checkpoint_registry.h"
 
@@ -33,8 +33,8 @@ std::vector<int64_t> Steps(const std::vector<StoredCheckpoint>& records, bool re
 
 TEST(CheckpointRegistryTest, KeepsTheLatestAndRetiresTheRestOnce) {
   std::vector<StoredCheckpoint> records;
-  for (int64_t step : {10, 20}) records = PlanCheckpointCommit(records, At(step), 2, 0).records;
-  CheckpointCommitPlan plan = PlanCheckpointCommit(records, At(30), 2, 0);
+  for (int64_t step : {10, 20}) records = PlanCheckpointCommit(records, At(step), 2).records;
+  CheckpointCommitPlan plan = PlanCheckpointCommit(records, At(30), 2);
   EXPECT_FALSE(plan.retry);
   EXPECT_THAT(plan.retired, ElementsAre("file:///ckpt/j-1/step-10"));
   EXPECT_THAT(Steps(plan.records, false), ElementsAre(20, 30));
@@ -43,25 +43,25 @@ TEST(CheckpointRegistryTest, KeepsTheLatestAndRetiresTheRestOnce) {
   EXPECT_EQ(plan.upserts[1].retired_by_step, 30);
 
   // A retry of that commit changes nothing and hands back the same folder.
-  CheckpointCommitPlan retry = PlanCheckpointCommit(plan.records, At(30), 2, 0);
+  CheckpointCommitPlan retry = PlanCheckpointCommit(plan.records, At(30), 2);
   EXPECT_TRUE(retry.retry);
   EXPECT_THAT(retry.retired, ElementsAre("file:///ckpt/j-1/step-10"));
   EXPECT_THAT(retry.upserts, IsEmpty());
 
   // The next commit removes the record retired before it.
-  CheckpointCommitPlan next = PlanCheckpointCommit(plan.records, At(40), 2, 0);
+  CheckpointCommitPlan next = PlanCheckpointCommit(plan.records, At(40), 2);
   EXPECT_THAT(next.removals, ElementsAre(std::make_pair(std::string("j-1"), int64_t{10})));
   EXPECT_THAT(Steps(next.records, false), ElementsAre(30, 40));
   EXPECT_THAT(Steps(next.records, true), ElementsAre(20));
 }
 
-TEST(CheckpointRegistryTest, ARequestMayKeepMoreNeverFewerAndZeroKeepsAll) {
+TEST(CheckpointRegistryTest, ZeroKeepsAllAndKeepLastRetiresTheOldest) {
   std::vector<StoredCheckpoint> records;
-  for (int64_t step : {10, 20, 30}) records = PlanCheckpointCommit(records, At(step), 0, 0).records;
+  for (int64_t step : {10, 20, 30}) records = PlanCheckpointCommit(records, At(step), 0).records;
   EXPECT_THAT(Steps(records, false), ElementsAre(10, 20, 30));
-  EXPECT_THAT(PlanCheckpointCommit(records, At(40), 2, 1).retired,
+  EXPECT_THAT(PlanCheckpointCommit(records, At(40), 2).retired,
               ElementsAre("file:///ckpt/j-1/step-20", "file:///ckpt/j-1/step-10"));
-  EXPECT_THAT(PlanCheckpointCommit(records, At(40), 2, 3).retired,
+  EXPECT_THAT(PlanCheckpointCommit(records, At(40), 3).retired,
               ElementsAre("file:///ckpt/j-1/step-10"));
 }
 

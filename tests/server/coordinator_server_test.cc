@@ -381,6 +381,12 @@ TEST_F(CoordinatorServerTest, UsersReachOnlyTheirOwnJobsAndNoAgentOrAdminCall) {
   status = bob->SubmitJob(Context().get(), resume, &seen);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(status.error_message(), HasSubstr("checkpoint.resume_from"));
+  // Nor through the request's resume_from (trainyard submit --resume-from).
+  resume.mutable_spec()->mutable_checkpoint()->clear_resume_from();
+  resume.set_resume_from(job.id());
+  status = bob->SubmitJob(Context().get(), resume, &seen);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("checkpoint.resume_from"));
   EXPECT_TRUE(jobs_->GetJob(Context().get(), get, &seen).ok());
 
   // Bob sees the machines, not which of alice's tasks run on them.

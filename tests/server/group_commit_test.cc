@@ -363,7 +363,6 @@ TEST_F(StoreFailureTest, CheckpointRecordsStayFewOverManyCommits) {
     request.set_job_id(job->id());
     request.set_generation(1);
     request.set_step(step);
-    request.set_uri(absl::StrFormat("file:///ckpt/%s/step-%012d", job->id(), step));
     auto retired = manager_->CommitCheckpoint(request);
     ASSERT_TRUE(retired.ok()) << retired.status();
     if (step >= 300) {

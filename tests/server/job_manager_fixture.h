@@ -96,7 +96,6 @@ class JobManagerTest : public ::testing::Test {
       commit.set_job_id(id);
       commit.set_generation(1);
       commit.set_step(10);
-      commit.set_uri("file:///ckpt/" + id + "/step-000000000010");
       EXPECT_TRUE(manager_->CommitCheckpoint(commit).ok()) << id;
     }
     EXPECT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok()) << id;

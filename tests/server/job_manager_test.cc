@@ -219,6 +219,34 @@ checkpoint: {uri: "file:///elsewhere/", keep_last: 2}
   EXPECT_EQ(job->checkpoint_uri(), "file:///elsewhere/mnist-mlp-1");
 }
 
+TEST_F(JobManagerTest, TheRequestsResumeFromReplacesTheSpecs) {
+  const std::string first = Submit(TestSpec("first"));
+  const std::string yaml = R"(
+name: follow
+model:
+  builtin: mlp
+  args: {inputs: 4, hidden: [8], classes: 2}
+data:
+  synthetic: {samples: 64, features: 4, classes: 2}
+max_steps: 10
+checkpoint: {resume_from: ghost-7}
+)";
+  // As the spec says: a job that does not exist.
+  EXPECT_EQ(manager_->SubmitJobYaml(yaml).status().message(),
+            "checkpoint.resume_from: no job 'ghost-7'");
+  SubmitOptions options;
+  options.resume_from = first;
+  absl::StatusOr<v1::Job> job = manager_->SubmitJobYaml(yaml, nullptr, options);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().checkpoint().resume_from(), first);
+  // The same for a spec message.
+  v1::JobSpec spec = TestSpec("follow-spec");
+  spec.mutable_checkpoint()->set_resume_from("ghost-7");
+  job = manager_->SubmitJob(spec, nullptr, options);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().checkpoint().resume_from(), first);
+}
+
 TEST_F(JobManagerTest, TooManyActiveJobs) {
   JobManagerOptions options;
   options.max_active_jobs = 2;
@@ -244,7 +272,6 @@ TEST_F(JobManagerTest, ReportsFromAnOldGenerationAreFenced) {
   commit.set_job_id(id);
   commit.set_generation(0);
   commit.set_step(5);
-  commit.set_uri("file:///ckpt/tiny-1/step-000000000005");
   EXPECT_EQ(manager_->CommitCheckpoint(commit).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager_->ReportModel(id, 0, "file:///m").code(),
@@ -268,7 +295,6 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
     request.set_job_id(id);
     request.set_generation(1);
     request.set_step(step);
-    request.set_uri(absl::StrFormat("file:///ckpt/ck-1/step-%012d", step));
     request.set_size_bytes(100 + step);
     return manager_->CommitCheckpoint(request);
   };
@@ -277,16 +303,6 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
   auto retired = commit(30);
   ASSERT_TRUE(retired.ok()) << retired.status();
   EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000010"));
-  // A commit must name the job's own step folder: retention deletes what it names.
-  {
-    v1::CommitCheckpointRequest request;
-    request.set_job_id(id);
-    request.set_generation(1);
-    request.set_step(40);
-    request.set_uri("file:///");
-    EXPECT_EQ(manager_->CommitCheckpoint(request).status().code(),
-              absl::StatusCode::kInvalidArgument);
-  }
   // Committing the same step again (a retry whose first answer was lost) changes nothing and
   // hands back the same folders to delete, also after a coordinator restart.
   retired = commit(30);
@@ -301,32 +317,22 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
   ASSERT_TRUE(retired.ok());
   EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000010"));
 
-  // A request cannot keep fewer than the spec says (it may keep more).
-  {
-    v1::CommitCheckpointRequest request;
-    request.set_job_id(id);
-    request.set_generation(1);
-    request.set_step(35);
-    request.set_uri("file:///ckpt/ck-1/step-000000000035");
-    request.set_keep_last(1);
-    retired = manager_->CommitCheckpoint(request);
-    ASSERT_TRUE(retired.ok()) << retired.status();
-    EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000020"));
-    request.set_step(36);
-    request.set_uri("file:///ckpt/ck-1/step-000000000036");
-    request.set_keep_last(3);
-    retired = manager_->CommitCheckpoint(request);
-    ASSERT_TRUE(retired.ok()) << retired.status();
-    EXPECT_THAT(*retired, IsEmpty());
-  }
+  // The spec's keep_last decides: each new step retires the oldest kept.
+  retired = commit(35);
+  ASSERT_TRUE(retired.ok()) << retired.status();
+  EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000020"));
+  retired = commit(36);
+  ASSERT_TRUE(retired.ok()) << retired.status();
+  EXPECT_THAT(*retired, ElementsAre("file:///ckpt/ck-1/step-000000000030"));
 
+  // The folders are the job's own, derived from its checkpoint URI and the step.
   auto list = manager_->ListCheckpoints(id);
   ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->size(), 3u);
+  ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].step(), 36);
+  EXPECT_EQ((*list)[0].uri(), "file:///ckpt/ck-1/step-000000000036");
   EXPECT_EQ((*list)[1].step(), 35);
-  EXPECT_EQ((*list)[2].step(), 30);
-  EXPECT_EQ((*list)[2].size_bytes(), 130);
+  EXPECT_EQ((*list)[1].size_bytes(), 135);
   EXPECT_EQ(manager_->ListCheckpoints("nope-1").status().code(), absl::StatusCode::kNotFound);
 
   // A job resuming from this one gets its own checkpoints first, then this job's.
@@ -340,13 +346,12 @@ TEST_F(JobManagerTest, CheckpointCommitAndRetention) {
   }();
   ASSERT_TRUE(task.ok()) << task.status();
   EXPECT_THAT(task->resume_checkpoints(), ElementsAre("file:///ckpt/ck-1/step-000000000036",
-                                                      "file:///ckpt/ck-1/step-000000000035",
-                                                      "file:///ckpt/ck-1/step-000000000030"));
+                                                      "file:///ckpt/ck-1/step-000000000035"));
 
   Reopen();
   list = manager_->ListCheckpoints(id);
   ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->size(), 3u);
+  ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].step(), 36);
   EXPECT_EQ(Get(id).committed_step(), 36);
 }

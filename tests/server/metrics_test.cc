@@ -92,7 +92,6 @@ TEST_F(MetricsTest, GaugesFollowTheStateAndPerJobSeriesEndWithTheJob) {
   commit.set_job_id(id);
   commit.set_generation(1);
   commit.set_step(10);
-  commit.set_uri(absl::StrCat("file:///ckpt/", id, "/step-000000000010"));
   ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
   clock_.Advance(absl::Seconds(5));
 

@@ -59,7 +59,6 @@ class RecoveryTest : public JobManagerTest {
     request.set_job_id(id);
     request.set_generation(generation);
     request.set_step(step);
-    request.set_uri(absl::StrFormat("file:///ckpt/%s/step-%012d", id, step));
     return manager_->CommitCheckpoint(request).status();
   }
 

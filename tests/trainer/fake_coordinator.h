@@ -9,11 +9,13 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/checkpoint_layout.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 
 namespace trainyard::trainer {
 
-// Records what a trainer reports; retires every committed checkpoint but the newest keep_last.
+// Records what a trainer reports; retires every committed checkpoint but the newest keep_last,
+// their step folders taken from `checkpoint_uri` as the coordinator derives them.
 // Tests may make calls fail (an outage, a refusal) through the hooks. Thread-safe.
 class FakeCoordinator final : public CoordinatorClient {
  public:
@@ -21,7 +23,8 @@ class FakeCoordinator final : public CoordinatorClient {
   // non-OK status is returned instead. Set before the trainer runs.
   using FailHook = std::function<absl::Status(int call)>;
 
-  explicit FakeCoordinator(int keep_last) : keep_last_(keep_last) {}
+  explicit FakeCoordinator(int keep_last, std::string checkpoint_uri = "")
+      : keep_last_(keep_last), checkpoint_uri_(std::move(checkpoint_uri)) {}
 
   void set_commit_hook(FailHook hook) {
     absl::MutexLock lock(&mu_);
@@ -49,8 +52,7 @@ class FakeCoordinator final : public CoordinatorClient {
     progress_.push_back(progress);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, const std::string& uri,
-                                                            int64_t size_bytes,
+  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, int64_t size_bytes,
                                                             absl::Time save_started) override {
     FailHook hook;
     int call;
@@ -64,7 +66,7 @@ class FakeCoordinator final : public CoordinatorClient {
       if (!status.ok()) return status;
     }
     absl::MutexLock lock(&mu_);
-    committed_.push_back({step, uri});
+    committed_.push_back({step, CheckpointStepUri(checkpoint_uri_, step)});
     std::vector<std::string> retired;
     while (static_cast<int>(committed_.size() - retired_count_) > keep_last_) {
       retired.push_back(committed_[retired_count_++].second);
@@ -115,6 +117,7 @@ class FakeCoordinator final : public CoordinatorClient {
 
  private:
   const int keep_last_;
+  const std::string checkpoint_uri_;
   absl::Mutex mu_;
   FailHook commit_hook_ ABSL_GUARDED_BY(mu_);
   FailHook progress_hook_ ABSL_GUARDED_BY(mu_);

@@ -117,7 +117,7 @@ TEST(ResumeTest, StopBetweenCheckpointsThenResumeEndsBitForBitWhereAnUninterrupt
   EXPECT_FALSE(b->stop_checkpoint_skipped);
   ASSERT_TRUE(FileExists(StepFolder(dir_b, kStop) + "/MANIFEST.json"));
 
-  FakeCoordinator coordinator(/*keep_last=*/3);
+  FakeCoordinator coordinator(/*keep_last=*/3, "file://" + dir_c);
   TrainerOptions resume_options = QuietOptions();
   resume_options.coordinator = &coordinator;
   trainyard::v1::Task task_c = ResumeTask(dir_c, kTotal);
@@ -229,7 +229,7 @@ def forward(self, x):
 
 TEST(ResumeTest, TheFirstProgressReportFollowsTheFirstStep) {
   const std::string dir = MakeTempDir();
-  FakeCoordinator coordinator(/*keep_last=*/3);
+  FakeCoordinator coordinator(/*keep_last=*/3, "file://" + dir);
   TrainerOptions options = QuietOptions();
   options.coordinator = &coordinator;
   options.report_interval = absl::Hours(1);  // only the first report may go out before the end
@@ -379,7 +379,7 @@ TEST_P(ResumeAcrossWorldsTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoR
   EXPECT_THAT(ReadFile(StepFolder(dir_b, kStop) + "/trainer_state.json"),
               HasSubstr("\"world_size\": 2"));
 
-  FakeCoordinator coordinator(/*keep_last=*/3);
+  FakeCoordinator coordinator(/*keep_last=*/3, "file://" + dir_c);
   trainyard::v1::Task task_c = Task(dir_c, kTotal);
   task_c.add_resume_checkpoints("file://" + StepFolder(dir_b, kStop));
   std::vector<absl::StatusOr<TrainResult>> c =

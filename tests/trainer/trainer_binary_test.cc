@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/checkpoint_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/test_files.h"
@@ -117,7 +118,9 @@ int64_t StepOfLine(const std::string& line) {
   return std::regex_match(line, m, kStep) ? std::stoll(m[1]) : -1;
 }
 
-// The trainer-facing half of AgentService: records reports, keeps the newest keep_last commits.
+// The trainer-facing half of AgentService: records reports, keeps the newest keep_last commits
+// (all while keep_last is 0), their step folders derived from checkpoint_uri as the coordinator
+// derives them.
 class FakeAgentService final : public trainyard::v1::AgentService::Service {
  public:
   grpc::Status ReportProgress(grpc::ServerContext*,
@@ -132,8 +135,8 @@ class FakeAgentService final : public trainyard::v1::AgentService::Service {
                                 trainyard::v1::CommitCheckpointResponse* response) override {
     absl::MutexLock lock(&mu_);
     commits_.push_back(*request);
-    live_.push_back(request->uri());
-    while (static_cast<int>(live_.size()) > request->keep_last()) {
+    live_.push_back(trainyard::CheckpointStepUri(checkpoint_uri, request->step()));
+    while (keep_last > 0 && static_cast<int>(live_.size()) > keep_last) {
       response->add_retired_uris(live_.front());
       live_.erase(live_.begin());
     }
@@ -151,6 +154,9 @@ class FakeAgentService final : public trainyard::v1::AgentService::Service {
   std::vector<trainyard::v1::CommitCheckpointRequest> commits_ ABSL_GUARDED_BY(mu_);
   std::vector<trainyard::v1::ReportModelRequest> models_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> live_ ABSL_GUARDED_BY(mu_);
+  // Set before the trainer runs.
+  std::string checkpoint_uri;
+  int keep_last = 0;
 };
 
 struct FakeCoordinatorServer {
@@ -351,6 +357,8 @@ TEST(TrainerBinaryTest, ReportsToTheCoordinatorAndDeletesRetiredCheckpoints) {
   auto& spec = *task.mutable_spec();
   spec.mutable_checkpoint()->set_every_steps(10);
   spec.mutable_checkpoint()->set_keep_last(2);
+  coordinator.service.checkpoint_uri = task.checkpoint_uri();
+  coordinator.service.keep_last = 2;
   ProcessResult run = RunTrainer(task, dir, nullptr, coordinator.address());
   ASSERT_EQ(run.exit_code, 0) << run.out;
 
@@ -361,10 +369,8 @@ TEST(TrainerBinaryTest, ReportsToTheCoordinatorAndDeletesRetiredCheckpoints) {
     EXPECT_EQ(commits[i].job_id(), "jobx");
     EXPECT_EQ(commits[i].generation(), 3);
     EXPECT_EQ(commits[i].step(), 10 * static_cast<int64_t>(i + 1));
-    EXPECT_EQ(commits[i].keep_last(), 2);
     EXPECT_GT(commits[i].size_bytes(), 0);
   }
-  EXPECT_EQ(commits[3].uri(), "file://" + dir + "/ckpt/step-000000000040");
   EXPECT_FALSE(FileExists(dir + "/ckpt/step-000000000010/model.safetensors"));
   EXPECT_FALSE(FileExists(dir + "/ckpt/step-000000000020/MANIFEST.json"));
   EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000030/MANIFEST.json"));

@@ -577,7 +577,7 @@ TEST(CheckpointTest, SaveAndReadRestoresModelOptimizerAndStepExactly) {
   data.state.data_cursor = 24;
   data.state.torch_rng_state = TorchRngState();
   std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
-  FakeCoordinator coordinator(/*keep_last=*/5);
+  FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   {
     Checkpointer checkpointer(store.get(), &coordinator, RealClock::Get(),
                               {"file://" + dir, 2, absl::Milliseconds(1)});
@@ -625,7 +625,7 @@ TEST(CheckpointTest, SaveAndReadRestoresModelOptimizerAndStepExactly) {
 
 TEST(CheckpointTest, CommitRetiresOldCheckpoints) {
   const std::string dir = MakeTempDir();
-  FakeCoordinator coordinator(/*keep_last=*/2);
+  FakeCoordinator coordinator(/*keep_last=*/2, "file://" + dir);
   trainyard::v1::Task task = SyntheticTask(dir, 40);
   task.mutable_spec()->mutable_checkpoint()->set_every_steps(10);
   TrainerOptions options = QuietOptions();
@@ -672,7 +672,7 @@ Checkpointer::Options FastRetries(const std::string& base_uri) {
 TEST(CheckpointTest, CommitRidesOutACoordinatorRestart) {
   const std::string dir = MakeTempDir();
   std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
-  FakeCoordinator coordinator(/*keep_last=*/5);
+  FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   coordinator.set_commit_hook([](int call) {
     return call <= 5 ? absl::UnavailableError("connection refused") : absl::OkStatus();
   });
@@ -692,7 +692,7 @@ TEST(CheckpointTest, CommitGivesUpAfterItsRetryTimeAndNeverRetriesARefusal) {
   const std::string dir = MakeTempDir();
   std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
   FakeClock clock;
-  FakeCoordinator coordinator(/*keep_last=*/5);
+  FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   // Every attempt takes 10 s of the fake clock: 60 s allow six of them.
   coordinator.set_commit_hook([&clock](int) {
     clock.Advance(absl::Seconds(10));
@@ -711,7 +711,7 @@ TEST(CheckpointTest, CommitGivesUpAfterItsRetryTimeAndNeverRetriesARefusal) {
     EXPECT_TRUE(checkpointer.RecentSaveDurations().empty());  // failed saves do not count
   }
   // A save's own give-up time comes first when it is sooner.
-  FakeCoordinator slow(/*keep_last=*/5);
+  FakeCoordinator slow(/*keep_last=*/5, "file://" + dir);
   slow.set_commit_hook([&clock](int) {
     clock.Advance(absl::Seconds(10));
     return absl::UnavailableError("connection refused");
@@ -726,7 +726,7 @@ TEST(CheckpointTest, CommitGivesUpAfterItsRetryTimeAndNeverRetriesARefusal) {
   // coordinator itself words them.
   for (const absl::Status& refusal : {absl::AbortedError("CommitCheckpoint: stale generation"),
                                       absl::FailedPreconditionError("stale generation")}) {
-    FakeCoordinator fenced(/*keep_last=*/5);
+    FakeCoordinator fenced(/*keep_last=*/5, "file://" + dir);
     fenced.set_commit_hook([refusal](int) { return refusal; });
     Checkpointer checkpointer(store.get(), &fenced, RealClock::Get(), options);
     checkpointer.SaveAsync(TinyCheckpoint(6));
@@ -738,7 +738,7 @@ TEST(CheckpointTest, CommitGivesUpAfterItsRetryTimeAndNeverRetriesARefusal) {
 TEST(CheckpointTest, ADueCheckpointDoesNotWaitForACommitBeingRetried) {
   const std::string dir = MakeTempDir();
   std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
-  FakeCoordinator coordinator(/*keep_last=*/5);
+  FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   std::atomic<bool> down{true};
   coordinator.set_commit_hook([&down](int) {
     return down ? absl::UnavailableError("connection refused") : absl::OkStatus();

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/job_spec.h"
 #include "common/log.h"
@@ -87,7 +88,8 @@ class StopWatchdog {
       const std::optional<absl::Time> deadline =
           trainyard::trainer::ReadStopDeadline(trainyard::trainer::kStopDeadlineFile);
       if (!deadline.has_value()) return;  // a stop without a deadline: nothing to enforce
-      if (mu_.AwaitWithTimeout(absl::Condition(&done_), *deadline - kExitAhead - absl::Now())) {
+      if (mu_.AwaitWithTimeout(absl::Condition(&done_),
+                               *deadline - kExitAhead - trainyard::RealClock::Get().Now())) {
         return;
       }
       const std::string message =
@@ -125,7 +127,8 @@ std::function<void(int64_t, int64_t)> TestHold(const trainyard::v1::Task& task) 
     };
     if (!held()) return;
     trainyard::LogInfo("held by ", path, " at step ", step);
-    while (stop_signal.load() == 0 && held()) absl::SleepFor(absl::Milliseconds(10));
+    while (stop_signal.load() == 0 && held())
+      trainyard::RealClock::Get().SleepFor(absl::Milliseconds(10));
     trainyard::LogInfo("released at step ", step);
   };
 }
@@ -185,7 +188,6 @@ int main(int argc, char** argv) {
   std::unique_ptr<trainyard::trainer::RendezvousClient> rendezvous;
   const std::string address = absl::GetFlag(FLAGS_coordinator);
   if (!address.empty()) {
-    const int keep_last = task.spec().checkpoint().keep_last();
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
         trainyard::trainer::NewCoordinatorChannel(address, task.credential());
     if (!channel.ok()) {
@@ -193,7 +195,7 @@ int main(int argc, char** argv) {
                   absl::StrCat("coordinator: ", channel.status().message()));
     }
     coordinator = trainyard::trainer::NewGrpcCoordinatorClient(
-        *channel, task.job_id(), task.generation(), task.rank(), keep_last, absl::Seconds(5));
+        *channel, task.job_id(), task.generation(), task.rank(), absl::Seconds(5));
     rendezvous = trainyard::trainer::NewGrpcRendezvousClient(*channel, task.job_id(),
                                                              task.generation(), task.rank());
   }

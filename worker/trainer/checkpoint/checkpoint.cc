@@ -399,7 +399,7 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
   absl::Status commit = RetryUntil(
       clock_, commit_give_up, options_.backoff, options_.max_backoff, [&]() -> absl::Status {
         absl::StatusOr<std::vector<std::string>> r =
-            coordinator_->CommitCheckpoint(step, step_uri, total_bytes, upload_started_);
+            coordinator_->CommitCheckpoint(step, total_bytes, upload_started_);
         if (!r.ok()) {
           if (!failed_once && IsRetryableCoordinatorError(r.status())) {
             failed_once = true;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 
 namespace trainyard::trainer {
 
@@ -28,12 +29,12 @@ absl::Status NcclCalls::Settle(ncclResult_t returned, absl::string_view what, ab
     if (asked != ncclSuccess) return Fail(what, asked);
     if (state == ncclSuccess) return absl::OkStatus();
     if (state != ncclInProgress) return Fail(what, state);
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get().Now() >= deadline) {
       Abort();
       return absl::DeadlineExceededError(
           absl::StrCat(what, ": still in progress after the timeout"));
     }
-    absl::SleepFor(poll_);
+    RealClock::Get().SleepFor(poll_);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/trainer/collective/nccl_calls.h"
 
@@ -43,13 +44,13 @@ absl::Status AwaitEvent(NcclCalls& calls, absl::Time deadline, absl::Duration ti
     }
     if (absl::Status state = calls.Poll(op); !state.ok()) return state;
     if (query == cudaSuccess) return absl::OkStatus();
-    if (absl::Now() > deadline) {
+    if (RealClock::Get().Now() > deadline) {
       calls.Abort();
       return absl::DeadlineExceededError(
           absl::StrCat(op, ": a peer did not respond within the collective timeout of ",
                        absl::FormatDuration(timeout), " (collective_timeout)"));
     }
-    absl::SleepFor(kPollInterval);
+    RealClock::Get().SleepFor(kPollInterval);
   }
 }
 
@@ -116,8 +117,8 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     if (broken_.ok() && !calls_.aborted()) {
       cudaStreamSynchronize(stream_);
-      absl::Status finalized =
-          calls_.Settle(ncclCommFinalize(comm_), "ncclCommFinalize", absl::Now() + timeout_);
+      absl::Status finalized = calls_.Settle(ncclCommFinalize(comm_), "ncclCommFinalize",
+                                             RealClock::Get().Now() + timeout_);
       if (finalized.ok()) {
         ncclCommDestroy(comm_);
       } else {
@@ -159,7 +160,8 @@ class NcclCommunicator final : public Communicator {
     status = FromCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     if (status.ok()) status = FromCuda(cudaEventRecord(done, stream_), "cudaEventRecord");
     if (!status.ok()) return std::make_unique<NcclWork>(status);
-    return std::make_unique<NcclWork>(&calls_, done, absl::Now() + timeout_, timeout_, &broken_);
+    return std::make_unique<NcclWork>(&calls_, done, RealClock::Get().Now() + timeout_, timeout_,
+                                      &broken_);
   }
 
   absl::Status Broadcast(std::vector<torch::Tensor> tensors, int root) override {
@@ -214,7 +216,7 @@ class NcclCommunicator final : public Communicator {
     if (status.ok()) {
       absl::Status issued = issue();
       const ncclResult_t ended = ncclGroupEnd();
-      status = issued.ok() ? calls_.Settle(ended, op, absl::Now() + timeout_) : issued;
+      status = issued.ok() ? calls_.Settle(ended, op, RealClock::Get().Now() + timeout_) : issued;
     }
     if (!status.ok()) broken_ = status;
     return status;
@@ -225,7 +227,8 @@ class NcclCommunicator final : public Communicator {
     absl::Status status =
         FromCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     if (status.ok()) status = FromCuda(cudaEventRecord(done, stream_), "cudaEventRecord");
-    if (status.ok()) status = AwaitEvent(calls_, absl::Now() + timeout_, timeout_, op, done);
+    if (status.ok())
+      status = AwaitEvent(calls_, RealClock::Get().Now() + timeout_, timeout_, op, done);
     if (done != nullptr) cudaEventDestroy(done);
     if (!status.ok()) broken_ = status;
     return status;
@@ -277,8 +280,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(int rank, int 
   const ncclResult_t started = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
   NcclCalls init(RealNcclApi());
   init.set_comm(comm);
-  status =
-      init.Settle(started, "ncclCommInitRank", absl::Now() + std::max(timeout, absl::Minutes(5)));
+  status = init.Settle(started, "ncclCommInitRank",
+                       RealClock::Get().Now() + std::max(timeout, absl::Minutes(5)));
   if (!status.ok()) {
     cudaStreamDestroy(stream);
     return status;

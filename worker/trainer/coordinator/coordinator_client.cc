@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 
@@ -37,13 +38,11 @@ absl::Status FromGrpc(const grpc::Status& status, const char* method) {
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-                        int64_t generation, int32_t rank, int32_t keep_last,
-                        absl::Duration rpc_timeout)
+                        int64_t generation, int32_t rank, absl::Duration rpc_timeout)
       : stub_(trainyard::v1::AgentService::NewStub(std::move(channel))),
         job_id_(std::move(job_id)),
         generation_(generation),
         rank_(rank),
-        keep_last_(keep_last),
         rpc_timeout_(rpc_timeout) {}
 
   absl::Status ReportProgress(const trainyard::v1::JobProgress& progress) override {
@@ -58,16 +57,13 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return FromGrpc(stub_->ReportProgress(&context, request, &response), "ReportProgress");
   }
 
-  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, const std::string& uri,
-                                                            int64_t size_bytes,
+  absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step, int64_t size_bytes,
                                                             absl::Time save_started) override {
     trainyard::v1::CommitCheckpointRequest request;
     request.set_job_id(job_id_);
     request.set_generation(generation_);
     request.set_step(step);
-    request.set_uri(uri);
     request.set_size_bytes(size_bytes);
-    request.set_keep_last(keep_last_);
     request.set_save_started_unix_ms(absl::ToUnixMillis(save_started));
     trainyard::v1::CommitCheckpointResponse response;
     grpc::ClientContext context;
@@ -111,7 +107,6 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   const std::string job_id_;
   const int64_t generation_;
   const int32_t rank_;
-  const int32_t keep_last_;
   const absl::Duration rpc_timeout_;
 };
 
@@ -120,13 +115,12 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                                                             const std::string& job_id,
                                                             int64_t generation, int32_t rank,
-                                                            int32_t keep_last,
                                                             absl::Duration rpc_timeout) {
   return std::make_unique<GrpcCoordinatorClient>(std::move(channel), job_id, generation, rank,
-                                                 keep_last, rpc_timeout);
+                                                 rpc_timeout);
 }
 
-void SleepForRetry(absl::Duration d) { absl::SleepFor(d); }
+void SleepForRetry(absl::Duration d) { RealClock::Get().SleepFor(d); }
 
 bool IsRetryableCoordinatorError(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||

@@ -36,10 +36,10 @@ class CoordinatorClient {
  public:
   virtual ~CoordinatorClient() = default;
   virtual absl::Status ReportProgress(const trainyard::v1::JobProgress& progress) = 0;
-  // Records the checkpoint at `uri` (the step folder), snapshotted at `save_started`. Returns the
-  // step folders now outside retention, whose objects the caller deletes.
+  // Records the checkpoint of `step` (written to its step folder, CheckpointStepUri of the task's
+  // checkpoint URI), snapshotted at `save_started`. Returns the step folders now outside
+  // retention, whose objects the caller deletes.
   virtual absl::StatusOr<std::vector<std::string>> CommitCheckpoint(int64_t step,
-                                                                    const std::string& uri,
                                                                     int64_t size_bytes,
                                                                     absl::Time save_started) = 0;
   virtual absl::Status ReportModel(const std::string& uri) = 0;
@@ -49,11 +49,10 @@ class CoordinatorClient {
 };
 
 // A client over trainyard.v1.AgentService on `channel` (grpc_channel.h) that presents job_id,
-// generation and rank on every call; keep_last goes with each commit.
+// generation and rank on every call.
 std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                                                             const std::string& job_id,
                                                             int64_t generation, int32_t rank,
-                                                            int32_t keep_last,
                                                             absl::Duration rpc_timeout);
 
 // Calls `fn` up to `attempts` times, sleeping `backoff`, 2 * backoff, ... between failures.

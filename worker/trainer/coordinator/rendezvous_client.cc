@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 
@@ -33,7 +34,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
         rank_(rank) {}
 
   absl::Status Set(const std::string& key, const std::string& value) override {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    const absl::Time deadline = RealClock::Get().Now() + absl::Seconds(30);
     absl::Duration backoff = absl::Milliseconds(100);
     while (true) {
       trainyard::v1::RendezvousSetRequest request;
@@ -44,21 +45,21 @@ class GrpcRendezvousClient final : public RendezvousClient {
       request.set_value(value);
       trainyard::v1::RendezvousSetResponse response;
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcSlack));
+      context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + kRpcSlack));
       absl::Status status = FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
                                            absl::StrCat("rendezvous set ", key));
-      if (!Retryable(status) || absl::Now() + backoff >= deadline) return status;
-      absl::SleepFor(backoff);
+      if (!Retryable(status) || RealClock::Get().Now() + backoff >= deadline) return status;
+      RealClock::Get().SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(2));
     }
   }
 
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = RealClock::Get().Now() + timeout;
     absl::Duration backoff = absl::Milliseconds(100);
     while (true) {
       const absl::Duration wait =
-          std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kMaxWaitPerCall);
+          std::clamp(deadline - RealClock::Get().Now(), absl::ZeroDuration(), kMaxWaitPerCall);
       trainyard::v1::RendezvousGetRequest request;
       request.set_job_id(job_id_);
       request.set_generation(generation_);
@@ -67,20 +68,20 @@ class GrpcRendezvousClient final : public RendezvousClient {
       request.set_wait_ms(absl::ToInt64Milliseconds(wait));
       trainyard::v1::RendezvousGetResponse response;
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + wait + kRpcSlack));
+      context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + wait + kRpcSlack));
       absl::Status status = FromGrpcStatus(stub_->RendezvousGet(&context, request, &response),
                                            absl::StrCat("rendezvous get ", key));
       if (status.ok()) return std::move(*response.mutable_value());
-      const bool time_left = absl::Now() < deadline;
+      const bool time_left = RealClock::Get().Now() < deadline;
       if (status.code() == absl::StatusCode::kDeadlineExceeded && time_left) continue;
-      if (!Retryable(status) || absl::Now() + backoff >= deadline) {
+      if (!Retryable(status) || RealClock::Get().Now() + backoff >= deadline) {
         if (status.code() == absl::StatusCode::kDeadlineExceeded) {
           return absl::DeadlineExceededError(absl::StrCat(
               "rendezvous: key '", key, "' not set within ", absl::FormatDuration(timeout)));
         }
         return status;
       }
-      absl::SleepFor(backoff);
+      RealClock::Get().SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(2));
     }
   }

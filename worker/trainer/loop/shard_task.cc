@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/trainer/loop/trainer.h"
 #include "worker/trainer/ps/server.h"
@@ -88,28 +89,28 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
     const std::string& path;
     ~FinalStats() { WriteStats(path, server.Stats()); }
   } final_stats{**server, options.metrics_file};
-  while (!(*server)->WaitUntilFinished(absl::Now() + options.poll_interval)) {
-    if (absl::Now() - stats_written >= kMetricsInterval) {
+  while (!(*server)->WaitUntilFinished(RealClock::Get().Now() + options.poll_interval)) {
+    if (RealClock::Get().Now() - stats_written >= kMetricsInterval) {
       WriteStats(options.metrics_file, (*server)->Stats());
-      stats_written = absl::Now();
+      stats_written = RealClock::Get().Now();
     }
     if (options.stop_signal->load() == 0) continue;
     if (!deadline.has_value()) {
       deadline = options.stop_deadline_file.empty() ? std::nullopt
                                                     : ReadStopDeadline(options.stop_deadline_file);
       if (!deadline.has_value()) deadline = absl::InfiniteFuture();
-      stopped_at = absl::Now();
+      stopped_at = RealClock::Get().Now();
       LogInfo("parameter server ", task.shard(),
               " asked to stop: serving until the ranks have saved and finished");
     }
-    if (absl::Now() >= *deadline - kShardExitAhead) {
+    if (RealClock::Get().Now() >= *deadline - kShardExitAhead) {
       LogWarning("parameter server ", task.shard(), ": the stop's deadline came first");
       return absl::OkStatus();
     }
     // A plain stop (no deadline: the attempt ended or the job was cancelled) may come after
     // ranks that will never finish are gone.
     const absl::Duration quiet = options.quiet_after_plain_stop;
-    if (*deadline == absl::InfiniteFuture() && absl::Now() - stopped_at >= quiet &&
+    if (*deadline == absl::InfiniteFuture() && RealClock::Get().Now() - stopped_at >= quiet &&
         (*server)->Quiet(quiet)) {
       LogInfo("parameter server ", task.shard(), ": no rank called for ",
               absl::FormatDuration(quiet), " since the stop; ending");

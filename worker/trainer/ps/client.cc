@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/grpc_status.h"
 #include "worker/trainer/ps/wire.h"
 
@@ -45,7 +46,7 @@ absl::Status PsClient::Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, cons
                                                       Response*),
                             const Request& request, Response* response, const char* method) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + timeout_));
   if (!bearer_.empty()) context.AddMetadata("authorization", bearer_);
   return FromGrpcStatus((stub_.get()->*rpc)(&context, request, response),
                         absl::StrCat("parameter server ", shard_, " at ", address_, ": ", method));
@@ -194,7 +195,7 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
   for (const torch::Tensor& g : gradients) request.tensors.push_back(g.contiguous());
   TensorFrame response;
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + timeout_));
   if (!bearer_.empty()) context.AddMetadata("authorization", bearer_);
   const grpc::internal::RpcMethod method(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC,
                                          channel_);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/grpc_status.h"
 #include "trainyard/v1/ps_service.grpc.pb.h"
 #include "worker/trainer/ps/wire.h"
@@ -319,7 +320,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
     ~Activity() {
       absl::MutexLock lock(&service_->activity_mu_);
       service_->in_flight_--;
-      service_->last_call_ended_ = absl::Now();
+      service_->last_call_ended_ = RealClock::Get().Now();
     }
 
    private:
@@ -339,7 +340,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
   bool Quiet(absl::Duration quiet) const {
     absl::MutexLock lock(&activity_mu_);
-    return in_flight_ == 0 && absl::Now() - last_call_ended_ >= quiet;
+    return in_flight_ == 0 && RealClock::Get().Now() - last_call_ended_ >= quiet;
   }
 
   // An asynchronous shard's parameters and optimizer state at one version, after every rank but
@@ -452,7 +453,7 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   ShardStats stats_ ABSL_GUARDED_BY(stats_mu_);
   mutable absl::Mutex activity_mu_;
   int in_flight_ ABSL_GUARDED_BY(activity_mu_) = 0;
-  absl::Time last_call_ended_ ABSL_GUARDED_BY(activity_mu_) = absl::Now();
+  absl::Time last_call_ended_ ABSL_GUARDED_BY(activity_mu_) = RealClock::Get().Now();
   ParameterShard* shard_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<ParameterShard> owned_ ABSL_GUARDED_BY(mu_);
 };
@@ -494,7 +495,8 @@ bool PsServer::Quiet(absl::Duration quiet) const { return service_->Quiet(quiet)
 ShardStats PsServer::Stats() const { return service_->Stats(); }
 
 PsServer::~PsServer() {
-  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (server_ != nullptr)
+    server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now() + absl::Seconds(1)));
 }
 
 }  // namespace trainyard::trainer

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "worker/trainer/data/schedule.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/model/optimizer.h"
@@ -461,14 +462,14 @@ absl::StatusOr<ParameterShard::PullResult> ParameterShard::PullWith(
 
 absl::StatusOr<absl::Duration> ParameterShard::AwaitVersionLocked(int64_t min_version,
                                                                   absl::Time deadline) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = RealClock::Get().Now();
   auto reached = [this, min_version]()
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ >= min_version; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&reached), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "version ", min_version, " was not reached in time; the shard is at ", version_));
   }
-  return absl::Now() - start;
+  return RealClock::Get().Now() - start;
 }
 
 absl::StatusOr<ParameterShard::PullResult> ParameterShard::PullRowsWith(
