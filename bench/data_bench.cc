@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_spec.h"
+#include "common/object_store.h"
 #include "common/safetensors.h"
 #include "worker/trainer/data/data.h"
 #include "worker/trainer/data/schedule.h"
@@ -44,6 +46,15 @@ ABSL_FLAG(std::string, spec, "", "read, train: a job spec (YAML)");
 ABSL_FLAG(int, epochs, 1, "read: epochs to read");
 
 namespace {
+
+// The object stores of the environment, made once.
+const trainyard::ObjectStoreResolver& Stores() {
+  static const trainyard::ObjectStoreResolver* const kStores =
+      trainyard::NewObjectStoreResolver([](const char* name) {
+        return std::getenv(name);
+      }).release();
+  return *kStores;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -125,7 +136,9 @@ int Read() {
   }
   using namespace trainyard::trainer;
   const Clock::time_point open_start = Clock::now();
-  auto data = OpenTrainingData(spec->data(), spec->seed(), true, DataOptions::FromEnvironment());
+  DataOptions options = DataOptions::FromEnvironment();
+  options.stores = &Stores();
+  auto data = OpenTrainingData(spec->data(), spec->seed(), true, options);
   if (!data.ok()) {
     std::cerr << data.status() << "\n";
     return 2;
@@ -180,6 +193,7 @@ int Train() {
   task.set_world_size(1);
   *task.mutable_spec() = *spec;
   trainyard::trainer::TrainerOptions options;
+  options.stores = &Stores();
   options.num_threads = 1;
   options.data = trainyard::trainer::DataOptions::FromEnvironment();
   std::vector<double> rates;

@@ -19,6 +19,7 @@
 #include "client/local_cluster.h"
 #include "common/channel.h"
 #include "common/clock.h"
+#include "common/object_store.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/subprocess.h"
 
@@ -242,7 +243,10 @@ int RunCli(const std::vector<std::string>& argv) {
     return kExitUsage;
   }
   if (parsed->command == "up") return Up(*parsed);
-  if (parsed->command == "data") return Data(*parsed);
+  // The object stores, their S3 settings and credentials read once, here.
+  const std::unique_ptr<ObjectStoreResolver> stores =
+      NewObjectStoreResolver([](const char* name) { return std::getenv(name); });
+  if (parsed->command == "data") return Data(*parsed, *stores);
 
   std::string address = parsed->Get("coordinator");
   if (address.empty()) {
@@ -260,7 +264,7 @@ int RunCli(const std::vector<std::string>& argv) {
     std::cerr << "error: " << channel.status().message() << "\n";
     return kExitUsage;
   }
-  Client client(address, *parsed, *std::move(channel));
+  Client client(address, *parsed, *std::move(channel), *stores);
   const std::string& name = parsed->command;
   if (name == "submit") return client.Submit();
   if (name == "jobs") return client.Jobs();

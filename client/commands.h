@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "client/args.h"
 #include "client/cli.h"
+#include "common/object_store.h"
 #include "grpcpp/grpcpp.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
@@ -29,15 +30,18 @@ void SetDeadline(grpc::ClientContext& context);
 // A spec from a file, or from stdin for "-".
 absl::StatusOr<std::string> ReadSpecFile(const std::string& file);
 
-// `trainyard data inspect|pack ...` (data_commands.cc).
-int Data(const ParsedArgs& args);
+// `trainyard data inspect|pack ...` (data_commands.cc), reading through `stores`.
+int Data(const ParsedArgs& args, const ObjectStoreResolver& stores);
 
 // The commands that talk to the coordinator, over one channel.
 class Client {
  public:
-  Client(std::string address, const ParsedArgs& args, std::shared_ptr<grpc::Channel> channel)
+  // `stores` (not owned) serves `delete --checkpoints`.
+  Client(std::string address, const ParsedArgs& args, std::shared_ptr<grpc::Channel> channel,
+         const ObjectStoreResolver& stores)
       : address_(std::move(address)),
         args_(args),
+        stores_(stores),
         stub_(v1::JobService::NewStub(channel)),
         admin_(v1::AdminService::NewStub(channel)),
         search_(v1::SearchService::NewStub(channel)) {}
@@ -78,6 +82,7 @@ class Client {
 
   const std::string address_;
   const ParsedArgs& args_;
+  const ObjectStoreResolver& stores_;
   std::unique_ptr<v1::JobService::Stub> stub_;
   std::unique_ptr<v1::AdminService::Stub> admin_;
   std::unique_ptr<v1::SearchService::Stub> search_;

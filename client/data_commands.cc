@@ -1,6 +1,7 @@
 // The data commands, which need no coordinator: data pack and data inspect.
 
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -52,6 +53,12 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   return static_cast<int64_t>(value * static_cast<double>(unit));
 }
 
+// A local path made absolute (from the current folder); URIs and absolute paths as they are.
+std::string AbsoluteLocal(const std::string& path) {
+  if (path.empty() || absl::StrContains(path, "://") || path[0] == '/') return path;
+  return (std::filesystem::current_path() / path).lexically_normal().string();
+}
+
 // `trainyard data pack PREFIX INPUT...`.
 int Pack(const ParsedArgs& args) {
   if (args.args.size() < 3) {
@@ -59,7 +66,8 @@ int Pack(const ParsedArgs& args) {
     return kExitUsage;
   }
   PackOptions options;
-  options.prefix = args.args[1];
+  // As an absolute path, so that the pattern it prints can go into a spec as it is.
+  options.prefix = AbsoluteLocal(args.args[1]);
   if (args.Has("shard-size")) {
     absl::StatusOr<int64_t> size = ParseByteSize(args.Get("shard-size"));
     if (!size.ok()) {
@@ -121,7 +129,7 @@ int Pack(const ParsedArgs& args) {
 }  // namespace
 
 // `trainyard data inspect URI` and `data pack`: need no coordinator.
-int Data(const ParsedArgs& args) {
+int Data(const ParsedArgs& args, const ObjectStoreResolver& stores) {
   if (args.args[0] == "pack") return Pack(args);
   if (args.args[0] != "inspect") {
     std::cerr << "error: data takes inspect or pack, got '" << args.args[0] << "'\n";
@@ -131,7 +139,7 @@ int Data(const ParsedArgs& args) {
     std::cerr << "error: data inspect takes one URI\n";
     return kExitUsage;
   }
-  absl::StatusOr<ShardIndex> index = IndexShards(args.args[1]);
+  absl::StatusOr<ShardIndex> index = IndexShards(stores, AbsoluteLocal(args.args[1]));
   if (!index.ok()) {
     std::cerr << "error: " << index.status().message() << "\n";
     return absl::IsNotFound(index.status()) || absl::IsInvalidArgument(index.status())

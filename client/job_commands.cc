@@ -30,9 +30,10 @@ bool IsFinal(v1::JobState state) {
 }
 
 // Deletes every object under a job's checkpoint URI (and, for a local folder, the folder).
-absl::Status DeleteCheckpointObjects(const std::string& checkpoint_uri) {
+absl::Status DeleteCheckpointObjects(const ObjectStoreResolver& stores,
+                                     const std::string& checkpoint_uri) {
   if (checkpoint_uri.empty()) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(checkpoint_uri);
+  absl::StatusOr<std::shared_ptr<ObjectStore>> store = stores.Open(checkpoint_uri);
   if (!store.ok()) return store.status();
   // The trailing '/' keeps job-1 from matching job-10's objects.
   const std::string prefix = absl::StrCat(absl::StripSuffix(checkpoint_uri, "/"), "/");
@@ -312,7 +313,7 @@ int Client::Delete() {
     if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::GetJob, get, &job)) {
       return *failed;
     }
-    if (absl::Status s = DeleteCheckpointObjects(job.checkpoint_uri()); !s.ok()) {
+    if (absl::Status s = DeleteCheckpointObjects(stores_, job.checkpoint_uri()); !s.ok()) {
       std::cerr << "error: deleting the checkpoints under " << job.checkpoint_uri() << ": "
                 << s.message() << "\n(job " << id << " was not deleted; run the command again)\n";
       return kExitStorageError;

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/file_object_store.h"
 #include "common/s3_client.h"
 #include "common/s3_object_store.h"
@@ -49,22 +50,46 @@ absl::StatusOr<ObjectInfo> ObjectStore::GetToFile(absl::string_view uri,
   return info;
 }
 
-absl::StatusOr<std::unique_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri) {
-  absl::StatusOr<Uri> parsed = ParseUri(uri);
-  if (!parsed.ok()) return parsed.status();
-  if (parsed->scheme == "file") return std::unique_ptr<ObjectStore>(new FileObjectStore());
-  if (parsed->scheme == "s3") {
-    absl::StatusOr<S3ClientOptions> options =
-        S3ClientOptionsFromEnv([](const char* name) { return std::getenv(name); });
-    if (!options.ok()) {
-      return absl::Status(options.status().code(),
-                          absl::StrCat(uri, ": ", options.status().message()));
+namespace {
+
+class EnvironmentStores final : public ObjectStoreResolver {
+ public:
+  explicit EnvironmentStores(const EnvLookup& env)
+      : files_(std::make_shared<FileObjectStore>()), s3_options_(S3ClientOptionsFromEnv(env)) {}
+
+  absl::StatusOr<std::shared_ptr<ObjectStore>> Open(absl::string_view uri) const override {
+    absl::StatusOr<Uri> parsed = ParseUri(uri);
+    if (!parsed.ok()) return parsed.status();
+    if (parsed->scheme == "file") return files_;
+    if (parsed->scheme != "s3") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", uri, "': no object store for scheme '", parsed->scheme, "'"));
     }
-    return std::unique_ptr<ObjectStore>(
-        new S3ObjectStore(std::make_unique<S3Client>(*std::move(options))));
+    if (!s3_options_.ok()) {
+      return absl::Status(s3_options_.status().code(),
+                          absl::StrCat(uri, ": ", s3_options_.status().message()));
+    }
+    absl::MutexLock lock(&mu_);
+    if (s3_ == nullptr)
+      s3_ = std::make_shared<S3ObjectStore>(std::make_unique<S3Client>(*s3_options_));
+    return s3_;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("'", uri, "': no object store for scheme '", parsed->scheme, "'"));
+
+ private:
+  const std::shared_ptr<ObjectStore> files_;
+  const absl::StatusOr<S3ClientOptions> s3_options_;
+  mutable absl::Mutex mu_;
+  mutable std::shared_ptr<ObjectStore> s3_ ABSL_GUARDED_BY(mu_);  // made at the first s3:// URI
+};
+
+}  // namespace
+
+std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(const EnvLookup& env) {
+  return std::make_unique<EnvironmentStores>(env);
+}
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri) {
+  return NewObjectStoreResolver([](const char* name) { return std::getenv(name); })->Open(uri);
 }
 
 }  // namespace trainyard

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/s3_auth.h"  // EnvLookup
 
 namespace trainyard {
 
@@ -60,11 +61,27 @@ class ObjectStore {
                                                const std::string& local_path);
 };
 
-// The store that serves `uri`'s scheme. A plain absolute path is taken as file://. s3:// URIs
-// get an S3ObjectStore configured from the environment (see S3ClientOptionsFromEnv: endpoint,
-// region, credentials); its errors (NOT_FOUND / INVALID_ARGUMENT for missing or bad credentials)
-// come back here. INVALID_ARGUMENT for an unsupported scheme.
-absl::StatusOr<std::unique_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri);
+// Opens the store that serves a URI's scheme. A program builds one at start
+// (NewObjectStoreResolver, its S3 settings read once) and hands it to whatever reads or writes
+// objects; tests hand one that serves from memory. Thread-safe.
+class ObjectStoreResolver {
+ public:
+  virtual ~ObjectStoreResolver() = default;
+  // The store for `uri` (file:///abs/path, a plain absolute path, s3://bucket/key), shared: the
+  // same one may serve every URI of its scheme. INVALID_ARGUMENT for a URI no store serves;
+  // for s3:// URIs, the error of incomplete S3 settings (NOT_FOUND / INVALID_ARGUMENT for missing
+  // or bad credentials), the URI in the message.
+  virtual absl::StatusOr<std::shared_ptr<ObjectStore>> Open(absl::string_view uri) const = 0;
+};
+
+// file:// and s3://, the S3 settings (S3ClientOptionsFromEnv: endpoint, region, credentials)
+// read from `env` here, once; one file store and one S3 store (with its pool of connections)
+// serve every URI of their scheme.
+std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(const EnvLookup& env);
+
+// A fresh store for `uri` with the S3 settings of the process environment: for tests and
+// benchmarks. Programs hand down one ObjectStoreResolver instead.
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri);
 
 }  // namespace trainyard
 

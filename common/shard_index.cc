@@ -88,8 +88,9 @@ absl::StatusOr<ShardIndex> IndexShards(ObjectStore& store, const std::string& pa
   return index;
 }
 
-absl::StatusOr<ShardIndex> IndexShards(const std::string& pattern) {
-  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(AsUri(pattern));
+absl::StatusOr<ShardIndex> IndexShards(const ObjectStoreResolver& stores,
+                                       const std::string& pattern) {
+  absl::StatusOr<std::shared_ptr<ObjectStore>> store = stores.Open(AsUri(pattern));
   if (!store.ok()) return store.status();
   return IndexShards(**store, pattern);
 }

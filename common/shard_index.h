@@ -38,8 +38,9 @@ struct ShardIndex {
 // not safetensors.
 absl::StatusOr<ShardIndex> IndexShards(ObjectStore& store, const std::string& pattern);
 
-// Opens the store of `pattern` (plain paths are file://) and indexes it.
-absl::StatusOr<ShardIndex> IndexShards(const std::string& pattern);
+// Opens the store of `pattern` through `stores` (plain paths are file://) and indexes it.
+absl::StatusOr<ShardIndex> IndexShards(const ObjectStoreResolver& stores,
+                                       const std::string& pattern);
 
 }  // namespace trainyard
 

@@ -61,7 +61,7 @@ MappedShard::~MappedShard() {
   close(fd_);  // also releases the shared lock that keeps a cached file from eviction
 }
 
-absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(std::unique_ptr<ObjectStore> store,
+absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(std::shared_ptr<ObjectStore> store,
                                                                ShardIndex index,
                                                                std::vector<std::string> columns,
                                                                ShardReaderOptions options) {
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(std::unique_ptr<O
   return reader;
 }
 
-ShardReader::ShardReader(std::unique_ptr<ObjectStore> store, ShardIndex index,
+ShardReader::ShardReader(std::shared_ptr<ObjectStore> store, ShardIndex index,
                          std::vector<std::vector<Range>> ranges, ShardReaderOptions options,
                          bool remote)
     : store_(std::move(store)),

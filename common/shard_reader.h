@@ -62,7 +62,7 @@ class ShardReader {
   // `index` is what IndexShards read from `store`; `columns` the tensors to read, each of which
   // every shard must hold (INVALID_ARGUMENT naming the first shard without otherwise).
   // INVALID_ARGUMENT when a shard is remote and options.cache_bytes < 1.
-  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(std::unique_ptr<ObjectStore> store,
+  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(std::shared_ptr<ObjectStore> store,
                                                            ShardIndex index,
                                                            std::vector<std::string> columns,
                                                            ShardReaderOptions options);
@@ -97,7 +97,7 @@ class ShardReader {
     int64_t length = 0;
   };
 
-  ShardReader(std::unique_ptr<ObjectStore> store, ShardIndex index,
+  ShardReader(std::shared_ptr<ObjectStore> store, ShardIndex index,
               std::vector<std::vector<Range>> ranges, ShardReaderOptions options, bool remote);
   void Loop();
   // Makes shard `i` local and maps it; no lock held.
@@ -112,7 +112,7 @@ class ShardReader {
   void Populate(const MappedShard& shard);
 
   // Fixed at construction.
-  const std::unique_ptr<ObjectStore> store_;
+  const std::shared_ptr<ObjectStore> store_;
   const ShardIndex index_;
   const std::vector<std::vector<Range>> ranges_;  // per shard, per column
   const ShardReaderOptions options_;

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/run_shell.h"
+#include "tests/common/test_stores.h"
 
 namespace trainyard::cli {
 namespace {
@@ -62,6 +63,23 @@ class DataPackTest : public ::testing::Test {
   std::string dir_;
 };
 
+// The command line: a prefix relative to the current folder becomes an absolute one, so that the
+// pattern it prints goes into a spec as it is, and `data inspect` reads a relative pattern too.
+TEST_F(DataPackTest, TheCommandMakesARelativePrefixAbsolute) {
+  auto [code, out] = RunShell(
+      absl::StrCat("cd ", dir_, " && mkdir -p out && /usr/bin/python3 -c \"import numpy as np; ",
+                   "np.save('x.npy', np.ones((10, 2), dtype=np.float32)); ",
+                   "np.save('y.npy', np.arange(10))\" && ", TRAINYARD_CLI,
+                   " data pack out/train x=x.npy y=y.npy"));
+  ASSERT_EQ(code, 0) << out;
+  const std::string absolute = std::filesystem::canonical(dir_).string() + "/out/train";
+  EXPECT_THAT(out, HasSubstr(": " + absolute + "-*.safetensors"));
+  std::tie(code, out) =
+      RunShell(absl::StrCat("cd ", dir_, " && ", TRAINYARD_CLI, " data inspect 'out/train-*'"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr(absolute + "-00000.safetensors"));
+}
+
 TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
   auto [code, out] = RunShell(absl::StrCat(
       "cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; r = np.random.default_rng(1); ",
@@ -90,7 +108,7 @@ TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("shards 3 tensors ['h', 'ids', 'x', 'y']"));
   // The index agrees: every shard has its samples, the extremes of y are per shard.
-  auto index = IndexShards(options.prefix + "-*.safetensors");
+  auto index = IndexShards(EnvironmentStores(), options.prefix + "-*.safetensors");
   ASSERT_TRUE(index.ok()) << index.status();
   EXPECT_EQ(index->samples, 1000);
   EXPECT_EQ(index->shards[2].samples, 1000 - 2 * 431);
@@ -116,7 +134,8 @@ TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
   EXPECT_THAT(std::string(PackShards(options).status().message()), HasSubstr("Fortran"));
   options.tensors[1].npy_path = dir_ + "/missing.npy";
   EXPECT_EQ(PackShards(options).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(IndexShards(dir_ + "/out/bad-*").status().code() == absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IndexShards(EnvironmentStores(), dir_ + "/out/bad-*").status().code() ==
+              absl::StatusCode::kNotFound);
 }
 
 TEST_F(DataPackTest, CsvColumnsBecomeTensorsOfTheirDtypes) {

@@ -1,5 +1,4 @@
 #include "common/file_object_store.h"
-#include "common/s3_object_store.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/object_store.h"
+#include "common/s3_object_store.h"
 #include "common/sha256.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace trainyard {
@@ -227,19 +229,57 @@ TEST_F(FileObjectStoreTest, ConcurrentPutsOfOneObjectLeaveOneWholeVersion) {
 }
 
 TEST(OpenObjectStoreTest, Schemes) {
-  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore("file:///tmp/x");
+  absl::StatusOr<std::shared_ptr<ObjectStore>> store = OpenObjectStore("file:///tmp/x");
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_NE(dynamic_cast<FileObjectStore*>(store->get()), nullptr);
   EXPECT_TRUE(OpenObjectStore("/tmp/x").ok());
   setenv("AWS_ACCESS_KEY_ID", "AK", 1);
   setenv("AWS_SECRET_ACCESS_KEY", "SK", 1);
-  absl::StatusOr<std::unique_ptr<ObjectStore>> s3 = OpenObjectStore("s3://bucket/x");
+  absl::StatusOr<std::shared_ptr<ObjectStore>> s3 = OpenObjectStore("s3://bucket/x");
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
   ASSERT_TRUE(s3.ok()) << s3.status();
   EXPECT_NE(dynamic_cast<S3ObjectStore*>(s3->get()), nullptr);
   EXPECT_EQ(OpenObjectStore("gs://bucket/x").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(OpenObjectStore("relative").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ObjectStoreResolverTest, ReadsItsSettingsOnceAndSharesOneStorePerScheme) {
+  std::map<std::string, std::string> env = {{"AWS_ACCESS_KEY_ID", "AK"},
+                                            {"AWS_SECRET_ACCESS_KEY", "SK"}};
+  int lookups = 0;
+  std::unique_ptr<ObjectStoreResolver> stores =
+      NewObjectStoreResolver([&](const char* name) -> const char* {
+        ++lookups;
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+      });
+  const int at_start = lookups;
+  EXPECT_GT(at_start, 0);
+  absl::StatusOr<std::shared_ptr<ObjectStore>> a = stores->Open("s3://bucket/a");
+  absl::StatusOr<std::shared_ptr<ObjectStore>> b = stores->Open("s3://other/b");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_NE(dynamic_cast<S3ObjectStore*>(a->get()), nullptr);
+  absl::StatusOr<std::shared_ptr<ObjectStore>> f = stores->Open("/tmp/x");
+  ASSERT_TRUE(f.ok());
+  EXPECT_NE(dynamic_cast<FileObjectStore*>(f->get()), nullptr);
+  EXPECT_EQ(f->get(), stores->Open("file:///tmp/y")->get());
+  EXPECT_EQ(lookups, at_start) << "the environment was read again after start";
+
+  // Without credentials: files still work; every s3:// URI says what is missing, and where.
+  env.clear();
+  std::unique_ptr<ObjectStoreResolver> bare =
+      NewObjectStoreResolver([&](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+      });
+  EXPECT_TRUE(bare->Open("file:///tmp/x").ok());
+  absl::Status missing = bare->Open("s3://bucket/key").status();
+  EXPECT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.message()), ::testing::HasSubstr("s3://bucket/key"));
+  EXPECT_EQ(bare->Open("gs://bucket/x").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

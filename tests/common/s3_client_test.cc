@@ -664,7 +664,7 @@ TEST_F(S3rverTest, ListingFollowsContinuationPastAThousandKeys) {
 
 TEST_F(S3rverTest, OpenObjectStoreUsesTheEnvironment) {
   for (const auto& [k, v] : server_->Env()) setenv(k.c_str(), v.c_str(), 1);
-  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore("s3://bkt/x");
+  absl::StatusOr<std::shared_ptr<ObjectStore>> store = OpenObjectStore("s3://bkt/x");
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE((*store)->Put("s3://bkt/env/obj", "hello").ok());
   absl::StatusOr<std::string> got = (*store)->Get("s3://bkt/env/obj");

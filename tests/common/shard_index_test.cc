@@ -13,6 +13,7 @@
 #include "common/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/test_stores.h"
 
 namespace trainyard {
 namespace {
@@ -48,7 +49,7 @@ TEST_F(ShardIndexTest, TheIndexComesFromTheHeadersAlone) {
   WriteShard("train-0.safetensors", 1000);
   WriteShard("train-1.safetensors", 24);
   WriteShard("other.safetensors", 5);
-  auto index = IndexShards(dir_ + "/train-*.safetensors");
+  auto index = IndexShards(EnvironmentStores(), dir_ + "/train-*.safetensors");
   ASSERT_TRUE(index.ok()) << index.status();
   ASSERT_EQ(index->shards.size(), 2u);
   EXPECT_EQ(index->samples, 1024);
@@ -76,14 +77,15 @@ TEST_F(ShardIndexTest, TheIndexComesFromTheHeadersAlone) {
 TEST_F(ShardIndexTest, ABadShardIsNamedAndNothingMatchingIsNotFound) {
   WriteShard("train-0.safetensors", 10);
   std::ofstream(dir_ + "/train-1.safetensors") << "not a safetensors file";
-  auto index = IndexShards("file://" + dir_ + "/train-*.safetensors");
+  auto index = IndexShards(EnvironmentStores(), "file://" + dir_ + "/train-*.safetensors");
   EXPECT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(index.status().message()), HasSubstr("train-1.safetensors"));
   // Truncated after its header: the header says more data than the file has.
   std::filesystem::resize_file(WriteShard("train-1.safetensors", 10), 100);
-  index = IndexShards(dir_ + "/train-*.safetensors");
+  index = IndexShards(EnvironmentStores(), dir_ + "/train-*.safetensors");
   EXPECT_EQ(index.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(IndexShards(dir_ + "/none-*.safetensors").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(IndexShards(EnvironmentStores(), dir_ + "/none-*.safetensors").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(ShardIndexTest, TensorsThatDisagreeOnTheSampleCountAreNoDataShard) {
@@ -91,7 +93,7 @@ TEST_F(ShardIndexTest, TensorsThatDisagreeOnTheSampleCountAreNoDataShard) {
   auto file = EncodeSafetensors({{"x", "U8", {8}, a}, {"y", "U8", {3}, b}}, {});
   ASSERT_TRUE(file.ok());
   std::ofstream(dir_ + "/mixed.safetensors", std::ios::binary) << *file;
-  auto index = IndexShards(dir_ + "/mixed.safetensors");
+  auto index = IndexShards(EnvironmentStores(), dir_ + "/mixed.safetensors");
   ASSERT_TRUE(index.ok()) << index.status();
   EXPECT_EQ(index->shards[0].samples, -1);
   EXPECT_EQ(index->samples, 0);

@@ -19,98 +19,12 @@
 #include "common/shard_index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/test_stores.h"
 
 namespace trainyard {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A remote store in memory ("mem://..."), recording the byte ranges read.
-class MemoryStore final : public ObjectStore {
- public:
-  absl::Status Put(absl::string_view uri, absl::string_view data) override {
-    absl::MutexLock lock(&mu_);
-    objects_[std::string(uri)] = std::string(data);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> Get(absl::string_view uri) override {
-    return GetRange(uri, 0, INT64_MAX / 2);
-  }
-  absl::StatusOr<std::string> GetRange(absl::string_view uri, int64_t offset,
-                                       int64_t length) override {
-    absl::MutexLock lock(&mu_);
-    auto it = objects_.find(std::string(uri));
-    if (it == objects_.end()) return absl::NotFoundError(absl::StrCat(uri, " not found"));
-    if (failing_ == uri) return absl::PermissionDeniedError(absl::StrCat(uri, ": access denied"));
-    reads_.push_back({std::string(uri), offset, length});
-    if (offset >= static_cast<int64_t>(it->second.size())) return std::string();
-    return it->second.substr(static_cast<size_t>(offset), static_cast<size_t>(length));
-  }
-  absl::StatusOr<ObjectInfo> Head(absl::string_view uri) override {
-    absl::MutexLock lock(&mu_);
-    auto it = objects_.find(std::string(uri));
-    if (it == objects_.end()) return absl::NotFoundError(absl::StrCat(uri, " not found"));
-    return ObjectInfo{std::string(uri), static_cast<int64_t>(it->second.size()),
-                      absl::StrCat("etag-", it->second.size())};
-  }
-  absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) override {
-    absl::MutexLock lock(&mu_);
-    std::vector<ObjectInfo> out;
-    for (const auto& [uri, data] : objects_) {
-      if (absl::StartsWith(uri, prefix)) {
-        out.push_back({uri, static_cast<int64_t>(data.size()), ""});
-      }
-    }
-    return out;
-  }
-  absl::Status Delete(absl::string_view uri) override {
-    absl::MutexLock lock(&mu_);
-    objects_.erase(std::string(uri));
-    return absl::OkStatus();
-  }
-
-  struct Read {
-    std::string uri;
-    int64_t offset;
-    int64_t length;
-  };
-  std::vector<Read> reads() {
-    absl::MutexLock lock(&mu_);
-    return reads_;
-  }
-  void Fail(const std::string& uri) {
-    absl::MutexLock lock(&mu_);
-    failing_ = uri;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, std::string> objects_ ABSL_GUARDED_BY(mu_);
-  std::vector<Read> reads_ ABSL_GUARDED_BY(mu_);
-  std::string failing_ ABSL_GUARDED_BY(mu_);
-};
-
-// A store that shares another's objects, so that two readers stand for two processes.
-class SharedStore final : public ObjectStore {
- public:
-  explicit SharedStore(ObjectStore* store) : store_(store) {}
-  absl::Status Put(absl::string_view uri, absl::string_view data) override {
-    return store_->Put(uri, data);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view uri) override { return store_->Get(uri); }
-  absl::StatusOr<std::string> GetRange(absl::string_view uri, int64_t offset,
-                                       int64_t length) override {
-    return store_->GetRange(uri, offset, length);
-  }
-  absl::StatusOr<ObjectInfo> Head(absl::string_view uri) override { return store_->Head(uri); }
-  absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) override {
-    return store_->List(prefix);
-  }
-  absl::Status Delete(absl::string_view uri) override { return store_->Delete(uri); }
-
- private:
-  ObjectStore* const store_;
-};
 
 // Shard `i` of `n` samples: "x" uint8 [n, 4] (bytes i*16 + row % 16), "y" int64 [n] (row),
 // and "unused" float32 [n, 64], which no test asks for.
@@ -149,11 +63,11 @@ class ShardReaderTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::unique_ptr<ShardReader> OpenRemote(ObjectStore* store, ShardReaderOptions options) {
+  std::unique_ptr<ShardReader> OpenRemote(std::shared_ptr<MemoryStore> store,
+                                          ShardReaderOptions options) {
     auto index = IndexShards(*store, "mem://ds/train-*.safetensors");
     EXPECT_TRUE(index.ok()) << index.status();
-    auto reader = ShardReader::Open(std::make_unique<SharedStore>(store), *std::move(index),
-                                    {"x", "y"}, options);
+    auto reader = ShardReader::Open(store, *std::move(index), {"x", "y"}, options);
     EXPECT_TRUE(reader.ok()) << reader.status();
     return *std::move(reader);
   }
@@ -166,7 +80,7 @@ TEST_F(ShardReaderTest, LocalShardsAreMappedAndReadInPlace) {
     std::ofstream(absl::StrCat(dir_, "/train-", i, ".safetensors"), std::ios::binary)
         << Shard(i, 100 + i);
   }
-  auto index = IndexShards(dir_ + "/train-*.safetensors");
+  auto index = IndexShards(EnvironmentStores(), dir_ + "/train-*.safetensors");
   ASSERT_TRUE(index.ok()) << index.status();
   auto reader = ShardReader::Open(std::make_unique<FileObjectStore>(), *index, {"y", "x"}, {});
   ASSERT_TRUE(reader.ok()) << reader.status();
@@ -192,18 +106,19 @@ TEST_F(ShardReaderTest, LocalShardsAreMappedAndReadInPlace) {
 }
 
 TEST_F(ShardReaderTest, RemoteShardsFetchOnlyTheNamedTensorsInParallelParts) {
-  MemoryStore store;
+  auto store = std::make_shared<MemoryStore>();
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(store.Put(absl::StrCat("mem://ds/train-", i, ".safetensors"), Shard(i, 5000)).ok());
+    ASSERT_TRUE(
+        store->Put(absl::StrCat("mem://ds/train-", i, ".safetensors"), Shard(i, 5000)).ok());
   }
   ShardReaderOptions options;
   options.cache_dir = dir_ + "/cache";
   options.cache_bytes = 1 << 30;
   options.part_bytes = 1 << 16;  // the smallest part: several per tensor
   options.fetch_threads = 3;
-  std::unique_ptr<ShardReader> reader = OpenRemote(&store, options);
+  std::unique_ptr<ShardReader> reader = OpenRemote(store, options);
   ASSERT_TRUE(reader->remote());
-  const size_t header_reads = store.reads().size();
+  const size_t header_reads = store->reads().size();
   auto shard = reader->Get(2);
   ASSERT_TRUE(shard.ok()) << shard.status();
   EXPECT_EQ((*shard)->column(0)[4 * 3], static_cast<char>(2 * 16 + 3));
@@ -212,7 +127,7 @@ TEST_F(ShardReaderTest, RemoteShardsFetchOnlyTheNamedTensorsInParallelParts) {
   EXPECT_EQ(label, 4999);
   // x and y only (20 KB + 40 KB), in parts of at most 64 KiB; the 1.28 MB "unused" never.
   EXPECT_EQ(reader->bytes_fetched(), 5000 * 4 + 5000 * 8);
-  const std::vector<MemoryStore::Read> reads = store.reads();
+  const std::vector<MemoryStore::Read> reads = store->reads();
   for (size_t r = header_reads; r < reads.size(); ++r) {
     EXPECT_EQ(reads[r].uri, "mem://ds/train-2.safetensors");
     EXPECT_LE(reads[r].length, 1 << 16);
@@ -222,12 +137,12 @@ TEST_F(ShardReaderTest, RemoteShardsFetchOnlyTheNamedTensorsInParallelParts) {
   EXPECT_LT(DiskUse(dir_ + "/cache"), 200 * 1024);
 
   // Another process sharing the folder finds it cached and downloads nothing.
-  std::unique_ptr<ShardReader> second = OpenRemote(&store, options);
+  std::unique_ptr<ShardReader> second = OpenRemote(store, options);
   ASSERT_TRUE(second->Get(2).ok());
   EXPECT_EQ(second->bytes_fetched(), 0);
 
   // A store error names the shard and fails that shard only.
-  store.Fail("mem://ds/train-1.safetensors");
+  store->Fail("mem://ds/train-1.safetensors");
   auto failed = second->Get(1);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(failed.status().message()), HasSubstr("train-1.safetensors"));
@@ -235,15 +150,16 @@ TEST_F(ShardReaderTest, RemoteShardsFetchOnlyTheNamedTensorsInParallelParts) {
 }
 
 TEST_F(ShardReaderTest, TheCacheStaysWithinItsBoundAndKeepsShardsInUse) {
-  MemoryStore store;
+  auto store = std::make_shared<MemoryStore>();
   for (int i = 0; i < 8; ++i) {
-    ASSERT_TRUE(store.Put(absl::StrCat("mem://ds/train-", i, ".safetensors"), Shard(i, 4096)).ok());
+    ASSERT_TRUE(
+        store->Put(absl::StrCat("mem://ds/train-", i, ".safetensors"), Shard(i, 4096)).ok());
   }
   ShardReaderOptions options;
   options.cache_dir = dir_ + "/cache";
   // Room for three shards' tensors (48 KiB each, up to 56 KiB on disk) but not four.
   options.cache_bytes = 200 * 1024;
-  std::unique_ptr<ShardReader> reader = OpenRemote(&store, options);
+  std::unique_ptr<ShardReader> reader = OpenRemote(store, options);
   std::shared_ptr<const MappedShard> pinned = *reader->Get(0);  // a batch still using shard 0
   for (int i = 1; i < 8; ++i) {
     reader->Hold({i, (i + 1) % 8});

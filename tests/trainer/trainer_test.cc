@@ -81,6 +81,7 @@ using test_util::ExpectSameTensors;
 using test_util::QuietOptions;
 using test_util::ReadTensors;
 using test_util::SaveScriptModule;
+using test_util::TestDataOptions;
 
 // ---- safetensors <-> torch ----
 
@@ -273,17 +274,17 @@ TEST(DataTest, CategoricalIdsTravelWithTheirSamples) {
   files.set_features("x");
   files.set_labels("y");
   files.set_categorical("ids");
-  absl::StatusOr<Dataset> loaded = LoadDataset(files, 0, true);
+  absl::StatusOr<Dataset> loaded = LoadDataset(files, 0, true, TestDataOptions());
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->categorical.scalar_type(), torch::kInt64);
   EXPECT_TRUE(torch::equal(loaded->categorical,
                            torch::tensor({1, 2, 3, 4, 5, 6}, torch::kInt64).reshape({3, 2})));
   files.set_categorical("flat");
-  absl::Status status = LoadDataset(files, 0, true).status();
+  absl::Status status = LoadDataset(files, 0, true, TestDataOptions()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("data.categorical: 'flat' in "));
   files.set_categorical("missing");
-  EXPECT_THAT(LoadDataset(files, 0, true).status().message(),
+  EXPECT_THAT(LoadDataset(files, 0, true, TestDataOptions()).status().message(),
               HasSubstr("data.categorical: tensor 'missing' not in"));
 }
 
@@ -301,20 +302,20 @@ TEST(DataTest, LoadsFilesInSortedOrderAndNamesBadFields) {
   spec.set_train("file://" + dir + "/part-*.safetensors");
   spec.set_features("feat");
   spec.set_labels("lab");
-  absl::StatusOr<Dataset> data = LoadDataset(spec, 0, true);
+  absl::StatusOr<Dataset> data = LoadDataset(spec, 0, true, TestDataOptions());
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->features.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(data->features, torch::arange(0, 10, torch::kFloat32).reshape({5, 2})));
   EXPECT_EQ(data->labels.scalar_type(), torch::kInt64);
 
   spec.set_features("nope");
-  absl::Status status = LoadDataset(spec, 0, true).status();
+  absl::Status status = LoadDataset(spec, 0, true, TestDataOptions()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
               HasSubstr("data.features: tensor 'nope' not in " + dir + "/part-a.safetensors"));
 
   spec.set_train(dir + "/missing-*.safetensors");
-  status = LoadDataset(spec, 0, true).status();
+  status = LoadDataset(spec, 0, true, TestDataOptions()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(status.message(), "data.train: no files match '" + dir + "/missing-*.safetensors'");
   EXPECT_EQ(ExitCodeForStatus(status), 2);
@@ -421,7 +422,8 @@ TEST(DataTest, ShardsAreReadPerBatchInTheirCompactDtypeAndScaled) {
   spec.set_feature_scale(0.5f);
   spec.set_feature_offset(-1.0f);
   spec.set_validation_split(0.1f);  // 33 samples: 3 held out
-  absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(spec, 0, true, {});
+  absl::StatusOr<std::unique_ptr<TrainingData>> data =
+      OpenTrainingData(spec, 0, true, TestDataOptions());
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ((*data)->train_size(), 30);
   EXPECT_EQ((*data)->validation_size(), 3);
@@ -438,7 +440,7 @@ TEST(DataTest, ShardsAreReadPerBatchInTheirCompactDtypeAndScaled) {
   EXPECT_EQ(batch->labels.scalar_type(), torch::kInt64);
   EXPECT_TRUE(torch::equal(batch->labels, torch::tensor({2, 0, 1}, torch::kInt64)));
   // The whole set through LoadDataset agrees sample for sample (scale and offset included).
-  absl::StatusOr<Dataset> whole = LoadDataset(spec, 0, true);
+  absl::StatusOr<Dataset> whole = LoadDataset(spec, 0, true, TestDataOptions());
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_TRUE(
       torch::equal(whole->features.index_select(0, torch::tensor({12, 0, 32})), batch->features));
@@ -468,11 +470,11 @@ TEST(DataTest, ShardsAreReadPerBatchInTheirCompactDtypeAndScaled) {
     WriteFile(absl::StrCat(dir, "/part-", i, ".safetensors"),
               CompactShard(i, 10 + i, {{"trainyard.min.y", "0"}, {"trainyard.max.y", "41"}}));
   }
-  EXPECT_EQ((*OpenTrainingData(spec, 0, true, {}))->outputs(), 42);
+  EXPECT_EQ((*OpenTrainingData(spec, 0, true, TestDataOptions()))->outputs(), 42);
   // Shards that disagree on the features' dtype are refused, naming the shard.
   NamedTensors odd = {{"x", torch::zeros({4, 2, 3})}, {"y", torch::zeros({4}, torch::kInt32)}};
   WriteFile(dir + "/part-3.safetensors", *EncodeTensors(odd, {}));
-  absl::Status status = OpenTrainingData(spec, 0, true, {}).status();
+  absl::Status status = OpenTrainingData(spec, 0, true, TestDataOptions()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("data.features: " + dir + "/part-3.safetensors has F32"));
 }
@@ -576,7 +578,7 @@ TEST(CheckpointTest, SaveAndReadRestoresModelOptimizerAndStepExactly) {
   data.state.step = 3;
   data.state.data_cursor = 24;
   data.state.torch_rng_state = TorchRngState();
-  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  std::shared_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
   FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   {
     Checkpointer checkpointer(store.get(), &coordinator, RealClock::Get(),
@@ -621,6 +623,37 @@ TEST(CheckpointTest, SaveAndReadRestoresModelOptimizerAndStepExactly) {
   bytes[bytes.size() - 1] ^= 0x01;
   WriteFile(model_path, bytes);
   EXPECT_EQ(ReadCheckpoint(*store, step_uri).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Data, checkpoints and the exported model go where the stores handed to the trainer say. Here
+// every URI is served from memory: a trainer that opened a store of its own would find no S3.
+TEST(CheckpointTest, TheTrainerReadsAndWritesOnlyThroughTheStoresItIsGiven) {
+  MemoryStores memory;
+  torch::manual_seed(1);
+  NamedTensors shard = {{"x", torch::randn({64, 8})},
+                        {"y", torch::randint(0, 3, {64}, torch::kInt64)}};
+  ASSERT_TRUE(memory.store().Put("s3://data/train-0.safetensors", *EncodeTensors(shard, {})).ok());
+  trainyard::v1::Task task = SyntheticTask("", 20);
+  auto& data = *task.mutable_spec()->mutable_data();
+  data.clear_synthetic();
+  data.set_train("s3://data/train-*.safetensors");
+  data.set_features("x");
+  data.set_labels("y");
+  task.set_checkpoint_uri("s3://ckpt/job1");
+  task.mutable_spec()->mutable_checkpoint()->set_every_steps(10);
+  TrainerOptions options = QuietOptions();
+  options.stores = &memory;
+  options.data.cache_dir = MakeTempDir();
+  absl::StatusOr<TrainResult> result = RunTrainer(task, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->step, 20);
+  EXPECT_TRUE(memory.store().Head("s3://ckpt/job1/step-000000000010/MANIFEST.json").ok());
+  EXPECT_TRUE(memory.store().Head("s3://ckpt/job1/final/model.safetensors").ok());
+  EXPECT_FALSE(memory.store().reads().empty());
+
+  // Without stores, nothing starts.
+  options.stores = nullptr;
+  EXPECT_EQ(RunTrainer(task, options).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(CheckpointTest, CommitRetiresOldCheckpoints) {
@@ -671,7 +704,7 @@ Checkpointer::Options FastRetries(const std::string& base_uri) {
 
 TEST(CheckpointTest, CommitRidesOutACoordinatorRestart) {
   const std::string dir = MakeTempDir();
-  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  std::shared_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
   FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   coordinator.set_commit_hook([](int call) {
     return call <= 5 ? absl::UnavailableError("connection refused") : absl::OkStatus();
@@ -690,7 +723,7 @@ TEST(CheckpointTest, CommitRidesOutACoordinatorRestart) {
 
 TEST(CheckpointTest, CommitGivesUpAfterItsRetryTimeAndNeverRetriesARefusal) {
   const std::string dir = MakeTempDir();
-  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  std::shared_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
   FakeClock clock;
   FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   // Every attempt takes 10 s of the fake clock: 60 s allow six of them.
@@ -737,7 +770,7 @@ TEST(CheckpointTest, CommitGivesUpAfterItsRetryTimeAndNeverRetriesARefusal) {
 
 TEST(CheckpointTest, ADueCheckpointDoesNotWaitForACommitBeingRetried) {
   const std::string dir = MakeTempDir();
-  std::unique_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
+  std::shared_ptr<ObjectStore> store = *OpenObjectStore("file://" + dir);
   FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
   std::atomic<bool> down{true};
   coordinator.set_commit_hook([&down](int) {
@@ -864,7 +897,8 @@ TEST(DistillTest, TheStudentFollowsItsTeacherInProportionToAlpha) {
   ASSERT_TRUE(taught.ok()) << taught.status();
   // The student calls every sample class 0, as the teacher in evaluation mode does: it is right
   // exactly on the validation samples of class 0.
-  absl::StatusOr<Dataset> data = LoadDataset(task.spec().data(), task.spec().seed(), true);
+  absl::StatusOr<Dataset> data =
+      LoadDataset(task.spec().data(), task.spec().seed(), true, TestDataOptions());
   ASSERT_TRUE(data.ok()) << data.status();
   absl::StatusOr<SplitDataset> split =
       SplitValidation(*data, task.spec().data().validation_split());
@@ -972,7 +1006,7 @@ TEST(TrainerTest, MlpLearnsSyntheticData) {
   trainyard::v1::Task task = SyntheticTask("", 100);
   task.mutable_spec()->set_log_every_steps(25);
   std::vector<std::string> lines;
-  TrainerOptions options;
+  TrainerOptions options = QuietOptions();
   options.print_line = [&lines](const std::string& line) { lines.push_back(line); };
   absl::StatusOr<TrainResult> result = RunTrainer(task, options);
   ASSERT_TRUE(result.ok()) << result.status();
@@ -997,7 +1031,7 @@ TEST(TrainerTest, ValidationKeepsItsOwnCadenceAndSampleLimit) {
     trainyard::v1::Task task = SyntheticTask("", 30);
     task.mutable_spec()->mutable_data()->mutable_synthetic()->set_noise(3.0f);  // not learnable
     *task.mutable_spec()->mutable_data()->mutable_validation() = validation;
-    TrainerOptions options;
+    TrainerOptions options = QuietOptions();
     const std::regex measured(R"(^step=([0-9]+) val_accuracy=)");
     options.print_line = [&](const std::string& line) {
       std::smatch m;

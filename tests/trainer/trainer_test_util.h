@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/common/test_stores.h"
 #include "tests/trainer/fake_rendezvous.h"
 #include "tests/trainer/test_files.h"
 #include "worker/trainer/data/data.h"
@@ -44,10 +45,18 @@ inline SyntheticSteps MakeSyntheticSteps(int64_t samples, int64_t features, int6
   return SyntheticSteps{*MakeSyntheticDataset(synthetic, 3), *PlanSteps(spec, samples, 1)};
 }
 
-// Trainer options that print nothing.
+// Trainer options that print nothing, with the stores of the process environment.
 inline TrainerOptions QuietOptions() {
   TrainerOptions options;
+  options.stores = &EnvironmentStores();
   options.print_line = [](const std::string&) {};
+  return options;
+}
+
+// Data options with the stores of the process environment.
+inline DataOptions TestDataOptions() {
+  DataOptions options;
+  options.stores = &EnvironmentStores();
   return options;
 }
 

@@ -28,6 +28,7 @@
 #include "common/exit_codes.h"
 #include "common/job_spec.h"
 #include "common/log.h"
+#include "common/object_store.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/coordinator/grpc_channel.h"
@@ -218,7 +219,11 @@ int main(int argc, char** argv) {
     return trainyard::kExitStoppedBySignal;
   }
 
+  // The object stores, their S3 settings and credentials read once, here.
+  const std::unique_ptr<trainyard::ObjectStoreResolver> stores =
+      trainyard::NewObjectStoreResolver([](const char* name) { return std::getenv(name); });
   trainyard::trainer::TrainerOptions options;
+  options.stores = stores.get();
   options.coordinator = coordinator.get();
   options.rendezvous = rendezvous.get();
   options.overlap_communication = absl::GetFlag(FLAGS_overlap_communication);

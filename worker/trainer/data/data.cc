@@ -175,10 +175,12 @@ std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> RecordedExt
 
 class ShardData final : public TrainingData {
  public:
-  ShardData(std::unique_ptr<ShardReader> reader, ShardReaderOptions reader_options,
-            std::vector<Column> columns, std::vector<int64_t> shard_samples,
-            const trainyard::v1::DataSpec& spec, bool classification, const DataOptions& options)
-      : reader_(std::move(reader)),
+  ShardData(std::shared_ptr<ObjectStore> store, std::unique_ptr<ShardReader> reader,
+            ShardReaderOptions reader_options, std::vector<Column> columns,
+            std::vector<int64_t> shard_samples, const trainyard::v1::DataSpec& spec,
+            bool classification, const DataOptions& options)
+      : store_(std::move(store)),
+        reader_(std::move(reader)),
         reader_options_(std::move(reader_options)),
         columns_(std::move(columns)),
         shard_samples_(std::move(shard_samples)),
@@ -307,10 +309,8 @@ class ShardData final : public TrainingData {
     // other tensors are not fetched for it, and each shard is let go once read.
     LogInfo(column.field, ": the shards do not record the extremes of '", column.name,
             "' (trainyard data pack does): reading them");
-    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(index.shards.front().uri);
-    if (!store.ok()) return store.status();
     absl::StatusOr<std::unique_ptr<ShardReader>> reader =
-        ShardReader::Open(*std::move(store), index, {column.name}, reader_options_);
+        ShardReader::Open(store_, index, {column.name}, reader_options_);
     if (!reader.ok()) return reader.status();
     std::vector<int64_t> lo(fields, INT64_MAX), hi(fields, INT64_MIN);
     for (size_t k = 0; k < shard_samples_.size(); ++k) {
@@ -337,6 +337,7 @@ class ShardData final : public TrainingData {
     return std::make_pair(lo, hi);
   }
 
+  const std::shared_ptr<ObjectStore> store_;  // where the shards are
   const std::unique_ptr<ShardReader> reader_;
   const ShardReaderOptions reader_options_;
   const std::vector<Column> columns_;  // features, labels[, categorical]
@@ -450,7 +451,10 @@ absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::Da
         absl::StrCat("data.train: '", pattern, "' is not an absolute path or URI"));
   }
   const std::string uri = absl::StartsWith(pattern, "/") ? "file://" + pattern : pattern;
-  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+  if (options.stores == nullptr) {
+    return absl::FailedPreconditionError("data.train: no object stores to read it from");
+  }
+  absl::StatusOr<std::shared_ptr<ObjectStore>> store = options.stores->Open(uri);
   if (!store.ok()) {
     return absl::Status(store.status().code(),
                         absl::StrCat("data.train: ", store.status().message()));
@@ -510,13 +514,14 @@ absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::Da
   for (const Column& c : columns) names.push_back(c.name);
   const ShardIndex kept = *index;
   absl::StatusOr<std::unique_ptr<ShardReader>> reader =
-      ShardReader::Open(*std::move(store), *std::move(index), names, reader_options);
+      ShardReader::Open(*store, *std::move(index), names, reader_options);
   if (!reader.ok()) {
     return absl::Status(reader.status().code(),
                         absl::StrCat("data.train: ", reader.status().message()));
   }
-  auto data = std::make_unique<ShardData>(*std::move(reader), reader_options, std::move(columns),
-                                          std::move(samples), spec, classification, options);
+  auto data = std::make_unique<ShardData>(*std::move(store), *std::move(reader), reader_options,
+                                          std::move(columns), std::move(samples), spec,
+                                          classification, options);
   if (absl::Status s = data->Prepare(spec, kept); !s.ok()) return s;
   return data;
 }
@@ -557,11 +562,11 @@ absl::StatusOr<std::unique_ptr<TrainingData>> OpenTrainingData(const trainyard::
 }
 
 absl::StatusOr<Dataset> LoadDataset(const trainyard::v1::DataSpec& spec, int64_t seed,
-                                    bool classification) {
+                                    bool classification, const DataOptions& options) {
   trainyard::v1::DataSpec whole = spec;
   whole.set_validation_split(0);
   absl::StatusOr<std::unique_ptr<TrainingData>> data =
-      OpenTrainingData(whole, seed, classification, DataOptions::FromEnvironment());
+      OpenTrainingData(whole, seed, classification, options);
   if (!data.ok()) return data.status();
   std::vector<int64_t> all(static_cast<size_t>((*data)->train_size()));
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);

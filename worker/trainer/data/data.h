@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/object_store.h"
 #include "trainyard/v1/job.pb.h"
 #include "worker/trainer/data/schedule.h"
 
@@ -45,6 +46,8 @@ struct Dataset {
 absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData& spec,
                                              int64_t seed);
 
+struct DataOptions;
+
 // Reads all of data.train (every matching safetensors file, concatenated along dim 0 in sorted
 // order; with data.categorical also that tensor of integer ids, as int64 [N, fields]) or
 // data.synthetic into memory, ignoring data.validation_split. For small data and tests; the
@@ -54,7 +57,7 @@ absl::StatusOr<Dataset> MakeSyntheticDataset(const trainyard::v1::SyntheticData&
 // ("data.features: tensor 'x' not in /p/f.safetensors"), a bad file, a dtype or shape mismatch,
 // negative class ids.
 absl::StatusOr<Dataset> LoadDataset(const trainyard::v1::DataSpec& spec, int64_t seed,
-                                    bool classification);
+                                    bool classification, const DataOptions& options);
 
 struct SplitDataset {
   Dataset train;
@@ -81,6 +84,9 @@ struct DataOptions {
   int64_t cache_bytes = int64_t{10} << 30;
   // Batches in page-locked memory, for fast copies to a GPU.
   bool pin_memory = false;
+  // Where data.train's shards are opened; not owned. Required for data.train (FAILED_PRECONDITION
+  // without); synthetic data needs none. FromEnvironment leaves it to the caller.
+  const ObjectStoreResolver* stores = nullptr;
   static DataOptions FromEnvironment();
 };
 

@@ -105,7 +105,7 @@ class Run {
   std::optional<LossScaler> scaler_;
   NamedTensors params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::unique_ptr<ObjectStore> store_;  // null without a checkpoint URI
+  std::shared_ptr<ObjectStore> store_;  // null without a checkpoint URI
   int64_t start_step_ = 0;
   std::string resumed_from_;
   // How this attempt started (JobProgress.rendezvous_seconds, checkpoint_load_seconds).

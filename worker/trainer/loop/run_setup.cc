@@ -112,6 +112,9 @@ void ApplyCheckpoint(const LoadedCheckpoint& ckpt, Model& model, torch::optim::O
 }  // namespace
 
 absl::Status Run::Prepare() {
+  if (options_.stores == nullptr) {
+    return absl::FailedPreconditionError("TrainerOptions.stores: required");
+  }
   if (spec_.loss() == "mse") {
     loss_kind_ = LossKind::kMse;
   } else if (spec_.loss().empty() || spec_.loss() == "cross_entropy") {
@@ -137,6 +140,7 @@ absl::Status Run::Prepare() {
   if (spec_.precision() == trainyard::v1::FP16) scaler_.emplace();
   DataOptions data_options = options_.data;
   data_options.pin_memory = !device_.is_cpu();
+  data_options.stores = options_.stores;
   absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(
       spec_.data(), spec_.seed(), loss_kind_ == LossKind::kCrossEntropy, data_options);
   if (!data.ok()) return data.status();
@@ -149,7 +153,8 @@ absl::Status Run::Prepare() {
   strategy_->SetTotalSteps(plan_.total_steps, plan_.end_step);
 
   absl::StatusOr<std::unique_ptr<Model>> model =
-      BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids());
+      BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids(),
+                 options_.stores);
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
   if (!device_.is_cpu()) {
@@ -197,7 +202,8 @@ absl::Status Run::Prepare() {
     if (loss_kind_ != LossKind::kCrossEntropy) {
       return absl::InvalidArgumentError("distill: only with loss cross_entropy");
     }
-    absl::StatusOr<std::unique_ptr<Teacher>> teacher = Teacher::Load(spec_.distill(), device_);
+    absl::StatusOr<std::unique_ptr<Teacher>> teacher =
+        Teacher::Load(spec_.distill(), device_, *options_.stores);
     if (!teacher.ok()) return teacher.status();
     teacher_ = *std::move(teacher);
     if (absl::Status s = teacher_->Check(first->features.to(device_), classes); !s.ok()) return s;
@@ -213,7 +219,8 @@ absl::Status Run::Prepare() {
   strategy_->SetOptimizer(optimizer_.get(), params_);
 
   if (!task_.checkpoint_uri().empty()) {
-    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(task_.checkpoint_uri());
+    absl::StatusOr<std::shared_ptr<ObjectStore>> store =
+        options_.stores->Open(task_.checkpoint_uri());
     if (!store.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint.uri: ", store.status().message()));
     }
@@ -283,7 +290,7 @@ absl::Status Run::Validate(TrainResult& result) {
 
 void Run::Resume() {
   for (const std::string& uri : task_.resume_checkpoints()) {
-    absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+    absl::StatusOr<std::shared_ptr<ObjectStore>> store = options_.stores->Open(uri);
     absl::StatusOr<LoadedCheckpoint> ckpt = store.ok()
                                                 ? ReadCheckpoint(**store, uri)
                                                 : absl::StatusOr<LoadedCheckpoint>(store.status());

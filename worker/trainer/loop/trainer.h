@@ -59,8 +59,12 @@ struct TrainerOptions {
   // while the coordinator is unreachable (a coordinator restart takes seconds).
   absl::Duration coordinator_retry_for = absl::Seconds(60);
   int num_threads = 1;  // torch::set_num_threads
-  // The worker's data cache for remote shards (pin_memory is decided by the device).
+  // The worker's data cache for remote shards (pin_memory is decided by the device; the stores
+  // are `stores`).
   DataOptions data;
+  // Where the data, the TorchScript modules and the checkpoints are read and written; not owned.
+  // Required: RunTrainer fails with FAILED_PRECONDITION without.
+  const ObjectStoreResolver* stores = nullptr;
   const Clock* clock = &RealClock::Get();
   absl::Duration report_interval = absl::Seconds(1);
   // Receives the progress lines ("step=... total=... loss=..."), the start line and the end

@@ -24,7 +24,8 @@ torch::Tensor DistillationLoss(const torch::Tensor& student, const torch::Tensor
 }
 
 absl::StatusOr<std::unique_ptr<Teacher>> Teacher::Load(const trainyard::v1::DistillSpec& spec,
-                                                       const torch::Device& device) {
+                                                       const torch::Device& device,
+                                                       const ObjectStoreResolver& stores) {
   if (spec.teacher().empty()) {
     return absl::InvalidArgumentError("distill.teacher: must not be empty");
   }
@@ -36,7 +37,8 @@ absl::StatusOr<std::unique_ptr<Teacher>> Teacher::Load(const trainyard::v1::Dist
     return absl::InvalidArgumentError(
         absl::StrCat("distill.alpha: must be in [0, 1], got ", spec.alpha()));
   }
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadTorchScript(spec.teacher(), "distill.teacher");
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      LoadTorchScript(stores, spec.teacher(), "distill.teacher");
   if (!model.ok()) return model.status();
   // Evaluation mode: dropout off, batch norm on its running statistics, so that the teacher
   // gives every sample the same targets at every step and on every attempt.

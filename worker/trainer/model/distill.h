@@ -33,12 +33,14 @@ torch::Tensor DistillationLoss(const torch::Tensor& student, const torch::Tensor
 // loads it again. Not thread-safe: one per rank.
 class Teacher {
  public:
-  // Loads spec.teacher (LoadTorchScript) onto `device` and checks temperature and alpha.
+  // Loads spec.teacher (LoadTorchScript, through `stores`) onto `device` and checks temperature
+  // and alpha.
   // INVALID_ARGUMENT naming the field ("distill.teacher: ...", "distill.temperature: ...",
   // "distill.alpha: ...") for a bad spec or module, NOT_FOUND when the module file does not exist,
   // UNAVAILABLE when the module cannot be moved to `device`.
   static absl::StatusOr<std::unique_ptr<Teacher>> Load(const trainyard::v1::DistillSpec& spec,
-                                                       const torch::Device& device);
+                                                       const torch::Device& device,
+                                                       const ObjectStoreResolver& stores);
 
   // Checks that the teacher maps `features` (a few samples of the data, on the device) to
   // floating-point logits of shape [N, classes]: INVALID_ARGUMENT "distill.teacher: ..." otherwise.

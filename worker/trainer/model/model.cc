@@ -3,6 +3,7 @@
 #include <torch/script.h>
 
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -12,12 +13,21 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "common/file_object_store.h"
 #include "common/object_cache.h"
 #include "common/object_store.h"
 
 namespace trainyard::trainer {
 namespace {
+
+// The whole of a local file (the object cache's copy of a module).
+absl::StatusOr<std::string> ReadLocalFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::UnavailableError(absl::StrCat("cannot open ", path));
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read ", path));
+  return out.str();
+}
 
 NamedTensors FromDict(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
   NamedTensors out;
@@ -278,7 +288,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildEmbeddingMlp(const trainyard::v1::Mo
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
                                                   int64_t seed, int64_t data_inputs,
                                                   int64_t data_outputs,
-                                                  const std::vector<int64_t>& max_ids) {
+                                                  const std::vector<int64_t>& max_ids,
+                                                  const ObjectStoreResolver* stores) {
   // Seeding and the initialisers' draws must not interleave with another build's (ranks run as
   // threads of one process share the generator), or the initial parameters would vary.
   static absl::Mutex* const build_mu = new absl::Mutex();
@@ -288,7 +299,10 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
     if (spec.torchscript().empty()) {
       return absl::InvalidArgumentError("model.torchscript: empty path");
     }
-    return LoadTorchScript(spec.torchscript(), "model.torchscript");
+    if (stores == nullptr) {
+      return absl::FailedPreconditionError("model.torchscript: no object stores to read it from");
+    }
+    return LoadTorchScript(*stores, spec.torchscript(), "model.torchscript");
   }
   const auto& args = spec.args();
   const int64_t outputs = args.classes() > 0 ? args.classes() : data_outputs;
@@ -319,9 +333,10 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
                                                  "' (mlp, cnn, embedding_mlp)"));
 }
 
-absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver& stores,
+                                                       const std::string& uri,
                                                        absl::string_view field) {
-  absl::StatusOr<std::unique_ptr<ObjectStore>> store = OpenObjectStore(uri);
+  absl::StatusOr<std::shared_ptr<ObjectStore>> store = stores.Open(uri);
   if (!store.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", store.status().message()));
   }
@@ -330,7 +345,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
     // Through the local cache (keyed by ETag): a restart does not download the model again.
     ObjectCache cache(ObjectCache::DefaultDir());
     absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
-    bytes = path.ok() ? FileObjectStore().Get(*path) : path.status();
+    bytes = path.ok() ? ReadLocalFile(*path) : path.status();
   } else {
     bytes = (*store)->Get(uri);
   }

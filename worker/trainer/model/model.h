@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/object_store.h"
 #include "trainyard/v1/job.pb.h"
 #include "worker/trainer/model/tensors.h"
 
@@ -72,7 +73,8 @@ class Model {
 // (features per sample) and `classes` (outputs) filled in from the data when the args leave them
 // 0. Parameters are initialised deterministically from torch::manual_seed(seed), which this call
 // sets; builds are serialised process-wide so that concurrent ones each get that initialisation.
-// TorchScript modules are read through the object store (a path or file:// URI).
+// TorchScript modules are read through `stores` (FAILED_PRECONDITION when it is null); builtin
+// models need none.
 // INVALID_ARGUMENT naming the field (model.builtin, model.args.inputs, model.torchscript) for a
 // bad spec or an unreadable module; NOT_FOUND when the module file does not exist.
 // embedding_mlp also checks the data's categorical ids: `max_ids` holds the largest id of each
@@ -80,13 +82,15 @@ class Model {
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
                                                   int64_t seed, int64_t data_inputs,
                                                   int64_t data_outputs,
-                                                  const std::vector<int64_t>& max_ids = {});
+                                                  const std::vector<int64_t>& max_ids = {},
+                                                  const ObjectStoreResolver* stores = nullptr);
 
 // The TorchScript module at `uri` (a path, file:// or s3:// URI; s3 through the worker's object
 // cache, so that a restart does not download it again), on the CPU and in training mode.
 // `field` names the spec field in errors: INVALID_ARGUMENT "<field>: ..." for a bad URI or a file
 // that is not a module, NOT_FOUND when there is no such file.
-absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& uri,
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver& stores,
+                                                       const std::string& uri,
                                                        absl::string_view field);
 
 // model.memory_format: "channels_last" lays every 4-D parameter out as NHWC in place (what
