@@ -1,7 +1,10 @@
 #include "client/local_cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -129,8 +132,31 @@ absl::StatusOr<std::string> AgentToken(v1::AdminService::Stub& admin, const std:
   return response.secret();
 }
 
+// Whether a process on this machine accepts connections on 127.0.0.1:`port`.
+bool PortServed(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool served = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return served;
+}
+
 int RunLocalCluster(const LocalClusterOptions& options) {
   namespace fs = std::filesystem;
+  // Another cluster there would answer some of the CLI's calls and this one the rest; the
+  // coordinator would refuse the port anyway, but this says what is going on.
+  if (options.port != 0 && PortServed(options.port)) {
+    std::cerr << "error: 127.0.0.1:" << options.port
+              << " is already served, most likely by a cluster of an earlier `trainyard up`. Use "
+                 "it:\n  export TRAINYARD_COORDINATOR=127.0.0.1:"
+              << options.port << "\n  trainyard workers\nor stop it, or start this one on "
+              << "another port (--port)\n";
+    return 1;
+  }
   std::string state_dir = options.state_dir;
   if (state_dir.empty()) {
     std::string tmpl = (fs::temp_directory_path() / "trainyard-XXXXXX").string();
@@ -301,7 +327,8 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   // SIGINT: a plain stop; SIGTERM would tell the agents their machine is being preempted.
   StopChildren(worker_children, absl::Seconds(30), SIGINT);
   StopChildren({&coordinator}, absl::Seconds(10));
-  fs::remove_all(cli_dir, ec);
+  // The CLI's token for this address goes with the cluster, unless another one has replaced it.
+  if (ReadAll(cli_dir + "/token") == *admin_token + "\n") fs::remove_all(cli_dir, ec);
   if (exit_code == 0) std::cout << "Stopped. State is kept in " << state_dir << "\n";
   return exit_code;
 }

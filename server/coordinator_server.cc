@@ -24,6 +24,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> server(
       new CoordinatorServer(manager, auth, options.max_streams_per_caller));
   grpc::ServerBuilder builder;
+  // gRPC shares a port with another process that listens on it (SO_REUSEPORT) unless told not
+  // to: a second coordinator would take half of the first one's calls.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(
       options.listen,
       options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
@@ -43,6 +46,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   if (!options.health_listen.empty()) {
     grpc::ServerBuilder health;
+    health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(),
                             &server->health_port_);
     server->health_server_ = health.BuildAndStart();
@@ -76,7 +80,8 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   manager_.Shutdown();
   if (health_server_ != nullptr)
     health_server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now()));
-  server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now() + grace));
+  // Null when Start failed to listen: the server never ran.
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now() + grace));
   if (ticker_.joinable()) ticker_.join();
 }
 

@@ -69,11 +69,12 @@ std::map<std::string, std::string> ConfigEnv(const TempDir& dir) {
 
 // `trainyard up` with `workers` workers in a folder of `dir`, and the coordinator it started.
 struct LocalCluster {
-  LocalCluster(const TempDir& dir, int workers, std::map<std::string, std::string> env = {})
-      : state_dir(dir.path() + "/up"),
+  LocalCluster(const TempDir& dir, int workers, std::map<std::string, std::string> env = {},
+               const std::string& port = "0", const std::string& name = "up")
+      : state_dir(dir.path() + "/" + name),
         up({BinDir() + "/trainyard", "up", "--workers", absl::StrCat(workers), "--slots", "1",
-            "--port", "0", "--state_dir", state_dir},
-           dir.path() + "/up.log", WithConfig(dir, std::move(env))) {}
+            "--port", port, "--state_dir", state_dir},
+           dir.path() + "/" + name + ".log", WithConfig(dir, std::move(env))) {}
 
   static std::map<std::string, std::string> WithConfig(const TempDir& dir,
                                                        std::map<std::string, std::string> env) {
@@ -230,6 +231,48 @@ TEST(LocalClusterTest, TheCoordinatorsEndStopsEverything) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << up.Log();
   EXPECT_THAT(up.Log(), HasSubstr("the coordinator is gone"));
   for (const v1::Worker& w : workers) EXPECT_FALSE(ProcessAlive(w.pid())) << w.id();
+}
+
+// The files named `name` under `dir`, with their contents.
+std::map<std::string, std::string> FilesNamed(const std::string& dir, const std::string& name) {
+  std::map<std::string, std::string> found;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->path().filename() == name) found[it->path().string()] = ReadFile(it->path().string());
+  }
+  return found;
+}
+
+TEST(LocalClusterTest, ASecondUpOnTheSamePortSaysSoAndLeavesTheFirstAlone) {
+  TempDir dir;
+  LocalCluster first(dir, 1);
+  ASSERT_TRUE(first.WaitForWorkers(1)) << first.up.Log();
+  const std::string port = first.address.substr(first.address.find(':') + 1);
+  const std::map<std::string, std::string> tokens = FilesNamed(dir.path() + "/config", "token");
+  ASSERT_EQ(tokens.size(), 1u);
+
+  // A second `up` on that port is refused at once and says where the running cluster is.
+  LocalCluster second(dir, 1, {}, port, "up2");
+  std::optional<int> status = second.up.Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << second.up.Log();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << second.up.Log();
+  EXPECT_THAT(second.up.Log(), HasSubstr("127.0.0.1:" + port + " is already served"));
+  EXPECT_THAT(second.up.Log(), HasSubstr("export TRAINYARD_COORDINATOR=127.0.0.1:" + port));
+
+  // Nor can a coordinator started by hand share the port (gRPC would, unless told not to).
+  Process coordinator({BinDir() + "/trainyard-coordinator", "--listen=127.0.0.1:" + port,
+                       "--state_dir=" + dir.path() + "/by-hand", "--metrics_listen="},
+                      dir.path() + "/by-hand.log");
+  status = coordinator.Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << coordinator.Log();
+  EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << coordinator.Log();
+  EXPECT_THAT(coordinator.Log(), HasSubstr("cannot listen on 127.0.0.1:" + port));
+
+  // The first cluster is as it was: the CLI's token for it unchanged, its one worker READY.
+  EXPECT_EQ(FilesNamed(dir.path() + "/config", "token"), tokens);
+  EXPECT_TRUE(first.WaitForWorkers(1));
+  EXPECT_EQ(first.workers.size(), 1u);
 }
 
 }  // namespace

@@ -475,6 +475,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Serve(std::unique_ptr<Servic
   std::unique_ptr<PsServer> server(new PsServer());
   server->service_ = std::move(service);
   grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port of its own, never shared
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(kUnlimited);
