@@ -49,12 +49,24 @@ bool ValidName(absl::string_view name) {
   return true;
 }
 
+// A file the workers read or write: an absolute path or a URI. A relative path would be read
+// from whatever folder each trainer runs in, so it is refused here rather than on the workers.
+absl::Status CheckAbsolute(absl::string_view field, const std::string& value) {
+  if (absl::StrContains(value, "://") || absl::StartsWith(value, "/")) return absl::OkStatus();
+  return FieldError(field, absl::StrCat("'", value,
+                                        "' is not an absolute path or URI (a relative path means "
+                                        "nothing on the workers)"));
+}
+
 absl::Status ValidateModel(const v1::ModelSpec& model) {
   switch (model.source_case()) {
     case v1::ModelSpec::SOURCE_NOT_SET:
       return FieldError("model", "set builtin or torchscript");
     case v1::ModelSpec::kTorchscript:
       if (model.torchscript().empty()) return FieldError("model.torchscript", "must not be empty");
+      if (absl::Status s = CheckAbsolute("model.torchscript", model.torchscript()); !s.ok()) {
+        return s;
+      }
       break;
     case v1::ModelSpec::kBuiltin:
       break;
@@ -122,6 +134,9 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
 absl::Status ValidateData(const v1::DataSpec& data) {
   const bool has_train = !data.train().empty();
   if (!has_train && !data.has_synthetic()) return FieldError("data", "set train or synthetic");
+  if (has_train) {
+    if (absl::Status s = CheckAbsolute("data.train", data.train()); !s.ok()) return s;
+  }
   if (has_train && data.has_synthetic()) {
     return FieldError("data", "set only one of train or synthetic");
   }
@@ -214,6 +229,7 @@ absl::Status ValidateDistill(const v1::JobSpec& spec) {
   if (!spec.has_distill()) return absl::OkStatus();
   const v1::DistillSpec& distill = spec.distill();
   if (distill.teacher().empty()) return FieldError("distill.teacher", "must not be empty");
+  if (absl::Status s = CheckAbsolute("distill.teacher", distill.teacher()); !s.ok()) return s;
   if (!(distill.temperature() > 0) || !std::isfinite(distill.temperature())) {
     return FieldError("distill.temperature", "must be > 0");
   }

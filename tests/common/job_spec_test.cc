@@ -735,12 +735,44 @@ TEST(JobSpecTest, ExampleSyntheticMlpParses) {
   EXPECT_EQ(spec->checkpoint().every_steps(), 100);
 }
 
+TEST(JobSpecTest, RelativePathsAreRefusedWithTheFieldNamed) {
+  const std::string base = R"(
+name: rel
+model: {builtin: mlp, args: {inputs: 2, hidden: [8], classes: 2}}
+batch_size: 8
+max_steps: 10
+)";
+  struct Case {
+    std::string yaml;
+    std::string field;
+  };
+  const Case cases[] = {
+      {base + "data: {train: 'examples/data/train-*.safetensors'}\n", "data.train"},
+      {"name: rel\nmodel: {torchscript: model.pt}\ndata: {synthetic: {samples: 8, features: 2, "
+       "classes: 2}}\nmax_steps: 1\n",
+       "model.torchscript"},
+      {base + "data: {synthetic: {samples: 8, features: 2, classes: 2}}\n"
+              "distill: {teacher: teacher.pt, temperature: 2, alpha: 0.5}\n",
+       "distill.teacher"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(c.yaml);
+    ASSERT_FALSE(spec.ok()) << c.field;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.field + ": '"));
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr("is not an absolute path or URI"));
+  }
+  // Absolute paths and URIs pass.
+  EXPECT_TRUE(ParseJobSpecYaml(base + "data: {train: '/data/train-*.safetensors'}\n").ok());
+  EXPECT_TRUE(ParseJobSpecYaml(base + "data: {train: 's3://b/train-*.safetensors'}\n").ok());
+}
+
 TEST(JobSpecTest, ExampleSafetensorsMlpParses) {
   const std::string yaml = ReadFile(SourceDir() + "/examples/safetensors-mlp.yaml");
   ASSERT_FALSE(yaml.empty());
   absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->data().train(), "examples/data/train-*.safetensors");
+  EXPECT_EQ(spec->data().train(), "/tmp/trainyard-examples/mlp-data/train-*.safetensors");
   EXPECT_EQ(spec->model().builtin(), "mlp");
 }
 
