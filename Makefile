@@ -6,7 +6,7 @@ CTEST_ARGS ?=
 # The build's own progress lines are enough; no "Entering directory" for every sub-make.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-unit test-integration test-images test-trixie images demo bench clean \
+.PHONY: all deps configure build test test-examples test-unit test-integration test-images test-trixie images demo bench clean \
 	gpu-bundle gpu-rehearsal
 
 all: build
@@ -22,6 +22,10 @@ build: configure
 
 test: deps build
 	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 $(CTEST_ARGS)
+
+# Every example spec run as its header says, on a local cluster (part of `make test`).
+test-examples: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -L examples $(CTEST_ARGS)
 
 test-unit: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)

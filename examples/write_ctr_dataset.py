@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Writes a click-through-style data set as safetensors files, using numpy only.
+"""Writes a click-through-style data set as sharded safetensors: NumPy makes the arrays,
+`trainyard data pack` writes the shards and `trainyard data inspect` shows what it wrote.
 
 Each file holds `ids` (int64 categorical ids, [n, fields]: a user, an item, a context, ... per
 field), `x` (float32 dense features, [n, dense]) and `y` (int64 click labels 0 or 1, [n]). Ids
@@ -12,16 +13,20 @@ term on the dense features, through a logistic function. The same arguments writ
   # data: {train: /tmp/ctr/train-*.safetensors, features: x, labels: y, categorical: ids}
   # model: {builtin: embedding_mlp, args: {vocab: [1000000, 1000, 100], dim: 16, hidden: [64],
   #         classes: 2, inputs: 4}}
+
+The `trainyard` binary is found as write_dataset.py finds it (or give --trainyard).
 """
 
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from write_dataset import write_safetensors  # noqa: E402
+from write_dataset import find_trainyard  # noqa: E402
 
 
 def zipf_ids(rng, vocab, n, exponent):
@@ -55,6 +60,7 @@ def main():
     parser.add_argument("--exponent", type=float, default=1.05, help="Zipf exponent of the ids")
     parser.add_argument("--files", type=int, default=1, help="how many files to split into")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trainyard", help="the trainyard binary")
     args = parser.parse_args()
     if args.samples < args.files or args.files < 1:
         parser.error("need --files >= 1 and --samples >= --files")
@@ -76,13 +82,21 @@ def main():
         logit += x @ rng.normal(0.0, 0.5, size=args.dense)
     y = (rng.random(args.samples) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
 
+    trainyard = find_trainyard(args.trainyard)
     os.makedirs(args.out_dir, exist_ok=True)
-    bounds = np.linspace(0, args.samples, args.files + 1).astype(np.int64)
-    for i in range(args.files):
-        lo, hi = bounds[i], bounds[i + 1]
-        path = os.path.join(args.out_dir, "train-%05d.safetensors" % i)
-        write_safetensors(path, {"ids": ids[lo:hi], "x": x[lo:hi], "y": y[lo:hi]})
-        print(path)
+    # Shards of ceil(samples / files) samples: --files of them (fewer when that does not divide).
+    per_shard = -(-args.samples // args.files)
+    shard_bytes = per_shard * (8 * len(args.vocab) + 4 * args.dense + 8)
+    with tempfile.TemporaryDirectory() as arrays:
+        columns = []
+        for name, array in (("ids", ids), ("x", x), ("y", y)):
+            path = os.path.join(arrays, name + ".npy")
+            np.save(path, array)
+            columns.append(name + "=" + path)
+        subprocess.run([trainyard, "data", "pack", os.path.join(args.out_dir, "train")] + columns +
+                       ["--shard-size", str(shard_bytes)], check=True)
+    subprocess.run([trainyard, "data", "inspect", os.path.join(args.out_dir, "train-*.safetensors")],
+                   check=True)
     print("click rate %.3f" % y.mean(), file=sys.stderr)
 
 

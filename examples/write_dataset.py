@@ -6,9 +6,10 @@ The shards hold `x` (float32, [n, features]) and `y` (int64 class ids, [n]). Sam
 one random centre per class, so a small model can learn them. The same arguments write the same
 bytes.
 
-  /usr/bin/python3 examples/write_dataset.py --out-dir /tmp/data --samples 1000 --features 16 \
-      --classes 4 --files 2 --seed 7
-  # data.train: /tmp/data/train-*.safetensors
+  /usr/bin/python3 examples/write_dataset.py --out-dir /tmp/trainyard-examples/mlp-data \
+      --samples 20000 --features 32 --classes 4 --noise 4 --files 4 --seed 1
+  # data.train: /tmp/trainyard-examples/mlp-data/train-*.safetensors
+  # (what examples/data-parallel-mlp.yaml and safetensors-mlp.yaml read)
 
 The `trainyard` binary is found through $TRAINYARD_BIN_DIR, then $PATH, then build/bin of this
 checkout (or give --trainyard).

@@ -62,7 +62,7 @@ echo "==> Writing a dataset (60,000 samples in 4 safetensors shards) to $work/da
 stop_if_interrupted
 
 spec="$work/demo-job.yaml"
-sed "s|examples/data/|$work/data/|" "$here/examples/data-parallel-mlp.yaml" >"$spec"
+sed "s|/tmp/trainyard-examples/mlp-data/|$work/data/|" "$here/examples/data-parallel-mlp.yaml" >"$spec"
 echo
 echo "==> Submitting a data-parallel job on 2 of the 3 workers ($spec)"
 job=$("$bin/trainyard" submit "$spec" | head -1)

@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""Every example in examples/ as a user runs it: on a fresh local cluster (`trainyard up
+--workers 2 --slots 2`), each command an example spec's header tells the user to run (the lines
+`#   $ COMMAND`, run from the repository root, in file order, each command once) is run as written,
+and must succeed: the data writers, then `trainyard submit ... --wait` and `trainyard search submit
+... --wait`, whose exit code is the job's or search's outcome. Every spec must be run by one of
+these commands (named in it, or in a script it runs), so an example cannot be left without one.
+
+The examples write under /tmp/trainyard-examples and /tmp/trainyard-distill, as their headers say;
+the test removes those first (under a lock, so two runs do not share them).
+
+  tests/examples/examples_test.py --bin-dir build/bin
+"""
+
+import argparse
+import fcntl
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+EXAMPLE_DIRS = ["/tmp/trainyard-examples", "/tmp/trainyard-distill"]
+COMMAND_PREFIX = "#   $ "
+
+
+def example_specs():
+    return sorted(glob.glob(os.path.join(ROOT, "examples", "**", "*.yaml"), recursive=True))
+
+
+def commands_of(spec):
+    """The commands a spec's header comment tells the user to run, in order."""
+    out = []
+    with open(spec) as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
+            if line.startswith(COMMAND_PREFIX):
+                out.append(line[len(COMMAND_PREFIX):].strip())
+    return out
+
+
+def runs_spec(command, spec):
+    """Whether `command` submits `spec`: it names it, or runs a script of the repository that
+    names it."""
+    relative = os.path.relpath(spec, ROOT)
+    if relative in command:
+        return True
+    program = command.split()[0]
+    script = os.path.join(ROOT, program)
+    if os.path.isfile(script) and not program.startswith("/"):
+        with open(script, errors="replace") as f:
+            return os.path.basename(spec) in f.read()
+    return False
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin-dir", required=True)
+    args = parser.parse_args()
+    bin_dir = os.path.abspath(args.bin_dir)
+    trainyard = os.path.join(bin_dir, "trainyard")
+
+    specs = example_specs()
+    plan = []  # (command, specs it runs), each command once, in file order
+    uncovered = []
+    for spec in specs:
+        commands = commands_of(spec)
+        if not any(runs_spec(c, spec) for c in commands):
+            uncovered.append(os.path.relpath(spec, ROOT))
+        for command in commands:
+            if command not in [c for c, _ in plan]:
+                plan.append((command, spec))
+    if uncovered:
+        sys.exit("FAIL: no '%s' line of these specs runs them: %s" % (COMMAND_PREFIX.strip(),
+                                                                     ", ".join(uncovered)))
+
+    lock = open("/tmp/trainyard-examples.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    for d in EXAMPLE_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+    work = tempfile.mkdtemp(prefix="trainyard-examples-test-")
+    port = free_port()
+    env = dict(os.environ)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["TRAINYARD_COORDINATOR"] = "127.0.0.1:%d" % port
+    log = open(os.path.join(work, "cluster.log"), "w")
+    cluster = subprocess.Popen([trainyard, "up", "--workers", "2", "--slots", "2", "--port",
+                                str(port), "--state_dir", os.path.join(work, "state")],
+                               stdout=log, stderr=subprocess.STDOUT, env=env)
+    failed = []
+    try:
+        deadline = time.time() + 120
+        while True:
+            workers = subprocess.run([trainyard, "workers"], env=env, capture_output=True,
+                                     text=True)
+            if workers.returncode == 0 and workers.stdout.count("READY") == 2:
+                break
+            if cluster.poll() is not None or time.time() > deadline:
+                log.flush()
+                with open(os.path.join(work, "cluster.log")) as f:
+                    sys.exit("FAIL: the local cluster did not come up:\n" + f.read())
+            time.sleep(0.2)
+
+        for command, spec in plan:
+            print("==> %s   (%s)" % (command, os.path.relpath(spec, ROOT)), flush=True)
+            start = time.time()
+            run = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=900)
+            took = time.time() - start
+            if run.returncode != 0:
+                failed.append(command)
+                print("FAIL (exit %d after %.0f s)\n%s%s" % (run.returncode, took, run.stdout,
+                                                            run.stderr), flush=True)
+            else:
+                tail = run.stdout.strip().splitlines()[-1:] or [""]
+                print("    ok in %.1f s: %s" % (took, tail[0]), flush=True)
+    finally:
+        cluster.terminate()
+        try:
+            cluster.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            cluster.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    if failed:
+        sys.exit("FAIL: %d of %d commands failed: %s" % (len(failed), len(plan), "; ".join(failed)))
+    print("all %d commands of %d example specs succeeded" % (len(plan), len(specs)))
+
+
+if __name__ == "__main__":
+    main()
