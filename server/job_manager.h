@@ -208,11 +208,13 @@ class JobManager {
   absl::Status ReportProgress(absl::string_view job_id, int64_t generation, int rank,
                               const trainyard::v1::JobProgress& progress);
 
-  // Fenced like ReportProgress. Records the checkpoint and the job's committed step in one
-  // transaction, retires committed checkpoints beyond keep_last (the spec's, or the request's
-  // when larger: a request cannot lower it; a spec without one keeps all) and returns their
-  // URIs. Committing the same step and URI again changes nothing and returns the URIs that
-  // commit retired. INVALID_ARGUMENT for a negative step or an empty URI.
+  // Fenced like ReportProgress, except that the attempt a cancel stopped may still commit: its
+  // rank 0 saves the step it stopped at, and a job submitted with --resume-from this one starts
+  // there. Records the checkpoint (its folder derived from the job's checkpoint URI and the step)
+  // and the job's committed step in one transaction, retires committed checkpoints beyond the
+  // spec's keep_last (a spec without one keeps all) and returns their URIs. Committing the same
+  // step again changes nothing and returns the URIs that commit retired. INVALID_ARGUMENT for a
+  // negative step.
   absl::StatusOr<std::vector<std::string>> CommitCheckpoint(
       const trainyard::v1::CommitCheckpointRequest& request);
 
@@ -339,7 +341,11 @@ class JobManager {
   absl::Status RecordTaskStatusLocked(JobEntry& entry, int index,
                                       const trainyard::v1::TaskStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<JobEntry*> FencedLocked(absl::string_view job_id, int64_t generation)
+  // The job of a call from attempt `generation`: FAILED_PRECONDITION for a stale or unknown
+  // generation and for a finished job (a CANCELLED one too, unless `cancelled_ok`: the cancelled
+  // attempt's last checkpoint).
+  absl::StatusOr<JobEntry*> FencedLocked(absl::string_view job_id, int64_t generation,
+                                         bool cancelled_ok = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PersistWorkerLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -359,7 +359,8 @@ absl::StatusOr<int64_t> JobManager::ShipLogs(absl::string_view worker_id, absl::
 }
 
 absl::StatusOr<JobManager::JobEntry*> JobManager::FencedLocked(absl::string_view job_id,
-                                                               int64_t generation) {
+                                                               int64_t generation,
+                                                               bool cancelled_ok) {
   JobEntry* entry = FindLocked(job_id);
   if (entry == nullptr) {
     // A finished job may be in the store only: its late callers hear what it is, as before it
@@ -380,7 +381,10 @@ absl::StatusOr<JobManager::JobEntry*> JobManager::FencedLocked(absl::string_view
         absl::StrCat("unknown generation ", generation, ", current ", entry->job.generation()));
   }
   // Only a placed attempt reports: a PENDING job has none (generation 0 is no attempt).
-  if (IsFinalJobState(entry->job.state()) || entry->job.state() == v1::PENDING) {
+  const bool cancelled_attempt =
+      cancelled_ok && entry->job.state() == v1::CANCELLED && generation > 0;
+  if ((IsFinalJobState(entry->job.state()) && !cancelled_attempt) ||
+      entry->job.state() == v1::PENDING) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(entry->job.state())));
   }
@@ -497,7 +501,8 @@ absl::StatusOr<std::vector<std::string>> JobManager::CommitCheckpoint(
     const v1::CommitCheckpointRequest& request) {
   if (request.step() < 0) return absl::InvalidArgumentError("step: must be >= 0");
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<JobEntry*> fenced = FencedLocked(request.job_id(), request.generation());
+  absl::StatusOr<JobEntry*> fenced =
+      FencedLocked(request.job_id(), request.generation(), /*cancelled_ok=*/true);
   if (!fenced.ok()) return fenced.status();
   JobEntry& entry = **fenced;
   StoredCheckpoint added;

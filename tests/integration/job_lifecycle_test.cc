@@ -150,6 +150,38 @@ TEST(JobLifecycleTest, CancelStopsTheRunningTrainer) {
   EXPECT_NE(cancel_again.exit_code, 0);
 }
 
+// What the user guide promises: a cancel makes rank 0 save and commit the step it stopped at, and
+// `submit --resume-from` starts from there.
+TEST(JobLifecycleTest, ACancelCommitsTheStepItStoppedAtAndAResumeStartsThere) {
+  Cluster cluster;
+  auto held = SubmitAndHold(cluster, "cancel-save", SyntheticJob("cancel-save", 100000000, 5),
+                            /*held_at=*/13, /*committed=*/10);
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto cancel = cluster.Cli({"cancel", held->id()});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
+  auto cancelled = cluster.WaitForFinal(held->id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  // The stop's checkpoint commits as the trainer exits, after the job turned CANCELLED.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        auto job = cluster.Get(held->id());
+        return job.ok() && job->committed_step() == 13;
+      },
+      absl::Seconds(60)))
+      << *cluster.Logs(held->id());
+
+  const std::string spec_path = cluster.state_dir() + "/../cancel-save.yaml";
+  std::ofstream(spec_path) << SyntheticJob("cancel-save", 20, 5);
+  auto submit = cluster.Cli({"submit", spec_path, "--resume-from", held->id(), "--wait"});
+  EXPECT_EQ(submit.exit_code, 0) << submit.output;
+  auto logs = cluster.Logs(submit.FirstLine());
+  ASSERT_TRUE(logs.ok());
+  std::map<int64_t, double> losses = ParseStepLosses(*logs);
+  ASSERT_FALSE(losses.empty()) << *logs;
+  EXPECT_EQ(losses.begin()->first, 14) << *logs;
+}
+
 TEST(JobLifecycleTest, BadSpecIsRefusedNamingTheField) {
   Cluster cluster(NoWorkers());
   auto refused =

@@ -247,6 +247,42 @@ checkpoint: {resume_from: ghost-7}
   EXPECT_EQ(job->spec().checkpoint().resume_from(), first);
 }
 
+TEST_F(JobManagerTest, TheAttemptACancelStoppedCommitsTheStepItStoppedAt) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("stopped"));
+  manager_->Tick();
+  ASSERT_TRUE(manager_->CancelJob(id, "").ok());
+  ASSERT_EQ(Get(id).state(), v1::CANCELLED);
+  // Rank 0 of the cancelled attempt saves the step it stopped at, and commits it.
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(id);
+  commit.set_generation(1);
+  commit.set_step(7);
+  commit.set_size_bytes(10);
+  absl::StatusOr<std::vector<std::string>> retired = manager_->CommitCheckpoint(commit);
+  ASSERT_TRUE(retired.ok()) << retired.status();
+  EXPECT_EQ(Get(id).committed_step(), 7);
+  EXPECT_EQ(Get(id).state(), v1::CANCELLED);
+  // Only that attempt, and nothing else of it: the job is over.
+  commit.set_generation(2);
+  EXPECT_EQ(manager_->CommitCheckpoint(commit).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::JobProgress progress;
+  progress.set_step(7);
+  EXPECT_EQ(manager_->ReportProgress(id, 1, 0, progress).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A job resumed from it starts at that step.
+  v1::JobSpec follow = TestSpec("follow");
+  follow.mutable_checkpoint()->set_resume_from(id);
+  const std::string follow_id = Submit(follow);
+  Register("w2", 1);  // w1 may be held while the cancelled trainer stops
+  manager_->Tick();
+  absl::StatusOr<v1::Task> task = manager_->TaskFor(follow_id + ".g1.r0");
+  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_GE(task->resume_checkpoints_size(), 1);
+  EXPECT_EQ(task->resume_checkpoints(0), "file:///ckpt/" + id + "/step-000000000007");
+}
+
 TEST_F(JobManagerTest, TooManyActiveJobs) {
   JobManagerOptions options;
   options.max_active_jobs = 2;
