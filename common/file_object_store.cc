@@ -221,9 +221,16 @@ absl::Status FileObjectStore::WriteObject(absl::string_view uri,
                                                getpid(), "-", temp_counter_.fetch_add(1)))
                                .string();
   int raw_fd;
-  do {
+  for (int attempt = 0;; ++attempt) {
     raw_fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  } while (raw_fd < 0 && errno == EINTR);
+    if (raw_fd >= 0 || errno == EINTR) {
+      if (raw_fd >= 0) break;
+      continue;
+    }
+    // A Delete of the folder's last object removed it since it was made: make it again.
+    if (errno != ENOENT || attempt >= 3) break;
+    fs::create_directories(dir, ec);
+  }
   if (raw_fd < 0) return ErrnoStatus(errno, "creating a temporary file for", uri);
   Fd fd(raw_fd);
   absl::Status status = fill(fd.get());
@@ -341,6 +348,8 @@ absl::Status FileObjectStore::Delete(absl::string_view uri) {
   if (unlink(path->c_str()) != 0 && errno != ENOENT && errno != ENOTDIR) {
     return ErrnoStatus(errno, "deleting", uri);
   }
+  // Fails, as it should, while anything else is in the folder (ENOTEMPTY) or it is gone.
+  rmdir(fs::path(*path).parent_path().c_str());
   return absl::OkStatus();
 }
 

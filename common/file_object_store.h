@@ -24,6 +24,10 @@ namespace trainyard {
 // fsyncs the folder, so the object appears whole or not at all and survives a crash once Put has
 // returned. Parent folders are created as needed. Temporary files are never listed.
 //
+// As in S3, where a prefix exists only while objects are under it, Delete also removes the
+// object's folder once it holds nothing more (a retired checkpoint leaves no empty step folder);
+// a Put into a folder removed meanwhile creates it again.
+//
 // Error codes: NOT_FOUND for a missing object (also for a folder where an object is expected),
 // INVALID_ARGUMENT for a URI this store does not serve or a bad range, OUT_OF_RANGE for a range
 // that starts past the end of the object, PERMISSION_DENIED for EACCES/EPERM, FAILED_PRECONDITION

@@ -86,6 +86,20 @@ TEST_F(FileObjectStoreTest, PutPiecesWritesThemOneAfterTheOtherAndReturnsTheHash
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(FileObjectStoreTest, DeletingTheLastObjectOfAFolderRemovesTheFolder) {
+  FileObjectStore store;
+  ASSERT_TRUE(store.Put(Uri("a/step-1/x"), "1").ok());
+  ASSERT_TRUE(store.Put(Uri("a/step-1/y"), "2").ok());
+  ASSERT_TRUE(store.Delete(Uri("a/step-1/x")).ok());
+  EXPECT_TRUE(fs::is_directory(dir_ + "/a/step-1"));
+  ASSERT_TRUE(store.Delete(Uri("a/step-1/y")).ok());
+  EXPECT_FALSE(fs::exists(dir_ + "/a/step-1"));
+  EXPECT_TRUE(fs::is_directory(dir_ + "/a"));  // only the object's own folder goes
+  // A Put makes it again.
+  ASSERT_TRUE(store.Put(Uri("a/step-1/x"), "3").ok());
+  EXPECT_EQ(*store.Get(Uri("a/step-1/x")), "3");
+}
+
 TEST_F(FileObjectStoreTest, PlainPathsWork) {
   const std::string path = dir_ + "/plain.txt";
   ASSERT_TRUE(store_.Put(path, "x").ok());

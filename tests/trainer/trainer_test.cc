@@ -669,9 +669,11 @@ TEST(CheckpointTest, CommitRetiresOldCheckpoints) {
   const auto committed = coordinator.committed();
   ASSERT_EQ(committed.size(), 4u);
   EXPECT_EQ(committed.back().first, 40);
-  // Steps 10 and 20 were retired and their objects deleted; 30 and 40 remain.
+  // Steps 10 and 20 were retired and their objects deleted, folders and all; 30 and 40 remain.
   EXPECT_FALSE(FileExists(dir + "/step-000000000010/MANIFEST.json"));
   EXPECT_FALSE(FileExists(dir + "/step-000000000020/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-000000000010"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-000000000020"));
   EXPECT_TRUE(FileExists(dir + "/step-000000000030/MANIFEST.json"));
   EXPECT_TRUE(FileExists(dir + "/step-000000000040/MANIFEST.json"));
   EXPECT_EQ(coordinator.model_uri(), "file://" + dir + "/final/model.safetensors");
