@@ -284,6 +284,7 @@ class JobManager {
     trainyard::v1::RestartReason reason = trainyard::v1::RESTART_REASON_UNSPECIFIED;
     std::string message;
     absl::Time failed = absl::InfinitePast();  // when it happened, as far as is known
+    bool user_error = false;  // TaskReportOutcome::user_error: the job fails, whatever its budget
   };
 
   JobManager(const Clock& clock, std::unique_ptr<JobStore> store, std::unique_ptr<LogStore> logs,

@@ -319,6 +319,7 @@ absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
       end.reason = outcome.restart_reason;
       end.message = outcome.reason;
       end.failed = clock_.Now();
+      end.user_error = outcome.user_error;
       return EndAttemptLocked(*entry, std::move(updated), std::move(end), changed);
     }
     case TaskReportOutcome::Kind::kRestartingTaskEnded: {

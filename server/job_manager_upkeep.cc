@@ -227,6 +227,12 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
     return TransitionLocked(entry, std::move(updated), v1::FAILED, end.message + *spent,
                             changed_task_ids);
   }
+  if (end.user_error) {
+    // No data, a model that cannot load, a bad argument: every attempt would end the same way.
+    return TransitionLocked(entry, std::move(updated), v1::FAILED,
+                            end.message + " (a user error: the job is not restarted)",
+                            changed_task_ids);
+  }
   const absl::Time now = clock_.Now();
   v1::Restart* r = updated.add_restarts();
   r->set_generation(updated.generation());

@@ -1,6 +1,7 @@
 #include "server/task_report.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
 #include "server/job_manager_internal.h"
 #include "server/restart_policy.h"
 
@@ -36,6 +37,8 @@ TaskReportOutcome DecideTaskReport(const v1::Job& job, const v1::TaskInfo& task)
   if (!TaskSucceeded(task)) {
     out.restart_reason = ClassifyTaskEnd(task);
     out.reason = TaskFailureReason(task);
+    out.user_error = task.state() == v1::TASK_EXITED && task.exit_code() == kExitUserError &&
+                     out.restart_reason == v1::FAILURE;
     if (job.state() != v1::RESTARTING) {
       out.kind = Kind::kEndAttempt;
       return out;

@@ -23,6 +23,9 @@ struct TaskReportOutcome {
   std::string reason;
   trainyard::v1::RestartReason restart_reason = trainyard::v1::RESTART_REASON_UNSPECIFIED;
   bool relabel = false;
+  // With kEndAttempt: the rank exited with kExitUserError (a bad spec, data or model), which
+  // another attempt would meet again.
+  bool user_error = false;
   // The attempt started running now: its stall clock starts (not when a rank merely finished
   // before any was seen running).
   bool started = false;

@@ -129,9 +129,10 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
-TEST(RecoveryTest, FailingJobStopsAfterMaxFailuresWithItsCause) {
+TEST(RecoveryTest, AJobWhoseDataCannotBeReadFailsAtOnceWithItsCause) {
   Cluster cluster(Workers(1));
-  // A spec whose data cannot be read fails the same way on every attempt.
+  // A spec whose data cannot be read would fail the same way on every attempt: a user error
+  // (the trainer's exit code 2) is not retried, whatever max_failures allows.
   const std::string yaml = R"(name: always-fails
 model: {builtin: mlp, args: {inputs: 4, hidden: [8], classes: 2}}
 data: {train: /nonexistent/train-*.safetensors}
@@ -143,11 +144,10 @@ restart: {max_failures: 1}
   auto done = cluster.WaitForFinal(broken->id(), absl::Seconds(60));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::FAILED);
-  EXPECT_EQ(done->generation(), 2);
-  ASSERT_EQ(done->restarts_size(), 1);
-  EXPECT_EQ(done->restarts(0).reason(), v1::FAILURE);
-  EXPECT_THAT(done->reason(), HasSubstr("data.train"));
-  EXPECT_THAT(done->reason(), HasSubstr("restart.max_failures is 1"));
+  EXPECT_EQ(done->generation(), 1);
+  EXPECT_EQ(done->restarts_size(), 0);
+  EXPECT_THAT(done->reason(), HasSubstr("exited with code 2: data.train"));
+  EXPECT_THAT(done->reason(), HasSubstr("(a user error: the job is not restarted)"));
 }
 
 TEST(RecoveryTest, StalledRankIsRestartedAsAHang) {

@@ -236,20 +236,37 @@ TEST_F(RecoveryTest, FailuresDrawOnMaxFailures) {
   spec.mutable_restart()->set_max_failures(1);
   const std::string id = Submit(spec);
   Start(id);
-  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 2, "data.train: no files").ok());
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 1, "std::bad_alloc").ok());
   v1::Job job = Get(id);
   ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
   EXPECT_EQ(job.restarts(0).reason(), v1::FAILURE);
   PassBackoff(id);
   Sync("w1");
   Start(id);
-  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 2, "data.train: no files").ok());
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 1, "std::bad_alloc").ok());
   job = Get(id);
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_EQ(job.generation(), 2);
   EXPECT_EQ(job.reason(),
-            "rank 0 exited with code 2: data.train: no files (2 failures; restart.max_failures "
-            "is 1)");
+            "rank 0 exited with code 1: std::bad_alloc (2 failures; restart.max_failures is 1)");
+}
+
+// A user error (exit code 2: no data, a model that cannot load) would end every attempt the same
+// way: the job fails at once, whatever restart.max_failures allows.
+TEST_F(RecoveryTest, AUserErrorIsNotRetried) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("no-data");
+  spec.mutable_restart()->set_max_failures(3);
+  const std::string id = Submit(spec);
+  Start(id);
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_EXITED, 2, "data.train: no files").ok());
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts_size(), 0);
+  EXPECT_EQ(job.reason(),
+            "rank 0 exited with code 2: data.train: no files (a user error: the job is not "
+            "restarted)");
 }
 
 TEST_F(RecoveryTest, APeerFailureFoundWhileRestartingSpendsTheFailureBudget) {
