@@ -40,15 +40,6 @@ constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
 constexpr int kDefaultBucketSizeMb = 25;
 
-bool ValidName(absl::string_view name) {
-  if (name.empty() || name.size() > kMaxNameLength) return false;
-  if (name[0] < 'a' || name[0] > 'z') return false;
-  for (char c : name) {
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
-  }
-  return true;
-}
-
 // A file the workers read or write: an absolute path or a URI. A relative path would be read
 // from whatever folder each trainer runs in, so it is refused here rather than on the workers.
 absl::Status CheckAbsolute(absl::string_view field, const std::string& value) {
@@ -366,7 +357,7 @@ absl::Status ValidateParameterServers(const v1::ParameterServerSpec& ps) {
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.name().empty()) return FieldError("name", "required");
-  if (!ValidName(spec.name())) return FieldError("name", "must match [a-z][a-z0-9-]{0,62}");
+  if (!IsValidName(spec.name())) return FieldError("name", absl::StrCat("must match ", kNameRule));
 
   const v1::Strategy strategy = spec.strategy();
   if (strategy != v1::SINGLE && strategy != v1::DATA_PARALLEL && strategy != v1::PARAMETER_SERVER) {
@@ -506,6 +497,15 @@ absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::str
     }
   }
   return absl::OkStatus();
+}
+
+bool IsValidName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  if (name[0] < 'a' || name[0] > 'z') return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return true;
 }
 
 }  // namespace trainyard

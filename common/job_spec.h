@@ -61,6 +61,12 @@ void ApplyJobSpecDefaults(trainyard::v1::JobSpec& spec);
 // as ParseJobSpecYaml ("<field>: <problem>"), INVALID_ARGUMENT.
 absl::Status ValidateJobSpec(const trainyard::v1::JobSpec& spec);
 
+// The one rule for the names people give jobs and searches (they become parts of ids, folders
+// and metric labels): kNameRule, a lower-case letter then up to 62 lower-case letters, digits or
+// '-'.
+inline constexpr char kNameRule[] = "[a-z][a-z0-9-]{0,62}";
+bool IsValidName(absl::string_view name);
+
 // Checks that every local path in `spec` (data.train, model.torchscript, distill.teacher,
 // checkpoint.uri: plain paths and file:// URIs) is absolute and lies under one of `allowed`
 // (absolute folders). Globs are checked as written, so a pattern must name its folders

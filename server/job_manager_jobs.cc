@@ -73,10 +73,8 @@ absl::StatusOr<std::string> JobManager::JobOwner(absl::string_view id) const {
 
 absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Principal* by,
                                                     const SubmitOptions& options) {
-  if (!IsSafeFileName(spec.name())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name: '", spec.name(), "' must be letters, digits, '.', '_' or '-'"));
-  }
+  // The name passed IsValidName (ValidateJobSpec), which also makes it a safe file name for the
+  // log store.
   if (options_.allowed_local_paths.has_value()) {
     if (absl::Status s = CheckLocalPaths(spec, *options_.allowed_local_paths); !s.ok()) return s;
   }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/log.h"
 #include "server/job_manager.h"
 #include "server/log_store.h"
@@ -89,9 +90,9 @@ absl::StatusOr<Search> SearchManager::Submit(absl::string_view spec_yaml, const 
   }
   absl::StatusOr<v1::SearchSpec> spec = ParseSearchYaml(spec_yaml);
   if (!spec.ok()) return spec.status();
-  if (!IsSafeFileName(spec->name()) || spec->name().size() > 63) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "name: '", spec->name(), "' must be up to 63 letters, digits, '.', '_' or '-'"));
+  if (!IsValidName(spec->name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: '", spec->name(), "' must match ", kNameRule));
   }
   const std::string owner = by != nullptr ? by->name : "";
   // The first trial's job as the job manager would take it: allowed paths, names.

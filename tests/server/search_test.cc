@@ -364,6 +364,22 @@ TEST_F(SearchManagerTest, RandomTrialsRunAsJobsWithinTheConcurrencyLimit) {
   for (const Trial& t : done.trials()) EXPECT_EQ(t.state(), v1::TRIAL_COMPLETED);
 }
 
+// One rule for the names of jobs and searches (a search's name starts its trials' job ids).
+TEST_F(SearchManagerTest, ASearchNameFollowsTheRuleForJobNames) {
+  Start();
+  const std::string yaml = SearchYaml("{name: random, metric: loss, max_trials: 1}",
+                                      "  optimizer.lr: {type: log, min: 1e-3, max: 1e-1}\n");
+  for (const std::string& bad :
+       std::vector<std::string>{"Big", "a_b", "a.b", std::string(64, 'a')}) {
+    std::string named = yaml;
+    named.replace(named.find("name: s\n"), 8, "name: " + bad + "\n");
+    absl::StatusOr<Search> search = manager_->Submit(named);
+    EXPECT_EQ(search.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(search.status().message()), HasSubstr("must match [a-z][a-z0-9-]"))
+        << bad;
+  }
+}
+
 TEST_F(SearchManagerTest, AshaPromotesByResumingFromTheRungBefore) {
   Start();
   ASSERT_TRUE(manager_
