@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
+#include "worker/trainer/coordinator/coordinator_client.h"  // RetryUntil
 
 namespace trainyard::trainer {
 namespace {
@@ -34,24 +35,22 @@ class GrpcRendezvousClient final : public RendezvousClient {
         rank_(rank) {}
 
   absl::Status Set(const std::string& key, const std::string& value) override {
-    const absl::Time deadline = RealClock::Get().Now() + absl::Seconds(30);
-    absl::Duration backoff = absl::Milliseconds(100);
-    while (true) {
-      trainyard::v1::RendezvousSetRequest request;
-      request.set_job_id(job_id_);
-      request.set_generation(generation_);
-      request.set_rank(rank_);
-      request.set_key(key);
-      request.set_value(value);
-      trainyard::v1::RendezvousSetResponse response;
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + kRpcSlack));
-      absl::Status status = FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
-                                           absl::StrCat("rendezvous set ", key));
-      if (!Retryable(status) || RealClock::Get().Now() + backoff >= deadline) return status;
-      RealClock::Get().SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(2));
-    }
+    const Clock& clock = RealClock::Get();
+    trainyard::v1::RendezvousSetRequest request;
+    request.set_job_id(job_id_);
+    request.set_generation(generation_);
+    request.set_rank(rank_);
+    request.set_key(key);
+    request.set_value(value);
+    // Rides out a coordinator restart; setting a key again to the same value changes nothing.
+    return RetryUntil(clock, clock.Now() + absl::Seconds(30), absl::Milliseconds(100),
+                      absl::Seconds(2), [&] {
+                        trainyard::v1::RendezvousSetResponse response;
+                        grpc::ClientContext context;
+                        context.set_deadline(absl::ToChronoTime(clock.Now() + kRpcSlack));
+                        return FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
+                                              absl::StrCat("rendezvous set ", key));
+                      });
   }
 
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
