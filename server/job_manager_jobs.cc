@@ -369,6 +369,19 @@ absl::Status JobManager::StreamLogs(
     absl::StatusOr<v1::Job> job = GetJob(id);
     if (!job.ok()) return job.status();
     const std::string& job_id = job->id();
+    // A task the job can never have would give an empty stream forever: say so instead.
+    const int ranks = std::max(1, job->spec().workers().max());
+    const int shards = job->spec().parameter_servers().shards();
+    if (rank >= ranks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank: job ", job_id, " has ranks 0 to ", ranks - 1, ", not ", rank));
+    }
+    if (selection.shard.has_value() && *selection.shard >= shards) {
+      return absl::InvalidArgumentError(
+          shards == 0 ? absl::StrCat("shard: job ", job_id, " has no parameter-server shards")
+                      : absl::StrCat("shard: job ", job_id, " has shards 0 to ", shards - 1,
+                                     ", not ", *selection.shard));
+    }
     const bool final = IsFinalJobState(job->state());
     std::vector<std::pair<int64_t, v1::TaskInfo>> tasks;  // (generation, task)
     for (const v1::TaskInfo& t : job->tasks()) {

@@ -659,6 +659,11 @@ TEST_F(JobManagerTest, ShipLogsIsIdempotentAndStreamsByRank) {
   EXPECT_EQ(
       manager_->StreamLogs(id, LogSelection{-2, std::nullopt}, false, nullptr, nullptr).code(),
       absl::StatusCode::kInvalidArgument);
+  // A rank the job does not have is an error, not an empty stream (`logs JOB --rank 5`).
+  absl::Status none =
+      manager_->StreamLogs(id, LogSelection{2, std::nullopt}, false, nullptr, nullptr);
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(none.message()), HasSubstr("has ranks 0 to 1, not 2"));
 }
 
 TEST_F(JobManagerTest, FollowedLogsEndWhenTheJobEnds) {
@@ -915,7 +920,10 @@ TEST_F(JobManagerTest, ShardLogsAreSelectedByShard) {
   EXPECT_THAT(read(LogSelection{}), ElementsAre("r0:rank zero\n", "s0:shard zero\n"));
   EXPECT_THAT(read(LogSelection{0, std::nullopt}), ElementsAre("r0:rank zero\n"));
   EXPECT_THAT(read(LogSelection{-1, 0}), ElementsAre("s0:shard zero\n"));
-  EXPECT_THAT(read(LogSelection{-1, 3}), IsEmpty());
+  // A shard the job does not have is an error, not an empty stream.
+  absl::Status none = manager_->StreamLogs(id, LogSelection{-1, 3}, false, nullptr, nullptr);
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(none.message()), HasSubstr("has shards 0 to 0, not 3"));
   EXPECT_EQ(manager_->StreamLogs(id, LogSelection{-1, -1}, false, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
