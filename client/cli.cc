@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -199,7 +201,8 @@ absl::StatusOr<std::string> ReadSpecFile(const std::string& file) {
     return text.str();
   }
   std::ifstream in(file);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", file));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot read ", file, ": ", std::strerror(errno)));
   text << in.rdbuf();
   return text.str();
 }

@@ -110,7 +110,7 @@ int Pack(const ParsedArgs& args) {
   const bool terminal = IsTerminal();
   options.progress = [terminal](int64_t shards, int64_t samples) {
     if (terminal) {
-      std::cerr << "\rwrote " << shards << " shards, " << GroupThousands(samples) << " samples"
+      std::cerr << "\rwrote " << Counted(shards, "shard") << ", " << Counted(samples, "sample")
                 << std::flush;
     }
   };
@@ -120,9 +120,9 @@ int Pack(const ParsedArgs& args) {
     std::cerr << "error: " << result.status().message() << "\n";
     return absl::IsUnavailable(result.status()) ? kExitStorageError : kExitUsage;
   }
-  std::cout << "wrote " << result->shards.size() << " shards, " << GroupThousands(result->samples)
-            << " samples, " << HumanBytes(result->bytes) << ": " << options.prefix
-            << "-*.safetensors\n";
+  std::cout << "wrote " << Counted(static_cast<int64_t>(result->shards.size()), "shard") << ", "
+            << Counted(result->samples, "sample") << ", " << HumanBytes(result->bytes) << ": "
+            << options.prefix << "-*.safetensors\n";
   return kExitSucceeded;
 }
 
@@ -136,7 +136,12 @@ int Data(const ParsedArgs& args, const ObjectStoreResolver& stores) {
     return kExitUsage;
   }
   if (args.args.size() != 2) {
-    std::cerr << "error: data inspect takes one URI\n";
+    std::cerr << "error: data inspect takes one pattern or URI, got " << args.args.size() - 1
+              << (args.args.size() > 2 ? ": put a pattern in quotes "
+                                         "('/data/train-*.safetensors') so that the shell "
+                                         "passes it as it is"
+                                       : "")
+              << "\n";
     return kExitUsage;
   }
   absl::StatusOr<ShardIndex> index = IndexShards(stores, AbsoluteLocal(args.args[1]));
@@ -170,8 +175,8 @@ int Data(const ParsedArgs& args, const ObjectStoreResolver& stores) {
     std::cout << out.dump(2) << "\n";
     return kExitSucceeded;
   }
-  std::cout << index->shards.size() << " shards, " << GroupThousands(index->samples) << " samples, "
-            << HumanBytes(index->bytes)
+  std::cout << Counted(static_cast<int64_t>(index->shards.size()), "shard") << ", "
+            << Counted(index->samples, "sample") << ", " << HumanBytes(index->bytes)
             << " (headers read: " << HumanBytes(index->header_bytes_read) << ")\n\n";
   std::vector<std::vector<std::string>> shard_rows;
   for (const ShardInfo& shard : index->shards) {

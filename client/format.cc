@@ -27,6 +27,10 @@ std::string GroupThousands(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
+std::string Counted(int64_t n, const std::string& noun) {
+  return absl::StrCat(GroupThousands(n), " ", noun, n == 1 ? "" : "s");
+}
+
 std::string ClockDuration(absl::Duration d) {
   int64_t seconds = absl::ToInt64Seconds(d);
   if (seconds < 0) seconds = 0;

@@ -23,6 +23,9 @@ std::string ProgressLine(const v1::JobProgress& progress, std::optional<absl::Du
 // 1234567 -> "1,234,567".
 std::string GroupThousands(int64_t n);
 
+// "1 shard", "2 shards", "1,500 samples": `n` (grouped) and the noun, plural unless n is 1.
+std::string Counted(int64_t n, const std::string& noun);
+
 // Clock style for ETAs: "0:42", "12:05", "1:02:03".
 std::string ClockDuration(absl::Duration d);
 

@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/credentials.h"
+#include "client/format.h"
 #include "common/channel.h"
 #include "common/clock.h"
 #include "common/credentials.h"
@@ -284,8 +285,9 @@ int RunLocalCluster(const LocalClusterOptions& options) {
   }
 
   std::cout
-      << "Trainyard is running: coordinator at " << address << ", " << workers
-      << " workers (worker-1..worker-" << workers << ") with " << slots << " slots each"
+      << "Trainyard is running: coordinator at " << address << ", " << Counted(workers, "worker")
+      << (workers == 1 ? " (worker-1)" : absl::StrCat(" (worker-1..worker-", workers, ")"))
+      << " with " << Counted(slots, "slot") << (workers == 1 ? "" : " each")
       << (gpus > 0 ? absl::StrCat(", ", gpus, " GPUs on worker-1") : "") << ".\n"
       << "State and logs: " << state_dir << "\n"
       << (metrics_base == 0 ? std::string()

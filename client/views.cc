@@ -67,8 +67,9 @@ std::string SearchesTable(const std::vector<v1::Search>& searches, absl::Time no
                       s.spec().searcher().max_trials()),
          BestText(s), ShortAge(now - absl::FromUnixMillis(s.created_unix_ms())), reason});
   }
-  return Table({"ID", "NAME", "OWNER", "STATE", "SEARCHER", "TRIALS", "BEST", "AGE", "REASON"},
-               rows);
+  return Table(
+      {"ID", "NAME", "OWNER", "STATE", "SEARCHER", "TRIALS RUN/MADE/MAX", "BEST", "AGE", "REASON"},
+      rows);
 }
 
 std::string DescribeSearch(const v1::Search& s, absl::TimeZone zone) {

@@ -24,7 +24,7 @@ std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints,
 // Everything about one job, restarts and events included.
 std::string DescribeJob(const v1::Job& job, absl::TimeZone zone = absl::LocalTimeZone());
 
-// ID NAME OWNER STATE SEARCHER TRIALS (running/created/max) BEST AGE REASON.
+// ID NAME OWNER STATE SEARCHER "TRIALS RUN/MADE/MAX" (running/created/max) BEST AGE REASON.
 std::string SearchesTable(const std::vector<v1::Search>& searches, absl::Time now, bool terminal);
 // One search: its searcher, best trial (metric, model) and every trial's hyperparameters, rung,
 // step, metric, state and job.

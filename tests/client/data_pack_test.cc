@@ -80,6 +80,14 @@ TEST_F(DataPackTest, TheCommandMakesARelativePrefixAbsolute) {
   EXPECT_THAT(out, HasSubstr(absolute + "-00000.safetensors"));
 }
 
+// An unquoted pattern reaches the command as several files: it says to quote it.
+TEST_F(DataPackTest, InspectOfSeveralFilesSaysToQuoteThePattern) {
+  auto [code, out] = RunShell(
+      absl::StrCat(TRAINYARD_CLI, " data inspect /d/train-0.safetensors /d/train-1.safetensors"));
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_THAT(out, HasSubstr("takes one pattern or URI, got 2: put a pattern in quotes"));
+}
+
 TEST_F(DataPackTest, NumpyArraysBecomeShardsThatReadBackIdentically) {
   auto [code, out] = RunShell(absl::StrCat(
       "cd ", dir_, " && /usr/bin/python3 -c \"import numpy as np; r = np.random.default_rng(1); ",

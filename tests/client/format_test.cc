@@ -1,6 +1,7 @@
 #include "client/format.h"
 
 #include "absl/strings/str_cat.h"
+#include "client/commands.h"
 #include "client/views.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -45,6 +46,10 @@ TEST(FormatTest, Numbers) {
   EXPECT_EQ(GroupThousands(1234), "1,234");
   EXPECT_EQ(GroupThousands(1234567), "1,234,567");
   EXPECT_EQ(GroupThousands(-1000), "-1,000");
+  // Counts say "1 shard", never "1 shards".
+  EXPECT_EQ(Counted(1, "shard"), "1 shard");
+  EXPECT_EQ(Counted(0, "shard"), "0 shards");
+  EXPECT_EQ(Counted(1500, "sample"), "1,500 samples");
 }
 
 TEST(FormatTest, Durations) {
@@ -280,6 +285,26 @@ TEST(ViewsTest, JsonIsProtobufJson) {
   EXPECT_THAT(json, HasSubstr("\"id\": \"worker-1\""));
   EXPECT_THAT(json, HasSubstr("\"slots\": 2"));
   EXPECT_THAT(json, Not(HasSubstr("slotsUsed")));
+}
+
+TEST(ViewsTest, TheSearchTableSaysWhichTrialCountIsWhich) {
+  v1::Search search;
+  search.set_id("s-s1");
+  search.set_name("s");
+  search.set_trials_running(1);
+  search.set_trials_created(2);
+  search.mutable_spec()->mutable_searcher()->set_max_trials(24);
+  search.set_best_trial(-1);
+  const std::string table = SearchesTable({search}, absl::Now(), false);
+  EXPECT_THAT(table, HasSubstr("TRIALS RUN/MADE/MAX"));
+  EXPECT_THAT(table, HasSubstr("1/2/24"));
+}
+
+TEST(CommandsTest, AnUnreadableSpecFileSaysWhy) {
+  absl::StatusOr<std::string> spec = ReadSpecFile("/nonexistent/spec.yaml");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(spec.status().message(),
+            "cannot read /nonexistent/spec.yaml: No such file or directory");
 }
 
 }  // namespace
