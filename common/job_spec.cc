@@ -19,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/file_object_store.h"
+#include "common/object_cache.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
 #include "common/yaml_fields.h"
@@ -497,6 +499,39 @@ absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::str
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const v1::JobSpec& spec) {
+  std::vector<std::string> unchecked;
+  const std::pair<const char*, const std::string*> fields[] = {
+      {"data.train", &spec.data().train()},
+      {"model.torchscript", &spec.model().torchscript()},
+      {"distill.teacher", &spec.distill().teacher()}};
+  for (const auto& [field, value] : fields) {
+    if (value->empty()) continue;
+    if (absl::StrContains(*value, "://") && !absl::StartsWith(*value, "file://")) continue;
+    absl::StatusOr<std::string> path = LocalPath(*value);
+    if (!path.ok() || !absl::StartsWith(*path, "/")) continue;  // refused by validation
+    // The folder up to the first wildcard: what must exist here for the check to mean anything.
+    const size_t wild = path->find_first_of("*?[");
+    const std::string fixed = path->substr(0, wild == std::string::npos ? path->size() : wild);
+    const std::string folder = fixed.substr(0, fixed.rfind('/') + 1);
+    std::error_code ec;
+    if (!std::filesystem::is_directory(folder, ec)) {
+      unchecked.push_back(
+          absl::StrCat(field, " (", folder, " is not on the coordinator's machine)"));
+      continue;
+    }
+    FileObjectStore files;
+    absl::StatusOr<std::vector<std::string>> matches =
+        ExpandObjectGlob(files, absl::StrCat("file://", *path));
+    if (absl::IsNotFound(matches.status())) {
+      return FieldError(
+          field,
+          absl::StrCat(wild == std::string::npos ? "no file '" : "no files match '", *value, "'"));
+    }
+  }
+  return unchecked;
 }
 
 bool IsValidName(absl::string_view name) {

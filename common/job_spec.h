@@ -75,6 +75,13 @@ bool IsValidName(absl::string_view name);
 absl::Status CheckLocalPaths(const trainyard::v1::JobSpec& spec,
                              const std::vector<std::string>& allowed);
 
+// Checks the local files `spec` reads (data.train's pattern, model.torchscript, distill.teacher)
+// where this machine can see them: INVALID_ARGUMENT naming the field when their folder exists
+// here but holds no match ("data.train: no files match '/data/x-*.safetensors'"). A folder this
+// machine does not have is not checked (the workers may have it): the result names each such
+// field and folder, for the job's events. Object storage (s3://) is not checked here.
+absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const trainyard::v1::JobSpec& spec);
+
 // "90s", "15m", "12h", "2d", "1h30m" -> seconds. INVALID_ARGUMENT otherwise.
 absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text);
 

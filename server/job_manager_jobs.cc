@@ -78,6 +78,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
   if (options_.allowed_local_paths.has_value()) {
     if (absl::Status s = CheckLocalPaths(spec, *options_.allowed_local_paths); !s.ok()) return s;
   }
+  // No data or no model is refused now where this machine can tell, not on the workers.
+  absl::StatusOr<std::vector<std::string>> unchecked = CheckLocalFiles(spec);
+  if (!unchecked.ok()) return unchecked.status();
   auto taken = [&](absl::string_view what) {
     return absl::AlreadyExistsError(absl::StrCat("job ", options.id, " exists (", what, ")"));
   };
@@ -138,6 +141,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
     event->set_from(v1::JOB_STATE_UNSPECIFIED);
     event->set_to(v1::PENDING);
     event->set_reason(by != nullptr ? absl::StrCat("submitted by ", by->name) : "submitted");
+    if (!unchecked->empty()) {
+      absl::StrAppend(event->mutable_reason(), "; not checked: ", absl::StrJoin(*unchecked, ", "));
+    }
     if (options.validate_only) return job;
     StoreMutation m;
     m.jobs.push_back({seq, job});

@@ -1,6 +1,9 @@
 #include "common/job_spec.h"
 
+#include <stdlib.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -765,6 +768,39 @@ max_steps: 10
   // Absolute paths and URIs pass.
   EXPECT_TRUE(ParseJobSpecYaml(base + "data: {train: '/data/train-*.safetensors'}\n").ok());
   EXPECT_TRUE(ParseJobSpecYaml(base + "data: {train: 's3://b/train-*.safetensors'}\n").ok());
+}
+
+TEST(JobSpecTest, LocalFilesAreCheckedWhereTheirFolderIsVisible) {
+  char tmpl[] = "/tmp/job_spec_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  JobSpec spec;
+  // A folder here without a match: refused, the field named.
+  spec.mutable_data()->set_train(dir + "/train-*.safetensors");
+  absl::StatusOr<std::vector<std::string>> checked = CheckLocalFiles(spec);
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(checked.status().message(),
+            "data.train: no files match '" + dir + "/train-*.safetensors'");
+  std::ofstream(dir + "/train-0.safetensors") << "x";
+  checked = CheckLocalFiles(spec);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_TRUE(checked->empty());
+  spec.mutable_model()->set_torchscript("file://" + dir + "/model.pt");
+  EXPECT_EQ(CheckLocalFiles(spec).status().message(),
+            "model.torchscript: no file 'file://" + dir + "/model.pt'");
+  std::ofstream(dir + "/model.pt") << "x";
+  EXPECT_TRUE(CheckLocalFiles(spec).ok());
+  // A folder this machine does not have: not checked, and said so.
+  spec.mutable_distill()->set_teacher("/nonexistent-folder/teacher.pt");
+  checked = CheckLocalFiles(spec);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_THAT(*checked, ::testing::ElementsAre(
+                            "distill.teacher (/nonexistent-folder/ is not on the coordinator's "
+                            "machine)"));
+  // Object storage is not this machine's to check.
+  spec.mutable_data()->set_train("s3://bucket/none-*.safetensors");
+  EXPECT_TRUE(CheckLocalFiles(spec).ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(JobSpecTest, ExampleSafetensorsMlpParses) {

@@ -283,6 +283,26 @@ TEST_F(JobManagerTest, TheAttemptACancelStoppedCommitsTheStepItStoppedAt) {
   EXPECT_EQ(task->resume_checkpoints(0), "file:///ckpt/" + id + "/step-000000000007");
 }
 
+TEST_F(JobManagerTest, DataTheCoordinatorCanSeeIsCheckedAtSubmission) {
+  char tmpl[] = "/tmp/job_manager_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  v1::JobSpec spec = TestSpec("files");
+  spec.mutable_data()->clear_synthetic();
+  spec.mutable_data()->set_train(dir + "/train-*.safetensors");
+  absl::StatusOr<v1::Job> job = manager_->SubmitJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("data.train: no files match"));
+  // Where it cannot look, it says so in the job's events and lets the workers find out.
+  spec.mutable_data()->set_train("/nonexistent-folder/train-*.safetensors");
+  job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->events(0).reason(),
+              HasSubstr("not checked: data.train (/nonexistent-folder/ is not on the "
+                        "coordinator's machine)"));
+  rmdir(dir.c_str());
+}
+
 TEST_F(JobManagerTest, TooManyActiveJobs) {
   JobManagerOptions options;
   options.max_active_jobs = 2;
