@@ -290,5 +290,22 @@ TEST_F(AgentTest, LeavesBeforeTheDeadlineWhenNeitherTheCoordinatorNorATrainerAns
   EXPECT_EQ(CountCalls(link_->calls(), "ReportPreemption"), 3);
 }
 
+TEST(CallCancellerTest, ACancelReachesTheCallWhetherItCameBeforeOrDuringItAndNeverAfter) {
+  int cancels = 0;
+  CallCanceller early;
+  early.Cancel();
+  early.SetCancel([&] { ++cancels; });  // the call starts after the cancel: ended at once
+  EXPECT_EQ(cancels, 1);
+  early.SetCancel(nullptr);
+  CallCanceller during;
+  during.SetCancel([&] { ++cancels; });
+  during.Cancel();
+  EXPECT_EQ(cancels, 2);
+  during.SetCancel(nullptr);  // the call has ended: a later cancel reaches nothing
+  during.Cancel();
+  EXPECT_EQ(cancels, 2);
+  EXPECT_TRUE(during.cancelled());
+}
+
 }  // namespace
 }  // namespace trainyard

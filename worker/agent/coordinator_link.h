@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -20,28 +21,23 @@ namespace trainyard {
 class CallCanceller {
  public:
   void Cancel() {
-    std::function<void()> cancel;
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      cancel = cancel_;
-    }
-    if (cancel) cancel();
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    // Under the lock: SetCancel(nullptr), which comes before the call's state goes away, waits
+    // for it.
+    if (cancel_) cancel_();
   }
   bool cancelled() const {
     absl::MutexLock lock(&mu_);
     return cancelled_;
   }
-  // For CoordinatorLink implementations: `cancel` ends the call in flight; it runs at once when
-  // Cancel came first. Cleared (nullptr) when the call has ended.
+  // For CoordinatorLink implementations: `cancel` ends the call in flight (without blocking; it
+  // runs under this object's lock); it runs at once when Cancel came first. Set it to nullptr
+  // when the call has ended, before what `cancel` uses goes away.
   void SetCancel(std::function<void()> cancel) {
-    bool now;
-    {
-      absl::MutexLock lock(&mu_);
-      cancel_ = cancel;
-      now = cancelled_;
-    }
-    if (now && cancel) cancel();
+    absl::MutexLock lock(&mu_);
+    cancel_ = std::move(cancel);
+    if (cancelled_ && cancel_) cancel_();
   }
 
  private:
