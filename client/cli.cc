@@ -145,7 +145,7 @@ std::vector<CommandSpec> Commands() {
        {{"workers", '\0', true, "N", "number of workers (default 2)"},
         {"slots", '\0', true, "N", "CPU slots per worker (default: cores / workers)"},
         {"port", '\0', true, "P", "coordinator port (default 7070; 0 picks a free one)"},
-        {"state_dir", '\0', true, "DIR", "where state and logs go (default: a new temp folder)"}},
+        {"state-dir", '\0', true, "DIR", "where state and logs go (default: a new temp folder)"}},
        0,
        0},
   };
@@ -176,7 +176,7 @@ int Up(const ParsedArgs& args) {
       !int_flag("port", &options.port, 0)) {
     return kExitUsage;
   }
-  options.state_dir = args.Get("state_dir");
+  options.state_dir = args.Get("state-dir");
   options.bin_dir = SelfExecutableDir();
   return RunLocalCluster(options);
 }

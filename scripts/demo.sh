@@ -40,7 +40,7 @@ stop_if_interrupted() {
 }
 
 echo "==> Starting a local cluster (a coordinator and 3 workers) in $work/cluster"
-"$bin/trainyard" up --workers 3 --port "$port" --state_dir "$work/cluster" >"$work/cluster.log" 2>&1 &
+"$bin/trainyard" up --workers 3 --port "$port" --state-dir "$work/cluster" >"$work/cluster.log" 2>&1 &
 cluster_pid=$!
 
 deadline=$((SECONDS + 60))

@@ -216,7 +216,7 @@ start_cluster() {
   local port
   port=$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   export TRAINYARD_COORDINATOR="127.0.0.1:$port"
-  "$bundle/bin/trainyard" up --workers 1 --port "$port" --state_dir "$work/cluster" \
+  "$bundle/bin/trainyard" up --workers 1 --port "$port" --state-dir "$work/cluster" \
     >"$work/cluster.log" 2>&1 &
   cluster_pid=$!
   local deadline=$((SECONDS + 60))

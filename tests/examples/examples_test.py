@@ -98,7 +98,7 @@ def main():
     env["TRAINYARD_COORDINATOR"] = "127.0.0.1:%d" % port
     log = open(os.path.join(work, "cluster.log"), "w")
     cluster = subprocess.Popen([trainyard, "up", "--workers", "2", "--slots", "2", "--port",
-                                str(port), "--state_dir", os.path.join(work, "state")],
+                                str(port), "--state-dir", os.path.join(work, "state")],
                                stdout=log, stderr=subprocess.STDOUT, env=env)
     failed = []
     try:

@@ -73,7 +73,7 @@ struct LocalCluster {
                const std::string& port = "0", const std::string& name = "up")
       : state_dir(dir.path() + "/" + name),
         up({BinDir() + "/trainyard", "up", "--workers", absl::StrCat(workers), "--slots", "1",
-            "--port", port, "--state_dir", state_dir},
+            "--port", port, "--state-dir", state_dir},
            dir.path() + "/" + name + ".log", WithConfig(dir, std::move(env))) {}
 
   static std::map<std::string, std::string> WithConfig(const TempDir& dir,
