@@ -1,5 +1,7 @@
 #include "client/args.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -91,6 +93,13 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<FlagSpec>& global_flags,
     if (command != nullptr) sets.push_back(&command->flags);
     const FlagSpec* flag = FindFlag(sets, name, short_name);
     if (flag == nullptr) {
+      // The daemons' flags are written with '_': the CLI's with '-'.
+      std::string dashed = name;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      if (dashed != name && FindFlag(sets, dashed, '\0') != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown flag '", arg, "': did you mean '--", dashed, "'?"));
+      }
       const std::string where = command != nullptr
                                     ? absl::StrCat(" for '", command->name, "' (see 'trainyard ",
                                                    command->name, " --help')")

@@ -68,6 +68,9 @@ TEST(ArgsTest, UnknownFlagNamesTheCommand) {
   EXPECT_EQ(args.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(args.status().message(), HasSubstr("unknown flag '--wait' for 'jobs'"));
   EXPECT_THAT(Parse({"--nope"}).status().message(), HasSubstr("unknown flag '--nope'"));
+  // A daemon-style '_' where the CLI has '-'.
+  EXPECT_THAT(Parse({"submit", "--resume_from", "x-1", "f.yaml"}).status().message(),
+              HasSubstr("unknown flag '--resume_from': did you mean '--resume-from'?"));
   EXPECT_THAT(Parse({"jobs", "-wait"}).status().message(), HasSubstr("two dashes"));
 }
 
