@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace trainyard::cli {
 namespace {
@@ -19,12 +20,48 @@ const FlagSpec* FindFlag(const std::vector<const std::vector<FlagSpec>*>& sets,
   return nullptr;
 }
 
+// `text` broken into lines of at most `width` characters at spaces, each ending in '\n'.
+std::string Wrap(const std::string& text, size_t width) {
+  std::string out;
+  std::string line;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      absl::StrAppend(&out, line, "\n");
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
+  }
+  if (!line.empty()) absl::StrAppend(&out, line, "\n");
+  return out;
+}
+
+// Up to and with the first ". " (the whole text when there is none).
+std::string FirstSentence(const std::string& text) {
+  const size_t end = text.find(". ");
+  return end == std::string::npos ? text : text.substr(0, end + 1);
+}
+
+// `left` padded to `column` characters, then `text` wrapped so that no line passes 100
+// characters, its later lines indented to `column` (a too long `left` gets a line of its own).
+std::string Hanging(const std::string& left, const std::string& text, size_t column) {
+  const std::string pad(column, ' ');
+  const std::string wrapped = Wrap(text, 100 - column);
+  std::string out =
+      left.size() < column ? left + std::string(column - left.size(), ' ') : left + "\n" + pad;
+  bool first = true;
+  for (absl::string_view line : absl::StrSplit(wrapped, '\n', absl::SkipEmpty())) {
+    absl::StrAppend(&out, first ? "" : pad, line, "\n");
+    first = false;
+  }
+  return out;
+}
+
 std::string FlagLine(const FlagSpec& flag) {
   std::string left = flag.short_name != '\0'
                          ? absl::StrCat("-", std::string(1, flag.short_name), ", --", flag.name)
                          : absl::StrCat("    --", flag.name);
   if (flag.takes_value) absl::StrAppend(&left, " ", flag.value_name);
-  return absl::StrFormat("  %-28s %s\n", left, flag.help);
+  return Hanging(absl::StrCat("  ", left), flag.help, 31);
 }
 
 }  // namespace
@@ -154,8 +191,8 @@ std::string MainHelp(const std::string& program, const std::vector<FlagSpec>& gl
   std::string out = absl::StrCat("Usage: ", program, " COMMAND [flags] [args]\n\nCommands:\n");
   for (const CommandSpec& c : commands) {
     absl::StrAppend(&out,
-                    absl::StrFormat("  %-34s %s\n", c.args.empty() ? c.name : c.name + " " + c.args,
-                                    c.summary));
+                    Hanging(absl::StrCat("  ", c.args.empty() ? c.name : c.name + " " + c.args),
+                            FirstSentence(c.summary), 37));
   }
   absl::StrAppend(&out, "\nGlobal flags:\n");
   for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
@@ -165,17 +202,19 @@ std::string MainHelp(const std::string& program, const std::vector<FlagSpec>& gl
 }
 
 std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
-                        const CommandSpec& command) {
+                        const CommandSpec& command, bool local) {
   std::string out = absl::StrCat("Usage: ", program, " ", command.name);
   if (!command.flags.empty()) absl::StrAppend(&out, " [flags]");
   if (!command.args.empty()) absl::StrAppend(&out, " ", command.args);
-  absl::StrAppend(&out, "\n\n", command.summary, "\n");
+  absl::StrAppend(&out, "\n\n", Wrap(command.summary, 100));
   if (!command.flags.empty()) {
     absl::StrAppend(&out, "\nFlags:\n");
     for (const FlagSpec& flag : command.flags) absl::StrAppend(&out, FlagLine(flag));
   }
-  absl::StrAppend(&out, "\nGlobal flags:\n");
-  for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
+  if (!local) {
+    absl::StrAppend(&out, "\nGlobal flags:\n");
+    for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
+  }
   return out;
 }
 

@@ -24,7 +24,7 @@ struct FlagSpec {
 struct CommandSpec {
   std::string name;
   std::string args;     // positional arguments in help: "FILE", "JOB"
-  std::string summary;  // one line
+  std::string summary;  // what `CMD --help` says (wrapped to the terminal's 100 columns)
   std::vector<FlagSpec> flags;
   int min_args = 0;
   int max_args = 0;
@@ -47,12 +47,13 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<FlagSpec>& global_flags,
                                      const std::vector<CommandSpec>& commands,
                                      const std::vector<std::string>& argv);
 
-// `trainyard help`: every command and the global flags.
+// `trainyard help`: every command, by the first sentence of its summary, and the global flags.
 std::string MainHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
                      const std::vector<CommandSpec>& commands);
-// `trainyard CMD --help`.
+// `trainyard CMD --help`: the summary wrapped to 100 columns, the command's flags, and the global
+// flags unless `local` (a command that runs on this machine alone: they do not apply).
 std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
-                        const CommandSpec& command);
+                        const CommandSpec& command, bool local = false);
 
 }  // namespace trainyard::cli
 

@@ -82,8 +82,8 @@ std::vector<CommandSpec> Commands() {
       {"cancel", "JOB", "Cancel a job.", {}, 1, 1},
       {"delete",
        "JOB",
-       "Delete a finished job now: its record, events, tasks and logs (the coordinator does it "
-       "--job_retention after the job finished in any case). Its checkpoints stay in storage "
+       "Delete a finished job now: its record, events, tasks and logs. The coordinator does it "
+       "--job_retention after the job finished in any case. Its checkpoints stay in storage "
        "unless --checkpoints is given.",
        {{"checkpoints", '\0', false, "",
          "first delete its checkpoints and exported model (everything under its checkpoint "
@@ -100,6 +100,7 @@ std::vector<CommandSpec> Commands() {
        1},
       {"data",
        "inspect URI | pack PREFIX INPUT...",
+       "Inspect a sharded safetensors data set, or pack one from NumPy arrays or CSV. "
        "`data inspect URI`: print the index of a sharded safetensors data set (a path, file:// "
        "or s3:// URI with wildcards in file names), read from the shards' headers only: shards, "
        "samples, tensors, dtypes, shapes and bytes; s3:// uses this machine's AWS_* variables. "
@@ -116,7 +117,8 @@ std::vector<CommandSpec> Commands() {
        1000},
       {"search",
        "ACTION [ARG]",
-       "Hyperparameter searches, whose trials are jobs: `search submit FILE` (a search spec: "
+       "Hyperparameter searches: submit, list, describe, cancel, extend. Their trials are "
+       "jobs. `search submit FILE` (a search spec: "
        "name, searcher {name: random|grid|asha, metric, max_trials, ...}, hyperparameters by "
        "field path, template: a job spec; prints the search's id), `search list`, "
        "`search describe ID` (every trial's values, rung, metric and state; the best trial and "
@@ -130,7 +132,8 @@ std::vector<CommandSpec> Commands() {
        2},
       {"token",
        "ACTION [ARG]",
-       "Manage API tokens (admins): `token create NAME --role user|admin|agent [--ttl 30d]` "
+       "Manage API tokens (admins): create, list, revoke. "
+       "`token create NAME --role user|admin|agent [--ttl 30d]` "
        "prints a new token once (for an agent, NAME is the worker it may register as); "
        "`token list`; `token revoke ID`.",
        {{"role", '\0', true, "ROLE", "create: admin, user (default) or agent"},
@@ -231,8 +234,11 @@ int RunCli(const std::vector<std::string>& argv) {
     for (const CommandSpec& c : commands) {
       if (c.name == parsed->command) command = &c;
     }
-    const std::string text = command != nullptr ? CommandHelp("trainyard", global_flags, *command)
-                                                : MainHelp("trainyard", global_flags, commands);
+    // `up` and `data` run on this machine alone: no coordinator, no credentials.
+    const bool local = command != nullptr && (command->name == "up" || command->name == "data");
+    const std::string text = command != nullptr
+                                 ? CommandHelp("trainyard", global_flags, *command, local)
+                                 : MainHelp("trainyard", global_flags, commands);
     if (parsed->help) {
       std::cout << text;
       return kExitSucceeded;

@@ -1,14 +1,18 @@
 #include "client/args.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/local_cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/run_shell.h"
 
 namespace trainyard::cli {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::vector<FlagSpec> Globals() { return {{"coordinator", '\0', true, "ADDR", "where"}}; }
 
@@ -110,6 +114,34 @@ TEST(ArgsTest, HelpTextListsCommandsAndFlags) {
   EXPECT_THAT(logs_help, HasSubstr("Usage: trainyard logs [flags] JOB"));
   EXPECT_THAT(logs_help, HasSubstr("-f, --follow"));
   EXPECT_THAT(logs_help, HasSubstr("--rank N"));
+}
+
+// The real CLI's help: short lines in the command list, and only the flags that apply.
+TEST(ArgsTest, TheCliHelpIsShortAndListsOnlyFlagsThatApply) {
+  auto [code, main_help] = ::trainyard::testing::RunShell(absl::StrCat(TRAINYARD_CLI, " --help"));
+  ASSERT_EQ(code, 0) << main_help;
+  for (absl::string_view line : absl::StrSplit(main_help, '\n')) {
+    EXPECT_LE(line.size(), 120u) << line;
+  }
+  EXPECT_THAT(main_help, HasSubstr("Inspect a sharded safetensors data set"));
+  for (const char* local : {"up", "data"}) {
+    auto [status, help] =
+        ::trainyard::testing::RunShell(absl::StrCat(TRAINYARD_CLI, " ", local, " --help"));
+    EXPECT_EQ(status, 0) << help;
+    EXPECT_THAT(help, Not(HasSubstr("--coordinator"))) << local;
+    EXPECT_THAT(help, Not(HasSubstr("--token-file"))) << local;
+  }
+  auto [status, up_help] =
+      ::trainyard::testing::RunShell(absl::StrCat(TRAINYARD_CLI, " up --help"));
+  EXPECT_THAT(up_help, HasSubstr("--state-dir DIR"));
+  auto [submit_status, submit_help] =
+      ::trainyard::testing::RunShell(absl::StrCat(TRAINYARD_CLI, " submit --help"));
+  EXPECT_THAT(submit_help, HasSubstr("--coordinator"));  // it talks to one
+  auto [data_status, data_help] =
+      ::trainyard::testing::RunShell(absl::StrCat(TRAINYARD_CLI, " data --help"));
+  for (absl::string_view line : absl::StrSplit(data_help, '\n')) {
+    EXPECT_LE(line.size(), 120u) << line;
+  }
 }
 
 TEST(LocalClusterTest, ParsePortFile) {
