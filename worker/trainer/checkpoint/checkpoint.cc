@@ -325,12 +325,13 @@ absl::Status Checkpointer::WaitUntil(absl::Time deadline) {
 absl::StatusOr<std::string> Checkpointer::PutPiecesWithRetries(
     const std::string& uri, const std::vector<absl::string_view>& pieces) {
   std::string sha256;
-  absl::Status status = RetryCall(options_.attempts, options_.backoff, [&]() -> absl::Status {
-    absl::StatusOr<std::string> put = store_->PutPieces(uri, pieces);
-    if (!put.ok()) return put.status();
-    sha256 = *std::move(put);
-    return absl::OkStatus();
-  });
+  absl::Status status =
+      RetryCall(clock_, options_.attempts, options_.backoff, [&]() -> absl::Status {
+        absl::StatusOr<std::string> put = store_->PutPieces(uri, pieces);
+        if (!put.ok()) return put.status();
+        sha256 = *std::move(put);
+        return absl::OkStatus();
+      });
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
   }
@@ -338,8 +339,8 @@ absl::StatusOr<std::string> Checkpointer::PutPiecesWithRetries(
 }
 
 absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::string& bytes) {
-  absl::Status status =
-      RetryCall(options_.attempts, options_.backoff, [&] { return store_->Put(uri, bytes); });
+  absl::Status status = RetryCall(clock_, options_.attempts, options_.backoff,
+                                  [&] { return store_->Put(uri, bytes); });
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
   }

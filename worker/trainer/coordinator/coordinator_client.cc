@@ -120,8 +120,6 @@ std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc
                                                  rpc_timeout);
 }
 
-void SleepForRetry(absl::Duration d) { RealClock::Get().SleepFor(d); }
-
 bool IsRetryableCoordinatorError(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded;

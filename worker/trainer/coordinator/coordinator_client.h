@@ -55,10 +55,11 @@ std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc
                                                             int64_t generation, int32_t rank,
                                                             absl::Duration rpc_timeout);
 
-// Calls `fn` up to `attempts` times, sleeping `backoff`, 2 * backoff, ... between failures.
+// Calls `fn` up to `attempts` times, sleeping `backoff`, 2 * backoff, ... on `clock` between
+// failures (Clock::SleepFor: no real sleep on a simulated clock).
 // FAILED_PRECONDITION ends it at once. Returns the last status. Blocks.
 template <typename Fn>
-absl::Status RetryCall(int attempts, absl::Duration backoff, Fn&& fn);
+absl::Status RetryCall(const Clock& clock, int attempts, absl::Duration backoff, Fn&& fn);
 
 // Whether a coordinator call that failed with `status` may succeed if repeated: UNAVAILABLE and
 // DEADLINE_EXCEEDED (transport), not refusals.
@@ -107,15 +108,13 @@ class ProgressReporter {
 
 // ---- implementation of the template ----
 
-void SleepForRetry(absl::Duration d);
-
 template <typename Fn>
-absl::Status RetryCall(int attempts, absl::Duration backoff, Fn&& fn) {
+absl::Status RetryCall(const Clock& clock, int attempts, absl::Duration backoff, Fn&& fn) {
   absl::Status status;
   for (int i = 0; i < attempts; ++i) {
     status = fn();
     if (status.ok() || status.code() == absl::StatusCode::kFailedPrecondition) return status;
-    if (i + 1 < attempts) SleepForRetry(backoff * (1 << i));
+    if (i + 1 < attempts) clock.SleepFor(backoff * (1 << i));
   }
   return status;
 }

@@ -425,7 +425,7 @@ absl::Status Run::Export(TrainResult& result) {
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
   absl::Status put =
-      RetryCall(4, absl::Milliseconds(250), [&] { return store_->Put(uri, *bytes); });
+      RetryCall(clock_, 4, absl::Milliseconds(250), [&] { return store_->Put(uri, *bytes); });
   if (!put.ok()) {
     return absl::UnavailableError(absl::StrCat("model export: ", put.message()));
   }
