@@ -466,16 +466,32 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::string>& allowed) {
-  const std::pair<const char*, const std::string*> fields[] = {
+namespace {
+
+// The fields of `spec` that name files on the workers' disks (set, and not object storage), with
+// their values: data.train, model.torchscript, distill.teacher, and checkpoint.uri when
+// `with_checkpoint`.
+std::vector<std::pair<const char*, const std::string*>> LocalFileFields(const v1::JobSpec& spec,
+                                                                        bool with_checkpoint) {
+  std::vector<std::pair<const char*, const std::string*>> fields = {
       {"data.train", &spec.data().train()},
       {"model.torchscript", &spec.model().torchscript()},
-      {"distill.teacher", &spec.distill().teacher()},
-      {"checkpoint.uri", &spec.checkpoint().uri()}};
+      {"distill.teacher", &spec.distill().teacher()}};
+  if (with_checkpoint) fields.emplace_back("checkpoint.uri", &spec.checkpoint().uri());
+  std::vector<std::pair<const char*, const std::string*>> local;
   for (const auto& [field, value] : fields) {
     if (value->empty()) continue;
     // Object storage is not the worker's disk; anything else is read from it.
     if (absl::StrContains(*value, "://") && !absl::StartsWith(*value, "file://")) continue;
+    local.emplace_back(field, value);
+  }
+  return local;
+}
+
+}  // namespace
+
+absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::string>& allowed) {
+  for (const auto& [field, value] : LocalFileFields(spec, /*with_checkpoint=*/true)) {
     absl::StatusOr<std::string> path = LocalPath(*value);
     if (!path.ok()) path = *value;  // a relative path: still the worker's disk
     const std::string where =
@@ -503,13 +519,7 @@ absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::str
 
 absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const v1::JobSpec& spec) {
   std::vector<std::string> unchecked;
-  const std::pair<const char*, const std::string*> fields[] = {
-      {"data.train", &spec.data().train()},
-      {"model.torchscript", &spec.model().torchscript()},
-      {"distill.teacher", &spec.distill().teacher()}};
-  for (const auto& [field, value] : fields) {
-    if (value->empty()) continue;
-    if (absl::StrContains(*value, "://") && !absl::StartsWith(*value, "file://")) continue;
+  for (const auto& [field, value] : LocalFileFields(spec, /*with_checkpoint=*/false)) {
     absl::StatusOr<std::string> path = LocalPath(*value);
     if (!path.ok() || !absl::StartsWith(*path, "/")) continue;  // refused by validation
     // The folder up to the first wildcard: what must exist here for the check to mean anything.

@@ -44,10 +44,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJobYaml(absl::string_view spec_yaml, c
   }
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(spec_yaml);
   if (!spec.ok()) return spec.status();
-  if (!options.resume_from.empty()) {
-    spec->mutable_checkpoint()->set_resume_from(options.resume_from);
-    if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) return s;
-  }
+  // The job it names is checked by SubmitValidated, as for one the spec names.
+  if (!options.resume_from.empty()) spec->mutable_checkpoint()->set_resume_from(options.resume_from);
   return SubmitValidated(*std::move(spec), by, options);
 }
 
