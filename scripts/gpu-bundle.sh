@@ -128,6 +128,12 @@ cp -a "$stage/usr/lib/$arch/cmake" "$out/usr/lib/$arch/"
 rm -rf "$out/usr/lib/$arch/cmake/protobuf"  # protoc's; FindProtobuf reads the headers
 cp -a "$stage/usr/share/cmake/Gloo" "$stage/usr/share/cmake/nlohmann_json" "$out/usr/share/cmake/"
 cp -a "$stage"/usr/lib/libgloo.so* "$out/usr/lib/"
+# Debian's Gloo config names its library by absolute path (/usr/lib/libgloo.so.*): made relative
+# to the config's own prefix, as the other packages' are, so that it finds the bundle's copy.
+sed -i 's#"/usr/lib/#"${_IMPORT_PREFIX}/lib/#g' "$out"/usr/share/cmake/Gloo/GlooTargets-*.cmake
+if grep -rq '"/usr/' "$out/usr/share/cmake/Gloo"; then
+  echo "gpu-bundle: Gloo's CMake config still names a path under /usr" >&2; exit 1
+fi
 # (Some packages, zlib1g's among them, still ship their libraries under /lib.)
 for f in "$stage/usr/lib/$arch"/*.so* "$stage/lib/$arch"/*.so* "$stage/usr/lib/$arch"/lib{gtest,gmock}*.a; do
   [ -e "$f" ] || [ -L "$f" ] || continue

@@ -5,6 +5,8 @@
 # acceptance on its own (a failure or skip never stops the next) and writes a report.
 # Usage: scripts/gpu-check.sh [OUT_DIR]      (default: $OUT, else ./gpu-report)
 #   BUNDLE=.gpu  BUILD=build-gpu  PYTHON=python3  JOBS=$(nproc)  ITEMS="build unit ..." (a subset)
+#   DEADLINE_S=N: an item not begun N seconds after the start is skipped ("out of time"); the
+#   report is rewritten after every item, so a call stopped at its limit still has one.
 # Writes into OUT_DIR at most 8 files: report.md, report.json, build.log, items.log,
 # cluster-logs.tar.gz, bench.md. A rerun reuses the build folder: only what changed is rebuilt.
 # Everything but the benchmarks fits one 10-minute call on 16 cores; the benchmarks take a call of
@@ -180,9 +182,10 @@ item_build() {
 }
 
 # ctest's own summary gives the counts; a label with no test ran nothing.
-run_ctest() {
+run_ctest() {  # LABEL [TIMEOUT_S]
   local label=$1
-  (cd "$build" && ctest -L "$label" --output-on-failure --timeout 600 -j"$((jobs > 4 ? 4 : jobs))") \
+  (cd "$build" && ctest -L "$label" --output-on-failure --timeout "${2:-600}" \
+    -j"$((jobs > 4 ? 4 : jobs))") \
     >"$state/ctest-$label.log" 2>&1
   local rc=$?
   cat "$state/ctest-$label.log"
@@ -201,7 +204,8 @@ item_unit() {
 
 item_gpu_tests() {
   built || { skip "no build"; return; }
-  if ! run_ctest gpu; then fail "$(grep -E '\*\*\*Failed|tests failed' "$state/ctest-gpu.log" | tail -1)"; return; fi
+  # The GPU cases take seconds: a hang must not eat the call.
+  if ! run_ctest gpu 120; then fail "$(grep -E '\*\*\*Failed|tests failed' "$state/ctest-gpu.log" | tail -1)"; return; fi
   local ran
   ran=$(grep -hoE '\[  PASSED  \] [0-9]+ test' "$build"/Testing/Temporary/LastTest.log | head -1 | awk '{print $4}')
   if has_cuda; then
@@ -379,40 +383,48 @@ item_data_wait() {
 item_gpu_metrics() {
   ready_for_jobs cuda || return
   # worker-1's metrics are on the coordinator's port + 2 (trainyard up). A job that runs until
-  # cancelled, so that the scrape sees it on its GPU.
-  local url="http://127.0.0.1:$(( ${TRAINYARD_COORDINATOR##*:} + 2 ))/metrics" job found=""
+  # cancelled; scraped once it has trained (progress past step 100), so that the GPU is busy
+  # with it, until its utilisation series is labelled with the job and above 0.
+  local url="http://127.0.0.1:$(( ${TRAINYARD_COORDINATOR##*:} + 2 ))/metrics" job found="" util=""
   job_spec gpu-metrics 1 1000000 >"$work/gpu-metrics.yaml"
   job=$("$bundle/bin/trainyard" submit "$work/gpu-metrics.yaml" | head -1) || { fail "submit failed"; return; }
-  local deadline=$((SECONDS + 120))
+  local deadline=$((SECONDS + 120)) step=0
+  until [ "${step:-0}" -ge 100 ] || [ $SECONDS -ge $deadline ]; do
+    sleep 0.5
+    step=$(job_field "$job" 'j.get("progress", {}).get("step", 0)' 2>/dev/null)
+  done
+  figure step_at_first_scrape "${step:-0}"
+  deadline=$((SECONDS + 30))
   while [ $SECONDS -lt $deadline ]; do
     if curl -sf "$url" >"$work/worker-metrics.txt" 2>/dev/null ||
        "$python" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$url" >"$work/worker-metrics.txt" 2>/dev/null; then
-      if grep -q "^DCGM_FI_DEV_GPU_UTIL{.*job=\"$job\"" "$work/worker-metrics.txt"; then found=1; break; fi
+      util=$(grep -m1 "^DCGM_FI_DEV_GPU_UTIL{.*job=\"$job\"" "$work/worker-metrics.txt" | awk '{print $NF}')
+      if [ -n "$util" ]; then
+        found=1
+        "$python" -c "import sys; sys.exit(0 if float('$util') > 0 else 1)" && break
+      fi
     fi
     sleep 1
   done
   "$bundle/bin/trainyard" cancel "$job" >/dev/null 2>&1
   grep -E '^(DCGM_|trainyard_worker_gpu)' "$work/worker-metrics.txt"
-  [ -n "$found" ] || { fail "no DCGM_FI_DEV_GPU_UTIL series labelled with job $job in $url within 120 s"; return; }
+  [ -n "$found" ] || { fail "no DCGM_FI_DEV_GPU_UTIL series labelled with job $job in $url (job at step ${step:-0})"; return; }
   local v
   for m in DCGM_FI_DEV_GPU_UTIL DCGM_FI_DEV_FB_USED DCGM_FI_DEV_GPU_TEMP DCGM_FI_DEV_POWER_USAGE; do
     v=$(grep -m1 "^$m{.*job=\"$job\"" "$work/worker-metrics.txt" | awk '{print $NF}')
     figure "$m" "${v:-absent}"
   done
-  pass "each GPU series of the agent names job $job while it runs"
+  "$python" -c "import sys; sys.exit(0 if float('$util') > 0 else 1)" ||
+    { fail "job $job's GPU series are labelled, but its utilisation stayed 0 for 30 s while it trained"; return; }
+  pass "each GPU series of the agent names job $job while it trains; utilisation $util %"
 }
 
-for it in $items; do
-  case " $all_items " in *" $it "*) run_item "$it" ;; *) echo "gpu-check: unknown item $it" >&2 ;; esac
-done
-cleanup
-cluster_pid=""
-[ -d "$work/cluster" ] && tar -czf "$out/cluster-logs.tar.gz" -C "$work" cluster/logs \
-  $(cd "$work" && ls *.log 2>/dev/null) 2>/dev/null
-
-"$python" - "$results" "$figures" "$out" "$started" <<'EOF'
+# report.md and report.json from the items so far: written after every item, so that a call cut
+# short at its time limit still brings back what ran. SHOW=1 prints it.
+write_report() {  # [SHOW]
+"$python" - "$results" "$figures" "$out" "$started" "${1:-}" <<'EOF'
 import json, sys, datetime
-results_path, figures_path, out, started = sys.argv[1:5]
+results_path, figures_path, out, started, show = sys.argv[1:6]
 items = []
 for line in open(results_path):
     name, status, seconds, detail = line.rstrip("\n").split("\t", 3)
@@ -438,7 +450,31 @@ with open(f"{out}/report.md", "w") as f:
     for i in items:
         for k, v in i["figures"].items():
             f.write(f"- {i['name']}.{k}: {v}\n")
-print(open(f"{out}/report.md").read())
+if show:
+    print(open(f"{out}/report.md").read())
 EOF
+}
+
+for it in $items; do
+  case " $all_items " in
+    *" $it "*)
+      if [ -n "${DEADLINE_S:-}" ] && [ "$SECONDS" -ge "$DEADLINE_S" ]; then
+        printf '%s\tskip\t0\tout of time (DEADLINE_S=%s)\n' "$it" "$DEADLINE_S" >>"$results"
+        echo "gpu-check: $it: skip (out of time)"
+      else
+        run_item "$it"
+      fi
+      write_report
+      [ -d "$work/cluster/logs" ] && tar -czf "$out/cluster-logs.tar.gz" -C "$work" cluster/logs \
+        $(cd "$work" && ls *.log 2>/dev/null) 2>/dev/null ;;
+    *) echo "gpu-check: unknown item $it" >&2 ;;
+  esac
+done
+cleanup
+cluster_pid=""
+[ -d "$work/cluster" ] && tar -czf "$out/cluster-logs.tar.gz" -C "$work" cluster/logs \
+  $(cd "$work" && ls *.log 2>/dev/null) 2>/dev/null
+
+write_report 1
 grep -q $'\tfail\t' "$results" && exit 1
 exit 0

@@ -206,7 +206,7 @@ TEST(NcclGpuTest, AGroupOfOneRunsEveryCollectiveTheTrainerUses) {
   SKIP_WITHOUT_CUDA();
   FakeRendezvous rendezvous;
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      NewNcclCommunicator(0, 1, rendezvous, absl::Seconds(30));
+      NewNcclCommunicator(0, 1, rendezvous, absl::Seconds(30), absl::Seconds(30));
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_EQ((*comm)->backend(), "nccl");
   const torch::Device cuda(torch::kCUDA, 0);
@@ -238,7 +238,8 @@ TEST(NcclGpuTest, APeerThatNeverComesAbortsAtTheTimeout) {
   const absl::Time start = absl::Now();
   // Rank 0 of two: rank 1 never joins, so the non-blocking init stays in progress.
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      NewNcclCommunicator(0, 2, rendezvous, absl::Seconds(3));
+      NewNcclCommunicator(0, 2, rendezvous, absl::Seconds(3),
+                          /*connect_timeout=*/absl::Seconds(3));
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(comm.ok());
   EXPECT_THAT(comm.status().code(), AnyOf(absl::StatusCode::kDeadlineExceeded,

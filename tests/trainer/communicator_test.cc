@@ -508,7 +508,7 @@ TEST(ShardingTest, StableForASeedAndEpochAndIndependentOfWorldSize) {
 TEST(NcclCommunicatorTest, RankZeroSharesTheIdThenConnectsOrFailsCleanlyWithoutAGpu) {
   FakeRendezvous rendezvous;
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      NewNcclCommunicator(0, 1, rendezvous, absl::Seconds(10));
+      NewNcclCommunicator(0, 1, rendezvous, absl::Seconds(10), absl::Seconds(10));
   absl::StatusOr<std::string> id = rendezvous.Get("nccl/unique_id", absl::ZeroDuration());
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(id->size(), 128u);  // sizeof(ncclUniqueId)

@@ -248,7 +248,8 @@ class NcclCommunicator final : public Communicator {
 
 absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(int rank, int world_size,
                                                                   RendezvousClient& rendezvous,
-                                                                  absl::Duration timeout) {
+                                                                  absl::Duration timeout,
+                                                                  absl::Duration connect_timeout) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl: rank ", rank, " of world size ", world_size));
@@ -260,8 +261,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(int rank, int 
     status = rendezvous.Set(kUniqueIdKey, std::string(id.internal, sizeof(id.internal)));
     if (!status.ok()) return status;
   } else {
-    absl::StatusOr<std::string> shared =
-        rendezvous.Get(kUniqueIdKey, std::max(timeout, absl::Minutes(5)));
+    absl::StatusOr<std::string> shared = rendezvous.Get(kUniqueIdKey, connect_timeout);
     if (!shared.ok()) return shared.status();
     if (shared->size() != sizeof(id.internal)) {
       return absl::InternalError("nccl: the shared unique id has the wrong size");
@@ -280,8 +280,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(int rank, int 
   const ncclResult_t started = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
   NcclCalls init(RealNcclApi());
   init.set_comm(comm);
-  status = init.Settle(started, "ncclCommInitRank",
-                       RealClock::Get().Now() + std::max(timeout, absl::Minutes(5)));
+  status = init.Settle(started, "ncclCommInitRank", RealClock::Get().Now() + connect_timeout);
   if (!status.ok()) {
     cudaStreamDestroy(stream);
     return status;

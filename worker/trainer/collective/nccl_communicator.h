@@ -19,10 +19,13 @@ namespace trainyard::trainer {
 // `rendezvous` (key "nccl/unique_id"), which only needs to outlive this call. Collectives are
 // enqueued on the communicator's stream after the work already queued on the default stream;
 // Work::Wait() blocks the host until they are done. A collective that does not finish within
-// `timeout` aborts the communicator: DEADLINE_EXCEEDED; NCCL errors: UNAVAILABLE.
+// `timeout` aborts the communicator: DEADLINE_EXCEEDED; NCCL errors: UNAVAILABLE. Meeting the
+// peers (the unique id, then every rank's init) waits at most `connect_timeout`, after which the
+// half-made communicator is aborted.
 absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(int rank, int world_size,
                                                                   RendezvousClient& rendezvous,
-                                                                  absl::Duration timeout);
+                                                                  absl::Duration timeout,
+                                                                  absl::Duration connect_timeout);
 
 }  // namespace trainyard::trainer
 

@@ -35,8 +35,8 @@ absl::StatusOr<std::unique_ptr<DataParallelStrategy>> MakeDataParallel(
   const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
 #if TRAINYARD_WITH_NCCL
   if (TrainingDevice(task).is_cuda()) {
-    absl::StatusOr<std::unique_ptr<Communicator>> nccl =
-        NewNcclCommunicator(task.rank(), world, *options.rendezvous, timeout);
+    absl::StatusOr<std::unique_ptr<Communicator>> nccl = NewNcclCommunicator(
+        task.rank(), world, *options.rendezvous, timeout, std::max(kMinConnectTimeout, timeout));
     if (!nccl.ok()) return nccl.status();
     communicator = *std::move(nccl);
   }
