@@ -6,7 +6,7 @@ CTEST_ARGS ?=
 # The build's own progress lines are enough; no "Entering directory" for every sub-make.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-examples test-unit test-integration test-images test-trixie images demo bench clean \
+.PHONY: all deps configure build test test-examples test-docs test-unit test-integration test-images test-trixie images demo bench clean \
 	gpu-bundle gpu-rehearsal
 
 all: build
@@ -21,12 +21,16 @@ build: configure
 	@cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: deps build
-	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -LE examples $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 $(CTEST_ARGS)
 
-# Every example spec run as its header says, on a local cluster (about 2.5 minutes: CI runs it
-# after `make test`, which leaves it out to stay within its time).
+# Every example spec run as its header says, on a local cluster (about 2.5 minutes; part of
+# `make test` too).
 test-examples: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -L examples $(CTEST_ARGS)
+
+# The commands and specs of README.md and docs/*.md (about 30 s; part of `make test` too).
+test-docs: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -L docs $(CTEST_ARGS)
 
 test-unit: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)

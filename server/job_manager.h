@@ -73,6 +73,9 @@ struct JobManagerOptions {
   // Signs each task's credential (Task.credential, common/credentials.h); empty: tasks carry
   // none.
   std::string task_credential_key;
+  // DeleteJob of a job that has just ended waits this long (real time) for its trainers to be
+  // seen gone before it refuses: a `delete` right after a `cancel` then just works.
+  absl::Duration delete_stop_wait = absl::Seconds(30);
 };
 
 // Which tasks' logs StreamLogs sends.
@@ -151,8 +154,9 @@ class JobManager {
 
   // Deletes a finished job now, as retention would: its record, events, tasks, logs, checkpoint
   // records and rendezvous (not its checkpoint objects). With `validate_only`, only says whether
-  // it could. FAILED_PRECONDITION for a job not finished, one whose trainers may still be
-  // stopping, or one a job not finished resumes from; NOT_FOUND for an unknown job.
+  // it could. A job whose trainers may still be stopping is waited for (options'
+  // delete_stop_wait). FAILED_PRECONDITION for a job not finished, one whose trainers are still
+  // stopping after that, or one a job not finished resumes from; NOT_FOUND for an unknown job.
   absl::Status DeleteJob(absl::string_view id, bool validate_only);
 
   // Calls `sink` with the job now and after every change of state, reason or progress, and

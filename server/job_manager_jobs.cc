@@ -271,16 +271,27 @@ absl::Status JobManager::DeleteJob(absl::string_view id, bool validate_only) {
     absl::MutexLock lock(&mu_);
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
     const JobEntry* entry = FindLocked(id);
+    auto stopping = [&] {
+      return table_.stopping().count(entry->seq) > 0 ||
+             entry->progress_applied != entry->progress_reports;
+    };
+    // A job that has just ended: its trainers are seen gone within moments of exiting. Real
+    // time, like the other blocking waits of a call.
+    const absl::Time wait_until = RealClock::Get().Now() + options_.delete_stop_wait;
+    while (entry != nullptr && IsFinalJobState(entry->job.state()) && stopping() && !shutdown_) {
+      if (changed_.WaitWithDeadline(&mu_, wait_until)) break;
+      entry = FindLocked(id);
+    }
     if (entry != nullptr) {
       state = entry->job.state();
       if (!IsFinalJobState(state)) {
         return absl::FailedPreconditionError(
             absl::StrCat("job ", id, " is ", JobStateName(state), ": cancel it first"));
       }
-      if (table_.stopping().count(entry->seq) ||
-          entry->progress_applied != entry->progress_reports) {
+      if (stopping()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "job ", id, ": its trainers may still be stopping; try again in a minute"));
+            "job ", id, ": its trainers are still stopping after ",
+            absl::FormatDuration(options_.delete_stop_wait), "; try again in a minute"));
       }
     } else {
       // Read under the lock, which retention also holds while it removes jobs.

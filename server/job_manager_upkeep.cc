@@ -445,6 +445,7 @@ void JobManager::ScheduleLocked() {
   }
   // Nothing of them runs any more: EvictFinishedLocked leaves them to the store.
   for (int64_t seq : stopped) table_.StoppedHolding(seq);
+  if (!stopped.empty()) changed_.SignalAll();  // a DeleteJob may wait for it
   schedule_all_ = false;
   next_full_schedule_ = next;
   new_pending_.clear();

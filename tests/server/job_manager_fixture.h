@@ -23,6 +23,8 @@ class JobManagerTest : public ::testing::Test {
   void Open(JobManagerOptions options = {}) {
     options.checkpoint_root = "file:///ckpt";
     options.worker_timeout = absl::Seconds(10);
+    // Nothing ticks by itself here: a DeleteJob would wait in vain unless a test ticks beside it.
+    options.delete_stop_wait = delete_stop_wait_;
     auto store = SqliteJobStore::Open(dir_.path() + "/state.db");
     ASSERT_TRUE(store.ok()) << store.status();
     auto manager = JobManager::Create(
@@ -134,6 +136,7 @@ class JobManagerTest : public ::testing::Test {
 
   TempDir dir_;
   int64_t max_task_log_bytes_ = int64_t{64} << 20;
+  absl::Duration delete_stop_wait_ = absl::ZeroDuration();
   FakeClock clock_;
   std::unique_ptr<JobManager> manager_;
 };

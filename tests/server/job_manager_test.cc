@@ -1256,6 +1256,39 @@ TEST_F(JobManagerTest, ListingPagesThroughJobsInMemoryAndInTheStore) {
   EXPECT_FALSE(succeeded->next_page_token.empty());
 }
 
+// A delete right after a job ends (a `cancel`, then a `delete`) waits for its trainers to be seen
+// gone, and succeeds; one whose trainers stay is refused after the wait.
+TEST_F(JobManagerTest, ADeleteRightAfterTheEndWaitsForTheTrainersToStop) {
+  delete_stop_wait_ = absl::Seconds(60);
+  Reopen();
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("done"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_EXITED, 0).ok());
+  absl::Status deleted = absl::UnknownError("not run");
+  std::thread deleter([&] { deleted = manager_->DeleteJob(id, /*validate_only=*/false); });
+  manager_->Tick();  // sees the trainer gone, whether the delete is waiting yet or comes after
+  deleter.join();
+  EXPECT_TRUE(deleted.ok()) << deleted;
+  EXPECT_EQ(manager_->GetJob(id).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, ADeleteIsRefusedWhenTheTrainersStayPastTheWait) {
+  delete_stop_wait_ = absl::Milliseconds(50);
+  Reopen();
+  Register("w1", 1);
+  const std::string held = Submit(TestSpec("held"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", held + ".g1.r0", v1::TASK_RUNNING).ok());
+  ASSERT_TRUE(manager_->CancelJob(held, "").ok());  // its trainer has not reported gone
+  const absl::Time start = absl::Now();
+  absl::Status refused = manager_->DeleteJob(held, false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("still stopping after 50ms"));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+}
+
 // A finished job can be deleted at once, with its logs and records, and is then gone for good; a
 // job not finished, one whose trainers may still be stopping and one that another job resumes
 // from cannot.
@@ -1271,7 +1304,7 @@ TEST_F(JobManagerTest, AFinishedJobCanBeDeletedNow) {
   EXPECT_THAT(running.message(), HasSubstr("RUNNING: cancel it first"));
   ASSERT_TRUE(Report("w1", task, v1::TASK_EXITED, 0).ok());
   // Until a tick has seen its trainer gone, the job may still hold its slot.
-  EXPECT_THAT(manager_->DeleteJob(id, false).message(), HasSubstr("still be stopping"));
+  EXPECT_THAT(manager_->DeleteJob(id, false).message(), HasSubstr("still stopping"));
   manager_->Tick();
   v1::JobSpec follow = TestSpec("follow", 1, 1, /*gpus=*/1);  // waits: no GPU here
   follow.mutable_checkpoint()->set_resume_from(id);

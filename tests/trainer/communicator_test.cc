@@ -523,11 +523,12 @@ TEST(NcclCommunicatorTest, RankZeroSharesTheIdThenConnectsOrFailsCleanlyWithoutA
 
 TEST(NcclCommunicatorTest, RefusesBadRanksAndAMangledId) {
   FakeRendezvous rendezvous;
-  EXPECT_EQ(NewNcclCommunicator(2, 2, rendezvous, absl::Seconds(1)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      NewNcclCommunicator(2, 2, rendezvous, absl::Seconds(1), absl::Seconds(1)).status().code(),
+      absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(rendezvous.Set("nccl/unique_id", "short").ok());
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      NewNcclCommunicator(1, 2, rendezvous, absl::Seconds(1));
+      NewNcclCommunicator(1, 2, rendezvous, absl::Seconds(1), absl::Seconds(1));
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(comm.status().message(), HasSubstr("wrong size"));
 }
