@@ -207,9 +207,47 @@ std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>&
   if (!command.flags.empty()) absl::StrAppend(&out, " [flags]");
   if (!command.args.empty()) absl::StrAppend(&out, " ", command.args);
   absl::StrAppend(&out, "\n\n", Wrap(command.summary, 100));
+  if (!command.actions.empty()) {
+    absl::StrAppend(&out, "\nActions (", program, " ", command.name, " ACTION --help for one):\n");
+    for (const ActionSpec& a : command.actions) {
+      absl::StrAppend(&out,
+                      Hanging(absl::StrCat("  ", a.args.empty() ? a.name : a.name + " " + a.args),
+                              FirstSentence(a.summary), 31));
+    }
+  }
   if (!command.flags.empty()) {
     absl::StrAppend(&out, "\nFlags:\n");
     for (const FlagSpec& flag : command.flags) absl::StrAppend(&out, FlagLine(flag));
+  }
+  if (!local) {
+    absl::StrAppend(&out, "\nGlobal flags:\n");
+    for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
+  }
+  return out;
+}
+
+const ActionSpec* FindAction(const CommandSpec& command, const std::string& name) {
+  for (const ActionSpec& a : command.actions) {
+    if (a.name == name) return &a;
+  }
+  return nullptr;
+}
+
+std::string ActionHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                       const CommandSpec& command, const ActionSpec& action, bool local) {
+  std::vector<const FlagSpec*> flags;
+  for (const FlagSpec& flag : command.flags) {
+    if (std::find(action.flags.begin(), action.flags.end(), flag.name) != action.flags.end()) {
+      flags.push_back(&flag);
+    }
+  }
+  std::string out = absl::StrCat("Usage: ", program, " ", command.name, " ", action.name);
+  if (!flags.empty()) absl::StrAppend(&out, " [flags]");
+  if (!action.args.empty()) absl::StrAppend(&out, " ", action.args);
+  absl::StrAppend(&out, "\n\n", Wrap(action.summary, 100));
+  if (!flags.empty()) {
+    absl::StrAppend(&out, "\nFlags:\n");
+    for (const FlagSpec* flag : flags) absl::StrAppend(&out, FlagLine(*flag));
   }
   if (!local) {
     absl::StrAppend(&out, "\nGlobal flags:\n");

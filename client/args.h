@@ -21,6 +21,15 @@ struct FlagSpec {
   std::string help;
 };
 
+// One action of a command that has several (`data pack`, `search submit`): its first argument
+// names it.
+struct ActionSpec {
+  std::string name;                // "pack"
+  std::string args;                // its arguments in help: "PREFIX INPUT..."
+  std::string summary;             // what `CMD ACTION --help` says
+  std::vector<std::string> flags;  // the names of the command's flags that apply to it
+};
+
 struct CommandSpec {
   std::string name;
   std::string args;     // positional arguments in help: "FILE", "JOB"
@@ -28,6 +37,7 @@ struct CommandSpec {
   std::vector<FlagSpec> flags;
   int min_args = 0;
   int max_args = 0;
+  std::vector<ActionSpec> actions;  // empty: a command without actions
 };
 
 struct ParsedArgs {
@@ -50,10 +60,16 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<FlagSpec>& global_flags,
 // `trainyard help`: every command, by the first sentence of its summary, and the global flags.
 std::string MainHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
                      const std::vector<CommandSpec>& commands);
-// `trainyard CMD --help`: the summary wrapped to 100 columns, the command's flags, and the global
-// flags unless `local` (a command that runs on this machine alone: they do not apply).
+// `trainyard CMD --help`: the summary wrapped to 100 columns, its actions (each by the first
+// sentence of its summary), the command's flags, and the global flags unless `local` (a command
+// that runs on this machine alone: they do not apply).
 std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
                         const CommandSpec& command, bool local = false);
+// `trainyard CMD ACTION --help`: the action's usage, summary and the flags that apply to it.
+std::string ActionHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                       const CommandSpec& command, const ActionSpec& action, bool local = false);
+// The action of `command` named `name`; nullptr when it has none of that name.
+const ActionSpec* FindAction(const CommandSpec& command, const std::string& name);
 
 }  // namespace trainyard::cli
 

@@ -57,20 +57,23 @@ std::vector<CommandSpec> Commands() {
         {"resume-from", '\0', true, "JOB",
          "start from the latest committed checkpoint of JOB (sets checkpoint.resume_from)"}},
        1,
-       1},
+       1,
+       {}},
       {"jobs",
        "",
        "List jobs, newest first.",
        {{"state", '\0', true, "STATE", "only jobs in STATE (PENDING, RUNNING, FAILED, ...)"},
         kOutputFlag},
        0,
-       0},
+       0,
+       {}},
       {"describe",
        "JOB",
        "Show a job: state, progress, tasks and every event.",
        {kOutputFlag},
        1,
-       1},
+       1,
+       {}},
       {"logs",
        "JOB",
        "Print the logs of a job's ranks and parameter-server shards.",
@@ -78,8 +81,9 @@ std::vector<CommandSpec> Commands() {
         {"rank", '\0', true, "N", "only rank N (default: every rank and shard)"},
         {"shard", '\0', true, "N", "only parameter-server shard N"}},
        1,
-       1},
-      {"cancel", "JOB", "Cancel a job.", {}, 1, 1},
+       1,
+       {}},
+      {"cancel", "JOB", "Cancel a job.", {}, 1, 1, {}},
       {"delete",
        "JOB",
        "Delete a finished job now: its record, events, tasks and logs. The coordinator does it "
@@ -90,23 +94,20 @@ std::vector<CommandSpec> Commands() {
          "URI), with this machine's storage credentials (for s3://, the AWS_* variables the "
          "workers use)"}},
        1,
-       1},
-      {"workers", "", "List the worker machines.", {kOutputFlag}, 0, 0},
+       1,
+       {}},
+      {"workers", "", "List the worker machines.", {kOutputFlag}, 0, 0, {}},
       {"checkpoints",
        "JOB",
        "List a job's committed checkpoints, newest first.",
        {kOutputFlag},
        1,
-       1},
+       1,
+       {}},
       {"data",
-       "inspect URI | pack PREFIX INPUT...",
-       "Inspect a sharded safetensors data set, or pack one from NumPy arrays or CSV. "
-       "`data inspect URI`: print the index of a sharded safetensors data set (a path, file:// "
-       "or s3:// URI with wildcards in file names), read from the shards' headers only: shards, "
-       "samples, tensors, dtypes, shapes and bytes; s3:// uses this machine's AWS_* variables. "
-       "`data pack PREFIX TENSOR=FILE.npy...` or `data pack PREFIX FILE.csv --columns SPEC`: "
-       "write PREFIX-00000.safetensors, ... (local files) from NumPy arrays (the first dimension "
-       "is the sample) or CSV columns; nothing is written unless all of it is.",
+       "ACTION ARGS",
+       "Inspect a sharded safetensors data set, or pack one from NumPy arrays or CSV. Both run "
+       "on this machine; s3:// uses its AWS_* variables.",
        {kOutputFlag,
         {"columns", '\0', true, "SPEC",
          "pack, CSV: which columns make which tensor, e.g. 'x=age,income:F32;y=label:I64' "
@@ -114,34 +115,66 @@ std::vector<CommandSpec> Commands() {
         {"shard-size", '\0', true, "BYTES",
          "pack: data per shard (256MB by default; 64MiB, 1GB, plain bytes)"}},
        2,
-       1000},
+       1000,
+       {{"inspect",
+         "URI",
+         "Print the index of a sharded safetensors data set, read from the shards' headers "
+         "only: shards, samples, tensors, dtypes, shapes and bytes. URI is a path, file:// or "
+         "s3:// URI with wildcards in file names (quote it, so that the shell leaves them).",
+         {"output"}},
+        {"pack",
+         "PREFIX TENSOR=FILE.npy... | PREFIX FILE.csv --columns SPEC",
+         "Write PREFIX-00000.safetensors, ... (local files) from NumPy arrays (the first "
+         "dimension is the sample; every array the same number of samples) or from CSV "
+         "columns. Nothing is written unless all of it is.",
+         {"columns", "shard-size"}}}},
       {"search",
        "ACTION [ARG]",
        "Hyperparameter searches: submit, list, describe, cancel, extend. Their trials are "
-       "jobs. `search submit FILE` (a search spec: "
-       "name, searcher {name: random|grid|asha, metric, max_trials, ...}, hyperparameters by "
-       "field path, template: a job spec; prints the search's id), `search list`, "
-       "`search describe ID` (every trial's values, rung, metric and state; the best trial and "
-       "its model), `search cancel ID` (with its running trials), "
-       "`search extend ID --max-trials N`.",
+       "jobs.",
        {{"max-trials", '\0', true, "N", "extend: the search's new total of trials"},
         {"wait", '\0', false, "",
          "submit: follow the search until it ends; exit 0 succeeded, 1 failed, 3 cancelled"},
         kOutputFlag},
        1,
-       2},
+       2,
+       {{"submit",
+         "FILE",
+         "Submit the search spec in FILE and print the search's id: name, searcher {name: "
+         "random|grid|asha, metric, max_trials, ...}, hyperparameters by field path, and "
+         "template: a job spec.",
+         {"wait"}},
+        {"list",
+         "",
+         "List searches, newest first, with their trials run, made and allowed.",
+         {"output"}},
+        {"describe",
+         "ID",
+         "Show a search: every trial's values, rung, metric and state; the best trial and its "
+         "model.",
+         {"output"}},
+        {"cancel", "ID", "Cancel a search and its running trials.", {}},
+        {"extend", "ID --max-trials N", "Allow a search more trials in total.", {"max-trials"}}}},
       {"token",
        "ACTION [ARG]",
-       "Manage API tokens (admins): create, list, revoke. "
-       "`token create NAME --role user|admin|agent [--ttl 30d]` "
-       "prints a new token once (for an agent, NAME is the worker it may register as); "
-       "`token list`; `token revoke ID`.",
+       "Manage API tokens (admins): create, list, revoke.",
        {{"role", '\0', true, "ROLE", "create: admin, user (default) or agent"},
         {"ttl", '\0', true, "DURATION",
          "create: how long it is valid (30d, 12h; default: until revoked)"},
         kOutputFlag},
        1,
-       2},
+       2,
+       {{"create",
+         "NAME",
+         "Print a new token once. For an agent, NAME is the worker it may register as; for a "
+         "person, who they are.",
+         {"role", "ttl"}},
+        {"list",
+         "",
+         "List tokens: id, name, role, when made and by whom, expiry and state (never the "
+         "tokens themselves).",
+         {"output"}},
+        {"revoke", "ID", "Revoke a token: it is refused from now on.", {}}}},
       {"up",
        "",
        "Run a local cluster (coordinator and workers) in the foreground.",
@@ -150,7 +183,8 @@ std::vector<CommandSpec> Commands() {
         {"port", '\0', true, "P", "coordinator port (default 7070; 0 picks a free one)"},
         {"state-dir", '\0', true, "DIR", "where state and logs go (default: a new temp folder)"}},
        0,
-       0},
+       0,
+       {}},
   };
 }
 
@@ -236,9 +270,16 @@ int RunCli(const std::vector<std::string>& argv) {
     }
     // `up` and `data` run on this machine alone: no coordinator, no credentials.
     const bool local = command != nullptr && (command->name == "up" || command->name == "data");
-    const std::string text = command != nullptr
-                                 ? CommandHelp("trainyard", global_flags, *command, local)
-                                 : MainHelp("trainyard", global_flags, commands);
+    // `CMD ACTION --help` (or `help CMD ACTION`): that action alone.
+    const ActionSpec* action = nullptr;
+    if (command != nullptr) {
+      const size_t at = parsed->args.size() > 0 && parsed->args[0] == command->name ? 1 : 0;
+      if (parsed->args.size() > at) action = FindAction(*command, parsed->args[at]);
+    }
+    const std::string text =
+        action != nullptr    ? ActionHelp("trainyard", global_flags, *command, *action, local)
+        : command != nullptr ? CommandHelp("trainyard", global_flags, *command, local)
+                             : MainHelp("trainyard", global_flags, commands);
     if (parsed->help) {
       std::cout << text;
       return kExitSucceeded;

@@ -22,14 +22,16 @@ std::vector<CommandSpec> Commands() {
            "Submit.",
            {{"wait", '\0', false, "", "wait"}, {"resume-from", '\0', true, "JOB", "resume"}},
            1,
-           1},
+           1,
+           {}},
           {"logs",
            "JOB",
            "Logs.",
            {{"follow", 'f', false, "", "follow"}, {"rank", '\0', true, "N", "rank"}},
            1,
-           1},
-          {"jobs", "", "List.", {{"output", 'o', true, "FORMAT", "table or json"}}, 0, 0}};
+           1,
+           {}},
+          {"jobs", "", "List.", {{"output", 'o', true, "FORMAT", "table or json"}}, 0, 0, {}}};
 }
 
 absl::StatusOr<ParsedArgs> Parse(std::vector<std::string> argv) {
@@ -141,6 +143,37 @@ TEST(ArgsTest, TheCliHelpIsShortAndListsOnlyFlagsThatApply) {
       ::trainyard::testing::RunShell(absl::StrCat(TRAINYARD_CLI, " data --help"));
   for (absl::string_view line : absl::StrSplit(data_help, '\n')) {
     EXPECT_LE(line.size(), 120u) << line;
+  }
+}
+
+// `CMD ACTION --help` (and `help CMD ACTION`) explains that action alone, with only its flags;
+// `CMD --help` lists the actions.
+TEST(ArgsTest, EachActionHasItsOwnHelp) {
+  auto help = [](const std::string& args) {
+    auto [code, text] = ::trainyard::testing::RunShell(absl::StrCat(TRAINYARD_CLI, " ", args));
+    EXPECT_EQ(code, 0) << args << ": " << text;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      EXPECT_LE(line.size(), 100u) << args << ": " << line;
+    }
+    return text;
+  };
+  const std::string pack = help("data pack --help");
+  EXPECT_THAT(pack, HasSubstr("Usage: trainyard data pack [flags] PREFIX"));
+  EXPECT_THAT(pack, HasSubstr("--columns SPEC"));
+  EXPECT_THAT(pack, Not(HasSubstr("--output")));       // inspect's
+  EXPECT_THAT(pack, Not(HasSubstr("--coordinator")));  // data runs here
+  EXPECT_THAT(pack, Not(HasSubstr("print the index")));
+  const std::string submit = help("search submit --help");
+  EXPECT_THAT(submit, HasSubstr("Usage: trainyard search submit [flags] FILE"));
+  EXPECT_THAT(submit, HasSubstr("--wait"));
+  EXPECT_THAT(submit, Not(HasSubstr("--max-trials")));
+  EXPECT_THAT(submit, HasSubstr("--coordinator"));
+  EXPECT_EQ(help("help token create"), help("token create --help"));
+  EXPECT_THAT(help("token create --help"), HasSubstr("--role ROLE"));
+  const std::string search = help("search --help");
+  EXPECT_THAT(search, HasSubstr("Actions (trainyard search ACTION --help for one):"));
+  for (const char* action : {"submit FILE", "list", "describe ID", "cancel ID", "extend ID"}) {
+    EXPECT_THAT(search, HasSubstr(absl::StrCat("\n  ", action))) << action;
   }
 }
 
