@@ -221,10 +221,10 @@ TEST(CheckpointUploadThreadTest, RunsAtNiceTenOnlyOnTheGivenCpusAndLeavesTheCall
   for (const std::set<int>& cpus : anywhere.cpus()) EXPECT_EQ(cpus, before);
 }
 
-// RetryUntil waits between tries on its clock: on a simulated one the backoff doubles from 100 ms
-// up to its cap in the clock's time alone, the last wait is cut short at the give-up time, and
-// an error that is not a transport failure ends it at once.
-TEST(RetryUntilTest, BacksOffOnItsClockAndGivesUpOnTime) {
+// Retry waits between tries on its clock: on a simulated one the backoff doubles from 100 ms up
+// to its cap in the clock's time alone, the last wait is cut short at the give-up time, an error
+// the predicate does not retry ends it at once, and a limit on attempts is kept.
+TEST(RetryTest, BacksOffOnItsClockAndGivesUpOnTime) {
   FakeClock clock;
   const absl::Time start = clock.Now();
   std::vector<absl::Duration> tried_at;
@@ -235,8 +235,10 @@ TEST(RetryUntilTest, BacksOffOnItsClockAndGivesUpOnTime) {
                                                         : absl::UnavailableError("refused");
     };
   };
-  EXPECT_TRUE(RetryUntil(clock, start + absl::Seconds(60), absl::Milliseconds(100),
-                         absl::Milliseconds(300), fail_until(5))
+  EXPECT_TRUE(Retry(clock,
+                    CoordinatorRetry(start + absl::Seconds(60), absl::Milliseconds(100),
+                                     absl::Milliseconds(300)),
+                    IsRetryableCoordinatorError, fail_until(5))
                   .ok());
   EXPECT_EQ(tried_at, (std::vector<absl::Duration>{absl::ZeroDuration(), absl::Milliseconds(100),
                                                    absl::Milliseconds(300), absl::Milliseconds(600),
@@ -244,22 +246,41 @@ TEST(RetryUntilTest, BacksOffOnItsClockAndGivesUpOnTime) {
 
   tried_at.clear();
   const absl::Time again = clock.Now();
-  absl::Status gave_up = RetryUntil(clock, again + absl::Milliseconds(250), absl::Milliseconds(100),
-                                    absl::Seconds(1), fail_until(100));
+  absl::Status gave_up = Retry(
+      clock,
+      CoordinatorRetry(again + absl::Milliseconds(250), absl::Milliseconds(100), absl::Seconds(1)),
+      IsRetryableCoordinatorError, fail_until(100));
   EXPECT_EQ(gave_up.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(tried_at.size(), 3u);  // at 0, 100 and 250 ms (the last wait cut to 150 ms)
   EXPECT_EQ(clock.Now() - again, absl::Milliseconds(250));
 
   tried_at.clear();
   EXPECT_EQ(
-      RetryUntil(clock, clock.Now() + absl::Seconds(60), absl::Milliseconds(100), absl::Seconds(1),
-                 [&] {
-                   tried_at.push_back(absl::ZeroDuration());
-                   return absl::FailedPreconditionError("fenced off");
-                 })
+      Retry(clock, CoordinatorRetry(clock.Now() + absl::Seconds(60)), IsRetryableCoordinatorError,
+            [&] {
+              tried_at.push_back(absl::ZeroDuration());
+              return absl::FailedPreconditionError("fenced off");
+            })
           .code(),
       absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tried_at.size(), 1u);
+
+  // Storage writes: every failure but a refusal, at most max_attempts calls, no time limit.
+  tried_at.clear();
+  RetryPolicy storage;
+  storage.max_attempts = 4;
+  storage.backoff = absl::Milliseconds(200);
+  const absl::Time third = clock.Now();
+  EXPECT_EQ(Retry(clock, storage, UnlessRefused,
+                  [&] {
+                    tried_at.push_back(clock.Now() - third);
+                    return absl::InternalError("disk full");
+                  })
+                .code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(tried_at,
+            (std::vector<absl::Duration>{absl::ZeroDuration(), absl::Milliseconds(200),
+                                         absl::Milliseconds(600), absl::Milliseconds(1400)}));
 }
 
 }  // namespace

@@ -325,13 +325,12 @@ absl::Status Checkpointer::WaitUntil(absl::Time deadline) {
 absl::StatusOr<std::string> Checkpointer::PutPiecesWithRetries(
     const std::string& uri, const std::vector<absl::string_view>& pieces) {
   std::string sha256;
-  absl::Status status =
-      RetryCall(clock_, options_.attempts, options_.backoff, [&]() -> absl::Status {
-        absl::StatusOr<std::string> put = store_->PutPieces(uri, pieces);
-        if (!put.ok()) return put.status();
-        sha256 = *std::move(put);
-        return absl::OkStatus();
-      });
+  absl::Status status = Retry(clock_, StorageRetry(), UnlessRefused, [&]() -> absl::Status {
+    absl::StatusOr<std::string> put = store_->PutPieces(uri, pieces);
+    if (!put.ok()) return put.status();
+    sha256 = *std::move(put);
+    return absl::OkStatus();
+  });
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
   }
@@ -339,8 +338,8 @@ absl::StatusOr<std::string> Checkpointer::PutPiecesWithRetries(
 }
 
 absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::string& bytes) {
-  absl::Status status = RetryCall(clock_, options_.attempts, options_.backoff,
-                                  [&] { return store_->Put(uri, bytes); });
+  absl::Status status =
+      Retry(clock_, StorageRetry(), UnlessRefused, [&] { return store_->Put(uri, bytes); });
   if (!status.ok()) {
     return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
   }
@@ -397,8 +396,9 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
   std::vector<std::string> retired;
   const absl::Time commit_give_up = std::min(give_up_at, clock_.Now() + options_.commit_retry_for);
   bool failed_once = false;
-  absl::Status commit = RetryUntil(
-      clock_, commit_give_up, options_.backoff, options_.max_backoff, [&]() -> absl::Status {
+  absl::Status commit = Retry(
+      clock_, CoordinatorRetry(commit_give_up, options_.backoff, options_.max_backoff),
+      IsRetryableCoordinatorError, [&]() -> absl::Status {
         absl::StatusOr<std::vector<std::string>> r =
             coordinator_->CommitCheckpoint(step, total_bytes, upload_started_);
         if (!r.ok()) {

@@ -65,6 +65,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/backoff.h"
 #include "common/checkpoint_layout.h"
 #include "common/clock.h"
 #include "common/object_store.h"
@@ -208,6 +209,13 @@ class Checkpointer {
  private:
   absl::Status Save(const CheckpointData& data, absl::Time give_up_at);
   absl::Status PutWithRetries(const std::string& uri, const std::string& bytes);
+  // An object Put's retries: options' attempts, from their backoff doubling.
+  RetryPolicy StorageRetry() const {
+    RetryPolicy policy;
+    policy.max_attempts = options_.attempts;
+    policy.backoff = options_.backoff;
+    return policy;
+  }
   // Writes the object made of `pieces`; returns its SHA-256 (hex).
   absl::StatusOr<std::string> PutPiecesWithRetries(const std::string& uri,
                                                    const std::vector<absl::string_view>& pieces);

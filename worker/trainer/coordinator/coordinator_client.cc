@@ -178,8 +178,8 @@ absl::Status ProgressReporter::Finish(const trainyard::v1::JobProgress& final_pr
   Stop();
   trainyard::v1::JobProgress progress = final_progress;
   progress.set_updated_unix_ms(absl::ToUnixMillis(clock_.Now()));
-  return RetryUntil(clock_, give_up_at, absl::Milliseconds(250), absl::Seconds(2),
-                    [&] { return client_->ReportProgress(progress); });
+  return Retry(clock_, CoordinatorRetry(give_up_at), IsRetryableCoordinatorError,
+               [&] { return client_->ReportProgress(progress); });
 }
 
 }  // namespace trainyard::trainer

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/backoff.h"
 #include "common/clock.h"
 #include "trainyard/v1/job.pb.h"
 
@@ -55,24 +56,21 @@ std::unique_ptr<CoordinatorClient> NewGrpcCoordinatorClient(std::shared_ptr<grpc
                                                             int64_t generation, int32_t rank,
                                                             absl::Duration rpc_timeout);
 
-// Calls `fn` up to `attempts` times, sleeping `backoff`, 2 * backoff, ... on `clock` between
-// failures (Clock::SleepFor: no real sleep on a simulated clock).
-// FAILED_PRECONDITION ends it at once. Returns the last status. Blocks.
-template <typename Fn>
-absl::Status RetryCall(const Clock& clock, int attempts, absl::Duration backoff, Fn&& fn);
-
 // Whether a coordinator call that failed with `status` may succeed if repeated: UNAVAILABLE and
 // DEADLINE_EXCEEDED (transport), not refusals.
 bool IsRetryableCoordinatorError(const absl::Status& status);
 
-// Calls `fn` until it returns OK or an error IsRetryableCoordinatorError rejects, sleeping
-// `backoff`, 2 * backoff, ... (at most `max_backoff`) between failures, and stops retrying once
-// `clock` reaches `give_up_at` (the last sleep is cut short to end there). Made to ride out a
-// coordinator restart. Returns the last status. Waits on `clock` (Clock::SleepFor): real sleeps on
-// the real clock, none on a simulated one.
-template <typename Fn>
-absl::Status RetryUntil(const Clock& clock, absl::Time give_up_at, absl::Duration backoff,
-                        absl::Duration max_backoff, Fn&& fn);
+// The policy of a coordinator call made to ride out a coordinator restart: retried (with
+// IsRetryableCoordinatorError) from `backoff`, doubling up to `max_backoff`, until `give_up_at`.
+inline RetryPolicy CoordinatorRetry(absl::Time give_up_at,
+                                    absl::Duration backoff = absl::Milliseconds(250),
+                                    absl::Duration max_backoff = absl::Seconds(2)) {
+  RetryPolicy policy;
+  policy.give_up_at = give_up_at;
+  policy.backoff = backoff;
+  policy.max_backoff = max_backoff;
+  return policy;
+}
 
 // Sends progress to the coordinator from a background thread, so that a slow or absent
 // coordinator never holds up training. The first Update goes out at once (the coordinator
@@ -89,7 +87,8 @@ class ProgressReporter {
   void Update(const trainyard::v1::JobProgress& progress);
 
   // Stops the thread and sends `final_progress`, retrying transport failures until `give_up_at`
-  // (RetryUntil). Returns the last error if it never got through. Call at most once.
+  // (Retry with CoordinatorRetry). Returns the last error if it never got through. Call at most
+  // once.
   absl::Status Finish(const trainyard::v1::JobProgress& final_progress, absl::Time give_up_at);
 
  private:
@@ -105,33 +104,6 @@ class ProgressReporter {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
-
-// ---- implementation of the template ----
-
-template <typename Fn>
-absl::Status RetryCall(const Clock& clock, int attempts, absl::Duration backoff, Fn&& fn) {
-  absl::Status status;
-  for (int i = 0; i < attempts; ++i) {
-    status = fn();
-    if (status.ok() || status.code() == absl::StatusCode::kFailedPrecondition) return status;
-    if (i + 1 < attempts) clock.SleepFor(backoff * (1 << i));
-  }
-  return status;
-}
-
-template <typename Fn>
-absl::Status RetryUntil(const Clock& clock, absl::Time give_up_at, absl::Duration backoff,
-                        absl::Duration max_backoff, Fn&& fn) {
-  absl::Duration wait = backoff;
-  while (true) {
-    absl::Status status = fn();
-    if (status.ok() || !IsRetryableCoordinatorError(status)) return status;
-    const absl::Time now = clock.Now();
-    if (now >= give_up_at) return status;
-    clock.SleepFor(std::min(wait, give_up_at - now));
-    wait = std::min(wait * 2, max_backoff);
-  }
-}
 
 }  // namespace trainyard::trainer
 

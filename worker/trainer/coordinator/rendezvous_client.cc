@@ -10,7 +10,7 @@
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
-#include "worker/trainer/coordinator/coordinator_client.h"  // RetryUntil
+#include "worker/trainer/coordinator/coordinator_client.h"  // Retry, CoordinatorRetry
 
 namespace trainyard::trainer {
 namespace {
@@ -20,10 +20,6 @@ namespace {
 constexpr absl::Duration kMaxWaitPerCall = absl::Seconds(20);
 // Time the call itself may take beyond the wait it asks for.
 constexpr absl::Duration kRpcSlack = absl::Seconds(5);
-
-bool Retryable(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kUnavailable;
-}
 
 class GrpcRendezvousClient final : public RendezvousClient {
  public:
@@ -43,46 +39,51 @@ class GrpcRendezvousClient final : public RendezvousClient {
     request.set_key(key);
     request.set_value(value);
     // Rides out a coordinator restart; setting a key again to the same value changes nothing.
-    return RetryUntil(clock, clock.Now() + absl::Seconds(30), absl::Milliseconds(100),
-                      absl::Seconds(2), [&] {
-                        trainyard::v1::RendezvousSetResponse response;
-                        grpc::ClientContext context;
-                        context.set_deadline(absl::ToChronoTime(clock.Now() + kRpcSlack));
-                        return FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
-                                              absl::StrCat("rendezvous set ", key));
-                      });
+    return Retry(clock, CoordinatorRetry(clock.Now() + absl::Seconds(30), absl::Milliseconds(100)),
+                 IsRetryableCoordinatorError, [&] {
+                   trainyard::v1::RendezvousSetResponse response;
+                   grpc::ClientContext context;
+                   context.set_deadline(absl::ToChronoTime(clock.Now() + kRpcSlack));
+                   return FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
+                                         absl::StrCat("rendezvous set ", key));
+                 });
   }
 
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
-    const absl::Time deadline = RealClock::Get().Now() + timeout;
-    absl::Duration backoff = absl::Milliseconds(100);
-    while (true) {
-      const absl::Duration wait =
-          std::clamp(deadline - RealClock::Get().Now(), absl::ZeroDuration(), kMaxWaitPerCall);
-      trainyard::v1::RendezvousGetRequest request;
-      request.set_job_id(job_id_);
-      request.set_generation(generation_);
-      request.set_rank(rank_);
-      request.set_key(key);
-      request.set_wait_ms(absl::ToInt64Milliseconds(wait));
-      trainyard::v1::RendezvousGetResponse response;
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + wait + kRpcSlack));
-      absl::Status status = FromGrpcStatus(stub_->RendezvousGet(&context, request, &response),
-                                           absl::StrCat("rendezvous get ", key));
-      if (status.ok()) return std::move(*response.mutable_value());
-      const bool time_left = RealClock::Get().Now() < deadline;
-      if (status.code() == absl::StatusCode::kDeadlineExceeded && time_left) continue;
-      if (!Retryable(status) || RealClock::Get().Now() + backoff >= deadline) {
-        if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "rendezvous: key '", key, "' not set within ", absl::FormatDuration(timeout)));
+    const Clock& clock = RealClock::Get();
+    const absl::Time deadline = clock.Now() + timeout;
+    std::string value;
+    // Long polls, one after another at once while they expire with time left; a transport
+    // failure is retried like any coordinator call, until the deadline.
+    auto poll = [&]() -> absl::Status {
+      while (true) {
+        const absl::Duration wait =
+            std::clamp(deadline - clock.Now(), absl::ZeroDuration(), kMaxWaitPerCall);
+        trainyard::v1::RendezvousGetRequest request;
+        request.set_job_id(job_id_);
+        request.set_generation(generation_);
+        request.set_rank(rank_);
+        request.set_key(key);
+        request.set_wait_ms(absl::ToInt64Milliseconds(wait));
+        trainyard::v1::RendezvousGetResponse response;
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(clock.Now() + wait + kRpcSlack));
+        absl::Status status = FromGrpcStatus(stub_->RendezvousGet(&context, request, &response),
+                                             absl::StrCat("rendezvous get ", key));
+        if (status.ok()) value = std::move(*response.mutable_value());
+        if (status.code() != absl::StatusCode::kDeadlineExceeded || clock.Now() >= deadline) {
+          return status;
         }
-        return status;
       }
-      RealClock::Get().SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(2));
+    };
+    absl::Status status = Retry(clock, CoordinatorRetry(deadline, absl::Milliseconds(100)),
+                                IsRetryableCoordinatorError, poll);
+    if (status.ok()) return value;
+    if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::DeadlineExceededError(absl::StrCat("rendezvous: key '", key, "' not set within ",
+                                                      absl::FormatDuration(timeout)));
     }
+    return status;
   }
 
  private:

@@ -424,8 +424,10 @@ absl::Status Run::Export(TrainResult& result) {
   if (!bytes.ok()) return bytes.status();
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
+  RetryPolicy storage;
+  storage.max_attempts = 4;
   absl::Status put =
-      RetryCall(clock_, 4, absl::Milliseconds(250), [&] { return store_->Put(uri, *bytes); });
+      Retry(clock_, storage, UnlessRefused, [&] { return store_->Put(uri, *bytes); });
   if (!put.ok()) {
     return absl::UnavailableError(absl::StrCat("model export: ", put.message()));
   }
@@ -433,8 +435,8 @@ absl::Status Run::Export(TrainResult& result) {
   LogInfo("model exported to ", uri);
   if (options_.coordinator != nullptr) {
     absl::Status report =
-        RetryUntil(clock_, clock_.Now() + options_.coordinator_retry_for, absl::Milliseconds(250),
-                   absl::Seconds(2), [&] { return options_.coordinator->ReportModel(uri); });
+        Retry(clock_, CoordinatorRetry(clock_.Now() + options_.coordinator_retry_for),
+              IsRetryableCoordinatorError, [&] { return options_.coordinator->ReportModel(uri); });
     if (!report.ok()) {
       return absl::UnavailableError(absl::StrCat("ReportModel: ", report.message()));
     }
