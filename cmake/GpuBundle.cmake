@@ -46,3 +46,24 @@ endif()
 # Debian's multiarch headers (openssl/opensslconf.h, curl's): a compiler searches only its own
 # system's /usr/include/ARCH.
 include_directories(SYSTEM "${bundle_usr}/include/x86_64-linux-gnu")
+
+# A process loads one libgloo.so.0. Where the machine's own LibTorch needs one (Debian's does; a
+# pip install of PyTorch does not), the trainer must load that same copy, with the libraries it
+# brings (its OpenSSL, say), not the bundle's, or the two clash at run time.
+function(trainyard_bundle_gloo_library)
+  find_library(TRAINYARD_MACHINE_GLOO NAMES libgloo.so.0
+    PATHS /usr/lib /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu NO_DEFAULT_PATH)
+  get_filename_component(torch_lib_dir "${TORCH_LIBRARY}" DIRECTORY)
+  set(torch_cpu "${torch_lib_dir}/libtorch_cpu.so")
+  if(TRAINYARD_MACHINE_GLOO AND TORCH_LIBRARY)
+    if(EXISTS "${torch_cpu}")
+      execute_process(COMMAND readelf -d "${torch_cpu}" OUTPUT_VARIABLE torch_needs
+        ERROR_QUIET)
+      if(torch_needs MATCHES "libgloo\\.so\\.0")
+        set_target_properties(gloo PROPERTIES IMPORTED_LOCATION_RELWITHDEBINFO
+          "${TRAINYARD_MACHINE_GLOO}" IMPORTED_LOCATION "${TRAINYARD_MACHINE_GLOO}")
+        message(STATUS "Gloo: the machine's ${TRAINYARD_MACHINE_GLOO}, which its LibTorch loads")
+      endif()
+    endif()
+  endif()
+endfunction()
