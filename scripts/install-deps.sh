@@ -17,7 +17,7 @@ packages=(
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
   # test-only tools
   awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint
-  openssl python3-grpcio python3-protobuf python3-optuna iproute2
+  openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables
   # benchmarks only (bench/cpu_step.py)
   python3-torchvision
 )

@@ -19,7 +19,8 @@ packages=(build-essential cmake pkg-config git libgrpc++-dev protobuf-compiler-g
   libprotobuf-dev protobuf-compiler libtorch-dev libopenblas0-pthread libgloo-dev libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev
   libyaml-cpp-dev nlohmann-json3-dev python3-torch python3-numpy python3-optuna curl openssl
-  awscli python3-botocore prometheus yamllint python3-grpcio python3-protobuf nodejs npm iproute2)
+  awscli python3-botocore prometheus yamllint python3-grpcio python3-protobuf nodejs npm iproute2
+  nftables)
 missing=$(chroot "$root" dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>&1 |
   grep -vc '^install ok installed$' || true)
 if [ "$missing" != 0 ]; then
