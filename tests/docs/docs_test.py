@@ -7,8 +7,8 @@ the line before its fence:
   <!-- docs-test: not run: REASON -->      with the reason: what runs it instead, or why it cannot
 so that no block of commands a user is told to run can be added without being tried or saying why.
 
-A `run` block runs in a network namespace of its own (loopback only, so the default port 7070 is
-its own and nothing else is reached), with an empty HOME, from the repository root, all its lines
+A `run` block runs in network and PID namespaces of its own (loopback only, so the default port
+7070 is its own and nothing else is reached; nothing it starts outlives it), with an empty HOME, from the repository root, all its lines
 in one bash, each as written and each must exit 0, except:
 - `make build` is skipped (the test is given the built programs, --bin-dir) and `build/bin/` is
   that folder;
@@ -38,6 +38,9 @@ import sys
 import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# A network namespace of its own (loopback only) and a PID namespace whose end kills whatever the
+# block left running.
+UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 MARKER = re.compile(r"^<!-- docs-test: (run|not run: .+) -->$")
 
 
@@ -128,6 +131,7 @@ __stop_all() {
   for p in $(jobs -p); do kill -TERM "$p" 2>/dev/null; done
   wait
 }
+trap __stop_all EXIT  # a failing line leaves no cluster behind
 ip link set lo up || __fail "cannot bring up loopback in the test's network namespace"
 """
 
@@ -194,7 +198,7 @@ def run_block(path, start, body, bin_dir):
         with open(script, "w") as f:
             f.write(script_of(body, bin_dir, where))
         print("==== %s" % where, flush=True)
-        run = subprocess.run(["unshare", "--net", "bash", script], cwd=ROOT, env=env,
+        run = subprocess.run(UNSHARE + ["bash", script], cwd=ROOT, env=env,
                              timeout=900)
         return None if run.returncode == 0 else "%s: exit %d" % (where, run.returncode)
     finally:
@@ -241,7 +245,7 @@ def run_specs(specs, bin_dir):
         env = {"PATH": bin_dir + os.pathsep + "/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": os.path.join(tmp, "home"), "DOCS_TMP": tmp, "LANG": "C.UTF-8"}
         print("==== the docs' whole specs (%d)" % len(specs), flush=True)
-        run = subprocess.run(["unshare", "--net", "bash", script], cwd=ROOT, env=env,
+        run = subprocess.run(UNSHARE + ["bash", script], cwd=ROOT, env=env,
                              timeout=900)
         return [] if run.returncode == 0 else ["the docs' specs: exit %d" % run.returncode]
     finally:
@@ -279,10 +283,10 @@ def main():
     if problems:
         sys.exit("FAIL:\n  " + "\n  ".join(problems))
 
-    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True)
+    probe = subprocess.run(UNSHARE + ["true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        sys.exit("FAIL: cannot make a network namespace (unshare --net: %s): run as root, as CI "
-                 "does" % probe.stderr.strip())
+        sys.exit("FAIL: cannot make network and PID namespaces (%s: %s): run as root, as CI "
+                 "does" % (" ".join(UNSHARE), probe.stderr.strip()))
     failed = []
     for path, start, body in to_run:
         failure = run_block(path, start, body, bin_dir)
