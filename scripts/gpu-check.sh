@@ -40,8 +40,9 @@ fi
 # OpenSSL 3 keeps its ABI: where the machine has its own libssl.so.3 and libcrypto.so.3, the
 # bundle's point at them, so that a process holds one OpenSSL whoever loads it first (a
 # LibTorch from the machine's packages brings libraries that load the machine's).
+ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)  # /sbin may be off the PATH
 for lib in libssl.so.3 libcrypto.so.3; do
-  own=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
+  own=$("$ldconfig" -p 2>/dev/null | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
   [ -n "$own" ] && [ -e "$own" ] && ln -sf "$own" "$bundle/usr/lib/x86_64-linux-gnu/$lib"
 done
 python=${PYTHON:-python3}
