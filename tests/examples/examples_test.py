@@ -6,6 +6,9 @@ and must succeed: the data writers, then `trainyard submit ... --wait` and `trai
 ... --wait`, whose exit code is the job's or search's outcome. Every spec must be run by one of
 these commands (named in it, or in a script it runs), so an example cannot be left without one.
 
+Specs that share a command (a data writer) form one chain, run in file order; independent chains
+run two at a time (this machine has two cores), the longest first by their specs' max_steps.
+
 The examples write under /tmp/trainyard-examples and /tmp/trainyard-distill, as their headers say;
 the test removes those first (under a lock, so two runs do not share them).
 
@@ -20,7 +23,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import re
 import tempfile
+import threading
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -58,6 +63,32 @@ def runs_spec(command, spec):
     return False
 
 
+def length_of(spec):
+    """A spec's length in steps (max_steps, or a search's max_length): orders the chains."""
+    with open(spec) as f:
+        m = re.search(r"^\s*(?:max_steps|max_length):\s*(\d+)", f.read(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def chains_of(specs):
+    """The specs' commands in chains: specs that share a command are one chain (their commands
+    in file order, each once); chains are independent of each other. Longest first."""
+    groups = []  # [specs, commands]
+    for spec in specs:
+        commands = commands_of(spec)
+        joined = [g for g in groups if set(g[1]) & set(commands)]
+        merged = [[], []]
+        for g in joined:
+            groups.remove(g)
+            merged[0] += g[0]
+            merged[1] += g[1]
+        merged[0].append(spec)
+        merged[1] += [c for c in commands if c not in merged[1]]
+        groups.append(merged)
+    groups.sort(key=lambda g: -max(length_of(s) for s in g[0]))
+    return [[(c, next(s for s in g[0] if c in commands_of(s))) for c in g[1]] for g in groups]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,18 +104,13 @@ def main():
     trainyard = os.path.join(bin_dir, "trainyard")
 
     specs = example_specs()
-    plan = []  # (command, specs it runs), each command once, in file order
-    uncovered = []
-    for spec in specs:
-        commands = commands_of(spec)
-        if not any(runs_spec(c, spec) for c in commands):
-            uncovered.append(os.path.relpath(spec, ROOT))
-        for command in commands:
-            if command not in [c for c, _ in plan]:
-                plan.append((command, spec))
+    uncovered = [os.path.relpath(spec, ROOT) for spec in specs
+                 if not any(runs_spec(c, spec) for c in commands_of(spec))]
     if uncovered:
         sys.exit("FAIL: no '%s' line of these specs runs them: %s" % (COMMAND_PREFIX.strip(),
                                                                      ", ".join(uncovered)))
+    chains = chains_of(specs)
+    count = sum(len(c) for c in chains)
 
     lock = open("/tmp/trainyard-examples.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -114,19 +140,39 @@ def main():
                     sys.exit("FAIL: the local cluster did not come up:\n" + f.read())
             time.sleep(0.2)
 
-        for command, spec in plan:
-            print("==> %s   (%s)" % (command, os.path.relpath(spec, ROOT)), flush=True)
-            start = time.time()
-            run = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env,
-                                 capture_output=True, text=True, timeout=900)
-            took = time.time() - start
-            if run.returncode != 0:
-                failed.append(command)
-                print("FAIL (exit %d after %.0f s)\n%s%s" % (run.returncode, took, run.stdout,
-                                                            run.stderr), flush=True)
-            else:
-                tail = run.stdout.strip().splitlines()[-1:] or [""]
-                print("    ok in %.1f s: %s" % (took, tail[0]), flush=True)
+        printing = threading.Lock()
+
+        def run_chain(chain):
+            for command, spec in chain:
+                start = time.time()
+                run = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env,
+                                     capture_output=True, text=True, timeout=900)
+                took = time.time() - start
+                with printing:
+                    print("==> %s   (%s)" % (command, os.path.relpath(spec, ROOT)), flush=True)
+                    if run.returncode != 0:
+                        failed.append(command)
+                        print("FAIL (exit %d after %.0f s)\n%s%s" % (
+                            run.returncode, took, run.stdout, run.stderr), flush=True)
+                        return  # the rest of the chain needs what this one made
+                    tail = run.stdout.strip().splitlines()[-1:] or [""]
+                    print("    ok in %.1f s: %s" % (took, tail[0]), flush=True)
+
+        queue = list(chains)
+
+        def lane():
+            while True:
+                with printing:
+                    if not queue:
+                        return
+                    chain = queue.pop(0)
+                run_chain(chain)
+
+        lanes = [threading.Thread(target=lane) for _ in range(2)]
+        for t in lanes:
+            t.start()
+        for t in lanes:
+            t.join()
     finally:
         cluster.terminate()
         try:
@@ -135,8 +181,8 @@ def main():
             cluster.kill()
         shutil.rmtree(work, ignore_errors=True)
     if failed:
-        sys.exit("FAIL: %d of %d commands failed: %s" % (len(failed), len(plan), "; ".join(failed)))
-    print("all %d commands of %d example specs succeeded" % (len(plan), len(specs)))
+        sys.exit("FAIL: %d of %d commands failed: %s" % (len(failed), count, "; ".join(failed)))
+    print("all %d commands of %d example specs succeeded" % (count, len(specs)))
 
 
 if __name__ == "__main__":
