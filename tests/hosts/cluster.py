@@ -1,9 +1,9 @@
 """A Trainyard cluster on a bed of hosts (hosts.py), set up as the operations guide tells an
 operator: a CA and the coordinator's certificate made with openssl, the coordinator serving TLS
 on its host's address, one agent token per worker made with `trainyard token create NAME --role
-agent`, each agent on its own host with `--address` its host's address, `--ca_file`,
-`--token_file` and `--tls_server_name=trainyard-coordinator`, and s3rver on a host of its own for
-checkpoints. No `--insecure` anywhere.
+agent`, each agent on its own host with `--ca_file`, `--token_file` and
+`--tls_server_name=trainyard-coordinator` (its address it finds itself), and s3rver on a host of
+its own for checkpoints. No `--insecure` anywhere.
 
   cluster = HostCluster(bed, bin_dir, workers=["w1", "w2", "w3"])
   cluster.start()
@@ -96,8 +96,11 @@ class HostCluster:
                       "--configure-bucket", self.bucket], stdout=log, stderr=subprocess.STDOUT,
             env=env)
         log.close()
-        self._until(lambda: "listening on" in open(self.path("s3rver.log")).read(), 30,
-                    "s3rver did not start")
+        def listening():
+            with open(self.path("s3rver.log")) as f:
+                return "listening on" in f.read()
+
+        self._until(listening, 30, "s3rver did not start")
 
     def _start_coordinator(self):
         state = self.path("coordinator")
@@ -135,8 +138,9 @@ class HostCluster:
         log = open(self.path("%s.log" % host), "a")
         self.procs[host] = self.bed.popen(
             host,
+            # No --address: the agent finds its host's address on the way to the coordinator.
             [self.program("trainyard-worker"), "--coordinator=" + self.address, "--name=" + host,
-             "--address=" + self.bed.address(host), "--slots=%d" % self.slots, "--gpus=0",
+             "--slots=%d" % self.slots, "--gpus=0",
              "--work_dir=" + work, "--ca_file=" + self.path("tls", "ca.crt"),
              "--token_file=" + token, "--tls_server_name=" + COORDINATOR_NAME,
              "--metrics_listen=%s:7072" % self.bed.address(host),

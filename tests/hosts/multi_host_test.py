@@ -133,6 +133,11 @@ class MultiHostTest(unittest.TestCase):
         return sorted({t["workerId"] for t in job["tasks"]
                        if t.get("generation") == job["generation"]})
 
+    def test_0_each_agent_found_its_hosts_address(self):
+        workers = json.loads(self.cluster.cli(["workers", "-o", "json"])[1])["workers"]
+        self.assertEqual({w["id"]: w["address"] for w in workers},
+                         {h: self.bed.address(h) for h in ("w1", "w2", "w3")})
+
     def test_1_jobs_across_hosts_end_as_on_loopback(self):
         for name in CASES:
             with self.subTest(name):

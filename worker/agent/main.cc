@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/coordinator_link.h"
+#include "worker/agent/local_address.h"
 #include "worker/agent/metrics.h"
 #include "worker/agent/preemption_watcher.h"
 #include "worker/agent/process_launcher.h"
@@ -48,8 +49,9 @@ ABSL_FLAG(std::string, coordinator, DefaultCoordinator(),
           "host:port of the coordinator (default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)");
 ABSL_FLAG(std::string, name, "",
           "unique name of this worker; re-registering a name replaces it (default: the hostname)");
-ABSL_FLAG(std::string, address, "127.0.0.1",
-          "address other machines reach this one at (trainers of a job meet their peers there)");
+ABSL_FLAG(std::string, address, "",
+          "address other machines reach this one at (trainers of a job meet their peers there); "
+          "default: this machine's address on the interface that leads to --coordinator");
 ABSL_FLAG(int, slots, 0, "CPU slots offered to the scheduler (default: the number of cores)");
 ABSL_FLAG(int, gpus, -1,
           "GPUs offered to the scheduler; -1 finds them: NVML's count (libnvidia-ml.so.1, loaded "
@@ -141,6 +143,19 @@ int main(int argc, char** argv) {
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.name = absl::GetFlag(FLAGS_name).empty() ? Hostname() : absl::GetFlag(FLAGS_name);
   options.address = absl::GetFlag(FLAGS_address);
+  if (options.address.empty()) {
+    absl::StatusOr<std::string> local = trainyard::LocalAddressToward(options.coordinator);
+    if (!local.ok()) {
+      trainyard::LogError(
+          "cannot tell this machine's address toward the coordinator (give "
+          "--address): ",
+          local.status().message());
+      return 2;
+    }
+    options.address = *local;
+    trainyard::LogInfo("address ", options.address,
+                       ": this machine's on the way to the coordinator (--address sets another)");
+  }
   options.slots = absl::GetFlag(FLAGS_slots) > 0
                       ? absl::GetFlag(FLAGS_slots)
                       : std::max(1u, std::thread::hardware_concurrency());

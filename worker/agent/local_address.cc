@@ -1,0 +1,67 @@
+#include "worker/agent/local_address.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainyard {
+
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port) {
+  std::string host;
+  std::string port;
+  if (!host_port.empty() && host_port[0] == '[') {
+    const size_t close = host_port.find("]:");
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("'", host_port, "' is not [HOST]:PORT"));
+    }
+    host = host_port.substr(1, close - 1);
+    port = host_port.substr(close + 2);
+  } else {
+    const size_t colon = host_port.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("'", host_port, "' is not HOST:PORT"));
+    }
+    host = host_port.substr(0, colon);
+    port = host_port.substr(colon + 1);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  std::string error = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      error = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    // connect() on a UDP socket only picks the route and the source address: nothing is sent.
+    const bool ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+                    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+    if (!ok) error = std::strerror(errno);
+    close(fd);
+    if (!ok) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw =
+        local.ss_family == AF_INET6
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr)
+            : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&local)->sin_addr);
+    if (inet_ntop(local.ss_family, raw, text, sizeof(text)) == nullptr) continue;
+    freeaddrinfo(found);
+    return std::string(text);
+  }
+  freeaddrinfo(found);
+  return absl::UnavailableError(absl::StrCat("no route to '", host, "': ", error));
+}
+
+}  // namespace trainyard
