@@ -790,6 +790,78 @@ TEST(CheckpointTest, ADueCheckpointDoesNotWaitForACommitBeingRetried) {
   EXPECT_EQ(coordinator.committed_steps(), std::vector<int64_t>{10});
 }
 
+// A store whose writes wait at a gate while it is closed: an object store that stopped answering.
+class GatedStore final : public ObjectStore {
+ public:
+  explicit GatedStore(std::shared_ptr<ObjectStore> inner) : inner_(std::move(inner)) {}
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    open_ = false;
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  bool Waiting() {
+    absl::MutexLock lock(&mu_);
+    return waiting_ > 0;
+  }
+  absl::Status Put(absl::string_view uri, absl::string_view data) override {
+    Gate();
+    return inner_->Put(uri, data);
+  }
+  absl::StatusOr<std::string> PutPieces(absl::string_view uri,
+                                        absl::Span<const absl::string_view> pieces) override {
+    Gate();
+    return inner_->PutPieces(uri, pieces);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view uri) override { return inner_->Get(uri); }
+  absl::StatusOr<std::string> GetRange(absl::string_view uri, int64_t offset,
+                                       int64_t length) override {
+    return inner_->GetRange(uri, offset, length);
+  }
+  absl::StatusOr<ObjectInfo> Head(absl::string_view uri) override { return inner_->Head(uri); }
+  absl::StatusOr<std::vector<ObjectInfo>> List(absl::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+  absl::Status Delete(absl::string_view uri) override { return inner_->Delete(uri); }
+
+ private:
+  void Gate() {
+    absl::MutexLock lock(&mu_);
+    ++waiting_;
+    mu_.Await(absl::Condition(&open_));
+    --waiting_;
+  }
+  std::shared_ptr<ObjectStore> inner_;
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// An upload that has run far longer than saves usually take (the store stopped answering) does
+// not hold up training: the next due checkpoint is skipped at once instead of after max_wait.
+TEST(CheckpointTest, ADueCheckpointDoesNotWaitForAStoreThatStoppedAnswering) {
+  const std::string dir = MakeTempDir();
+  auto store = std::make_shared<GatedStore>(*OpenObjectStore("file://" + dir));
+  FakeCoordinator coordinator(/*keep_last=*/5, "file://" + dir);
+  FakeClock clock;
+  Checkpointer::Options options = FastRetries("file://" + dir);
+  options.max_wait = absl::Hours(1);  // would stall training if the skip waited for it
+  Checkpointer checkpointer(store.get(), &coordinator, clock, options);
+  ASSERT_TRUE(checkpointer.SaveAsync(TinyCheckpoint(10)));
+  ASSERT_TRUE(checkpointer.Wait().ok());  // a save of the usual length (0 s on this clock)
+  store->Close();
+  ASSERT_TRUE(checkpointer.SaveAsync(TinyCheckpoint(20)));
+  ASSERT_TRUE(Eventually([&] { return store->Waiting(); }));
+  clock.Advance(absl::Seconds(2));  // past twice the usual and a second: the store is in trouble
+  EXPECT_FALSE(checkpointer.SaveAsync(TinyCheckpoint(30)));
+  EXPECT_EQ(checkpointer.skipped(), 1);
+  store->Open();
+  ASSERT_TRUE(checkpointer.Wait().ok());
+  EXPECT_EQ(coordinator.committed_steps(), (std::vector<int64_t>{10, 20}));
+}
+
 TEST(ProgressReporterTest, FirstReportGoesOutAtOnceAndFailedOnesAreSentAgain) {
   FakeCoordinator coordinator(/*keep_last=*/1);
   std::atomic<bool> down{false};

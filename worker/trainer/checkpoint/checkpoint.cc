@@ -255,7 +255,17 @@ bool Checkpointer::SaveAsync(int64_t step, absl::FunctionRef<CheckpointData()> s
     auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return upload_done_ || commit_retrying_;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&settled), options_.max_wait);
+    // An upload running far longer than saves usually take is a store in trouble (unreachable,
+    // say): waiting for it would stall training for nothing too. Waits at most until it has
+    // taken twice the longest recent save and a second more, and never beyond max_wait.
+    absl::Duration wait = options_.max_wait;
+    if (!recent_durations_.empty()) {
+      const absl::Duration usual =
+          *std::max_element(recent_durations_.begin(), recent_durations_.end());
+      const absl::Duration running = clock_.Now() - upload_started_;
+      wait = std::clamp(2 * usual + absl::Seconds(1) - running, absl::ZeroDuration(), wait);
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&settled), wait);
     if (!upload_done_) {
       skipped_++;
       if (commit_retrying_) {
@@ -268,7 +278,10 @@ bool Checkpointer::SaveAsync(int64_t step, absl::FunctionRef<CheckpointData()> s
         }
       } else {
         LogWarning("checkpoint of step ", step, " skipped: the checkpoint of step ", upload_step_,
-                   " is still uploading after ", absl::FormatDuration(options_.max_wait));
+                   " is still uploading after ",
+                   absl::FormatDuration(
+                       absl::Trunc(clock_.Now() - upload_started_, absl::Milliseconds(1))),
+                   recent_durations_.empty() ? "" : " (longer than saves usually take)");
       }
       return false;
     }

@@ -23,9 +23,11 @@
 // hash it and once to send it. (A signed multipart S3 upload also hashes each part, in the same
 // pass.) At most one save is in flight. When the next checkpoint falls due while the previous
 // one is still uploading, the training thread waits for it at most Options::max_wait (default
-// 30 s); if it is still uploading then, the new checkpoint is skipped (a warning is logged, the
-// in-flight upload carries on, and the next due step tries again), so a slow store costs
-// checkpoint frequency, never an unbounded stall. The final save (end of training or a stop)
+// 30 s), and no longer than until it has taken twice the longest of the recent saves and a
+// second more (an upload far slower than usual is a store in trouble); if it is still uploading
+// then, the new checkpoint is skipped (a warning is logged, the in-flight upload carries on, and
+// the next due step tries again), so a slow or unreachable store costs checkpoint frequency,
+// never a stall of training. The final save (end of training or a stop)
 // always waits. A failed intermediate save is logged and training goes on (its manifest is never
 // written, so it is never committed); the caller learns about a failed final save from Wait().
 //
@@ -164,10 +166,10 @@ class Checkpointer {
                Options options);
   ~Checkpointer();  // waits for a save in flight
 
-  // Waits for the save in flight (if any: at most max_wait, not at all while its commit is being
-  // retried, or without a bound for a `final_save`), then starts saving `data`, whose commit
-  // retries end at `give_up_at` at the latest. Returns false when `data` was skipped because the
-  // previous save was still in flight.
+  // Waits for the save in flight (if any: at most max_wait or twice the usual save time, not at
+  // all while its commit is being retried, or without a bound for a `final_save`), then starts
+  // saving `data`, whose commit retries end at `give_up_at` at the latest. Returns false when
+  // `data` was skipped because the previous save was still in flight.
   bool SaveAsync(CheckpointData data, bool final_save = false,
                  absl::Time give_up_at = absl::InfiniteFuture()) {
     const int64_t step = data.state.step;
