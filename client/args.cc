@@ -201,29 +201,45 @@ std::string MainHelp(const std::string& program, const std::vector<FlagSpec>& gl
   return out;
 }
 
-std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
-                        const CommandSpec& command, bool local) {
-  std::string out = absl::StrCat("Usage: ", program, " ", command.name);
-  if (!command.flags.empty()) absl::StrAppend(&out, " [flags]");
-  if (!command.args.empty()) absl::StrAppend(&out, " ", command.args);
-  absl::StrAppend(&out, "\n\n", Wrap(command.summary, 100));
-  if (!command.actions.empty()) {
-    absl::StrAppend(&out, "\nActions (", program, " ", command.name, " ACTION --help for one):\n");
-    for (const ActionSpec& a : command.actions) {
-      absl::StrAppend(&out,
-                      Hanging(absl::StrCat("  ", a.args.empty() ? a.name : a.name + " " + a.args),
-                              FirstSentence(a.summary), 31));
-    }
-  }
-  if (!command.flags.empty()) {
+namespace {
+
+// The help of `name` (a command, or "command action"): usage, summary, `extra` (a command's list
+// of actions), its flags, and the global flags unless `local`.
+std::string Help(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                 const std::string& name, const std::string& args, const std::string& summary,
+                 const std::vector<const FlagSpec*>& flags, const std::string& extra, bool local) {
+  std::string out = absl::StrCat("Usage: ", program, " ", name);
+  if (!flags.empty()) absl::StrAppend(&out, " [flags]");
+  if (!args.empty()) absl::StrAppend(&out, " ", args);
+  absl::StrAppend(&out, "\n\n", Wrap(summary, 100), extra);
+  if (!flags.empty()) {
     absl::StrAppend(&out, "\nFlags:\n");
-    for (const FlagSpec& flag : command.flags) absl::StrAppend(&out, FlagLine(flag));
+    for (const FlagSpec* flag : flags) absl::StrAppend(&out, FlagLine(*flag));
   }
   if (!local) {
     absl::StrAppend(&out, "\nGlobal flags:\n");
     for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
   }
   return out;
+}
+
+}  // namespace
+
+std::string CommandHelp(const std::string& program, const std::vector<FlagSpec>& global_flags,
+                        const CommandSpec& command, bool local) {
+  std::string actions;
+  if (!command.actions.empty()) {
+    actions = absl::StrCat("\nActions (", program, " ", command.name, " ACTION --help for one):\n");
+    for (const ActionSpec& a : command.actions) {
+      absl::StrAppend(&actions,
+                      Hanging(absl::StrCat("  ", a.args.empty() ? a.name : a.name + " " + a.args),
+                              FirstSentence(a.summary), 31));
+    }
+  }
+  std::vector<const FlagSpec*> flags;
+  for (const FlagSpec& flag : command.flags) flags.push_back(&flag);
+  return Help(program, global_flags, command.name, command.args, command.summary, flags, actions,
+              local);
 }
 
 const ActionSpec* FindAction(const CommandSpec& command, const std::string& name) {
@@ -241,19 +257,8 @@ std::string ActionHelp(const std::string& program, const std::vector<FlagSpec>& 
       flags.push_back(&flag);
     }
   }
-  std::string out = absl::StrCat("Usage: ", program, " ", command.name, " ", action.name);
-  if (!flags.empty()) absl::StrAppend(&out, " [flags]");
-  if (!action.args.empty()) absl::StrAppend(&out, " ", action.args);
-  absl::StrAppend(&out, "\n\n", Wrap(action.summary, 100));
-  if (!flags.empty()) {
-    absl::StrAppend(&out, "\nFlags:\n");
-    for (const FlagSpec* flag : flags) absl::StrAppend(&out, FlagLine(*flag));
-  }
-  if (!local) {
-    absl::StrAppend(&out, "\nGlobal flags:\n");
-    for (const FlagSpec& flag : global_flags) absl::StrAppend(&out, FlagLine(flag));
-  }
-  return out;
+  return Help(program, global_flags, command.name + " " + action.name, action.args, action.summary,
+              flags, "", local);
 }
 
 }  // namespace trainyard::cli
