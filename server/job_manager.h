@@ -73,8 +73,8 @@ struct JobManagerOptions {
   // Signs each task's credential (Task.credential, common/credentials.h); empty: tasks carry
   // none.
   std::string task_credential_key;
-  // DeleteJob of a job that has just ended waits this long (real time) for its trainers to be
-  // seen gone before it refuses: a `delete` right after a `cancel` then just works.
+  // DeleteJob of a job that has just ended waits this long for its trainers to be seen gone
+  // before it refuses: a `delete` right after a `cancel` then just works.
   absl::Duration delete_stop_wait = absl::Seconds(30);
 };
 

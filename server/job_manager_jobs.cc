@@ -275,11 +275,11 @@ absl::Status JobManager::DeleteJob(absl::string_view id, bool validate_only) {
       return table_.stopping().count(entry->seq) > 0 ||
              entry->progress_applied != entry->progress_reports;
     };
-    // A job that has just ended: its trainers are seen gone within moments of exiting. Real
-    // time, like the other blocking waits of a call.
-    const absl::Time wait_until = RealClock::Get().Now() + options_.delete_stop_wait;
+    // A job that has just ended: its trainers are seen gone within moments of exiting. On the
+    // manager's clock, so that a test decides when the wait runs out.
+    const absl::Time wait_until = clock_.Now() + options_.delete_stop_wait;
     while (entry != nullptr && IsFinalJobState(entry->job.state()) && stopping() && !shutdown_) {
-      if (changed_.WaitWithDeadline(&mu_, wait_until)) break;
+      if (clock_.WaitWithDeadline(changed_, mu_, wait_until)) break;
       entry = FindLocked(id);
     }
     if (entry != nullptr) {

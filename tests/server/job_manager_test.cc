@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1257,7 +1258,8 @@ TEST_F(JobManagerTest, ListingPagesThroughJobsInMemoryAndInTheStore) {
 }
 
 // A delete right after a job ends (a `cancel`, then a `delete`) waits for its trainers to be seen
-// gone, and succeeds; one whose trainers stay is refused after the wait.
+// gone, and succeeds; one whose trainers stay is refused when the wait runs out. The waits are on
+// the manager's clock: the test sees the delete waiting before it lets the trainer go.
 TEST_F(JobManagerTest, ADeleteRightAfterTheEndWaitsForTheTrainersToStop) {
   delete_stop_wait_ = absl::Seconds(60);
   Reopen();
@@ -1268,25 +1270,32 @@ TEST_F(JobManagerTest, ADeleteRightAfterTheEndWaitsForTheTrainersToStop) {
   ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_EXITED, 0).ok());
   absl::Status deleted = absl::UnknownError("not run");
   std::thread deleter([&] { deleted = manager_->DeleteJob(id, /*validate_only=*/false); });
-  manager_->Tick();  // sees the trainer gone, whether the delete is waiting yet or comes after
+  const std::optional<absl::Time> until = clock_.AwaitWaiter();
+  ASSERT_TRUE(until.has_value()) << "the delete did not wait for the trainer";
+  EXPECT_EQ(*until, clock_.Now() + absl::Seconds(60));
+  manager_->Tick();  // sees the trainer gone
   deleter.join();
   EXPECT_TRUE(deleted.ok()) << deleted;
   EXPECT_EQ(manager_->GetJob(id).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(JobManagerTest, ADeleteIsRefusedWhenTheTrainersStayPastTheWait) {
-  delete_stop_wait_ = absl::Milliseconds(50);
+  delete_stop_wait_ = absl::Seconds(30);
   Reopen();
   Register("w1", 1);
   const std::string held = Submit(TestSpec("held"));
   manager_->Tick();
   ASSERT_TRUE(Report("w1", held + ".g1.r0", v1::TASK_RUNNING).ok());
   ASSERT_TRUE(manager_->CancelJob(held, "").ok());  // its trainer has not reported gone
-  const absl::Time start = absl::Now();
-  absl::Status refused = manager_->DeleteJob(held, false);
+  absl::Status refused;
+  std::thread deleter([&] { refused = manager_->DeleteJob(held, /*validate_only=*/false); });
+  const std::optional<absl::Time> until = clock_.AwaitWaiter();
+  ASSERT_TRUE(until.has_value()) << "the delete did not wait for the trainer";
+  clock_.AdvanceTo(*until);
+  deleter.join();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.message(), HasSubstr("still stopping after 50ms"));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+  EXPECT_THAT(refused.message(), HasSubstr("still stopping after 30s"));
+  EXPECT_TRUE(manager_->GetJob(held).ok());
 }
 
 // A finished job can be deleted at once, with its logs and records, and is then gone for good; a
