@@ -22,6 +22,10 @@ inline constexpr char kStopDeadlineFile[] = "stop-deadline";
 // Written by a parameter-server shard into its working directory about once a second (replaced
 // whole): one "name value" line per counter of ShardStats, which the agent exports as metrics.
 inline constexpr char kShardMetricsFile[] = "shard-metrics";
+// Written by a trainer rank into its working directory after every update: the step count, in
+// decimal, padded with spaces to a fixed width and rewritten in place. The agent reads it when the
+// task ends and reports it as TaskStatus.last_step.
+inline constexpr char kLastStepFile[] = "last-step";
 
 // "SIGKILL", "SIGTERM", ...; "signal N" for ones without a name here.
 std::string SignalName(int sig);

@@ -39,6 +39,36 @@ Status AgentServiceImpl::Sync(ServerContext* context, const v1::SyncRequest* req
   return Status::OK;
 }
 
+Status AgentServiceImpl::HoldLease(
+    ServerContext* context, grpc::ServerReaderWriter<v1::LeaseResponse, v1::LeaseRequest>* stream) {
+  v1::LeaseRequest request;
+  if (!stream->Read(&request)) return Status::OK;  // closed before naming its worker
+  absl::StatusOr<Principal> caller = gate_.Admit(*context, request, Audience::kAgents, "HoldLease");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowWorker(*caller, request.worker_id()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<uint64_t> registration = manager_.OpenLease(request.worker_id());
+  v1::LeaseResponse answer;
+  if (!registration.ok()) {
+    if (!absl::IsNotFound(registration.status()) &&
+        !absl::IsFailedPrecondition(registration.status())) {
+      return ToGrpcStatus(registration.status());
+    }
+    answer.set_reregister(true);
+    stream->Write(answer);
+    return Status::OK;
+  }
+  // Held until the agent closes the stream, or its connection breaks: the transport's keepalive
+  // pings go unanswered (a host cut off or frozen), or the peer resets it (a host killed). Further
+  // messages are ignored.
+  if (stream->Write(answer)) {
+    v1::LeaseRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+  }
+  manager_.CloseLease(request.worker_id(), *registration);
+  return Status::OK;
+}
+
 Status AgentServiceImpl::ReportTaskStatus(ServerContext* context,
                                           const v1::ReportTaskStatusRequest* request,
                                           v1::ReportTaskStatusResponse*) {

@@ -18,6 +18,10 @@ class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
                               trainyard::v1::RegisterWorkerResponse* response) override;
   grpc::Status Sync(grpc::ServerContext* context, const trainyard::v1::SyncRequest* request,
                     trainyard::v1::SyncResponse* response) override;
+  // Holds the worker's lease while the stream stays open (JobManager::OpenLease).
+  grpc::Status HoldLease(grpc::ServerContext* context,
+                         grpc::ServerReaderWriter<trainyard::v1::LeaseResponse,
+                                                  trainyard::v1::LeaseRequest>* stream) override;
   grpc::Status ReportTaskStatus(grpc::ServerContext* context,
                                 const trainyard::v1::ReportTaskStatusRequest* request,
                                 trainyard::v1::ReportTaskStatusResponse* response) override;

@@ -27,6 +27,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // gRPC shares a port with another process that listens on it (SO_REUSEPORT) unless told not
   // to: a second coordinator would take half of the first one's calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The transport proves each agent's link (its lease stream) with pings it answers itself: no
+  // call per beat, and an idle agent costs a ping frame and its ack.
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIME_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.lease_ping_interval)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.lease_ping_timeout)));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Agents ping every 5 s to find a dead connection themselves (worker/agent/main.cc).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
   builder.AddListeningPort(
       options.listen,
       options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),

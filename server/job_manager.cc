@@ -37,7 +37,8 @@ JobManager::JobManager(const Clock& clock, std::unique_ptr<JobStore> store,
       committer_(store_.get()),
       logs_(std::move(logs)),
       rendezvous_(clock),
-      workers_(clock, options_.worker_timeout) {}
+      workers_(clock, LeasePolicy{options_.worker_timeout, options_.worker_stream_grace,
+                                  options_.mass_loss_hold}) {}
 
 JobManager::~JobManager() = default;
 
@@ -330,7 +331,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   const std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     snap.workers_by_state[record->info.state()]++;
-    if (record->info.state() == v1::READY) {
+    if (record->info.state() == v1::READY && !record->unreachable()) {
       snap.slots_total += record->info.slots();
       snap.gpus_total += record->info.gpus();
     }

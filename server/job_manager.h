@@ -39,14 +39,21 @@ struct SchedJob;
 struct JobManagerOptions {
   // Base URI for jobs whose spec sets no checkpoint.uri; a job's checkpoints go to {base}/{id}.
   std::string checkpoint_root = "file:///tmp/trainyard-checkpoints";
+  // A worker whose agent holds no lease stream (an older agent) is LOST this long after its last
+  // Sync; one whose lease stream closed, worker_stream_grace after (unless the agent opens a new
+  // one); and when more than half lose their lease at once, none is LOST before mass_loss_hold
+  // (LeasePolicy, worker_registry.h).
   absl::Duration worker_timeout = absl::Seconds(10);
+  absl::Duration worker_stream_grace = absl::Milliseconds(500);
+  absl::Duration mass_loss_hold = absl::Minutes(5);
   int max_active_jobs = 100000;           // non-final jobs; beyond: RESOURCE_EXHAUSTED
   int64_t max_spec_yaml_bytes = 1 << 20;  // beyond: INVALID_ARGUMENT
-  absl::Duration max_sync_wait = absl::Seconds(5);
+  absl::Duration max_sync_wait = absl::Seconds(30);
   absl::Duration max_rendezvous_wait = absl::Seconds(30);
   // Restarts back off exponentially with jitter: the n-th restart in a row of attempts that
   // made no step progress waits uniformly in [d/2, d], d = min(restart_backoff * 2^(n-1),
-  // restart_backoff_max). Zero: restart at once.
+  // restart_backoff_max); an attempt that got further than its start restarts at once
+  // (RestartBackoff). Zero: restart at once.
   absl::Duration restart_backoff = absl::Seconds(1);
   absl::Duration restart_backoff_max = absl::Seconds(60);
   // How long ranks of an ended attempt may take to stop before the job restarts anyway (their
@@ -196,6 +203,14 @@ class JobManager {
   // started, gets reregister=true. Blocks.
   absl::StatusOr<trainyard::v1::SyncResponse> Sync(const trainyard::v1::SyncRequest& request);
 
+  // The agent's lease stream (HoldLease) for `worker_id` opened: the worker's lease holds until
+  // CloseLease. Returns the registration to close it with; NOT_FOUND or FAILED_PRECONDITION
+  // when the worker must register again.
+  absl::StatusOr<uint64_t> OpenLease(absl::string_view worker_id);
+  // The stream ended (the agent closed it, or its transport broke: a killed, cut off or frozen
+  // host); see LeasePolicy::stream_grace.
+  void CloseLease(absl::string_view worker_id, uint64_t registration);
+
   // Applies one task status. Idempotent. NOT_FOUND for an unknown task, FAILED_PRECONDITION when
   // the task belongs to another worker.
   absl::Status ReportTaskStatus(absl::string_view worker_id,
@@ -289,6 +304,7 @@ class JobManager {
     std::string message;
     absl::Time failed = absl::InfinitePast();  // when it happened, as far as is known
     bool user_error = false;  // TaskReportOutcome::user_error: the job fails, whatever its budget
+    int64_t last_step = -1;   // the last update a rank of it said it completed (TaskStatus)
   };
 
   JobManager(const Clock& clock, std::unique_ptr<JobStore> store, std::unique_ptr<LogStore> logs,
@@ -416,6 +432,13 @@ class JobManager {
   std::shared_ptr<absl::CondVar> WorkerWakeupLocked(absl::string_view worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWorkerLocked(absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the ranks of `entry`'s attempt `generation` still running on reachable workers to
+  // kill_tasks_ and wakes their agents: the attempt ended by a failure, and its survivors can
+  // neither save nor finish a step.
+  // " lost (...)": how the worker's lease ended, for messages.
+  std::string LeaseEndLocked(const WorkerRecord& worker) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void KillSurvivorsLocked(const JobEntry& entry, int64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Tasks of non-final jobs, current generation, not ended: what workers should run.
   static bool IsActiveTask(const JobEntry& entry, const trainyard::v1::TaskInfo& task) {
@@ -465,6 +488,9 @@ class JobManager {
   std::set<QueueKey> new_pending_ ABSL_GUARDED_BY(mu_);
   std::string schedule_blocker_ ABSL_GUARDED_BY(mu_);
   int blocked_syncs_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per worker, ranks of attempts that a failure ended, still running there: killed at once
+  // (SyncResponse.kill_task_ids) until their agent reports them ended.
+  absl::flat_hash_map<std::string, std::set<std::string>> kill_tasks_ ABSL_GUARDED_BY(mu_);
   std::optional<UnitOfWork> unit_ ABSL_GUARDED_BY(mu_);
   // Shared: a waiting long poll keeps its condition alive while a forgotten worker's goes.
   absl::flat_hash_map<std::string, std::shared_ptr<absl::CondVar>> worker_wakeups_

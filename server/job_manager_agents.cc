@@ -72,6 +72,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   }
   info.set_registered_unix_ms(now_ms);
   info.set_last_seen_unix_ms(now_ms);
+  const WorkerRecord* before = workers_.Find(info.id());
+  const bool was_lost = before != nullptr && before->info.state() == v1::LOST;
   // The registration and what it finds out about the agent's tasks are one transaction.
   BeginUnitLocked();
   SaveWorkerLocked(info.id());
@@ -90,6 +92,21 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   for (const v1::TaskStatus& status : request.tasks()) {
     reported.insert(status.task_id());
     ApplyTaskStatusLocked(info.id(), status).IgnoreError();
+  }
+  // A worker back from being LOST (cut off, frozen) may still run ranks of attempts that ended
+  // and restarted elsewhere meanwhile: they must not write anything, so they die at once.
+  if (was_lost) {
+    for (const v1::TaskStatus& status : request.tasks()) {
+      if (status.state() != v1::TASK_RUNNING && status.state() != v1::TASK_STARTING) continue;
+      const JobEntry* entry = table_.FindByTask(status.task_id());
+      if (entry == nullptr) continue;
+      for (const v1::TaskInfo& t : entry->job.tasks()) {
+        if (t.task_id() == status.task_id() && t.worker_id() == info.id() &&
+            !JobTable::IsActiveTask(entry->job, t)) {
+          kill_tasks_[info.id()].insert(t.task_id());
+        }
+      }
+    }
   }
   // A task the agent had confirmed running but no longer reports died with the agent.
   std::vector<std::pair<std::string, v1::TaskInfo>> missing;
@@ -180,7 +197,40 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
   for (const auto& [entry, task] : ActiveTasksLocked(request.worker_id())) {
     *response.add_tasks() = BuildTaskLocked(*entry, *task);
   }
+  if (auto kill = kill_tasks_.find(request.worker_id()); kill != kill_tasks_.end()) {
+    for (auto it = kill->second.begin(); it != kill->second.end();) {
+      // Kept until the agent reports the task ended, unless its job is gone.
+      if (table_.FindByTask(*it) == nullptr) {
+        it = kill->second.erase(it);
+        continue;
+      }
+      response.add_kill_task_ids(*it);
+      ++it;
+    }
+    if (kill->second.empty()) kill_tasks_.erase(kill);
+  }
   return response;
+}
+
+absl::StatusOr<uint64_t> JobManager::OpenLease(absl::string_view worker_id) {
+  absl::MutexLock lock(&mu_);
+  const WorkerRecord* record = workers_.Find(worker_id);
+  // As in Sync: a worker known only from the store registers again first.
+  if (record != nullptr && record->restored) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker '", worker_id, "' has not registered with this coordinator"));
+  }
+  const bool was_unreachable = record != nullptr && record->unreachable();
+  absl::StatusOr<uint64_t> registration = workers_.OpenLease(worker_id);
+  if (registration.ok() && was_unreachable) RequestTickLocked();  // reachable again
+  return registration;
+}
+
+void JobManager::CloseLease(absl::string_view worker_id, uint64_t registration) {
+  absl::MutexLock lock(&mu_);
+  workers_.CloseLease(worker_id, registration);
+  // The tick finds the lease run out; within the grace, a new stream keeps it.
+  RequestTickLocked();
 }
 
 v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& info) const {
@@ -258,6 +308,12 @@ absl::Status JobManager::ApplyTaskStatusLocked(absl::string_view worker_id,
     shortened.mutable_message()->resize(kMaxTaskMessageBytes);
     return ApplyTaskStatusLocked(worker_id, shortened);
   }
+  if (TaskEnded(status.state())) {
+    if (auto kill = kill_tasks_.find(worker_id); kill != kill_tasks_.end()) {
+      kill->second.erase(status.task_id());
+      if (kill->second.empty()) kill_tasks_.erase(kill);
+    }
+  }
   JobEntry* entry = table_.FindByTask(status.task_id());
   int index = -1;
   if (entry != nullptr) {
@@ -297,6 +353,16 @@ absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
   JobEntry* entry = &job_entry;
   v1::Job updated = entry->job;
   v1::TaskInfo* task = updated.mutable_tasks(index);
+  if (TaskEnded(status.state())) {
+    // A rank's last word on how far its attempt got: more exact than its last progress report.
+    if (updated.restarts_size() > 0 && status.last_step() > 0) {
+      v1::Restart* last = updated.mutable_restarts(updated.restarts_size() - 1);
+      if (last->generation() == task->generation() && !last->recovered() &&
+          status.last_step() > last->last_step()) {
+        last->set_last_step(status.last_step());
+      }
+    }
+  }
   task->set_state(status.state());
   task->set_exit_code(status.exit_code());
   task->set_signal(status.signal());
@@ -320,6 +386,7 @@ absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
       end.message = outcome.reason;
       end.failed = clock_.Now();
       end.user_error = outcome.user_error;
+      end.last_step = status.last_step();
       return EndAttemptLocked(*entry, std::move(updated), std::move(end), changed);
     }
     case TaskReportOutcome::Kind::kRestartingTaskEnded: {

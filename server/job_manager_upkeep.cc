@@ -125,20 +125,43 @@ std::vector<std::string> JobManager::ForgetExpiredLocked(
 }
 
 void JobManager::ExpireWorkersLocked() {
-  const std::vector<std::string> lost = workers_.ExpireLeases();
+  const WorkerRegistry::Expiry expiry = workers_.ExpireLeases();
+  const std::vector<std::string>& lost = expiry.lost;
+  if (!expiry.held.empty()) {
+    LogWarning("lost contact with ", expiry.held.size(), " workers at once (",
+               absl::StrJoin(expiry.held, ", "),
+               "): more likely this coordinator is cut off than they all failed; their jobs go "
+               "on, nothing new is placed there, and they count as lost only after ",
+               absl::FormatDuration(options_.mass_loss_hold), " (--mass_loss_hold)");
+  }
+  if (!expiry.returned.empty()) {
+    LogInfo("workers reachable again: ", absl::StrJoin(expiry.returned, ", "));
+  }
   for (const std::string& id : lost) WakeWorkerLocked(id);  // told to register again
-  if (!lost.empty()) ClusterChangedLocked();
+  if (!lost.empty() || !expiry.held.empty() || !expiry.returned.empty()) ClusterChangedLocked();
   for (const std::string& worker_id : lost) {
+    kill_tasks_.erase(worker_id);
     if (absl::Status s = PersistWorkerLocked(worker_id); !s.ok()) {
       LogError("worker ", worker_id, ": persisting LOST failed: ", s.ToString());
     }
-    LogWarning("worker ", worker_id, " lost: no heartbeat for ",
-               absl::FormatDuration(options_.worker_timeout));
+    const WorkerRecord* record = workers_.Find(worker_id);
+    LogWarning("worker ", worker_id, record == nullptr ? " lost" : LeaseEndLocked(*record));
     if (options_.event_sink != nullptr) options_.event_sink->OnWorkerLost(worker_id);
   }
   // The jobs with ranks there restart in RestartLostOrStalledLocked, which looks at the state
   // rather than at this edge, so a failed write is retried on the next tick.
   if (!lost.empty()) changed_.SignalAll();
+}
+
+std::string JobManager::LeaseEndLocked(const WorkerRecord& worker) const {
+  if (!worker.streamed) {
+    return absl::StrCat(" lost (no heartbeat for ", absl::FormatDuration(options_.worker_timeout),
+                        ")");
+  }
+  return absl::StrCat(
+      " lost (its connection broke: its host was killed, cut off or frozen, and "
+      "its agent did not come back within ",
+      absl::FormatDuration(options_.worker_stream_grace), ")");
 }
 
 void JobManager::RestartLostOrStalledLocked() {
@@ -160,11 +183,8 @@ void JobManager::RestartLostOrStalledLocked() {
       if (worker != nullptr && worker->info.state() != v1::LOST) continue;
       AttemptEnd lost;
       lost.reason = t.stop_deadline_unix_ms() > 0 ? v1::PREEMPTED : v1::WORKER_LOST;
-      lost.message =
-          absl::StrCat(TaskName(t), " lost: worker ", t.worker_id(),
-                       worker == nullptr ? " is unknown" : " lost (no heartbeat for ",
-                       worker == nullptr ? "" : absl::FormatDuration(options_.worker_timeout),
-                       worker == nullptr ? "" : ")");
+      lost.message = absl::StrCat(TaskName(t), " lost: worker ", t.worker_id(),
+                                  worker == nullptr ? " is unknown" : LeaseEndLocked(*worker));
       lost.failed =
           worker == nullptr ? now : absl::FromUnixMillis(worker->info.last_seen_unix_ms());
       end = std::move(lost);
@@ -227,11 +247,17 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
     return TransitionLocked(entry, std::move(updated), v1::FAILED, end.message + *spent,
                             changed_task_ids);
   }
+  const int64_t generation = updated.generation();
+  // The ranks left of an attempt that a failure ended cannot save or finish a step: killed at
+  // once rather than asked to stop (a preemption's ranks are saving at the agreed step).
+  const bool kill = end.reason != v1::PREEMPTED;
   if (end.user_error) {
     // No data, a model that cannot load, a bad argument: every attempt would end the same way.
-    return TransitionLocked(entry, std::move(updated), v1::FAILED,
-                            end.message + " (a user error: the job is not restarted)",
-                            changed_task_ids);
+    absl::Status s = TransitionLocked(entry, std::move(updated), v1::FAILED,
+                                      end.message + " (a user error: the job is not restarted)",
+                                      changed_task_ids);
+    if (s.ok() && kill) KillSurvivorsLocked(entry, generation);
+    return s;
   }
   const absl::Time now = clock_.Now();
   v1::Restart* r = updated.add_restarts();
@@ -240,7 +266,7 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
   r->set_message(end.message);
   r->set_failed_unix_ms(absl::ToUnixMillis(std::min(end.failed, now)));
   r->set_detected_unix_ms(absl::ToUnixMillis(now));
-  r->set_last_step(std::max<int64_t>(updated.progress().step(), 0));
+  r->set_last_step(std::max<int64_t>({updated.progress().step(), end.last_step, 0}));
   const std::string reason =
       absl::StrCat("restarting (", RestartReasonName(end.reason), "): ", end.message);
   if (absl::Status s =
@@ -248,6 +274,7 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
       !s.ok()) {
     return s;
   }
+  if (kill) KillSurvivorsLocked(entry, generation);
   entry.restarting_since = now;
   entry.preemption_notice.clear();
   // Ranks still waiting to meet must not wait for peers that are being stopped.
@@ -257,6 +284,17 @@ absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, Atte
   RequestTickLocked();
   MaybeFinishRestartLocked(entry);
   return absl::OkStatus();
+}
+
+void JobManager::KillSurvivorsLocked(const JobEntry& entry, int64_t generation) {
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    if (t.generation() != generation || TaskEnded(t.state())) continue;
+    const WorkerRecord* worker = workers_.Find(t.worker_id());
+    if (worker == nullptr || worker->info.state() == v1::LOST) continue;
+    kill_tasks_[t.worker_id()].insert(t.task_id());
+    workers_.BumpVersion(t.worker_id());
+    WakeWorkerLocked(t.worker_id());
+  }
 }
 
 void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
@@ -374,7 +412,8 @@ void JobManager::ScheduleLocked() {
   for (const WorkerRecord* record : workers_.All()) {
     SchedWorker w;
     w.id = record->info.id();
-    w.ready = record->info.state() == v1::READY;
+    // Held unreachable by a mass loss: its ranks go on where they are, nothing new goes there.
+    w.ready = record->info.state() == v1::READY && !record->unreachable();
     w.total_slots = record->info.slots();
     w.total_gpus = record->info.gpus();
     w.free_slots = w.total_slots - used[w.id].slots;

@@ -49,11 +49,26 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Base URI for checkpoints of jobs whose spec sets no checkpoint.uri; a job's "
           "checkpoints go to {base}/{job_id}. Default: file://<absolute state_dir>/checkpoints.");
 ABSL_FLAG(absl::Duration, worker_timeout, absl::Seconds(10),
-          "A worker that has not synced for this long is LOST; the jobs with ranks there restart "
-          "from their latest committed checkpoint.");
+          "A worker whose agent keeps no lease stream (an older agent) is LOST when it has not "
+          "synced for this long; the jobs with ranks there restart from their latest committed "
+          "checkpoint.");
+ABSL_FLAG(absl::Duration, lease_ping_interval, absl::Milliseconds(500),
+          "How often the coordinator pings each agent's connection (HTTP/2 keepalive): the "
+          "agent's lease stream holds while the pings are answered.");
+ABSL_FLAG(absl::Duration, lease_ping_timeout, absl::Milliseconds(1500),
+          "A ping unanswered this long breaks the connection and ends the lease stream: a host "
+          "that was cut off or froze is found within --lease_ping_interval plus this.");
+ABSL_FLAG(
+    absl::Duration, worker_stream_grace, absl::Milliseconds(500),
+    "A worker whose lease stream ended is LOST after this, unless its agent opens a new one.");
+ABSL_FLAG(absl::Duration, mass_loss_hold, absl::Minutes(5),
+          "When more than half of the workers (at least two) lose their lease at once, this "
+          "coordinator is more likely the one cut off: their jobs are not restarted and they are "
+          "held unreachable this long before they count as lost.");
 ABSL_FLAG(absl::Duration, restart_backoff, absl::Seconds(1),
-          "Wait before the next attempt of a restarted job: drawn from [d/2, d], d doubling with "
-          "each restart in a row whose attempt never reached a step, up to --restart_backoff_max. "
+          "Wait before the next attempt of a restarted job whose attempt got no further than it "
+          "started (one that did restarts at once): drawn from [d/2, d], d doubling with each "
+          "restart in a row whose attempt never reached a step, up to --restart_backoff_max. "
           "0 restarts at once.");
 ABSL_FLAG(absl::Duration, restart_backoff_max, absl::Seconds(60),
           "Upper bound of the restart backoff.");
@@ -175,6 +190,9 @@ int Run() {
   options.event_sink = metrics.get();
   options.checkpoint_root = checkpoint_root;
   options.worker_timeout = absl::GetFlag(FLAGS_worker_timeout);
+  options.worker_stream_grace =
+      std::max(absl::GetFlag(FLAGS_worker_stream_grace), absl::ZeroDuration());
+  options.mass_loss_hold = std::max(absl::GetFlag(FLAGS_mass_loss_hold), absl::ZeroDuration());
   options.restart_backoff = std::max(absl::GetFlag(FLAGS_restart_backoff), absl::ZeroDuration());
   options.restart_backoff_max =
       std::max(absl::GetFlag(FLAGS_restart_backoff_max), options.restart_backoff);
@@ -318,6 +336,10 @@ int Run() {
   server_options.listen = listen;
   server_options.max_streams_per_caller = absl::GetFlag(FLAGS_max_streams_per_caller);
   server_options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  server_options.lease_ping_interval =
+      std::max(absl::GetFlag(FLAGS_lease_ping_interval), absl::Milliseconds(10));
+  server_options.lease_ping_timeout =
+      std::max(absl::GetFlag(FLAGS_lease_ping_timeout), absl::Milliseconds(10));
   server_options.searches = searches->get();
   if (server_options.max_streams_per_caller < 1) {
     LogError("--max_streams_per_caller: must be >= 1");

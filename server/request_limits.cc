@@ -42,6 +42,7 @@ constexpr FieldBound kBounds[] = {
     // What a worker runs: at most a few hundred tasks even on a large machine.
     {"trainyard.v1.RegisterWorkerRequest.tasks", 4096},
     {"trainyard.v1.SyncRequest.worker_id", 128},
+    {"trainyard.v1.LeaseRequest.worker_id", 128},
     {"trainyard.v1.SyncRequest.tasks", 4096},
     {"trainyard.v1.ReportTaskStatusRequest.worker_id", 128},
     {"trainyard.v1.TaskStatus.task_id", 512},

@@ -58,6 +58,12 @@ std::optional<std::string> BudgetSpent(const v1::Job& job, v1::RestartReason rea
 absl::Duration RestartBackoff(const v1::Job& job, absl::Duration base, absl::Duration max,
                               double jitter) {
   if (base <= absl::ZeroDuration()) return absl::ZeroDuration();
+  // The progress is the ended attempt's only if it reported (the restart before it recovered).
+  const int n = job.restarts_size();
+  const bool reported = n < 2 || job.restarts(n - 2).recovered();
+  if (reported && job.progress().step() > job.progress().attempt_start_step()) {
+    return absl::ZeroDuration();
+  }
   int in_a_row = 1;
   for (int i = job.restarts_size() - 2; i >= 0 && !job.restarts(i).recovered(); --i) in_a_row++;
   return absl::Trunc(BackoffBound(base, max, in_a_row - 1) * jitter, absl::Milliseconds(1));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -21,17 +22,36 @@ struct WorkerRecord {
   // Loaded from the store and not registered since this coordinator started: its agent is asked
   // to register again, reporting what it runs, so that tasks it lost meanwhile are found.
   bool restored = false;
+  // Counts registrations: a lease stream opened for an earlier one ends nothing when it closes.
+  uint64_t registration = 0;
+  int lease_streams = 0;  // open now
+  bool streamed = false;  // a lease stream was opened since it registered: streams keep its lease
+  // Its lease ran out together with those of most workers: held, not LOST (see ExpireLeases).
+  absl::Time unreachable_since = absl::InfiniteFuture();
+  bool unreachable() const { return unreachable_since != absl::InfiniteFuture(); }
+};
+
+struct LeasePolicy {
+  // Without a lease stream: LOST this long after the last renewal (a Sync).
+  absl::Duration timeout = absl::Seconds(10);
+  // With one: held while a stream is open; LOST this long after the last one closed, unless the
+  // agent opens another meanwhile (it reopens at once after a stream it did not mean to end).
+  absl::Duration stream_grace = absl::Milliseconds(500);
+  // When more than half of the live workers (and at least two) run out of lease at once, the
+  // coordinator is far more likely to be the one cut off than they all to have died: they are
+  // held unreachable (given nothing new) for up to this long before they are LOST.
+  absl::Duration mass_loss_hold = absl::Minutes(5);
 };
 
 // The workers the coordinator knows and their leases. A worker is READY (or DRAINING) while its
-// lease is renewed within `lease_timeout`, and LOST from the first ExpireLeases() call at or
-// after the moment the timeout has fully elapsed. A LOST worker must register again.
+// lease holds (LeasePolicy), and LOST from the first ExpireLeases() call at or after the moment
+// it has run out, unless a mass loss holds it. A LOST worker must register again.
 // Not thread-safe: JobManager calls it under its own lock. `clock` must outlive the registry.
 class WorkerRegistry {
  public:
-  WorkerRegistry(const Clock& clock, absl::Duration lease_timeout);
+  WorkerRegistry(const Clock& clock, LeasePolicy policy);
 
-  absl::Duration lease_timeout() const { return lease_timeout_; }
+  absl::Duration lease_timeout() const { return policy_.timeout; }
 
   // Adds or replaces the worker `info.id()`: READY (or DRAINING when `info` says so), registered
   // and seen now, a fresh lease and a new desired-state version. Returns the stored record.
@@ -41,12 +61,31 @@ class WorkerRegistry {
   // marked `restored` until it registers.
   void Restore(trainyard::v1::Worker info);
 
-  // Extends the lease from now. NOT_FOUND for an unknown worker, FAILED_PRECONDITION for a LOST
-  // one (it has to register again).
+  // Notes the worker seen now and, unless its lease is kept by streams, extends the lease from
+  // now. NOT_FOUND for an unknown worker, FAILED_PRECONDITION for a LOST one (it has to register
+  // again).
   absl::Status Renew(absl::string_view id);
 
-  // Marks every READY/DRAINING worker whose lease has run out as LOST and returns their ids.
-  std::vector<std::string> ExpireLeases();
+  // A lease stream of the worker opened: its lease holds until the last open stream closes.
+  // Returns the registration to hand back to CloseLease. Errors as Renew.
+  absl::StatusOr<uint64_t> OpenLease(absl::string_view id);
+  // A stream opened for `registration` closed: with none left open, the lease ends after
+  // stream_grace. Ignored when the worker has registered again or is gone.
+  void CloseLease(absl::string_view id, uint64_t registration);
+
+  struct Expiry {
+    std::vector<std::string> lost;      // marked LOST now
+    std::vector<std::string> held;      // newly held unreachable by a mass loss
+    std::vector<std::string> returned;  // held until now, and their lease holds again
+  };
+  // Marks every READY/DRAINING worker whose lease has run out as LOST, unless more than half of
+  // the workers not LOST (at least two) are out of lease or have lost their stream at once:
+  // those out of lease are held unreachable instead, and LOST only once held for mass_loss_hold
+  // (or when the loss no longer is a mass loss: the others came back). While other streams are
+  // closed but within their grace, a lease that ran out waits up to stream_grace more, to tell
+  // a coordinator cut off (its connections break within a ping interval of each other) from one
+  // machine lost.
+  Expiry ExpireLeases();
 
   // Sets the state (READY, DRAINING, LOST). NOT_FOUND for an unknown worker.
   absl::Status SetState(absl::string_view id, trainyard::v1::WorkerState state);
@@ -69,7 +108,7 @@ class WorkerRegistry {
 
  private:
   const Clock& clock_;
-  const absl::Duration lease_timeout_;
+  const LeasePolicy policy_;
   uint64_t next_version_;
   std::map<std::string, WorkerRecord, std::less<>> workers_;
 };

@@ -247,6 +247,32 @@ TEST_F(ReconcilerTest, StopsUndesiredTasksWithSigtermThenSigkillAfterTheGracePer
   EXPECT_EQ(reconciler.RunningCount(), 1);
 }
 
+TEST_F(ReconcilerTest, KillsTasksOfAFailedAttemptAtOnceAndReportsTheirLastStep) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("keep.g1.r0"), MakeTask("drop.g1.r0"), MakeTask("drop.g1.r1")});
+  // What the trainer keeps in its folder after each update.
+  {
+    std::ofstream out(reconciler.TaskDir("drop.g1.r0") + "/" + kLastStepFile);
+    out << "42                  \n";
+  }
+  reconciler.Apply({MakeTask("keep.g1.r0")}, {"drop.g1.r0", "drop.g1.r1"});
+  EXPECT_THAT(launcher_.launched()[0].signals, IsEmpty());
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGKILL));
+  EXPECT_THAT(launcher_.launched()[2].signals, ElementsAre(SIGKILL));
+  // Said again in the next Sync: no second signal.
+  reconciler.Apply({MakeTask("keep.g1.r0")}, {"drop.g1.r0", "drop.g1.r1"});
+  EXPECT_THAT(launcher_.launched()[1].signals, ElementsAre(SIGKILL));
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 2u);
+  std::map<std::string, v1::TaskStatus> by_id;
+  for (const v1::TaskStatus& status : ended) by_id[status.task_id()] = status;
+  EXPECT_EQ(by_id["drop.g1.r0"].state(), v1::TASK_STOPPED);
+  EXPECT_EQ(by_id["drop.g1.r0"].signal(), SIGKILL);
+  EXPECT_EQ(by_id["drop.g1.r0"].last_step(), 42);
+  EXPECT_EQ(by_id["drop.g1.r1"].last_step(), -1);  // no file: unknown
+  EXPECT_EQ(reconciler.RunningCount(), 1);
+}
+
 // A task asked to stop that dies of a signal this agent did not send (here a SIGKILL from
 // elsewhere, before the grace period ran out) died on its own: an exit, not a stop, so that the
 // coordinator sees the cause rather than the stop it asked for because of a peer's error.

@@ -17,6 +17,7 @@
 namespace trainyard {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
@@ -114,6 +115,23 @@ TEST(RestartPolicyTest, BackoffGrowsWithRestartsInARowThatMadeNoProgress) {
             absl::ZeroDuration());
 }
 
+TEST(RestartPolicyTest, AnAttemptThatGotFurtherRestartsAtOnce) {
+  v1::Job job;
+  for (int i = 0; i < 5; ++i) job.add_restarts();
+  job.mutable_progress()->set_attempt_start_step(100);
+  job.mutable_progress()->set_step(100);  // resumed, not one step further
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 1.0), absl::Seconds(16));
+  job.mutable_progress()->set_step(101);
+  // The progress of an earlier attempt: the one that ended never reported.
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 1.0), absl::Seconds(16));
+  job.mutable_restarts(3)->set_recovered(true);
+  EXPECT_EQ(RestartBackoff(job, absl::Seconds(1), absl::Seconds(60), 1.0), absl::ZeroDuration());
+  v1::Job first;  // the first attempt's own progress
+  first.add_restarts();
+  first.mutable_progress()->set_step(3);
+  EXPECT_EQ(RestartBackoff(first, absl::Seconds(1), absl::Seconds(60), 1.0), absl::ZeroDuration());
+}
+
 TEST(RestartPolicyTest, BudgetSpentNamesTheBudgetAndCountsDroppedRecords) {
   v1::Job job;
   job.mutable_spec()->mutable_restart()->set_max_failures(2);
@@ -153,19 +171,26 @@ TEST_F(RecoveryTest, LostWorkerRestartsTheGangFromTheCommittedStep) {
   EXPECT_EQ(job.restarts(0).generation(), 1);
   EXPECT_EQ(job.restarts(0).last_step(), 14);
   EXPECT_THAT(job.reason(), HasSubstr("restarting (worker_lost): rank 1 lost"));
-  // The surviving rank leaves its worker's desired state (its agent stops it), and the job
-  // waits for it before the next attempt.
-  EXPECT_THAT(Sync(survivor).tasks(), IsEmpty());
+  // The surviving rank leaves its worker's desired state and is to be killed at once (its gang
+  // can neither save nor step), and the job waits for it before the next attempt.
+  v1::SyncResponse told = Sync(survivor);
+  EXPECT_THAT(told.tasks(), IsEmpty());
+  EXPECT_THAT(told.kill_task_ids(), ElementsAre(id + ".g1.r0"));
   manager_->Tick();
   EXPECT_EQ(Get(id).state(), v1::RESTARTING);
-  ASSERT_TRUE(Report(survivor, id + ".g1.r0", v1::TASK_STOPPED, 143).ok());
+  // Its last word: it had completed step 15, which the progress reports had not yet said.
+  v1::TaskStatus last_word;
+  last_word.set_task_id(id + ".g1.r0");
+  last_word.set_state(v1::TASK_STOPPED);
+  last_word.set_signal(9);
+  last_word.set_last_step(15);
+  ASSERT_TRUE(manager_->ReportTaskStatus(survivor, last_word).ok());
+  EXPECT_THAT(Sync(survivor).kill_task_ids(), IsEmpty());
   job = Get(id);
   ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
-  // First restart: backoff in [restart_backoff / 2, restart_backoff].
-  EXPECT_GE(job.restarts(0).backoff_ms(), 500);
-  EXPECT_LE(job.restarts(0).backoff_ms(), 1000);
-  manager_->Tick();
-  EXPECT_EQ(Get(id).state(), v1::PENDING) << "placed before the backoff passed";
+  EXPECT_EQ(job.restarts(0).last_step(), 15);
+  // The attempt got further than it started: no backoff.
+  EXPECT_EQ(job.restarts(0).backoff_ms(), 0);
 
   PassBackoff(id);
   KeepAlive({survivor, "w3"});
@@ -195,7 +220,7 @@ TEST_F(RecoveryTest, LostWorkerRestartsTheGangFromTheCommittedStep) {
   const v1::Restart& r = job.restarts(0);
   EXPECT_TRUE(r.recovered());
   EXPECT_EQ(r.resumed_step(), 10);
-  EXPECT_EQ(r.steps_lost(), 4);
+  EXPECT_EQ(r.steps_lost(), 5);
   EXPECT_DOUBLE_EQ(r.detection_seconds(), 10.0);
   EXPECT_DOUBLE_EQ(r.rendezvous_seconds(), 0.25);
   EXPECT_DOUBLE_EQ(r.checkpoint_load_seconds(), 0.5);
@@ -207,7 +232,52 @@ TEST_F(RecoveryTest, LostWorkerRestartsTheGangFromTheCommittedStep) {
   EXPECT_DOUBLE_EQ(r.first_step_seconds(), 1.25);
   EXPECT_DOUBLE_EQ(r.recovery_seconds(), backoff_seconds + 2.0);
   EXPECT_THAT(job.events(job.events_size() - 1).reason(),
-              HasSubstr("recovered from worker_lost: attempt 2 resumed at step 10, 4 steps lost"));
+              HasSubstr("recovered from worker_lost: attempt 2 resumed at step 10, 5 steps lost"));
+}
+
+// A host cut off by a lease stream that broke: lost after the stream grace, not the Sync
+// timeout; back, it registers again and the ranks it still runs of the ended attempt are killed
+// at once, so that they write nothing.
+TEST_F(RecoveryTest, AWorkerWhoseLeaseStreamBrokeIsLostAtOnceAndItsOldRanksKilledOnReturn) {
+  Register("w1", 1);
+  Register("w2", 1);
+  Register("w3", 1);
+  uint64_t registration[3];
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<uint64_t> r = manager_->OpenLease(absl::StrCat("w", i + 1));
+    ASSERT_TRUE(r.ok()) << r.status();
+    registration[i] = *r;
+  }
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  const std::vector<std::string> workers = Start(id);
+  ASSERT_TRUE(Progress(id, 1, 5).ok());
+  const std::string cut = workers[1];
+  const int index = cut[1] - '1';
+  manager_->CloseLease(cut, registration[index]);
+  clock_.Advance(absl::Milliseconds(499));
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  clock_.Advance(absl::Milliseconds(1));
+  manager_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING) << job.reason();
+  EXPECT_THAT(job.restarts(0).message(), HasSubstr("its connection broke"));
+  EXPECT_THAT(Sync(workers[0]).kill_task_ids(), ElementsAre(TaskOf(id, 0)));
+
+  // The host comes back still running its rank of generation 1.
+  v1::RegisterWorkerRequest again;
+  again.set_name(cut);
+  again.set_slots(1);
+  v1::TaskStatus running;
+  running.set_task_id(absl::StrCat(id, ".g1.r1"));
+  running.set_state(v1::TASK_RUNNING);
+  *again.add_tasks() = running;
+  ASSERT_TRUE(manager_->RegisterWorker(again).ok());
+  EXPECT_THAT(Sync(cut).kill_task_ids(), ElementsAre(absl::StrCat(id, ".g1.r1")));
+  running.set_state(v1::TASK_STOPPED);
+  running.set_signal(9);
+  ASSERT_TRUE(manager_->ReportTaskStatus(cut, running).ok());
+  EXPECT_THAT(Sync(cut).kill_task_ids(), IsEmpty());
 }
 
 TEST_F(RecoveryTest, InfrastructureErrorOfAPeerIsBlamedOnTheLostWorker) {

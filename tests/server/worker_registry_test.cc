@@ -1,5 +1,8 @@
 #include "server/worker_registry.h"
 
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
@@ -10,6 +13,12 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
+LeasePolicy Timeout(absl::Duration timeout) {
+  LeasePolicy policy;
+  policy.timeout = timeout;
+  return policy;
+}
+
 v1::Worker Info(const std::string& id) {
   v1::Worker w;
   w.set_id(id);
@@ -19,36 +28,36 @@ v1::Worker Info(const std::string& id) {
 
 TEST(WorkerRegistryTest, LeaseExpiresExactlyAtTheTimeout) {
   FakeClock clock;
-  WorkerRegistry registry(clock, absl::Seconds(10));
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
   registry.Register(Info("w1"));
   EXPECT_EQ(registry.Find("w1")->info.state(), v1::READY);
 
   clock.Advance(absl::Seconds(10) - absl::Milliseconds(1));
-  EXPECT_THAT(registry.ExpireLeases(), IsEmpty());
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
   EXPECT_EQ(registry.Find("w1")->info.state(), v1::READY);
 
   clock.Advance(absl::Milliseconds(1));
-  EXPECT_THAT(registry.ExpireLeases(), ElementsAre("w1"));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w1"));
   EXPECT_EQ(registry.Find("w1")->info.state(), v1::LOST);
   // Reported once.
-  EXPECT_THAT(registry.ExpireLeases(), IsEmpty());
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
 }
 
 TEST(WorkerRegistryTest, RenewExtendsTheLease) {
   FakeClock clock;
-  WorkerRegistry registry(clock, absl::Seconds(10));
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
   registry.Register(Info("w1"));
   clock.Advance(absl::Seconds(8));
   ASSERT_TRUE(registry.Renew("w1").ok());
   clock.Advance(absl::Seconds(8));
-  EXPECT_THAT(registry.ExpireLeases(), IsEmpty());
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
   clock.Advance(absl::Seconds(2));
-  EXPECT_THAT(registry.ExpireLeases(), ElementsAre("w1"));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w1"));
 }
 
 TEST(WorkerRegistryTest, LostWorkerMustRegisterAgain) {
   FakeClock clock;
-  WorkerRegistry registry(clock, absl::Seconds(1));
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(1)));
   registry.Register(Info("w1"));
   clock.Advance(absl::Seconds(2));
   registry.ExpireLeases();
@@ -63,11 +72,157 @@ TEST(WorkerRegistryTest, LostWorkerMustRegisterAgain) {
 
 TEST(WorkerRegistryTest, VersionsChangeOnBump) {
   FakeClock clock;
-  WorkerRegistry registry(clock, absl::Seconds(10));
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
   registry.Register(Info("w1"));
   const uint64_t v = registry.Find("w1")->desired_version;
   registry.BumpVersion("w1");
   EXPECT_GT(registry.Find("w1")->desired_version, v);
+}
+
+TEST(WorkerRegistryTest, AnOpenLeaseStreamHoldsTheLeasePastTheTimeout) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  registry.Register(Info("w1"));
+  absl::StatusOr<uint64_t> registration = registry.OpenLease("w1");
+  ASSERT_TRUE(registration.ok());
+  clock.Advance(absl::Hours(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  // Syncs do not move a streamed lease: it ends with its stream.
+  ASSERT_TRUE(registry.Renew("w1").ok());
+  registry.CloseLease("w1", *registration);
+  clock.Advance(absl::Milliseconds(499));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  ASSERT_TRUE(registry.Renew("w1").ok());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w1"));
+  EXPECT_EQ(registry.OpenLease("w1").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry.OpenLease("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WorkerRegistryTest, AStreamReopenedWithinTheGraceKeepsTheLease) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  registry.Register(Info("w1"));
+  const uint64_t first = *registry.OpenLease("w1");
+  // The new stream may open before the old one is seen closed.
+  const uint64_t second = *registry.OpenLease("w1");
+  registry.CloseLease("w1", first);
+  clock.Advance(absl::Seconds(5));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  registry.CloseLease("w1", second);
+  clock.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(registry.OpenLease("w1").ok());
+  clock.Advance(absl::Seconds(5));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+}
+
+TEST(WorkerRegistryTest, AStreamOfAnEarlierRegistrationEndsNothing) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  registry.Register(Info("w1"));
+  const uint64_t old = *registry.OpenLease("w1");
+  registry.Register(Info("w1"));
+  const uint64_t current = *registry.OpenLease("w1");
+  EXPECT_NE(old, current);
+  registry.CloseLease("w1", old);
+  clock.Advance(absl::Seconds(30));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+}
+
+TEST(WorkerRegistryTest, MostWorkersOutOfLeaseAtOnceAreHeldNotLost) {
+  FakeClock clock;
+  LeasePolicy policy = Timeout(absl::Seconds(10));
+  policy.mass_loss_hold = absl::Minutes(5);
+  WorkerRegistry registry(clock, policy);
+  uint64_t registration[3];
+  for (int i = 0; i < 3; ++i) {
+    const std::string id = absl::StrCat("w", i);
+    registry.Register(Info(id));
+    registration[i] = *registry.OpenLease(id);
+  }
+  // One of three: a machine lost.
+  registry.CloseLease("w0", registration[0]);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
+  registry.Register(Info("w0"));
+  registration[0] = *registry.OpenLease("w0");
+  // All three at once: this coordinator is the one cut off. Held, not lost, and nothing new
+  // is placed there (unreachable).
+  for (int i = 0; i < 3; ++i) registry.CloseLease(absl::StrCat("w", i), registration[i]);
+  clock.Advance(absl::Seconds(1));
+  WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.lost, IsEmpty());
+  EXPECT_THAT(expiry.held, ElementsAre("w0", "w1", "w2"));
+  EXPECT_TRUE(registry.Find("w1")->unreachable());
+  EXPECT_EQ(registry.Find("w1")->info.state(), v1::READY);
+  clock.Advance(absl::Seconds(30));
+  expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.lost, IsEmpty());
+  EXPECT_THAT(expiry.held, IsEmpty());  // said once
+  // Two come back: the third is now a machine lost on its own.
+  ASSERT_TRUE(registry.OpenLease("w0").ok());
+  ASSERT_TRUE(registry.OpenLease("w1").ok());
+  expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.returned, ElementsAre("w0", "w1"));
+  EXPECT_THAT(expiry.lost, ElementsAre("w2"));
+  EXPECT_FALSE(registry.Find("w0")->unreachable());
+}
+
+TEST(WorkerRegistryTest, ALeaseThatRanOutWaitsWhileOtherStreamsAreClosing) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  std::vector<uint64_t> registration;
+  for (int i = 0; i < 5; ++i) {
+    registry.Register(Info(absl::StrCat("w", i)));
+    registration.push_back(*registry.OpenLease(absl::StrCat("w", i)));
+  }
+  registry.CloseLease("w0", registration[0]);
+  clock.Advance(absl::Milliseconds(300));
+  registry.CloseLease("w1", registration[1]);
+  clock.Advance(absl::Milliseconds(200));
+  // w0's lease ran out, but w1's stream is closing too: wait and see.
+  WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.lost, IsEmpty());
+  EXPECT_THAT(expiry.held, IsEmpty());
+  clock.Advance(absl::Milliseconds(300));
+  // Two of five: machines lost, not this coordinator cut off.
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0", "w1"));
+}
+
+TEST(WorkerRegistryTest, StreamsBreakingOneAfterAnotherAreAMassLoss) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  std::vector<uint64_t> registration;
+  for (int i = 0; i < 3; ++i) {
+    registry.Register(Info(absl::StrCat("w", i)));
+    registration.push_back(*registry.OpenLease(absl::StrCat("w", i)));
+  }
+  for (int i = 0; i < 3; ++i) {
+    registry.CloseLease(absl::StrCat("w", i), registration[i]);
+    clock.Advance(absl::Milliseconds(200));
+    WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+    EXPECT_THAT(expiry.lost, IsEmpty()) << i;
+  }
+  clock.Advance(absl::Seconds(1));
+  WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.lost, IsEmpty());
+  EXPECT_TRUE(registry.Find("w0")->unreachable());
+  EXPECT_TRUE(registry.Find("w2")->unreachable());
+}
+
+TEST(WorkerRegistryTest, AMassLossHeldTooLongIsALoss) {
+  FakeClock clock;
+  LeasePolicy policy = Timeout(absl::Seconds(10));
+  policy.mass_loss_hold = absl::Minutes(5);
+  WorkerRegistry registry(clock, policy);
+  registry.Register(Info("w0"));
+  registry.Register(Info("w1"));
+  clock.Advance(absl::Seconds(10));
+  EXPECT_THAT(registry.ExpireLeases().held, ElementsAre("w0", "w1"));
+  clock.Advance(absl::Minutes(5) - absl::Milliseconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0", "w1"));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -109,6 +110,11 @@ void Agent::Sleep(absl::Duration d, uint64_t seen) {
   }
 }
 
+absl::Duration Agent::SyncWait() {
+  absl::MutexLock lock(&mu_);
+  return lease_held_ ? options_.sync_wait : std::min(options_.sync_wait, kSyncLeaseWait);
+}
+
 absl::Time Agent::RpcDeadline(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return std::min(clock_.Now() + timeout, leave_by_);
@@ -183,6 +189,11 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   absl::MutexLock lock(&mu_);
   worker_id_ = response->worker_id().empty() ? options_.name : response->worker_id();
   known_version_ = 0;
+  // A new registration: the lease stream of the last one ends, and one for this one opens.
+  ++registrations_;
+  lease_held_ = false;
+  if (lease_call_ != nullptr) lease_call_->Cancel();
+  lease_cv_.SignalAll();
   LogInfo("registered as ", worker_id_, " with ", options_.slots, " slots, ", options_.gpus,
           " GPUs at ", options_.coordinator);
   return absl::OkStatus();
@@ -209,7 +220,9 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
   if (response->reregister()) return absl::NotFoundError("the coordinator asks to register again");
 
   std::vector<v1::Task> desired(response->tasks().begin(), response->tasks().end());
-  for (const v1::TaskStatus& change : reconciler_.Apply(desired)) {
+  const std::set<std::string> kill(response->kill_task_ids().begin(),
+                                   response->kill_task_ids().end());
+  for (const v1::TaskStatus& change : reconciler_.Apply(desired, kill)) {
     if (change.state() == v1::TASK_RUNNING) {
       shipper_.Track(change.task_id(), reconciler_.LogPath(change.task_id()));
     }
@@ -273,6 +286,78 @@ void Agent::SupervisorLoop() {
   } while (!threads_done_.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
 }
 
+void Agent::LeaseLoop() {
+  Backoff backoff(absl::Milliseconds(100), absl::Seconds(1));
+  while (true) {
+    v1::LeaseRequest request;
+    uint64_t registration;
+    {
+      absl::MutexLock lock(&mu_);
+      // Not before the first registration: a stream needs the worker's id.
+      while (!lease_done_ && registrations_ == 0) lease_cv_.Wait(&mu_);
+      if (lease_done_) return;
+      registration = registrations_;
+      request.set_worker_id(worker_id_);
+    }
+    CallCanceller canceller;
+    {
+      absl::MutexLock lock(&mu_);
+      if (lease_done_) return;
+      lease_call_ = &canceller;
+    }
+    CallLimits limits;
+    limits.wait_for_ready = true;
+    limits.canceller = &canceller;
+    absl::StatusOr<v1::LeaseResponse> ended =
+        link_->HoldLease(request, limits, [this, registration] {
+          absl::MutexLock lock(&mu_);
+          if (registrations_ == registration) lease_held_ = true;
+        });
+    bool renewed;  // registered again meanwhile
+    {
+      absl::MutexLock lock(&mu_);
+      lease_call_ = nullptr;
+      lease_held_ = false;
+      if (lease_done_) return;
+      renewed = registrations_ != registration;
+    }
+    if (absl::IsUnimplemented(ended.status())) {
+      LogInfo("the coordinator keeps leases by Sync: polling every ",
+              absl::FormatDuration(kSyncLeaseWait));
+      return;
+    }
+    if (renewed) {
+      backoff.Reset();
+      continue;
+    }
+    absl::Duration delay;
+    if (ended.ok()) {
+      // Refused: the coordinator no longer knows this registration. Sync hears the same and
+      // registers again, which starts the next stream.
+      delay = absl::Seconds(1);
+    } else {
+      delay = backoff.Next();
+      if (backoff.attempts() == 1) {
+        LogWarning("lease stream to the coordinator ended: ", ended.status().message(),
+                   "; opening another");
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    const absl::Time until = clock_.Now() + delay;
+    while (!lease_done_ && registrations_ == registration) {
+      if (clock_.WaitWithDeadline(lease_cv_, mu_, until)) break;
+    }
+    if (ended.ok() || registrations_ != registration) backoff.Reset();
+  }
+}
+
+void Agent::EndLease() {
+  absl::MutexLock lock(&mu_);
+  lease_done_ = true;
+  if (lease_call_ != nullptr) lease_call_->Cancel();
+  lease_cv_.SignalAll();
+}
+
 void Agent::ShipperLoop() {
   bool failing = false;
   do {
@@ -287,6 +372,7 @@ int Agent::Run() {
   if (leftovers > 0) LogInfo("killed ", leftovers, " trainers left over from an earlier run");
   std::thread supervisor([this] { SupervisorLoop(); });
   std::thread shipper([this] { ShipperLoop(); });
+  std::thread lease([this] { LeaseLoop(); });
 
   Backoff backoff;
   bool registered = false;
@@ -365,7 +451,7 @@ int Agent::Run() {
       }
     } else {
       status = stopping ? SyncOnce(kStoppingPoll, absl::Seconds(2), seen)
-                        : SyncOnce(options_.sync_wait, absl::Seconds(10), seen);
+                        : SyncOnce(SyncWait(), absl::Seconds(10), seen);
       if (absl::IsNotFound(status)) {
         LogWarning(status.message(), "; registering again");
         registered = false;
@@ -410,6 +496,8 @@ int Agent::Run() {
     }
     SyncOnce(absl::ZeroDuration(), absl::Seconds(2), seen).IgnoreError();
   }
+  EndLease();
+  lease.join();
   LogInfo("stopped");
   return 0;
 }

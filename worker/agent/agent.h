@@ -33,13 +33,20 @@ struct AgentOptions {
   std::string work_dir;  // absolute
   std::string trainer_path;
   absl::Duration stop_grace_period = absl::Seconds(10);  // plain stops: SIGTERM to SIGKILL
-  absl::Duration sync_wait = absl::Seconds(1);  // long-poll hold time, also the lease renewal
+  // Long-poll hold time while the lease stream holds (news answers a poll at once); without the
+  // stream (a coordinator that keeps leases by Sync), polls of at most kSyncLeaseWait renew it.
+  absl::Duration sync_wait = absl::Seconds(30);
   absl::Duration task_retention = absl::Hours(24);  // folders of ended tasks are kept this long
   std::map<std::string, std::string> trainer_env;   // ReconcilerOptions::trainer_env
 };
 
-// The worker agent: registers with the coordinator, keeps its lease alive with long-polling
-// Sync calls, hands the desired tasks to the Reconciler, reports task statuses (immediately and
+// While no lease stream holds, Syncs renew the lease and wait at most this long.
+inline constexpr absl::Duration kSyncLeaseWait = absl::Seconds(1);
+
+// The worker agent: registers with the coordinator, keeps its lease with a stream held open
+// (HoldLease: the coordinator's keepalive pings prove the link, with no call per beat; by
+// long-polling Sync calls of at most kSyncLeaseWait where the coordinator has no such stream),
+// hands the desired tasks to the Reconciler, reports task statuses (immediately and
 // in every Sync) and ships task logs. Survives coordinator outages (retries with backoff capped
 // at 2 s, keeps trainers running) and re-registers when the coordinator asks.
 //
@@ -101,6 +108,12 @@ class Agent {
   void Report(const v1::TaskStatus& status);
   void SupervisorLoop();
   void ShipperLoop();
+  // Holds the lease stream of each registration until EndLease, reopening it at once (then
+  // backing off up to 1 s) when it breaks.
+  void LeaseLoop();
+  void EndLease();
+  // How long the next long poll may wait (see AgentOptions::sync_wait).
+  absl::Duration SyncWait();
   // When an RPC started now with `timeout` must end: never after leave_by_.
   absl::Time RpcDeadline(absl::Duration timeout);
   // Wakes Run: a stop or preemption was requested.
@@ -132,6 +145,11 @@ class Agent {
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t known_version_ ABSL_GUARDED_BY(mu_) = 0;
   CallCanceller* active_call_ ABSL_GUARDED_BY(mu_) = nullptr;  // Register or Sync in flight
+  uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  bool lease_held_ ABSL_GUARDED_BY(mu_) = false;  // the coordinator took the lease stream
+  bool lease_done_ ABSL_GUARDED_BY(mu_) = false;  // EndLease was called
+  CallCanceller* lease_call_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::CondVar lease_cv_;
 };
 
 // MemTotal from /proc/meminfo in bytes; 0 if unknown.

@@ -34,6 +34,36 @@ class GrpcCoordinatorLink final : public CoordinatorLink {
                                                 const CallLimits& limits) override {
     return Call(&Stub::ShipLogs, request, limits);
   }
+  absl::StatusOr<v1::LeaseResponse> HoldLease(const v1::LeaseRequest& request,
+                                              const CallLimits& limits,
+                                              const std::function<void()>& held) override {
+    grpc::ClientContext context;
+    if (limits.deadline != absl::InfiniteFuture()) {
+      context.set_deadline(absl::ToChronoTime(limits.deadline));
+    }
+    context.set_wait_for_ready(limits.wait_for_ready);
+    if (limits.canceller != nullptr) {
+      limits.canceller->SetCancel([&context] { context.TryCancel(); });
+    }
+    std::unique_ptr<grpc::ClientReaderWriter<v1::LeaseRequest, v1::LeaseResponse>> stream =
+        stub_->HoldLease(&context);
+    v1::LeaseResponse answer;
+    bool answered = false;
+    if (stream->Write(request) && stream->Read(&answer)) {
+      answered = true;
+      if (!answer.reregister()) {
+        held();
+        v1::LeaseResponse more;
+        while (stream->Read(&more)) {
+        }
+      }
+    }
+    const grpc::Status status = stream->Finish();
+    if (limits.canceller != nullptr) limits.canceller->SetCancel(nullptr);
+    if (answered && answer.reregister()) return answer;
+    if (!status.ok()) return FromGrpcStatus(status);
+    return absl::UnavailableError("the coordinator ended the lease stream");
+  }
 
  private:
   using Stub = v1::AgentService::Stub;

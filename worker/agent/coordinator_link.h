@@ -71,6 +71,15 @@ class CoordinatorLink {
                                         const CallLimits& limits) = 0;
   virtual absl::StatusOr<v1::ShipLogsResponse> ShipLogs(const v1::ShipLogsRequest& request,
                                                         const CallLimits& limits) = 0;
+  // Opens the lease stream (AgentService.HoldLease) and calls `held` once the coordinator has
+  // taken the lease; then blocks until the stream ends, and returns the coordinator's answer
+  // (reregister when it refused the lease) or the error that ended it. UNIMPLEMENTED (the
+  // default) when the coordinator keeps leases by Sync only.
+  virtual absl::StatusOr<v1::LeaseResponse> HoldLease(const v1::LeaseRequest& request,
+                                                      const CallLimits& limits,
+                                                      const std::function<void()>& held) {
+    return absl::UnimplementedError("no lease stream");
+  }
 };
 
 // The link over a gRPC channel (TLS and credentials are the channel's). Deadlines are read as

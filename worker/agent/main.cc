@@ -85,9 +85,10 @@ ABSL_FLAG(std::string, preemption_notice_url, "",
           "endpoint that fails is logged once and otherwise ignored");
 ABSL_FLAG(absl::Duration, preemption_poll_interval, absl::Seconds(1),
           "how often --preemption_notice_url is polled");
-ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(1),
-          "how long each Sync long-poll is held by the coordinator; also the lease renewal "
-          "period");
+ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(30),
+          "how long each Sync long-poll is held by the coordinator when nothing changes (news "
+          "answers it at once); the lease is kept by a stream whose link the coordinator's "
+          "keepalive pings prove. With a coordinator that keeps leases by Sync, at most 1s.");
 // Several coordinators or agents on one machine (tests, `trainyard up`) cannot all have it.
 constexpr char kDefaultMetricsListen[] = "127.0.0.1:7072";
 ABSL_FLAG(std::string, metrics_listen, kDefaultMetricsListen,
@@ -214,6 +215,13 @@ int main(int argc, char** argv) {
   channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A connection that died unheard (the coordinator's host cut off, then back) is found by the
+  // agent's own pings within 10 s, rather than when a call times out: the lease stream and the
+  // long poll then move to a new one. The coordinator accepts pings this often
+  // (coordinator_server.cc).
+  channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  channel_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   trainyard::ClientCredentials credentials;
   auto env = [](const char* name) {
     const char* value = std::getenv(name);

@@ -114,7 +114,8 @@ int Reconciler::CleanUpLeftovers() {
   return killed;
 }
 
-std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desired) {
+std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desired,
+                                              const std::set<std::string>& kill) {
   std::vector<v1::TaskStatus> changes;
   absl::MutexLock lock(&mu_);
   if (stopping_all_) return changes;
@@ -125,7 +126,16 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
   for (auto it = records_.begin(); it != records_.end();) {
     Record& record = it->second;
     if (desired_ids.count(it->first) == 0) {
-      if (record.running && !record.undesired) {
+      if (record.running && !record.killed && kill.count(it->first) > 0) {
+        record.undesired = true;
+        if (record.stop_cause == StopCause::kNone) record.stop_cause = StopCause::kUndesired;
+        record.killed = true;
+        record.kill_at = now;
+        LogInfo("killing task ", it->first, " (pid ", record.status.pid(),
+                "): its attempt ended for a failure");
+        absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
+        if (!status.ok()) LogWarning("cannot kill task ", it->first, ": ", status.message());
+      } else if (record.running && !record.undesired) {
         record.undesired = true;
         if (record.stop_cause == StopCause::kNone) {
           Terminate(record, StopCause::kUndesired, now + options_.stop_grace_period);
@@ -414,6 +424,11 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     status.set_exit_code(e.exit.exit_code);
     status.set_signal(e.exit.signal);
     status.set_message(ExitMessage(e.task_id, e.exit, record));
+    int64_t last_step = -1;
+    const std::string step_text = std::string(absl::StripAsciiWhitespace(
+        ReadSmallFile(absl::StrCat(TaskDir(e.task_id), "/", kLastStepFile))));
+    if (!absl::SimpleAtoi(step_text, &last_step)) last_step = -1;
+    status.set_last_step(last_step);
     const char* why = "";
     switch (record.stop_cause) {
       case StopCause::kNone:

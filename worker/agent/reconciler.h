@@ -79,10 +79,14 @@ class Reconciler {
   // once no longer desired. Returns the statuses that changed (TASK_RUNNING,
   // TASK_FAILED_TO_START, or TASK_EXITED for a desired task lost in an earlier run of the agent).
   // Does nothing after StopAll or StopAllBy.
-  std::vector<v1::TaskStatus> Apply(const std::vector<v1::Task>& desired);
+  // A running task in `kill` (and not in `desired`) gets SIGKILL at once instead: the
+  // coordinator ended its attempt for a failure, and nothing it could save would be used.
+  std::vector<v1::TaskStatus> Apply(const std::vector<v1::Task>& desired,
+                                    const std::set<std::string>& kill = {});
 
   // Reaps trainers that ended and sends SIGKILL to those past their kill time. Returns the final
-  // statuses of the tasks that ended: TASK_STOPPED for a task stopped because it left the
+  // statuses of the tasks that ended, each with the last step its trainer wrote to its
+  // kLastStepFile (-1 without one): TASK_STOPPED for a task stopped because it left the
   // desired state (first), TASK_EXITED with the trainer's own exit code or signal otherwise,
   // including tasks asked to save by a stop deadline, StopAll or StopAllBy (a trainer that saved
   // after SIGTERM exits with 143). Non-blocking apart from the before_exit_reported hook. Calls

@@ -1,12 +1,15 @@
 // trainyard-trainer: runs one task (one rank of one attempt of a job). Started by the worker
 // agent in the task's own folder; see --help.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -134,6 +137,24 @@ std::function<void(int64_t, int64_t)> TestHold(const trainyard::v1::Task& task) 
   };
 }
 
+// Keeps kLastStepFile in the task folder at the last completed update: one pwrite of a fixed-width
+// line per update (the page cache only; nothing is synced), so that the agent can report the
+// rank's exact last step however the trainer ends, kill -9 included. Null when the file cannot
+// be opened (the report then says unknown).
+std::function<void(int64_t)> LastStepRecorder() {
+  const int fd = ::open(trainyard::kLastStepFile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    trainyard::LogWarning("cannot write ", trainyard::kLastStepFile, ": ", std::strerror(errno));
+    return nullptr;
+  }
+  // The process's lifetime: the descriptor closes when the trainer exits.
+  return [fd](int64_t step) {
+    char line[24];
+    const int n = std::snprintf(line, sizeof(line), "%-20lld\n", static_cast<long long>(step));
+    if (::pwrite(fd, line, n, 0) != n) return;  // best effort: the report falls back to progress
+  };
+}
+
 int ThreadCount(const trainyard::v1::Task& task) {
   const char* omp = std::getenv("OMP_NUM_THREADS");
   int n = 0;
@@ -233,6 +254,7 @@ int main(int argc, char** argv) {
   options.num_threads = ThreadCount(task);
   options.data = trainyard::trainer::DataOptions::FromEnvironment();
   options.before_step = TestHold(task);
+  options.after_step = LastStepRecorder();
   absl::StatusOr<trainyard::trainer::TrainResult> result;
   {
     StopWatchdog watchdog;
