@@ -38,6 +38,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     const std::string& address, const ClientCredentials& credentials,
     const grpc::ChannelArguments& args = grpc::ChannelArguments());
 
+// What the coordinator's long-lived clients (agents, trainers) need of a channel: a reconnect
+// backoff of at most 1 s (gRPC's default grows to two minutes: a coordinator back after a restart
+// or a cut would not be reached again for that long), and keepalive pings every 5 s, answered
+// within 5 s, so that a connection that died unheard (the coordinator's host cut off, then back) is
+// found and replaced rather than waited on by calls until their deadlines. The coordinator accepts
+// pings this often (coordinator_server.cc).
+grpc::ChannelArguments CoordinatorClientArguments();
+
 // The coordinator's side: TLS with its certificate, and client certificates verified against
 // client_ca_file when a client presents one (optional: tokens are the other way in).
 struct ServerTls {

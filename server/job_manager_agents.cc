@@ -228,6 +228,7 @@ absl::StatusOr<uint64_t> JobManager::OpenLease(absl::string_view worker_id) {
 
 void JobManager::CloseLease(absl::string_view worker_id, uint64_t registration) {
   absl::MutexLock lock(&mu_);
+  if (!shutdown_) LogInfo("worker ", worker_id, ": lease stream ended");
   workers_.CloseLease(worker_id, registration);
   // The tick finds the lease run out; within the grace, a new stream keeps it.
   RequestTickLocked();

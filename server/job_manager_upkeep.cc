@@ -128,10 +128,11 @@ void JobManager::ExpireWorkersLocked() {
   const WorkerRegistry::Expiry expiry = workers_.ExpireLeases();
   const std::vector<std::string>& lost = expiry.lost;
   if (!expiry.held.empty()) {
-    LogWarning("lost contact with ", expiry.held.size(), " workers at once (",
-               absl::StrJoin(expiry.held, ", "),
-               "): more likely this coordinator is cut off than they all failed; their jobs go "
-               "on, nothing new is placed there, and they count as lost only after ",
+    LogWarning("lost contact with ", absl::StrJoin(expiry.held, ", "), ": ", expiry.down, " of ",
+               expiry.live,
+               " workers unreachable at once, more likely this coordinator cut off than they all "
+               "failed; their jobs go on, nothing new is placed there, and they count as lost "
+               "only after ",
                absl::FormatDuration(options_.mass_loss_hold), " (--mass_loss_hold)");
   }
   if (!expiry.returned.empty()) {

@@ -29,6 +29,7 @@ const WorkerRecord& WorkerRegistry::Register(v1::Worker info) {
   record.lease_streams = 0;
   record.streamed = false;
   record.unreachable_since = absl::InfiniteFuture();
+  record.hold_ended = false;
   return record;
 }
 
@@ -69,6 +70,7 @@ absl::StatusOr<uint64_t> WorkerRegistry::OpenLease(absl::string_view id) {
   ++record.lease_streams;
   record.streamed = true;
   record.lease_expiry = absl::InfiniteFuture();
+  record.hold_ended = false;
   record.info.set_last_seen_unix_ms(absl::ToUnixMillis(clock_.Now()));
   return record.registration;
 }
@@ -98,7 +100,7 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
       expired.push_back(&record);
     } else {
       if (record.streamed && record.lease_streams == 0) ++closing;
-      if (record.unreachable()) {
+      if (record.unreachable() && !record.hold_ended) {
         record.unreachable_since = absl::InfiniteFuture();
         out.returned.push_back(id);
       }
@@ -109,6 +111,8 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
   // whether this is a mass loss.
   const int down = static_cast<int>(expired.size()) + closing;
   const bool mass_loss = down >= 2 && 2 * down > live;
+  out.down = down;
+  out.live = live;
   if (!mass_loss && closing > 0) {
     std::vector<WorkerRecord*> now_due;
     for (WorkerRecord* record : expired) {
@@ -125,8 +129,16 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
       }
       continue;
     }
+    if (!mass_loss && record->unreachable() && !record->hold_ended &&
+        now - record->unreachable_since < policy_.mass_loss_hold) {
+      // The others are back: the rest of the partition heals a moment apart.
+      record->hold_ended = true;
+      record->lease_expiry = now + policy_.timeout;
+      continue;
+    }
     record->info.set_state(v1::LOST);
     record->unreachable_since = absl::InfiniteFuture();
+    record->hold_ended = false;
     record->desired_version = ++next_version_;
     out.lost.push_back(record->info.id());
   }

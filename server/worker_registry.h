@@ -28,6 +28,9 @@ struct WorkerRecord {
   bool streamed = false;  // a lease stream was opened since it registered: streams keep its lease
   // Its lease ran out together with those of most workers: held, not LOST (see ExpireLeases).
   absl::Time unreachable_since = absl::InfiniteFuture();
+  // The mass loss it was held in is over (the others came back): it has one lease timeout more
+  // to come back too before it is LOST.
+  bool hold_ended = false;
   bool unreachable() const { return unreachable_since != absl::InfiniteFuture(); }
 };
 
@@ -77,11 +80,14 @@ class WorkerRegistry {
     std::vector<std::string> lost;      // marked LOST now
     std::vector<std::string> held;      // newly held unreachable by a mass loss
     std::vector<std::string> returned;  // held until now, and their lease holds again
+    int down = 0;                       // workers out of lease or with their stream closed, of
+    int live = 0;                       // the workers not LOST
   };
   // Marks every READY/DRAINING worker whose lease has run out as LOST, unless more than half of
   // the workers not LOST (at least two) are out of lease or have lost their stream at once:
-  // those out of lease are held unreachable instead, and LOST only once held for mass_loss_hold
-  // (or when the loss no longer is a mass loss: the others came back). While other streams are
+  // those out of lease are held unreachable instead, and LOST only once held for mass_loss_hold,
+  // or a lease timeout after the loss stopped being a mass loss (the others came back) if they
+  // have not come back too. While other streams are
   // closed but within their grace, a lease that ran out waits up to stream_grace more, to tell
   // a coordinator cut off (its connections break within a ping interval of each other) from one
   // machine lost.

@@ -83,16 +83,23 @@ class AgentTest : public ::testing::Test {
       absl::MutexLock lock(&mu_);
       signals_.push_back({signal, clock_.Now(), reports});
     });
-    AgentOptions options;
-    options.coordinator = "10.0.0.1:7070";
-    options.name = "w1";
-    options.address = "10.0.0.2";
-    options.slots = 2;
-    options.work_dir = dir_;
-    options.trainer_path = "/opt/trainyard/bin/trainyard-trainer";
-    options.stop_grace_period = absl::Seconds(10);
-    options.sync_wait = kSyncWait;
-    agent_ = std::make_unique<Agent>(options, std::move(link), std::move(launcher), clock_);
+    options_.coordinator = "10.0.0.1:7070";
+    options_.name = "w1";
+    options_.address = "10.0.0.2";
+    options_.slots = 2;
+    options_.work_dir = dir_;
+    options_.trainer_path = "/opt/trainyard/bin/trainyard-trainer";
+    options_.stop_grace_period = absl::Seconds(10);
+    options_.sync_wait = kSyncWait;
+    link_owned_ = std::move(link);
+    launcher_owned_ = std::move(launcher);
+    MakeAgent();
+  }
+
+  // The agent of options_, before Start: tests may change the options first.
+  void MakeAgent() {
+    agent_ = std::make_unique<Agent>(options_, std::move(link_owned_), std::move(launcher_owned_),
+                                     clock_);
   }
 
   void TearDown() override {
@@ -147,6 +154,9 @@ class AgentTest : public ::testing::Test {
 
   std::string dir_;
   FakeClock clock_;
+  AgentOptions options_;
+  std::unique_ptr<FakeCoordinatorLink> link_owned_;      // until MakeAgent
+  std::unique_ptr<FakeProcessLauncher> launcher_owned_;  // until MakeAgent
   FakeCoordinatorLink* link_ = nullptr;
   FakeProcessLauncher* launcher_ = nullptr;
   std::unique_ptr<Agent> agent_;
@@ -182,6 +192,58 @@ TEST_F(AgentTest, RegistersStartsTheDesiredTasksAndRenewsItsLeaseWithinTheSyncWa
   }
   EXPECT_GE(syncs, 20);
   EXPECT_TRUE(signals().empty());
+}
+
+TEST_F(AgentTest, HoldsALeaseStreamAndPollsWithTheLongWaitWhileItHolds) {
+  // SetUp's agent is replaced by one with the real default wait.
+  auto link = std::make_unique<FakeCoordinatorLink>(clock_);
+  auto launcher = std::make_unique<FakeProcessLauncher>();
+  link_ = link.get();
+  launcher_ = launcher.get();
+  link_owned_ = std::move(link);
+  launcher_owned_ = std::move(launcher);
+  options_.sync_wait = absl::Seconds(30);
+  MakeAgent();
+  link_->EnableLeases();
+  Start();
+  RunUntil([&] {
+    return link_->OpenLeases() == 1 && CountCalls(link_->calls(), "Sync") >= 3 &&
+           link_->calls().back().rpc == "Sync" && link_->calls().back().sync.wait_ms() == 30000;
+  });
+  Calls calls = link_->calls();
+  for (const FakeCoordinatorLink::Call& call : calls) {
+    if (call.rpc == "HoldLease") {
+      EXPECT_EQ(call.lease.worker_id(), "w1");
+    }
+    // Short polls renew the lease until the stream holds it; then the long wait.
+    if (call.rpc == "Sync") {
+      EXPECT_THAT(call.sync.wait_ms(), ::testing::AnyOf(1000, 30000));
+    }
+  }
+  // Registering again ends the stream and opens one for the new registration.
+  link_->ForgetWorker();
+  RunUntil([&] {
+    const Calls now = link_->calls();
+    return CountCalls(now, "RegisterWorker") == 2 && link_->OpenLeases() == 1 &&
+           now.back().rpc != "HoldLease";
+  });
+  calls = link_->calls();
+  int leases_after = 0;
+  bool registered_again = false;
+  for (const FakeCoordinatorLink::Call& call : calls) {
+    if (call.rpc == "RegisterWorker" && &call != &calls.front()) registered_again = true;
+    if (registered_again && call.rpc == "HoldLease" && call.ok) ++leases_after;
+  }
+  EXPECT_GE(leases_after, 1);
+}
+
+TEST_F(AgentTest, KillsTheTasksTheCoordinatorSaysToKillWithoutAskingThemToStop) {
+  StartWithATrainer();
+  link_->SetDesired({}, {"j1.g1.r0"});
+  RunUntil([&] { return Reported(link_->calls(), "j1.g1.r0", v1::TASK_STOPPED); });
+  ASSERT_FALSE(signals().empty());
+  EXPECT_EQ(signals().front().signal, SIGKILL);
+  EXPECT_FALSE(SignalledWith(SIGTERM));
 }
 
 TEST_F(AgentTest, RegistersAgainWithItsRunningTasksWhenTheCoordinatorHasForgottenIt) {

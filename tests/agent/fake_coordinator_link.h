@@ -21,13 +21,15 @@ namespace trainyard::testing {
 class FakeCoordinatorLink final : public CoordinatorLink {
  public:
   struct Call {
-    std::string rpc;  // RegisterWorker, Sync, ReportTaskStatus, ReportPreemption, ShipLogs
+    std::string rpc;  // RegisterWorker, Sync, ReportTaskStatus, ReportPreemption, HoldLease
     absl::Time at;
     bool ok = true;  // answered (not UNAVAILABLE or CANCELLED)
+    bool cancelled = false;
     v1::RegisterWorkerRequest registration;
     v1::SyncRequest sync;
     v1::ReportTaskStatusRequest report;
     v1::ReportPreemptionRequest preemption;
+    v1::LeaseRequest lease;
   };
 
   explicit FakeCoordinatorLink(const Clock& clock) : clock_(clock) {}
@@ -58,7 +60,51 @@ class FakeCoordinatorLink final : public CoordinatorLink {
     }
     response.set_version(version_);
     for (const v1::Task& task : desired_) *response.add_tasks() = task;
+    for (const std::string& id : kill_) response.add_kill_task_ids(id);
     return response;
+  }
+  // Off until EnableLeases (UNIMPLEMENTED, as from a coordinator that keeps leases by Sync).
+  // Held until the agent cancels it, the coordinator goes away or forgets the worker.
+  absl::StatusOr<v1::LeaseResponse> HoldLease(const v1::LeaseRequest& request,
+                                              const CallLimits& limits,
+                                              const std::function<void()>& held) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!leases_) return absl::UnimplementedError("no lease stream");
+    }
+    Call call = Begin("HoldLease", limits);
+    call.lease = request;
+    uint64_t epoch;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!call.ok) return Fail(std::move(call), limits);
+      calls_.push_back(std::move(call));
+      if (!registered_) {
+        v1::LeaseResponse refused;
+        refused.set_reregister(true);
+        return refused;
+      }
+      ++open_leases_;
+      epoch = lease_epoch_;
+    }
+    held();
+    bool cancelled = false;
+    if (limits.canceller != nullptr) {
+      limits.canceller->SetCancel([this, &cancelled] {
+        absl::MutexLock lock(&mu_);
+        cancelled = true;
+      });
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return cancelled || !available_ || lease_epoch_ != epoch;
+      };
+      mu_.Await(absl::Condition(&ended));
+      --open_leases_;
+    }
+    if (limits.canceller != nullptr) limits.canceller->SetCancel(nullptr);
+    return absl::UnavailableError("the lease stream ended");
   }
   absl::Status ReportTaskStatus(const v1::ReportTaskStatusRequest& request,
                                 const CallLimits& limits) override {
@@ -93,17 +139,28 @@ class FakeCoordinatorLink final : public CoordinatorLink {
     absl::MutexLock lock(&mu_);
     available_ = available;
   }
-  // The tasks the next Syncs answer, under a new version.
-  void SetDesired(std::vector<v1::Task> tasks) {
+  // The tasks the next Syncs answer, and those to kill at once, under a new version.
+  void SetDesired(std::vector<v1::Task> tasks, std::vector<std::string> kill = {}) {
     absl::MutexLock lock(&mu_);
     desired_ = std::move(tasks);
+    kill_ = std::move(kill);
     ++version_;
+  }
+  void EnableLeases() {
+    absl::MutexLock lock(&mu_);
+    leases_ = true;
+  }
+  // Lease streams held now.
+  int OpenLeases() const {
+    absl::MutexLock lock(&mu_);
+    return open_leases_;
   }
   // Forgets the worker, as a restarted coordinator that lost it would: Syncs answer reregister
   // until it registers again.
   void ForgetWorker() {
     absl::MutexLock lock(&mu_);
     registered_ = false;
+    ++lease_epoch_;  // and ends its lease streams
   }
   std::vector<Call> calls() const {
     absl::MutexLock lock(&mu_);
@@ -117,19 +174,21 @@ class FakeCoordinatorLink final : public CoordinatorLink {
   }
 
  private:
+  // The canceller's state is read without mu_ held: its own lock comes before mu_ (a lease
+  // stream's cancel callback takes mu_ under it).
   Call Begin(const std::string& rpc, const CallLimits& limits) {
     Call call;
     call.rpc = rpc;
     call.at = clock_.Now();
+    call.cancelled = limits.canceller != nullptr && limits.canceller->cancelled();
     absl::MutexLock lock(&mu_);
-    call.ok = available_ && (limits.canceller == nullptr || !limits.canceller->cancelled());
+    call.ok = available_ && !call.cancelled;
     return call;
   }
-  absl::Status Fail(Call call, const CallLimits& limits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  absl::Status Fail(Call call, const CallLimits&) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool cancelled = call.cancelled;
     calls_.push_back(std::move(call));
-    if (limits.canceller != nullptr && limits.canceller->cancelled()) {
-      return absl::CancelledError("cancelled");
-    }
+    if (cancelled) return absl::CancelledError("cancelled");
     return absl::UnavailableError("the coordinator is away");
   }
 
@@ -140,6 +199,10 @@ class FakeCoordinatorLink final : public CoordinatorLink {
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<v1::Task> desired_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> kill_ ABSL_GUARDED_BY(mu_);
+  bool leases_ ABSL_GUARDED_BY(mu_) = false;
+  int open_leases_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t lease_epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // How many of `calls` are of `rpc`.

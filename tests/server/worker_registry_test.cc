@@ -159,13 +159,41 @@ TEST(WorkerRegistryTest, MostWorkersOutOfLeaseAtOnceAreHeldNotLost) {
   expiry = registry.ExpireLeases();
   EXPECT_THAT(expiry.lost, IsEmpty());
   EXPECT_THAT(expiry.held, IsEmpty());  // said once
-  // Two come back: the third is now a machine lost on its own.
+  // Two come back: the third has a lease timeout to come back too (a partition heals a moment
+  // apart), and is LOST after that.
   ASSERT_TRUE(registry.OpenLease("w0").ok());
   ASSERT_TRUE(registry.OpenLease("w1").ok());
   expiry = registry.ExpireLeases();
   EXPECT_THAT(expiry.returned, ElementsAre("w0", "w1"));
-  EXPECT_THAT(expiry.lost, ElementsAre("w2"));
+  EXPECT_THAT(expiry.lost, IsEmpty());
   EXPECT_FALSE(registry.Find("w0")->unreachable());
+  EXPECT_TRUE(registry.Find("w2")->unreachable());
+  clock.Advance(absl::Seconds(10) - absl::Milliseconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w2"));
+}
+
+TEST(WorkerRegistryTest, OneHeldThatComesBackLateIsNotLost) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  std::vector<uint64_t> registration;
+  for (int i = 0; i < 3; ++i) {
+    registry.Register(Info(absl::StrCat("w", i)));
+    registration.push_back(*registry.OpenLease(absl::StrCat("w", i)));
+  }
+  for (int i = 0; i < 3; ++i) registry.CloseLease(absl::StrCat("w", i), registration[i]);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_THAT(registry.ExpireLeases().held, ElementsAre("w0", "w1", "w2"));
+  ASSERT_TRUE(registry.OpenLease("w0").ok());
+  ASSERT_TRUE(registry.OpenLease("w1").ok());
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  clock.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(registry.OpenLease("w2").ok());
+  WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.returned, ElementsAre("w2"));
+  EXPECT_THAT(expiry.lost, IsEmpty());
+  EXPECT_EQ(registry.Find("w2")->info.state(), v1::READY);
 }
 
 TEST(WorkerRegistryTest, ALeaseThatRanOutWaitsWhileOtherStreamsAreClosing) {

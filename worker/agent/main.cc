@@ -210,18 +210,9 @@ int main(int argc, char** argv) {
   }
   options.sync_wait = absl::GetFlag(FLAGS_sync_wait);
 
-  grpc::ChannelArguments channel_args;
-  // Reconnect quickly after a coordinator restart: the lease runs out in seconds.
-  channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // A connection that died unheard (the coordinator's host cut off, then back) is found by the
-  // agent's own pings within 10 s, rather than when a call times out: the lease stream and the
-  // long poll then move to a new one. The coordinator accepts pings this often
-  // (coordinator_server.cc).
-  channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
-  channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  channel_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Reconnects within a second, and finds a connection that died unheard by its own pings: the
+  // lease stream and the long poll then move to a new one.
+  grpc::ChannelArguments channel_args = trainyard::CoordinatorClientArguments();
   trainyard::ClientCredentials credentials;
   auto env = [](const char* name) {
     const char* value = std::getenv(name);

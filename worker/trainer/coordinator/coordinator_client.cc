@@ -53,7 +53,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     *request.mutable_progress() = progress;
     trainyard::v1::ReportProgressResponse response;
     grpc::ClientContext context;
-    SetDeadline(context);
+    Limit(context);
     return FromGrpc(stub_->ReportProgress(&context, request, &response), "ReportProgress");
   }
 
@@ -67,7 +67,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     request.set_save_started_unix_ms(absl::ToUnixMillis(save_started));
     trainyard::v1::CommitCheckpointResponse response;
     grpc::ClientContext context;
-    SetDeadline(context);
+    Limit(context);
     absl::Status status =
         FromGrpc(stub_->CommitCheckpoint(&context, request, &response), "CommitCheckpoint");
     if (!status.ok()) return status;
@@ -81,7 +81,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     request.set_uri(uri);
     trainyard::v1::ReportModelResponse response;
     grpc::ClientContext context;
-    SetDeadline(context);
+    Limit(context);
     return FromGrpc(stub_->ReportModel(&context, request, &response), "ReportModel");
   }
 
@@ -93,14 +93,20 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     request.set_message(message);
     trainyard::v1::ReportEventResponse response;
     grpc::ClientContext context;
-    SetDeadline(context);
+    Limit(context);
     return FromGrpc(stub_->ReportEvent(&context, request, &response), "ReportEvent");
   }
 
  private:
-  void SetDeadline(grpc::ClientContext& context) const {
+  // Each call waits for the channel to connect, up to its deadline, rather than failing at once
+  // while the channel is between attempts: a call in flight is also what drives a reconnection
+  // (without one, gRPC's client polls its connections only every few seconds, longer than an
+  // attempt may take, and a channel whose callers only fail fast may never reconnect after an
+  // outage).
+  void Limit(grpc::ClientContext& context) const {
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(rpc_timeout_));
+    context.set_wait_for_ready(true);
   }
 
   const std::unique_ptr<trainyard::v1::AgentService::Stub> stub_;

@@ -44,6 +44,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
                    trainyard::v1::RendezvousSetResponse response;
                    grpc::ClientContext context;
                    context.set_deadline(absl::ToChronoTime(clock.Now() + kRpcSlack));
+                   context.set_wait_for_ready(true);  // as coordinator_client.cc says
                    return FromGrpcStatus(stub_->RendezvousSet(&context, request, &response),
                                          absl::StrCat("rendezvous set ", key));
                  });
@@ -68,6 +69,7 @@ class GrpcRendezvousClient final : public RendezvousClient {
         trainyard::v1::RendezvousGetResponse response;
         grpc::ClientContext context;
         context.set_deadline(absl::ToChronoTime(clock.Now() + wait + kRpcSlack));
+        context.set_wait_for_ready(true);  // as coordinator_client.cc says
         absl::Status status = FromGrpcStatus(stub_->RendezvousGet(&context, request, &response),
                                              absl::StrCat("rendezvous get ", key));
         if (status.ok()) value = std::move(*response.mutable_value());
