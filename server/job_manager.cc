@@ -331,6 +331,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   const std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     snap.workers_by_state[record->info.state()]++;
+    if (record->info.state() != v1::LOST && record->unreachable()) snap.workers_unreachable++;
     if (record->info.state() == v1::READY && !record->unreachable()) {
       snap.slots_total += record->info.slots();
       snap.gpus_total += record->info.gpus();

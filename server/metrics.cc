@@ -318,6 +318,11 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
                   it == snap.workers_by_state.end() ? 0 : it->second);
     }
   }
+  FamilyBuilder(out, "trainyard_workers_unreachable",
+                "Workers held unreachable, not lost: most leases ended at once, so this coordinator "
+                "is likelier the one cut off; their jobs go on, nothing new is placed there.",
+                MetricType::Gauge)
+      .Add({}, snap.workers_unreachable);
   FamilyBuilder(out, "trainyard_gpus",
                 "GPUs of READY workers: free for the scheduler, or used by running tasks.",
                 MetricType::Gauge)

@@ -50,6 +50,8 @@ struct ClusterMetricsSnapshot {
   absl::Time now;
   std::map<trainyard::v1::JobState, int> jobs_by_state;
   std::map<trainyard::v1::WorkerState, int> workers_by_state;
+  // READY or DRAINING workers held unreachable by a mass loss (WorkerRegistry::ExpireLeases).
+  int workers_unreachable = 0;
   // Capacity of READY workers (the scheduler places nothing elsewhere), and what tasks hold on
   // every worker.
   int64_t slots_total = 0;

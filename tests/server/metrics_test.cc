@@ -155,6 +155,19 @@ TEST_F(MetricsTest, LostWorkerIsCounted) {
   EXPECT_EQ(Value(text, R"(trainyard_slots{state="free"})"), 0);
 }
 
+TEST_F(MetricsTest, WorkersHeldByAMassLossAreUnreachableNotLost) {
+  Register("w1", 1);
+  Register("w2", 1);
+  EXPECT_EQ(Value(Scrape(*metrics_), "trainyard_workers_unreachable"), 0);
+  clock_.Advance(absl::Seconds(11));  // both leases at once
+  manager_->Tick();
+  const std::string text = Scrape(*metrics_);
+  EXPECT_EQ(Value(text, "trainyard_workers_unreachable"), 2);
+  EXPECT_EQ(Value(text, "trainyard_workers_lost_total"), 0);
+  EXPECT_EQ(Value(text, R"(trainyard_workers{state="ready"})"), 2);
+  EXPECT_EQ(Value(text, R"(trainyard_slots{state="free"})"), 0);
+}
+
 TEST(CoordinatorMetricsTest, RestartsArePresentAtZeroAndCountedByReason) {
   CoordinatorMetrics metrics;
   std::string text = Scrape(metrics);
