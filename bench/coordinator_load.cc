@@ -9,7 +9,10 @@
 //     (--sync_wait) and finish every task they get at once (a stub trainer), while jobs are
 //     submitted at --rate per second. Prints how long idle long polls took past their wait (the
 //     Sync's own cost under load), the scheduling latency (submission acknowledged to the task in
-//     its agent's hands) and whether every lease held.
+//     its agent's hands) and whether every lease held. With --lease (the default, as the real
+//     agent does) each agent also holds a lease stream (HoldLease) whose connection the
+//     coordinator's keepalive pings prove; --connections sets how many connections the agents
+//     share (--connections=0: one each, as separate machines have).
 
 #include <grpcpp/grpcpp.h>
 
@@ -46,7 +49,9 @@ ABSL_FLAG(std::string, spec, "single",
 ABSL_FLAG(int, agents, 1000, "agents: simulated agents");
 ABSL_FLAG(int, seconds, 60, "agents: how long to run");
 ABSL_FLAG(double, rate, 20, "agents: jobs submitted per second while they run");
-ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(1), "agents: long-poll wait (the agent's)");
+ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(30), "agents: long-poll wait (the agent's)");
+ABSL_FLAG(bool, lease, true, "agents: hold a lease stream each, as the real agent does");
+ABSL_FLAG(int, connections, 8, "agents: connections they share; 0: one per agent");
 
 namespace {
 
@@ -138,11 +143,14 @@ int Agents() {
   const int agents = absl::GetFlag(FLAGS_agents);
   const absl::Duration wait = absl::GetFlag(FLAGS_sync_wait);
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
-  // A few channels shared by the agents (a thousand TCP connections would measure the kernel);
-  // each agent presents its own token with each call.
+  // Channels shared by the agents (by default a few: a thousand TCP connections also measure the
+  // kernel and this client); each agent presents its own token with each call.
   const std::string admin_token = AdminToken();
+  const bool lease = absl::GetFlag(FLAGS_lease);
+  const int connections =
+      absl::GetFlag(FLAGS_connections) > 0 ? absl::GetFlag(FLAGS_connections) : agents;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < 8; ++i) channels.push_back(Channel("", i));
+  for (int i = 0; i < connections; ++i) channels.push_back(Channel("", i));
   std::vector<std::string> tokens(agents);
   {
     auto admin = v1::AdminService::NewStub(Channel(admin_token, 100));
@@ -187,13 +195,32 @@ int Agents() {
         errors++;
         return;
       }
+      // The lease stream, held on a thread of its own until the end.
+      grpc::ClientContext lease_context;
+      std::thread lease_thread;
+      if (lease) {
+        lease_context.AddMetadata("authorization", tokens[a]);
+        lease_thread = std::thread([&] {
+          auto stream = stub->HoldLease(&lease_context);
+          v1::LeaseRequest first;
+          first.set_worker_id(name);
+          v1::LeaseResponse answer;
+          if (!stream->Write(first) || !stream->Read(&answer) || answer.reregister()) errors++;
+          while (stream->Read(&answer)) {
+          }
+          stream->Finish();
+        });
+      }
       uint64_t known = 0;
       std::map<std::string, bool> done;
       while (absl::Now() < end) {
         v1::SyncRequest request;
         request.set_worker_id(name);
         request.set_known_version(known);
-        request.set_wait_ms(absl::ToInt64Milliseconds(wait));
+        // Never past the end: a long poll would hold the run up to its wait.
+        const absl::Duration this_wait =
+            std::min(wait, std::max(absl::ZeroDuration(), end - absl::Now()));
+        request.set_wait_ms(absl::ToInt64Milliseconds(this_wait));
         grpc::ClientContext context;
         context.AddMetadata("authorization", tokens[a]);
         context.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(30)));
@@ -215,7 +242,7 @@ int Agents() {
         {
           absl::MutexLock lock(&mu);
           // A long poll that had nothing to tell: how long past its wait it took to answer.
-          if (!news) overshoot_ms.push_back(absl::ToDoubleMilliseconds(got - sent - wait));
+          if (!news) overshoot_ms.push_back(absl::ToDoubleMilliseconds(got - sent - this_wait));
           syncs++;
           for (const v1::Task& task : response.tasks()) {
             auto it = submitted.find(task.job_id());
@@ -241,6 +268,10 @@ int Agents() {
           }
           finished++;
         }
+      }
+      if (lease) {
+        lease_context.TryCancel();
+        lease_thread.join();
       }
     });
   }

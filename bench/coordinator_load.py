@@ -1,5 +1,6 @@
 """The coordinator under load: durable submissions from 8 clients as the queue grows to 10,000,
-its idle cost with 10,000 queued, and 1,000 simulated agents with jobs flowing through them.
+its idle cost with 10,000 queued, the idle cost of 1,000 simulated agents holding their leases
+(each on a connection of its own), and 1,000 simulated agents with jobs flowing through them.
 
     python3 bench/coordinator_load.py BUILD_DIR [JOBS] [AGENTS] [SECONDS]
 
@@ -79,14 +80,31 @@ def main():
             rss = next(line.split()[1] for line in f if line.startswith("VmRSS"))
         print(f"idle with {jobs} queued: {idle * 100:.2f} % of a core, resident {int(rss) // 1024} MiB")
 
-    print(f"\n## {agents} simulated agents (1 slot each, Sync long poll 1 s), jobs at 20/s, "
-          f"{jobs} unplaceable jobs queued")
+    print(f"\n## {agents} idle agents, each on its own connection with a lease stream and a "
+          f"30 s Sync long poll (the real agent's), no jobs")
+    with Coordinator(build) as c:
+        out = subprocess.Popen([os.path.join(build, "bin", "coordinator_load"), "agents",
+                                f"--coordinator={c.address}", c.token_flag, f"--agents={agents}",
+                                f"--seconds={seconds + 20}", "--rate=0", "--connections=0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(15)  # every agent registered and holding its lease
+        before = cpu_seconds(c.proc.pid)
+        time.sleep(seconds)
+        idle = (cpu_seconds(c.proc.pid) - before) / seconds
+        stdout, stderr = out.communicate()
+        sys.stderr.write(stderr)
+        print(stdout, end="")
+        print(f"coordinator CPU, idle: {idle * 100:.2f} % of a core")
+
+    print(f"\n## {agents} simulated agents (1 slot each, Sync long poll 1 s, as agents polled "
+          f"before lease streams), jobs at 20/s, {jobs} unplaceable jobs queued")
     with Coordinator(build) as c:
         load(build, "submit", f"--coordinator={c.address}", c.token_flag, "--threads=8", f"--jobs={jobs}",
              "--window=100000", "--spec=gpu")
         before = cpu_seconds(c.proc.pid)
         print(load(build, "agents", f"--coordinator={c.address}", c.token_flag, f"--agents={agents}",
-                   f"--seconds={seconds}", "--rate=20"), end="")
+                   f"--seconds={seconds}", "--rate=20", "--sync_wait=1s", "--lease=false"),
+              end="")
         print(f"coordinator CPU: {(cpu_seconds(c.proc.pid) - before) / seconds * 100:.0f} % of a "
               f"core")
 

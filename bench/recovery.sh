@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Time to recover on loopback: a coordinator and three workers with the default settings
-# (--worker_timeout 10s, --restart_backoff 1s), a 2-rank data-parallel job, and
+# (leases kept by streams that 500 ms keepalive pings prove, --restart_backoff 1s), a 2-rank
+# data-parallel job, and
 #   1. kill -9 of the agent and trainer of rank 1's machine (a machine that vanishes),
 #   2. SIGTERM to the agent of rank 0's machine (a spot preemption notice).
 # Prints one markdown row per restart with the coordinator's own record of it (describe -o json).

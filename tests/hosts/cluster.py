@@ -232,6 +232,13 @@ class HostCluster:
         self._until(lambda: self.cli(["workers"], check=False)[1].count("READY") >= n, 60,
                     "%d workers were not READY" % n)
 
+    def wait_idle(self, timeout=60):
+        """Until every worker runs nothing (cancelled jobs' trainers gone)."""
+        def idle():
+            workers = json.loads(self.cli(["workers", "-o", "json"])[1]).get("workers", [])
+            return all(int(w.get("slotsUsed", 0)) == 0 for w in workers)
+        self._until(idle, timeout, "the workers did not come free")
+
     def worker_of(self, job, rank=0):
         for t in job.get("tasks", []):
             if t.get("rank", 0) == rank and t.get("generation") == job.get("generation") and \
@@ -252,6 +259,30 @@ class HostCluster:
         if done.returncode != 0:
             raise ClusterError("s3 get %s: %s" % (key, done.stderr.decode(errors="replace")))
         return done.stdout
+
+    def s3_list(self, prefix):
+        """The keys of the checkpoint bucket under `prefix`, listed with botocore."""
+        code = ("import sys, botocore.session as s\n"
+                "c = s.get_session().create_client('s3', endpoint_url=sys.argv[1], "
+                "region_name='us-east-1', aws_access_key_id='S3RVER', "
+                "aws_secret_access_key='S3RVER')\n"
+                "for page in c.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[2], "
+                "Prefix=sys.argv[3]):\n"
+                "    for o in page.get('Contents', []): print(o['Key'])\n")
+        done = self.bed.run(self.coordinator, ["/usr/bin/python3", "-c", code, self.s3_endpoint,
+                                               self.bucket, prefix], capture_output=True)
+        if done.returncode != 0:
+            raise ClusterError("s3 list %s: %s" % (prefix, done.stderr.decode(errors="replace")))
+        return done.stdout.decode().split()
+
+    def last_step(self, host, task_id):
+        """The last update a trainer completed, from its own file on its host's disk (readable
+        when the coordinator is not); -1 without one."""
+        try:
+            with open(self.path("work", host, "tasks", task_id, "last-step")) as f:
+                return int(f.read().strip() or -1)
+        except (FileNotFoundError, ValueError):
+            return -1
 
     @staticmethod
     def _until(predicate, timeout, what):

@@ -11,10 +11,8 @@ Needs root, as CI runs: without network namespaces it fails, saying why.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -11,6 +11,14 @@ each on a host of its own, over TLS and tokens as the operations guide sets them
   ends bit for bit where the uninterrupted job ended; the preemption loses no step.
 - s3rver's host cut off for 10 s mid-run: training goes on, due checkpoints are skipped rather
   than waited for, every committed checkpoint is whole, and the job ends bit for bit.
+- The coordinator's host cut off from every worker for 30 s: training goes on, progress and
+  checkpoints catch up after the heal, nothing restarts (a mass loss is held, not acted on).
+- A worker host partitioned from the coordinator (it still reaches its peers) and a worker host
+  frozen for 20 s: the attempt is fenced and restarts elsewhere, the old rank is killed when its
+  agent comes back and writes nothing, and the host is used again.
+- A 500 ms cut of a worker host's link and 1 % loss on the ranks' links: no restart (steps/s
+  against the clean link printed).
+- Every restart records the exact last step the ranks completed.
 
 Needs root (namespaces) and s3rver (scripts/install-deps.sh); fails saying so without them.
 
@@ -151,7 +159,30 @@ class MultiHostTest(unittest.TestCase):
                 self.assertEqual(self.model_of(job), self.reference[name],
                                  "%s: the model differs from the loopback run's" % name)
 
-    def fault_and_recover(self, name, fault, reasons):
+    def tearDown(self):
+        """Whatever a test left (a failure midway), the next one starts from a whole cluster:
+        every host healed and thawed, every agent running, no job left running. A failed test
+        shows the logs first."""
+        outcome = getattr(self, "_outcome", None)
+        result = getattr(outcome, "result", None)
+        if result is not None and any(test is self for test, _ in result.failures + result.errors):
+            self.dump()
+        for host in self.cluster.workers + [self.cluster.coordinator]:
+            self.bed.thaw(host)
+            self.bed.heal(host)
+        for name in os.listdir(self.cluster.hold_dir):
+            self.cluster.release(name)
+        listed = json.loads(self.cluster.cli(["jobs", "-o", "json"])[1]).get("jobs", [])
+        for job in listed:
+            if job["state"] in ("PENDING", "SCHEDULED", "RUNNING", "RESTARTING"):
+                self.cluster.cli(["cancel", job["id"]], check=False)
+        for host in self.cluster.workers:
+            if self.cluster.procs[host].poll() is not None:
+                self.cluster.start_worker(host)
+        self.cluster.wait_workers(3)
+        self.cluster.wait_idle()
+
+    def fault_and_recover(self, name, fault, reasons, exact_step=True):
         """Holds a data-parallel job HELD_AFTER updates in, applies `fault` to the host of its
         rank 0, and checks it restarts on the spare host for one of `reasons`, succeeds, and
         ends bit for bit as without the fault. Returns the job once recovered, and the host."""
@@ -162,6 +193,7 @@ class MultiHostTest(unittest.TestCase):
             int(j.get("progress", {}).get("step", 0)) >= HELD_AFTER and
             int(j.get("committedStep", 0)) >= 20, timeout=120, what="held at its step")
         victim = self.cluster.worker_of(held)
+        fault_at = time.time()
         fault(victim)
         recovered = self.cluster.wait(
             job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
@@ -173,14 +205,33 @@ class MultiHostTest(unittest.TestCase):
         self.assertNotIn(victim, self.workers_of(done))
         self.assertGreater(restart.get("recoverySeconds", 0), 0, restart)  # the time split
         self.assertEqual(self.model_of(done), self.reference["dp"])
-        print("  %s: %s, detection %.1f s, then %.1f s to the first step (scheduling %.1f, start "
-              "%.1f, rendezvous %.1f, checkpoint load %.1f, first step %.1f), steps lost %s" % (
-                  name, restart["reason"], restart.get("detectionSeconds", 0),
-                  restart.get("recoverySeconds", 0), restart.get("schedulingSeconds", 0),
+        # Exact: the ranks completed HELD_AFTER updates (held before the next), whatever the
+        # last progress report said (a preemption's ranks go on to the step they agree on); the
+        # steps lost count from there.
+        if exact_step:
+            self.assertEqual(int(restart.get("lastStep", 0)), HELD_AFTER, restart)
+        self.assertEqual(int(restart.get("stepsLost", 0)),
+                         max(0, int(restart.get("lastStep", 0)) -
+                             int(restart.get("resumedStep", 0))), restart)
+        first_step = int(restart["detectedUnixMs"]) / 1000 + restart.get("recoverySeconds", 0)
+        print("  %s: %s, %.1f s from the fault to the first step elsewhere; the coordinator's "
+              "split: detection %.1f s, then scheduling %.1f, start %.1f, rendezvous %.1f, "
+              "checkpoint load %.1f, first step %.1f; steps lost %s" % (
+                  name, restart["reason"], first_step - fault_at,
+                  restart.get("detectionSeconds", 0), restart.get("schedulingSeconds", 0),
                   restart.get("startSeconds", 0), restart.get("rendezvousSeconds", 0),
                   restart.get("checkpointLoadSeconds", 0), restart.get("firstStepSeconds", 0),
                   restart.get("stepsLost", 0)), flush=True)
-        return recovered, victim
+        return recovered, victim, restart
+
+    def assert_only_committed_folders(self, job_id):
+        """Every step folder in the store is one the coordinator committed: nothing was written
+        by an attempt after it was fenced."""
+        listed = json.loads(self.cluster.cli(["checkpoints", job_id, "-o", "json"])[1])
+        committed = {c["uri"].rstrip("/").rsplit("/", 1)[1] for c in listed["checkpoints"]}
+        folders = {key.split("/")[2] for key in self.cluster.s3_list("runs/%s/" % job_id)}
+        stray = {f for f in folders if f.startswith("step-")} - committed
+        self.assertEqual(stray, set(), "step folders no commit names")
 
     def restore(self, host):
         self.bed.heal(host)
@@ -190,20 +241,23 @@ class MultiHostTest(unittest.TestCase):
         self.cluster.wait_workers(3)
 
     def test_2_a_killed_worker_host(self):
-        # The peer's reset (INFRASTRUCTURE: a lost peer) or the lease (WORKER_LOST), first wins.
-        _, victim = self.fault_and_recover("killed", self.bed.kill,
-                                           ("WORKER_LOST", "INFRASTRUCTURE"))
+        # The agent's lease stream breaks with its host's reset: lost without waiting out a lease.
+        _, victim, restart = self.fault_and_recover("killed", self.bed.kill, ("WORKER_LOST",))
+        self.assertIn("its connection broke", restart["message"])
         self.restore(victim)
 
     def test_3_a_worker_host_cut_off(self):
-        _, victim = self.fault_and_recover("cut", self.bed.cut, ("WORKER_LOST", "INFRASTRUCTURE"))
+        # Nobody hears anything: the coordinator's keepalive pings go unanswered.
+        _, victim, restart = self.fault_and_recover("cut", self.bed.cut, ("WORKER_LOST",))
+        self.assertIn("its connection broke", restart["message"])
         self.restore(victim)
 
     def test_4_a_preemption_notice_loses_no_step(self):
         def preempt(host):
             self.cluster.procs[host].send_signal(15)
 
-        recovered, victim = self.fault_and_recover("preempted", preempt, ("PREEMPTED",))
+        recovered, victim, _ = self.fault_and_recover("preempted", preempt, ("PREEMPTED",),
+                                                      exact_step=False)
         restart = [r for r in recovered["restarts"] if r.get("recovered")][0]
         self.assertEqual(int(restart.get("stepsLost", 0)), 0, restart)
         self.restore(victim)
@@ -245,6 +299,175 @@ class MultiHostTest(unittest.TestCase):
                 self.assertEqual(hashlib.sha256(data).hexdigest(), obj["sha256"], obj["name"])
         print("  s3 cut: 30 updates in %.1f s while unreachable; %d checkpoints committed, whole" %
               (trained, len(listed["checkpoints"])), flush=True)
+
+    def held_job(self, name):
+        self.cluster.hold(name, HELD_AFTER)
+        job_id = self.cluster.submit(spec(name, *CASES["dp"]))
+        job = self.cluster.wait(
+            job_id, lambda j: j["state"] == "RUNNING" and
+            int(j.get("progress", {}).get("step", 0)) >= HELD_AFTER and
+            int(j.get("committedStep", 0)) >= 20, timeout=120, what="held at its step")
+        return job_id, job
+
+    def test_6_the_coordinator_cut_off_restarts_nothing(self):
+        """The coordinator's host cut off from everyone for 30 s: the ranks train on (steps need
+        no coordinator), progress and checkpoints catch up after the heal, no job restarts."""
+        name = "coordcut"
+        job_id, job = self.held_job(name)
+        ranks = [(t["workerId"], t["taskId"]) for t in job["tasks"]
+                 if t.get("generation") == job["generation"]]
+        self.bed.cut("coord")
+        cut_at = time.monotonic()
+        self.cluster.hold(name, 2 * HELD_AFTER)
+        # Training goes on: each rank's own last-step file, on its host's disk, says so.
+        deadline = time.monotonic() + 25
+        while min(self.cluster.last_step(h, t) for h, t in ranks) < 2 * HELD_AFTER:
+            self.assertLess(time.monotonic(), deadline, "the ranks stopped training: %s" %
+                            [self.cluster.last_step(h, t) for h, t in ranks])
+            time.sleep(0.1)
+        trained = time.monotonic() - cut_at
+        while time.monotonic() - cut_at < 30:
+            time.sleep(0.2)
+        self.bed.heal("coord")
+        healed_at = time.monotonic()
+        # A checkpoint taken while the coordinator was away commits once it is back (later ones
+        # due while that commit was retried were skipped, as with a slow store).
+        before = int(job.get("committedStep", 0))
+        self.cluster.wait(job_id, lambda j: int(j.get("progress", {}).get("step", 0)) >=
+                          2 * HELD_AFTER, timeout=90, what="progress caught up")
+        progress_back = time.monotonic() - healed_at
+        caught_up = self.cluster.wait(job_id, lambda j: int(j.get("committedStep", 0)) > before,
+                                      timeout=90, what="checkpoints caught up")
+        commit_back = time.monotonic() - healed_at
+        self.assertEqual(caught_up.get("restarts", []), [], caught_up.get("restarts"))
+        self.assertEqual(caught_up["generation"], job["generation"])
+        self.cluster.wait_workers(3)
+        workers_back = time.monotonic() - healed_at
+        self.cluster.release(name)
+        done = self.run_to_success(job_id)
+        self.assertEqual(done.get("restarts", []), [])
+        self.assertEqual(self.model_of(done), self.reference["dp"])
+        log = open(self.cluster.path("coordinator.log"), errors="replace").read()
+        self.assertIn("3 of 3 workers unreachable at once", log)
+        print("  coordinator cut 30 s: %d updates in %.1f s meanwhile; after the heal, progress "
+              "in %.1f s, a commit in %.1f s, every worker READY in %.1f s; no restart" % (
+                  HELD_AFTER, trained, progress_back, commit_back, workers_back), flush=True)
+
+    def test_7_a_worker_host_partitioned_from_the_coordinator(self):
+        """One worker host cannot reach the coordinator but still reaches its peers: the
+        coordinator fences the attempt and restarts it elsewhere; the host's rank writes
+        nothing; healed, the agent registers again and is used again."""
+        name = "partition"
+        job_id, job = self.held_job(name)
+        victim = self.cluster.worker_of(job)
+        self.bed.partition("coord", victim)
+        recovered = self.cluster.wait(
+            job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
+            timeout=120, what="recovered")
+        self.assertNotIn(victim, self.workers_of(recovered))
+        old_rank = "%s.g%s.r0" % (job_id, job["generation"])
+        self.assertEqual(self.cluster.last_step(victim, old_rank), HELD_AFTER)
+        self.bed.heal(victim)
+        self.cluster.wait_workers(3)
+        # Back from LOST, its agent was told to kill the rank of the fenced attempt.
+        ended = self.cluster.wait(
+            job_id, lambda j: any(t["taskId"] == old_rank and t.get("state") in
+                                  ("TASK_STOPPED", "TASK_EXITED") for t in j["tasks"]),
+            timeout=60, what="the fenced rank ended")
+        self.assertEqual([t.get("signal") for t in ended["tasks"] if t["taskId"] == old_rank],
+                         [9])
+        self.cluster.release(name)
+        done = self.run_to_success(job_id)
+        self.assertEqual(self.model_of(done), self.reference["dp"])
+        # Nothing of the fenced attempt was committed after the next one started.
+        started = int(done["restarts"][0]["detectedUnixMs"])
+        listed = json.loads(self.cluster.cli(["checkpoints", job_id, "-o", "json"])[1])
+        for checkpoint in listed["checkpoints"]:
+            if int(checkpoint.get("generation", 0)) == int(job["generation"]):
+                self.assertLess(int(checkpoint["createdUnixMs"]), started, checkpoint)
+        self.assert_only_committed_folders(job_id)
+        # And it is used again: a job of three ranks needs it.
+        again = self.run_to_success(self.cluster.submit(
+            spec("after-partition", *CASES["dp"]).replace("workers: 2", "workers: 6")
+            .replace("batch_size: 64", "batch_size: 96")))
+        self.assertIn(victim, self.workers_of(again))
+
+    def test_8_a_frozen_worker_host(self):
+        """Every process of a worker host stopped (SIGSTOP) for 20 s: the job restarts
+        elsewhere; thawed, the host's old rank ends without writing anything."""
+        name = "frozen"
+        _, victim, restart = self.fault_and_recover_frozen(name)
+        self.assertIn("its connection broke", restart["message"])
+
+    def fault_and_recover_frozen(self, name):
+        job_id, job = self.held_job(name)
+        victim = self.cluster.worker_of(job)
+        frozen_at = time.monotonic()
+        self.bed.freeze(victim)
+        try:
+            recovered = self.cluster.wait(
+                job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
+                timeout=120, what="recovered")
+            self.assertNotIn(victim, self.workers_of(recovered))
+            while time.monotonic() - frozen_at < 20:
+                time.sleep(0.2)
+        finally:
+            self.bed.thaw(victim)
+        old_rank = "%s.g%s.r0" % (job_id, job["generation"])
+        ended = self.cluster.wait(
+            job_id, lambda j: any(t["taskId"] == old_rank and t.get("state") in
+                                  ("TASK_STOPPED", "TASK_EXITED") for t in j["tasks"]),
+            timeout=60, what="the thawed rank ended")
+        self.assertEqual([t.get("signal") for t in ended["tasks"] if t["taskId"] == old_rank],
+                         [9])
+        self.cluster.release(name)
+        done = self.run_to_success(job_id)
+        self.assertEqual(self.model_of(done), self.reference["dp"])
+        self.assert_only_committed_folders(job_id)
+        self.cluster.wait_workers(3)
+        return done, victim, done["restarts"][0]
+
+    def test_9_a_blip_and_a_lossy_link_restart_nothing(self):
+        """A 500 ms cut of a rank's host, then 1 % loss on both ranks' links for 20 s: no
+        restart, no worker lost; steps/s against the clean link. (Delay and jitter need a kernel
+        with netem, which this one may lack: see hosts.py.)"""
+        name = "lossy"
+        self.cluster.hold(name, 20)
+        job_id = self.cluster.submit(spec(name, *CASES["dp"]).replace("max_steps: 120",
+                                                                        "max_steps: 1000000"))
+        job = self.cluster.wait(job_id, lambda j: j["state"] == "RUNNING" and
+                                int(j.get("progress", {}).get("step", 0)) >= 20, timeout=120,
+                                what="held at its step")
+        ranks = [(t["workerId"], t["taskId"]) for t in job["tasks"]
+                 if t.get("generation") == job["generation"]]
+        self.cluster.release(name)
+
+        def steps_per_second(seconds):
+            first = min(self.cluster.last_step(h, t) for h, t in ranks)
+            started = time.monotonic()
+            while time.monotonic() - started < seconds:
+                time.sleep(0.1)
+            return (min(self.cluster.last_step(h, t) for h, t in ranks) - first) / seconds
+
+        clean = steps_per_second(5)
+        victim = ranks[0][0]
+        self.bed.cut(victim)
+        time.sleep(0.5)
+        self.bed.heal(victim)
+        after_blip = steps_per_second(5)
+        for host in {h for h, _ in ranks}:
+            self.bed.loss(host, 1)
+        lossy = steps_per_second(20)
+        for host in {h for h, _ in ranks}:
+            self.bed.heal(host)
+        job = self.cluster.job(job_id)
+        self.assertEqual(job["state"], "RUNNING", job.get("reason"))
+        self.assertEqual(job.get("restarts", []), [])
+        workers = json.loads(self.cluster.cli(["workers", "-o", "json"])[1])["workers"]
+        self.assertEqual(sorted(w["state"] for w in workers), ["READY"] * 3)
+        self.assertGreater(lossy, 0)
+        print("  steps/s: clean link %.1f, after a 500 ms cut %.1f, with 1 %% loss %.1f (%.2fx); "
+              "no restart" % (clean, after_blip, lossy, lossy / clean), flush=True)
 
 
 if __name__ == "__main__":
