@@ -246,34 +246,30 @@ class HostCluster:
                 return t.get("workerId")
         return None
 
-    def s3_get(self, key):
-        """An object of the checkpoint bucket, read with botocore from the coordinator's host."""
+    def _s3(self, body, *args):
+        """Runs `body` (Python, with `c` a botocore S3 client of s3rver) on the coordinator's
+        host with `args` after the endpoint: its stdout, as bytes."""
         code = ("import sys, botocore.session as s\n"
                 "c = s.get_session().create_client('s3', endpoint_url=sys.argv[1], "
                 "region_name='us-east-1', aws_access_key_id='S3RVER', "
-                "aws_secret_access_key='S3RVER')\n"
-                "sys.stdout.buffer.write(c.get_object(Bucket=sys.argv[2], Key=sys.argv[3])"
-                "['Body'].read())\n")
-        done = self.bed.run(self.coordinator, ["/usr/bin/python3", "-c", code, self.s3_endpoint,
-                                               self.bucket, key], capture_output=True)
+                "aws_secret_access_key='S3RVER')\n" + body)
+        done = self.bed.run(self.coordinator, ["/usr/bin/python3", "-c", code, self.s3_endpoint] +
+                            list(args), capture_output=True)
         if done.returncode != 0:
-            raise ClusterError("s3 get %s: %s" % (key, done.stderr.decode(errors="replace")))
+            raise ClusterError("s3 %s: %s" % (" ".join(args), done.stderr.decode(errors="replace")))
         return done.stdout
+
+    def s3_get(self, key):
+        """An object of the checkpoint bucket, read with botocore from the coordinator's host."""
+        return self._s3("sys.stdout.buffer.write(c.get_object(Bucket=sys.argv[2], "
+                        "Key=sys.argv[3])['Body'].read())\n", self.bucket, key)
 
     def s3_list(self, prefix):
         """The keys of the checkpoint bucket under `prefix`, listed with botocore."""
-        code = ("import sys, botocore.session as s\n"
-                "c = s.get_session().create_client('s3', endpoint_url=sys.argv[1], "
-                "region_name='us-east-1', aws_access_key_id='S3RVER', "
-                "aws_secret_access_key='S3RVER')\n"
-                "for page in c.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[2], "
-                "Prefix=sys.argv[3]):\n"
-                "    for o in page.get('Contents', []): print(o['Key'])\n")
-        done = self.bed.run(self.coordinator, ["/usr/bin/python3", "-c", code, self.s3_endpoint,
-                                               self.bucket, prefix], capture_output=True)
-        if done.returncode != 0:
-            raise ClusterError("s3 list %s: %s" % (prefix, done.stderr.decode(errors="replace")))
-        return done.stdout.decode().split()
+        return self._s3("for page in c.get_paginator('list_objects_v2').paginate("
+                        "Bucket=sys.argv[2], Prefix=sys.argv[3]):\n"
+                        "    for o in page.get('Contents', []): print(o['Key'])\n",
+                        self.bucket, prefix).decode().split()
 
     def last_step(self, host, task_id):
         """The last update a trainer completed, from its own file on its host's disk (readable

@@ -38,13 +38,7 @@ class GrpcCoordinatorLink final : public CoordinatorLink {
                                               const CallLimits& limits,
                                               const std::function<void()>& held) override {
     grpc::ClientContext context;
-    if (limits.deadline != absl::InfiniteFuture()) {
-      context.set_deadline(absl::ToChronoTime(limits.deadline));
-    }
-    context.set_wait_for_ready(limits.wait_for_ready);
-    if (limits.canceller != nullptr) {
-      limits.canceller->SetCancel([&context] { context.TryCancel(); });
-    }
+    Prepare(context, limits);
     std::unique_ptr<grpc::ClientReaderWriter<v1::LeaseRequest, v1::LeaseResponse>> stream =
         stub_->HoldLease(&context);
     v1::LeaseResponse answer;
@@ -68,11 +62,9 @@ class GrpcCoordinatorLink final : public CoordinatorLink {
  private:
   using Stub = v1::AgentService::Stub;
 
-  template <typename Request, typename Response>
-  absl::StatusOr<Response> Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
-                                                          Response*),
-                                const Request& request, const CallLimits& limits) {
-    grpc::ClientContext context;
+  // The call's deadline and readiness, and its cancellation through limits.canceller (which the
+  // caller resets with SetCancel(nullptr) once the call has ended, before `context` goes).
+  static void Prepare(grpc::ClientContext& context, const CallLimits& limits) {
     if (limits.deadline != absl::InfiniteFuture()) {
       context.set_deadline(absl::ToChronoTime(limits.deadline));
     }
@@ -80,6 +72,14 @@ class GrpcCoordinatorLink final : public CoordinatorLink {
     if (limits.canceller != nullptr) {
       limits.canceller->SetCancel([&context] { context.TryCancel(); });
     }
+  }
+
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                          Response*),
+                                const Request& request, const CallLimits& limits) {
+    grpc::ClientContext context;
+    Prepare(context, limits);
     Response response;
     const grpc::Status status = ((*stub_).*rpc)(&context, request, &response);
     if (limits.canceller != nullptr) limits.canceller->SetCancel(nullptr);
