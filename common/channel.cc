@@ -103,8 +103,8 @@ grpc::ChannelArguments CoordinatorClientArguments() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kCoordinatorClientPingMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kCoordinatorClientPingMs);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return args;
 }

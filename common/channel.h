@@ -45,6 +45,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
 // found and replaced rather than waited on by calls until their deadlines. The coordinator accepts
 // pings this often (coordinator_server.cc).
 grpc::ChannelArguments CoordinatorClientArguments();
+// Their ping interval, in milliseconds: the coordinator must accept pings at least this often.
+inline constexpr int kCoordinatorClientPingMs = 5000;
 
 // The coordinator's side: TLS with its certificate, and client certificates verified against
 // client_ca_file when a client presents one (optional: tokens are the other way in).

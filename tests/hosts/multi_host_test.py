@@ -300,6 +300,16 @@ class MultiHostTest(unittest.TestCase):
         print("  s3 cut: 30 updates in %.1f s while unreachable; %d checkpoints committed, whole" %
               (trained, len(listed["checkpoints"])), flush=True)
 
+    def assert_killed_on_return(self, job_id, old_rank):
+        """The rank `old_rank` of a fenced attempt, on a host back from LOST, ends by SIGKILL
+        (its agent was told to kill it), not by saving."""
+        ended = self.cluster.wait(
+            job_id, lambda j: any(t["taskId"] == old_rank and t.get("state") in
+                                  ("TASK_STOPPED", "TASK_EXITED") for t in j["tasks"]),
+            timeout=60, what="the fenced rank ended")
+        self.assertEqual([t.get("signal") for t in ended["tasks"] if t["taskId"] == old_rank],
+                         [9])
+
     def held_job(self, name):
         self.cluster.hold(name, HELD_AFTER)
         job_id = self.cluster.submit(spec(name, *CASES["dp"]))
@@ -370,12 +380,7 @@ class MultiHostTest(unittest.TestCase):
         self.bed.heal(victim)
         self.cluster.wait_workers(3)
         # Back from LOST, its agent was told to kill the rank of the fenced attempt.
-        ended = self.cluster.wait(
-            job_id, lambda j: any(t["taskId"] == old_rank and t.get("state") in
-                                  ("TASK_STOPPED", "TASK_EXITED") for t in j["tasks"]),
-            timeout=60, what="the fenced rank ended")
-        self.assertEqual([t.get("signal") for t in ended["tasks"] if t["taskId"] == old_rank],
-                         [9])
+        self.assert_killed_on_return(job_id, old_rank)
         self.cluster.release(name)
         done = self.run_to_success(job_id)
         self.assertEqual(self.model_of(done), self.reference["dp"])
@@ -414,12 +419,7 @@ class MultiHostTest(unittest.TestCase):
         finally:
             self.bed.thaw(victim)
         old_rank = "%s.g%s.r0" % (job_id, job["generation"])
-        ended = self.cluster.wait(
-            job_id, lambda j: any(t["taskId"] == old_rank and t.get("state") in
-                                  ("TASK_STOPPED", "TASK_EXITED") for t in j["tasks"]),
-            timeout=60, what="the thawed rank ended")
-        self.assertEqual([t.get("signal") for t in ended["tasks"] if t["taskId"] == old_rank],
-                         [9])
+        self.assert_killed_on_return(job_id, old_rank)
         self.cluster.release(name)
         done = self.run_to_success(job_id)
         self.assertEqual(self.model_of(done), self.reference["dp"])

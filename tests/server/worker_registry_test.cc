@@ -26,6 +26,17 @@ v1::Worker Info(const std::string& id) {
   return w;
 }
 
+// Registers w0..w{n-1}, each holding a lease stream; the registration of each.
+std::vector<uint64_t> RegisterStreaming(WorkerRegistry& registry, int n) {
+  std::vector<uint64_t> registration;
+  for (int i = 0; i < n; ++i) {
+    const std::string id = absl::StrCat("w", i);
+    registry.Register(Info(id));
+    registration.push_back(*registry.OpenLease(id));
+  }
+  return registration;
+}
+
 TEST(WorkerRegistryTest, LeaseExpiresExactlyAtTheTimeout) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
@@ -134,12 +145,7 @@ TEST(WorkerRegistryTest, MostWorkersOutOfLeaseAtOnceAreHeldNotLost) {
   LeasePolicy policy = Timeout(absl::Seconds(10));
   policy.mass_loss_hold = absl::Minutes(5);
   WorkerRegistry registry(clock, policy);
-  uint64_t registration[3];
-  for (int i = 0; i < 3; ++i) {
-    const std::string id = absl::StrCat("w", i);
-    registry.Register(Info(id));
-    registration[i] = *registry.OpenLease(id);
-  }
+  std::vector<uint64_t> registration = RegisterStreaming(registry, 3);
   // One of three: a machine lost.
   registry.CloseLease("w0", registration[0]);
   clock.Advance(absl::Seconds(1));
@@ -177,11 +183,7 @@ TEST(WorkerRegistryTest, MostWorkersOutOfLeaseAtOnceAreHeldNotLost) {
 TEST(WorkerRegistryTest, OneHeldThatComesBackLateIsNotLost) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
-  std::vector<uint64_t> registration;
-  for (int i = 0; i < 3; ++i) {
-    registry.Register(Info(absl::StrCat("w", i)));
-    registration.push_back(*registry.OpenLease(absl::StrCat("w", i)));
-  }
+  const std::vector<uint64_t> registration = RegisterStreaming(registry, 3);
   for (int i = 0; i < 3; ++i) registry.CloseLease(absl::StrCat("w", i), registration[i]);
   clock.Advance(absl::Seconds(1));
   EXPECT_THAT(registry.ExpireLeases().held, ElementsAre("w0", "w1", "w2"));
@@ -199,11 +201,7 @@ TEST(WorkerRegistryTest, OneHeldThatComesBackLateIsNotLost) {
 TEST(WorkerRegistryTest, ALeaseThatRanOutWaitsWhileOtherStreamsAreClosing) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
-  std::vector<uint64_t> registration;
-  for (int i = 0; i < 5; ++i) {
-    registry.Register(Info(absl::StrCat("w", i)));
-    registration.push_back(*registry.OpenLease(absl::StrCat("w", i)));
-  }
+  const std::vector<uint64_t> registration = RegisterStreaming(registry, 5);
   registry.CloseLease("w0", registration[0]);
   clock.Advance(absl::Milliseconds(300));
   registry.CloseLease("w1", registration[1]);
@@ -220,11 +218,7 @@ TEST(WorkerRegistryTest, ALeaseThatRanOutWaitsWhileOtherStreamsAreClosing) {
 TEST(WorkerRegistryTest, StreamsBreakingOneAfterAnotherAreAMassLoss) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
-  std::vector<uint64_t> registration;
-  for (int i = 0; i < 3; ++i) {
-    registry.Register(Info(absl::StrCat("w", i)));
-    registration.push_back(*registry.OpenLease(absl::StrCat("w", i)));
-  }
+  const std::vector<uint64_t> registration = RegisterStreaming(registry, 3);
   for (int i = 0; i < 3; ++i) {
     registry.CloseLease(absl::StrCat("w", i), registration[i]);
     clock.Advance(absl::Milliseconds(200));
