@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Installs everything Trainyard needs to build, test and run its demo on Debian 12.
-# Idempotent: packages already present are skipped and `apt-get update` runs at most once.
+# Installs everything Trainyard needs to build, test and run its demo on Debian 12 (bookworm:
+# GCC 12, LibTorch 1.13) or Debian 13 (trixie: GCC 14, LibTorch 2.6); the package names are the
+# same on both. Idempotent: packages already present are skipped and `apt-get update` runs at most
+# once.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+case "$codename" in
+  bookworm) echo "install-deps: Debian 12 (bookworm): LibTorch 1.13" ;;
+  trixie) echo "install-deps: Debian 13 (trixie): LibTorch 2.6" ;;
+  *) echo "install-deps: '${codename:-unknown}' is neither Debian 12 nor 13; trying anyway" >&2 ;;
+esac
 
 packages=(
   # build
@@ -20,6 +29,8 @@ packages=(
   openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables
   # benchmarks only (bench/cpu_step.py)
   python3-torchvision
+  # examples only: the text the language-model examples train on
+  bible-kjv-text
 )
 
 missing=()
