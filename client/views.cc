@@ -143,6 +143,18 @@ std::string SearchProgressLine(const v1::Search& s) {
   return out;
 }
 
+namespace {
+
+// "2.6.0+cuda+nccl"; "-" when the agent did not say.
+std::string LibTorchColumn(const v1::Worker& w) {
+  if (w.libtorch_version().empty()) return "-";
+  std::string out = w.libtorch_version();
+  for (const std::string& f : w.features()) absl::StrAppend(&out, "+", f);
+  return out;
+}
+
+}  // namespace
+
 std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::Worker& w : workers) {
@@ -154,11 +166,12 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
     rows.push_back({w.id(), w.address(), w.hostname().empty() ? "-" : w.hostname(),
                     w.pid() > 0 ? absl::StrCat(w.pid()) : "-", WorkerStateName(w.state()),
                     absl::StrCat(w.slots_used(), "/", w.slots()),
-                    absl::StrCat(w.gpus_used(), "/", w.gpus()), seen,
+                    absl::StrCat(w.gpus_used(), "/", w.gpus()), LibTorchColumn(w), seen,
                     w.task_ids().empty() ? "-" : absl::StrJoin(w.task_ids(), ",")});
   }
-  return Table({"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "LAST SEEN", "TASKS"},
-               rows);
+  return Table(
+      {"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "LIBTORCH", "LAST SEEN", "TASKS"},
+      rows);
 }
 
 std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints, absl::TimeZone zone) {

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace trainyard {
@@ -317,6 +318,21 @@ absl::StatusOr<TorchScriptNeeds> ReadTorchScriptNeeds(int64_t size, const Archiv
   if (!has_code) return Damaged("no code/ folder (a state dict or a pickled module?)");
   needs.ops.assign(ops.begin(), ops.end());
   return needs;
+}
+
+std::string MissingFromRuntime(const TorchScriptNeeds& needs,
+                               const std::vector<std::string>& sorted_ops,
+                               int64_t max_format_version) {
+  std::vector<std::string> missing;
+  for (const std::string& op : needs.ops) {
+    if (!std::binary_search(sorted_ops.begin(), sorted_ops.end(), op)) missing.push_back(op);
+  }
+  std::string out = absl::StrJoin(missing, ", ");
+  if (max_format_version > 0 && needs.format_version > max_format_version) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "archive format ", needs.format_version,
+                    " (it loads up to ", max_format_version, ")");
+  }
+  return out;
 }
 
 absl::StatusOr<TorchScriptNeeds> ReadTorchScriptNeeds(ObjectStore& store, absl::string_view uri) {

@@ -40,6 +40,13 @@ absl::StatusOr<TorchScriptNeeds> ReadTorchScriptNeeds(ObjectStore& store, absl::
 // comments are skipped.
 void CollectTorchScriptOps(absl::string_view code, std::set<std::string>& ops);
 
+// What `needs` asks that a LibTorch lacks whose operators are `sorted_ops` and which loads
+// archive formats up to `max_format_version` (0: not checked): empty when nothing, else
+// "aten::a, aten::b", "archive format 11 (it loads up to 10)" or both, joined by "; ".
+std::string MissingFromRuntime(const TorchScriptNeeds& needs,
+                               const std::vector<std::string>& sorted_ops,
+                               int64_t max_format_version);
+
 // The limits: a central directory of at most kMaxArchiveEntries entries, code of at most
 // kMaxArchiveCodeBytes bytes in all once inflated.
 inline constexpr int64_t kMaxArchiveEntries = 1'000'000;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/object_store.h"
 #include "server/auth.h"
 #include "server/capacity.h"
 #include "server/group_commit.h"
@@ -77,6 +78,9 @@ struct JobManagerOptions {
   // Folders under which a spec's local paths (data.train, model.torchscript, distill.teacher,
   // checkpoint.uri) must lie (CheckLocalPaths); nullopt: anywhere.
   std::optional<std::vector<std::string>> allowed_local_paths;
+  // Reads s3:// models at submission, to learn the operators they need (ReadModelNeeds); null:
+  // only models on this machine's disk are read. Not owned; must outlive the manager.
+  const ObjectStoreResolver* model_stores = nullptr;
   // Signs each task's credential (Task.credential, common/credentials.h); empty: tasks carry
   // none.
   std::string task_credential_key;
@@ -450,6 +454,11 @@ class JobManager {
   trainyard::v1::Task BuildTaskLocked(const JobEntry& entry,
                                       const trainyard::v1::TaskInfo& info) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The one shared copy of a worker's runtime, by its content.
+  std::shared_ptr<const WorkerRuntime> InternRuntimeLocked(
+      const trainyard::v1::TrainerRuntime& runtime) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live workers (not LOST), for NoWorkerRuns.
+  std::vector<const WorkerRecord*> LiveWorkersLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record,
                                          const std::map<std::string, WorkerUsage>& used) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -497,6 +506,8 @@ class JobManager {
       ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  // The runtimes workers reported, by WorkerRuntime::key (a few LibTorch versions at most).
+  std::map<std::string, std::shared_ptr<const WorkerRuntime>> runtimes_ ABSL_GUARDED_BY(mu_);
   bool tick_requested_ ABSL_GUARDED_BY(mu_) = false;
   absl::BitGen jitter_ ABSL_GUARDED_BY(mu_);  // restart backoff
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -17,6 +17,7 @@
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "common/restart_reason.h"
+#include "common/sha256.h"
 #include "common/uri.h"
 #include "server/capacity.h"
 #include "server/checkpoint_registry.h"
@@ -43,6 +44,37 @@ absl::Status JobManager::PersistWorkerLocked(absl::string_view id) {
   return WriteLocked(std::move(m));
 }
 
+std::shared_ptr<const WorkerRuntime> JobManager::InternRuntimeLocked(
+    const v1::TrainerRuntime& reported) {
+  std::vector<std::string> ops(reported.ops().begin(), reported.ops().end());
+  std::sort(ops.begin(), ops.end());
+  ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
+  const std::string key =
+      Sha256Hex(absl::StrCat(reported.libtorch_version(), "\n", reported.max_model_format_version(),
+                             "\n", absl::StrJoin(ops, "\n")));
+  auto found = runtimes_.find(key);
+  if (found != runtimes_.end()) return found->second;
+  // Forget those no worker holds any more (only the map does).
+  for (auto it = runtimes_.begin(); it != runtimes_.end();) {
+    it = it->second.use_count() == 1 ? runtimes_.erase(it) : std::next(it);
+  }
+  auto runtime = std::make_shared<WorkerRuntime>();
+  runtime->key = key.substr(0, 12);
+  runtime->libtorch_version = reported.libtorch_version();
+  runtime->ops = std::move(ops);
+  runtime->max_model_format_version = reported.max_model_format_version();
+  runtimes_.emplace(key, runtime);
+  return runtime;
+}
+
+std::vector<const WorkerRecord*> JobManager::LiveWorkersLocked() const {
+  std::vector<const WorkerRecord*> live;
+  for (const WorkerRecord* w : workers_.All()) {
+    if (w->info.state() != v1::LOST) live.push_back(w);
+  }
+  return live;
+}
+
 absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
   if (!IsSafeFileName(request.name())) {
@@ -63,6 +95,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   info.set_hostname(request.hostname());
   info.set_pid(request.pid());
   info.set_state(v1::READY);
+  std::shared_ptr<const WorkerRuntime> runtime;
+  if (request.has_runtime() && !request.runtime().libtorch_version().empty()) {
+    info.set_libtorch_version(request.runtime().libtorch_version());
+    if (request.runtime().cuda()) info.add_features("cuda");
+    if (request.runtime().nccl()) info.add_features("nccl");
+  }
   // The same agent process registering again (after a coordinator restart) is still being
   // preempted; a new process under the name is a machine that came back.
   if (const WorkerRecord* known = workers_.Find(request.name());
@@ -80,12 +118,17 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   StoreMutation m;
   m.workers.push_back(info);
   WriteLocked(std::move(m)).IgnoreError();  // deferred to EndUnitLocked
-  workers_.Register(info);
+  if (request.has_runtime() && !request.runtime().libtorch_version().empty()) {
+    runtime = InternRuntimeLocked(request.runtime());
+  }
+  workers_.Register(info, std::move(runtime));
   WakeWorkerLocked(info.id());  // a long poll of the agent's earlier life answers
   ClusterChangedLocked();
   AfterCommitLocked([info, reported = request.tasks_size()] {
     LogInfo("worker ", info.id(), " registered: ", info.slots(), " slots, ", info.gpus(), " GPUs, ",
-            reported, " tasks reported");
+            info.libtorch_version().empty() ? "LibTorch unknown"
+                                            : absl::StrCat("LibTorch ", info.libtorch_version()),
+            ", ", reported, " tasks reported");
   });
 
   std::set<std::string> reported;

@@ -21,6 +21,7 @@
 #include "server/job_manager.h"
 #include "server/job_manager_internal.h"
 #include "server/job_state.h"
+#include "server/model_needs.h"
 #include "server/restart_policy.h"
 #include "server/scheduler.h"
 
@@ -79,6 +80,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
   // No data or no model is refused now where this machine can tell, not on the workers.
   absl::StatusOr<std::vector<std::string>> unchecked = CheckLocalFiles(spec);
   if (!unchecked.ok()) return unchecked.status();
+  // What its models need of a worker's LibTorch, read where this machine can read them.
+  absl::StatusOr<std::optional<v1::ModelNeeds>> needs = ReadModelNeeds(spec, options_.model_stores);
+  if (!needs.ok()) return needs.status();
   auto taken = [&](absl::string_view what) {
     return absl::AlreadyExistsError(absl::StrCat("job ", options.id, " exists (", what, ")"));
   };
@@ -117,6 +121,12 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
       }
       if (!options.validate_only) pinned_sources_[from]++;  // until the job is added (or fails)
     }
+    if (needs->has_value()) {
+      if (std::string none = NoWorkerRuns(**needs, LiveWorkersLocked()); !none.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(absl::StrJoin((*needs)->read(), ", "), ": ", none));
+      }
+    }
     // The number is taken now; a submission whose write fails leaves a gap.
     seq = options.validate_only ? next_seq_ : next_seq_++;
     const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
@@ -134,6 +144,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
         spec.checkpoint().uri().empty() ? options_.checkpoint_root : spec.checkpoint().uri();
     job.set_checkpoint_uri(JoinUri(base, job.id()));
     *job.mutable_spec() = std::move(spec);
+    if (needs->has_value()) *job.mutable_model_needs() = **needs;
     v1::JobEvent* event = job.add_events();
     event->set_time_unix_ms(now_ms);
     event->set_from(v1::JOB_STATE_UNSPECIFIED);

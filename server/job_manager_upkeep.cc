@@ -19,6 +19,7 @@
 #include "server/job_manager.h"
 #include "server/job_manager_internal.h"
 #include "server/job_state.h"
+#include "server/model_needs.h"
 #include "server/restart_policy.h"
 #include "server/scheduler.h"
 
@@ -391,6 +392,19 @@ SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
   job.gpus_per_rank = GpusPerRank(entry.job.spec());
   job.shards = ShardCount(entry.job.spec());
   job.slots_per_shard = SlotsPerShard(entry.job.spec());
+  if (entry.job.has_model_needs()) {
+    job.runtimes.emplace();
+    for (const auto& [key, runtime] : runtimes_) {
+      if (RuntimeLacks(entry.job.model_needs(), *runtime).empty()) {
+        job.runtimes->push_back(runtime->key);
+      }
+    }
+    std::vector<const WorkerRecord*> ready;
+    for (const WorkerRecord* w : workers_.All()) {
+      if (w->info.state() == v1::READY && !w->unreachable()) ready.push_back(w);
+    }
+    job.runtime_reason = NoWorkerRuns(entry.job.model_needs(), ready);
+  }
   return job;
 }
 
@@ -419,6 +433,7 @@ void JobManager::ScheduleLocked() {
     w.total_gpus = record->info.gpus();
     w.free_slots = w.total_slots - used[w.id].slots;
     w.free_gpus = w.total_gpus - used[w.id].gpus;
+    if (record->runtime != nullptr) w.runtime = record->runtime->key;
     workers.push_back(std::move(w));
   }
   absl::Time next = now + kFullSchedulePeriod;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,7 @@
 #include "common/daemon_metrics_flags.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
+#include "common/object_store.h"
 #include "common/uri.h"
 #include "server/coordinator_server.h"
 #include "server/job_manager.h"
@@ -262,6 +264,11 @@ int Run() {
     }
     options.allowed_local_paths = folders;
   }
+  // s3:// models are read at submission with the S3 settings of this process's environment (as
+  // workers read them), when it has them: their operators decide which workers can run a job.
+  const std::unique_ptr<ObjectStoreResolver> model_stores =
+      NewObjectStoreResolver([](const char* name) { return std::getenv(name); });
+  options.model_stores = model_stores.get();
   absl::StatusOr<std::unique_ptr<Authenticator>> auth =
       Authenticator::Create(**token_store, *task_key, RealClock::Get());
   if (!auth.ok()) {

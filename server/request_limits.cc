@@ -41,6 +41,9 @@ constexpr FieldBound kBounds[] = {
     {"trainyard.v1.RegisterWorkerRequest.hostname", 256},
     // What a worker runs: at most a few hundred tasks even on a large machine.
     {"trainyard.v1.RegisterWorkerRequest.tasks", 4096},
+    // Every operator of the trainer's LibTorch: about 2,100 in 1.13, 2,600 in 2.6.
+    {"trainyard.v1.TrainerRuntime.ops", 20000},
+    {"trainyard.v1.TrainerRuntime.libtorch_version", 64},
     {"trainyard.v1.SyncRequest.worker_id", 128},
     {"trainyard.v1.LeaseRequest.worker_id", 128},
     {"trainyard.v1.SyncRequest.tasks", 4096},

@@ -26,6 +26,13 @@ struct Bin {
   int shards = 0;  // shards of the current job placed here
 };
 
+// Whether the worker's trainer can run the job's models.
+bool RunsOn(const SchedJob& job, const SchedWorker& worker) {
+  if (!job.runtimes.has_value()) return true;
+  return std::find(job.runtimes->begin(), job.runtimes->end(), worker.runtime) !=
+         job.runtimes->end();
+}
+
 // Places up to `count` ranks greedily over `bins` (taking their capacity) and returns the bin of
 // each. Each rank goes to the worker with the fewest ranks of this job so far, then the most free
 // units of the rank's kind, then the lowest id: distinct workers first, the emptiest first.
@@ -38,7 +45,7 @@ std::vector<size_t> FitRanks(const SchedJob& job, int count, std::vector<Bin>& b
     std::optional<size_t> best;
     for (size_t i = 0; i < bins.size(); ++i) {
       const Bin& b = bins[i];
-      if (b.free_slots < slots || b.free_gpus < gpus) continue;
+      if (b.free_slots < slots || b.free_gpus < gpus || !RunsOn(job, *b.worker)) continue;
       const int free = by_gpus ? b.free_gpus : b.free_slots;
       const Bin& o = bins[best.value_or(i)];
       const int other_free = by_gpus ? o.free_gpus : o.free_slots;
@@ -66,7 +73,7 @@ std::vector<size_t> FitShards(const SchedJob& job, std::vector<Bin>& bins) {
     std::optional<size_t> best;
     for (size_t i = 0; i < bins.size(); ++i) {
       const Bin& b = bins[i];
-      if (b.free_slots < slots) continue;
+      if (b.free_slots < slots || !RunsOn(job, *b.worker)) continue;
       const Bin& o = bins[best.value_or(i)];
       if (!best.has_value() ||
           std::make_tuple(b.shards, b.ranks, -b.free_slots, b.worker->id) <
@@ -136,10 +143,16 @@ std::string UnfitReason(const SchedJob& job, const std::vector<Bin>& empty_bins)
   int largest_gpus = 0;
   int total_slots = 0;
   int total_gpus = 0;
+  bool any = false;
   for (const Bin& b : empty_bins) {
+    if (!RunsOn(job, *b.worker)) continue;
+    any = true;
     largest_gpus = std::max(largest_gpus, b.free_gpus);
     total_slots += b.free_slots;
     total_gpus += b.free_gpus;
+  }
+  if (!any) {
+    return job.runtime_reason.empty() ? "no ready worker can run its model" : job.runtime_reason;
   }
   if (UsesGpus(job) && largest_gpus < RankGpus(job)) {
     return absl::StrCat("needs ", RankGpus(job), " GPUs per rank; the largest worker has ",
@@ -168,7 +181,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
   std::string blocked_by;  // the first job waiting for capacity; everything after it waits too
   // Whether a job of a shape fits the empty cluster (empty) or why not: jobs of a sweep share a
   // few shapes, so a long queue costs one lookup per job, not a placement over every worker.
-  std::map<std::tuple<int, int, int, int, int, int, int>, std::string> fits_empty;
+  std::map<std::tuple<int, int, int, int, int, int, int, std::string>, std::string> fits_empty;
   std::string queued_behind;  // "queued behind JOB (no backfill)", once there is a blocker
   for (const SchedJob& job : jobs) {
     if (empty_bins.empty()) {
@@ -178,9 +191,11 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       continue;
     }
     // Would the job fit the whole cluster with nothing else running?
+    const std::string runtimes =
+        job.runtimes.has_value() ? absl::StrCat("=", absl::StrJoin(*job.runtimes, ",")) : "";
     const auto shape =
         std::make_tuple(job.min_ranks, job.max_ranks, job.slots_per_rank, job.gpus_per_rank,
-                        job.batch_size, job.shards, job.slots_per_shard);
+                        job.batch_size, job.shards, job.slots_per_shard, runtimes);
     auto cached = fits_empty.find(shape);
     if (cached == fits_empty.end()) {
       cached =
@@ -204,6 +219,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       int free_slots = 0;
       int free_gpus = 0;
       for (const Bin& b : free_bins) {
+        if (!RunsOn(job, *b.worker)) continue;
         free_slots += b.free_slots;
         free_gpus += b.free_gpus;
       }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ struct SchedJob {
   // slots (never GPUs).
   int shards = 0;
   int slots_per_shard = 1;
+  // Set: only workers whose `runtime` is one of these can run it (its models need operators some
+  // LibTorch lacks), and `runtime_reason` says why it waits when no ready worker can.
+  std::optional<std::vector<std::string>> runtimes;
+  std::string runtime_reason;
 };
 
 // A worker's capacity. Only READY workers take new ranks.
@@ -36,6 +41,7 @@ struct SchedWorker {
   int total_gpus = 0;
   int free_slots = 0;
   int free_gpus = 0;
+  std::string runtime;  // what its trainer runs, as SchedJob::runtimes names it; empty: unknown
 };
 
 struct Placement {
@@ -55,6 +61,8 @@ struct ScheduleDecision {
 
 // Pure placement policy; no state, no clock, thread-compatible.
 //
+// A job with `runtimes` set goes only to workers whose runtime is among them, and counts only
+// their capacity.
 // Jobs go in order of priority (higher first), then submission order. A job is placed with as
 // many ranks as fit between min_ranks and max_ranks and all its shards, all in one decision (gang
 // scheduling); ranks spread over distinct workers where possible, most free capacity first, and

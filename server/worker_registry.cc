@@ -14,7 +14,8 @@ WorkerRegistry::WorkerRegistry(const Clock& clock, LeasePolicy policy)
       // an agent already knows from before the restart.
       next_version_(static_cast<uint64_t>(std::max<int64_t>(absl::ToUnixMillis(clock.Now()), 1))) {}
 
-const WorkerRecord& WorkerRegistry::Register(v1::Worker info) {
+const WorkerRecord& WorkerRegistry::Register(v1::Worker info,
+                                             std::shared_ptr<const WorkerRuntime> runtime) {
   const absl::Time now = clock_.Now();
   if (info.state() != v1::DRAINING) info.set_state(v1::READY);
   info.set_registered_unix_ms(absl::ToUnixMillis(now));
@@ -22,6 +23,7 @@ const WorkerRecord& WorkerRegistry::Register(v1::Worker info) {
   std::string id = info.id();
   WorkerRecord& record = workers_[id];
   record.info = std::move(info);
+  record.runtime = std::move(runtime);
   record.lease_expiry = now + policy_.timeout;
   record.desired_version = ++next_version_;
   record.restored = false;

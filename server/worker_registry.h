@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,19 @@
 
 namespace trainyard {
 
+// What a worker's trainer can load (its TrainerRuntime less the flags in Worker), shared by the
+// workers that run the same LibTorch.
+struct WorkerRuntime {
+  std::string key;  // names it in SchedWorker::runtime: a digest of the rest
+  std::string libtorch_version;
+  std::vector<std::string> ops;  // sorted
+  int64_t max_model_format_version = 0;
+};
+
 struct WorkerRecord {
   trainyard::v1::Worker info;  // slots_used, gpus_used and task_ids are left to the caller
+  // Null when unknown: the agent did not say, or the record was restored from the store.
+  std::shared_ptr<const WorkerRuntime> runtime;
   absl::Time lease_expiry;
   uint64_t desired_version = 0;  // changes whenever the tasks it should run change
   // Loaded from the store and not registered since this coordinator started: its agent is asked
@@ -58,7 +70,8 @@ class WorkerRegistry {
 
   // Adds or replaces the worker `info.id()`: READY (or DRAINING when `info` says so), registered
   // and seen now, a fresh lease and a new desired-state version. Returns the stored record.
-  const WorkerRecord& Register(trainyard::v1::Worker info);
+  const WorkerRecord& Register(trainyard::v1::Worker info,
+                               std::shared_ptr<const WorkerRuntime> runtime = nullptr);
 
   // Puts back a worker loaded from the store, keeping its state; its lease starts now and it is
   // marked `restored` until it registers.

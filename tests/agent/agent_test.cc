@@ -171,6 +171,7 @@ TEST_F(AgentTest, RegistersStartsTheDesiredTasksAndRenewsItsLeaseWithinTheSyncWa
   ASSERT_EQ(first.front().rpc, "RegisterWorker");
   EXPECT_EQ(first.front().registration.name(), "w1");
   EXPECT_EQ(first.front().registration.slots(), 2);
+  EXPECT_FALSE(first.front().registration.has_runtime());  // the trainer was not asked
   EXPECT_EQ(launcher_->launched()[0].options.argv[0], "/opt/trainyard/bin/trainyard-trainer");
 
   // Twenty rounds of syncs: the agent never waits longer than the sync wait between two, and
@@ -247,6 +248,14 @@ TEST_F(AgentTest, KillsTheTasksTheCoordinatorSaysToKillWithoutAskingThemToStop) 
 }
 
 TEST_F(AgentTest, RegistersAgainWithItsRunningTasksWhenTheCoordinatorHasForgottenIt) {
+  // SetUp's agent is replaced by one that knows what its trainer runs.
+  link_owned_ = std::make_unique<FakeCoordinatorLink>(clock_);
+  launcher_owned_ = std::make_unique<FakeProcessLauncher>();
+  link_ = link_owned_.get();
+  launcher_ = launcher_owned_.get();
+  options_.runtime.set_libtorch_version("2.6.0");
+  options_.runtime.add_ops("aten::scaled_dot_product_attention");
+  MakeAgent();
   StartWithATrainer();
   const int64_t pid = launcher_->launched()[0].pid;
   link_->ForgetWorker();
@@ -258,6 +267,9 @@ TEST_F(AgentTest, RegistersAgainWithItsRunningTasksWhenTheCoordinatorHasForgotte
   for (const FakeCoordinatorLink::Call& call : calls) {
     if (call.rpc == "RegisterWorker") again = &call.registration;
   }
+  // Each registration says what the trainer runs.
+  EXPECT_EQ(calls.front().registration.runtime().libtorch_version(), "2.6.0");
+  EXPECT_EQ(again->runtime().ops(0), "aten::scaled_dot_product_attention");
   ASSERT_EQ(again->tasks_size(), 1);
   EXPECT_EQ(again->tasks(0).task_id(), "j1.g1.r0");
   EXPECT_EQ(again->tasks(0).state(), v1::TASK_RUNNING);

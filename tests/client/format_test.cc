@@ -131,15 +131,19 @@ TEST(ViewsTest, WorkersAndCheckpointsTables) {
   w.set_slots_used(1);
   w.set_last_seen_unix_ms(1'700'000'000'000);
   EXPECT_EQ(WorkersTable({w}, absl::FromUnixMillis(1'700'000'002'000)),
-            "ID        ADDRESS    HOST  PID  STATE  SLOTS  GPUS  LAST SEEN  TASKS\n"
-            "worker-1  127.0.0.1  -     -    READY  1/4    0/0   2s ago     -\n");
+            "ID        ADDRESS    HOST  PID  STATE  SLOTS  GPUS  LIBTORCH  LAST SEEN  TASKS\n"
+            "worker-1  127.0.0.1  -     -    READY  1/4    0/0   -         2s ago     -\n");
   w.set_hostname("gpu-7");
   w.set_pid(4321);
+  w.set_libtorch_version("2.6.0");
+  w.add_features("cuda");
+  w.add_features("nccl");
   w.add_task_ids("j-1.g1.r0");
   w.add_task_ids("j-2.g3.r1");
   EXPECT_EQ(WorkersTable({w}, absl::FromUnixMillis(1'700'000'002'000)),
-            "ID        ADDRESS    HOST   PID   STATE  SLOTS  GPUS  LAST SEEN  TASKS\n"
-            "worker-1  127.0.0.1  gpu-7  4321  READY  1/4    0/0   2s ago     "
+            "ID        ADDRESS    HOST   PID   STATE  SLOTS  GPUS  LIBTORCH         LAST SEEN  "
+            "TASKS\n"
+            "worker-1  127.0.0.1  gpu-7  4321  READY  1/4    0/0   2.6.0+cuda+nccl  2s ago     "
             "j-1.g1.r0,j-2.g3.r1\n");
   v1::Checkpoint c;
   c.set_step(200);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "server/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
+#include "tests/common/run_shell.h"
 #include "tests/server/job_manager_fixture.h"
 
 namespace trainyard {
@@ -74,6 +76,101 @@ TEST_F(JobManagerTest, SingleJobRunsToSuccess) {
   ASSERT_TRUE(Report("w1", task.task_id(), v1::TASK_EXITED, 0).ok());
   EXPECT_EQ(Get(id).events_size(), 4);
   EXPECT_EQ(manager_->ListWorkers()[0].slots_used(), 0);
+}
+
+// A TorchScript archive laid out as torch.jit.save writes it, whose code is `code`.
+void WriteModel(const std::string& path, const std::string& code) {
+  const auto [rc, out] = testing::RunShell(absl::StrCat(
+      "/usr/bin/python3 -c \"import sys, zipfile; ",
+      "z = zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED); ",
+      "z.writestr('m/code/__torch__.py', sys.argv[2]); z.writestr('m/version', '3\\n')\" '", path,
+      "' '", code, "'"));
+  ASSERT_EQ(rc, 0) << out;
+}
+
+void RegisterRuntime(JobManager& manager, const std::string& name, int slots,
+                     const std::string& version, const std::vector<std::string>& ops) {
+  v1::RegisterWorkerRequest request;
+  request.set_name(name);
+  request.set_slots(slots);
+  if (!version.empty()) {
+    request.mutable_runtime()->set_libtorch_version(version);
+    request.mutable_runtime()->set_max_model_format_version(10);
+    for (const std::string& op : ops) request.mutable_runtime()->add_ops(op);
+  }
+  ASSERT_TRUE(manager.RegisterWorker(request).ok());
+}
+
+// The operators a model calls (read from its archive at submission) decide which workers may
+// run it: none that lacks one, and a submission no live worker can run is refused, naming the
+// operator, the LibTorch versions and the workers.
+TEST_F(JobManagerTest, ModelsGoOnlyToWorkersWhoseLibTorchHasTheirOperators) {
+  const std::string model = dir_.path() + "/attention.pt";
+  WriteModel(model,
+             "def forward(x):\n  y = torch.linear(x, w, None)\n"
+             "  return torch.scaled_dot_product_attention(y, y, y)\n");
+  v1::JobSpec spec = TestSpec("attention");
+  spec.mutable_model()->set_torchscript(model);
+  const std::vector<std::string> old_ops = {"aten::linear", "aten::relu"};
+  RegisterRuntime(*manager_, "old", 4, "1.13.0", old_ops);
+  RegisterRuntime(*manager_, "silent", 4, "", {});
+
+  absl::StatusOr<v1::Job> refused = manager_->SubmitJob(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr(model));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("LibTorch 1.13.0 (old) lacks aten::scaled_dot_product_attention"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("silent did not say"));
+
+  // A worker whose LibTorch has it: the job goes there, though the others have more room.
+  RegisterRuntime(*manager_, "new", 1, "2.6.0",
+                  {"aten::linear", "aten::relu", "aten::scaled_dot_product_attention"});
+  const std::string id = Submit(spec);
+  EXPECT_THAT(Get(id).model_needs().ops(),
+              ElementsAre("aten::linear", "aten::scaled_dot_product_attention"));
+  manager_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.tasks_size(), 1);
+  EXPECT_EQ(job.tasks(0).worker_id(), "new");
+
+  // While it runs, a second one waits for it, not for the others' free slots.
+  const std::string second = Submit(spec);
+  manager_->Tick();
+  EXPECT_EQ(Get(second).state(), v1::PENDING);
+  EXPECT_THAT(Get(second).reason(), HasSubstr("needs 1 slot, 0 free"));
+
+  // Once "new" is gone, what waits says why.
+  ASSERT_TRUE(manager_->CancelJob(id, "").ok());
+  PassTime(absl::Seconds(30), {"old", "silent"});
+  EXPECT_THAT(Get(second).reason(),
+              HasSubstr("LibTorch 1.13.0 (old) lacks aten::scaled_dot_product_attention"));
+
+  // A model with only what every LibTorch has runs anywhere; the workers show what they run.
+  WriteModel(model, "def forward(x):\n  return torch.relu(x)\n");
+  const std::string plain = Submit(spec);
+  manager_->Tick();
+  EXPECT_EQ(Get(plain).tasks(0).worker_id(), "old");
+  for (const v1::Worker& w : manager_->ListWorkers()) {
+    EXPECT_EQ(w.libtorch_version(), w.id() == "old"   ? "1.13.0"
+                                    : w.id() == "new" ? "2.6.0"
+                                                      : "")
+        << w.id();
+  }
+}
+
+TEST_F(JobManagerTest, AModelThatIsNotTorchScriptIsRefusedAtSubmission) {
+  const std::string model = dir_.path() + "/weights.safetensors";
+  { std::ofstream(model) << "{\"a\": 1}"; }
+  v1::JobSpec spec = TestSpec("weights");
+  spec.mutable_model()->set_torchscript(model);
+  absl::StatusOr<v1::Job> refused = manager_->SubmitJob(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("model.torchscript: "));
+  EXPECT_THAT(refused.status().message(), HasSubstr("not a TorchScript archive"));
+  // Where the coordinator cannot read it (another machine's disk), the trainer checks.
+  spec.mutable_model()->set_torchscript("/no/such/folder/net.pt");
+  const std::string id = Submit(spec);
+  EXPECT_FALSE(Get(id).has_model_needs());
 }
 
 TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsTheOthers) {
@@ -1090,8 +1187,8 @@ TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
   Register("w1", 1);
   const std::string id = RunOneRankJob(TestSpec("chatty"), "0123456789abcdef\n");
   const std::string text = AllLogs(id);
-  EXPECT_THAT(text, testing::StartsWith("0123456789\n[trainyard: this task's log reached"));
-  EXPECT_THAT(text, testing::EndsWith("[trainyard: 7 bytes of later output were not kept]\n"));
+  EXPECT_THAT(text, ::testing::StartsWith("0123456789\n[trainyard: this task's log reached"));
+  EXPECT_THAT(text, ::testing::EndsWith("[trainyard: 7 bytes of later output were not kept]\n"));
 }
 
 // What a coordinator holds stays flat over a day of short jobs once the retention period has

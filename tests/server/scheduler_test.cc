@@ -72,6 +72,36 @@ TEST(SchedulerTest, FitsByGpusAndIgnoresSlots) {
   EXPECT_THAT(d.placements[0].rank_workers, ElementsAre("w1", "w1"));
 }
 
+// A job whose model needs operators only some LibTorch has goes only to workers that run it,
+// counts only their capacity, and does not hold up the queue while none is ready.
+TEST(SchedulerTest, RuntimesLimitWhereAJobGoes) {
+  SchedWorker old_a = Worker("old-a", 4, 4);
+  SchedWorker old_b = Worker("old-b", 4, 4);
+  SchedWorker fresh = Worker("new", 2, 2);
+  old_a.runtime = old_b.runtime = "v113";
+  fresh.runtime = "v26";
+  SchedJob attention = CpuJob("attention", 1, 2, 2);
+  attention.runtimes = std::vector<std::string>{"v26"};
+  ScheduleDecision d = Schedule({attention, CpuJob("plain", 2)}, {old_a, old_b, fresh});
+  ASSERT_EQ(d.placements.size(), 2u);
+  EXPECT_THAT(d.placements[0].rank_workers, ElementsAre("new", "new"));
+
+  // Three ranks: more than the one such worker holds, although the cluster has 10 slots.
+  attention.min_ranks = attention.max_ranks = 3;
+  d = Schedule({attention}, {old_a, old_b, fresh});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_EQ(d.pending_reasons.at("attention"), "needs 3 ranks of 1 slot; the cluster has 2 slots");
+  EXPECT_THAT(d.unfit, ElementsAre("attention"));
+
+  // None can run it: the reason the manager gave, and the next job goes on.
+  attention.min_ranks = attention.max_ranks = 1;
+  attention.runtime_reason = "no worker can run its model: LibTorch 1.13.0 lacks aten::x";
+  d = Schedule({attention, CpuJob("plain", 2)}, {old_a, old_b});
+  EXPECT_THAT(PlacedIds(d), ElementsAre("plain"));
+  EXPECT_EQ(d.pending_reasons.at("attention"), attention.runtime_reason);
+  EXPECT_THAT(d.unfit, ElementsAre("attention"));
+}
+
 TEST(SchedulerTest, GangIsAllOrNothing) {
   // Needs 3 ranks, only 2 slots free now (4 in the cluster): nothing is placed.
   ScheduleDecision d = Schedule({CpuJob("a", 1, 3, 3)}, {Worker("w1", 2, 1), Worker("w2", 2, 1)});

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -26,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/checkpoint_layout.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/test_tasks.h"
@@ -346,6 +348,61 @@ TEST(TrainerBinaryTest, TrainsATorchScriptModelOnSafetensorsFiles) {
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(ReadFile(dir + "/termination-message"),
               ::testing::StartsWith("model.torchscript: cannot load 'file://" + dir + "/junk.pt'"));
+
+  // A module that calls an operator this LibTorch lacks (as a PyTorch 2 module calls
+  // aten::scaled_dot_product_attention, which 1.13 lacks) is refused before LibTorch loads it,
+  // naming the operator and the version.
+  ProcessResult future =
+      RunProcess({python, "-c",
+                  "import sys, zipfile\n"
+                  "src = zipfile.ZipFile(sys.argv[1]); dst = zipfile.ZipFile(sys.argv[2], 'w')\n"
+                  "for n in src.namelist():\n"
+                  "    b = src.read(n)\n"
+                  "    if n.endswith('/code/__torch__.py'):\n"
+                  "        b += b'\\ndef later(x: Tensor) -> Tensor:\\n  return "
+                  "torch.not_in_any_libtorch(x)\\n'\n"
+                  "    dst.writestr(n, b)\n",
+                  dir + "/net.pt", dir + "/future.pt"},
+                 dir);
+  ASSERT_EQ(future.exit_code, 0) << future.out;
+  spec.mutable_model()->set_torchscript("file://" + dir + "/future.pt");
+  run = RunTrainer(task, dir);
+  EXPECT_EQ(run.exit_code, 2);
+  trainyard::v1::TrainerRuntime runtime;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      RunProcess({TrainerPath(), "--runtime"}, dir).out, &runtime));
+  const std::string& version = runtime.libtorch_version();
+  EXPECT_EQ(ReadFile(dir + "/termination-message"),
+            "model.torchscript: 'file://" + dir + "/future.pt' needs what this worker's LibTorch " +
+                version +
+                " lacks: aten::not_in_any_libtorch (the model was saved by a newer PyTorch; run it "
+                "on workers with a newer LibTorch)\n");
+}
+
+// What the agent reports at registration: the trainer's LibTorch, as PyTorch of the same build
+// names it, and its operators, sorted, among them every one a scripted module of that PyTorch
+// calls.
+TEST(TrainerBinaryTest, RuntimeSaysWhatThisTrainerRuns) {
+  const std::string dir = MakeTempDir();
+  ProcessResult run = RunProcess({TrainerPath(), "--runtime"}, dir);
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  trainyard::v1::TrainerRuntime runtime;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(run.out, &runtime)) << run.out;
+  // PyTorch's own name for its version ("1.13.0a0+git...", "2.6.0+debian") begins with it.
+  const std::string python = "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch' 2>/dev/null").c_str()) == 0) {
+    ProcessResult peer = RunProcess({python, "-c", "import torch; print(torch.__version__)"}, dir);
+    EXPECT_THAT(peer.out, ::testing::StartsWith(runtime.libtorch_version()));
+  }
+  EXPECT_GE(runtime.max_model_format_version(), 3);
+  EXPECT_TRUE(std::is_sorted(runtime.ops().begin(), runtime.ops().end()));
+  EXPECT_GT(runtime.ops_size(), 1000);
+  for (const char* op : {"aten::linear", "aten::layer_norm", "prim::RaiseException"}) {
+    EXPECT_TRUE(std::binary_search(runtime.ops().begin(), runtime.ops().end(), op)) << op;
+  }
+  if (!std::filesystem::exists("/dev/nvidia0")) {
+    EXPECT_FALSE(runtime.cuda());
+  }
 }
 
 TEST(TrainerBinaryTest, ReportsToTheCoordinatorAndDeletesRetiredCheckpoints) {

@@ -177,6 +177,7 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   request.set_memory_bytes(options_.memory_bytes);
   request.set_hostname(options_.hostname);
   request.set_pid(static_cast<int32_t>(getpid()));
+  if (!options_.runtime.libtorch_version().empty()) *request.mutable_runtime() = options_.runtime;
   for (v1::TaskStatus& status : reconciler_.Statuses()) *request.add_tasks() = std::move(status);
   // Waits for the channel's own reconnection instead of failing at once while it backs off: a
   // restarted coordinator is found within moments of listening.

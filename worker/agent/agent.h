@@ -32,6 +32,9 @@ struct AgentOptions {
   std::string hostname;
   std::string work_dir;  // absolute
   std::string trainer_path;
+  // What the trainer runs (QueryTrainerRuntime), reported at registration; no libtorch_version:
+  // unknown (the coordinator then gives it no job that needs particular operators).
+  v1::TrainerRuntime runtime;
   absl::Duration stop_grace_period = absl::Seconds(10);  // plain stops: SIGTERM to SIGKILL
   // Long-poll hold time while the lease stream holds (news answers a poll at once); without the
   // stream (a coordinator that keeps leases by Sync), polls of at most kSyncLeaseWait renew it.

@@ -29,6 +29,7 @@
 #include "worker/agent/preemption_watcher.h"
 #include "worker/agent/process_launcher.h"
 #include "worker/agent/subprocess.h"
+#include "worker/agent/trainer_runtime.h"
 
 namespace {
 
@@ -254,6 +255,17 @@ int main(int argc, char** argv) {
   }
   options.trainer_env["TRAINYARD_DATA_CACHE_BYTES"] =
       absl::StrCat(absl::GetFlag(FLAGS_data_cache_bytes));
+  // What the trainer runs, told at registration: jobs whose models need operators its LibTorch
+  // lacks are not placed here.
+  if (absl::StatusOr<trainyard::v1::TrainerRuntime> runtime = trainyard::QueryTrainerRuntime(
+          options.trainer_path, options.trainer_env, options.work_dir + "/trainer-runtime.txt");
+      runtime.ok()) {
+    options.runtime = *std::move(runtime);
+    trainyard::LogInfo("trainer: ", trainyard::DescribeTrainerRuntime(options.runtime));
+  } else {
+    trainyard::LogWarning("cannot tell what the trainer runs (jobs with TorchScript models will ",
+                          "not be placed here): ", runtime.status().message());
+  }
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       trainyard::NewClientChannel(options.coordinator, credentials, channel_args);
   if (!channel.ok()) {

@@ -32,6 +32,7 @@
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "common/object_store.h"
+#include "google/protobuf/text_format.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/coordinator/grpc_channel.h"
@@ -39,6 +40,7 @@
 #include "worker/trainer/loop/errors.h"
 #include "worker/trainer/loop/shard_task.h"
 #include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/model.h"
 
 ABSL_FLAG(std::string, task_file, "",
           "Path of the task to run: a binary-serialised trainyard.v1.Task.");
@@ -51,6 +53,11 @@ ABSL_FLAG(absl::Duration, coordinator_retry, absl::Seconds(60),
           "How long checkpoint commits and the final reports keep retrying while the coordinator "
           "is unreachable (it may be restarting). Progress reports retry for as long as the "
           "trainer runs.");
+ABSL_FLAG(
+    bool, runtime, false,
+    "Print what this trainer runs and exit: its LibTorch's version, CUDA and NCCL, the newest "
+    "TorchScript archive format it loads and every operator it has (a "
+    "trainyard.v1.TrainerRuntime in text format; the agent reports it at registration).");
 ABSL_FLAG(bool, overlap_communication, true,
           "data_parallel: start each gradient bucket's all-reduce from autograd hooks as soon as "
           "backward has produced it (true), or all of them after backward (false).");
@@ -167,7 +174,8 @@ int ThreadCount(const trainyard::v1::Task& task) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Runs one training task. Usage: trainyard-trainer --task_file=PATH "
-      "[--coordinator=HOST:PORT]\nExit codes: 0 done, 1 internal error, 2 user error (spec, data, "
+      "[--coordinator=HOST:PORT], or trainyard-trainer --runtime\nExit codes: 0 done, 1 internal "
+      "error, 2 user error (spec, data, "
       "model), 3 infrastructure (object store, coordinator, a lost or stuck peer), 143 stopped by "
       "SIGTERM/SIGINT (after checkpointing the step all ranks stop at, unless ./stop-deadline "
       "holds a deadline in unix ms that the save would not meet). On failure the cause is "
@@ -187,6 +195,12 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
 
+  if (absl::GetFlag(FLAGS_runtime)) {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(trainyard::trainer::DescribeRuntime(), &text);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return std::fflush(stdout) == 0 ? trainyard::kExitOk : trainyard::kExitInternal;
+  }
   const std::string task_file = absl::GetFlag(FLAGS_task_file);
   if (task_file.empty()) return Fail(trainyard::kExitInternal, "--task_file is required");
   std::ifstream in(task_file, std::ios::binary);

@@ -1,7 +1,10 @@
 #include "worker/trainer/model/model.h"
 
+#include <caffe2/serialize/versions.h>
 #include <torch/script.h>
+#include <torch/version.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -15,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/object_cache.h"
 #include "common/object_store.h"
+#include "common/torchscript_archive.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -355,6 +359,26 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver
                             : absl::StatusCode::kInvalidArgument,
                         absl::StrCat(field, ": ", bytes.status().message()));
   }
+  // What LibTorch would say of the first operator it lacks (Unknown builtin op), said of all of
+  // them, with the versions. An archive this cannot read is left to LibTorch's own error.
+  absl::StatusOr<TorchScriptNeeds> needs =
+      ReadTorchScriptNeeds(static_cast<int64_t>(bytes->size()), [&](int64_t offset, int64_t n) {
+        return std::string(absl::string_view(*bytes).substr(offset, n));
+      });
+  if (needs.ok()) {
+    static const trainyard::v1::TrainerRuntime* const runtime =
+        new trainyard::v1::TrainerRuntime(DescribeRuntime());
+    const std::string missing =
+        MissingFromRuntime(*needs, {runtime->ops().begin(), runtime->ops().end()},
+                           runtime->max_model_format_version());
+    if (!missing.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": '", uri, "' needs what this worker's LibTorch ",
+                       runtime->libtorch_version(), " lacks: ", missing,
+                       " (the model was saved by a newer PyTorch; run it on workers with a newer "
+                       "LibTorch)"));
+    }
+  }
   std::istringstream in(*bytes);
   try {
     torch::jit::Module module = torch::jit::load(in);
@@ -369,6 +393,23 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": cannot load '", uri, "': ", DescribeTorchError(e), hint));
   }
+}
+
+trainyard::v1::TrainerRuntime DescribeRuntime() {
+  trainyard::v1::TrainerRuntime runtime;
+  runtime.set_libtorch_version(TORCH_VERSION);
+  runtime.set_cuda(torch::cuda::is_available());
+  runtime.set_nccl(TRAINYARD_WITH_NCCL && runtime.cuda());
+  runtime.set_max_model_format_version(
+      static_cast<int64_t>(caffe2::serialize::kMaxSupportedFileFormatVersion));
+  std::vector<std::string> ops;
+  for (const std::shared_ptr<torch::jit::Operator>& op : torch::jit::getAllOperators()) {
+    ops.push_back(op->schema().name());
+  }
+  std::sort(ops.begin(), ops.end());
+  ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
+  for (std::string& op : ops) runtime.add_ops(std::move(op));
+  return runtime;
 }
 
 absl::Status ApplyMemoryFormat(Model& model, const std::string& format) {

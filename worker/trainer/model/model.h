@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/object_store.h"
+#include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
 #include "worker/trainer/model/tensors.h"
 
@@ -88,10 +89,17 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
 // The TorchScript module at `uri` (a path, file:// or s3:// URI; s3 through the worker's object
 // cache, so that a restart does not download it again), on the CPU and in training mode.
 // `field` names the spec field in errors: INVALID_ARGUMENT "<field>: ..." for a bad URI or a file
-// that is not a module, NOT_FOUND when there is no such file.
+// that is not a module, NOT_FOUND when there is no such file. A module that calls operators this
+// LibTorch lacks (or is of a newer archive format) is FAILED_PRECONDITION naming them and the
+// version, before LibTorch tries to load it.
 absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver& stores,
                                                        const std::string& uri,
                                                        absl::string_view field);
+
+// What this trainer runs: its LibTorch's version, whether it has CUDA (built with it, and a GPU
+// it can use) and NCCL, the newest TorchScript archive format it loads, and every operator it
+// has, sorted. What `trainyard-trainer --runtime` prints and the agent reports at registration.
+trainyard::v1::TrainerRuntime DescribeRuntime();
 
 // model.memory_format: "channels_last" lays every 4-D parameter out as NHWC in place (what
 // PyTorch's model.to(memory_format=torch.channels_last) does), so that convolutions take and give
