@@ -30,7 +30,7 @@ packages=(
   # benchmarks only (bench/cpu_step.py)
   python3-torchvision
   # examples only: the text the language-model examples train on
-  bible-kjv-text
+  bible-kjv
 )
 
 missing=()

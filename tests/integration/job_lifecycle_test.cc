@@ -206,6 +206,47 @@ TEST(JobLifecycleTest, BadSpecIsRefusedNamingTheField) {
   EXPECT_EQ(listed.output.find("\"bad"), std::string::npos) << listed.output;
 }
 
+// The workers say which LibTorch their trainers run (`trainyard workers`), and a model that calls
+// an operator none of them has is refused at submission, naming it and the version: it never
+// reaches a worker. (The archive is laid out as torch.jit.save writes it; its code calls
+// torch.not_in_any_libtorch as a PyTorch 2 module calls torch.scaled_dot_product_attention, which
+// LibTorch 1.13 lacks.)
+TEST(JobLifecycleTest, AModelNoWorkerCanLoadIsRefusedNamingWhatItLacks) {
+  Cluster cluster;
+  Process runtime({BinDir() + "/trainyard-trainer", "--runtime"},
+                  cluster.state_dir() + "/../runtime.log");
+  ASSERT_TRUE(runtime.Wait(absl::Seconds(60)).has_value());
+  const std::string log = runtime.Log();
+  const size_t at = log.find("libtorch_version: \"");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string version = log.substr(at + 19, log.find('"', at + 19) - at - 19);
+  auto workers = cluster.Cli({"workers"});
+  ASSERT_EQ(workers.exit_code, 0) << workers.output;
+  EXPECT_NE(workers.output.find("LIBTORCH"), std::string::npos) << workers.output;
+  EXPECT_NE(workers.output.find(" " + version), std::string::npos) << workers.output;
+
+  const std::string dir = cluster.state_dir() + "/..";
+  Process write({"/usr/bin/python3", "-c",
+                 "import sys, zipfile\n"
+                 "z = zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED)\n"
+                 "z.writestr('m/code/__torch__.py', 'class M(Module):\\n  def forward(self, x: "
+                 "Tensor) -> Tensor:\\n    return torch.not_in_any_libtorch(torch.relu(x))\\n')\n"
+                 "z.writestr('m/version', '3\\n')\n",
+                 dir + "/future.pt"},
+                dir + "/write.log");
+  ASSERT_EQ(write.Wait(absl::Seconds(60)), 0) << write.Log();
+  const std::string spec_path = dir + "/future.yaml";
+  std::ofstream(spec_path) << absl::StrReplaceAll(
+      SyntheticJob("future", 10), {{"builtin: mlp\n  args: {inputs: 16, hidden: [32], classes: 4}",
+                                    absl::StrCat("torchscript: ", dir, "/future.pt")}});
+  auto cli = cluster.Cli({"submit", spec_path});
+  EXPECT_NE(cli.exit_code, 0) << cli.output;
+  EXPECT_NE(cli.output.find(absl::StrCat("LibTorch ", version)), std::string::npos) << cli.output;
+  EXPECT_NE(cli.output.find("lacks aten::not_in_any_libtorch"), std::string::npos) << cli.output;
+  auto listed = cluster.Cli({"jobs", "-o", "json"});
+  EXPECT_EQ(listed.output.find("\"future"), std::string::npos) << listed.output;
+}
+
 TEST(JobLifecycleTest, FailingTrainerFailsTheJobWithItsCause) {
   Cluster cluster;
   const std::string yaml =

@@ -48,18 +48,11 @@ struct ParityRun {
 };
 constexpr int kParitySteps = 25;
 
-void TrainBoth(const std::string& precision, ParityRun* run) {
-  TempDir dir;
-  const std::string model = dir.path() + "/model.pt";
-  const std::string data_dir = dir.path() + "/data";
-  auto [model_rc, model_out] =
-      RunCommand({kPython, SourceDir() + "/examples/write_torchscript_model.py", "--out", model,
-                  "--inputs", "12", "--hidden", "24", "--classes", "3", "--seed", "5"},
-                 dir.path() + "/model.log");
-  ASSERT_EQ(model_rc, 0) << model_out;
-  auto [data_rc, data_out] = WriteData(data_dir);
-  ASSERT_EQ(data_rc, 0) << data_out;
-
+// `model` trained for `steps` steps on the safetensors files in `data_dir` (unshuffled) by a
+// Trainyard job and by reference_train.py, into `run`.
+void TrainModelBoth(const std::string& model, const std::string& data_dir,
+                    const std::string& precision, int steps, const std::string& dir,
+                    ParityRun* run) {
   Cluster cluster;
   auto submitted = cluster.Submit(absl::StrCat(R"(
 name: parity
@@ -73,7 +66,7 @@ loss: cross_entropy
 precision: )",
                                                precision, R"(
 max_steps: )",
-                                               kParitySteps, R"(
+                                               steps, R"(
 log_every_steps: 1
 )"));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
@@ -90,15 +83,28 @@ log_every_steps: 1
   ASSERT_TRUE(absl::EndsWith(*exported, "model.pt")) << *exported;
   auto [ref_rc, ref_out] = RunCommand(
       {kPython, SourceDir() + "/tests/integration/reference_train.py", "--model", model, "--data",
-       data_dir + "/*.safetensors", "--batch", "32", "--steps", std::to_string(kParitySteps),
-       "--lr", "0.05", "--momentum", "0.9", "--precision", precision, "--compare-with",
-       *exported},
-      dir.path() + "/reference.log");
+       data_dir + "/*.safetensors", "--batch", "32", "--steps", std::to_string(steps), "--lr",
+       "0.05", "--momentum", "0.9", "--precision", precision, "--compare-with", *exported},
+      dir + "/reference.log");
   ASSERT_EQ(ref_rc, 0) << ref_out;
   run->reference = ParseStepLosses(ref_out);
   run->reference_output = ref_out;
-  ASSERT_EQ(run->reference.size(), static_cast<size_t>(kParitySteps)) << ref_out;
-  ASSERT_EQ(run->ours.size(), static_cast<size_t>(kParitySteps)) << *logs;
+  ASSERT_EQ(run->reference.size(), static_cast<size_t>(steps)) << ref_out;
+  ASSERT_EQ(run->ours.size(), static_cast<size_t>(steps)) << *logs;
+}
+
+void TrainBoth(const std::string& precision, ParityRun* run) {
+  TempDir dir;
+  const std::string model = dir.path() + "/model.pt";
+  const std::string data_dir = dir.path() + "/data";
+  auto [model_rc, model_out] =
+      RunCommand({kPython, SourceDir() + "/examples/write_torchscript_model.py", "--out", model,
+                  "--inputs", "12", "--hidden", "24", "--classes", "3", "--seed", "5"},
+                 dir.path() + "/model.log");
+  ASSERT_EQ(model_rc, 0) << model_out;
+  auto [data_rc, data_out] = WriteData(data_dir);
+  ASSERT_EQ(data_rc, 0) << data_out;
+  TrainModelBoth(model, data_dir, precision, kParitySteps, dir.path(), run);
 }
 
 double MaxParamDiff(const std::string& reference_output) {
@@ -140,6 +146,43 @@ TEST(PyTorchParityTest, Bf16MatchesPyTorchsCpuAutocast) {
   EXPECT_GT(max_bf16_effect, 1e-4);
   EXPECT_LT(MaxParamDiff(bf16.reference_output), 1e-4) << bf16.reference_output;
   EXPECT_LT(bf16.reference.rbegin()->second, bf16.reference.begin()->second);
+}
+
+// A transformer as users write it with PyTorch 2 (examples/gpt/gpt.py: causal self-attention
+// through scaled_dot_product_attention, GELU, pre-norm, a tied head), scripted by PyTorch and
+// trained by Trainyard and by the same loop in PyTorch: per-step losses within 1e-5 for 20 steps.
+// Needs PyTorch 2 beside a LibTorch 2 (Debian 13: make test-trixie, and CI's Debian 13 run); on
+// Debian 12, whose PyTorch 1.13 cannot script such a model, it is skipped.
+TEST(PyTorchParityTest, TransformerWithScaledDotProductAttentionMatchesPyTorch) {
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
+  TempDir dir;
+  const std::string model = dir.path() + "/gpt.pt";
+  const std::string data_dir = dir.path() + "/data";
+  auto [model_rc, model_out] =
+      RunCommand({kPython, SourceDir() + "/examples/gpt/gpt.py", "model", "--out", model,
+                  "--context", "16", "--layers", "2", "--dim", "32", "--heads", "4"},
+                 dir.path() + "/model.log");
+  if (model_rc == 77) GTEST_SKIP() << model_out;
+  ASSERT_EQ(model_rc, 0) << model_out;
+  // Any text will do: this file's own.
+  auto [data_rc, data_out] =
+      RunCommand({kPython, SourceDir() + "/examples/gpt/gpt.py", "data", "--out-dir", data_dir,
+                  "--text", SourceDir() + "/tests/integration/pytorch_parity_test.cc", "--context",
+                  "16", "--stride", "3"},
+                 dir.path() + "/data.log");
+  ASSERT_EQ(data_rc, 0) << data_out;
+  ParityRun run;
+  constexpr int kSteps = 20;
+  ASSERT_NO_FATAL_FAILURE(TrainModelBoth(model, data_dir, "fp32", kSteps, dir.path(), &run));
+  double max_gap = 0;
+  for (const auto& [step, loss] : run.reference) {
+    ASSERT_EQ(run.ours.count(step), 1u) << step;
+    EXPECT_NEAR(run.ours[step], loss, 1e-5) << "step " << step;
+    max_gap = std::max(max_gap, std::abs(run.ours[step] - loss));
+  }
+  std::cout << "transformer: largest per-step gap to PyTorch " << max_gap << "\n";
+  EXPECT_LT(MaxParamDiff(run.reference_output), 1e-4) << run.reference_output;
+  EXPECT_LT(run.reference.rbegin()->second, run.reference.begin()->second);
 }
 
 // Knowledge distillation on every strategy: a TorchScript teacher and an MLP student, both
