@@ -46,9 +46,11 @@ images:
 test-images: build images
 	@bash tests/images/cluster_test.sh $(BUILD_DIR)
 
-# The same sources built and unit-tested against Debian 13's LibTorch 2.6 in a debootstrap root.
+# The README's commands in a Debian 13 root (debootstrap, kept in /var/tmp/trainyard-trixie):
+# `make test` there (TRIXIE_TARGET=demo for the demo; CTEST_ARGS as for make test).
+TRIXIE_TARGET ?= test
 test-trixie:
-	@bash scripts/trixie-test.sh
+	@bash scripts/trixie-test.sh $(TRIXIE_TARGET) $(CTEST_ARGS)
 
 # What a bare CUDA machine needs to build and check the trainer (.gpu/, scripts/gpu-check.sh
 # there), and the check rehearsed without a GPU in a Debian 13 root that has none of our -dev

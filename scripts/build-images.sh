@@ -2,13 +2,20 @@
 # Builds the two images of deploy/Dockerfile with podman, offline if need be:
 #   localhost/trainyard-dev:TAG  (target dev: every build and test dependency)
 #   localhost/trainyard:TAG      (target runtime: the four binaries and their libraries)
-# The Debian 12 bases come from docker.io when it can be reached; otherwise from debootstrap and
-# this machine's Debian mirror, imported as localhost/debian:12 and localhost/debian:12-slim.
+# on Debian 13 (trixie: LibTorch 2.6), or with TRAINYARD_DEBIAN=12 on Debian 12 (bookworm:
+# LibTorch 1.13), tagged TAG-debian12. The bases come from docker.io when it can be reached;
+# otherwise from debootstrap and this machine's Debian mirror, imported as localhost/debian:13 and
+# localhost/debian:13-slim (or :12, :12-slim).
 # Builds and containers use the host's network (everything listens on 127.0.0.1).
-# Usage: scripts/build-images.sh [TAG]   (default: latest). Run as root.
+# Usage: [TRAINYARD_DEBIAN=12] scripts/build-images.sh [TAG]   (default: latest). Run as root.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tag=${1:-latest}
+release=${TRAINYARD_DEBIAN:-13}
+case "$release" in
+  13) codename=trixie; tag=${1:-latest} ;;
+  12) codename=bookworm; tag=${1:-latest}-debian12 ;;
+  *) echo "build-images: TRAINYARD_DEBIAN must be 13 or 12, not '$release'" >&2; exit 2 ;;
+esac
 work=${TRAINYARD_IMAGES_DIR:-/var/tmp/trainyard-images}
 mkdir -p "$work"
 
@@ -41,14 +48,14 @@ mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
-# A Debian 12 image from debootstrap; with "slim", without documentation, manuals, locales and
+# A Debian image of $codename from debootstrap; with "slim", without documentation, manuals, locales and
 # package lists.
 debootstrap_image() {
   local name=$1 slim=${2:-}
   local root="$work/root-$$"
   echo "build-images: making $name with debootstrap from $(mirror)"
   rm -rf "$root"
-  debootstrap --variant=minbase bookworm "$root" "$(mirror)" >"$work/debootstrap.log" 2>&1 ||
+  debootstrap --variant=minbase "$codename" "$root" "$(mirror)" >"$work/debootstrap.log" 2>&1 ||
     { tail -20 "$work/debootstrap.log" >&2; exit 1; }
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
   if [ -n "$slim" ]; then
@@ -59,16 +66,17 @@ debootstrap_image() {
   rm -rf "$root"
 }
 
-base=localhost/debian:12
-runtime_base=localhost/debian:12-slim
-if podman image exists docker.io/library/debian:12 ||
-   timeout 60 podman pull -q docker.io/library/debian:12 >/dev/null 2>&1; then
-  base=docker.io/library/debian:12
-  timeout 60 podman pull -q docker.io/library/debian:12-slim >/dev/null 2>&1 &&
-    runtime_base=docker.io/library/debian:12-slim
+base=localhost/debian:$release
+runtime_base=localhost/debian:$release-slim
+if podman image exists "docker.io/library/debian:$release" ||
+   timeout 60 podman pull -q "docker.io/library/debian:$release" >/dev/null 2>&1; then
+  base=docker.io/library/debian:$release
+  timeout 60 podman pull -q "docker.io/library/debian:$release-slim" >/dev/null 2>&1 &&
+    runtime_base=docker.io/library/debian:$release-slim
 fi
-[ "$base" != localhost/debian:12 ] || podman image exists "$base" || debootstrap_image "$base"
-[ "$runtime_base" != localhost/debian:12-slim ] || podman image exists "$runtime_base" ||
+[ "$base" != "localhost/debian:$release" ] || podman image exists "$base" ||
+  debootstrap_image "$base"
+[ "$runtime_base" != "localhost/debian:$release-slim" ] || podman image exists "$runtime_base" ||
   debootstrap_image "$runtime_base" slim
 
 # The machine's certificate authorities, for the build's downloads over HTTPS (npm) behind a

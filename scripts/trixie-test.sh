@@ -1,47 +1,34 @@
 #!/usr/bin/env bash
-# Builds Trainyard against a current LibTorch and runs its tests there: Debian 13 (trixie) has
-# LibTorch 2.6 (with GCC 14, CMake 3.31, gRPC 1.51, Abseil, Gloo), against Debian 12's 1.13.
-# A trixie root made with debootstrap from this machine's Debian mirror holds the toolchain; the
-# sources (what git tracks, and what it does not ignore) are copied in and built there.
-# Usage: scripts/trixie-test.sh [CTEST_ARGS...]   (as root; default: every test, as make test)
-#   ROOT=/var/tmp/trainyard-trixie by default; kept between runs (packages and build tree).
+# The README's commands on Debian 13 (trixie: GCC 14, LibTorch 2.6, gRPC 1.51) in a root made
+# with debootstrap from this machine's Debian mirror: the sources (what git tracks, and what it
+# does not ignore) are copied in and `make TARGET` runs there as on a Debian 13 machine, as root,
+# scripts/install-deps.sh first (it installs what trixie lacks, natively). The root, its build
+# tree (/build) and its s3rver (/opt/tools) are kept between runs, so a second run builds only
+# what changed.
+# Usage: scripts/trixie-test.sh [TARGET] [CTEST_ARGS...]   (as root)
+#   TARGET: test (default: every test, as make test), demo, test-examples, build, ...
+#   e.g. scripts/trixie-test.sh test -L 'unit|parity'   (what .ci/run runs)
+#   ROOT=/var/tmp/trainyard-trixie by default.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 root=${ROOT:-/var/tmp/trainyard-trixie}
-ctest_args=("$@")
+target=${1:-test}
+shift || true
+ctest_args=$(printf "%q " "$@")  # quoted again for the shell that runs ctest in make
 [ "$(id -u)" -eq 0 ] || { echo "trixie-test: run as root (debootstrap, chroot)" >&2; exit 1; }
 # shellcheck source=scripts/trixie-root.sh
 source "$here/scripts/trixie-root.sh"
 trixie_root "$root" trixie-test
 
-# What scripts/install-deps.sh installs, from trixie.
-packages=(build-essential cmake pkg-config git libgrpc++-dev protobuf-compiler-grpc
-  libprotobuf-dev protobuf-compiler libtorch-dev libopenblas0-pthread libgloo-dev libabsl-dev
-  prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev
-  libyaml-cpp-dev nlohmann-json3-dev python3-torch python3-numpy python3-optuna curl openssl
-  awscli python3-botocore prometheus yamllint python3-grpcio python3-protobuf nodejs npm iproute2
-  nftables)
-missing=$(chroot "$root" dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>&1 |
-  grep -vc '^install ok installed$' || true)
-if [ "$missing" != 0 ]; then
-  echo "trixie-test: installing the build dependencies"
-  chroot "$root" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -qq --no-install-recommends \
-    "${packages[@]}" >"$root.apt.log" 2>&1 || { tail -20 "$root.apt.log" >&2; exit 1; }
-fi
-# s3rver for the S3 tests, outside the source folder (which each run replaces); npm trusts this
-# machine's certificate authorities (a proxy it goes through, say) for the install only.
-if [ ! -x "$root/opt/tools/node_modules/.bin/s3rver" ]; then
-  cp /etc/ssl/certs/ca-certificates.crt "$root/tmp/host-ca.crt"
-  chroot "$root" env NPM_CONFIG_CAFILE=/tmp/host-ca.crt npm install --silent --no-audit \
-    --no-fund --prefix /opt/tools s3rver@3 >/dev/null
-  rm -f "$root/tmp/host-ca.crt"
-fi
-echo "trixie-test: $(chroot "$root" sh -c 'g++ --version | head -1'), LibTorch" \
-  "$(chroot "$root" python3 -c 'import torch; print(torch.__version__)')"
-
 trixie_copy_sources "$here" "$root"
+mkdir -p "$root/opt/tools" "$root/build"
 ln -s /opt/tools "$root/src/.tools"
-chroot "$root" bash -c "cmake -S /src -B /build -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-  cmake --build /build -j\$(nproc) &&
-  cd /build && ctest --output-on-failure --timeout 600 ${ctest_args[*]}"
+# npm (s3rver) trusts this machine's certificate authorities (a proxy it goes through, say).
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/host-ca.crt"
+start=$(date +%s)
+chroot "$root" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  HOME=/root LANG=C.UTF-8 NODE_EXTRA_CA_CERTS=/etc/ssl/host-ca.crt \
+  make -C /src "$target" BUILD_DIR=/build CTEST_ARGS="$ctest_args"
+echo "trixie-test: make $target passed on $(chroot "$root" sh -c '. /etc/os-release; echo $PRETTY_NAME')," \
+  "$(chroot "$root" sh -c 'g++ --version | head -1'), LibTorch" \
+  "$(chroot "$root" python3 -c 'import torch; print(torch.__version__)') in $(( $(date +%s) - start )) s"
