@@ -43,6 +43,7 @@ echo "gpu-rehearsal: $(chroot "$root" sh -c 'g++ --version | head -1'), $(chroot
 
 # The sources and the bundle, as the device machine gets them; its build folder is kept.
 trixie_copy_sources "$here" "$root"
+rm -rf "$root/src/.gpu"
 cp -a "$here/.gpu" "$root/src/.gpu"
 rm -rf "$root/out"
 mkdir -p "$root/out"

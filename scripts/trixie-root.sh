@@ -37,11 +37,25 @@ trixie_unmount() {
 }
 
 # trixie_copy_sources HERE ROOT: the sources as a checkout has them (what git tracks, and what it
-# does not ignore) in ROOT/src, replacing what was there.
+# does not ignore) in ROOT/src. A file whose content changed since the last copy gets the time of
+# this copy (tar would keep the checkout's, which may be older than the objects a build made from
+# the last copy, and make would skip it); an unchanged one keeps its time, so a build there
+# redoes only what changed. Files gone from the checkout go from ROOT/src too.
 trixie_copy_sources() {
-  local here=$1 root=$2
-  rm -rf "$root/src"
-  mkdir -p "$root/src"
+  local here=$1 root=$2 stage="$2/src.new" f
+  rm -rf "$stage"
+  mkdir -p "$stage" "$root/src"
   (cd "$here" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -c) |
-    tar -x -C "$root/src"
+    tar -x -C "$stage"
+  while IFS= read -r -d '' f; do
+    if ! cmp -s "$stage/$f" "$root/src/$f"; then
+      mkdir -p "$(dirname "$root/src/$f")"
+      rm -f "$root/src/$f"
+      cp "$stage/$f" "$root/src/$f"
+    fi
+  done < <(cd "$stage" && find . -type f -print0)
+  while IFS= read -r -d '' f; do
+    [ -e "$stage/$f" ] || rm -f "$root/src/$f"
+  done < <(cd "$root/src" && find . -type f -print0)
+  rm -rf "$stage"
 }

@@ -22,7 +22,7 @@ trixie_root "$root" trixie-test
 
 trixie_copy_sources "$here" "$root"
 mkdir -p "$root/opt/tools" "$root/build"
-ln -s /opt/tools "$root/src/.tools"
+ln -sfn /opt/tools "$root/src/.tools"
 # npm (s3rver) trusts this machine's certificate authorities (a proxy it goes through, say).
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/host-ca.crt"
 start=$(date +%s)

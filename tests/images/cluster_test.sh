@@ -99,6 +99,15 @@ for i in 0 1 2; do
 done
 ready() { [ "$("${cli[@]}" workers | grep -c READY)" -eq 3 ]; }
 wait_for "three READY workers" 60 ready
+# Each worker says which LibTorch its trainer runs: the image's (2.x on Debian 13, 1.13 in the
+# -debian12 variant).
+libtorch=$(podman run --rm --network host --entrypoint /usr/local/bin/trainyard-trainer "$image" \
+  --runtime | sed -n 's/^libtorch_version: "\(.*\)"$/\1/p')
+echo "the image's trainer: LibTorch $libtorch"
+case "$tag" in *-debian12) [[ "$libtorch" == 1.13.* ]] ;; *) [[ "$libtorch" == 2.* ]] ;; esac ||
+  fail "image $image runs LibTorch $libtorch"
+[ "$("${cli[@]}" workers | grep -c " $libtorch ")" -eq 3 ] ||
+  fail "not every worker says it runs LibTorch $libtorch: $("${cli[@]}" workers)"
 
 # Every attempt of the job waits after 20 updates past its start (the trainer's test hold) until
 # the hold file goes: the preemption comes while the job is mid-run.

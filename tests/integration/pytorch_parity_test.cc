@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -146,6 +147,44 @@ TEST(PyTorchParityTest, Bf16MatchesPyTorchsCpuAutocast) {
   EXPECT_GT(max_bf16_effect, 1e-4);
   EXPECT_LT(MaxParamDiff(bf16.reference_output), 1e-4) << bf16.reference_output;
   EXPECT_LT(bf16.reference.rbegin()->second, bf16.reference.begin()->second);
+}
+
+// A parameter shared by two layers (as a language model ties its head to its embedding) is one
+// parameter: LibTorch lists it under both names, and an optimizer that took it twice would step it
+// twice per update; PyTorch's named_parameters() gives it once.
+TEST(PyTorchParityTest, TiedParametersAreSteppedOnce) {
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
+  TempDir dir;
+  const std::string model = dir.path() + "/tied.pt";
+  // From a file: scripting reads the class's source.
+  std::ofstream(dir.path() + "/tied.py") << "import sys, torch\n"
+                                            "from torch import nn\n"
+                                            "class Tied(nn.Module):\n"
+                                            "    def __init__(self):\n"
+                                            "        super().__init__()\n"
+                                            "        self.a = nn.Linear(12, 12)\n"
+                                            "        self.b = nn.Linear(12, 12)\n"
+                                            "        self.b.weight = self.a.weight\n"
+                                            "        self.out = nn.Linear(12, 3)\n"
+                                            "    def forward(self, x):\n"
+                                            "        h = torch.relu(self.a(x))\n"
+                                            "        return self.out(torch.relu(self.b(h)))\n"
+                                            "torch.manual_seed(5)\n"
+                                            "torch.jit.script(Tied()).save(sys.argv[1])\n";
+  auto [model_rc, model_out] =
+      RunCommand({kPython, dir.path() + "/tied.py", model}, dir.path() + "/model.log");
+  ASSERT_EQ(model_rc, 0) << model_out;
+  auto [data_rc, data_out] = WriteData(dir.path() + "/data");
+  ASSERT_EQ(data_rc, 0) << data_out;
+  ParityRun run;
+  ASSERT_NO_FATAL_FAILURE(
+      TrainModelBoth(model, dir.path() + "/data", "fp32", kParitySteps, dir.path(), &run));
+  for (const auto& [step, loss] : run.reference) {
+    ASSERT_EQ(run.ours.count(step), 1u) << step;
+    EXPECT_NEAR(run.ours[step], loss, 1e-5) << "step " << step;
+  }
+  EXPECT_LT(MaxParamDiff(run.reference_output), 1e-4) << run.reference_output;
+  EXPECT_LT(run.reference.rbegin()->second, run.reference.begin()->second);
 }
 
 // A transformer as users write it with PyTorch 2 (examples/gpt/gpt.py: causal self-attention

@@ -144,9 +144,18 @@ class ScriptModel final : public Model {
     TORCH_CHECK(out.isTensor(), "forward() must return a Tensor, got ", out.tagKind());
     return out.toTensor();
   }
+  // A parameter shared by two modules (a language model's head tied to its embedding) once,
+  // under its first name, as PyTorch's named_parameters() gives it: the optimizer must not step
+  // it twice, nor a collective reduce its gradient twice. LibTorch's lists it under every name.
   NamedTensors NamedParameters() override {
     NamedTensors out;
-    for (const auto& p : module_.named_parameters(true)) out.emplace_back(p.name, p.value);
+    std::vector<const void*> seen;
+    for (const auto& p : module_.named_parameters(true)) {
+      const void* impl = p.value.unsafeGetTensorImpl();
+      if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+      seen.push_back(impl);
+      out.emplace_back(p.name, p.value);
+    }
     return out;
   }
   NamedTensors NamedBuffers() override {
