@@ -1,6 +1,6 @@
 # Sourced by scripts/trixie-test.sh and scripts/gpu-rehearsal.sh: a Debian 13 (trixie) root made
-# with debootstrap from this machine's Debian mirror, kept between runs, with /proc, /sys and /dev
-# bound into it until the sourcing script exits.
+# with debootstrap from this machine's Debian mirror, kept between runs, bound onto itself with
+# /proc, /sys and /dev bound into it until the sourcing script exits.
 
 # trixie_root ROOT NAME: makes ROOT if it has no apt-get yet and mounts into it; NAME prefixes the
 # messages. Needs root.
@@ -21,6 +21,12 @@ trixie_root() {
   trixie_mounted=()
   trap trixie_unmount EXIT
   trap 'exit 1' INT TERM
+  # The root a mount point of its own, as / is on a machine: tests that make namespaces change
+  # the propagation of / (unshare --mount-proc, ip netns), which a plain folder refuses.
+  if ! mountpoint -q "$root"; then
+    mount --bind "$root" "$root"
+    trixie_mounted+=("$root")
+  fi
   local d
   for d in proc sys dev; do
     if ! mountpoint -q "$root/$d"; then

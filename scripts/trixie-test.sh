@@ -26,8 +26,12 @@ ln -sfn /opt/tools "$root/src/.tools"
 # npm (s3rver) trusts this machine's certificate authorities (a proxy it goes through, say).
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/host-ca.crt"
 start=$(date +%s)
+# In PID and mount namespaces of its own, as on a machine of its own: its process 1 is make, so
+# that Debian 13's `ip netns` (which opens /proc/1/ns/net) works where this machine's process 1
+# is out of reach (a container), and the tests' mounts go when it ends.
 chroot "$root" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   HOME=/root LANG=C.UTF-8 NODE_EXTRA_CA_CERTS=/etc/ssl/host-ca.crt \
+  unshare --pid --fork --kill-child --mount-proc \
   make -C /src "$target" BUILD_DIR=/build CTEST_ARGS="$ctest_args"
 echo "trixie-test: make $target passed on $(chroot "$root" sh -c '. /etc/os-release; echo $PRETTY_NAME')," \
   "$(chroot "$root" sh -c 'g++ --version | head -1'), LibTorch" \

@@ -113,17 +113,25 @@ double MaxParamDiff(const std::string& reference_output) {
   return at == std::string::npos ? 1e9 : std::stod(reference_output.substr(at + 15));
 }
 
+// Every step's loss within `tolerance` of PyTorch's, the trained parameters within 1e-4, and the
+// loss fell (a loop that trained nothing would not pass by accident). The largest gap.
+double ExpectMatchesPyTorch(ParityRun& run, double tolerance) {
+  double max_gap = 0;
+  for (const auto& [step, loss] : run.reference) {
+    EXPECT_EQ(run.ours.count(step), 1u) << step;
+    EXPECT_NEAR(run.ours[step], loss, tolerance) << "step " << step;
+    max_gap = std::max(max_gap, std::abs(run.ours[step] - loss));
+  }
+  EXPECT_LT(MaxParamDiff(run.reference_output), 1e-4) << run.reference_output;
+  EXPECT_LT(run.reference.rbegin()->second, run.reference.begin()->second);
+  return max_gap;
+}
+
 TEST(PyTorchParityTest, PerStepLossesMatchPyTorch) {
   if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
   ParityRun run;
   ASSERT_NO_FATAL_FAILURE(TrainBoth("fp32", &run));
-  for (const auto& [step, loss] : run.reference) {
-    ASSERT_EQ(run.ours.count(step), 1u) << step;
-    EXPECT_NEAR(run.ours[step], loss, 1e-4) << "step " << step;
-  }
-  EXPECT_LT(MaxParamDiff(run.reference_output), 1e-4) << run.reference_output;
-  // The losses moved: a loop that trained nothing would not pass by accident.
-  EXPECT_LT(run.reference.rbegin()->second, run.reference.begin()->second);
+  ExpectMatchesPyTorch(run, 1e-4);
 }
 
 // precision: bf16 on a CPU against torch.autocast("cpu", dtype=torch.bfloat16): the same ops
@@ -179,12 +187,7 @@ TEST(PyTorchParityTest, TiedParametersAreSteppedOnce) {
   ParityRun run;
   ASSERT_NO_FATAL_FAILURE(
       TrainModelBoth(model, dir.path() + "/data", "fp32", kParitySteps, dir.path(), &run));
-  for (const auto& [step, loss] : run.reference) {
-    ASSERT_EQ(run.ours.count(step), 1u) << step;
-    EXPECT_NEAR(run.ours[step], loss, 1e-5) << "step " << step;
-  }
-  EXPECT_LT(MaxParamDiff(run.reference_output), 1e-4) << run.reference_output;
-  EXPECT_LT(run.reference.rbegin()->second, run.reference.begin()->second);
+  ExpectMatchesPyTorch(run, 1e-5);
 }
 
 // A transformer as users write it with PyTorch 2 (examples/gpt/gpt.py: causal self-attention
@@ -213,15 +216,8 @@ TEST(PyTorchParityTest, TransformerWithScaledDotProductAttentionMatchesPyTorch) 
   ParityRun run;
   constexpr int kSteps = 20;
   ASSERT_NO_FATAL_FAILURE(TrainModelBoth(model, data_dir, "fp32", kSteps, dir.path(), &run));
-  double max_gap = 0;
-  for (const auto& [step, loss] : run.reference) {
-    ASSERT_EQ(run.ours.count(step), 1u) << step;
-    EXPECT_NEAR(run.ours[step], loss, 1e-5) << "step " << step;
-    max_gap = std::max(max_gap, std::abs(run.ours[step] - loss));
-  }
-  std::cout << "transformer: largest per-step gap to PyTorch " << max_gap << "\n";
-  EXPECT_LT(MaxParamDiff(run.reference_output), 1e-4) << run.reference_output;
-  EXPECT_LT(run.reference.rbegin()->second, run.reference.begin()->second);
+  std::cout << "transformer: largest per-step gap to PyTorch " << ExpectMatchesPyTorch(run, 1e-5)
+            << "\n";
 }
 
 // Knowledge distillation on every strategy: a TorchScript teacher and an MLP student, both
