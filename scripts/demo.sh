@@ -57,8 +57,9 @@ done
 
 echo
 echo "==> Writing a dataset (60,000 samples in 4 safetensors shards) to $work/data"
-/usr/bin/python3 "$here/examples/write_dataset.py" --out-dir "$work/data" --samples 60000 \
-  --features 32 --classes 4 --noise 4 --files 4 --seed 1 >/dev/null
+/usr/bin/python3 "$here/examples/write_dataset.py" --trainyard "$bin/trainyard" \
+  --out-dir "$work/data" --samples 60000 --features 32 --classes 4 --noise 4 --files 4 \
+  --seed 1 >/dev/null
 stop_if_interrupted
 
 spec="$work/demo-job.yaml"

@@ -19,16 +19,26 @@ POLL_S = 0.1
 TIMEOUT_S = 300
 
 
+def cli_json(trainyard, *args):
+    """The JSON a CLI command prints; a call that fails (a loaded machine, a busy coordinator) is
+    tried again for up to 30 s before its error stops the demo."""
+    deadline = time.time() + 30
+    while True:
+        run = subprocess.run([trainyard, *args, "-o", "json"], capture_output=True, text=True)
+        if run.returncode == 0:
+            return json.loads(run.stdout)
+        if time.time() > deadline:
+            sys.exit("demo: trainyard %s failed (exit %d): %s" % (" ".join(args), run.returncode,
+                                                                run.stderr.strip()))
+        time.sleep(1)
+
+
 def describe(trainyard, job):
-    out = subprocess.run([trainyard, "describe", "-o", "json", job], capture_output=True,
-                         text=True, check=True).stdout
-    return json.loads(out)
+    return cli_json(trainyard, "describe", job)
 
 
 def workers(trainyard):
-    out = subprocess.run([trainyard, "workers", "-o", "json"], capture_output=True, text=True,
-                         check=True).stdout
-    return json.loads(out).get("workers", [])
+    return cli_json(trainyard, "workers").get("workers", [])
 
 
 def num(obj, key):
