@@ -95,8 +95,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   info.set_hostname(request.hostname());
   info.set_pid(request.pid());
   info.set_state(v1::READY);
-  std::shared_ptr<const WorkerRuntime> runtime;
-  if (request.has_runtime() && !request.runtime().libtorch_version().empty()) {
+  // What its trainer runs, when the agent could tell.
+  const bool told_runtime = !request.runtime().libtorch_version().empty();
+  if (told_runtime) {
     info.set_libtorch_version(request.runtime().libtorch_version());
     if (request.runtime().cuda()) info.add_features("cuda");
     if (request.runtime().nccl()) info.add_features("nccl");
@@ -118,10 +119,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   StoreMutation m;
   m.workers.push_back(info);
   WriteLocked(std::move(m)).IgnoreError();  // deferred to EndUnitLocked
-  if (request.has_runtime() && !request.runtime().libtorch_version().empty()) {
-    runtime = InternRuntimeLocked(request.runtime());
-  }
-  workers_.Register(info, std::move(runtime));
+  workers_.Register(info, told_runtime ? InternRuntimeLocked(request.runtime()) : nullptr);
   WakeWorkerLocked(info.id());  // a long poll of the agent's earlier life answers
   ClusterChangedLocked();
   AfterCommitLocked([info, reported = request.tasks_size()] {

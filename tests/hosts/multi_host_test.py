@@ -186,12 +186,7 @@ class MultiHostTest(unittest.TestCase):
         """Holds a data-parallel job HELD_AFTER updates in, applies `fault` to the host of its
         rank 0, and checks it restarts on the spare host for one of `reasons`, succeeds, and
         ends bit for bit as without the fault. Returns the job once recovered, and the host."""
-        self.cluster.hold(name, HELD_AFTER)
-        job_id = self.cluster.submit(spec(name, *CASES["dp"]))
-        held = self.cluster.wait(
-            job_id, lambda j: j["state"] == "RUNNING" and
-            int(j.get("progress", {}).get("step", 0)) >= HELD_AFTER and
-            int(j.get("committedStep", 0)) >= 20, timeout=120, what="held at its step")
+        job_id, held = self.held_job(name)
         victim = self.cluster.worker_of(held)
         fault_at = time.time()
         fault(victim)
