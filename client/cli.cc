@@ -111,9 +111,14 @@ std::vector<CommandSpec> Commands() {
        {kOutputFlag,
         {"columns", '\0', true, "SPEC",
          "pack, CSV: which columns make which tensor, e.g. 'x=age,income:F32;y=label:I64' "
-         "(dtypes F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)"},
+         "(dtypes F64 F32 F16 BF16 I64 I32 I16 I8 U16 U8 BOOL)"},
         {"shard-size", '\0', true, "BYTES",
-         "pack: data per shard (256MB by default; 64MiB, 1GB, plain bytes)"}},
+         "pack: data per shard (256MB by default; 64MiB, 1GB, plain bytes)"},
+        {"text", '\0', false, "",
+         "pack: the arguments are text files and, last, PREFIX: the text as token shards for "
+         "data.tokens"},
+        {"tokenizer", '\0', true, "NAME",
+         "pack --text: how text becomes token ids: bytes (each byte one id; the default)"}},
        2,
        1000,
        {{"inspect",
@@ -123,11 +128,12 @@ std::vector<CommandSpec> Commands() {
          "s3:// URI with wildcards in file names (quote it, so that the shell leaves them).",
          {"output"}},
         {"pack",
-         "PREFIX TENSOR=FILE.npy... | PREFIX FILE.csv --columns SPEC",
+         "PREFIX TENSOR=FILE.npy... | PREFIX FILE.csv --columns SPEC | --text FILE... PREFIX",
          "Write PREFIX-00000.safetensors, ... (local files) from NumPy arrays (the first "
-         "dimension is the sample; every array the same number of samples) or from CSV "
-         "columns. Nothing is written unless all of it is.",
-         {"columns", "shard-size"}}}},
+         "dimension is the sample; every array the same number of samples), from CSV "
+         "columns, or from text files (--text: their tokens, in order, as one 1-D tensor "
+         "'tokens' per shard, what data.tokens reads). Nothing is written unless all of it is.",
+         {"columns", "shard-size", "text", "tokenizer"}}}},
       {"search",
        "ACTION [ARG]",
        "Hyperparameter searches: submit, list, describe, cancel, extend. Their trials are "

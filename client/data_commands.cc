@@ -62,7 +62,8 @@ std::string AbsoluteLocal(const std::string& path) {
 // `trainyard data pack PREFIX INPUT...`.
 int Pack(const ParsedArgs& args) {
   if (args.args.size() < 3) {
-    std::cerr << "error: data pack needs PREFIX and TENSOR=FILE.npy... or FILE.csv\n";
+    std::cerr << "error: data pack needs PREFIX and TENSOR=FILE.npy... or FILE.csv, or --text "
+                 "FILE... PREFIX\n";
     return kExitUsage;
   }
   PackOptions options;
@@ -77,7 +78,20 @@ int Pack(const ParsedArgs& args) {
     options.shard_bytes = *size;
   }
   const std::vector<std::string> inputs(args.args.begin() + 2, args.args.end());
-  if (inputs.size() == 1 && absl::EndsWithIgnoreCase(inputs[0], ".csv")) {
+  if (args.Has("tokenizer") && !args.Has("text")) {
+    std::cerr << "error: --tokenizer is for --text\n";
+    return kExitUsage;
+  }
+  if (args.Has("text")) {
+    if (args.Has("columns")) {
+      std::cerr << "error: --columns is for a CSV input, not --text\n";
+      return kExitUsage;
+    }
+    // data pack --text FILE... PREFIX
+    options.prefix = AbsoluteLocal(args.args.back());
+    options.text_paths.assign(args.args.begin() + 1, args.args.end() - 1);
+    options.tokenizer = args.Get("tokenizer", "bytes");
+  } else if (inputs.size() == 1 && absl::EndsWithIgnoreCase(inputs[0], ".csv")) {
     if (!args.Has("columns")) {
       std::cerr << "error: packing " << inputs[0] << " needs --columns "
                 << "(e.g. 'x=age,income:F32;y=label:I64')\n";
@@ -108,9 +122,10 @@ int Pack(const ParsedArgs& args) {
     }
   }
   const bool terminal = IsTerminal();
-  options.progress = [terminal](int64_t shards, int64_t samples) {
+  const std::string unit = options.text_paths.empty() ? "sample" : "token";
+  options.progress = [terminal, unit](int64_t shards, int64_t samples) {
     if (terminal) {
-      std::cerr << "\rwrote " << Counted(shards, "shard") << ", " << Counted(samples, "sample")
+      std::cerr << "\rwrote " << Counted(shards, "shard") << ", " << Counted(samples, unit)
                 << std::flush;
     }
   };
@@ -121,7 +136,7 @@ int Pack(const ParsedArgs& args) {
     return absl::IsUnavailable(result.status()) ? kExitStorageError : kExitUsage;
   }
   std::cout << "wrote " << Counted(static_cast<int64_t>(result->shards.size()), "shard") << ", "
-            << Counted(result->samples, "sample") << ", " << HumanBytes(result->bytes) << ": "
+            << Counted(result->samples, unit) << ", " << HumanBytes(result->bytes) << ": "
             << options.prefix << "-*.safetensors\n";
   return kExitSucceeded;
 }

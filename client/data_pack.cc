@@ -37,17 +37,17 @@ struct Dtype {
   bool integer;
 };
 constexpr Dtype kDtypes[] = {
-    {"F64", "<f8", 8, false},  {"F32", "<f4", 4, false}, {"F16", "<f2", 2, false},
-    {"BF16", "", 2, false},    {"I64", "<i8", 8, true},  {"I32", "<i4", 4, true},
-    {"I16", "<i2", 2, true},   {"I8", "|i1", 1, true},   {"U8", "|u1", 1, true},
-    {"BOOL", "|b1", 1, false},
+    {"F64", "<f8", 8, false}, {"F32", "<f4", 4, false},  {"F16", "<f2", 2, false},
+    {"BF16", "", 2, false},   {"I64", "<i8", 8, true},   {"I32", "<i4", 4, true},
+    {"I16", "<i2", 2, true},  {"I8", "|i1", 1, true},    {"U16", "<u2", 2, true},
+    {"U8", "|u1", 1, true},   {"BOOL", "|b1", 1, false},
 };
 
 const Dtype* FindDtype(absl::string_view name) {
   static const std::map<std::string, std::string> kAliases = {
-      {"float64", "F64"},   {"float32", "F32"}, {"float16", "F16"},
-      {"bfloat16", "BF16"}, {"int64", "I64"},   {"int32", "I32"},
-      {"int16", "I16"},     {"int8", "I8"},     {"uint8", "U8"}};
+      {"float64", "F64"}, {"float32", "F32"}, {"float16", "F16"}, {"bfloat16", "BF16"},
+      {"int64", "I64"},   {"int32", "I32"},   {"int16", "I16"},   {"int8", "I8"},
+      {"uint16", "U16"},  {"uint8", "U8"}};
   std::string upper = absl::AsciiStrToUpper(name);
   if (auto it = kAliases.find(absl::AsciiStrToLower(name)); it != kAliases.end()) {
     upper = it->second;
@@ -232,9 +232,15 @@ void AddExtremes(const std::string& name, const Dtype& dtype, const std::vector<
         break;
       }
       case 2: {
-        int16_t x;
-        std::memcpy(&x, p, 2);
-        v = x;
+        if (std::string(dtype.name) == "U16") {
+          uint16_t x;
+          std::memcpy(&x, p, 2);
+          v = x;
+        } else {
+          int16_t x;
+          std::memcpy(&x, p, 2);
+          v = x;
+        }
         break;
       }
       default:
@@ -265,9 +271,10 @@ class ShardWriter {
     absl::string_view data;  // rows * row bytes
   };
 
-  absl::Status Write(const std::vector<Tensor>& tensors, int64_t rows) {
+  absl::Status Write(const std::vector<Tensor>& tensors, int64_t rows,
+                     std::map<std::string, std::string> meta = {}) {
     std::vector<TensorView> views;
-    std::map<std::string, std::string> meta = {{"format", "trainyard-data/1"}};
+    meta["format"] = "trainyard-data/1";
     for (const Tensor& t : tensors) {
       std::vector<int64_t> shape = {rows};
       shape.insert(shape.end(), t.sample_shape.begin(), t.sample_shape.end());
@@ -469,7 +476,8 @@ absl::Status AppendValue(absl::string_view text, const Dtype& dtype, std::string
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not an integer"));
   }
   const int bits = dtype.size * 8;
-  const bool is_unsigned = std::string(dtype.name) == "U8" || std::string(dtype.name) == "BOOL";
+  const bool is_unsigned = std::string(dtype.name) == "U8" || std::string(dtype.name) == "U16" ||
+                           std::string(dtype.name) == "BOOL";
   const int64_t lo = is_unsigned ? 0 : (bits == 64 ? INT64_MIN : -(int64_t{1} << (bits - 1)));
   const int64_t hi =
       bits == 64 ? INT64_MAX
@@ -514,7 +522,7 @@ absl::StatusOr<PackResult> PackCsv(const PackOptions& options) {
     if (s.dtype == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--columns: tensor '", column.tensor, "': unknown dtype '", column.dtype,
-                       "' (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)"));
+                       "' (F64 F32 F16 BF16 I64 I32 I16 I8 U16 U8 BOOL)"));
     }
     for (const std::string& name : column.columns) {
       auto it = position.find(name);
@@ -599,7 +607,7 @@ absl::StatusOr<std::vector<PackColumn>> ParseCsvColumns(const std::string& spec)
     if (FindDtype(column.dtype) == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--columns: unknown dtype '", column.dtype,
-                       "' (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)"));
+                       "' (F64 F32 F16 BF16 I64 I32 I16 I8 U16 U8 BOOL)"));
     }
     out.push_back(std::move(column));
   }
@@ -607,7 +615,64 @@ absl::StatusOr<std::vector<PackColumn>> ParseCsvColumns(const std::string& spec)
   return out;
 }
 
+// Text as byte tokens: the files are checked readable first, then streamed into shards of
+// shard_bytes tokens each, never whole in memory.
+absl::StatusOr<PackResult> PackText(const PackOptions& options) {
+  if (options.tokenizer != "bytes") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokenizer: unknown tokenizer '", options.tokenizer, "' (bytes)"));
+  }
+  for (const std::string& path : options.text_paths) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {
+      return absl::NotFoundError(absl::StrCat("no text file ", path));
+    }
+    std::ifstream probe(path, std::ios::binary);
+    if (!probe) return Errno("cannot open", path);
+  }
+  const Dtype* u8 = FindDtype("U8");
+  ShardWriter writer(options);
+  std::string shard;
+  shard.reserve(static_cast<size_t>(std::min<int64_t>(options.shard_bytes, int64_t{64} << 20)));
+  auto flush = [&]() -> absl::Status {
+    if (shard.empty()) return absl::OkStatus();
+    absl::Status s = writer.Write({ShardWriter::Tensor{"tokens", u8, {}, shard}},
+                                  static_cast<int64_t>(shard.size()), {{"tokenizer", "bytes"}});
+    shard.clear();
+    return s;
+  };
+  std::vector<char> buffer(1 << 20);
+  for (const std::string& path : options.text_paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Errno("cannot open", path);
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      const int64_t got = in.gcount();
+      for (int64_t done = 0; done < got;) {
+        const int64_t room = options.shard_bytes - static_cast<int64_t>(shard.size());
+        const int64_t take = std::min(room, got - done);
+        shard.append(buffer.data() + done, static_cast<size_t>(take));
+        done += take;
+        if (static_cast<int64_t>(shard.size()) == options.shard_bytes) {
+          if (absl::Status s = flush(); !s.ok()) return s;
+        }
+      }
+    }
+    if (in.bad()) return Errno("cannot read", path);
+  }
+  if (absl::Status s = flush(); !s.ok()) return s;
+  return writer.Finish();
+}
+
 absl::StatusOr<PackResult> PackShards(const PackOptions& options) {
+  if (!options.text_paths.empty()) {
+    if (!options.tensors.empty() || !options.csv_path.empty()) {
+      return absl::InvalidArgumentError("text input takes no tensors or CSV columns");
+    }
+    if (options.shard_bytes < 1) return absl::InvalidArgumentError("--shard-size must be > 0");
+    if (absl::Status s = CheckNoShards(options.prefix); !s.ok()) return s;
+    return PackText(options);
+  }
   if (options.tensors.empty()) return absl::InvalidArgumentError("no tensors to pack");
   if (options.shard_bytes < 1) return absl::InvalidArgumentError("--shard-size must be > 0");
   std::map<std::string, int> names;

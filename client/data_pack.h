@@ -2,7 +2,8 @@
 #define TRAINYARD_CLIENT_DATA_PACK_H_
 
 // `trainyard data pack`: writes a data set as sharded safetensors, the form trainers stream
-// (worker/trainer/data/data.h), from NumPy .npy files or a CSV file.
+// (worker/trainer/data/data.h), from NumPy .npy files, a CSV file, or text as token shards
+// (data.tokens).
 
 #include <cstdint>
 #include <functional>
@@ -25,6 +26,11 @@ struct PackOptions {
   std::string prefix;
   std::vector<PackColumn> tensors;
   std::string csv_path;                      // set for CSV input (every tensor names columns of it)
+  // Text input (then `tensors` is empty): the files, in order, as one stream of token ids, cut
+  // into shards of one 1-D tensor "tokens" each. The tokenizer: "bytes" (each byte one id,
+  // U8, vocabulary 256).
+  std::vector<std::string> text_paths;
+  std::string tokenizer;
   int64_t shard_bytes = int64_t{256} << 20;  // target size of a shard's data
   // Called after each shard is written: shards and samples so far.
   std::function<void(int64_t shards, int64_t samples)> progress;
@@ -32,7 +38,7 @@ struct PackOptions {
 
 struct PackResult {
   std::vector<std::string> shards;  // paths, in order
-  int64_t samples = 0;
+  int64_t samples = 0;              // text input: tokens
   int64_t bytes = 0;  // of all shards
 };
 

@@ -121,6 +121,9 @@ std::string ProgressLine(const v1::JobProgress& progress, std::optional<absl::Du
   if (progress.has_val_accuracy()) {
     absl::StrAppend(&out, absl::StrFormat("  val acc %.1f%%", progress.val_accuracy() * 100));
   }
+  if (progress.has_val_loss()) {
+    absl::StrAppend(&out, absl::StrFormat("  val loss %.4f", progress.val_loss()));
+  }
   if (total > 0 && eta.has_value()) absl::StrAppend(&out, "  ETA ", ClockDuration(*eta));
   return out;
 }

@@ -1,5 +1,6 @@
 #include "client/views.h"
 
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -246,6 +247,14 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
                          : "-");
   field("Val accuracy",
         p.has_val_accuracy() ? absl::StrFormat("%.2f%%", p.val_accuracy() * 100) : "-");
+  if (p.has_val_loss()) {
+    // Per token for a language model, whose perplexity is its exponential.
+    std::string text = absl::StrFormat("%.4f", p.val_loss());
+    if (job.spec().data().tokens().size() > 0) {
+      absl::StrAppendFormat(&text, " (perplexity %.2f)", std::exp(p.val_loss()));
+    }
+    field("Val loss", text);
+  }
   field("Committed step", job.committed_step() >= 0 ? absl::StrCat(job.committed_step()) : "-");
   field("Checkpoints", job.checkpoint_uri());
   field("Model", job.model_uri());

@@ -9,6 +9,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,11 @@ constexpr double kDefaultBeta1 = 0.9;
 constexpr double kDefaultBeta2 = 0.999;
 constexpr double kDefaultEps = 1e-8;
 constexpr int kDefaultKeepLast = 3;
+// The transformer's bounds: far beyond what trains on one machine, well short of overflow.
+constexpr int64_t kMaxTransformerVocab = int64_t{1} << 24;
+constexpr int64_t kMaxTransformerContext = int64_t{1} << 16;
+constexpr int64_t kMaxTransformerLayers = 1024;
+constexpr int64_t kMaxTransformerDim = int64_t{1} << 16;
 constexpr int kDefaultLogEverySteps = 10;
 constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
@@ -49,6 +55,42 @@ absl::Status CheckAbsolute(absl::string_view field, const std::string& value) {
   return FieldError(field, absl::StrCat("'", value,
                                         "' is not an absolute path or URI (a relative path means "
                                         "nothing on the workers)"));
+}
+
+// The transformer's shape: every size set and within bounds (a typo of a few digits must not
+// make a worker allocate terabytes), heads dividing the width.
+absl::Status ValidateTransformer(const v1::ModelArgs& args) {
+  if (args.vocab_size() != 1) {
+    return FieldError("model.args.vocab", "transformer needs one number: the tokens it knows");
+  }
+  if (args.vocab(0) < 2 || args.vocab(0) > kMaxTransformerVocab) {
+    return FieldError("model.args.vocab",
+                      absl::StrCat("must be in [2, ", kMaxTransformerVocab, "]"));
+  }
+  const std::tuple<const char*, int64_t, int64_t> sizes[] = {
+      {"model.args.context", args.context(), kMaxTransformerContext},
+      {"model.args.layers", args.layers(), kMaxTransformerLayers},
+      {"model.args.dim", args.dim(), kMaxTransformerDim},
+      {"model.args.heads", args.heads(), kMaxTransformerDim}};
+  for (const auto& [field, value, most] : sizes) {
+    if (value < 1 || value > most) {
+      return FieldError(field, absl::StrCat("must be in [1, ", most, "] for transformer"));
+    }
+  }
+  if (args.dim() % args.heads() != 0) {
+    return FieldError("model.args.heads",
+                      absl::StrCat(args.heads(), " heads do not divide dim ", args.dim()));
+  }
+  if (args.mlp_ratio() < 0 || args.mlp_ratio() > 16) {
+    return FieldError("model.args.mlp_ratio", "must be in [1, 16] (0: 4)");
+  }
+  if (args.inputs() != 0 || args.classes() != 0 || args.hidden_size() > 0 || args.channels() != 0 ||
+      args.height() != 0 || args.width() != 0) {
+    return FieldError("model.args",
+                      "transformer takes vocab, context, layers, dim, heads, mlp_ratio, dropout "
+                      "and tie_embeddings");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateModel(const v1::ModelSpec& model) {
@@ -84,15 +126,28 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
   if (!(args.dropout() >= 0 && args.dropout() < 1)) {
     return FieldError("model.args.dropout", "must be in [0, 1)");
   }
-  const bool embedding =
-      model.source_case() == v1::ModelSpec::kBuiltin && model.builtin() == "embedding_mlp";
-  if (!embedding && args.vocab_size() > 0) {
-    return FieldError("model.args.vocab", "only for model embedding_mlp");
+  const bool builtin = model.source_case() == v1::ModelSpec::kBuiltin;
+  const bool embedding = builtin && model.builtin() == "embedding_mlp";
+  const bool transformer = builtin && model.builtin() == "transformer";
+  if (!embedding && !transformer && args.vocab_size() > 0) {
+    return FieldError("model.args.vocab", "only for models embedding_mlp and transformer");
   }
-  if (!embedding && args.dim() != 0) {
-    return FieldError("model.args.dim", "only for model embedding_mlp");
+  if (!embedding && !transformer && args.dim() != 0) {
+    return FieldError("model.args.dim", "only for models embedding_mlp and transformer");
   }
-  if (model.source_case() != v1::ModelSpec::kBuiltin) return absl::OkStatus();
+  if (!transformer) {
+    const std::pair<const char*, bool> transformer_only[] = {
+        {"model.args.context", args.context() != 0},
+        {"model.args.layers", args.layers() != 0},
+        {"model.args.heads", args.heads() != 0},
+        {"model.args.mlp_ratio", args.mlp_ratio() != 0},
+        {"model.args.tie_embeddings", args.has_tie_embeddings()}};
+    for (const auto& [field, set] : transformer_only) {
+      if (set) return FieldError(field, "only for model transformer");
+    }
+  }
+  if (!builtin) return absl::OkStatus();
+  if (transformer) return ValidateTransformer(args);
   if (embedding) {
     if (args.vocab_size() == 0) {
       return FieldError("model.args.vocab",
@@ -118,20 +173,34 @@ absl::Status ValidateModel(const v1::ModelSpec& model) {
     if (args.width() <= 0) return FieldError("model.args.width", "must be > 0 for cnn");
     if (args.classes() <= 0) return FieldError("model.args.classes", "must be > 0 for cnn");
   } else {
-    return FieldError("model.builtin", absl::StrCat("unknown model '", model.builtin(),
-                                                    "', expected mlp, cnn or embedding_mlp"));
+    return FieldError("model.builtin",
+                      absl::StrCat("unknown model '", model.builtin(),
+                                   "', expected mlp, cnn, embedding_mlp or transformer"));
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateData(const v1::DataSpec& data) {
   const bool has_train = !data.train().empty();
-  if (!has_train && !data.has_synthetic()) return FieldError("data", "set train or synthetic");
+  const bool has_tokens = !data.tokens().empty();
+  if (has_train + has_tokens + data.has_synthetic() == 0) {
+    return FieldError("data", "set train, tokens or synthetic");
+  }
+  if (has_train + has_tokens + data.has_synthetic() > 1) {
+    return FieldError("data", "set only one of train, tokens or synthetic");
+  }
   if (has_train) {
     if (absl::Status s = CheckAbsolute("data.train", data.train()); !s.ok()) return s;
   }
-  if (has_train && data.has_synthetic()) {
-    return FieldError("data", "set only one of train or synthetic");
+  if (has_tokens) {
+    if (absl::Status s = CheckAbsolute("data.tokens", data.tokens()); !s.ok()) return s;
+    if (!data.categorical().empty()) {
+      return FieldError("data.categorical", "token data has no categorical ids");
+    }
+    if (data.has_feature_scale() || data.feature_offset() != 0) {
+      return FieldError(data.has_feature_scale() ? "data.feature_scale" : "data.feature_offset",
+                        "token ids are not scaled");
+    }
   }
   if (data.has_synthetic()) {
     const v1::SyntheticData& s = data.synthetic();
@@ -155,8 +224,8 @@ absl::Status ValidateData(const v1::DataSpec& data) {
     return FieldError("data.validation_split", "must be in [0, 1)");
   }
   if (data.shuffle_window() < 0) return FieldError("data.shuffle_window", "must be >= 0");
-  if (data.shuffle_window() > 0 && data.train().empty()) {
-    return FieldError("data.shuffle_window", "windows of shards need data.train");
+  if (data.shuffle_window() > 0 && !has_train && !has_tokens) {
+    return FieldError("data.shuffle_window", "windows of shards need data.train or data.tokens");
   }
   if (data.has_feature_scale() && !std::isfinite(data.feature_scale())) {
     return FieldError("data.feature_scale", "must be a finite number");
@@ -214,6 +283,32 @@ absl::Status ValidateCategorical(const v1::ModelSpec& model, const v1::DataSpec&
   } else if (data.categorical().empty()) {
     return FieldError("data.categorical",
                       "embedding_mlp needs the name of the tensor of categorical ids");
+  }
+  return absl::OkStatus();
+}
+
+// Token data and the language model that reads it go together.
+absl::Status ValidateTokens(const v1::JobSpec& spec) {
+  const bool transformer = spec.model().source_case() == v1::ModelSpec::kBuiltin &&
+                           spec.model().builtin() == "transformer";
+  const bool tokens = !spec.data().tokens().empty();
+  if (transformer && !tokens) {
+    return FieldError("data.tokens", "model transformer trains on token shards (data.tokens)");
+  }
+  if (!tokens) return absl::OkStatus();
+  if (!transformer) {
+    return FieldError("data.tokens", "token shards train model transformer (builtin)");
+  }
+  if (spec.loss() != "cross_entropy") {
+    return FieldError("loss", "a language model on data.tokens trains with cross_entropy");
+  }
+  if (spec.has_distill()) {
+    return FieldError("distill", "distillation into a language model is not supported");
+  }
+  if (spec.strategy() == v1::PARAMETER_SERVER) {
+    return FieldError("strategy",
+                      "parameter_server does not train language models on data.tokens; use "
+                      "data_parallel");
   }
   return absl::OkStatus();
 }
@@ -278,6 +373,11 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (spec.has_model() && spec.model().memory_format().empty()) {
     spec.mutable_model()->set_memory_format("contiguous");
   }
+  if (spec.model().builtin() == "transformer") {
+    v1::ModelArgs& args = *spec.mutable_model()->mutable_args();
+    if (args.mlp_ratio() == 0) args.set_mlp_ratio(4);
+    if (!args.has_tie_embeddings()) args.set_tie_embeddings(true);
+  }
   v1::WorkerRange& workers = *spec.mutable_workers();
   if (workers.min() == 0 && workers.max() == 0) {
     workers.set_min(1);
@@ -299,7 +399,7 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   }
   if (spec.loss().empty()) spec.set_loss("cross_entropy");
   v1::DataSpec& data = *spec.mutable_data();
-  if (data.features().empty()) data.set_features("x");
+  if (data.features().empty()) data.set_features(data.tokens().empty() ? "x" : "tokens");
   if (data.labels().empty()) data.set_labels("y");
   if (!data.has_shuffle()) data.set_shuffle(true);
   if (data.prefetch_shards() == 0) data.set_prefetch_shards(kDefaultPrefetchShards);
@@ -394,6 +494,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!status.ok()) return status;
   status = ValidateCategorical(spec.model(), spec.data());
   if (!status.ok()) return status;
+  status = ValidateTokens(spec);
+  if (!status.ok()) return status;
 
   if (spec.batch_size() <= 0) return FieldError("batch_size", "must be > 0");
   if (strategy != v1::SINGLE && spec.batch_size() % workers.max() != 0) {
@@ -469,12 +571,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 namespace {
 
 // The fields of `spec` that name files on the workers' disks (set, and not object storage), with
-// their values: data.train, model.torchscript, distill.teacher, and checkpoint.uri when
-// `with_checkpoint`.
+// their values: data.train, data.tokens, model.torchscript, distill.teacher, and checkpoint.uri
+// when `with_checkpoint`.
 std::vector<std::pair<const char*, const std::string*>> LocalFileFields(const v1::JobSpec& spec,
                                                                         bool with_checkpoint) {
   std::vector<std::pair<const char*, const std::string*>> fields = {
       {"data.train", &spec.data().train()},
+      {"data.tokens", &spec.data().tokens()},
       {"model.torchscript", &spec.model().torchscript()},
       {"distill.teacher", &spec.distill().teacher()}};
   if (with_checkpoint) fields.emplace_back("checkpoint.uri", &spec.checkpoint().uri());

@@ -292,9 +292,10 @@ class SpecParser {
     const YAML::Node args = node["args"];
     if (!IsSet(args)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(args, "model.args"));
-    TY_RETURN_IF_ERROR(CheckKeys(
-        args, "model.args",
-        {"inputs", "hidden", "classes", "channels", "height", "width", "dropout", "vocab", "dim"}));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(args, "model.args",
+                  {"inputs", "hidden", "classes", "channels", "height", "width", "dropout", "vocab",
+                   "dim", "context", "layers", "heads", "mlp_ratio", "tie_embeddings"}));
     v1::ModelArgs& out = *model.mutable_args();
     const std::string path = "model.args";
     TY_RETURN_IF_ERROR(Int32(args, path, "inputs", [&](int32_t v) { out.set_inputs(v); }));
@@ -305,6 +306,12 @@ class SpecParser {
     TY_RETURN_IF_ERROR(
         Double(args, path, "dropout", [&](double v) { out.set_dropout(static_cast<float>(v)); }));
     TY_RETURN_IF_ERROR(Int32(args, path, "dim", [&](int32_t v) { out.set_dim(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "context", [&](int32_t v) { out.set_context(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "layers", [&](int32_t v) { out.set_layers(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "heads", [&](int32_t v) { out.set_heads(v); }));
+    TY_RETURN_IF_ERROR(Int32(args, path, "mlp_ratio", [&](int32_t v) { out.set_mlp_ratio(v); }));
+    TY_RETURN_IF_ERROR(ReadField<bool>(args, path, "tie_embeddings", ReadBool,
+                                       Set<bool>([&](bool v) { out.set_tie_embeddings(v); })));
     TY_RETURN_IF_ERROR(Int64List(args["vocab"], "model.args.vocab", out.mutable_vocab()));
     const YAML::Node hidden = args["hidden"];
     if (IsSet(hidden)) {
@@ -353,14 +360,15 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ExpectMap(node, "data"));
     TY_RETURN_IF_ERROR(
         CheckKeys(node, "data",
-                  {"train", "synthetic", "features", "labels", "categorical", "validation_split",
-                   "shuffle", "shuffle_window", "validation", "feature_scale", "feature_offset",
-                   "prefetch_shards", "fetch_threads"}));
+                  {"train", "tokens", "synthetic", "features", "labels", "categorical",
+                   "validation_split", "shuffle", "shuffle_window", "validation", "feature_scale",
+                   "feature_offset", "prefetch_shards", "fetch_threads"}));
     v1::DataSpec& data = *spec_.mutable_data();
     if (IsSet(node["train"]) && IsSet(node["synthetic"])) {
-      return FieldError("data", "set only one of train or synthetic");
+      return FieldError("data", "set only one of train, tokens or synthetic");
     }
     TY_RETURN_IF_ERROR(String(node, "data", "train", data.mutable_train()));
+    TY_RETURN_IF_ERROR(String(node, "data", "tokens", data.mutable_tokens()));
     TY_RETURN_IF_ERROR(String(node, "data", "features", data.mutable_features()));
     TY_RETURN_IF_ERROR(String(node, "data", "labels", data.mutable_labels()));
     TY_RETURN_IF_ERROR(String(node, "data", "categorical", data.mutable_categorical()));

@@ -51,8 +51,8 @@ uint64_t GetLe64(const char* p) {
 
 int SafetensorsDtypeSize(absl::string_view dtype) {
   static const auto* const kSizes = new std::map<std::string, int, std::less<>>{
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
-      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
+      {"I16", 2}, {"I8", 1},  {"U16", 2}, {"U8", 1},   {"BOOL", 1}};
   auto it = kSizes->find(dtype);
   return it == kSizes->end() ? 0 : it->second;
 }

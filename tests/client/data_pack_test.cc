@@ -195,4 +195,41 @@ TEST_F(DataPackTest, CsvColumnsBecomeTensorsOfTheirDtypes) {
 }
 
 }  // namespace
+// Text as byte tokens through the command line: two files become one stream of U8 ids, cut into
+// shards of --shard-size tokens that Python reads back as the files' bytes, in order; the shards
+// record the tokenizer and the extremes. A missing file or an unknown tokenizer writes nothing.
+TEST_F(DataPackTest, TextBecomesShardsOfByteTokens) {
+  std::ofstream(dir_ + "/a.txt") << "In the beginning God created the heaven and the earth.\n";
+  std::ofstream(dir_ + "/b.txt") << "And the earth was without form, and void; \xc3\xa9\n";
+  auto [code, out] =
+      RunShell(absl::StrCat("cd ", dir_, " && mkdir -p out && ", TRAINYARD_CLI,
+                            " data pack --text a.txt b.txt --shard-size 40 out/kjv"));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("wrote 3 shards, 100 tokens"));
+  std::tie(code, out) = RunShell(absl::StrCat(
+      "cd ", dir_, " && /usr/bin/python3 -c \"import glob, json, struct; ",
+      "data = b''; meta = []\nfor p in sorted(glob.glob('out/kjv-*.safetensors')):\n",
+      "  raw = open(p, 'rb').read(); n = struct.unpack('<Q', raw[:8])[0]; ",
+      "h = json.loads(raw[8:8 + n]); m = h.pop('__metadata__'); ",
+      "assert list(h) == ['tokens'] and h['tokens']['dtype'] == 'U8', h; ",
+      "b, e = h['tokens']['data_offsets']; data += raw[8 + n + b:8 + n + e]; ",
+      "meta.append((m['tokenizer'], m['trainyard.min.tokens'], m['trainyard.max.tokens']))\n",
+      "assert data == open('a.txt', 'rb').read() + open('b.txt', 'rb').read(), data\n",
+      "print(len(data), meta)\""));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("100 [('bytes', '32', '118'), ('bytes', '10', '119'), "
+                             "('bytes', '10', '195')]"));
+
+  std::tie(code, out) = RunShell(absl::StrCat("cd ", dir_, " && ", TRAINYARD_CLI,
+                                              " data pack --text a.txt missing.txt out/bad"));
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_THAT(out, HasSubstr("no text file missing.txt"));
+  std::tie(code, out) = RunShell(absl::StrCat("cd ", dir_, " && ", TRAINYARD_CLI,
+                                              " data pack --text --tokenizer bpe a.txt out/bad"));
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_THAT(out, HasSubstr("--tokenizer: unknown tokenizer 'bpe' (bytes)"));
+  EXPECT_TRUE(IndexShards(EnvironmentStores(), dir_ + "/out/bad-*").status().code() ==
+              absl::StatusCode::kNotFound);
+}
+
 }  // namespace trainyard::cli

@@ -38,6 +38,10 @@ TEST(FormatTest, ProgressLine) {
   p.set_has_val_accuracy(true);
   p.set_val_accuracy(0.9712);
   EXPECT_THAT(ProgressLine(p, std::nullopt), HasSubstr("val acc 97.1%"));
+  EXPECT_THAT(ProgressLine(p, std::nullopt), Not(HasSubstr("val loss")));
+  p.set_has_val_loss(true);
+  p.set_val_loss(1.23456);
+  EXPECT_THAT(ProgressLine(p, std::nullopt), HasSubstr("val acc 97.1%  val loss 1.2346"));
 }
 
 TEST(FormatTest, Numbers) {

@@ -167,7 +167,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"model", "{builtin: mlp, torchscript: /m.pt}"}},
                 "model: set only one of builtin or torchscript"},
         BadSpec{{{"model", "{builtin: resnet}"}},
-                "model.builtin: unknown model 'resnet', expected mlp, cnn or embedding_mlp"},
+                "model.builtin: unknown model 'resnet', expected mlp, cnn, embedding_mlp or "
+                "transformer"},
         BadSpec{{{"model", "{builtin: mlp, args: {classes: 2}}"}},
                 "model.args.inputs: must be > 0 for mlp"},
         BadSpec{{{"model", "{builtin: mlp, args: {inputs: 3}}"}},
@@ -178,11 +179,51 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.args.hidden[1]: must be > 0"},
         BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2, dropout: 1.5}}"}},
                 "model.args.dropout: must be in [0, 1)"},
+        // The transformer and its token data.
+        BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2, layers: 2}}"}},
+                "model.args.layers: only for model transformer"},
+        BadSpec{
+            {{"model", "{builtin: transformer, args: {context: 8, layers: 1, dim: 8, heads: 2}}"},
+             {"data", "{tokens: /d/t-*.safetensors}"}},
+            "model.args.vocab: transformer needs one number: the tokens it knows"},
+        BadSpec{{{"model",
+                  "{builtin: transformer, args: {vocab: 256, context: 8, layers: 1, dim: 10, "
+                  "heads: 4}}"},
+                 {"data", "{tokens: /d/t-*.safetensors}"}},
+                "model.args.heads: 4 heads do not divide dim 10"},
+        BadSpec{{{"model",
+                  "{builtin: transformer, args: {vocab: 256, context: 0, layers: 1, dim: 8, "
+                  "heads: 2}}"},
+                 {"data", "{tokens: /d/t-*.safetensors}"}},
+                "model.args.context: must be in [1, 65536] for transformer"},
+        BadSpec{{{"model",
+                  "{builtin: transformer, args: {vocab: 256, context: 8, layers: 1, dim: 8, "
+                  "heads: 2, classes: 3}}"},
+                 {"data", "{tokens: /d/t-*.safetensors}"}},
+                "model.args: transformer takes vocab, context, layers, dim, heads, mlp_ratio, "
+                "dropout and tie_embeddings"},
+        BadSpec{{{"model",
+                  "{builtin: transformer, args: {vocab: 256, context: 8, layers: 1, dim: 8, "
+                  "heads: 2}}"}},
+                "data.tokens: model transformer trains on token shards (data.tokens)"},
+        BadSpec{{{"data", "{tokens: /d/t-*.safetensors}"}},
+                "data.tokens: token shards train model transformer (builtin)"},
+        BadSpec{{{"data", "{tokens: t-*.safetensors}"}},
+                "data.tokens: 't-*.safetensors' is not an absolute path or URI (a relative path "
+                "means nothing on the workers)"},
+        BadSpec{{{"data", "{tokens: /d/t-*.safetensors, train: /d/x-*.safetensors}"}},
+                "data: set only one of train, tokens or synthetic"},
+        BadSpec{{{"model",
+                  "{builtin: transformer, args: {vocab: 256, context: 8, layers: 1, dim: 8, "
+                  "heads: 2}}"},
+                 {"data", "{tokens: /d/t-*.safetensors}"},
+                 {"loss", "mse"}},
+                "loss: a language model on data.tokens trains with cross_entropy"},
         // Data.
-        BadSpec{{{"data", kRemove}}, "data: set train or synthetic"},
-        BadSpec{{{"data", "{features: x}"}}, "data: set train or synthetic"},
+        BadSpec{{{"data", kRemove}}, "data: set train, tokens or synthetic"},
+        BadSpec{{{"data", "{features: x}"}}, "data: set train, tokens or synthetic"},
         BadSpec{{{"data", "{train: /d/*.safetensors, synthetic: {samples: 1}}"}},
-                "data: set only one of train or synthetic"},
+                "data: set only one of train, tokens or synthetic"},
         BadSpec{{{"data", "{synthetic: {samples: 0, features: 4, classes: 2}}"}},
                 "data.synthetic.samples: must be > 0"},
         BadSpec{{{"data", "{synthetic: {samples: 10, classes: 2}}"}},
@@ -194,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"data", "{train: /d/x.safetensors, shuffle_window: -1}"}},
                 "data.shuffle_window: must be >= 0"},
         BadSpec{{{"data", "{synthetic: {samples: 9, features: 2, classes: 2}, shuffle_window: 4}"}},
-                "data.shuffle_window: windows of shards need data.train"},
+                "data.shuffle_window: windows of shards need data.train or data.tokens"},
         BadSpec{{{"data", "{train: /d/x.safetensors, prefetch_shards: 65}"}},
                 "data.prefetch_shards: must be in [0, 64]"},
         BadSpec{{{"data", "{train: /d/x.safetensors, fetch_threads: -1}"}},
@@ -261,7 +302,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"bucket_size_mb", "0"}}, "bucket_size_mb: must be > 0"},
         // embedding_mlp and categorical ids.
         BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2, vocab: [10]}}"}},
-                "model.args.vocab: only for model embedding_mlp"},
+                "model.args.vocab: only for models embedding_mlp and transformer"},
         BadSpec{{{"model", "{builtin: embedding_mlp, args: {dim: 4, classes: 2}}"}},
                 "model.args.vocab: embedding_mlp needs the rows of each table, one per "
                 "categorical field"},
@@ -842,6 +883,28 @@ TEST(JobSpecTest, ExampleDistillationJobsParse) {
   EXPECT_EQ(student->distill().teacher(), "/tmp/trainyard-distill/teacher.pt");
   EXPECT_DOUBLE_EQ(student->distill().temperature(), 4);
   EXPECT_DOUBLE_EQ(student->distill().alpha(), 0.9);
+}
+
+// The transformer example: its shape, and the defaults a transformer on tokens gets (the MLP
+// 4 times as wide, the head tied, the token tensor named "tokens").
+TEST(JobSpecTest, ExampleTransformerParsesWithItsDefaults) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpecYaml(ReadFile(SourceDir() + "/examples/transformer/kjv.yaml"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().builtin(), "transformer");
+  EXPECT_EQ(spec->model().args().context(), 64);
+  EXPECT_EQ(spec->data().tokens(), "/tmp/trainyard-examples/transformer/kjv-*.safetensors");
+  EXPECT_EQ(spec->data().features(), "tokens");
+  spec = ParseJobSpecYaml(
+      Spec({{"model",
+             "{builtin: transformer, args: {vocab: 256, context: 32, layers: 2, dim: 16, heads: "
+             "2}}"},
+            {"data", "{tokens: /d/t-*.safetensors}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().args().mlp_ratio(), 4);
+  EXPECT_TRUE(spec->model().args().has_tie_embeddings());
+  EXPECT_TRUE(spec->model().args().tie_embeddings());
+  EXPECT_EQ(spec->data().features(), "tokens");
 }
 
 TEST(ParseDurationSecondsTest, Valid) {

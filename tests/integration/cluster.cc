@@ -89,7 +89,8 @@ std::string ReadFile(const std::string& path) {
 
 std::map<int64_t, double> ParseStepLosses(const std::string& log) {
   std::map<int64_t, double> losses;
-  static const std::regex kLine(R"(step=(\d+) .*loss=([-+0-9.eE]+|nan|inf))");
+  // " loss=": not val_loss.
+  static const std::regex kLine(R"(step=(\d+) (?:.* )?loss=([-+0-9.eE]+|nan|inf))");
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
     std::smatch match;
     std::string text(line);

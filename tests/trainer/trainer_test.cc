@@ -2,7 +2,6 @@
 // checkpoints and exact resume. Everything runs in-process on tiny models.
 
 #include "worker/trainer/loop/trainer.h"
-#include "worker/trainer/model/optimizer.h"
 
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -22,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/object_store.h"
+#include "common/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
@@ -37,6 +37,7 @@
 #include "worker/trainer/loop/errors.h"
 #include "worker/trainer/model/distill.h"
 #include "worker/trainer/model/model.h"
+#include "worker/trainer/model/optimizer.h"
 #include "worker/trainer/model/precision.h"
 #include "worker/trainer/strategy/strategy.h"
 
@@ -477,6 +478,125 @@ TEST(DataTest, ShardsAreReadPerBatchInTheirCompactDtypeAndScaled) {
   absl::Status status = OpenTrainingData(spec, 0, true, TestDataOptions()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("data.features: " + dir + "/part-3.safetensors has F32"));
+}
+
+// Token shards (data.tokens): windows of context + 1 tokens every context tokens within each
+// shard, inputs and next tokens as int64, the last windows held out; U16 ids as a BPE
+// vocabulary writes them, extremes read when the shards do not record them.
+TEST(TrainingDataTest, TokenShardsGiveWindowsOfContextPlusOneTokens) {
+  const std::string dir = MakeTempDir();
+  // Shard k holds ids 1000 k + 0, 1, ..., n - 1: 23 and 10 tokens, 5 and 2 windows of 4 + 1.
+  auto shard = [&](int k, int n, std::map<std::string, std::string> meta) {
+    std::vector<uint16_t> ids(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<uint16_t>(1000 * k + i);
+    const std::string bytes(reinterpret_cast<const char*>(ids.data()), ids.size() * 2);
+    absl::StatusOr<std::string> header =
+        EncodeSafetensorsHeader({TensorView{"tokens", "U16", {n}, bytes}}, meta);
+    ASSERT_TRUE(header.ok()) << header.status();
+    WriteFile(absl::StrCat(dir, "/text-", k, ".safetensors"), *header + bytes);
+  };
+  ASSERT_NO_FATAL_FAILURE(shard(0, 23, {}));
+  ASSERT_NO_FATAL_FAILURE(shard(1, 10, {}));
+  trainyard::v1::DataSpec spec;
+  spec.set_tokens(dir + "/text-*.safetensors");
+  spec.set_validation_split(0.3f);  // 7 windows: 2 held out
+  DataOptions options = TestDataOptions();
+  options.token_context = 4;
+  absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(spec, 0, true, options);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_TRUE((*data)->tokens());
+  EXPECT_EQ((*data)->train_size(), 5);
+  EXPECT_EQ((*data)->validation_size(), 2);
+  EXPECT_EQ((*data)->shard_train_samples(), (std::vector<int64_t>{5, 0}));
+  EXPECT_EQ((*data)->sample_shape(), (std::vector<int64_t>{4}));
+  EXPECT_EQ((*data)->outputs(), 1010);  // read from the tokens: largest 1009
+  // Window 4 is tokens 16..20 of shard 0; window 6 is tokens 4..8 of shard 1.
+  absl::StatusOr<Batch> batch = (*data)->Gather({4, 0, 6});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->features.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(
+      batch->features, torch::tensor({{16, 17, 18, 19}, {0, 1, 2, 3}, {1004, 1005, 1006, 1007}})));
+  EXPECT_TRUE(torch::equal(
+      batch->labels, torch::tensor({{17, 18, 19, 20}, {1, 2, 3, 4}, {1005, 1006, 1007, 1008}})));
+  // Recorded extremes are used instead of reading the tokens.
+  data->reset();  // its mappings of the shards, rewritten below
+  ASSERT_NO_FATAL_FAILURE(
+      shard(1, 10, {{"trainyard.min.tokens", "0"}, {"trainyard.max.tokens", "4095"}}));
+  ASSERT_NO_FATAL_FAILURE(
+      shard(0, 23, {{"trainyard.min.tokens", "0"}, {"trainyard.max.tokens", "22"}}));
+  EXPECT_EQ((*OpenTrainingData(spec, 0, true, options))->outputs(), 4096);
+  // Too short a text for one window, and tokens that are not 1-D, are refused naming the field.
+  options.token_context = 40;
+  absl::Status status = OpenTrainingData(spec, 0, true, options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("hold no window of 41 tokens"));
+  options.token_context = 4;
+  NamedTensors flat = {{"tokens", torch::zeros({4, 2}, torch::kInt32)}};
+  WriteFile(dir + "/text-2.safetensors", *EncodeTensors(flat, {}));
+  status = OpenTrainingData(spec, 0, true, options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("must be 1-D token ids of U8, U16, I32 or I64, got I32 "
+                                          "[4,2]"));
+}
+
+// The built-in transformer: PyTorch's names (the tied head listed once, as wte.weight), the
+// logits of every position's next token, tokens beyond the vocabulary refused, and each layer
+// initialised from its own seed: the embeddings and the first block do not depend on how many
+// layers follow them.
+TEST(TransformerTest, NamesShapesAndLayerByLayerInitialisation) {
+  trainyard::v1::ModelSpec spec;
+  spec.set_builtin("transformer");
+  trainyard::v1::ModelArgs& args = *spec.mutable_args();
+  args.add_vocab(50);
+  args.set_context(8);
+  args.set_layers(2);
+  args.set_dim(16);
+  args.set_heads(4);
+  absl::StatusOr<std::unique_ptr<Model>> two = BuildModel(spec, 5, 8, 50);
+  ASSERT_TRUE(two.ok()) << two.status();
+  std::vector<std::string> names;
+  for (const auto& [name, p] : (*two)->NamedParameters()) names.push_back(name);
+  EXPECT_THAT(
+      names,
+      ::testing::ElementsAre(
+          "wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias", "h.0.attn.weight",
+          "h.0.attn.bias", "h.0.proj.weight", "h.0.proj.bias", "h.0.ln_2.weight", "h.0.ln_2.bias",
+          "h.0.fc.weight", "h.0.fc.bias", "h.0.fc_proj.weight", "h.0.fc_proj.bias",
+          "h.1.ln_1.weight", "h.1.ln_1.bias", "h.1.attn.weight", "h.1.attn.bias", "h.1.proj.weight",
+          "h.1.proj.bias", "h.1.ln_2.weight", "h.1.ln_2.bias", "h.1.fc.weight", "h.1.fc.bias",
+          "h.1.fc_proj.weight", "h.1.fc_proj.bias", "ln_f.weight", "ln_f.bias"));
+  EXPECT_EQ((*two)->Kind(), "transformer");
+  const torch::Tensor out = (*two)->Forward(torch::randint(0, 50, {3, 5}, torch::kInt64));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{3, 5, 50}));
+  // Causal: changing the last token leaves the earlier positions' logits as they were.
+  (*two)->SetTraining(false);
+  torch::Tensor tokens = torch::randint(0, 50, {1, 6}, torch::kInt64);
+  const torch::Tensor before = (*two)->Forward(tokens);
+  tokens[0][5] = (tokens[0][5].item<int64_t>() + 1) % 50;
+  const torch::Tensor after = (*two)->Forward(tokens);
+  EXPECT_TRUE(torch::allclose(before.narrow(1, 0, 5), after.narrow(1, 0, 5)));
+  EXPECT_FALSE(torch::allclose(before.narrow(1, 5, 1), after.narrow(1, 5, 1)));
+
+  args.set_layers(3);
+  args.set_tie_embeddings(false);
+  std::unique_ptr<Model> three = *BuildModel(spec, 5, 8, 50);
+  std::map<std::string, torch::Tensor> a, b;
+  for (const auto& [name, p] : (*two)->NamedParameters()) a[name] = p;
+  for (const auto& [name, p] : three->NamedParameters()) b[name] = p;
+  EXPECT_EQ(b.count("lm_head.weight"), 1u);
+  EXPECT_TRUE(torch::equal(a["wte.weight"], b["wte.weight"]));
+  EXPECT_TRUE(torch::equal(a["h.0.attn.weight"], b["h.0.attn.weight"]));
+  EXPECT_TRUE(torch::equal(a["h.1.fc.weight"], b["h.1.fc.weight"]));
+  EXPECT_FALSE(torch::equal(a["h.0.attn.weight"], a["h.1.attn.weight"]));
+  EXPECT_NEAR(a["wte.weight"].std().item<double>(), 0.02, 0.002);
+
+  absl::Status status = BuildModel(spec, 5, 8, 51).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("data.tokens: token id 50 is outside the 50 tokens of model.args.vocab"));
+  args.set_heads(5);
+  EXPECT_THAT(BuildModel(spec, 5, 8, 50).status().message(),
+              HasSubstr("model.args.heads: 5 heads do not divide dim 16"));
 }
 
 // ---- schedules and optimizers ----
@@ -1093,8 +1213,12 @@ TEST(TrainerTest, MlpLearnsSyntheticData) {
   EXPECT_THAT(lines[0], HasSubstr("start: model=mlp"));
   EXPECT_THAT(lines[1], ::testing::MatchesRegex(
                             "step=25 total=100 loss=[0-9.]+ lr=0.01 samples_per_s=[0-9.]+ "
-                            "epoch=2 val_accuracy=[0-9.]+"));
+                            "epoch=2 val_accuracy=[0-9.]+ val_loss=[0-9.]+"));
   EXPECT_THAT(lines[4], HasSubstr("step=100 total=100"));
+  // The validation loss is the split's mean cross-entropy: below the first batch's.
+  ASSERT_TRUE(result->val_loss.has_value());
+  EXPECT_LT(*result->val_loss, result->first_loss);
+  EXPECT_FALSE(result->val_perplexity);
   EXPECT_THAT(lines[5], HasSubstr("done: step=100"));
 }
 

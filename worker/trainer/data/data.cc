@@ -389,6 +389,157 @@ class MemoryData final : public TrainingData {
   Dataset all_;
 };
 
+// Token shards: one 1-D tensor of ids per shard; sample i of a shard is the window of
+// context + 1 tokens from token i * context, so consecutive windows share one token (the last
+// target of one is the first input of the next) and a shard's last partial window is unused.
+class TokenData final : public TrainingData {
+ public:
+  TokenData(std::unique_ptr<ShardReader> reader, std::string name, std::string dtype,
+            std::vector<int64_t> shard_tokens, int64_t context, bool pin)
+      : reader_(std::move(reader)),
+        name_(std::move(name)),
+        dtype_(std::move(dtype)),
+        element_bytes_(SafetensorsDtypeSize(dtype_)),
+        context_(context),
+        pin_(pin) {
+    int64_t first = 0;
+    for (int64_t n : shard_tokens) {
+      const int64_t windows = n > context ? (n - 1) / context : 0;
+      shard_first_.push_back(first);
+      shard_windows_.push_back(windows);
+      first += windows;
+    }
+    sample_shape_ = {context};
+    tokens_ = true;
+  }
+
+  absl::Status Prepare(const trainyard::v1::DataSpec& spec, const ShardIndex& index) {
+    const int64_t n = shard_first_.empty() ? 0 : shard_first_.back() + shard_windows_.back();
+    if (n == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.tokens: the files matching '", spec.tokens(), "' hold no window of ",
+                       context_ + 1, " tokens (model.args.context + 1)"));
+    }
+    const double fraction = spec.validation_split();
+    validation_ = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
+    if (validation_ >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("data.validation_split: ", fraction, " of ", n,
+                                                     " windows leaves none to train on"));
+    }
+    train_ = n - validation_;
+    for (size_t k = 0; k < shard_windows_.size(); ++k) {
+      shard_train_samples_.push_back(
+          std::clamp<int64_t>(train_ - shard_first_[k], 0, shard_windows_[k]));
+    }
+    int64_t lo = 0, hi = 0;
+    if (auto recorded = RecordedExtremes(index, name_, 1)) {
+      lo = recorded->first[0];
+      hi = recorded->second[0];
+    } else {
+      LogInfo("data.tokens: the shards do not record the extremes of '", name_,
+              "' (trainyard data pack does): reading them");
+      lo = INT64_MAX;
+      hi = INT64_MIN;
+      for (size_t k = 0; k < shard_windows_.size(); ++k) {
+        reader_->Hold({static_cast<int>(k)});
+        absl::StatusOr<std::shared_ptr<const MappedShard>> mapped =
+            reader_->Get(static_cast<int>(k));
+        if (!mapped.ok()) {
+          return absl::Status(mapped.status().code(),
+                              absl::StrCat("data.tokens: ", mapped.status().message()));
+        }
+        const absl::string_view bytes = (*mapped)->column(0);
+        const int64_t count = static_cast<int64_t>(bytes.size()) / element_bytes_;
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t v = Token(bytes.data(), i);
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
+        }
+      }
+      reader_->Hold({});
+    }
+    if (lo < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.tokens: negative token id ", lo, " in '", name_, "'"));
+    }
+    outputs_ = hi + 1;
+    return absl::OkStatus();
+  }
+
+  int64_t ShardBytes(int shard) const override { return reader_->ColumnBytes(shard); }
+  void Hold(const std::vector<int>& shards) override { reader_->Hold(shards); }
+  int64_t bytes_fetched() const override { return reader_->bytes_fetched(); }
+  bool remote() const override { return reader_->remote(); }
+
+  absl::StatusOr<Batch> Gather(const std::vector<int64_t>& indices) override {
+    const int64_t n = static_cast<int64_t>(indices.size());
+    const int64_t width = context_ + 1;
+    torch::Tensor windows = torch::empty({n, width}, torch::kInt64);
+    int64_t* out = windows.data_ptr<int64_t>();
+    std::shared_ptr<const MappedShard> mapped;
+    int current = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t index = indices[static_cast<size_t>(i)];
+      const int shard =
+          static_cast<int>(std::upper_bound(shard_first_.begin(), shard_first_.end(), index) -
+                           shard_first_.begin() - 1);
+      if (shard != current) {
+        absl::StatusOr<std::shared_ptr<const MappedShard>> got = reader_->Get(shard);
+        if (!got.ok()) {
+          return absl::Status(got.status().code(),
+                              absl::StrCat("data.tokens: ", got.status().message()));
+        }
+        mapped = *std::move(got);
+        current = shard;
+      }
+      const int64_t start = (index - shard_first_[static_cast<size_t>(shard)]) * context_;
+      const char* tokens = mapped->column(0).data();
+      int64_t* row = out + i * width;
+      if (element_bytes_ == 8) {
+        std::memcpy(row, tokens + start * 8, static_cast<size_t>(width) * 8);
+      } else {
+        for (int64_t j = 0; j < width; ++j) row[j] = Token(tokens, start + j);
+      }
+    }
+    Batch batch;
+    auto options = torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pin_);
+    batch.features = torch::empty({n, context_}, options);
+    batch.labels = torch::empty({n, context_}, options);
+    batch.features.copy_(windows.narrow(1, 0, context_));
+    batch.labels.copy_(windows.narrow(1, 1, context_));
+    return batch;
+  }
+
+ private:
+  // Token `i` of a shard's ids (little-endian, as safetensors stores them).
+  int64_t Token(const char* tokens, int64_t i) const {
+    const char* p = tokens + i * element_bytes_;
+    if (dtype_ == "U8") return static_cast<unsigned char>(*p);
+    if (dtype_ == "U16") {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    if (dtype_ == "I32") {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+
+  const std::unique_ptr<ShardReader> reader_;
+  const std::string name_;
+  const std::string dtype_;  // U8, U16, I32 or I64
+  const int64_t element_bytes_;
+  const int64_t context_;
+  const bool pin_;
+  std::vector<int64_t> shard_first_;    // the first window of each shard
+  std::vector<int64_t> shard_windows_;  // windows per shard
+};
+
 // The shards' column `name` for `field`, checked to be the same dtype and sample shape in
 // every shard and to have `samples[k]` samples (filled from the first column when empty).
 absl::StatusOr<Column> CheckColumn(const ShardIndex& index, const std::string& field,
@@ -437,37 +588,55 @@ absl::StatusOr<Column> CheckColumn(const ShardIndex& index, const std::string& f
   return column;
 }
 
-absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::DataSpec& spec,
-                                                         bool classification,
-                                                         const DataOptions& options) {
-  const std::string& pattern = spec.train();
+// The shards matching `pattern` (the spec's `field`), indexed from their headers, and the store
+// they are in.
+absl::StatusOr<std::pair<std::shared_ptr<ObjectStore>, ShardIndex>> IndexPattern(
+    const std::string& field, const std::string& pattern, const DataOptions& options) {
   if (absl::StrContains(pattern, "://") && !absl::StartsWith(pattern, "file://") &&
       !absl::StartsWith(pattern, "s3://")) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data.train: only local paths, file:// and s3:// URIs are supported, got '", pattern, "'"));
+        field, ": only local paths, file:// and s3:// URIs are supported, got '", pattern, "'"));
   }
   if (!absl::StrContains(pattern, "://") && !absl::StartsWith(pattern, "/")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("data.train: '", pattern, "' is not an absolute path or URI"));
+        absl::StrCat(field, ": '", pattern, "' is not an absolute path or URI"));
   }
   const std::string uri = absl::StartsWith(pattern, "/") ? "file://" + pattern : pattern;
   if (options.stores == nullptr) {
-    return absl::FailedPreconditionError("data.train: no object stores to read it from");
+    return absl::FailedPreconditionError(absl::StrCat(field, ": no object stores to read it from"));
   }
   absl::StatusOr<std::shared_ptr<ObjectStore>> store = options.stores->Open(uri);
   if (!store.ok()) {
-    return absl::Status(store.status().code(),
-                        absl::StrCat("data.train: ", store.status().message()));
+    return absl::Status(store.status().code(), absl::StrCat(field, ": ", store.status().message()));
   }
   absl::StatusOr<ShardIndex> index = IndexShards(**store, uri);
   if (!index.ok()) {
     if (index.status().code() == absl::StatusCode::kNotFound &&
         absl::StrContains(index.status().message(), "match")) {
-      return absl::NotFoundError(absl::StrCat("data.train: no files match '", pattern, "'"));
+      return absl::NotFoundError(absl::StrCat(field, ": no files match '", pattern, "'"));
     }
-    return absl::Status(index.status().code(),
-                        absl::StrCat("data.train: ", index.status().message()));
+    return absl::Status(index.status().code(), absl::StrCat(field, ": ", index.status().message()));
   }
+  return std::make_pair(*std::move(store), *std::move(index));
+}
+
+ShardReaderOptions ReaderOptions(const trainyard::v1::DataSpec& spec, const DataOptions& options) {
+  ShardReaderOptions reader_options;
+  reader_options.cache_dir =
+      options.cache_dir.empty() ? ObjectCache::DefaultDir() + "/shards" : options.cache_dir;
+  reader_options.cache_bytes = options.cache_bytes;
+  if (spec.fetch_threads() > 0) reader_options.fetch_threads = spec.fetch_threads();
+  return reader_options;
+}
+
+absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::DataSpec& spec,
+                                                         bool classification,
+                                                         const DataOptions& options) {
+  absl::StatusOr<std::pair<std::shared_ptr<ObjectStore>, ShardIndex>> indexed =
+      IndexPattern("data.train", spec.train(), options);
+  if (!indexed.ok()) return indexed.status();
+  std::shared_ptr<ObjectStore> store = std::move(indexed->first);
+  std::optional<ShardIndex> index = std::move(indexed->second);
   std::vector<int64_t> samples;
   std::vector<Column> columns;
   const std::string features = spec.features().empty() ? "x" : spec.features();
@@ -505,23 +674,69 @@ absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::Da
     }
     columns.push_back(*std::move(ids));
   }
-  ShardReaderOptions reader_options;
-  reader_options.cache_dir =
-      options.cache_dir.empty() ? ObjectCache::DefaultDir() + "/shards" : options.cache_dir;
-  reader_options.cache_bytes = options.cache_bytes;
-  if (spec.fetch_threads() > 0) reader_options.fetch_threads = spec.fetch_threads();
+  const ShardReaderOptions reader_options = ReaderOptions(spec, options);
   std::vector<std::string> names;
   for (const Column& c : columns) names.push_back(c.name);
   const ShardIndex kept = *index;
   absl::StatusOr<std::unique_ptr<ShardReader>> reader =
-      ShardReader::Open(*store, *std::move(index), names, reader_options);
+      ShardReader::Open(store, *std::move(index), names, reader_options);
   if (!reader.ok()) {
     return absl::Status(reader.status().code(),
                         absl::StrCat("data.train: ", reader.status().message()));
   }
-  auto data = std::make_unique<ShardData>(*std::move(store), *std::move(reader), reader_options,
+  auto data = std::make_unique<ShardData>(std::move(store), *std::move(reader), reader_options,
                                           std::move(columns), std::move(samples), spec,
                                           classification, options);
+  if (absl::Status s = data->Prepare(spec, kept); !s.ok()) return s;
+  return data;
+}
+
+absl::StatusOr<std::unique_ptr<TrainingData>> OpenTokens(const trainyard::v1::DataSpec& spec,
+                                                         const DataOptions& options) {
+  if (options.token_context < 1) {
+    return absl::InvalidArgumentError(
+        "data.tokens: needs the model's context (model.args.context)");
+  }
+  absl::StatusOr<std::pair<std::shared_ptr<ObjectStore>, ShardIndex>> indexed =
+      IndexPattern("data.tokens", spec.tokens(), options);
+  if (!indexed.ok()) return indexed.status();
+  std::shared_ptr<ObjectStore> store = std::move(indexed->first);
+  ShardIndex index = std::move(indexed->second);
+  const std::string name = spec.features().empty() ? "tokens" : spec.features();
+  std::string dtype;
+  std::vector<int64_t> shard_tokens;
+  for (const ShardInfo& shard : index.shards) {
+    const std::string path = DisplayPath(shard.uri);
+    auto slot = std::find_if(shard.header.tensors.begin(), shard.header.tensors.end(),
+                             [&](const SafetensorsSlot& t) { return t.name == name; });
+    if (slot == shard.header.tensors.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.tokens: tensor '", name, "' not in ", path));
+    }
+    if (slot->shape.size() != 1 || (slot->dtype != "U8" && slot->dtype != "U16" &&
+                                    slot->dtype != "I32" && slot->dtype != "I64")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.tokens: '", name, "' in ", path,
+                       " must be 1-D token ids of U8, U16, I32 or I64, got ", slot->dtype, " ",
+                       ShapeString(slot->shape)));
+    }
+    if (!dtype.empty() && slot->dtype != dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.tokens: ", path, " has ", slot->dtype, " tokens, ",
+                       DisplayPath(index.shards.front().uri), " ", dtype));
+    }
+    dtype = slot->dtype;
+    shard_tokens.push_back(slot->shape[0]);
+  }
+  const ShardIndex kept = index;
+  absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+      ShardReader::Open(store, std::move(index), {name}, ReaderOptions(spec, options));
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(),
+                        absl::StrCat("data.tokens: ", reader.status().message()));
+  }
+  auto data = std::make_unique<TokenData>(*std::move(reader), name, dtype, std::move(shard_tokens),
+                                          options.token_context, options.pin_memory);
   if (absl::Status s = data->Prepare(spec, kept); !s.ok()) return s;
   return data;
 }
@@ -550,6 +765,7 @@ absl::StatusOr<std::unique_ptr<TrainingData>> OpenTrainingData(const trainyard::
                                                                int64_t seed, bool classification,
                                                                const DataOptions& options) {
   if (!spec.train().empty()) return OpenShards(spec, classification, options);
+  if (!spec.tokens().empty()) return OpenTokens(spec, options);
   if (spec.synthetic().samples() == 0 && spec.synthetic().features() == 0) {
     return absl::InvalidArgumentError("data: set data.train or data.synthetic");
   }

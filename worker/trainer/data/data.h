@@ -87,6 +87,9 @@ struct DataOptions {
   // Where data.train's shards are opened; not owned. Required for data.train (FAILED_PRECONDITION
   // without); synthetic data needs none. FromEnvironment leaves it to the caller.
   const ObjectStoreResolver* stores = nullptr;
+  // data.tokens: the model's context (model.args.context); a sample is a window of this many
+  // tokens plus the one that follows. Required > 0 for token data.
+  int64_t token_context = 0;
   static DataOptions FromEnvironment();
 };
 
@@ -108,6 +111,8 @@ class TrainingData {
   const std::vector<int64_t>& sample_shape() const { return sample_shape_; }
   // Outputs the model needs: max class id + 1, or the target width for mse.
   int64_t outputs() const { return outputs_; }
+  // Whether samples are windows of tokens (data.tokens), with a label per position.
+  bool tokens() const { return tokens_; }
   // Per categorical field, the largest id (empty without categorical ids).
   const std::vector<int64_t>& max_ids() const { return max_ids_; }
   // Training samples of each shard in file order; empty for data held in memory.
@@ -133,9 +138,13 @@ class TrainingData {
   int64_t outputs_ = 0;
   std::vector<int64_t> max_ids_;
   std::vector<int64_t> shard_train_samples_;
+  bool tokens_ = false;
 };
 
-// data.synthetic or data.train, split by data.validation_split. `classification` asks for
+// data.synthetic, data.train or data.tokens, split by data.validation_split. Token shards
+// give windows of options.token_context + 1 tokens, one every token_context tokens within each
+// shard: features the first token_context ids, labels the last (each position's next token),
+// both int64 [N, token_context]; outputs() is the largest id + 1. `classification` asks for
 // integer labels as class ids. Reads headers (and the labels and categorical columns when the
 // shards do not record their extremes, see `trainyard data pack`), never the features.
 // Errors name the field: NOT_FOUND "data.train: no files match '...'", INVALID_ARGUMENT for a

@@ -28,17 +28,29 @@
 namespace trainyard::trainer::internal {
 namespace {
 
-absl::StatusOr<std::pair<int64_t, int64_t>> CountCorrect(Model& model, TrainingData& data,
-                                                         Strategy& strategy, int64_t first,
-                                                         int64_t count,
-                                                         const torch::Device& device) {
+// What the model gets right on validation samples: correct predictions, predictions made (a
+// language model makes one per position) and the sum of their cross-entropies.
+struct Measured {
+  double correct = 0;
+  double predictions = 0;
+  double loss = 0;
+};
+
+// Validation samples [first, first + count) (global indices), chunk by chunk: at most 1024
+// samples, and few enough that a chunk's outputs stay near 16 M values.
+absl::StatusOr<Measured> Measure(Model& model, TrainingData& data, Strategy& strategy,
+                                 int64_t first, int64_t count, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
-  int64_t correct = 0;
-  constexpr int64_t kChunk = 1024;
+  Measured measured;
+  int64_t positions = 1;
+  for (int64_t d : data.sample_shape()) positions *= d;
+  const bool tokens = data.tokens();
+  const int64_t per_sample = tokens ? positions * std::max<int64_t>(1, data.outputs()) : 1;
+  const int64_t chunk = std::clamp<int64_t>((int64_t{1} << 24) / per_sample, 1, 1024);
   std::vector<int64_t> indices;
-  for (int64_t begin = 0; begin < count; begin += kChunk) {
-    const int64_t n = std::min(kChunk, count - begin);
+  for (int64_t begin = 0; begin < count; begin += chunk) {
+    const int64_t n = std::min(chunk, count - begin);
     indices.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = first + begin + i;
     absl::StatusOr<Batch> batch = data.Gather(indices);
@@ -48,14 +60,24 @@ absl::StatusOr<std::pair<int64_t, int64_t>> CountCorrect(Model& model, TrainingD
       torch::Tensor out = model.Forward(
           batch->features.to(device),
           batch->categorical.defined() ? batch->categorical.to(device) : torch::Tensor());
-      correct += out.argmax(1).eq(batch->labels.to(device)).sum().item<int64_t>();
+      torch::Tensor labels = batch->labels.to(device);
+      if (out.dim() == 3) {
+        out = out.reshape({-1, out.size(2)});
+        labels = labels.reshape({-1});
+      }
+      measured.correct += static_cast<double>(out.argmax(1).eq(labels).sum().item<int64_t>());
+      measured.predictions += static_cast<double>(labels.size(0));
+      measured.loss += torch::nn::functional::cross_entropy(
+                           out.to(torch::kFloat32), labels,
+                           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                           .item<double>();
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: validation failed: ", DescribeTorchError(e)));
     }
   }
   model.SetTraining(true);
-  return std::make_pair(correct, count);
+  return measured;
 }
 
 // Checks a loaded checkpoint against the live model and optimizer without changing either.
@@ -141,6 +163,7 @@ absl::Status Run::Prepare() {
   DataOptions data_options = options_.data;
   data_options.pin_memory = !device_.is_cpu();
   data_options.stores = options_.stores;
+  data_options.token_context = spec_.model().args().context();
   absl::StatusOr<std::unique_ptr<TrainingData>> data = OpenTrainingData(
       spec_.data(), spec_.seed(), loss_kind_ == LossKind::kCrossEntropy, data_options);
   if (!data.ok()) return data.status();
@@ -183,17 +206,19 @@ absl::Status Run::Prepare() {
         first->features.to(device_),
         first->categorical.defined() ? first->categorical.to(device_) : torch::Tensor());
     model_->SetTraining(true);
-    if (out.dim() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("model: forward() returns shape [",
-                                                     absl::StrJoin(out.sizes(), ","),
-                                                     "], expected [N, outputs]"));
+    // A language model predicts every position's next token: [N, T, vocab].
+    const int64_t dims = data_->tokens() ? 3 : 2;
+    if (out.dim() != dims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: forward() returns shape [", absl::StrJoin(out.sizes(), ","),
+                       "], expected ", dims == 2 ? "[N, outputs]" : "[N, T, vocab]"));
     }
-    if (loss_kind_ == LossKind::kCrossEntropy && out.size(1) < outputs) {
-      return absl::InvalidArgumentError(absl::StrCat("data.labels: class id ", outputs - 1,
-                                                     " is out of range for the model's ",
-                                                     out.size(1), " outputs"));
+    if (loss_kind_ == LossKind::kCrossEntropy && out.size(-1) < outputs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dims == 2 ? "data.labels: class id " : "data.tokens: token id ", outputs - 1,
+                       " is out of range for the model's ", out.size(-1), " outputs"));
     }
-    classes = out.size(1);
+    classes = out.size(-1);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: forward() fails on the data: ", DescribeTorchError(e)));
@@ -275,16 +300,20 @@ absl::Status Run::Validate(TrainResult& result) {
   if (!shared && rank != 0) return absl::OkStatus();
   const int64_t begin = shared ? count * rank / world : 0;
   const int64_t end = shared ? count * (rank + 1) / world : count;
-  absl::StatusOr<std::pair<int64_t, int64_t>> mine =
-      CountCorrect(*model_, *data_, *strategy_, data_->train_size() + begin, end - begin, device_);
+  absl::StatusOr<Measured> mine =
+      Measure(*model_, *data_, *strategy_, data_->train_size() + begin, end - begin, device_);
   if (!mine.ok()) return mine.status();
-  std::vector<double> sums = {static_cast<double>(mine->first), static_cast<double>(mine->second)};
+  std::vector<double> sums = {mine->correct, mine->predictions, mine->loss};
   if (shared) {
     absl::StatusOr<std::vector<double>> all = strategy_->SumOverRanks(sums);
     if (!all.ok()) return all.status();
     sums = *std::move(all);
   }
-  if (sums[1] > 0) result.val_accuracy = sums[0] / sums[1];
+  if (sums[1] > 0) {
+    result.val_accuracy = sums[0] / sums[1];
+    result.val_loss = sums[2] / sums[1];
+    result.val_perplexity = data_->tokens();
+  }
   return absl::OkStatus();
 }
 

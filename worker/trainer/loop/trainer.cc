@@ -45,13 +45,36 @@ namespace {
 
 torch::Tensor ComputeLoss(LossKind kind, const torch::Tensor& out, const torch::Tensor& labels) {
   if (kind == LossKind::kCrossEntropy) {
+    // A language model's [N, T, vocab] logits: the mean over every position's next token.
+    if (out.dim() == 3) {
+      return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(2)}),
+                                                  labels.reshape({-1}));
+    }
     return torch::nn::functional::cross_entropy(out, labels);
   }
   return torch::mse_loss(out, labels.reshape_as(out));
 }
 
-// Correct predictions and samples among validation samples [first, first + count) (global
-// indices), chunk by chunk.
+// The last validation's figures for a log line: " val_accuracy=A val_loss=L" (and
+// " val_perplexity=P" for a language model); empty before the first.
+std::string ValidationFields(const TrainResult& result) {
+  if (!result.val_accuracy.has_value()) return "";
+  std::string out = absl::StrFormat(" val_accuracy=%.4f", *result.val_accuracy);
+  if (result.val_loss.has_value()) {
+    absl::StrAppendFormat(&out, " val_loss=%.4f", *result.val_loss);
+    if (result.val_perplexity) {
+      absl::StrAppendFormat(&out, " val_perplexity=%.2f", std::exp(*result.val_loss));
+    }
+  }
+  return out;
+}
+
+void SetValidation(const TrainResult& result, trainyard::v1::JobProgress& progress) {
+  progress.set_has_val_accuracy(result.val_accuracy.has_value());
+  progress.set_val_accuracy(result.val_accuracy.value_or(0));
+  progress.set_has_val_loss(result.val_loss.has_value());
+  progress.set_val_loss(result.val_loss.value_or(0));
+}
 
 // The samples the job trained per second between two log lines: the global batch per update
 // where ranks update together; where they go at their own pace (UpdatesApplied has a count), a
@@ -343,9 +366,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
           times.validation += seconds_since(val_start);
           validated = true;
         }
-        if (result.val_accuracy.has_value()) {
-          absl::StrAppendFormat(&line, " val_accuracy=%.4f", *result.val_accuracy);
-        }
+        absl::StrAppend(&line, ValidationFields(result));
       }
       Print(line);
     }
@@ -354,7 +375,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       if (status = Validate(result); !status.ok()) return status;
       times.validation += seconds_since(val_start);
       if (result.val_accuracy.has_value()) {
-        Print(absl::StrFormat("step=%d val_accuracy=%.4f", step, *result.val_accuracy));
+        Print(absl::StrCat("step=", step, ValidationFields(result)));
       }
     }
     if (checkpointer != nullptr && every > 0 && step % every == 0 && step < end) {
@@ -379,8 +400,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       progress.set_loss(result.loss);
       progress.set_samples_per_second(samples_per_s);
       progress.set_epoch(epoch);
-      progress.set_has_val_accuracy(result.val_accuracy.has_value());
-      progress.set_val_accuracy(result.val_accuracy.value_or(0));
+      SetValidation(result, progress);
       reporter->Update(progress);
     }
   }
@@ -447,8 +467,7 @@ absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step
     progress.set_step(step);
     progress.set_loss(result.loss);
     progress.set_epoch(step / plan_.steps_per_epoch);
-    progress.set_has_val_accuracy(result.val_accuracy.has_value());
-    progress.set_val_accuracy(result.val_accuracy.value_or(0));
+    SetValidation(result, progress);
     // It keeps trying while the coordinator may be restarting; at a stop, only until the
     // process must be gone.
     const absl::Time report_until = !result.stopped ? clock_.Now() + options_.coordinator_retry_for
@@ -461,9 +480,7 @@ absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step
   }
   std::string done = absl::StrFormat("done: step=%d total=%d loss=%.8f stopped=%s", step, total,
                                      result.loss, result.stopped ? "true" : "false");
-  if (result.val_accuracy.has_value()) {
-    absl::StrAppendFormat(&done, " val_accuracy=%.4f", *result.val_accuracy);
-  }
+  absl::StrAppend(&done, ValidationFields(result));
   if (!result.model_uri.empty()) absl::StrAppend(&done, " model=", result.model_uri);
   Print(done);
   return absl::OkStatus();

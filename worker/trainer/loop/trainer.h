@@ -88,6 +88,10 @@ struct TrainResult {
   double first_loss = 0;     // batch loss of this run's first update
   double loss = 0;           // batch loss of the last update
   std::optional<double> val_accuracy;
+  // The validation split's mean cross-entropy per prediction (per token for a language model,
+  // where val_perplexity is set: the log lines then show exp(val_loss)).
+  std::optional<double> val_loss;
+  bool val_perplexity = false;
   bool stopped = false;  // stop_signal ended the run before total_steps
   // Rank 0 of a stopped run did not checkpoint the stop step: its save would not have finished
   // before the deadline (a job event says so), or the one before it was still being written.

@@ -19,6 +19,7 @@
 #include "common/object_cache.h"
 #include "common/object_store.h"
 #include "common/torchscript_archive.h"
+#include "worker/trainer/model/transformer.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -318,6 +319,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
     return LoadTorchScript(*stores, spec.torchscript(), "model.torchscript");
   }
   const auto& args = spec.args();
+  // The data's outputs are its largest token id + 1.
+  if (spec.builtin() == "transformer") return BuildTransformer(args, seed, data_outputs - 1);
   const int64_t outputs = args.classes() > 0 ? args.classes() : data_outputs;
   if (spec.builtin() == "embedding_mlp") {
     if (outputs < 1) {
@@ -343,7 +346,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
   if (spec.builtin() == "mlp") return BuildMlp(args, inputs, outputs);
   if (spec.builtin() == "cnn") return BuildCnn(args, inputs, outputs);
   return absl::InvalidArgumentError(absl::StrCat("model.builtin: unknown model '", spec.builtin(),
-                                                 "' (mlp, cnn, embedding_mlp)"));
+                                                 "' (mlp, cnn, embedding_mlp, transformer)"));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver& stores,

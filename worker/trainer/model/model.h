@@ -27,12 +27,13 @@
 
 namespace trainyard::trainer {
 
-// A trainable model: built-in (mlp, cnn, embedding_mlp) or a TorchScript module. Not
-// thread-safe.
+// A trainable model: built-in (mlp, cnn, embedding_mlp, transformer: transformer.h) or a
+// TorchScript module. Not thread-safe.
 class Model {
  public:
   virtual ~Model() = default;
-  // x: [N, ...] float32 features. Returns [N, outputs]. Throws c10::Error on shape errors.
+  // x: [N, ...] float32 features (a language model: int64 token ids [N, T]). Returns
+  // [N, outputs] ([N, T, vocab] for a language model). Throws c10::Error on shape errors.
   virtual torch::Tensor Forward(const torch::Tensor& x) = 0;
   // With the samples' categorical ids too ([N, fields] int64; undefined when the data has none),
   // which only embedding_mlp reads.
@@ -64,7 +65,7 @@ class Model {
   // "model.safetensors" for built-in models), with CPU tensors whatever the model's device.
   virtual absl::StatusOr<std::string> Export() = 0;
   virtual std::string ExportName() const = 0;
-  // "mlp", "cnn", "embedding_mlp" or "torchscript".
+  // "mlp", "cnn", "embedding_mlp", "transformer" or "torchscript".
   virtual std::string Kind() const = 0;
 
   int64_t ParameterCount();
@@ -72,8 +73,9 @@ class Model {
 
 // Builds the model of `spec`. Built-in models take their widths from model.args, with `inputs`
 // (features per sample) and `classes` (outputs) filled in from the data when the args leave them
-// 0. Parameters are initialised deterministically from torch::manual_seed(seed), which this call
-// sets; builds are serialised process-wide so that concurrent ones each get that initialisation.
+// 0; the transformer checks that the data's tokens (ids below data_outputs) fit its vocab.
+// Parameters are initialised deterministically from torch::manual_seed(seed), which this call sets;
+// builds are serialised process-wide so that concurrent ones each get that initialisation.
 // TorchScript modules are read through `stores` (FAILED_PRECONDITION when it is null); builtin
 // models need none.
 // INVALID_ARGUMENT naming the field (model.builtin, model.args.inputs, model.torchscript) for a

@@ -1,0 +1,42 @@
+#ifndef TRAINYARD_WORKER_TRAINER_MODEL_TRANSFORMER_H_
+#define TRAINYARD_WORKER_TRAINER_MODEL_TRANSFORMER_H_
+
+// Part model/ of the trainer (worker/trainer/PARTS). The built-in transformer: a decoder-only
+// causal language model as PyTorch users write it (GPT-2's layout), named as they name it:
+//   wte.weight [vocab, dim], wpe.weight [context, dim]       token and position embeddings
+//   h.{i}.ln_1, h.{i}.attn (dim -> 3 dim: q, k, v), h.{i}.proj     causal self-attention
+//   h.{i}.ln_2, h.{i}.fc (dim -> mlp_ratio dim), h.{i}.fc_proj     the MLP, GELU between
+//   ln_f, lm_head.weight [vocab, dim]                          final norm and head
+// With tie_embeddings (the default) the head is the token embedding, listed once as wte.weight.
+// Pre-norm blocks: x + proj(attention(ln_1(x))), then x + fc_proj(gelu(fc(ln_2(x)))); dropout
+// after the embeddings, on the attention weights and after each residual branch.
+//
+// The model is a list of layers, what a pipeline splits into stages: layer 0 the embeddings,
+// layers 1..L the blocks, layer L+1 the final norm and head. Each layer is initialised from a
+// generator seeded by the job's seed and the layer's index alone (LayerSeed), so that any range
+// of layers starts exactly as it does in the whole model: Linear and Embedding weights
+// ~ N(0, 0.02), the two projections into the residual stream ~ N(0, 0.02 / sqrt(2 L)), biases 0,
+// LayerNorms 1 and 0 (GPT-2's initialisation), drawn layer by layer in the order listed above.
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "trainyard/v1/job.pb.h"
+#include "worker/trainer/model/model.h"
+
+namespace trainyard::trainer {
+
+// The seed of layer `layer`'s initialisation: seed * 1000003 + layer, modulo 2^64.
+uint64_t LayerSeed(int64_t seed, int layer);
+
+// The whole model of `args` (checked: vocab, context, layers, dim, heads; INVALID_ARGUMENT naming
+// the field otherwise). Forward takes token ids [N, T] (any integer dtype, T <= context) and
+// returns the logits of each next token, [N, T, vocab]. `max_token` is the largest id in the
+// data: it must be below vocab.
+absl::StatusOr<std::unique_ptr<Model>> BuildTransformer(const trainyard::v1::ModelArgs& args,
+                                                        int64_t seed, int64_t max_token);
+
+}  // namespace trainyard::trainer
+
+#endif  // TRAINYARD_WORKER_TRAINER_MODEL_TRANSFORMER_H_
