@@ -128,10 +128,11 @@ std::vector<CommandSpec> Commands() {
          "s3:// URI with wildcards in file names (quote it, so that the shell leaves them).",
          {"output"}},
         {"pack",
-         "PREFIX TENSOR=FILE.npy... | PREFIX FILE.csv --columns SPEC | --text FILE... PREFIX",
+         "PREFIX NAME=FILE.npy... | PREFIX FILE.csv | --text FILE... PREFIX",
          "Write PREFIX-00000.safetensors, ... (local files) from NumPy arrays (the first "
          "dimension is the sample; every array the same number of samples), from CSV "
-         "columns, or from text files (--text: their tokens, in order, as one 1-D tensor "
+         "columns (--columns), or from text files (--text: their tokens, in order, as one 1-D "
+         "tensor "
          "'tokens' per shard, what data.tokens reads). Nothing is written unless all of it is.",
          {"columns", "shard-size", "text", "tokenizer"}}}},
       {"search",
