@@ -46,7 +46,7 @@ class LocalCluster:
         env = dict(os.environ, PATH=os.path.join(self.build, "bin") + ":" + os.environ["PATH"])
         self.up = subprocess.Popen(
             [self.cli, "up", "--workers", str(self.workers), "--slots", str(self.slots),
-             "--port", str(self.port), "--state_dir", self.state],
+             "--port", str(self.port), "--state-dir", self.state],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         deadline = time.time() + 60
         while self.call("workers").returncode != 0:
