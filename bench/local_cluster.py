@@ -28,6 +28,17 @@ def median_samples_per_second(log, skip=2):
     return statistics.median(rates) if rates else float("nan")
 
 
+def timed_samples_per_second(step, batch, steps, warmup):
+    """The rate of the peer's loop: step(i) trains on batch i; `warmup` steps untimed, then
+    `steps` timed."""
+    for i in range(warmup):
+        step(i)
+    began = time.perf_counter()
+    for i in range(steps):
+        step(warmup + i)
+    return batch * steps / (time.perf_counter() - began)
+
+
 class LocalCluster:
     def __init__(self, build, workers, slots, prefix):
         self.cli = os.path.join(build, "bin", "trainyard")

@@ -21,7 +21,6 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -29,7 +28,8 @@ import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "examples", "transformer"))
-from local_cluster import LocalCluster, median_samples_per_second  # noqa: E402
+from local_cluster import (LocalCluster, median_samples_per_second,  # noqa: E402
+                           timed_samples_per_second)
 import transformer  # noqa: E402
 
 LOG_EVERY = 10
@@ -52,12 +52,7 @@ def eager_rate(model, windows, batch, steps, warmup):
         opt.step()
         return loss.item()
 
-    for i in range(warmup):
-        step(i)
-    began = time.perf_counter()
-    for i in range(steps):
-        step(warmup + i)
-    return batch * steps / (time.perf_counter() - began)
+    return timed_samples_per_second(step, batch, steps, warmup)
 
 
 def main():

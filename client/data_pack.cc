@@ -35,12 +35,15 @@ struct Dtype {
   const char* npy;   // NumPy descr
   int size;
   bool integer;
+  bool is_unsigned;  // unsigned values (U8, U16, BOOL)
 };
 constexpr Dtype kDtypes[] = {
-    {"F64", "<f8", 8, false}, {"F32", "<f4", 4, false},  {"F16", "<f2", 2, false},
-    {"BF16", "", 2, false},   {"I64", "<i8", 8, true},   {"I32", "<i4", 4, true},
-    {"I16", "<i2", 2, true},  {"I8", "|i1", 1, true},    {"U16", "<u2", 2, true},
-    {"U8", "|u1", 1, true},   {"BOOL", "|b1", 1, false},
+    {"F64", "<f8", 8, false, false}, {"F32", "<f4", 4, false, false},
+    {"F16", "<f2", 2, false, false}, {"BF16", "", 2, false, false},
+    {"I64", "<i8", 8, true, false},  {"I32", "<i4", 4, true, false},
+    {"I16", "<i2", 2, true, false},  {"I8", "|i1", 1, true, false},
+    {"U16", "<u2", 2, true, true},   {"U8", "|u1", 1, true, true},
+    {"BOOL", "|b1", 1, false, true},
 };
 
 const Dtype* FindDtype(absl::string_view name) {
@@ -232,7 +235,7 @@ void AddExtremes(const std::string& name, const Dtype& dtype, const std::vector<
         break;
       }
       case 2: {
-        if (std::string(dtype.name) == "U16") {
+        if (dtype.is_unsigned) {
           uint16_t x;
           std::memcpy(&x, p, 2);
           v = x;
@@ -244,8 +247,7 @@ void AddExtremes(const std::string& name, const Dtype& dtype, const std::vector<
         break;
       }
       default:
-        v = std::string(dtype.name) == "U8" ? static_cast<unsigned char>(*p)
-                                            : static_cast<signed char>(*p);
+        v = dtype.is_unsigned ? static_cast<unsigned char>(*p) : static_cast<signed char>(*p);
     }
     const size_t f = static_cast<size_t>(i % fields);
     lo[f] = std::min(lo[f], v);
@@ -476,8 +478,7 @@ absl::Status AppendValue(absl::string_view text, const Dtype& dtype, std::string
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not an integer"));
   }
   const int bits = dtype.size * 8;
-  const bool is_unsigned = std::string(dtype.name) == "U8" || std::string(dtype.name) == "U16" ||
-                           std::string(dtype.name) == "BOOL";
+  const bool is_unsigned = dtype.is_unsigned;
   const int64_t lo = is_unsigned ? 0 : (bits == 64 ? INT64_MIN : -(int64_t{1} << (bits - 1)));
   const int64_t hi =
       bits == 64 ? INT64_MAX
@@ -665,16 +666,15 @@ absl::StatusOr<PackResult> PackText(const PackOptions& options) {
 }
 
 absl::StatusOr<PackResult> PackShards(const PackOptions& options) {
+  if (options.shard_bytes < 1) return absl::InvalidArgumentError("--shard-size must be > 0");
   if (!options.text_paths.empty()) {
     if (!options.tensors.empty() || !options.csv_path.empty()) {
       return absl::InvalidArgumentError("text input takes no tensors or CSV columns");
     }
-    if (options.shard_bytes < 1) return absl::InvalidArgumentError("--shard-size must be > 0");
     if (absl::Status s = CheckNoShards(options.prefix); !s.ok()) return s;
     return PackText(options);
   }
   if (options.tensors.empty()) return absl::InvalidArgumentError("no tensors to pack");
-  if (options.shard_bytes < 1) return absl::InvalidArgumentError("--shard-size must be > 0");
   std::map<std::string, int> names;
   for (const PackColumn& c : options.tensors) {
     if (++names[c.tensor] > 1) {

@@ -399,11 +399,21 @@ SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
         job.runtimes->push_back(runtime->key);
       }
     }
+    // Why it waits is spelled out only when no ready worker can run it (the only time the
+    // scheduler says it): usually the first ready worker with one of these runtimes ends the
+    // search, so a long queue does not compare every job with every worker on every pass.
     std::vector<const WorkerRecord*> ready;
+    bool runs = false;
     for (const WorkerRecord* w : workers_.All()) {
-      if (w->info.state() == v1::READY && !w->unreachable()) ready.push_back(w);
+      if (w->info.state() != v1::READY || w->unreachable()) continue;
+      if (w->runtime != nullptr && std::find(job.runtimes->begin(), job.runtimes->end(),
+                                             w->runtime->key) != job.runtimes->end()) {
+        runs = true;
+        break;
+      }
+      ready.push_back(w);
     }
-    job.runtime_reason = NoWorkerRuns(entry.job.model_needs(), ready);
+    if (!runs) job.runtime_reason = NoWorkerRuns(entry.job.model_needs(), ready);
   }
   return job;
 }

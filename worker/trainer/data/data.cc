@@ -173,47 +173,107 @@ std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> RecordedExt
   return std::make_pair(lo, hi);
 }
 
-class ShardData final : public TrainingData {
+// Data read from shards through a ShardReader: samples numbered shard after shard, the last
+// ones held out for validation. What ShardData (named tensors, a row per sample) and TokenData
+// (windows of a token stream) share.
+class ShardedData : public TrainingData {
  public:
-  ShardData(std::shared_ptr<ObjectStore> store, std::unique_ptr<ShardReader> reader,
-            ShardReaderOptions reader_options, std::vector<Column> columns,
-            std::vector<int64_t> shard_samples, const trainyard::v1::DataSpec& spec,
-            bool classification, const DataOptions& options)
-      : store_(std::move(store)),
-        reader_(std::move(reader)),
-        reader_options_(std::move(reader_options)),
-        columns_(std::move(columns)),
-        shard_samples_(std::move(shard_samples)),
-        classification_(classification),
-        has_categorical_(columns_.size() > 2),
-        scale_(spec.has_feature_scale() ? spec.feature_scale() : 1.0f),
-        offset_(spec.feature_offset()),
-        pin_(options.pin_memory) {
+  int64_t ShardBytes(int shard) const override { return reader_->ColumnBytes(shard); }
+  void Hold(const std::vector<int>& shards) override { reader_->Hold(shards); }
+  int64_t bytes_fetched() const override { return reader_->bytes_fetched(); }
+  bool remote() const override { return reader_->remote(); }
+
+ protected:
+  // `shard_samples`: the samples of each shard.
+  ShardedData(std::unique_ptr<ShardReader> reader, std::vector<int64_t> shard_samples)
+      : reader_(std::move(reader)), shard_samples_(std::move(shard_samples)) {
     int64_t first = 0;
     for (int64_t n : shard_samples_) {
       shard_first_.push_back(first);
       first += n;
     }
-    sample_shape_ = columns_[0].sample_shape;
   }
 
-  // The split, and what the model needs to know of the labels and ids.
-  absl::Status Prepare(const trainyard::v1::DataSpec& spec, const ShardIndex& index) {
+  // Holds out the last round(fraction * N) samples. INVALID_ARGUMENT when there are none
+  // (`empty`, the whole message) or none would be left to train on (`unit`: "samples",
+  // "windows").
+  absl::Status Split(double fraction, const std::string& empty, const char* unit) {
     const int64_t n = shard_first_.empty() ? 0 : shard_first_.back() + shard_samples_.back();
-    if (n == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.train: the files matching '", spec.train(), "' hold no samples"));
-    }
-    const double fraction = spec.validation_split();
+    if (n == 0) return absl::InvalidArgumentError(empty);
     validation_ = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
     if (validation_ >= n) {
       return absl::InvalidArgumentError(absl::StrCat("data.validation_split: ", fraction, " of ", n,
-                                                     " samples leaves none to train on"));
+                                                     " ", unit, " leaves none to train on"));
     }
     train_ = n - validation_;
     for (size_t k = 0; k < shard_samples_.size(); ++k) {
       shard_train_samples_.push_back(
           std::clamp<int64_t>(train_ - shard_first_[k], 0, shard_samples_[k]));
+    }
+    return absl::OkStatus();
+  }
+
+  // Walks a batch's samples through their shards, keeping a shard mapped while consecutive
+  // samples stay in it. Errors name `field`.
+  class Cursor {
+   public:
+    Cursor(const ShardedData& data, const char* field) : data_(data), field_(field) {}
+    // Maps the shard of global sample `index`; returns the sample's index within it.
+    absl::StatusOr<int64_t> Seek(int64_t index) {
+      const std::vector<int64_t>& first = data_.shard_first_;
+      const int shard =
+          static_cast<int>(std::upper_bound(first.begin(), first.end(), index) - first.begin() - 1);
+      if (shard != current_) {
+        absl::StatusOr<std::shared_ptr<const MappedShard>> got = data_.reader_->Get(shard);
+        if (!got.ok()) {
+          return absl::Status(got.status().code(),
+                              absl::StrCat(field_, ": ", got.status().message()));
+        }
+        mapped_ = *std::move(got);
+        current_ = shard;
+      }
+      return index - first[static_cast<size_t>(shard)];
+    }
+    const MappedShard& shard() const { return *mapped_; }
+
+   private:
+    const ShardedData& data_;
+    const char* const field_;
+    std::shared_ptr<const MappedShard> mapped_;
+    int current_ = -1;
+  };
+
+  const std::unique_ptr<ShardReader> reader_;
+  const std::vector<int64_t> shard_samples_;
+  std::vector<int64_t> shard_first_;  // the global index of each shard's first sample
+};
+
+class ShardData final : public ShardedData {
+ public:
+  ShardData(std::shared_ptr<ObjectStore> store, std::unique_ptr<ShardReader> reader,
+            ShardReaderOptions reader_options, std::vector<Column> columns,
+            std::vector<int64_t> shard_samples, const trainyard::v1::DataSpec& spec,
+            bool classification, const DataOptions& options)
+      : ShardedData(std::move(reader), std::move(shard_samples)),
+        store_(std::move(store)),
+        reader_options_(std::move(reader_options)),
+        columns_(std::move(columns)),
+        classification_(classification),
+        has_categorical_(columns_.size() > 2),
+        scale_(spec.has_feature_scale() ? spec.feature_scale() : 1.0f),
+        offset_(spec.feature_offset()),
+        pin_(options.pin_memory) {
+    sample_shape_ = columns_[0].sample_shape;
+  }
+
+  // The split, and what the model needs to know of the labels and ids.
+  absl::Status Prepare(const trainyard::v1::DataSpec& spec, const ShardIndex& index) {
+    if (absl::Status s = Split(
+            spec.validation_split(),
+            absl::StrCat("data.train: the files matching '", spec.train(), "' hold no samples"),
+            "samples");
+        !s.ok()) {
+      return s;
     }
     if (classification_) {
       absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<int64_t>>> labels =
@@ -243,11 +303,6 @@ class ShardData final : public TrainingData {
     return absl::OkStatus();
   }
 
-  int64_t ShardBytes(int shard) const override { return reader_->ColumnBytes(shard); }
-  void Hold(const std::vector<int>& shards) override { reader_->Hold(shards); }
-  int64_t bytes_fetched() const override { return reader_->bytes_fetched(); }
-  bool remote() const override { return reader_->remote(); }
-
   absl::StatusOr<Batch> Gather(const std::vector<int64_t>& indices) override {
     const int64_t n = static_cast<int64_t>(indices.size());
     std::vector<torch::Tensor> out;
@@ -260,26 +315,13 @@ class ShardData final : public TrainingData {
       dst.push_back(static_cast<char*>(t.data_ptr()));
       out.push_back(std::move(t));
     }
-    std::shared_ptr<const MappedShard> mapped;
-    int current = -1;
+    Cursor cursor(*this, "data.train");
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t index = indices[static_cast<size_t>(i)];
-      const int shard =
-          static_cast<int>(std::upper_bound(shard_first_.begin(), shard_first_.end(), index) -
-                           shard_first_.begin() - 1);
-      if (shard != current) {
-        absl::StatusOr<std::shared_ptr<const MappedShard>> got = reader_->Get(shard);
-        if (!got.ok()) {
-          return absl::Status(got.status().code(),
-                              absl::StrCat("data.train: ", got.status().message()));
-        }
-        mapped = *std::move(got);
-        current = shard;
-      }
-      const int64_t row = index - shard_first_[static_cast<size_t>(shard)];
+      absl::StatusOr<int64_t> row = cursor.Seek(indices[static_cast<size_t>(i)]);
+      if (!row.ok()) return row.status();
       for (size_t c = 0; c < columns_.size(); ++c) {
         const int64_t bytes = columns_[c].row_bytes;
-        std::memcpy(dst[c] + i * bytes, mapped->column(c).data() + row * bytes,
+        std::memcpy(dst[c] + i * bytes, cursor.shard().column(c).data() + *row * bytes,
                     static_cast<size_t>(bytes));
       }
     }
@@ -338,11 +380,8 @@ class ShardData final : public TrainingData {
   }
 
   const std::shared_ptr<ObjectStore> store_;  // where the shards are
-  const std::unique_ptr<ShardReader> reader_;
   const ShardReaderOptions reader_options_;
   const std::vector<Column> columns_;  // features, labels[, categorical]
-  const std::vector<int64_t> shard_samples_;
-  std::vector<int64_t> shard_first_;
   const bool classification_;
   const bool has_categorical_;
   const float scale_;
@@ -392,44 +431,28 @@ class MemoryData final : public TrainingData {
 // Token shards: one 1-D tensor of ids per shard; sample i of a shard is the window of
 // context + 1 tokens from token i * context, so consecutive windows share one token (the last
 // target of one is the first input of the next) and a shard's last partial window is unused.
-class TokenData final : public TrainingData {
+class TokenData final : public ShardedData {
  public:
-  TokenData(std::unique_ptr<ShardReader> reader, std::string name, std::string dtype,
-            std::vector<int64_t> shard_tokens, int64_t context, bool pin)
-      : reader_(std::move(reader)),
+  // `shard_tokens`: the tokens of each shard, of `dtype` (U8, U16, I32 or I64).
+  TokenData(std::unique_ptr<ShardReader> reader, std::string name, const std::string& dtype,
+            const std::vector<int64_t>& shard_tokens, int64_t context, bool pin)
+      : ShardedData(std::move(reader), Windows(shard_tokens, context)),
         name_(std::move(name)),
-        dtype_(std::move(dtype)),
-        element_bytes_(SafetensorsDtypeSize(dtype_)),
+        element_bytes_(SafetensorsDtypeSize(dtype)),
         context_(context),
         pin_(pin) {
-    int64_t first = 0;
-    for (int64_t n : shard_tokens) {
-      const int64_t windows = n > context ? (n - 1) / context : 0;
-      shard_first_.push_back(first);
-      shard_windows_.push_back(windows);
-      first += windows;
-    }
     sample_shape_ = {context};
     tokens_ = true;
   }
 
   absl::Status Prepare(const trainyard::v1::DataSpec& spec, const ShardIndex& index) {
-    const int64_t n = shard_first_.empty() ? 0 : shard_first_.back() + shard_windows_.back();
-    if (n == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.tokens: the files matching '", spec.tokens(), "' hold no window of ",
-                       context_ + 1, " tokens (model.args.context + 1)"));
-    }
-    const double fraction = spec.validation_split();
-    validation_ = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
-    if (validation_ >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("data.validation_split: ", fraction, " of ", n,
-                                                     " windows leaves none to train on"));
-    }
-    train_ = n - validation_;
-    for (size_t k = 0; k < shard_windows_.size(); ++k) {
-      shard_train_samples_.push_back(
-          std::clamp<int64_t>(train_ - shard_first_[k], 0, shard_windows_[k]));
+    if (absl::Status s = Split(
+            spec.validation_split(),
+            absl::StrCat("data.tokens: the files matching '", spec.tokens(), "' hold no window of ",
+                         context_ + 1, " tokens (model.args.context + 1)"),
+            "windows");
+        !s.ok()) {
+      return s;
     }
     int64_t lo = 0, hi = 0;
     if (auto recorded = RecordedExtremes(index, name_, 1)) {
@@ -440,7 +463,7 @@ class TokenData final : public TrainingData {
               "' (trainyard data pack does): reading them");
       lo = INT64_MAX;
       hi = INT64_MIN;
-      for (size_t k = 0; k < shard_windows_.size(); ++k) {
+      for (size_t k = 0; k < shard_samples_.size(); ++k) {
         reader_->Hold({static_cast<int>(k)});
         absl::StatusOr<std::shared_ptr<const MappedShard>> mapped =
             reader_->Get(static_cast<int>(k));
@@ -466,78 +489,67 @@ class TokenData final : public TrainingData {
     return absl::OkStatus();
   }
 
-  int64_t ShardBytes(int shard) const override { return reader_->ColumnBytes(shard); }
-  void Hold(const std::vector<int>& shards) override { reader_->Hold(shards); }
-  int64_t bytes_fetched() const override { return reader_->bytes_fetched(); }
-  bool remote() const override { return reader_->remote(); }
-
+  // Each window's tokens are read once, as int64, straight into the features (the first
+  // `context`) and the labels (the last `context`).
   absl::StatusOr<Batch> Gather(const std::vector<int64_t>& indices) override {
     const int64_t n = static_cast<int64_t>(indices.size());
-    const int64_t width = context_ + 1;
-    torch::Tensor windows = torch::empty({n, width}, torch::kInt64);
-    int64_t* out = windows.data_ptr<int64_t>();
-    std::shared_ptr<const MappedShard> mapped;
-    int current = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t index = indices[static_cast<size_t>(i)];
-      const int shard =
-          static_cast<int>(std::upper_bound(shard_first_.begin(), shard_first_.end(), index) -
-                           shard_first_.begin() - 1);
-      if (shard != current) {
-        absl::StatusOr<std::shared_ptr<const MappedShard>> got = reader_->Get(shard);
-        if (!got.ok()) {
-          return absl::Status(got.status().code(),
-                              absl::StrCat("data.tokens: ", got.status().message()));
-        }
-        mapped = *std::move(got);
-        current = shard;
-      }
-      const int64_t start = (index - shard_first_[static_cast<size_t>(shard)]) * context_;
-      const char* tokens = mapped->column(0).data();
-      int64_t* row = out + i * width;
-      if (element_bytes_ == 8) {
-        std::memcpy(row, tokens + start * 8, static_cast<size_t>(width) * 8);
-      } else {
-        for (int64_t j = 0; j < width; ++j) row[j] = Token(tokens, start + j);
-      }
-    }
-    Batch batch;
     auto options = torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pin_);
+    Batch batch;
     batch.features = torch::empty({n, context_}, options);
     batch.labels = torch::empty({n, context_}, options);
-    batch.features.copy_(windows.narrow(1, 0, context_));
-    batch.labels.copy_(windows.narrow(1, 1, context_));
+    int64_t* features = batch.features.data_ptr<int64_t>();
+    int64_t* labels = batch.labels.data_ptr<int64_t>();
+    Cursor cursor(*this, "data.tokens");
+    for (int64_t i = 0; i < n; ++i) {
+      absl::StatusOr<int64_t> window = cursor.Seek(indices[static_cast<size_t>(i)]);
+      if (!window.ok()) return window.status();
+      const char* tokens = cursor.shard().column(0).data();
+      const int64_t start = *window * context_;
+      int64_t* x = features + i * context_;
+      for (int64_t j = 0; j < context_; ++j) x[j] = Token(tokens, start + j);
+      std::memcpy(labels + i * context_, x + 1, static_cast<size_t>(context_ - 1) * 8);
+      labels[i * context_ + context_ - 1] = Token(tokens, start + context_);
+    }
     return batch;
   }
 
  private:
-  // Token `i` of a shard's ids (little-endian, as safetensors stores them).
-  int64_t Token(const char* tokens, int64_t i) const {
-    const char* p = tokens + i * element_bytes_;
-    if (dtype_ == "U8") return static_cast<unsigned char>(*p);
-    if (dtype_ == "U16") {
-      uint16_t v;
-      std::memcpy(&v, p, 2);
-      return v;
-    }
-    if (dtype_ == "I32") {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    int64_t v;
-    std::memcpy(&v, p, 8);
-    return v;
+  // Windows of context + 1 tokens, one every `context` tokens, in shards of these many tokens.
+  static std::vector<int64_t> Windows(const std::vector<int64_t>& shard_tokens, int64_t context) {
+    std::vector<int64_t> windows;
+    for (int64_t n : shard_tokens) windows.push_back(n > context ? (n - 1) / context : 0);
+    return windows;
   }
 
-  const std::unique_ptr<ShardReader> reader_;
+  // Token `i` of a shard's ids (little-endian, as safetensors stores them). The dtype's size
+  // tells it: U8, U16, I32, I64.
+  int64_t Token(const char* tokens, int64_t i) const {
+    const char* p = tokens + i * element_bytes_;
+    switch (element_bytes_) {
+      case 1:
+        return static_cast<unsigned char>(*p);
+      case 2: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return v;
+      }
+      case 4: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      default: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
+      }
+    }
+  }
+
   const std::string name_;
-  const std::string dtype_;  // U8, U16, I32 or I64
-  const int64_t element_bytes_;
+  const int64_t element_bytes_;  // 1 (U8), 2 (U16), 4 (I32) or 8 (I64)
   const int64_t context_;
   const bool pin_;
-  std::vector<int64_t> shard_first_;    // the first window of each shard
-  std::vector<int64_t> shard_windows_;  // windows per shard
 };
 
 // The shards' column `name` for `field`, checked to be the same dtype and sample shape in
@@ -636,50 +648,49 @@ absl::StatusOr<std::unique_ptr<TrainingData>> OpenShards(const trainyard::v1::Da
       IndexPattern("data.train", spec.train(), options);
   if (!indexed.ok()) return indexed.status();
   std::shared_ptr<ObjectStore> store = std::move(indexed->first);
-  std::optional<ShardIndex> index = std::move(indexed->second);
+  ShardIndex index = std::move(indexed->second);
   std::vector<int64_t> samples;
   std::vector<Column> columns;
   const std::string features = spec.features().empty() ? "x" : spec.features();
   const std::string labels = spec.labels().empty() ? "y" : spec.labels();
-  absl::StatusOr<Column> x = CheckColumn(*index, "data.features", features, samples);
+  absl::StatusOr<Column> x = CheckColumn(index, "data.features", features, samples);
   if (!x.ok()) return x.status();
   columns.push_back(*std::move(x));
-  absl::StatusOr<Column> y = CheckColumn(*index, "data.labels", labels, samples);
+  absl::StatusOr<Column> y = CheckColumn(index, "data.labels", labels, samples);
   if (!y.ok()) return y.status();
   if (classification) {
     if (!IsIntegerDtype(y->dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("data.labels: cross_entropy needs integer class ids, '", labels, "' in ",
-                       DisplayPath(index->shards.front().uri), " is ", y->dtype));
+                       DisplayPath(index.shards.front().uri), " is ", y->dtype));
     }
     int64_t width = 1;
     for (int64_t d : y->sample_shape) width *= d;
     if (width != 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.labels: class ids in ", DisplayPath(index->shards.front().uri),
+          absl::StrCat("data.labels: class ids in ", DisplayPath(index.shards.front().uri),
                        " must have shape [N], got [N,", absl::StrJoin(y->sample_shape, ","), "]"));
     }
   }
   columns.push_back(*std::move(y));
   if (!spec.categorical().empty()) {
     absl::StatusOr<Column> ids =
-        CheckColumn(*index, "data.categorical", spec.categorical(), samples);
+        CheckColumn(index, "data.categorical", spec.categorical(), samples);
     if (!ids.ok()) return ids.status();
     if (!IsIntegerDtype(ids->dtype) || ids->sample_shape.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data.categorical: '", spec.categorical(), "' in ",
-          DisplayPath(index->shards.front().uri), " must be integer ids of shape [N, fields], got ",
-          ids->dtype, " [N", ids->sample_shape.empty() ? "" : ",",
-          absl::StrJoin(ids->sample_shape, ","), "]"));
+          "data.categorical: '", spec.categorical(), "' in ", DisplayPath(index.shards.front().uri),
+          " must be integer ids of shape [N, fields], got ", ids->dtype, " [N",
+          ids->sample_shape.empty() ? "" : ",", absl::StrJoin(ids->sample_shape, ","), "]"));
     }
     columns.push_back(*std::move(ids));
   }
   const ShardReaderOptions reader_options = ReaderOptions(spec, options);
   std::vector<std::string> names;
   for (const Column& c : columns) names.push_back(c.name);
-  const ShardIndex kept = *index;
+  const ShardIndex kept = index;
   absl::StatusOr<std::unique_ptr<ShardReader>> reader =
-      ShardReader::Open(store, *std::move(index), names, reader_options);
+      ShardReader::Open(store, std::move(index), names, reader_options);
   if (!reader.ok()) {
     return absl::Status(reader.status().code(),
                         absl::StrCat("data.train: ", reader.status().message()));
