@@ -1,5 +1,6 @@
 #include "client/views.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -231,6 +232,27 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
     if (ps.mode() == "async") absl::StrAppend(&servers, ", max_staleness ", ps.max_staleness());
     if (!ps.dense().empty()) absl::StrAppend(&servers, ", dense ", ps.dense());
     field("Param servers", servers);
+  }
+  if (job.spec().strategy() == v1::PIPELINE) {
+    const v1::PipelineSpec& pipeline = job.spec().pipeline();
+    const int replicas = job.spec().workers().max() / std::max(1, pipeline.stages());
+    std::string text = absl::StrCat(
+        pipeline.stages(), " stages x ", replicas, replicas == 1 ? " replica, " : " replicas, ",
+        pipeline.microbatches(), " micro-batches, ", pipeline.schedule());
+    if (pipeline.partition_counts_size() > 0) {
+      absl::StrAppend(&text, ", layers ", absl::StrJoin(pipeline.partition_counts(), "/"));
+    } else if (!pipeline.partition().empty()) {
+      absl::StrAppend(&text, ", ", pipeline.partition());
+    }
+    field("Pipeline", text);
+    if (p.pipeline_stages_size() > 0) {
+      std::vector<std::string> stages;
+      for (const v1::PipelineStageTime& s : p.pipeline_stages()) {
+        stages.push_back(absl::StrFormat("stage %d %.0f%%", s.stage(), 100 * s.bubble()));
+      }
+      field("Bubble", absl::StrFormat("%s (ideal %.0f%%)", absl::StrJoin(stages, ", "),
+                                      100 * p.pipeline_stages(0).ideal_bubble()));
+    }
   }
   field("Created", LocalTime(job.created_unix_ms(), zone));
   field("Started", LocalTime(job.started_unix_ms(), zone));

@@ -313,6 +313,71 @@ absl::Status ValidateTokens(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// strategy pipeline: its stages, micro-batches, schedule and partition against the workers and the
+// model (whose layers it splits: the built-in transformer's embeddings, blocks and head).
+absl::Status ValidatePipeline(const v1::JobSpec& spec) {
+  const v1::PipelineSpec& pipeline = spec.pipeline();
+  const int32_t stages = pipeline.stages();
+  if (stages < 1) return FieldError("pipeline.stages", "must be >= 1");
+  const v1::WorkerRange& workers = spec.workers();
+  if (workers.min() != workers.max()) {
+    return FieldError("workers", "a pipeline runs a fixed number of workers: stages x replicas");
+  }
+  if (workers.max() % stages != 0) {
+    return FieldError("workers", absl::StrCat(workers.max(), " workers are not a multiple of the ",
+                                              stages, " pipeline.stages (stages x replicas)"));
+  }
+  if (pipeline.microbatches() < 1) return FieldError("pipeline.microbatches", "must be >= 1");
+  if (pipeline.schedule() != "gpipe" && pipeline.schedule() != "1f1b") {
+    return FieldError("pipeline.schedule", absl::StrCat("unknown schedule '", pipeline.schedule(),
+                                                        "', expected gpipe or 1f1b"));
+  }
+  if (pipeline.partition_counts_size() == 0 && pipeline.partition() != "balanced" &&
+      pipeline.partition() != "uniform") {
+    return FieldError("pipeline.partition",
+                      absl::StrCat("unknown partition '", pipeline.partition(),
+                                   "', expected balanced, uniform or a list of layer counts"));
+  }
+  if (spec.model().source_case() != v1::ModelSpec::kBuiltin ||
+      spec.model().builtin() != "transformer") {
+    return FieldError("strategy",
+                      "pipeline splits the layers of model builtin transformer; other models "
+                      "train with data_parallel");
+  }
+  // The transformer's layers: the embeddings, each block, the final norm and head.
+  const int64_t layers = int64_t{spec.model().args().layers()} + 2;
+  if (stages > layers) {
+    return FieldError("pipeline.stages", absl::StrCat(stages, " stages exceed the model's ", layers,
+                                                      " layers (model.args.layers + 2)"));
+  }
+  if (pipeline.partition_counts_size() > 0) {
+    if (pipeline.partition_counts_size() != stages) {
+      return FieldError(
+          "pipeline.partition",
+          absl::StrCat(pipeline.partition_counts_size(), " layer counts for ", stages, " stages"));
+    }
+    int64_t sum = 0;
+    for (int32_t count : pipeline.partition_counts()) {
+      if (count < 1) return FieldError("pipeline.partition", "every stage needs >= 1 layer");
+      sum += count;
+    }
+    if (sum != layers) {
+      return FieldError("pipeline.partition",
+                        absl::StrCat("layer counts add up to ", sum, ", the model has ", layers,
+                                     " layers (model.args.layers + 2)"));
+    }
+  }
+  if (spec.accumulate_steps() > 1) {
+    return FieldError("accumulate_steps",
+                      "a pipeline accumulates over its pipeline.microbatches; leave it 1");
+  }
+  if (spec.precision() != v1::FP32) {
+    return FieldError("precision", "pipeline trains in fp32 only");
+  }
+  if (spec.has_distill()) return FieldError("distill", "not supported with strategy pipeline");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateDistill(const v1::JobSpec& spec) {
   if (!spec.has_distill()) return absl::OkStatus();
   const v1::DistillSpec& distill = spec.distill();
@@ -397,6 +462,12 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
     if (ps.dense().empty()) ps.set_dense("shards");
     if (ps.slots() == 0) ps.set_slots(1);
   }
+  if (spec.strategy() == v1::PIPELINE) {
+    v1::PipelineSpec& pipeline = *spec.mutable_pipeline();
+    if (pipeline.microbatches() == 0) pipeline.set_microbatches(std::max(1, pipeline.stages()));
+    if (pipeline.schedule().empty()) pipeline.set_schedule("1f1b");
+    if (pipeline.partition().empty()) pipeline.set_partition("balanced");
+  }
   if (spec.loss().empty()) spec.set_loss("cross_entropy");
   v1::DataSpec& data = *spec.mutable_data();
   if (data.features().empty()) data.set_features(data.tokens().empty() ? "x" : "tokens");
@@ -462,8 +533,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!IsValidName(spec.name())) return FieldError("name", absl::StrCat("must match ", kNameRule));
 
   const v1::Strategy strategy = spec.strategy();
-  if (strategy != v1::SINGLE && strategy != v1::DATA_PARALLEL && strategy != v1::PARAMETER_SERVER) {
-    return FieldError("strategy", "set single, data_parallel or parameter_server");
+  if (strategy != v1::SINGLE && strategy != v1::DATA_PARALLEL && strategy != v1::PARAMETER_SERVER &&
+      strategy != v1::PIPELINE) {
+    return FieldError("strategy", "set single, data_parallel, parameter_server or pipeline");
   }
   const v1::WorkerRange& workers = spec.workers();
   if (workers.min() < 1) return FieldError("workers.min", "must be >= 1");
@@ -488,8 +560,15 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     }
   }
 
+  if (spec.has_pipeline() && strategy != v1::PIPELINE) {
+    return FieldError("pipeline", "only with strategy pipeline");
+  }
   absl::Status status = ValidateModel(spec.model());
   if (!status.ok()) return status;
+  if (strategy == v1::PIPELINE) {
+    status = ValidatePipeline(spec);
+    if (!status.ok()) return status;
+  }
   status = ValidateData(spec.data());
   if (!status.ok()) return status;
   status = ValidateCategorical(spec.model(), spec.data());
@@ -498,9 +577,24 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!status.ok()) return status;
 
   if (spec.batch_size() <= 0) return FieldError("batch_size", "must be > 0");
-  if (strategy != v1::SINGLE && spec.batch_size() % workers.max() != 0) {
+  // A pipeline's replicas split the batch; its stages all see their replica's share.
+  const int32_t splits = strategy == v1::PIPELINE
+                             ? workers.max() / std::max(1, spec.pipeline().stages())
+                             : workers.max();
+  const char* split_unit =
+      strategy == v1::PIPELINE ? " replicas (workers / pipeline.stages)" : " workers";
+  if (strategy != v1::SINGLE && spec.batch_size() % splits != 0) {
     return FieldError("batch_size", absl::StrCat(spec.batch_size(), " does not divide across ",
-                                                 workers.max(), " workers"));
+                                                 splits, split_unit));
+  }
+  if (strategy == v1::PIPELINE) {
+    const int32_t share = spec.batch_size() / splits;
+    if (share % spec.pipeline().microbatches() != 0) {
+      return FieldError("pipeline.microbatches",
+                        absl::StrCat(spec.pipeline().microbatches(),
+                                     " micro-batches do not divide a replica's batch of ", share,
+                                     " samples (batch_size / replicas)"));
+    }
   }
   status = ValidateOptimizer(spec.optimizer());
   if (!status.ok()) return status;
@@ -558,11 +652,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.stall_timeout_seconds() < 1) return FieldError("stall_timeout", "must be at least 1s");
   if (spec.accumulate_steps() < 1) return FieldError("accumulate_steps", "must be > 0");
   // Each rank splits its share of the batch (smallest with the most workers) into micro-batches.
-  if (spec.batch_size() / workers.max() < spec.accumulate_steps()) {
-    return FieldError(
-        "accumulate_steps",
-        absl::StrCat(spec.accumulate_steps(), " micro-batches do not fit in a rank's ",
-                     spec.batch_size() / workers.max(), " samples"));
+  if (spec.batch_size() / splits < spec.accumulate_steps()) {
+    return FieldError("accumulate_steps", absl::StrCat(spec.accumulate_steps(),
+                                                       " micro-batches do not fit in a rank's ",
+                                                       spec.batch_size() / splits, " samples"));
   }
   if (spec.bucket_size_mb() < 1) return FieldError("bucket_size_mb", "must be > 0");
   return absl::OkStatus();

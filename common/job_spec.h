@@ -48,7 +48,8 @@ inline constexpr int64_t kMaxEmbeddingRows = int64_t{1} << 32;
 // Fills defaults in place. Idempotent. Zero/empty means unset:
 //   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); for the
 //   parameter_server strategy parameter_servers {shards: 1, mode: sync, dense: shards, slots: 1}
-//   and max_staleness 4 in mode async; loss cross_entropy; data.features "x", data.labels "y",
+//   and max_staleness 4 in mode async; for the pipeline strategy pipeline {microbatches: stages,
+//   schedule: 1f1b, partition: balanced}; loss cross_entropy; data.features "x", data.labels "y",
 //   data.shuffle true, data.prefetch_shards 2; optimizer.name sgd, lr 0.01, schedule constant;
 //   for adam/adamw betas 0.9/0.999 (when both are 0) and eps 1e-8; checkpoint.keep_last 3
 //   (every_steps 0 = only at the end); log_every_steps 10; batch_size 32; collective_timeout

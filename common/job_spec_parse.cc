@@ -115,6 +115,7 @@ class SpecParser {
                                   "workers",
                                   "resources",
                                   "parameter_servers",
+                                  "pipeline",
                                   "model",
                                   "data",
                                   "batch_size",
@@ -140,6 +141,7 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
     TY_RETURN_IF_ERROR(ParseResources(root["resources"]));
     TY_RETURN_IF_ERROR(ParseParameterServers(root["parameter_servers"]));
+    TY_RETURN_IF_ERROR(ParsePipeline(root["pipeline"]));
     TY_RETURN_IF_ERROR(ParseModel(root["model"]));
     TY_RETURN_IF_ERROR(ParseData(root["data"]));
     TY_RETURN_IF_ERROR(Positive<int32_t>(root, "", "batch_size", "must be > 0",
@@ -206,7 +208,8 @@ class SpecParser {
     return ParseChoice<v1::Strategy>(node, "strategy",
                                      {{"single", v1::SINGLE},
                                       {"data_parallel", v1::DATA_PARALLEL},
-                                      {"parameter_server", v1::PARAMETER_SERVER}},
+                                      {"parameter_server", v1::PARAMETER_SERVER},
+                                      {"pipeline", v1::PIPELINE}},
                                      &JobSpec::set_strategy);
   }
 
@@ -264,6 +267,33 @@ class SpecParser {
     TY_RETURN_IF_ERROR(String(node, path, "dense", ps.mutable_dense()));
     return Positive<int32_t>(node, path, "slots", "must be >= 1",
                              [&](int32_t v) { ps.set_slots(v); });
+  }
+
+  // pipeline: {stages, microbatches, schedule, partition}, partition a mode or a list of layer
+  // counts per stage.
+  absl::Status ParsePipeline(const YAML::Node& node) {
+    if (!IsSet(node)) return absl::OkStatus();
+    const std::string path = "pipeline";
+    TY_RETURN_IF_ERROR(ExpectMap(node, path));
+    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"stages", "microbatches", "schedule", "partition"}));
+    v1::PipelineSpec& pipeline = *spec_.mutable_pipeline();
+    TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "stages", "must be >= 1",
+                                         [&](int32_t v) { pipeline.set_stages(v); }));
+    TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "microbatches", "must be >= 1",
+                                         [&](int32_t v) { pipeline.set_microbatches(v); }));
+    TY_RETURN_IF_ERROR(String(node, path, "schedule", pipeline.mutable_schedule()));
+    const YAML::Node partition = node["partition"];
+    if (!IsSet(partition)) return absl::OkStatus();
+    if (partition.IsSequence()) {
+      for (size_t i = 0; i < partition.size(); ++i) {
+        absl::StatusOr<int32_t> v =
+            ReadInt32(partition[i], absl::StrCat("pipeline.partition[", i, "]"));
+        if (!v.ok()) return v.status();
+        pipeline.add_partition_counts(*v);
+      }
+      return absl::OkStatus();
+    }
+    return String(node, path, "partition", pipeline.mutable_partition());
   }
 
   absl::Status ParseResources(const YAML::Node& node) {

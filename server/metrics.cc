@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/restart_reason.h"
 #include "prometheus/gauge.h"
 
@@ -422,8 +423,29 @@ void CoordinatorMetrics::AddJobFamilies(
                             "Commit latency of the job's latest checkpoint (see "
                             "trainyard_checkpoint_commit_latency_seconds).",
                             MetricType::Gauge);
+  FamilyBuilder stage_time(out, "trainyard_pipeline_stage_seconds",
+                           "Pipeline jobs: mean seconds per update each stage (of the first "
+                           "replica) spent running its passes (state busy) and waiting for the "
+                           "stages beside it (state idle), since the previous report.",
+                           MetricType::Gauge);
+  FamilyBuilder bubble(out, "trainyard_pipeline_bubble_ratio",
+                       "Pipeline jobs: each stage's measured bubble, idle / (busy + idle).",
+                       MetricType::Gauge);
+  FamilyBuilder ideal_bubble(out, "trainyard_pipeline_ideal_bubble_ratio",
+                             "Pipeline jobs: the schedule's bubble with equal stages and free "
+                             "transfers, (stages - 1) / (microbatches + stages - 1).",
+                             MetricType::Gauge);
   for (const JobMetricsSnapshot& j : snap.jobs) {
     const std::vector<ClientMetric::Label> job = {{"job", j.id}};
+    for (const v1::PipelineStageTime& s : j.progress.pipeline_stages()) {
+      const std::string stage = absl::StrCat(s.stage());
+      stage_time.Add({{"job", j.id}, {"stage", stage}, {"state", "busy"}}, s.busy_seconds());
+      stage_time.Add({{"job", j.id}, {"stage", stage}, {"state", "idle"}}, s.idle_seconds());
+      bubble.Add({{"job", j.id}, {"stage", stage}}, s.bubble());
+    }
+    if (j.progress.pipeline_stages_size() > 0) {
+      ideal_bubble.Add(job, j.progress.pipeline_stages(0).ideal_bubble());
+    }
     state.Add({{"job", j.id}, {"state", JobStateLabel(j.state)}}, 1);
     restarts.Add(job, static_cast<double>(std::max<int64_t>(j.generation - 1, 0)));
     step.Add(job, static_cast<double>(j.progress.step()));

@@ -23,6 +23,10 @@ using trainyard::v1::JobSpec;
 // A minimal valid spec as ordered top-level entries; tests replace, add or remove entries.
 using Entries = std::vector<std::pair<std::string, std::string>>;
 constexpr char kRemove[] = "<remove>";
+// A small language model and its token shards, for the pipeline's specs.
+constexpr char kLanguageModel[] =
+    "{builtin: transformer, args: {vocab: 256, context: 8, layers: 2, dim: 8, heads: 2}}";
+constexpr char kTokens[] = "{tokens: /d/t-*.safetensors}";
 
 std::string Spec(const Entries& overrides) {
   Entries entries = {
@@ -99,8 +103,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{{{"name", std::string(64, 'a')}}, "name: must match [a-z][a-z0-9-]{0,62}"},
         // Strategy and workers.
         BadSpec{{{"strategy", "ring"}},
-                "strategy: unknown strategy 'ring', expected single, data_parallel or "
-                "parameter_server"},
+                "strategy: unknown strategy 'ring', expected single, data_parallel, "
+                "parameter_server or pipeline"},
         // Memory format.
         BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2}, memory_format: nhwc}"}},
                 "model.memory_format: unknown memory format 'nhwc', expected contiguous or "
@@ -219,6 +223,106 @@ INSTANTIATE_TEST_SUITE_P(
                  {"data", "{tokens: /d/t-*.safetensors}"},
                  {"loss", "mse"}},
                 "loss: a language model on data.tokens trains with cross_entropy"},
+        // Pipelines.
+        BadSpec{
+            {{"strategy", "pipeline"},
+             {"model", kLanguageModel},
+             {"data", kTokens},
+             {"workers", "3"},
+             {"pipeline", "{stages: 2}"}},
+            "workers: 3 workers are not a multiple of the 2 pipeline.stages (stages x replicas)"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "{min: 2, max: 4}"},
+                 {"pipeline", "{stages: 2}"}},
+                "workers: a pipeline runs a fixed number of workers: stages x replicas"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "5"},
+                 {"batch_size", "10"},
+                 {"pipeline", "{stages: 5}"}},
+                "pipeline.stages: 5 stages exceed the model's 4 layers (model.args.layers + 2)"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"batch_size", "8"},
+                 {"pipeline", "{stages: 2, microbatches: 3}"}},
+                "pipeline.microbatches: 3 micro-batches do not divide a replica's batch of 8 "
+                "samples (batch_size / replicas)"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "4"},
+                 {"batch_size", "9"},
+                 {"pipeline", "{stages: 2}"}},
+                "batch_size: 9 does not divide across 2 replicas (workers / pipeline.stages)"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 2, schedule: zigzag}"}},
+                "pipeline.schedule: unknown schedule 'zigzag', expected gpipe or 1f1b"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 2, partition: zigzag}"}},
+                "pipeline.partition: unknown partition 'zigzag', expected balanced, uniform or a "
+                "list of layer counts"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 2, partition: [1, 2]}"}},
+                "pipeline.partition: layer counts add up to 3, the model has 4 layers "
+                "(model.args.layers + 2)"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 2, partition: [4]}"}},
+                "pipeline.partition: 1 layer counts for 2 stages"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 2, partition: [4, 0]}"}},
+                "pipeline.partition: every stage needs >= 1 layer"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stage: 2}"}},
+                "pipeline.stage: unknown key (did you mean 'stages'?)"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 0}"}},
+                "pipeline.stages: must be >= 1"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", kLanguageModel},
+                 {"data", kTokens},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 2}"},
+                 {"precision", "bf16"}},
+                "precision: pipeline trains in fp32 only"},
+        BadSpec{
+            {{"strategy", "pipeline"},
+             {"model", kLanguageModel},
+             {"data", kTokens},
+             {"workers", "2"},
+             {"pipeline", "{stages: 2}"},
+             {"accumulate_steps", "2"}},
+            "accumulate_steps: a pipeline accumulates over its pipeline.microbatches; leave it 1"},
+        BadSpec{{{"strategy", "pipeline"}, {"workers", "2"}, {"pipeline", "{stages: 2}"}},
+                "strategy: pipeline splits the layers of model builtin transformer; other models "
+                "train with data_parallel"},
+        BadSpec{{{"strategy", "data_parallel"}, {"workers", "2"}, {"pipeline", "{stages: 2}"}},
+                "pipeline: only with strategy pipeline"},
         // Data.
         BadSpec{{{"data", kRemove}}, "data: set train, tokens or synthetic"},
         BadSpec{{{"data", "{features: x}"}}, "data: set train, tokens or synthetic"},
@@ -887,6 +991,35 @@ TEST(JobSpecTest, ExampleDistillationJobsParse) {
 
 // The transformer example: its shape, and the defaults a transformer on tokens gets (the MLP
 // 4 times as wide, the head tied, the token tensor named "tokens").
+// A pipeline: its defaults (micro-batches one per stage, 1F1B, balanced by bytes), a partition
+// given as layer counts, and how `describe` will show it.
+TEST(JobSpecTest, PipelineParsesWithItsDefaults) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(Spec({{"strategy", "pipeline"},
+                                                        {"workers", "4"},
+                                                        {"batch_size", "8"},
+                                                        {"pipeline", "{stages: 2}"},
+                                                        {"model", kLanguageModel},
+                                                        {"data", kTokens}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->strategy(), trainyard::v1::PIPELINE);
+  EXPECT_EQ(spec->pipeline().stages(), 2);
+  EXPECT_EQ(spec->pipeline().microbatches(), 2);
+  EXPECT_EQ(spec->pipeline().schedule(), "1f1b");
+  EXPECT_EQ(spec->pipeline().partition(), "balanced");
+  spec = ParseJobSpecYaml(Spec({{"strategy", "pipeline"},
+                                {"workers", "2"},
+                                {"batch_size", "8"},
+                                {"pipeline",
+                                 "{stages: 2, microbatches: 8, schedule: gpipe, "
+                                 "partition: [1, 3]}"},
+                                {"model", kLanguageModel},
+                                {"data", kTokens}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->pipeline().microbatches(), 8);
+  EXPECT_EQ(spec->pipeline().schedule(), "gpipe");
+  EXPECT_THAT(spec->pipeline().partition_counts(), ::testing::ElementsAre(1, 3));
+}
+
 TEST(JobSpecTest, ExampleTransformerParsesWithItsDefaults) {
   absl::StatusOr<JobSpec> spec =
       ParseJobSpecYaml(ReadFile(SourceDir() + "/examples/transformer/kjv.yaml"));

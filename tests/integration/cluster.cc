@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -499,7 +500,18 @@ std::optional<pid_t> Cluster::TrainerPid(int worker, const std::string& task_id)
 std::map<std::string, std::vector<float>> CommittedModel(const trainyard::v1::Job& job) {
   const std::string dir = absl::StrFormat(
       "%s/step-%012d", absl::StripPrefix(job.checkpoint_uri(), "file://"), job.committed_step());
-  return ModelTensors(dir + "/model.safetensors");
+  // The whole model's object, or a pipeline's stages' (model.stage-K.safetensors), merged.
+  std::map<std::string, std::vector<float>> out;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, "model.") || !absl::EndsWith(name, ".safetensors")) continue;
+    for (auto& [tensor, values] : ModelTensors(entry.path().string())) {
+      EXPECT_TRUE(out.emplace(tensor, std::move(values)).second) << tensor << " twice in " << dir;
+    }
+  }
+  EXPECT_FALSE(out.empty()) << "no model in " << dir;
+  return out;
 }
 
 std::map<std::string, std::vector<float>> ModelTensors(const std::string& path) {

@@ -86,6 +86,13 @@ TEST_F(MetricsTest, GaugesFollowTheStateAndPerJobSeriesEndWithTheJob) {
   progress.set_compute_seconds(0.02);
   progress.set_communication_seconds(0.003);
   progress.set_checkpoint_seconds(0.004);
+  // As a pipeline's rank 0 reports its stages (the job's spec does not matter here).
+  v1::PipelineStageTime& stage = *progress.add_pipeline_stages();
+  stage.set_stage(1);
+  stage.set_busy_seconds(0.03);
+  stage.set_idle_seconds(0.01);
+  stage.set_bubble(0.25);
+  stage.set_ideal_bubble(0.2);
   ASSERT_TRUE(manager_->ReportProgress(id, 1, 0, progress).ok());
   clock_.Advance(absl::Seconds(2));
   v1::CommitCheckpointRequest commit;
@@ -108,6 +115,13 @@ TEST_F(MetricsTest, GaugesFollowTheStateAndPerJobSeriesEndWithTheJob) {
   EXPECT_EQ(Value(text, absl::StrCat(R"(trainyard_job_step_time_seconds{job=")", id,
                                      R"(",phase="communication"})")),
             0.003);
+  EXPECT_EQ(Value(text, absl::StrCat(R"(trainyard_pipeline_stage_seconds{job=")", id,
+                                     R"(",stage="1",state="idle"})")),
+            0.01);
+  EXPECT_EQ(
+      Value(text, absl::StrCat(R"(trainyard_pipeline_bubble_ratio{job=")", id, R"(",stage="1"})")),
+      0.25);
+  EXPECT_EQ(Value(text, "trainyard_pipeline_ideal_bubble_ratio" + job_label), 0.2);
   EXPECT_EQ(Value(text, "trainyard_job_last_checkpoint_age_seconds" + job_label), 5);
   EXPECT_EQ(Value(text, "trainyard_job_last_checkpoint_commit_latency_seconds" + job_label), 2);
   EXPECT_EQ(Value(text, "trainyard_checkpoint_commit_latency_seconds_count"), 1);

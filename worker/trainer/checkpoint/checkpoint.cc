@@ -15,6 +15,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +32,32 @@ using nlohmann::json;
 constexpr char kModelObject[] = "model.safetensors";
 constexpr char kOptimizerObject[] = "optimizer.safetensors";
 constexpr char kStateObject[] = "trainer_state.json";
+constexpr char kModelBase[] = "model";
+constexpr char kOptimizerBase[] = "optimizer";
+
+// A pipeline stage's objects carry the stage and the attempt's generation, so that an attempt
+// never writes over a key an earlier one left ("model.stage-2-g3.safetensors"); the whole model's
+// is "model.safetensors".
+std::string ObjectName(absl::string_view base, int part, int64_t generation) {
+  return part < 0 ? absl::StrCat(base, ".safetensors")
+                  : absl::StrCat(base, ".stage-", part, "-g", generation, ".safetensors");
+}
+bool IsObjectOf(absl::string_view name, absl::string_view base) {
+  if (name == ObjectName(base, -1, 0)) return true;
+  const std::string prefix = absl::StrCat(base, ".stage-");
+  if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, ".safetensors")) return false;
+  const absl::string_view middle =
+      name.substr(prefix.size(), name.size() - prefix.size() - strlen(".safetensors"));
+  const size_t g = middle.find("-g");
+  int part = 0;
+  int64_t generation = 0;
+  return g != absl::string_view::npos && absl::SimpleAtoi(middle.substr(0, g), &part) &&
+         part >= 0 && absl::SimpleAtoi(middle.substr(g + 2), &generation);
+}
+// Where stage `part` of attempt `generation` lists the objects it wrote, once they all are.
+std::string PartListName(int part, int64_t generation) {
+  return absl::StrCat("PART-", part, "-g", generation, ".json");
+}
 constexpr char kManifestObject[] = "MANIFEST.json";
 
 template <typename T>
@@ -93,6 +120,9 @@ std::string EncodeTrainerState(const TrainerState& s) {
   if (!s.parameter_servers.empty()) {
     j["parameter_servers"] = json::parse(s.parameter_servers, nullptr, /*allow_exceptions=*/false);
   }
+  if (!s.pipeline.empty()) {
+    j["pipeline"] = json::parse(s.pipeline, nullptr, /*allow_exceptions=*/false);
+  }
   if (s.loss_scale > 0) {
     // torch.cuda.amp.GradScaler.state_dict()'s names.
     j["loss_scaler"] = {{"scale", s.loss_scale}, {"_growth_tracker", s.loss_scale_growth_tracker}};
@@ -120,6 +150,7 @@ absl::StatusOr<TrainerState> DecodeTrainerState(absl::string_view text) {
     return absl::InvalidArgumentError("trainer_state.json: missing or mistyped fields");
   }
   if (j.contains("parameter_servers")) s.parameter_servers = j["parameter_servers"].dump();
+  if (j.contains("pipeline")) s.pipeline = j["pipeline"].dump();
   if (j.contains("loss_scaler")) {
     const json& scaler = j["loss_scaler"];
     if (!ReadField(scaler, "scale", s.loss_scale) ||
@@ -201,27 +232,48 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::s
     }
     objects[name] = *std::move(bytes);
   }
-  for (const char* required : {kModelObject, kOptimizerObject, kStateObject}) {
-    if (objects.count(required) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(step_uri, "/MANIFEST.json: does not list ", required));
-    }
+  if (objects.count(kStateObject) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_uri, "/MANIFEST.json: does not list ", kStateObject));
   }
   LoadedCheckpoint loaded;
   loaded.uri = step_uri;
   absl::StatusOr<TrainerState> state = DecodeTrainerState(objects[kStateObject]);
   if (!state.ok()) return state.status();
   loaded.state = *std::move(state);
-  absl::StatusOr<std::map<std::string, torch::Tensor>> model =
-      DecodeObject(kModelObject, std::move(objects[kModelObject]), nullptr);
-  if (!model.ok()) return model.status();
-  loaded.model = *std::move(model);
-  std::map<std::string, std::string> metadata;
-  absl::StatusOr<std::map<std::string, torch::Tensor>> optimizer =
-      DecodeObject(kOptimizerObject, std::move(objects[kOptimizerObject]), &metadata);
-  if (!optimizer.ok()) return optimizer.status();
-  loaded.optimizer = *std::move(optimizer);
-  loaded.optimizer_name = metadata["optimizer"];
+  // The whole model's objects, or a pipeline's stages' (ObjectNames), merged: each tensor is in
+  // one of them.
+  int models = 0, optimizers = 0;
+  for (auto& [name, bytes] : objects) {
+    const bool model = IsObjectOf(name, kModelBase);
+    if (!model && !IsObjectOf(name, kOptimizerBase)) continue;
+    std::map<std::string, std::string> metadata;
+    absl::StatusOr<std::map<std::string, torch::Tensor>> tensors =
+        DecodeObject(name.c_str(), std::move(bytes), model ? nullptr : &metadata);
+    if (!tensors.ok()) return tensors.status();
+    std::map<std::string, torch::Tensor>& into = model ? loaded.model : loaded.optimizer;
+    for (auto& [tensor_name, tensor] : *tensors) {
+      if (!into.emplace(tensor_name, std::move(tensor)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(step_uri, "/", name, ": tensor '", tensor_name, "' is in two objects"));
+      }
+    }
+    if (model) {
+      ++models;
+    } else {
+      ++optimizers;
+      if (!loaded.optimizer_name.empty() && loaded.optimizer_name != metadata["optimizer"]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(step_uri, "/", name, ": state of optimizer '", metadata["optimizer"],
+                         "', another object's is of '", loaded.optimizer_name, "'"));
+      }
+      loaded.optimizer_name = metadata["optimizer"];
+    }
+  }
+  if (models == 0 || optimizers == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(step_uri, "/MANIFEST.json: does not list ",
+                                                   models == 0 ? kModelObject : kOptimizerObject));
+  }
   return loaded;
 }
 
@@ -249,6 +301,9 @@ Checkpointer::~Checkpointer() { Wait().IgnoreError(); }
 
 bool Checkpointer::SaveAsync(int64_t step, absl::FunctionRef<CheckpointData()> snapshot,
                              bool final_save, absl::Time give_up_at) {
+  // A later pipeline stage saves whenever the first does (which decides whether to skip): its
+  // objects must be there when the first stage lists them.
+  if (options_.parts > 1 && options_.part > 0) final_save = true;
   if (upload_.joinable() && !final_save) {
     absl::MutexLock lock(&mu_);
     // Waiting out a coordinator outage would stall training for nothing.
@@ -359,13 +414,49 @@ absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::str
   return status;
 }
 
+namespace {
+
+// The objects pipeline stage `part` of attempt `generation` listed in the step folder `step_uri`,
+// once it has: polled, backing off to a second apart, until `wait` has passed or `give_up_at`.
+absl::StatusOr<json> AwaitPart(ObjectStore& store, const Clock& clock, const std::string& step_uri,
+                               int part, int64_t generation, absl::Duration wait,
+                               absl::Time give_up_at) {
+  const std::string uri = JoinUri(step_uri, PartListName(part, generation));
+  const absl::Time deadline = std::min(give_up_at, clock.Now() + wait);
+  absl::Duration pause = absl::Milliseconds(20);
+  while (true) {
+    absl::StatusOr<std::string> bytes = store.Get(uri);
+    if (bytes.ok()) {
+      json list = json::parse(*bytes, nullptr, /*allow_exceptions=*/false);
+      int64_t listed_generation = -1;
+      if (list.is_discarded() || !ReadField(list, "generation", listed_generation) ||
+          listed_generation != generation || !list.contains("objects") ||
+          !list["objects"].is_array()) {
+        return absl::DataLossError(absl::StrCat(uri, ": not a list of this attempt's objects"));
+      }
+      return list["objects"];
+    } else if (!absl::IsNotFound(bytes.status())) {
+      LogWarning("checkpoint: reading ", uri, ": ", bytes.status().ToString());
+    }
+    if (clock.Now() + pause > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("checkpoint: pipeline stage ", part,
+                                                      " did not list its objects in ", uri,
+                                                      " within ", absl::FormatDuration(wait)));
+    }
+    clock.SleepFor(pause);
+    pause = std::min(pause * 2, absl::Seconds(1));
+  }
+}
+
+}  // namespace
+
 absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_at) {
   const int64_t step = data.state.step;
   const std::string step_uri = CheckpointStepUri(options_.base_uri, step);
   // Leftovers of an earlier attempt go before we write, so that keys are never overwritten.
   if (options_.collect_garbage && coordinator_ != nullptr && !collected_once_) {
     collected_once_ = true;
-    CollectGarbage();
+    CollectGarbage(step);
   }
   // Each object is written from the snapshot's tensors as they are, and its hash for the
   // manifest comes from the pass over the bytes that the store makes to write them.
@@ -374,20 +465,43 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
   absl::StatusOr<SafetensorsPieces> optimizer =
       LayOutTensors(data.optimizer, {{"optimizer", data.optimizer_name}});
   if (!optimizer.ok()) return optimizer.status();
-  const std::string state = EncodeTrainerState(data.state);
+  const int part = options_.parts > 1 ? options_.part : -1;
+  const std::string state = part <= 0 ? EncodeTrainerState(data.state) : std::string();
+  const std::string model_name = ObjectName(kModelBase, part, data.state.generation);
+  const std::string optimizer_name = ObjectName(kOptimizerBase, part, data.state.generation);
+  std::vector<std::pair<std::string, std::vector<absl::string_view>>> writes = {
+      {model_name, model->Pieces()}, {optimizer_name, optimizer->Pieces()}};
+  if (part <= 0) writes.push_back({kStateObject, {state}});
 
   json objects = json::array();
   int64_t total_bytes = 0;
-  for (const auto& [name, pieces] :
-       {std::pair<const char*, std::vector<absl::string_view>>{kModelObject, model->Pieces()},
-        {kOptimizerObject, optimizer->Pieces()},
-        {kStateObject, {state}}}) {
+  for (const auto& [name, pieces] : writes) {
     absl::StatusOr<std::string> sha256 = PutPiecesWithRetries(JoinUri(step_uri, name), pieces);
     if (!sha256.ok()) return sha256.status();
     int64_t size = 0;
     for (absl::string_view piece : pieces) size += static_cast<int64_t>(piece.size());
     objects.push_back({{"name", name}, {"size", size}, {"sha256", *sha256}});
     total_bytes += size;
+  }
+  if (part > 0) {
+    // A later stage: its list, for the first stage's manifest. It commits nothing itself.
+    json list = {{"generation", data.state.generation}, {"step", step}, {"objects", objects}};
+    absl::Status put =
+        PutWithRetries(JoinUri(step_uri, PartListName(part, data.state.generation)), list.dump(2));
+    if (!put.ok()) return put;
+    last_saved_step_ = step;
+    LogInfo("checkpoint stage ", part, " written: ", step_uri, " (", total_bytes, " bytes)");
+    RecordDuration(data.snapshot_time + (clock_.Now() - upload_started_));
+    return absl::OkStatus();
+  }
+  for (int other = 1; part == 0 && other < options_.parts; ++other) {
+    absl::StatusOr<json> listed = AwaitPart(*store_, clock_, step_uri, other, data.state.generation,
+                                            options_.parts_wait, give_up_at);
+    if (!listed.ok()) return listed.status();
+    for (const json& entry : *listed) {
+      objects.push_back(entry);
+      total_bytes += entry.value("size", int64_t{0});
+    }
   }
   json manifest = {{"format", kCheckpointFormat},
                    {"job_id", data.state.job_id},
@@ -443,7 +557,7 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
     committed_.erase(uri);
     DeleteRetired(uri);
   }
-  if (options_.collect_garbage) CollectGarbage();
+  if (options_.collect_garbage) CollectGarbage(step + 1);
   return absl::OkStatus();
 }
 
@@ -453,7 +567,7 @@ void Checkpointer::RecordDuration(absl::Duration duration) {
   while (recent_durations_.size() > kRecentSaves) recent_durations_.pop_front();
 }
 
-void Checkpointer::CollectGarbage() {
+void Checkpointer::CollectGarbage(int64_t keep_from) {
   std::string base = options_.base_uri;
   if (base.empty() || base.back() != '/') base += '/';
   absl::StatusOr<std::vector<ObjectInfo>> objects =
@@ -469,7 +583,17 @@ void Checkpointer::CollectGarbage() {
     const size_t slash = relative.find('/');
     if (slash == std::string::npos) continue;  // a stray object, not inside a step folder
     const std::string folder = JoinUri(options_.base_uri, relative.substr(0, slash));
-    if (committed_.count(folder) == 0) garbage.insert(folder);
+    if (committed_.count(folder) > 0) continue;
+    // A pipeline's later stages may be writing the folders of this save and the next.
+    int64_t step = -1;
+    if (options_.parts > 1 &&
+        absl::SimpleAtoi(
+            relative.substr(strlen(kCheckpointStepPrefix), slash - strlen(kCheckpointStepPrefix)),
+            &step) &&
+        step >= keep_from) {
+      continue;
+    }
+    garbage.insert(folder);
   }
   for (const std::string& folder : garbage) {
     LogInfo("garbage collection: deleting ", folder, " (no committed checkpoint refers to it)");

@@ -13,6 +13,9 @@
 //   MANIFEST.json          written last: {"format": "trainyard-checkpoint/1", "job_id", "step",
 //                          "generation", "created_unix_ms",
 //                          "objects": [{"name", "size", "sha256"}]}
+// A pipeline job's stages each write model.stage-K-gG.safetensors and
+// optimizer.stage-K-gG.safetensors instead (G the attempt's generation), and PART-K-gG.json
+// (Options::part); the manifest lists every stage's objects, and a reader merges them.
 //
 // Saving policy: the training thread snapshots (clones) every tensor at a step boundary and hands
 // the copy to Checkpointer::SaveAsync, which writes and commits it on a background thread. The
@@ -99,6 +102,10 @@ struct TrainerState {
   // Strategy::Layout); empty otherwise. Recorded, not needed to resume: the checkpoint holds
   // whole parameters, which any shard count partitions again.
   std::string parameter_servers;
+  // pipeline jobs: the stages and the layers each held (JSON object, see Strategy::Layout);
+  // empty otherwise. Recorded, not needed to resume: the tensors are named as in the whole model,
+  // which any stage count splits again.
+  std::string pipeline;
 };
 
 std::string EncodeTrainerState(const TrainerState& state);
@@ -158,6 +165,18 @@ class Checkpointer {
     // that calls SaveAsync. Keeps serialising, hashing and sending off the cores that train. A
     // CPU set the kernel refuses is logged and ignored.
     std::vector<int> upload_cpus = {};
+    // A pipeline's checkpoints (parts > 1): stage `part` of `parts` writes its own layers and
+    // their optimizer state (model.stage-{part}-g{generation}.safetensors and the same for
+    // optimizer, the tensors named as in the whole model, the generation the attempt's, so that
+    // no attempt writes over a key another left), then PART-{part}-g{generation}.json listing
+    // them (name, size, sha256). Stage 0 also writes trainer_state.json and, once
+    // every other stage has listed its objects of this attempt (it waits up to `parts_wait`),
+    // MANIFEST.json over all of them, and commits; the others commit nothing, never skip a save
+    // (stage 0 decides which are skipped), and garbage from the step being saved on is left for
+    // later (the others may be writing it). No process holds more than its own stage.
+    int part = 0;
+    int parts = 1;
+    absl::Duration parts_wait = absl::Minutes(10);
   };
 
   // `store` must serve base_uri. `coordinator` may be null (standalone: no commit, no
@@ -224,7 +243,8 @@ class Checkpointer {
   void DeleteRetired(const std::string& step_uri);
   void RecordDuration(absl::Duration duration);
   // Deletes every step folder under base_uri that is not in committed_.
-  void CollectGarbage();
+  // Deletes uncommitted step folders (for a pipeline, those of steps below keep_from).
+  void CollectGarbage(int64_t keep_from);
 
   static constexpr size_t kRecentSaves = 3;
 

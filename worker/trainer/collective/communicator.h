@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,6 +28,16 @@ class Work {
   // Blocks until the collective has completed on this rank. Idempotent: later calls return the
   // same status. Safe to call from any one thread.
   virtual absl::Status Wait() = 0;
+};
+
+// A Work that is already done, with `status`.
+class DoneWork final : public Work {
+ public:
+  explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  const absl::Status status_;
 };
 
 // Every rank must issue the same collectives in the same order. Each collective completes or
@@ -57,6 +68,22 @@ class Communicator {
 
   // Returns once every rank has entered it. Blocks.
   virtual absl::Status Barrier() = 0;
+
+  // Point to point, for pipelines, on connections of their own (collectives never wait behind
+  // them). SendAsync starts sending `tensor` (contiguous; CPU for Gloo) to `peer` on a thread
+  // of the communicator's that writes to that peer alone, so that a send never waits for the
+  // caller's receives or for sends to other peers; messages to one peer arrive in the order sent.
+  // The tensor must stay untouched until Wait() returns (the Work holds a reference). Recv
+  // receives the next message from `peer` into `tensor`, whose size must be the message's;
+  // it blocks up to the communicator's timeout (DEADLINE_EXCEEDED), UNAVAILABLE when the peer is
+  // gone. UNIMPLEMENTED where the communicator was made without point-to-point connections.
+  virtual std::unique_ptr<Work> SendAsync(torch::Tensor tensor, int peer) {
+    return std::make_unique<DoneWork>(
+        absl::UnimplementedError("this communicator has no point-to-point connections"));
+  }
+  virtual absl::Status Recv(torch::Tensor tensor, int peer) {
+    return absl::UnimplementedError("this communicator has no point-to-point connections");
+  }
 };
 
 }  // namespace trainyard::trainer

@@ -23,6 +23,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -181,6 +182,7 @@ class GlooWork final : public Work {
 // buffers are gone.
 constexpr int kScratchSlot = 0x7a000001;  // a piece to reduce, into the scratch buffer
 constexpr int kDataSlot = 0x7a000002;     // final values, straight into the tensor
+constexpr int kPointSlot = 0x7a000003;    // a point-to-point message, into the receiver's tensor
 
 // The ring's segments. Each rank writes a segment to its right neighbour before it reads one from
 // its left neighbour, so all of them may be writing at once with nobody reading: a segment must
@@ -204,11 +206,155 @@ Range Chunk(size_t count, size_t size, int parts, int index) {
   return {start * size, (base + (i < extra ? 1 : 0)) * size};
 }
 
+// Point-to-point sends to one peer, in order, on a thread of their own: a write that waits for
+// the peer to read never holds up the caller or the sends to other peers.
+class SendQueue {
+ public:
+  SendQueue() : thread_([this] { Loop(); }) {}
+  ~SendQueue() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  void Push(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](SendQueue* q)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return q->stop_ || !q->queue_.empty(); },
+            this));
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// A pipeline's connections: one per direction between every two ranks, as for the collectives,
+// in synchronous mode; each message is one tensor whole, under kPointSlot. Reads and writes are
+// bounded by the pairs' socket timeouts (the collective timeout). After a failure the
+// connections are shut down, so that the peers fail at once too, and every later call fails.
+class PointToPoint {
+ public:
+  PointToPoint(std::shared_ptr<gloo::Context> up, std::shared_ptr<gloo::Context> down,
+               absl::Duration timeout)
+      : up_(std::move(up)), down_(std::move(down)), timeout_(timeout) {
+    for (const auto& context : {up_, down_}) {
+      for (int peer = 0; peer < context->size; ++peer) {
+        if (peer == context->rank) continue;
+        const int fd = PairSocket::Of(*context->getPair(peer));
+        sockets_.push_back(fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      }
+    }
+  }
+  ~PointToPoint() {
+    senders_.clear();  // drains and joins the send threads before the sockets go
+    for (int fd : sockets_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  std::unique_ptr<Work> SendAsync(torch::Tensor tensor, int peer) {
+    if (absl::Status s = Check(tensor, peer, "send"); !s.ok()) {
+      return std::make_unique<DoneWork>(s);
+    }
+    auto state = std::make_shared<WorkState>();
+    std::unique_ptr<SendQueue>& queue = senders_[peer];
+    if (queue == nullptr) queue = std::make_unique<SendQueue>();
+    queue->Push([this, tensor = std::move(tensor), peer, state] {
+      state->Finish(Run("send", [&] {
+        const size_t bytes = tensor.nbytes();
+        if (bytes == 0) return;
+        std::unique_ptr<gloo::transport::Buffer> out =
+            To(peer).createSendBuffer(kPointSlot, tensor.data_ptr(), bytes);
+        out->send(0, bytes, 0);
+        out->waitSend();
+      }));
+    });
+    return std::make_unique<GlooWork>(std::move(state));
+  }
+
+  absl::Status Recv(torch::Tensor tensor, int peer) {
+    if (absl::Status s = Check(tensor, peer, "receive"); !s.ok()) return s;
+    return Run("receive", [&] {
+      const size_t bytes = tensor.nbytes();
+      if (bytes == 0) return;
+      From(peer).createRecvBuffer(kPointSlot, tensor.data_ptr(), bytes)->waitRecv();
+    });
+  }
+
+ private:
+  gloo::transport::Pair& To(int peer) { return *(rank() < peer ? up_ : down_)->getPair(peer); }
+  gloo::transport::Pair& From(int peer) { return *(peer < rank() ? up_ : down_)->getPair(peer); }
+  int rank() const { return up_->rank; }
+
+  absl::Status Check(const torch::Tensor& tensor, int peer, absl::string_view op) {
+    if (peer < 0 || peer >= up_->size || peer == rank()) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": no peer rank ", peer));
+    }
+    if (!tensor.device().is_cpu() || !tensor.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": Gloo moves contiguous CPU tensors"));
+    }
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+  template <typename Body>
+  absl::Status Run(absl::string_view op, Body body) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!broken_.ok()) return broken_;
+    }
+    ScopedSigpipeBlock sigpipe;
+    try {
+      body();
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      absl::Status status = FromGloo(e.what(), op, timeout_);
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) {
+        broken_ = status;
+        for (int fd : sockets_) {
+          if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+        }
+      }
+      return broken_;
+    }
+  }
+
+  const std::shared_ptr<gloo::Context> up_;
+  const std::shared_ptr<gloo::Context> down_;
+  const absl::Duration timeout_;
+  std::vector<int> sockets_;  // copies (dup) of the connections', to shut them down
+  std::map<int, std::unique_ptr<SendQueue>> senders_;  // the caller's thread only
+  absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::Context> up, std::shared_ptr<gloo::Context> down,
-                   std::shared_ptr<gloo::Context> bulk, absl::Duration timeout)
-      : up_(std::move(up)),
+                   std::shared_ptr<gloo::Context> bulk, std::unique_ptr<PointToPoint> p2p,
+                   absl::Duration timeout)
+      : p2p_(std::move(p2p)),
+        up_(std::move(up)),
         down_(std::move(down)),
         bulk_(std::move(bulk)),
         rank_(up_->rank),
@@ -256,6 +402,16 @@ class GlooCommunicator final : public Communicator {
   absl::Status Barrier() override {
     WaitIdle();
     return RunBarrier();
+  }
+
+  std::unique_ptr<Work> SendAsync(torch::Tensor tensor, int peer) override {
+    if (p2p_ == nullptr) return Communicator::SendAsync(std::move(tensor), peer);
+    return p2p_->SendAsync(std::move(tensor), peer);
+  }
+
+  absl::Status Recv(torch::Tensor tensor, int peer) override {
+    if (p2p_ == nullptr) return Communicator::Recv(std::move(tensor), peer);
+    return p2p_->Recv(std::move(tensor), peer);
   }
 
  private:
@@ -550,7 +706,8 @@ class GlooCommunicator final : public Communicator {
     return Guard("barrier", [&] { Reduce(&token, 1, sizeof(token), &SumInto<float>); });
   }
 
-  // Fixed at construction.
+  // Fixed at construction. The point-to-point connections go last (declared first).
+  const std::unique_ptr<PointToPoint> p2p_;
   const std::shared_ptr<gloo::Context> up_;
   const std::shared_ptr<gloo::Context> down_;
   const std::shared_ptr<gloo::Context> bulk_;
@@ -584,6 +741,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(int rank, int 
         absl::StrCat("gloo: rank ", rank, " of world size ", world_size));
   }
   StoreAdapter store(rendezvous, options.connect_timeout);
+  std::unique_ptr<gloo::rendezvous::PrefixStore> group;
+  gloo::rendezvous::Store* keys = &store;
+  if (!options.key_prefix.empty()) {
+    group = std::make_unique<gloo::rendezvous::PrefixStore>(options.key_prefix, store);
+    keys = group.get();
+  }
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
@@ -595,7 +758,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(int rank, int 
     auto connect = [&](const char* prefix, bool sync) {
       auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
       context->setTimeout(ToChrono(options.timeout));
-      gloo::rendezvous::PrefixStore prefixed(prefix, store);
+      gloo::rendezvous::PrefixStore prefixed(prefix, *keys);
       context->connectFullMesh(prefixed, device);
       for (int peer = 0; peer < world_size && sync; ++peer) {
         if (peer != rank) context->getPair(peer)->setSync(/*sync=*/true, /*busyPoll=*/false);
@@ -608,9 +771,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(int rank, int 
     // more.
     std::shared_ptr<gloo::Context> bulk;
     if (world_size > 2) bulk = connect("bulk", false);
-    LogInfo("gloo: rank ", rank, " of ", world_size, " connected on ", options.hostname);
+    std::unique_ptr<PointToPoint> p2p;
+    if (options.point_to_point && world_size > 1) {
+      p2p = std::make_unique<PointToPoint>(connect("p2p-up", true), connect("p2p-down", true),
+                                           options.timeout);
+    }
+    LogInfo("gloo: rank ", rank, " of ", world_size, options.key_prefix.empty() ? "" : " in ",
+            options.key_prefix, " connected on ", options.hostname);
     return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
-        std::move(up), std::move(down), std::move(bulk), options.timeout));
+        std::move(up), std::move(down), std::move(bulk), std::move(p2p), options.timeout));
   } catch (const std::exception& e) {
     if (!store.last_error().ok()) {
       return absl::Status(store.last_error().code(),

@@ -29,6 +29,11 @@ struct GlooOptions {
   // Bound on meeting every peer at start, which waits for the slowest rank to load its data and
   // model.
   absl::Duration connect_timeout = absl::Minutes(5);
+  // Also connect every pair of ranks for SendAsync and Recv (two more connections per peer).
+  bool point_to_point = false;
+  // Put before every rendezvous key, so that several groups of one attempt (a pipeline's stages'
+  // replicas) meet apart; rank and world_size are then the group's.
+  std::string key_prefix;
 };
 
 // Connects rank `rank` of `world_size` to every peer (full mesh, two connections per peer, three

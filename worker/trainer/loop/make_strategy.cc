@@ -9,6 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "worker/trainer/collective/gloo_communicator.h"
+#include "worker/trainer/model/transformer.h"
+#include "worker/trainer/pipeline/plan.h"
+#include "worker/trainer/pipeline/strategy.h"
 #include "worker/trainer/ps/strategy.h"
 #if TRAINYARD_WITH_NCCL
 #include "worker/trainer/collective/nccl_communicator.h"
@@ -103,7 +106,71 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
                                                    std::move(dense));
 }
 
+// Pipelines run on CPUs and connect over Gloo: every rank of the attempt, with point-to-point
+// connections, and each stage's replicas apart.
+absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::v1::Task& task,
+                                                               const StrategyOptions& options) {
+  const trainyard::v1::JobSpec& spec = task.spec();
+  const int world = std::max(1, task.world_size());
+  absl::StatusOr<pipeline::Topology> topology =
+      pipeline::TopologyOf(task.rank(), world, spec.pipeline().stages());
+  if (!topology.ok()) return topology.status();
+  absl::StatusOr<pipeline::Schedule> schedule = pipeline::ParseSchedule(spec.pipeline().schedule());
+  if (!schedule.ok()) return schedule.status();
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges = PipelineStages(spec);
+  if (!ranges.ok()) return ranges.status();
+  if (world > 1 && options.rendezvous == nullptr) {
+    return absl::InvalidArgumentError(
+        "strategy: pipeline needs the coordinator's rendezvous (run with --coordinator)");
+  }
+  if (task.gpus() > 0 || spec.resources().gpus_per_worker() > 0) {
+    LogWarning("strategy pipeline trains on CPUs in this version; the task's GPUs stay unused");
+  }
+  const absl::Duration timeout = CollectiveTimeout(spec);
+  GlooOptions gloo;
+  gloo.hostname = task.worker_address().empty() ? options.default_hostname : task.worker_address();
+  gloo.timeout = timeout;
+  gloo.connect_timeout = std::max(kMinConnectTimeout, timeout);
+  std::unique_ptr<Communicator> all;
+  std::unique_ptr<Communicator> replicas;
+  if (world > 1) {
+    gloo.point_to_point = true;
+    absl::StatusOr<std::unique_ptr<Communicator>> made =
+        NewGlooCommunicator(task.rank(), world, *options.rendezvous, gloo);
+    if (!made.ok()) return made.status();
+    all = *std::move(made);
+  }
+  if (topology->replicas > 1) {
+    gloo.point_to_point = false;
+    gloo.key_prefix = absl::StrCat("stage", topology->stage, "/");
+    absl::StatusOr<std::unique_ptr<Communicator>> made =
+        NewGlooCommunicator(topology->replica, topology->replicas, *options.rendezvous, gloo);
+    if (!made.ok()) return made.status();
+    replicas = *std::move(made);
+  }
+  if (all == nullptr) return std::unique_ptr<Strategy>(std::make_unique<SingleStrategy>());
+  const trainyard::v1::ModelArgs& args = spec.model().args();
+  const bool tied = !args.has_tie_embeddings() || args.tie_embeddings();
+  return std::unique_ptr<Strategy>(std::make_unique<pipeline::PipelineStrategy>(
+      *topology, *schedule, spec.pipeline().microbatches(), args.dim(), tied ? "wte.weight" : "",
+      *std::move(ranges), std::move(all), std::move(replicas)));
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<pipeline::LayerRange>> PipelineStages(
+    const trainyard::v1::JobSpec& spec) {
+  const std::vector<int64_t> bytes = TransformerLayerBytes(spec.model().args());
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError("strategy: pipeline splits model builtin transformer");
+  }
+  const std::vector<int> counts(spec.pipeline().partition_counts().begin(),
+                                spec.pipeline().partition_counts().end());
+  absl::StatusOr<std::vector<int>> split = pipeline::PartitionLayers(
+      bytes, spec.pipeline().stages(), spec.pipeline().partition(), counts);
+  if (!split.ok()) return split.status();
+  return pipeline::StageRanges(*split);
+}
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
                                                        const StrategyOptions& options) {
@@ -120,6 +187,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
       break;
     case trainyard::v1::PARAMETER_SERVER:
       return MakeParameterServerStrategy(task, options);
+    case trainyard::v1::PIPELINE:
+      return MakePipelineStrategy(task, options);
     default:
       return absl::InvalidArgumentError("strategy: unknown strategy");
   }

@@ -2,14 +2,16 @@
 #define TRAINYARD_WORKER_TRAINER_LOOP_MAKE_STRATEGY_H_
 
 // Which Strategy a task runs, connected to its peers: single, data-parallel over NCCL or Gloo,
-// or parameter-server (with its dense layers all-reduced or on the shards).
+// parameter-server (with its dense layers all-reduced or on the shards), or pipeline.
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
+#include "worker/trainer/pipeline/strategy.h"
 #include "worker/trainer/strategy/strategy.h"
 
 namespace trainyard::trainer {
@@ -30,6 +32,11 @@ struct StrategyOptions {
 // rendezvous; the communicator's or the rendezvous' errors otherwise.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,
                                                        const StrategyOptions& options);
+
+// A pipeline job's split of the model's layers: [first, end) of each stage, from
+// pipeline.partition over the built-in transformer's layers. INVALID_ARGUMENT naming the field.
+absl::StatusOr<std::vector<pipeline::LayerRange>> PipelineStages(
+    const trainyard::v1::JobSpec& spec);
 
 }  // namespace trainyard::trainer
 

@@ -27,6 +27,7 @@
 #include "worker/trainer/model/distill.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/model/precision.h"
+#include "worker/trainer/pipeline/strategy.h"
 #include "worker/trainer/strategy/strategy.h"
 
 namespace trainyard::trainer::internal {
@@ -62,6 +63,11 @@ class Run {
     return options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
   }
   absl::Status Prepare();
+  // The model this rank trains: the whole of spec.model, or a pipeline stage's layers of it.
+  absl::StatusOr<std::unique_ptr<Model>> BuildRankModel(int64_t outputs);
+  // The model's outputs on `first` (a batch of the data) have the data's shape: the model's
+  // output width, or INVALID_ARGUMENT naming the mismatch.
+  absl::StatusOr<int64_t> CheckForward(const Batch& first, int64_t outputs);
   void Resume();
   // Rank 0's checkpointer; null on other ranks and without a checkpoint store.
   std::unique_ptr<Checkpointer> MakeCheckpointer(int rank) const;
@@ -94,6 +100,8 @@ class Run {
 
   LossKind loss_kind_ = LossKind::kCrossEntropy;
   std::unique_ptr<Strategy> strategy_;
+  // strategy_ when it is a pipeline's (whose stages run the passes themselves); null otherwise.
+  pipeline::PipelineStrategy* pipeline_ = nullptr;
   std::unique_ptr<TrainingData> data_;
   StepPlan plan_;
   std::unique_ptr<Model> model_;

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -23,6 +26,7 @@
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/model/optimizer.h"
 #include "worker/trainer/model/precision.h"
+#include "worker/trainer/model/transformer.h"
 #include "worker/trainer/strategy/strategy.h"
 
 namespace trainyard::trainer::internal {
@@ -36,10 +40,26 @@ struct Measured {
   double loss = 0;
 };
 
+// Adds what `out` (the model's outputs) gets right of `labels` to `measured`.
+void AddMeasured(torch::Tensor out, torch::Tensor labels, Measured& measured) {
+  if (out.dim() == 3) {
+    out = out.reshape({-1, out.size(2)});
+    labels = labels.reshape({-1});
+  }
+  measured.correct += static_cast<double>(out.argmax(1).eq(labels).sum().item<int64_t>());
+  measured.predictions += static_cast<double>(labels.size(0));
+  measured.loss += torch::nn::functional::cross_entropy(
+                       out.to(torch::kFloat32), labels,
+                       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                       .item<double>();
+}
+
 // Validation samples [first, first + count) (global indices), chunk by chunk: at most 1024
-// samples, and few enough that a chunk's outputs stay near 16 M values.
+// samples, and few enough that a chunk's outputs stay near 16 M values. On a pipeline, every
+// stage of a replica calls it with the same samples and the last stage measures.
 absl::StatusOr<Measured> Measure(Model& model, TrainingData& data, Strategy& strategy,
-                                 int64_t first, int64_t count, const torch::Device& device) {
+                                 int64_t first, int64_t count, const torch::Device& device,
+                                 pipeline::PipelineStrategy* stages) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   Measured measured;
@@ -57,20 +77,16 @@ absl::StatusOr<Measured> Measure(Model& model, TrainingData& data, Strategy& str
     if (!batch.ok()) return batch.status();
     if (absl::Status s = strategy.BeforeEvaluate(batch->categorical); !s.ok()) return s;
     try {
+      if (stages != nullptr) {
+        absl::StatusOr<torch::Tensor> out = stages->Evaluate(model, batch->features);
+        if (!out.ok()) return out.status();
+        if (out->defined()) AddMeasured(*out, batch->labels, measured);
+        continue;
+      }
       torch::Tensor out = model.Forward(
           batch->features.to(device),
           batch->categorical.defined() ? batch->categorical.to(device) : torch::Tensor());
-      torch::Tensor labels = batch->labels.to(device);
-      if (out.dim() == 3) {
-        out = out.reshape({-1, out.size(2)});
-        labels = labels.reshape({-1});
-      }
-      measured.correct += static_cast<double>(out.argmax(1).eq(labels).sum().item<int64_t>());
-      measured.predictions += static_cast<double>(labels.size(0));
-      measured.loss += torch::nn::functional::cross_entropy(
-                           out.to(torch::kFloat32), labels,
-                           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                           .item<double>();
+      AddMeasured(out, batch->labels.to(device), measured);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("model: validation failed: ", DescribeTorchError(e)));
@@ -122,6 +138,18 @@ absl::Status CheckCompatible(const LoadedCheckpoint& ckpt, Model& model,
   return absl::OkStatus();
 }
 
+// A pipeline stage resumes its own layers of a checkpoint (of any stage count, or of a job that
+// held the whole model): the optimizer state of parameters it does not hold is dropped.
+void KeepStageState(LoadedCheckpoint& ckpt, const NamedTensors& params) {
+  std::set<std::string> mine;
+  for (const auto& [name, p] : params) mine.insert(name);
+  for (auto it = ckpt.optimizer.begin(); it != ckpt.optimizer.end();) {
+    const size_t dot = it->first.rfind('.');
+    const std::string param = dot == std::string::npos ? it->first : it->first.substr(0, dot);
+    it = mine.count(param) > 0 ? std::next(it) : ckpt.optimizer.erase(it);
+  }
+}
+
 void ApplyCheckpoint(const LoadedCheckpoint& ckpt, Model& model, torch::optim::Optimizer& optimizer,
                      const NamedTensors& params) {
   torch::NoGradGuard no_grad;
@@ -153,8 +181,11 @@ absl::Status Run::Prepare() {
   rendezvous_seconds_ += SecondsSince(meet_start);
   if (!strategy.ok()) return strategy.status();
   strategy_ = *std::move(strategy);
+  pipeline_ = dynamic_cast<pipeline::PipelineStrategy*>(strategy_.get());
 
-  device_ = TrainingDevice(task_);
+  // Pipelines train on CPUs in this version (MakeStrategy says so).
+  device_ = spec_.strategy() == trainyard::v1::PIPELINE ? torch::Device(torch::kCPU)
+                                                        : TrainingDevice(task_);
   absl::StatusOr<std::optional<torch::ScalarType>> autocast =
       AutocastType(spec_.precision(), device_);
   if (!autocast.ok()) return autocast.status();
@@ -169,15 +200,13 @@ absl::Status Run::Prepare() {
   if (!data.ok()) return data.status();
   data_ = *std::move(data);
   const int64_t outputs = data_->outputs();
-  absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_->train_size(), strategy_->world_size());
+  absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_->train_size(), strategy_->data_world());
   if (!plan.ok()) return plan.status();
   plan_ = *plan;
   if (absl::Status fits = CheckCacheFits(); !fits.ok()) return fits;
   strategy_->SetTotalSteps(plan_.total_steps, plan_.end_step);
 
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids(),
-                 options_.stores);
+  absl::StatusOr<std::unique_ptr<Model>> model = BuildRankModel(outputs);
   if (!model.ok()) return model.status();
   model_ = *std::move(model);
   if (!device_.is_cpu()) {
@@ -195,33 +224,15 @@ absl::Status Run::Prepare() {
   }
   params_ = model_->NamedParameters();
   if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
-  // A quick forward pass turns shape mismatches into a clear error before training starts.
+  // A quick forward pass turns shape mismatches into a clear error before training starts
+  // (a pipeline stage's model is the built-in transformer's layers, checked as they are built).
   absl::StatusOr<Batch> first = data_->Gather({0});
   if (!first.ok()) return first.status();
   int64_t classes = 0;
-  try {
-    torch::NoGradGuard no_grad;
-    model_->SetTraining(false);
-    torch::Tensor out = model_->Forward(
-        first->features.to(device_),
-        first->categorical.defined() ? first->categorical.to(device_) : torch::Tensor());
-    model_->SetTraining(true);
-    // A language model predicts every position's next token: [N, T, vocab].
-    const int64_t dims = data_->tokens() ? 3 : 2;
-    if (out.dim() != dims) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model: forward() returns shape [", absl::StrJoin(out.sizes(), ","),
-                       "], expected ", dims == 2 ? "[N, outputs]" : "[N, T, vocab]"));
-    }
-    if (loss_kind_ == LossKind::kCrossEntropy && out.size(-1) < outputs) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dims == 2 ? "data.labels: class id " : "data.tokens: token id ", outputs - 1,
-                       " is out of range for the model's ", out.size(-1), " outputs"));
-    }
-    classes = out.size(-1);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model: forward() fails on the data: ", DescribeTorchError(e)));
+  if (pipeline_ == nullptr) {
+    absl::StatusOr<int64_t> checked = CheckForward(*first, outputs);
+    if (!checked.ok()) return checked.status();
+    classes = *checked;
   }
   if (spec_.has_distill()) {
     if (loss_kind_ != LossKind::kCrossEntropy) {
@@ -255,6 +266,49 @@ absl::Status Run::Prepare() {
   absl::Status setup = strategy_->Setup(*model_);
   rendezvous_seconds_ += SecondsSince(setup_start);
   return setup;
+}
+
+absl::StatusOr<int64_t> Run::CheckForward(const Batch& first, int64_t outputs) {
+  try {
+    torch::NoGradGuard no_grad;
+    model_->SetTraining(false);
+    torch::Tensor out = model_->Forward(
+        first.features.to(device_),
+        first.categorical.defined() ? first.categorical.to(device_) : torch::Tensor());
+    model_->SetTraining(true);
+    // A language model predicts every position's next token: [N, T, vocab].
+    const int64_t dims = data_->tokens() ? 3 : 2;
+    if (out.dim() != dims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: forward() returns shape [", absl::StrJoin(out.sizes(), ","),
+                       "], expected ", dims == 2 ? "[N, outputs]" : "[N, T, vocab]"));
+    }
+    if (loss_kind_ == LossKind::kCrossEntropy && out.size(-1) < outputs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dims == 2 ? "data.labels: class id " : "data.tokens: token id ", outputs - 1,
+                       " is out of range for the model's ", out.size(-1), " outputs"));
+    }
+    return out.size(-1);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: forward() fails on the data: ", DescribeTorchError(e)));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Run::BuildRankModel(int64_t outputs) {
+  if (pipeline_ == nullptr) {
+    return BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids(),
+                      options_.stores);
+  }
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges = PipelineStages(spec_);
+  if (!ranges.ok()) return ranges.status();
+  const pipeline::LayerRange& mine = (*ranges)[static_cast<size_t>(pipeline_->topology().stage)];
+  LogInfo("pipeline: stage ", pipeline_->topology().stage, " of ", pipeline_->topology().stages,
+          " (replica ", pipeline_->topology().replica, " of ", pipeline_->topology().replicas,
+          ") holds layers ", mine.first, " to ", mine.end - 1);
+  absl::MutexLock lock(&ModelBuildMutex());
+  return BuildTransformerLayers(spec_.model().args(), spec_.seed(), outputs - 1, mine.first,
+                                mine.end);
 }
 
 absl::Status Run::CheckCacheFits() const {
@@ -295,13 +349,14 @@ absl::Status Run::Validate(TrainResult& result) {
   const int64_t count =
       limit > 0 ? std::min(limit, data_->validation_size()) : data_->validation_size();
   const bool shared = strategy_->sums_over_ranks();
-  const int rank = strategy_->rank();
-  const int world = strategy_->world_size();
+  // Each share is measured once: by a rank, or by a pipeline replica's stages together.
+  const int rank = strategy_->data_rank();
+  const int world = strategy_->data_world();
   if (!shared && rank != 0) return absl::OkStatus();
   const int64_t begin = shared ? count * rank / world : 0;
   const int64_t end = shared ? count * (rank + 1) / world : count;
-  absl::StatusOr<Measured> mine =
-      Measure(*model_, *data_, *strategy_, data_->train_size() + begin, end - begin, device_);
+  absl::StatusOr<Measured> mine = Measure(*model_, *data_, *strategy_, data_->train_size() + begin,
+                                          end - begin, device_, pipeline_);
   if (!mine.ok()) return mine.status();
   std::vector<double> sums = {mine->correct, mine->predictions, mine->loss};
   if (shared) {
@@ -324,6 +379,7 @@ void Run::Resume() {
                                                 ? ReadCheckpoint(**store, uri)
                                                 : absl::StatusOr<LoadedCheckpoint>(store.status());
     absl::Status status = ckpt.status();
+    if (status.ok() && pipeline_ != nullptr) KeepStageState(*ckpt, params_);
     if (status.ok()) {
       status = CheckCompatible(*ckpt, *model_, *optimizer_, params_, spec_, plan_);
     }
@@ -357,11 +413,22 @@ CheckpointData Run::Snapshot(int64_t step, double lr) {
   torch::NoGradGuard no_grad;
   CheckpointData data;
   // Host copies: the checkpoint thread encodes them while training goes on.
-  for (const auto& [name, p] : params_) data.model.emplace_back(name, CopyTo(p, torch::kCPU));
+  // A pipeline's last stage leaves its copy of a tied weight (and its state) to the first stage.
+  const std::string left_out = pipeline_ != nullptr ? pipeline_->saved_elsewhere() : "";
+  for (const auto& [name, p] : params_) {
+    if (name != left_out) data.model.emplace_back(name, CopyTo(p, torch::kCPU));
+  }
   for (const auto& [name, b] : model_->NamedBuffers()) {
     data.model.emplace_back(name, CopyTo(b, torch::kCPU));
   }
   data.optimizer = OptimizerStateTensors(*optimizer_, params_);
+  if (!left_out.empty()) {
+    data.optimizer.erase(std::remove_if(data.optimizer.begin(), data.optimizer.end(),
+                                        [&](const auto& entry) {
+                                          return absl::StartsWith(entry.first, left_out + ".");
+                                        }),
+                         data.optimizer.end());
+  }
   data.optimizer_name = spec_.optimizer().name().empty() ? "sgd" : spec_.optimizer().name();
   TrainerState& s = data.state;
   s.job_id = task_.job_id();
@@ -382,7 +449,7 @@ CheckpointData Run::Snapshot(int64_t step, double lr) {
     s.loss_scale = scaler_->scale();
     s.loss_scale_growth_tracker = scaler_->growth_tracker();
   }
-  s.parameter_servers = strategy_->Layout();
+  (pipeline_ != nullptr ? s.pipeline : s.parameter_servers) = strategy_->Layout();
   data.snapshot_time = clock_.Now() - start;
   return data;
 }
@@ -449,7 +516,20 @@ void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool d
 }
 
 absl::Status Run::Export(TrainResult& result) {
-  absl::StatusOr<std::string> bytes = model_->Export();
+  absl::StatusOr<std::string> bytes;
+  if (pipeline_ != nullptr) {
+    // The stages' layers, from the final checkpoint they have just saved together.
+    const std::string step_uri = CheckpointStepUri(task_.checkpoint_uri(), result.step);
+    absl::StatusOr<LoadedCheckpoint> final_checkpoint = ReadCheckpoint(*store_, step_uri);
+    if (!final_checkpoint.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("model export: ", final_checkpoint.status().message()));
+    }
+    NamedTensors tensors(final_checkpoint->model.begin(), final_checkpoint->model.end());
+    bytes = ExportTransformer(spec_.model().args(), tensors);
+  } else {
+    bytes = model_->Export();
+  }
   if (!bytes.ok()) return bytes.status();
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());

@@ -1,5 +1,6 @@
 #include "worker/trainer/loop/trainer.h"
 
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #ifdef __GLIBC__
@@ -17,6 +18,7 @@
 #include <memory>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -37,6 +39,8 @@
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/model/optimizer.h"
 #include "worker/trainer/model/precision.h"
+#include "worker/trainer/pipeline/plan.h"
+#include "worker/trainer/pipeline/strategy.h"
 #include "worker/trainer/strategy/strategy.h"
 
 namespace trainyard::trainer {
@@ -138,6 +142,24 @@ struct StepTimes {
   }
 };
 
+// Each pipeline stage's busy and idle time per update, and its bubble against the schedule's ideal.
+void ReportStages(pipeline::PipelineStrategy& stages, const trainyard::v1::PipelineSpec& spec,
+                  trainyard::v1::JobProgress& progress) {
+  const std::vector<pipeline::StageTime> times = stages.TakeStageTimes();
+  if (times.empty()) return;
+  progress.clear_pipeline_stages();
+  const double ideal = pipeline::IdealBubble(stages.topology().stages, spec.microbatches());
+  for (size_t s = 0; s < times.size(); ++s) {
+    trainyard::v1::PipelineStageTime& out = *progress.add_pipeline_stages();
+    out.set_stage(static_cast<int32_t>(s));
+    out.set_busy_seconds(times[s].busy);
+    out.set_idle_seconds(times[s].idle);
+    const double total = times[s].busy + times[s].idle;
+    out.set_bubble(total > 0 ? times[s].idle / total : 0);
+    out.set_ideal_bubble(ideal);
+  }
+}
+
 }  // namespace
 
 absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
@@ -152,6 +174,19 @@ absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
 #else
     optimizer_->zero_grad();
 #endif
+    if (pipeline_ != nullptr) {
+      // The stages run the micro-batches' passes in their schedule, then combine gradients.
+      absl::Status status = pipeline_->RunPasses(
+          *model_, batch.features, batch.labels,
+          [this](const torch::Tensor& out, const torch::Tensor& labels) {
+            return ComputeLoss(loss_kind_, out, labels);
+          },
+          StopRequested());
+      if (status.ok()) status = strategy_->AfterBackward(*model_);
+      if (!status.ok()) return status;
+      optimizer_->step();
+      return absl::OkStatus();
+    }
     const int64_t n = batch.features.size(0);
     if (n < accumulate) {
       return absl::InvalidArgumentError(absl::StrCat("accumulate_steps: ", accumulate,
@@ -201,8 +236,21 @@ absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
 }
 
 std::unique_ptr<Checkpointer> Run::MakeCheckpointer(int rank) const {
-  if (store_ == nullptr || rank != 0) return nullptr;
+  if (store_ == nullptr) return nullptr;
   Checkpointer::Options ckpt_options;
+  if (pipeline_ != nullptr) {
+    // Each stage of the first replica saves its own layers; rank 0 (its first stage) commits.
+    const pipeline::Topology& t = pipeline_->topology();
+    if (t.replica != 0) return nullptr;
+    ckpt_options.part = t.stage;
+    ckpt_options.parts = t.stages;
+    if (rank != 0) {
+      ckpt_options.base_uri = task_.checkpoint_uri();
+      return std::make_unique<Checkpointer>(store_.get(), nullptr, clock_, ckpt_options);
+    }
+  } else if (rank != 0) {
+    return nullptr;
+  }
   ckpt_options.base_uri = task_.checkpoint_uri();
   ckpt_options.collect_garbage = true;
   ckpt_options.commit_retry_for = options_.coordinator_retry_for;
@@ -276,7 +324,9 @@ absl::StatusOr<TrainResult> Run::Execute() {
   order.shuffle = shuffle;
   order.window = spec_.data().shuffle_window();
   order.prefetch_shards = spec_.data().prefetch_shards();
-  BatchPrefetcher prefetcher(*data_, plan_, order, rank, world, start_step_, end);
+  // Every stage of a pipeline replica reads that replica's share.
+  BatchPrefetcher prefetcher(*data_, plan_, order, strategy_->data_rank(), strategy_->data_world(),
+                             start_step_, end);
   const std::unique_ptr<DeviceFeed> feed = MakeDeviceFeed(prefetcher, device_);
   auto feed_error = [&](int64_t update, const std::exception& e) {
     return absl::InternalError(absl::StrCat("data: moving the batch of step ", update, " to ",
@@ -393,6 +443,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     if (clock_.Now() - timing_start >= options_.report_interval || step == end) {
       read_loss();  // the progress report's
       times.ReportInto(progress);
+      if (pipeline_ != nullptr) ReportStages(*pipeline_, spec_.pipeline(), progress);
       timing_start = clock_.Now();
     }
     if (reporter != nullptr) {
@@ -481,6 +532,11 @@ absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step
   std::string done = absl::StrFormat("done: step=%d total=%d loss=%.8f stopped=%s", step, total,
                                      result.loss, result.stopped ? "true" : "false");
   absl::StrAppend(&done, ValidationFields(result));
+  // The process's peak resident memory: what a pipeline stage, or any rank, needed at most.
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    absl::StrAppend(&done, " peak_rss_mb=", usage.ru_maxrss / 1024);
+  }
   if (!result.model_uri.empty()) absl::StrAppend(&done, " model=", result.model_uri);
   Print(done);
   return absl::OkStatus();

@@ -299,15 +299,17 @@ absl::StatusOr<std::unique_ptr<Model>> BuildEmbeddingMlp(const trainyard::v1::Mo
   return std::make_unique<EmbeddingMlp>(args, args.inputs(), outputs);
 }
 
+absl::Mutex& ModelBuildMutex() {
+  static absl::Mutex* const build_mu = new absl::Mutex();
+  return *build_mu;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec& spec,
                                                   int64_t seed, int64_t data_inputs,
                                                   int64_t data_outputs,
                                                   const std::vector<int64_t>& max_ids,
                                                   const ObjectStoreResolver* stores) {
-  // Seeding and the initialisers' draws must not interleave with another build's (ranks run as
-  // threads of one process share the generator), or the initial parameters would vary.
-  static absl::Mutex* const build_mu = new absl::Mutex();
-  absl::MutexLock lock(build_mu);
+  absl::MutexLock lock(&ModelBuildMutex());
   torch::manual_seed(static_cast<uint64_t>(seed));
   if (spec.source_case() == trainyard::v1::ModelSpec::kTorchscript) {
     if (spec.torchscript().empty()) {

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/object_store.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
@@ -87,6 +88,11 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
                                                   int64_t data_outputs,
                                                   const std::vector<int64_t>& max_ids = {},
                                                   const ObjectStoreResolver* stores = nullptr);
+
+// Held while a model is built: seeding and the initialisers' draws must not interleave with
+// another build's (ranks run as threads of one process share the generator), or the initial
+// parameters would vary. BuildModel takes it; so must any other builder.
+absl::Mutex& ModelBuildMutex();
 
 // The TorchScript module at `uri` (a path, file:// or s3:// URI; s3 through the worker's object
 // cache, so that a restart does not download it again), on the CPU and in training mode.

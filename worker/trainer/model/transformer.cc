@@ -3,11 +3,13 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -92,29 +94,68 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// The shape, so that the exported file alone rebuilds the model (examples/transformer/sample.py).
+std::map<std::string, std::string> ExportMetadata(const Shape& shape) {
+  return {{"format", "trainyard-model/1"},
+          {"model", "transformer"},
+          {"vocab", absl::StrCat(shape.vocab)},
+          {"context", absl::StrCat(shape.context)},
+          {"layers", absl::StrCat(shape.layers)},
+          {"dim", absl::StrCat(shape.dim)},
+          {"heads", absl::StrCat(shape.heads)},
+          {"mlp_ratio", absl::StrCat(shape.hidden / shape.dim)},
+          {"tie_embeddings", shape.tied ? "true" : "false"}};
+}
+
+// Layers [first, end) of the model (all of them: [0, layers + 2)). A stage without layer 0 takes
+// the hidden states [N, T, dim] of the stage before it; one without the head returns its own.
+// With tied embeddings the stage holding the head and not the embeddings keeps its own copy of
+// the token embedding, wte.weight, initialised as layer 0 initialises it (its first draw), whose
+// gradient the pipeline adds to the first stage's before each update.
 class Transformer final : public Model {
  public:
-  Transformer(const Shape& shape, int64_t seed) : shape_(shape) {
-    wte_ = root_->register_module("wte", torch::nn::Embedding(shape.vocab, shape.dim));
-    wpe_ = root_->register_module("wpe", torch::nn::Embedding(shape.context, shape.dim));
-    blocks_ = root_->register_module("h", torch::nn::ModuleList());
-    for (int64_t i = 0; i < shape.layers; ++i) blocks_->push_back(Block(shape));
-    ln_f_ = root_->register_module("ln_f",
-                                   torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.dim})));
-    if (!shape.tied) {
-      lm_head_ = root_->register_module(
-          "lm_head",
-          torch::nn::Linear(torch::nn::LinearOptions(shape.dim, shape.vocab).bias(false)));
+  Transformer(const Shape& shape, int64_t seed, int first, int end)
+      : shape_(shape), first_(first), end_(end) {
+    const int head = static_cast<int>(shape.layers) + 1;
+    const bool embeddings = first == 0;
+    const bool has_head = end == head + 1;
+    if (embeddings || (has_head && shape.tied)) {
+      wte_ = root_->register_module("wte", torch::nn::Embedding(shape.vocab, shape.dim));
+    }
+    if (embeddings) {
+      wpe_ = root_->register_module("wpe", torch::nn::Embedding(shape.context, shape.dim));
+    }
+    const int first_block = std::max(first, 1), end_block = std::min(end, head);
+    if (first_block < end_block) {
+      // Named by their index in the whole model (h.3 on a stage that starts there).
+      auto h = root_->register_module("h", std::make_shared<torch::nn::Module>());
+      for (int layer = first_block; layer < end_block; ++layer) {
+        blocks_.push_back(h->register_module(std::to_string(layer - 1), Block(shape)));
+      }
+    }
+    if (has_head) {
+      ln_f_ = root_->register_module(
+          "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.dim})));
+      if (!shape.tied) {
+        lm_head_ = root_->register_module(
+            "lm_head",
+            torch::nn::Linear(torch::nn::LinearOptions(shape.dim, shape.vocab).bias(false)));
+      }
     }
     torch::NoGradGuard no_grad;
     const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(shape.layers));
-    for (int layer = 0; layer < shape.layers + 2; ++layer) {
+    if (wte_ && !embeddings) {
+      // The tied copy: what layer 0 draws first.
+      torch::manual_seed(LayerSeed(seed, 0));
+      wte_->weight.normal_(0, 0.02);
+    }
+    for (int layer = first; layer < end; ++layer) {
       torch::manual_seed(LayerSeed(seed, layer));
       if (layer == 0) {
         wte_->weight.normal_(0, 0.02);
         wpe_->weight.normal_(0, 0.02);
-      } else if (layer <= shape.layers) {
-        blocks_[layer - 1]->as<BlockImpl>()->Initialise(residual_std);
+      } else if (layer < head) {
+        blocks_[static_cast<size_t>(layer - first_block)]->Initialise(residual_std);
       } else if (!shape.tied) {
         lm_head_->weight.normal_(0, 0.02);
       }
@@ -122,16 +163,24 @@ class Transformer final : public Model {
   }
 
   torch::Tensor Forward(const torch::Tensor& x) override {
-    TORCH_CHECK(x.dim() == 2, "transformer takes token ids [N, T], got ", x.sizes());
-    TORCH_CHECK(x.size(1) <= shape_.context, "transformer: ", x.size(1),
-                " tokens exceed model.args.context ", shape_.context);
-    const torch::Tensor ids = x.scalar_type() == torch::kLong ? x : x.to(torch::kLong);
-    const double p = root_->is_training() ? shape_.dropout : 0.0;
-    const torch::Tensor positions =
-        torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    torch::Tensor h =
-        torch::dropout(wte_->forward(ids) + wpe_->forward(positions), p, root_->is_training());
-    for (const auto& block : *blocks_) h = block->as<BlockImpl>()->forward(h);
+    const bool training = root_->is_training();
+    const double p = training ? shape_.dropout : 0.0;
+    torch::Tensor h;
+    if (first_ == 0) {
+      TORCH_CHECK(x.dim() == 2, "transformer takes token ids [N, T], got ", x.sizes());
+      TORCH_CHECK(x.size(1) <= shape_.context, "transformer: ", x.size(1),
+                  " tokens exceed model.args.context ", shape_.context);
+      const torch::Tensor ids = x.scalar_type() == torch::kLong ? x : x.to(torch::kLong);
+      const torch::Tensor positions =
+          torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kLong).device(x.device()));
+      h = torch::dropout(wte_->forward(ids) + wpe_->forward(positions), p, training);
+    } else {
+      TORCH_CHECK(x.dim() == 3 && x.size(2) == shape_.dim, "transformer layers from ", first_,
+                  " take hidden states [N, T, ", shape_.dim, "], got ", x.sizes());
+      h = x;
+    }
+    for (Block& block : blocks_) h = block->forward(h);
+    if (!ln_f_) return h;
     h = ln_f_->forward(h);
     return shape_.tied ? F::linear(h, wte_->weight) : lm_head_->forward(h);
   }
@@ -145,39 +194,29 @@ class Transformer final : public Model {
   void SetTraining(bool training) override { root_->train(training); }
   void To(const torch::Device& device) override { root_->to(device); }
   absl::StatusOr<std::string> Export() override {
+    if (first_ != 0 || !ln_f_) {
+      return absl::FailedPreconditionError("transformer: a stage of layers does not export alone");
+    }
     NamedTensors tensors = NamedParameters();
     for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
-    // The shape, so that the file alone rebuilds the model (examples/transformer/sample.py).
-    return EncodeTensors(tensors, {{"format", "trainyard-model/1"},
-                                   {"model", "transformer"},
-                                   {"vocab", absl::StrCat(shape_.vocab)},
-                                   {"context", absl::StrCat(shape_.context)},
-                                   {"layers", absl::StrCat(shape_.layers)},
-                                   {"dim", absl::StrCat(shape_.dim)},
-                                   {"heads", absl::StrCat(shape_.heads)},
-                                   {"mlp_ratio", absl::StrCat(shape_.hidden / shape_.dim)},
-                                   {"tie_embeddings", shape_.tied ? "true" : "false"}});
+    return EncodeTensors(tensors, ExportMetadata(shape_));
   }
   std::string ExportName() const override { return "model.safetensors"; }
   std::string Kind() const override { return "transformer"; }
 
  private:
   const Shape shape_;
+  const int first_;
+  const int end_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>();
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
-  torch::nn::ModuleList blocks_{nullptr};
+  std::vector<Block> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
 };
 
-}  // namespace
-
-uint64_t LayerSeed(int64_t seed, int layer) {
-  return static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(layer);
-}
-
-absl::StatusOr<std::unique_ptr<Model>> BuildTransformer(const trainyard::v1::ModelArgs& args,
-                                                        int64_t seed, int64_t max_token) {
+// The shape of `args`, checked (INVALID_ARGUMENT naming the field).
+absl::StatusOr<Shape> ShapeOf(const trainyard::v1::ModelArgs& args) {
   if (args.vocab_size() != 1 || args.vocab(0) < 2) {
     return absl::InvalidArgumentError(
         "model.args.vocab: transformer needs one number >= 2: the tokens it knows");
@@ -199,11 +238,6 @@ absl::StatusOr<std::unique_ptr<Model>> BuildTransformer(const trainyard::v1::Mod
     return absl::InvalidArgumentError(
         absl::StrCat("model.args.dropout: must be in [0, 1), got ", args.dropout()));
   }
-  if (max_token >= args.vocab(0)) {
-    return absl::InvalidArgumentError(absl::StrCat("data.tokens: token id ", max_token,
-                                                   " is outside the ", args.vocab(0),
-                                                   " tokens of model.args.vocab"));
-  }
   Shape shape;
   shape.vocab = args.vocab(0);
   shape.context = args.context();
@@ -213,7 +247,56 @@ absl::StatusOr<std::unique_ptr<Model>> BuildTransformer(const trainyard::v1::Mod
   shape.hidden = int64_t{args.mlp_ratio() > 0 ? args.mlp_ratio() : 4} * args.dim();
   shape.dropout = args.dropout();
   shape.tied = !args.has_tie_embeddings() || args.tie_embeddings();
-  return std::make_unique<Transformer>(shape, seed);
+  return shape;
+}
+
+}  // namespace
+
+uint64_t LayerSeed(int64_t seed, int layer) {
+  return static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(layer);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildTransformer(const trainyard::v1::ModelArgs& args,
+                                                        int64_t seed, int64_t max_token) {
+  return BuildTransformerLayers(args, seed, max_token, 0, args.layers() + 2);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildTransformerLayers(const trainyard::v1::ModelArgs& args,
+                                                              int64_t seed, int64_t max_token,
+                                                              int first, int end) {
+  absl::StatusOr<Shape> shape = ShapeOf(args);
+  if (!shape.ok()) return shape.status();
+  if (max_token >= shape->vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("data.tokens: token id ", max_token,
+                                                   " is outside the ", shape->vocab,
+                                                   " tokens of model.args.vocab"));
+  }
+  if (first < 0 || end > shape->layers + 2 || first >= end) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.partition: layers [", first, ", ", end,
+                                                   ") are not a range of the model's ",
+                                                   shape->layers + 2, " layers"));
+  }
+  return std::make_unique<Transformer>(*shape, seed, first, end);
+}
+
+absl::StatusOr<std::string> ExportTransformer(const trainyard::v1::ModelArgs& args,
+                                              const NamedTensors& tensors) {
+  absl::StatusOr<Shape> shape = ShapeOf(args);
+  if (!shape.ok()) return shape.status();
+  return EncodeTensors(tensors, ExportMetadata(*shape));
+}
+
+std::vector<int64_t> TransformerLayerBytes(const trainyard::v1::ModelArgs& args) {
+  absl::StatusOr<Shape> shape = ShapeOf(args);
+  if (!shape.ok()) return {};
+  const int64_t d = shape->dim, h = shape->hidden, v = shape->vocab;
+  const int64_t block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d);
+  std::vector<int64_t> bytes;
+  bytes.push_back((v * d + shape->context * d) * 4);
+  for (int64_t i = 0; i < shape->layers; ++i) bytes.push_back(block * 4);
+  // The head: its own weight, or the tied copy of the token embedding a separate stage keeps.
+  bytes.push_back((2 * d + v * d) * 4);
+  return bytes;
 }
 
 }  // namespace trainyard::trainer

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "trainyard/v1/job.pb.h"
@@ -36,6 +38,25 @@ uint64_t LayerSeed(int64_t seed, int layer);
 // data: it must be below vocab.
 absl::StatusOr<std::unique_ptr<Model>> BuildTransformer(const trainyard::v1::ModelArgs& args,
                                                         int64_t seed, int64_t max_token);
+
+// Layers [first, end) of that model, a pipeline stage, initialised and named exactly as in the
+// whole model (h.3.* on a stage whose first block is the fourth). A stage without layer 0 takes
+// the hidden states [N, T, dim] of the one before it; a stage without the head (layer
+// layers + 1) returns its hidden states. With tied embeddings a stage with the head and without
+// layer 0 holds its own wte.weight, which starts equal to layer 0's. Export() only on the whole
+// model. INVALID_ARGUMENT naming pipeline.partition for a range that is not the model's.
+absl::StatusOr<std::unique_ptr<Model>> BuildTransformerLayers(const trainyard::v1::ModelArgs& args,
+                                                              int64_t seed, int64_t max_token,
+                                                              int first, int end);
+
+// The exported model.safetensors of `args`'s whole model from its `tensors` (what Export() writes;
+// a pipeline gathers them from its stages' checkpoint).
+absl::StatusOr<std::string> ExportTransformer(const trainyard::v1::ModelArgs& args,
+                                              const NamedTensors& tensors);
+
+// The bytes of each layer's float32 parameters (layers + 2 of them; the head's counting the tied
+// copy of the token embedding a stage of its own keeps); empty for args that are not a model.
+std::vector<int64_t> TransformerLayerBytes(const trainyard::v1::ModelArgs& args);
 
 }  // namespace trainyard::trainer
 

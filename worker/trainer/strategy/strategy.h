@@ -42,6 +42,11 @@ class Strategy {
   virtual ~Strategy() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // Which share of each global batch this rank reads, of how many: its rank of world_size where
+  // every rank trains the whole model; a pipeline's replica of its replicas, since every stage of
+  // a replica reads the same samples.
+  virtual int data_rank() const { return rank(); }
+  virtual int data_world() const { return world_size(); }
   // Once, after the model is built and before any checkpoint is restored.
   virtual absl::Status Setup(Model& model) = 0;
   // The run's total updates (the learning-rate schedule's length) and the step this job stops at

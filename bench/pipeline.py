@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Pipeline jobs on a local cluster: each stage's measured bubble against the schedule's ideal,
+(K - 1) / (M + K - 1), for K stages and M micro-batches, and the job's samples/s and each stage's
+peak memory; with --peer, the same model, stages, micro-batches and threads in
+torch.distributed.pipelining (bench/pipeline_torch.py; PyTorch 2.4 or later, as in the Debian 13
+root), side by side.
+
+  python3 bench/pipeline.py BUILD_DIR [--stages 2,4] [--microbatches 4,8,16]
+      [--schedules 1f1b,gpipe] [--steps 40] [--batch 16] [--context 128] [--layers 4]
+      [--dim 128] [--heads 4] [--peer]
+
+One worker of one slot (one thread) per stage. The transformer is untied (the peer's API has no
+tied weights across stages), AdamW, no dropout, the layers split uniformly. Each row: the stages'
+measured bubble (their idle share per update, from the job's last progress report), the ideal,
+rank 0's median samples/s after the first two progress windows, and each stage's peak resident
+memory (the trainer's "done" line).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from local_cluster import LocalCluster, median_samples_per_second  # noqa: E402
+
+LOG_EVERY = 5
+
+
+def uniform(layers, stages):
+    base, extra = divmod(layers, stages)
+    return [base + (1 if s < extra else 0) for s in range(stages)]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("build")
+    p.add_argument("--stages", default="2,4")
+    p.add_argument("--microbatches", default="4,8,16")
+    p.add_argument("--schedules", default="1f1b,gpipe")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--peer", action="store_true")
+    args = p.parse_args()
+    build = os.path.abspath(args.build)
+    stage_counts = [int(s) for s in args.stages.split(",")]
+    work = tempfile.mkdtemp(prefix="pipeline_bench.")
+    tokens = args.batch * (args.steps + 4) * args.context + 1
+    rng = np.random.default_rng(0)
+    with open(f"{work}/text.txt", "wb") as f:
+        f.write(rng.integers(32, 127, size=tokens, dtype=np.uint8).tobytes())
+    subprocess.run([f"{build}/bin/trainyard", "data", "pack", "--text", f"{work}/text.txt",
+                    f"{work}/text"], check=True, capture_output=True)
+    shape = (f"{{vocab: 256, context: {args.context}, layers: {args.layers}, dim: {args.dim}, "
+             f"heads: {args.heads}, tie_embeddings: false}}")
+    print(f"| stages | micro-batches | schedule | bubble per stage | ideal | samples/s | "
+          f"peak MB per stage |{' peer samples/s | peer peak MB | ratio |' if args.peer else ''}")
+    print(f"| --- | --- | --- | --- | --- | --- | --- |{' --- | --- | --- |' if args.peer else ''}")
+    for k in stage_counts:
+        counts = uniform(args.layers + 2, k)
+        with LocalCluster(build, workers=k, slots=1, prefix="pipeline_bench.") as cluster:
+            for m in [int(x) for x in args.microbatches.split(",")]:
+                if args.batch % m:
+                    continue
+                for schedule in args.schedules.split(","):
+                    name = f"pipe-{k}-{m}-{schedule}"
+                    spec = f"""name: {name}
+strategy: pipeline
+workers: {k}
+pipeline: {{stages: {k}, microbatches: {m}, schedule: {schedule}, partition: {counts}}}
+model: {{builtin: transformer, args: {shape}}}
+data: {{tokens: "{work}/text-*.safetensors", shuffle: false}}
+batch_size: {args.batch}
+optimizer: {{name: adamw, lr: 1e-3, weight_decay: 0.01}}
+max_steps: {args.steps}
+log_every_steps: {LOG_EVERY}
+seed: 1
+"""
+                    job = cluster.run_job(name, spec)
+                    described = json.loads(cluster.call("describe", job, "-o", "json"))
+                    stages = described.get("progress", {}).get("pipelineStages", [])
+                    bubbles = [s.get("bubble", 0.0) for s in stages]
+                    ideal = (k - 1) / (m + k - 1)
+                    rate = median_samples_per_second(cluster.logs(job, "--rank", "0"))
+                    peaks = []
+                    for r in range(k):
+                        found = re.findall(r"peak_rss_mb=(\d+)", cluster.logs(job, "--rank", str(r)))
+                        peaks.append(int(found[-1]) if found else -1)
+                    row = (f"| {k} | {m} | {schedule} | "
+                           f"{', '.join(f'{b:.2f}' for b in bubbles)} | {ideal:.2f} | "
+                           f"{rate:.1f} | {', '.join(str(x) for x in peaks)} |")
+                    if args.peer:
+                        peer = subprocess.run(
+                            [sys.executable, os.path.join(HERE, "pipeline_torch.py"),
+                             "--stages", str(k), "--counts", ",".join(map(str, counts)),
+                             "--microbatches", str(m), "--schedule", schedule,
+                             "--batch", str(args.batch), "--context", str(args.context),
+                             "--layers", str(args.layers), "--dim", str(args.dim),
+                             "--heads", str(args.heads), "--steps", str(args.steps - 10),
+                             "--warmup", "10"],
+                            check=True, capture_output=True, text=True)
+                        theirs = json.loads(peer.stdout.strip().splitlines()[-1])
+                        row += (f" {theirs['samples_per_s']:.1f} | "
+                                f"{', '.join(str(x) for x in theirs['peak_rss_mb'])} | "
+                                f"{rate / theirs['samples_per_s']:.3f} |")
+                    print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+#include "worker/trainer/pipeline/strategy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace trainyard::trainer::pipeline {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+double SecondsSince(Steady::time_point start) {
+  return std::chrono::duration<double>(Steady::now() - start).count();
+}
+
+std::string Describe(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  return c10 != nullptr ? c10->what_without_backtrace() : e.what();
+}
+
+}  // namespace
+
+absl::StatusOr<Topology> TopologyOf(int rank, int world, int stages) {
+  if (stages < 1 || world < 1 || world % stages != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workers: ", world, " ranks are not a multiple of the ", stages, " pipeline.stages"));
+  }
+  if (rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task: rank ", rank, " outside world size ", world));
+  }
+  Topology t;
+  t.stages = stages;
+  t.replicas = world / stages;
+  t.stage = rank % stages;
+  t.replica = rank / stages;
+  return t;
+}
+
+std::vector<LayerRange> StageRanges(const std::vector<int>& counts) {
+  std::vector<LayerRange> ranges;
+  int first = 0;
+  for (int count : counts) {
+    ranges.push_back({first, first + count});
+    first += count;
+  }
+  return ranges;
+}
+
+PipelineStrategy::PipelineStrategy(Topology topology, Schedule schedule, int microbatches,
+                                   int64_t hidden, std::string tied, std::vector<LayerRange> ranges,
+                                   std::unique_ptr<Communicator> world,
+                                   std::unique_ptr<Communicator> replicas)
+    : topology_(topology),
+      schedule_(schedule),
+      microbatches_(std::max(1, microbatches)),
+      hidden_(hidden),
+      tied_name_(topology.stages > 1 ? std::move(tied) : std::string()),
+      ranges_(std::move(ranges)),
+      world_(std::move(world)),
+      replicas_(std::move(replicas)),
+      actions_(StageActions(schedule, topology.stage, topology.stages, microbatches_)) {}
+
+PipelineStrategy::~PipelineStrategy() {
+  // Sends still going hold tensors of the model; they end with the connections' timeout at most.
+  for (const std::unique_ptr<Work>& send : sends_) send->Wait().IgnoreError();
+}
+
+absl::Status PipelineStrategy::Setup(Model& model) {
+  const bool holds_tied = topology_.first() || topology_.last();
+  for (auto& [name, p] : model.NamedParameters()) {
+    if (!tied_name_.empty() && holds_tied && name == tied_name_) {
+      tied_ = p;
+    } else {
+      params_.push_back(p);
+    }
+  }
+  if (!tied_name_.empty() && holds_tied && !tied_.defined()) {
+    return absl::InternalError(
+        absl::StrCat("pipeline: stage ", topology_.stage, " lacks the tied ", tied_name_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineStrategy::SyncState(Model& model, int64_t start_step) {
+  const Steady::time_point start = Steady::now();
+  // Every rank resumed at the same step: the largest and the smallest agree.
+  torch::Tensor steps = torch::tensor(
+      {static_cast<double>(start_step), -static_cast<double>(start_step)}, torch::kDouble);
+  if (absl::Status s = world_->AllReduce({steps}, ReduceOp::kMax); !s.ok()) return s;
+  if (steps[0].item<double>() != -steps[1].item<double>()) {
+    return absl::AbortedError(absl::StrCat("pipeline: stages resumed at steps from ",
+                                           -steps[1].item<double>(), " to ",
+                                           steps[0].item<double>()));
+  }
+  // A stage's copies take its first replica's parameters.
+  if (replicas_ != nullptr) {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> tensors;
+    for (auto& [name, p] : model.NamedParameters()) tensors.push_back(p.detach());
+    for (auto& [name, b] : model.NamedBuffers()) tensors.push_back(b.detach());
+    if (absl::Status s = replicas_->Broadcast(tensors, 0); !s.ok()) return s;
+  }
+  communication_seconds_ += SecondsSince(start);
+  return absl::OkStatus();
+}
+
+void PipelineStrategy::Send(torch::Tensor tensor, int peer) {
+  sends_.push_back(world_->SendAsync(tensor.contiguous(), peer));
+}
+
+absl::StatusOr<torch::Tensor> PipelineStrategy::Receive(int peer, int64_t n, int64_t t) {
+  const Steady::time_point start = Steady::now();
+  torch::Tensor in = torch::empty({n, t, hidden_}, torch::kFloat32);
+  absl::Status status = world_->Recv(in, peer);
+  const double waited = SecondsSince(start);
+  receive_wait_ += waited;
+  communication_seconds_ += waited;
+  if (!status.ok()) return status;
+  return in;
+}
+
+absl::Status PipelineStrategy::WaitSends() {
+  const Steady::time_point start = Steady::now();
+  absl::Status status;
+  for (const std::unique_ptr<Work>& send : sends_) status.Update(send->Wait());
+  sends_.clear();
+  communication_seconds_ += SecondsSince(start);
+  return status;
+}
+
+absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& features,
+                                         const torch::Tensor& labels, const LossFn& loss_fn,
+                                         bool stop_requested) {
+  const Steady::time_point update_start = Steady::now();
+  receive_wait_ = 0;
+  const int64_t n = features.size(0);
+  const int m_count = microbatches_;
+  if (n % m_count != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.microbatches: ", m_count,
+                                                   " micro-batches do not divide a replica's ", n,
+                                                   " samples"));
+  }
+  const int64_t size = n / m_count;
+  const int64_t t = features.size(1);
+  const int prev =
+      topology_.first() ? -1 : topology_.RankOf(topology_.stage - 1, topology_.replica);
+  const int next = topology_.last() ? -1 : topology_.RankOf(topology_.stage + 1, topology_.replica);
+  // Per micro-batch, from its forward to its backward: what the stage took in (its gradient goes
+  // back), and what it gave out (the next stage's gradient comes back to it), or its loss.
+  std::vector<torch::Tensor> inputs(static_cast<size_t>(m_count));
+  std::vector<torch::Tensor> outputs(static_cast<size_t>(m_count));
+  torch::Tensor update_loss = torch::zeros({}, torch::kDouble);
+  try {
+    for (const Action& action : actions_) {
+      const size_t m = static_cast<size_t>(action.microbatch);
+      if (action.kind == Action::kForward) {
+        torch::Tensor in;
+        if (topology_.first()) {
+          in = features.narrow(0, static_cast<int64_t>(m) * size, size);
+        } else {
+          absl::StatusOr<torch::Tensor> received = Receive(prev, size, t);
+          if (!received.ok()) return received.status();
+          in = received->requires_grad_(true);
+        }
+        torch::Tensor out = model.Forward(in);
+        if (topology_.last()) {
+          const torch::Tensor loss =
+              loss_fn(out, labels.narrow(0, static_cast<int64_t>(m) * size, size)) /
+              static_cast<double>(m_count);
+          update_loss += loss.detach().to(torch::kDouble);
+          outputs[m] = loss;
+        } else {
+          Send(out.detach(), next);
+          outputs[m] = out;
+        }
+        inputs[m] = in;
+      } else {
+        if (topology_.last()) {
+          outputs[m].backward();
+        } else {
+          absl::StatusOr<torch::Tensor> grad = Receive(next, size, t);
+          if (!grad.ok()) return grad.status();
+          torch::autograd::backward({outputs[m]}, {*grad});
+        }
+        if (!topology_.first()) Send(inputs[m].grad(), prev);
+        // What the schedule keeps of this micro-batch goes now (1F1B's saving over GPipe).
+        inputs[m] = torch::Tensor();
+        outputs[m] = torch::Tensor();
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: pipeline stage ", topology_.stage, " failed: ", Describe(e)));
+  }
+  local_ = StepAgreement{update_loss, stop_requested};
+  this_update_.idle = receive_wait_;
+  this_update_.busy = std::max(0.0, SecondsSince(update_start) - receive_wait_);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineStrategy::AfterBackward(Model& model) {
+  const Steady::time_point start = Steady::now();
+  torch::NoGradGuard no_grad;
+  // The tied weight's gradient, summed between the first and last stages of this replica.
+  if (tied_.defined()) {
+    if (!tied_.grad().defined()) tied_.mutable_grad() = torch::zeros_like(tied_);
+    const int peer =
+        topology_.RankOf(topology_.first() ? topology_.stages - 1 : 0, topology_.replica);
+    torch::Tensor theirs = torch::empty_like(tied_);
+    std::unique_ptr<Work> sent = world_->SendAsync(tied_.grad().clone(), peer);
+    absl::Status status = world_->Recv(theirs, peer);
+    status.Update(sent->Wait());
+    if (!status.ok()) return status;
+    tied_.mutable_grad().add_(theirs);
+  }
+  // Each stage's mean over its replicas; the tied weight alone first, so that the first and last
+  // stages reduce it alike.
+  if (replicas_ != nullptr) {
+    if (tied_.defined()) {
+      if (absl::Status s = replicas_->AllReduce({tied_.grad()}, ReduceOp::kMean); !s.ok()) {
+        return s;
+      }
+    }
+    std::vector<torch::Tensor> grads;
+    for (torch::Tensor& p : params_) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad().reshape({-1}));
+    }
+    if (!grads.empty()) {
+      torch::Tensor flat = torch::cat(grads);
+      if (absl::Status s = replicas_->AllReduce({flat}, ReduceOp::kMean); !s.ok()) return s;
+      int64_t offset = 0;
+      for (torch::Tensor& p : params_) {
+        const int64_t numel = p.numel();
+        p.mutable_grad().copy_(flat.narrow(0, offset, numel).view_as(p));
+        offset += numel;
+      }
+    }
+  }
+  communication_seconds_ += SecondsSince(start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepAgreement> PipelineStrategy::EndStep() {
+  if (absl::Status s = WaitSends(); !s.ok()) return s;
+  const Steady::time_point start = Steady::now();
+  // The last stages' losses (the others add 0), any rank's stop, and the first replica's stages'
+  // busy and idle seconds.
+  const int stages = topology_.stages;
+  torch::Tensor values = torch::zeros({2 + 2 * stages}, torch::kDouble);
+  if (topology_.last() && local_.loss.defined()) values[0] = local_.loss;
+  values[1] = local_.stop ? 1.0 : 0.0;
+  if (topology_.replica == 0) {
+    values[2 + 2 * topology_.stage] = this_update_.busy;
+    values[3 + 2 * topology_.stage] = this_update_.idle;
+  }
+  absl::Status status = world_->AllReduce({values}, ReduceOp::kSum);
+  communication_seconds_ += SecondsSince(start);
+  if (!status.ok()) return status;
+  StepAgreement agreed;
+  agreed.loss = values[0] / static_cast<double>(topology_.replicas);
+  const double* v = values.data_ptr<double>();
+  agreed.stop = v[1] > 0;
+  stage_sums_.resize(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    stage_sums_[static_cast<size_t>(s)].busy += v[2 + 2 * s];
+    stage_sums_[static_cast<size_t>(s)].idle += v[3 + 2 * s];
+  }
+  ++stage_updates_;
+  return agreed;
+}
+
+absl::StatusOr<torch::Tensor> PipelineStrategy::Evaluate(Model& model,
+                                                         const torch::Tensor& features) {
+  const int64_t n = features.size(0), t = features.size(1);
+  torch::NoGradGuard no_grad;
+  try {
+    torch::Tensor in = features;
+    if (!topology_.first()) {
+      absl::StatusOr<torch::Tensor> received =
+          Receive(topology_.RankOf(topology_.stage - 1, topology_.replica), n, t);
+      if (!received.ok()) return received.status();
+      in = *received;
+    }
+    torch::Tensor out = model.Forward(in);
+    if (topology_.last()) return out;
+    // The next stage reads it before this one can call again: wait for it here.
+    std::unique_ptr<Work> sent = world_->SendAsync(
+        out.contiguous(), topology_.RankOf(topology_.stage + 1, topology_.replica));
+    if (absl::Status s = sent->Wait(); !s.ok()) return s;
+    return torch::Tensor();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("model: validation on pipeline stage ",
+                                                   topology_.stage, " failed: ", Describe(e)));
+  }
+}
+
+absl::StatusOr<std::vector<double>> PipelineStrategy::SumOverRanks(std::vector<double> values) {
+  torch::Tensor t = torch::tensor(values, torch::kDouble);
+  if (absl::Status s = world_->AllReduce({t}, ReduceOp::kSum); !s.ok()) return s;
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = t[static_cast<int64_t>(i)].item<double>();
+  return out;
+}
+
+double PipelineStrategy::TakeCommunicationSeconds() {
+  const double seconds = communication_seconds_;
+  communication_seconds_ = 0;
+  return seconds;
+}
+
+std::vector<StageTime> PipelineStrategy::TakeStageTimes() {
+  std::vector<StageTime> means;
+  if (stage_updates_ == 0) return means;
+  for (const StageTime& sum : stage_sums_) {
+    means.push_back({sum.busy / static_cast<double>(stage_updates_),
+                     sum.idle / static_cast<double>(stage_updates_)});
+  }
+  stage_sums_.assign(stage_sums_.size(), StageTime());
+  stage_updates_ = 0;
+  return means;
+}
+
+std::string PipelineStrategy::Layout() const {
+  std::vector<std::string> layers;
+  for (const LayerRange& r : ranges_) layers.push_back(absl::StrCat("[", r.first, ",", r.end, "]"));
+  return absl::StrCat("{\"stages\":", topology_.stages, ",\"replicas\":", topology_.replicas,
+                      ",\"layers\":[", absl::StrJoin(layers, ","), "]}");
+}
+
+}  // namespace trainyard::trainer::pipeline

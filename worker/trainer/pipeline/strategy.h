@@ -1,0 +1,159 @@
+#ifndef TRAINYARD_WORKER_TRAINER_PIPELINE_STRATEGY_H_
+#define TRAINYARD_WORKER_TRAINER_PIPELINE_STRATEGY_H_
+
+// Part pipeline/ of the trainer (worker/trainer/PARTS). What a rank of a pipeline job does around
+// each update: it holds one stage (a consecutive run of the model's layers, plan.h) of one
+// replica, runs that stage's forward and backward passes of the update's micro-batches in its
+// schedule's order, passing activations to the next stage and gradients to the one before, then
+// combines what must be combined before its optimizer steps.
+//
+// Ranks: rank = replica * stages + stage, so that rank 0 is the first stage of the first replica.
+// Every stage of a replica reads the replica's share of the batch (the first stage its features,
+// the last its labels).
+//
+// Communication, all of it bounded by the collective timeout:
+// - activations forward and gradients backward between adjacent stages of a replica, sent as
+//   they are (contiguous float32 tensors of [micro-batch, T, dim]) on a thread per peer, received
+//   straight into the tensor the next pass reads;
+// - with tied embeddings, the first and last stages of a replica each hold wte.weight: after the
+//   last backward each sends its gradient to the other and adds the other's, so both step with
+//   the sum (a + b == b + a: the two copies stay identical to the bit);
+// - with replicas, each stage's gradients are averaged among its copies (the tied weight on its
+//   own, so that the first and last stages reduce it alike);
+// - at the end of the update one all-reduce over every rank of the loss (the last stages') and of
+//   whether any rank was asked to stop.
+// Every message belongs to one attempt: the connections are made through that attempt's
+// rendezvous (keyed by its generation), so that a rank of an older attempt can reach no one.
+
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/trainer/collective/communicator.h"
+#include "worker/trainer/model/model.h"
+#include "worker/trainer/pipeline/plan.h"
+#include "worker/trainer/strategy/strategy.h"
+
+namespace trainyard::trainer::pipeline {
+
+struct Topology {
+  int stages = 1;
+  int replicas = 1;
+  int stage = 0;
+  int replica = 0;
+  int RankOf(int s, int r) const { return r * stages + s; }
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
+// The topology of `rank` in a world of `world` ranks split into `stages`; INVALID_ARGUMENT naming
+// workers when world is not a multiple of stages.
+absl::StatusOr<Topology> TopologyOf(int rank, int world, int stages);
+
+// The layers [first, end) of each stage, from the layer counts PartitionLayers gives.
+struct LayerRange {
+  int first = 0;
+  int end = 0;
+};
+std::vector<LayerRange> StageRanges(const std::vector<int>& counts);
+
+// One stage's mean seconds per update (of its first replica), since the last TakeStageTimes:
+// running its passes, and waiting to receive from the stages beside it.
+struct StageTime {
+  double busy = 0;
+  double idle = 0;
+};
+
+class PipelineStrategy final : public Strategy {
+ public:
+  // `world` connects every rank of the attempt, with point-to-point connections; `replicas`
+  // connects this stage's copies (null with one replica). `hidden` is the width of the
+  // activations between stages. `tied` names the parameter the first and last stages share
+  // (empty: none).
+  PipelineStrategy(Topology topology, Schedule schedule, int microbatches, int64_t hidden,
+                   std::string tied, std::vector<LayerRange> ranges,
+                   std::unique_ptr<Communicator> world, std::unique_ptr<Communicator> replicas);
+  ~PipelineStrategy() override;
+
+  const Topology& topology() const { return topology_; }
+  int rank() const override { return world_->rank(); }
+  int world_size() const override { return world_->world_size(); }
+  int data_rank() const override { return topology_.replica; }
+  int data_world() const override { return topology_.replicas; }
+  absl::Status Setup(Model& model) override;
+  absl::Status SyncState(Model& model, int64_t start_step) override;
+  void BeforeBackward(bool, const torch::Tensor&, bool) override {}
+  // The tied weight's sum between the first and last stages, then each stage's mean over its
+  // replicas.
+  absl::Status AfterBackward(Model& model) override;
+  absl::StatusOr<StepAgreement> EndStep() override;
+  double TakeCommunicationSeconds() override;
+  bool sums_over_ranks() const override { return true; }
+  absl::StatusOr<std::vector<double>> SumOverRanks(std::vector<double> values) override;
+  // {"stages": K, "replicas": R, "layers": [[first, end], ...]}: each stage's layers, the end
+  // excluded (TrainerState::pipeline).
+  std::string Layout() const override;
+
+  // The loss of one micro-batch from the last stage's outputs and its labels.
+  using LossFn =
+      std::function<torch::Tensor(const torch::Tensor& out, const torch::Tensor& labels)>;
+  // One update's passes of this stage over the replica's batch (`features` [n, T] token ids,
+  // `labels`), in the schedule's micro-batches of n / microbatches samples: gradients accumulate
+  // in the stage's parameters (each micro-batch's loss weighted 1 / microbatches, so they add up
+  // to the gradient of the batch's mean loss). The last stage keeps the update's loss for
+  // EndStep; `stop_requested` joins EndStep's agreement. INVALID_ARGUMENT naming the model when
+  // a pass fails; the communicator's errors.
+  absl::Status RunPasses(Model& model, const torch::Tensor& features, const torch::Tensor& labels,
+                         const LossFn& loss, bool stop_requested);
+  // A forward pass without gradients over `features` through every stage of this replica (all of
+  // them call it with the same samples): the model's outputs on the last stage, an undefined
+  // tensor on the others.
+  absl::StatusOr<torch::Tensor> Evaluate(Model& model, const torch::Tensor& features);
+  // The parameter this stage holds that another stage saves: the tied weight on the last stage
+  // (the first stage saves it); empty elsewhere.
+  std::string saved_elsewhere() const {
+    return tied_.defined() && topology_.last() && !topology_.first() ? tied_name_ : "";
+  }
+  // Every stage's time per update since the last call (the sums travel with EndStep's
+  // agreement, so every rank has them); empty before the first update. Resets the count.
+  std::vector<StageTime> TakeStageTimes();
+
+ private:
+  absl::Status WaitSends();
+  // Receives a [n, t, hidden] float32 tensor from `peer`, counting the wait.
+  absl::StatusOr<torch::Tensor> Receive(int peer, int64_t n, int64_t t);
+  void Send(torch::Tensor tensor, int peer);
+
+  const Topology topology_;
+  const Schedule schedule_;
+  const int microbatches_;
+  const int64_t hidden_;
+  const std::string tied_name_;
+  const std::vector<LayerRange> ranges_;
+  const std::unique_ptr<Communicator> world_;
+  const std::unique_ptr<Communicator> replicas_;
+  const std::vector<Action> actions_;
+
+  // Fixed by Setup.
+  torch::Tensor tied_;  // the tied parameter on the first and last stages; undefined elsewhere
+  std::vector<torch::Tensor> params_;  // the stage's, the tied one left out
+
+  std::vector<std::unique_ptr<Work>> sends_;  // this update's, not yet waited for
+  StepAgreement local_;
+  double communication_seconds_ = 0;
+  double receive_wait_ = 0;  // in this update's passes
+  StageTime this_update_;    // this rank's, for EndStep
+  std::vector<StageTime> stage_sums_;
+  int64_t stage_updates_ = 0;
+};
+
+}  // namespace trainyard::trainer::pipeline
+
+#endif  // TRAINYARD_WORKER_TRAINER_PIPELINE_STRATEGY_H_
