@@ -86,7 +86,7 @@ log_every_steps: {LOG_EVERY}
 seed: 1
 """
                     job = cluster.run_job(name, spec)
-                    described = json.loads(cluster.call("describe", job, "-o", "json"))
+                    described = json.loads(cluster.call("describe", job, "-o", "json").stdout)
                     stages = described.get("progress", {}).get("pipelineStages", [])
                     bubbles = [s.get("bubble", 0.0) for s in stages]
                     ideal = (k - 1) / (m + k - 1)
