@@ -39,6 +39,18 @@ def timed_samples_per_second(step, batch, steps, warmup):
     return batch * steps / (time.perf_counter() - began)
 
 
+def pack_random_text(build, work, tokens):
+    """Byte-token shards of `tokens` random printable bytes at WORK/text-*.safetensors (through
+    `trainyard data pack --text`); returns their glob."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    with open(f"{work}/text.txt", "wb") as f:
+        f.write(rng.integers(32, 127, size=tokens, dtype=np.uint8).tobytes())
+    subprocess.run([f"{build}/bin/trainyard", "data", "pack", "--text", f"{work}/text.txt",
+                    f"{work}/text"], check=True, capture_output=True)
+    return f"{work}/text-*.safetensors"
+
+
 class LocalCluster:
     def __init__(self, build, workers, slots, prefix):
         self.cli = os.path.join(build, "bin", "trainyard")

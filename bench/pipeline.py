@@ -23,11 +23,11 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from local_cluster import LocalCluster, median_samples_per_second  # noqa: E402
+from local_cluster import (LocalCluster, median_samples_per_second,  # noqa: E402
+                           pack_random_text)
 
 LOG_EVERY = 5
 
@@ -55,11 +55,7 @@ def main():
     stage_counts = [int(s) for s in args.stages.split(",")]
     work = tempfile.mkdtemp(prefix="pipeline_bench.")
     tokens = args.batch * (args.steps + 4) * args.context + 1
-    rng = np.random.default_rng(0)
-    with open(f"{work}/text.txt", "wb") as f:
-        f.write(rng.integers(32, 127, size=tokens, dtype=np.uint8).tobytes())
-    subprocess.run([f"{build}/bin/trainyard", "data", "pack", "--text", f"{work}/text.txt",
-                    f"{work}/text"], check=True, capture_output=True)
+    pack_random_text(build, work, tokens)
     shape = (f"{{vocab: 256, context: {args.context}, layers: {args.layers}, dim: {args.dim}, "
              f"heads: {args.heads}, tie_embeddings: false}}")
     print(f"| stages | micro-batches | schedule | bubble per stage | ideal | samples/s | "

@@ -18,18 +18,16 @@ os.environ["OMP_NUM_THREADS"] = "1"  # before torch loads: OpenBLAS sizes its po
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "examples", "transformer"))
 from local_cluster import (LocalCluster, median_samples_per_second,  # noqa: E402
-                           timed_samples_per_second)
+                           pack_random_text, timed_samples_per_second)
 import transformer  # noqa: E402
 
 LOG_EVERY = 10
@@ -70,11 +68,7 @@ def main():
     work = tempfile.mkdtemp(prefix="transformer_step.")
     # Text enough for every window the run reads: random printable bytes.
     tokens = args.batch * (args.steps + 4 * LOG_EVERY) * args.context + 1
-    rng = np.random.default_rng(0)
-    with open(f"{work}/text.txt", "wb") as f:
-        f.write(rng.integers(32, 127, size=tokens, dtype=np.uint8).tobytes())
-    subprocess.run([f"{build}/bin/trainyard", "data", "pack", "--text", f"{work}/text.txt",
-                    f"{work}/text"], check=True, capture_output=True)
+    pack_random_text(build, work, tokens)
     shape = (f"{{vocab: 256, context: {args.context}, layers: {args.layers}, dim: {args.dim}, "
              f"heads: {args.heads}}}")
     spec = f"""name: {{name}}

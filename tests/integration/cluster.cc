@@ -552,6 +552,30 @@ int WorkerIndex(const std::string& worker_id) {
   return absl::SimpleAtoi(absl::StripPrefix(worker_id, "worker-"), &i) ? i : -1;
 }
 
+int WorkerOfRank(const trainyard::v1::Job& job, int rank) {
+  for (const auto& t : job.tasks()) {
+    if (t.generation() == job.generation() && t.rank() == rank) return WorkerIndex(t.worker_id());
+  }
+  return -1;
+}
+
+std::string TaskId(const trainyard::v1::Job& job, int rank) {
+  return absl::StrCat(job.id(), ".g", job.generation(), ".r", rank);
+}
+
+int64_t StoppedAtStep(const trainyard::v1::Job& job, int64_t generation) {
+  for (const auto& t : job.tasks()) {
+    if (t.generation() != generation) continue;
+    const size_t at = t.message().find("at step ");
+    int64_t step = -1;
+    if (at != std::string::npos &&
+        absl::SimpleAtoi(absl::string_view(t.message()).substr(at + 8), &step)) {
+      return step;
+    }
+  }
+  return -1;
+}
+
 // Submits `yaml` (a job named `name`) held after `held_at` updates, and waits until it is held
 // there with a checkpoint of `committed` or later committed. The caller releases it.
 absl::StatusOr<trainyard::v1::Job> SubmitAndHold(Cluster& cluster, const std::string& name,

@@ -200,6 +200,13 @@ bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);
 
 // The index of a local cluster's worker ("worker-2" -> 2), -1 for another name.
 int WorkerIndex(const std::string& worker_id);
+// The index of the worker running `rank` of the job's current attempt, -1 if none.
+int WorkerOfRank(const trainyard::v1::Job& job, int rank);
+// The task id of `rank` of the job's current attempt ("{job}.g{generation}.r{rank}").
+std::string TaskId(const trainyard::v1::Job& job, int rank);
+// The step a stopped trainer of attempt `generation` saved at, from its "stopped by SIGTERM at
+// step N" termination message; -1 if no task of the attempt stopped that way.
+int64_t StoppedAtStep(const trainyard::v1::Job& job, int64_t generation);
 // Submits `yaml` (a job named `name`) held after `held_at` updates (Cluster::Hold), and waits
 // until it is held there with a checkpoint of `committed` or later committed. The caller
 // releases it.

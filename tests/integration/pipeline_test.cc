@@ -80,17 +80,6 @@ ClusterOptions Workers(int n) {
   return options;
 }
 
-int WorkerOfRank(const Job& job, int rank) {
-  for (const auto& t : job.tasks()) {
-    if (t.generation() == job.generation() && t.rank() == rank) return WorkerIndex(t.worker_id());
-  }
-  return -1;
-}
-
-std::string TaskId(const Job& job, int rank) {
-  return absl::StrCat(job.id(), ".g", job.generation(), ".r", rank);
-}
-
 constexpr int64_t kSteps = 40;
 
 // 2 stages and 2 x 2 train as the single job does; a job stopped at step 20 on 2 stages resumes
@@ -131,21 +120,6 @@ TEST(PipelineIntegrationTest, StagesAndReplicasTrainAsTheSingleJobDoes) {
                                                absl::StrCat(", resume_from: ", half.id())));
   EXPECT_EQ(four.progress().attempt_start_step(), 20);
   EXPECT_LE(MaxDifference(reference, CommittedModel(four)), 1e-5);
-}
-
-// The step a stopped trainer saved at, from its "stopped by SIGTERM at step N" termination
-// message; -1 if no task of the attempt stopped that way.
-int64_t StoppedAtStep(const Job& job, int64_t generation) {
-  for (const auto& t : job.tasks()) {
-    if (t.generation() != generation) continue;
-    const size_t at = t.message().find("at step ");
-    int64_t step = -1;
-    if (at != std::string::npos &&
-        absl::SimpleAtoi(absl::string_view(t.message()).substr(at + 8), &step)) {
-      return step;
-    }
-  }
-  return -1;
 }
 
 // The machine of the last stage vanishes (SIGKILL to its agent and trainer): the job restarts

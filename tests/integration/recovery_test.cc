@@ -66,18 +66,6 @@ ClusterOptions Workers(int n) {
   return options;
 }
 
-// The worker index running `rank` of the job's current attempt, -1 if none.
-int WorkerOfRank(const Job& job, int rank) {
-  for (const auto& t : job.tasks()) {
-    if (t.generation() == job.generation() && t.rank() == rank) return WorkerIndex(t.worker_id());
-  }
-  return -1;
-}
-
-std::string TaskId(const Job& job, int rank) {
-  return absl::StrCat(job.id(), ".g", job.generation(), ".r", rank);
-}
-
 TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
   Cluster cluster(Workers(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("reference", "2", 400));
@@ -222,21 +210,6 @@ TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
   EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST);
   EXPECT_GE(done->restarts(0).resumed_step(), running->committed_step());
   EXPECT_LE(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 1e-5);
-}
-
-// The step a stopped trainer saved at, from its "stopped by SIGTERM at step N" termination
-// message; -1 if the task did not stop that way.
-int64_t StoppedAtStep(const Job& job, int64_t generation) {
-  for (const auto& t : job.tasks()) {
-    if (t.generation() != generation) continue;
-    const size_t at = t.message().find("at step ");
-    int64_t step = -1;
-    if (at != std::string::npos &&
-        absl::SimpleAtoi(absl::string_view(t.message()).substr(at + 8), &step)) {
-      return step;
-    }
-  }
-  return -1;
 }
 
 // Every attempt of a preempted job is held this many updates after it starts (Cluster::Hold),
