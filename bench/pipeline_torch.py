@@ -65,8 +65,9 @@ def run(rank, args, port, queue):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=args.stages)
+    # Debian's PyTorch is built without libuv, which its TCP store asks for by default.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
+                            rank=rank, world_size=args.stages)
     counts = [int(c) for c in args.counts.split(",")]
     first = sum(counts[:rank])
     model = transformer.TransformerLM(256, args.context, args.layers, args.dim, args.heads,
@@ -86,13 +87,14 @@ def run(rank, args, port, queue):
     opt = torch.optim.AdamW(stage_module.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)
     data = torch.randint(0, 256, (args.batch, args.context + 1), generator=gen)
+    inputs, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
     def step():
         opt.zero_grad()
         if rank == 0:
-            schedule.step(data[:, :-1])
+            schedule.step(inputs)
         elif rank == args.stages - 1:
-            schedule.step(target=data[:, 1:], losses=[])
+            schedule.step(target=targets, losses=[])
         else:
             schedule.step()
         opt.step()
@@ -135,7 +137,15 @@ def main():
     procs = [ctx.Process(target=run, args=(r, args, port, queue)) for r in range(args.stages)]
     for proc in procs:
         proc.start()
-    result = queue.get()
+    result = None
+    while result is None:
+        try:
+            result = queue.get(timeout=1)
+        except Exception:  # queue.Empty: go on waiting while every stage is alive
+            if any(proc.exitcode not in (None, 0) for proc in procs):
+                for proc in procs:
+                    proc.kill()
+                sys.exit("a stage failed (its error is above)")
     for proc in procs:
         proc.join()
         if proc.exitcode != 0:
