@@ -61,8 +61,29 @@ def loss_fn(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
 
 
+class _AllWork:
+    """Every Work of one batch_isend_irecv: waiting for it waits for each."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
+
+
+def _batch_p2p(p2p_ops, desc=None):
+    return _AllWork(dist.batch_isend_irecv(p2p_ops)) if p2p_ops else None
+
+
 def run(rank, args, port, queue):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import schedules
+
+    # PyTorch 2.6 (Debian 13) waits for only the last of the sends and receives batch_isend_irecv
+    # returns, which are several on Gloo (one per operation), and so deadlocks on CPU
+    # (pytorch/pytorch#132644, fixed upstream in #152938): wait for all of them, as the fix does.
+    schedules._batch_p2p = _batch_p2p
 
     torch.set_num_threads(1)
     # Debian's PyTorch is built without libuv, which its TCP store asks for by default.
