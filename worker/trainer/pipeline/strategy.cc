@@ -7,20 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
+#include "worker/trainer/model/tensors.h"
 
 namespace trainyard::trainer::pipeline {
 namespace {
 
 using Steady = std::chrono::steady_clock;
-
-double SecondsSince(Steady::time_point start) {
-  return std::chrono::duration<double>(Steady::now() - start).count();
-}
-
-std::string Describe(const std::exception& e) {
-  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-  return c10 != nullptr ? c10->what_without_backtrace() : e.what();
-}
 
 }  // namespace
 
@@ -194,8 +187,8 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
       }
     }
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model: pipeline stage ", topology_.stage, " failed: ", Describe(e)));
+    return absl::InvalidArgumentError(absl::StrCat("model: pipeline stage ", topology_.stage,
+                                                   " failed: ", DescribeTorchError(e)));
   }
   local_ = StepAgreement{update_loss, stop_requested};
   this_update_.idle = receive_wait_;
@@ -296,7 +289,8 @@ absl::StatusOr<torch::Tensor> PipelineStrategy::Evaluate(Model& model,
     return torch::Tensor();
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("model: validation on pipeline stage ",
-                                                   topology_.stage, " failed: ", Describe(e)));
+                                                   topology_.stage,
+                                                   " failed: ", DescribeTorchError(e)));
   }
 }
 

@@ -27,7 +27,6 @@
 
 #include <torch/torch.h>
 
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
