@@ -3,6 +3,8 @@
 
 // Temporary folders and small file helpers shared by the trainer's test programs.
 
+#include <ftw.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -21,10 +23,19 @@ inline std::vector<std::string>& TempDirs() {
   return *dirs;
 }
 
+// Removes `dir` and everything under it, never following links. Not std::filesystem::remove_all:
+// PyTorch's pip LibTorch (built against an older libstdc++) exports its own copy of it, which
+// programs linking that LibTorch bind to, and that copy calls through a null pointer.
+inline void RemoveTree(const std::string& dir) {
+  nftw(
+      dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); },
+      16, FTW_DEPTH | FTW_PHYS);
+}
+
 class RemoveTempDirs : public ::testing::Environment {
  public:
   void TearDown() override {
-    for (const std::string& dir : TempDirs()) std::filesystem::remove_all(dir);
+    for (const std::string& dir : TempDirs()) RemoveTree(dir);
   }
 };
 
