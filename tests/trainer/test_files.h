@@ -28,8 +28,9 @@ inline std::vector<std::string>& TempDirs() {
 // programs linking that LibTorch bind to, and that copy calls through a null pointer.
 inline void RemoveTree(const std::string& dir) {
   nftw(
-      dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); },
-      16, FTW_DEPTH | FTW_PHYS);
+      dir.c_str(),
+      [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 class RemoveTempDirs : public ::testing::Environment {
