@@ -57,35 +57,46 @@ int SafetensorsDtypeSize(absl::string_view dtype) {
   return it == kSizes->end() ? 0 : it->second;
 }
 
-absl::StatusOr<std::string> EncodeSafetensorsHeader(
-    const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// What the header says of one tensor, and how many bytes of data the writer gives it.
+struct HeaderEntry {
+  const std::string* name;
+  const std::string* dtype;
+  const std::vector<int64_t>* shape;
+  uint64_t data_size;
+};
+
+absl::StatusOr<std::string> EncodeHeader(const std::vector<HeaderEntry>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const TensorView& tensor : tensors) {
-    if (tensor.name == kMetadataKey) {
+  for (const HeaderEntry& tensor : tensors) {
+    const std::string& name = *tensor.name;
+    if (name == kMetadataKey) {
       return absl::InvalidArgumentError(
           absl::StrCat("safetensors: '", kMetadataKey, "' is not a valid tensor name"));
     }
-    if (!names.insert(tensor.name).second) {
+    if (!names.insert(name).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: duplicate tensor name '", tensor.name, "'"));
+          absl::StrCat("safetensors: duplicate tensor name '", name, "'"));
     }
-    const int element_size = SafetensorsDtypeSize(tensor.dtype);
+    const int element_size = SafetensorsDtypeSize(*tensor.dtype);
     if (element_size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", tensor.name,
-                                                     "' has unknown dtype '", tensor.dtype, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", name,
+                                                     "' has unknown dtype '", *tensor.dtype, "'"));
     }
-    absl::StatusOr<uint64_t> size = ByteSize(tensor.name, tensor.shape, element_size);
+    absl::StatusOr<uint64_t> size = ByteSize(name, *tensor.shape, element_size);
     if (!size.ok()) return size.status();
-    if (*size != tensor.data.size()) {
+    if (*size != tensor.data_size) {
       return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: tensor '", tensor.name, "' has ", tensor.data.size(),
+          absl::StrCat("safetensors: tensor '", name, "' has ", tensor.data_size,
                        " bytes of data, its shape and dtype need ", *size));
     }
-    header[tensor.name] = {{"dtype", tensor.dtype},
-                           {"shape", tensor.shape},
-                           {"data_offsets", {offset, offset + *size}}};
+    header[name] = {{"dtype", *tensor.dtype},
+                    {"shape", *tensor.shape},
+                    {"data_offsets", {offset, offset + *size}}};
     offset += *size;
   }
   if (!metadata.empty()) header[kMetadataKey] = metadata;
@@ -98,6 +109,31 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
   PutLe64(json.size(), out);
   out += json;
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata) {
+  std::vector<HeaderEntry> entries;
+  entries.reserve(tensors.size());
+  for (const TensorView& t : tensors) entries.push_back({&t.name, &t.dtype, &t.shape, t.data.size()});
+  return EncodeHeader(entries, metadata);
+}
+
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<SafetensorsSlot>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  std::vector<HeaderEntry> entries;
+  entries.reserve(tensors.size());
+  for (const SafetensorsSlot& t : tensors) {
+    if (t.end < t.begin) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: tensor '", t.name, "' ends before it begins"));
+    }
+    entries.push_back({&t.name, &t.dtype, &t.shape, t.end - t.begin});
+  }
+  return EncodeHeader(entries, metadata);
 }
 
 absl::StatusOr<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,

@@ -58,6 +58,12 @@ struct SafetensorsSlot {
   uint64_t end = 0;
 };
 
+// The header EncodeSafetensorsHeader writes for tensors given by where they are instead of by
+// their data (each `end - begin` bytes), in the given order: to stream tensors from other files.
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<SafetensorsSlot>& tensors,
+    const std::map<std::string, std::string>& metadata);
+
 // A file's header alone: enough to know its tensors without reading their data.
 struct SafetensorsHeader {
   uint64_t data_start = 0;  // file offset of the data section (8 + header length)

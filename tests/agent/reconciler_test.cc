@@ -94,7 +94,8 @@ TEST_F(ReconcilerTest, StartsDesiredTasksWithTheirFolderArgumentsAndEnvironment)
   EXPECT_THAT(launched.env,
               UnorderedElementsAre(Pair("OMP_NUM_THREADS", "4"), Pair("CUDA_VISIBLE_DEVICES", ""),
                                    Pair("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
-                                   Pair("TRAINYARD_CACHE_DIR", dir_ + "/cache")));
+                                   Pair("TRAINYARD_CACHE_DIR", dir_ + "/cache"),
+                                   Pair("TMPDIR", task_dir)));
   v1::Task written;
   ASSERT_TRUE(written.ParseFromString(Read(task_dir + "/task.pb")));
   EXPECT_EQ(written.task_id(), "j1.g1.r0");

@@ -10,6 +10,9 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -20,12 +23,14 @@
 #include "absl/synchronization/mutex.h"
 #include "common/file_object_store.h"
 #include "common/object_store.h"
+#include "common/safetensors.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
 #include "tests/trainer/test_files.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/model/model.h"
+#include "worker/trainer/model/tensors.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -151,6 +156,89 @@ TEST(CheckpointObjectsTest, StoredObjectsAreTheSnapshotsEncodingWithTheirHashesI
       EXPECT_TRUE(torch::equal(loaded->model[name], tensor)) << name;
     }
   }
+}
+
+// Saves `data` under a new folder and returns the step folder's URI.
+std::string SaveToNewFolder(ObjectStore& store, CheckpointData data) {
+  const std::string dir = MakeTempDir();
+  const int64_t step = data.state.step;
+  Checkpointer checkpointer(&store, nullptr, RealClock::Get(), OptionsFor("file://" + dir));
+  EXPECT_TRUE(checkpointer.SaveAsync(std::move(data)));
+  EXPECT_TRUE(checkpointer.Wait().ok());
+  return CheckpointStepUri("file://" + dir, step);
+}
+
+// Flips one byte of tensor `name` in the safetensors file at `path`.
+void CorruptTensor(const std::string& path, const std::string& name) {
+  std::string bytes = ReadFile(path);
+  absl::StatusOr<SafetensorsHeader> header = DecodeSafetensorsHeader(bytes, bytes.size());
+  ASSERT_TRUE(header.ok()) << header.status();
+  for (const SafetensorsSlot& slot : header->tensors) {
+    if (slot.name != name) continue;
+    ASSERT_LT(slot.begin, slot.end);
+    bytes[header->data_start + slot.begin] ^= 0x5a;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    return;
+  }
+  FAIL() << "no tensor " << name << " in " << path;
+}
+
+// A filtered read (a pipeline stage resuming) holds only the tensors it keeps, read in chunks:
+// one tensor spans two chunks and one starts in the second; every byte is still checked, so a
+// damaged tensor it does not keep still fails the read.
+TEST(CheckpointReadTest, AFilterKeepsOnlyItsTensorsAndStillChecksEveryByte) {
+  FileObjectStore store;
+  CheckpointData data = SampleData(3);
+  torch::manual_seed(9);
+  data.model.insert(data.model.begin(), {"big", torch::randn({3'000'000})});  // 12 MB
+  const NamedTensors model = data.model;
+  const std::string step_uri = SaveToNewFolder(store, std::move(data));
+
+  const std::set<std::string> wanted = {"big", "layer.bias", "counts"};
+  CheckpointFilter keep;
+  keep.model = [&](const std::string& name) { return wanted.count(name) > 0; };
+  keep.optimizer = [](const std::string&) { return false; };
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(store, step_uri, &keep);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 3);
+  EXPECT_EQ(loaded->optimizer_name, "adamw");
+  EXPECT_TRUE(loaded->optimizer.empty());
+  ASSERT_EQ(loaded->model.size(), wanted.size());
+  for (const auto& [name, tensor] : model) {
+    if (wanted.count(name) == 0) continue;
+    ASSERT_EQ(loaded->model.count(name), 1u) << name;
+    EXPECT_TRUE(torch::equal(loaded->model[name], tensor)) << name;
+  }
+
+  CorruptTensor(step_uri.substr(strlen("file://")) + "/model.safetensors", "transposed");
+  absl::StatusOr<LoadedCheckpoint> damaged = ReadCheckpoint(store, step_uri, &keep);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_NE(damaged.status().message().find("model.safetensors"), absl::string_view::npos);
+}
+
+// A pipeline's export streams the model objects of its final checkpoint into one file: for one
+// object, the file EncodeTensors would write of the same tensors with the export's metadata; a
+// damaged object fails it and leaves no file.
+TEST(CheckpointReadTest, TheMergedModelIsStreamedFromTheObjectsAndChecked) {
+  FileObjectStore store;
+  CheckpointData data = SampleData(4);
+  torch::manual_seed(10);
+  data.model.insert(data.model.begin(), {"big", torch::randn({3'000'000})});
+  const NamedTensors model = data.model;
+  const std::string step_uri = SaveToNewFolder(store, std::move(data));
+  const std::map<std::string, std::string> metadata = {{"format", "export"}, {"layers", "2"}};
+  const std::string path = MakeTempDir() + "/model.safetensors";
+
+  ASSERT_TRUE(WriteMergedModel(store, step_uri, metadata, path).ok());
+  absl::StatusOr<std::string> expected = EncodeTensors(model, metadata);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(ReadFile(path) == *expected);
+
+  CorruptTensor(step_uri.substr(strlen("file://")) + "/model.safetensors", "counts");
+  const std::string again = MakeTempDir() + "/model.safetensors";
+  absl::Status damaged = WriteMergedModel(store, step_uri, metadata, again);
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
+  EXPECT_FALSE(test_files::FileExists(again));
 }
 
 // trainer_state.json round-trips, with the parameter servers' layout as a JSON object when there

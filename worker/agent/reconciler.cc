@@ -245,7 +245,9 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
                 // CUDA's own default order puts the fastest first.
                 {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
                 // Models and datasets from object storage, cached by ETag across restarts.
-                {"TRAINYARD_CACHE_DIR", options_.work_dir + "/cache"}};
+                {"TRAINYARD_CACHE_DIR", options_.work_dir + "/cache"},
+                // Temporary files (a pipeline's model export) go with the task's folder.
+                {"TMPDIR", dir}};
   for (const auto& [key, value] : options_.trainer_env) launch.env.emplace_back(key, value);
   absl::StatusOr<int64_t> pid = launcher_.Launch(launch);
   if (!pid.ok()) return fail(std::string(pid.status().message()));

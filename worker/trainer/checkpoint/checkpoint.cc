@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "common/safetensors.h"
 #include "common/sha256.h"
 #include "common/uri.h"
 #include "worker/trainer/model/optimizer.h"
@@ -198,7 +200,17 @@ absl::Status RestoreTorchRngState(const std::string& hex) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri) {
+namespace {
+
+// One object a manifest lists.
+struct ManifestObject {
+  std::string name;
+  int64_t size = -1;
+  std::string sha256;
+};
+
+absl::StatusOr<std::vector<ManifestObject>> ReadManifest(ObjectStore& store,
+                                                         const std::string& step_uri) {
   absl::StatusOr<std::string> manifest_bytes = store.Get(JoinUri(step_uri, kManifestObject));
   if (!manifest_bytes.ok()) return manifest_bytes.status();
   json manifest = json::parse(*manifest_bytes, nullptr, /*allow_exceptions=*/false);
@@ -209,28 +221,162 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::s
     return absl::InvalidArgumentError(
         absl::StrCat(step_uri, "/MANIFEST.json: not a ", kCheckpointFormat, " manifest"));
   }
-  std::map<std::string, std::string> objects;
+  std::vector<ManifestObject> objects;
   for (const json& entry : manifest["objects"]) {
-    std::string name, sha;
-    int64_t size = -1;
-    if (!ReadField(entry, "name", name) || !ReadField(entry, "size", size) ||
-        !ReadField(entry, "sha256", sha)) {
+    ManifestObject object;
+    if (!ReadField(entry, "name", object.name) || !ReadField(entry, "size", object.size) ||
+        !ReadField(entry, "sha256", object.sha256) || object.size < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(step_uri, "/MANIFEST.json: malformed object entry"));
     }
-    const std::string uri = JoinUri(step_uri, name);
+    objects.push_back(std::move(object));
+  }
+  return objects;
+}
+
+// Objects too large to hold whole are read this much at a time.
+constexpr int64_t kReadChunk = int64_t{8} << 20;
+
+// Reads `length` bytes of `uri` from `offset`; DATA_LOSS when the object ends sooner.
+absl::StatusOr<std::string> ReadExactly(ObjectStore& store, const std::string& uri, int64_t offset,
+                                        int64_t length) {
+  absl::StatusOr<std::string> bytes = store.GetRange(uri, offset, length);
+  if (!bytes.ok()) return bytes.status();
+  if (static_cast<int64_t>(bytes->size()) != length) {
+    return absl::DataLossError(absl::StrCat(uri, ": ", offset + static_cast<int64_t>(bytes->size()),
+                                            " bytes, the manifest says more"));
+  }
+  return bytes;
+}
+
+// The header of the safetensors object `object` (read from its start and hashed into `hash`);
+// the rest of the object is its data section.
+absl::StatusOr<SafetensorsHeader> ReadObjectHeader(ObjectStore& store, const std::string& uri,
+                                                   const ManifestObject& object, Sha256& hash) {
+  if (object.size < 8) {
+    return absl::DataLossError(absl::StrCat(uri, ": ", object.size, " bytes, not safetensors"));
+  }
+  absl::StatusOr<std::string> prefix = ReadExactly(store, uri, 0, 8);
+  if (!prefix.ok()) return prefix.status();
+  absl::StatusOr<uint64_t> header_size = SafetensorsHeaderSize(*prefix);
+  if (!header_size.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(uri, ": ", header_size.status().message()));
+  }
+  if (*header_size > static_cast<uint64_t>(object.size - 8)) {
+    return absl::DataLossError(absl::StrCat(uri, ": its header is longer than the object"));
+  }
+  absl::StatusOr<std::string> rest =
+      ReadExactly(store, uri, 8, static_cast<int64_t>(*header_size));
+  if (!rest.ok()) return rest.status();
+  prefix->append(*rest);
+  absl::StatusOr<SafetensorsHeader> header =
+      DecodeSafetensorsHeader(*prefix, static_cast<uint64_t>(object.size));
+  if (!header.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(uri, ": ", header.status().message()));
+  }
+  hash.Update(*prefix);
+  return header;
+}
+
+// Streams the data section of `object` (after its header) in chunks to `sink`, hashing it into
+// `hash`, then checks the whole object's SHA-256 against the manifest.
+absl::Status StreamObjectData(ObjectStore& store, const std::string& uri,
+                              const ManifestObject& object, uint64_t data_start, Sha256& hash,
+                              const std::function<absl::Status(int64_t, absl::string_view)>& sink) {
+  for (int64_t offset = static_cast<int64_t>(data_start); offset < object.size;) {
+    const int64_t length = std::min(kReadChunk, object.size - offset);
+    absl::StatusOr<std::string> chunk = ReadExactly(store, uri, offset, length);
+    if (!chunk.ok()) return chunk.status();
+    hash.Update(*chunk);
+    if (absl::Status status = sink(offset - static_cast<int64_t>(data_start), *chunk);
+        !status.ok()) {
+      return status;
+    }
+    offset += length;
+  }
+  const std::string actual = hash.HexDigest();
+  if (actual != object.sha256) {
+    return absl::DataLossError(
+        absl::StrCat(uri, ": sha256 ", actual, ", the manifest says ", object.sha256));
+  }
+  return absl::OkStatus();
+}
+
+// Reads the safetensors object `object` in chunks, checking its size and SHA-256, and returns a
+// safetensors buffer of only the tensors `keep` accepts (and the object's metadata): memory for
+// what is kept and one chunk, whatever the object's size.
+absl::StatusOr<std::string> ReadObjectKeeping(
+    ObjectStore& store, const std::string& uri, const ManifestObject& object,
+    const std::function<bool(const std::string&)>& keep) {
+  Sha256 hash;
+  absl::StatusOr<SafetensorsHeader> header = ReadObjectHeader(store, uri, object, hash);
+  if (!header.ok()) return header.status();
+  std::vector<SafetensorsSlot> kept;    // where each kept tensor is in the object's data
+  std::vector<SafetensorsSlot> packed;  // and where it goes in the returned buffer's
+  uint64_t packed_size = 0;
+  for (const SafetensorsSlot& slot : header->tensors) {
+    if (!keep(slot.name)) continue;
+    kept.push_back(slot);
+    SafetensorsSlot to = slot;
+    to.begin = packed_size;
+    to.end = packed_size + (slot.end - slot.begin);
+    packed_size = to.end;
+    packed.push_back(std::move(to));
+  }
+  absl::StatusOr<std::string> out = EncodeSafetensorsHeader(packed, header->metadata);
+  if (!out.ok()) return absl::InvalidArgumentError(absl::StrCat(uri, ": ", out.status().message()));
+  const size_t base = out->size();
+  out->resize(base + packed_size);
+  size_t next = 0;  // the first kept slot not yet wholly copied
+  absl::Status streamed = StreamObjectData(
+      store, uri, object, header->data_start, hash,
+      [&](int64_t at, absl::string_view chunk) -> absl::Status {
+        const uint64_t chunk_begin = static_cast<uint64_t>(at);
+        const uint64_t chunk_end = chunk_begin + chunk.size();
+        for (size_t i = next; i < kept.size() && kept[i].begin < chunk_end; ++i) {
+          const uint64_t from = std::max(kept[i].begin, chunk_begin);
+          const uint64_t to = std::min(kept[i].end, chunk_end);
+          if (from < to) {
+            std::memcpy(out->data() + base + packed[i].begin + (from - kept[i].begin),
+                        chunk.data() + (from - chunk_begin), to - from);
+          }
+          if (kept[i].end <= chunk_end && i == next) ++next;
+        }
+        return absl::OkStatus();
+      });
+  if (!streamed.ok()) return streamed;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri,
+                                                const CheckpointFilter* keep) {
+  absl::StatusOr<std::vector<ManifestObject>> listed = ReadManifest(store, step_uri);
+  if (!listed.ok()) return listed.status();
+  std::map<std::string, std::string> objects;
+  for (const ManifestObject& entry : *listed) {
+    const std::string uri = JoinUri(step_uri, entry.name);
+    const bool model = IsObjectOf(entry.name, kModelBase);
+    if (keep != nullptr && (model || IsObjectOf(entry.name, kOptimizerBase))) {
+      absl::StatusOr<std::string> kept =
+          ReadObjectKeeping(store, uri, entry, model ? keep->model : keep->optimizer);
+      if (!kept.ok()) return kept.status();
+      objects[entry.name] = *std::move(kept);
+      continue;
+    }
     absl::StatusOr<std::string> bytes = store.Get(uri);
     if (!bytes.ok()) return bytes.status();
-    if (static_cast<int64_t>(bytes->size()) != size) {
+    if (static_cast<int64_t>(bytes->size()) != entry.size) {
       return absl::DataLossError(
-          absl::StrCat(uri, ": size ", bytes->size(), ", the manifest says ", size));
+          absl::StrCat(uri, ": size ", bytes->size(), ", the manifest says ", entry.size));
     }
     const std::string actual = Sha256Hex(*bytes);
-    if (actual != sha) {
+    if (actual != entry.sha256) {
       return absl::DataLossError(
-          absl::StrCat(uri, ": sha256 ", actual, ", the manifest says ", sha));
+          absl::StrCat(uri, ": sha256 ", actual, ", the manifest says ", entry.sha256));
     }
-    objects[name] = *std::move(bytes);
+    objects[entry.name] = *std::move(bytes);
   }
   if (objects.count(kStateObject) == 0) {
     return absl::InvalidArgumentError(
@@ -275,6 +421,87 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::s
                                                    models == 0 ? kModelObject : kOptimizerObject));
   }
   return loaded;
+}
+
+absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
+                              const std::map<std::string, std::string>& metadata,
+                              const std::string& local_path) {
+  absl::StatusOr<std::vector<ManifestObject>> listed = ReadManifest(store, step_uri);
+  if (!listed.ok()) return listed.status();
+  struct Source {
+    ManifestObject object;
+    std::string uri;
+    SafetensorsHeader header;
+  };
+  std::vector<Source> sources;
+  std::vector<SafetensorsSlot> merged;
+  std::set<std::string> names;
+  for (const ManifestObject& entry : *listed) {
+    if (!IsObjectOf(entry.name, kModelBase)) continue;
+    Source source{entry, JoinUri(step_uri, entry.name), {}};
+    Sha256 unused;
+    absl::StatusOr<SafetensorsHeader> header =
+        ReadObjectHeader(store, source.uri, entry, unused);
+    if (!header.ok()) return header.status();
+    // Streamed as one run of bytes: the tensors must fill the data section end to end.
+    uint64_t end = 0;
+    for (const SafetensorsSlot& slot : header->tensors) {
+      if (slot.begin != end) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source.uri, ": the tensors leave a gap before '", slot.name, "'"));
+      }
+      end = slot.end;
+      if (!names.insert(slot.name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source.uri, ": tensor '", slot.name, "' is in two objects"));
+      }
+      merged.push_back(slot);
+    }
+    if (header->data_start + end != static_cast<uint64_t>(entry.size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source.uri, ": bytes after its last tensor"));
+    }
+    source.header = *std::move(header);
+    sources.push_back(std::move(source));
+  }
+  if (sources.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_uri, "/MANIFEST.json: does not list ", kModelObject));
+  }
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(merged, metadata);
+  if (!header.ok()) return header.status();
+  std::FILE* file = std::fopen(local_path.c_str(), "wb");
+  if (file == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", local_path, ": ", std::strerror(errno)));
+  }
+  auto write = [&](absl::string_view bytes) -> absl::Status {
+    if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot write ", local_path, ": ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status status = write(*header);
+  for (const Source& source : sources) {
+    if (!status.ok()) break;
+    // The header again, hashed this time, so that every byte of the object is checked.
+    Sha256 hash;
+    absl::StatusOr<SafetensorsHeader> again =
+        ReadObjectHeader(store, source.uri, source.object, hash);
+    if (!again.ok()) {
+      status = again.status();
+      break;
+    }
+    status = StreamObjectData(store, source.uri, source.object, source.header.data_start, hash,
+                              [&](int64_t, absl::string_view chunk) { return write(chunk); });
+  }
+  if (std::fclose(file) != 0 && status.ok()) {
+    status = absl::UnavailableError(
+        absl::StrCat("cannot write ", local_path, ": ", std::strerror(errno)));
+  }
+  if (!status.ok()) std::remove(local_path.c_str());
+  return status;
 }
 
 void ReportSkippedCheckpoint(CoordinatorClient* coordinator, const std::string& uri,

@@ -17,7 +17,8 @@
 // optimizer.stage-K-gG.safetensors instead (G the attempt's generation), and PART-K-gG.json
 // (Options::part); the manifest lists every stage's objects, and a reader merges them.
 //
-// Saving policy: the training thread snapshots (clones) every tensor at a step boundary and hands
+// Saving policy: the training thread snapshots (clones; the last save of a run shares them, as
+// nothing updates them any more) every tensor at a step boundary and hands
 // the copy to Checkpointer::SaveAsync, which writes and commits it on a background thread. The
 // snapshot is the only copy: each safetensors object is sent from the snapshot's tensors as they
 // are (ObjectStore::PutPieces, a small header in front), and the SHA-256 in the manifest comes
@@ -57,6 +58,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -118,7 +120,8 @@ std::string TorchRngState();
 absl::Status RestoreTorchRngState(const std::string& hex);
 
 // What a checkpoint holds, as snapshotted at a step boundary. Tensors must not alias live
-// training state (clone them).
+// training state (clone them), except in the last save of a run, which nothing updates until the
+// save is over.
 struct CheckpointData {
   TrainerState state;
   NamedTensors model;
@@ -137,11 +140,30 @@ struct LoadedCheckpoint {
   std::string optimizer_name;
 };
 
+// Which tensors of a checkpoint a reader keeps, by name: the model's (parameters and buffers)
+// and the optimizer's ("<param>.<field>").
+struct CheckpointFilter {
+  std::function<bool(const std::string&)> model;
+  std::function<bool(const std::string&)> optimizer;
+};
+
 // Reads MANIFEST.json of the step folder `step_uri`, then every object it lists, checking sizes
-// and SHA-256 before decoding. NOT_FOUND for a missing manifest or object, DATA_LOSS for a size or
-// hash mismatch, INVALID_ARGUMENT for a malformed manifest, state or tensor file; every message
-// names the object. Blocks.
-absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri);
+// and SHA-256 before decoding. With `keep`, the model and optimizer objects are read in chunks
+// of 8 MiB and only the tensors `keep` accepts are held (a pipeline stage resuming holds its own
+// layers, never the whole model); every byte is still hashed. NOT_FOUND for a missing manifest
+// or object, DATA_LOSS for a size or hash mismatch, INVALID_ARGUMENT for a malformed manifest,
+// state or tensor file; every message names the object. Blocks.
+absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri,
+                                                const CheckpointFilter* keep = nullptr);
+
+// Writes to the local file `local_path` one safetensors file of every model tensor of the step
+// folder `step_uri` (a pipeline's stage objects merged, in their order) with `metadata`: the
+// objects are streamed through in chunks of 8 MiB and checked against the manifest's SHA-256 as
+// they go, so no process holds the whole model. The file is removed on failure. Errors as
+// ReadCheckpoint, UNAVAILABLE when the file cannot be written. Blocks.
+absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
+                              const std::map<std::string, std::string>& metadata,
+                              const std::string& local_path);
 
 // The asynchronous writer described at the top of this file. Methods are called from one
 // (training) thread.

@@ -79,7 +79,8 @@ class Run {
   absl::Status Conclude(int64_t step, double lr, int64_t last_checkpoint_step,
                         Checkpointer* checkpointer, ProgressReporter* reporter,
                         trainyard::v1::JobProgress& progress, TrainResult& result);
-  CheckpointData Snapshot(int64_t step, double lr);
+  // `last`: no update follows (the final save, or the save at a stop).
+  CheckpointData Snapshot(int64_t step, double lr, bool last = false);
   // The checkpoint of a stop at `step` (rank 0): within the deadline if the agent gave one.
   void SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,
                   std::optional<absl::Time> deadline, TrainResult& result);

@@ -1,6 +1,11 @@
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -140,14 +145,20 @@ absl::Status CheckCompatible(const LoadedCheckpoint& ckpt, Model& model,
 
 // A pipeline stage resumes its own layers of a checkpoint (of any stage count, or of a job that
 // held the whole model): the optimizer state of parameters it does not hold is dropped.
-void KeepStageState(LoadedCheckpoint& ckpt, const NamedTensors& params) {
-  std::set<std::string> mine;
-  for (const auto& [name, p] : params) mine.insert(name);
-  for (auto it = ckpt.optimizer.begin(); it != ckpt.optimizer.end();) {
-    const size_t dot = it->first.rfind('.');
-    const std::string param = dot == std::string::npos ? it->first : it->first.substr(0, dot);
-    it = mine.count(param) > 0 ? std::next(it) : ckpt.optimizer.erase(it);
-  }
+// The tensors of a checkpoint that a model holding `params` (and its buffers) restores: its
+// parameters and buffers by name, and the optimizer state of its parameters ("<param>.<field>").
+CheckpointFilter StageFilter(Model& model, const NamedTensors& params) {
+  auto params_set = std::make_shared<std::set<std::string>>();
+  for (const auto& [name, p] : params) params_set->insert(name);
+  auto model_set = std::make_shared<std::set<std::string>>(*params_set);
+  for (const auto& [name, b] : model.NamedBuffers()) model_set->insert(name);
+  CheckpointFilter filter;
+  filter.model = [model_set](const std::string& name) { return model_set->count(name) > 0; };
+  filter.optimizer = [params_set](const std::string& name) {
+    const size_t dot = name.rfind('.');
+    return params_set->count(dot == std::string::npos ? name : name.substr(0, dot)) > 0;
+  };
+  return filter;
 }
 
 void ApplyCheckpoint(const LoadedCheckpoint& ckpt, Model& model, torch::optim::Optimizer& optimizer,
@@ -373,13 +384,14 @@ absl::Status Run::Validate(TrainResult& result) {
 }
 
 void Run::Resume() {
+  // A pipeline stage reads only its own layers and their optimizer state.
+  const CheckpointFilter stage_filter = StageFilter(*model_, params_);
   for (const std::string& uri : task_.resume_checkpoints()) {
     absl::StatusOr<std::shared_ptr<ObjectStore>> store = options_.stores->Open(uri);
-    absl::StatusOr<LoadedCheckpoint> ckpt = store.ok()
-                                                ? ReadCheckpoint(**store, uri)
-                                                : absl::StatusOr<LoadedCheckpoint>(store.status());
+    absl::StatusOr<LoadedCheckpoint> ckpt =
+        store.ok() ? ReadCheckpoint(**store, uri, pipeline_ != nullptr ? &stage_filter : nullptr)
+                   : absl::StatusOr<LoadedCheckpoint>(store.status());
     absl::Status status = ckpt.status();
-    if (status.ok() && pipeline_ != nullptr) KeepStageState(*ckpt, params_);
     if (status.ok()) {
       status = CheckCompatible(*ckpt, *model_, *optimizer_, params_, spec_, plan_);
     }
@@ -408,20 +420,22 @@ void Run::Resume() {
   }
 }
 
-CheckpointData Run::Snapshot(int64_t step, double lr) {
+CheckpointData Run::Snapshot(int64_t step, double lr, bool last) {
   const absl::Time start = clock_.Now();
   torch::NoGradGuard no_grad;
   CheckpointData data;
-  // Host copies: the checkpoint thread encodes them while training goes on.
+  // Host copies: the checkpoint thread encodes them while training goes on. The last save of a
+  // run shares the host tensors instead: nothing updates them while it is written, and a stage
+  // of a large model would otherwise hold its state twice at the end.
   // A pipeline's last stage leaves its copy of a tied weight (and its state) to the first stage.
   const std::string left_out = pipeline_ != nullptr ? pipeline_->saved_elsewhere() : "";
   for (const auto& [name, p] : params_) {
-    if (name != left_out) data.model.emplace_back(name, CopyTo(p, torch::kCPU));
+    if (name != left_out) data.model.emplace_back(name, ToHost(p, last));
   }
   for (const auto& [name, b] : model_->NamedBuffers()) {
-    data.model.emplace_back(name, CopyTo(b, torch::kCPU));
+    data.model.emplace_back(name, ToHost(b, last));
   }
-  data.optimizer = OptimizerStateTensors(*optimizer_, params_);
+  data.optimizer = OptimizerStateTensors(*optimizer_, params_, last);
   if (!left_out.empty()) {
     data.optimizer.erase(std::remove_if(data.optimizer.begin(), data.optimizer.end(),
                                         [&](const auto& entry) {
@@ -510,33 +524,43 @@ void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool d
     ReportStopSkip(checkpointer, step, std::string(gathered.message()));
     return;
   }
-  checkpointer.SaveAsync(Snapshot(step, lr), /*final_save=*/true, limit);
+  checkpointer.SaveAsync(Snapshot(step, lr, /*last=*/true), /*final_save=*/true, limit);
   absl::Status saved = checkpointer.WaitUntil(limit);
   if (!saved.ok()) LogWarning("checkpoint at stop failed: ", saved.ToString());
 }
 
 absl::Status Run::Export(TrainResult& result) {
-  absl::StatusOr<std::string> bytes;
-  if (pipeline_ != nullptr) {
-    // The stages' layers, from the final checkpoint they have just saved together.
-    const std::string step_uri = CheckpointStepUri(task_.checkpoint_uri(), result.step);
-    absl::StatusOr<LoadedCheckpoint> final_checkpoint = ReadCheckpoint(*store_, step_uri);
-    if (!final_checkpoint.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("model export: ", final_checkpoint.status().message()));
-    }
-    NamedTensors tensors(final_checkpoint->model.begin(), final_checkpoint->model.end());
-    bytes = ExportTransformer(spec_.model().args(), tensors);
-  } else {
-    bytes = model_->Export();
-  }
-  if (!bytes.ok()) return bytes.status();
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
   RetryPolicy storage;
   storage.max_attempts = 4;
-  absl::Status put =
-      Retry(clock_, storage, UnlessRefused, [&] { return store_->Put(uri, *bytes); });
+  absl::Status put;
+  if (pipeline_ != nullptr) {
+    // The stages' layers, streamed from the final checkpoint they have just saved together
+    // through a local file: no process holds the whole model.
+    absl::StatusOr<std::map<std::string, std::string>> metadata =
+        TransformerExportMetadata(spec_.model().args());
+    if (!metadata.ok()) return metadata.status();
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                    "/trainyard-export-XXXXXX");
+    const int fd = mkstemp(path.data());
+    if (fd < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("model export: cannot create ", path, ": ", std::strerror(errno)));
+    }
+    close(fd);
+    const std::string step_uri = CheckpointStepUri(task_.checkpoint_uri(), result.step);
+    put = WriteMergedModel(*store_, step_uri, *metadata, path);
+    if (put.ok()) {
+      put = Retry(clock_, storage, UnlessRefused, [&] { return store_->PutFile(uri, path); });
+    }
+    std::remove(path.c_str());
+  } else {
+    absl::StatusOr<std::string> bytes = model_->Export();
+    if (!bytes.ok()) return bytes.status();
+    put = Retry(clock_, storage, UnlessRefused, [&] { return store_->Put(uri, *bytes); });
+  }
   if (!put.ok()) {
     return absl::UnavailableError(absl::StrCat("model export: ", put.message()));
   }

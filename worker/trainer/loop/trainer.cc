@@ -492,7 +492,7 @@ absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step
         if (!status.ok()) {
           return absl::UnavailableError(absl::StrCat("final checkpoint: ", status.message()));
         }
-        checkpointer->SaveAsync(Snapshot(step, lr), /*final_save=*/true);
+        checkpointer->SaveAsync(Snapshot(step, lr, /*last=*/true), /*final_save=*/true);
       }
       absl::Status saved = checkpointer->Wait();
       if (!saved.ok()) {

@@ -77,11 +77,11 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
 }
 
 NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
-                                   const NamedTensors& parameters) {
+                                   const NamedTensors& parameters, bool share) {
   NamedTensors out;
   const auto& state = optimizer.state();
-  auto add = [&out](const std::string& name, const char* field, const torch::Tensor& t) {
-    if (t.defined()) out.emplace_back(absl::StrCat(name, ".", field), CopyTo(t, torch::kCPU));
+  auto add = [&out, share](const std::string& name, const char* field, const torch::Tensor& t) {
+    if (t.defined()) out.emplace_back(absl::StrCat(name, ".", field), ToHost(t, share));
   };
   for (const auto& [name, p] : parameters) {
     auto it = state.find(StateKey(p));

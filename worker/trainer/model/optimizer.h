@@ -28,9 +28,10 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
 
 // Per-parameter optimizer state as "<param>.momentum_buffer", "<param>.exp_avg",
 // "<param>.exp_avg_sq", "<param>.max_exp_avg_sq" and "<param>.step" (I64, shape [1]). CPU copies
-// of the state, whatever the parameters' device; parameters without state are absent.
+// of the state, whatever the parameters' device; parameters without state are absent. With
+// `share`, state already on the CPU is returned as it is, not copied (ToHost).
 NamedTensors OptimizerStateTensors(const torch::optim::Optimizer& optimizer,
-                                   const NamedTensors& parameters);
+                                   const NamedTensors& parameters, bool share = false);
 
 // Checks that `state` fits `optimizer` over `parameters` (names, shapes, the kind of state)
 // without changing anything. INVALID_ARGUMENT naming the offending entry.

@@ -131,6 +131,11 @@ torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device) {
   return tensor.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
 }
 
+torch::Tensor ToHost(const torch::Tensor& tensor, bool share) {
+  if (share && tensor.device().is_cpu()) return tensor.detach();
+  return CopyTo(tensor, torch::kCPU);
+}
+
 // ---- optimizers ----
 
 }  // namespace trainyard::trainer

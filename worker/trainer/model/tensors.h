@@ -54,6 +54,9 @@ std::string DescribeTorchError(const std::exception& e);
 
 // A copy of `tensor` on `device`, detached; a plain clone when it is already there.
 torch::Tensor CopyTo(const torch::Tensor& tensor, const torch::Device& device);
+// `tensor` on the host for a checkpoint: a copy (CopyTo), or with `share` the tensor itself
+// (detached) when it already is on the host: for a snapshot that nothing updates any more.
+torch::Tensor ToHost(const torch::Tensor& tensor, bool share);
 
 }  // namespace trainyard::trainer
 

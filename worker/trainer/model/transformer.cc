@@ -279,11 +279,11 @@ absl::StatusOr<std::unique_ptr<Model>> BuildTransformerLayers(const trainyard::v
   return std::make_unique<Transformer>(*shape, seed, first, end);
 }
 
-absl::StatusOr<std::string> ExportTransformer(const trainyard::v1::ModelArgs& args,
-                                              const NamedTensors& tensors) {
+absl::StatusOr<std::map<std::string, std::string>> TransformerExportMetadata(
+    const trainyard::v1::ModelArgs& args) {
   absl::StatusOr<Shape> shape = ShapeOf(args);
   if (!shape.ok()) return shape.status();
-  return EncodeTensors(tensors, ExportMetadata(*shape));
+  return ExportMetadata(*shape);
 }
 
 std::vector<int64_t> TransformerLayerBytes(const trainyard::v1::ModelArgs& args) {

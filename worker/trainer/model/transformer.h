@@ -19,6 +19,7 @@
 // LayerNorms 1 and 0 (GPT-2's initialisation), drawn layer by layer in the order listed above.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,10 +50,10 @@ absl::StatusOr<std::unique_ptr<Model>> BuildTransformerLayers(const trainyard::v
                                                               int64_t seed, int64_t max_token,
                                                               int first, int end);
 
-// The exported model.safetensors of `args`'s whole model from its `tensors` (what Export() writes;
-// a pipeline gathers them from its stages' checkpoint).
-absl::StatusOr<std::string> ExportTransformer(const trainyard::v1::ModelArgs& args,
-                                              const NamedTensors& tensors);
+// The metadata of the model.safetensors that Export() writes for `args`'s model (a pipeline's
+// export writes it over its stages' tensors). INVALID_ARGUMENT for bad args.
+absl::StatusOr<std::map<std::string, std::string>> TransformerExportMetadata(
+    const trainyard::v1::ModelArgs& args);
 
 // The bytes of each layer's float32 parameters (layers + 2 of them; the head's counting the tied
 // copy of the token embedding a stage of its own keeps); empty for args that are not a model.
