@@ -84,8 +84,8 @@ absl::StatusOr<std::string> EncodeHeader(const std::vector<HeaderEntry>& tensors
     }
     const int element_size = SafetensorsDtypeSize(*tensor.dtype);
     if (element_size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", name,
-                                                     "' has unknown dtype '", *tensor.dtype, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: tensor '", name, "' has unknown dtype '", *tensor.dtype, "'"));
     }
     absl::StatusOr<uint64_t> size = ByteSize(name, *tensor.shape, element_size);
     if (!size.ok()) return size.status();
@@ -117,7 +117,8 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
     const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata) {
   std::vector<HeaderEntry> entries;
   entries.reserve(tensors.size());
-  for (const TensorView& t : tensors) entries.push_back({&t.name, &t.dtype, &t.shape, t.data.size()});
+  for (const TensorView& t : tensors)
+    entries.push_back({&t.name, &t.dtype, &t.shape, t.data.size()});
   return EncodeHeader(entries, metadata);
 }
 

@@ -91,11 +91,11 @@ TEST_F(ReconcilerTest, StartsDesiredTasksWithTheirFolderArgumentsAndEnvironment)
                           "--task_file=" + task_dir + "/task.pb", "--coordinator=10.1.2.3:7070"));
   EXPECT_EQ(launched.working_dir, task_dir);
   EXPECT_EQ(launched.output_file, task_dir + "/output.log");
-  EXPECT_THAT(launched.env,
-              UnorderedElementsAre(Pair("OMP_NUM_THREADS", "4"), Pair("CUDA_VISIBLE_DEVICES", ""),
-                                   Pair("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
-                                   Pair("TRAINYARD_CACHE_DIR", dir_ + "/cache"),
-                                   Pair("TMPDIR", task_dir)));
+  EXPECT_THAT(
+      launched.env,
+      UnorderedElementsAre(Pair("OMP_NUM_THREADS", "4"), Pair("CUDA_VISIBLE_DEVICES", ""),
+                           Pair("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+                           Pair("TRAINYARD_CACHE_DIR", dir_ + "/cache"), Pair("TMPDIR", task_dir)));
   v1::Task written;
   ASSERT_TRUE(written.ParseFromString(Read(task_dir + "/task.pb")));
   EXPECT_EQ(written.task_id(), "j1.g1.r0");

@@ -265,8 +265,7 @@ absl::StatusOr<SafetensorsHeader> ReadObjectHeader(ObjectStore& store, const std
   if (*header_size > static_cast<uint64_t>(object.size - 8)) {
     return absl::DataLossError(absl::StrCat(uri, ": its header is longer than the object"));
   }
-  absl::StatusOr<std::string> rest =
-      ReadExactly(store, uri, 8, static_cast<int64_t>(*header_size));
+  absl::StatusOr<std::string> rest = ReadExactly(store, uri, 8, static_cast<int64_t>(*header_size));
   if (!rest.ok()) return rest.status();
   prefix->append(*rest);
   absl::StatusOr<SafetensorsHeader> header =
@@ -305,9 +304,9 @@ absl::Status StreamObjectData(ObjectStore& store, const std::string& uri,
 // Reads the safetensors object `object` in chunks, checking its size and SHA-256, and returns a
 // safetensors buffer of only the tensors `keep` accepts (and the object's metadata): memory for
 // what is kept and one chunk, whatever the object's size.
-absl::StatusOr<std::string> ReadObjectKeeping(
-    ObjectStore& store, const std::string& uri, const ManifestObject& object,
-    const std::function<bool(const std::string&)>& keep) {
+absl::StatusOr<std::string> ReadObjectKeeping(ObjectStore& store, const std::string& uri,
+                                              const ManifestObject& object,
+                                              const std::function<bool(const std::string&)>& keep) {
   Sha256 hash;
   absl::StatusOr<SafetensorsHeader> header = ReadObjectHeader(store, uri, object, hash);
   if (!header.ok()) return header.status();
@@ -440,8 +439,7 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
     if (!IsObjectOf(entry.name, kModelBase)) continue;
     Source source{entry, JoinUri(step_uri, entry.name), {}};
     Sha256 unused;
-    absl::StatusOr<SafetensorsHeader> header =
-        ReadObjectHeader(store, source.uri, entry, unused);
+    absl::StatusOr<SafetensorsHeader> header = ReadObjectHeader(store, source.uri, entry, unused);
     if (!header.ok()) return header.status();
     // Streamed as one run of bytes: the tensors must fill the data section end to end.
     uint64_t end = 0;
@@ -458,8 +456,7 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
       merged.push_back(slot);
     }
     if (header->data_start + end != static_cast<uint64_t>(entry.size)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source.uri, ": bytes after its last tensor"));
+      return absl::InvalidArgumentError(absl::StrCat(source.uri, ": bytes after its last tensor"));
     }
     source.header = *std::move(header);
     sources.push_back(std::move(source));

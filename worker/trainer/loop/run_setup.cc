@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdint>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -542,8 +542,8 @@ absl::Status Run::Export(TrainResult& result) {
         TransformerExportMetadata(spec_.model().args());
     if (!metadata.ok()) return metadata.status();
     const char* tmp = std::getenv("TMPDIR");
-    std::string path = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                    "/trainyard-export-XXXXXX");
+    std::string path =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/trainyard-export-XXXXXX");
     const int fd = mkstemp(path.data());
     if (fd < 0) {
       return absl::UnavailableError(
