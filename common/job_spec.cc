@@ -338,29 +338,31 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
                       absl::StrCat("unknown partition '", pipeline.partition(),
                                    "', expected balanced, uniform or a list of layer counts"));
   }
-  if (spec.model().source_case() != v1::ModelSpec::kBuiltin ||
-      spec.model().builtin() != "transformer") {
+  const bool script = spec.model().source_case() == v1::ModelSpec::kTorchscript;
+  if (!script && (spec.model().source_case() != v1::ModelSpec::kBuiltin ||
+                  spec.model().builtin() != "transformer")) {
     return FieldError("strategy",
-                      "pipeline splits the layers of model builtin transformer; other models "
-                      "train with data_parallel");
+                      "pipeline splits the layers of model builtin transformer or of a "
+                      "TorchScript torch.nn.Sequential (model.torchscript); other models train "
+                      "with data_parallel");
   }
-  // The transformer's layers: the embeddings, each block, the final norm and head.
-  const int64_t layers = int64_t{spec.model().args().layers()} + 2;
-  if (stages > layers) {
+  if (pipeline.partition_counts_size() > 0 && pipeline.partition_counts_size() != stages) {
+    return FieldError("pipeline.partition", absl::StrCat(pipeline.partition_counts_size(),
+                                                         " layer counts for ", stages, " stages"));
+  }
+  for (int32_t count : pipeline.partition_counts()) {
+    if (count < 1) return FieldError("pipeline.partition", "every stage needs >= 1 layer");
+  }
+  // A TorchScript Sequential's layers are counted when the trainer loads it; the transformer's
+  // are the embeddings, each block, the final norm and head.
+  const int64_t layers = script ? 0 : int64_t{spec.model().args().layers()} + 2;
+  if (!script && stages > layers) {
     return FieldError("pipeline.stages", absl::StrCat(stages, " stages exceed the model's ", layers,
                                                       " layers (model.args.layers + 2)"));
   }
-  if (pipeline.partition_counts_size() > 0) {
-    if (pipeline.partition_counts_size() != stages) {
-      return FieldError(
-          "pipeline.partition",
-          absl::StrCat(pipeline.partition_counts_size(), " layer counts for ", stages, " stages"));
-    }
+  if (!script && pipeline.partition_counts_size() > 0) {
     int64_t sum = 0;
-    for (int32_t count : pipeline.partition_counts()) {
-      if (count < 1) return FieldError("pipeline.partition", "every stage needs >= 1 layer");
-      sum += count;
-    }
+    for (int32_t count : pipeline.partition_counts()) sum += count;
     if (sum != layers) {
       return FieldError("pipeline.partition",
                         absl::StrCat("layer counts add up to ", sum, ", the model has ", layers,

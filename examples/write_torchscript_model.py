@@ -9,6 +9,10 @@ The module takes x of shape [N, inputs] (anything that flattens to it) and retur
 entry of --conv a block of 3x3 convolution with that many channels, ReLU and 2x2 max-pooling, as
 the built-in `cnn` has, then the --hidden layers and the classifier. A job that trains a
 TorchScript model exports one (final/model.pt), which another job can use as its `distill.teacher`.
+
+With --sequential the scripted module is the torch.nn.Sequential of the layers itself (a conv
+model's starts with nn.Unflatten to the image shape): what `strategy: pipeline` splits into
+stages, one child of the Sequential being one layer.
 """
 
 import argparse
@@ -37,6 +41,7 @@ class Classifier(nn.Module):
             width = h
         layers.append(nn.Linear(width, classes))
         self.net = nn.Sequential(*layers)
+        self.layers = layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.reshape(self.shape))
@@ -55,6 +60,8 @@ def main():
     parser.add_argument("--image", type=int, nargs=3, metavar=("C", "H", "W"),
                         help="with --conv: the shape of a sample (C * H * W = --inputs)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sequential", action="store_true",
+                        help="script the layers' nn.Sequential itself (for strategy: pipeline)")
     args = parser.parse_args()
     if args.conv:
         if not args.image or args.image[0] * args.image[1] * args.image[2] != args.inputs:
@@ -63,8 +70,12 @@ def main():
             parser.error("too many --conv blocks for the image: each halves its height and width")
 
     torch.manual_seed(args.seed)
-    module = torch.jit.script(Classifier(args.inputs, args.hidden, args.classes, args.image,
-                                         args.conv))
+    classifier = Classifier(args.inputs, args.hidden, args.classes, args.image, args.conv)
+    if args.sequential:
+        first = [nn.Unflatten(1, tuple(args.image))] if args.conv else []
+        module = torch.jit.script(nn.Sequential(*first, *classifier.layers))
+    else:
+        module = torch.jit.script(classifier)
     module.save(args.out)
     params = sum(p.numel() for p in module.parameters())
     print("%s: %d parameters" % (args.out, params))

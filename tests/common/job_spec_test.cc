@@ -319,8 +319,14 @@ INSTANTIATE_TEST_SUITE_P(
              {"accumulate_steps", "2"}},
             "accumulate_steps: a pipeline accumulates over its pipeline.microbatches; leave it 1"},
         BadSpec{{{"strategy", "pipeline"}, {"workers", "2"}, {"pipeline", "{stages: 2}"}},
-                "strategy: pipeline splits the layers of model builtin transformer; other models "
-                "train with data_parallel"},
+                "strategy: pipeline splits the layers of model builtin transformer or of a "
+                "TorchScript torch.nn.Sequential (model.torchscript); other models train with "
+                "data_parallel"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", "{torchscript: /m/net.pt}"},
+                 {"workers", "2"},
+                 {"pipeline", "{stages: 2, partition: [2, 0]}"}},
+                "pipeline.partition: every stage needs >= 1 layer"},
         BadSpec{{{"strategy", "data_parallel"}, {"workers", "2"}, {"pipeline", "{stages: 2}"}},
                 "pipeline: only with strategy pipeline"},
         // Data.
@@ -1018,6 +1024,14 @@ TEST(JobSpecTest, PipelineParsesWithItsDefaults) {
   EXPECT_EQ(spec->pipeline().microbatches(), 8);
   EXPECT_EQ(spec->pipeline().schedule(), "gpipe");
   EXPECT_THAT(spec->pipeline().partition_counts(), ::testing::ElementsAre(1, 3));
+  // A TorchScript Sequential: its layers are counted when the trainer loads it.
+  spec = ParseJobSpecYaml(Spec({{"strategy", "pipeline"},
+                                {"workers", "2"},
+                                {"batch_size", "8"},
+                                {"pipeline", "{stages: 2, partition: [3, 2]}"},
+                                {"model", "{torchscript: /m/net.pt}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->pipeline().partition_counts(), ::testing::ElementsAre(3, 2));
 }
 
 TEST(JobSpecTest, ExampleTransformerParsesWithItsDefaults) {

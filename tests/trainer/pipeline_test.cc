@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -224,7 +225,7 @@ std::vector<std::map<std::string, torch::Tensor>> TrainPipeline(const Case& c,
       options.key_prefix = absl::StrCat("stage", t.stage, "/");
       copies = *NewGlooCommunicator(t.replica, c.replicas, rendezvous, options);
     }
-    PipelineStrategy strategy(t, *ParseSchedule(c.schedule), kMicrobatches, 16,
+    PipelineStrategy strategy(t, *ParseSchedule(c.schedule), kMicrobatches,
                               c.tied ? "wte.weight" : "", ranges, std::move(all),
                               std::move(copies));
     std::unique_ptr<Model> model;
@@ -465,6 +466,109 @@ TEST(PipelineRunTest, StagesCheckpointTogetherAndResumeOnOtherStageCounts) {
     EXPECT_NEAR(resumed.loss, single.loss, 1e-5);
     ExpectNear(Exported(dir), Exported(single_dir), 1e-5);
   }
+}
+
+// A job on a TorchScript classifier written by examples/write_torchscript_model.py (`module`),
+// on synthetic data: single, or a pipeline of `stages` x `replicas` with `counts` layers each
+// (empty: balanced).
+trainyard::v1::Task ScriptTask(const std::string& module, const std::string& checkpoint_dir,
+                               int stages, int replicas, const char* schedule,
+                               const std::vector<int>& counts = {}) {
+  trainyard::v1::Task task = test_tasks::SingleRankTask("script", checkpoint_dir);
+  trainyard::v1::JobSpec& spec = *task.mutable_spec();
+  if (stages > 0) {
+    spec.set_strategy(trainyard::v1::PIPELINE);
+    spec.mutable_pipeline()->set_stages(stages);
+    spec.mutable_pipeline()->set_microbatches(kMicrobatches);
+    spec.mutable_pipeline()->set_schedule(schedule);
+    spec.mutable_pipeline()->set_partition("balanced");
+    for (int c : counts) spec.mutable_pipeline()->add_partition_counts(c);
+    spec.mutable_workers()->set_min(stages * replicas);
+    spec.mutable_workers()->set_max(stages * replicas);
+  }
+  spec.mutable_model()->set_torchscript("file://" + module);
+  trainyard::v1::SyntheticData& data = *spec.mutable_data()->mutable_synthetic();
+  data.set_samples(400);
+  data.set_features(8);
+  data.set_classes(3);
+  data.set_noise(1.0f);
+  spec.mutable_data()->set_validation_split(0.1f);
+  spec.set_batch_size(16);
+  spec.set_max_steps(kSteps);
+  spec.set_seed(kSeed);
+  spec.set_log_every_steps(10);
+  *spec.mutable_optimizer() = Optimizer("sgd");
+  spec.mutable_checkpoint()->set_every_steps(10);
+  return task;
+}
+
+std::map<std::string, torch::Tensor> ExportedScript(const std::string& checkpoint_dir) {
+  std::map<std::string, torch::Tensor> out;
+  torch::jit::Module module =
+      torch::jit::load(absl::StrCat(checkpoint_dir, "/", kFinalModelFolder, "/model.pt"));
+  for (const auto& p : module.named_parameters(true)) out[p.name] = p.value;
+  return out;
+}
+
+// A TorchScript torch.nn.Sequential splits into stages by its children (Linear, ReLU, Linear,
+// ReLU, Linear): 2 stages x 2 replicas with 1F1B and 3 stages with GPipe and counts given end
+// where the single job on the same module ends, with the same exported model.pt; a single job
+// resumes from the pipeline's checkpoint (the same tensor names). A module that is not a
+// Sequential is refused naming the field.
+TEST(PipelineRunTest, ATorchScriptSequentialTrainsInStagesAsTheWholeModuleDoes) {
+  const std::string python = "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch to write the module";
+  }
+  const char* source = std::getenv("TRAINYARD_SOURCE_DIR");
+  const std::string writer =
+      absl::StrCat(source != nullptr ? source : ".", "/examples/write_torchscript_model.py");
+  const std::string dir = test_files::MakeTempDir();
+  const std::string common = " --inputs 8 --hidden 16 16 --classes 3 --seed 4 >/dev/null";
+  ASSERT_EQ(
+      std::system(
+          (python + " " + writer + " --out " + dir + "/seq.pt --sequential" + common).c_str()),
+      0);
+  ASSERT_EQ(std::system((python + " " + writer + " --out " + dir + "/cls.pt" + common).c_str()), 0);
+
+  const std::string single_dir = test_files::MakeTempDir();
+  const TrainResult single = RunAll(ScriptTask(dir + "/seq.pt", single_dir, 0, 1, "1f1b"));
+  ASSERT_TRUE(single.val_loss.has_value());
+  EXPECT_LT(single.loss, single.first_loss);
+
+  struct Case {
+    int stages, replicas;
+    const char* schedule;
+    std::vector<int> counts;
+  };
+  std::string pipe_dir;
+  for (const Case& c : {Case{2, 2, "1f1b", {}}, Case{3, 1, "gpipe", {2, 1, 2}}}) {
+    SCOPED_TRACE(absl::StrCat(c.stages, " stages x ", c.replicas, " ", c.schedule));
+    const std::string ckpt = test_files::MakeTempDir();
+    const TrainResult piped =
+        RunAll(ScriptTask(dir + "/seq.pt", ckpt, c.stages, c.replicas, c.schedule, c.counts));
+    EXPECT_EQ(piped.step, kSteps);
+    EXPECT_NEAR(piped.loss, single.loss, 1e-5);
+    ASSERT_TRUE(piped.val_loss.has_value());
+    EXPECT_NEAR(*piped.val_loss, *single.val_loss, 1e-5);
+    std::map<std::string, torch::Tensor> exported = ExportedScript(ckpt);
+    EXPECT_EQ(exported.size(), 6u);
+    ExpectNear(exported, ExportedScript(single_dir), 1e-5);
+    if (pipe_dir.empty()) pipe_dir = ckpt;
+  }
+
+  const std::string resumed_dir = test_files::MakeTempDir();
+  trainyard::v1::Task resume = ScriptTask(dir + "/seq.pt", resumed_dir, 0, 1, "1f1b");
+  resume.set_generation(2);
+  resume.add_resume_checkpoints(CheckpointStepUri("file://" + pipe_dir, 10));
+  const TrainResult resumed = RunAll(resume);
+  EXPECT_EQ(resumed.start_step, 10);
+  EXPECT_NEAR(resumed.loss, single.loss, 1e-5);
+
+  trainyard::v1::Task not_sequential = ScriptTask(dir + "/cls.pt", "", 2, 1, "1f1b");
+  std::vector<absl::StatusOr<TrainResult>> refused = test_util::RunRanks(not_sequential, 2, {});
+  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused[0].status().message(), HasSubstr("model.torchscript: a pipeline splits"));
 }
 
 }  // namespace

@@ -117,7 +117,10 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::
   if (!topology.ok()) return topology.status();
   absl::StatusOr<pipeline::Schedule> schedule = pipeline::ParseSchedule(spec.pipeline().schedule());
   if (!schedule.ok()) return schedule.status();
-  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges = PipelineStages(spec);
+  // A TorchScript model's layers are known once the trainer has loaded it (set_ranges).
+  const bool script = !spec.model().torchscript().empty();
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      script ? std::vector<pipeline::LayerRange>() : PipelineStages(spec);
   if (!ranges.ok()) return ranges.status();
   if (world > 1 && options.rendezvous == nullptr) {
     return absl::InvalidArgumentError(
@@ -150,19 +153,20 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::
   }
   if (all == nullptr) return std::unique_ptr<Strategy>(std::make_unique<SingleStrategy>());
   const trainyard::v1::ModelArgs& args = spec.model().args();
-  const bool tied = !args.has_tie_embeddings() || args.tie_embeddings();
+  const bool tied = !script && (!args.has_tie_embeddings() || args.tie_embeddings());
   return std::unique_ptr<Strategy>(std::make_unique<pipeline::PipelineStrategy>(
-      *topology, *schedule, spec.pipeline().microbatches(), args.dim(), tied ? "wte.weight" : "",
+      *topology, *schedule, spec.pipeline().microbatches(), tied ? "wte.weight" : "",
       *std::move(ranges), std::move(all), std::move(replicas)));
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<pipeline::LayerRange>> PipelineStages(
-    const trainyard::v1::JobSpec& spec) {
-  const std::vector<int64_t> bytes = TransformerLayerBytes(spec.model().args());
+absl::StatusOr<std::vector<pipeline::LayerRange>> PipelineStages(const trainyard::v1::JobSpec& spec,
+                                                                 std::vector<int64_t> bytes) {
+  if (bytes.empty()) bytes = TransformerLayerBytes(spec.model().args());
   if (bytes.empty()) {
-    return absl::InvalidArgumentError("strategy: pipeline splits model builtin transformer");
+    return absl::InvalidArgumentError(
+        "strategy: pipeline splits model builtin transformer or a TorchScript Sequential");
   }
   const std::vector<int> counts(spec.pipeline().partition_counts().begin(),
                                 spec.pipeline().partition_counts().end());

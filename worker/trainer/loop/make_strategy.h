@@ -34,9 +34,10 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
                                                        const StrategyOptions& options);
 
 // A pipeline job's split of the model's layers: [first, end) of each stage, from
-// pipeline.partition over the built-in transformer's layers. INVALID_ARGUMENT naming the field.
+// pipeline.partition over the layers' parameter bytes (`layer_bytes`; empty: the built-in
+// transformer's, from model.args). INVALID_ARGUMENT naming the field.
 absl::StatusOr<std::vector<pipeline::LayerRange>> PipelineStages(
-    const trainyard::v1::JobSpec& spec);
+    const trainyard::v1::JobSpec& spec, std::vector<int64_t> layer_bytes = {});
 
 }  // namespace trainyard::trainer
 

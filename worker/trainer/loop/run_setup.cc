@@ -311,12 +311,27 @@ absl::StatusOr<std::unique_ptr<Model>> Run::BuildRankModel(int64_t outputs) {
     return BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids(),
                       options_.stores);
   }
-  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges = PipelineStages(spec_);
+  // A TorchScript Sequential is loaded whole, measured, and cut down to this stage's layers.
+  std::unique_ptr<Model> whole;
+  std::vector<int64_t> layer_bytes;
+  if (!spec_.model().torchscript().empty()) {
+    absl::StatusOr<std::unique_ptr<Model>> loaded =
+        BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids(),
+                   options_.stores);
+    if (!loaded.ok()) return loaded.status();
+    absl::StatusOr<std::vector<int64_t>> bytes = SequentialLayerBytes(**loaded);
+    if (!bytes.ok()) return bytes.status();
+    layer_bytes = *std::move(bytes);
+    whole = *std::move(loaded);
+  }
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges = PipelineStages(spec_, layer_bytes);
   if (!ranges.ok()) return ranges.status();
+  pipeline_->set_ranges(*ranges);
   const pipeline::LayerRange& mine = (*ranges)[static_cast<size_t>(pipeline_->topology().stage)];
   LogInfo("pipeline: stage ", pipeline_->topology().stage, " of ", pipeline_->topology().stages,
           " (replica ", pipeline_->topology().replica, " of ", pipeline_->topology().replicas,
           ") holds layers ", mine.first, " to ", mine.end - 1);
+  if (whole != nullptr) return SequentialStage(std::move(whole), mine.first, mine.end);
   absl::MutexLock lock(&ModelBuildMutex());
   return BuildTransformerLayers(spec_.model().args(), spec_.seed(), outputs - 1, mine.first,
                                 mine.end);
@@ -535,7 +550,13 @@ absl::Status Run::Export(TrainResult& result) {
   RetryPolicy storage;
   storage.max_attempts = 4;
   absl::Status put;
-  if (pipeline_ != nullptr) {
+  if (pipeline_ != nullptr && !spec_.model().torchscript().empty()) {
+    // A TorchScript module is saved whole: rank 0 loads it again and takes the stages' trained
+    // tensors from the final checkpoint (the model's, not the optimizer's).
+    absl::StatusOr<std::string> bytes = ExportScriptFromCheckpoint(result.step);
+    if (!bytes.ok()) return bytes.status();
+    put = Retry(clock_, storage, UnlessRefused, [&] { return store_->Put(uri, *bytes); });
+  } else if (pipeline_ != nullptr) {
     // The stages' layers, streamed from the final checkpoint they have just saved together
     // through a local file: no process holds the whole model.
     absl::StatusOr<std::map<std::string, std::string>> metadata =
@@ -575,6 +596,25 @@ absl::Status Run::Export(TrainResult& result) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Run::ExportScriptFromCheckpoint(int64_t step) {
+  absl::StatusOr<std::unique_ptr<Model>> whole = BuildModel(
+      spec_.model(), spec_.seed(), data_->FeatureWidth(), 0, data_->max_ids(), options_.stores);
+  if (!whole.ok()) return whole.status();
+  CheckpointFilter keep;
+  keep.model = [](const std::string&) { return true; };
+  keep.optimizer = [](const std::string&) { return false; };
+  absl::StatusOr<LoadedCheckpoint> final_checkpoint =
+      ReadCheckpoint(*store_, CheckpointStepUri(task_.checkpoint_uri(), step), &keep);
+  if (!final_checkpoint.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("model export: ", final_checkpoint.status().message()));
+  }
+  if (absl::Status loaded = LoadTensorsInto(**whole, final_checkpoint->model); !loaded.ok()) {
+    return absl::InternalError(absl::StrCat("model export: ", loaded.message()));
+  }
+  return (*whole)->Export();
 }
 
 void Run::Leave() {

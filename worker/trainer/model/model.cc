@@ -184,11 +184,96 @@ class ScriptModel final : public Model {
   }
   std::string ExportName() const override { return "model.pt"; }
   std::string Kind() const override { return "torchscript"; }
+  torch::jit::Module& module() { return module_; }
 
  private:
   torch::jit::Module module_;
   torch::Device device_ = torch::kCPU;
 };
+
+// Whether `module` is a scripted torch.nn.Sequential: its type is
+// __torch__.torch.nn.modules.container.Sequential, with a mangling step before the last part when
+// one program scripted several ("...container.___torch_mangle_3.Sequential").
+bool IsSequential(const torch::jit::Module& module) {
+  const auto name = module.type()->name();
+  return name.has_value() && name->name() == "Sequential" &&
+         absl::StartsWith(name->prefix(), "__torch__.torch.nn.modules.container");
+}
+
+// A run of consecutive children of a scripted torch.nn.Sequential: its forward applies them in
+// order, and its tensors are named as in the whole module ("3.weight"). Holds only its children,
+// so the rest of the module is freed once the whole one goes.
+class ScriptStage final : public Model {
+ public:
+  explicit ScriptStage(std::vector<torch::jit::NameModule> children)
+      : children_(std::move(children)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    torch::Tensor out = x;
+    for (torch::jit::NameModule& child : children_) {
+      torch::IValue value = child.value.forward({out});
+      TORCH_CHECK(value.isTensor(), "layer ", child.name, ": forward() must return a Tensor, got ",
+                  value.tagKind());
+      out = value.toTensor();
+    }
+    return out;
+  }
+  NamedTensors NamedParameters() override {
+    NamedTensors out;
+    std::vector<const void*> seen;
+    for (torch::jit::NameModule& child : children_) {
+      for (const auto& p : child.value.named_parameters(true)) {
+        const void* impl = p.value.unsafeGetTensorImpl();
+        if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+        seen.push_back(impl);
+        out.emplace_back(absl::StrCat(child.name, ".", p.name), p.value);
+      }
+    }
+    return out;
+  }
+  NamedTensors NamedBuffers() override {
+    NamedTensors out;
+    for (torch::jit::NameModule& child : children_) {
+      for (const auto& b : child.value.named_buffers(true)) {
+        out.emplace_back(absl::StrCat(child.name, ".", b.name), b.value);
+      }
+    }
+    return out;
+  }
+  void SetTraining(bool training) override {
+    for (torch::jit::NameModule& child : children_) child.value.train(training);
+  }
+  void To(const torch::Device& device) override {
+    for (torch::jit::NameModule& child : children_) child.value.to(device);
+  }
+  absl::StatusOr<std::string> Export() override {
+    return absl::FailedPreconditionError("torchscript: a stage of layers does not export alone");
+  }
+  std::string ExportName() const override { return "model.pt"; }
+  std::string Kind() const override { return "torchscript"; }
+
+ private:
+  std::vector<torch::jit::NameModule> children_;
+};
+
+// The children of `model`'s module when it is a scripted torch.nn.Sequential.
+absl::StatusOr<std::vector<torch::jit::NameModule>> SequentialChildren(Model& model) {
+  auto* script = dynamic_cast<ScriptModel*>(&model);
+  if (script == nullptr || !IsSequential(script->module())) {
+    return absl::InvalidArgumentError(
+        "model.torchscript: a pipeline splits a scripted torch.nn.Sequential into its layers; "
+        "this module is not one (script the Sequential itself: "
+        "torch.jit.script(nn.Sequential(...)))");
+  }
+  std::vector<torch::jit::NameModule> children;
+  for (const torch::jit::NameModule& child : script->module().named_children()) {
+    children.push_back(child);
+  }
+  if (children.empty()) {
+    return absl::InvalidArgumentError("model.torchscript: the Sequential has no layers");
+  }
+  return children;
+}
 
 absl::StatusOr<std::unique_ptr<Model>> BuildMlp(const trainyard::v1::ModelArgs& args,
                                                 int64_t inputs, int64_t outputs) {
@@ -254,6 +339,47 @@ absl::StatusOr<std::unique_ptr<Model>> BuildCnn(const trainyard::v1::ModelArgs& 
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int64_t>> SequentialLayerBytes(Model& model) {
+  absl::StatusOr<std::vector<torch::jit::NameModule>> children = SequentialChildren(model);
+  if (!children.ok()) return children.status();
+  std::vector<int64_t> bytes;
+  for (torch::jit::NameModule& child : *children) {
+    int64_t sum = 0;
+    for (const auto& p : child.value.named_parameters(true)) sum += p.value.nbytes();
+    bytes.push_back(sum);
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> SequentialStage(std::unique_ptr<Model> model, int first,
+                                                       int end) {
+  absl::StatusOr<std::vector<torch::jit::NameModule>> children = SequentialChildren(*model);
+  if (!children.ok()) return children.status();
+  if (first < 0 || first >= end || end > static_cast<int>(children->size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: layers [", first, ", ", end, ") outside the Sequential's ", children->size()));
+  }
+  std::vector<torch::jit::NameModule> mine(children->begin() + first, children->begin() + end);
+  children->clear();
+  model.reset();  // the other layers go with the whole module
+  return std::make_unique<ScriptStage>(std::move(mine));
+}
+
+absl::Status LoadTensorsInto(Model& model, const std::map<std::string, torch::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  NamedTensors targets = model.NamedParameters();
+  for (auto& buffer : model.NamedBuffers()) targets.push_back(std::move(buffer));
+  for (auto& [name, tensor] : targets) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) return absl::NotFoundError(absl::StrCat("no tensor '", name, "'"));
+    if (it->second.sizes() != tensor.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' differs in shape"));
+    }
+    tensor.copy_(it->second);
+  }
+  return absl::OkStatus();
+}
 
 int64_t Model::ParameterCount() {
   int64_t n = 0;

@@ -104,6 +104,19 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver
                                                        const std::string& uri,
                                                        absl::string_view field);
 
+// A pipeline over a TorchScript model: its module must be a scripted torch.nn.Sequential, whose
+// children are the layers. SequentialLayerBytes gives each layer's parameter bytes;
+// SequentialStage keeps the layers [first, end) of `model` and lets the rest go (a model whose
+// forward applies them in order, with the whole module's tensor names; it does not export
+// alone). INVALID_ARGUMENT naming model.torchscript when the module is not a Sequential.
+absl::StatusOr<std::vector<int64_t>> SequentialLayerBytes(Model& model);
+absl::StatusOr<std::unique_ptr<Model>> SequentialStage(std::unique_ptr<Model> model, int first,
+                                                       int end);
+
+// Copies `tensors` into `model`'s parameters and buffers of the same names. NOT_FOUND for a
+// missing one, INVALID_ARGUMENT for another shape.
+absl::Status LoadTensorsInto(Model& model, const std::map<std::string, torch::Tensor>& tensors);
+
 // What this trainer runs: its LibTorch's version, whether it has CUDA (built with it, and a GPU
 // it can use) and NCCL, the newest TorchScript archive format it loads, and every operator it
 // has, sorted. What `trainyard-trainer --runtime` prints and the agent reports at registration.

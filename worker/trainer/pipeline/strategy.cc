@@ -45,13 +45,12 @@ std::vector<LayerRange> StageRanges(const std::vector<int>& counts) {
 }
 
 PipelineStrategy::PipelineStrategy(Topology topology, Schedule schedule, int microbatches,
-                                   int64_t hidden, std::string tied, std::vector<LayerRange> ranges,
+                                   std::string tied, std::vector<LayerRange> ranges,
                                    std::unique_ptr<Communicator> world,
                                    std::unique_ptr<Communicator> replicas)
     : topology_(topology),
       schedule_(schedule),
       microbatches_(std::max(1, microbatches)),
-      hidden_(hidden),
       tied_name_(topology.stages > 1 ? std::move(tied) : std::string()),
       ranges_(std::move(ranges)),
       world_(std::move(world)),
@@ -102,13 +101,72 @@ absl::Status PipelineStrategy::SyncState(Model& model, int64_t start_step) {
   return absl::OkStatus();
 }
 
-void PipelineStrategy::Send(torch::Tensor tensor, int peer) {
-  sends_.push_back(world_->SendAsync(tensor.contiguous(), peer));
+absl::Status PipelineStrategy::SendActivation(const torch::Tensor& tensor, int peer, int64_t rows,
+                                              bool wait) {
+  torch::Tensor out = tensor.contiguous();
+  const std::pair<int, int64_t> key(peer, rows);
+  auto it = sent_shapes_.find(key);
+  if (it == sent_shapes_.end()) {
+    // The first of its size: its dtype and shape go first, which the receiver keeps.
+    if (out.dim() > kMaxActivationDims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: pipeline stage ", topology_.stage, " outputs a ", out.dim(),
+                       "-dimensional tensor; stages pass at most ", kMaxActivationDims));
+    }
+    torch::Tensor header = torch::zeros({kMaxActivationDims + 2}, torch::kInt64);
+    header[0] = static_cast<int64_t>(out.scalar_type());
+    header[1] = out.dim();
+    for (int64_t d = 0; d < out.dim(); ++d) header[2 + d] = out.size(d);
+    sends_.push_back(world_->SendAsync(header, peer));
+    it = sent_shapes_.emplace(key, ActivationShape{out.scalar_type(), out.sizes().vec()}).first;
+  } else if (it->second.dtype != out.scalar_type() || it->second.sizes != out.sizes().vec()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: pipeline stage ", topology_.stage, " output [", absl::StrJoin(out.sizes(), ", "),
+        "] where an earlier micro-batch of the same size gave [",
+        absl::StrJoin(it->second.sizes, ", "),
+        "]; the layers between stages must keep their shapes"));
+  }
+  std::unique_ptr<Work> sent = world_->SendAsync(out, peer);
+  if (wait) return sent->Wait();
+  sends_.push_back(std::move(sent));
+  return absl::OkStatus();
 }
 
-absl::StatusOr<torch::Tensor> PipelineStrategy::Receive(int peer, int64_t n, int64_t t) {
+absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveActivation(int peer, int64_t rows) {
   const Steady::time_point start = Steady::now();
-  torch::Tensor in = torch::empty({n, t, hidden_}, torch::kFloat32);
+  const std::pair<int, int64_t> key(peer, rows);
+  auto it = received_shapes_.find(key);
+  absl::Status status;
+  if (it == received_shapes_.end()) {
+    torch::Tensor header = torch::empty({kMaxActivationDims + 2}, torch::kInt64);
+    status = world_->Recv(header, peer);
+    if (status.ok()) {
+      const int64_t* h = header.data_ptr<int64_t>();
+      if (h[1] < 0 || h[1] > kMaxActivationDims) {
+        status = absl::DataLossError(absl::StrCat("pipeline: stage ", topology_.stage,
+                                                  " received a malformed activation header"));
+      } else {
+        ActivationShape shape{static_cast<torch::ScalarType>(h[0]),
+                              std::vector<int64_t>(h + 2, h + 2 + h[1])};
+        it = received_shapes_.emplace(key, std::move(shape)).first;
+      }
+    }
+  }
+  torch::Tensor in;
+  if (status.ok()) {
+    in = torch::empty(it->second.sizes, torch::TensorOptions().dtype(it->second.dtype));
+    status = world_->Recv(in, peer);
+  }
+  const double waited = SecondsSince(start);
+  receive_wait_ += waited;
+  communication_seconds_ += waited;
+  if (!status.ok()) return status;
+  return in;
+}
+
+absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveLike(int peer, const torch::Tensor& like) {
+  const Steady::time_point start = Steady::now();
+  torch::Tensor in = torch::empty(like.sizes(), like.options());
   absl::Status status = world_->Recv(in, peer);
   const double waited = SecondsSince(start);
   receive_wait_ += waited;
@@ -139,7 +197,6 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
                                                    " samples"));
   }
   const int64_t size = n / m_count;
-  const int64_t t = features.size(1);
   const int prev =
       topology_.first() ? -1 : topology_.RankOf(topology_.stage - 1, topology_.replica);
   const int next = topology_.last() ? -1 : topology_.RankOf(topology_.stage + 1, topology_.replica);
@@ -156,9 +213,10 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
         if (topology_.first()) {
           in = features.narrow(0, static_cast<int64_t>(m) * size, size);
         } else {
-          absl::StatusOr<torch::Tensor> received = Receive(prev, size, t);
+          absl::StatusOr<torch::Tensor> received = ReceiveActivation(prev, size);
           if (!received.ok()) return received.status();
-          in = received->requires_grad_(true);
+          in = *received;
+          if (in.is_floating_point()) in.requires_grad_(true);
         }
         torch::Tensor out = model.Forward(in);
         if (topology_.last()) {
@@ -168,7 +226,7 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
           update_loss += loss.detach().to(torch::kDouble);
           outputs[m] = loss;
         } else {
-          Send(out.detach(), next);
+          if (absl::Status s = SendActivation(out.detach(), next, size); !s.ok()) return s;
           outputs[m] = out;
         }
         inputs[m] = in;
@@ -176,11 +234,17 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
         if (topology_.last()) {
           outputs[m].backward();
         } else {
-          absl::StatusOr<torch::Tensor> grad = Receive(next, size, t);
+          absl::StatusOr<torch::Tensor> grad = ReceiveLike(next, outputs[m]);
           if (!grad.ok()) return grad.status();
           torch::autograd::backward({outputs[m]}, {*grad});
         }
-        if (!topology_.first()) Send(inputs[m].grad(), prev);
+        if (!topology_.first()) {
+          // The gradient of what the previous stage sent: zeros where this stage's layers did
+          // not use its input.
+          const torch::Tensor grad =
+              inputs[m].grad().defined() ? inputs[m].grad() : torch::zeros_like(inputs[m]);
+          sends_.push_back(world_->SendAsync(grad.contiguous(), prev));
+        }
         // What the schedule keeps of this micro-batch goes now (1F1B's saving over GPipe).
         inputs[m] = torch::Tensor();
         outputs[m] = torch::Tensor();
@@ -270,22 +334,24 @@ absl::StatusOr<StepAgreement> PipelineStrategy::EndStep() {
 
 absl::StatusOr<torch::Tensor> PipelineStrategy::Evaluate(Model& model,
                                                          const torch::Tensor& features) {
-  const int64_t n = features.size(0), t = features.size(1);
+  const int64_t n = features.size(0);
   torch::NoGradGuard no_grad;
   try {
     torch::Tensor in = features;
     if (!topology_.first()) {
       absl::StatusOr<torch::Tensor> received =
-          Receive(topology_.RankOf(topology_.stage - 1, topology_.replica), n, t);
+          ReceiveActivation(topology_.RankOf(topology_.stage - 1, topology_.replica), n);
       if (!received.ok()) return received.status();
       in = *received;
     }
     torch::Tensor out = model.Forward(in);
     if (topology_.last()) return out;
     // The next stage reads it before this one can call again: wait for it here.
-    std::unique_ptr<Work> sent = world_->SendAsync(
-        out.contiguous(), topology_.RankOf(topology_.stage + 1, topology_.replica));
-    if (absl::Status s = sent->Wait(); !s.ok()) return s;
+    if (absl::Status s = SendActivation(
+            out, topology_.RankOf(topology_.stage + 1, topology_.replica), n, /*wait=*/true);
+        !s.ok()) {
+      return s;
+    }
     return torch::Tensor();
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("model: validation on pipeline stage ",

@@ -13,8 +13,8 @@
 //
 // Communication, all of it bounded by the collective timeout:
 // - activations forward and gradients backward between adjacent stages of a replica, sent as
-//   they are (contiguous float32 tensors of [micro-batch, T, dim]) on a thread per peer, received
-//   straight into the tensor the next pass reads;
+//   they are (contiguous tensors; the first activation of each micro-batch size preceded by its
+//   dtype and shape) on a thread per peer, received straight into the tensor the next pass reads;
 // - with tied embeddings, the first and last stages of a replica each hold wte.weight: after the
 //   last backward each sends its gradient to the other and adds the other's, so both step with
 //   the sum (a + b == b + a: the two copies stay identical to the bit);
@@ -29,8 +29,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,15 +75,16 @@ struct StageTime {
 class PipelineStrategy final : public Strategy {
  public:
   // `world` connects every rank of the attempt, with point-to-point connections; `replicas`
-  // connects this stage's copies (null with one replica). `hidden` is the width of the
-  // activations between stages. `tied` names the parameter the first and last stages share
-  // (empty: none).
-  PipelineStrategy(Topology topology, Schedule schedule, int microbatches, int64_t hidden,
-                   std::string tied, std::vector<LayerRange> ranges,
-                   std::unique_ptr<Communicator> world, std::unique_ptr<Communicator> replicas);
+  // connects this stage's copies (null with one replica). `tied` names the parameter the first
+  // and last stages share (empty: none). `ranges`: every stage's layers, or empty until
+  // set_ranges (a TorchScript model's are known once it is loaded).
+  PipelineStrategy(Topology topology, Schedule schedule, int microbatches, std::string tied,
+                   std::vector<LayerRange> ranges, std::unique_ptr<Communicator> world,
+                   std::unique_ptr<Communicator> replicas);
   ~PipelineStrategy() override;
 
   const Topology& topology() const { return topology_; }
+  void set_ranges(std::vector<LayerRange> ranges) { ranges_ = std::move(ranges); }
   int rank() const override { return world_->rank(); }
   int world_size() const override { return world_->world_size(); }
   int data_rank() const override { return topology_.replica; }
@@ -126,16 +129,27 @@ class PipelineStrategy final : public Strategy {
 
  private:
   absl::Status WaitSends();
-  // Receives a [n, t, hidden] float32 tensor from `peer`, counting the wait.
-  absl::StatusOr<torch::Tensor> Receive(int peer, int64_t n, int64_t t);
-  void Send(torch::Tensor tensor, int peer);
+  // Activations forward: the first one of each micro-batch size (`rows` samples) to a peer is
+  // preceded by its dtype and shape, which the receiver keeps for the later ones; a later one of
+  // that size must have the same (INVALID_ARGUMENT naming the stage otherwise). Sends are
+  // asynchronous unless `wait`. Receives count their wait.
+  absl::Status SendActivation(const torch::Tensor& tensor, int peer, int64_t rows,
+                              bool wait = false);
+  absl::StatusOr<torch::Tensor> ReceiveActivation(int peer, int64_t rows);
+  // A gradient backward: the shape and dtype of the activation it belongs to.
+  absl::StatusOr<torch::Tensor> ReceiveLike(int peer, const torch::Tensor& like);
+
+  static constexpr int64_t kMaxActivationDims = 8;
+  struct ActivationShape {
+    torch::ScalarType dtype;
+    std::vector<int64_t> sizes;
+  };
 
   const Topology topology_;
   const Schedule schedule_;
   const int microbatches_;
-  const int64_t hidden_;
   const std::string tied_name_;
-  const std::vector<LayerRange> ranges_;
+  std::vector<LayerRange> ranges_;
   const std::unique_ptr<Communicator> world_;
   const std::unique_ptr<Communicator> replicas_;
   const std::vector<Action> actions_;
@@ -145,6 +159,9 @@ class PipelineStrategy final : public Strategy {
   std::vector<torch::Tensor> params_;  // the stage's, the tied one left out
 
   std::vector<std::unique_ptr<Work>> sends_;  // this update's, not yet waited for
+  // By peer and micro-batch size (PipelineStrategy::SendActivation).
+  std::map<std::pair<int, int64_t>, ActivationShape> sent_shapes_;
+  std::map<std::pair<int, int64_t>, ActivationShape> received_shapes_;
   StepAgreement local_;
   double communication_seconds_ = 0;
   double receive_wait_ = 0;  // in this update's passes
