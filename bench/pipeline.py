@@ -57,6 +57,19 @@ def peak_mb(cluster, job, rank):
     return int(found[-1]) if found else -1
 
 
+def job_spec(name, strategy, shape, work, args):
+    """The job's spec: `strategy` (its lines) over the transformer `shape` and the token shards."""
+    return f"""name: {name}
+{strategy}model: {{builtin: transformer, args: {shape}}}
+data: {{tokens: "{work}/text-*.safetensors", shuffle: false}}
+batch_size: {args.batch}
+optimizer: {{name: adamw, lr: 1e-3, weight_decay: 0.01}}
+max_steps: {args.steps}
+log_every_steps: {LOG_EVERY}
+seed: 1
+"""
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("build")
@@ -93,18 +106,11 @@ def main():
                     continue
                 for schedule in args.schedules.split(","):
                     name = f"pipe-{k}-{m}-{schedule}"
-                    spec = f"""name: {name}
-strategy: pipeline
+                    spec = job_spec(
+                        name, f"""strategy: pipeline
 workers: {k}
 pipeline: {{stages: {k}, microbatches: {m}, schedule: {schedule}, partition: {counts}}}
-model: {{builtin: transformer, args: {shape}}}
-data: {{tokens: "{work}/text-*.safetensors", shuffle: false}}
-batch_size: {args.batch}
-optimizer: {{name: adamw, lr: 1e-3, weight_decay: 0.01}}
-max_steps: {args.steps}
-log_every_steps: {LOG_EVERY}
-seed: 1
-"""
+""", shape, work, args)
                     job = cluster.run_job(name, spec)
                     described = json.loads(cluster.call("describe", job, "-o", "json").stdout)
                     stages = described.get("progress", {}).get("pipelineStages", [])
@@ -132,16 +138,7 @@ seed: 1
                     print(row, flush=True)
     if args.reference:
         with LocalCluster(build, workers=1, slots=1, prefix="pipeline_bench.") as cluster:
-            spec = f"""name: single
-strategy: single
-model: {{builtin: transformer, args: {shape}}}
-data: {{tokens: "{work}/text-*.safetensors", shuffle: false}}
-batch_size: {args.batch}
-optimizer: {{name: adamw, lr: 1e-3, weight_decay: 0.01}}
-max_steps: {args.steps}
-log_every_steps: {LOG_EVERY}
-seed: 1
-"""
+            spec = job_spec("single", "strategy: single\n", shape, work, args)
             job = cluster.run_job("single", spec)
             print(f"| 1 (single) | - | - | - | - | "
                   f"{median_samples_per_second(cluster.logs(job, '--rank', '0')):.1f} | "

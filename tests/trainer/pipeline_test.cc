@@ -355,20 +355,24 @@ TEST(PipelineTest, StagesHoldTheWholeModelsLayersByName) {
 
 // ---- whole runs: RunTrainer on every rank ----
 
+// Makes `spec` a pipeline of `stages` x `replicas` in kMicrobatches micro-batches.
+void SetPipeline(trainyard::v1::JobSpec& spec, int stages, int replicas, const char* schedule) {
+  spec.set_strategy(trainyard::v1::PIPELINE);
+  spec.mutable_pipeline()->set_stages(stages);
+  spec.mutable_pipeline()->set_microbatches(kMicrobatches);
+  spec.mutable_pipeline()->set_schedule(schedule);
+  spec.mutable_pipeline()->set_partition("balanced");
+  spec.mutable_workers()->set_min(stages * replicas);
+  spec.mutable_workers()->set_max(stages * replicas);
+}
+
 // The task of a transformer job on the token shards in `data_dir`, checkpointing every 10 of its
 // 20 steps under `checkpoint_dir`: single, or a pipeline of `stages` stages and `replicas`.
 trainyard::v1::Task RunTask(const std::string& data_dir, const std::string& checkpoint_dir,
                             int stages, int replicas, const char* schedule = "1f1b") {
   trainyard::v1::Task task = test_tasks::SingleRankTask("lm", checkpoint_dir);
   trainyard::v1::JobSpec& spec = *task.mutable_spec();
-  if (stages > 0) {
-    spec.set_strategy(trainyard::v1::PIPELINE);
-    spec.mutable_pipeline()->set_stages(stages);
-    spec.mutable_pipeline()->set_microbatches(kMicrobatches);
-    spec.mutable_pipeline()->set_schedule(schedule);
-    spec.mutable_workers()->set_min(stages * replicas);
-    spec.mutable_workers()->set_max(stages * replicas);
-  }
+  if (stages > 0) SetPipeline(spec, stages, replicas, schedule);
   spec.mutable_model()->set_builtin("transformer");
   *spec.mutable_model()->mutable_args() = Args(true);
   spec.mutable_data()->set_tokens(data_dir + "/text-*.safetensors");
@@ -477,14 +481,8 @@ trainyard::v1::Task ScriptTask(const std::string& module, const std::string& che
   trainyard::v1::Task task = test_tasks::SingleRankTask("script", checkpoint_dir);
   trainyard::v1::JobSpec& spec = *task.mutable_spec();
   if (stages > 0) {
-    spec.set_strategy(trainyard::v1::PIPELINE);
-    spec.mutable_pipeline()->set_stages(stages);
-    spec.mutable_pipeline()->set_microbatches(kMicrobatches);
-    spec.mutable_pipeline()->set_schedule(schedule);
-    spec.mutable_pipeline()->set_partition("balanced");
+    SetPipeline(spec, stages, replicas, schedule);
     for (int c : counts) spec.mutable_pipeline()->add_partition_counts(c);
-    spec.mutable_workers()->set_min(stages * replicas);
-    spec.mutable_workers()->set_max(stages * replicas);
   }
   spec.mutable_model()->set_torchscript("file://" + module);
   trainyard::v1::SyntheticData& data = *spec.mutable_data()->mutable_synthetic();
