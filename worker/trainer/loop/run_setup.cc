@@ -577,6 +577,12 @@ absl::Status Run::Export(TrainResult& result) {
       put = Retry(clock_, storage, UnlessRefused, [&] { return store_->PutFile(uri, path); });
     }
     std::remove(path.c_str());
+  } else if (absl::StatusOr<SafetensorsPieces> pieces = model_->ExportPieces(); pieces.ok()) {
+    // Sent from the model's own tensors: the export does not hold the model a second time.
+    put = Retry(clock_, storage, UnlessRefused,
+                [&] { return store_->PutPieces(uri, pieces->Pieces()).status(); });
+  } else if (pieces.status().code() != absl::StatusCode::kUnimplemented) {
+    return pieces.status();
   } else {
     absl::StatusOr<std::string> bytes = model_->Export();
     if (!bytes.ok()) return bytes.status();

@@ -55,11 +55,12 @@ class BuiltinModel final : public Model {
   NamedTensors NamedBuffers() override { return FromDict(net_->named_buffers(true)); }
   void SetTraining(bool training) override { net_->train(training); }
   void To(const torch::Device& device) override { net_->to(device); }
-  absl::StatusOr<std::string> Export() override {  // EncodeTensors copies to the CPU
+  absl::StatusOr<std::string> Export() override { return JoinPieces(ExportPieces()); }
+  absl::StatusOr<SafetensorsPieces> ExportPieces() override {  // copies to the CPU as needed
     NamedTensors tensors = NamedParameters();
     for (auto& buffer : NamedBuffers()) tensors.push_back(std::move(buffer));
     for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
-    return EncodeTensors(tensors, {{"format", "trainyard-model/1"}, {"model", kind_}});
+    return LayOutTensors(tensors, {{"format", "trainyard-model/1"}, {"model", kind_}});
   }
   std::string ExportName() const override { return "model.safetensors"; }
   std::string Kind() const override { return kind_; }
@@ -120,10 +121,11 @@ class EmbeddingMlp final : public Model {
   NamedTensors NamedBuffers() override { return FromDict(root_->named_buffers(true)); }
   void SetTraining(bool training) override { root_->train(training); }
   void To(const torch::Device& device) override { root_->to(device); }
-  absl::StatusOr<std::string> Export() override {
+  absl::StatusOr<std::string> Export() override { return JoinPieces(ExportPieces()); }
+  absl::StatusOr<SafetensorsPieces> ExportPieces() override {
     NamedTensors tensors = NamedParameters();
     for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
-    return EncodeTensors(tensors, {{"format", "trainyard-model/1"}, {"model", "embedding_mlp"}});
+    return LayOutTensors(tensors, {{"format", "trainyard-model/1"}, {"model", "embedding_mlp"}});
   }
   std::string ExportName() const override { return "model.safetensors"; }
   std::string Kind() const override { return "embedding_mlp"; }

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/object_store.h"
@@ -65,6 +66,13 @@ class Model {
   // The exported form of the trained model: its bytes and file name ("model.pt" for TorchScript,
   // "model.safetensors" for built-in models), with CPU tensors whatever the model's device.
   virtual absl::StatusOr<std::string> Export() = 0;
+  // The same export as a safetensors object laid out over the model's own tensors
+  // (LayOutTensors: a CPU model's are not copied), for a writer that sends it from there
+  // (ObjectStore::PutPieces) instead of holding the model twice; UNIMPLEMENTED for a model that
+  // exports another form (TorchScript).
+  virtual absl::StatusOr<SafetensorsPieces> ExportPieces() {
+    return absl::UnimplementedError(absl::StrCat(Kind(), ": exports ", ExportName()));
+  }
   virtual std::string ExportName() const = 0;
   // "mlp", "cnn", "embedding_mlp", "transformer" or "torchscript".
   virtual std::string Kind() const = 0;

@@ -105,7 +105,10 @@ absl::StatusOr<SafetensorsPieces> LayOutTensors(
 
 absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
                                           const std::map<std::string, std::string>& metadata) {
-  absl::StatusOr<SafetensorsPieces> object = LayOutTensors(tensors, metadata);
+  return JoinPieces(LayOutTensors(tensors, metadata));
+}
+
+absl::StatusOr<std::string> JoinPieces(const absl::StatusOr<SafetensorsPieces>& object) {
   if (!object.ok()) return object.status();
   return absl::StrJoin(object->Pieces(), "");
 }

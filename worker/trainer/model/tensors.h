@@ -43,6 +43,8 @@ absl::StatusOr<SafetensorsPieces> LayOutTensors(
 // The same object in one buffer.
 absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
                                           const std::map<std::string, std::string>& metadata);
+// An object laid out by LayOutTensors, in one buffer (its error as it is).
+absl::StatusOr<std::string> JoinPieces(const absl::StatusOr<SafetensorsPieces>& object);
 // Parses a safetensors buffer into tensors by name; `metadata` (if not null) receives the
 // "__metadata__" map. Errors as DecodeSafetensors.
 absl::StatusOr<std::map<std::string, torch::Tensor>> DecodeTensors(
