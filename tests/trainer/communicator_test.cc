@@ -294,9 +294,10 @@ TEST(GlooCommunicatorPathsTest, APeerThatStopsMidAllReduceFailsItWithinTheTimeou
     std::vector<absl::Status> status(world);
     std::vector<absl::Duration> took(world);
     OnEveryRank(world, [&](int r) {
-      const int64_t elements = r == world - 1 ? (256 << 10) : (64 << 20);
+      // Made before the clock starts: filling 256 MB is not the collective's time.
+      const torch::Tensor tensor = torch::ones({r == world - 1 ? (256 << 10) : (64 << 20)});
       const absl::Time start = absl::Now();
-      status[r] = comms[r]->AllReduce({torch::ones({elements})}, ReduceOp::kSum);
+      status[r] = comms[r]->AllReduce({tensor}, ReduceOp::kSum);
       took[r] = absl::Now() - start;
     });
     // The first rank whose deadline passes (with three ranks, possibly the one with the small
