@@ -249,16 +249,18 @@ absl::StatusOr<std::string> ReadExactly(ObjectStore& store, const std::string& u
   return bytes;
 }
 
-// The header of the safetensors object `object` (read from its start and hashed into `hash`);
-// the rest of the object is its data section.
+// The header of the safetensors object `object`, read from its start; `prefix` receives the bytes
+// read (the first bytes of the object, for its hash). The rest of the object is its data section.
 absl::StatusOr<SafetensorsHeader> ReadObjectHeader(ObjectStore& store, const std::string& uri,
-                                                   const ManifestObject& object, Sha256& hash) {
+                                                   const ManifestObject& object,
+                                                   std::string& prefix) {
   if (object.size < 8) {
     return absl::DataLossError(absl::StrCat(uri, ": ", object.size, " bytes, not safetensors"));
   }
-  absl::StatusOr<std::string> prefix = ReadExactly(store, uri, 0, 8);
-  if (!prefix.ok()) return prefix.status();
-  absl::StatusOr<uint64_t> header_size = SafetensorsHeaderSize(*prefix);
+  absl::StatusOr<std::string> first = ReadExactly(store, uri, 0, 8);
+  if (!first.ok()) return first.status();
+  prefix = *std::move(first);
+  absl::StatusOr<uint64_t> header_size = SafetensorsHeaderSize(prefix);
   if (!header_size.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(uri, ": ", header_size.status().message()));
   }
@@ -267,13 +269,12 @@ absl::StatusOr<SafetensorsHeader> ReadObjectHeader(ObjectStore& store, const std
   }
   absl::StatusOr<std::string> rest = ReadExactly(store, uri, 8, static_cast<int64_t>(*header_size));
   if (!rest.ok()) return rest.status();
-  prefix->append(*rest);
+  prefix.append(*rest);
   absl::StatusOr<SafetensorsHeader> header =
-      DecodeSafetensorsHeader(*prefix, static_cast<uint64_t>(object.size));
+      DecodeSafetensorsHeader(prefix, static_cast<uint64_t>(object.size));
   if (!header.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(uri, ": ", header.status().message()));
   }
-  hash.Update(*prefix);
   return header;
 }
 
@@ -307,9 +308,11 @@ absl::Status StreamObjectData(ObjectStore& store, const std::string& uri,
 absl::StatusOr<std::string> ReadObjectKeeping(ObjectStore& store, const std::string& uri,
                                               const ManifestObject& object,
                                               const std::function<bool(const std::string&)>& keep) {
-  Sha256 hash;
-  absl::StatusOr<SafetensorsHeader> header = ReadObjectHeader(store, uri, object, hash);
+  std::string prefix;
+  absl::StatusOr<SafetensorsHeader> header = ReadObjectHeader(store, uri, object, prefix);
   if (!header.ok()) return header.status();
+  Sha256 hash;
+  hash.Update(prefix);
   std::vector<SafetensorsSlot> kept;    // where each kept tensor is in the object's data
   std::vector<SafetensorsSlot> packed;  // and where it goes in the returned buffer's
   uint64_t packed_size = 0;
@@ -431,15 +434,16 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
     ManifestObject object;
     std::string uri;
     SafetensorsHeader header;
+    std::string prefix;  // the object's bytes before its data, hashed before the data
   };
   std::vector<Source> sources;
   std::vector<SafetensorsSlot> merged;
   std::set<std::string> names;
   for (const ManifestObject& entry : *listed) {
     if (!IsObjectOf(entry.name, kModelBase)) continue;
-    Source source{entry, JoinUri(step_uri, entry.name), {}};
-    Sha256 unused;
-    absl::StatusOr<SafetensorsHeader> header = ReadObjectHeader(store, source.uri, entry, unused);
+    Source source{entry, JoinUri(step_uri, entry.name), {}, {}};
+    absl::StatusOr<SafetensorsHeader> header =
+        ReadObjectHeader(store, source.uri, entry, source.prefix);
     if (!header.ok()) return header.status();
     // Streamed as one run of bytes: the tensors must fill the data section end to end.
     uint64_t end = 0;
@@ -482,14 +486,9 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
   absl::Status status = write(*header);
   for (const Source& source : sources) {
     if (!status.ok()) break;
-    // The header again, hashed this time, so that every byte of the object is checked.
+    // Every byte of the object is checked: its header as read above, then its data.
     Sha256 hash;
-    absl::StatusOr<SafetensorsHeader> again =
-        ReadObjectHeader(store, source.uri, source.object, hash);
-    if (!again.ok()) {
-      status = again.status();
-      break;
-    }
+    hash.Update(source.prefix);
     status = StreamObjectData(store, source.uri, source.object, source.header.data_start, hash,
                               [&](int64_t, absl::string_view chunk) { return write(chunk); });
   }
