@@ -16,42 +16,13 @@
 #include "client/commands.h"
 #include "client/data_pack.h"
 #include "client/format.h"
+#include "common/byte_size.h"
 #include "common/safetensors.h"
 #include "common/shard_index.h"
 #include "nlohmann/json.hpp"
 
 namespace trainyard::cli {
 namespace {
-
-// "256MB", "64MiB", "1G", "1000": bytes.
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
-  static const std::pair<const char*, int64_t> kUnits[] = {{"kib", int64_t{1} << 10},
-                                                           {"mib", int64_t{1} << 20},
-                                                           {"gib", int64_t{1} << 30},
-                                                           {"kb", 1000},
-                                                           {"mb", 1000000},
-                                                           {"gb", 1000000000},
-                                                           {"k", 1000},
-                                                           {"m", 1000000},
-                                                           {"g", 1000000000},
-                                                           {"b", 1}};
-  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-  int64_t unit = 1;
-  absl::string_view number = lower;
-  for (const auto& [suffix, size] : kUnits) {
-    if (absl::EndsWith(lower, suffix)) {
-      unit = size;
-      number = absl::string_view(lower).substr(0, lower.size() - std::strlen(suffix));
-      break;
-    }
-  }
-  double value;
-  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(number), &value) || !(value > 0) ||
-      value * static_cast<double>(unit) > 1e15) {
-    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (256MB, 64MiB)"));
-  }
-  return static_cast<int64_t>(value * static_cast<double>(unit));
-}
 
 // A local path made absolute (from the current folder); URIs and absolute paths as they are.
 std::string AbsoluteLocal(const std::string& path) {

@@ -50,18 +50,6 @@ std::string ShortAge(absl::Duration d) {
   return absl::StrCat(seconds / 86400, "d");
 }
 
-std::string HumanBytes(int64_t bytes) {
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = -1;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%.1f %s", value, kUnits[unit]);
-}
-
 std::string LocalTime(int64_t unix_ms, absl::TimeZone zone) {
   if (unix_ms == 0) return "-";
   return absl::FormatTime("%Y-%m-%dT%H:%M:%S%Ez", absl::FromUnixMillis(unix_ms), zone);

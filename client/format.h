@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/byte_size.h"
 #include "trainyard/v1/job.pb.h"
 
 namespace trainyard::cli {
@@ -33,7 +34,7 @@ std::string ClockDuration(absl::Duration d);
 std::string ShortAge(absl::Duration d);
 
 // Binary units: "512 B", "1.5 KiB", "20.0 MiB", "3.2 GiB".
-std::string HumanBytes(int64_t bytes);
+using trainyard::HumanBytes;
 
 // Local time in RFC 3339 ("2026-11-21T06:40:00+01:00"); "-" for 0.
 std::string LocalTime(int64_t unix_ms, absl::TimeZone zone = absl::LocalTimeZone());

@@ -155,6 +155,13 @@ std::string LibTorchColumn(const v1::Worker& w) {
   return out;
 }
 
+// "4.0 GiB/15.0 GiB": memory its tasks reserve of what it offers; "-" when it did not say.
+std::string MemoryColumn(const v1::Worker& w) {
+  if (w.memory_bytes() <= 0) return "-";
+  return absl::StrCat(w.memory_used_bytes() > 0 ? HumanBytes(w.memory_used_bytes()) : "0", "/",
+                      HumanBytes(w.memory_bytes()));
+}
+
 }  // namespace
 
 std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
@@ -168,12 +175,13 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
     rows.push_back({w.id(), w.address(), w.hostname().empty() ? "-" : w.hostname(),
                     w.pid() > 0 ? absl::StrCat(w.pid()) : "-", WorkerStateName(w.state()),
                     absl::StrCat(w.slots_used(), "/", w.slots()),
-                    absl::StrCat(w.gpus_used(), "/", w.gpus()), LibTorchColumn(w), seen,
+                    absl::StrCat(w.gpus_used(), "/", w.gpus()), MemoryColumn(w),
+                    w.isolation().empty() ? "-" : w.isolation(), LibTorchColumn(w), seen,
                     w.task_ids().empty() ? "-" : absl::StrJoin(w.task_ids(), ",")});
   }
-  return Table(
-      {"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "LIBTORCH", "LAST SEEN", "TASKS"},
-      rows);
+  return Table({"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "MEMORY", "LIMITS",
+                "LIBTORCH", "LAST SEEN", "TASKS"},
+               rows);
 }
 
 std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints, absl::TimeZone zone) {
@@ -225,12 +233,25 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
     field("Stops at",
           absl::StrCat("step ", job.spec().stop_at_step(), " of ", job.spec().max_steps()));
   }
+  if (const v1::Resources& r = job.spec().resources();
+      r.cpus() > 0 || r.memory_bytes() > 0 || r.gpus_per_worker() > 0) {
+    std::vector<std::string> parts;
+    if (r.gpus_per_worker() > 0) {
+      parts.push_back(
+          absl::StrCat(r.gpus_per_worker(), r.gpus_per_worker() == 1 ? " GPU" : " GPUs"));
+    }
+    if (r.cpus() > 0) parts.push_back(absl::StrCat(r.cpus(), r.cpus() == 1 ? " CPU" : " CPUs"));
+    if (r.memory_bytes() > 0) parts.push_back(HumanBytes(r.memory_bytes()));
+    field("Per rank", absl::StrJoin(parts, ", "));
+  }
   if (job.spec().strategy() == v1::PARAMETER_SERVER) {
     const v1::ParameterServerSpec& ps = job.spec().parameter_servers();
     std::string servers = absl::StrCat(ps.shards(), ps.shards() == 1 ? " shard, " : " shards, ",
                                        ps.mode().empty() ? "sync" : ps.mode());
     if (ps.mode() == "async") absl::StrAppend(&servers, ", max_staleness ", ps.max_staleness());
     if (!ps.dense().empty()) absl::StrAppend(&servers, ", dense ", ps.dense());
+    if (ps.memory_bytes() > 0)
+      absl::StrAppend(&servers, ", ", HumanBytes(ps.memory_bytes()), " each");
     field("Param servers", servers);
   }
   if (job.spec().strategy() == v1::PIPELINE) {
@@ -330,14 +351,20 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
       if (t.state() == v1::TASK_EXITED || t.state() == v1::TASK_STOPPED ||
           t.state() == v1::TASK_FAILED_TO_START) {
         exit = t.signal() != 0 ? absl::StrCat("signal ", t.signal()) : absl::StrCat(t.exit_code());
+        if (t.out_of_memory()) exit = "OOM";
       }
+      // The most it held, of its limit: "812.0 MiB/1.0 GiB".
+      std::string memory = t.memory_peak_bytes() > 0 ? HumanBytes(t.memory_peak_bytes()) : "-";
+      if (t.memory_limit_bytes() > 0)
+        absl::StrAppend(&memory, "/", HumanBytes(t.memory_limit_bytes()));
       rows.push_back({t.role() == v1::TASK_ROLE_SHARD ? absl::StrCat("shard ", t.shard())
                                                       : absl::StrCat("rank ", t.rank()),
                       absl::StrCat(t.generation()), t.worker_id().empty() ? "-" : t.worker_id(),
-                      TaskStateName(t.state()), exit,
+                      TaskStateName(t.state()), exit, memory,
                       absl::StrReplaceAll(t.message(), {{"\n", " | "}})});
     }
-    std::string table = Table({"TASK", "GEN", "WORKER", "STATE", "EXIT", "MESSAGE"}, rows);
+    std::string table =
+        Table({"TASK", "GEN", "WORKER", "STATE", "EXIT", "MEMORY", "MESSAGE"}, rows);
     for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
       absl::StrAppend(&out, "  ", line, "\n");
     }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/byte_size.h"
 #include "common/file_object_store.h"
 #include "common/object_cache.h"
 #include "common/restart_reason.h"
@@ -505,6 +506,20 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
 
 namespace {
 
+// A task's cpus (0 = unset) and memory (0 = unset) under `path`.
+absl::Status ValidateTaskResources(double cpus, int64_t memory_bytes, const std::string& path) {
+  if (!(cpus >= 0) || cpus > kMaxTaskCpus) {
+    return FieldError(path + ".cpus", absl::StrCat("must be > 0 and <= ", kMaxTaskCpus));
+  }
+  if (memory_bytes < 0 || (memory_bytes > 0 && memory_bytes < kMinTaskMemoryBytes)) {
+    return FieldError(
+        path + ".memory",
+        absl::StrCat("must be at least ", HumanBytes(kMinTaskMemoryBytes),
+                     " (a trainer needs about that to start), got ", HumanBytes(memory_bytes)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateParameterServers(const v1::ParameterServerSpec& ps) {
   const std::string path = "parameter_servers";
   if (ps.shards() < 1 || ps.shards() > kMaxParameterServerShards) {
@@ -525,6 +540,7 @@ absl::Status ValidateParameterServers(const v1::ParameterServerSpec& ps) {
                       absl::StrCat("must be shards or allreduce, got '", ps.dense(), "'"));
   }
   if (ps.slots() < 1) return FieldError(path + ".slots", "must be >= 1");
+  if (absl::Status s = ValidateTaskResources(0, ps.memory_bytes(), path); !s.ok()) return s;
   return absl::OkStatus();
 }
 
@@ -547,6 +563,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (spec.resources().gpus_per_worker() < 0) {
     return FieldError("resources.gpus_per_worker", "must be >= 0");
+  }
+  if (absl::Status s = ValidateTaskResources(spec.resources().cpus(),
+                                             spec.resources().memory_bytes(), "resources");
+      !s.ok()) {
+    return s;
   }
   if (spec.has_parameter_servers() && strategy != v1::PARAMETER_SERVER) {
     return FieldError("parameter_servers", "only with strategy parameter_server");

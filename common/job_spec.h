@@ -44,6 +44,10 @@ inline constexpr int32_t kDefaultMaxStaleness = 4;
 inline constexpr int32_t kMaxParameterServerShards = 256;
 // Rows of one embedding_mlp table.
 inline constexpr int64_t kMaxEmbeddingRows = int64_t{1} << 32;
+// resources.cpus at most; resources.memory and parameter_servers.memory, when set, at least (a
+// trainer of a small model peaked at 62 MiB in its cgroup, page cache included).
+inline constexpr double kMaxTaskCpus = 1024;
+inline constexpr int64_t kMinTaskMemoryBytes = int64_t{128} << 20;
 
 // Fills defaults in place. Idempotent. Zero/empty means unset:
 //   strategy single; workers 1/1 ({0, N} -> {1, N}, {N, 0} -> {N, N}); for the

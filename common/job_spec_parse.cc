@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/byte_size.h"
 #include "common/job_spec.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
@@ -100,6 +101,19 @@ absl::Status Positive(const YAML::Node& map, absl::string_view path, const char*
                         fn(value);
                         return absl::OkStatus();
                       });
+}
+
+// A size in bytes: a number, or text with a unit ("4GiB", "512Mi", "2G"). More than zero.
+template <typename Fn>
+absl::Status ByteSize(const YAML::Node& map, absl::string_view path, const char* key, Fn fn) {
+  auto reader = [](const YAML::Node& node, absl::string_view field) -> absl::StatusOr<int64_t> {
+    absl::StatusOr<std::string> text = ReadString(node, field);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<int64_t> bytes = ParseByteSize(*text);
+    if (!bytes.ok()) return FieldError(field, bytes.status().message());
+    return *bytes;
+  };
+  return ReadField<int64_t>(map, path, key, reader, Set<int64_t>(fn));
 }
 
 class SpecParser {
@@ -253,11 +267,12 @@ class SpecParser {
     }
     if (!node.IsMap()) {
       return FieldError(path, absl::StrCat("expected a number or {shards, mode, max_staleness, "
-                                           "dense, slots}, got ",
+                                           "dense, slots, memory}, got ",
                                            Describe(node)));
     }
     TY_RETURN_IF_ERROR(
-        CheckKeys(node, path, {"shards", "mode", "max_staleness", "dense", "slots"}));
+        CheckKeys(node, path, {"shards", "mode", "max_staleness", "dense", "slots", "memory"}));
+    TY_RETURN_IF_ERROR(ByteSize(node, path, "memory", [&](int64_t v) { ps.set_memory_bytes(v); }));
     TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "shards", "must be >= 1",
                                          [&](int32_t v) { ps.set_shards(v); }));
     TY_RETURN_IF_ERROR(String(node, path, "mode", ps.mutable_mode()));
@@ -299,9 +314,13 @@ class SpecParser {
   absl::Status ParseResources(const YAML::Node& node) {
     if (!IsSet(node)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(node, "resources"));
-    TY_RETURN_IF_ERROR(CheckKeys(node, "resources", {"gpus_per_worker"}));
-    return Int32(node, "resources", "gpus_per_worker",
-                 [this](int32_t v) { spec_.mutable_resources()->set_gpus_per_worker(v); });
+    TY_RETURN_IF_ERROR(CheckKeys(node, "resources", {"gpus_per_worker", "cpus", "memory"}));
+    v1::Resources& resources = *spec_.mutable_resources();
+    TY_RETURN_IF_ERROR(Int32(node, "resources", "gpus_per_worker",
+                             [&](int32_t v) { resources.set_gpus_per_worker(v); }));
+    TY_RETURN_IF_ERROR(Positive<double>(node, "resources", "cpus", "must be > 0",
+                                        [&](double v) { resources.set_cpus(v); }));
+    return ByteSize(node, "resources", "memory", [&](int64_t v) { resources.set_memory_bytes(v); });
   }
 
   absl::Status ParseModel(const YAML::Node& node) {

@@ -1,20 +1,42 @@
 #include "server/capacity.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "server/job_state.h"
 
 namespace trainyard {
 
-int SlotsPerRank(const v1::JobSpec& spec) { return spec.resources().gpus_per_worker() > 0 ? 0 : 1; }
+int SlotsPerRank(const v1::JobSpec& spec) {
+  const double cpus = spec.resources().cpus();
+  const int slots = cpus > 0 ? static_cast<int>(std::ceil(cpus - 1e-9)) : 0;
+  return spec.resources().gpus_per_worker() > 0 ? slots : std::max(slots, 1);
+}
 
 int GpusPerRank(const v1::JobSpec& spec) { return std::max(spec.resources().gpus_per_worker(), 0); }
 
+int64_t MemoryPerRank(const v1::JobSpec& spec) {
+  return std::max<int64_t>(spec.resources().memory_bytes(), 0);
+}
+
 int SlotsPerShard(const v1::JobSpec& spec) { return std::max(spec.parameter_servers().slots(), 1); }
 
-std::pair<int, int> TaskUsage(const v1::JobSpec& spec, const v1::TaskInfo& t) {
-  if (t.role() == v1::TASK_ROLE_SHARD) return {SlotsPerShard(spec), 0};
-  return {SlotsPerRank(spec), GpusPerRank(spec)};
+int64_t MemoryPerShard(const v1::JobSpec& spec) {
+  return std::max<int64_t>(spec.parameter_servers().memory_bytes(), 0);
+}
+
+TaskResources TaskUsage(const v1::JobSpec& spec, const v1::TaskInfo& t) {
+  TaskResources r;
+  if (t.role() == v1::TASK_ROLE_SHARD) {
+    r.slots = SlotsPerShard(spec);
+    r.memory_bytes = MemoryPerShard(spec);
+    return r;
+  }
+  r.slots = SlotsPerRank(spec);
+  r.gpus = GpusPerRank(spec);
+  r.memory_bytes = MemoryPerRank(spec);
+  r.cpu_limit = std::max(spec.resources().cpus(), 0.0);
+  return r;
 }
 
 std::map<std::string, WorkerUsage> UsedCapacity(const JobTable& table, absl::Time now,
@@ -26,9 +48,10 @@ std::map<std::string, WorkerUsage> UsedCapacity(const JobTable& table, absl::Tim
       if (t.generation() != entry.job.generation() || TaskEnded(t.state())) continue;
       if (skip_gone_workers && gone(t.worker_id())) continue;
       WorkerUsage& u = used[t.worker_id()];
-      const auto [task_slots, task_gpus] = TaskUsage(entry.job.spec(), t);
-      u.slots += task_slots;
-      u.gpus += task_gpus;
+      const TaskResources r = TaskUsage(entry.job.spec(), t);
+      u.slots += r.slots;
+      u.gpus += r.gpus;
+      u.memory_bytes += r.memory_bytes;
       u.task_ids.push_back(t.task_id());
     }
   };

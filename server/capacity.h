@@ -1,6 +1,7 @@
 #ifndef TRAINYARD_SERVER_CAPACITY_H_
 #define TRAINYARD_SERVER_CAPACITY_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -14,20 +15,31 @@
 
 namespace trainyard {
 
-// Slots and GPUs: what one rank or parameter-server shard of a job holds on its worker. A rank of
-// a GPU job holds gpus_per_worker GPUs and no CPU slot; a rank of a CPU job one slot; a shard
-// parameter_servers.slots slots (at least one).
+// Slots, GPUs and memory: what one rank or parameter-server shard of a job holds on its worker.
+// A rank holds ceil(resources.cpus) slots (a CPU rank at least one; a GPU rank none without
+// cpus), gpus_per_worker GPUs and resources.memory; a shard parameter_servers.slots slots (at
+// least one) and parameter_servers.memory.
 int SlotsPerRank(const trainyard::v1::JobSpec& spec);
 int GpusPerRank(const trainyard::v1::JobSpec& spec);
+int64_t MemoryPerRank(const trainyard::v1::JobSpec& spec);
 int SlotsPerShard(const trainyard::v1::JobSpec& spec);
-// (slots, GPUs) of one task of a job with `spec`.
-std::pair<int, int> TaskUsage(const trainyard::v1::JobSpec& spec,
-                              const trainyard::v1::TaskInfo& task);
+int64_t MemoryPerShard(const trainyard::v1::JobSpec& spec);
+
+// What one task holds, and the limits its agent enforces.
+struct TaskResources {
+  int slots = 0;
+  int gpus = 0;
+  int64_t memory_bytes = 0;  // reserved and enforced; 0 = none
+  double cpu_limit = 0;      // CPU quota in CPUs; 0 = none
+};
+// Those of one task of a job with `spec`.
+TaskResources TaskUsage(const trainyard::v1::JobSpec& spec, const trainyard::v1::TaskInfo& task);
 
 // What a worker's trainers hold.
 struct WorkerUsage {
   int slots = 0;
   int gpus = 0;
+  int64_t memory_bytes = 0;
   std::vector<std::string> task_ids;
 };
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_size.h"
 #include "common/checkpoint_layout.h"
 #include "common/clock.h"
 #include "common/credentials.h"
@@ -81,8 +82,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", request.name(), "' must be letters, digits, '.', '_' or '-'"));
   }
-  if (request.slots() < 0 || request.gpus() < 0) {
-    return absl::InvalidArgumentError("slots, gpus: must be >= 0");
+  if (request.slots() < 0 || request.gpus() < 0 || request.memory_bytes() < 0) {
+    return absl::InvalidArgumentError("slots, gpus, memory_bytes: must be >= 0");
   }
   absl::MutexLock lock(&mu_);
   const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
@@ -92,6 +93,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   info.set_slots(request.slots());
   info.set_gpus(request.gpus());
   info.set_memory_bytes(request.memory_bytes());
+  info.set_isolation(request.isolation().substr(0, 64));
   info.set_hostname(request.hostname());
   info.set_pid(request.pid());
   info.set_state(v1::READY);
@@ -124,6 +126,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   ClusterChangedLocked();
   AfterCommitLocked([info, reported = request.tasks_size()] {
     LogInfo("worker ", info.id(), " registered: ", info.slots(), " slots, ", info.gpus(), " GPUs, ",
+            HumanBytes(info.memory_bytes()), " for tasks (",
+            info.isolation().empty() ? "isolation unknown" : info.isolation(), "), ",
             info.libtorch_version().empty() ? "LibTorch unknown"
                                             : absl::StrCat("LibTorch ", info.libtorch_version()),
             ", ", reported, " tasks reported");
@@ -296,9 +300,11 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
       if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
     }
   }
-  const auto [slots, gpus] = TaskUsage(entry.job.spec(), info);
-  task.set_slots(slots);
-  task.set_gpus(gpus);
+  const TaskResources resources = TaskUsage(entry.job.spec(), info);
+  task.set_slots(resources.slots);
+  task.set_gpus(resources.gpus);
+  task.set_memory_limit_bytes(resources.memory_bytes);
+  task.set_cpu_limit(resources.cpu_limit);
   task.set_stop_deadline_unix_ms(info.stop_deadline_unix_ms());
   if (const WorkerRecord* worker = workers_.Find(info.worker_id()); worker != nullptr) {
     task.set_worker_address(worker->info.address());
@@ -405,10 +411,18 @@ absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
       }
     }
   }
+  const bool newly_out_of_memory = status.out_of_memory() && !task->out_of_memory();
   task->set_state(status.state());
   task->set_exit_code(status.exit_code());
   task->set_signal(status.signal());
   task->set_message(status.message());
+  task->set_out_of_memory(status.out_of_memory());
+  task->set_memory_limit_bytes(std::max<int64_t>(status.memory_limit_bytes(), 0));
+  task->set_memory_peak_bytes(std::max<int64_t>(status.memory_peak_bytes(), 0));
+  if (newly_out_of_memory && options_.event_sink != nullptr) {
+    AfterCommitLocked(
+        [this, job = updated, task = *task] { options_.event_sink->OnTaskOutOfMemory(job, task); });
+  }
   const std::vector<std::string> changed = {task->task_id()};
   const TaskReportOutcome outcome = DecideTaskReport(updated, *task);
   switch (outcome.kind) {

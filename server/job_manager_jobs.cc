@@ -468,6 +468,7 @@ v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record,
   if (it != used.end()) {
     view.set_slots_used(it->second.slots);
     view.set_gpus_used(it->second.gpus);
+    view.set_memory_used_bytes(it->second.memory_bytes);
     for (const std::string& id : it->second.task_ids) view.add_task_ids(id);
   }
   return view;

@@ -390,8 +390,10 @@ SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
   job.batch_size = entry.job.spec().batch_size();
   job.slots_per_rank = SlotsPerRank(entry.job.spec());
   job.gpus_per_rank = GpusPerRank(entry.job.spec());
+  job.memory_per_rank = MemoryPerRank(entry.job.spec());
   job.shards = ShardCount(entry.job.spec());
   job.slots_per_shard = SlotsPerShard(entry.job.spec());
+  job.memory_per_shard = MemoryPerShard(entry.job.spec());
   if (entry.job.has_model_needs()) {
     job.runtimes.emplace();
     for (const auto& [key, runtime] : runtimes_) {
@@ -443,6 +445,8 @@ void JobManager::ScheduleLocked() {
     w.total_gpus = record->info.gpus();
     w.free_slots = w.total_slots - used[w.id].slots;
     w.free_gpus = w.total_gpus - used[w.id].gpus;
+    w.total_memory = record->info.memory_bytes();
+    w.free_memory = w.total_memory - used[w.id].memory_bytes;
     if (record->runtime != nullptr) w.runtime = record->runtime->key;
     workers.push_back(std::move(w));
   }

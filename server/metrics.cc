@@ -132,6 +132,11 @@ CoordinatorMetrics::CoordinatorMetrics()
                        .Name("trainyard_preemptions_total")
                        .Help("Job restarts caused by a preemption, by how it was announced.")
                        .Register(*registry_)),
+      out_of_memory_(prometheus::BuildCounter()
+                         .Name("trainyard_tasks_out_of_memory_total")
+                         .Help("Ranks (role=rank) and parameter-server shards (role=shard) "
+                               "killed for going over their memory limit.")
+                         .Register(*registry_)),
       steps_lost_(prometheus::BuildCounter()
                       .Name("trainyard_restart_lost_steps_total")
                       .Help("Steps trained but not committed when a job restarted: work to "
@@ -170,6 +175,7 @@ CoordinatorMetrics::CoordinatorMetrics()
     restarts_.Add({{"reason", RestartReasonName(reason)}});
   }
   for (const char* reason : kPreemptionReasons) preemptions_.Add({{"reason", reason}});
+  for (const char* role : {"rank", "shard"}) out_of_memory_.Add({{"role", role}});
   for (const char* phase : kRecoveryPhases) {
     recovery_phases_.Add({{"phase", phase}}, RecoveryBuckets());
   }
@@ -216,6 +222,11 @@ void CoordinatorMetrics::OnRestart(const v1::Job& job, const v1::Restart& restar
   absl::MutexLock lock(&mu_);
   auto it = tracks_.find(job.id());
   if (it != tracks_.end()) it->second.steps.clear();
+}
+
+void CoordinatorMetrics::OnTaskOutOfMemory(const v1::Job& job, const v1::TaskInfo& task) {
+  (void)job;
+  out_of_memory_.Add({{"role", task.role() == v1::TASK_ROLE_SHARD ? "shard" : "rank"}}).Increment();
 }
 
 void CoordinatorMetrics::OnRecovered(const v1::Job& job, const v1::Restart& restart) {

@@ -50,6 +50,8 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
                              absl::Time save_started) override;
   void OnWorkerLost(absl::string_view worker_id) override;
   void OnRestart(const trainyard::v1::Job& job, const trainyard::v1::Restart& restart) override;
+  void OnTaskOutOfMemory(const trainyard::v1::Job& job,
+                         const trainyard::v1::TaskInfo& task) override;
   void OnRecovered(const trainyard::v1::Job& job, const trainyard::v1::Restart& restart) override;
 
   // prometheus::Collectable.
@@ -74,6 +76,7 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
   prometheus::Histogram& scheduling_latency_;
   prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Family<prometheus::Counter>& preemptions_;
+  prometheus::Family<prometheus::Counter>& out_of_memory_;
   prometheus::Counter& steps_lost_;
   prometheus::Histogram& recovery_;
   prometheus::Family<prometheus::Histogram>& recovery_phases_;

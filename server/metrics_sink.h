@@ -87,6 +87,9 @@ class JobEventSink {
   // SUCCEEDED when its ranks all finished meanwhile); `restart` is its last restart, with the
   // cause as settled.
   virtual void OnRestart(const trainyard::v1::Job& job, const trainyard::v1::Restart& restart) = 0;
+  // A rank or shard of `job` was killed for memory (task.out_of_memory), as its agent reported.
+  virtual void OnTaskOutOfMemory(const trainyard::v1::Job& job,
+                                 const trainyard::v1::TaskInfo& task) = 0;
   // The attempt after `restart` reported its first step: its recovery fields are filled in.
   virtual void OnRecovered(const trainyard::v1::Job& job,
                            const trainyard::v1::Restart& restart) = 0;

@@ -12,6 +12,8 @@ namespace trainyard {
 namespace v1 = trainyard::v1;
 
 v1::RestartReason ClassifyTaskEnd(const v1::TaskInfo& t) {
+  // Killed for memory: the task's own doing, whatever else was asked of it meanwhile.
+  if (t.out_of_memory()) return v1::OUT_OF_MEMORY;
   if (t.stop_deadline_unix_ms() > 0) return v1::PREEMPTED;
   switch (t.state()) {
     case v1::TASK_FAILED_TO_START:
@@ -35,6 +37,7 @@ int CauseRank(v1::RestartReason reason) {
     case v1::HANG:
       return 1;
     case v1::FAILURE:
+    case v1::OUT_OF_MEMORY:
       return 2;
     default:
       return 3;  // PREEMPTED, WORKER_LOST

@@ -18,8 +18,9 @@ struct SchedJob {
   int64_t seq = 0;    // submission order
   int min_ranks = 1;  // gang: place at least this many ranks at once, or none
   int max_ranks = 1;
-  int slots_per_rank = 1;  // 1 for CPU ranks, 0 for GPU ranks
+  int slots_per_rank = 1;  // a CPU rank takes at least 1; a GPU rank may take 0
   int gpus_per_rank = 0;
+  int64_t memory_per_rank = 0;  // bytes reserved per rank (resources.memory); 0 = none
   // When > 0 the rank count must divide it (the global batch is split evenly across ranks): an
   // elastic job gets the largest such count that fits, never fewer than min_ranks.
   int batch_size = 0;
@@ -27,6 +28,7 @@ struct SchedJob {
   // slots (never GPUs).
   int shards = 0;
   int slots_per_shard = 1;
+  int64_t memory_per_shard = 0;
   // Set: only workers whose `runtime` is one of these can run it (its models need operators some
   // LibTorch lacks), and `runtime_reason` says why it waits when no ready worker can.
   std::optional<std::vector<std::string>> runtimes;
@@ -41,6 +43,10 @@ struct SchedWorker {
   int total_gpus = 0;
   int free_slots = 0;
   int free_gpus = 0;
+  // Memory its tasks may reserve; 0 = the agent did not say (memory then places nothing there
+  // that reserves some).
+  int64_t total_memory = 0;
+  int64_t free_memory = 0;
   std::string runtime;  // what its trainer runs, as SchedJob::runtimes names it; empty: unknown
 };
 

@@ -29,7 +29,8 @@ namespace {
 //    are listed and expired from the store rather than held in memory.
 // 5: jobs gained owner (with an index for listing one owner's jobs); tokens.
 // 6: searches and their trials.
-constexpr int kSchemaVersion = 6;
+// 7: tasks gained out_of_memory, memory_limit and memory_peak.
+constexpr int kSchemaVersion = 7;
 
 // From version 1 to 2, in one transaction with the new version number.
 constexpr char kMigrateFrom1[] = R"sql(
@@ -76,6 +77,15 @@ CREATE TABLE IF NOT EXISTS trials(
   search_id TEXT NOT NULL, number INTEGER NOT NULL, trial BLOB NOT NULL,
   PRIMARY KEY(search_id, number));
 UPDATE meta SET value = '6' WHERE key = 'schema_version';
+COMMIT;
+)sql";
+
+constexpr char kMigrateFrom6[] = R"sql(
+BEGIN IMMEDIATE;
+ALTER TABLE tasks ADD COLUMN out_of_memory INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN memory_limit INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN memory_peak INTEGER NOT NULL DEFAULT 0;
+UPDATE meta SET value = '7' WHERE key = 'schema_version';
 COMMIT;
 )sql";
 
@@ -157,8 +167,8 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                                                       " is newer than supported ", kSchemaVersion));
   } else {
     // Each step in its own transaction with its version number: one cut short is redone.
-    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr, kMigrateFrom4,
-                                      kMigrateFrom5};
+    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr,
+                                      kMigrateFrom4, kMigrateFrom5, kMigrateFrom6};
     for (int from = *version; from < kSchemaVersion; ++from) {
       absl::Status s = from == 3 ? store->MigrateFrom3() : store->Exec(migrations[from - 1]);
       if (!s.ok()) {
@@ -255,13 +265,16 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
   for (const auto& [job_id, task] : m.tasks) {
     Statement st(db_,
                  "INSERT OR REPLACE INTO tasks(task_id, job_id, generation, rank, worker_id, "
-                 "state, exit_code, signal, message, role, shard, stop_deadline_ms) "
-                 "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                 "state, exit_code, signal, message, role, shard, stop_deadline_ms, "
+                 "out_of_memory, memory_limit, memory_peak) "
+                 "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     st.Bind(1, task.task_id()).Bind(2, job_id).Bind(3, task.generation()).Bind(4, task.rank());
     st.Bind(5, task.worker_id()).Bind(6, static_cast<int64_t>(task.state()));
     st.Bind(7, task.exit_code()).Bind(8, task.signal()).Bind(9, task.message());
     st.Bind(10, static_cast<int64_t>(task.role())).Bind(11, task.shard());
     st.Bind(12, task.stop_deadline_unix_ms());
+    st.Bind(13, int64_t{task.out_of_memory()}).Bind(14, task.memory_limit_bytes());
+    st.Bind(15, task.memory_peak_bytes());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const v1::Worker& worker : m.workers) {

@@ -30,7 +30,7 @@ static_assert(v1::TASK_STARTING == 1 && v1::TASK_RUNNING == 2);
 
 constexpr char kTaskColumns[] =
     "t.task_id, t.generation, t.rank, t.worker_id, t.state, t.exit_code, t.signal, t.message, "
-    "t.role, t.shard, t.stop_deadline_ms";
+    "t.role, t.shard, t.stop_deadline_ms, t.out_of_memory, t.memory_limit, t.memory_peak";
 constexpr char kTaskOrder[] = "t.generation, t.role, t.rank, t.shard";
 
 // Reads the kTaskColumns of the statement's row, from column `first` on.
@@ -47,6 +47,9 @@ void ReadTask(Row& st, int first, v1::TaskInfo* t) {
   t->set_role(static_cast<v1::TaskRole>(st.Int(first + 8)));
   t->set_shard(static_cast<int32_t>(st.Int(first + 9)));
   t->set_stop_deadline_unix_ms(st.Int(first + 10));
+  t->set_out_of_memory(st.Int(first + 11) != 0);
+  t->set_memory_limit_bytes(st.Int(first + 12));
+  t->set_memory_peak_bytes(st.Int(first + 13));
 }
 
 template <typename Row>

@@ -37,8 +37,10 @@ TaskReportOutcome DecideTaskReport(const v1::Job& job, const v1::TaskInfo& task)
   if (!TaskSucceeded(task)) {
     out.restart_reason = ClassifyTaskEnd(task);
     out.reason = TaskFailureReason(task);
-    out.user_error = task.state() == v1::TASK_EXITED && task.exit_code() == kExitUserError &&
-                     out.restart_reason == v1::FAILURE;
+    // Over its memory limit: the same limit would stop it again, so the job fails at once.
+    out.user_error = out.restart_reason == v1::OUT_OF_MEMORY ||
+                     (task.state() == v1::TASK_EXITED && task.exit_code() == kExitUserError &&
+                      out.restart_reason == v1::FAILURE);
     if (job.state() != v1::RESTARTING) {
       out.kind = Kind::kEndAttempt;
       return out;

@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -592,6 +593,110 @@ TEST(BackoffTest, GrowsExponentiallyWithJitterUpToTheMaximum) {
   }
   backoff.Reset();
   EXPECT_LE(backoff.Next(), absl::Milliseconds(100));
+}
+
+// An isolation the test scripts: what Prepare returns, which tasks are over their limit, and
+// what each one's end says.
+class ScriptedIsolation final : public TaskIsolation {
+ public:
+  std::string Name() const override { return "scripted"; }
+  absl::StatusOr<std::vector<std::string>> Prepare(const std::string& task_id,
+                                                   const TaskLimits& limits) override {
+    absl::MutexLock lock(&mu_);
+    prepared[task_id] = limits;
+    if (!fail_prepare.ok()) return fail_prepare;
+    return std::vector<std::string>{"/cgroup/" + task_id + "/cgroup.procs"};
+  }
+  void Started(const std::string& task_id, pid_t pid) override {
+    absl::MutexLock lock(&mu_);
+    started[task_id] = pid;
+  }
+  std::vector<std::string> OverLimit() override {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(over, {});
+  }
+  TaskMemoryEnd Finish(const std::string& task_id, int, int) override {
+    absl::MutexLock lock(&mu_);
+    finished.push_back(task_id);
+    return ends[task_id];
+  }
+
+  absl::Mutex mu_;
+  std::map<std::string, TaskLimits> prepared;
+  std::map<std::string, pid_t> started;
+  std::vector<std::string> over;
+  std::map<std::string, TaskMemoryEnd> ends;
+  std::vector<std::string> finished;
+  absl::Status fail_prepare;
+};
+
+// The task's limits go to the isolation, the child joins its cgroups, and an end for memory is
+// reported as such with the limit and the peak, ahead of the log's own last words.
+TEST_F(ReconcilerTest, TasksRunInTheirLimitsAndOutOfMemoryIsReported) {
+  ScriptedIsolation isolation;
+  ReconcilerOptions options = Options();
+  options.isolation = &isolation;
+  Reconciler reconciler(options, launcher_, clock_);
+  v1::Task task = MakeTask("j1.g1.r0");
+  task.set_memory_limit_bytes(256 << 20);
+  task.set_cpu_limit(1.5);
+  ASSERT_EQ(reconciler.Apply({task}).size(), 1u);
+  EXPECT_EQ(isolation.prepared["j1.g1.r0"].memory_bytes, 256 << 20);
+  EXPECT_EQ(isolation.prepared["j1.g1.r0"].cpus, 1.5);
+  EXPECT_EQ(isolation.started["j1.g1.r0"], 1000);
+  ASSERT_EQ(launcher_.launched().size(), 1u);
+  EXPECT_THAT(launcher_.launched()[0].options.join_cgroups,
+              ElementsAre("/cgroup/j1.g1.r0/cgroup.procs"));
+
+  launcher_.Exit(1000, ExitInfo{137, SIGKILL});
+  isolation.ends["j1.g1.r0"] =
+      TaskMemoryEnd{true, 256 << 20, 255 << 20, "the kernel's OOM killer in its cgroup"};
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_TRUE(ended[0].out_of_memory());
+  EXPECT_EQ(ended[0].memory_limit_bytes(), 256 << 20);
+  EXPECT_EQ(ended[0].memory_peak_bytes(), 255 << 20);
+  EXPECT_THAT(ended[0].message(),
+              HasSubstr("out of memory: killed at its limit of 256.0 MiB, peak 255.0 MiB (the "
+                        "kernel's OOM killer in its cgroup)"));
+  EXPECT_THAT(isolation.finished, ElementsAre("j1.g1.r0"));
+}
+
+// Under the watch, a task the isolation finds over its limit gets SIGKILL at the next Tick, and
+// its end is its own even while a stop was asked of it.
+TEST_F(ReconcilerTest, ATaskOverItsLimitIsKilled) {
+  ScriptedIsolation isolation;
+  ReconcilerOptions options = Options();
+  options.isolation = &isolation;
+  Reconciler reconciler(options, launcher_, clock_);
+  v1::Task task = MakeTask("j1.g1.r0");
+  task.set_memory_limit_bytes(128 << 20);
+  reconciler.Apply({task});
+  reconciler.Apply({});  // asked to stop: SIGTERM
+  isolation.over = {"j1.g1.r0"};
+  isolation.ends["j1.g1.r0"] = TaskMemoryEnd{true, 128 << 20, 300 << 20, "the agent's watch"};
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM, SIGKILL));
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::TASK_EXITED);
+  EXPECT_EQ(ended[0].signal(), SIGKILL);
+  EXPECT_TRUE(ended[0].out_of_memory());
+}
+
+// A task whose cgroup cannot be made does not start, and says why.
+TEST_F(ReconcilerTest, ATaskThatCannotBeConfinedFailsToStart) {
+  ScriptedIsolation isolation;
+  isolation.fail_prepare = absl::FailedPreconditionError("mkdir /cgroup/x: Permission denied");
+  ReconcilerOptions options = Options();
+  options.isolation = &isolation;
+  Reconciler reconciler(options, launcher_, clock_);
+  std::vector<v1::TaskStatus> changes = reconciler.Apply({MakeTask("j1.g1.r0")});
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].state(), v1::TASK_FAILED_TO_START);
+  EXPECT_THAT(changes[0].message(),
+              HasSubstr("cannot confine it: mkdir /cgroup/x: Permission denied"));
+  EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 
 }  // namespace

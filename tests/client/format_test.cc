@@ -134,9 +134,12 @@ TEST(ViewsTest, WorkersAndCheckpointsTables) {
   w.set_slots(4);
   w.set_slots_used(1);
   w.set_last_seen_unix_ms(1'700'000'000'000);
-  EXPECT_EQ(WorkersTable({w}, absl::FromUnixMillis(1'700'000'002'000)),
-            "ID        ADDRESS    HOST  PID  STATE  SLOTS  GPUS  LIBTORCH  LAST SEEN  TASKS\n"
-            "worker-1  127.0.0.1  -     -    READY  1/4    0/0   -         2s ago     -\n");
+  EXPECT_EQ(
+      WorkersTable({w}, absl::FromUnixMillis(1'700'000'002'000)),
+      "ID        ADDRESS    HOST  PID  STATE  SLOTS  GPUS  MEMORY  LIMITS  LIBTORCH  LAST SEEN  "
+      "TASKS\n"
+      "worker-1  127.0.0.1  -     -    READY  1/4    0/0   -       -       -         2s ago     "
+      "-\n");
   w.set_hostname("gpu-7");
   w.set_pid(4321);
   w.set_libtorch_version("2.6.0");
@@ -144,11 +147,14 @@ TEST(ViewsTest, WorkersAndCheckpointsTables) {
   w.add_features("nccl");
   w.add_task_ids("j-1.g1.r0");
   w.add_task_ids("j-2.g3.r1");
+  w.set_memory_bytes(int64_t{16} << 30);
+  w.set_memory_used_bytes(int64_t{4} << 30);
+  w.set_isolation("cgroup v2");
   EXPECT_EQ(WorkersTable({w}, absl::FromUnixMillis(1'700'000'002'000)),
-            "ID        ADDRESS    HOST   PID   STATE  SLOTS  GPUS  LIBTORCH         LAST SEEN  "
-            "TASKS\n"
-            "worker-1  127.0.0.1  gpu-7  4321  READY  1/4    0/0   2.6.0+cuda+nccl  2s ago     "
-            "j-1.g1.r0,j-2.g3.r1\n");
+            "ID        ADDRESS    HOST   PID   STATE  SLOTS  GPUS  MEMORY            LIMITS     "
+            "LIBTORCH         LAST SEEN  TASKS\n"
+            "worker-1  127.0.0.1  gpu-7  4321  READY  1/4    0/0   4.0 GiB/16.0 GiB  cgroup v2  "
+            "2.6.0+cuda+nccl  2s ago     j-1.g1.r0,j-2.g3.r1\n");
   v1::Checkpoint c;
   c.set_step(200);
   c.set_size_bytes(1536);
@@ -188,8 +194,22 @@ TEST(ViewsTest, DescribeShowsTasksAndEvents) {
   EXPECT_THAT(text, HasSubstr("State:            FAILED"));
   EXPECT_THAT(text, HasSubstr("Committed step:   -"));
   EXPECT_THAT(text, HasSubstr("TASK     GEN  WORKER    STATE    EXIT"));
-  EXPECT_THAT(text, HasSubstr("rank 0   2    worker-1  EXITED   2     optimizer.lr: must be > 0"));
+  EXPECT_THAT(
+      text, HasSubstr("rank 0   2    worker-1  EXITED   2     -       optimizer.lr: must be > 0"));
   EXPECT_THAT(text, HasSubstr("shard 1  2    worker-2  RUNNING  -"));
+  // A rank killed for memory: OOM, and the most it held of its limit.
+  v1::TaskInfo* oom = job.mutable_tasks(0);
+  oom->set_signal(9);
+  oom->set_out_of_memory(true);
+  oom->set_memory_limit_bytes(256 << 20);
+  oom->set_memory_peak_bytes(255 << 20);
+  job.mutable_spec()->mutable_resources()->set_memory_bytes(256 << 20);
+  job.mutable_spec()->mutable_resources()->set_cpus(2);
+  const std::string oom_text = DescribeJob(job, absl::UTCTimeZone());
+  EXPECT_THAT(oom_text, HasSubstr("EXITED   OOM   255.0 MiB/256.0 MiB"));
+  EXPECT_THAT(oom_text, HasSubstr("Per rank:         2 CPUs, 256.0 MiB"));
+  job.mutable_spec()->clear_resources();
+  oom->clear_out_of_memory();
   EXPECT_THAT(text, Not(HasSubstr("Param servers:")));
   job.mutable_spec()->set_strategy(v1::PARAMETER_SERVER);
   job.mutable_spec()->mutable_parameter_servers()->set_shards(2);

@@ -138,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "parameter_servers: must be >= 1"},
         BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "[2]"}},
                 "parameter_servers: expected a number or {shards, mode, max_staleness, dense, "
-                "slots}, got a list"},
+                "slots, memory}, got a list"},
         BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{shards: 0}"}},
                 "parameter_servers.shards: must be >= 1"},
         BadSpec{{{"strategy", "parameter_server"}, {"parameter_servers", "{shards: 300}"}},
@@ -165,6 +165,17 @@ INSTANTIATE_TEST_SUITE_P(
                 "batch_size: 100 does not divide across 3 workers"},
         BadSpec{{{"resources", "{gpus_per_worker: -1}"}},
                 "resources.gpus_per_worker: must be >= 0"},
+        BadSpec{{{"resources", "{cpus: 0}"}}, "resources.cpus: must be > 0"},
+        BadSpec{{{"resources", "{cpus: 2000}"}}, "resources.cpus: must be > 0 and <= 1024"},
+        BadSpec{{{"resources", "{memory: lots}"}},
+                "resources.memory: 'lots' is not a size (256MB, 64MiB, 4Gi)"},
+        BadSpec{{{"resources", "{memory: 0}"}},
+                "resources.memory: '0' is not a size (256MB, 64MiB, 4Gi)"},
+        BadSpec{{{"resources", "{memory: 64MiB}"}},
+                "resources.memory: must be at least 128.0 MiB (a trainer needs about that to "
+                "start), got 64.0 MiB"},
+        BadSpec{{{"resources", "{memroy: 1G}"}},
+                "resources.memroy: unknown key (did you mean 'memory'?)"},
         // Model.
         BadSpec{{{"model", "{args: {inputs: 4, classes: 2}}"}},
                 "model: set builtin or torchscript"},
@@ -474,6 +485,20 @@ TEST(JobSpecTest, EmbeddingMlpOverCategoricalIds) {
             {"data", "{synthetic: {samples: 64, features: 4, classes: 2, vocab: 100}}"}}));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->data().synthetic().vocab_size(), 1);
+}
+
+TEST(JobSpecTest, ResourcesPerRankAndPerShard) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpecYaml(Spec({{"resources", "{cpus: 1.5, memory: 4GiB}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(spec->resources().cpus(), 1.5);
+  EXPECT_EQ(spec->resources().memory_bytes(), int64_t{4} << 30);
+  spec = ParseJobSpecYaml(Spec({{"resources", "{memory: 512Mi}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->resources().memory_bytes(), int64_t{512} << 20);
+  spec = ParseJobSpecYaml(Spec({{"resources", "{memory: 300000000}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->resources().memory_bytes(), 300000000);
 }
 
 TEST(JobSpecTest, DuplicateKeyIsRefused) {

@@ -77,6 +77,9 @@ TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
     shard.set_role(v1::TASK_ROLE_SHARD);
     shard.set_shard(1);
     shard.set_stop_deadline_unix_ms(123456789);
+    shard.set_out_of_memory(true);
+    shard.set_memory_limit_bytes(int64_t{3} << 30);
+    shard.set_memory_peak_bytes((int64_t{3} << 30) - 4096);
     m.tasks.emplace_back("demo-1", shard);
     v1::Worker worker;
     worker.set_id("w1");
@@ -129,6 +132,10 @@ TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
   EXPECT_EQ(j1.tasks(2).role(), v1::TASK_ROLE_SHARD);
   EXPECT_EQ(j1.tasks(2).shard(), 1);
   EXPECT_EQ(j1.tasks(2).stop_deadline_unix_ms(), 123456789);
+  EXPECT_TRUE(j1.tasks(2).out_of_memory());
+  EXPECT_EQ(j1.tasks(2).memory_limit_bytes(), int64_t{3} << 30);
+  EXPECT_EQ(j1.tasks(2).memory_peak_bytes(), (int64_t{3} << 30) - 4096);
+  EXPECT_FALSE(j1.tasks(0).out_of_memory());
   EXPECT_EQ(j1.tasks(0).role(), v1::TASK_ROLE_RANK);
   EXPECT_EQ(j1.tasks(1).exit_code(), 2);
   EXPECT_EQ(j1.tasks(1).message(), "boom");

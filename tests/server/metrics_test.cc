@@ -182,6 +182,23 @@ TEST_F(MetricsTest, WorkersHeldByAMassLossAreUnreachableNotLost) {
   EXPECT_EQ(Value(text, R"(trainyard_slots{state="free"})"), 0);
 }
 
+TEST(CoordinatorMetricsTest, TasksOutOfMemoryAreCountedByRole) {
+  CoordinatorMetrics metrics;
+  EXPECT_EQ(Value(Scrape(metrics), R"(trainyard_tasks_out_of_memory_total{role="rank"})"), 0);
+  EXPECT_EQ(Value(Scrape(metrics), R"(trainyard_tasks_out_of_memory_total{role="shard"})"), 0);
+  v1::Job job;
+  job.set_id("j-1");
+  v1::TaskInfo task;
+  task.set_out_of_memory(true);
+  metrics.OnTaskOutOfMemory(job, task);
+  task.set_role(v1::TASK_ROLE_SHARD);
+  metrics.OnTaskOutOfMemory(job, task);
+  metrics.OnTaskOutOfMemory(job, task);
+  const std::string text = Scrape(metrics);
+  EXPECT_EQ(Value(text, R"(trainyard_tasks_out_of_memory_total{role="rank"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_tasks_out_of_memory_total{role="shard"})"), 2);
+}
+
 TEST(CoordinatorMetricsTest, RestartsArePresentAtZeroAndCountedByReason) {
   CoordinatorMetrics metrics;
   std::string text = Scrape(metrics);

@@ -72,6 +72,63 @@ TEST(SchedulerTest, FitsByGpusAndIgnoresSlots) {
   EXPECT_THAT(d.placements[0].rank_workers, ElementsAre("w1", "w1"));
 }
 
+SchedWorker WithMemory(SchedWorker w, int64_t total, int64_t free) {
+  w.total_memory = total;
+  w.free_memory = free;
+  return w;
+}
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// Ranks reserve their memory: two of 3 GiB do not share a worker offering 4 GiB.
+TEST(SchedulerTest, FitsByMemory) {
+  SchedJob job = CpuJob("m", 1, 2, 2);
+  job.memory_per_rank = 3 * kGiB;
+  ScheduleDecision d = Schedule({job}, {WithMemory(Worker("w1", 4, 4), 4 * kGiB, 4 * kGiB),
+                                        WithMemory(Worker("w2", 4, 4), 4 * kGiB, 4 * kGiB)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, UnorderedElementsAre("w1", "w2"));
+  // With one worker's memory taken, the gang waits, saying what it needs.
+  d = Schedule({job}, {WithMemory(Worker("w1", 4, 4), 4 * kGiB, 4 * kGiB),
+                       WithMemory(Worker("w2", 4, 4), 4 * kGiB, kGiB)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_EQ(d.pending_reasons["m"],
+            "waiting for capacity: needs 2 slots and 6.0 GiB of memory, 8 slots and 5.0 GiB of "
+            "memory free");
+}
+
+// A rank larger than any worker's memory can never run there: unfit, with the numbers, and it
+// holds up no one.
+TEST(SchedulerTest, MoreMemoryThanAnyWorkerOffersIsUnfit) {
+  SchedJob big = CpuJob("big", 1);
+  big.memory_per_rank = 8 * kGiB;
+  ScheduleDecision d =
+      Schedule({big, CpuJob("small", 2)}, {WithMemory(Worker("w1", 4, 4), 4 * kGiB, 4 * kGiB)});
+  EXPECT_THAT(PlacedIds(d), ElementsAre("small"));
+  EXPECT_THAT(d.unfit, ElementsAre("big"));
+  EXPECT_EQ(d.pending_reasons["big"],
+            "needs 8.0 GiB of memory per rank; the largest worker offers 4.0 GiB");
+}
+
+// A worker that did not say its memory takes jobs that reserve some.
+TEST(SchedulerTest, UnknownMemoryDoesNotLimit) {
+  SchedJob job = CpuJob("m", 1);
+  job.memory_per_rank = 8 * kGiB;
+  ScheduleDecision d = Schedule({job}, {Worker("w1", 4, 4)});
+  EXPECT_THAT(PlacedIds(d), ElementsAre("m"));
+}
+
+// Shards reserve their own memory.
+TEST(SchedulerTest, ShardsReserveMemory) {
+  SchedJob job = CpuJob("ps", 1, 1, 1);
+  job.shards = 2;
+  job.memory_per_shard = 3 * kGiB;
+  ScheduleDecision d = Schedule({job}, {WithMemory(Worker("w1", 8, 8), 4 * kGiB, 4 * kGiB),
+                                        WithMemory(Worker("w2", 8, 8), 4 * kGiB, 4 * kGiB)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].shard_workers, UnorderedElementsAre("w1", "w2"));
+}
+
 // A job whose model needs operators only some LibTorch has goes only to workers that run it,
 // counts only their capacity, and does not hold up the queue while none is ready.
 TEST(SchedulerTest, RuntimesLimitWhereAJobGoes) {

@@ -50,6 +50,26 @@ TEST(TaskReportTest, AFailedRankEndsTheAttemptWithItsCause) {
   EXPECT_EQ(out.reason, "rank 0 exited with code 2: data.train: no files");
 }
 
+// Killed at its memory limit: the user's error, even while a stop was asked of it, and never
+// retried (the same limit would stop it again).
+TEST(TaskReportTest, OutOfMemoryIsTheUsersError) {
+  v1::Job job = Attempt(v1::RUNNING, 2);
+  v1::TaskInfo* t = job.mutable_tasks(1);
+  t->set_state(v1::TASK_EXITED);
+  t->set_exit_code(137);
+  t->set_signal(9);
+  t->set_stop_deadline_unix_ms(1);
+  t->set_out_of_memory(true);
+  t->set_message("out of memory: killed at its limit of 256.0 MiB, peak 256.0 MiB");
+  TaskReportOutcome out = DecideTaskReport(job, *t);
+  EXPECT_EQ(out.kind, Kind::kEndAttempt);
+  EXPECT_EQ(out.restart_reason, v1::OUT_OF_MEMORY);
+  EXPECT_TRUE(out.user_error);
+  EXPECT_EQ(out.reason,
+            "rank 1 killed by signal 9 (SIGKILL): out of memory: killed at its limit of 256.0 "
+            "MiB, peak 256.0 MiB");
+}
+
 TEST(TaskReportTest, WhileRestartingALaterRankMayNameTheCauseBetter) {
   v1::Job job = Attempt(v1::RESTARTING, 2);
   job.add_restarts()->set_reason(v1::INFRASTRUCTURE);  // a peer's lost connection came first

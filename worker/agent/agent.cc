@@ -35,19 +35,6 @@ constexpr absl::Duration kStoppingPoll = absl::Milliseconds(200);
 
 }  // namespace
 
-int64_t MachineMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!absl::StartsWith(line, "MemTotal:")) continue;
-    std::vector<absl::string_view> parts =
-        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    int64_t kib = 0;
-    if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kib)) return kib * 1024;
-  }
-  return 0;
-}
-
 class Agent::CoordinatorLogSink final : public LogSink {
  public:
   explicit CoordinatorLogSink(Agent& agent) : agent_(agent) {}
@@ -90,7 +77,8 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
                                                    " now (later passes retry): ", status.message());
                                       }
                                     },
-                                    options_.task_retention, options_.trainer_env},
+                                    options_.task_retention, options_.trainer_env,
+                                    options_.isolation},
                   *launcher_, clock_) {}
 
 Agent::~Agent() = default;
@@ -175,6 +163,7 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   request.set_slots(options_.slots);
   request.set_gpus(options_.gpus);
   request.set_memory_bytes(options_.memory_bytes);
+  if (options_.isolation != nullptr) request.set_isolation(options_.isolation->Name());
   request.set_hostname(options_.hostname);
   request.set_pid(static_cast<int32_t>(getpid()));
   if (!options_.runtime.libtorch_version().empty()) *request.mutable_runtime() = options_.runtime;

@@ -41,6 +41,7 @@ struct AgentOptions {
   absl::Duration sync_wait = absl::Seconds(30);
   absl::Duration task_retention = absl::Hours(24);  // folders of ended tasks are kept this long
   std::map<std::string, std::string> trainer_env;   // ReconcilerOptions::trainer_env
+  TaskIsolation* isolation = nullptr;               // ReconcilerOptions::isolation
 };
 
 // While no lease stream holds, Syncs renew the lease and wait at most this long.
@@ -154,9 +155,6 @@ class Agent {
   CallCanceller* lease_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::CondVar lease_cv_;
 };
-
-// MemTotal from /proc/meminfo in bytes; 0 if unknown.
-int64_t MachineMemoryBytes();
 
 }  // namespace trainyard
 

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
@@ -14,8 +15,10 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/byte_size.h"
 #include "common/channel.h"
 #include "common/clock.h"
 #include "common/daemon_metrics_flags.h"
@@ -29,6 +32,7 @@
 #include "worker/agent/preemption_watcher.h"
 #include "worker/agent/process_launcher.h"
 #include "worker/agent/subprocess.h"
+#include "worker/agent/task_isolation.h"
 #include "worker/agent/trainer_runtime.h"
 
 namespace {
@@ -53,7 +57,20 @@ ABSL_FLAG(std::string, name, "",
 ABSL_FLAG(std::string, address, "",
           "address other machines reach this one at (trainers of a job meet their peers there); "
           "default: this machine's address on the interface that leads to --coordinator");
-ABSL_FLAG(int, slots, 0, "CPU slots offered to the scheduler (default: the number of cores)");
+ABSL_FLAG(int, slots, 0,
+          "CPU slots offered to the scheduler, one per CPU a task may use (default: the CPUs this "
+          "process may use: its cores, or its cgroup's CPU quota in a container)");
+ABSL_FLAG(std::string, memory, "",
+          "memory offered to tasks (16GiB, 4000M), reserved by the tasks' resources.memory and "
+          "the limit of all of them together (default: the memory this process may use, its "
+          "machine's or its container's limit, less a reserve for the agent of 5 % between 256 "
+          "MiB and 1 GiB)");
+ABSL_FLAG(std::string, isolation, "auto",
+          "how each task is held to its memory and CPU limits: auto (cgroup v2 where the agent "
+          "can delegate its memory and cpu controllers, else the cgroup v1 memory and cpu "
+          "controllers, else watch), cgroup-v2, cgroup-v1 (fail if unusable), or watch (no "
+          "cgroups: the agent reads each task's resident memory and kills it over its limit; no "
+          "CPU quota)");
 ABSL_FLAG(int, gpus, -1,
           "GPUs offered to the scheduler; -1 finds them: NVML's count (libnvidia-ml.so.1, loaded "
           "at run time), else the count of /dev/nvidia[0-9]*");
@@ -158,9 +175,45 @@ int main(int argc, char** argv) {
     trainyard::LogInfo("address ", options.address,
                        ": this machine's on the way to the coordinator (--address sets another)");
   }
-  options.slots = absl::GetFlag(FLAGS_slots) > 0
-                      ? absl::GetFlag(FLAGS_slots)
-                      : std::max(1u, std::thread::hardware_concurrency());
+  trainyard::IsolationOptions isolation_options;
+  isolation_options.mode = absl::GetFlag(FLAGS_isolation);
+  isolation_options.name = options.name;
+  options.slots =
+      absl::GetFlag(FLAGS_slots) > 0
+          ? absl::GetFlag(FLAGS_slots)
+          : std::max(1, static_cast<int>(trainyard::AvailableCpus(isolation_options) + 1e-6));
+  if (const std::string memory = absl::GetFlag(FLAGS_memory); !memory.empty()) {
+    absl::StatusOr<int64_t> bytes = trainyard::ParseByteSize(memory);
+    if (!bytes.ok()) {
+      trainyard::LogError("--memory: ", bytes.status().message());
+      return 2;
+    }
+    options.memory_bytes = *bytes;
+  } else {
+    const int64_t available = trainyard::AvailableMemoryBytes(isolation_options);
+    const int64_t reserve =
+        std::clamp<int64_t>(available / 20, int64_t{256} << 20, int64_t{1} << 30);
+    options.memory_bytes = std::max<int64_t>(available - reserve, 0);
+  }
+  isolation_options.total_memory_bytes = options.memory_bytes;
+  std::string isolation_notes;
+  absl::StatusOr<std::unique_ptr<trainyard::TaskIsolation>> isolation =
+      trainyard::NewTaskIsolation(isolation_options, &isolation_notes);
+  if (!isolation.ok()) {
+    trainyard::LogError("--isolation=", isolation_options.mode, ": ", isolation.status().message());
+    return 2;
+  }
+  options.isolation = isolation->get();
+  if ((*isolation)->Name() == "watch") {
+    trainyard::LogWarning(
+        "no cgroups for tasks",
+        isolation_notes.empty() ? std::string() : absl::StrCat(" (", isolation_notes, ")"),
+        ": memory limits are enforced by watching each task's resident memory, CPU quotas not "
+        "at all");
+  }
+  trainyard::LogInfo("offering ", options.slots, " slots and ",
+                     trainyard::HumanBytes(options.memory_bytes), " of memory to tasks, held by ",
+                     (*isolation)->Name());
   // NVML, when the driver has it: how many GPUs to offer, and their metrics.
   std::unique_ptr<trainyard::GpuMonitor> nvml;
   if (absl::StatusOr<std::unique_ptr<trainyard::GpuMonitor>> loaded = trainyard::LoadNvml();
@@ -177,7 +230,6 @@ int main(int argc, char** argv) {
     options.gpus = trainyard::DiscoverGpus(nvml.get(), "/dev", &how);
     trainyard::LogInfo("offering ", options.gpus, " GPUs, found through ", how);
   }
-  options.memory_bytes = trainyard::MachineMemoryBytes();
   options.hostname = Hostname();
   std::error_code ec;
   std::filesystem::create_directories(absl::GetFlag(FLAGS_work_dir), ec);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/byte_size.h"
 #include "common/credentials.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
@@ -249,8 +250,20 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
                 // Temporary files (a pipeline's model export) go with the task's folder.
                 {"TMPDIR", dir}};
   for (const auto& [key, value] : options_.trainer_env) launch.env.emplace_back(key, value);
+  if (options_.isolation != nullptr) {
+    TaskLimits limits;
+    limits.memory_bytes = std::max<int64_t>(task.memory_limit_bytes(), 0);
+    limits.cpus = std::max(task.cpu_limit(), 0.0);
+    absl::StatusOr<std::vector<std::string>> join = options_.isolation->Prepare(id, limits);
+    if (!join.ok()) return fail(absl::StrCat("cannot confine it: ", join.status().message()));
+    launch.join_cgroups = *std::move(join);
+  }
   absl::StatusOr<int64_t> pid = launcher_.Launch(launch);
-  if (!pid.ok()) return fail(std::string(pid.status().message()));
+  if (!pid.ok()) {
+    if (options_.isolation != nullptr) options_.isolation->Finish(id, 127, 0);
+    return fail(std::string(pid.status().message()));
+  }
+  if (options_.isolation != nullptr) options_.isolation->Started(id, static_cast<pid_t>(*pid));
 
   for (int gpu : gpus) gpu_used_[gpu] = true;
   record.gpus = gpus;
@@ -372,9 +385,21 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     ExitInfo exit;
   };
   std::vector<Ended> ended;
+  // Read outside the lock: the watch may scan /proc.
+  const std::vector<std::string> over_limit =
+      options_.isolation != nullptr ? options_.isolation->OverLimit() : std::vector<std::string>();
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_.Now();
+    for (const std::string& id : over_limit) {
+      auto it = records_.find(id);
+      if (it == records_.end() || !it->second.running || it->second.reaped) continue;
+      // Its end is its own (the isolation reports it out of memory), not a stop of ours.
+      LogWarning("task ", id, " is over its memory limit of ",
+                 HumanBytes(it->second.task.memory_limit_bytes()), "; sending SIGKILL");
+      absl::Status status = launcher_.Signal(it->second.status.pid(), SIGKILL);
+      if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
+    }
     for (auto& [id, record] : records_) {
       // Reaped by a Tick still busy with the hook: it reports the end.
       if (!record.running || record.reaped) continue;
@@ -426,6 +451,23 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     status.set_exit_code(e.exit.exit_code);
     status.set_signal(e.exit.signal);
     status.set_message(ExitMessage(e.task_id, e.exit, record));
+    if (options_.isolation != nullptr) {
+      const TaskMemoryEnd memory =
+          options_.isolation->Finish(e.task_id, e.exit.exit_code, e.exit.signal);
+      status.set_memory_limit_bytes(memory.limit_bytes);
+      status.set_memory_peak_bytes(memory.peak_bytes);
+      if (memory.out_of_memory) {
+        status.set_out_of_memory(true);
+        std::string what =
+            absl::StrCat("out of memory: killed at its limit of ", HumanBytes(memory.limit_bytes));
+        if (memory.limit_bytes == 0)
+          what = "out of memory: killed with the worker's task memory full";
+        if (memory.peak_bytes > 0) absl::StrAppend(&what, ", peak ", HumanBytes(memory.peak_bytes));
+        absl::StrAppend(&what, " (", memory.how, ")");
+        status.set_message(status.message().empty() ? what
+                                                    : absl::StrCat(what, "; ", status.message()));
+      }
+    }
     int64_t last_step = -1;
     const std::string step_text = std::string(absl::StripAsciiWhitespace(
         ReadSmallFile(absl::StrCat(TaskDir(e.task_id), "/", kLastStepFile))));

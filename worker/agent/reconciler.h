@@ -17,6 +17,7 @@
 #include "common/exit_codes.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/process_launcher.h"
+#include "worker/agent/task_isolation.h"
 
 namespace trainyard {
 
@@ -43,6 +44,9 @@ struct ReconcilerOptions {
   absl::Duration task_retention = absl::Hours(24);
   // Added to every trainer's environment (how to reach the coordinator: TRAINYARD_CA_FILE, ...).
   std::map<std::string, std::string> trainer_env;
+  // Confines each task to its memory and CPU limits (Task.memory_limit_bytes, cpu_limit) and
+  // says how its memory ended; null: no limits (what tasks report of memory stays unset).
+  TaskIsolation* isolation = nullptr;
 };
 
 // The worker's task table: makes the set of running trainers match the coordinator's desired
@@ -84,7 +88,8 @@ class Reconciler {
   std::vector<v1::TaskStatus> Apply(const std::vector<v1::Task>& desired,
                                     const std::set<std::string>& kill = {});
 
-  // Reaps trainers that ended and sends SIGKILL to those past their kill time. Returns the final
+  // Reaps trainers that ended and sends SIGKILL to those past their kill time or, under the
+  // isolation's watch, over their memory limit (reported out_of_memory). Returns the final
   // statuses of the tasks that ended, each with the last step its trainer wrote to its
   // kLastStepFile (-1 without one): TASK_STOPPED for a task stopped because it left the
   // desired state (first), TASK_EXITED with the trainer's own exit code or signal otherwise,

@@ -76,6 +76,11 @@ ExitInfo FromWaitStatus(int status) {
     if (out > 2) close(out);
   }
   if (!options.working_dir.empty() && chdir(options.working_dir.c_str()) != 0) fail(2);
+  for (const std::string& procs : options.join_cgroups) {
+    const int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "0", 1) != 1) fail(4);
+    close(fd);
+  }
   if (std::strchr(argv[0], '/') != nullptr) {
     execve(argv[0], argv, envp);
   } else {
@@ -137,8 +142,10 @@ absl::StatusOr<pid_t> StartSubprocess(const SubprocessOptions& options) {
     return absl::InternalError(absl::StrCat("cannot start ", options.argv[0]));
   }
   static constexpr const char* kStages[] = {"set up the process", "open its output file",
-                                            "enter its working directory", "run the program"};
-  std::string what = absl::StrCat("cannot ", kStages[err[0] & 3], " for ", options.argv[0]);
+                                            "enter its working directory", "run the program",
+                                            "join its cgroup"};
+  const int stage = err[0] >= 0 && err[0] <= 4 ? err[0] : 0;
+  std::string what = absl::StrCat("cannot ", kStages[stage], " for ", options.argv[0]);
   if (err[0] == 1) absl::StrAppend(&what, " (", options.output_file, ")");
   if (err[0] == 2) absl::StrAppend(&what, " (", options.working_dir, ")");
   return ErrnoStatus(err[1], what);

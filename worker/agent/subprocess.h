@@ -33,6 +33,9 @@ struct SubprocessOptions {
   // The child gets SIGKILL when the thread that started it exits. Call from a thread that lives
   // as long as the process that should own the child (the main thread, typically).
   bool die_with_parent = true;
+  // cgroup.procs files the child joins (by writing "0" to each) before it runs the program, so
+  // that everything it allocates is charged to those cgroups from the start.
+  std::vector<std::string> join_cgroups;
 };
 
 // How a process ended.

@@ -1,0 +1,160 @@
+// Limits per task on a shared worker, with the real coordinator, agent and trainers: a rank that
+// goes over its memory limit is killed, reported OUT_OF_MEMORY with its limit and peak and not
+// retried, while another job's rank on the same worker and the agent run on; the same without
+// cgroups (the agent's watch); and a rank larger than any worker's memory waits with the numbers.
+
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
+
+namespace trainyard::testing {
+namespace {
+
+constexpr char kPython[] = "/usr/bin/python3";
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// A TorchScript model that keeps 16 MiB more at every training step (tests/integration/
+// leaky_model.py), written into `dir`.
+std::string WriteLeakyModel(const std::string& dir) {
+  const std::string model = dir + "/leaky.pt";
+  Process writer({kPython, SourceDir() + "/tests/integration/leaky_model.py", "--out", model},
+                 dir + "/leaky.log");
+  std::optional<int> status = writer.Wait(absl::Seconds(120));
+  EXPECT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << writer.Log();
+  return model;
+}
+
+std::string LeakyJobYaml(const std::string& model, const std::string& memory) {
+  return absl::StrCat(R"(name: leaky
+model: {torchscript: )",
+                      model, R"(}
+data:
+  synthetic: {samples: 2048, features: 16, classes: 4}
+batch_size: 32
+optimizer: {name: sgd, lr: 0.01}
+max_steps: 10000
+restart: {max_failures: 3}
+resources: {memory: )",
+                      memory, "}\n");
+}
+
+// The failed leaky job: one rank, killed for memory at `limit`, with its peak, and not restarted
+// although its restart.max_failures would allow it.
+void ExpectOutOfMemory(const v1::Job& job, int64_t limit, const std::string& how) {
+  EXPECT_EQ(job.state(), v1::FAILED) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "out of memory: killed at its limit of"))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), how)) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "a user error: the job is not restarted"))
+      << job.reason();
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.restarts_size(), 0);
+  ASSERT_EQ(job.tasks_size(), 1);
+  const v1::TaskInfo& task = job.tasks(0);
+  EXPECT_TRUE(task.out_of_memory());
+  EXPECT_EQ(task.memory_limit_bytes(), limit);
+  EXPECT_GE(task.memory_peak_bytes(), limit * 3 / 4) << task.message();
+}
+
+TEST(ResourceIsolationTest, OutOfMemoryIsNamedAndTheNeighbourRunsOn) {
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
+  ClusterOptions options;
+  options.slots_per_worker = 2;
+  Cluster cluster(options);
+  const std::string model = WriteLeakyModel(cluster.state_dir());
+
+  // The neighbour, held after 2 updates so that it is certainly running when the other dies.
+  cluster.Hold("steady", 2);
+  auto steady = cluster.Submit(SyntheticJobYaml("steady", 20, "resources: {memory: 1GiB}\n"));
+  ASSERT_TRUE(steady.ok()) << steady.status();
+  auto held = cluster.WaitFor(steady->id(), [](const v1::Job& j) {
+    return j.state() == v1::RUNNING && j.progress().step() >= 2;
+  });
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string steady_task = held->tasks(0).task_id();
+  std::optional<pid_t> steady_pid = cluster.TrainerPid(0, steady_task);
+  ASSERT_TRUE(steady_pid.has_value());
+
+  auto leaky = cluster.Submit(LeakyJobYaml(model, "256MiB"));
+  ASSERT_TRUE(leaky.ok()) << leaky.status();
+  auto failed = cluster.WaitForFinal(leaky->id());
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  ExpectOutOfMemory(*failed, 256 * kMiB, "OOM killer in its cgroup");
+  EXPECT_LE(failed->tasks(0).memory_peak_bytes(), 256 * kMiB);
+
+  // `describe` names it.
+  Cluster::CliResult described = cluster.Cli({"describe", leaky->id()});
+  EXPECT_EQ(described.exit_code, 0) << described.output;
+  EXPECT_TRUE(absl::StrContains(described.output, "OOM")) << described.output;
+  EXPECT_TRUE(absl::StrContains(described.output, "/256.0 MiB")) << described.output;
+
+  // The neighbour and the agent never noticed: the same trainer, still held at its step.
+  EXPECT_TRUE(ProcessAlive(*steady_pid));
+  EXPECT_TRUE(cluster.worker(0).running());
+  auto still = cluster.Get(steady->id());
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->state(), v1::RUNNING) << still->reason();
+  EXPECT_EQ(still->generation(), 1);
+  // The worker says how it holds its tasks.
+  Cluster::CliResult workers = cluster.Cli({"workers"});
+  EXPECT_TRUE(absl::StrContains(workers.output, "cgroup v")) << workers.output;
+  EXPECT_TRUE(absl::StrContains(workers.output, "1.0 GiB/")) << workers.output;
+
+  cluster.Release("steady");
+  auto done = cluster.WaitForFinal(steady->id());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_FALSE(done->tasks(0).out_of_memory());
+  EXPECT_EQ(done->tasks(0).memory_limit_bytes(), 1024 * kMiB);
+  EXPECT_GT(done->tasks(0).memory_peak_bytes(), 0);
+}
+
+// Where the agent cannot make cgroups (forced here with --isolation=watch), it watches each
+// task's resident memory and stops it at its limit, reported the same way.
+TEST(ResourceIsolationTest, WithoutCgroupsTheAgentsWatchStopsIt) {
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
+  ClusterOptions options;
+  options.worker_args = {"--isolation=watch"};
+  Cluster cluster(options);
+  const std::string model = WriteLeakyModel(cluster.state_dir());
+  auto leaky = cluster.Submit(LeakyJobYaml(model, "320MiB"));
+  ASSERT_TRUE(leaky.ok()) << leaky.status();
+  auto failed = cluster.WaitForFinal(leaky->id());
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  ExpectOutOfMemory(*failed, 320 * kMiB, "the agent's watch of its resident memory");
+  EXPECT_GT(failed->tasks(0).memory_peak_bytes(), 320 * kMiB);
+  Cluster::CliResult workers = cluster.Cli({"workers"});
+  EXPECT_TRUE(absl::StrContains(workers.output, "watch")) << workers.output;
+}
+
+// A rank that needs more memory than any worker offers waits, saying so with the numbers, and
+// does not hold up a job that fits.
+TEST(ResourceIsolationTest, MoreMemoryThanAnyWorkerOffersWaitsWithTheNumbers) {
+  ClusterOptions options;
+  options.worker_args = {"--memory=1GiB"};
+  Cluster cluster(options);
+  auto big = cluster.Submit(SyntheticJobYaml("big", 5, "resources: {memory: 2GiB}\n"));
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto waiting = cluster.WaitFor(big->id(), [](const v1::Job& j) {
+    return absl::StrContains(j.reason(), "needs 2.0 GiB of memory per rank");
+  });
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_EQ(waiting->state(), v1::PENDING);
+  EXPECT_TRUE(absl::StrContains(waiting->reason(), "the largest worker offers 1.0 GiB"))
+      << waiting->reason();
+  auto small = cluster.Submit(SyntheticJobYaml("small", 5, "resources: {memory: 512MiB}\n"));
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto done = cluster.WaitForFinal(small->id());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+}
+
+}  // namespace
+}  // namespace trainyard::testing
