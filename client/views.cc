@@ -10,6 +10,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "client/format.h"
+#include "common/memory_estimate.h"
 #include "common/restart_reason.h"
 #include "google/protobuf/util/json_util.h"
 #include "yaml-cpp/yaml.h"
@@ -243,6 +244,16 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
     if (r.cpus() > 0) parts.push_back(absl::StrCat(r.cpus(), r.cpus() == 1 ? " CPU" : " CPUs"));
     if (r.memory_bytes() > 0) parts.push_back(HumanBytes(r.memory_bytes()));
     field("Per rank", absl::StrJoin(parts, ", "));
+  }
+  // What the coordinator worked out at submission.
+  auto estimate = [](const v1::TaskMemoryEstimate& e) {
+    return absl::StrCat(e.lower_bound() ? "" : "about ", DescribeEstimate(e));
+  };
+  if (job.memory_estimate().rank().total_bytes() > 0) {
+    field("Rank memory", estimate(job.memory_estimate().rank()));
+  }
+  if (job.memory_estimate().shard().total_bytes() > 0) {
+    field("Shard memory", estimate(job.memory_estimate().shard()));
   }
   if (job.spec().strategy() == v1::PARAMETER_SERVER) {
     const v1::ParameterServerSpec& ps = job.spec().parameter_servers();

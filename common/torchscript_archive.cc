@@ -294,6 +294,7 @@ absl::StatusOr<TorchScriptNeeds> ReadTorchScriptNeeds(int64_t size, const Archiv
     const absl::string_view inner = absl::string_view(e.name).substr(slash + 1);
     const bool version = inner == "version" || inner == ".data/version";
     const bool code = absl::StartsWith(inner, "code/") && absl::EndsWith(inner, ".py");
+    if (absl::StartsWith(inner, "data/")) needs.tensor_bytes += e.size;
     if (!version && !code) continue;
     code_bytes += e.size;
     if (code_bytes > kMaxArchiveCodeBytes) {

@@ -21,6 +21,8 @@ struct TorchScriptNeeds {
   std::vector<std::string> ops;
   // The archive's file-format version (its "version" record); 0 when it has none.
   int64_t format_version = 0;
+  // Bytes of its tensors (the records under data/: parameters and buffers, stored uncompressed).
+  int64_t tensor_bytes = 0;
 };
 
 // Reads `length` bytes at `offset` of the archive.

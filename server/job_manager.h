@@ -459,6 +459,11 @@ class JobManager {
       const trainyard::v1::TrainerRuntime& runtime) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live workers (not LOST), for NoWorkerRuns.
   std::vector<const WorkerRecord*> LiveWorkersLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Why no live worker can hold a rank (or a shard) of `spec` in memory: its resources.memory,
+  // else the `estimate`, against the largest memory a worker offers. Empty when one can, or no
+  // live worker said how much it has.
+  std::string NoWorkerHoldsLocked(const v1::JobSpec& spec, const v1::MemoryEstimate& estimate) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record,
                                          const std::map<std::string, WorkerUsage>& used) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

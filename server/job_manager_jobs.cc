@@ -11,9 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_size.h"
 #include "common/clock.h"
 #include "common/job_spec.h"
 #include "common/log.h"
+#include "common/memory_estimate.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
 #include "server/capacity.h"
@@ -70,6 +72,39 @@ absl::StatusOr<std::string> JobManager::JobOwner(absl::string_view id) const {
   return record->job.job.owner();
 }
 
+std::string JobManager::NoWorkerHoldsLocked(const v1::JobSpec& spec,
+                                            const v1::MemoryEstimate& estimate) const {
+  const WorkerRecord* largest = nullptr;
+  for (const WorkerRecord* w : LiveWorkersLocked()) {
+    if (w->info.memory_bytes() > 0 &&
+        (largest == nullptr || w->info.memory_bytes() > largest->info.memory_bytes())) {
+      largest = w;
+    }
+  }
+  if (largest == nullptr) return "";
+  const int64_t offered = largest->info.memory_bytes();
+  auto check = [&](const char* task, int64_t asked, const char* field,
+                   const v1::TaskMemoryEstimate& estimated) -> std::string {
+    const std::string where = absl::StrCat("more than any worker offers (the largest, ",
+                                           largest->info.id(), ", ", HumanBytes(offered), ")");
+    if (asked > offered) {
+      return absl::StrCat(field, ": ", HumanBytes(asked), " per ", task, " is ", where);
+    }
+    if (asked == 0 && estimated.total_bytes() > offered) {
+      return absl::StrCat("a ", task, " needs ", DescribeEstimate(estimated), " by estimate, ",
+                          where);
+    }
+    return "";
+  };
+  std::string none =
+      check("rank", spec.resources().memory_bytes(), "resources.memory", estimate.rank());
+  if (none.empty() && estimate.has_shard()) {
+    none = check("shard", spec.parameter_servers().memory_bytes(), "parameter_servers.memory",
+                 estimate.shard());
+  }
+  return none;
+}
+
 absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Principal* by,
                                                     const SubmitOptions& options) {
   // The name passed IsValidName (ValidateJobSpec), which also makes it a safe file name for the
@@ -83,6 +118,23 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
   // What its models need of a worker's LibTorch, read where this machine can read them.
   absl::StatusOr<std::optional<v1::ModelNeeds>> needs = ReadModelNeeds(spec, options_.model_stores);
   if (!needs.ok()) return needs.status();
+  // What a rank and a shard need in memory: more than the job asks for cannot run.
+  const JobMemory memory = EstimateJobMemory(spec, needs->has_value() ? &**needs : nullptr);
+  v1::MemoryEstimate estimate;
+  *estimate.mutable_rank() = memory.rank.ToProto();
+  if (memory.has_shard) *estimate.mutable_shard() = memory.shard.ToProto();
+  if (const int64_t asked = spec.resources().memory_bytes();
+      asked > 0 && memory.rank.Total() > asked) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.memory: ", HumanBytes(asked),
+        " is less than a rank needs by estimate: ", DescribeEstimate(estimate.rank())));
+  }
+  if (const int64_t asked = spec.parameter_servers().memory_bytes();
+      memory.has_shard && asked > 0 && memory.shard.Total() > asked) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter_servers.memory: ", HumanBytes(asked),
+        " is less than a shard needs by estimate: ", DescribeEstimate(estimate.shard())));
+  }
   auto taken = [&](absl::string_view what) {
     return absl::AlreadyExistsError(absl::StrCat("job ", options.id, " exists (", what, ")"));
   };
@@ -127,6 +179,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
             absl::StrCat(absl::StrJoin((*needs)->read(), ", "), ": ", none));
       }
     }
+    if (std::string none = NoWorkerHoldsLocked(spec, estimate); !none.empty()) {
+      return absl::FailedPreconditionError(none);
+    }
     // The number is taken now; a submission whose write fails leaves a gap.
     seq = options.validate_only ? next_seq_ : next_seq_++;
     const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
@@ -145,6 +200,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
     job.set_checkpoint_uri(JoinUri(base, job.id()));
     *job.mutable_spec() = std::move(spec);
     if (needs->has_value()) *job.mutable_model_needs() = **needs;
+    *job.mutable_memory_estimate() = estimate;
     v1::JobEvent* event = job.add_events();
     event->set_time_unix_ms(now_ms);
     event->set_from(v1::JOB_STATE_UNSPECIFIED);

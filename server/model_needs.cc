@@ -74,6 +74,11 @@ absl::StatusOr<std::optional<v1::ModelNeeds>> ReadModelNeeds(const v1::JobSpec& 
     }
     ops.insert(read->ops.begin(), read->ops.end());
     needs.set_format_version(std::max(needs.format_version(), read->format_version));
+    if (uri == &spec.model().torchscript()) {
+      needs.set_model_tensor_bytes(read->tensor_bytes);
+    } else {
+      needs.set_teacher_tensor_bytes(read->tensor_bytes);
+    }
     needs.add_read(*uri);
   }
   if (needs.read().empty()) return std::nullopt;

@@ -107,6 +107,17 @@ TEST_F(ArchiveTest, FindsTheOperatorsPyTorchSees) {
   EXPECT_GT(needs->format_version, 0);
 }
 
+// The bytes of its tensors, as PyTorch counts its state_dict: what the coordinator's memory
+// estimate takes for a TorchScript model's parameters.
+TEST_F(ArchiveTest, TensorBytesAreWhatPyTorchHolds) {
+  absl::StatusOr<TorchScriptNeeds> needs = Read("model.pt");
+  ASSERT_TRUE(needs.ok()) << needs.status();
+  const std::vector<std::string> lines = Lines("tensor_bytes.txt");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(needs->tensor_bytes, std::stoll(lines[0]));
+  EXPECT_GT(needs->tensor_bytes, 4000);
+}
+
 TEST_F(ArchiveTest, StoredAndZip64ArchivesReadTheSame) {
   absl::StatusOr<TorchScriptNeeds> deflated = Read("model.pt");
   absl::StatusOr<TorchScriptNeeds> stored = Read("stored.pt");
@@ -117,6 +128,8 @@ TEST_F(ArchiveTest, StoredAndZip64ArchivesReadTheSame) {
   EXPECT_EQ(stored->ops, deflated->ops);
   EXPECT_EQ(many->ops, deflated->ops);
   EXPECT_EQ(many->format_version, deflated->format_version);
+  EXPECT_EQ(stored->tensor_bytes, deflated->tensor_bytes);
+  EXPECT_EQ(many->tensor_bytes, deflated->tensor_bytes);
 }
 
 TEST_F(ArchiveTest, RefusesWhatIsNotAnArchive) {

@@ -72,6 +72,8 @@ def main():
     rewrite(f"{out}/model.pt", f"{out}/many.pt", zipfile.ZIP_DEFLATED, extra=70000)
     with open(f"{out}/graph_ops.txt", "w") as f:
         f.write("\n".join(graph_ops(torch.jit.load(f"{out}/model.pt"))) + "\n")
+    with open(f"{out}/tensor_bytes.txt", "w") as f:
+        f.write(f"{sum(t.numel() * t.element_size() for t in module.state_dict().values())}\n")
     with open(f"{out}/all_ops.txt", "w") as f:
         f.write("\n".join(sorted({s.name for s in torch._C._jit_get_all_schemas()})) + "\n")
 

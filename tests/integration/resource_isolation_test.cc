@@ -1,7 +1,8 @@
 // Limits per task on a shared worker, with the real coordinator, agent and trainers: a rank that
 // goes over its memory limit is killed, reported OUT_OF_MEMORY with its limit and peak and not
 // retried, while another job's rank on the same worker and the agent run on; the same without
-// cgroups (the agent's watch); and a rank larger than any worker's memory waits with the numbers.
+// cgroups (the agent's watch); and a model too large for its limit or any worker refused at
+// submission.
 
 #include <sys/wait.h>
 
@@ -134,26 +135,58 @@ TEST(ResourceIsolationTest, WithoutCgroupsTheAgentsWatchStopsIt) {
   EXPECT_TRUE(absl::StrContains(workers.output, "watch")) << workers.output;
 }
 
-// A rank that needs more memory than any worker offers waits, saying so with the numbers, and
-// does not hold up a job that fits.
-TEST(ResourceIsolationTest, MoreMemoryThanAnyWorkerOffersWaitsWithTheNumbers) {
+// A model far too large for its own resources.memory, or for any worker, is refused at
+// submission with the numbers (by the coordinator's estimate: parameters, gradients, AdamW's two
+// states); one that fits runs.
+TEST(ResourceIsolationTest, TooLargeIsRefusedAtSubmissionWithTheNumbers) {
   ClusterOptions options;
   options.worker_args = {"--memory=1GiB"};
   Cluster cluster(options);
-  auto big = cluster.Submit(SyntheticJobYaml("big", 5, "resources: {memory: 2GiB}\n"));
-  ASSERT_TRUE(big.ok()) << big.status();
-  auto waiting = cluster.WaitFor(big->id(), [](const v1::Job& j) {
-    return absl::StrContains(j.reason(), "needs 2.0 GiB of memory per rank");
-  });
-  ASSERT_TRUE(waiting.ok()) << waiting.status();
-  EXPECT_EQ(waiting->state(), v1::PENDING);
-  EXPECT_TRUE(absl::StrContains(waiting->reason(), "the largest worker offers 1.0 GiB"))
-      << waiting->reason();
+  // 16 -> 16384 -> 16384 -> 4: 268 million parameters, 1.0 GiB of them alone.
+  const std::string big_model = R"(name: big
+model:
+  builtin: mlp
+  args: {inputs: 16, hidden: [16384, 16384], classes: 4}
+data:
+  synthetic: {samples: 2048, features: 16, classes: 4}
+batch_size: 32
+optimizer: {name: adamw, lr: 0.01}
+max_steps: 5
+)";
+  auto own_limit = cluster.Submit(big_model + "resources: {memory: 512MiB}\n");
+  ASSERT_FALSE(own_limit.ok());
+  EXPECT_EQ(own_limit.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(
+      own_limit.status().message(),
+      "resources.memory: 512.0 MiB is less than a rank needs by estimate: 4.1 GiB (parameters "
+      "1.0 GiB, gradients 1.0 GiB, adamw state 2.0 GiB"))
+      << own_limit.status();
+
+  auto no_worker = cluster.Submit(big_model);
+  ASSERT_FALSE(no_worker.ok());
+  EXPECT_EQ(no_worker.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(
+      absl::StrContains(no_worker.status().message(), "a rank needs 4.1 GiB (parameters 1.0 GiB"))
+      << no_worker.status();
+  EXPECT_TRUE(absl::StrContains(no_worker.status().message(),
+                                "by estimate, more than any worker offers (the largest, "
+                                "worker-0, 1.0 GiB)"))
+      << no_worker.status();
+
+  auto asks_too_much = cluster.Submit(SyntheticJobYaml("asks", 5, "resources: {memory: 2GiB}\n"));
+  ASSERT_FALSE(asks_too_much.ok());
+  EXPECT_TRUE(absl::StrContains(asks_too_much.status().message(),
+                                "resources.memory: 2.0 GiB per rank is more than any worker "
+                                "offers (the largest, worker-0, 1.0 GiB)"))
+      << asks_too_much.status();
+
   auto small = cluster.Submit(SyntheticJobYaml("small", 5, "resources: {memory: 512MiB}\n"));
   ASSERT_TRUE(small.ok()) << small.status();
   auto done = cluster.WaitForFinal(small->id());
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_GT(done->memory_estimate().rank().total_bytes(), 0);
+  EXPECT_LT(done->memory_estimate().rank().total_bytes(), 512 * kMiB);
 }
 
 }  // namespace

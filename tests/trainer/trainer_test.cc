@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/memory_estimate.h"
 #include "common/object_store.h"
 #include "common/safetensors.h"
 #include "gmock/gmock.h"
@@ -537,6 +538,68 @@ TEST(TrainingDataTest, TokenShardsGiveWindowsOfContextPlusOneTokens) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("must be 1-D token ids of U8, U16, I32 or I64, got I32 "
                                           "[4,2]"));
+}
+
+// The coordinator's memory estimate (common/memory_estimate.h) counts a built-in model's
+// parameters exactly: as many bytes as the model the trainer builds holds.
+TEST(MemoryEstimateTest, BuiltinParametersAreExact) {
+  auto bytes_of = [](Model& model) {
+    int64_t bytes = 0;
+    for (const auto& [name, p] : model.NamedParameters()) bytes += p.numel() * p.element_size();
+    return bytes;
+  };
+  auto check = [&](trainyard::v1::JobSpec spec, int64_t inputs, int64_t outputs,
+                   std::vector<int64_t> max_ids = {}) {
+    absl::StatusOr<std::unique_ptr<Model>> model =
+        BuildModel(spec.model(), 1, inputs, outputs, max_ids);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const JobMemory estimate = EstimateJobMemory(spec, nullptr);
+    EXPECT_EQ(estimate.rank.parameters, bytes_of(**model)) << spec.model().DebugString();
+    EXPECT_FALSE(estimate.rank.lower_bound) << spec.model().DebugString();
+  };
+  trainyard::v1::JobSpec mlp;
+  mlp.mutable_model()->set_builtin("mlp");
+  mlp.mutable_model()->mutable_args()->add_hidden(32);
+  mlp.mutable_model()->mutable_args()->add_hidden(8);
+  mlp.mutable_data()->mutable_synthetic()->set_features(16);
+  mlp.mutable_data()->mutable_synthetic()->set_classes(4);
+  check(mlp, 16, 4);
+
+  trainyard::v1::JobSpec cnn;
+  cnn.mutable_model()->set_builtin("cnn");
+  trainyard::v1::ModelArgs& c = *cnn.mutable_model()->mutable_args();
+  c.set_channels(1);
+  c.set_height(8);
+  c.set_width(8);
+  c.add_hidden(4);
+  c.add_hidden(6);
+  c.set_classes(3);
+  cnn.mutable_data()->mutable_synthetic()->set_features(64);
+  check(cnn, 64, 3);
+
+  trainyard::v1::JobSpec embedding;
+  embedding.mutable_model()->set_builtin("embedding_mlp");
+  trainyard::v1::ModelArgs& e = *embedding.mutable_model()->mutable_args();
+  e.add_vocab(10);
+  e.add_vocab(20);
+  e.set_dim(4);
+  e.add_hidden(8);
+  e.set_classes(2);
+  e.set_inputs(3);
+  check(embedding, 3, 2, {9, 19});
+
+  for (bool tied : {true, false}) {
+    trainyard::v1::JobSpec transformer;
+    transformer.mutable_model()->set_builtin("transformer");
+    trainyard::v1::ModelArgs& t = *transformer.mutable_model()->mutable_args();
+    t.add_vocab(50);
+    t.set_context(8);
+    t.set_layers(2);
+    t.set_dim(16);
+    t.set_heads(4);
+    t.set_tie_embeddings(tied);
+    check(transformer, 8, 50);
+  }
 }
 
 // The built-in transformer: PyTorch's names (the tied head listed once, as wte.weight), the

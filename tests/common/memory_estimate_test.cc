@@ -1,0 +1,153 @@
+// What the coordinator's memory estimate makes of each strategy (the built-ins' parameter counts
+// are checked against the models the trainer builds in trainer_test.cc).
+
+#include "common/memory_estimate.h"
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+v1::JobSpec Parse(const std::string& yaml) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml + "max_steps: 10\n");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec();
+}
+
+// 16 -> 1024 -> 4: 21,508 parameters, 86,032 bytes.
+constexpr char kMlp[] = R"(name: t
+model: {builtin: mlp, args: {inputs: 16, hidden: [1024], classes: 4}}
+data: {synthetic: {samples: 64, features: 16, classes: 4}}
+batch_size: 64
+)";
+constexpr int64_t kMlpBytes = (16 * 1024 + 1024 + 1024 * 4 + 4) * 4;
+
+TEST(MemoryEstimateTest, ARankHoldsParametersGradientsAndItsOptimizersState) {
+  JobMemory sgd =
+      EstimateJobMemory(Parse(std::string(kMlp) + "optimizer: {name: sgd, lr: 0.1}\n"), nullptr);
+  EXPECT_EQ(sgd.rank.parameters, kMlpBytes);
+  EXPECT_EQ(sgd.rank.gradients, kMlpBytes);
+  EXPECT_EQ(sgd.rank.optimizer, 0);
+  // 64 samples: 16 inputs, 1024 twice (linear and ReLU), 4 outputs.
+  EXPECT_EQ(sgd.rank.activations, 64 * (16 + 2 * 1024 + 4) * 4);
+  EXPECT_EQ(sgd.rank.runtime, kTrainerRuntimeBytes);
+  EXPECT_FALSE(sgd.has_shard);
+  JobMemory momentum = EstimateJobMemory(
+      Parse(std::string(kMlp) + "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"), nullptr);
+  EXPECT_EQ(momentum.rank.optimizer, kMlpBytes);
+  JobMemory adamw =
+      EstimateJobMemory(Parse(std::string(kMlp) + "optimizer: {name: adamw, lr: 0.1}\n"), nullptr);
+  EXPECT_EQ(adamw.rank.optimizer, 2 * kMlpBytes);
+  EXPECT_EQ(adamw.rank.Total(), 4 * kMlpBytes + adamw.rank.activations + kTrainerRuntimeBytes);
+  EXPECT_EQ(adamw.rank.Detail(),
+            "parameters 84.0 KiB, gradients 84.0 KiB, adamw state 168.0 KiB, activations 517.0 "
+            "KiB, runtime 80.0 MiB");
+}
+
+TEST(MemoryEstimateTest, DataParallelRanksSplitTheBatch) {
+  JobMemory four = EstimateJobMemory(
+      Parse(std::string(kMlp) + "strategy: data_parallel\nworkers: 4\n"), nullptr);
+  EXPECT_EQ(four.rank.parameters, kMlpBytes);
+  EXPECT_EQ(four.rank.activations, 16 * (16 + 2 * 1024 + 4) * 4);
+}
+
+// A parameter-server rank leaves the optimizer to the shards; a shard holds its share with the
+// optimizer's state and the sum of a step's pushes.
+TEST(MemoryEstimateTest, ParameterServerShardsHoldTheirShare) {
+  JobMemory ps = EstimateJobMemory(
+      Parse(std::string(kMlp) + "strategy: parameter_server\nworkers: 2\nparameter_servers: 2\n"
+                                "optimizer: {name: adam, lr: 0.01}\n"),
+      nullptr);
+  EXPECT_EQ(ps.rank.parameters, kMlpBytes);
+  EXPECT_EQ(ps.rank.optimizer, 0);
+  ASSERT_TRUE(ps.has_shard);
+  EXPECT_EQ(ps.shard.parameters, kMlpBytes / 2);
+  EXPECT_EQ(ps.shard.gradients, kMlpBytes / 2);
+  EXPECT_EQ(ps.shard.optimizer, kMlpBytes);
+}
+
+// With dense: allreduce the shards keep only the tables, and the ranks the rest with its
+// optimizer.
+TEST(MemoryEstimateTest, EmbeddingTablesStayOnTheShards) {
+  JobMemory ps = EstimateJobMemory(Parse(R"(name: t
+strategy: parameter_server
+workers: 2
+parameter_servers: {shards: 2, dense: allreduce}
+model: {builtin: embedding_mlp, args: {vocab: [1000000, 1000], dim: 16, hidden: [32], classes: 2}}
+data: {synthetic: {samples: 64, features: 4, classes: 2, vocab: [1000000, 1000]}}
+optimizer: {name: adam, lr: 0.01}
+batch_size: 64
+)"),
+                                   nullptr);
+  const int64_t tables = (1000000 + 1000) * 16;
+  const int64_t dense = (32 + 4) * 32 + 32 + 32 * 2 + 2;
+  EXPECT_EQ(ps.rank.parameters, dense * 4);
+  EXPECT_EQ(ps.rank.optimizer, 2 * dense * 4);
+  EXPECT_EQ(ps.shard.parameters, tables / 2 * 4);
+  EXPECT_EQ(ps.shard.optimizer, 2 * tables / 2 * 4);
+}
+
+// A pipeline stage holds its layers: with layer counts, exactly the largest stage's.
+TEST(MemoryEstimateTest, APipelineStageHoldsItsLayers) {
+  const std::string transformer = R"(name: t
+strategy: pipeline
+workers: 2
+model: {builtin: transformer, args: {vocab: [256], context: 32, layers: 4, dim: 64, heads: 4}}
+data: {tokens: /data/t-*.safetensors}
+batch_size: 16
+optimizer: {name: sgd, lr: 0.1}
+)";
+  const int64_t d = 64, h = 256;
+  const int64_t embeddings = (256 + 32) * d;
+  const int64_t block =
+      2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * h + h) + (h * d + d);
+  const int64_t head = 2 * d;
+  JobMemory counts =
+      EstimateJobMemory(Parse(transformer + "pipeline: {stages: 2, partition: [2, 4]}\n"), nullptr);
+  // The last stage keeps its own copy of the tied token embedding.
+  const int64_t tied_copy = 256 * d;
+  EXPECT_EQ(counts.rank.parameters, (3 * block + head + tied_copy) * 4);
+  JobMemory balanced = EstimateJobMemory(Parse(transformer + "pipeline: {stages: 2}\n"), nullptr);
+  EXPECT_EQ(balanced.rank.parameters, (embeddings + 4 * block + head + tied_copy + 1) / 2 * 4);
+  JobMemory single = EstimateJobMemory(
+      Parse(std::string(transformer)
+                .replace(transformer.find("strategy: pipeline\nworkers: 2\n"), 30, "")),
+      nullptr);
+  EXPECT_EQ(single.rank.parameters, (embeddings + 4 * block + head) * 4);
+  // 1F1B keeps at most a micro-batch per stage in flight, GPipe all of them.
+  JobMemory gpipe = EstimateJobMemory(
+      Parse(transformer + "pipeline: {stages: 2, microbatches: 8, schedule: gpipe}\n"), nullptr);
+  JobMemory one_f_one_b = EstimateJobMemory(
+      Parse(transformer + "pipeline: {stages: 2, microbatches: 8, schedule: 1f1b}\n"), nullptr);
+  EXPECT_EQ(gpipe.rank.activations, 4 * one_f_one_b.rank.activations);
+}
+
+// A TorchScript model counts the tensors of its archive; unread, the estimate says it is a lower
+// bound.
+TEST(MemoryEstimateTest, TorchScriptCountsItsTensorsOrIsALowerBound) {
+  const std::string yaml = R"(name: t
+model: {torchscript: /models/m.pt}
+data: {synthetic: {samples: 64, features: 16, classes: 4}}
+batch_size: 64
+optimizer: {name: adamw, lr: 0.01}
+)";
+  JobMemory unread = EstimateJobMemory(Parse(yaml), nullptr);
+  EXPECT_TRUE(unread.rank.lower_bound);
+  EXPECT_EQ(unread.rank.parameters, 0);
+  v1::ModelNeeds needs;
+  needs.set_model_tensor_bytes(320 * kMiB);
+  JobMemory read = EstimateJobMemory(Parse(yaml), &needs);
+  EXPECT_EQ(read.rank.parameters, 320 * kMiB);
+  EXPECT_EQ(read.rank.optimizer, 640 * kMiB);
+  EXPECT_TRUE(read.rank.lower_bound);  // its activations are unknown
+  EXPECT_EQ(DescribeEstimate(read.rank.ToProto()).substr(0, 17), "at least 1.3 GiB ");
+}
+
+}  // namespace
+}  // namespace trainyard
