@@ -191,6 +191,9 @@ int Train() {
   task.set_task_id("bench.g1.r0");
   task.set_job_id("bench");
   task.set_world_size(1);
+  // As the coordinator hands a rank its limit (resources.memory); the caller puts this process
+  // in a cgroup of that size, as the agent would.
+  task.set_memory_limit_bytes(spec->resources().memory_bytes());
   *task.mutable_spec() = *spec;
   trainyard::trainer::TrainerOptions options;
   options.stores = &Stores();

@@ -27,6 +27,11 @@ namespace trainyard {
 // a small MLP; rounded up.
 inline constexpr int64_t kTrainerRuntimeBytes = int64_t{80} << 20;
 
+// The share of what the model leaves of a rank's memory limit that its data path (the shards the
+// order holds at once, and those fetched ahead) may take: the rest is room for the page cache's
+// churn, the batches being built and what the estimate misses.
+inline constexpr double kDataShareOfMemory = 0.5;
+
 struct TaskMemory {
   int64_t parameters = 0;
   int64_t gradients = 0;

@@ -343,11 +343,11 @@ TEST_F(FakeCgroupV2Test, NoControllersIsAReason) {
 
 // In a container: its cgroup's limits, not the machine's, are what the agent may offer.
 TEST_F(FakeCgroupV2Test, AvailableResourcesAreTheContainersLimits) {
-  EXPECT_EQ(AvailableMemoryBytes(options_), 1073741824);
-  EXPECT_LE(AvailableCpus(options_), 1.5);
-  EXPECT_GT(AvailableCpus(options_), 0);
+  EXPECT_EQ(AvailableMemoryBytes(options_.files()), 1073741824);
+  EXPECT_LE(AvailableCpus(options_.files()), 1.5);
+  EXPECT_GT(AvailableCpus(options_.files()), 0);
   Write(root_ + "/pod/memory.max", "max\n");
-  EXPECT_EQ(AvailableMemoryBytes(options_), int64_t{8000000} * 1024);
+  EXPECT_EQ(AvailableMemoryBytes(options_.files()), int64_t{8000000} * 1024);
 }
 
 }  // namespace

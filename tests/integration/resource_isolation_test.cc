@@ -189,5 +189,61 @@ max_steps: 5
   EXPECT_LT(done->memory_estimate().rank().total_bytes(), 512 * kMiB);
 }
 
+// 600 MB of local shards under a 256 MiB limit: the default order would read at random across
+// all of it, evicting shards before their rows are used; the trainer chooses a window that keeps
+// the shards it holds within its data share, says so in the job's events, and trains within the
+// limit. Under half of that the shards cannot fit even one batch's window: refused, naming the
+// field.
+TEST(ResourceIsolationTest, DataLargerThanTheLimitGetsAWindowThatFits) {
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
+  Cluster cluster;
+  const std::string data = cluster.state_dir() + "/data";
+  // 150,000 samples of 1024 float32 features: 614 MB in 38 shards of about 16 MiB.
+  Process writer({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data,
+                  "--samples", "150000", "--features", "1024", "--classes", "4", "--files", "38",
+                  "--seed", "3", "--trainyard", BinDir() + "/trainyard"},
+                 cluster.state_dir() + "/write.log");
+  std::optional<int> status = writer.Wait(absl::Seconds(300));
+  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << writer.Log();
+  auto yaml = [&](const std::string& name, const std::string& memory) {
+    return absl::StrCat("name: ", name, R"(
+model:
+  builtin: mlp
+  args: {inputs: 1024, hidden: [16], classes: 4}
+data: {train: ")",
+                        data, R"(/train-*.safetensors"}
+batch_size: 64
+optimizer: {name: sgd, lr: 0.01}
+max_steps: 300
+resources: {memory: )",
+                        memory, "}\n");
+  };
+  auto windowed = cluster.Submit(yaml("windowed", "256MiB"));
+  ASSERT_TRUE(windowed.ok()) << windowed.status();
+  auto done = cluster.WaitForFinal(windowed->id(), absl::Seconds(300));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_FALSE(done->tasks(0).out_of_memory());
+  EXPECT_LE(done->tasks(0).memory_peak_bytes(), 256 * kMiB);
+  bool told = false;
+  for (const v1::JobEvent& e : done->events()) {
+    told |= absl::StrContains(e.reason(), "data.shuffle_window is ") &&
+            absl::StrContains(e.reason(), "memory limit");
+  }
+  EXPECT_TRUE(told) << done->DebugString();
+  Cluster::CliResult described = cluster.Cli({"describe", done->id()});
+  EXPECT_TRUE(absl::StrContains(described.output, "data.shuffle_window is ")) << described.output;
+
+  auto too_small = cluster.Submit(yaml("too-small", "128MiB"));
+  ASSERT_TRUE(too_small.ok()) << too_small.status();
+  auto failed = cluster.WaitForFinal(too_small->id(), absl::Seconds(300));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(failed->reason(), "data.shuffle_window: ")) << failed->reason();
+  EXPECT_TRUE(absl::StrContains(failed->reason(), "not even windows of one batch"))
+      << failed->reason();
+}
+
 }  // namespace
 }  // namespace trainyard::testing

@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
   options.slots =
       absl::GetFlag(FLAGS_slots) > 0
           ? absl::GetFlag(FLAGS_slots)
-          : std::max(1, static_cast<int>(trainyard::AvailableCpus(isolation_options) + 1e-6));
+          : std::max(1,
+                     static_cast<int>(trainyard::AvailableCpus(isolation_options.files()) + 1e-6));
   if (const std::string memory = absl::GetFlag(FLAGS_memory); !memory.empty()) {
     absl::StatusOr<int64_t> bytes = trainyard::ParseByteSize(memory);
     if (!bytes.ok()) {
@@ -190,7 +191,7 @@ int main(int argc, char** argv) {
     }
     options.memory_bytes = *bytes;
   } else {
-    const int64_t available = trainyard::AvailableMemoryBytes(isolation_options);
+    const int64_t available = trainyard::AvailableMemoryBytes(isolation_options.files());
     const int64_t reserve =
         std::clamp<int64_t>(available / 20, int64_t{256} << 20, int64_t{1} << 30);
     options.memory_bytes = std::max<int64_t>(available - reserve, 0);

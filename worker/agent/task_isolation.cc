@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,10 +10,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -25,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/byte_size.h"
+#include "common/cgroup.h"
 #include "common/log.h"
 
 namespace trainyard {
@@ -32,17 +30,6 @@ namespace {
 
 // CPU quota period: 100 ms, the kernel's default.
 constexpr int64_t kCpuPeriodUs = 100000;
-// A v1 limit at or above this is "no limit" (the kernel shows unlimited as 2^63 rounded down to
-// a page).
-constexpr int64_t kNoLimit = int64_t{1} << 62;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 // Writes `value` to an existing (kernel) file; the error names the file and the value.
 absl::Status WriteValue(const std::string& path, absl::string_view value) {
@@ -60,15 +47,9 @@ absl::Status WriteValue(const std::string& path, absl::string_view value) {
   return absl::OkStatus();
 }
 
-std::optional<int64_t> ReadInt(const std::string& path) {
-  int64_t v;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadText(path)), &v)) return std::nullopt;
-  return v;
-}
-
 // The value of `key` in a file of "key value" lines (memory.events, memory.oom_control).
 std::optional<int64_t> ReadKeyed(const std::string& path, absl::string_view key) {
-  for (absl::string_view line : absl::StrSplit(ReadText(path), '\n')) {
+  for (absl::string_view line : absl::StrSplit(ReadCgroupFile(path), '\n')) {
     std::vector<absl::string_view> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
     int64_t v;
     if (parts.size() == 2 && parts[0] == key && absl::SimpleAtoi(parts[1], &v)) return v;
@@ -78,53 +59,6 @@ std::optional<int64_t> ReadKeyed(const std::string& path, absl::string_view key)
 
 bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
-struct Mount {
-  std::string root;   // the part of the file system mounted
-  std::string point;  // where
-  std::string type;
-  std::set<std::string> options;  // super options: the v1 controllers
-};
-
-std::vector<Mount> ReadMounts(const std::string& mountinfo) {
-  std::vector<Mount> mounts;
-  for (absl::string_view line : absl::StrSplit(ReadText(mountinfo), '\n')) {
-    // ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER_OPTIONS
-    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    auto dash = std::find(f.begin(), f.end(), "-");
-    if (f.size() < 5 || dash == f.end() || f.end() - dash < 4) continue;
-    Mount m;
-    m.root = f[3];
-    m.point = f[4];
-    m.type = *(dash + 1);
-    for (absl::string_view o : absl::StrSplit(*(dash + 3), ',')) m.options.emplace(o);
-    mounts.push_back(std::move(m));
-  }
-  return mounts;
-}
-
-// This process's cgroup per v1 controller, and "" for the v2 hierarchy.
-std::map<std::string, std::string> ReadSelfCgroups(const std::string& path) {
-  std::map<std::string, std::string> out;
-  for (absl::string_view line : absl::StrSplit(ReadText(path), '\n')) {
-    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
-    if (f.size() != 3) continue;
-    if (f[1].empty()) {
-      out[""] = f[2];
-      continue;
-    }
-    for (absl::string_view c : absl::StrSplit(f[1], ',')) out[std::string(c)] = f[2];
-  }
-  return out;
-}
-
-// The folder of cgroup `path` under `mount` (whose root may be a cgroup itself, in a container).
-std::string CgroupDir(const Mount& mount, const std::string& path) {
-  absl::string_view rel = path;
-  if (mount.root != "/" && absl::StartsWith(rel, mount.root)) rel.remove_prefix(mount.root.size());
-  rel = absl::StripPrefix(rel, "/");
-  return rel.empty() ? mount.point : absl::StrCat(mount.point, "/", rel);
-}
-
 absl::Status MakeDir(const std::string& dir) {
   if (mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("mkdir ", dir, ": ", std::strerror(errno)));
@@ -132,7 +66,7 @@ absl::Status MakeDir(const std::string& dir) {
 
 std::vector<pid_t> Procs(const std::string& dir) {
   std::vector<pid_t> pids;
-  for (absl::string_view line : absl::StrSplit(ReadText(dir + "/cgroup.procs"), '\n')) {
+  for (absl::string_view line : absl::StrSplit(ReadCgroupFile(dir + "/cgroup.procs"), '\n')) {
     int pid;
     if (absl::SimpleAtoi(line, &pid) && pid > 0) pids.push_back(pid);
   }
@@ -292,7 +226,7 @@ class CgroupIsolation final : public TaskIsolation {
     const std::optional<int64_t> kills =
         ReadKeyed(memory_dir + (v2_ ? "/memory.events" : "/memory.oom_control"), "oom_kill");
     const std::optional<int64_t> peak =
-        ReadInt(memory_dir + (v2_ ? "/memory.peak" : "/memory.max_usage_in_bytes"));
+        ReadCgroupInt(memory_dir + (v2_ ? "/memory.peak" : "/memory.max_usage_in_bytes"));
     end.peak_bytes = peak.value_or(0);
     // A helper process killed for memory does not make a task that succeeded a failure.
     end.out_of_memory = kills.value_or(0) > 0 && (exit_code != 0 || signal != 0);
@@ -390,7 +324,7 @@ class WatchIsolation final : public TaskIsolation {
     while (struct dirent* e = readdir(d)) {
       int pid;
       if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
-      const std::string stat = ReadText(absl::StrCat(proc_, "/", pid, "/stat"));
+      const std::string stat = ReadCgroupFile(absl::StrCat(proc_, "/", pid, "/stat"));
       // "PID (COMM) STATE PPID PGRP SESSION ..." with RSS (pages) the 24th field; COMM may hold
       // spaces and parentheses, so fields are counted from its last ')'.
       const size_t close = stat.rfind(')');
@@ -416,24 +350,17 @@ class WatchIsolation final : public TaskIsolation {
   absl::Time next_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-const Mount* FindMount(const std::vector<Mount>& mounts, absl::string_view type,
-                       absl::string_view option) {
-  for (const Mount& m : mounts) {
-    if (m.type == type && (option.empty() || m.options.count(std::string(option)))) return &m;
-  }
-  return nullptr;
-}
-
 absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& options) {
-  const std::vector<Mount> mounts = ReadMounts(options.mountinfo);
-  const Mount* mount = FindMount(mounts, "cgroup2", "");
+  const std::vector<CgroupMount> mounts = ReadCgroupMounts(options.mountinfo);
+  const CgroupMount* mount = FindCgroupMount(mounts, "cgroup2", "");
   std::map<std::string, std::string> self = ReadSelfCgroups(options.self_cgroup);
   if (mount == nullptr || !self.count("")) {
     return absl::FailedPreconditionError("no cgroup v2 file system is mounted");
   }
   const std::string own = CgroupDir(*mount, self[""]);
-  const std::set<std::string> controllers = absl::StrSplit(
-      absl::StripAsciiWhitespace(ReadText(own + "/cgroup.controllers")), ' ', absl::SkipEmpty());
+  const std::set<std::string> controllers =
+      absl::StrSplit(absl::StripAsciiWhitespace(ReadCgroupFile(own + "/cgroup.controllers")), ' ',
+                     absl::SkipEmpty());
   if (!controllers.count("memory") || !controllers.count("cpu")) {
     return absl::FailedPreconditionError(
         absl::StrCat("cgroup v2 at ", own, " offers no memory and cpu controllers (it has: ",
@@ -471,9 +398,9 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
 }
 
 absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV1(const IsolationOptions& options) {
-  const std::vector<Mount> mounts = ReadMounts(options.mountinfo);
-  const Mount* memory = FindMount(mounts, "cgroup", "memory");
-  const Mount* cpu = FindMount(mounts, "cgroup", "cpu");
+  const std::vector<CgroupMount> mounts = ReadCgroupMounts(options.mountinfo);
+  const CgroupMount* memory = FindCgroupMount(mounts, "cgroup", "memory");
+  const CgroupMount* cpu = FindCgroupMount(mounts, "cgroup", "cpu");
   std::map<std::string, std::string> self = ReadSelfCgroups(options.self_cgroup);
   if (memory == nullptr || cpu == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -489,7 +416,7 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV1(const IsolationOptions& o
     if (absl::Status s = MakeDir(base); !s.ok()) return s;
   }
   // Children's limits count against the parent's only with the hierarchy on (always, since 5.x).
-  if (ReadInt(memory_base + "/memory.use_hierarchy").value_or(1) != 1) {
+  if (ReadCgroupInt(memory_base + "/memory.use_hierarchy").value_or(1) != 1) {
     WriteValue(memory_base + "/memory.use_hierarchy", "1").IgnoreError();
   }
   if (options.total_memory_bytes > 0) {
@@ -524,55 +451,6 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> NewTaskIsolation(const IsolationO
   }
   if (notes != nullptr) *notes = absl::StrJoin(why, "; ");
   return std::unique_ptr<TaskIsolation>(new WatchIsolation(options.proc, options.watch_interval));
-}
-
-int64_t AvailableMemoryBytes(const IsolationOptions& options) {
-  int64_t total = 0;
-  std::ifstream in(options.proc + "/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!absl::StartsWith(line, "MemTotal:")) continue;
-    std::vector<absl::string_view> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    int64_t kib = 0;
-    if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kib)) total = kib * 1024;
-  }
-  const std::vector<Mount> mounts = ReadMounts(options.mountinfo);
-  std::map<std::string, std::string> self = ReadSelfCgroups(options.self_cgroup);
-  std::optional<int64_t> limit;
-  if (const Mount* v1 = FindMount(mounts, "cgroup", "memory"); v1 != nullptr) {
-    limit = ReadInt(CgroupDir(*v1, self["memory"]) + "/memory.limit_in_bytes");
-  } else if (const Mount* v2 = FindMount(mounts, "cgroup2", ""); v2 != nullptr && self.count("")) {
-    limit = ReadInt(CgroupDir(*v2, self[""]) + "/memory.max");  // "max" reads as none
-  }
-  if (limit.has_value() && *limit > 0 && *limit < kNoLimit) {
-    total = total > 0 ? std::min(total, *limit) : *limit;
-  }
-  return total;
-}
-
-double AvailableCpus(const IsolationOptions& options) {
-  double cpus = 0;
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
-  if (cpus <= 0) cpus = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
-  const std::vector<Mount> mounts = ReadMounts(options.mountinfo);
-  std::map<std::string, std::string> self = ReadSelfCgroups(options.self_cgroup);
-  double quota_cpus = 0;
-  if (const Mount* v1 = FindMount(mounts, "cgroup", "cpu"); v1 != nullptr) {
-    const std::string dir = CgroupDir(*v1, self["cpu"]);
-    const std::optional<int64_t> quota = ReadInt(dir + "/cpu.cfs_quota_us");
-    const std::optional<int64_t> period = ReadInt(dir + "/cpu.cfs_period_us");
-    if (quota && period && *quota > 0 && *period > 0) quota_cpus = double(*quota) / *period;
-  } else if (const Mount* v2 = FindMount(mounts, "cgroup2", ""); v2 != nullptr && self.count("")) {
-    std::vector<std::string> f = absl::StrSplit(
-        absl::StripAsciiWhitespace(ReadText(CgroupDir(*v2, self[""]) + "/cpu.max")), ' ');
-    int64_t quota, period;
-    if (f.size() == 2 && absl::SimpleAtoi(f[0], &quota) && absl::SimpleAtoi(f[1], &period) &&
-        quota > 0 && period > 0) {
-      quota_cpus = double(quota) / period;
-    }
-  }
-  return quota_cpus > 0 ? std::min(cpus, quota_cpus) : cpus;
 }
 
 }  // namespace trainyard

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cgroup.h"
 
 namespace trainyard {
 
@@ -70,6 +71,7 @@ struct IsolationOptions {
   std::string self_cgroup = "/proc/self/cgroup";
   std::string proc = "/proc";
   absl::Duration watch_interval = absl::Milliseconds(250);
+  CgroupFiles files() const { return {mountinfo, self_cgroup, proc}; }
 };
 
 // The isolation `options.mode` asks for. "auto" falls back (cgroup v2, v1, then the watch) and
@@ -77,13 +79,6 @@ struct IsolationOptions {
 // FAILED_PRECONDITION with the reason.
 absl::StatusOr<std::unique_ptr<TaskIsolation>> NewTaskIsolation(const IsolationOptions& options,
                                                                 std::string* notes);
-
-// The memory this process may use: its cgroup's limit where it has one (a container), else the
-// machine's (MemTotal); 0 if unknown.
-int64_t AvailableMemoryBytes(const IsolationOptions& options);
-// The CPUs this process may use: its cgroup's CPU quota where it has one, else the cores it may
-// run on.
-double AvailableCpus(const IsolationOptions& options);
 
 }  // namespace trainyard
 

@@ -91,6 +91,13 @@ class Run {
   // Remote shards: INVALID_ARGUMENT when the shards a window spans, plus those fetched ahead,
   // cannot fit the worker's data cache.
   absl::Status CheckCacheFits() const;
+  // Keeps the shards the data order holds at once within the data's share of the task's memory
+  // limit (kDataShareOfMemory of what the model leaves of Task.memory_limit_bytes): the default
+  // order over more data than that gets a window (shuffle_window_), logged and reported as a job
+  // event; INVALID_ARGUMENT naming data.shuffle_window when not even one batch's window fits.
+  // Under a limit that is not the task's own (a container's), only a warning: the order must not
+  // depend on where a rank runs.
+  absl::Status FitDataToMemory();
   // Measures the validation split (at most data.validation.max_samples of it) into
   // result.val_accuracy: every rank its share, summed over ranks, where the strategy can sum;
   // rank 0 all of it otherwise (the other ranks return at once).
@@ -107,6 +114,8 @@ class Run {
   pipeline::PipelineStrategy* pipeline_ = nullptr;
   std::unique_ptr<TrainingData> data_;
   StepPlan plan_;
+  // The data order's window: data.shuffle_window, or what FitDataToMemory chose.
+  int64_t shuffle_window_ = 0;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Teacher> teacher_;  // null unless the job distils
   // Where the model and each batch live; the CPU unless TrainingDevice finds a GPU for the task.

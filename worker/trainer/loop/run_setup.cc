@@ -19,8 +19,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_size.h"
+#include "common/cgroup.h"
 #include "common/checkpoint_layout.h"
 #include "common/log.h"
+#include "common/memory_estimate.h"
 #include "common/object_store.h"
 #include "common/uri.h"
 #include "worker/trainer/checkpoint/checkpoint.h"
@@ -214,6 +217,8 @@ absl::Status Run::Prepare() {
   absl::StatusOr<StepPlan> plan = PlanSteps(spec_, data_->train_size(), strategy_->data_world());
   if (!plan.ok()) return plan.status();
   plan_ = *plan;
+  shuffle_window_ = spec_.data().shuffle_window();
+  if (absl::Status fits = FitDataToMemory(); !fits.ok()) return fits;
   if (absl::Status fits = CheckCacheFits(); !fits.ok()) return fits;
   strategy_->SetTotalSteps(plan_.total_steps, plan_.end_step);
 
@@ -350,14 +355,14 @@ absl::Status Run::CheckCacheFits() const {
     fewest = std::min(fewest, samples[k]);
   }
   const int64_t cache = options_.data.cache_bytes;
-  if (shuffle && spec.shuffle_window() == 0) {
+  if (shuffle && shuffle_window_ == 0) {
     if (all <= cache) return absl::OkStatus();
     return absl::InvalidArgumentError(
         absl::StrCat("data.shuffle_window: a permutation of all samples needs all ", all,
                      " bytes of the remote shards in the worker's data cache of ", cache,
                      " bytes; set data.shuffle_window to read the shards a few at a time"));
   }
-  const int64_t window = shuffle ? spec.shuffle_window() : plan_.global_batch_size;
+  const int64_t window = shuffle ? shuffle_window_ : plan_.global_batch_size;
   // A batch may straddle two windows; a window spans whole shards plus one cut at each end.
   const int64_t span = (2 * window + fewest - 1) / fewest + 1;
   const int64_t ahead = spec.prefetch_shards();
@@ -368,6 +373,68 @@ absl::Status Run::CheckCacheFits() const {
       largest, " bytes; with ", ahead, " fetched ahead (data.prefetch_shards)", " that is ", need,
       " bytes, more than the worker's data cache of ", cache,
       " bytes (trainyard-worker --data_cache_bytes)"));
+}
+
+absl::Status Run::FitDataToMemory() {
+  const trainyard::v1::DataSpec& spec = spec_.data();
+  const bool shuffle = !spec.has_shuffle() || spec.shuffle();
+  const std::vector<int64_t>& samples = data_->shard_train_samples();
+  if (!shuffle || shuffle_window_ > 0 || samples.empty()) return absl::OkStatus();
+  const bool own = task_.memory_limit_bytes() > 0;
+  const int64_t limit = own ? task_.memory_limit_bytes() : OwnCgroupMemoryLimit();
+  if (limit <= 0) return absl::OkStatus();
+  int64_t largest = 0, all = 0, fewest = INT64_MAX;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    if (samples[k] == 0) continue;
+    largest = std::max(largest, data_->ShardBytes(static_cast<int>(k)));
+    all += data_->ShardBytes(static_cast<int>(k));
+    fewest = std::min(fewest, samples[k]);
+  }
+  const int64_t model = EstimateJobMemory(spec_, nullptr).rank.Total();
+  const int64_t share = static_cast<int64_t>(
+      static_cast<double>(std::max<int64_t>(limit - model, 0)) * kDataShareOfMemory);
+  if (all <= share || largest <= 0) return absl::OkStatus();
+  const bool reporter = task_.role() == trainyard::v1::TASK_ROLE_RANK && task_.rank() == 0;
+  auto report = [&](const std::string& message) {
+    LogWarning(message);
+    if (!reporter || options_.coordinator == nullptr) return;
+    if (absl::Status s = options_.coordinator->ReportEvent(message); !s.ok()) {
+      LogWarning("cannot report it: ", s.ToString());
+    }
+  };
+  const std::string over =
+      absl::StrCat("data: ", HumanBytes(all), " of shards is more than the ", HumanBytes(share),
+                   " the data may hold of ", own ? "the task's " : "this container's ",
+                   HumanBytes(limit), " memory limit (", static_cast<int>(kDataShareOfMemory * 100),
+                   " % of what the model's ", HumanBytes(model), " leaves)");
+  if (!own) {
+    report(absl::StrCat(over,
+                        "; the default order (one permutation of all samples) reads at "
+                        "random across all of it and will be slow: set "
+                        "data.shuffle_window, or resources.memory for a window chosen to "
+                        "fit"));
+    return absl::OkStatus();
+  }
+  // The largest window whose shards (a window spans whole shards plus a cut one at each end,
+  // and a batch may straddle two windows), with those fetched ahead, fit the share.
+  const int64_t ahead = spec.prefetch_shards();
+  const int64_t span = share / largest - ahead;
+  const int64_t window = span >= 2 ? (span - 1) * fewest / 2 : 0;
+  if (window < plan_.global_batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.shuffle_window: ", over, ", and not even windows of one batch (",
+        plan_.global_batch_size, " samples) fit: they span 3 shards of up to ", HumanBytes(largest),
+        " with ", ahead,
+        " fetched ahead (data.prefetch_shards); pack smaller shards (trainyard data pack "
+        "--shard-size), fetch fewer ahead, or raise resources.memory"));
+  }
+  shuffle_window_ = window;
+  report(absl::StrCat(over,
+                      ": the default order would read at random across all of it, so "
+                      "data.shuffle_window is ",
+                      window, " samples (windows of about ", span - 1,
+                      " shards); set data.shuffle_window to choose another"));
+  return absl::OkStatus();
 }
 
 absl::Status Run::Validate(TrainResult& result) {

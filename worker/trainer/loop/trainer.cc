@@ -322,7 +322,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   BatchPrefetcher::Order order;
   order.seed = spec_.seed();
   order.shuffle = shuffle;
-  order.window = spec_.data().shuffle_window();
+  order.window = shuffle_window_;
   order.prefetch_shards = spec_.data().prefetch_shards();
   // Every stage of a pipeline replica reads that replica's share.
   BatchPrefetcher prefetcher(*data_, plan_, order, strategy_->data_rank(), strategy_->data_world(),
