@@ -88,6 +88,13 @@ class Run {
                   std::optional<absl::Time> deadline, TrainResult& result);
   void ReportStopSkip(Checkpointer& checkpointer, int64_t step, const std::string& why);
   absl::Status Export(TrainResult& result);
+  // The training shards: the largest one's bytes, all of theirs, and the fewest samples any holds.
+  struct ShardSizes {
+    int64_t largest = 0;
+    int64_t all = 0;
+    int64_t fewest = INT64_MAX;
+  };
+  ShardSizes TrainShardSizes() const;
   // Remote shards: INVALID_ARGUMENT when the shards a window spans, plus those fetched ahead,
   // cannot fit the worker's data cache.
   absl::Status CheckCacheFits() const;

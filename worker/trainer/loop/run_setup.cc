@@ -342,18 +342,23 @@ absl::StatusOr<std::unique_ptr<Model>> Run::BuildRankModel(int64_t outputs) {
                                 mine.end);
 }
 
+Run::ShardSizes Run::TrainShardSizes() const {
+  ShardSizes sizes;
+  const std::vector<int64_t>& samples = data_->shard_train_samples();
+  for (size_t k = 0; k < samples.size(); ++k) {
+    if (samples[k] == 0) continue;
+    sizes.largest = std::max(sizes.largest, data_->ShardBytes(static_cast<int>(k)));
+    sizes.all += data_->ShardBytes(static_cast<int>(k));
+    sizes.fewest = std::min(sizes.fewest, samples[k]);
+  }
+  return sizes;
+}
+
 absl::Status Run::CheckCacheFits() const {
   if (!data_->remote()) return absl::OkStatus();
   const trainyard::v1::DataSpec& spec = spec_.data();
   const bool shuffle = !spec.has_shuffle() || spec.shuffle();
-  const std::vector<int64_t>& samples = data_->shard_train_samples();
-  int64_t largest = 0, all = 0, fewest = INT64_MAX;
-  for (size_t k = 0; k < samples.size(); ++k) {
-    if (samples[k] == 0) continue;
-    largest = std::max(largest, data_->ShardBytes(static_cast<int>(k)));
-    all += data_->ShardBytes(static_cast<int>(k));
-    fewest = std::min(fewest, samples[k]);
-  }
+  const auto [largest, all, fewest] = TrainShardSizes();
   const int64_t cache = options_.data.cache_bytes;
   if (shuffle && shuffle_window_ == 0) {
     if (all <= cache) return absl::OkStatus();
@@ -383,13 +388,7 @@ absl::Status Run::FitDataToMemory() {
   const bool own = task_.memory_limit_bytes() > 0;
   const int64_t limit = own ? task_.memory_limit_bytes() : OwnCgroupMemoryLimit();
   if (limit <= 0) return absl::OkStatus();
-  int64_t largest = 0, all = 0, fewest = INT64_MAX;
-  for (size_t k = 0; k < samples.size(); ++k) {
-    if (samples[k] == 0) continue;
-    largest = std::max(largest, data_->ShardBytes(static_cast<int>(k)));
-    all += data_->ShardBytes(static_cast<int>(k));
-    fewest = std::min(fewest, samples[k]);
-  }
+  const auto [largest, all, fewest] = TrainShardSizes();
   const int64_t model = EstimateJobMemory(spec_, nullptr).rank.Total();
   const int64_t share = static_cast<int64_t>(
       static_cast<double>(std::max<int64_t>(limit - model, 0)) * kDataShareOfMemory);
