@@ -1,16 +1,21 @@
 // Limits per task on a shared worker, with the real coordinator, agent and trainers: a rank that
 // goes over its memory limit is killed, reported OUT_OF_MEMORY with its limit and peak and not
 // retried, while another job's rank on the same worker and the agent run on; the same without
-// cgroups (the agent's watch); and a model too large for its limit or any worker refused at
-// submission.
+// cgroups (the agent's watch); a rank held to its share of a CPU; a model too large for its
+// limit or any worker refused at submission; and data larger than the limit read a window at a
+// time.
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
 
@@ -133,6 +138,54 @@ TEST(ResourceIsolationTest, WithoutCgroupsTheAgentsWatchStopsIt) {
   EXPECT_GT(failed->tasks(0).memory_peak_bytes(), 320 * kMiB);
   Cluster::CliResult workers = cluster.Cli({"workers"});
   EXPECT_TRUE(absl::StrContains(workers.output, "watch")) << workers.output;
+}
+
+// CPU time of a process so far (user + system), in seconds; -1 if it cannot be read.
+double CpuSeconds(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+  int64_t user = 0, system = 0;
+  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &user) || !absl::SimpleAtoi(f[12], &system)) {
+    return -1;
+  }
+  return static_cast<double>(user + system) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// A rank given a quarter of a CPU trains with a quarter: its CPU time over an interval of its
+// training, against the wall time, with a model that keeps a whole core busy.
+TEST(ResourceIsolationTest, ARankGetsItsShareOfACpu) {
+  Cluster cluster;
+  auto job = cluster.Submit(R"(name: busy
+model:
+  builtin: mlp
+  args: {inputs: 256, hidden: [1024, 1024], classes: 4}
+data:
+  synthetic: {samples: 4096, features: 256, classes: 4}
+batch_size: 256
+optimizer: {name: sgd, lr: 0.01}
+max_steps: 1000000
+log_every_steps: 1
+resources: {cpus: 0.25}
+)");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto running = cluster.WaitFor(job->id(), [](const v1::Job& j) {
+    return j.state() == v1::RUNNING && j.progress().step() >= 2;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  std::optional<pid_t> pid = cluster.TrainerPid(0, running->tasks(0).task_id());
+  ASSERT_TRUE(pid.has_value());
+  const double cpu0 = CpuSeconds(*pid);
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(3));  // the interval measured, not a wait for an event
+  const double cpu1 = CpuSeconds(*pid);
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  ASSERT_GE(cpu0, 0);
+  EXPECT_LE((cpu1 - cpu0) / wall, 0.35) << cpu1 - cpu0 << " s of CPU in " << wall << " s";
+  EXPECT_GT((cpu1 - cpu0) / wall, 0.05) << cpu1 - cpu0 << " s of CPU in " << wall << " s";
+  auto cancelled = cluster.Cli({"cancel", job->id()});
+  EXPECT_EQ(cancelled.exit_code, 0) << cancelled.output;
 }
 
 // A model far too large for its own resources.memory, or for any worker, is refused at
