@@ -15,7 +15,7 @@ trixie_root() {
   if [ ! -x "$root/usr/bin/apt-get" ]; then
     echo "$name: making a trixie root in $root from $mirror"
     mkdir -p "$root"
-    debootstrap --variant=minbase --include=ca-certificates trixie "$root" "$mirror" \
+    debootstrap --variant=minbase --include=ca-certificates,make trixie "$root" "$mirror" \
       >"$root.debootstrap.log" 2>&1 || { tail -20 "$root.debootstrap.log" >&2; return 1; }
   fi
   trixie_mounted=()
@@ -35,6 +35,12 @@ trixie_root() {
     fi
   done
   cp /etc/resolv.conf "$root/etc/resolv.conf"
+  # What runs the rest (the project's own install-deps.sh, inside); a root made without it gets it.
+  if [ ! -x "$root/usr/bin/make" ]; then
+    echo "$name: installing make in $root"
+    chroot "$root" env DEBIAN_FRONTEND=noninteractive sh -c \
+      'apt-get update -qq && apt-get install -y -qq --no-install-recommends make' >/dev/null
+  fi
 }
 
 trixie_unmount() {
