@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
+#include "common/pipeline_partition.h"
 
 namespace trainyard {
 namespace {
@@ -159,27 +160,31 @@ int64_t OptimizerStates(const v1::OptimizerSpec& optimizer) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return b <= 0 ? a : (a + b - 1) / b; }
 
-// The largest stage's parameters: exact for layer counts given, else at least the larger of an
-// even share and the largest layer (a balanced or uniform split can do no better).
+// The largest stage's parameters, split as the trainer splits the layers (PartitionLayers over
+// each layer's bytes, the last of several stages with its tied embedding's copy); an even share
+// where the layers are unknown (a TorchScript Sequential) or the split is refused.
 int64_t LargestStage(const Shape& shape, const v1::PipelineSpec& pipeline) {
   const int stages = std::max(pipeline.stages(), 1);
   if (shape.layers.empty()) return CeilDiv(shape.params, stages);
-  Shape s = shape;
-  if (stages > 1) {
-    s.layers.back() += s.tied_copy;
-    s.params += s.tied_copy;
+  std::vector<int64_t> layers = shape.layers;
+  if (stages > 1) layers.back() += shape.tied_copy;
+  std::vector<int64_t> bytes;
+  for (int64_t n : layers) bytes.push_back(n * kFloat);
+  const std::vector<int> counts(pipeline.partition_counts().begin(),
+                                pipeline.partition_counts().end());
+  absl::StatusOr<std::vector<int>> split =
+      PartitionLayers(bytes, stages, pipeline.partition(), counts);
+  if (!split.ok()) {
+    return CeilDiv(std::accumulate(layers.begin(), layers.end(), int64_t{0}), stages);
   }
-  if (pipeline.partition_counts_size() == stages) {
-    int64_t largest = 0;
-    size_t at = 0;
-    for (int32_t count : pipeline.partition_counts()) {
-      int64_t stage = 0;
-      for (int32_t i = 0; i < count && at < s.layers.size(); ++i) stage += s.layers[at++];
-      largest = std::max(largest, stage);
-    }
-    return largest;
+  int64_t largest = 0;
+  size_t at = 0;
+  for (int count : *split) {
+    int64_t stage = 0;
+    for (int i = 0; i < count && at < layers.size(); ++i) stage += layers[at++];
+    largest = std::max(largest, stage);
   }
-  return std::max(CeilDiv(s.params, stages), *std::max_element(s.layers.begin(), s.layers.end()));
+  return largest;
 }
 
 }  // namespace

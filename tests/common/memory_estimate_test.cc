@@ -93,7 +93,7 @@ batch_size: 64
   EXPECT_EQ(ps.shard.optimizer, 2 * tables / 2 * 4);
 }
 
-// A pipeline stage holds its layers: with layer counts, exactly the largest stage's.
+// A pipeline stage holds its layers: the largest stage of the split the trainer makes.
 TEST(MemoryEstimateTest, APipelineStageHoldsItsLayers) {
   const std::string transformer = R"(name: t
 strategy: pipeline
@@ -113,8 +113,15 @@ optimizer: {name: sgd, lr: 0.1}
   // The last stage keeps its own copy of the tied token embedding.
   const int64_t tied_copy = 256 * d;
   EXPECT_EQ(counts.rank.parameters, (3 * block + head + tied_copy) * 4);
+  // Balanced: the embeddings and two blocks, then two blocks and the head (118,400 against
+  // 116,480 parameters; any other cut makes one stage larger).
   JobMemory balanced = EstimateJobMemory(Parse(transformer + "pipeline: {stages: 2}\n"), nullptr);
-  EXPECT_EQ(balanced.rank.parameters, (embeddings + 4 * block + head + tied_copy + 1) / 2 * 4);
+  EXPECT_EQ(balanced.rank.parameters, (embeddings + 2 * block) * 4);
+  EXPECT_GT(embeddings + 2 * block, 2 * block + head + tied_copy);
+  // Uniform: three layers each, here the same split.
+  JobMemory uniform = EstimateJobMemory(
+      Parse(transformer + "pipeline: {stages: 2, partition: uniform}\n"), nullptr);
+  EXPECT_EQ(uniform.rank.parameters, (embeddings + 2 * block) * 4);
   JobMemory single = EstimateJobMemory(
       Parse(std::string(transformer)
                 .replace(transformer.find("strategy: pipeline\nworkers: 2\n"), 30, "")),
