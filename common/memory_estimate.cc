@@ -103,9 +103,7 @@ Shape EmbeddingMlpShape(const v1::JobSpec& spec) {
   const v1::ModelArgs& args = spec.model().args();
   for (int64_t rows : args.vocab()) s.table_params += rows * args.dim();
   const int64_t embedded = static_cast<int64_t>(args.vocab_size()) * args.dim();
-  const int64_t dense = args.inputs() > 0             ? args.inputs()
-                        : spec.data().has_synthetic() ? spec.data().synthetic().features()
-                                                      : 0;
+  const int64_t dense = Inputs(spec);
   s.activations += embedded + dense;
   Dense(embedded + dense, std::vector<int64_t>(args.hidden().begin(), args.hidden().end()),
         Classes(spec), s);

@@ -21,10 +21,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/common/process_cpu.h"
 #include "worker/agent/subprocess.h"
 
 namespace trainyard {
 namespace {
+
+using trainyard::testing::CpuSeconds;
 
 constexpr char kPython[] = "/usr/bin/python3";
 constexpr int64_t kMiB = int64_t{1} << 20;
@@ -59,19 +62,6 @@ int64_t Keyed(const std::string& path, const std::string& key) {
     if (f.size() == 2 && f[0] == key && absl::SimpleAtoi(f[1], &v)) return v;
   }
   return -1;
-}
-
-// CPU time (user + system) of a process so far, in seconds.
-double CpuSeconds(pid_t pid) {
-  const std::string stat = Read(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::vector<absl::string_view> f = absl::StrSplit(absl::string_view(stat).substr(close + 2), ' ');
-  int64_t user = 0, system = 0;
-  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &user) || !absl::SimpleAtoi(f[12], &system)) {
-    return -1;
-  }
-  return static_cast<double>(user + system) / sysconf(_SC_CLK_TCK);
 }
 
 class TaskIsolationTest : public ::testing::Test {

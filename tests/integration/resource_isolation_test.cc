@@ -6,17 +6,14 @@
 // time.
 
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string>
-#include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/common/process_cpu.h"
 #include "tests/integration/cluster.h"
 
 namespace trainyard::testing {
@@ -138,19 +135,6 @@ TEST(ResourceIsolationTest, WithoutCgroupsTheAgentsWatchStopsIt) {
   EXPECT_GT(failed->tasks(0).memory_peak_bytes(), 320 * kMiB);
   Cluster::CliResult workers = cluster.Cli({"workers"});
   EXPECT_TRUE(absl::StrContains(workers.output, "watch")) << workers.output;
-}
-
-// CPU time of a process so far (user + system), in seconds; -1 if it cannot be read.
-double CpuSeconds(pid_t pid) {
-  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
-  int64_t user = 0, system = 0;
-  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &user) || !absl::SimpleAtoi(f[12], &system)) {
-    return -1;
-  }
-  return static_cast<double>(user + system) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 // A rank given a quarter of a CPU trains with a quarter: its CPU time over an interval of its

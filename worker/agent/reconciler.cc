@@ -459,9 +459,10 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
       if (memory.out_of_memory) {
         status.set_out_of_memory(true);
         std::string what =
-            absl::StrCat("out of memory: killed at its limit of ", HumanBytes(memory.limit_bytes));
-        if (memory.limit_bytes == 0)
-          what = "out of memory: killed with the worker's task memory full";
+            memory.limit_bytes > 0
+                ? absl::StrCat("out of memory: killed at its limit of ",
+                               HumanBytes(memory.limit_bytes))
+                : std::string("out of memory: killed with the worker's task memory full");
         if (memory.peak_bytes > 0) absl::StrAppend(&what, ", peak ", HumanBytes(memory.peak_bytes));
         absl::StrAppend(&what, " (", memory.how, ")");
         status.set_message(status.message().empty() ? what

@@ -95,6 +95,10 @@ class Run {
     int64_t fewest = INT64_MAX;
   };
   ShardSizes TrainShardSizes() const;
+  // The most shards a window of `window` samples has in hand, shards holding at least `fewest`
+  // samples each: a window spans whole shards plus a cut one at each end, and a batch may
+  // straddle two windows.
+  static int64_t WindowSpan(int64_t window, int64_t fewest);
   // Remote shards: INVALID_ARGUMENT when the shards a window spans, plus those fetched ahead,
   // cannot fit the worker's data cache.
   absl::Status CheckCacheFits() const;

@@ -342,6 +342,10 @@ absl::StatusOr<std::unique_ptr<Model>> Run::BuildRankModel(int64_t outputs) {
                                 mine.end);
 }
 
+int64_t Run::WindowSpan(int64_t window, int64_t fewest) {
+  return (2 * window + fewest - 1) / fewest + 1;
+}
+
 Run::ShardSizes Run::TrainShardSizes() const {
   ShardSizes sizes;
   const std::vector<int64_t>& samples = data_->shard_train_samples();
@@ -368,8 +372,7 @@ absl::Status Run::CheckCacheFits() const {
                      " bytes; set data.shuffle_window to read the shards a few at a time"));
   }
   const int64_t window = shuffle ? shuffle_window_ : plan_.global_batch_size;
-  // A batch may straddle two windows; a window spans whole shards plus one cut at each end.
-  const int64_t span = (2 * window + fewest - 1) / fewest + 1;
+  const int64_t span = WindowSpan(window, fewest);
   const int64_t ahead = spec.prefetch_shards();
   const int64_t need = std::min(all, (span + ahead) * largest);
   if (need <= cache) return absl::OkStatus();
@@ -414,15 +417,16 @@ absl::Status Run::FitDataToMemory() {
                         "fit"));
     return absl::OkStatus();
   }
-  // The largest window whose shards (a window spans whole shards plus a cut one at each end,
-  // and a batch may straddle two windows), with those fetched ahead, fit the share.
+  // The largest window whose shards (WindowSpan), with those fetched ahead, fit the share: the
+  // inverse of WindowSpan for `span` shards.
   const int64_t ahead = spec.prefetch_shards();
   const int64_t span = share / largest - ahead;
   const int64_t window = span >= 2 ? (span - 1) * fewest / 2 : 0;
   if (window < plan_.global_batch_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.shuffle_window: ", over, ", and not even windows of one batch (",
-        plan_.global_batch_size, " samples) fit: they span 3 shards of up to ", HumanBytes(largest),
+        plan_.global_batch_size, " samples) fit: they span ",
+        WindowSpan(plan_.global_batch_size, fewest), " shards of up to ", HumanBytes(largest),
         " with ", ahead,
         " fetched ahead (data.prefetch_shards); pack smaller shards (trainyard data pack "
         "--shard-size), fetch fewer ahead, or raise resources.memory"));
