@@ -182,6 +182,41 @@ std::vector<CommandSpec> Commands() {
          "tokens themselves).",
          {"output"}},
         {"revoke", "ID", "Revoke a token: it is refused from now on.", {}}}},
+      {"queue",
+       "ACTION [NAME]",
+       "Queues share the cluster between teams: each has a quota of slots and GPUs, may borrow "
+       "what others leave idle, and competes by weight. Admins create, update and delete them; "
+       "everyone may list and describe them.",
+       {{"slots", '\0', true, "N", "create, update: quota of CPU slots (a number or unlimited)"},
+        {"gpus", '\0', true, "N", "create, update: quota of GPUs (a number or unlimited)"},
+        {"borrow-slots", '\0', true, "N",
+         "create, update: slots it may hold beyond its quota while others leave them idle "
+         "(default unlimited)"},
+        {"borrow-gpus", '\0', true, "N", "create, update: GPUs likewise (default unlimited)"},
+        {"weight", '\0', true, "W", "create, update: fair-share weight (default 1)"},
+        {"users", '\0', true, "A,B",
+         "create, update: who may submit to it (default everyone); a job without queue: goes to "
+         "the first queue that names its submitter"},
+        kOutputFlag},
+       1,
+       2,
+       {{"create",
+         "NAME",
+         "Create a queue (quotas 0 unless given).",
+         {"slots", "gpus", "borrow-slots", "borrow-gpus", "weight", "users"}},
+        {"update",
+         "NAME",
+         "Change the flags given of a queue; the others stay.",
+         {"slots", "gpus", "borrow-slots", "borrow-gpus", "weight", "users"}},
+        {"delete", "NAME", "Delete a queue that has no job not finished.", {}},
+        {"list",
+         "",
+         "List queues: weight, use against quota and borrowed, jobs, preemptions.",
+         {"output"}},
+        {"describe",
+         "NAME",
+         "Show a queue and its jobs not finished, in line order.",
+         {"output"}}}},
       {"up",
        "",
        "Run a local cluster (coordinator and workers) in the foreground.",
@@ -332,6 +367,7 @@ int RunCli(const std::vector<std::string>& argv) {
   if (name == "workers") return client.Workers();
   if (name == "checkpoints") return client.Checkpoints();
   if (name == "token") return client.Token();
+  if (name == "queue") return client.Queue();
   if (name == "search") return client.Search();
   std::cerr << "error: unknown command '" << name << "'\n";
   return kExitUsage;

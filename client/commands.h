@@ -2,9 +2,9 @@
 #define TRAINYARD_CLIENT_COMMANDS_H_
 
 // The `trainyard` CLI's commands, one group per file: jobs and workers (job_commands.cc),
-// searches (search_commands.cc), tokens (token_commands.cc), and data (data_commands.cc, which
-// needs no coordinator); cli.cc holds the command table and hands each command to its group.
-// Internal to the CLI.
+// searches (search_commands.cc), tokens (token_commands.cc), queues (queue_commands.cc), and data
+// (data_commands.cc, which needs no coordinator); cli.cc holds the command table and hands each
+// command to its group. Internal to the CLI.
 
 #include <memory>
 #include <optional>
@@ -55,6 +55,7 @@ class Client {
   int Workers();
   int Checkpoints();
   int Token();
+  int Queue();
   int Search();
 
  private:

@@ -34,12 +34,69 @@ std::string LossText(const v1::JobProgress& p) {
 std::string JobsTable(const std::vector<v1::Job>& jobs, absl::Time now, bool terminal) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::Job& job : jobs) {
-    const std::string reason = terminal ? Truncate(job.reason(), 60) : job.reason();
+    const std::string text = job.state() == v1::PENDING ? WaitText(job) : job.reason();
+    const std::string reason = terminal ? Truncate(text, 60) : text;
     rows.push_back({job.id(), job.name(), job.owner().empty() ? "-" : job.owner(),
                     JobStateName(job.state()), StepText(job.progress()), LossText(job.progress()),
                     ShortAge(now - absl::FromUnixMillis(job.created_unix_ms())), reason});
   }
   return Table({"ID", "NAME", "OWNER", "STATE", "STEP", "LOSS", "AGE", "REASON"}, rows);
+}
+
+std::string WaitText(const v1::Job& job, absl::TimeZone zone) {
+  std::string out;
+  if (job.position() > 0) out = absl::StrCat("#", job.position(), " in line: ");
+  absl::StrAppend(&out, job.reason());
+  if (job.estimated_start_unix_ms() > 0) {
+    absl::StrAppend(&out, "; starts by ", LocalTime(job.estimated_start_unix_ms(), zone));
+  }
+  return out;
+}
+
+std::string DescribeQueue(const v1::Queue& q) {
+  const v1::QueueStatus& s = q.status();
+  std::string out;
+  auto field = [&out](const std::string& name, const std::string& value) {
+    absl::StrAppend(&out, absl::StrFormat("%-17s %s\n", name + ":", value.empty() ? "-" : value));
+  };
+  auto limit = [](int32_t n, absl::string_view unit) {
+    return n < 0 ? absl::StrCat("unlimited ", unit) : absl::StrCat(n, " ", unit);
+  };
+  field("Queue", q.name());
+  field("Quota",
+        absl::StrCat(limit(s.quota_slots(), "slots"), ", ", limit(s.quota_gpus(), "GPUs"),
+                     s.implicit() || (q.name() == "default" && q.quota_slots() != s.quota_slots())
+                         ? " (what other queues' quotas leave)"
+                         : ""));
+  field("Borrowing", absl::StrCat("up to ", limit(q.borrow_slots(), "slots"), ", ",
+                                  limit(q.borrow_gpus(), "GPUs"), " beyond the quota"));
+  field("Weight", absl::StrCat(q.weight() > 0 ? q.weight() : 1));
+  field("Users", q.users_size() == 0 ? "everyone" : absl::StrJoin(q.users(), ", "));
+  field("Holds", absl::StrCat(s.used_slots(), " slots (", s.borrowed_slots(), " borrowed), ",
+                              s.used_gpus(), " GPUs (", s.borrowed_gpus(), " borrowed)"));
+  field("Jobs", absl::StrCat(s.running_jobs(), " running, ", s.pending_jobs(), " pending"));
+  field("Preempted", absl::StrCat(s.preemptions(), " jobs since the coordinator started"));
+  if (!s.implicit() && q.created_unix_ms() > 0) {
+    field("Created", absl::StrCat(LocalTime(q.created_unix_ms()), " by ",
+                                  q.created_by().empty() ? "-" : q.created_by()));
+  }
+  return out;
+}
+
+std::string QueueJobsTable(std::vector<v1::Job> jobs, bool terminal) {
+  std::stable_sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
+    auto key = [](const v1::Job& j) {
+      return j.state() == v1::PENDING && j.position() > 0 ? j.position() : INT32_MAX;
+    };
+    return key(a) < key(b);
+  });
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Job& job : jobs) {
+    const std::string text = job.state() == v1::PENDING ? WaitText(job) : job.reason();
+    rows.push_back({job.id(), job.owner().empty() ? "-" : job.owner(), JobStateName(job.state()),
+                    absl::StrCat(job.spec().priority()), terminal ? Truncate(text, 70) : text});
+  }
+  return Table({"ID", "OWNER", "STATE", "PRIORITY", "REASON"}, rows);
 }
 
 std::string SearchStateName(v1::SearchState state) {
@@ -224,7 +281,14 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   field("Name", job.name());
   field("Owner", job.owner());
   field("State", JobStateName(job.state()));
-  field("Reason", job.reason());
+  field("Reason", job.state() == v1::PENDING ? WaitText(job, zone) : job.reason());
+  if (!job.spec().queue().empty() || job.spec().priority() != 0 || job.spec().has_preemptible()) {
+    field("Queue", absl::StrCat(job.spec().queue().empty() ? "default" : job.spec().queue(),
+                                ", priority ", job.spec().priority(),
+                                job.spec().has_preemptible() && !job.spec().preemptible()
+                                    ? ", not preemptible"
+                                    : ", preemptible"));
+  }
   field("Generation", absl::StrCat(job.generation()));
   if (!job.trial().search_id().empty()) {
     field("Search", absl::StrCat(job.trial().search_id(), ", trial ", job.trial().trial(),

@@ -29,6 +29,13 @@ std::string SearchesTable(const std::vector<v1::Search>& searches, absl::Time no
 // One search: its searcher, best trial (metric, model) and every trial's hyperparameters, rung,
 // step, metric, state and job.
 std::string DescribeSearch(const v1::Search& search, absl::TimeZone zone = absl::LocalTimeZone());
+
+// `trainyard queue describe`: a queue's limits, users and use.
+std::string DescribeQueue(const v1::Queue& queue);
+// A queue's jobs not finished: waiting ones first in line order, then the others.
+std::string QueueJobsTable(std::vector<v1::Job> jobs, bool terminal);
+// "#3 in line: queued behind x-1; starts by 12:04:10": why a pending job waits.
+std::string WaitText(const v1::Job& job, absl::TimeZone zone = absl::LocalTimeZone());
 // "RUNNING", "SUCCEEDED", ... without the enum's prefix.
 // One line on a search's way: "search S RUNNING: 2 running, 3 done (1 failed) of 6 trials; best
 // val_accuracy 0.9120 (trial 4)", as `search submit --wait` shows it.

@@ -668,6 +668,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return FieldError("restart.max_infrastructure_errors", "must be >= 0");
   }
   if (spec.max_runtime_seconds() < 0) return FieldError("max_runtime", "must be >= 0");
+  if (!spec.queue().empty() && !IsValidName(spec.queue())) {
+    return FieldError("queue", absl::StrCat("must match ", kNameRule));
+  }
   if (spec.log_every_steps() < 1) return FieldError("log_every_steps", "must be > 0");
   if (spec.collective_timeout_seconds() < 1) {
     return FieldError("collective_timeout", "must be at least 1s");

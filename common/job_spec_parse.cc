@@ -141,6 +141,8 @@ class SpecParser {
                                   "checkpoint",
                                   "restart",
                                   "priority",
+                                  "queue",
+                                  "preemptible",
                                   "max_runtime",
                                   "log_every_steps",
                                   "collective_timeout",
@@ -172,6 +174,9 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ParseDistill(root["distill"]));
     TY_RETURN_IF_ERROR(ParsePrecision(root["precision"]));
     TY_RETURN_IF_ERROR(Int32(root, "", "priority", [this](int32_t v) { spec_.set_priority(v); }));
+    TY_RETURN_IF_ERROR(String(root, "", "queue", spec_.mutable_queue()));
+    TY_RETURN_IF_ERROR(ReadField<bool>(root, "", "preemptible", ReadBool,
+                                       Set<bool>([this](bool v) { spec_.set_preemptible(v); })));
     TY_RETURN_IF_ERROR(ParseDuration(root["max_runtime"], "max_runtime",
                                      [this](int64_t v) { spec_.set_max_runtime_seconds(v); }));
     TY_RETURN_IF_ERROR(

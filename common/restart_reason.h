@@ -11,8 +11,8 @@
 namespace trainyard {
 
 // The one name of a restart reason, in events, `describe` and the `reason` label of
-// trainyard_restarts_total: preempted, worker_lost, hang, infrastructure, failure ("unknown" for
-// an unset reason).
+// trainyard_restarts_total: preempted, worker_lost, hang, infrastructure, failure, out_of_memory,
+// scheduler_preempted ("unknown" for an unset reason).
 inline std::string RestartReasonName(trainyard::v1::RestartReason reason) {
   if (reason == trainyard::v1::RESTART_REASON_UNSPECIFIED ||
       !trainyard::v1::RestartReason_IsValid(reason)) {
@@ -26,6 +26,7 @@ enum class RestartBudget {
   kFailures,        // restart.max_failures: the user's code failed
   kInfrastructure,  // restart.max_infrastructure_errors: hangs, object store, coordinator
   kPreemptions,     // restart.max_preemptions: the machine went away
+  kNone,            // the scheduler stopped it for another job: counts against nothing
 };
 
 // Default of restart.max_infrastructure_errors: enough for passing trouble, few enough that a
@@ -40,6 +41,8 @@ inline RestartBudget BudgetOf(trainyard::v1::RestartReason reason) {
     case trainyard::v1::HANG:
     case trainyard::v1::INFRASTRUCTURE:
       return RestartBudget::kInfrastructure;
+    case trainyard::v1::SCHEDULER_PREEMPTED:
+      return RestartBudget::kNone;
     default:
       return RestartBudget::kFailures;
   }
@@ -65,6 +68,8 @@ inline std::optional<int32_t> BudgetLimit(const trainyard::v1::RestartPolicy& po
     case RestartBudget::kInfrastructure:
       return policy.has_max_infrastructure_errors() ? policy.max_infrastructure_errors()
                                                     : kDefaultMaxInfrastructureErrors;
+    case RestartBudget::kNone:
+      return std::nullopt;
     default:
       if (!policy.has_max_preemptions()) return std::nullopt;
       return policy.max_preemptions();
@@ -75,7 +80,8 @@ inline std::optional<int32_t> BudgetLimit(const trainyard::v1::RestartPolicy& po
 inline int RestartsOn(const trainyard::v1::Job& job, RestartBudget budget) {
   int n = budget == RestartBudget::kFailures         ? job.dropped_failure_restarts()
           : budget == RestartBudget::kInfrastructure ? job.dropped_infrastructure_restarts()
-                                                     : job.dropped_preemption_restarts();
+          : budget == RestartBudget::kPreemptions    ? job.dropped_preemption_restarts()
+                                                     : 0;
   for (const trainyard::v1::Restart& r : job.restarts()) n += BudgetOf(r.reason()) == budget;
   return n;
 }

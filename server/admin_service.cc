@@ -93,4 +93,34 @@ Status AdminServiceImpl::RevokeToken(ServerContext* context, const v1::RevokeTok
   return Status::OK;
 }
 
+Status AdminServiceImpl::CreateQueue(ServerContext* context, const v1::CreateQueueRequest* request,
+                                     v1::Queue* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAdmins, "CreateQueue");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<v1::Queue> queue = manager_.CreateQueue(request->queue(), caller->name);
+  if (!queue.ok()) return ToGrpcStatus(queue.status());
+  *response = *std::move(queue);
+  return Status::OK;
+}
+
+Status AdminServiceImpl::UpdateQueue(ServerContext* context, const v1::UpdateQueueRequest* request,
+                                     v1::Queue* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAdmins, "UpdateQueue");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<v1::Queue> queue = manager_.UpdateQueue(request->queue(), caller->name);
+  if (!queue.ok()) return ToGrpcStatus(queue.status());
+  *response = *std::move(queue);
+  return Status::OK;
+}
+
+Status AdminServiceImpl::DeleteQueue(ServerContext* context, const v1::DeleteQueueRequest* request,
+                                     v1::DeleteQueueResponse*) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAdmins, "DeleteQueue");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return ToGrpcStatus(manager_.DeleteQueue(request->name()));
+}
+
 }  // namespace trainyard

@@ -16,7 +16,7 @@ CoordinatorServer::CoordinatorServer(JobManager& manager, Authenticator& auth,
       gate_(auth, max_streams_per_caller),
       job_service_(manager, gate_),
       agent_service_(manager, gate_),
-      admin_service_(auth, gate_) {}
+      admin_service_(auth, manager, gate_) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     JobManager& manager, Authenticator& auth, const CoordinatorServerOptions& options) {

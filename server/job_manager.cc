@@ -56,7 +56,10 @@ absl::Status JobManager::Load() {
   // Finished jobs stay in the store (counted), unless their trainers may still be stopping.
   absl::StatusOr<StoreContents> contents = store_->LoadActive();
   if (!contents.ok()) return contents.status();
+  absl::StatusOr<std::vector<v1::Queue>> queues = store_->LoadQueues();
+  if (!queues.ok()) return queues.status();
   absl::MutexLock lock(&mu_);
+  for (v1::Queue& q : *queues) queues_[q.name()] = std::move(q);
   next_seq_ = std::max<int64_t>(contents->next_job_seq, 1);
   for (const auto& [state, n] : contents->not_loaded) {
     table_.CountStored(state, static_cast<int>(n));
@@ -243,6 +246,8 @@ void JobManager::CapHistory(v1::Job& job, StoreMutation& m) const {
         case RestartBudget::kPreemptions:
           job.set_dropped_preemption_restarts(job.dropped_preemption_restarts() + 1);
           break;
+        case RestartBudget::kNone:
+          break;
       }
     }
     job.mutable_restarts()->DeleteSubrange(0, excess);
@@ -328,6 +333,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   ClusterMetricsSnapshot snap;
   snap.now = clock_.Now();
   for (const auto& [state, n] : table_.counts()) snap.jobs_by_state[state] = n;
+  snap.queues = ListQueuesLocked();
   const std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
     snap.workers_by_state[record->info.state()]++;

@@ -28,14 +28,13 @@
 #include "server/log_store.h"
 #include "server/metrics_sink.h"
 #include "server/rendezvous.h"
+#include "server/scheduler.h"
 #include "server/worker_registry.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
 #include "trainyard/v1/job_service.pb.h"
 
 namespace trainyard {
-
-struct SchedJob;
 
 struct JobManagerOptions {
   // Base URI for jobs whose spec sets no checkpoint.uri; a job's checkpoints go to {base}/{id}.
@@ -87,6 +86,11 @@ struct JobManagerOptions {
   // DeleteJob of a job that has just ended waits this long for its trainers to be seen gone
   // before it refuses: a `delete` right after a `cancel` then just works.
   absl::Duration delete_stop_wait = absl::Seconds(30);
+  // Backfill, fair share between queues and preemption (scheduler.h); each can be turned off.
+  SchedPolicy scheduler_policy;
+  // A job the scheduler preempts for another must have saved and stopped within this long; its
+  // ranks save at the next step they agree on, as for a preemption notice.
+  absl::Duration preemption_grace = absl::Seconds(60);
 };
 
 // Which tasks' logs StreamLogs sends.
@@ -193,6 +197,22 @@ class JobManager {
   // Committed, not retired checkpoints of a job, newest first. NOT_FOUND for an unknown job.
   absl::StatusOr<std::vector<trainyard::v1::Checkpoint>> ListCheckpoints(
       absl::string_view job_id) const;
+
+  // ---- Queues (AdminService, JobService.ListQueues) ----
+
+  // Creates a queue; `by` is recorded. INVALID_ARGUMENT for a bad name, quota, weight or user
+  // list; ALREADY_EXISTS for a queue of that name ("default" may be created once, to give the
+  // default queue a quota of its own); RESOURCE_EXHAUSTED beyond 1000 queues.
+  absl::StatusOr<trainyard::v1::Queue> CreateQueue(trainyard::v1::Queue queue,
+                                                   absl::string_view by);
+  // Replaces a queue's quotas, weight and users. NOT_FOUND for an unknown queue. Jobs already
+  // admitted stay; what they hold beyond a lowered quota is borrowed from then on.
+  absl::StatusOr<trainyard::v1::Queue> UpdateQueue(trainyard::v1::Queue queue,
+                                                   absl::string_view by);
+  // NOT_FOUND for an unknown queue; FAILED_PRECONDITION while jobs of it are not finished.
+  absl::Status DeleteQueue(absl::string_view name);
+  // Every queue by name, the default one included, each with its status.
+  std::vector<trainyard::v1::Queue> ListQueues() const;
 
   // ---- AgentService ----
 
@@ -430,6 +450,22 @@ class JobManager {
   // Workers came, went or changed state: parked jobs are looked at again.
   void ClusterChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SchedJob SchedJobLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // ListQueues under the lock.
+  std::vector<trainyard::v1::Queue> ListQueuesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The queues and the jobs that hold capacity, as the scheduler sees them.
+  SchedContext SchedContextLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The queue a submission goes to (spec.queue, else the submitter's, else the default), set on
+  // `spec`: INVALID_ARGUMENT for an unknown queue or a job larger than it allows ever,
+  // PERMISSION_DENIED for a user it does not list.
+  absl::Status AdmitToQueueLocked(trainyard::v1::JobSpec& spec, const Principal* by) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Asks every rank and shard of the job's current attempt that was not asked yet to save at the
+  // next step its gang agrees on and to stop by `deadline_ms`, with a job event `reason`; wakes
+  // their agents. False when nothing was left to ask.
+  bool AskToStopLocked(JobEntry& entry, int64_t deadline_ms, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out the scheduler's preemption: the victim saves and stops, then waits in its queue.
+  void PreemptLocked(const Preemption& preemption) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RequestTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Each worker's long polls wait on their own condition, signalled when its desired state or
   // registration changes (and on Shutdown).
@@ -515,6 +551,12 @@ class JobManager {
   std::map<std::string, std::shared_ptr<const WorkerRuntime>> runtimes_ ABSL_GUARDED_BY(mu_);
   bool tick_requested_ ABSL_GUARDED_BY(mu_) = false;
   absl::BitGen jitter_ ABSL_GUARDED_BY(mu_);  // restart backoff
+  // The queues the admins made, by name; what the last scheduling pass found of each; the
+  // scheduler's preemptions of each queue's jobs since start.
+  std::map<std::string, trainyard::v1::Queue> queues_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, QueueUsage> queue_usage_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> queue_preemptions_ ABSL_GUARDED_BY(mu_);
+  std::string reserved_for_ ABSL_GUARDED_BY(mu_);  // the last pass's reservation
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -725,39 +725,14 @@ absl::Status JobManager::ReportPreemption(const v1::ReportPreemptionRequest& req
   for (const std::string& job_id : job_ids) {
     JobEntry* entry = FindLocked(job_id);
     if (entry == nullptr) continue;
-    v1::Job updated = entry->job;
-    std::vector<std::string> changed;
-    for (v1::TaskInfo& t : *updated.mutable_tasks()) {
-      if (t.generation() != updated.generation() || TaskEnded(t.state()) ||
-          t.stop_deadline_unix_ms() > 0) {
-        continue;
-      }
-      t.set_stop_deadline_unix_ms(deadline_ms);
-      changed.push_back(t.task_id());
-    }
-    if (changed.empty()) continue;  // asked already
-    v1::JobEvent event;
-    event.set_time_unix_ms(absl::ToUnixMillis(now));
-    event.set_from(updated.state());
-    event.set_to(updated.state());
-    std::string message = request.message().substr(0, 256);
-    event.set_reason(absl::StrFormat(
+    const std::string message = request.message().substr(0, 256);
+    const std::string reason = absl::StrFormat(
         "preemption notice for worker %s (%s%s%s): every rank saves at the next step they agree "
         "on and stops within %.1fs; the job then restarts elsewhere",
         request.worker_id(), source, message.empty() ? "" : ": ", message,
-        absl::ToDoubleSeconds(absl::FromUnixMillis(deadline_ms) - now)));
-    *updated.add_events() = event;
-    updated.set_updated_unix_ms(event.time_unix_ms());
-    CommitLocked(*entry, std::move(updated), {event}, changed).IgnoreError();  // deferred
+        absl::ToDoubleSeconds(absl::FromUnixMillis(deadline_ms) - now));
+    if (!AskToStopLocked(*entry, deadline_ms, reason)) continue;  // asked already
     entry->preemption_notice = absl::StrCat("worker ", request.worker_id(), " (", source, ")");
-    // The tasks' stop deadlines must reach their workers: wake their long polls.
-    for (const v1::TaskInfo& t : entry->job.tasks()) {
-      if (t.stop_deadline_unix_ms() == deadline_ms && IsActiveTask(*entry, t)) {
-        workers_.BumpVersion(t.worker_id());
-        WakeWorkerLocked(t.worker_id());
-      }
-    }
-    AfterCommitLocked([job_id, reason = event.reason()] { LogInfo("job ", job_id, ": ", reason); });
   }
   if (absl::Status s = EndUnitLocked(); !s.ok()) return s;
   RequestTickLocked();

@@ -92,6 +92,16 @@ inline int ShardCount(const v1::JobSpec& spec) {
                                                  : 0;
 }
 
+// How long what is left of a job's steps takes at the speed it last ran, in milliseconds (0:
+// unknown): with max_runtime, what the scheduler's reservation and backfill count on.
+inline int64_t RemainingRunMs(const v1::Job& job) {
+  const v1::JobProgress& p = job.progress();
+  const int64_t left = p.total_steps() - p.step();
+  if (p.samples_per_second() <= 0 || left <= 0 || job.spec().batch_size() <= 0) return 0;
+  return static_cast<int64_t>(1000.0 * static_cast<double>(left) * job.spec().batch_size() /
+                              p.samples_per_second());
+}
+
 // Ranks (not shards) of one attempt.
 inline int RanksOf(const v1::Job& job, int64_t generation) {
   int ranks = 0;

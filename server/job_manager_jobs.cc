@@ -171,7 +171,6 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
           return absl::PermissionDeniedError(absl::StrCat("checkpoint.resume_from: ", s.message()));
         }
       }
-      if (!options.validate_only) pinned_sources_[from]++;  // until the job is added (or fails)
     }
     if (needs->has_value()) {
       if (std::string none = NoWorkerRuns(**needs, LiveWorkersLocked()); !none.empty()) {
@@ -181,6 +180,13 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
     }
     if (std::string none = NoWorkerHoldsLocked(spec, estimate); !none.empty()) {
       return absl::FailedPreconditionError(none);
+    }
+    if (absl::Status s = AdmitToQueueLocked(spec, by); !s.ok()) return s;
+    // Every check passed: the job it resumes from stays in memory until the job is added (or
+    // its write fails).
+    if (const std::string& from = spec.checkpoint().resume_from();
+        !from.empty() && !options.validate_only) {
+      pinned_sources_[from]++;
     }
     // The number is taken now; a submission whose write fails leaves a gap.
     seq = options.validate_only ? next_seq_ : next_seq_++;

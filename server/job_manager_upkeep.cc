@@ -28,6 +28,7 @@ namespace trainyard {
 using job_manager_internal::kFullSchedulePeriod;
 using job_manager_internal::kStoppingHold;
 using job_manager_internal::RankRange;
+using job_manager_internal::RemainingRunMs;
 using job_manager_internal::ShardCount;
 using job_manager_internal::ShardTaskId;
 using job_manager_internal::TaskId;
@@ -241,10 +242,16 @@ void JobManager::RestartLostOrStalledLocked() {
 
 absl::Status JobManager::EndAttemptLocked(JobEntry& entry, v1::Job updated, AttemptEnd end,
                                           const std::vector<std::string>& changed_task_ids) {
-  if (end.reason == v1::PREEMPTED && !entry.preemption_notice.empty()) {
+  if (end.reason == v1::PREEMPTED && !updated.preempted_for().empty()) {
+    // The scheduler asked it to stop for another job: no budget counts that.
+    end.reason = v1::SCHEDULER_PREEMPTED;
+    end.message =
+        absl::StrCat("preempted by the scheduler ", updated.preempted_for(), ": ", end.message);
+  } else if (end.reason == v1::PREEMPTED && !entry.preemption_notice.empty()) {
     end.message =
         absl::StrCat("preemption notice for ", entry.preemption_notice, ": ", end.message);
   }
+  updated.clear_preempted_for();
   if (std::optional<std::string> spent = BudgetSpent(updated, end.reason, 1); spent.has_value()) {
     return TransitionLocked(entry, std::move(updated), v1::FAILED, end.message + *spent,
                             changed_task_ids);
@@ -394,6 +401,15 @@ SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
   job.shards = ShardCount(entry.job.spec());
   job.slots_per_shard = SlotsPerShard(entry.job.spec());
   job.memory_per_shard = MemoryPerShard(entry.job.spec());
+  job.queue = entry.job.spec().queue();
+  job.preemptible = !entry.job.spec().has_preemptible() || entry.job.spec().preemptible();
+  // How long it runs: its max_runtime, or what is left at the speed it ran before.
+  if (const int64_t limit_s = entry.job.spec().max_runtime_seconds(); limit_s > 0) {
+    job.runtime_ms = limit_s * 1000;
+  }
+  if (const int64_t eta = RemainingRunMs(entry.job); eta > 0) {
+    job.runtime_ms = job.runtime_ms > 0 ? std::min(job.runtime_ms, eta) : eta;
+  }
   if (entry.job.has_model_needs()) {
     job.runtimes.emplace();
     for (const auto& [key, runtime] : runtimes_) {
@@ -480,15 +496,24 @@ void JobManager::ScheduleLocked() {
     }
     return jobs;
   };
-  ScheduleDecision decision = Schedule(queue(blocker != nullptr), workers);
+  // With queues, fair share orders jobs otherwise than the queue map: every pass is whole.
+  if (!queues_.empty()) blocker = nullptr;
+  const SchedContext context = SchedContextLocked();
+  bool whole = blocker == nullptr;
+  ScheduleDecision decision = Schedule(queue(blocker != nullptr), workers, context);
   if (blocker != nullptr) {
     // The blocker was placed or another job went before it: what waits behind it may move.
     auto reason = decision.pending_reasons.find(blocker->job.id());
-    if (!decision.placements.empty() || reason == decision.pending_reasons.end() ||
+    if (!decision.placements.empty() || !decision.preemptions.empty() ||
+        reason == decision.pending_reasons.end() ||
         !absl::StartsWith(reason->second, "waiting for capacity")) {
-      decision = Schedule(queue(false), workers);
+      decision = Schedule(queue(false), workers, context);
+      whole = true;
     }
   }
+  queue_usage_ = decision.queues;
+  if (whole || !decision.reserved_for.empty()) reserved_for_ = decision.reserved_for;
+  for (const Preemption& preemption : decision.preemptions) PreemptLocked(preemption);
   // Capacity held by stopping ranks comes free by itself after kStoppingHold.
   for (int64_t seq : table_.attempts()) {
     const JobEntry* entry = table_.FindBySeq(seq);
@@ -531,6 +556,8 @@ void JobManager::ScheduleLocked() {
     v1::Job updated = entry->job;
     const int64_t generation = updated.generation() + 1;
     updated.set_generation(generation);
+    updated.clear_position();
+    updated.clear_estimated_start_unix_ms();
     std::vector<std::string> changed;
     for (int rank = 0; rank < static_cast<int>(placement.rank_workers.size()); ++rank) {
       v1::TaskInfo* task = updated.add_tasks();
@@ -569,13 +596,33 @@ void JobManager::ScheduleLocked() {
   for (const auto& [job_id, reason] : decision.pending_reasons) {
     JobEntry* entry = FindLocked(job_id);
     if (entry == nullptr) continue;
-    if (schedule_blocker_.empty() && absl::StartsWith(reason, "waiting for capacity")) {
-      schedule_blocker_ = job_id;
-    }
-    if (entry->job.reason() == reason) continue;
+    if (schedule_blocker_.empty() && job_id == decision.reserved_for) schedule_blocker_ = job_id;
+    const int64_t start = job_id == decision.reserved_for ? decision.reserved_start_ms : 0;
+    if (entry->job.reason() == reason && entry->job.estimated_start_unix_ms() == start) continue;
     entry->job.set_reason(reason);
+    entry->job.set_estimated_start_unix_ms(start);
     entry->version++;
     reasons_changed = true;
+  }
+  // Places in line, from whole passes only (a pass up to the blocker sees part of the line).
+  if (whole) {
+    std::set<std::string> waiting;
+    for (size_t i = 0; i < decision.waiting.size(); ++i) {
+      JobEntry* entry = FindLocked(decision.waiting[i]);
+      if (entry == nullptr) continue;
+      waiting.insert(decision.waiting[i]);
+      if (entry->job.position() == static_cast<int>(i + 1)) continue;
+      entry->job.set_position(static_cast<int>(i + 1));
+      entry->version++;
+      reasons_changed = true;
+    }
+    for (const auto& [key, entry] : table_.pending()) {
+      if (entry->job.position() != 0 && !waiting.count(entry->job.id())) {
+        entry->job.set_position(0);
+        entry->version++;
+        reasons_changed = true;
+      }
+    }
   }
   if (reasons_changed) changed_.SignalAll();
 }

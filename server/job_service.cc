@@ -169,4 +169,13 @@ Status JobServiceImpl::ListCheckpoints(ServerContext* context,
   return Status::OK;
 }
 
+Status JobServiceImpl::ListQueues(ServerContext* context, const v1::ListQueuesRequest* request,
+                                  v1::ListQueuesResponse* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kPeople, "ListQueues");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  for (v1::Queue& q : manager_.ListQueues()) *response->add_queues() = std::move(q);
+  return Status::OK;
+}
+
 }  // namespace trainyard

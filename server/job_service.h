@@ -35,6 +35,9 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
   grpc::Status ListWorkers(grpc::ServerContext* context,
                            const trainyard::v1::ListWorkersRequest* request,
                            trainyard::v1::ListWorkersResponse* response) override;
+  grpc::Status ListQueues(grpc::ServerContext* context,
+                          const trainyard::v1::ListQueuesRequest* request,
+                          trainyard::v1::ListQueuesResponse* response) override;
   grpc::Status ListCheckpoints(grpc::ServerContext* context,
                                const trainyard::v1::ListCheckpointsRequest* request,
                                trainyard::v1::ListCheckpointsResponse* response) override;

@@ -82,13 +82,16 @@ struct StoreMutation {
   std::vector<StoredToken> tokens;  // upserted by id
   std::vector<StoredSearch> searches;  // upserted by id
   std::vector<std::pair<std::string, trainyard::v1::Trial>>
-      trials;  // (search id, trial), by number
+      trials;                                // (search id, trial), by number
+  std::vector<trainyard::v1::Queue> queues;  // upserted by name (their `status` not stored)
+  std::vector<std::string> removed_queues;   // deleted after the writes above
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
            checkpoints.empty() && progress.empty() && !next_job_seq.has_value() &&
            removed_jobs.empty() && removed_workers.empty() && trimmed_events.empty() &&
-           removed_checkpoints.empty() && tokens.empty() && searches.empty() && trials.empty();
+           removed_checkpoints.empty() && tokens.empty() && searches.empty() && trials.empty() &&
+           queues.empty() && removed_queues.empty();
   }
 };
 
@@ -144,6 +147,9 @@ class JobStore {
 
   // Every search by seq, each with its trials by number.
   virtual absl::StatusOr<std::vector<StoredSearch>> LoadSearches() = 0;
+
+  // Every queue by name.
+  virtual absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() = 0;
 };
 
 }  // namespace trainyard

@@ -128,6 +128,17 @@ ABSL_FLAG(std::string, allowed_local_paths, "",
 ABSL_FLAG(std::string, health_listen, "",
           "If set (HOST:PORT), also serve grpc.health.v1.Health alone, in plaintext, there: for "
           "probes that cannot speak TLS, such as the kubelet's gRPC probe.");
+ABSL_FLAG(bool, backfill, true,
+          "Run jobs behind the one at the head of the line when that does not delay its "
+          "reservation (EASY backfill).");
+ABSL_FLAG(bool, fair_share, true,
+          "Share capacity between queues by weight (dominant-resource fair share); false: "
+          "priority then submission order across queues.");
+ABSL_FLAG(bool, preemption, true,
+          "Let a job stop (through a coordinated save: no step lost) jobs of lower priority in "
+          "its queue and jobs that other queues run on capacity they borrowed from its quota.");
+ABSL_FLAG(absl::Duration, preemption_grace, absl::Seconds(60),
+          "How long a job the scheduler preempts has to save and stop.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
 
@@ -227,6 +238,14 @@ int Run() {
   }
   if (options.lost_worker_retention <= absl::ZeroDuration()) {
     LogError("--lost_worker_retention: must be positive");
+    return 1;
+  }
+  options.scheduler_policy.backfill = absl::GetFlag(FLAGS_backfill);
+  options.scheduler_policy.fair_share = absl::GetFlag(FLAGS_fair_share);
+  options.scheduler_policy.preemption = absl::GetFlag(FLAGS_preemption);
+  options.preemption_grace = absl::GetFlag(FLAGS_preemption_grace);
+  if (options.preemption_grace <= absl::ZeroDuration()) {
+    LogError("--preemption_grace: must be positive");
     return 1;
   }
   if (options.start_timeout <= absl::ZeroDuration()) {

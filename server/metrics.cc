@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -39,8 +40,9 @@ std::string TrialStateLabel(v1::TrialState state) {
 constexpr v1::JobState kJobStates[] = {v1::PENDING,   v1::SCHEDULED, v1::RUNNING,  v1::RESTARTING,
                                        v1::SUCCEEDED, v1::FAILED,    v1::CANCELLED};
 constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::LOST};
-const v1::RestartReason kRestartReasons[] = {v1::PREEMPTED, v1::WORKER_LOST, v1::HANG,
-                                             v1::INFRASTRUCTURE, v1::FAILURE};
+const v1::RestartReason kRestartReasons[] = {v1::PREEMPTED, v1::WORKER_LOST,
+                                             v1::HANG,      v1::INFRASTRUCTURE,
+                                             v1::FAILURE,   v1::SCHEDULER_PREEMPTED};
 const char* const kRecoveryPhases[] = {"detection", "scheduling",      "start",
                                        "rendezvous", "checkpoint_load", "first_step"};
 const char* const kPreemptionReasons[] = {"cloud_notice", "termination_signal", "other"};
@@ -352,6 +354,33 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
                    ? 0.0
                    : std::max(0.0, absl::ToDoubleSeconds(snap.now - snap.oldest_pending_since)));
 
+  {
+    FamilyBuilder quota(out, "trainyard_queue_quota",
+                        "A queue's quota, as the scheduler applies it (absent when unlimited).",
+                        MetricType::Gauge);
+    FamilyBuilder used(out, "trainyard_queue_used", "What a queue's jobs hold.", MetricType::Gauge);
+    FamilyBuilder borrowed(out, "trainyard_queue_borrowed",
+                           "What a queue's jobs hold beyond its quota, from idle capacity.",
+                           MetricType::Gauge);
+    FamilyBuilder pending(out, "trainyard_queue_pending_jobs", "Jobs waiting in a queue.",
+                          MetricType::Gauge);
+    FamilyBuilder preempted(out, "trainyard_queue_preemptions_total",
+                            "A queue's jobs the scheduler preempted (saved at an agreed step, "
+                            "back in the queue), since the coordinator started.",
+                            MetricType::Counter);
+    for (const v1::Queue& q : snap.queues) {
+      const v1::QueueStatus& s = q.status();
+      for (const auto& [resource, limit, held, over] :
+           {std::tuple{"slots", s.quota_slots(), s.used_slots(), s.borrowed_slots()},
+            std::tuple{"gpus", s.quota_gpus(), s.used_gpus(), s.borrowed_gpus()}}) {
+        if (limit >= 0) quota.Add({{"queue", q.name()}, {"resource", resource}}, limit);
+        used.Add({{"queue", q.name()}, {"resource", resource}}, held);
+        borrowed.Add({{"queue", q.name()}, {"resource", resource}}, over);
+      }
+      pending.Add({{"queue", q.name()}}, s.pending_jobs());
+      preempted.Add({{"queue", q.name()}}, static_cast<double>(s.preemptions()));
+    }
+  }
   AddJobFamilies(snap, commit_latency, out);
   AddSearchFamilies(snap, out);
   return out;

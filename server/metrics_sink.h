@@ -62,6 +62,8 @@ struct ClusterMetricsSnapshot {
   absl::Time oldest_pending_since = absl::InfinitePast();
   std::vector<JobMetricsSnapshot> jobs;
   std::vector<SearchMetrics> searches;  // from SearchManager::MetricsSnapshot
+  // Every queue, the default one included, with its status (quotas as the scheduler applies them).
+  std::vector<trainyard::v1::Queue> queues;
 };
 
 // Told about events by the JobManager. Calls arrive under the manager's lock, from any thread:

@@ -61,6 +61,11 @@ std::optional<std::string> BudgetSpent(const v1::Job& job, v1::RestartReason rea
 absl::Duration RestartBackoff(const v1::Job& job, absl::Duration base, absl::Duration max,
                               double jitter) {
   if (base <= absl::ZeroDuration()) return absl::ZeroDuration();
+  // Stopped by the scheduler, not by a fault: nothing to back off from.
+  if (job.restarts_size() > 0 &&
+      job.restarts(job.restarts_size() - 1).reason() == v1::SCHEDULER_PREEMPTED) {
+    return absl::ZeroDuration();
+  }
   // The progress is the ended attempt's only if it reported (the restart before it recovered).
   const int n = job.restarts_size();
   const bool reported = n < 2 || job.restarts(n - 2).recovered();

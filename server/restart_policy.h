@@ -32,10 +32,10 @@ std::optional<std::string> BudgetSpent(const trainyard::v1::Job& job,
                                        trainyard::v1::RestartReason reason, int extra);
 
 // How long the restart now recorded last in `job` waits before the next attempt: none when the
-// attempt that ended got further than the step it started from (job.progress()), so a lost
-// machine costs no waiting; otherwise restarts in a row whose attempt never got to a step back
-// off exponentially, the n-th waiting jitter * min(base * 2^(n-1), max) with `jitter` drawn from
-// [0.5, 1]; to the millisecond. Zero when `base` is zero.
+// scheduler preempted it, or when the attempt that ended got further than the step it started
+// from (job.progress()), so a lost machine costs no waiting; otherwise restarts in a row whose
+// attempt never got to a step back off exponentially, the n-th waiting jitter * min(base * 2^(n-1),
+// max) with `jitter` drawn from [0.5, 1]; to the millisecond. Zero when `base` is zero.
 absl::Duration RestartBackoff(const trainyard::v1::Job& job, absl::Duration base,
                               absl::Duration max, double jitter);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -212,38 +213,242 @@ std::string UnfitReason(const SchedJob& job, const std::vector<Bin>& empty_bins)
                       Capacity(job, total_slots, total_gpus, total_memory));
 }
 
+// What a job takes of a queue's quota at its smallest: its minimum ranks and every shard.
+struct Demand {
+  int slots = 0;
+  int gpus = 0;
+};
+Demand MinDemand(const SchedJob& job) {
+  return {job.min_ranks * RankSlots(job) + Shards(job) * ShardSlots(job),
+          job.min_ranks * RankGpus(job)};
+}
+
+// A queue during one pass.
+struct QueueState {
+  SchedQueue queue;  // limits as applied (negative: none)
+  int used_slots = 0;
+  int used_gpus = 0;
+  std::vector<const SchedJob*> pending;  // priority, then submission order
+  size_t next = 0;                       // the first not yet decided
+  bool tried_preemption = false;         // this pass
+  bool Within(int limit, int used, int more) const { return limit < 0 || used + more <= limit; }
+  // Whether `more` fits the quota alone, and the quota plus borrowing.
+  bool FitsQuota(int slots, int gpus) const {
+    return Within(queue.quota_slots, used_slots, slots) &&
+           Within(queue.quota_gpus, used_gpus, gpus);
+  }
+  static int Plus(int quota, int borrow) { return quota < 0 || borrow < 0 ? -1 : quota + borrow; }
+  bool FitsLimit(int slots, int gpus, bool preemptible) const {
+    if (!preemptible) return FitsQuota(slots, gpus);
+    return Within(Plus(queue.quota_slots, queue.borrow_slots), used_slots, slots) &&
+           Within(Plus(queue.quota_gpus, queue.borrow_gpus), used_gpus, gpus);
+  }
+  bool OverQuota() const {
+    return (queue.quota_slots >= 0 && used_slots > queue.quota_slots) ||
+           (queue.quota_gpus >= 0 && used_gpus > queue.quota_gpus);
+  }
+};
+
+// The job with at most as many ranks as its queue lets it have now; nullopt if not even its
+// minimum.
+std::optional<SchedJob> WithinQueue(const SchedJob& job, const QueueState& q) {
+  if (!q.FitsLimit(MinDemand(job).slots, MinDemand(job).gpus, job.preemptible)) {
+    return std::nullopt;
+  }
+  SchedJob capped = job;
+  while (capped.max_ranks > capped.min_ranks &&
+         !q.FitsLimit(capped.max_ranks * RankSlots(job) + Shards(job) * ShardSlots(job),
+                      capped.max_ranks * RankGpus(job), job.preemptible)) {
+    capped.max_ranks--;
+  }
+  return capped;
+}
+
+std::string Limit(int quota, int borrow, absl::string_view unit) {
+  std::string out = absl::StrCat(quota, " ", unit, " of quota");
+  if (borrow > 0) absl::StrAppend(&out, " + ", borrow, " borrowed");
+  if (borrow < 0) absl::StrAppend(&out, " + any idle");
+  return out;
+}
+
+// "queue team-a holds 6 slots of its 6 (quota) + 2 (borrowing); the job needs 2 more".
+std::string QuotaReason(const SchedJob& job, const QueueState& q) {
+  const Demand d = MinDemand(job);
+  const bool slots =
+      !q.Within(QueueState::Plus(q.queue.quota_slots, job.preemptible ? q.queue.borrow_slots : 0),
+                q.used_slots, d.slots);
+  const int used = slots ? q.used_slots : q.used_gpus;
+  const int quota = slots ? q.queue.quota_slots : q.queue.quota_gpus;
+  const int borrow = !job.preemptible ? 0 : slots ? q.queue.borrow_slots : q.queue.borrow_gpus;
+  const char* unit = slots ? "slots" : "GPUs";
+  std::string out =
+      absl::StrCat("queue ", q.queue.name, " is at its limit: it holds ", used, " ", unit, " of ",
+                   Limit(quota, borrow, unit), "; the job needs ", slots ? d.slots : d.gpus);
+  if (!job.preemptible) absl::StrAppend(&out, " (not preemptible: within the quota only)");
+  return out;
+}
+
+// Adds (sign 1) or removes (-1) what `tasks` hold to the bins of their workers.
+void AddTasks(const std::vector<SchedTask>& tasks, std::vector<Bin>& bins,
+              const std::map<std::string, size_t>& bin_of, int sign) {
+  for (const SchedTask& t : tasks) {
+    auto it = bin_of.find(t.worker);
+    if (it == bin_of.end()) continue;  // not ready: nothing goes there anyway
+    Bin& b = bins[it->second];
+    b.free_slots += sign * t.slots;
+    b.free_gpus += sign * t.gpus;
+    if (b.free_memory < kUnknownMemory) b.free_memory += sign * t.memory;
+  }
+}
+
+// Takes what `fit` places from `bins`, and returns the placement.
+Placement Take(const SchedJob& job, const Fit& fit, std::vector<Bin>& bins) {
+  Placement placement;
+  placement.job_id = job.id;
+  for (size_t i : fit.ranks) {
+    bins[i].free_slots -= RankSlots(job);
+    bins[i].free_gpus -= RankGpus(job);
+    bins[i].free_memory -= RankMemory(job);
+    placement.rank_workers.push_back(bins[i].worker->id);
+  }
+  for (size_t i : fit.shards) {
+    bins[i].free_slots -= ShardSlots(job);
+    bins[i].free_memory -= ShardMemory(job);
+    placement.shard_workers.push_back(bins[i].worker->id);
+  }
+  return placement;
+}
+
+// The tasks a placement makes, as a running job holds them.
+std::vector<SchedTask> TasksOf(const SchedJob& job, const Placement& p) {
+  std::vector<SchedTask> tasks;
+  for (const std::string& w : p.rank_workers) {
+    tasks.push_back({w, RankSlots(job), RankGpus(job), RankMemory(job)});
+  }
+  for (const std::string& w : p.shard_workers) {
+    tasks.push_back({w, ShardSlots(job), 0, ShardMemory(job)});
+  }
+  return tasks;
+}
+
+void Hold(QueueState& q, const std::vector<SchedTask>& tasks, int sign) {
+  for (const SchedTask& t : tasks) {
+    q.used_slots += sign * t.slots;
+    q.used_gpus += sign * t.gpus;
+  }
+}
+
 }  // namespace
 
-ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWorker>& workers) {
-  std::stable_sort(jobs.begin(), jobs.end(), [](const SchedJob& a, const SchedJob& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.seq < b.seq;
-  });
+ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWorker>& workers,
+                          const SchedContext& context) {
+  const SchedPolicy& policy = context.policy;
   std::vector<Bin> free_bins;  // what is free now, less what this pass placed
   std::vector<Bin> empty_bins;
+  std::map<std::string, size_t> bin_of;
+  int cluster_slots = 0;
+  int cluster_gpus = 0;
   for (const SchedWorker& w : workers) {
     if (!w.ready) continue;
     // A worker that did not say its memory is not limited by it.
     const bool said = w.total_memory > 0;
+    bin_of[w.id] = free_bins.size();
     free_bins.push_back({&w, std::max(w.free_slots, 0), std::max(w.free_gpus, 0),
                          said ? std::max<int64_t>(w.free_memory, 0) : kUnknownMemory});
     empty_bins.push_back({&w, w.total_slots, w.total_gpus, said ? w.total_memory : kUnknownMemory});
+    cluster_slots += w.total_slots;
+    cluster_gpus += w.total_gpus;
+  }
+  // What stopping jobs hold: free once their ranks have saved and stopped.
+  std::vector<Bin> coming = free_bins;
+  for (Bin& b : coming) {
+    b.free_slots = b.free_gpus = 0;
+    b.free_memory = b.free_memory < kUnknownMemory ? 0 : kUnknownMemory;
   }
 
+  // The queues, the default one's quota being what the others leave.
+  std::map<std::string, QueueState> queues;
+  int listed_slots = 0;
+  int listed_gpus = 0;
+  for (const SchedQueue& q : context.queues) {
+    queues[q.name].queue = q;
+    if (q.name == kDefaultQueue) continue;
+    listed_slots += q.quota_slots < 0 ? cluster_slots : q.quota_slots;
+    listed_gpus += q.quota_gpus < 0 ? cluster_gpus : q.quota_gpus;
+  }
+  if (!queues.count(kDefaultQueue)) {
+    SchedQueue& q = queues[kDefaultQueue].queue;
+    q.name = kDefaultQueue;
+    q.quota_slots = context.queues.empty() ? -1 : std::max(cluster_slots - listed_slots, 0);
+    q.quota_gpus = context.queues.empty() ? -1 : std::max(cluster_gpus - listed_gpus, 0);
+  }
+  auto queue_of = [&](const std::string& name) -> QueueState& {
+    auto it = queues.find(name);
+    return it != queues.end() ? it->second : queues[kDefaultQueue];
+  };
+  std::vector<SchedRunning> running = context.running;
+  for (SchedRunning& r : running) {
+    if (r.stopping) {
+      AddTasks(r.tasks, coming, bin_of, 1);
+    } else {
+      Hold(queue_of(r.queue), r.tasks, 1);
+    }
+  }
+  std::stable_sort(jobs.begin(), jobs.end(), [](const SchedJob& a, const SchedJob& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    return a.seq < b.seq;
+  });
+  for (const SchedJob& job : jobs) queue_of(job.queue).pending.push_back(&job);
+
   ScheduleDecision decision;
-  std::string blocked_by;  // the first job waiting for capacity; everything after it waits too
+  for (const auto& [name, q] : queues) {
+    decision.queues[name] = {q.queue.quota_slots, q.queue.quota_gpus, 0, 0,
+                             static_cast<int>(q.pending.size())};
+  }
   // Whether a job of a shape fits the empty cluster (empty) or why not: jobs of a sweep share a
   // few shapes, so a long queue costs one lookup per job, not a placement over every worker.
   std::map<std::tuple<int, int, int, int, int64_t, int, int, int, int64_t, std::string>,
            std::string>
       fits_empty;
-  std::string queued_behind;  // "queued behind JOB (no backfill)", once there is a blocker
-  for (const SchedJob& job : jobs) {
+  // The reservation: the job it is for, and the capacity projected at its start, less what jobs
+  // placed ahead of it by backfill still hold then.
+  std::optional<SchedJob> reserved;
+  std::vector<Bin> reserve_bins;
+  std::vector<SchedTask> reserved_tasks;  // where it will run
+  bool reserved_start_known = false;
+  std::string queued_behind;
+  auto share = [&](const QueueState& q) {
+    const double slots = cluster_slots > 0 ? double(q.used_slots) / cluster_slots : 0;
+    const double gpus = cluster_gpus > 0 ? double(q.used_gpus) / cluster_gpus : 0;
+    return std::max(slots, gpus) / std::max(q.queue.weight, 1e-9);
+  };
+  // The job that held the reservation last pass keeps it (goes first) until it starts, unless a
+  // job of higher priority now waits before it: otherwise the reservation would move between
+  // gangs as shares change, keeping capacity idle for each in turn and starting none.
+  const SchedJob* sticky = nullptr;
+  if (!context.reserved_for.empty()) {
+    for (const SchedJob& job : jobs) {
+      if (job.id == context.reserved_for) sticky = &job;
+    }
+    if (sticky != nullptr) {
+      for (const SchedJob& job : jobs) {
+        const bool rival =
+            policy.fair_share ? &queue_of(job.queue) == &queue_of(sticky->queue) : true;
+        if (rival && job.priority > sticky->priority) sticky = nullptr;
+        if (sticky == nullptr) break;
+      }
+    }
+  }
+  bool sticky_done = sticky == nullptr;
+  std::vector<const SchedJob*> order;
+  // What becomes of one job, taken in order: placed, preempting, holding the reservation or
+  // waiting with a reason.
+  auto decide = [&](const SchedJob& job, QueueState& queue) {
+    std::string& reason = decision.pending_reasons[job.id];
     if (empty_bins.empty()) {
-      decision.pending_reasons[job.id] =
-          workers.empty() ? "no workers registered" : "no ready workers";
+      reason = workers.empty() ? "no workers registered" : "no ready workers";
       decision.unfit.push_back(job.id);
-      continue;
+      return;
     }
     // Would the job fit the whole cluster with nothing else running?
     const std::string runtimes =
@@ -260,56 +465,328 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
               .first;
     }
     if (!cached->second.empty()) {
-      decision.pending_reasons[job.id] = cached->second;
+      reason = cached->second;
       decision.unfit.push_back(job.id);
-      continue;
+      return;
     }
-    if (!blocked_by.empty()) {
-      decision.pending_reasons[job.id] = queued_behind;
-      continue;
+    if (reserved.has_value() && !policy.backfill) {
+      reason = queued_behind + " (no backfill)";
+      return;
     }
     for (Bin& b : free_bins) b.ranks = b.shards = 0;
-    std::optional<Fit> fit = Place(job, free_bins);
-    if (!fit.has_value()) {
-      int free_slots = 0;
-      int free_gpus = 0;
-      int64_t free_memory = 0;
-      for (const Bin& b : free_bins) {
-        if (!RunsOn(job, *b.worker)) continue;
-        free_slots += b.free_slots;
-        free_gpus += b.free_gpus;
-        if (b.free_memory < kUnknownMemory) free_memory += b.free_memory;
+    const std::optional<SchedJob> capped = WithinQueue(job, queue);
+    std::optional<Fit> fit;
+    if (capped.has_value()) fit = Place(*capped, free_bins);
+    if (fit.has_value() && reserved.has_value()) {
+      // Backfill: only if the reserved job still starts when it would: this one ends first, or
+      // the reserved job still fits at its start without what this one holds.
+      const bool ends_before = job.runtime_ms > 0 && reserved_start_known &&
+                               context.now_ms + job.runtime_ms <= decision.reserved_start_ms;
+      auto leaves_room = [&](const Fit& f) -> std::optional<std::vector<Bin>> {
+        std::vector<Bin> after = reserve_bins;
+        std::vector<Bin> scratch = free_bins;
+        AddTasks(TasksOf(*capped, Take(*capped, f, scratch)), after, bin_of, -1);
+        for (Bin& b : after) b.ranks = b.shards = 0;
+        if (!Place(*reserved, after).has_value()) return std::nullopt;
+        return after;
+      };
+      if (!ends_before) {
+        std::optional<std::vector<Bin>> after = leaves_room(*fit);
+        if (!after.has_value()) {
+          // Greedy placement went where the reserved job will run: try around it.
+          std::vector<Bin> around = free_bins;
+          AddTasks(reserved_tasks, around, bin_of, -1);
+          for (Bin& b : around) {
+            b.free_slots = std::max(b.free_slots, 0);
+            b.free_gpus = std::max(b.free_gpus, 0);
+            b.free_memory = std::max<int64_t>(b.free_memory, 0);
+          }
+          if (std::optional<Fit> other = Place(*capped, around); other.has_value()) {
+            after = leaves_room(*other);
+            if (after.has_value()) fit = std::move(other);
+          }
+        }
+        if (!after.has_value()) {
+          reason = queued_behind + " (running now would delay it)";
+          return;
+        }
+        reserve_bins = *std::move(after);
       }
-      const int need_slots = job.min_ranks * RankSlots(job) + Shards(job) * ShardSlots(job);
-      const int need_gpus = job.min_ranks * RankGpus(job);
-      const int64_t need_memory = job.min_ranks * RankMemory(job) + Shards(job) * ShardMemory(job);
-      // One kind of capacity needs no unit after what is free: "needs 3 slots, 2 free".
-      const bool one_kind =
-          !UsesMemory(job) && (!UsesGpus(job) || (Shards(job) == 0 && RankSlots(job) == 0));
-      const std::string free = one_kind ? absl::StrCat(UsesGpus(job) ? free_gpus : free_slots)
-                                        : Capacity(job, free_slots, free_gpus, free_memory);
-      decision.pending_reasons[job.id] =
-          absl::StrCat("waiting for capacity: needs ",
-                       Capacity(job, need_slots, need_gpus, need_memory), ", ", free, " free");
-      blocked_by = job.id;
-      queued_behind = absl::StrCat("queued behind ", blocked_by, " (no backfill)");
+    }
+    if (fit.has_value()) {
+      Placement placement = Take(*capped, *fit, free_bins);
+      Hold(queue, TasksOf(*capped, placement), 1);
+      decision.pending_reasons.erase(job.id);
+      decision.placements.push_back(std::move(placement));
+      return;
+    }
+    // Preemption: stop what it may stop, fewest and least disturbing first. The head of each
+    // queue tries, once a pass (a long line costs one search per queue, not one per job).
+    if (policy.preemption && !queue.tried_preemption) {
+      queue.tried_preemption = true;
+      struct Victim {
+        SchedRunning* job;
+        bool borrowed;
+      };
+      std::vector<Victim> candidates;
+      const Demand need = MinDemand(job);
+      for (SchedRunning& r : running) {
+        if (r.stopping || !r.preemptible) continue;
+        QueueState& rq = queue_of(r.queue);
+        if (&rq == &queue) {
+          if (r.priority < job.priority) candidates.push_back({&r, false});
+        } else if (rq.OverQuota()) {
+          candidates.push_back({&r, true});
+        }
+      }
+      // Nothing to search when even every candidate stopped would not make room.
+      if (!candidates.empty()) {
+        std::vector<Bin> all = free_bins;
+        for (size_t i = 0; i < all.size(); ++i) {
+          all[i].free_slots += coming[i].free_slots;
+          all[i].free_gpus += coming[i].free_gpus;
+          if (all[i].free_memory < kUnknownMemory) all[i].free_memory += coming[i].free_memory;
+          all[i].ranks = all[i].shards = 0;
+        }
+        for (const Victim& v : candidates) AddTasks(v.job->tasks, all, bin_of, 1);
+        SchedJob smallest = job;
+        smallest.max_ranks = smallest.min_ranks;
+        if (!Place(smallest, all).has_value()) candidates.clear();
+      }
+      std::stable_sort(candidates.begin(), candidates.end(), [](const Victim& a, const Victim& b) {
+        return std::make_tuple(!a.borrowed, a.job->priority, a.job->tasks.size(),
+                               -a.job->checkpoint_ms, -a.job->seq) <
+               std::make_tuple(!b.borrowed, b.job->priority, b.job->tasks.size(),
+                               -b.job->checkpoint_ms, -b.job->seq);
+      });
+      // Whether stopping `chosen` reclaims no more than other queues borrow: each of those queues
+      // stays over its quota without any one of its victims (jobs are whole: the last may cross).
+      auto legal = [&](const std::vector<SchedRunning*>& chosen) {
+        std::map<QueueState*, std::vector<const SchedRunning*>> by_queue;
+        for (SchedRunning* r : chosen) {
+          if (&queue_of(r->queue) != &queue) by_queue[&queue_of(r->queue)].push_back(r);
+        }
+        for (const auto& [q, victims] : by_queue) {
+          QueueState left = *q;
+          for (const SchedRunning* r : victims) Hold(left, r->tasks, -1);
+          for (const SchedRunning* r : victims) {
+            QueueState back = left;
+            Hold(back, r->tasks, 1);
+            if (!back.OverQuota()) return false;
+          }
+        }
+        return true;
+      };
+      // Whether the job fits with `chosen` stopped: the capacity, its queue's limit, and other
+      // queues' victims only for a job within its own queue's quota.
+      auto fits_without = [&](const std::vector<SchedRunning*>& chosen) -> std::optional<Fit> {
+        if (!legal(chosen)) return std::nullopt;
+        std::vector<Bin> plan = free_bins;
+        for (size_t i = 0; i < plan.size(); ++i) {
+          plan[i].free_slots += coming[i].free_slots;
+          plan[i].free_gpus += coming[i].free_gpus;
+          if (plan[i].free_memory < kUnknownMemory) plan[i].free_memory += coming[i].free_memory;
+          plan[i].ranks = plan[i].shards = 0;
+        }
+        QueueState mine = queue;
+        bool borrowed = false;
+        for (SchedRunning* r : chosen) {
+          AddTasks(r->tasks, plan, bin_of, 1);
+          if (&queue_of(r->queue) == &queue) {
+            Hold(mine, r->tasks, -1);
+          } else {
+            borrowed = true;
+          }
+        }
+        if (borrowed && !mine.FitsQuota(need.slots, need.gpus)) return std::nullopt;
+        const std::optional<SchedJob> c = WithinQueue(job, mine);
+        if (!c.has_value()) return std::nullopt;
+        return Place(*c, plan);
+      };
+      std::vector<SchedRunning*> chosen;
+      std::optional<Fit> planned = fits_without(chosen);
+      // One victim that suffices alone, the first in that order, disturbs fewest gangs; else
+      // victims in that order until it fits.
+      for (const Victim& v : candidates) {
+        if (planned.has_value()) break;
+        if (std::optional<Fit> f = fits_without({v.job}); f.has_value()) {
+          chosen = {v.job};
+          planned = std::move(f);
+        }
+      }
+      for (const Victim& v : candidates) {
+        if (planned.has_value()) break;
+        chosen.push_back(v.job);
+        if (!legal(chosen)) {
+          chosen.pop_back();
+          continue;
+        }
+        planned = fits_without(chosen);
+      }
+      if (planned.has_value()) {
+        // Never more gangs than needed: drop any victim it fits without, the last chosen first.
+        for (size_t i = chosen.size(); i-- > 0;) {
+          std::vector<SchedRunning*> fewer = chosen;
+          fewer.erase(fewer.begin() + i);
+          if (std::optional<Fit> f = fits_without(fewer); f.has_value()) {
+            chosen = std::move(fewer);
+            planned = std::move(f);
+          }
+        }
+        std::vector<std::string> names;
+        for (SchedRunning* r : chosen) {
+          QueueState& rq = queue_of(r->queue);
+          std::string why =
+              &rq == &queue ? absl::StrCat("for ", job.id, " (priority ", job.priority, " over ",
+                                           r->priority, " in queue ", queue.queue.name, ")")
+                            : absl::StrCat("for ", job.id, " of queue ", queue.queue.name,
+                                           ", which reclaims its quota from queue ", rq.queue.name);
+          decision.preemptions.push_back({r->id, job.id, std::move(why)});
+          names.push_back(r->id);
+          r->stopping = true;
+          Hold(rq, r->tasks, -1);
+          AddTasks(r->tasks, coming, bin_of, 1);
+        }
+        // The job will take the capacity coming free, then what is free: hold it so that no job
+        // behind takes it meanwhile.
+        std::vector<Bin> plan = free_bins;
+        for (size_t i = 0; i < plan.size(); ++i) {
+          plan[i].free_slots += coming[i].free_slots;
+          plan[i].free_gpus += coming[i].free_gpus;
+          if (plan[i].free_memory < kUnknownMemory) plan[i].free_memory += coming[i].free_memory;
+        }
+        const std::optional<SchedJob> c = WithinQueue(job, queue);
+        const Placement p = Take(*c, *planned, plan);
+        const std::vector<SchedTask> tasks = TasksOf(*c, p);
+        for (const SchedTask& t : tasks) {
+          Bin& from_coming = coming[bin_of.at(t.worker)];
+          Bin& from_free = free_bins[bin_of.at(t.worker)];
+          const int slots = std::min(t.slots, from_coming.free_slots);
+          const int gpus = std::min(t.gpus, from_coming.free_gpus);
+          from_coming.free_slots -= slots;
+          from_coming.free_gpus -= gpus;
+          from_free.free_slots -= t.slots - slots;
+          from_free.free_gpus -= t.gpus - gpus;
+          if (from_coming.free_memory < kUnknownMemory) {
+            const int64_t memory = std::min(t.memory, from_coming.free_memory);
+            from_coming.free_memory -= memory;
+            from_free.free_memory -= t.memory - memory;
+          }
+        }
+        Hold(queue, tasks, 1);
+        reason = names.empty()
+                     ? "waiting for stopping jobs to free its capacity"
+                     : absl::StrCat("preempting ", absl::StrJoin(names, ", "),
+                                    ": they save at a step they agree on and stop, then it starts");
+        return;
+      }
+    }
+    if (!capped.has_value()) {
+      reason = QuotaReason(job, queue);
+      return;
+    }
+    if (reserved.has_value()) {
+      reason = queued_behind;
+      return;
+    }
+    // The head of the line: why it waits, and a reservation at the earliest time it fits.
+    int free_slots = 0;
+    int free_gpus = 0;
+    int64_t free_memory = 0;
+    for (const Bin& b : free_bins) {
+      if (!RunsOn(job, *b.worker)) continue;
+      free_slots += b.free_slots;
+      free_gpus += b.free_gpus;
+      if (b.free_memory < kUnknownMemory) free_memory += b.free_memory;
+    }
+    const Demand need = MinDemand(job);
+    const int64_t need_memory = job.min_ranks * RankMemory(job) + Shards(job) * ShardMemory(job);
+    // One kind of capacity needs no unit after what is free: "needs 3 slots, 2 free".
+    const bool one_kind =
+        !UsesMemory(job) && (!UsesGpus(job) || (Shards(job) == 0 && RankSlots(job) == 0));
+    const std::string free = one_kind ? absl::StrCat(UsesGpus(job) ? free_gpus : free_slots)
+                                      : Capacity(job, free_slots, free_gpus, free_memory);
+    reason = absl::StrCat("waiting for capacity: needs ",
+                          Capacity(job, need.slots, need.gpus, need_memory), ", ", free, " free");
+    reserved = *capped;
+    decision.reserved_for = job.id;
+    queued_behind = absl::StrCat("queued behind ", job.id);
+    // The capacity at each time a running job ends, the earliest first; what never ends by a
+    // known time comes last (the reservation then has no start time, but still its workers).
+    reserve_bins = free_bins;
+    for (size_t i = 0; i < reserve_bins.size(); ++i) {
+      reserve_bins[i].free_slots += coming[i].free_slots;
+      reserve_bins[i].free_gpus += coming[i].free_gpus;
+      if (reserve_bins[i].free_memory < kUnknownMemory) {
+        reserve_bins[i].free_memory += coming[i].free_memory;
+      }
+    }
+    std::vector<const SchedRunning*> ending;
+    for (const SchedRunning& r : running) {
+      if (!r.stopping) ending.push_back(&r);
+    }
+    std::stable_sort(
+        ending.begin(), ending.end(), [](const SchedRunning* a, const SchedRunning* b) {
+          return (a->end_ms > 0 ? a->end_ms : INT64_MAX) < (b->end_ms > 0 ? b->end_ms : INT64_MAX);
+        });
+    int64_t start = context.now_ms;
+    bool known = true;
+    for (size_t i = 0; i <= ending.size(); ++i) {
+      for (Bin& b : reserve_bins) b.ranks = b.shards = 0;
+      if (Place(*capped, reserve_bins).has_value()) break;
+      if (i == ending.size()) break;
+      AddTasks(ending[i]->tasks, reserve_bins, bin_of, 1);
+      known = known && ending[i]->end_ms > 0;
+      start = std::max(start, ending[i]->end_ms);
+    }
+    decision.reserved_start_ms = known ? start : 0;
+    reserved_start_known = known;
+    for (Bin& b : reserve_bins) b.ranks = b.shards = 0;
+    if (std::optional<Fit> f = Place(*capped, reserve_bins); f.has_value()) {
+      std::vector<Bin> scratch = reserve_bins;
+      reserved_tasks = TasksOf(*capped, Take(*capped, *f, scratch));
+    }
+  };
+  for (;;) {
+    if (!sticky_done) {
+      sticky_done = true;
+      QueueState& queue = queue_of(sticky->queue);
+      order.push_back(sticky);
+      decide(*sticky, queue);
       continue;
     }
-    // Take the capacity so later jobs in this pass see only what is left.
-    Placement placement;
-    placement.job_id = job.id;
-    for (size_t i : fit->ranks) {
-      free_bins[i].free_slots -= RankSlots(job);
-      free_bins[i].free_gpus -= RankGpus(job);
-      free_bins[i].free_memory -= RankMemory(job);
-      placement.rank_workers.push_back(free_bins[i].worker->id);
+    // The next job: fair share between the queues' heads, or priority and order across all.
+    QueueState* pick = nullptr;
+    std::tuple<int, double, int, int64_t> best;
+    for (auto& [name, q] : queues) {
+      if (q.next >= q.pending.size()) continue;
+      const SchedJob& head = *q.pending[q.next];
+      std::tuple<int, double, int, int64_t> key{0, 0.0, -head.priority, head.seq};
+      if (policy.fair_share) {
+        const Demand d = MinDemand(head);
+        key = {q.FitsQuota(d.slots, d.gpus) ? 0 : 1, share(q), -head.priority, head.seq};
+      }
+      if (pick == nullptr || key < best) {
+        pick = &q;
+        best = key;
+      }
     }
-    for (size_t i : fit->shards) {
-      free_bins[i].free_slots -= ShardSlots(job);
-      free_bins[i].free_memory -= ShardMemory(job);
-      placement.shard_workers.push_back(free_bins[i].worker->id);
+    if (pick == nullptr) break;
+    QueueState& queue = *pick;
+    const SchedJob& job = *queue.pending[queue.next++];
+    if (&job == sticky) continue;  // decided first
+    order.push_back(&job);
+    decide(job, queue);
+  }
+  const std::set<std::string> unfit(decision.unfit.begin(), decision.unfit.end());
+  for (const SchedJob* job : order) {
+    if (decision.pending_reasons.count(job->id) && !unfit.count(job->id)) {
+      decision.waiting.push_back(job->id);
     }
-    decision.placements.push_back(std::move(placement));
+  }
+  for (const auto& [name, q] : queues) {
+    decision.queues[name].used_slots = q.used_slots;
+    decision.queues[name].used_gpus = q.used_gpus;
   }
   return decision;
 }

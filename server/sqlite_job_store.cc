@@ -30,7 +30,8 @@ namespace {
 // 5: jobs gained owner (with an index for listing one owner's jobs); tokens.
 // 6: searches and their trials.
 // 7: tasks gained out_of_memory, memory_limit and memory_peak.
-constexpr int kSchemaVersion = 7;
+// 8: queues.
+constexpr int kSchemaVersion = 8;
 
 // From version 1 to 2, in one transaction with the new version number.
 constexpr char kMigrateFrom1[] = R"sql(
@@ -86,6 +87,13 @@ ALTER TABLE tasks ADD COLUMN out_of_memory INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN memory_limit INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN memory_peak INTEGER NOT NULL DEFAULT 0;
 UPDATE meta SET value = '7' WHERE key = 'schema_version';
+COMMIT;
+)sql";
+
+constexpr char kMigrateFrom7[] = R"sql(
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS queues(name TEXT PRIMARY KEY, queue BLOB NOT NULL);
+UPDATE meta SET value = '8' WHERE key = 'schema_version';
 COMMIT;
 )sql";
 
@@ -167,8 +175,8 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                                                       " is newer than supported ", kSchemaVersion));
   } else {
     // Each step in its own transaction with its version number: one cut short is redone.
-    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr,
-                                      kMigrateFrom4, kMigrateFrom5, kMigrateFrom6};
+    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr,      kMigrateFrom4,
+                                      kMigrateFrom5, kMigrateFrom6, kMigrateFrom7};
     for (int from = *version; from < kSchemaVersion; ++from) {
       absl::Status s = from == 3 ? store->MigrateFrom3() : store->Exec(migrations[from - 1]);
       if (!s.ok()) {
@@ -337,6 +345,17 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
   for (const auto& [search_id, trial] : m.trials) {
     Statement st(db_, "INSERT OR REPLACE INTO trials(search_id, number, trial) VALUES(?, ?, ?)");
     st.Bind(1, search_id).Bind(2, trial.number()).BindBlob(3, trial.SerializeAsString());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (v1::Queue queue : m.queues) {
+    queue.clear_status();
+    Statement st(db_, "INSERT OR REPLACE INTO queues(name, queue) VALUES(?, ?)");
+    st.Bind(1, queue.name()).BindBlob(2, queue.SerializeAsString());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  for (const std::string& name : m.removed_queues) {
+    Statement st(db_, "DELETE FROM queues WHERE name = ?");
+    st.Bind(1, name);
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, step] : m.removed_checkpoints) {

@@ -55,6 +55,7 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>> FinishedBefore(
       int64_t unix_ms, int limit) override;
   absl::StatusOr<std::vector<StoredToken>> LoadTokens() override;
+  absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() override;
   absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override;
 
   // The journal mode SQLite reports ("wal").

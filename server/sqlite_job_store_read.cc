@@ -242,6 +242,21 @@ absl::StatusOr<std::vector<StoredToken>> SqliteJobStore::LoadTokens() {
   return out;
 }
 
+absl::StatusOr<std::vector<v1::Queue>> SqliteJobStore::LoadQueues() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Queue> out;
+  Statement st(db_, "SELECT name, queue FROM queues ORDER BY name");
+  while (st.Next()) {
+    v1::Queue queue;
+    if (!queue.ParseFromString(st.Text(1))) {
+      return absl::DataLossError(absl::StrCat("queues row '", st.Text(0), "' does not parse"));
+    }
+    out.push_back(std::move(queue));
+  }
+  if (absl::Status s = st.step_status(); !s.ok()) return s;
+  return out;
+}
+
 absl::StatusOr<std::vector<StoredSearch>> SqliteJobStore::LoadSearches() {
   absl::MutexLock lock(&mu_);
   std::vector<StoredSearch> out;

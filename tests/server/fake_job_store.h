@@ -64,6 +64,11 @@ class FakeJobStore : public JobStore {
     }
     for (const StoredToken& t : m.tokens) tokens_[t.id] = t;
     for (const StoredSearch& search : m.searches) searches_[search.search.id()] = search;
+    for (trainyard::v1::Queue queue : m.queues) {
+      queue.clear_status();
+      queues_[queue.name()] = std::move(queue);
+    }
+    for (const std::string& name : m.removed_queues) queues_.erase(name);
     for (const auto& [id, trial] : m.trials) trials_[id][trial.number()] = trial;
     for (const auto& key : m.removed_checkpoints) checkpoints_.erase(key);
     for (const std::string& id : m.removed_jobs) {
@@ -192,6 +197,13 @@ class FakeJobStore : public JobStore {
     return out;
   }
 
+  absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() override {
+    absl::MutexLock lock(&mu_);
+    std::vector<trainyard::v1::Queue> out;
+    for (const auto& [name, queue] : queues_) out.push_back(queue);
+    return out;
+  }
+
   absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override {
     absl::MutexLock lock(&mu_);
     std::vector<StoredSearch> out;
@@ -236,6 +248,7 @@ class FakeJobStore : public JobStore {
   std::map<std::string, trainyard::v1::Worker> workers_;
   std::map<std::string, StoredToken> tokens_;
   std::map<std::string, StoredSearch> searches_;
+  std::map<std::string, trainyard::v1::Queue> queues_;
   std::map<std::string, std::map<int, trainyard::v1::Trial>> trials_;
   std::map<std::string, std::pair<std::string, trainyard::v1::TaskInfo>> tasks_;
   std::map<std::pair<std::string, int64_t>, StoredCheckpoint> checkpoints_;

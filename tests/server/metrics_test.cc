@@ -143,6 +143,36 @@ TEST_F(MetricsTest, GaugesFollowTheStateAndPerJobSeriesEndWithTheJob) {
   EXPECT_EQ(Value(Scrape(*metrics_), R"(trainyard_gpus{state="used"})"), 0);
 }
 
+TEST_F(MetricsTest, QueuesShowQuotaUseBorrowingAndPreemptions) {
+  Register("w1", 2);
+  v1::Queue a;
+  a.set_name("team-a");
+  a.set_quota_slots(1);
+  a.set_borrow_slots(-1);
+  a.set_quota_gpus(0);
+  ASSERT_TRUE(manager_->CreateQueue(a, "root").ok());
+  v1::JobSpec wide = TestSpec("wide", 2, 2);
+  wide.set_queue("team-a");
+  const std::string id = Submit(wide);
+  manager_->Tick();
+  ASSERT_EQ(Get(id).state(), v1::SCHEDULED);
+  ASSERT_TRUE(Report("w1", id + ".g1.r0", v1::TASK_RUNNING).ok());
+  // Another job waits in the default queue: the scheduler makes room for it next pass.
+  Submit(TestSpec("waits"));
+  std::string text = Scrape(*metrics_);
+  EXPECT_EQ(Value(text, R"(trainyard_queue_quota{queue="team-a",resource="slots"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_queue_used{queue="team-a",resource="slots"})"), 2);
+  EXPECT_EQ(Value(text, R"(trainyard_queue_borrowed{queue="team-a",resource="slots"})"), 1);
+  // The default queue's quota is what team-a's leaves: one slot.
+  EXPECT_EQ(Value(text, R"(trainyard_queue_quota{queue="default",resource="slots"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_queue_pending_jobs{queue="default"})"), 1);
+  // The default queue's job is within its quota: it takes back the borrowed slot.
+  manager_->Tick();
+  text = Scrape(*metrics_);
+  EXPECT_EQ(Value(text, R"(trainyard_queue_preemptions_total{queue="team-a"})"), 1);
+  EXPECT_EQ(Value(text, R"(trainyard_queue_preemptions_total{queue="default"})"), 0);
+}
+
 TEST_F(MetricsTest, JobsByStateAddUpToSubmissions) {
   Register("w1", 1);
   for (int i = 0; i < 4; ++i) manager_->SubmitJob(TestSpec("j")).IgnoreError();

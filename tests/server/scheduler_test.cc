@@ -295,7 +295,7 @@ TEST(SchedulerTest, ShardsTakeSlotsAndTheGangIsAllOrNothing) {
                {Worker("w1", 2, 1), Worker("w2", 2, 2)});
   EXPECT_THAT(d.placements, IsEmpty());
   EXPECT_EQ(d.pending_reasons.at("ps"), "waiting for capacity: needs 4 slots, 3 free");
-  EXPECT_EQ(d.pending_reasons.at("small"), "queued behind ps (no backfill)");
+  EXPECT_EQ(d.pending_reasons.at("small"), "queued behind ps (running now would delay it)");
 }
 
 TEST(SchedulerTest, ElasticParameterServerJobLeavesRoomForItsShards) {
