@@ -35,6 +35,9 @@ ABSL_FLAG(int, jobs, 10000, "jobs in the trace");
 ABSL_FLAG(int, machines, 200, "machines of 8 GPUs");
 ABSL_FLAG(uint64_t, seed, 1, "trace seed");
 ABSL_FLAG(double, load, 0.9, "offered load: GPU time asked over GPU time the cluster has");
+ABSL_FLAG(int64_t, exempt_minutes, 10,
+          "a preempted job is not preempted again until it has run this long after resuming "
+          "(the coordinator's --preemption_exempt_time)");
 ABSL_FLAG(std::string, policies, "fifo,backfill,fair,preempt", "which policies to run");
 
 namespace trainyard {
@@ -120,9 +123,12 @@ struct Result {
   double jain = 0;
   double longest_gang_wait_h = 0;
   int preemptions = 0;
+  int jobs_preempted = 0;  // distinct
+  int most_preempted = 0;  // of one job
   double lost_gpu_hours = 0;
   double save_gpu_hours = 0;
   int64_t passes = 0;
+  int most_waiting = 0;  // pending jobs in one pass, at most
   double decide_s = 0;
   int64_t jobs_considered = 0;
   double makespan_h = 0;
@@ -139,6 +145,7 @@ double CpuSeconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
 Result Simulate(const std::vector<TraceJob>& trace, int machines, const std::string& policy) {
   Result result;
   result.policy = policy;
+  const int64_t exempt_ms = absl::GetFlag(FLAGS_exempt_minutes) * kMinute;
   SchedContext context;
   context.policy.backfill = policy != "fifo";
   context.policy.fair_share = policy == "fair" || policy == "preempt";
@@ -175,6 +182,7 @@ Result Simulate(const std::vector<TraceJob>& trace, int machines, const std::str
     std::vector<SchedTask> tasks;
     bool running = false;
     bool stopping = false;
+    int preempted = 0;  // times
     int64_t seq = 0;
     int64_t done_ms = -1;
   };
@@ -267,6 +275,7 @@ Result Simulate(const std::vector<TraceJob>& trace, int machines, const std::str
     // One scheduling pass, timed.
     std::vector<SchedJob> jobs;
     for (int i : pending) jobs.push_back(sched_job(trace[i]));
+    result.most_waiting = std::max(result.most_waiting, static_cast<int>(jobs.size()));
     context.now_ms = now;
     context.running.clear();
     for (int i : running) {
@@ -279,6 +288,7 @@ Result Simulate(const std::vector<TraceJob>& trace, int machines, const std::str
       r.stopping = state[i].stopping;
       r.end_ms = state[i].started_ms + Bound(trace[i], state[i].left_ms);
       r.checkpoint_ms = state[i].started_ms;
+      if (state[i].preempted > 0) r.protected_until_ms = state[i].started_ms + exempt_ms;
       context.running.push_back(std::move(r));
     }
     const double cpu = CpuSeconds();
@@ -296,6 +306,7 @@ Result Simulate(const std::vector<TraceJob>& trace, int machines, const std::str
       s.end_ms = now + kSaveMs;
       save_gpu_ms += static_cast<double>(kSaveMs) * trace[i].gpus;
       result.preemptions++;
+      s.preempted++;
     }
     for (const Placement& p : d.placements) {
       const int i = std::stoi(p.job_id);
@@ -331,6 +342,10 @@ Result Simulate(const std::vector<TraceJob>& trace, int machines, const std::str
   result.lost_gpu_hours = (busy_gpu_ms - asked - save_gpu_ms) / 3.6e6;
   result.save_gpu_hours = save_gpu_ms / 3.6e6;
   result.makespan_h = now / 3.6e6;
+  for (const State& s : state) {
+    result.jobs_preempted += s.preempted > 0;
+    result.most_preempted = std::max(result.most_preempted, s.preempted);
+  }
   result.utilisation = window_busy_gpu_ms / (double(total_gpus) * arrivals_end);
   result.mean_wait_min = 0;
   for (double w : waits) result.mean_wait_min += w / waits.size();
@@ -351,23 +366,29 @@ int main(int argc, char** argv) {
   const int machines = absl::GetFlag(FLAGS_machines);
   const std::vector<TraceJob> trace = MakeTrace(
       absl::GetFlag(FLAGS_jobs), machines, absl::GetFlag(FLAGS_load), absl::GetFlag(FLAGS_seed));
-  std::printf("%d jobs on %d machines of %d GPUs, offered load %.2f, seed %llu\n",
-              static_cast<int>(trace.size()), machines, kGpusPerMachine, absl::GetFlag(FLAGS_load),
-              static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)));
+  double gpu_hours = 0;
+  for (const TraceJob& j : trace) gpu_hours += j.duration_ms / 3.6e6 * j.gpus;
+  std::printf(
+      "%d jobs on %d machines of %d GPUs, offered load %.2f, seed %llu: %.0f GPU-hours of work "
+      "arriving over %.1f hours\n",
+      static_cast<int>(trace.size()), machines, kGpusPerMachine, absl::GetFlag(FLAGS_load),
+      static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)), gpu_hours,
+      trace.back().arrival_ms / 3.6e6);
   std::printf(
       "| policy | GPU util | mean wait | p99 wait | mean JCT | p99 JCT | Jain (share/weight) "
-      "| longest wait, >=32 GPUs | preemptions (saving) | work lost | passes | jobs decided/s | "
-      "CPU per pass |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| longest wait, >=32 GPUs | preemptions: jobs, most of one (saving) | work lost | passes "
+      "| most waiting | jobs decided/s | CPU per pass |\n");
+  std::printf(
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (absl::string_view policy : absl::StrSplit(absl::GetFlag(FLAGS_policies), ',')) {
     const Result r = Simulate(trace, machines, std::string(policy));
     std::printf(
-        "| %s | %.1f %% | %.0f min | %.0f min | %.0f min | %.0f min | %.3f | %.1f h | %d (%.1f "
-        "GPU-h) | %.2f GPU-h | %lld | %.0f | %.2f ms |\n",
+        "| %s | %.1f %% | %.0f min | %.0f min | %.0f min | %.0f min | %.3f | %.1f h | %d: %d, %d "
+        "(%.1f GPU-h) | %.2f GPU-h | %lld | %d | %.0f | %.2f ms |\n",
         r.policy.c_str(), 100 * r.utilisation, r.mean_wait_min, r.p99_wait_min, r.mean_jct_min,
-        r.p99_jct_min, r.jain, r.longest_gang_wait_h, r.preemptions, r.save_gpu_hours,
-        r.lost_gpu_hours, static_cast<long long>(r.passes),
-        r.jobs_considered / std::max(r.decide_s, 1e-9),
+        r.p99_jct_min, r.jain, r.longest_gang_wait_h, r.preemptions, r.jobs_preempted,
+        r.most_preempted, r.save_gpu_hours, r.lost_gpu_hours, static_cast<long long>(r.passes),
+        r.most_waiting, r.jobs_considered / std::max(r.decide_s, 1e-9),
         1000 * r.decide_s / std::max<int64_t>(r.passes, 1));
     std::fflush(stdout);
   }

@@ -91,6 +91,9 @@ struct JobManagerOptions {
   // A job the scheduler preempts for another must have saved and stopped within this long; its
   // ranks save at the next step they agree on, as for a preemption notice.
   absl::Duration preemption_grace = absl::Seconds(60);
+  // A job the scheduler preempted is not preempted again until its next attempt has run this
+  // long (SchedRunning::protected_until_ms).
+  absl::Duration preemption_exempt = absl::Minutes(10);
 };
 
 // Which tasks' logs StreamLogs sends.

@@ -314,6 +314,11 @@ SchedContext JobManager::SchedContextLocked() const {
     if (!entry.checkpoints.empty()) {
       r.checkpoint_ms = entry.checkpoints.back().checkpoint.created_unix_ms();
     }
+    const auto& restarts = entry.job.restarts();
+    if (!restarts.empty() && restarts[restarts.size() - 1].reason() == v1::SCHEDULER_PREEMPTED &&
+        entry.attempt_placed != absl::InfinitePast()) {
+      r.protected_until_ms = absl::ToUnixMillis(entry.attempt_placed + options_.preemption_exempt);
+    }
     context.running.push_back(std::move(r));
   };
   for (int64_t seq : table_.attempts()) {

@@ -139,6 +139,9 @@ ABSL_FLAG(bool, preemption, true,
           "its queue and jobs that other queues run on capacity they borrowed from its quota.");
 ABSL_FLAG(absl::Duration, preemption_grace, absl::Seconds(60),
           "How long a job the scheduler preempts has to save and stop.");
+ABSL_FLAG(absl::Duration, preemption_exempt_time, absl::Minutes(10),
+          "A job the scheduler preempted is not preempted again until its next attempt has run "
+          "this long, so that reclaims and priorities cannot bounce it back and forth.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
 
@@ -244,6 +247,8 @@ int Run() {
   options.scheduler_policy.fair_share = absl::GetFlag(FLAGS_fair_share);
   options.scheduler_policy.preemption = absl::GetFlag(FLAGS_preemption);
   options.preemption_grace = absl::GetFlag(FLAGS_preemption_grace);
+  options.preemption_exempt =
+      std::max(absl::GetFlag(FLAGS_preemption_exempt_time), absl::ZeroDuration());
   if (options.preemption_grace <= absl::ZeroDuration()) {
     LogError("--preemption_grace: must be positive");
     return 1;

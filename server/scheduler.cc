@@ -531,7 +531,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       std::vector<Victim> candidates;
       const Demand need = MinDemand(job);
       for (SchedRunning& r : running) {
-        if (r.stopping || !r.preemptible) continue;
+        if (r.stopping || !r.preemptible || r.protected_until_ms > context.now_ms) continue;
         QueueState& rq = queue_of(r.queue);
         if (&rq == &queue) {
           if (r.priority < job.priority) candidates.push_back({&r, false});

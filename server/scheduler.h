@@ -81,6 +81,9 @@ struct SchedRunning {
   // Already told to stop (preempted, restarting, ended): its capacity comes free by itself, and it
   // is not chosen as a victim again.
   bool stopping = false;
+  // Not preempted before this time (0: no such protection): a job the scheduler preempted runs a
+  // while after it resumes, so that reclaims and priorities cannot bounce it back and forth.
+  int64_t protected_until_ms = 0;
 };
 
 // The policies on top of gang placement, each of which can be turned off (bench/scheduler_sim

@@ -86,6 +86,9 @@ TEST_F(JobManagerTest, QueuesAreStoredAndSubmissionsAdmittedToThem) {
 }
 
 TEST_F(JobManagerTest, APreemptedJobSavesThenWaitsWithoutSpendingARestartBudget) {
+  JobManagerOptions options;
+  options.preemption_exempt = absl::Minutes(2);
+  Reopen(options);
   Register("w1", 1);
   v1::JobSpec low_spec = TestSpec("low");
   low_spec.mutable_restart()->set_max_preemptions(0);  // a budget this must not draw on
@@ -124,6 +127,35 @@ TEST_F(JobManagerTest, APreemptedJobSavesThenWaitsWithoutSpendingARestartBudget)
   manager_->Tick();
   EXPECT_EQ(Get(low).state(), v1::SCHEDULED);
   EXPECT_EQ(Get(low).generation(), 2);
+  ASSERT_TRUE(Report("w1", low + ".g2.r0", v1::TASK_RUNNING).ok());
+  // Just resumed, it is not preempted again before --preemption_exempt_time.
+  const std::string again = Submit(TestSpec("again", 1, 1, 0, /*priority=*/5));
+  manager_->Tick();
+  EXPECT_TRUE(Get(low).preempted_for().empty());
+  EXPECT_THAT(Get(again).reason(), HasSubstr("waiting for capacity"));
+  clock_.Advance(absl::Minutes(2));
+  Sync("w1");
+  manager_->Tick();
+  EXPECT_THAT(Get(low).preempted_for(), HasSubstr("for " + again));
+}
+
+// A preemption decided before a coordinator restart is carried through after it.
+TEST_F(JobManagerTest, APreemptionSurvivesACoordinatorRestart) {
+  Register("w1", 1);
+  const std::string low = Submit(TestSpec("low"));
+  manager_->Tick();
+  ASSERT_TRUE(Report("w1", low + ".g1.r0", v1::TASK_RUNNING).ok());
+  const std::string high = Submit(TestSpec("high", 1, 1, 0, /*priority=*/5));
+  manager_->Tick();
+  ASSERT_FALSE(Get(low).preempted_for().empty());
+  Reopen();
+  EXPECT_THAT(Get(low).preempted_for(), HasSubstr("for " + high));
+  EXPECT_GT(Get(low).tasks(0).stop_deadline_unix_ms(), 0);
+  ASSERT_TRUE(Report("w1", low + ".g1.r0", v1::TASK_EXITED, 143, "stopped at step 3").ok());
+  manager_->Tick();
+  ASSERT_EQ(Get(low).restarts_size(), 1);
+  EXPECT_EQ(Get(low).restarts(0).reason(), v1::SCHEDULER_PREEMPTED);
+  EXPECT_EQ(Get(high).state(), v1::SCHEDULED);
 }
 
 TEST_F(JobManagerTest, AQueueTakesBackItsQuotaFromABorrower) {

@@ -265,6 +265,18 @@ TEST(QueueSchedulingTest, VictimsAreLowestPriorityFewestGangsAndNeverUnpreemptib
   EXPECT_THAT(d.pending_reasons.at("all"), HasSubstr("waiting for capacity"));
 }
 
+// A job the scheduler preempted runs a while after it resumes before it can be preempted again.
+TEST(QueueSchedulingTest, AResumedVictimIsProtectedForAWhile) {
+  Cluster c({Worker("w1", 1)});
+  c.Run("resumed", "", {"w1"}, 0);
+  c.context.running.back().protected_until_ms = 5000;
+  ScheduleDecision d = c.Pass(1000, {Job("urgent", 1, "", 1, 9)});
+  EXPECT_THAT(d.preemptions, IsEmpty());
+  EXPECT_THAT(d.pending_reasons.at("urgent"), HasSubstr("waiting for capacity"));
+  d = c.Pass(5001, {Job("urgent", 1, "", 1, 9)});
+  EXPECT_THAT(Victims(d), ElementsAre("resumed"));
+}
+
 TEST(QueueSchedulingTest, PreemptionOffOnlyWaits) {
   Cluster c({Worker("w1", 1)});
   c.context.policy.preemption = false;
