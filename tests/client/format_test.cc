@@ -328,6 +328,70 @@ TEST(ViewsTest, TheSearchTableSaysWhichTrialCountIsWhich) {
   EXPECT_THAT(table, HasSubstr("1/2/24"));
 }
 
+TEST(ViewsTest, APendingJobShowsItsPlaceInLineAndStart) {
+  v1::Job job;
+  job.set_id("big-3");
+  job.set_state(v1::PENDING);
+  job.set_reason("waiting for capacity: needs 16 GPUs, 8 free");
+  job.set_position(1);
+  job.set_estimated_start_unix_ms(1'700'000'000'000);
+  EXPECT_EQ(WaitText(job, absl::UTCTimeZone()),
+            "#1 in line: waiting for capacity: needs 16 GPUs, 8 free; starts by "
+            "2023-11-14T22:13:20+00:00");
+  job.clear_estimated_start_unix_ms();
+  job.set_position(0);
+  EXPECT_EQ(WaitText(job), "waiting for capacity: needs 16 GPUs, 8 free");
+  job.set_position(2);
+  job.mutable_spec()->set_queue("nlp");
+  job.mutable_spec()->set_priority(3);
+  const std::string described = DescribeJob(job, absl::UTCTimeZone());
+  EXPECT_THAT(described, HasSubstr("Reason:           #2 in line: waiting for capacity"));
+  EXPECT_THAT(described, HasSubstr("Queue:            nlp, priority 3, preemptible"));
+}
+
+TEST(ViewsTest, AQueueShowsItsLimitsAndUse) {
+  v1::Queue q;
+  q.set_name("nlp");
+  q.set_quota_slots(8);
+  q.set_quota_gpus(4);
+  q.set_borrow_slots(-1);
+  q.set_borrow_gpus(2);
+  q.set_weight(2);
+  q.add_users("carol");
+  v1::QueueStatus* s = q.mutable_status();
+  s->set_quota_slots(8);
+  s->set_quota_gpus(4);
+  s->set_used_gpus(6);
+  s->set_borrowed_gpus(2);
+  s->set_pending_jobs(3);
+  s->set_running_jobs(2);
+  s->set_preemptions(1);
+  const std::string text = DescribeQueue(q);
+  EXPECT_THAT(text, HasSubstr("Quota:            8 slots, 4 GPUs\n"));
+  EXPECT_THAT(text, HasSubstr("Borrowing:        up to unlimited slots, 2 GPUs beyond the quota"));
+  EXPECT_THAT(text, HasSubstr("Users:            carol"));
+  EXPECT_THAT(text, HasSubstr("Holds:            0 slots (0 borrowed), 6 GPUs (2 borrowed)"));
+  EXPECT_THAT(text, HasSubstr("Jobs:             2 running, 3 pending"));
+  // The queue's jobs: waiting ones in line order first.
+  v1::Job first;
+  first.set_id("a-1");
+  first.set_state(v1::PENDING);
+  first.set_position(2);
+  first.set_reason("queued behind a-2");
+  v1::Job second = first;
+  second.set_id("a-2");
+  second.set_position(1);
+  second.set_reason("waiting for capacity");
+  v1::Job running = first;
+  running.set_id("a-0");
+  running.set_state(v1::RUNNING);
+  running.set_position(0);
+  const std::string table = QueueJobsTable({running, first, second}, false);
+  EXPECT_LT(table.find("a-2"), table.find("a-1"));
+  EXPECT_LT(table.find("a-1"), table.find("a-0"));
+  EXPECT_THAT(table, HasSubstr("#2 in line: queued behind a-2"));
+}
+
 TEST(CommandsTest, AnUnreadableSpecFileSaysWhy) {
   absl::StatusOr<std::string> spec = ReadSpecFile("/nonexistent/spec.yaml");
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
