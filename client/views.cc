@@ -341,6 +341,23 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
       absl::StrAppend(&text, ", ", pipeline.partition());
     }
     field("Pipeline", text);
+    // Each stage's memory: its own size where the spec gives one, and the estimate.
+    std::vector<std::string> stages;
+    const v1::MemoryEstimate& m = job.memory_estimate();
+    for (int st = 0; st < std::max(pipeline.memory_bytes_size(), m.stages_size()); ++st) {
+      std::string one = absl::StrCat("stage ", st);
+      if (st < pipeline.memory_bytes_size()) {
+        absl::StrAppend(&one, " ", HumanBytes(pipeline.memory_bytes(st)));
+      }
+      if (st < m.stages_size()) {
+        absl::StrAppend(&one, st < pipeline.memory_bytes_size() ? " (needs " : " needs ",
+                        m.stages(st).lower_bound() ? "at least " : "about ",
+                        HumanBytes(m.stages(st).total_bytes()),
+                        st < pipeline.memory_bytes_size() ? ")" : "");
+      }
+      stages.push_back(one);
+    }
+    if (!stages.empty()) field("Stage memory", absl::StrJoin(stages, ", "));
     if (p.pipeline_stages_size() > 0) {
       std::vector<std::string> stages;
       for (const v1::PipelineStageTime& s : p.pipeline_stages()) {

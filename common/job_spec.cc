@@ -378,6 +378,24 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
     return FieldError("precision", "pipeline trains in fp32 only");
   }
   if (spec.has_distill()) return FieldError("distill", "not supported with strategy pipeline");
+  if (pipeline.memory_bytes_size() > 0) {
+    if (pipeline.memory_bytes_size() != stages) {
+      return FieldError("pipeline.memory", absl::StrCat(pipeline.memory_bytes_size(), " sizes for ",
+                                                        stages, " stages"));
+    }
+    if (spec.resources().memory_bytes() > 0) {
+      return FieldError("pipeline.memory",
+                        "give memory per stage here or per rank in resources.memory, not both");
+    }
+    for (int s = 0; s < stages; ++s) {
+      if (pipeline.memory_bytes(s) < kMinTaskMemoryBytes) {
+        return FieldError(absl::StrCat("pipeline.memory[", s, "]"),
+                          absl::StrCat("must be at least ", HumanBytes(kMinTaskMemoryBytes),
+                                       " (a trainer needs about that to start), got ",
+                                       HumanBytes(pipeline.memory_bytes(s))));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

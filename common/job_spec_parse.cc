@@ -295,8 +295,22 @@ class SpecParser {
     if (!IsSet(node)) return absl::OkStatus();
     const std::string path = "pipeline";
     TY_RETURN_IF_ERROR(ExpectMap(node, path));
-    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"stages", "microbatches", "schedule", "partition"}));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(node, path, {"stages", "microbatches", "schedule", "partition", "memory"}));
     v1::PipelineSpec& pipeline = *spec_.mutable_pipeline();
+    if (const YAML::Node memory = node["memory"]; IsSet(memory)) {
+      if (!memory.IsSequence()) {
+        return FieldError("pipeline.memory", "a list: one size per stage, e.g. [6GiB, 4GiB]");
+      }
+      for (size_t i = 0; i < memory.size(); ++i) {
+        const std::string field = absl::StrCat("pipeline.memory[", i, "]");
+        absl::StatusOr<std::string> text = ReadString(memory[i], field);
+        if (!text.ok()) return text.status();
+        absl::StatusOr<int64_t> bytes = ParseByteSize(*text);
+        if (!bytes.ok()) return FieldError(field, bytes.status().message());
+        pipeline.add_memory_bytes(*bytes);
+      }
+    }
     TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "stages", "must be >= 1",
                                          [&](int32_t v) { pipeline.set_stages(v); }));
     TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "microbatches", "must be >= 1",

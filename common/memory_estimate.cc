@@ -158,12 +158,12 @@ int64_t OptimizerStates(const v1::OptimizerSpec& optimizer) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return b <= 0 ? a : (a + b - 1) / b; }
 
-// The largest stage's parameters, split as the trainer splits the layers (PartitionLayers over
-// each layer's bytes, the last of several stages with its tied embedding's copy); an even share
-// where the layers are unknown (a TorchScript Sequential) or the split is refused.
-int64_t LargestStage(const Shape& shape, const v1::PipelineSpec& pipeline) {
+// Each stage's parameters, split as the trainer splits the layers (PartitionLayers over each
+// layer's bytes, the last of several stages with its tied embedding's copy); even shares where
+// the layers are unknown (a TorchScript Sequential) or the split is refused.
+std::vector<int64_t> StageParams(const Shape& shape, const v1::PipelineSpec& pipeline) {
   const int stages = std::max(pipeline.stages(), 1);
-  if (shape.layers.empty()) return CeilDiv(shape.params, stages);
+  if (shape.layers.empty()) return std::vector<int64_t>(stages, CeilDiv(shape.params, stages));
   std::vector<int64_t> layers = shape.layers;
   if (stages > 1) layers.back() += shape.tied_copy;
   std::vector<int64_t> bytes;
@@ -173,16 +173,17 @@ int64_t LargestStage(const Shape& shape, const v1::PipelineSpec& pipeline) {
   absl::StatusOr<std::vector<int>> split =
       PartitionLayers(bytes, stages, pipeline.partition(), counts);
   if (!split.ok()) {
-    return CeilDiv(std::accumulate(layers.begin(), layers.end(), int64_t{0}), stages);
+    return std::vector<int64_t>(
+        stages, CeilDiv(std::accumulate(layers.begin(), layers.end(), int64_t{0}), stages));
   }
-  int64_t largest = 0;
+  std::vector<int64_t> out;
   size_t at = 0;
   for (int count : *split) {
     int64_t stage = 0;
     for (int i = 0; i < count && at < layers.size(); ++i) stage += layers[at++];
-    largest = std::max(largest, stage);
+    out.push_back(stage);
   }
-  return largest;
+  return out;
 }
 
 }  // namespace
@@ -237,11 +238,18 @@ JobMemory EstimateJobMemory(const v1::JobSpec& spec, const v1::ModelNeeds* needs
       // GPipe keeps every micro-batch's activations until its backward passes; 1F1B at most one
       // per stage in flight.
       const int in_flight = pipeline.schedule() == "gpipe" ? micro : std::min(micro, stages);
-      const int64_t params = LargestStage(shape, pipeline);
-      rank.parameters = params * kFloat;
-      rank.gradients = params * kFloat;
-      rank.optimizer = states * params * kFloat;
-      rank.activations = CeilDiv(in_flight * micro_batch * shape.activations, stages) * kFloat;
+      // Each stage holds its layers; the rank estimate is the largest stage's.
+      for (int64_t params : StageParams(shape, pipeline)) {
+        TaskMemory stage = rank;
+        stage.parameters = params * kFloat;
+        stage.gradients = params * kFloat;
+        stage.optimizer = states * params * kFloat;
+        stage.activations = CeilDiv(in_flight * micro_batch * shape.activations, stages) * kFloat;
+        out.stages.push_back(stage);
+      }
+      for (const TaskMemory& stage : out.stages) {
+        if (stage.Total() >= rank.Total()) rank = stage;
+      }
       break;
     }
     case v1::PARAMETER_SERVER: {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trainyard/v1/job.pb.h"
 
@@ -52,9 +53,10 @@ struct TaskMemory {
 };
 
 struct JobMemory {
-  TaskMemory rank;
+  TaskMemory rank;  // a pipeline's: its largest stage's
   bool has_shard = false;
   TaskMemory shard;
+  std::vector<TaskMemory> stages;  // a pipeline's, one per stage
 };
 
 // The estimate for a valid `spec` (ValidateJobSpec passed). `needs` may carry the tensor bytes of

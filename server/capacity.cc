@@ -19,6 +19,15 @@ int64_t MemoryPerRank(const v1::JobSpec& spec) {
   return std::max<int64_t>(spec.resources().memory_bytes(), 0);
 }
 
+int64_t MemoryOfRank(const v1::JobSpec& spec, int rank) {
+  const v1::PipelineSpec& pipeline = spec.pipeline();
+  if (spec.strategy() == v1::PIPELINE && pipeline.memory_bytes_size() > 0 && rank >= 0) {
+    // Rank r runs stage r % stages (worker/trainer/pipeline).
+    return std::max<int64_t>(pipeline.memory_bytes(rank % pipeline.memory_bytes_size()), 0);
+  }
+  return MemoryPerRank(spec);
+}
+
 int SlotsPerShard(const v1::JobSpec& spec) { return std::max(spec.parameter_servers().slots(), 1); }
 
 int64_t MemoryPerShard(const v1::JobSpec& spec) {
@@ -34,7 +43,7 @@ TaskResources TaskUsage(const v1::JobSpec& spec, const v1::TaskInfo& t) {
   }
   r.slots = SlotsPerRank(spec);
   r.gpus = GpusPerRank(spec);
-  r.memory_bytes = MemoryPerRank(spec);
+  r.memory_bytes = MemoryOfRank(spec, t.rank());
   r.cpu_limit = std::max(spec.resources().cpus(), 0.0);
   return r;
 }

@@ -17,11 +17,14 @@ namespace trainyard {
 
 // Slots, GPUs and memory: what one rank or parameter-server shard of a job holds on its worker.
 // A rank holds ceil(resources.cpus) slots (a CPU rank at least one; a GPU rank none without
-// cpus), gpus_per_worker GPUs and resources.memory; a shard parameter_servers.slots slots (at
+// cpus), gpus_per_worker GPUs and resources.memory (a pipeline stage's rank its stage's
+// pipeline.memory); a shard parameter_servers.slots slots (at
 // least one) and parameter_servers.memory.
 int SlotsPerRank(const trainyard::v1::JobSpec& spec);
 int GpusPerRank(const trainyard::v1::JobSpec& spec);
 int64_t MemoryPerRank(const trainyard::v1::JobSpec& spec);
+// Rank `rank`'s memory: its stage's pipeline.memory, else MemoryPerRank.
+int64_t MemoryOfRank(const trainyard::v1::JobSpec& spec, int rank);
 int SlotsPerShard(const trainyard::v1::JobSpec& spec);
 int64_t MemoryPerShard(const trainyard::v1::JobSpec& spec);
 

@@ -96,8 +96,16 @@ std::string JobManager::NoWorkerHoldsLocked(const v1::JobSpec& spec,
     }
     return "";
   };
-  std::string none =
-      check("rank", spec.resources().memory_bytes(), "resources.memory", estimate.rank());
+  // A pipeline with memory per stage: its largest stage's.
+  int64_t rank_memory = spec.resources().memory_bytes();
+  const char* rank_field = "resources.memory";
+  for (int64_t m : spec.pipeline().memory_bytes()) {
+    if (m > rank_memory) {
+      rank_memory = m;
+      rank_field = "pipeline.memory";
+    }
+  }
+  std::string none = check("rank", rank_memory, rank_field, estimate.rank());
   if (none.empty() && estimate.has_shard()) {
     none = check("shard", spec.parameter_servers().memory_bytes(), "parameter_servers.memory",
                  estimate.shard());
@@ -123,6 +131,17 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
   v1::MemoryEstimate estimate;
   *estimate.mutable_rank() = memory.rank.ToProto();
   if (memory.has_shard) *estimate.mutable_shard() = memory.shard.ToProto();
+  for (const TaskMemory& stage : memory.stages) *estimate.add_stages() = stage.ToProto();
+  // Memory per stage: each stage's own estimate against its own size.
+  const v1::PipelineSpec& pipeline = spec.pipeline();
+  for (int s = 0; s < pipeline.memory_bytes_size() && s < static_cast<int>(memory.stages.size());
+       ++s) {
+    if (memory.stages[s].Total() > pipeline.memory_bytes(s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline.memory[", s, "]: ", HumanBytes(pipeline.memory_bytes(s)),
+          " is less than stage ", s, " needs by estimate: ", DescribeEstimate(estimate.stages(s))));
+    }
+  }
   if (const int64_t asked = spec.resources().memory_bytes();
       asked > 0 && memory.rank.Total() > asked) {
     return absl::InvalidArgumentError(absl::StrCat(

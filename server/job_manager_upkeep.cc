@@ -398,6 +398,11 @@ SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
   job.slots_per_rank = SlotsPerRank(entry.job.spec());
   job.gpus_per_rank = GpusPerRank(entry.job.spec());
   job.memory_per_rank = MemoryPerRank(entry.job.spec());
+  if (entry.job.spec().pipeline().memory_bytes_size() > 0) {
+    for (int rank = 0; rank < job.max_ranks; ++rank) {
+      job.rank_memory.push_back(MemoryOfRank(entry.job.spec(), rank));
+    }
+  }
   job.shards = ShardCount(entry.job.spec());
   job.slots_per_shard = SlotsPerShard(entry.job.spec());
   job.memory_per_shard = MemoryPerShard(entry.job.spec());
@@ -604,10 +609,12 @@ void JobManager::ScheduleLocked() {
     entry->version++;
     reasons_changed = true;
   }
-  // Places in line, from whole passes only (a pass up to the blocker sees part of the line).
+  // Places in line, from whole passes only (a pass up to the blocker sees part of the line), for
+  // the first kShownPlaces: a placement would otherwise change every job's place in a deep line.
   if (whole) {
+    constexpr size_t kShownPlaces = 1000;
     std::set<std::string> waiting;
-    for (size_t i = 0; i < decision.waiting.size(); ++i) {
+    for (size_t i = 0; i < std::min(decision.waiting.size(), kShownPlaces); ++i) {
       JobEntry* entry = FindLocked(decision.waiting[i]);
       if (entry == nullptr) continue;
       waiting.insert(decision.waiting[i]);

@@ -356,7 +356,8 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
 
   {
     FamilyBuilder quota(out, "trainyard_queue_quota",
-                        "A queue's quota, as the scheduler applies it (absent when unlimited).",
+                        "A queue's quota, as the scheduler applies it (the READY workers' "
+                        "capacity when it has no limit).",
                         MetricType::Gauge);
     FamilyBuilder used(out, "trainyard_queue_used", "What a queue's jobs hold.", MetricType::Gauge);
     FamilyBuilder borrowed(out, "trainyard_queue_borrowed",
@@ -370,10 +371,13 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
                             MetricType::Counter);
     for (const v1::Queue& q : snap.queues) {
       const v1::QueueStatus& s = q.status();
-      for (const auto& [resource, limit, held, over] :
-           {std::tuple{"slots", s.quota_slots(), s.used_slots(), s.borrowed_slots()},
-            std::tuple{"gpus", s.quota_gpus(), s.used_gpus(), s.borrowed_gpus()}}) {
-        if (limit >= 0) quota.Add({{"queue", q.name()}, {"resource", resource}}, limit);
+      for (const auto& [resource, limit, held, over, total] :
+           {std::tuple{"slots", s.quota_slots(), s.used_slots(), s.borrowed_slots(),
+                       snap.slots_total},
+            std::tuple{"gpus", s.quota_gpus(), s.used_gpus(), s.borrowed_gpus(),
+                       snap.gpus_total}}) {
+        quota.Add({{"queue", q.name()}, {"resource", resource}},
+                  limit >= 0 ? static_cast<double>(limit) : static_cast<double>(total));
         used.Add({{"queue", q.name()}, {"resource", resource}}, held);
         borrowed.Add({{"queue", q.name()}, {"resource", resource}}, over);
       }

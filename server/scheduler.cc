@@ -21,7 +21,16 @@ bool UsesGpus(const SchedJob& job) { return job.gpus_per_rank > 0; }
 int RankSlots(const SchedJob& job) {
   return UsesGpus(job) ? std::max(job.slots_per_rank, 0) : std::max(job.slots_per_rank, 1);
 }
-int64_t RankMemory(const SchedJob& job) { return std::max<int64_t>(job.memory_per_rank, 0); }
+// Rank `rank`'s memory, and the most any rank takes.
+int64_t RankMemoryAt(const SchedJob& job, size_t rank) {
+  return std::max<int64_t>(
+      rank < job.rank_memory.size() ? job.rank_memory[rank] : job.memory_per_rank, 0);
+}
+int64_t RankMemory(const SchedJob& job) {
+  int64_t most = std::max<int64_t>(job.memory_per_rank, 0);
+  for (int64_t m : job.rank_memory) most = std::max(most, m);
+  return most;
+}
 int64_t ShardMemory(const SchedJob& job) { return std::max<int64_t>(job.memory_per_shard, 0); }
 bool UsesMemory(const SchedJob& job) {
   return RankMemory(job) > 0 || (job.shards > 0 && ShardMemory(job) > 0);
@@ -52,10 +61,10 @@ bool RunsOn(const SchedJob& job, const SchedWorker& worker) {
 std::vector<size_t> FitRanks(const SchedJob& job, int count, std::vector<Bin>& bins) {
   const int slots = RankSlots(job);
   const int gpus = RankGpus(job);
-  const int64_t memory = RankMemory(job);
   const bool by_gpus = UsesGpus(job);
   std::vector<size_t> placed;
   while (static_cast<int>(placed.size()) < count) {
+    const int64_t memory = RankMemoryAt(job, placed.size());
     std::optional<size_t> best;
     for (size_t i = 0; i < bins.size(); ++i) {
       const Bin& b = bins[i];
@@ -305,11 +314,12 @@ void AddTasks(const std::vector<SchedTask>& tasks, std::vector<Bin>& bins,
 Placement Take(const SchedJob& job, const Fit& fit, std::vector<Bin>& bins) {
   Placement placement;
   placement.job_id = job.id;
-  for (size_t i : fit.ranks) {
-    bins[i].free_slots -= RankSlots(job);
-    bins[i].free_gpus -= RankGpus(job);
-    bins[i].free_memory -= RankMemory(job);
-    placement.rank_workers.push_back(bins[i].worker->id);
+  for (size_t k = 0; k < fit.ranks.size(); ++k) {
+    Bin& b = bins[fit.ranks[k]];
+    b.free_slots -= RankSlots(job);
+    b.free_gpus -= RankGpus(job);
+    b.free_memory -= RankMemoryAt(job, k);
+    placement.rank_workers.push_back(b.worker->id);
   }
   for (size_t i : fit.shards) {
     bins[i].free_slots -= ShardSlots(job);
@@ -322,8 +332,8 @@ Placement Take(const SchedJob& job, const Fit& fit, std::vector<Bin>& bins) {
 // The tasks a placement makes, as a running job holds them.
 std::vector<SchedTask> TasksOf(const SchedJob& job, const Placement& p) {
   std::vector<SchedTask> tasks;
-  for (const std::string& w : p.rank_workers) {
-    tasks.push_back({w, RankSlots(job), RankGpus(job), RankMemory(job)});
+  for (size_t k = 0; k < p.rank_workers.size(); ++k) {
+    tasks.push_back({p.rank_workers[k], RankSlots(job), RankGpus(job), RankMemoryAt(job, k)});
   }
   for (const std::string& w : p.shard_workers) {
     tasks.push_back({w, ShardSlots(job), 0, ShardMemory(job)});
@@ -417,6 +427,14 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
   std::vector<SchedTask> reserved_tasks;  // where it will run
   bool reserved_start_known = false;
   std::string queued_behind;
+  const QueueState* reserved_queue = nullptr;
+  // "queued behind big-3", and " of queue nlp" when another queue's job holds the line.
+  auto behind = [&](const QueueState& queue) {
+    if (reserved_queue == nullptr || reserved_queue == &queue || queues.size() < 2) {
+      return queued_behind;
+    }
+    return absl::StrCat(queued_behind, " of queue ", reserved_queue->queue.name);
+  };
   auto share = [&](const QueueState& q) {
     const double slots = cluster_slots > 0 ? double(q.used_slots) / cluster_slots : 0;
     const double gpus = cluster_gpus > 0 ? double(q.used_gpus) / cluster_gpus : 0;
@@ -451,8 +469,9 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       return;
     }
     // Would the job fit the whole cluster with nothing else running?
-    const std::string runtimes =
-        job.runtimes.has_value() ? absl::StrCat("=", absl::StrJoin(*job.runtimes, ",")) : "";
+    const std::string runtimes = absl::StrCat(
+        job.runtimes.has_value() ? absl::StrCat("=", absl::StrJoin(*job.runtimes, ",")) : "", "|",
+        absl::StrJoin(job.rank_memory, ","));
     const auto shape = std::make_tuple(
         job.min_ranks, job.max_ranks, job.slots_per_rank, job.gpus_per_rank, job.memory_per_rank,
         job.batch_size, job.shards, job.slots_per_shard, job.memory_per_shard, runtimes);
@@ -470,7 +489,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       return;
     }
     if (reserved.has_value() && !policy.backfill) {
-      reason = queued_behind + " (no backfill)";
+      reason = behind(queue) + " (no backfill)";
       return;
     }
     for (Bin& b : free_bins) b.ranks = b.shards = 0;
@@ -507,7 +526,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
           }
         }
         if (!after.has_value()) {
-          reason = queued_behind + " (running now would delay it)";
+          reason = behind(queue) + " (running now would delay it)";
           return;
         }
         reserve_bins = *std::move(after);
@@ -686,7 +705,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       return;
     }
     if (reserved.has_value()) {
-      reason = queued_behind;
+      reason = behind(queue);
       return;
     }
     // The head of the line: why it waits, and a reservation at the earliest time it fits.
@@ -700,7 +719,8 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       if (b.free_memory < kUnknownMemory) free_memory += b.free_memory;
     }
     const Demand need = MinDemand(job);
-    const int64_t need_memory = job.min_ranks * RankMemory(job) + Shards(job) * ShardMemory(job);
+    int64_t need_memory = Shards(job) * ShardMemory(job);
+    for (int k = 0; k < job.min_ranks; ++k) need_memory += RankMemoryAt(job, k);
     // One kind of capacity needs no unit after what is free: "needs 3 slots, 2 free".
     const bool one_kind =
         !UsesMemory(job) && (!UsesGpus(job) || (Shards(job) == 0 && RankSlots(job) == 0));
@@ -711,6 +731,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
     reserved = *capped;
     decision.reserved_for = job.id;
     queued_behind = absl::StrCat("queued behind ", job.id);
+    reserved_queue = &queue;
     // The capacity at each time a running job ends, the earliest first; what never ends by a
     // known time comes last (the reservation then has no start time, but still its workers).
     reserve_bins = free_bins;

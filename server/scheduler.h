@@ -22,6 +22,8 @@ struct SchedJob {
   int slots_per_rank = 1;  // a CPU rank takes at least 1; a GPU rank may take 0
   int gpus_per_rank = 0;
   int64_t memory_per_rank = 0;  // bytes reserved per rank (resources.memory); 0 = none
+  // Set: rank i reserves rank_memory[i] instead (a pipeline's memory per stage).
+  std::vector<int64_t> rank_memory;
   // When > 0 the rank count must divide it (the global batch is split evenly across ranks): an
   // elastic job gets the largest such count that fits, never fewer than min_ranks.
   int batch_size = 0;

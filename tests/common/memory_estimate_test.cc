@@ -133,6 +133,13 @@ optimizer: {name: sgd, lr: 0.1}
   JobMemory one_f_one_b = EstimateJobMemory(
       Parse(transformer + "pipeline: {stages: 2, microbatches: 8, schedule: 1f1b}\n"), nullptr);
   EXPECT_EQ(gpipe.rank.activations, 4 * one_f_one_b.rank.activations);
+  // Each stage's own estimate, for memory per stage: the rank's is the largest of them.
+  ASSERT_EQ(counts.stages.size(), 2u);
+  EXPECT_EQ(counts.stages[0].parameters, (embeddings + block) * 4);
+  EXPECT_EQ(counts.stages[1].parameters, (3 * block + head + tied_copy) * 4);
+  EXPECT_EQ(counts.stages[1].Total(), counts.rank.Total());
+  EXPECT_LT(counts.stages[0].Total(), counts.stages[1].Total());
+  EXPECT_TRUE(single.stages.empty());
 }
 
 // A TorchScript model counts the tensors of its archive; unread, the estimate says it is a lower

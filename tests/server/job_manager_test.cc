@@ -1444,5 +1444,32 @@ TEST_F(JobManagerTest, AFinishedJobCanBeDeletedNow) {
   EXPECT_TRUE(manager_->GetJob(follower).ok());
 }
 
+// A pipeline's stages may each have their own memory: each rank reserves and is limited to its
+// stage's, and a stage smaller than its own estimate is refused naming it.
+TEST_F(JobManagerTest, PipelineStagesHaveTheirOwnMemory) {
+  Register("w1", 2);
+  const std::string yaml = R"(name: stages
+strategy: pipeline
+workers: 2
+model: {builtin: transformer, args: {vocab: 256, context: 32, layers: 4, dim: 1024, heads: 16}}
+data: {tokens: /nonexistent-data/t-*.safetensors}
+batch_size: 16
+max_steps: 10
+)";
+  auto job = manager_->SubmitJobYaml(yaml + "pipeline: {stages: 2, memory: [1GiB, 512MiB]}\n");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->memory_estimate().stages_size(), 2);
+  manager_->Tick();
+  auto rank0 = manager_->TaskFor(job->id() + ".g1.r0");
+  auto rank1 = manager_->TaskFor(job->id() + ".g1.r1");
+  ASSERT_TRUE(rank0.ok() && rank1.ok());
+  EXPECT_EQ(rank0->memory_limit_bytes(), int64_t{1} << 30);
+  EXPECT_EQ(rank1->memory_limit_bytes(), int64_t{512} << 20);
+  auto small = manager_->SubmitJobYaml(yaml + "pipeline: {stages: 2, memory: [1GiB, 128MiB]}\n");
+  ASSERT_FALSE(small.ok());
+  EXPECT_THAT(small.status().message(),
+              HasSubstr("pipeline.memory[1]: 128.0 MiB is less than stage 1 needs by estimate"));
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -299,6 +299,11 @@ TEST(QueueSchedulingTest, FairShareByWeight) {
   ScheduleDecision d = c.Pass(0, jobs);
   EXPECT_EQ(d.queues.at("a").used_slots, 4);
   EXPECT_EQ(d.queues.at("b").used_slots, 2);
+  // What waits says whose job holds the line (b2: the queues' shares are even again, and it
+  // came first), and its queue when it is another's.
+  EXPECT_EQ(d.reserved_for, "b2");
+  EXPECT_EQ(d.pending_reasons.at("a4"), "queued behind b2 of queue b");
+  EXPECT_EQ(d.pending_reasons.at("b3"), "queued behind b2");
   // Without fair share: submission order.
   Cluster fifo({Worker("w1", 6)});
   fifo.context.queues = c.context.queues;

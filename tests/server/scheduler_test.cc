@@ -97,6 +97,28 @@ TEST(SchedulerTest, FitsByMemory) {
             "memory free");
 }
 
+// A pipeline's stages may each reserve their own memory: rank i takes rank_memory[i].
+TEST(SchedulerTest, RanksMayReserveMemoryEachTheirOwn) {
+  SchedJob job = CpuJob("p", 1, 2, 2);
+  job.rank_memory = {3 * kGiB, 2 * kGiB};
+  // Rank 0 (3 GiB) fits only w1; rank 1 goes to w2 (most free slots).
+  ScheduleDecision d = Schedule({job}, {WithMemory(Worker("w1", 4, 4), 4 * kGiB, 4 * kGiB),
+                                        WithMemory(Worker("w2", 8, 8), 2 * kGiB, 2 * kGiB)});
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_THAT(d.placements[0].rank_workers, ElementsAre("w1", "w2"));
+  // The same ranks at 3 GiB each cannot both fit.
+  job.rank_memory = {3 * kGiB, 3 * kGiB};
+  d = Schedule({job}, {WithMemory(Worker("w1", 4, 4), 4 * kGiB, 4 * kGiB),
+                       WithMemory(Worker("w2", 8, 8), 2 * kGiB, 2 * kGiB)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  // What it waits for adds up each rank's own.
+  job.rank_memory = {3 * kGiB, 1 * kGiB};
+  d = Schedule({job}, {WithMemory(Worker("w1", 4, 4), 4 * kGiB, 2 * kGiB)});
+  EXPECT_EQ(d.pending_reasons["p"],
+            "waiting for capacity: needs 2 slots and 4.0 GiB of memory, 4 slots and 2.0 GiB of "
+            "memory free");
+}
+
 // A rank larger than any worker's memory can never run there: unfit, with the numbers, and it
 // holds up no one.
 TEST(SchedulerTest, MoreMemoryThanAnyWorkerOffersIsUnfit) {

@@ -392,7 +392,12 @@ absl::Status Run::FitDataToMemory() {
   const int64_t limit = own ? task_.memory_limit_bytes() : OwnCgroupMemoryLimit();
   if (limit <= 0) return absl::OkStatus();
   const auto [largest, all, fewest] = TrainShardSizes();
-  const int64_t model = EstimateJobMemory(spec_, nullptr).rank.Total();
+  // A pipeline rank holds its stage's layers (rank r runs stage r % stages).
+  const JobMemory estimate = EstimateJobMemory(spec_, nullptr);
+  const int64_t model =
+      estimate.stages.empty() || task_.role() != trainyard::v1::TASK_ROLE_RANK
+          ? estimate.rank.Total()
+          : estimate.stages[static_cast<size_t>(task_.rank()) % estimate.stages.size()].Total();
   const int64_t share = static_cast<int64_t>(
       static_cast<double>(std::max<int64_t>(limit - model, 0)) * kDataShareOfMemory);
   if (all <= share || largest <= 0) return absl::OkStatus();
