@@ -48,6 +48,28 @@ TaskResources TaskUsage(const v1::JobSpec& spec, const v1::TaskInfo& t) {
   return r;
 }
 
+void ForEachHolder(const JobTable& table, absl::Time now, absl::Duration stopping_hold,
+                   absl::FunctionRef<void(const JobEntry& entry, bool stopping)> fn) {
+  for (int64_t seq : table.attempts()) {
+    const JobEntry* entry = table.FindBySeq(seq);
+    if (entry == nullptr) continue;
+    const v1::JobState state = entry->job.state();
+    if (state == v1::SCHEDULED || state == v1::RUNNING) {
+      fn(*entry, false);
+    } else if ((state == v1::RESTARTING || state == v1::PENDING) &&
+               now - entry->restarting_since < stopping_hold) {
+      // The last attempt's ranks and shards, stopping (a pending job has none once they ended).
+      fn(*entry, true);
+    }
+  }
+  // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
+  // gone (it may be saving during its grace period).
+  for (int64_t seq : table.stopping()) {
+    const JobEntry* entry = table.FindBySeq(seq);
+    if (entry != nullptr && now - entry->ended < stopping_hold) fn(*entry, true);
+  }
+}
+
 std::map<std::string, WorkerUsage> UsedCapacity(const JobTable& table, absl::Time now,
                                                 absl::Duration stopping_hold,
                                                 absl::FunctionRef<bool(absl::string_view)> gone) {
@@ -64,24 +86,7 @@ std::map<std::string, WorkerUsage> UsedCapacity(const JobTable& table, absl::Tim
       u.task_ids.push_back(t.task_id());
     }
   };
-  for (int64_t seq : table.attempts()) {
-    const JobEntry* entry = table.FindBySeq(seq);
-    if (entry == nullptr) continue;
-    const v1::JobState state = entry->job.state();
-    if (state == v1::SCHEDULED || state == v1::RUNNING) {
-      count(*entry, false);
-    } else if ((state == v1::RESTARTING || state == v1::PENDING) &&
-               now - entry->restarting_since < stopping_hold) {
-      // The last attempt's ranks and shards, stopping (a pending job has none once they ended).
-      count(*entry, true);
-    }
-  }
-  // A trainer of a cancelled or failed job holds its slots and GPUs until its agent reports it
-  // gone (it may be saving during its grace period).
-  for (int64_t seq : table.stopping()) {
-    const JobEntry* entry = table.FindBySeq(seq);
-    if (entry != nullptr && now - entry->ended < stopping_hold) count(*entry, true);
-  }
+  ForEachHolder(table, now, stopping_hold, count);
   return used;
 }
 

@@ -46,6 +46,12 @@ struct WorkerUsage {
   std::vector<std::string> task_ids;
 };
 
+// The jobs that hold capacity now: those with an attempt placed or running (`stopping` false),
+// and those whose last attempt's ranks may still be stopping, restarting or ended less than
+// `stopping_hold` ago (`stopping` true).
+void ForEachHolder(const JobTable& table, absl::Time now, absl::Duration stopping_hold,
+                   absl::FunctionRef<void(const JobEntry& entry, bool stopping)> fn);
+
 // The one count of used capacity, by worker id, for scheduling, the workers' views and the
 // metrics. A task holds its slots and GPUs until its agent reports it ended: the tasks of
 // scheduled and running attempts; those of an attempt that is restarting, or of a job that

@@ -321,21 +321,7 @@ SchedContext JobManager::SchedContextLocked() const {
     }
     context.running.push_back(std::move(r));
   };
-  for (int64_t seq : table_.attempts()) {
-    const JobEntry* entry = table_.FindBySeq(seq);
-    if (entry == nullptr) continue;
-    const v1::JobState state = entry->job.state();
-    if (state == v1::SCHEDULED || state == v1::RUNNING) {
-      add(*entry, false);
-    } else if ((state == v1::RESTARTING || state == v1::PENDING) &&
-               now - entry->restarting_since < kStoppingHold) {
-      add(*entry, true);
-    }
-  }
-  for (int64_t seq : table_.stopping()) {
-    const JobEntry* entry = table_.FindBySeq(seq);
-    if (entry != nullptr && now - entry->ended < kStoppingHold) add(*entry, true);
-  }
+  ForEachHolder(table_, now, kStoppingHold, add);
   return context;
 }
 
