@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <random>
@@ -38,7 +39,9 @@ ABSL_FLAG(double, load, 0.9, "offered load: GPU time asked over GPU time the clu
 ABSL_FLAG(int64_t, exempt_minutes, 10,
           "a preempted job is not preempted again until it has run this long after resuming "
           "(the coordinator's --preemption_exempt_time)");
-ABSL_FLAG(std::string, policies, "fifo,backfill,fair,preempt", "which policies to run");
+ABSL_FLAG(std::string, policies, "fifo,backfill,fair,preempt",
+          "which to run, in order: fifo (gang, no backfill), backfill (+ EASY backfill), quota "
+          "(+ the teams' queues, no fair share), fair (+ fair share), preempt (+ preemption)");
 
 namespace trainyard {
 namespace {
@@ -364,6 +367,20 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using namespace trainyard;  // NOLINT(build/namespaces)
   const int machines = absl::GetFlag(FLAGS_machines);
+  if (machines < 8 || absl::GetFlag(FLAGS_jobs) < 1 || !(absl::GetFlag(FLAGS_load) > 0)) {
+    std::fprintf(stderr,
+                 "--machines must be at least 8 (a 64-GPU gang), --jobs at least 1, "
+                 "--load more than 0\n");
+    return 2;
+  }
+  for (absl::string_view policy : absl::StrSplit(absl::GetFlag(FLAGS_policies), ',')) {
+    if (policy != "fifo" && policy != "backfill" && policy != "quota" && policy != "fair" &&
+        policy != "preempt") {
+      std::fprintf(stderr, "unknown policy '%s': fifo, backfill, quota, fair or preempt\n",
+                   std::string(policy).c_str());
+      return 2;
+    }
+  }
   const std::vector<TraceJob> trace = MakeTrace(
       absl::GetFlag(FLAGS_jobs), machines, absl::GetFlag(FLAGS_load), absl::GetFlag(FLAGS_seed));
   double gpu_hours = 0;
