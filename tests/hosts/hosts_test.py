@@ -29,6 +29,10 @@ def tcp():
         c, _ = s.accept(); c.sendall(c.recv(100)); c.close()
 threading.Thread(target=tcp, daemon=True).start()
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 9001))
+# Room for every datagram a test sends at once (1,000 of about 1 KiB each as the kernel counts
+# them): with the default buffer a busy machine's slow reader dropped a third of them, which the
+# loss test took for the fault's. SO_RCVBUFFORCE (root) passes net.core.rmem_max.
+u.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 8 << 20)
 print("ready", flush=True)
 while True:
     data, peer = u.recvfrom(100); print(data.decode(), flush=True)
