@@ -24,6 +24,11 @@ std::string StepText(const v1::JobProgress& p) {
   return "-";
 }
 
+// "Name:             value" ("-" for an empty value), one line of a describe view.
+void AppendField(std::string& out, const std::string& name, const std::string& value) {
+  absl::StrAppend(&out, absl::StrFormat("%-17s %s\n", name + ":", value.empty() ? "-" : value));
+}
+
 std::string LossText(const v1::JobProgress& p) {
   if (p.step() == 0 && p.loss() == 0) return "-";
   return absl::StrFormat("%.4f", p.loss());
@@ -57,7 +62,7 @@ std::string DescribeQueue(const v1::Queue& q) {
   const v1::QueueStatus& s = q.status();
   std::string out;
   auto field = [&out](const std::string& name, const std::string& value) {
-    absl::StrAppend(&out, absl::StrFormat("%-17s %s\n", name + ":", value.empty() ? "-" : value));
+    AppendField(out, name, value);
   };
   auto limit = [](int32_t n, absl::string_view unit) {
     return n < 0 ? absl::StrCat("unlimited ", unit) : absl::StrCat(n, " ", unit);
@@ -275,7 +280,7 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
   const v1::JobProgress& p = job.progress();
   std::string out;
   auto field = [&out](const std::string& name, const std::string& value) {
-    absl::StrAppend(&out, absl::StrFormat("%-17s %s\n", name + ":", value.empty() ? "-" : value));
+    AppendField(out, name, value);
   };
   field("ID", job.id());
   field("Name", job.name());

@@ -38,6 +38,13 @@ constexpr double kDefaultLr = 0.01;
 constexpr double kDefaultBeta1 = 0.9;
 constexpr double kDefaultBeta2 = 0.999;
 constexpr double kDefaultEps = 1e-8;
+
+// A task's memory below what a trainer needs to start.
+absl::Status TooLittleMemory(const std::string& field, int64_t bytes) {
+  return FieldError(
+      field, absl::StrCat("must be at least ", HumanBytes(kMinTaskMemoryBytes),
+                          " (a trainer needs about that to start), got ", HumanBytes(bytes)));
+}
 constexpr int kDefaultKeepLast = 3;
 // The transformer's bounds: far beyond what trains on one machine, well short of overflow.
 constexpr int64_t kMaxTransformerVocab = int64_t{1} << 24;
@@ -389,10 +396,7 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
     }
     for (int s = 0; s < stages; ++s) {
       if (pipeline.memory_bytes(s) < kMinTaskMemoryBytes) {
-        return FieldError(absl::StrCat("pipeline.memory[", s, "]"),
-                          absl::StrCat("must be at least ", HumanBytes(kMinTaskMemoryBytes),
-                                       " (a trainer needs about that to start), got ",
-                                       HumanBytes(pipeline.memory_bytes(s))));
+        return TooLittleMemory(absl::StrCat("pipeline.memory[", s, "]"), pipeline.memory_bytes(s));
       }
     }
   }
@@ -530,10 +534,7 @@ absl::Status ValidateTaskResources(double cpus, int64_t memory_bytes, const std:
     return FieldError(path + ".cpus", absl::StrCat("must be > 0 and <= ", kMaxTaskCpus));
   }
   if (memory_bytes < 0 || (memory_bytes > 0 && memory_bytes < kMinTaskMemoryBytes)) {
-    return FieldError(
-        path + ".memory",
-        absl::StrCat("must be at least ", HumanBytes(kMinTaskMemoryBytes),
-                     " (a trainer needs about that to start), got ", HumanBytes(memory_bytes)));
+    return TooLittleMemory(path + ".memory", memory_bytes);
   }
   return absl::OkStatus();
 }

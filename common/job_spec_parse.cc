@@ -104,16 +104,17 @@ absl::Status Positive(const YAML::Node& map, absl::string_view path, const char*
 }
 
 // A size in bytes: a number, or text with a unit ("4GiB", "512Mi", "2G"). More than zero.
+absl::StatusOr<int64_t> ReadByteSize(const YAML::Node& node, absl::string_view field) {
+  absl::StatusOr<std::string> text = ReadString(node, field);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<int64_t> bytes = ParseByteSize(*text);
+  if (!bytes.ok()) return FieldError(field, bytes.status().message());
+  return *bytes;
+}
+
 template <typename Fn>
 absl::Status ByteSize(const YAML::Node& map, absl::string_view path, const char* key, Fn fn) {
-  auto reader = [](const YAML::Node& node, absl::string_view field) -> absl::StatusOr<int64_t> {
-    absl::StatusOr<std::string> text = ReadString(node, field);
-    if (!text.ok()) return text.status();
-    absl::StatusOr<int64_t> bytes = ParseByteSize(*text);
-    if (!bytes.ok()) return FieldError(field, bytes.status().message());
-    return *bytes;
-  };
-  return ReadField<int64_t>(map, path, key, reader, Set<int64_t>(fn));
+  return ReadField<int64_t>(map, path, key, ReadByteSize, Set<int64_t>(fn));
 }
 
 class SpecParser {
@@ -303,11 +304,9 @@ class SpecParser {
         return FieldError("pipeline.memory", "a list: one size per stage, e.g. [6GiB, 4GiB]");
       }
       for (size_t i = 0; i < memory.size(); ++i) {
-        const std::string field = absl::StrCat("pipeline.memory[", i, "]");
-        absl::StatusOr<std::string> text = ReadString(memory[i], field);
-        if (!text.ok()) return text.status();
-        absl::StatusOr<int64_t> bytes = ParseByteSize(*text);
-        if (!bytes.ok()) return FieldError(field, bytes.status().message());
+        absl::StatusOr<int64_t> bytes =
+            ReadByteSize(memory[i], absl::StrCat("pipeline.memory[", i, "]"));
+        if (!bytes.ok()) return bytes.status();
         pipeline.add_memory_bytes(*bytes);
       }
     }

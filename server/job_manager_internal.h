@@ -93,13 +93,29 @@ inline int ShardCount(const v1::JobSpec& spec) {
 }
 
 // How long what is left of a job's steps takes at the speed it last ran, in milliseconds (0:
-// unknown): with max_runtime, what the scheduler's reservation and backfill count on.
+// unknown).
 inline int64_t RemainingRunMs(const v1::Job& job) {
   const v1::JobProgress& p = job.progress();
   const int64_t left = p.total_steps() - p.step();
   if (p.samples_per_second() <= 0 || left <= 0 || job.spec().batch_size() <= 0) return 0;
   return static_cast<int64_t>(1000.0 * static_cast<double>(left) * job.spec().batch_size() /
                               p.samples_per_second());
+}
+
+// How much longer a job runs at most, in milliseconds from `now_ms` (0: unknown): what its
+// max_runtime leaves (counted from its first start, restarts included) or what is left of its
+// steps at the speed it last ran, whichever ends first. What the scheduler's reservation and
+// backfill count on.
+inline int64_t RunBoundMs(const v1::Job& job, int64_t now_ms) {
+  int64_t bound = 0;
+  if (const int64_t limit_ms = job.spec().max_runtime_seconds() * 1000; limit_ms > 0) {
+    const int64_t started = job.started_unix_ms();
+    bound = std::max<int64_t>(started > 0 ? started + limit_ms - now_ms : limit_ms, 1);
+  }
+  if (const int64_t left = RemainingRunMs(job); left > 0) {
+    bound = bound > 0 ? std::min(bound, left) : left;
+  }
+  return bound;
 }
 
 // Ranks (not shards) of one attempt.

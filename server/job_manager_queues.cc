@@ -23,7 +23,7 @@ namespace trainyard {
 namespace v1 = trainyard::v1;
 using job_manager_internal::kStoppingHold;
 using job_manager_internal::RankRange;
-using job_manager_internal::RemainingRunMs;
+using job_manager_internal::RunBoundMs;
 using job_manager_internal::ShardCount;
 
 namespace {
@@ -47,8 +47,7 @@ void Normalize(v1::Queue& q) {
 absl::Status ValidateQueue(const v1::Queue& q) {
   if (!IsValidName(q.name())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("name: '", q.name(),
-                     "' must be 1 to 63 lowercase letters, digits or '-', starting with a letter"));
+        absl::StrCat("name: '", q.name(), "' must match ", kNameRule));
   }
   if (!std::isfinite(q.weight()) || q.weight() < 0 || q.weight() > kMaxWeight) {
     return absl::InvalidArgumentError(
@@ -86,13 +85,6 @@ bool Lists(const v1::Queue& q, absl::string_view user) {
 }
 
 bool Preemptible(const v1::JobSpec& spec) { return !spec.has_preemptible() || spec.preemptible(); }
-
-// "4 slots of quota + 2 borrowed", "any number": what a queue lets one of its jobs hold at most.
-std::string Allowance(int quota, int borrow, bool preemptible, absl::string_view unit) {
-  std::string out = absl::StrCat(quota, " ", unit, " of quota");
-  if (preemptible && borrow > 0) absl::StrAppend(&out, " + ", borrow, " borrowed");
-  return out;
-}
 
 }  // namespace
 
@@ -256,12 +248,11 @@ absl::Status JobManager::AdmitToQueueLocked(v1::JobSpec& spec, const Principal* 
     const int slots = min_ranks * SlotsPerRank(spec) + ShardCount(spec) * SlotsPerShard(spec);
     const int gpus = min_ranks * GpusPerRank(spec);
     auto check = [&](int need, int quota, int borrow, const char* unit) -> absl::Status {
-      if (quota < 0 || (preemptible && borrow < 0)) return absl::OkStatus();
-      const int allowed = quota + (preemptible ? borrow : 0);
-      if (need <= allowed) return absl::OkStatus();
+      const int allowed = QueueLimit(quota, borrow, preemptible);
+      if (allowed < 0 || need <= allowed) return absl::OkStatus();
       return absl::InvalidArgumentError(absl::StrCat(
           "queue '", name, "' lets a job hold at most ",
-          Allowance(quota, borrow, preemptible, unit), "; this one needs ", need, " ", unit,
+          QueueAllowance(quota, borrow, preemptible, unit), "; this one needs ", need, " ", unit,
           preemptible ? "" : " (preemptible: false runs within the quota only)"));
     };
     if (absl::Status s = check(slots, q.quota_slots(), q.borrow_slots(), "slots"); !s.ok()) {
@@ -303,13 +294,8 @@ SchedContext JobManager::SchedContextLocked() const {
       r.tasks.push_back({t.worker_id(), use.slots, use.gpus, use.memory_bytes});
     }
     if (r.tasks.empty()) return;
-    const int64_t limit_s = entry.job.spec().max_runtime_seconds();
-    if (limit_s > 0 && entry.job.started_unix_ms() > 0) {
-      r.end_ms = entry.job.started_unix_ms() + limit_s * 1000;
-    }
-    if (const int64_t left = RemainingRunMs(entry.job); left > 0) {
-      const int64_t eta = context.now_ms + left;
-      r.end_ms = r.end_ms > 0 ? std::min(r.end_ms, eta) : eta;
+    if (const int64_t bound = RunBoundMs(entry.job, context.now_ms); bound > 0) {
+      r.end_ms = context.now_ms + bound;
     }
     if (!entry.checkpoints.empty()) {
       r.checkpoint_ms = entry.checkpoints.back().checkpoint.created_unix_ms();
@@ -366,14 +352,14 @@ void JobManager::PreemptLocked(const Preemption& preemption) {
   v1::Job marked = entry->job;
   marked.set_preempted_for(preemption.reason.substr(0, 512));
   CommitLocked(*entry, std::move(marked), {}, {}).IgnoreError();  // deferred to EndUnitLocked
-  const std::string reason = absl::StrFormat(
-      "preempted by the scheduler %s: every rank saves at the next step they agree on and "
-      "stops within %.1fs; the job then waits in queue %s and resumes where it saved",
-      preemption.reason, absl::ToDoubleSeconds(options_.preemption_grace),
-      entry->job.spec().queue().empty() ? kDefaultQueue : entry->job.spec().queue());
-  AskToStopLocked(*entry, deadline_ms, reason);
   const std::string queue =
       entry->job.spec().queue().empty() ? kDefaultQueue : entry->job.spec().queue();
+  AskToStopLocked(
+      *entry, deadline_ms,
+      absl::StrFormat("preempted by the scheduler %s: every rank saves at the next "
+                      "step they agree on and stops within %.1fs; the job then waits "
+                      "in queue %s and resumes where it saved",
+                      preemption.reason, absl::ToDoubleSeconds(options_.preemption_grace), queue));
   if (absl::Status s = EndUnitLocked(); !s.ok()) {
     LogWarning("job ", preemption.victim, ": preemption not recorded: ", s.message());
     return;

@@ -28,7 +28,7 @@ namespace trainyard {
 using job_manager_internal::kFullSchedulePeriod;
 using job_manager_internal::kStoppingHold;
 using job_manager_internal::RankRange;
-using job_manager_internal::RemainingRunMs;
+using job_manager_internal::RunBoundMs;
 using job_manager_internal::ShardCount;
 using job_manager_internal::ShardTaskId;
 using job_manager_internal::TaskId;
@@ -408,13 +408,7 @@ SchedJob JobManager::SchedJobLocked(const JobEntry& entry) const {
   job.memory_per_shard = MemoryPerShard(entry.job.spec());
   job.queue = entry.job.spec().queue();
   job.preemptible = !entry.job.spec().has_preemptible() || entry.job.spec().preemptible();
-  // How long it runs: its max_runtime, or what is left at the speed it ran before.
-  if (const int64_t limit_s = entry.job.spec().max_runtime_seconds(); limit_s > 0) {
-    job.runtime_ms = limit_s * 1000;
-  }
-  if (const int64_t eta = RemainingRunMs(entry.job); eta > 0) {
-    job.runtime_ms = job.runtime_ms > 0 ? std::min(job.runtime_ms, eta) : eta;
-  }
+  job.runtime_ms = RunBoundMs(entry.job, absl::ToUnixMillis(clock_.Now()));
   if (entry.job.has_model_needs()) {
     job.runtimes.emplace();
     for (const auto& [key, runtime] : runtimes_) {

@@ -246,11 +246,10 @@ struct QueueState {
     return Within(queue.quota_slots, used_slots, slots) &&
            Within(queue.quota_gpus, used_gpus, gpus);
   }
-  static int Plus(int quota, int borrow) { return quota < 0 || borrow < 0 ? -1 : quota + borrow; }
   bool FitsLimit(int slots, int gpus, bool preemptible) const {
-    if (!preemptible) return FitsQuota(slots, gpus);
-    return Within(Plus(queue.quota_slots, queue.borrow_slots), used_slots, slots) &&
-           Within(Plus(queue.quota_gpus, queue.borrow_gpus), used_gpus, gpus);
+    return Within(QueueLimit(queue.quota_slots, queue.borrow_slots, preemptible), used_slots,
+                  slots) &&
+           Within(QueueLimit(queue.quota_gpus, queue.borrow_gpus, preemptible), used_gpus, gpus);
   }
   bool OverQuota() const {
     return (queue.quota_slots >= 0 && used_slots > queue.quota_slots) ||
@@ -273,26 +272,20 @@ std::optional<SchedJob> WithinQueue(const SchedJob& job, const QueueState& q) {
   return capped;
 }
 
-std::string Limit(int quota, int borrow, absl::string_view unit) {
-  std::string out = absl::StrCat(quota, " ", unit, " of quota");
-  if (borrow > 0) absl::StrAppend(&out, " + ", borrow, " borrowed");
-  if (borrow < 0) absl::StrAppend(&out, " + any idle");
-  return out;
-}
-
-// "queue team-a holds 6 slots of its 6 (quota) + 2 (borrowing); the job needs 2 more".
+// "queue team-a is at its limit: it holds 4 slots of 2 slots of quota + 2 borrowed; the job needs
+// 1".
 std::string QuotaReason(const SchedJob& job, const QueueState& q) {
   const Demand d = MinDemand(job);
   const bool slots =
-      !q.Within(QueueState::Plus(q.queue.quota_slots, job.preemptible ? q.queue.borrow_slots : 0),
+      !q.Within(QueueLimit(q.queue.quota_slots, q.queue.borrow_slots, job.preemptible),
                 q.used_slots, d.slots);
-  const int used = slots ? q.used_slots : q.used_gpus;
-  const int quota = slots ? q.queue.quota_slots : q.queue.quota_gpus;
-  const int borrow = !job.preemptible ? 0 : slots ? q.queue.borrow_slots : q.queue.borrow_gpus;
   const char* unit = slots ? "slots" : "GPUs";
-  std::string out =
-      absl::StrCat("queue ", q.queue.name, " is at its limit: it holds ", used, " ", unit, " of ",
-                   Limit(quota, borrow, unit), "; the job needs ", slots ? d.slots : d.gpus);
+  std::string out = absl::StrCat(
+      "queue ", q.queue.name, " is at its limit: it holds ", slots ? q.used_slots : q.used_gpus,
+      " ", unit, " of ",
+      QueueAllowance(slots ? q.queue.quota_slots : q.queue.quota_gpus,
+                     slots ? q.queue.borrow_slots : q.queue.borrow_gpus, job.preemptible, unit),
+      "; the job needs ", slots ? d.slots : d.gpus);
   if (!job.preemptible) absl::StrAppend(&out, " (not preemptible: within the quota only)");
   return out;
 }
@@ -341,6 +334,18 @@ std::vector<SchedTask> TasksOf(const SchedJob& job, const Placement& p) {
   return tasks;
 }
 
+// What is free now plus what stopping jobs hold: the capacity once their ranks have stopped.
+std::vector<Bin> WithComing(const std::vector<Bin>& free_bins, const std::vector<Bin>& coming) {
+  std::vector<Bin> out = free_bins;
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].free_slots += coming[i].free_slots;
+    out[i].free_gpus += coming[i].free_gpus;
+    if (out[i].free_memory < kUnknownMemory) out[i].free_memory += coming[i].free_memory;
+    out[i].ranks = out[i].shards = 0;
+  }
+  return out;
+}
+
 void Hold(QueueState& q, const std::vector<SchedTask>& tasks, int sign) {
   for (const SchedTask& t : tasks) {
     q.used_slots += sign * t.slots;
@@ -349,6 +354,17 @@ void Hold(QueueState& q, const std::vector<SchedTask>& tasks, int sign) {
 }
 
 }  // namespace
+
+int QueueLimit(int quota, int borrow, bool preemptible) {
+  if (!preemptible) return quota;
+  return quota < 0 || borrow < 0 ? -1 : quota + borrow;
+}
+
+std::string QueueAllowance(int quota, int borrow, bool preemptible, absl::string_view unit) {
+  std::string out = absl::StrCat(quota, " ", unit, " of quota");
+  if (preemptible && borrow > 0) absl::StrAppend(&out, " + ", borrow, " borrowed");
+  return out;
+}
 
 ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWorker>& workers,
                           const SchedContext& context) {
@@ -560,13 +576,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       }
       // Nothing to search when even every candidate stopped would not make room.
       if (!candidates.empty()) {
-        std::vector<Bin> all = free_bins;
-        for (size_t i = 0; i < all.size(); ++i) {
-          all[i].free_slots += coming[i].free_slots;
-          all[i].free_gpus += coming[i].free_gpus;
-          if (all[i].free_memory < kUnknownMemory) all[i].free_memory += coming[i].free_memory;
-          all[i].ranks = all[i].shards = 0;
-        }
+        std::vector<Bin> all = WithComing(free_bins, coming);
         for (const Victim& v : candidates) AddTasks(v.job->tasks, all, bin_of, 1);
         SchedJob smallest = job;
         smallest.max_ranks = smallest.min_ranks;
@@ -600,13 +610,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
       // queues' victims only for a job within its own queue's quota.
       auto fits_without = [&](const std::vector<SchedRunning*>& chosen) -> std::optional<Fit> {
         if (!legal(chosen)) return std::nullopt;
-        std::vector<Bin> plan = free_bins;
-        for (size_t i = 0; i < plan.size(); ++i) {
-          plan[i].free_slots += coming[i].free_slots;
-          plan[i].free_gpus += coming[i].free_gpus;
-          if (plan[i].free_memory < kUnknownMemory) plan[i].free_memory += coming[i].free_memory;
-          plan[i].ranks = plan[i].shards = 0;
-        }
+        std::vector<Bin> plan = WithComing(free_bins, coming);
         QueueState mine = queue;
         bool borrowed = false;
         for (SchedRunning* r : chosen) {
@@ -668,12 +672,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
         }
         // The job will take the capacity coming free, then what is free: hold it so that no job
         // behind takes it meanwhile.
-        std::vector<Bin> plan = free_bins;
-        for (size_t i = 0; i < plan.size(); ++i) {
-          plan[i].free_slots += coming[i].free_slots;
-          plan[i].free_gpus += coming[i].free_gpus;
-          if (plan[i].free_memory < kUnknownMemory) plan[i].free_memory += coming[i].free_memory;
-        }
+        std::vector<Bin> plan = WithComing(free_bins, coming);
         const std::optional<SchedJob> c = WithinQueue(job, queue);
         const Placement p = Take(*c, *planned, plan);
         const std::vector<SchedTask> tasks = TasksOf(*c, p);
@@ -734,14 +733,7 @@ ScheduleDecision Schedule(std::vector<SchedJob> jobs, const std::vector<SchedWor
     reserved_queue = &queue;
     // The capacity at each time a running job ends, the earliest first; what never ends by a
     // known time comes last (the reservation then has no start time, but still its workers).
-    reserve_bins = free_bins;
-    for (size_t i = 0; i < reserve_bins.size(); ++i) {
-      reserve_bins[i].free_slots += coming[i].free_slots;
-      reserve_bins[i].free_gpus += coming[i].free_gpus;
-      if (reserve_bins[i].free_memory < kUnknownMemory) {
-        reserve_bins[i].free_memory += coming[i].free_memory;
-      }
-    }
+    reserve_bins = WithComing(free_bins, coming);
     std::vector<const SchedRunning*> ending;
     for (const SchedRunning& r : running) {
       if (!r.stopping) ending.push_back(&r);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 
 namespace trainyard {
 
@@ -108,6 +109,13 @@ struct SchedContext {
   // reservation, deciding first, until it starts or a job of higher priority comes before it.
   std::string reserved_for;
 };
+
+// The most a queue's jobs may hold of one resource: quota plus borrowing limit, or the quota
+// alone for a job that is not preemptible (negative: no limit).
+int QueueLimit(int quota, int borrow, bool preemptible);
+// "4 slots of quota + 2 borrowed": that limit in words, for a quota and borrowing limit of at
+// least 0.
+std::string QueueAllowance(int quota, int borrow, bool preemptible, absl::string_view unit);
 
 // The name of the queue a job with no queue goes to.
 inline constexpr char kDefaultQueue[] = "default";
