@@ -22,11 +22,13 @@ packages=(
   # training runtime
   libtorch-dev libopenblas0-pthread libgloo-dev
   # libraries
-  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev libpq-dev
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
   # test-only tools
   awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint
   openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables
+  # the PostgreSQL store's tests start their own server from these binaries (no service)
+  postgresql
   # benchmarks only (bench/cpu_step.py)
   python3-torchvision
   # examples only: the text the language-model examples train on

@@ -14,53 +14,20 @@
 #include "server/job_state.h"
 #include "server/sqlite_job_store.h"
 #include "server/sqlite_statement.h"
+#include "server/store_rows.h"
 
 namespace trainyard {
 
 using sqlite::SqliteError;
 using sqlite::Statement;
 
-namespace {
-
-// States of jobs not finished, and of tasks not ended, as SQL lists (from the proto's numbers).
-constexpr char kActiveJobStates[] = "(1, 2, 3, 7)";  // PENDING SCHEDULED RUNNING RESTARTING
-constexpr char kLiveTaskStates[] = "(0, 1, 2)";      // unspecified, STARTING, RUNNING
-static_assert(v1::PENDING == 1 && v1::SCHEDULED == 2 && v1::RUNNING == 3 && v1::RESTARTING == 7);
-static_assert(v1::TASK_STARTING == 1 && v1::TASK_RUNNING == 2);
-
-constexpr char kTaskColumns[] =
-    "t.task_id, t.generation, t.rank, t.worker_id, t.state, t.exit_code, t.signal, t.message, "
-    "t.role, t.shard, t.stop_deadline_ms, t.out_of_memory, t.memory_limit, t.memory_peak";
-constexpr char kTaskOrder[] = "t.generation, t.role, t.rank, t.shard";
-
-// Reads the kTaskColumns of the statement's row, from column `first` on.
-template <typename Row>
-void ReadTask(Row& st, int first, v1::TaskInfo* t) {
-  t->set_task_id(st.Text(first));
-  t->set_generation(st.Int(first + 1));
-  t->set_rank(static_cast<int32_t>(st.Int(first + 2)));
-  t->set_worker_id(st.Text(first + 3));
-  t->set_state(static_cast<v1::TaskState>(st.Int(first + 4)));
-  t->set_exit_code(static_cast<int32_t>(st.Int(first + 5)));
-  t->set_signal(static_cast<int32_t>(st.Int(first + 6)));
-  t->set_message(st.Text(first + 7));
-  t->set_role(static_cast<v1::TaskRole>(st.Int(first + 8)));
-  t->set_shard(static_cast<int32_t>(st.Int(first + 9)));
-  t->set_stop_deadline_unix_ms(st.Int(first + 10));
-  t->set_out_of_memory(st.Int(first + 11) != 0);
-  t->set_memory_limit_bytes(st.Int(first + 12));
-  t->set_memory_peak_bytes(st.Int(first + 13));
-}
-
-template <typename Row>
-void ReadEvent(Row& st, int first, v1::JobEvent* e) {
-  e->set_time_unix_ms(st.Int(first));
-  e->set_from(static_cast<v1::JobState>(st.Int(first + 1)));
-  e->set_to(static_cast<v1::JobState>(st.Int(first + 2)));
-  e->set_reason(st.Text(first + 3));
-}
-
-}  // namespace
+using store_rows::kActiveJobStates;
+using store_rows::kEventColumns;
+using store_rows::kLiveTaskStates;
+using store_rows::kTaskColumns;
+using store_rows::kTaskOrder;
+using store_rows::ReadEvent;
+using store_rows::ReadTask;
 
 absl::Status SqliteJobStore::ReadJobs(const std::string& sql, int64_t bound, bool with_progress,
                                       std::vector<StoredJob>* out, absl::string_view owner) {
@@ -92,9 +59,8 @@ absl::Status SqliteJobStore::ReadDetails(const std::string& which,
   const std::string where =
       which.empty() ? std::string() : absl::StrCat(" WHERE job_id IN ", which);
   {
-    Statement st(db_, absl::StrCat("SELECT job_id, time_ms, from_state, to_state, reason FROM "
-                                   "events",
-                                   where, " ORDER BY id"));
+    Statement st(
+        db_, absl::StrCat("SELECT job_id, ", kEventColumns, " FROM events", where, " ORDER BY id"));
     if (param.has_value()) st.Bind(1, *param);
     while (st.Next()) {
       auto it = index.find(st.Text(0));

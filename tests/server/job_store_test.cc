@@ -5,9 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
+#include "server/postgres_job_store.h"
 #include "server/sqlite_job_store.h"
+#include "tests/common/postgres_server.h"
 #include "tests/server/test_util.h"
 
 namespace trainyard {
@@ -38,6 +42,94 @@ v1::JobEvent MakeEvent(int64_t t, v1::JobState from, v1::JobState to, const std:
   return e;
 }
 
+// The stores the contract runs on. Each gives a new, empty store, the same data opened again, and
+// a count of rows read behind the store's back.
+class SqliteBackend {
+ public:
+  static constexpr char kName[] = "Sqlite";
+  absl::StatusOr<std::unique_ptr<JobStore>> Open() { return SqliteJobStore::Open(path_); }
+  absl::StatusOr<std::unique_ptr<JobStore>> Reopen() { return Open(); }
+  int64_t CountRows(const std::string& table, const std::string& column, const std::string& value) {
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* st = nullptr;
+    const std::string sql = "SELECT COUNT(*) FROM " + table + " WHERE " + column + " = ?";
+    EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sql;
+    sqlite3_bind_text(st, 1, value.c_str(), -1, SQLITE_TRANSIENT);
+    EXPECT_EQ(sqlite3_step(st), SQLITE_ROW);
+    const int64_t n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+  }
+
+ private:
+  TempDir dir_;
+  const std::string path_ = dir_.path() + "/state.db";
+};
+
+// One server for the whole test program (started on first use), a new database per test.
+class PostgresBackend {
+ public:
+  static constexpr char kName[] = "Postgres";
+  static testing::PostgresServer* Server() {
+    // Stopped and removed at exit, with the program's other statics.
+    static const std::unique_ptr<testing::PostgresServer> server = [] {
+      auto started = testing::PostgresServer::Start();
+      if (!started.ok()) ADD_FAILURE() << started.status();
+      return started.ok() ? *std::move(started) : nullptr;
+    }();
+    return server.get();
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> Open() {
+    if (Server() == nullptr) return absl::UnavailableError("no PostgreSQL server");
+    if (uri_.empty()) {
+      static int databases = 0;
+      db_ = absl::StrCat("store_", ++databases);
+      absl::StatusOr<std::string> uri = Server()->CreateDatabase(db_);
+      if (!uri.ok()) return uri.status();
+      uri_ = *uri;
+    }
+    pg::ConnectOptions options;
+    options.conninfo = uri_;
+    return PostgresJobStore::Open(options);
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> Reopen() { return Open(); }
+  int64_t CountRows(const std::string& table, const std::string& column, const std::string& value) {
+    absl::StatusOr<std::string> out = Server()->Psql(
+        db_, absl::StrCat("SELECT COUNT(*) FROM ", table, " WHERE ", column, " = '", value, "'"));
+    EXPECT_TRUE(out.ok()) << out.status();
+    int64_t n = -1;
+    EXPECT_TRUE(out.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*out), &n)) << *out;
+    return n;
+  }
+
+ private:
+  std::string db_;
+  std::string uri_;
+};
+
+// The store contract: every JobStore behaves alike, on every backend.
+template <typename Backend>
+class JobStoreContract : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::unique_ptr<JobStore>> Open() { return backend_.Open(); }
+  absl::StatusOr<std::unique_ptr<JobStore>> Reopen() { return backend_.Reopen(); }
+  int64_t CountRows(const std::string& table, const std::string& column, const std::string& value) {
+    return backend_.CountRows(table, column, value);
+  }
+  Backend backend_;
+};
+
+struct BackendName {
+  template <typename T>
+  static std::string GetName(int) {
+    return T::kName;
+  }
+};
+using Backends = ::testing::Types<SqliteBackend, PostgresBackend>;
+TYPED_TEST_SUITE(JobStoreContract, Backends, BackendName);
+
 TEST(SqliteJobStoreTest, UsesWal) {
   TempDir dir;
   auto store = SqliteJobStore::Open(dir.path() + "/state.db");
@@ -47,11 +139,9 @@ TEST(SqliteJobStoreTest, UsesWal) {
   EXPECT_EQ(*mode, "wal");
 }
 
-TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
-  TempDir dir;
-  const std::string path = dir.path() + "/state.db";
+TYPED_TEST(JobStoreContract, EveryTableRoundTripsAndSurvivesReopen) {
   {
-    auto store = SqliteJobStore::Open(path);
+    auto store = this->Open();
     ASSERT_TRUE(store.ok()) << store.status();
     StoreMutation m;
     m.jobs.push_back(MakeJob("demo-1", 1, v1::RUNNING));
@@ -107,7 +197,7 @@ TEST(SqliteJobStoreTest, EveryTableRoundTripsAndSurvivesReopen) {
     update.events.emplace_back("demo-2", MakeEvent(30, v1::PENDING, v1::CANCELLED, "cancelled"));
     ASSERT_TRUE((*store)->Apply(update).ok());
   }
-  auto store = SqliteJobStore::Open(path);
+  auto store = this->Reopen();
   ASSERT_TRUE(store.ok()) << store.status();
   auto contents = (*store)->LoadAll();
   ASSERT_TRUE(contents.ok()) << contents.status();
@@ -245,27 +335,9 @@ INSERT INTO tasks VALUES('old-1.g1.r0', 'old-1', 1, 0, 'w1', 3, 0, 0, 'done');
   }
 }
 
-// Rows of `table` whose `column` is `value`, counted behind the store's back.
-int64_t CountRows(const std::string& path, const std::string& table, const std::string& column,
-                  const std::string& value) {
-  sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* st = nullptr;
-  const std::string sql = "SELECT COUNT(*) FROM " + table + " WHERE " + column + " = ?";
-  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sql;
-  sqlite3_bind_text(st, 1, value.c_str(), -1, SQLITE_TRANSIENT);
-  EXPECT_EQ(sqlite3_step(st), SQLITE_ROW);
-  const int64_t n = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  sqlite3_close(db);
-  return n;
-}
-
-TEST(SqliteJobStoreTest, RemovingAJobRemovesEveryRowOfIt) {
-  TempDir dir;
-  const std::string path = dir.path() + "/state.db";
-  auto store = SqliteJobStore::Open(path);
-  ASSERT_TRUE(store.ok());
+TYPED_TEST(JobStoreContract, RemovingAJobRemovesEveryRowOfIt) {
+  auto store = this->Open();
+  ASSERT_TRUE(store.ok()) << store.status();
   StoreMutation m;
   for (const auto& [id, seq] : {std::pair<std::string, int64_t>{"gone-1", 1}, {"kept-2", 2}}) {
     m.jobs.push_back(MakeJob(id, seq, v1::SUCCEEDED));
@@ -296,10 +368,10 @@ TEST(SqliteJobStoreTest, RemovingAJobRemovesEveryRowOfIt) {
                                                         {"tasks", "job_id"},
                                                         {"checkpoints", "job_id"},
                                                         {"progress", "job_id"}}) {
-    EXPECT_EQ(CountRows(path, table, column, "gone-1"), 0) << table;
-    EXPECT_EQ(CountRows(path, table, column, "kept-2"), 1) << table;
+    EXPECT_EQ(this->CountRows(table, column, "gone-1"), 0) << table;
+    EXPECT_EQ(this->CountRows(table, column, "kept-2"), 1) << table;
   }
-  EXPECT_EQ(CountRows(path, "workers", "id", "w-gone"), 0);
+  EXPECT_EQ(this->CountRows("workers", "id", "w-gone"), 0);
   auto contents = (*store)->LoadAll();
   ASSERT_TRUE(contents.ok());
   ASSERT_EQ(contents->jobs.size(), 1u);
@@ -308,10 +380,9 @@ TEST(SqliteJobStoreTest, RemovingAJobRemovesEveryRowOfIt) {
 
 // A coordinator starts with the jobs not finished, and the finished ones whose trainers may still
 // be stopping; the other finished jobs stay in the store, counted, and come whole on request.
-TEST(SqliteJobStoreTest, LoadActiveLeavesFinishedJobsInTheStore) {
-  TempDir dir;
-  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
-  ASSERT_TRUE(store.ok());
+TYPED_TEST(JobStoreContract, LoadActiveLeavesFinishedJobsInTheStore) {
+  auto store = this->Open();
+  ASSERT_TRUE(store.ok()) << store.status();
   StoreMutation m;
   m.jobs.push_back(MakeJob("stopping-1", 1, v1::SUCCEEDED));
   m.jobs.push_back(MakeJob("runs-2", 2, v1::RUNNING));
@@ -377,10 +448,9 @@ TEST(SqliteJobStoreTest, LoadActiveLeavesFinishedJobsInTheStore) {
 
 // Listing and retention read finished jobs from the store: newest first from a sequence number
 // on, by state, a page at a time; and by when they finished, the oldest first.
-TEST(SqliteJobStoreTest, FinishedJobsAreListedAndExpiredFromTheStore) {
-  TempDir dir;
-  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
-  ASSERT_TRUE(store.ok());
+TYPED_TEST(JobStoreContract, FinishedJobsAreListedAndExpiredFromTheStore) {
+  auto store = this->Open();
+  ASSERT_TRUE(store.ok()) << store.status();
   StoreMutation m;
   const v1::JobState states[] = {v1::SUCCEEDED, v1::FAILED,  v1::RUNNING,  v1::CANCELLED,
                                  v1::SUCCEEDED, v1::PENDING, v1::SUCCEEDED};
@@ -429,20 +499,95 @@ TEST(SqliteJobStoreTest, FinishedJobsAreListedAndExpiredFromTheStore) {
   EXPECT_EQ((*store)->FinishedBefore(5000, 10)->size(), 5u);
 }
 
-TEST(SqliteJobStoreTest, EmptyStoreStartsAtSequenceOne) {
-  TempDir dir;
-  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
-  ASSERT_TRUE(store.ok());
+// Tokens, searches with their trials, and queues: each upserted by its key, read back in order.
+TYPED_TEST(JobStoreContract, TokensSearchesAndQueuesRoundTrip) {
+  auto store = this->Open();
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoreMutation m;
+  for (const auto& [id, created] : {std::pair<std::string, int64_t>{"tok-b", 5}, {"tok-a", 9}}) {
+    StoredToken t;
+    t.id = id;
+    t.name = id + "-name";
+    t.role = "user";
+    t.hash = "hash-" + id;
+    t.created_unix_ms = created;
+    t.expires_unix_ms = 100;
+    t.created_by = "admin";
+    m.tokens.push_back(t);
+  }
+  for (int i = 2; i >= 1; --i) {
+    StoredSearch search;
+    search.seq = i;
+    search.search.set_id(absl::StrCat("search-", i));
+    search.search.set_state(v1::SEARCH_RUNNING);
+    search.search.add_trials()->set_number(99);  // not stored: trials are rows of their own
+    m.searches.push_back(search);
+    for (int n = 1; n >= 0; --n) {
+      v1::Trial trial;
+      trial.set_number(n);
+      trial.set_metric(i * 10 + n);
+      (*trial.mutable_hyperparameters())["lr"] = absl::StrCat("0.", n + 1);
+      m.trials.emplace_back(search.search.id(), trial);
+    }
+  }
+  for (const std::string name : {"team-b", "team-a", "gone"}) {
+    v1::Queue q;
+    q.set_name(name);
+    q.set_quota_slots(4);
+    q.add_users("alice");
+    q.mutable_status()->set_used_slots(3);  // not stored
+    m.queues.push_back(q);
+  }
+  ASSERT_TRUE((*store)->Apply(m).ok());
+  StoreMutation update;
+  StoredToken revoked = m.tokens[0];
+  revoked.revoked_unix_ms = 50;
+  revoked.revoked_by = "admin";
+  update.tokens.push_back(revoked);
+  v1::Trial better;
+  better.set_number(1);
+  better.set_metric(-1);
+  update.trials.emplace_back("search-1", better);
+  update.removed_queues.push_back("gone");
+  ASSERT_TRUE((*store)->Apply(update).ok());
+
+  auto tokens = (*store)->LoadTokens();
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(tokens->size(), 2u);
+  EXPECT_EQ((*tokens)[0].id, "tok-b");  // by creation time
+  EXPECT_EQ((*tokens)[0].revoked_unix_ms, 50);
+  EXPECT_EQ((*tokens)[0].revoked_by, "admin");
+  EXPECT_EQ((*tokens)[0].hash, "hash-tok-b");
+  EXPECT_EQ((*tokens)[1].expires_unix_ms, 100);
+  auto searches = (*store)->LoadSearches();
+  ASSERT_TRUE(searches.ok()) << searches.status();
+  ASSERT_EQ(searches->size(), 2u);
+  EXPECT_EQ((*searches)[0].search.id(), "search-1");
+  ASSERT_EQ((*searches)[0].search.trials_size(), 2);
+  EXPECT_EQ((*searches)[0].search.trials(0).number(), 0);
+  EXPECT_EQ((*searches)[0].search.trials(0).hyperparameters().at("lr"), "0.1");
+  EXPECT_EQ((*searches)[0].search.trials(1).metric(), -1);
+  EXPECT_EQ((*searches)[1].search.trials(1).metric(), 21);
+  auto queues = (*store)->LoadQueues();
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  ASSERT_EQ(queues->size(), 2u);
+  EXPECT_EQ((*queues)[0].name(), "team-a");
+  EXPECT_EQ((*queues)[0].users(0), "alice");
+  EXPECT_FALSE((*queues)[0].has_status());
+}
+
+TYPED_TEST(JobStoreContract, EmptyStoreStartsAtSequenceOne) {
+  auto store = this->Open();
+  ASSERT_TRUE(store.ok()) << store.status();
   auto contents = (*store)->LoadAll();
   ASSERT_TRUE(contents.ok());
   EXPECT_EQ(contents->next_job_seq, 1);
   EXPECT_TRUE(contents->jobs.empty());
 }
 
-TEST(SqliteJobStoreTest, FailedMutationWritesNothing) {
-  TempDir dir;
-  auto store = SqliteJobStore::Open(dir.path() + "/state.db");
-  ASSERT_TRUE(store.ok());
+TYPED_TEST(JobStoreContract, FailedMutationWritesNothing) {
+  auto store = this->Open();
+  ASSERT_TRUE(store.ok()) << store.status();
   StoreMutation m;
   m.jobs.push_back(MakeJob("a-1", 1, v1::PENDING));
   m.jobs.push_back(MakeJob("b-2", 1, v1::PENDING));  // same seq: violates UNIQUE

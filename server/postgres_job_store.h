@@ -1,0 +1,100 @@
+#ifndef TRAINYARD_SERVER_POSTGRES_JOB_STORE_H_
+#define TRAINYARD_SERVER_POSTGRES_JOB_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/job_store.h"
+#include "server/postgres_connection.h"
+
+namespace trainyard {
+
+// The leader lease a coordinator must still hold for its writes to land (server/leader_lease.h):
+// its holder name and fencing token.
+struct LeaseFence {
+  std::string holder;
+  int64_t token = 0;
+};
+
+// The schema version of the PostgreSQL store this binary writes.
+inline constexpr int kPostgresSchemaVersion = 1;
+
+// Creates or migrates the PostgreSQL schema (under an advisory lock, so that coordinators starting
+// together do it once). FAILED_PRECONDITION for a schema newer than this binary understands.
+absl::Status EnsurePostgresSchema(pg::Connection& db);
+
+// JobStore on PostgreSQL, for more than one coordinator (one leads; docs/operations.md). The
+// tables are SQLite's (server/sqlite_job_store.h) with PostgreSQL's types, plus
+//   leader(id, holder, address, token, expires_at)   the lease (server/leader_lease.h)
+//   secrets(name, value)                             keys all coordinators share
+// Schema version 1; migrations run on open, each in a transaction with its version number.
+// A committed Apply is durable as the server's synchronous_commit makes it (on by default).
+// With a fence, every Apply checks in its own transaction that the lease row still names the
+// fence's holder and token and has not expired, holding the row (FOR SHARE) until it commits: a
+// coordinator deposed, or cut off past its lease, writes nothing (FAILED_PRECONDITION), and a new
+// leader's takeover waits for a write in flight to end. Loads read one snapshot (REPEATABLE
+// READ). Thread-safe (one connection behind a mutex).
+class PostgresJobStore final : public JobStore {
+ public:
+  // Connects and brings the schema up to date. UNAVAILABLE when the database cannot be reached,
+  // FAILED_PRECONDITION for a newer schema, INVALID_ARGUMENT for a bad conninfo.
+  static absl::StatusOr<std::unique_ptr<PostgresJobStore>> Open(
+      const pg::ConnectOptions& options, std::optional<LeaseFence> fence = std::nullopt);
+
+  PostgresJobStore(const PostgresJobStore&) = delete;
+  PostgresJobStore& operator=(const PostgresJobStore&) = delete;
+
+  absl::Status Apply(const StoreMutation& mutation) override;
+  absl::StatusOr<StoreContents> LoadAll() override { return Load(/*active_only=*/false); }
+  absl::StatusOr<StoreContents> LoadActive() override { return Load(/*active_only=*/true); }
+  absl::StatusOr<StoredJobRecord> LoadJob(absl::string_view job_id) override;
+  absl::StatusOr<std::vector<StoredJob>> ListFinishedJobs(
+      const std::vector<trainyard::v1::JobState>& states, int64_t before_seq, int limit,
+      absl::string_view owner) override;
+  absl::StatusOr<std::vector<std::pair<std::string, trainyard::v1::JobState>>> FinishedBefore(
+      int64_t unix_ms, int limit) override;
+  absl::StatusOr<std::vector<StoredToken>> LoadTokens() override;
+  absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override;
+  absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() override;
+
+  // The secret named `name`, made with `make` and stored by the first coordinator that asks (all
+  // coordinators of a cluster must sign task credentials with one key). Not fenced: a standby
+  // may read it before it leads.
+  absl::StatusOr<std::string> SharedSecret(absl::string_view name,
+                                           const std::function<std::string()>& make);
+
+ private:
+  PostgresJobStore(std::unique_ptr<pg::Connection> db, std::optional<LeaseFence> fence)
+      : db_(std::move(db)), fence_(std::move(fence)) {}
+  absl::Status CheckFenceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyLocked(const StoreMutation& mutation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<StoreContents> Load(bool active_only);
+  absl::Status LoadLocked(bool active_only, StoreContents* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the jobs that `sql` selects as (seq, job[, progress]).
+  absl::Status ReadJobs(absl::string_view sql, const pg::Params& params, bool with_progress,
+                        std::vector<StoredJob>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills the events, tasks and latest progress of `jobs` and appends their checkpoint records,
+  // reading the rows whose job_id is IN `which` (an SQL list or subquery with `params`; empty:
+  // every row).
+  absl::Status ReadDetails(absl::string_view which, const pg::Params& params,
+                           std::vector<StoredJob>& jobs, std::vector<StoredCheckpoint>* checkpoints)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  const std::unique_ptr<pg::Connection> db_ ABSL_PT_GUARDED_BY(mu_);
+  const std::optional<LeaseFence> fence_;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_SERVER_POSTGRES_JOB_STORE_H_

@@ -1,0 +1,231 @@
+#include "tests/common/postgres_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <libpq-fe.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A port free now on 127.0.0.1 (the server binds it a moment later; Launch retries on a clash).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Forks `args` with its output to `log`, as uid/gid when `drop` (in a new process group).
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log, bool drop, uid_t uid,
+            gid_t gid) {
+  std::vector<std::string> owned = args;
+  std::vector<char*> argv;
+  for (std::string& a : owned) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    if (drop && (setgid(gid) != 0 || setuid(uid) != 0)) _exit(126);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::string PostgresServer::BinDir() {
+  std::string best;
+  int best_version = -1;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/usr/lib/postgresql", ec)) {
+    int version = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &version)) continue;
+    const std::string bin = entry.path().string() + "/bin";
+    if (access((bin + "/initdb").c_str(), X_OK) == 0 && version > best_version) {
+      best = bin;
+      best_version = version;
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(const Options& options) {
+  const std::string bin = BinDir();
+  if (bin.empty()) {
+    return absl::UnavailableError(
+        "no PostgreSQL server under /usr/lib/postgresql (run scripts/install-deps.sh)");
+  }
+  char templ[] = "/tmp/trainyard-pg-XXXXXX";
+  if (mkdtemp(templ) == nullptr) return absl::UnavailableError("mkdtemp failed");
+  std::unique_ptr<PostgresServer> server(new PostgresServer());
+  server->options_ = options;
+  server->dir_ = templ;
+  server->bin_ = bin;
+  if (geteuid() == 0) {
+    // The server refuses to run as root: as Debian's `postgres` user, or nobody.
+    const passwd* pw = getpwnam("postgres");
+    if (pw == nullptr) pw = getpwnam("nobody");
+    if (pw == nullptr) return absl::UnavailableError("no 'postgres' or 'nobody' user to run as");
+    server->drop_privileges_ = true;
+    server->uid_ = pw->pw_uid;
+    server->gid_ = pw->pw_gid;
+    if (chown(templ, pw->pw_uid, pw->pw_gid) != 0) {
+      return absl::UnavailableError(absl::StrCat("chown ", templ, " failed"));
+    }
+  }
+  const std::string log = server->dir_ + "/initdb.log";
+  const pid_t pid = Spawn({bin + "/initdb", "-D", server->dir_ + "/data", "-A", "trust", "-U",
+                           "trainyard", "-E", "UTF8", "--no-sync", "--no-instructions"},
+                          log, server->drop_privileges_, server->uid_, server->gid_);
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(absl::StrCat("initdb failed: ", Slurp(log)));
+  }
+  if (absl::Status s = server->Launch(); !s.ok()) return s;
+  return server;
+}
+
+absl::Status PostgresServer::Launch() {
+  const std::string log = dir_ + "/postgres.log";
+  std::string last_log;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    // A new port at first and after a clash; otherwise (a restart) the same one.
+    if (port_ == 0 || last_log.find("Address already in use") != std::string::npos) {
+      port_ = FreePort();
+    }
+    const std::string sock = dir_;  // the Unix socket in our folder, not /var/run/postgresql
+    pid_ = Spawn(
+        {bin_ + "/postgres", "-D", dir_ + "/data", "-p", absl::StrCat(port_), "-k", sock, "-c",
+         "listen_addresses=127.0.0.1", "-c", absl::StrCat("fsync=", options_.fsync ? "on" : "off"),
+         "-c", absl::StrCat("max_connections=", options_.max_connections), "-c",
+         "shared_buffers=32MB", "-c", "logging_collector=off"},
+        log, drop_privileges_, uid_, gid_);
+    if (pid_ < 0) return absl::UnavailableError("fork failed");
+    const std::string conninfo =
+        absl::StrCat("host=127.0.0.1 port=", port_, " user=trainyard dbname=postgres");
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    bool exited = false;
+    while (absl::Now() < deadline) {
+      if (PQping(conninfo.c_str()) == PQPING_OK) return absl::OkStatus();
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited = true;
+        pid_ = -1;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));  // polling for the server to accept connections
+    }
+    last_log = Slurp(log);
+    if (!exited) {
+      Kill();
+      return absl::UnavailableError(absl::StrCat("postgres did not start in 60 s: ", last_log));
+    }
+    // Exited: the port taken in the meantime, or the killed server's backends not yet gone.
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::UnavailableError(absl::StrCat("postgres would not start: ", last_log));
+}
+
+void PostgresServer::Kill() {
+  if (pid_ <= 0) return;
+  kill(-pid_, SIGKILL);
+  kill(pid_, SIGKILL);
+  int status;
+  waitpid(pid_, &status, 0);
+  // Its backends, in its process group, died with it; a new postmaster on the folder checks only
+  // that this one is gone and that no process still has its shared memory attached.
+  pid_ = -1;
+}
+
+absl::Status PostgresServer::StartAgain() { return Launch(); }
+
+absl::Status PostgresServer::Restart() {
+  Kill();
+  return Launch();
+}
+
+PostgresServer::~PostgresServer() {
+  Kill();
+  std::error_code ec;
+  if (!dir_.empty() && getenv("TRAINYARD_KEEP_TEST_DIRS") == nullptr) fs::remove_all(dir_, ec);
+}
+
+std::string PostgresServer::Uri(const std::string& db) const {
+  return absl::StrCat("postgres://trainyard@127.0.0.1:", port_, "/", db);
+}
+
+absl::StatusOr<std::string> PostgresServer::CreateDatabase(const std::string& name) {
+  if (absl::StatusOr<std::string> out = Psql("postgres", "CREATE DATABASE " + name); !out.ok()) {
+    return out.status();
+  }
+  return Uri(name);
+}
+
+absl::StatusOr<std::string> PostgresServer::Psql(const std::string& db,
+                                                 const std::string& sql) const {
+  PGconn* conn = PQconnectdb(Uri(db).c_str());
+  if (PQstatus(conn) != CONNECTION_OK) {
+    std::string why = PQerrorMessage(conn);
+    PQfinish(conn);
+    return absl::UnavailableError(absl::StrCat("connect to ", db, ": ", why));
+  }
+  PGresult* r = PQexec(conn, sql.c_str());
+  std::string out;
+  absl::Status status;
+  if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
+    status = absl::UnavailableError(absl::StrCat(sql, ": ", PQresultErrorMessage(r)));
+  } else {
+    for (int i = 0; i < PQntuples(r); ++i) {
+      for (int j = 0; j < PQnfields(r); ++j)
+        absl::StrAppend(&out, j ? "|" : "", PQgetvalue(r, i, j));
+      out += "\n";
+    }
+  }
+  PQclear(r);
+  PQfinish(conn);
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace trainyard::testing
