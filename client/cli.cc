@@ -32,7 +32,8 @@ const FlagSpec kOutputFlag{"output", 'o', true, "FORMAT", "table (default) or js
 
 std::vector<FlagSpec> GlobalFlags() {
   return {{"coordinator", '\0', true, "ADDR",
-           "coordinator host:port (default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)"},
+           "coordinator host:port, or a comma-separated list of a cluster's coordinators "
+           "(default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)"},
           {"token-file", '\0', true, "FILE",
            "file holding the bearer token (default: $TRAINYARD_TOKEN, $TRAINYARD_TOKEN_FILE, "
            "else the one `trainyard up` left for ADDR)"},

@@ -1,6 +1,9 @@
 #include "common/channel.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <netdb.h>
+#include <sys/socket.h>
 
 #include <fstream>
 #include <sstream>
@@ -10,6 +13,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace trainyard {
@@ -55,7 +60,75 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
 
 }  // namespace
 
+std::vector<std::string> CoordinatorAddresses(absl::string_view list) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!part.empty()) out.emplace_back(part);
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> CoordinatorTarget(absl::string_view list) {
+  const std::vector<std::string> addresses = CoordinatorAddresses(list);
+  if (addresses.empty()) return absl::InvalidArgumentError("no coordinator address given");
+  if (addresses.size() == 1) return addresses[0];
+  std::vector<std::string> v4, v6;
+  std::vector<std::string> unresolved;
+  for (const std::string& address : addresses) {
+    std::string host, port;
+    if (absl::StartsWith(address, "[")) {
+      const size_t close = address.find(']');
+      if (close == std::string::npos || address.size() < close + 3 || address[close + 1] != ':') {
+        return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not [HOST]:PORT"));
+      }
+      host = address.substr(1, close - 1);
+      port = address.substr(close + 2);
+    } else {
+      const size_t colon = address.rfind(':');
+      if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not HOST:PORT"));
+      }
+      host = address.substr(0, colon);
+      port = address.substr(colon + 1);
+    }
+    addrinfo hints = {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) {
+      unresolved.push_back(address);
+      continue;
+    }
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      char text[INET6_ADDRSTRLEN] = {};
+      if (a->ai_family == AF_INET) {
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text,
+                  sizeof(text));
+        v4.push_back(absl::StrCat(text, ":", port));
+      } else if (a->ai_family == AF_INET6) {
+        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text,
+                  sizeof(text));
+        v6.push_back(absl::StrCat("[", text, "]:", port));
+      }
+    }
+    freeaddrinfo(found);
+  }
+  // One scheme per target: IPv4 when any address has one.
+  if (!v4.empty()) return absl::StrCat("ipv4:", absl::StrJoin(v4, ","));
+  if (!v6.empty()) return absl::StrCat("ipv6:", absl::StrJoin(v6, ","));
+  return absl::UnavailableError(
+      absl::StrCat("no coordinator address resolves: ", absl::StrJoin(unresolved, ", ")));
+}
+
 bool IsLoopbackAddress(absl::string_view address) {
+  if (absl::StrContains(address, ',')) {
+    const std::vector<std::string> all = CoordinatorAddresses(address);
+    for (const std::string& one : all) {
+      if (!IsLoopbackAddress(one)) return false;
+    }
+    return !all.empty();
+  }
   absl::string_view host = address;
   if (absl::ConsumePrefix(&host, "[")) {
     host = host.substr(0, host.find(']'));
@@ -113,6 +186,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     const std::string& address, const ClientCredentials& credentials,
     const grpc::ChannelArguments& args) {
   grpc::ChannelArguments channel_args = args;
+  // Several coordinators (one leads, the others stand by without serving): gRPC's pick_first
+  // tries them in order and stays on the one that answers, and tries again when it goes.
+  absl::StatusOr<std::string> target = CoordinatorTarget(address);
+  if (!target.ok()) return target.status();
+  const std::vector<std::string> addresses = CoordinatorAddresses(address);
   std::shared_ptr<grpc::ChannelCredentials> transport;
   if (!credentials.ca_file.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -132,6 +210,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     }
     if (!credentials.server_name.empty()) {
       channel_args.SetSslTargetNameOverride(credentials.server_name);
+    } else if (addresses.size() > 1) {
+      // Each coordinator's certificate must then carry the first address's host name.
+      const std::string& first = addresses[0];
+      channel_args.SetSslTargetNameOverride(absl::StartsWith(first, "[")
+                                                ? first.substr(1, first.find(']') - 1)
+                                                : first.substr(0, first.rfind(':')));
     }
     transport = grpc::SslCredentials(ssl);
   } else {
@@ -150,7 +234,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
   if (!credentials.token.empty()) {
     interceptors.push_back(std::make_unique<BearerInterceptorFactory>(credentials.token));
   }
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, transport, channel_args,
+  return grpc::experimental::CreateCustomChannelWithInterceptors(*target, transport, channel_args,
                                                                  std::move(interceptors));
 }
 

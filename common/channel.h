@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -28,12 +29,25 @@ struct ClientCredentials {
   bool insecure = false;
 };
 
-// True for "127.0.0.1:P", "[::1]:P", "localhost:P" and other 127/8 addresses.
+// True for "127.0.0.1:P", "[::1]:P", "localhost:P" and other 127/8 addresses; for a list, when
+// every address in it is.
 bool IsLoopbackAddress(absl::string_view address);
 
-// A channel to `address` ("host:port") with `credentials` and `args`. INVALID_ARGUMENT naming the
-// file when a PEM file cannot be read, or when the address is not loopback and neither TLS nor
-// `insecure` is set (nothing is sent then). Does not connect; thread-safe.
+// The addresses of a comma-separated list of coordinators ("a:7070,b:7070"), trimmed.
+std::vector<std::string> CoordinatorAddresses(absl::string_view list);
+
+// The gRPC target for a coordinator address or list: one address as it is; several resolved now
+// (host names to all their addresses) into one "ipv4:A:P,B:P" (or ipv6:) target, which gRPC's
+// pick_first walks in order. INVALID_ARGUMENT for an address that is not HOST:PORT, UNAVAILABLE
+// when none resolves (those that do not are left out).
+absl::StatusOr<std::string> CoordinatorTarget(absl::string_view list);
+
+// A channel to `address` ("host:port", or a comma-separated list of the coordinators of one
+// cluster, see CoordinatorTarget; with TLS each must then present a certificate for the first
+// one's host name, or for `credentials.server_name`) with `credentials` and `args`.
+// INVALID_ARGUMENT naming the file when a PEM file cannot be read, or when the address is not
+// loopback and neither TLS nor `insecure` is set (nothing is sent then). Does not connect;
+// thread-safe.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     const std::string& address, const ClientCredentials& credentials,
     const grpc::ChannelArguments& args = grpc::ChannelArguments());

@@ -1,5 +1,6 @@
 // trainyard-coordinator: the source of truth of a Trainyard cluster (docs/architecture.md).
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -35,8 +37,11 @@
 #include "common/uri.h"
 #include "server/coordinator_server.h"
 #include "server/job_manager.h"
+#include "server/leader_lease.h"
+#include "server/leadership.h"
 #include "server/log_store.h"
 #include "server/metrics.h"
+#include "server/postgres_job_store.h"
 #include "server/search_manager.h"
 #include "server/sqlite_job_store.h"
 
@@ -47,6 +52,24 @@ ABSL_FLAG(std::string, state_dir, "./trainyard-state",
           "Directory for the SQLite state (state.db, WAL mode) and task logs (logs/). Created "
           "if missing. Restarting on the same directory restores every job, worker and "
           "checkpoint.");
+ABSL_FLAG(std::string, store, "",
+          "Where the cluster's state lives. Empty: SQLite in --state_dir, for one coordinator. "
+          "postgres://USER@HOST:PORT/DB (libpq's URI: ?sslmode=verify-full&sslrootcert=CA.pem "
+          "for TLS to the database): PostgreSQL, shared by several coordinators of which one "
+          "leads and the others stand by to take over (docs/operations.md). Its password from "
+          "--store_password_file, PGPASSWORD or ~/.pgpass; task logs stay in --state_dir.");
+ABSL_FLAG(std::string, store_password_file, "",
+          "File whose first line is the PostgreSQL password of --store (kept out of the command "
+          "line, which others on the machine can read).");
+ABSL_FLAG(absl::Duration, leader_lease, absl::Seconds(3),
+          "With a PostgreSQL --store: how long the leader's lease lasts unrenewed (it is renewed "
+          "every third of this). A standby takes over at most this long after the leader dies; "
+          "a leader that cannot renew it for this long writes nothing more and exits, for its "
+          "supervisor to start it again as a standby.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "With a PostgreSQL --store: the address clients reach this coordinator at, shown by "
+          "the standbys' logs while it leads. Default: --listen, with this machine's host name "
+          "for 0.0.0.0.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Base URI for checkpoints of jobs whose spec sets no checkpoint.uri; a job's "
           "checkpoints go to {base}/{job_id}. Default: file://<absolute state_dir>/checkpoints.");
@@ -164,6 +187,163 @@ int WaitForSignal() {
   return byte;
 }
 
+// Waits up to `timeout` for a stop signal: true if one came (it is left for WaitForSignal).
+bool SignalWithin(absl::Duration timeout) {
+  pollfd p = {g_signal_pipe[0], POLLIN, 0};
+  int rc;
+  while ((rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)))) < 0 &&
+         errno == EINTR) {
+  }
+  return rc > 0;
+}
+
+// The cluster's state: three connections to one store (the manager's, the tokens', the
+// searches'), the key that signs task credentials, and with PostgreSQL the lease that makes this
+// coordinator the leader, kept renewed.
+struct StateStores {
+  std::unique_ptr<JobStore> jobs;
+  std::unique_ptr<JobStore> tokens;
+  std::unique_ptr<JobStore> searches;
+  std::string task_key;
+  std::unique_ptr<LeaderLease> lease;
+  std::unique_ptr<LeaseKeeper> keeper;
+};
+
+// The address others are told this coordinator serves at.
+std::string AdvertisedAddress(const std::string& listen) {
+  if (std::string flag = absl::GetFlag(FLAGS_advertise_address); !flag.empty()) return flag;
+  const size_t colon = listen.rfind(':');
+  const std::string host = listen.substr(0, colon);
+  if (host == "0.0.0.0" || host == "[::]" || host.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    return absl::StrCat(name, listen.substr(colon));
+  }
+  return listen;
+}
+
+// SQLite in the state folder; or PostgreSQL, after waiting to lead. Returns nullopt after logging
+// why when it cannot, or when a stop signal came while standing by (`stopped` set).
+std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stopped) {
+  StateStores stores;
+  const std::string store = absl::GetFlag(FLAGS_store);
+  if (store.empty()) {
+    // Three connections to the same file (the later ones open it with its schema current).
+    for (std::unique_ptr<JobStore>* slot : {&stores.jobs, &stores.tokens, &stores.searches}) {
+      absl::StatusOr<std::unique_ptr<SqliteJobStore>> opened =
+          SqliteJobStore::Open(abs_state + "/state.db");
+      if (!opened.ok()) {
+        LogError("cannot open the state database: ", opened.status().ToString());
+        return std::nullopt;
+      }
+      *slot = *std::move(opened);
+    }
+    absl::StatusOr<std::string> key = LoadOrCreateKey(abs_state + "/task-credential.key");
+    if (!key.ok()) {
+      LogError("task credential key: ", key.status().ToString());
+      return std::nullopt;
+    }
+    stores.task_key = *key;
+    return stores;
+  }
+  if (!absl::StartsWith(store, "postgres://") && !absl::StartsWith(store, "postgresql://")) {
+    LogError("--store: '", pg::RedactConninfo(store),
+             "' is neither empty (SQLite) nor a postgres:// address");
+    return std::nullopt;
+  }
+  pg::ConnectOptions options;
+  options.conninfo = store;
+  if (absl::Status s = pg::ValidateConninfo(store); !s.ok()) {
+    LogError("--store: ", s.message());
+    return std::nullopt;
+  }
+  if (absl::StrContains(pg::RedactConninfo(store), "***")) {
+    LogWarning(
+        "--store carries a password, which anyone on this machine can read in the "
+        "process list: prefer --store_password_file or PGPASSWORD");
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_store_password_file); !file.empty()) {
+    absl::StatusOr<std::string> password = ReadCredentialFile(file);
+    if (!password.ok()) {
+      LogError("--store_password_file: ", password.status().message());
+      return std::nullopt;
+    }
+    options.password = *password;
+  }
+  const absl::Duration lease_length = absl::GetFlag(FLAGS_leader_lease);
+  if (lease_length < absl::Milliseconds(300)) {
+    LogError("--leader_lease: must be at least 300ms");
+    return std::nullopt;
+  }
+  // The lease's calls must end well within a renewal period.
+  pg::ConnectOptions lease_options = options;
+  lease_options.timeout = lease_length / 4;
+  lease_options.application_name = "trainyard-coordinator-lease";
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string holder =
+      absl::StrCat(host, "/", getpid(), "/", absl::BytesToHexString(RandomBytes(4)));
+  absl::StatusOr<std::unique_ptr<LeaderLease>> lease;
+  std::string last_warning;
+  // The database may not be up yet (started together): wait for it as for the lease.
+  while (!(lease = LeaderLease::Open(lease_options, holder,
+                                     AdvertisedAddress(absl::GetFlag(FLAGS_listen)), lease_length,
+                                     RealClock::Get()))
+              .ok()) {
+    if (lease.status().code() != absl::StatusCode::kUnavailable) {
+      LogError("--store: ", lease.status().ToString());
+      return std::nullopt;
+    }
+    if (lease.status().message() != last_warning) {
+      last_warning = std::string(lease.status().message());
+      LogWarning("waiting for the database: ", last_warning);
+    }
+    if (SignalWithin(absl::Seconds(1))) {
+      *stopped = true;
+      return std::nullopt;
+    }
+  }
+  stores.lease = *std::move(lease);
+  LogInfo("store: PostgreSQL at ", pg::RedactConninfo(store), " as ", holder, "; waiting to lead");
+  const auto waited = std::chrono::steady_clock::now();
+  if (!WaitToLead(*stores.lease, std::min(lease_length / 6, absl::Milliseconds(500)),
+                  SignalWithin)) {
+    *stopped = true;
+    return std::nullopt;
+  }
+  const LeaseFence fence = stores.lease->fence();
+  LogInfo("leading (lease token ", fence.token, ") after ", SecondsSince(waited), " s standing by");
+  // Kept from now on: a lease lost while loading is as lost as one lost later.
+  stores.keeper =
+      std::make_unique<LeaseKeeper>(*stores.lease, RealClock::Get(), [](const absl::Status& why) {
+        LogError("no longer the leader: ", why.message(),
+                 "; exiting so that nothing more is done as leader (a supervisor starts this "
+                 "coordinator again as a standby)");
+        std::_Exit(3);
+      });
+  for (std::unique_ptr<JobStore>* slot : {&stores.jobs, &stores.tokens, &stores.searches}) {
+    absl::StatusOr<std::unique_ptr<PostgresJobStore>> opened =
+        PostgresJobStore::Open(options, fence);
+    if (!opened.ok()) {
+      LogError("cannot open the PostgreSQL store: ", opened.status().ToString());
+      return std::nullopt;
+    }
+    *slot = *std::move(opened);
+  }
+  // Every coordinator signs task credentials with the one key, so that trainers keep theirs
+  // across a takeover.
+  absl::StatusOr<std::string> key =
+      static_cast<PostgresJobStore&>(*stores.tokens).SharedSecret("task-credential-key", [] {
+        return RandomBytes(32);
+      });
+  if (!key.ok()) {
+    LogError("task credential key: ", key.status().ToString());
+    return std::nullopt;
+  }
+  stores.task_key = *key;
+  return stores;
+}
+
 int Run() {
   if (pipe(g_signal_pipe) != 0) {
     LogError("pipe: ", std::strerror(errno));
@@ -194,11 +374,11 @@ int Run() {
   std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   if (checkpoint_root.empty()) checkpoint_root = absl::StrCat("file://", abs_state, "/checkpoints");
 
-  absl::StatusOr<std::unique_ptr<SqliteJobStore>> store =
-      SqliteJobStore::Open(abs_state + "/state.db");
-  if (!store.ok()) {
-    LogError("cannot open the state database: ", store.status().ToString());
-    return 1;
+  bool stopped = false;
+  std::optional<StateStores> stores = OpenStores(abs_state, &stopped);
+  if (!stores.has_value()) {
+    if (stopped) LogInfo("stopped while standing by");
+    return stopped ? 0 : 1;
   }
   // Created before the manager, which reports events to it, and served after it exists.
   auto metrics = std::make_shared<CoordinatorMetrics>();
@@ -257,20 +437,7 @@ int Run() {
     LogError("--start_timeout: must be positive");
     return 1;
   }
-  // Tokens through a connection of their own to the same database (opened after the first, so
-  // the schema is current).
-  absl::StatusOr<std::unique_ptr<SqliteJobStore>> token_store =
-      SqliteJobStore::Open(abs_state + "/state.db");
-  if (!token_store.ok()) {
-    LogError("cannot open the state database: ", token_store.status().ToString());
-    return 1;
-  }
-  absl::StatusOr<std::string> task_key = LoadOrCreateKey(abs_state + "/task-credential.key");
-  if (!task_key.ok()) {
-    LogError("task credential key: ", task_key.status().ToString());
-    return 1;
-  }
-  options.task_credential_key = *task_key;
+  options.task_credential_key = stores->task_key;
   if (const std::string allowed = absl::GetFlag(FLAGS_allowed_local_paths); allowed != "*") {
     std::vector<std::string> folders;
     for (absl::string_view part : absl::StrSplit(allowed, ',', absl::SkipWhitespace())) {
@@ -294,7 +461,7 @@ int Run() {
       NewObjectStoreResolver([](const char* name) { return std::getenv(name); });
   options.model_stores = model_stores.get();
   absl::StatusOr<std::unique_ptr<Authenticator>> auth =
-      Authenticator::Create(**token_store, *task_key, RealClock::Get());
+      Authenticator::Create(*stores->tokens, stores->task_key, RealClock::Get());
   if (!auth.ok()) {
     LogError("cannot load tokens: ", auth.status().ToString());
     return 1;
@@ -314,23 +481,16 @@ int Run() {
     LogInfo("no admin token was valid: made one, in ", admin_token_file);
   }
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
-      RealClock::Get(), *std::move(store),
+      RealClock::Get(), std::move(stores->jobs),
       std::make_unique<LogStore>(abs_state + "/logs", max_task_log_bytes), options);
   if (!manager.ok()) {
     LogError("cannot load state: ", manager.status().ToString());
     return 1;
   }
   JobManager* manager_ptr = manager->get();
-  // Searches through a connection of their own to the same database.
-  absl::StatusOr<std::unique_ptr<SqliteJobStore>> search_store =
-      SqliteJobStore::Open(abs_state + "/state.db");
-  if (!search_store.ok()) {
-    LogError("cannot open the state database: ", search_store.status().ToString());
-    return 1;
-  }
   std::unique_ptr<TrialJobs> trial_jobs = TrialJobsOf(**manager);
   absl::StatusOr<std::unique_ptr<SearchManager>> searches =
-      SearchManager::Create(RealClock::Get(), *trial_jobs, *std::move(search_store));
+      SearchManager::Create(RealClock::Get(), *trial_jobs, std::move(stores->searches));
   if (!searches.ok()) {
     LogError("cannot load searches: ", searches.status().ToString());
     return 1;
@@ -405,6 +565,15 @@ int Run() {
   metrics_server->reset();  // scrapes read the manager
   searches->reset();
   manager->reset();  // flushes progress, closes the database
+  if (stores->lease != nullptr) {
+    stores->keeper.reset();
+    // A standby takes over now rather than when the lease would have run out.
+    if (absl::Status s = stores->lease->Release(); !s.ok()) {
+      LogWarning("releasing the leader lease: ", s.message());
+    } else {
+      LogInfo("released the leader lease");
+    }
+  }
   LogInfo("stopped");
   return 0;
 }

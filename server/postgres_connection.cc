@@ -4,7 +4,6 @@
 #include <poll.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -172,9 +171,6 @@ absl::Status Connection::Connect() {
   }
   PQconninfoFree(parsed);
   const int64_t timeout_ms = absl::ToInt64Milliseconds(options_.timeout);
-  // libpq's connect_timeout is in whole seconds, at least 2.
-  settings.emplace("connect_timeout",
-                   absl::StrCat(std::max<int64_t>(2, (timeout_ms + 999) / 1000)));
   // A peer that vanished (a cut cable) is found by keepalives and by unacknowledged sends.
   settings.emplace("keepalives", "1");
   settings.emplace("keepalives_idle", "2");
@@ -190,16 +186,32 @@ absl::Status Connection::Connect() {
   }
   keys.push_back(nullptr);
   values.push_back(nullptr);
-  conn_ = PQconnectdbParams(keys.data(), values.data(), /*expand_dbname=*/0);
+  // Connected without blocking, so that the timeout holds to the millisecond (libpq's own
+  // connect_timeout is in whole seconds and per address).
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  conn_ = PQconnectStartParams(keys.data(), values.data(), /*expand_dbname=*/0);
   if (conn_ == nullptr) return absl::UnavailableError("postgres: out of memory connecting");
-  if (PQstatus(conn_) != CONNECTION_OK) {
-    absl::Status s = absl::UnavailableError(absl::StrCat("postgres: cannot connect to ",
-                                                         RedactConninfo(options_.conninfo), ": ",
-                                                         Trimmed(PQerrorMessage(conn_))));
+  auto failed = [&](absl::string_view why) {
+    absl::Status s = absl::UnavailableError(
+        absl::StrCat("postgres: cannot connect to ", RedactConninfo(options_.conninfo), ": ", why));
     PQfinish(conn_);
     conn_ = nullptr;
     return s;
+  };
+  PostgresPollingStatusType polling = PGRES_POLLING_WRITING;
+  while (PQstatus(conn_) != CONNECTION_BAD && polling != PGRES_POLLING_OK) {
+    if (polling == PGRES_POLLING_FAILED) break;
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) return failed("no answer in time");
+    pollfd p = {PQsocket(conn_),
+                static_cast<short>(polling == PGRES_POLLING_READING ? POLLIN : POLLOUT), 0};
+    int rc;
+    while ((rc = poll(&p, 1, static_cast<int>(left))) < 0 && errno == EINTR) {
+    }
+    if (rc == 0) return failed("no answer in time");
+    polling = PQconnectPoll(conn_);
   }
+  if (PQstatus(conn_) != CONNECTION_OK) return failed(Trimmed(PQerrorMessage(conn_)));
   if (PQsetnonblocking(conn_, 1) != 0) {
     return absl::InternalError("postgres: cannot make the connection non-blocking");
   }

@@ -1,12 +1,16 @@
 #include "tests/integration/cluster.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -45,6 +50,21 @@ bool IsFinal(v1::JobState state) {
 }
 
 }  // namespace
+
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
 
 bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -194,7 +214,25 @@ Cluster::Cluster(ClusterOptions options) : options_(options) {
   hold_dir_ = root_.path() + "/holds";
   fs::create_directories(hold_dir_);
   options_.env[kTestHoldDirEnv] = hold_dir_;
-  StartCoordinator();
+  coordinators_.resize(std::max(1, options_.coordinators));
+  if (options_.coordinators > 1) {
+    std::vector<std::string> addresses;
+    for (int i = 0; i < options_.coordinators; ++i) {
+      coordinator_ports_.push_back(FreeLoopbackPort());
+      addresses.push_back(absl::StrCat("127.0.0.1:", coordinator_ports_.back()));
+    }
+    for (int i = 0; i < options_.coordinators; ++i) StartCoordinator(i);
+    if (WaitForLeader(absl::Seconds(60)) < 0) {
+      ADD_FAILURE() << "no coordinator leads:\n" << coordinators_[0]->Log();
+      return;
+    }
+    address_ = absl::StrJoin(addresses, ",");
+    admin_token_ = std::string(absl::StripAsciiWhitespace(ReadFile(root_.path() + "/admin.token")));
+    if (admin_token_.empty()) ADD_FAILURE() << "the coordinators wrote no admin token";
+    job_stub_ = v1::JobService::NewStub(NewChannel());
+  } else {
+    StartCoordinator();
+  }
   for (int i = 0; i < options_.workers; ++i) StartWorker(i);
   WaitForWorkers();
 }
@@ -210,11 +248,15 @@ Cluster::~Cluster() {
   }
   // An idle but connected client holds up the server's graceful shutdown until its deadline.
   job_stub_.reset();
-  if (coordinator_ != nullptr) coordinator_->Stop();
+  for (auto& coordinator : coordinators_) {
+    if (coordinator != nullptr) coordinator->Stop();
+  }
   if (::testing::Test::HasFailure()) {
     // Leave what the processes said in the test output: the only trace once the folder is gone.
-    if (coordinator_ != nullptr) {
-      std::cerr << "---- coordinator log ----\n" << coordinator_->Log() << "\n";
+    for (size_t i = 0; i < coordinators_.size(); ++i) {
+      if (coordinators_[i] != nullptr) {
+        std::cerr << "---- coordinator " << i << " log ----\n" << coordinators_[i]->Log() << "\n";
+      }
     }
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (workers_[i] != nullptr) {
@@ -225,6 +267,53 @@ Cluster::~Cluster() {
 }
 
 std::string Cluster::worker_dir(int i) const { return absl::StrCat(root_.path(), "/worker-", i); }
+
+std::string Cluster::PortFile(int i) const {
+  return i == 0 ? root_.path() + "/coordinator.port"
+                : absl::StrCat(root_.path(), "/coordinator-", i, ".port");
+}
+
+void Cluster::StartCoordinator(int i) {
+  const std::string port_file = PortFile(i);
+  fs::remove(port_file);
+  const std::string state_dir = i == 0 ? state_dir_ : absl::StrCat(state_dir_, "-", i);
+  std::vector<std::string> argv = {
+      BinDir() + "/trainyard-coordinator",
+      absl::StrCat("--listen=127.0.0.1:", coordinator_ports_[i]),
+      "--state_dir=" + state_dir,
+      "--port_file=" + port_file,
+      "--store=" + options_.store,
+      "--admin_token_file=" + root_.path() + "/admin.token",
+      absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
+      "--metrics_listen=127.0.0.1:0",
+      "--allowed_local_paths=*"};
+  argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  coordinators_[i] = std::make_unique<Process>(
+      std::move(argv), absl::StrCat(root_.path(), "/coordinator-", i, ".log"), options_.env);
+}
+
+bool Cluster::Leads(int i) {
+  return coordinators_[i] != nullptr && coordinators_[i]->running() &&
+         !absl::StripAsciiWhitespace(ReadFile(PortFile(i))).empty();
+}
+
+int Cluster::Leader() { return WaitForLeader(absl::ZeroDuration()); }
+
+int Cluster::WaitForLeader(absl::Duration timeout, int not_this) {
+  int leader = -1;
+  PollUntil(
+      [&] {
+        for (int i = 0; i < static_cast<int>(coordinators_.size()); ++i) {
+          if (i != not_this && Leads(i)) {
+            leader = i;
+            return true;
+          }
+        }
+        return false;
+      },
+      timeout);
+  return leader;
+}
 
 void Cluster::StartCoordinator() {
   const std::string port_file = root_.path() + "/coordinator.port";
@@ -241,17 +330,18 @@ void Cluster::StartCoordinator() {
       // restriction gives its own value, which comes later and wins.
       "--allowed_local_paths=*"};
   argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
-  coordinator_ =
+  if (!options_.store.empty()) argv.push_back("--store=" + options_.store);
+  coordinators_[0] =
       std::make_unique<Process>(std::move(argv), root_.path() + "/coordinator.log", options_.env);
   std::string port;
   const bool ready = PollUntil(
       [&] {
         port = std::string(absl::StripAsciiWhitespace(ReadFile(port_file)));
-        return !port.empty() || !coordinator_->running();
+        return !port.empty() || !coordinators_[0]->running();
       },
       absl::Seconds(30));
   if (!ready || port.empty()) {
-    ADD_FAILURE() << "coordinator did not start:\n" << coordinator_->Log();
+    ADD_FAILURE() << "coordinator did not start:\n" << coordinators_[0]->Log();
     return;
   }
   address_ = "127.0.0.1:" + port;
@@ -264,7 +354,10 @@ std::shared_ptr<grpc::Channel> Cluster::NewChannel(const std::string& token) con
   ClientCredentials credentials;
   credentials.token = token.empty() ? admin_token_ : token;
   credentials.ca_file = options_.ca_file;
-  auto channel = NewClientChannel(address_, credentials);
+  // With several coordinators, reconnecting as agents and trainers do, to whichever leads.
+  auto channel = NewClientChannel(
+      address_, credentials,
+      coordinators_.size() > 1 ? CoordinatorClientArguments() : grpc::ChannelArguments());
   EXPECT_TRUE(channel.ok()) << channel.status();
   return channel.ok() ? *channel : nullptr;
 }
@@ -301,8 +394,8 @@ void Cluster::Release(const std::string& job_name) { ClearTestHold(hold_dir_, jo
 
 void Cluster::KillCoordinator(int sig) {
   job_stub_.reset();
-  coordinator_->Signal(sig);
-  coordinator_->Wait(absl::Seconds(30));
+  coordinators_[0]->Signal(sig);
+  coordinators_[0]->Wait(absl::Seconds(30));
 }
 
 void Cluster::StartWorker(int i) {

@@ -75,6 +75,12 @@ struct ClusterOptions {
   // The CA of the coordinator's TLS certificate (its --tls_cert in coordinator_args): the
   // workers, the CLI and the test's own channels verify it. Empty: plaintext.
   std::string ca_file;
+  // A PostgreSQL --store for the coordinators (empty: SQLite in the state folder), and how many
+  // coordinators share it: one leads, the others stand by. With more than one, each listens on
+  // a port picked up front, address() lists them all, and each has a state folder of its own
+  // (for task logs) while the admin token goes to one file.
+  std::string store;
+  int coordinators = 1;
 };
 
 class Cluster {
@@ -98,7 +104,17 @@ class Cluster {
   // Restarts the coordinator on the same state folder (after a crash or a stop).
   void KillCoordinator(int sig);
   void StartCoordinator();
-  Process& coordinator() { return *coordinator_; }
+  Process& coordinator() { return *coordinators_[0]; }
+  // With several coordinators: coordinator i, started again with StartCoordinator(i) (which
+  // does not wait for it to lead), and which one leads now: the running one that has written
+  // its port file (a standby writes it when it starts to lead), or -1. A frozen (SIGSTOP)
+  // coordinator still counts: WaitForLeader with `not_this` looks past it.
+  Process& coordinator(int i) { return *coordinators_[i]; }
+  void StartCoordinator(int i);
+  int Leader();
+  // Waits up to `timeout` for a coordinator other than `not_this` (-1: any) to lead; its index
+  // or -1.
+  int WaitForLeader(absl::Duration timeout, int not_this = -1);
   Process& worker(int i) { return *workers_[i]; }
 
   absl::StatusOr<trainyard::v1::Job> Submit(const std::string& yaml);
@@ -146,7 +162,10 @@ class Cluster {
   std::string hold_dir_;
   std::string address_;
   std::string admin_token_;
-  std::unique_ptr<Process> coordinator_;
+  std::string PortFile(int i) const;
+  bool Leads(int i);
+  std::vector<std::unique_ptr<Process>> coordinators_;
+  std::vector<int> coordinator_ports_;  // with several coordinators
   std::vector<std::unique_ptr<Process>> workers_;
   std::unique_ptr<trainyard::v1::JobService::Stub> job_stub_;
 };
@@ -197,6 +216,8 @@ bool ProcessAlive(pid_t pid);
 // Polls `condition` until it holds or `timeout` passes: waiting on an observable condition with a
 // deadline, never a fixed sleep. Returns whether it holds.
 bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);
+// A TCP port free on 127.0.0.1 now (for a process that must be told its port before it starts).
+int FreeLoopbackPort();
 
 // The index of a local cluster's worker ("worker-2" -> 2), -1 for another name.
 int WorkerIndex(const std::string& worker_id);

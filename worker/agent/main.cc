@@ -51,7 +51,8 @@ std::string Hostname() {
 }  // namespace
 
 ABSL_FLAG(std::string, coordinator, DefaultCoordinator(),
-          "host:port of the coordinator (default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)");
+          "host:port of the coordinator, or a comma-separated list of a cluster's coordinators "
+          "(the one that leads answers; default: $TRAINYARD_COORDINATOR, else 127.0.0.1:7070)");
 ABSL_FLAG(std::string, name, "",
           "unique name of this worker; re-registering a name replaces it (default: the hostname)");
 ABSL_FLAG(std::string, address, "",
@@ -163,7 +164,10 @@ int main(int argc, char** argv) {
   options.name = absl::GetFlag(FLAGS_name).empty() ? Hostname() : absl::GetFlag(FLAGS_name);
   options.address = absl::GetFlag(FLAGS_address);
   if (options.address.empty()) {
-    absl::StatusOr<std::string> local = trainyard::LocalAddressToward(options.coordinator);
+    absl::StatusOr<std::string> local = trainyard::LocalAddressToward(
+        trainyard::CoordinatorAddresses(options.coordinator).empty()
+            ? options.coordinator
+            : trainyard::CoordinatorAddresses(options.coordinator)[0]);
     if (!local.ok()) {
       trainyard::LogError(
           "cannot tell this machine's address toward the coordinator (give "

@@ -45,7 +45,9 @@
 ABSL_FLAG(std::string, task_file, "",
           "Path of the task to run: a binary-serialised trainyard.v1.Task.");
 ABSL_FLAG(std::string, coordinator, "",
-          "host:port of the coordinator's AgentService for progress, checkpoint commits and the "
+          "host:port (or comma-separated list) of the coordinators' AgentService for progress, "
+          "checkpoint "
+          "commits and the "
           "model report. Empty: standalone (no reports; checkpoints are written but not "
           "committed or retired). A data_parallel task with several ranks needs it: the ranks "
           "meet through the coordinator's rendezvous store.");

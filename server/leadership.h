@@ -1,0 +1,52 @@
+#ifndef TRAINYARD_SERVER_LEADERSHIP_H_
+#define TRAINYARD_SERVER_LEADERSHIP_H_
+
+// How a coordinator sharing a PostgreSQL store comes to lead and keeps leading (docs/
+// operations.md, "More than one coordinator"): a standby tries the lease until it is free; the
+// leader renews it on a thread of its own and is told, once, when it is lost.
+
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/leader_lease.h"
+
+namespace trainyard {
+
+// Tries `lease` every `poll` until it is taken (true) or `stopped` says to give up (false), which
+// is asked between tries with the time to wait: it waits that long or less and returns true to
+// stop. Logs the leader it stands by for whenever that changes, and why the database cannot be
+// reached while it cannot.
+bool WaitToLead(LeaderLease& lease, absl::Duration poll,
+                const std::function<bool(absl::Duration)>& stopped);
+
+// Renews a held lease every third of its length on a thread of its own. When the lease is lost
+// (taken, or expired by the database's clock) or could not be renewed before its local expiry
+// (valid_until), calls `on_lost` once, on that thread, with the reason; it then renews no more.
+// The destructor stops the thread (it does not release the lease).
+class LeaseKeeper {
+ public:
+  LeaseKeeper(LeaderLease& lease, const Clock& clock, std::function<void(absl::Status)> on_lost);
+  ~LeaseKeeper();
+  LeaseKeeper(const LeaseKeeper&) = delete;
+  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
+
+ private:
+  void Loop();
+
+  LeaderLease& lease_;
+  const Clock& clock_;
+  const std::function<void(absl::Status)> on_lost_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_SERVER_LEADERSHIP_H_

@@ -1,0 +1,185 @@
+// More than one coordinator on one PostgreSQL store (docs/operations.md, "More than one
+// coordinator"): the real coordinators, agents and trainers as processes on loopback, and a
+// PostgreSQL server the test starts. A standby takes over from a leader killed or frozen without a
+// training job noticing: same attempt, no step lost, every acknowledged submission kept.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/postgres_server.h"
+#include "tests/integration/cluster.h"
+
+namespace trainyard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using v1::Job;
+
+// A job that checkpoints every 25 steps and trains for a few seconds.
+std::string TrainingJob(const std::string& name, int64_t max_steps) {
+  return absl::StrCat("name: ", name, R"(
+strategy: single
+model:
+  builtin: mlp
+  args: {inputs: 32, hidden: [256, 256], classes: 4}
+data:
+  synthetic: {samples: 4096, features: 32, classes: 4, noise: 0.5}
+batch_size: 48
+optimizer: {name: sgd, lr: 0.02, momentum: 0.9}
+log_every_steps: 10
+seed: 11
+checkpoint: {every_steps: 25, keep_last: 2}
+max_steps: )",
+                      max_steps, "\n");
+}
+
+class FailoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = PostgresServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    auto uri = server_->CreateDatabase("trainyard");
+    ASSERT_TRUE(uri.ok()) << uri.status();
+    uri_ = *uri;
+  }
+  ClusterOptions Options() const {
+    ClusterOptions options;
+    options.workers = 2;
+    options.slots_per_worker = 1;
+    options.worker_timeout = absl::Seconds(2);
+    options.store = uri_;
+    options.coordinators = 2;
+    options.coordinator_args = {"--leader_lease=2s", "--restart_backoff=200ms"};
+    options.worker_args = {"--sync_wait=500ms"};
+    return options;
+  }
+  // Submits through the cluster's list of coordinators until one acknowledges (the new leader
+  // may not serve yet); the time that took.
+  static absl::StatusOr<Job> SubmitWhenLed(Cluster& cluster, const std::string& yaml) {
+    absl::StatusOr<Job> job = absl::UnavailableError("not tried");
+    PollUntil(
+        [&] {
+          job = cluster.Submit(yaml);
+          return job.ok() || job.status().code() != absl::StatusCode::kUnavailable;
+        },
+        absl::Seconds(30));
+    return job;
+  }
+
+  std::unique_ptr<PostgresServer> server_;
+  std::string uri_;
+};
+
+// kill -9 of the leader while two jobs train and 1,000 wait: a standby leads within 5 s, the
+// running jobs keep their attempt and lose no step, every acknowledged submission is there, and
+// none is scheduled twice.
+TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
+  Cluster cluster(Options());
+  const int leader = cluster.Leader();
+  ASSERT_GE(leader, 0);
+  auto a = SubmitAndHold(cluster, "train-a", TrainingJob("train-a", 400), 30, 25);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = SubmitAndHold(cluster, "train-b", TrainingJob("train-b", 400), 30, 25);
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::vector<std::string> queued;
+  for (int i = 0; i < 1000; ++i) {
+    auto job = cluster.Submit(SyntheticJobYaml("queued", 5));
+    ASSERT_TRUE(job.ok()) << job.status();
+    queued.push_back(job->id());
+  }
+  // a trains on through the takeover; b stays held until the queue has been checked.
+  cluster.Release("train-a");
+  const absl::Time killed = absl::Now();
+  cluster.coordinator(leader).Signal(SIGKILL);
+  const int next = cluster.WaitForLeader(absl::Seconds(30), leader);
+  const absl::Duration to_lead = absl::Now() - killed;
+  ASSERT_GE(next, 0) << "no standby took over";
+  auto acknowledged = SubmitWhenLed(cluster, SyntheticJobYaml("after-takeover", 5));
+  const absl::Duration to_submit = absl::Now() - killed;
+  ASSERT_TRUE(acknowledged.ok()) << acknowledged.status();
+  std::cout << "takeover: kill -9 -> new leader serving " << absl::FormatDuration(to_lead)
+            << ", -> first acknowledged submission " << absl::FormatDuration(to_submit) << "\n";
+  EXPECT_LT(to_lead, absl::Seconds(5));
+  EXPECT_THAT(cluster.coordinator(next).Log(), HasSubstr("leading (lease token 2)"));
+
+  // Every acknowledged submission is there, each at most in its first attempt.
+  for (const std::string& id : queued) {
+    auto job = cluster.Get(id);
+    ASSERT_TRUE(job.ok()) << id << ": " << job.status();
+    EXPECT_LE(job->generation(), 1) << id;
+    EXPECT_EQ(job->restarts_size(), 0) << id;
+  }
+  cluster.Release("train-b");
+  for (const auto& running : {*a, *b}) {
+    auto done = cluster.WaitForFinal(running.id(), absl::Seconds(180));
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+    // The trainers kept training: the same attempt, adopted by the new leader, never a second.
+    EXPECT_EQ(done->generation(), 1) << running.id();
+    EXPECT_EQ(done->restarts_size(), 0) << running.id();
+    EXPECT_EQ(done->progress().step(), 400) << running.id();
+  }
+}
+
+// A frozen leader (its machine paused) is replaced once its lease runs out; woken, it finds the
+// lease gone and exits without acting, and the job it ran carries on under the new leader.
+TEST_F(FailoverTest, AFrozenLeaderIsReplacedAndExitsWhenItWakes) {
+  Cluster cluster(Options());
+  const int leader = cluster.Leader();
+  ASSERT_GE(leader, 0);
+  auto a = SubmitAndHold(cluster, "frozen-a", TrainingJob("frozen-a", 200), 30, 25);
+  ASSERT_TRUE(a.ok()) << a.status();
+  cluster.coordinator(leader).Signal(SIGSTOP);
+  const int next = cluster.WaitForLeader(absl::Seconds(30), leader);
+  ASSERT_GE(next, 0) << "no standby took over";
+  auto acknowledged = SubmitWhenLed(cluster, SyntheticJobYaml("while-frozen", 5));
+  ASSERT_TRUE(acknowledged.ok()) << acknowledged.status();
+  cluster.coordinator(leader).Signal(SIGCONT);
+  std::optional<int> status = cluster.coordinator(leader).Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.has_value()) << "the deposed leader did not exit";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << *status;
+  EXPECT_THAT(cluster.coordinator(leader).Log(), HasSubstr("no longer the leader"));
+  cluster.Release("frozen-a");
+  auto done = cluster.WaitForFinal(a->id(), absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->generation(), 1);
+  EXPECT_EQ(done->restarts_size(), 0);
+  auto other = cluster.WaitForFinal(acknowledged->id(), absl::Seconds(120));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->state(), v1::SUCCEEDED) << other->reason();
+}
+
+// Both coordinators killed and started again: everything is back, as with SQLite.
+TEST_F(FailoverTest, BothCoordinatorsKilledAndStartedAgainLoseNothing) {
+  Cluster cluster(Options());
+  auto a = SubmitAndHold(cluster, "both-a", TrainingJob("both-a", 200), 30, 25);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto waiting = cluster.Submit(SyntheticJobYaml("both-waiting", 5));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  for (int i = 0; i < 2; ++i) {
+    cluster.coordinator(i).Signal(SIGKILL);
+    cluster.coordinator(i).Wait(absl::Seconds(10));
+  }
+  cluster.Release("both-a");
+  for (int i = 0; i < 2; ++i) cluster.StartCoordinator(i);
+  ASSERT_GE(cluster.WaitForLeader(absl::Seconds(30)), 0);
+  auto done = cluster.WaitForFinal(a->id(), absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->generation(), 1);
+  auto other = cluster.WaitForFinal(waiting->id(), absl::Seconds(120));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->state(), v1::SUCCEEDED) << other->reason();
+}
+
+}  // namespace
+}  // namespace trainyard::testing
