@@ -275,6 +275,9 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
     LogError("--leader_lease: must be at least 300ms");
     return std::nullopt;
   }
+  // A write of a leader frozen or cut off in mid-transaction holds the lease row (the fence's
+  // share lock) until the server ends it: no longer than a lease, so the takeover is not held up.
+  options.idle_in_transaction_timeout = lease_length;
   // The lease's calls must end well within a renewal period.
   pg::ConnectOptions lease_options = options;
   lease_options.timeout = lease_length / 4;
@@ -304,6 +307,8 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
     }
   }
   stores.lease = *std::move(lease);
+  // The database's view of who wrote what (pg_stat_activity, audit triggers) names this process.
+  options.application_name = absl::StrCat("trainyard-coordinator ", holder).substr(0, 63);
   LogInfo("store: PostgreSQL at ", pg::RedactConninfo(store), " as ", holder, "; waiting to lead");
   const auto waited = std::chrono::steady_clock::now();
   if (!WaitToLead(*stores.lease, std::min(lease_length / 6, absl::Milliseconds(500)),

@@ -3,6 +3,7 @@
 #include <libpq-fe.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -217,7 +218,11 @@ absl::Status Connection::Connect() {
   }
   // A session stuck in a transaction (its coordinator frozen) would hold its row locks, the
   // leader row's among them, forever: the server ends it instead.
-  return Run(absl::StrCat("SET idle_in_transaction_session_timeout = ", timeout_ms,
+  const absl::Duration idle = options_.idle_in_transaction_timeout > absl::ZeroDuration()
+                                  ? options_.idle_in_transaction_timeout
+                                  : options_.timeout;
+  return Run(absl::StrCat("SET idle_in_transaction_session_timeout = ",
+                          std::max<int64_t>(1, absl::ToInt64Milliseconds(idle)),
                           "; SET lock_timeout = ", timeout_ms));
 }
 

@@ -32,6 +32,9 @@ struct ConnectOptions {
   // The longest any one call may take, connecting included.
   absl::Duration timeout = absl::Seconds(10);
   std::string application_name = "trainyard-coordinator";
+  // A transaction of this connection left idle this long is ended by the server, releasing its
+  // row locks (the leader row's share lock among them); zero: `timeout`.
+  absl::Duration idle_in_transaction_timeout = absl::ZeroDuration();
 };
 
 // The conninfo with any password in it replaced by "***", for logs and errors.

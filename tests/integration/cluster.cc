@@ -282,7 +282,9 @@ void Cluster::StartCoordinator(int i) {
       absl::StrCat("--listen=127.0.0.1:", coordinator_ports_[i]),
       "--state_dir=" + state_dir,
       "--port_file=" + port_file,
-      "--store=" + options_.store,
+      "--store=" + (static_cast<size_t>(i) < options_.coordinator_stores.size()
+                        ? options_.coordinator_stores[i]
+                        : options_.store),
       "--admin_token_file=" + root_.path() + "/admin.token",
       absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
       "--metrics_listen=127.0.0.1:0",

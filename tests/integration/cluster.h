@@ -81,6 +81,8 @@ struct ClusterOptions {
   // (for task logs) while the admin token goes to one file.
   std::string store;
   int coordinators = 1;
+  // Coordinator i's --store when given (e.g. each through a relay a test can cut), else `store`.
+  std::vector<std::string> coordinator_stores;
 };
 
 class Cluster {

@@ -6,14 +6,18 @@
 #include <sys/wait.h>
 
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/postgres_server.h"
+#include "tests/common/tcp_proxy.h"
 #include "tests/integration/cluster.h"
 
 namespace trainyard::testing {
@@ -156,6 +160,78 @@ TEST_F(FailoverTest, AFrozenLeaderIsReplacedAndExitsWhenItWakes) {
   auto other = cluster.WaitForFinal(acknowledged->id(), absl::Seconds(120));
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->state(), v1::SUCCEEDED) << other->reason();
+}
+
+// The leader cut off from the database (its link to it silently dropped): it stops within its
+// lease and exits, the standby takes over, and no write of the old leader lands after the new
+// leader's first: every row written is stamped, by a trigger, with the writing connection's name
+// (which carries its coordinator's lease holder name) and the database's clock.
+TEST_F(FailoverTest, ALeaderCutOffFromTheDatabaseStopsAndNothingItWritesLandsLater) {
+  ClusterOptions options = Options();
+  std::vector<std::unique_ptr<TcpProxy>> links;
+  for (int i = 0; i < 2; ++i) {
+    auto proxy = TcpProxy::Start(server_->port());
+    ASSERT_TRUE(proxy.ok()) << proxy.status();
+    links.push_back(*std::move(proxy));
+    options.coordinator_stores.push_back(
+        absl::StrCat("postgres://trainyard@127.0.0.1:", links.back()->port(), "/trainyard"));
+  }
+  Cluster cluster(options);
+  const int leader = cluster.Leader();
+  ASSERT_GE(leader, 0);
+  ASSERT_TRUE(server_
+                  ->Psql("trainyard", R"sql(
+CREATE TABLE audit(writer TEXT NOT NULL, at TIMESTAMPTZ NOT NULL);
+CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO audit VALUES(current_setting('application_name'), clock_timestamp());
+  RETURN NULL;
+END $$;
+CREATE TRIGGER stamp_jobs AFTER INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION stamp();
+CREATE TRIGGER stamp_events AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION stamp();
+CREATE TRIGGER stamp_progress AFTER INSERT OR UPDATE ON progress
+  FOR EACH ROW EXECUTE FUNCTION stamp();
+)sql")
+                  .ok());
+  auto a = SubmitAndHold(cluster, "cut-a", TrainingJob("cut-a", 200), 30, 25);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // It keeps training (and reporting) while its coordinator loses the database.
+  cluster.Release("cut-a");
+  links[leader]->Cut();
+  const absl::Time cut = absl::Now();
+  std::optional<int> status = cluster.coordinator(leader).Wait(absl::Seconds(20));
+  const absl::Duration to_stop = absl::Now() - cut;
+  ASSERT_TRUE(status.has_value()) << "the cut-off leader did not stop";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << *status;
+  EXPECT_THAT(cluster.coordinator(leader).Log(), HasSubstr("no longer the leader"));
+  // Its lease is 2 s: it stops by then, give or take a renewal period and the exit.
+  EXPECT_LT(to_stop, absl::Seconds(4));
+  const int next = cluster.WaitForLeader(absl::Seconds(30), leader);
+  ASSERT_GE(next, 0) << "no standby took over";
+  auto acknowledged = SubmitWhenLed(cluster, SyntheticJobYaml("after-cut", 5));
+  ASSERT_TRUE(acknowledged.ok()) << acknowledged.status();
+  links[leader]->Heal();  // whatever the old connections still held may arrive now
+  auto done = cluster.WaitForFinal(a->id(), absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->generation(), 1);
+  EXPECT_EQ(done->restarts_size(), 0);
+
+  // Each writer's span of writes, in order: no overlap.
+  auto spans = server_->Psql(
+      "trainyard",
+      "SELECT writer, extract(epoch FROM min(at)), extract(epoch FROM max(at)) FROM audit GROUP "
+      "BY writer ORDER BY min(at)");
+  ASSERT_TRUE(spans.ok()) << spans.status();
+  std::vector<std::vector<std::string>> rows;
+  for (absl::string_view line : absl::StrSplit(*spans, '\n', absl::SkipEmpty())) {
+    rows.push_back(absl::StrSplit(line, '|'));
+  }
+  ASSERT_EQ(rows.size(), 2u) << *spans;
+  double old_last = 0, new_first = 0;
+  ASSERT_TRUE(absl::SimpleAtod(rows[0][2], &old_last) && absl::SimpleAtod(rows[1][1], &new_first))
+      << *spans;
+  EXPECT_LT(old_last, new_first) << "the old leader wrote after the new one:\n" << *spans;
 }
 
 // Both coordinators killed and started again: everything is back, as with SQLite.
