@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       server->server_->Shutdown();
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options.health_listen));
     }
+    server->health_server_->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
   }
   server->ticker_ =
       std::thread([&manager, searches = options.searches, tick_interval = options.tick_interval] {
@@ -97,6 +98,23 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   // Null when Start failed to listen: the server never ran.
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now() + grace));
   if (ticker_.joinable()) ticker_.join();
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartStandbyHealth(const std::string& listen,
+                                                                 int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  int bound = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (port != nullptr) *port = bound;
+  if (server == nullptr || bound == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  server->GetHealthCheckService()->SetServingStatus(false);
+  server->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
+  return server;
 }
 
 }  // namespace trainyard

@@ -74,6 +74,17 @@ class CoordinatorServer {
   bool shut_down_ = false;
 };
 
+// The health service a coordinator serves on --health_listen: the whole server ("") SERVING while
+// it leads and serves, NOT_SERVING while it stands by (so that a readiness probe sends clients to
+// the leader only); "liveness" SERVING in both (the process is well, whatever its role).
+inline constexpr char kLivenessService[] = "liveness";
+
+// A standby's health server on `listen` (plaintext; the port bound in `port`): "" NOT_SERVING,
+// "liveness" SERVING.
+// UNAVAILABLE when it cannot listen there.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartStandbyHealth(const std::string& listen,
+                                                                 int* port = nullptr);
+
 }  // namespace trainyard
 
 #endif  // TRAINYARD_SERVER_COORDINATOR_SERVER_H_

@@ -311,10 +311,24 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
   options.application_name = absl::StrCat("trainyard-coordinator ", holder).substr(0, 63);
   LogInfo("store: PostgreSQL at ", pg::RedactConninfo(store), " as ", holder, "; waiting to lead");
   const auto waited = std::chrono::steady_clock::now();
+  // Probes see a standby alive but not ready: the readiness probe keeps clients on the leader.
+  std::unique_ptr<grpc::Server> standby_health;
+  if (const std::string health = absl::GetFlag(FLAGS_health_listen); !health.empty()) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> started = StartStandbyHealth(health);
+    if (!started.ok()) {
+      LogError("--health_listen: ", started.status().message());
+      return std::nullopt;
+    }
+    standby_health = *std::move(started);
+  }
   if (!WaitToLead(*stores.lease, std::min(lease_length / 6, absl::Milliseconds(500)),
                   SignalWithin)) {
     *stopped = true;
     return std::nullopt;
+  }
+  if (standby_health != nullptr) {
+    standby_health->Shutdown();  // the leader's own health server takes the port
+    standby_health.reset();
   }
   const LeaseFence fence = stores.lease->fence();
   LogInfo("leading (lease token ", fence.token, ") after ", SecondsSince(waited), " s standing by");

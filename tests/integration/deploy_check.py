@@ -2,7 +2,8 @@
 """Checks the files in deploy/ with the real tools where this machine has them.
 
 - promtool: check config (both scrape configurations), check rules, test rules;
-- kubectl kustomize on deploy/kubernetes, and the structure of what it renders;
+- kubectl kustomize on deploy/kubernetes, and the structure of what it renders; the same for
+  the two-coordinator overlays (deploy/kubernetes-ha, deploy/kubernetes-ha-try-postgres);
 - yamllint on deploy/ (a python3-yaml check with duplicate keys, tabs and trailing spaces when
   yamllint is missing);
 - the Dockerfile's targets are the ones documented in docs/operations.md;
@@ -184,6 +185,46 @@ def check_kubernetes(deploy):
           "the ServiceMonitor must honour labels (per-job series carry `job`)")
 
 
+def check_kubernetes_ha(deploy):
+    """The two-coordinator overlay: two replicas started together on PostgreSQL, the Service's
+    readiness on the leader alone, the standby kept alive."""
+    kubectl = shutil.which("kubectl")
+    for overlay in ["kubernetes-ha", "kubernetes-ha-try-postgres"]:
+        path = os.path.join(deploy, overlay)
+        if kubectl is None:
+            print(f"note: no kubectl here; {overlay} not rendered")
+            return
+        code, out = run([kubectl, "kustomize", path])
+        if not check(code == 0, f"kubectl kustomize {path}:\n{out}"):
+            continue
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        sts = next(d for d in docs if d["kind"] == "StatefulSet"
+                   and d["metadata"]["name"] == "trainyard-coordinator")
+        check(sts["spec"]["replicas"] == 2, f"{overlay}: the coordinators are not two")
+        check(sts["spec"].get("podManagementPolicy") == "Parallel",
+              f"{overlay}: the standby would wait for the leader to be ready")
+        coordinator = sts["spec"]["template"]["spec"]["containers"][0]
+        args = dict(a.split("=", 1) for a in coordinator["args"] if "=" in a)
+        env = {e["name"]: e for e in coordinator.get("env", [])}
+        check(args.get("--store") == "$(TRAINYARD_STORE)" and "TRAINYARD_STORE" in env,
+              f"{overlay}: --store does not come from the Secret")
+        check("PGPASSWORD" in env and "secretKeyRef" in env["PGPASSWORD"].get("valueFrom", {}),
+              f"{overlay}: the database password does not come from a Secret")
+        check("service" not in coordinator["readinessProbe"]["grpc"],
+              f"{overlay}: readiness must ask for the whole server (only the leader serves)")
+        for probe in ["startupProbe", "livenessProbe"]:
+            check(coordinator[probe]["grpc"].get("service") == "liveness",
+                  f"{overlay}: {probe} would restart the standby")
+        secrets = [d for d in docs if d["kind"] == "Secret"
+                   and d["metadata"]["name"] == "trainyard-postgres"]
+        check(len(secrets) == 1 and "uri" in secrets[0].get("stringData", {}),
+              f"{overlay}: no Secret trainyard-postgres with a uri")
+    try_docs = [d for d in yaml.safe_load_all(run([kubectl, "kustomize", os.path.join(
+        deploy, "kubernetes-ha-try-postgres")])[1]) if d]
+    check(any(d["kind"] == "StatefulSet" and d["metadata"]["name"] == "trainyard-postgres"
+              for d in try_docs), "kubernetes-ha-try-postgres has no PostgreSQL")
+
+
 def check_yaml(deploy):
     files = list(yaml_files(deploy))
     yamllint = shutil.which("yamllint")
@@ -252,6 +293,7 @@ def main():
     deploy = os.path.join(source, "deploy")
     check_prometheus(deploy)
     check_kubernetes(deploy)
+    check_kubernetes_ha(deploy)
     check_yaml(deploy)
     check_dockerfile(source, deploy)
     check_grafana(deploy)

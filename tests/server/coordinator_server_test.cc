@@ -226,14 +226,20 @@ TEST_F(CoordinatorServerTest, SubmittedJobReachesASyncingWorker) {
   EXPECT_EQ(update.job().state(), v1::CANCELLED);
 }
 
-// grpc.health.v1.Health/Check through `channel`: its status and response bytes.
-std::pair<grpc::Status, std::string> HealthCheck(std::shared_ptr<grpc::Channel> channel) {
+// grpc.health.v1.Health/Check of `service` ("": the whole server) through `channel`: its status
+// and response bytes.
+std::pair<grpc::Status, std::string> HealthCheck(std::shared_ptr<grpc::Channel> channel,
+                                                 const std::string& service = "") {
+  // HealthCheckRequest{service: 1}.
+  const std::string request =
+      service.empty() ? std::string()
+                      : std::string("\x0a") + static_cast<char>(service.size()) + service;
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   auto call =
-      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", ToBuffer(std::string()), &cq);
+      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", ToBuffer(request), &cq);
   call->StartCall();
   grpc::ByteBuffer response;
   grpc::Status status;
@@ -258,6 +264,9 @@ TEST_F(CoordinatorServerTest, ServesHealth) {
   std::tie(status, response) = HealthCheck(probe);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response, std::string("\x08\x01", 2));
+  std::tie(status, response) = HealthCheck(probe, kLivenessService);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response, std::string("\x08\x01", 2));
   v1::ListJobsResponse listed;
   grpc::ClientContext context;
   context.AddMetadata("authorization", "Bearer " + admin_token_);
@@ -265,6 +274,23 @@ TEST_F(CoordinatorServerTest, ServesHealth) {
                 ->ListJobs(&context, v1::ListJobsRequest(), &listed)
                 .error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// A standby (PostgreSQL store, another coordinator leads) is alive but not ready: probes keep
+// clients on the leader without restarting the standby.
+TEST(StandbyHealthTest, AliveButNotServing) {
+  int port = 0;
+  auto standby = StartStandbyHealth("127.0.0.1:0", &port);
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  auto probe =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto [status, response] = HealthCheck(probe);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response, std::string("\x08\x02", 2));  // NOT_SERVING
+  std::tie(status, response) = HealthCheck(probe, kLivenessService);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response, std::string("\x08\x01", 2));  // SERVING
+  EXPECT_EQ(StartStandbyHealth("256.0.0.1:1").status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(CoordinatorServerTest, ServesReflection) {
