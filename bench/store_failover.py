@@ -1,14 +1,14 @@
 """Coordinators on PostgreSQL against SQLite: durable submissions/s with the same client, and the
 failover time of two coordinators sharing PostgreSQL.
 
-    python3 bench/store_failover.py BUILD_DIR [JOBS] [ROUNDS]
+    python3 bench/store_failover.py BUILD_DIR [JOBS] [ROUNDS] [QUEUED]
 
-Starts a PostgreSQL server of its own (Debian's binaries, a new cluster in a temporary folder,
+JOBS 0 skips the first part. Starts a PostgreSQL server of its own (Debian's binaries, a new cluster in a temporary folder,
 fsync on: every acknowledged submission durable, as SQLite's synchronous=FULL), then
   1. submissions: a fresh coordinator on SQLite and one on PostgreSQL, alternately, ROUNDS times
      each, each loaded by coordinator_load (8 clients, JOBS submissions);
-  2. failover: two coordinators on PostgreSQL (--leader_lease=3s, the default), the leader killed
-     (SIGKILL) ROUNDS times: kill -> the standby takes the lease (its log's "leading" line) ->
+  2. failover: two coordinators on PostgreSQL (--leader_lease=3s, the default), QUEUED jobs
+     (default 10,000) waiting in it (no workers), the leader killed (SIGKILL) ROUNDS times: kill -> the standby takes the lease (its log's "leading" line) ->
      it serves (its port file) -> the first submission acknowledged through the list of both
      (the CLI, retried), each killed coordinator started again as the next standby.
 Needs cmake --build BUILD_DIR --target coordinator_load trainyard-coordinator trainyard.
@@ -105,7 +105,7 @@ def log_time(path, text, after):
     return None
 
 
-def failover(build, uri, rounds):
+def failover(build, uri, rounds, queued):
     root = tempfile.mkdtemp(prefix="store_failover.")
     ports = [free_port(), free_port()]
     addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -139,6 +139,9 @@ def failover(build, uri, rounds):
         start(1)
         while leader() is None:
             time.sleep(0.05)
+        if queued:
+            load(build, "submit", f"--coordinator={addresses}", f"--token_file={token_file}",
+                 "--threads=8", f"--jobs={queued}", f"--window={queued}")
         for _ in range(rounds):
             old = leader()
             new = 1 - old
@@ -157,9 +160,12 @@ def failover(build, uri, rounds):
             acknowledged = time.monotonic() - t0
             led = log_time(f"{root}/coordinator-{new}.log", "leading (lease token", killed_at)
             lease = (led - killed_at).total_seconds() if led else float("nan")
-            results.append((lease, serving, acknowledged))
+            listening = log_time(f"{root}/coordinator-{new}.log", "listening on", killed_at)
+            loading = (listening - led).total_seconds() if led and listening else float("nan")
+            results.append((lease, serving, acknowledged, loading))
             print(f"round {len(results)}: lease taken {lease:.2f} s, serving {serving:.2f} s, "
-                  f"first submission acknowledged {acknowledged:.2f} s", flush=True)
+                  f"first submission acknowledged {acknowledged:.2f} s (lease to listening, "
+                  f"the state loaded: {loading:.2f} s)", flush=True)
             start(old)  # the next standby
             time.sleep(1)  # let it reach the database before the next kill
     finally:
@@ -177,19 +183,24 @@ def main():
     build = sys.argv[1]
     jobs = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+    queued = int(sys.argv[4]) if len(sys.argv) > 4 else 10000
     with Postgres() as pg:
         sqlite, postgres = [], []
-        for r in range(rounds):
+        for r in range(rounds if jobs > 0 else 0):
             sqlite.append(submissions_per_second(build, jobs))
             postgres.append(submissions_per_second(build, jobs, f"--store={pg.database(f'load_{r}')}"))
             print(f"round {r + 1}: SQLite {sqlite[-1]:.0f}, PostgreSQL {postgres[-1]:.0f} "
                   "durable submissions/s", flush=True)
-        print(f"submissions/s, median of {rounds}: SQLite {statistics.median(sqlite):.0f} "
-              f"({min(sqlite):.0f} to {max(sqlite):.0f}), PostgreSQL "
-              f"{statistics.median(postgres):.0f} ({min(postgres):.0f} to {max(postgres):.0f}); "
-              f"PostgreSQL / SQLite {statistics.median(postgres) / statistics.median(sqlite):.2f}")
-        results = failover(build, pg.database("failover"), rounds)
-        for name, column in (("lease taken", 0), ("serving", 1), ("first acknowledged", 2)):
+        if sqlite:
+            print(f"submissions/s, median of {rounds}: SQLite {statistics.median(sqlite):.0f} "
+                  f"({min(sqlite):.0f} to {max(sqlite):.0f}), PostgreSQL "
+                  f"{statistics.median(postgres):.0f} ({min(postgres):.0f} to "
+                  f"{max(postgres):.0f}); PostgreSQL / SQLite "
+                  f"{statistics.median(postgres) / statistics.median(sqlite):.2f}")
+        results = failover(build, pg.database("failover"), rounds, queued)
+        print(f"with {queued} jobs queued:")
+        for name, column in (("lease taken", 0), ("serving", 1), ("first acknowledged", 2),
+                             ("lease taken -> listening (state loaded)", 3)):
             values = [r[column] for r in results]
             print(f"kill -9 -> {name}: median {statistics.median(values):.2f} s "
                   f"({min(values):.2f} to {max(values):.2f})")

@@ -17,6 +17,7 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -393,14 +394,23 @@ int Run() {
   std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   if (checkpoint_root.empty()) checkpoint_root = absl::StrCat("file://", abs_state, "/checkpoints");
 
+  // Created before the manager, which reports events to it; served from the start, a standby's
+  // with trainyard_coordinator_leader 0 and no cluster gauges.
+  auto metrics = std::make_shared<CoordinatorMetrics>();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server = StartDaemonMetrics(
+      DaemonMetricsFlagsFromCommandLine(absl::GetFlag(FLAGS_metrics_listen), kDefaultMetricsListen),
+      metrics);
+  if (!metrics_server.ok()) {
+    LogError(metrics_server.status().message());
+    return 1;
+  }
   bool stopped = false;
   std::optional<StateStores> stores = OpenStores(abs_state, &stopped);
   if (!stores.has_value()) {
     if (stopped) LogInfo("stopped while standing by");
     return stopped ? 0 : 1;
   }
-  // Created before the manager, which reports events to it, and served after it exists.
-  auto metrics = std::make_shared<CoordinatorMetrics>();
+  metrics->SetLeader(true);
   JobManagerOptions options;
   options.event_sink = metrics.get();
   options.checkpoint_root = checkpoint_root;
@@ -520,13 +530,8 @@ int Run() {
     snap.searches = searches_ptr->MetricsSnapshot();
     return snap;
   });
-  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server = StartDaemonMetrics(
-      DaemonMetricsFlagsFromCommandLine(absl::GetFlag(FLAGS_metrics_listen), kDefaultMetricsListen),
-      metrics);
-  if (!metrics_server.ok()) {
-    LogError(metrics_server.status().message());
-    return 1;
-  }
+  // Scrapes stop reading the manager and the searches before they go, on every way out.
+  absl::Cleanup no_snapshots = [&metrics] { metrics->SetSnapshotSource(nullptr); };
   const std::string listen = absl::GetFlag(FLAGS_listen);
   ServerTls tls;
   tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
@@ -581,7 +586,7 @@ int Run() {
   LogInfo("signal ", signal_number, ": shutting down");
   (*server)->Shutdown(absl::Seconds(5));
   server->reset();
-  metrics_server->reset();  // scrapes read the manager
+  std::move(no_snapshots).Invoke();
   searches->reset();
   manager->reset();  // flushes progress, closes the database
   if (stores->lease != nullptr) {

@@ -139,6 +139,12 @@ CoordinatorMetrics::CoordinatorMetrics()
                          .Help("Ranks (role=rank) and parameter-server shards (role=shard) "
                                "killed for going over their memory limit.")
                          .Register(*registry_)),
+      leader_(prometheus::BuildGauge()
+                  .Name("trainyard_coordinator_leader")
+                  .Help("1 while this coordinator leads (always, on SQLite), 0 while it stands "
+                        "by for the leader of a PostgreSQL store.")
+                  .Register(*registry_)
+                  .Add({})),
       steps_lost_(prometheus::BuildCounter()
                       .Name("trainyard_restart_lost_steps_total")
                       .Help("Steps trained but not committed when a job restarted: work to "
@@ -189,6 +195,8 @@ void CoordinatorMetrics::SetSnapshotSource(std::function<ClusterMetricsSnapshot(
   absl::MutexLock lock(&mu_);
   source_ = std::move(source);
 }
+
+void CoordinatorMetrics::SetLeader(bool leading) { leader_.Set(leading ? 1 : 0); }
 
 void CoordinatorMetrics::OnJobSubmitted(const v1::Job& job) { submissions_.Increment(); }
 

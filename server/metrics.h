@@ -17,6 +17,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
@@ -39,6 +40,8 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
   // Where the gauges come from; until set, Collect returns the counters and histograms only.
   // `source` is called on the scraping thread without any of this class's locks held.
   void SetSnapshotSource(std::function<ClusterMetricsSnapshot()> source);
+  // Whether this coordinator leads (trainyard_coordinator_leader); 0 until set.
+  void SetLeader(bool leading);
 
   // JobEventSink.
   void OnJobSubmitted(const trainyard::v1::Job& job) override;
@@ -77,6 +80,7 @@ class CoordinatorMetrics final : public JobEventSink, public prometheus::Collect
   prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Family<prometheus::Counter>& preemptions_;
   prometheus::Family<prometheus::Counter>& out_of_memory_;
+  prometheus::Gauge& leader_;
   prometheus::Counter& steps_lost_;
   prometheus::Histogram& recovery_;
   prometheus::Family<prometheus::Histogram>& recovery_phases_;

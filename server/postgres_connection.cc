@@ -36,6 +36,11 @@ absl::Status StatementError(const PGresult* r, absl::string_view sql) {
                    code.empty() ? "no SQLSTATE" : code, ") in '", sql.substr(0, 80),
                    sql.size() > 80 ? "...'" : "'");
   if (code == "23505") return absl::AlreadyExistsError(message);
+  // Raised by trainyard_fence() (postgres_job_store.cc): the writer no longer leads.
+  if (code == "TY001") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("postgres: ", Trimmed(PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY))));
+  }
   // 08: connection exceptions; 40001 serialization failure, 40P01 deadlock; 53: insufficient
   // resources (too many connections, disk full); 57P: the server shutting down or restarting;
   // 55P03 lock not available (lock_timeout); 57014 a statement cancelled (statement_timeout).
@@ -226,75 +231,139 @@ absl::Status Connection::Connect() {
                           "; SET lock_timeout = ", timeout_ms));
 }
 
-absl::Status Connection::SendAndWait(absl::string_view sql, const Params& params, Result* out) {
-  if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
-    if (in_transaction_) {
-      in_transaction_ = false;
-      return absl::UnavailableError("postgres: the connection was lost during a transaction");
-    }
-    if (absl::Status s = Connect(); !s.ok()) return s;
-  }
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  const std::string query(sql);
-  int sent;
-  if (params.size() == 0 && out == nullptr) {
-    sent = PQsendQuery(conn_, query.c_str());  // may hold several statements
-  } else {
-    std::vector<const char*> values;
-    std::vector<int> lengths;
-    for (const std::string& v : params.values_) {
-      values.push_back(v.data());
-      lengths.push_back(static_cast<int>(v.size()));
-    }
-    sent = PQsendQueryParams(conn_, query.c_str(), params.size(), nullptr, values.data(),
-                             lengths.data(), params.formats_.data(), /*resultFormat=*/1);
-  }
-  auto lost = [&](absl::string_view why) {
-    absl::Status s =
-        absl::UnavailableError(absl::StrCat("postgres: ", why, " in '", sql.substr(0, 80), "'"));
-    PQfinish(conn_);
-    conn_ = nullptr;
+absl::Status Connection::EnsureConnected() {
+  if (conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
+  if (in_transaction_) {
     in_transaction_ = false;
-    return s;
-  };
-  if (sent == 0) return lost(Trimmed(PQerrorMessage(conn_)));
-  // Waits until the socket is ready for `events` or the deadline passes.
-  auto wait = [&](short events) -> bool {
-    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left <= 0) return false;
-    pollfd p = {PQsocket(conn_), events, 0};
-    int rc;
-    while ((rc = poll(&p, 1, static_cast<int>(left))) < 0 && errno == EINTR) {
-    }
-    return rc > 0;
-  };
-  for (int rc; (rc = PQflush(conn_)) != 0;) {
-    if (rc < 0) return lost(Trimmed(PQerrorMessage(conn_)));
-    if (!wait(POLLIN | POLLOUT)) return lost("no answer from the database in time");
-    if (PQconsumeInput(conn_) == 0) return lost(Trimmed(PQerrorMessage(conn_)));
+    return absl::UnavailableError("postgres: the connection was lost during a transaction");
   }
+  return Connect();
+}
+
+absl::Status Connection::Lost(absl::string_view why, absl::string_view sql) {
+  absl::Status s =
+      absl::UnavailableError(absl::StrCat("postgres: ", why, " in '", sql.substr(0, 80), "'"));
+  PQfinish(conn_);
+  conn_ = nullptr;
+  in_transaction_ = false;
+  return s;
+}
+
+bool Connection::WaitFor(short events, absl::Time deadline) {
+  const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+  if (left <= 0) return false;
+  pollfd p = {PQsocket(conn_), events, 0};
+  int rc;
+  while ((rc = poll(&p, 1, static_cast<int>(left))) < 0 && errno == EINTR) {
+  }
+  return rc > 0;
+}
+
+int Connection::SendParams(absl::string_view sql, const Params& params) {
+  const std::string query(sql);
+  std::vector<const char*> values;
+  std::vector<int> lengths;
+  for (const std::string& v : params.values_) {
+    values.push_back(v.data());
+    lengths.push_back(static_cast<int>(v.size()));
+  }
+  return PQsendQueryParams(conn_, query.c_str(), params.size(), nullptr, values.data(),
+                           lengths.data(), params.formats_.data(), /*resultFormat=*/1);
+}
+
+absl::Status Connection::Flush(absl::Time deadline, absl::string_view sql) {
+  // Reading while sending: a server whose answers nobody reads stops reading in turn.
+  for (int rc; (rc = PQflush(conn_)) != 0;) {
+    if (rc < 0) return Lost(Trimmed(PQerrorMessage(conn_)), sql);
+    if (!WaitFor(POLLIN | POLLOUT, deadline))
+      return Lost("no answer from the database in time", sql);
+    if (PQconsumeInput(conn_) == 0) return Lost(Trimmed(PQerrorMessage(conn_)), sql);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pg_result*> Connection::NextResult(absl::Time deadline, absl::string_view sql) {
+  while (PQisBusy(conn_)) {
+    if (!WaitFor(POLLIN, deadline)) return Lost("no answer from the database in time", sql);
+    if (PQconsumeInput(conn_) == 0) return Lost(Trimmed(PQerrorMessage(conn_)), sql);
+  }
+  return PQgetResult(conn_);
+}
+
+absl::Status Connection::SendAndWait(absl::string_view sql, const Params& params, Result* out) {
+  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  const int sent = params.size() == 0 && out == nullptr
+                       ? PQsendQuery(conn_, std::string(sql).c_str())  // may hold several
+                       : SendParams(sql, params);
+  if (sent == 0) return Lost(Trimmed(PQerrorMessage(conn_)), sql);
+  if (absl::Status s = Flush(deadline, sql); !s.ok()) return s;
   absl::Status status;
   Result last;
   while (true) {
-    while (PQisBusy(conn_)) {
-      if (!wait(POLLIN)) return lost("no answer from the database in time");
-      if (PQconsumeInput(conn_) == 0) return lost(Trimmed(PQerrorMessage(conn_)));
-    }
-    PGresult* r = PQgetResult(conn_);
-    if (r == nullptr) break;
-    const ExecStatusType st = PQresultStatus(r);
+    absl::StatusOr<pg_result*> r = NextResult(deadline, sql);
+    if (!r.ok()) return r.status();
+    if (*r == nullptr) break;
+    const ExecStatusType st = PQresultStatus(*r);
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && status.ok()) {
-      status = StatementError(r, sql);
+      status = StatementError(*r, sql);
     }
-    last = Result(r);
+    last = Result(*r);
   }
   if (PQstatus(conn_) != CONNECTION_OK) {
-    absl::Status s = lost(Trimmed(PQerrorMessage(conn_)));
+    absl::Status s = Lost(Trimmed(PQerrorMessage(conn_)), sql);
     return status.ok() ? s : status;
   }
   if (!status.ok()) return status;
   if (out != nullptr) *out = std::move(last);
   return absl::OkStatus();
+}
+
+absl::Status Connection::RunTransaction(const std::vector<Statement>& statements) {
+  if (in_transaction_) return absl::FailedPreconditionError("a transaction is already open");
+  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::string_view what =
+      statements.empty() ? absl::string_view("COMMIT") : absl::string_view(statements[0].sql);
+  if (PQenterPipelineMode(conn_) == 0) return Lost(Trimmed(PQerrorMessage(conn_)), what);
+  // The statements, then a sync: statements between syncs are one implicit transaction, which
+  // commits at the sync; after a failure the server skips the rest and rolls it all back.
+  bool sent = true;
+  for (size_t i = 0; sent && i < statements.size(); ++i) {
+    sent = SendParams(statements[i].sql, statements[i].params) != 0;
+  }
+  sent = sent && PQpipelineSync(conn_) != 0;
+  if (!sent) return Lost(Trimmed(PQerrorMessage(conn_)), what);
+  if (absl::Status s = Flush(deadline, what); !s.ok()) return s;
+  absl::Status status;
+  // Each statement's results end with a null; the sync's result ends the pipeline.
+  for (size_t i = 0; i < statements.size();) {
+    absl::StatusOr<pg_result*> r = NextResult(deadline, what);
+    if (!r.ok()) return r.status();
+    if (*r == nullptr) {
+      ++i;
+      continue;
+    }
+    Result owned(*r);
+    if (PQresultStatus(*r) == PGRES_FATAL_ERROR && status.ok()) {
+      status = StatementError(*r, statements[i].sql);
+    }
+  }
+  for (int nulls = 0;;) {
+    absl::StatusOr<pg_result*> r = NextResult(deadline, what);
+    if (!r.ok()) return r.status();
+    if (*r == nullptr) {
+      if (++nulls > 1) return Lost("the pipeline's results ended without its sync", what);
+      continue;
+    }
+    Result owned(*r);
+    if (PQresultStatus(*r) == PGRES_PIPELINE_SYNC) break;
+  }
+  if (PQexitPipelineMode(conn_) == 0) {
+    absl::Status s = Lost(Trimmed(PQerrorMessage(conn_)), what);
+    return status.ok() ? s : status;
+  }
+  return status;
 }
 
 absl::StatusOr<Result> Connection::Exec(absl::string_view sql, const Params& params) {

@@ -101,6 +101,17 @@ class Connection {
   // Exec of statements whose results are not needed.
   absl::Status Run(absl::string_view sql, const Params& params = Params());
 
+  // One statement of a transaction.
+  struct Statement {
+    std::string sql;
+    Params params;
+  };
+  // Runs `statements` as one transaction in one round trip (libpq's pipeline mode, the statements
+  // then a sync: one implicit transaction that commits at the sync): all of them or none. Errors
+  // as Exec's, of the first statement that failed. A connection lost after the sync was sent
+  // leaves the outcome unknown (UNAVAILABLE, as for any lost connection).
+  absl::Status RunTransaction(const std::vector<Statement>& statements);
+
   // Opens a transaction (BEGIN with `mode`, e.g. "ISOLATION LEVEL REPEATABLE READ"); Commit and
   // Rollback close it. While one is open a lost connection is an error, never a silent reconnect.
   absl::Status Begin(absl::string_view mode = "");
@@ -114,6 +125,18 @@ class Connection {
  private:
   explicit Connection(ConnectOptions options) : options_(std::move(options)) {}
   absl::Status Connect();
+  // Connects again if the connection was lost outside a transaction.
+  absl::Status EnsureConnected();
+  // Drops the connection after it failed doing `sql`: UNAVAILABLE with `why`.
+  absl::Status Lost(absl::string_view why, absl::string_view sql);
+  // Waits until the socket is ready for `events`; false when `deadline` passes first.
+  bool WaitFor(short events, absl::Time deadline);
+  // Queues one statement with binary results (PQsendQueryParams); 0 on failure.
+  int SendParams(absl::string_view sql, const Params& params);
+  // Sends what libpq has queued, reading answers meanwhile.
+  absl::Status Flush(absl::Time deadline, absl::string_view sql);
+  // The next result (null at the end of a query's), waiting for it until `deadline`.
+  absl::StatusOr<pg_result*> NextResult(absl::Time deadline, absl::string_view sql);
   // Sends and waits for the results within the timeout; the last result in `out`.
   absl::Status SendAndWait(absl::string_view sql, const Params& params, Result* out);
 

@@ -56,6 +56,19 @@ CREATE TABLE IF NOT EXISTS leader(
   token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL);
 INSERT INTO leader(id, holder, address, token, expires_at)
   VALUES(1, '', '', 0, 'epoch') ON CONFLICT (id) DO NOTHING;
+-- The fence of a write: fails it (SQLSTATE TY001) unless the lease still names this holder and
+-- token and has not expired, and holds the lease row (FOR SHARE) until the write's transaction
+-- ends, so that a takeover waits for it. A function, so that the check and the write travel in
+-- one round trip (a failure aborts the rest of the transaction at the server).
+CREATE OR REPLACE FUNCTION trainyard_fence(h TEXT, t BIGINT) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM leader WHERE id = 1 AND holder = h AND token = t AND expires_at > now()
+    FOR SHARE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'this coordinator no longer holds the leader lease (token %): nothing written', t
+      USING ERRCODE = 'TY001';
+  END IF;
+END $$;
 )sql";
 
 // The migrations: kMigrations[v] takes the schema from version v to v + 1 (0: a new database).
@@ -127,213 +140,177 @@ absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(
   return std::unique_ptr<PostgresJobStore>(new PostgresJobStore(*std::move(db), std::move(fence)));
 }
 
-absl::Status PostgresJobStore::CheckFenceLocked() {
-  if (!fence_.has_value()) return absl::OkStatus();
-  absl::StatusOr<pg::Result> r = db_->Exec(
-      "SELECT 1 FROM leader WHERE id = 1 AND holder = $1 AND token = $2 AND expires_at > now() "
-      "FOR SHARE",
-      Params().Add(fence_->holder).Add(fence_->token));
-  if (!r.ok()) return r.status();
-  if (r->rows() == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("this coordinator no longer holds the leader lease (token ", fence_->token,
-                     "): nothing written"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status PostgresJobStore::Apply(const StoreMutation& mutation) {
   if (mutation.empty()) return absl::OkStatus();
+  std::vector<pg::Connection::Statement> statements;
+  if (fence_.has_value()) {
+    statements.push_back(
+        {"SELECT trainyard_fence($1, $2)", Params().Add(fence_->holder).Add(fence_->token)});
+  }
+  Writes(mutation, &statements);
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = db_->Begin(); !s.ok()) return s;
-  absl::Status s = CheckFenceLocked();
-  if (s.ok()) s = ApplyLocked(mutation);
-  if (s.ok()) s = db_->Commit();
-  if (!s.ok()) db_->Rollback();
-  return s;
+  return db_->RunTransaction(statements);
 }
 
-absl::Status PostgresJobStore::ApplyLocked(const StoreMutation& m) {
+void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection::Statement>* out) {
   for (const StoredJob& stored : m.jobs) {
     v1::Job row = stored.job;
     row.clear_events();
     row.clear_tasks();
     // An upsert on id: a clash on the unique seq fails rather than replacing the other job.
-    absl::Status s = db_->Run(
-        "INSERT INTO jobs(id, seq, state, job, finished_ms, owner) VALUES($1, $2, $3, $4, $5, $6) "
-        "ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, state = excluded.state, job = "
-        "excluded.job, finished_ms = excluded.finished_ms, owner = excluded.owner",
-        Params()
-            .Add(row.id())
-            .Add(stored.seq)
-            .Add(int64_t{row.state()})
-            .AddBlob(row.SerializeAsString())
-            .Add(row.finished_unix_ms())
-            .Add(row.owner()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO jobs(id, seq, state, job, finished_ms, owner) VALUES($1, $2, $3, $4, $5, $6) "
+         "ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, state = excluded.state, job = "
+         "excluded.job, finished_ms = excluded.finished_ms, owner = excluded.owner",
+         Params()
+             .Add(row.id())
+             .Add(stored.seq)
+             .Add(int64_t{row.state()})
+             .AddBlob(row.SerializeAsString())
+             .Add(row.finished_unix_ms())
+             .Add(row.owner())});
   }
   for (const auto& [job_id, event] : m.events) {
-    absl::Status s = db_->Run(
-        "INSERT INTO events(job_id, time_ms, from_state, to_state, reason) VALUES($1, $2, $3, $4, "
-        "$5)",
-        Params()
-            .Add(job_id)
-            .Add(event.time_unix_ms())
-            .Add(int64_t{event.from()})
-            .Add(int64_t{event.to()})
-            .Add(event.reason()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO events(job_id, time_ms, from_state, to_state, reason) VALUES($1, $2, $3, $4, "
+         "$5)",
+         Params()
+             .Add(job_id)
+             .Add(event.time_unix_ms())
+             .Add(int64_t{event.from()})
+             .Add(int64_t{event.to()})
+             .Add(event.reason())});
   }
   for (const auto& [job_id, task] : m.tasks) {
-    absl::Status s = db_->Run(
-        "INSERT INTO tasks(task_id, job_id, generation, rank, worker_id, state, exit_code, "
-        "signal, message, role, shard, stop_deadline_ms, out_of_memory, memory_limit, "
-        "memory_peak) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) "
-        "ON CONFLICT (task_id) DO UPDATE SET job_id = excluded.job_id, generation = "
-        "excluded.generation, rank = excluded.rank, worker_id = excluded.worker_id, state = "
-        "excluded.state, exit_code = excluded.exit_code, signal = excluded.signal, message = "
-        "excluded.message, role = excluded.role, shard = excluded.shard, stop_deadline_ms = "
-        "excluded.stop_deadline_ms, out_of_memory = excluded.out_of_memory, memory_limit = "
-        "excluded.memory_limit, memory_peak = excluded.memory_peak",
-        Params()
-            .Add(task.task_id())
-            .Add(job_id)
-            .Add(task.generation())
-            .Add(int64_t{task.rank()})
-            .Add(task.worker_id())
-            .Add(int64_t{task.state()})
-            .Add(int64_t{task.exit_code()})
-            .Add(int64_t{task.signal()})
-            .Add(task.message())
-            .Add(int64_t{task.role()})
-            .Add(int64_t{task.shard()})
-            .Add(task.stop_deadline_unix_ms())
-            .Add(int64_t{task.out_of_memory() ? 1 : 0})
-            .Add(task.memory_limit_bytes())
-            .Add(task.memory_peak_bytes()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO tasks(task_id, job_id, generation, rank, worker_id, state, exit_code, "
+         "signal, message, role, shard, stop_deadline_ms, out_of_memory, memory_limit, "
+         "memory_peak) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) "
+         "ON CONFLICT (task_id) DO UPDATE SET job_id = excluded.job_id, generation = "
+         "excluded.generation, rank = excluded.rank, worker_id = excluded.worker_id, state = "
+         "excluded.state, exit_code = excluded.exit_code, signal = excluded.signal, message = "
+         "excluded.message, role = excluded.role, shard = excluded.shard, stop_deadline_ms = "
+         "excluded.stop_deadline_ms, out_of_memory = excluded.out_of_memory, memory_limit = "
+         "excluded.memory_limit, memory_peak = excluded.memory_peak",
+         Params()
+             .Add(task.task_id())
+             .Add(job_id)
+             .Add(task.generation())
+             .Add(int64_t{task.rank()})
+             .Add(task.worker_id())
+             .Add(int64_t{task.state()})
+             .Add(int64_t{task.exit_code()})
+             .Add(int64_t{task.signal()})
+             .Add(task.message())
+             .Add(int64_t{task.role()})
+             .Add(int64_t{task.shard()})
+             .Add(task.stop_deadline_unix_ms())
+             .Add(int64_t{task.out_of_memory() ? 1 : 0})
+             .Add(task.memory_limit_bytes())
+             .Add(task.memory_peak_bytes())});
   }
   for (const v1::Worker& worker : m.workers) {
-    absl::Status s = db_->Run(
-        "INSERT INTO workers(id, worker) VALUES($1, $2) ON CONFLICT (id) DO UPDATE SET worker = "
-        "excluded.worker",
-        Params().Add(worker.id()).AddBlob(worker.SerializeAsString()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO workers(id, worker) VALUES($1, $2) ON CONFLICT (id) DO UPDATE SET worker = "
+         "excluded.worker",
+         Params().Add(worker.id()).AddBlob(worker.SerializeAsString())});
   }
   for (const StoredCheckpoint& c : m.checkpoints) {
-    absl::Status s = db_->Run(
-        "INSERT INTO checkpoints(job_id, step, uri, size_bytes, created_ms, generation, retired, "
-        "retired_by) VALUES($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (job_id, step) DO UPDATE "
-        "SET uri = excluded.uri, size_bytes = excluded.size_bytes, created_ms = "
-        "excluded.created_ms, generation = excluded.generation, retired = excluded.retired, "
-        "retired_by = excluded.retired_by",
-        Params()
-            .Add(c.checkpoint.job_id())
-            .Add(c.checkpoint.step())
-            .Add(c.checkpoint.uri())
-            .Add(c.checkpoint.size_bytes())
-            .Add(c.checkpoint.created_unix_ms())
-            .Add(c.checkpoint.generation())
-            .Add(int64_t{c.retired ? 1 : 0})
-            .Add(c.retired_by_step));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO checkpoints(job_id, step, uri, size_bytes, created_ms, generation, retired, "
+         "retired_by) VALUES($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (job_id, step) DO UPDATE "
+         "SET uri = excluded.uri, size_bytes = excluded.size_bytes, created_ms = "
+         "excluded.created_ms, generation = excluded.generation, retired = excluded.retired, "
+         "retired_by = excluded.retired_by",
+         Params()
+             .Add(c.checkpoint.job_id())
+             .Add(c.checkpoint.step())
+             .Add(c.checkpoint.uri())
+             .Add(c.checkpoint.size_bytes())
+             .Add(c.checkpoint.created_unix_ms())
+             .Add(c.checkpoint.generation())
+             .Add(int64_t{c.retired ? 1 : 0})
+             .Add(c.retired_by_step)});
   }
   for (const auto& [job_id, progress] : m.progress) {
-    absl::Status s = db_->Run(
-        "INSERT INTO progress(job_id, progress) VALUES($1, $2) ON CONFLICT (job_id) DO UPDATE "
-        "SET progress = excluded.progress",
-        Params().Add(job_id).AddBlob(progress.SerializeAsString()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO progress(job_id, progress) VALUES($1, $2) ON CONFLICT (job_id) DO UPDATE "
+         "SET progress = excluded.progress",
+         Params().Add(job_id).AddBlob(progress.SerializeAsString())});
   }
   if (m.next_job_seq.has_value()) {
-    absl::Status s = db_->Run(
-        "INSERT INTO meta(key, value) VALUES('next_job_seq', $1) ON CONFLICT (key) DO UPDATE SET "
-        "value = excluded.value",
-        Params().Add(absl::StrCat(*m.next_job_seq)));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO meta(key, value) VALUES('next_job_seq', $1) ON CONFLICT (key) DO UPDATE SET "
+         "value = excluded.value",
+         Params().Add(absl::StrCat(*m.next_job_seq))});
   }
   for (const StoreMutation::EventTrim& trim : m.trimmed_events) {
-    absl::Status s = db_->Run(
-        "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE job_id = $1 ORDER BY id "
-        "LIMIT $2 OFFSET $3)",
-        Params().Add(trim.job_id).Add(int64_t{trim.count}).Add(int64_t{trim.keep_first}));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"DELETE FROM events WHERE id IN (SELECT id FROM events WHERE job_id = $1 ORDER BY id "
+         "LIMIT $2 OFFSET $3)",
+         Params().Add(trim.job_id).Add(int64_t{trim.count}).Add(int64_t{trim.keep_first})});
   }
   for (const StoredToken& t : m.tokens) {
-    absl::Status s = db_->Run(
-        "INSERT INTO tokens(id, name, role, hash, created_ms, expires_ms, revoked_ms, "
-        "created_by, revoked_by) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO "
-        "UPDATE SET name = excluded.name, role = excluded.role, hash = excluded.hash, "
-        "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, revoked_ms = "
-        "excluded.revoked_ms, created_by = excluded.created_by, revoked_by = excluded.revoked_by",
-        Params()
-            .Add(t.id)
-            .Add(t.name)
-            .Add(t.role)
-            .Add(t.hash)
-            .Add(t.created_unix_ms)
-            .Add(t.expires_unix_ms)
-            .Add(t.revoked_unix_ms)
-            .Add(t.created_by)
-            .Add(t.revoked_by));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO tokens(id, name, role, hash, created_ms, expires_ms, revoked_ms, "
+         "created_by, revoked_by) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO "
+         "UPDATE SET name = excluded.name, role = excluded.role, hash = excluded.hash, "
+         "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, revoked_ms = "
+         "excluded.revoked_ms, created_by = excluded.created_by, revoked_by = excluded.revoked_by",
+         Params()
+             .Add(t.id)
+             .Add(t.name)
+             .Add(t.role)
+             .Add(t.hash)
+             .Add(t.created_unix_ms)
+             .Add(t.expires_unix_ms)
+             .Add(t.revoked_unix_ms)
+             .Add(t.created_by)
+             .Add(t.revoked_by)});
   }
   for (const StoredSearch& stored : m.searches) {
     v1::Search row = stored.search;
     row.clear_trials();
-    absl::Status s = db_->Run(
-        "INSERT INTO searches(id, seq, state, search) VALUES($1, $2, $3, $4) ON CONFLICT (id) DO "
-        "UPDATE SET seq = excluded.seq, state = excluded.state, search = excluded.search",
-        Params()
-            .Add(row.id())
-            .Add(stored.seq)
-            .Add(int64_t{row.state()})
-            .AddBlob(row.SerializeAsString()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO searches(id, seq, state, search) VALUES($1, $2, $3, $4) ON CONFLICT (id) DO "
+         "UPDATE SET seq = excluded.seq, state = excluded.state, search = excluded.search",
+         Params()
+             .Add(row.id())
+             .Add(stored.seq)
+             .Add(int64_t{row.state()})
+             .AddBlob(row.SerializeAsString())});
   }
   for (const auto& [search_id, trial] : m.trials) {
-    absl::Status s = db_->Run(
-        "INSERT INTO trials(search_id, number, trial) VALUES($1, $2, $3) ON CONFLICT (search_id, "
-        "number) DO UPDATE SET trial = excluded.trial",
-        Params().Add(search_id).Add(int64_t{trial.number()}).AddBlob(trial.SerializeAsString()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO trials(search_id, number, trial) VALUES($1, $2, $3) ON CONFLICT (search_id, "
+         "number) DO UPDATE SET trial = excluded.trial",
+         Params().Add(search_id).Add(int64_t{trial.number()}).AddBlob(trial.SerializeAsString())});
   }
   for (v1::Queue queue : m.queues) {
     queue.clear_status();
-    absl::Status s = db_->Run(
-        "INSERT INTO queues(name, queue) VALUES($1, $2) ON CONFLICT (name) DO UPDATE SET queue = "
-        "excluded.queue",
-        Params().Add(queue.name()).AddBlob(queue.SerializeAsString()));
-    if (!s.ok()) return s;
+    out->push_back(
+        {"INSERT INTO queues(name, queue) VALUES($1, $2) ON CONFLICT (name) DO UPDATE SET queue = "
+         "excluded.queue",
+         Params().Add(queue.name()).AddBlob(queue.SerializeAsString())});
   }
   for (const std::string& name : m.removed_queues) {
-    if (absl::Status s = db_->Run("DELETE FROM queues WHERE name = $1", Params().Add(name));
-        !s.ok()) {
-      return s;
-    }
+    out->push_back({"DELETE FROM queues WHERE name = $1", Params().Add(name)});
   }
   for (const auto& [job_id, step] : m.removed_checkpoints) {
-    if (absl::Status s = db_->Run("DELETE FROM checkpoints WHERE job_id = $1 AND step = $2",
-                                  Params().Add(job_id).Add(step));
-        !s.ok()) {
-      return s;
-    }
+    out->push_back({"DELETE FROM checkpoints WHERE job_id = $1 AND step = $2",
+                    Params().Add(job_id).Add(step)});
   }
   for (const std::string& job_id : m.removed_jobs) {
     for (const char* sql :
          {"DELETE FROM events WHERE job_id = $1", "DELETE FROM tasks WHERE job_id = $1",
           "DELETE FROM checkpoints WHERE job_id = $1", "DELETE FROM progress WHERE job_id = $1",
           "DELETE FROM jobs WHERE id = $1"}) {
-      if (absl::Status s = db_->Run(sql, Params().Add(job_id)); !s.ok()) return s;
+      out->push_back({sql, Params().Add(job_id)});
     }
   }
   for (const std::string& worker_id : m.removed_workers) {
-    if (absl::Status s = db_->Run("DELETE FROM workers WHERE id = $1", Params().Add(worker_id));
-        !s.ok()) {
-      return s;
-    }
+    out->push_back({"DELETE FROM workers WHERE id = $1", Params().Add(worker_id)});
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> PostgresJobStore::SharedSecret(

@@ -42,7 +42,8 @@ absl::Status EnsurePostgresSchema(pg::Connection& db);
 // With a fence, every Apply checks in its own transaction that the lease row still names the
 // fence's holder and token and has not expired, holding the row (FOR SHARE) until it commits: a
 // coordinator deposed, or cut off past its lease, writes nothing (FAILED_PRECONDITION), and a new
-// leader's takeover waits for a write in flight to end. Loads read one snapshot (REPEATABLE
+// leader's takeover waits for a write in flight to end. An Apply is one round trip to the
+// database (the check, the writes and the commit pipelined). Loads read one snapshot (REPEATABLE
 // READ). Thread-safe (one connection behind a mutex).
 class PostgresJobStore final : public JobStore {
  public:
@@ -76,8 +77,8 @@ class PostgresJobStore final : public JobStore {
  private:
   PostgresJobStore(std::unique_ptr<pg::Connection> db, std::optional<LeaseFence> fence)
       : db_(std::move(db)), fence_(std::move(fence)) {}
-  absl::Status CheckFenceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplyLocked(const StoreMutation& mutation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The statements that write `mutation`, in the order Apply promises.
+  static void Writes(const StoreMutation& mutation, std::vector<pg::Connection::Statement>* out);
   absl::StatusOr<StoreContents> Load(bool active_only);
   absl::Status LoadLocked(bool active_only, StoreContents* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends the jobs that `sql` selects as (seq, job[, progress]).

@@ -123,6 +123,8 @@ void TcpProxy::Loop() {
       char buffer[64];
       [[maybe_unused]] ssize_t n = read(wake_[0], buffer, sizeof(buffer));
     }
+    // The links polled this round (a connection accepted below joins the next).
+    const size_t polled = cut ? 0 : links.size();
     if (fds[1].revents & POLLIN) {
       const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client >= 0) {
@@ -131,9 +133,9 @@ void TcpProxy::Loop() {
         links.push_back({client, -1});
       }
     }
-    if (cut) continue;
     size_t at = 2;
-    for (Link& l : links) {
+    for (size_t i = 0; i < polled; ++i) {
+      Link& l = links[i];
       if (l.client < 0) continue;
       const pollfd& from_client = fds[at++];
       const pollfd& from_target = fds[at++];

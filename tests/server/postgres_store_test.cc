@@ -176,6 +176,22 @@ TEST_F(PostgresStoreTest, ADatabaseThatIsGoneIsUnavailableWithinTheTimeout) {
   EXPECT_TRUE((*store)->Apply(Submit("back-1", 1)).ok());
 }
 
+// A write far larger than the socket buffers (pipelined: sent while the answers are read) lands
+// whole, in one transaction.
+TEST_F(PostgresStoreTest, ALargeWriteLandsWhole) {
+  auto store = PostgresJobStore::Open(options_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoreMutation m;
+  for (int i = 1; i <= 3000; ++i) {
+    StoredJob job = MakeJob(absl::StrCat("big-", i), i);
+    job.job.mutable_spec()->set_name(std::string(4096, 'x'));
+    m.jobs.push_back(job);
+  }
+  m.next_job_seq = 3001;
+  ASSERT_TRUE((*store)->Apply(m).ok());
+  EXPECT_EQ(Sql("SELECT COUNT(*), SUM(length(job)) > 3000 * 4096 FROM jobs"), "3000|t");
+}
+
 // A database written by a newer coordinator is refused, not misread.
 TEST_F(PostgresStoreTest, ANewerSchemaIsRefused) {
   ASSERT_TRUE(PostgresJobStore::Open(options_).ok());
