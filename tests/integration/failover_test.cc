@@ -234,6 +234,37 @@ CREATE TRIGGER stamp_progress AFTER INSERT OR UPDATE ON progress
   EXPECT_LT(old_last, new_first) << "the old leader wrote after the new one:\n" << *spans;
 }
 
+// The database goes away: the leader stops acting within its lease and exits, the standby waits,
+// training goes on; when the database is back the standby leads and adopts the job (its attempt
+// unchanged), and what was acknowledged before is there.
+TEST_F(FailoverTest, WhileTheDatabaseIsDownTrainingGoesOnAndNothingIsLost) {
+  Cluster cluster(Options());
+  const int leader = cluster.Leader();
+  ASSERT_GE(leader, 0);
+  auto a = SubmitAndHold(cluster, "dbdown-a", TrainingJob("dbdown-a", 200), 30, 25);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto acknowledged = cluster.Submit(SyntheticJobYaml("before-down", 5));
+  ASSERT_TRUE(acknowledged.ok()) << acknowledged.status();
+  server_->Kill();
+  std::optional<int> status = cluster.coordinator(leader).Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.has_value()) << "the leader went on without its database";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << *status;
+  cluster.Release("dbdown-a");  // it trains on with no coordinator at all
+  EXPECT_EQ(cluster.Leader(), -1);
+  ASSERT_TRUE(server_->StartAgain().ok());
+  const int next = cluster.WaitForLeader(absl::Seconds(30), leader);
+  ASSERT_GE(next, 0) << "no coordinator leads once the database is back";
+  auto done = cluster.WaitForFinal(a->id(), absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->generation(), 1);
+  EXPECT_EQ(done->restarts_size(), 0);
+  EXPECT_EQ(done->progress().step(), 200);
+  auto other = cluster.WaitForFinal(acknowledged->id(), absl::Seconds(120));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->state(), v1::SUCCEEDED) << other->reason();
+}
+
 // Both coordinators killed and started again: everything is back, as with SQLite.
 TEST_F(FailoverTest, BothCoordinatorsKilledAndStartedAgainLoseNothing) {
   Cluster cluster(Options());
