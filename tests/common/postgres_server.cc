@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/common/loopback.h"
 
 namespace trainyard::testing {
 namespace {
@@ -30,23 +32,6 @@ std::string Slurp(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// A port free now on 127.0.0.1 (the server binds it a moment later; Launch retries on a clash).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 // Forks `args` with its output to `log`, as uid/gid when `drop` (in a new process group).
@@ -122,8 +107,42 @@ absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(const Opti
       WEXITSTATUS(status) != 0) {
     return absl::UnavailableError(absl::StrCat("initdb failed: ", Slurp(log)));
   }
+  if (options.tls) {
+    if (absl::Status s = server->MakeTls(); !s.ok()) return s;
+  }
   if (absl::Status s = server->Launch(); !s.ok()) return s;
   return server;
+}
+
+absl::Status PostgresServer::MakeTls() {
+  const std::string data = dir_ + "/data";
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir_, "\n",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=trainyard-test-db-ca "
+      "-keyout ca.key -out ca.pem 2>/dev/null\n",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
+      "-keyout other.key -out other-ca.pem 2>/dev/null\n",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout ", data,
+      "/server.key -out server.csr 2>/dev/null\n",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > server.ext\n",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-extfile server.ext -out ",
+      data, "/server.crt 2>/dev/null\n", "chmod 600 ", data, "/server.key\n",
+      // Only TLS from 127.0.0.1; the Unix socket as before.
+      "printf 'local all all trust\\nhostssl all all 127.0.0.1/32 trust\\n"
+      "hostnossl all all 127.0.0.1/32 reject\\n' > ",
+      data, "/pg_hba.conf\n");
+  if (std::system(script.c_str()) != 0) {
+    return absl::UnavailableError("making the database's certificates with openssl failed");
+  }
+  if (drop_privileges_) {
+    for (const char* name : {"/server.key", "/server.crt", "/pg_hba.conf"}) {
+      if (chown((data + name).c_str(), uid_, gid_) != 0) {
+        return absl::UnavailableError(absl::StrCat("chown ", data, name, " failed"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PostgresServer::Launch() {
@@ -132,14 +151,15 @@ absl::Status PostgresServer::Launch() {
   for (int attempt = 0; attempt < 5; ++attempt) {
     // A new port at first and after a clash; otherwise (a restart) the same one.
     if (port_ == 0 || last_log.find("Address already in use") != std::string::npos) {
-      port_ = FreePort();
+      port_ = FreeLoopbackPort();
     }
     const std::string sock = dir_;  // the Unix socket in our folder, not /var/run/postgresql
     pid_ = Spawn(
         {bin_ + "/postgres", "-D", dir_ + "/data", "-p", absl::StrCat(port_), "-k", sock, "-c",
          "listen_addresses=127.0.0.1", "-c", absl::StrCat("fsync=", options_.fsync ? "on" : "off"),
          "-c", absl::StrCat("max_connections=", options_.max_connections), "-c",
-         "shared_buffers=32MB", "-c", "logging_collector=off"},
+         "shared_buffers=32MB", "-c", "logging_collector=off", "-c",
+         absl::StrCat("ssl=", options_.tls ? "on" : "off")},
         log, drop_privileges_, uid_, gid_);
     if (pid_ < 0) return absl::UnavailableError("fork failed");
     const std::string conninfo =

@@ -22,6 +22,9 @@ class PostgresServer {
     // fsync off: fast, for tests that do not measure durability; benchmarks leave it on.
     bool fsync = false;
     int max_connections = 100;
+    // TLS: a CA and a server certificate for 127.0.0.1 and localhost made with openssl, and
+    // connections without TLS refused (pg_hba hostnossl reject).
+    bool tls = false;
   };
   // The folder of Debian's server binaries (initdb, postgres), the newest version installed;
   // empty when there is none.
@@ -41,6 +44,9 @@ class PostgresServer {
   absl::StatusOr<std::string> Psql(const std::string& db, const std::string& sql) const;
 
   int port() const { return port_; }
+  // With Options::tls: the CA that signed the server's certificate, and one that did not.
+  std::string ca_file() const { return dir_ + "/ca.pem"; }
+  std::string other_ca_file() const { return dir_ + "/other-ca.pem"; }
   std::string Uri(const std::string& db) const;
 
   // Stops the server at once, as a crash would (SIGKILL of the postmaster and its children), and
@@ -54,6 +60,7 @@ class PostgresServer {
  private:
   PostgresServer() = default;
   absl::Status Launch();
+  absl::Status MakeTls();
 
   Options options_;
   std::string dir_;

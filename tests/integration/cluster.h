@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/common/loopback.h"
 #include "tests/common/run_shell.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
@@ -218,8 +219,6 @@ bool ProcessAlive(pid_t pid);
 // Polls `condition` until it holds or `timeout` passes: waiting on an observable condition with a
 // deadline, never a fixed sleep. Returns whether it holds.
 bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);
-// A TCP port free on 127.0.0.1 now (for a process that must be told its port before it starts).
-int FreeLoopbackPort();
 
 // The index of a local cluster's worker ("worker-2" -> 2), -1 for another name.
 int WorkerIndex(const std::string& worker_id);

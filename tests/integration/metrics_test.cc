@@ -68,19 +68,6 @@ std::string Escape(const std::string& s) {
   return out;
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Runs `command` with /bin/sh; (exit code, output).
 std::pair<int, std::string> Shell(const std::string& command, const std::string& log) {
   Process p({"/bin/sh", "-c", command}, log);
@@ -120,7 +107,7 @@ class Prometheus {
   // `coordinator_ca`: the coordinator's metrics are scraped over HTTPS, verified against it.
   Prometheus(const std::string& dir, int coordinator_port, const std::vector<int>& worker_ports,
              const std::string& password_file, const std::string& coordinator_ca)
-      : port_(FreePort()) {
+      : port_(FreeLoopbackPort()) {
     // The deployed configuration with this cluster's targets and a fast pace.
     YAML::Node config = YAML::LoadFile(SourceDir() + "/deploy/prometheus/prometheus.yml");
     config["global"]["scrape_interval"] = "1s";

@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/leader_lease.h"
 #include "server/postgres_job_store.h"
@@ -19,6 +20,7 @@
 namespace trainyard {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::PostgresServer;
 
 StoredJob MakeJob(const std::string& id, int64_t seq) {
@@ -228,6 +230,39 @@ TEST_F(PostgresStoreTest, ASharedSecretIsTheFirstOneMade) {
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(*first, std::string("first\0key", 9));
   EXPECT_EQ(*second, *first);
+}
+
+// TLS to the database when asked (libpq's sslmode and sslrootcert in the address): the server's
+// certificate checked against the CA given, a wrong CA refused, no TLS refused by a server that
+// requires it.
+TEST(PostgresTlsTest, TheStoreSpeaksTlsAndChecksTheServersCertificate) {
+  PostgresServer::Options tls;
+  tls.tls = true;
+  auto server = PostgresServer::Start(tls);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto uri = (*server)->CreateDatabase("trainyard");
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  pg::ConnectOptions options;
+  options.conninfo = *uri + "?sslmode=verify-full&sslrootcert=" + (*server)->ca_file();
+  options.timeout = absl::Seconds(5);
+  auto store = PostgresJobStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Apply(Submit("over-tls-1", 1)).ok());
+  auto encrypted = (*server)->Psql(
+      "trainyard",
+      "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE "
+      "a.application_name = 'trainyard-coordinator'");
+  ASSERT_TRUE(encrypted.ok()) << encrypted.status();
+  EXPECT_EQ(absl::StripAsciiWhitespace(*encrypted), "t");
+
+  options.conninfo = *uri + "?sslmode=verify-full&sslrootcert=" + (*server)->other_ca_file();
+  auto impostor = PostgresJobStore::Open(options);
+  EXPECT_EQ(impostor.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(impostor.status().message(), HasSubstr("certificate verify failed"));
+  options.conninfo = *uri + "?sslmode=disable";
+  auto plain = PostgresJobStore::Open(options);
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(plain.status().message(), HasSubstr("no encryption"));
 }
 
 TEST(PostgresConninfoTest, BadAddressesAreRefusedAndPasswordsRedacted) {
