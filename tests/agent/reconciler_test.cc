@@ -294,6 +294,27 @@ TEST_F(ReconcilerTest, ADeathByAnotherSignalDuringAStopIsTheTasksOwn) {
   EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGTERM));
 }
 
+// Told to kill a task of a failed attempt that is already dead (killed by someone, its peer's
+// exit reported first): no SIGKILL, and its end is reported as its own, so that the coordinator
+// sees the cause rather than its own stop.
+TEST_F(ReconcilerTest, ATaskFoundDeadWhenKilledForAFailedAttemptDiedOnItsOwn) {
+  Reconciler reconciler(Options(), launcher_, clock_);
+  reconciler.Apply({MakeTask("j1.g1.r0"), MakeTask("j1.g1.r1")});
+  launcher_.Exit(1001, ExitInfo{0, SIGKILL});  // not yet reaped by a Tick
+  reconciler.Apply({}, {"j1.g1.r0", "j1.g1.r1"});
+  EXPECT_THAT(launcher_.launched()[0].signals, ElementsAre(SIGKILL));
+  EXPECT_THAT(launcher_.launched()[1].signals, IsEmpty());
+  std::vector<v1::TaskStatus> ended = reconciler.Tick();
+  ASSERT_EQ(ended.size(), 2u);
+  std::map<std::string, v1::TaskStatus> by_id;
+  for (const v1::TaskStatus& status : ended) by_id[status.task_id()] = status;
+  EXPECT_EQ(by_id["j1.g1.r0"].state(), v1::TASK_STOPPED);
+  EXPECT_EQ(by_id["j1.g1.r1"].state(), v1::TASK_EXITED);
+  EXPECT_EQ(by_id["j1.g1.r1"].signal(), SIGKILL);
+  EXPECT_THAT(by_id["j1.g1.r1"].message(), Not(HasSubstr("stopped on request")));
+  EXPECT_EQ(reconciler.RunningCount(), 0);
+}
+
 TEST_F(ReconcilerTest, TaskThatStopsWithinTheGracePeriodGetsNoSigkill) {
   Reconciler reconciler(Options(), launcher_, clock_);
   reconciler.Apply({MakeTask("j1.g1.r0")});

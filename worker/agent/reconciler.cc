@@ -129,13 +129,23 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
     if (desired_ids.count(it->first) == 0) {
       if (record.running && !record.killed && kill.count(it->first) > 0) {
         record.undesired = true;
-        if (record.stop_cause == StopCause::kNone) record.stop_cause = StopCause::kUndesired;
-        record.killed = true;
-        record.kill_at = now;
-        LogInfo("killing task ", it->first, " (pid ", record.status.pid(),
-                "): its attempt ended for a failure");
-        absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
-        if (!status.ok()) LogWarning("cannot kill task ", it->first, ": ", status.message());
+        // Dead already and not yet reaped (a peer's failure is often this task's own death,
+        // seen first by the peer): its end is its own, and SIGKILL now would pass it off as the
+        // stop. The next Tick reports it.
+        absl::StatusOr<std::optional<ExitInfo>> dead =
+            record.reaped ? absl::StatusOr<std::optional<ExitInfo>>(std::nullopt)
+                          : launcher_.PollExit(record.status.pid());
+        if (dead.ok() && dead->has_value()) {
+          record.exited = **dead;
+        } else {
+          if (record.stop_cause == StopCause::kNone) record.stop_cause = StopCause::kUndesired;
+          record.killed = true;
+          record.kill_at = now;
+          LogInfo("killing task ", it->first, " (pid ", record.status.pid(),
+                  "): its attempt ended for a failure");
+          absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
+          if (!status.ok()) LogWarning("cannot kill task ", it->first, ": ", status.message());
+        }
       } else if (record.running && !record.undesired) {
         record.undesired = true;
         if (record.stop_cause == StopCause::kNone) {
@@ -403,6 +413,11 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     for (auto& [id, record] : records_) {
       // Reaped by a Tick still busy with the hook: it reports the end.
       if (!record.running || record.reaped) continue;
+      if (record.exited.has_value()) {  // reaped by Apply
+        record.reaped = true;
+        ended.push_back({id, *record.exited});
+        continue;
+      }
       absl::StatusOr<std::optional<ExitInfo>> exit = launcher_.PollExit(record.status.pid());
       if (!exit.ok()) {
         LogError("cannot wait for task ", id, ": ", exit.status().message());

@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -147,6 +148,7 @@ class Reconciler {
     StopCause stop_cause = StopCause::kNone;
     bool undesired = false;  // has left the desired state
     bool killed = false;
+    std::optional<ExitInfo> exited;  // reaped outside Tick (found dead when about to be killed)
     absl::Time kill_at = absl::InfiniteFuture();        // SIGKILL from Tick from then on
     absl::Time stop_deadline = absl::InfiniteFuture();  // in the stop-deadline file, if written
     bool sent = false;  // ended, and included in a StatusesForSync result
