@@ -346,6 +346,9 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
         PostgresJobStore::Open(options, fence);
     if (!opened.ok()) {
       LogError("cannot open the PostgreSQL store: ", opened.status().ToString());
+      // A standby may do better: it need not wait for the lease to run out.
+      stores.keeper.reset();
+      stores.lease->Release().IgnoreError();
       return std::nullopt;
     }
     *slot = *std::move(opened);
