@@ -9,11 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/leader_lease.h"
+#include "server/leadership.h"
 #include "server/postgres_job_store.h"
 #include "tests/common/postgres_server.h"
 
@@ -110,6 +112,62 @@ TEST_F(PostgresStoreTest, TheLeaseFencesADeposedLeader) {
   ASSERT_TRUE(*a->TryAcquire());
   EXPECT_EQ(a->fence().token, first_token + 2);
   EXPECT_EQ((*store_a)->Apply(Submit("by-a-4", 4)).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The keeper renews the lease on its own and says, once, when it is lost: taken by another (here
+// expired behind its back), or not renewed before it expires (the database gone).
+TEST_F(PostgresStoreTest, TheKeeperRenewsAndTellsWhenTheLeaseIsLost) {
+  for (const bool database_gone : {false, true}) {
+    auto lease = LeaderLease::Open(options_, "keeper", "keeper:7070", absl::Milliseconds(900),
+                                   RealClock::Get());
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ASSERT_TRUE(*(*lease)->TryAcquire());
+    absl::Mutex mu;
+    std::vector<absl::Status> lost;
+    auto keeper = std::make_unique<LeaseKeeper>(**lease, RealClock::Get(), [&](absl::Status why) {
+      absl::MutexLock lock(&mu);
+      lost.push_back(why);
+    });
+    // Renewed again and again, for more than two lease lengths, and never lost meanwhile.
+    const absl::Time first = (*lease)->valid_until();
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while ((*lease)->valid_until() < first + absl::Seconds(2) && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(20));  // polling for the renewals
+    }
+    EXPECT_GE((*lease)->valid_until(), first + absl::Seconds(2));
+    {
+      absl::MutexLock lock(&mu);
+      EXPECT_TRUE(lost.empty()) << lost[0];
+    }
+    EXPECT_GT((*lease)->valid_until(), absl::Now());
+    const absl::Time cut = absl::Now();
+    if (database_gone) {
+      server_->Kill();
+    } else {
+      ExpireLease();
+    }
+    {
+      absl::MutexLock lock(&mu);
+      EXPECT_TRUE(
+          mu.AwaitWithTimeout(absl::Condition(
+                                  +[](std::vector<absl::Status>* l) { return !l->empty(); }, &lost),
+                              absl::Seconds(5)));
+      ASSERT_EQ(lost.size(), 1u);
+      EXPECT_EQ(lost[0].code(), database_gone ? absl::StatusCode::kUnavailable
+                                              : absl::StatusCode::kFailedPrecondition)
+          << lost[0];
+    }
+    // Within its lease (900 ms), give or take a renewal period.
+    EXPECT_LT(absl::Now() - cut, absl::Milliseconds(1500));
+    keeper.reset();
+    {
+      absl::MutexLock lock(&mu);
+      EXPECT_EQ(lost.size(), 1u);
+    }
+    if (database_gone) {
+      ASSERT_TRUE(server_->StartAgain().ok());
+    }
+  }
 }
 
 // A clean shutdown hands over at once: the standby need not wait the lease out.
