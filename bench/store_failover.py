@@ -166,8 +166,11 @@ def failover(build, uri, rounds, queued):
             print(f"round {len(results)}: lease taken {lease:.2f} s, serving {serving:.2f} s, "
                   f"first submission acknowledged {acknowledged:.2f} s (lease to listening, "
                   f"the state loaded: {loading:.2f} s)", flush=True)
-            start(old)  # the next standby
-            time.sleep(1)  # let it reach the database before the next kill
+            start(old)  # the next standby, standing by before the next kill
+            standby_log = f"{root}/coordinator-{old}.log"
+            since = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            while log_time(standby_log, "standby: ", since - datetime.timedelta(seconds=1)) is None:
+                time.sleep(0.02)
     finally:
         for p in procs:
             if p is not None and p.poll() is None:

@@ -60,6 +60,25 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
 
 }  // namespace
 
+absl::Status SplitHostPort(absl::string_view address, std::string* host, std::string* port) {
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find("]:");
+    if (close == absl::string_view::npos || close + 2 == address.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not [HOST]:PORT"));
+    }
+    *host = std::string(address.substr(1, close - 1));
+    *port = std::string(address.substr(close + 2));
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not HOST:PORT"));
+  }
+  *host = std::string(address.substr(0, colon));
+  *port = std::string(address.substr(colon + 1));
+  return absl::OkStatus();
+}
+
 std::vector<std::string> CoordinatorAddresses(absl::string_view list) {
   std::vector<std::string> out;
   for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
@@ -77,21 +96,7 @@ absl::StatusOr<std::string> CoordinatorTarget(absl::string_view list) {
   std::vector<std::string> unresolved;
   for (const std::string& address : addresses) {
     std::string host, port;
-    if (absl::StartsWith(address, "[")) {
-      const size_t close = address.find(']');
-      if (close == std::string::npos || address.size() < close + 3 || address[close + 1] != ':') {
-        return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not [HOST]:PORT"));
-      }
-      host = address.substr(1, close - 1);
-      port = address.substr(close + 2);
-    } else {
-      const size_t colon = address.rfind(':');
-      if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not HOST:PORT"));
-      }
-      host = address.substr(0, colon);
-      port = address.substr(colon + 1);
-    }
+    if (absl::Status s = SplitHostPort(address, &host, &port); !s.ok()) return s;
     addrinfo hints = {};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

@@ -33,6 +33,10 @@ struct ClientCredentials {
 // every address in it is.
 bool IsLoopbackAddress(absl::string_view address);
 
+// Splits "HOST:PORT" or "[IPV6]:PORT" into its host (without brackets) and port.
+// INVALID_ARGUMENT naming the address when either is missing.
+absl::Status SplitHostPort(absl::string_view address, std::string* host, std::string* port);
+
 // The addresses of a comma-separated list of coordinators ("a:7070,b:7070"), trimmed.
 std::vector<std::string> CoordinatorAddresses(absl::string_view list);
 

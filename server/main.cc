@@ -341,6 +341,7 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
                  "coordinator again as a standby)");
         std::_Exit(3);
       });
+  PostgresJobStore* token_store = nullptr;
   for (std::unique_ptr<JobStore>* slot : {&stores.jobs, &stores.tokens, &stores.searches}) {
     absl::StatusOr<std::unique_ptr<PostgresJobStore>> opened =
         PostgresJobStore::Open(options, fence);
@@ -351,14 +352,13 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
       stores.lease->Release().IgnoreError();
       return std::nullopt;
     }
+    if (slot == &stores.tokens) token_store = opened->get();
     *slot = *std::move(opened);
   }
   // Every coordinator signs task credentials with the one key, so that trainers keep theirs
   // across a takeover.
   absl::StatusOr<std::string> key =
-      static_cast<PostgresJobStore&>(*stores.tokens).SharedSecret("task-credential-key", [] {
-        return RandomBytes(32);
-      });
+      token_store->SharedSecret("task-credential-key", [] { return RandomBytes(32); });
   if (!key.ok()) {
     LogError("task credential key: ", key.status().ToString());
     return std::nullopt;

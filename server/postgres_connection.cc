@@ -396,6 +396,4 @@ void Connection::Rollback() {
   in_transaction_ = false;
 }
 
-int Connection::server_version() const { return conn_ == nullptr ? 0 : PQserverVersion(conn_); }
-
 }  // namespace trainyard::pg

@@ -117,10 +117,6 @@ class Connection {
   absl::Status Begin(absl::string_view mode = "");
   absl::Status Commit();
   void Rollback();
-  bool in_transaction() const { return in_transaction_; }
-
-  // Server version as a number (150018 for 15.18).
-  int server_version() const;
 
  private:
   explicit Connection(ConnectOptions options) : options_(std::move(options)) {}

@@ -156,11 +156,7 @@ absl::StatusOr<StoredJobRecord> PostgresJobStore::LoadJob(absl::string_view job_
 absl::StatusOr<std::vector<StoredJob>> PostgresJobStore::ListFinishedJobs(
     const std::vector<v1::JobState>& states, int64_t before_seq, int limit,
     absl::string_view owner) {
-  std::set<int> wanted;
-  for (v1::JobState state : states) {
-    if (IsFinalJobState(state)) wanted.insert(state);
-  }
-  if (states.empty()) wanted = {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED};
+  const std::set<int> wanted = store_rows::FinalStatesWanted(states);
   std::vector<StoredJob> out;
   if (limit <= 0 || wanted.empty()) return out;
   std::string list = "{";

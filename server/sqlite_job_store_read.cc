@@ -144,11 +144,7 @@ absl::StatusOr<StoredJobRecord> SqliteJobStore::LoadJob(absl::string_view job_id
 absl::StatusOr<std::vector<StoredJob>> SqliteJobStore::ListFinishedJobs(
     const std::vector<v1::JobState>& states, int64_t before_seq, int limit,
     absl::string_view owner) {
-  std::set<int> wanted;
-  for (v1::JobState state : states) {
-    if (IsFinalJobState(state)) wanted.insert(state);
-  }
-  if (states.empty()) wanted = {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED};
+  const std::set<int> wanted = store_rows::FinalStatesWanted(states);
   std::vector<StoredJob> out;
   if (limit <= 0) return out;
   // A query per state, each a walk down jobs_by_state from before_seq that stops at `limit`

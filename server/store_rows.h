@@ -5,7 +5,10 @@
 // the decoding of their task and event rows. Internal to the *_job_store*.cc files.
 
 #include <cstdint>
+#include <set>
+#include <vector>
 
+#include "server/job_state.h"
 #include "trainyard/v1/job.pb.h"
 
 namespace trainyard::store_rows {
@@ -23,6 +26,17 @@ inline constexpr char kTaskColumns[] =
     "t.role, t.shard, t.stop_deadline_ms, t.out_of_memory, t.memory_limit, t.memory_peak";
 inline constexpr char kTaskOrder[] = "t.generation, t.role, t.rank, t.shard";
 inline constexpr char kEventColumns[] = "time_ms, from_state, to_state, reason";
+
+// The final states a listing of finished jobs asks for: those of `states` that are final, or all
+// three when `states` is empty.
+inline std::set<int> FinalStatesWanted(const std::vector<v1::JobState>& states) {
+  if (states.empty()) return {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED};
+  std::set<int> wanted;
+  for (v1::JobState state : states) {
+    if (IsFinalJobState(state)) wanted.insert(state);
+  }
+  return wanted;
+}
 
 // Reads the kTaskColumns of a row, from column `first` on. `Row` has Int(col) and Text(col).
 template <typename Row>

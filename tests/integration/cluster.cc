@@ -258,25 +258,33 @@ std::string Cluster::PortFile(int i) const {
                 : absl::StrCat(root_.path(), "/coordinator-", i, ".port");
 }
 
-void Cluster::StartCoordinator(int i) {
-  const std::string port_file = PortFile(i);
-  fs::remove(port_file);
-  const std::string state_dir = i == 0 ? state_dir_ : absl::StrCat(state_dir_, "-", i);
+std::vector<std::string> Cluster::CoordinatorArgv(int i, const std::string& listen) const {
   std::vector<std::string> argv = {
-      BinDir() + "/trainyard-coordinator",
-      absl::StrCat("--listen=127.0.0.1:", coordinator_ports_[i]),
-      "--state_dir=" + state_dir,
-      "--port_file=" + port_file,
-      "--store=" + (static_cast<size_t>(i) < options_.coordinator_stores.size()
-                        ? options_.coordinator_stores[i]
-                        : options_.store),
-      "--admin_token_file=" + root_.path() + "/admin.token",
+      BinDir() + "/trainyard-coordinator", "--listen=" + listen,
+      "--state_dir=" + (i == 0 ? state_dir_ : absl::StrCat(state_dir_, "-", i)),
+      "--port_file=" + PortFile(i),
       absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
       "--metrics_listen=127.0.0.1:0",
+      // Tests read data from temporary folders (and some from nowhere, to fail); a test of the
+      // restriction gives its own value, which comes later and wins.
       "--allowed_local_paths=*"};
+  if (i == 0) argv.push_back("--metrics_port_file=" + root_.path() + "/coordinator.metrics_port");
+  const std::string store = static_cast<size_t>(i) < options_.coordinator_stores.size()
+                                ? options_.coordinator_stores[i]
+                                : options_.store;
+  if (!store.empty()) argv.push_back("--store=" + store);
+  // Several coordinators: the first to lead makes the admin token, in one place for all.
+  if (coordinators_.size() > 1)
+    argv.push_back("--admin_token_file=" + root_.path() + "/admin.token");
   argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  return argv;
+}
+
+void Cluster::StartCoordinator(int i) {
+  fs::remove(PortFile(i));
   coordinators_[i] = std::make_unique<Process>(
-      std::move(argv), absl::StrCat(root_.path(), "/coordinator-", i, ".log"), options_.env);
+      CoordinatorArgv(i, absl::StrCat("127.0.0.1:", coordinator_ports_[i])),
+      absl::StrCat(root_.path(), "/coordinator-", i, ".log"), options_.env);
 }
 
 bool Cluster::Leads(int i) {
@@ -303,23 +311,12 @@ int Cluster::WaitForLeader(absl::Duration timeout, int not_this) {
 }
 
 void Cluster::StartCoordinator() {
-  const std::string port_file = root_.path() + "/coordinator.port";
+  const std::string port_file = PortFile(0);
   fs::remove(port_file);
-  const std::string metrics_port_file = root_.path() + "/coordinator.metrics_port";
-  fs::remove(metrics_port_file);
-  const std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
-  std::vector<std::string> argv = {
-      BinDir() + "/trainyard-coordinator", "--listen=" + listen, "--state_dir=" + state_dir_,
-      "--port_file=" + port_file,
-      absl::StrCat("--worker_timeout=", absl::FormatDuration(options_.worker_timeout)),
-      "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + metrics_port_file,
-      // Tests read data from temporary folders (and some from nowhere, to fail); a test of the
-      // restriction gives its own value, which comes later and wins.
-      "--allowed_local_paths=*"};
-  argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
-  if (!options_.store.empty()) argv.push_back("--store=" + options_.store);
+  fs::remove(root_.path() + "/coordinator.metrics_port");
   coordinators_[0] =
-      std::make_unique<Process>(std::move(argv), root_.path() + "/coordinator.log", options_.env);
+      std::make_unique<Process>(CoordinatorArgv(0, address_.empty() ? "127.0.0.1:0" : address_),
+                                root_.path() + "/coordinator.log", options_.env);
   std::string port;
   const bool ready = PollUntil(
       [&] {

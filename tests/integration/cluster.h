@@ -166,6 +166,8 @@ class Cluster {
   std::string address_;
   std::string admin_token_;
   std::string PortFile(int i) const;
+  // Coordinator i's command line, listening on `listen`; ClusterOptions::coordinator_args last.
+  std::vector<std::string> CoordinatorArgv(int i, const std::string& listen) const;
   bool Leads(int i);
   std::vector<std::unique_ptr<Process>> coordinators_;
   std::vector<int> coordinator_ports_;  // with several coordinators

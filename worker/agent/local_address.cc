@@ -9,27 +9,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 
 namespace trainyard {
 
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port) {
   std::string host;
   std::string port;
-  if (!host_port.empty() && host_port[0] == '[') {
-    const size_t close = host_port.find("]:");
-    if (close == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("'", host_port, "' is not [HOST]:PORT"));
-    }
-    host = host_port.substr(1, close - 1);
-    port = host_port.substr(close + 2);
-  } else {
-    const size_t colon = host_port.rfind(':');
-    if (colon == std::string::npos || colon == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("'", host_port, "' is not HOST:PORT"));
-    }
-    host = host_port.substr(0, colon);
-    port = host_port.substr(colon + 1);
-  }
+  if (absl::Status s = SplitHostPort(host_port, &host, &port); !s.ok()) return s;
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;

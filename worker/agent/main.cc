@@ -164,10 +164,11 @@ int main(int argc, char** argv) {
   options.name = absl::GetFlag(FLAGS_name).empty() ? Hostname() : absl::GetFlag(FLAGS_name);
   options.address = absl::GetFlag(FLAGS_address);
   if (options.address.empty()) {
-    absl::StatusOr<std::string> local = trainyard::LocalAddressToward(
-        trainyard::CoordinatorAddresses(options.coordinator).empty()
-            ? options.coordinator
-            : trainyard::CoordinatorAddresses(options.coordinator)[0]);
+    // Toward the first coordinator of a list: they share a network.
+    const std::vector<std::string> coordinators =
+        trainyard::CoordinatorAddresses(options.coordinator);
+    absl::StatusOr<std::string> local =
+        trainyard::LocalAddressToward(coordinators.empty() ? options.coordinator : coordinators[0]);
     if (!local.ok()) {
       trainyard::LogError(
           "cannot tell this machine's address toward the coordinator (give "
