@@ -47,7 +47,7 @@ for lib in libssl.so.3 libcrypto.so.3; do
 done
 python=${PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
-all_items="machine build unit gpu_tests cluster_cpu gpu_job nvml precision gpu_metrics benchmarks data_wait"
+all_items="machine build unit gpu_tests cgroups cluster_cpu gpu_job nvml precision gpu_metrics benchmarks data_wait"
 items=${ITEMS:-$all_items}
 mkdir -p "$out"
 state=$(mktemp -d /tmp/gpu-check-XXXXXX)
@@ -220,6 +220,64 @@ item_gpu_tests() {
     [ "${ran:-0}" -gt 0 ] && pass "$ran cases passed" || fail "no case ran on the GPU"
   else
     skip "no CUDA device: every case skipped ($(grep -m1 -oE 'no CUDA device[^"]*' "$build"/Testing/Temporary/LastTest.log || echo 'see items.log'))"
+  fi
+}
+
+# The agent's per-task cgroups on this machine's kernel (most GPU machines and containers have
+# cgroup v2, which CI's machines mount only beside v1): task_isolation_test, with the python that
+# holds PyTorch for its tasks, twice: in the cgroup the machine put us in (whatever it delegates),
+# and, as root, in a cgroup made here with the memory and cpu controllers delegated, as a
+# container runtime makes one. Records which hierarchy the agent chose and why.
+gtest_summary() {  # LOG: "6 passed, 1 skipped (Suite.Case), 1 failed (Suite.Case)"
+  awk '/^\[  PASSED  \] [0-9]+ test/ {p = $4}
+       /^\[  (SKIPPED|FAILED) +\] [A-Za-z]/ && !/ms\)$/ {k = ($2 == "SKIPPED") ? "skipped" : "failed"; n[k]++; names[k] = names[k] " " $NF}
+       END {printf "%d passed", p; for (k in n) printf ", %d %s (%s)", n[k], k, substr(names[k], 2)}' "$1"
+}
+
+item_cgroups() {
+  local bin=$build/tests/task_isolation_test root=/sys/fs/cgroup py
+  [ -x "$bin" ] || { skip "no build"; return; }
+  py=$(command -v "$python")
+  figure kernel "$(uname -r)"
+  figure self_cgroup "$(tr '\n' ' ' </proc/self/cgroup)"
+  local mounts
+  mounts=$(awk '{for (i = 7; i < NF; i++) if ($i == "-" && $(i+1) ~ /^cgroup/) printf "%s(%s) ", $5, $(i+1)}' /proc/self/mountinfo)
+  figure cgroup_mounts "${mounts:-none}"
+  # A root with no cgroup file system mounted in it (the rehearsal's Debian 13 root) has nothing
+  # to test; a machine's own root always has one.
+  [ -n "$mounts" ] || { skip "no cgroup file system is mounted in this root"; return; }
+  [ -f "$root/cgroup.controllers" ] && figure v2_controllers "$(cat "$root/cgroup.controllers")"
+  local placed_ok=0 delegated_ok=0 delegated="not tried (no cgroup v2 root with the cpu controller, or not root)"
+  TRAINYARD_TEST_PYTHON=$py timeout 300 "$bin" >"$state/cgroups.log" 2>&1 && placed_ok=1
+  cat "$state/cgroups.log"
+  figure as_placed "$(gtest_summary "$state/cgroups.log"); $(grep -m1 -o 'task isolation: .*' "$state/cgroups.log" | head -c 300)"
+  if [ "$(id -u)" = 0 ] && grep -qw cpu "$root/cgroup.controllers" 2>/dev/null; then
+    local own=$root/trainyard-check-$$ c
+    for c in memory cpu; do
+      grep -qw "$c" "$root/cgroup.subtree_control" || echo "+$c" >"$root/cgroup.subtree_control" ||
+        figure delegation "cannot enable $c at the root"
+    done
+    if mkdir "$own" 2>/dev/null; then
+      # One process alone in the delegated cgroup (the test moves itself into a leaf of it).
+      TRAINYARD_TEST_PYTHON=$py OWN=$own timeout 300 bash -c 'echo $$ >"$OWN/cgroup.procs" && exec "$0"' "$bin" \
+        >"$state/cgroups-delegated.log" 2>&1 && delegated_ok=1
+      cat "$state/cgroups-delegated.log"
+      delegated="$(gtest_summary "$state/cgroups-delegated.log"); $(grep -m1 -o 'task isolation: .*' "$state/cgroups-delegated.log" | head -c 300)"
+      grep -q '^\[  SKIPPED' "$state/cgroups-delegated.log" && delegated_ok=0
+      find "$own" -depth -type d -exec rmdir {} \; 2>/dev/null
+    else
+      delegated="cannot make $own"
+    fi
+  fi
+  figure delegated "$delegated"
+  # The cgroup a sandbox puts us in may share its processes (no v2 child can then get controllers:
+  # the agent falls back to the watch and says why); the delegated one is what a worker is given.
+  local placed
+  placed="$([ $placed_ok = 1 ] && echo passed || echo "cgroups refused: $(grep -m1 -o 'cgroup v2: [^;]*' "$state/cgroups.log")")"
+  if [ "$delegated_ok" = 1 ] || { [ "$placed_ok" = 1 ] && ! grep -q '^\[  SKIPPED' "$state/cgroups.log"; }; then
+    pass "delegated: $delegated; as placed: $placed"
+  else
+    fail "delegated: $delegated; as placed: $placed"
   fi
 }
 

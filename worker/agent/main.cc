@@ -216,6 +216,8 @@ int main(int argc, char** argv) {
         isolation_notes.empty() ? std::string() : absl::StrCat(" (", isolation_notes, ")"),
         ": memory limits are enforced by watching each task's resident memory, CPU quotas not "
         "at all");
+  } else if (!isolation_notes.empty()) {
+    trainyard::LogWarning(isolation_notes);
   }
   trainyard::LogInfo("offering ", options.slots, " slots and ",
                      trainyard::HumanBytes(options.memory_bytes), " of memory to tasks, held by ",

@@ -133,9 +133,10 @@ void RemoveDeadAgents(const std::string& parent, const IsolationOptions& options
 // One cgroup (v2) or one per controller (v1: memory, cpu) per task.
 class CgroupIsolation final : public TaskIsolation {
  public:
-  // v2: memory_base == cpu_base.
-  CgroupIsolation(bool v2, std::string memory_base, std::string cpu_base)
-      : v2_(v2), memory_base_(std::move(memory_base)), cpu_base_(std::move(cpu_base)) {}
+  // v2: memory_base == cpu_base. `cpu`: CPU quotas are set (v2 without the cpu controller
+  // delegated: memory limits only).
+  CgroupIsolation(bool v2, std::string memory_base, std::string cpu_base, bool cpu = true)
+      : v2_(v2), cpu_(cpu), memory_base_(std::move(memory_base)), cpu_base_(std::move(cpu_base)) {}
   // The agent's own cgroups go with it (what is still running in them is killed).
   ~CgroupIsolation() override {
     for (const std::string& base : {memory_base_, cpu_base_}) {
@@ -144,7 +145,9 @@ class CgroupIsolation final : public TaskIsolation {
     }
   }
 
-  std::string Name() const override { return v2_ ? "cgroup v2" : "cgroup v1"; }
+  std::string Name() const override {
+    return v2_ ? (cpu_ ? "cgroup v2" : "cgroup v2 (memory only)") : "cgroup v1";
+  }
 
   absl::StatusOr<std::vector<std::string>> Prepare(const std::string& task_id,
                                                    const TaskLimits& limits) override {
@@ -171,11 +174,13 @@ class CgroupIsolation final : public TaskIsolation {
         WriteValue(memory_dir + "/memory.swap.max", "0").IgnoreError();
       }
       WriteValue(memory_dir + "/memory.oom.group", "1").IgnoreError();
-      if (absl::Status s =
-              WriteValue(memory_dir + "/cpu.max",
-                         absl::StrCat(quota > 0 ? absl::StrCat(quota) : "max", " ", kCpuPeriodUs));
-          !s.ok()) {
-        return undo(s);
+      if (cpu_) {
+        if (absl::Status s = WriteValue(
+                memory_dir + "/cpu.max",
+                absl::StrCat(quota > 0 ? absl::StrCat(quota) : "max", " ", kCpuPeriodUs));
+            !s.ok()) {
+          return undo(s);
+        }
       }
     } else {
       if (memory > 0) {
@@ -248,6 +253,7 @@ class CgroupIsolation final : public TaskIsolation {
   }
 
   const bool v2_;
+  const bool cpu_;
   const std::string memory_base_;
   const std::string cpu_base_;
   absl::Mutex mu_;
@@ -350,7 +356,9 @@ class WatchIsolation final : public TaskIsolation {
   absl::Time next_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& options) {
+// `*notes`: what the hierarchy does not give (the cpu controller), for the agent's start-up line.
+absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& options,
+                                                       std::string* notes) {
   const std::vector<CgroupMount> mounts = ReadCgroupMounts(options.mountinfo);
   const CgroupMount* mount = FindCgroupMount(mounts, "cgroup2", "");
   std::map<std::string, std::string> self = ReadSelfCgroups(options.self_cgroup);
@@ -361,14 +369,22 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
   const std::set<std::string> controllers =
       absl::StrSplit(absl::StripAsciiWhitespace(ReadCgroupFile(own + "/cgroup.controllers")), ' ',
                      absl::SkipEmpty());
-  if (!controllers.count("memory") || !controllers.count("cpu")) {
+  const std::string have = controllers.empty() ? "none" : absl::StrJoin(controllers, " ");
+  if (!controllers.count("memory")) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cgroup v2 at ", own, " offers no memory and cpu controllers (it has: ",
-                     controllers.empty() ? "none" : absl::StrJoin(controllers, " "), ")"));
+        absl::StrCat("cgroup v2 at ", own, " offers no memory controller (it has: ", have, ")"));
   }
+  // Memory limits are what protect the neighbours and the agent: without the cpu controller
+  // (some sandboxes delegate memory alone) tasks still get them, and no CPU quota.
+  const bool cpu = controllers.count("cpu") > 0;
+  if (!cpu && notes != nullptr) {
+    *notes = absl::StrCat("cgroup v2 at ", own, " offers no cpu controller (it has: ", have,
+                          "): CPU quotas are not enforced");
+  }
+  const std::string enable = cpu ? "+memory +cpu" : "+memory";
   // A cgroup that hands controllers to its children may hold no process itself: where the agent
   // is alone in its cgroup (a container), it moves into a leaf of its own first.
-  if (!WriteValue(own + "/cgroup.subtree_control", "+memory +cpu").ok()) {
+  if (!WriteValue(own + "/cgroup.subtree_control", enable).ok()) {
     const std::vector<pid_t> procs = Procs(own);
     if (procs.size() != 1 || procs[0] != getpid()) {
       return absl::FailedPreconditionError(
@@ -378,7 +394,7 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
     const std::string leaf = absl::StrCat(own, "/", BaseName(options), ".agent");
     if (absl::Status s = MakeDir(leaf); !s.ok()) return s;
     if (absl::Status s = WriteValue(leaf + "/cgroup.procs", "0"); !s.ok()) return s;
-    if (absl::Status s = WriteValue(own + "/cgroup.subtree_control", "+memory +cpu"); !s.ok()) {
+    if (absl::Status s = WriteValue(own + "/cgroup.subtree_control", enable); !s.ok()) {
       return s;
     }
   }
@@ -391,10 +407,10 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = WriteValue(base + "/cgroup.subtree_control", "+memory +cpu"); !s.ok()) {
+  if (absl::Status s = WriteValue(base + "/cgroup.subtree_control", enable); !s.ok()) {
     return s;
   }
-  return std::unique_ptr<TaskIsolation>(new CgroupIsolation(true, base, base));
+  return std::unique_ptr<TaskIsolation>(new CgroupIsolation(true, base, base, cpu));
 }
 
 absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV1(const IsolationOptions& options) {
@@ -440,7 +456,7 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> NewTaskIsolation(const IsolationO
   }
   std::vector<std::string> why;
   if (mode == "auto" || mode == "cgroup-v2") {
-    absl::StatusOr<std::unique_ptr<TaskIsolation>> v2 = SetUpV2(options);
+    absl::StatusOr<std::unique_ptr<TaskIsolation>> v2 = SetUpV2(options, notes);
     if (v2.ok() || mode == "cgroup-v2") return v2;
     why.push_back(absl::StrCat("cgroup v2: ", v2.status().message()));
   }

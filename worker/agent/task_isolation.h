@@ -41,7 +41,8 @@ class TaskIsolation {
  public:
   virtual ~TaskIsolation() = default;
 
-  // "cgroup v2", "cgroup v1" or "watch": what the agent tells the coordinator and `workers` shows.
+  // "cgroup v2", "cgroup v2 (memory only)" (no cpu controller delegated: no CPU quotas),
+  // "cgroup v1" or "watch": what the agent tells the coordinator and `workers` shows.
   virtual std::string Name() const = 0;
 
   // Before the task starts: makes its cgroup with `limits`. Returns the cgroup.procs files the
@@ -75,7 +76,8 @@ struct IsolationOptions {
 };
 
 // The isolation `options.mode` asks for. "auto" falls back (cgroup v2, v1, then the watch) and
-// says in `*notes` why each better one could not be used; a named mode that cannot be set up is
+// says in `*notes` why each better one could not be used (or, for cgroup v2 without the cpu
+// controller, that CPU quotas are not enforced); a named mode that cannot be set up is
 // FAILED_PRECONDITION with the reason.
 absl::StatusOr<std::unique_ptr<TaskIsolation>> NewTaskIsolation(const IsolationOptions& options,
                                                                 std::string* notes);
