@@ -43,6 +43,7 @@
 #include "server/log_store.h"
 #include "server/metrics.h"
 #include "server/postgres_job_store.h"
+#include "server/postgres_log_backend.h"
 #include "server/search_manager.h"
 #include "server/sqlite_job_store.h"
 
@@ -53,12 +54,13 @@ ABSL_FLAG(std::string, state_dir, "./trainyard-state",
           "Directory for the SQLite state (state.db, WAL mode) and task logs (logs/). Created "
           "if missing. Restarting on the same directory restores every job, worker and "
           "checkpoint.");
-ABSL_FLAG(std::string, store, "",
-          "Where the cluster's state lives. Empty: SQLite in --state_dir, for one coordinator. "
-          "postgres://USER@HOST:PORT/DB (libpq's URI: ?sslmode=verify-full&sslrootcert=CA.pem "
-          "for TLS to the database): PostgreSQL, shared by several coordinators of which one "
-          "leads and the others stand by to take over (docs/operations.md). Its password from "
-          "--store_password_file, PGPASSWORD or ~/.pgpass; task logs stay in --state_dir.");
+ABSL_FLAG(
+    std::string, store, "",
+    "Where the cluster's state lives. Empty: SQLite in --state_dir, for one coordinator. "
+    "postgres://USER@HOST:PORT/DB (libpq's URI: ?sslmode=verify-full&sslrootcert=CA.pem "
+    "for TLS to the database): PostgreSQL, shared by several coordinators of which one "
+    "leads and the others stand by to take over (docs/operations.md). Its password from "
+    "--store_password_file, PGPASSWORD or ~/.pgpass; task logs are kept in the database too.");
 ABSL_FLAG(std::string, store_password_file, "",
           "File whose first line is the PostgreSQL password of --store (kept out of the command "
           "line, which others on the machine can read).");
@@ -205,6 +207,7 @@ struct StateStores {
   std::unique_ptr<JobStore> jobs;
   std::unique_ptr<JobStore> tokens;
   std::unique_ptr<JobStore> searches;
+  std::unique_ptr<LogBackend> logs;  // task logs: files in the state folder, or the database's
   std::string task_key;
   std::unique_ptr<LeaderLease> lease;
   std::unique_ptr<LeaseKeeper> keeper;
@@ -245,6 +248,7 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
       return std::nullopt;
     }
     stores.task_key = *key;
+    stores.logs = NewFileLogBackend(abs_state + "/logs");
     return stores;
   }
   if (!absl::StartsWith(store, "postgres://") && !absl::StartsWith(store, "postgresql://")) {
@@ -355,6 +359,16 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
     if (slot == &stores.tokens) token_store = opened->get();
     *slot = *std::move(opened);
   }
+  // Task logs in the database too: a coordinator that takes over serves every log.
+  absl::StatusOr<std::unique_ptr<PostgresLogBackend>> logs =
+      PostgresLogBackend::Open(options, fence);
+  if (!logs.ok()) {
+    LogError("cannot open the PostgreSQL store: ", logs.status().ToString());
+    stores.keeper.reset();
+    stores.lease->Release().IgnoreError();
+    return std::nullopt;
+  }
+  stores.logs = *std::move(logs);
   // Every coordinator signs task credentials with the one key, so that trainers keep theirs
   // across a takeover.
   absl::StatusOr<std::string> key =
@@ -514,7 +528,7 @@ int Run() {
   }
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
       RealClock::Get(), std::move(stores->jobs),
-      std::make_unique<LogStore>(abs_state + "/logs", max_task_log_bytes), options);
+      std::make_unique<LogStore>(std::move(stores->logs), max_task_log_bytes), options);
   if (!manager.ok()) {
     LogError("cannot load state: ", manager.status().ToString());
     return 1;

@@ -71,8 +71,20 @@ BEGIN
 END $$;
 )sql";
 
+// Version 2: task logs (server/postgres_log_backend.h), so that every coordinator serves every
+// log. A log's size and cap in one row; its bytes in pieces, keyed by where each starts.
+constexpr char kSchemaV2[] = R"sql(
+CREATE TABLE IF NOT EXISTS task_logs(
+  job_id TEXT NOT NULL, task_id TEXT NOT NULL, size BIGINT NOT NULL,
+  kept BIGINT, shipped_end BIGINT, sealed BOOLEAN NOT NULL DEFAULT false,
+  PRIMARY KEY(job_id, task_id));
+CREATE TABLE IF NOT EXISTS task_log_pieces(
+  job_id TEXT NOT NULL, task_id TEXT NOT NULL, start BIGINT NOT NULL, data BYTEA NOT NULL,
+  PRIMARY KEY(job_id, task_id, start));
+)sql";
+
 // The migrations: kMigrations[v] takes the schema from version v to v + 1 (0: a new database).
-constexpr const char* kMigrations[] = {kSchemaV1};
+constexpr const char* kMigrations[] = {kSchemaV1, kSchemaV2};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVersion);
 
 // Any fixed number: the advisory lock under which one coordinator at a time migrates.

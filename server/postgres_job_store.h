@@ -27,7 +27,7 @@ struct LeaseFence {
 };
 
 // The schema version of the PostgreSQL store this binary writes.
-inline constexpr int kPostgresSchemaVersion = 1;
+inline constexpr int kPostgresSchemaVersion = 2;
 
 // Creates or migrates the PostgreSQL schema (under an advisory lock, so that coordinators starting
 // together do it once). FAILED_PRECONDITION for a schema newer than this binary understands.

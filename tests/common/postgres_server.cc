@@ -74,6 +74,13 @@ std::string PostgresServer::BinDir() {
   return best;
 }
 
+absl::StatusOr<PostgresServer*> PostgresServer::Shared() {
+  // Stopped and removed at exit, with the program's other statics.
+  static const absl::StatusOr<std::unique_ptr<PostgresServer>> server = Start();
+  if (!server.ok()) return server.status();
+  return server->get();
+}
+
 absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(const Options& options) {
   const std::string bin = BinDir();
   if (bin.empty()) {

@@ -38,6 +38,10 @@ class PostgresServer {
   PostgresServer(const PostgresServer&) = delete;
   PostgresServer& operator=(const PostgresServer&) = delete;
 
+  // One server for the whole test program, started on first use (Start's error, every time,
+  // when it cannot start); stopped and removed at exit.
+  static absl::StatusOr<PostgresServer*> Shared();
+
   // A new, empty database; returns its URI (postgres://trainyard@127.0.0.1:PORT/NAME).
   absl::StatusOr<std::string> CreateDatabase(const std::string& name);
   // Runs `sql` in database `db` with psql; its output, or UNAVAILABLE with psql's.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -89,6 +90,22 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   Cluster cluster(Options());
   const int leader = cluster.Leader();
   ASSERT_GE(leader, 0);
+  // A job that ends before the takeover: its agent ships its log once, to the old leader.
+  auto logged = cluster.Submit(TrainingJob("logged", 30));
+  ASSERT_TRUE(logged.ok()) << logged.status();
+  auto logged_done = cluster.WaitForFinal(logged->id());
+  ASSERT_TRUE(logged_done.ok()) << logged_done.status();
+  ASSERT_EQ(logged_done->state(), v1::SUCCEEDED) << logged_done->reason();
+  std::string log_before;
+  // Shipped within a moment of the end (the agent's next sync): until then the log grows.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        auto text = cluster.Logs(logged->id());
+        if (!text.ok() || !absl::StrContains(*text, "done: step=30")) return false;
+        log_before = *text;
+        return true;
+      },
+      absl::Seconds(30)));
   auto a = SubmitAndHold(cluster, "train-a", TrainingJob("train-a", 400), 30, 25);
   ASSERT_TRUE(a.ok()) << a.status();
   auto b = SubmitAndHold(cluster, "train-b", TrainingJob("train-b", 400), 30, 25);
@@ -121,6 +138,11 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
     EXPECT_LE(job->generation(), 1) << id;
     EXPECT_EQ(job->restarts_size(), 0) << id;
   }
+  // The new leader serves the log the old one was sent (it is in the database, not in the old
+  // leader's folder).
+  auto log_after = cluster.Logs(logged->id());
+  ASSERT_TRUE(log_after.ok()) << log_after.status();
+  EXPECT_EQ(*log_after, log_before);
   cluster.Release("train-b");
   for (const auto& running : {*a, *b}) {
     auto done = cluster.WaitForFinal(running.id(), absl::Seconds(180));

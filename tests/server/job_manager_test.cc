@@ -1135,55 +1135,6 @@ TEST_F(JobManagerTest, EventsAndRestartRecordsAreCappedAndBudgetsCountWhatWasDro
   EXPECT_EQ(job.restarts_dropped(), 2);
 }
 
-TEST(LogStoreTest, ALogPastItsLimitKeepsTheStartAndCountsTheRest) {
-  TempDir dir;
-  const std::string a(60, 'a');
-  const std::string b(60, 'b');
-  {
-    LogStore logs(dir.path(), 100);
-    EXPECT_EQ(*logs.Append("j-1", "t", 0, a), 60);
-    EXPECT_EQ(*logs.Append("j-1", "t", 60, b), 120);  // 40 of b kept, 20 dropped
-    EXPECT_EQ(*logs.Append("j-1", "t", 120, std::string(50, 'c')), 170);
-    EXPECT_EQ(*logs.Append("j-1", "t", 60, b), 170);  // a retry: nothing new
-  }
-  // A restarted coordinator remembers the log went past its limit.
-  LogStore logs(dir.path(), 100);
-  EXPECT_EQ(*logs.Append("j-1", "t", 170, std::string(30, 'd')), 200);
-  ASSERT_TRUE(logs.Seal("j-1", "t").ok());
-  ASSERT_TRUE(logs.Seal("j-1", "t").ok());  // once
-  const std::string text = *logs.Read("j-1", "t", 0, 1 << 20);
-  EXPECT_EQ(text.substr(0, 100), a + b.substr(0, 40));
-  EXPECT_EQ(text.substr(100),
-            "\n[trainyard: this task's log reached its limit of 100 bytes (--max_task_log_bytes); "
-            "later output is not kept]\n"
-            "[trainyard: 100 bytes of later output were not kept]\n");
-  // A log within its limit gets no line.
-  ASSERT_TRUE(logs.Append("j-1", "u", 0, "short\n").ok());
-  ASSERT_TRUE(logs.Seal("j-1", "u").ok());
-  EXPECT_EQ(*logs.Read("j-1", "u", 0, 1 << 20), "short\n");
-}
-
-TEST(LogStoreTest, ALogAlreadyPastALoweredLimitKeepsWhatItHasAndASealedOneStaysSealed) {
-  TempDir dir;
-  {
-    LogStore logs(dir.path(), 1000);
-    ASSERT_EQ(*logs.Append("j-1", "t", 0, std::string(200, 'a')), 200);
-  }
-  {
-    LogStore logs(dir.path(), 100);  // the limit was lowered under a running task
-    EXPECT_EQ(*logs.Append("j-1", "t", 200, std::string(50, 'b')), 250);
-    ASSERT_TRUE(logs.Seal("j-1", "t").ok());
-  }
-  LogStore logs(dir.path(), 100);  // a restart after the task ended
-  EXPECT_EQ(*logs.Append("j-1", "t", 250, "late"), 254);
-  ASSERT_TRUE(logs.Seal("j-1", "t").ok());
-  EXPECT_EQ(*logs.Read("j-1", "t", 0, 1 << 20),
-            std::string(200, 'a') +
-                "\n[trainyard: this task's log reached its limit of 100 bytes "
-                "(--max_task_log_bytes); later output is not kept]\n"
-                "[trainyard: 50 bytes of later output were not kept]\n");
-}
-
 TEST_F(JobManagerTest, ATaskLogPastTheLimitEndsWithTheCountOfWhatWasDropped) {
   max_task_log_bytes_ = 10;
   Reopen();

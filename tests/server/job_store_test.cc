@@ -73,20 +73,16 @@ class PostgresBackend {
  public:
   static constexpr char kName[] = "Postgres";
   static testing::PostgresServer* Server() {
-    // Stopped and removed at exit, with the program's other statics.
-    static const std::unique_ptr<testing::PostgresServer> server = [] {
-      auto started = testing::PostgresServer::Start();
-      if (!started.ok()) ADD_FAILURE() << started.status();
-      return started.ok() ? *std::move(started) : nullptr;
-    }();
-    return server.get();
+    absl::StatusOr<testing::PostgresServer*> server = testing::PostgresServer::Shared();
+    return server.ok() ? *server : nullptr;
   }
   absl::StatusOr<std::unique_ptr<JobStore>> Open() {
-    if (Server() == nullptr) return absl::UnavailableError("no PostgreSQL server");
+    absl::StatusOr<testing::PostgresServer*> server = testing::PostgresServer::Shared();
+    if (!server.ok()) return server.status();
     if (uri_.empty()) {
       static int databases = 0;
       db_ = absl::StrCat("store_", ++databases);
-      absl::StatusOr<std::string> uri = Server()->CreateDatabase(db_);
+      absl::StatusOr<std::string> uri = (*server)->CreateDatabase(db_);
       if (!uri.ok()) return uri.status();
       uri_ = *uri;
     }

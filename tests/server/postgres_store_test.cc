@@ -262,6 +262,23 @@ TEST_F(PostgresStoreTest, ANewerSchemaIsRefused) {
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
 }
 
+// A database of the first schema (before task logs) is migrated, its rows kept.
+TEST_F(PostgresStoreTest, AVersionOneDatabaseIsMigrated) {
+  {
+    auto store = PostgresJobStore::Open(options_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Apply(Submit("kept", 1)).ok());
+  }
+  Sql("DROP TABLE task_logs; DROP TABLE task_log_pieces; "
+      "UPDATE meta SET value = '1' WHERE key = 'schema_version'");
+  auto store = PostgresJobStore::Open(options_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(Sql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(kPostgresSchemaVersion));
+  EXPECT_EQ(Sql("SELECT to_regclass('task_log_pieces') IS NOT NULL"), "t");
+  EXPECT_EQ(Sql("SELECT string_agg(id, ',') FROM jobs"), "kept");
+}
+
 // Coordinators started together on an empty database make its schema once, without clashing.
 TEST_F(PostgresStoreTest, CoordinatorsStartingTogetherMakeTheSchemaOnce) {
   std::vector<std::thread> threads;
