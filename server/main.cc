@@ -1,6 +1,8 @@
 // trainyard-coordinator: the source of truth of a Trainyard cluster (docs/architecture.md).
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +48,7 @@
 #include "server/postgres_log_backend.h"
 #include "server/search_manager.h"
 #include "server/sqlite_job_store.h"
+#include "server/store_migration.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
           "Address for JobService, AgentService, health and reflection, as HOST:PORT. Port 0 "
@@ -64,6 +67,10 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, store_password_file, "",
           "File whose first line is the PostgreSQL password of --store (kept out of the command "
           "line, which others on the machine can read).");
+ABSL_FLAG(bool, migrate_state, false,
+          "Copy the state of --state_dir (SQLite: jobs, tokens, searches, queues, task logs, the "
+          "task-credential key) into the empty PostgreSQL database of --store, then exit. Stop "
+          "the coordinator of --state_dir first; coordinators on --store stand by meanwhile.");
 ABSL_FLAG(absl::Duration, leader_lease, absl::Seconds(3),
           "With a PostgreSQL --store: how long the leader's lease lasts unrenewed (it is renewed "
           "every third of this). A standby takes over at most this long after the leader dies; "
@@ -228,29 +235,10 @@ std::string AdvertisedAddress(const std::string& listen) {
 
 // SQLite in the state folder; or PostgreSQL, after waiting to lead. Returns nullopt after logging
 // why when it cannot, or when a stop signal came while standing by (`stopped` set).
-std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stopped) {
-  StateStores stores;
+// The connection options of a postgres:// --store, the password from --store_password_file;
+// nullopt (logged) when they are not usable.
+std::optional<pg::ConnectOptions> PostgresOptionsFromFlags() {
   const std::string store = absl::GetFlag(FLAGS_store);
-  if (store.empty()) {
-    // Three connections to the same file (the later ones open it with its schema current).
-    for (std::unique_ptr<JobStore>* slot : {&stores.jobs, &stores.tokens, &stores.searches}) {
-      absl::StatusOr<std::unique_ptr<SqliteJobStore>> opened =
-          SqliteJobStore::Open(abs_state + "/state.db");
-      if (!opened.ok()) {
-        LogError("cannot open the state database: ", opened.status().ToString());
-        return std::nullopt;
-      }
-      *slot = *std::move(opened);
-    }
-    absl::StatusOr<std::string> key = LoadOrCreateKey(abs_state + "/task-credential.key");
-    if (!key.ok()) {
-      LogError("task credential key: ", key.status().ToString());
-      return std::nullopt;
-    }
-    stores.task_key = *key;
-    stores.logs = NewFileLogBackend(abs_state + "/logs");
-    return stores;
-  }
   if (!absl::StartsWith(store, "postgres://") && !absl::StartsWith(store, "postgresql://")) {
     LogError("--store: '", pg::RedactConninfo(store),
              "' is neither empty (SQLite) nor a postgres:// address");
@@ -274,6 +262,86 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
       return std::nullopt;
     }
     options.password = *password;
+  }
+  return options;
+}
+
+// Holds --state_dir for this process (flock on its coordinator.lock, released at exit): two
+// coordinators on one state folder would both schedule. False (logged) when another holds it.
+bool LockStateDir(const std::string& abs_state) {
+  const std::string path = abs_state + "/coordinator.lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    LogError("cannot open ", path, ": ", std::strerror(errno));
+    return false;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    LogError("--state_dir ", abs_state, " is in use by another coordinator (", path,
+             " is locked): stop it first, or give this one a --state_dir of its own");
+    close(fd);
+    return false;
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) == 0 && write(fd, pid.data(), pid.size()) < 0) {
+    // The pid is for people; the lock is what counts.
+  }
+  return true;  // the descriptor stays open, and the lock held, until the process ends
+}
+
+// --migrate_state: the state folder's SQLite state into the empty database of --store.
+int MigrateState(const std::string& abs_state) {
+  if (absl::GetFlag(FLAGS_store).empty()) {
+    LogError("--migrate_state: name the PostgreSQL database to migrate into with --store");
+    return 1;
+  }
+  std::optional<pg::ConnectOptions> options = PostgresOptionsFromFlags();
+  if (!options.has_value()) return 1;
+  LogInfo("migrating ", abs_state, " into ", pg::RedactConninfo(options->conninfo));
+  absl::StatusOr<MigrationCounts> counts =
+      MigrateSqliteToPostgres(abs_state, *options, [](absl::string_view what) { LogInfo(what); });
+  if (!counts.ok()) {
+    LogError("--migrate_state: ", counts.status().message());
+    return 1;
+  }
+  LogInfo("migrated: ", counts->jobs, " jobs, ", counts->tokens, " tokens, ", counts->searches,
+          " searches, ", counts->queues, " queues, ", counts->workers, " workers, the logs of ",
+          counts->logs,
+          " tasks and the task-credential key. Start the coordinators with --store; "
+          "their agents and trainers carry on. ",
+          abs_state, "/state.db is no longer used: keep it as a backup.");
+  return 0;
+}
+
+std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stopped) {
+  StateStores stores;
+  const std::string store = absl::GetFlag(FLAGS_store);
+  if (store.empty()) {
+    // Three connections to the same file (the later ones open it with its schema current).
+    for (std::unique_ptr<JobStore>* slot : {&stores.jobs, &stores.tokens, &stores.searches}) {
+      absl::StatusOr<std::unique_ptr<SqliteJobStore>> opened =
+          SqliteJobStore::Open(abs_state + "/state.db");
+      if (!opened.ok()) {
+        LogError("cannot open the state database: ", opened.status().ToString());
+        return std::nullopt;
+      }
+      *slot = *std::move(opened);
+    }
+    absl::StatusOr<std::string> key = LoadOrCreateKey(abs_state + "/task-credential.key");
+    if (!key.ok()) {
+      LogError("task credential key: ", key.status().ToString());
+      return std::nullopt;
+    }
+    stores.task_key = *key;
+    stores.logs = NewFileLogBackend(abs_state + "/logs");
+    return stores;
+  }
+  std::optional<pg::ConnectOptions> parsed = PostgresOptionsFromFlags();
+  if (!parsed.has_value()) return std::nullopt;
+  pg::ConnectOptions options = *std::move(parsed);
+  if (std::filesystem::exists(abs_state + "/state.db")) {
+    LogWarning("--state_dir ", abs_state,
+               " holds a SQLite state (state.db) that --store does not use; to carry it over, "
+               "run this coordinator once with --migrate_state (docs/operations.md)");
   }
   const absl::Duration lease_length = absl::GetFlag(FLAGS_leader_lease);
   if (lease_length < absl::Milliseconds(300)) {
@@ -408,6 +476,8 @@ int Run() {
     return 1;
   }
   const std::string abs_state = std::filesystem::absolute(state_dir).lexically_normal().string();
+  if (!LockStateDir(abs_state)) return 1;
+  if (absl::GetFlag(FLAGS_migrate_state)) return MigrateState(abs_state);
   std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   if (checkpoint_root.empty()) checkpoint_root = absl::StrCat("file://", abs_state, "/checkpoints");
 

@@ -164,6 +164,25 @@ absl::Status PostgresJobStore::Apply(const StoreMutation& mutation) {
   return db_->RunTransaction(statements);
 }
 
+absl::Status PostgresJobStore::Import(
+    const StoreMutation& mutation,
+    const std::vector<std::pair<std::string, std::string>>& secrets) {
+  std::vector<pg::Connection::Statement> statements;
+  if (fence_.has_value()) {
+    statements.push_back(
+        {"SELECT trainyard_fence($1, $2)", Params().Add(fence_->holder).Add(fence_->token)});
+  }
+  for (const auto& [name, value] : secrets) {
+    statements.push_back(
+        {"INSERT INTO secrets(name, value) VALUES($1, $2) ON CONFLICT (name) DO "
+         "UPDATE SET value = excluded.value",
+         Params().Add(name).AddBlob(value)});
+  }
+  Writes(mutation, &statements);
+  absl::MutexLock lock(&mu_);
+  return db_->RunTransaction(statements);
+}
+
 void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection::Statement>* out) {
   for (const StoredJob& stored : m.jobs) {
     v1::Job row = stored.job;

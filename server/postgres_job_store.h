@@ -68,6 +68,11 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override;
   absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() override;
 
+  // Apply, with `secrets` (name, value) written (replacing any of that name) in the same
+  // transaction: a migration's import (server/store_migration.h).
+  absl::Status Import(const StoreMutation& mutation,
+                      const std::vector<std::pair<std::string, std::string>>& secrets);
+
   // The secret named `name`, made with `make` and stored by the first coordinator that asks (all
   // coordinators of a cluster must sign task credentials with one key). Not fenced: a standby
   // may read it before it leads.

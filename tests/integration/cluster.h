@@ -107,6 +107,8 @@ class Cluster {
   // Restarts the coordinator on the same state folder (after a crash or a stop).
   void KillCoordinator(int sig);
   void StartCoordinator();
+  // The --store of the coordinator's next start (a state migrated into PostgreSQL).
+  void set_store(std::string store) { options_.store = std::move(store); }
   Process& coordinator() { return *coordinators_[0]; }
   // With several coordinators: coordinator i, started again with StartCoordinator(i) (which
   // does not wait for it to lead), and which one leads now: the running one that has written

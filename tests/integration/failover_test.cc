@@ -13,9 +13,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/common/postgres_server.h"
 #include "tests/common/tcp_proxy.h"
@@ -153,6 +155,110 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
     EXPECT_EQ(done->restarts_size(), 0) << running.id();
     EXPECT_EQ(done->progress().step(), 400) << running.id();
   }
+}
+
+// One coordinator on SQLite, moved to PostgreSQL with --migrate_state: refused while that
+// coordinator runs; then everything is there under the coordinator started on the database (a
+// finished job with its log, a job still waiting, a token, a queue), a job that trained through
+// it is adopted (same attempt, no restart), the workers re-register with their tokens, new job
+// ids carry on from the old ones and run, and a second migration into the same database is
+// refused.
+TEST_F(FailoverTest, ASqliteStateMigratesIntoPostgres) {
+  ClusterOptions options;
+  options.workers = 2;
+  options.slots_per_worker = 1;
+  Cluster cluster(options);
+  auto done = cluster.Submit(TrainingJob("done-before", 30));
+  ASSERT_TRUE(done.ok()) << done.status();
+  auto finished = cluster.WaitForFinal(done->id());
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  ASSERT_EQ(finished->state(), v1::SUCCEEDED) << finished->reason();
+  std::string log_before;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        auto text = cluster.Logs(done->id());
+        if (!text.ok() || !absl::StrContains(*text, "done: step=30")) return false;
+        log_before = *text;
+        return true;
+      },
+      absl::Seconds(30)));
+  // Waits for three workers, which this cluster does not have.
+  auto waiting = cluster.Submit(absl::StrReplaceAll(
+      TrainingJob("waiting", 20), {{"strategy: single", "strategy: data_parallel\nworkers: 3"}}));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  // Trains through the migration: held at step 30 while the coordinators change.
+  auto running = SubmitAndHold(cluster, "through", TrainingJob("through", 200), 30, 25);
+  ASSERT_TRUE(running.ok()) << running.status();
+  const std::string token = cluster.CreateToken("alice", v1::TOKEN_USER);
+  auto queue = cluster.Cli({"queue", "create", "team-a", "--slots", "1"});
+  ASSERT_EQ(queue.exit_code, 0) << queue.output;
+
+  auto migrate = [&](const std::string& log) {
+    Process process(std::vector<std::string>{BinDir() + "/trainyard-coordinator",
+                                             "--state_dir=" + cluster.state_dir(),
+                                             "--store=" + uri_, "--migrate_state"},
+                    cluster.state_dir() + "/../" + log);
+    std::optional<int> status = process.Wait(absl::Seconds(120));
+    EXPECT_TRUE(status.has_value());
+    return std::make_pair(status.has_value() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1,
+                          process.Log());
+  };
+  auto [busy_rc, busy_log] = migrate("migrate-busy.log");
+  EXPECT_EQ(busy_rc, 1) << busy_log;
+  EXPECT_THAT(busy_log, HasSubstr("is in use by another coordinator"));
+  EXPECT_EQ(server_->Psql("trainyard", "SELECT to_regclass('jobs') IS NULL").value_or(""), "t\n")
+      << "the refused migration touched the database";
+
+  cluster.KillCoordinator(SIGTERM);
+  auto [rc, log] = migrate("migrate.log");
+  ASSERT_EQ(rc, 0) << log;
+  std::cout << "migration:\n" << log;
+  EXPECT_THAT(log, HasSubstr("migrated: 3 jobs, "));
+  EXPECT_THAT(log, HasSubstr(" tokens, 0 searches, "));
+
+  cluster.set_store(uri_);
+  cluster.StartCoordinator();
+  auto job = cluster.Get(done->id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::SUCCEEDED);
+  EXPECT_EQ(job->progress().step(), 30);
+  EXPECT_EQ(job->events_size(), finished->events_size());
+  auto log_after = cluster.Logs(done->id());
+  ASSERT_TRUE(log_after.ok()) << log_after.status();
+  EXPECT_EQ(*log_after, log_before);
+  // The user's token still works; the queue is there.
+  v1::ListJobsRequest list;
+  v1::ListJobsResponse listed;
+  grpc::ClientContext context;
+  EXPECT_TRUE(
+      v1::JobService::NewStub(cluster.NewChannel(token))->ListJobs(&context, list, &listed).ok());
+  auto queues = cluster.Cli({"queue", "list"});
+  EXPECT_THAT(queues.output, HasSubstr("team-a"));
+  // The running job was adopted, not restarted.
+  cluster.Release("through");
+  auto through = cluster.WaitForFinal(running->id(), absl::Seconds(180));
+  ASSERT_TRUE(through.ok()) << through.status();
+  EXPECT_EQ(through->state(), v1::SUCCEEDED) << through->reason();
+  EXPECT_EQ(through->generation(), 1);
+  EXPECT_EQ(through->restarts_size(), 0);
+  EXPECT_EQ(through->progress().step(), 200);
+  auto still = cluster.Get(waiting->id());
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(still->state(), v1::PENDING);
+  // Ids go on from the old ones, and the workers (re-registered with their migrated tokens) run
+  // the new job.
+  auto next = cluster.Submit(SyntheticJobYaml("after", 5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->id(), "after-4");
+  auto ran = cluster.WaitForFinal(next->id(), absl::Seconds(120));
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  EXPECT_EQ(ran->state(), v1::SUCCEEDED) << ran->reason();
+
+  // Into a database that holds jobs: refused, nothing written.
+  cluster.KillCoordinator(SIGTERM);
+  auto [again_rc, again_log] = migrate("migrate-again.log");
+  EXPECT_EQ(again_rc, 1) << again_log;
+  EXPECT_THAT(again_log, HasSubstr("the database already holds"));
 }
 
 // A frozen leader (its machine paused) is replaced once its lease runs out; woken, it finds the
