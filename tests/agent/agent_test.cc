@@ -307,6 +307,47 @@ TEST_F(AgentTest, BacksOffUpToTwoSecondsWhileTheCoordinatorIsAwayAndKeepsItsTrai
   EXPECT_EQ(back.sync.tasks(0).state(), v1::TASK_RUNNING);
 }
 
+// Cut off from the coordinator for longer than self_fence_after, the agent kills its trainers
+// (the coordinator has presumably restarted their jobs elsewhere), reports them stopped, saying
+// why, once it is back, and takes new work again.
+TEST_F(AgentTest, KillsItsTrainersAfterTooLongWithoutALeaseAndTakesWorkAgainWhenBack) {
+  link_owned_ = std::make_unique<FakeCoordinatorLink>(clock_);
+  launcher_owned_ = std::make_unique<FakeProcessLauncher>();
+  link_ = link_owned_.get();
+  launcher_ = launcher_owned_.get();
+  launcher_->OnSignal([this](int64_t, int signal) {
+    absl::MutexLock lock(&mu_);
+    signals_.push_back({signal, clock_.Now(), 0});
+  });
+  options_.self_fence_after = absl::Seconds(30);
+  MakeAgent();
+  StartWithATrainer();
+  link_->SetAvailable(false);
+  const absl::Time away = clock_.Now();
+  // Within self_fence_after the trainer lives on.
+  RunUntil([&] { return clock_.Now() >= away + absl::Seconds(29); }, away + absl::Seconds(29));
+  EXPECT_TRUE(signals().empty()) << "killed after " << signals().front().at - away;
+  RunUntil([&] { return SignalledWith(SIGKILL); });
+  ASSERT_FALSE(signals().empty());
+  EXPECT_EQ(signals().front().signal, SIGKILL);
+  EXPECT_GE(signals().front().at - away, absl::Seconds(30));
+
+  link_->SetAvailable(true);
+  RunUntil([&] { return Reported(link_->calls(), "j1.g1.r0", v1::TASK_STOPPED); });
+  std::string message;
+  for (const FakeCoordinatorLink::Call& call : link_->calls()) {
+    if (call.rpc == "ReportTaskStatus" && call.report.status().state() == v1::TASK_STOPPED) {
+      message = call.report.status().message();
+    }
+  }
+  EXPECT_THAT(message, ::testing::HasSubstr("no lease from the coordinator for"));
+  EXPECT_THAT(message, ::testing::HasSubstr("(self-fencing)"));
+  // Back in touch: new work is taken.
+  link_->SetDesired({MakeTask("j2.g1.r0")});
+  RunUntil([&] { return Reported(link_->calls(), "j2.g1.r0", v1::TASK_RUNNING); });
+  EXPECT_EQ(launcher_->launched().size(), 2u);
+}
+
 TEST_F(AgentTest, APreemptionIsReportedFirstAndTrainersAreKilledAtTheDeadlineLessAMargin) {
   StartWithATrainer();
   const absl::Time deadline = clock_.Now() + absl::Seconds(30);

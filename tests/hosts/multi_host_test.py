@@ -13,9 +13,10 @@ each on a host of its own, over TLS and tokens as the operations guide sets them
   than waited for, every committed checkpoint is whole, and the job ends bit for bit.
 - The coordinator's host cut off from every worker for 30 s: training goes on, progress and
   checkpoints catch up after the heal, nothing restarts (a mass loss is held, not acted on).
-- A worker host partitioned from the coordinator (it still reaches its peers) and a worker host
-  frozen for 20 s: the attempt is fenced and restarts elsewhere, the old rank is killed when its
-  agent comes back and writes nothing, and the host is used again.
+- A worker host partitioned from the coordinator (it still reaches its peers): the attempt is
+  fenced and restarts elsewhere, the old rank writes nothing, its agent kills it after 40 s
+  without a lease (self-fencing), and the host is used again once healed. A worker host frozen
+  for 20 s: the same, the old rank killed when its agent comes back.
 - A 500 ms cut of a worker host's link and 1 % loss on the ranks' links: no restart (steps/s
   against the clean link printed).
 - Every restart records the exact last step the ranks completed.
@@ -108,7 +109,10 @@ class MultiHostTest(unittest.TestCase):
         cls.reference = loopback_models({n: spec(n, *CASES[n]) for n in CASES})
         cls.bed = hosts.Bed.up(["coord", "s3", "w1", "w2", "w3"])
         cls.bed.remove_on_exit()
-        cls.cluster = cluster_lib.HostCluster(cls.bed, BIN_DIR, ["w1", "w2", "w3"])
+        # Agents fence themselves after 40 s without a lease: longer than the coordinator's 30 s
+        # cut (test 6), which training rides through, shorter than test 7's partition.
+        cls.cluster = cluster_lib.HostCluster(cls.bed, BIN_DIR, ["w1", "w2", "w3"],
+                                              agent_flags=["--self_fence_after=40s"])
         try:
             cls.cluster.start()
         except Exception:
@@ -361,7 +365,8 @@ class MultiHostTest(unittest.TestCase):
     def test_7_a_worker_host_partitioned_from_the_coordinator(self):
         """One worker host cannot reach the coordinator but still reaches its peers: the
         coordinator fences the attempt and restarts it elsewhere; the host's rank writes
-        nothing; healed, the agent registers again and is used again."""
+        nothing, and its agent kills it once it has been without a lease for 40 s
+        (self-fencing); healed, the agent registers again and is used again."""
         name = "partition"
         job_id, job = self.held_job(name)
         victim = self.cluster.worker_of(job)
@@ -372,10 +377,23 @@ class MultiHostTest(unittest.TestCase):
         self.assertNotIn(victim, self.workers_of(recovered))
         old_rank = "%s.g%s.r0" % (job_id, job["generation"])
         self.assertEqual(self.cluster.last_step(victim, old_rank), HELD_AFTER)
+        # Still cut off, the agent kills the old rank itself.
+        agent_log = self.cluster.path("%s.log" % victim)
+        partitioned_at = time.monotonic()
+        deadline = partitioned_at + 90
+        while "no lease from the coordinator for" not in open(agent_log, errors="replace").read():
+            self.assertLess(time.monotonic(), deadline, "the cut-off agent kept its trainer")
+            time.sleep(0.2)
+        fenced_after = time.monotonic() - partitioned_at
         self.bed.heal(victim)
         self.cluster.wait_workers(3)
-        # Back from LOST, its agent was told to kill the rank of the fenced attempt.
+        # Back, it reports the rank of the fenced attempt stopped by its own hand.
         self.assert_killed_on_return(job_id, old_rank)
+        ended = self.cluster.job(job_id)
+        self.assertIn("(self-fencing)", [t.get("message", "") for t in ended["tasks"]
+                                         if t["taskId"] == old_rank][0])
+        print("  partition: the cut-off agent killed its trainer %.1f s after the partition" %
+              fenced_after, flush=True)
         self.cluster.release(name)
         done = self.run_to_success(job_id)
         self.assertEqual(self.model_of(done), self.reference["dp"])

@@ -79,7 +79,10 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
                                     },
                                     options_.task_retention, options_.trainer_env,
                                     options_.isolation},
-                  *launcher_, clock_) {}
+                  *launcher_, clock_) {
+  absl::MutexLock lock(&mu_);
+  last_contact_ = clock_.Now();
+}
 
 Agent::~Agent() = default;
 
@@ -264,6 +267,7 @@ void Agent::Report(const v1::TaskStatus& status) {
 
 void Agent::SupervisorLoop() {
   do {
+    SelfFence();
     const std::vector<v1::TaskStatus> ended = reconciler_.Tick();
     for (const v1::TaskStatus& change : ended) Report(change);
     reconciler_.RemoveExpiredTaskDirs();
@@ -274,6 +278,30 @@ void Agent::SupervisorLoop() {
       if (stop_requested_ || preemption_.has_value()) Wake();
     }
   } while (!threads_done_.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+}
+
+void Agent::SelfFence() {
+  if (options_.self_fence_after <= absl::ZeroDuration()) return;
+  absl::Duration without;
+  {
+    absl::MutexLock lock(&mu_);
+    without = lease_held_ ? absl::ZeroDuration() : clock_.Now() - last_contact_;
+  }
+  if (without <= options_.self_fence_after) {
+    fenced_ = false;
+    return;
+  }
+  if (fenced_) return;
+  fenced_ = true;
+  const int killed = reconciler_.FenceAll(absl::Trunc(without, absl::Seconds(1)));
+  if (killed > 0) {
+    LogError("no lease from the coordinator for ",
+             absl::FormatDuration(absl::Trunc(without, absl::Seconds(1))),
+             " (--self_fence_after=", absl::FormatDuration(options_.self_fence_after), "): killed ",
+             killed,
+             " trainers, whose work the coordinator has presumably given to "
+             "others; this worker takes new work once it reaches the coordinator again");
+  }
 }
 
 void Agent::LeaseLoop() {
@@ -307,6 +335,7 @@ void Agent::LeaseLoop() {
     {
       absl::MutexLock lock(&mu_);
       lease_call_ = nullptr;
+      if (lease_held_) last_contact_ = clock_.Now();  // held until now
       lease_held_ = false;
       if (lease_done_) return;
       renewed = registrations_ != registration;
@@ -449,6 +478,10 @@ int Agent::Run() {
       }
     }
     if (status.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        last_contact_ = clock_.Now();
+      }
       connected = true;
       if (backoff.attempts() > 0) LogInfo("connected to the coordinator again");
       backoff.Reset();

@@ -40,6 +40,11 @@ struct AgentOptions {
   // stream (a coordinator that keeps leases by Sync), polls of at most kSyncLeaseWait renew it.
   absl::Duration sync_wait = absl::Seconds(30);
   absl::Duration task_retention = absl::Hours(24);  // folders of ended tasks are kept this long
+  // With no lease from the coordinator this long (its stream broken and no Sync answered), the
+  // agent kills its trainers (self-fencing): the coordinator has presumably given their work to
+  // others. Zero: never. The coordinator's --mass_loss_hold by default: what training rides
+  // through when the coordinator's own network is out.
+  absl::Duration self_fence_after = absl::Minutes(5);
   std::map<std::string, std::string> trainer_env;   // ReconcilerOptions::trainer_env
   TaskIsolation* isolation = nullptr;               // ReconcilerOptions::isolation
 };
@@ -111,6 +116,9 @@ class Agent {
   absl::Status ReportPreemption(const PreemptionNotice& notice);
   void Report(const v1::TaskStatus& status);
   void SupervisorLoop();
+  // Kills the trainers once the agent has been without a lease for options_.self_fence_after
+  // (once per such spell; SupervisorLoop's thread only).
+  void SelfFence();
   void ShipperLoop();
   // Holds the lease stream of each registration until EndLease, reopening it at once (then
   // backing off up to 1 s) when it breaks.
@@ -151,6 +159,10 @@ class Agent {
   CallCanceller* active_call_ ABSL_GUARDED_BY(mu_) = nullptr;  // Register or Sync in flight
   uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   bool lease_held_ ABSL_GUARDED_BY(mu_) = false;  // the coordinator took the lease stream
+  // When the coordinator last had this worker's lease (a stream held until then, or a call
+  // answered); the agent's start before any.
+  absl::Time last_contact_ ABSL_GUARDED_BY(mu_);
+  bool fenced_ = false;  // SupervisorLoop's: the trainers were killed for want of a lease
   bool lease_done_ ABSL_GUARDED_BY(mu_) = false;  // EndLease was called
   CallCanceller* lease_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::CondVar lease_cv_;

@@ -326,7 +326,8 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
                                     const Record& record) const {
   std::string detail = std::string(absl::StripAsciiWhitespace(
       ReadSmallFile(absl::StrCat(TaskDir(task_id), "/", kTerminationMessageFile))));
-  const bool stopped = record.stop_cause == StopCause::kUndesired;
+  const bool stopped =
+      record.stop_cause == StopCause::kUndesired || record.stop_cause == StopCause::kFenced;
   const bool clean_exit = exit.signal == 0 && exit.exit_code == 0;
   if (detail.empty() && !stopped && !clean_exit) detail = TailLines(LogPath(task_id), 3);
   // Why the task ended, not how: the exit code and signal travel in their own fields, and the
@@ -346,6 +347,10 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
       break;
     case StopCause::kPreemption:
       message = "stopped because the worker is being preempted";
+      break;
+    case StopCause::kFenced:
+      message = absl::StrCat("stopped by its agent, which had no lease from the coordinator for ",
+                             absl::FormatDuration(record.fenced_after), " (self-fencing)");
       break;
   }
   if (!detail.empty()) message = message.empty() ? detail : absl::StrCat(message, ": ", detail);
@@ -461,7 +466,8 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     v1::TaskStatus& status = record.status;
     // Only a stop the coordinator asked for without a deadline is TASK_STOPPED; an exit after
     // a request to save goes to the coordinator with the trainer's own code to classify.
-    const bool stopped = record.stop_cause == StopCause::kUndesired;
+    const bool stopped =
+        record.stop_cause == StopCause::kUndesired || record.stop_cause == StopCause::kFenced;
     status.set_state(stopped ? v1::TASK_STOPPED : v1::TASK_EXITED);
     status.set_exit_code(e.exit.exit_code);
     status.set_signal(e.exit.signal);
@@ -505,6 +511,9 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
       case StopCause::kPreemption:
         why = " (stopped for the preemption)";
         break;
+      case StopCause::kFenced:
+        why = " (self-fenced)";
+        break;
     }
     LogInfo("task ", e.task_id, " ", DescribeExit(e.exit), why);
     changes.push_back(status);
@@ -521,6 +530,27 @@ void Reconciler::StopAll() {
       Terminate(record, StopCause::kAgentShutdown, now + options_.stop_grace_period);
     }
   }
+}
+
+int Reconciler::FenceAll(absl::Duration without_lease) {
+  absl::MutexLock lock(&mu_);
+  int killed = 0;
+  const absl::Time now = clock_.Now();
+  for (auto& [id, record] : records_) {
+    if (!record.running || record.killed) continue;
+    record.stop_cause = StopCause::kFenced;
+    record.fenced_after = without_lease;
+    record.killed = true;
+    record.kill_at = now;
+    LogWarning("killing task ", id, " (pid ", record.status.pid(),
+               "): no lease from the "
+               "coordinator for ",
+               absl::FormatDuration(without_lease));
+    absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
+    if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
+    ++killed;
+  }
+  return killed;
 }
 
 void Reconciler::StopAllBy(absl::Time kill_at) {

@@ -109,6 +109,12 @@ class Reconciler {
   // kill time. Calling it again only ever brings kill times forward.
   void StopAllBy(absl::Time kill_at);
 
+  // Kills every running trainer at once (SIGKILL: nothing it could save would be committed)
+  // because this agent has had no lease from the coordinator for `without_lease`: the
+  // coordinator has presumably given its work to others (self-fencing). Each end is reported
+  // TASK_STOPPED, saying why. Returns how many it killed. New tasks are still accepted.
+  int FenceAll(absl::Duration without_lease);
+
   // The status of every task tracked: running ones and ended ones not yet forgotten.
   std::vector<v1::TaskStatus> Statuses() const;
   // The same, and marks ended tasks as sent to the coordinator (see Apply).
@@ -137,6 +143,7 @@ class Reconciler {
     kSaveDeadline,   // the coordinator set a stop deadline: TASK_EXITED
     kAgentShutdown,  // StopAll: TASK_EXITED
     kPreemption,     // StopAllBy: TASK_EXITED
+    kFenced,         // FenceAll: TASK_STOPPED
   };
 
   struct Record {
@@ -151,6 +158,7 @@ class Reconciler {
     std::optional<ExitInfo> exited;  // reaped outside Tick (found dead when about to be killed)
     absl::Time kill_at = absl::InfiniteFuture();        // SIGKILL from Tick from then on
     absl::Time stop_deadline = absl::InfiniteFuture();  // in the stop-deadline file, if written
+    absl::Duration fenced_after;  // FenceAll: how long the agent had been without a lease
     bool sent = false;  // ended, and included in a StatusesForSync result
   };
 
