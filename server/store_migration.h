@@ -30,9 +30,9 @@ struct MigrationCounts {
 // database of `options`. The caller keeps any coordinator off `state_dir` meanwhile (its lock).
 // The migration holds the database's leader lease while it writes (coordinators started on the
 // database meanwhile stand by): FAILED_PRECONDITION when another holds it, or when the database
-// already holds jobs, tokens, searches or queues (nothing is written then). The jobs and the rest
-// land in one transaction, last: a migration cut short leaves the database without them and can
-// be run again. `progress` is told what is being done.
+// already holds jobs, searches or queues (nothing is written then; tokens made there are kept). The
+// jobs and the rest land in one transaction, last: a migration cut short leaves the database
+// without them and can be run again. `progress` is told what is being done.
 absl::StatusOr<MigrationCounts> MigrateSqliteToPostgres(
     const std::string& state_dir, const pg::ConnectOptions& options,
     const std::function<void(absl::string_view)>& progress);

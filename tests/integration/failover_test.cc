@@ -81,6 +81,25 @@ class FailoverTest : public ::testing::Test {
     return job;
   }
 
+  // Runs a 30-step TrainingJob to success and takes its whole log, once its agent has shipped
+  // the last line (at its next sync after the end).
+  static void RunWithLog(Cluster& cluster, const std::string& name, Job* job, std::string* log) {
+    auto submitted = cluster.Submit(TrainingJob(name, 30));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    auto done = cluster.WaitForFinal(submitted->id());
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+    *job = *done;
+    ASSERT_TRUE(PollUntil(
+        [&] {
+          auto text = cluster.Logs(job->id());
+          if (!text.ok() || !absl::StrContains(*text, "done: step=30")) return false;
+          *log = *text;
+          return true;
+        },
+        absl::Seconds(30)));
+  }
+
   std::unique_ptr<PostgresServer> server_;
   std::string uri_;
 };
@@ -93,21 +112,9 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   const int leader = cluster.Leader();
   ASSERT_GE(leader, 0);
   // A job that ends before the takeover: its agent ships its log once, to the old leader.
-  auto logged = cluster.Submit(TrainingJob("logged", 30));
-  ASSERT_TRUE(logged.ok()) << logged.status();
-  auto logged_done = cluster.WaitForFinal(logged->id());
-  ASSERT_TRUE(logged_done.ok()) << logged_done.status();
-  ASSERT_EQ(logged_done->state(), v1::SUCCEEDED) << logged_done->reason();
+  Job logged;
   std::string log_before;
-  // Shipped within a moment of the end (the agent's next sync): until then the log grows.
-  ASSERT_TRUE(PollUntil(
-      [&] {
-        auto text = cluster.Logs(logged->id());
-        if (!text.ok() || !absl::StrContains(*text, "done: step=30")) return false;
-        log_before = *text;
-        return true;
-      },
-      absl::Seconds(30)));
+  ASSERT_NO_FATAL_FAILURE(RunWithLog(cluster, "logged", &logged, &log_before));
   auto a = SubmitAndHold(cluster, "train-a", TrainingJob("train-a", 400), 30, 25);
   ASSERT_TRUE(a.ok()) << a.status();
   auto b = SubmitAndHold(cluster, "train-b", TrainingJob("train-b", 400), 30, 25);
@@ -142,7 +149,7 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   }
   // The new leader serves the log the old one was sent (it is in the database, not in the old
   // leader's folder).
-  auto log_after = cluster.Logs(logged->id());
+  auto log_after = cluster.Logs(logged.id());
   ASSERT_TRUE(log_after.ok()) << log_after.status();
   EXPECT_EQ(*log_after, log_before);
   cluster.Release("train-b");
@@ -168,20 +175,9 @@ TEST_F(FailoverTest, ASqliteStateMigratesIntoPostgres) {
   options.workers = 2;
   options.slots_per_worker = 1;
   Cluster cluster(options);
-  auto done = cluster.Submit(TrainingJob("done-before", 30));
-  ASSERT_TRUE(done.ok()) << done.status();
-  auto finished = cluster.WaitForFinal(done->id());
-  ASSERT_TRUE(finished.ok()) << finished.status();
-  ASSERT_EQ(finished->state(), v1::SUCCEEDED) << finished->reason();
+  Job finished;
   std::string log_before;
-  ASSERT_TRUE(PollUntil(
-      [&] {
-        auto text = cluster.Logs(done->id());
-        if (!text.ok() || !absl::StrContains(*text, "done: step=30")) return false;
-        log_before = *text;
-        return true;
-      },
-      absl::Seconds(30)));
+  ASSERT_NO_FATAL_FAILURE(RunWithLog(cluster, "done-before", &finished, &log_before));
   // Waits for three workers, which this cluster does not have.
   auto waiting = cluster.Submit(absl::StrReplaceAll(
       TrainingJob("waiting", 20), {{"strategy: single", "strategy: data_parallel\nworkers: 3"}}));
@@ -218,12 +214,12 @@ TEST_F(FailoverTest, ASqliteStateMigratesIntoPostgres) {
 
   cluster.set_store(uri_);
   cluster.StartCoordinator();
-  auto job = cluster.Get(done->id());
+  auto job = cluster.Get(finished.id());
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::SUCCEEDED);
   EXPECT_EQ(job->progress().step(), 30);
-  EXPECT_EQ(job->events_size(), finished->events_size());
-  auto log_after = cluster.Logs(done->id());
+  EXPECT_EQ(job->events_size(), finished.events_size());
+  auto log_after = cluster.Logs(finished.id());
   ASSERT_TRUE(log_after.ok()) << log_after.status();
   EXPECT_EQ(*log_after, log_before);
   // The user's token still works; the queue is there.
