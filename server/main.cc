@@ -234,8 +234,6 @@ std::string AdvertisedAddress(const std::string& listen) {
   return listen;
 }
 
-// SQLite in the state folder; or PostgreSQL, after waiting to lead. Returns nullopt after logging
-// why when it cannot, or when a stop signal came while standing by (`stopped` set).
 // The connection options of a postgres:// --store, the password from --store_password_file;
 // nullopt (logged) when they are not usable.
 std::optional<pg::ConnectOptions> PostgresOptionsFromFlags() {
@@ -289,6 +287,9 @@ bool LockStateDir(const std::string& abs_state) {
   return true;  // the descriptor stays open, and the lock held, until the process ends
 }
 
+// In a state folder whose state.db was migrated into PostgreSQL (--migrate_state).
+constexpr char kMigratedMarker[] = "state.db.migrated";
+
 // --migrate_state: the state folder's SQLite state into the empty database of --store.
 int MigrateState(const std::string& abs_state) {
   if (absl::GetFlag(FLAGS_store).empty()) {
@@ -304,6 +305,13 @@ int MigrateState(const std::string& abs_state) {
     LogError("--migrate_state: ", counts.status().message());
     return 1;
   }
+  // Said once: later starts on --store do not take the folder's state.db for one left behind.
+  if (absl::Status s = WriteSecretFile(
+          abs_state + "/" + kMigratedMarker,
+          absl::StrCat("migrated into ", pg::RedactConninfo(options->conninfo), "\n"));
+      !s.ok()) {
+    LogWarning("cannot mark ", abs_state, " as migrated: ", s.message());
+  }
   LogInfo("migrated: ", counts->jobs, " jobs, ", counts->tokens, " tokens, ", counts->searches,
           " searches, ", counts->queues, " queues, ", counts->workers, " workers, the logs of ",
           counts->logs,
@@ -313,6 +321,8 @@ int MigrateState(const std::string& abs_state) {
   return 0;
 }
 
+// SQLite in the state folder; or PostgreSQL, after waiting to lead. Returns nullopt after logging
+// why when it cannot, or when a stop signal came while standing by (`stopped` set).
 std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stopped) {
   StateStores stores;
   const std::string store = absl::GetFlag(FLAGS_store);
@@ -339,7 +349,8 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
   std::optional<pg::ConnectOptions> parsed = PostgresOptionsFromFlags();
   if (!parsed.has_value()) return std::nullopt;
   pg::ConnectOptions options = *std::move(parsed);
-  if (std::filesystem::exists(abs_state + "/state.db")) {
+  if (std::filesystem::exists(abs_state + "/state.db") &&
+      !std::filesystem::exists(abs_state + "/" + kMigratedMarker)) {
     LogWarning("--state_dir ", abs_state,
                " holds a SQLite state (state.db) that --store does not use; to carry it over, "
                "run this coordinator once with --migrate_state (docs/operations.md)");
