@@ -78,9 +78,12 @@ absl::StatusOr<std::string> PostgresLogBackend::Read(absl::string_view job_id,
   absl::StatusOr<pg::Result> rows;
   {
     absl::MutexLock lock(&mu_);
+    // From the piece holding `offset` (the last to start at or before it, found through the
+    // key), so that a read near the end of a long log does not visit every piece before it.
     rows = db_->Exec(
-        "SELECT start, data FROM task_log_pieces WHERE job_id = $1 AND task_id = $2 AND start < "
-        "$4 AND start + length(data) > $3 ORDER BY start",
+        "SELECT start, data FROM task_log_pieces WHERE job_id = $1 AND task_id = $2 AND start >= "
+        "COALESCE((SELECT start FROM task_log_pieces WHERE job_id = $1 AND task_id = $2 AND "
+        "start <= $3 ORDER BY start DESC LIMIT 1), 0) AND start < $4 ORDER BY start",
         Params().Add(job_id).Add(task_id).Add(offset).Add(end));
   }
   if (!rows.ok()) return rows.status();

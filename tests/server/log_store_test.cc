@@ -103,6 +103,27 @@ TYPED_TEST(LogStoreContract, ShippingIsIdempotentAndReadsCrossPieces) {
   EXPECT_EQ(*again->Read("j-1", "t-0", 20, 1 << 20), "ine\nthird\n");
 }
 
+// A log shipped in many pieces of uneven sizes reads back whole from any offset: at a piece's
+// start, inside one, across several, at the end.
+TYPED_TEST(LogStoreContract, ManyPiecesReadBackFromAnyOffset) {
+  std::unique_ptr<LogStore> logs = this->Store();
+  ASSERT_NE(logs, nullptr);
+  std::string whole;
+  for (int i = 0; i < 200; ++i) {
+    const std::string piece = absl::StrCat("line ", i, std::string(i % 7, '.'), "\n");
+    ASSERT_EQ(*logs->Append("j-1", "t-0", static_cast<int64_t>(whole.size()), piece),
+              static_cast<int64_t>(whole.size() + piece.size()));
+    whole += piece;
+  }
+  const int64_t size = static_cast<int64_t>(whole.size());
+  for (int64_t offset : {int64_t{0}, int64_t{7}, int64_t{8}, size / 3, size / 2 + 1, size - 5}) {
+    for (int64_t n : {int64_t{1}, int64_t{9}, int64_t{100}, size}) {
+      EXPECT_EQ(*logs->Read("j-1", "t-0", offset, n), whole.substr(offset, n))
+          << "offset " << offset << " n " << n;
+    }
+  }
+}
+
 TYPED_TEST(LogStoreContract, ALogPastItsLimitKeepsTheStartAndCountsTheRest) {
   const std::string a(60, 'a');
   const std::string b(60, 'b');
