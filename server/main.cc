@@ -425,29 +425,26 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
                  "coordinator again as a standby)");
         std::_Exit(3);
       });
+  // A leader that cannot open its stores lets go of the lease: a standby may do better, and need
+  // not wait for the lease to run out.
+  auto cannot_open = [&stores](const absl::Status& why) -> std::optional<StateStores> {
+    LogError("cannot open the PostgreSQL store: ", why.ToString());
+    stores.keeper.reset();
+    stores.lease->Release().IgnoreError();
+    return std::nullopt;
+  };
   PostgresJobStore* token_store = nullptr;
   for (std::unique_ptr<JobStore>* slot : {&stores.jobs, &stores.tokens, &stores.searches}) {
     absl::StatusOr<std::unique_ptr<PostgresJobStore>> opened =
         PostgresJobStore::Open(options, fence);
-    if (!opened.ok()) {
-      LogError("cannot open the PostgreSQL store: ", opened.status().ToString());
-      // A standby may do better: it need not wait for the lease to run out.
-      stores.keeper.reset();
-      stores.lease->Release().IgnoreError();
-      return std::nullopt;
-    }
+    if (!opened.ok()) return cannot_open(opened.status());
     if (slot == &stores.tokens) token_store = opened->get();
     *slot = *std::move(opened);
   }
   // Task logs in the database too: a coordinator that takes over serves every log.
   absl::StatusOr<std::unique_ptr<PostgresLogBackend>> logs =
       PostgresLogBackend::Open(options, fence);
-  if (!logs.ok()) {
-    LogError("cannot open the PostgreSQL store: ", logs.status().ToString());
-    stores.keeper.reset();
-    stores.lease->Release().IgnoreError();
-    return std::nullopt;
-  }
+  if (!logs.ok()) return cannot_open(logs.status());
   stores.logs = *std::move(logs);
   // Every coordinator signs task credentials with the one key, so that trainers keep theirs
   // across a takeover.

@@ -152,26 +152,20 @@ absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(
   return std::unique_ptr<PostgresJobStore>(new PostgresJobStore(*std::move(db), std::move(fence)));
 }
 
+pg::Connection::Statement FenceStatement(const LeaseFence& fence) {
+  return {"SELECT trainyard_fence($1, $2)", Params().Add(fence.holder).Add(fence.token)};
+}
+
 absl::Status PostgresJobStore::Apply(const StoreMutation& mutation) {
   if (mutation.empty()) return absl::OkStatus();
-  std::vector<pg::Connection::Statement> statements;
-  if (fence_.has_value()) {
-    statements.push_back(
-        {"SELECT trainyard_fence($1, $2)", Params().Add(fence_->holder).Add(fence_->token)});
-  }
-  Writes(mutation, &statements);
-  absl::MutexLock lock(&mu_);
-  return db_->RunTransaction(statements);
+  return Import(mutation, {});
 }
 
 absl::Status PostgresJobStore::Import(
     const StoreMutation& mutation,
     const std::vector<std::pair<std::string, std::string>>& secrets) {
   std::vector<pg::Connection::Statement> statements;
-  if (fence_.has_value()) {
-    statements.push_back(
-        {"SELECT trainyard_fence($1, $2)", Params().Add(fence_->holder).Add(fence_->token)});
-  }
+  if (fence_.has_value()) statements.push_back(FenceStatement(*fence_));
   for (const auto& [name, value] : secrets) {
     statements.push_back(
         {"INSERT INTO secrets(name, value) VALUES($1, $2) ON CONFLICT (name) DO "

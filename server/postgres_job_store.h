@@ -26,6 +26,10 @@ struct LeaseFence {
   int64_t token = 0;
 };
 
+// The statement that opens every fenced write's transaction: it fails the transaction unless
+// `fence` still leads (trainyard_fence, SQLSTATE TY001).
+pg::Connection::Statement FenceStatement(const LeaseFence& fence);
+
 // The schema version of the PostgreSQL store this binary writes.
 inline constexpr int kPostgresSchemaVersion = 2;
 

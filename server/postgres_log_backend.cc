@@ -20,10 +20,7 @@ absl::StatusOr<std::unique_ptr<PostgresLogBackend>> PostgresLogBackend::Open(
 }
 
 absl::Status PostgresLogBackend::Write(std::vector<pg::Connection::Statement> statements) {
-  if (fence_.has_value()) {
-    statements.insert(statements.begin(), {"SELECT trainyard_fence($1, $2)",
-                                           Params().Add(fence_->holder).Add(fence_->token)});
-  }
+  if (fence_.has_value()) statements.insert(statements.begin(), FenceStatement(*fence_));
   absl::MutexLock lock(&mu_);
   return db_->RunTransaction(statements);
 }

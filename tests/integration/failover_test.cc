@@ -81,6 +81,20 @@ class FailoverTest : public ::testing::Test {
     return job;
   }
 
+  // The job ends SUCCEEDED in its first attempt, never restarted (the trainers it ran were adopted
+  // across coordinators), at `steps` when given.
+  static void ExpectFinishedInItsFirstAttempt(Cluster& cluster, const std::string& id,
+                                              int64_t steps = -1) {
+    auto done = cluster.WaitForFinal(id, absl::Seconds(180));
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+    EXPECT_EQ(done->generation(), 1) << id;
+    EXPECT_EQ(done->restarts_size(), 0) << id;
+    if (steps >= 0) {
+      EXPECT_EQ(done->progress().step(), steps) << id;
+    }
+  }
+
   // Runs a 30-step TrainingJob to success and takes its whole log, once its agent has shipped
   // the last line (at its next sync after the end).
   static void RunWithLog(Cluster& cluster, const std::string& name, Job* job, std::string* log) {
@@ -153,14 +167,9 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   ASSERT_TRUE(log_after.ok()) << log_after.status();
   EXPECT_EQ(*log_after, log_before);
   cluster.Release("train-b");
+  // The trainers kept training: the same attempt, adopted by the new leader, never a second.
   for (const auto& running : {*a, *b}) {
-    auto done = cluster.WaitForFinal(running.id(), absl::Seconds(180));
-    ASSERT_TRUE(done.ok()) << done.status();
-    EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-    // The trainers kept training: the same attempt, adopted by the new leader, never a second.
-    EXPECT_EQ(done->generation(), 1) << running.id();
-    EXPECT_EQ(done->restarts_size(), 0) << running.id();
-    EXPECT_EQ(done->progress().step(), 400) << running.id();
+    ASSERT_NO_FATAL_FAILURE(ExpectFinishedInItsFirstAttempt(cluster, running.id(), 400));
   }
 }
 
@@ -234,12 +243,7 @@ TEST_F(FailoverTest, ASqliteStateMigratesIntoPostgres) {
   EXPECT_THAT(queues.output, HasSubstr("team-a"));
   // The running job was adopted, not restarted.
   cluster.Release("through");
-  auto through = cluster.WaitForFinal(running->id(), absl::Seconds(180));
-  ASSERT_TRUE(through.ok()) << through.status();
-  EXPECT_EQ(through->state(), v1::SUCCEEDED) << through->reason();
-  EXPECT_EQ(through->generation(), 1);
-  EXPECT_EQ(through->restarts_size(), 0);
-  EXPECT_EQ(through->progress().step(), 200);
+  ASSERT_NO_FATAL_FAILURE(ExpectFinishedInItsFirstAttempt(cluster, running->id(), 200));
   auto still = cluster.Get(waiting->id());
   ASSERT_TRUE(still.ok()) << still.status();
   EXPECT_EQ(still->state(), v1::PENDING);
@@ -278,11 +282,7 @@ TEST_F(FailoverTest, AFrozenLeaderIsReplacedAndExitsWhenItWakes) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << *status;
   EXPECT_THAT(cluster.coordinator(leader).Log(), HasSubstr("no longer the leader"));
   cluster.Release("frozen-a");
-  auto done = cluster.WaitForFinal(a->id(), absl::Seconds(180));
-  ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  EXPECT_EQ(done->generation(), 1);
-  EXPECT_EQ(done->restarts_size(), 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectFinishedInItsFirstAttempt(cluster, a->id()));
   auto other = cluster.WaitForFinal(acknowledged->id(), absl::Seconds(120));
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->state(), v1::SUCCEEDED) << other->reason();
@@ -337,11 +337,7 @@ CREATE TRIGGER stamp_progress AFTER INSERT OR UPDATE ON progress
   auto acknowledged = SubmitWhenLed(cluster, SyntheticJobYaml("after-cut", 5));
   ASSERT_TRUE(acknowledged.ok()) << acknowledged.status();
   links[leader]->Heal();  // whatever the old connections still held may arrive now
-  auto done = cluster.WaitForFinal(a->id(), absl::Seconds(180));
-  ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  EXPECT_EQ(done->generation(), 1);
-  EXPECT_EQ(done->restarts_size(), 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectFinishedInItsFirstAttempt(cluster, a->id()));
 
   // Each writer's span of writes, in order: no overlap.
   auto spans = server_->Psql(
@@ -380,12 +376,7 @@ TEST_F(FailoverTest, WhileTheDatabaseIsDownTrainingGoesOnAndNothingIsLost) {
   ASSERT_TRUE(server_->StartAgain().ok());
   const int next = cluster.WaitForLeader(absl::Seconds(30), leader);
   ASSERT_GE(next, 0) << "no coordinator leads once the database is back";
-  auto done = cluster.WaitForFinal(a->id(), absl::Seconds(180));
-  ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  EXPECT_EQ(done->generation(), 1);
-  EXPECT_EQ(done->restarts_size(), 0);
-  EXPECT_EQ(done->progress().step(), 200);
+  ASSERT_NO_FATAL_FAILURE(ExpectFinishedInItsFirstAttempt(cluster, a->id(), 200));
   auto other = cluster.WaitForFinal(acknowledged->id(), absl::Seconds(120));
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->state(), v1::SUCCEEDED) << other->reason();

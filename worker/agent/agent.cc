@@ -293,10 +293,10 @@ void Agent::SelfFence() {
   }
   if (fenced_) return;
   fenced_ = true;
-  const int killed = reconciler_.FenceAll(absl::Trunc(without, absl::Seconds(1)));
+  without = absl::Trunc(without, absl::Seconds(1));
+  const int killed = reconciler_.FenceAll(without);
   if (killed > 0) {
-    LogError("no lease from the coordinator for ",
-             absl::FormatDuration(absl::Trunc(without, absl::Seconds(1))),
+    LogError("no lease from the coordinator for ", absl::FormatDuration(without),
              " (--self_fence_after=", absl::FormatDuration(options_.self_fence_after), "): killed ",
              killed,
              " trainers, whose work the coordinator has presumably given to "

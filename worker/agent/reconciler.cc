@@ -326,8 +326,7 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
                                     const Record& record) const {
   std::string detail = std::string(absl::StripAsciiWhitespace(
       ReadSmallFile(absl::StrCat(TaskDir(task_id), "/", kTerminationMessageFile))));
-  const bool stopped =
-      record.stop_cause == StopCause::kUndesired || record.stop_cause == StopCause::kFenced;
+  const bool stopped = ReportedStopped(record.stop_cause);
   const bool clean_exit = exit.signal == 0 && exit.exit_code == 0;
   if (detail.empty() && !stopped && !clean_exit) detail = TailLines(LogPath(task_id), 3);
   // Why the task ended, not how: the exit code and signal travel in their own fields, and the
@@ -464,11 +463,7 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     for (int gpu : record.gpus) gpu_used_[gpu] = false;
     record.gpus.clear();
     v1::TaskStatus& status = record.status;
-    // Only a stop the coordinator asked for without a deadline is TASK_STOPPED; an exit after
-    // a request to save goes to the coordinator with the trainer's own code to classify.
-    const bool stopped =
-        record.stop_cause == StopCause::kUndesired || record.stop_cause == StopCause::kFenced;
-    status.set_state(stopped ? v1::TASK_STOPPED : v1::TASK_EXITED);
+    status.set_state(ReportedStopped(record.stop_cause) ? v1::TASK_STOPPED : v1::TASK_EXITED);
     status.set_exit_code(e.exit.exit_code);
     status.set_signal(e.exit.signal);
     status.set_message(ExitMessage(e.task_id, e.exit, record));

@@ -145,6 +145,12 @@ class Reconciler {
     kPreemption,     // StopAllBy: TASK_EXITED
     kFenced,         // FenceAll: TASK_STOPPED
   };
+  // Only a stop the coordinator asked for without a deadline, and self-fencing, end a task
+  // TASK_STOPPED; an exit after a request to save goes to the coordinator with the trainer's own
+  // code to classify.
+  static bool ReportedStopped(StopCause cause) {
+    return cause == StopCause::kUndesired || cause == StopCause::kFenced;
+  }
 
   struct Record {
     v1::Task task;
