@@ -10,9 +10,10 @@
 //     submitted at --rate per second. Prints how long idle long polls took past their wait (the
 //     Sync's own cost under load), the scheduling latency (submission acknowledged to the task in
 //     its agent's hands) and whether every lease held. With --lease (the default, as the real
-//     agent does) each agent also holds a lease stream (HoldLease) whose connection the
-//     coordinator's keepalive pings prove; --connections sets how many connections the agents
-//     share (--connections=0: one each, as separate machines have).
+//     agent does) each agent also holds a lease stream (HoldLease), its channel set as the real
+//     agent's (keepalive pings only on a connection silent past the long poll's wait);
+//     --connections sets how many connections the agents share (--connections=0: one each, as
+//     separate machines have).
 
 #include <grpcpp/grpcpp.h>
 
@@ -49,7 +50,7 @@ ABSL_FLAG(std::string, spec, "single",
 ABSL_FLAG(int, agents, 1000, "agents: simulated agents");
 ABSL_FLAG(int, seconds, 60, "agents: how long to run");
 ABSL_FLAG(double, rate, 20, "agents: jobs submitted per second while they run");
-ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(30), "agents: long-poll wait (the agent's)");
+ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(60), "agents: long-poll wait (the agent's)");
 ABSL_FLAG(bool, lease, true, "agents: hold a lease stream each, as the real agent does");
 ABSL_FLAG(int, connections, 8, "agents: connections they share; 0: one per agent");
 
@@ -84,10 +85,11 @@ std::string AdminToken() {
   return *token;
 }
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& token, int id) {
+// `args`: the real agent's for the agents' channels (their keepalive pings included).
+std::shared_ptr<grpc::Channel> Channel(const std::string& token, int id,
+                                       grpc::ChannelArguments args = grpc::ChannelArguments()) {
   trainyard::ClientCredentials credentials;
   credentials.token = token;
-  grpc::ChannelArguments args;
   args.SetInt("grpc.channel_id", id);
   return *trainyard::NewClientChannel(absl::GetFlag(FLAGS_coordinator), credentials, args);
 }
@@ -150,7 +152,11 @@ int Agents() {
   const int connections =
       absl::GetFlag(FLAGS_connections) > 0 ? absl::GetFlag(FLAGS_connections) : agents;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < connections; ++i) channels.push_back(Channel("", i));
+  // As the real agent sets its channel: pings only past a long poll's wait.
+  for (int i = 0; i < connections; ++i) {
+    channels.push_back(
+        Channel("", i, trainyard::CoordinatorClientArguments(wait + absl::Seconds(15))));
+  }
   std::vector<std::string> tokens(agents);
   {
     auto admin = v1::AdminService::NewStub(Channel(admin_token, 100));
@@ -204,6 +210,8 @@ int Agents() {
           auto stream = stub->HoldLease(&lease_context);
           v1::LeaseRequest first;
           first.set_worker_id(name);
+          // Beats are asked for while it has tasks; the stub trainer ends before one is due.
+          first.set_beats(true);
           v1::LeaseResponse answer;
           if (!stream->Write(first) || !stream->Read(&answer) || answer.reregister()) errors++;
           while (stream->Read(&answer)) {

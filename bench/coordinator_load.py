@@ -2,7 +2,10 @@
 its idle cost with 10,000 queued, the idle cost of 1,000 simulated agents holding their leases
 (each on a connection of its own), and 1,000 simulated agents with jobs flowing through them.
 
-    python3 bench/coordinator_load.py BUILD_DIR [JOBS] [AGENTS] [SECONDS]
+    python3 bench/coordinator_load.py BUILD_DIR [JOBS] [AGENTS] [SECONDS] [PHASES]
+
+PHASES: a comma-separated choice of submit, idle-agents, agents (default: all three). For
+idle-agents, LEASE_FLAGS adds coordinator flags and SYNC_WAIT sets the agents' long poll.
 
 Each phase starts a fresh coordinator (real binary, its own state folder on this disk, metrics
 off) and drives it with coordinator_load (cmake --build BUILD_DIR --target coordinator_load).
@@ -64,9 +67,21 @@ def main():
     jobs = int(sys.argv[2]) if len(sys.argv) > 2 else 10000
     agents = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
     seconds = int(sys.argv[4]) if len(sys.argv) > 4 else 60
+    phases = set((sys.argv[5] if len(sys.argv) > 5 else "submit,idle-agents,agents").split(","))
+    if not phases <= {"submit", "idle-agents", "agents"}:
+        sys.exit("PHASES: a comma-separated choice of submit, idle-agents, agents")
     if not os.access(os.path.join(build, "bin", "coordinator_load"), os.X_OK):
         sys.exit(f"build it first: cmake --build {build} --target coordinator_load")
 
+    if "submit" in phases:
+        submit_phase(build, jobs)
+    if "idle-agents" in phases:
+        idle_agents_phase(build, agents, seconds)
+    if "agents" in phases:
+        agents_phase(build, jobs, agents, seconds)
+
+
+def submit_phase(build, jobs):
     print(f"## Durable submissions, 8 clients, no workers, queue growing to {jobs}")
     with Coordinator(build) as c:
         print(load(build, "submit", f"--coordinator={c.address}", c.token_flag, "--threads=8",
@@ -80,14 +95,22 @@ def main():
             rss = next(line.split()[1] for line in f if line.startswith("VmRSS"))
         print(f"idle with {jobs} queued: {idle * 100:.2f} % of a core, resident {int(rss) // 1024} MiB")
 
+
+
+def idle_agents_phase(build, agents, seconds):
+    # LEASE_FLAGS: extra coordinator flags; SYNC_WAIT: the agents' long poll (60s, the agent's).
+    flags = os.environ.get("LEASE_FLAGS", "").split()
+    sync_wait = os.environ.get("SYNC_WAIT", "60s")
     print(f"\n## {agents} idle agents, each on its own connection with a lease stream and a "
-          f"30 s Sync long poll (the real agent's), no jobs")
-    with Coordinator(build) as c:
+          f"{sync_wait} Sync long poll (the real agent's channel), no jobs; coordinator flags: "
+          f"{' '.join(flags) or 'the defaults'}")
+    with Coordinator(build, *flags) as c:
         out = subprocess.Popen([os.path.join(build, "bin", "coordinator_load"), "agents",
                                 f"--coordinator={c.address}", c.token_flag, f"--agents={agents}",
-                                f"--seconds={seconds + 20}", "--rate=0", "--connections=0"],
+                                f"--seconds={seconds + 25}", "--rate=0", "--connections=0",
+                                f"--sync_wait={sync_wait}"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(15)  # every agent registered and holding its lease
+        time.sleep(20)  # every agent registered and holding its lease
         before = cpu_seconds(c.proc.pid)
         time.sleep(seconds)
         idle = (cpu_seconds(c.proc.pid) - before) / seconds
@@ -96,6 +119,8 @@ def main():
         print(stdout, end="")
         print(f"coordinator CPU, idle: {idle * 100:.2f} % of a core")
 
+
+def agents_phase(build, jobs, agents, seconds):
     print(f"\n## {agents} simulated agents (1 slot each, Sync long poll 1 s, as agents polled "
           f"before lease streams), jobs at 20/s, {jobs} unplaceable jobs queued")
     with Coordinator(build) as c:

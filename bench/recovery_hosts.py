@@ -90,6 +90,8 @@ def run_once(bed, cluster, fault, n):
     bed.kill(victim)
     cluster.procs[victim].wait(timeout=30)
     cluster.start_worker(victim)
+    # Not the old agent: thawed or healed, it may register again before it is killed.
+    cluster.wait_worker_started(victim)
     cluster.wait_workers(3)
     return row
 

@@ -5,6 +5,8 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -176,12 +178,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> NewServerCredentials(
   return grpc::SslServerCredentials(options);
 }
 
-grpc::ChannelArguments CoordinatorClientArguments() {
+grpc::ChannelArguments CoordinatorClientArguments(absl::Duration ping_interval) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kCoordinatorClientPingMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+              static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(ping_interval),
+                                                   kCoordinatorClientPingMs, INT32_MAX)));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kCoordinatorClientPingMs);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return args;

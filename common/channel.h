@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace trainyard {
 
@@ -58,12 +59,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
 
 // What the coordinator's long-lived clients (agents, trainers) need of a channel: a reconnect
 // backoff of at most 1 s (gRPC's default grows to two minutes: a coordinator back after a restart
-// or a cut would not be reached again for that long), and keepalive pings every 5 s, answered
-// within 5 s, so that a connection that died unheard (the coordinator's host cut off, then back) is
-// found and replaced rather than waited on by calls until their deadlines. The coordinator accepts
-// pings this often (coordinator_server.cc).
-grpc::ChannelArguments CoordinatorClientArguments();
-// Their ping interval, in milliseconds: the coordinator must accept pings at least this often.
+// or a cut would not be reached again for that long), and keepalive pings on a connection silent
+// for `ping_interval` (5 s by default; anything received puts the next ping off), answered within
+// 5 s, so that a connection that died unheard (the coordinator's host cut off, then back) is
+// found and replaced rather than waited on by calls until their deadlines. The agent, whose long
+// polls come back every --sync_wait, pings only past that. The coordinator accepts pings every
+// kCoordinatorClientPingMs (coordinator_server.cc).
+grpc::ChannelArguments CoordinatorClientArguments(
+    absl::Duration ping_interval = absl::Milliseconds(5000));
+// The shortest ping interval: the coordinator must accept pings at least this often.
 inline constexpr int kCoordinatorClientPingMs = 5000;
 
 // The coordinator's side: TLS with its certificate, and client certificates verified against

@@ -46,26 +46,29 @@ Status AgentServiceImpl::HoldLease(
   absl::StatusOr<Principal> caller = gate_.Admit(*context, request, Audience::kAgents, "HoldLease");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (absl::Status s = AllowWorker(*caller, request.worker_id()); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<uint64_t> registration = manager_.OpenLease(request.worker_id());
+  // `end` is called under the manager's lock and never after CloseLease, while this call lives.
+  absl::StatusOr<LeaseTicket> ticket =
+      manager_.OpenLease(request.worker_id(), request.beats(), [context] { context->TryCancel(); });
   v1::LeaseResponse answer;
-  if (!registration.ok()) {
-    if (!absl::IsNotFound(registration.status()) &&
-        !absl::IsFailedPrecondition(registration.status())) {
-      return ToGrpcStatus(registration.status());
+  if (!ticket.ok()) {
+    if (!absl::IsNotFound(ticket.status()) && !absl::IsFailedPrecondition(ticket.status())) {
+      return ToGrpcStatus(ticket.status());
     }
     answer.set_reregister(true);
     stream->Write(answer);
     return Status::OK;
   }
-  // Held until the agent closes the stream, or its connection breaks: the transport's keepalive
-  // pings go unanswered (a host cut off or frozen), or the peer resets it (a host killed). Further
-  // messages are ignored.
-  if (stream->Write(answer)) {
-    v1::LeaseRequest ignored;
-    while (stream->Read(&ignored)) {
-    }
+  if (request.beats()) {
+    answer.set_beat_interval_ms(absl::ToInt64Milliseconds(manager_.BeatInterval()));
   }
-  manager_.CloseLease(request.worker_id(), *registration);
+  // Held until the agent closes the stream, its connection breaks (the transport's keepalive
+  // pings go unanswered: a host cut off or frozen; or the peer resets it: a host killed), or the
+  // manager ends it (no beat while the agent runs tasks). Each later message is a beat.
+  if (stream->Write(answer)) {
+    v1::LeaseRequest beat;
+    while (stream->Read(&beat)) manager_.LeaseBeat(request.worker_id(), *ticket);
+  }
+  manager_.CloseLease(request.worker_id(), *ticket);
   return Status::OK;
 }
 

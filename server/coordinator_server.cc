@@ -28,8 +28,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // gRPC shares a port with another process that listens on it (SO_REUSEPORT) unless told not
   // to: a second coordinator would take half of the first one's calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // The transport proves each agent's link (its lease stream) with pings it answers itself: no
-  // call per beat, and an idle agent costs a ping frame and its ack.
+  // The transport proves a silent connection with pings the agent's transport answers; traffic
+  // (an idle agent's long polls, a busy one's beats) puts them off, so a healthy agent is not
+  // pinged at all (gRPC resets the keepalive timer on every read).
   builder.AddChannelArgument(
       GRPC_ARG_KEEPALIVE_TIME_MS,
       static_cast<int>(absl::ToInt64Milliseconds(options.lease_ping_interval)));

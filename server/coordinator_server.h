@@ -28,10 +28,11 @@ struct CoordinatorServerOptions {
   // cannot speak TLS (the kubelet's).
   std::string health_listen;
   absl::Duration tick_interval = absl::Milliseconds(100);
-  // HTTP/2 keepalive pings on every connection: a connection whose ping goes unanswered for
-  // lease_ping_timeout is closed, which ends the agent lease stream on it (HoldLease).
-  absl::Duration lease_ping_interval = absl::Milliseconds(500);
-  absl::Duration lease_ping_timeout = absl::Milliseconds(1500);
+  // HTTP/2 keepalive pings on a connection silent for lease_ping_interval (anything received
+  // puts the next ping off): one unanswered for lease_ping_timeout closes the connection, which
+  // ends the agent lease stream on it (HoldLease). Busy agents' beats find a lost host sooner.
+  absl::Duration lease_ping_interval = absl::Seconds(75);
+  absl::Duration lease_ping_timeout = absl::Seconds(10);
   // Non-null: SearchService is served and searches tick after the jobs. Must outlive the server.
   SearchManager* searches = nullptr;
 };

@@ -38,7 +38,7 @@ JobManager::JobManager(const Clock& clock, std::unique_ptr<JobStore> store,
       logs_(std::move(logs)),
       rendezvous_(clock),
       workers_(clock, LeasePolicy{options_.worker_timeout, options_.worker_stream_grace,
-                                  options_.mass_loss_hold}) {}
+                                  options_.mass_loss_hold, options_.lease_beat_timeout}) {}
 
 JobManager::~JobManager() = default;
 

@@ -46,9 +46,12 @@ struct JobManagerOptions {
   absl::Duration worker_timeout = absl::Seconds(10);
   absl::Duration worker_stream_grace = absl::Milliseconds(500);
   absl::Duration mass_loss_hold = absl::Minutes(5);
+  // Agents that beat do so every third of this while they run tasks; one silent this long is
+  // treated as its stream broken (LeasePolicy::beat_timeout). Zero: no beats asked for.
+  absl::Duration lease_beat_timeout = absl::Milliseconds(1500);
   int max_active_jobs = 100000;           // non-final jobs; beyond: RESOURCE_EXHAUSTED
   int64_t max_spec_yaml_bytes = 1 << 20;  // beyond: INVALID_ARGUMENT
-  absl::Duration max_sync_wait = absl::Seconds(30);
+  absl::Duration max_sync_wait = absl::Seconds(60);
   absl::Duration max_rendezvous_wait = absl::Seconds(30);
   // Restarts back off exponentially with jitter: the n-th restart in a row of attempts that
   // made no step progress waits uniformly in [d/2, d], d = min(restart_backoff * 2^(n-1),
@@ -231,12 +234,18 @@ class JobManager {
   absl::StatusOr<trainyard::v1::SyncResponse> Sync(const trainyard::v1::SyncRequest& request);
 
   // The agent's lease stream (HoldLease) for `worker_id` opened: the worker's lease holds until
-  // CloseLease. Returns the registration to close it with; NOT_FOUND or FAILED_PRECONDITION
-  // when the worker must register again.
-  absl::StatusOr<uint64_t> OpenLease(absl::string_view worker_id);
-  // The stream ended (the agent closed it, or its transport broke: a killed, cut off or frozen
-  // host); see LeasePolicy::stream_grace.
-  void CloseLease(absl::string_view worker_id, uint64_t registration);
+  // CloseLease. With `beats`, its agent beats while it runs tasks (LeaseBeat), every
+  // BeatInterval(); `end` ends the stream, for when it goes silent (called under the manager's
+  // lock: it must not block; never after CloseLease). Returns the ticket to beat and close it
+  // with; NOT_FOUND or FAILED_PRECONDITION when the worker must register again.
+  absl::StatusOr<LeaseTicket> OpenLease(absl::string_view worker_id, bool beats = false,
+                                        std::function<void()> end = nullptr);
+  void LeaseBeat(absl::string_view worker_id, const LeaseTicket& ticket);
+  // The stream ended (the agent closed it, its transport broke: a killed, cut off or frozen
+  // host, or `end` was called); see LeasePolicy::stream_grace.
+  void CloseLease(absl::string_view worker_id, const LeaseTicket& ticket);
+  // How often agents that beat are asked to; zero: never.
+  absl::Duration BeatInterval() const { return options_.lease_beat_timeout / 3; }
 
   // Applies one task status. Idempotent. NOT_FOUND for an unknown task, FAILED_PRECONDITION when
   // the task belongs to another worker.
@@ -480,6 +489,9 @@ class JobManager {
   // neither save nor finish a step.
   // " lost (...)": how the worker's lease ended, for messages.
   std::string LeaseEndLocked(const WorkerRecord& worker) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Ends the lease streams of agents gone silent and probes the others when one busy agent has
+  // (WorkerRegistry::CheckBeats).
+  void CheckBeatsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillSurvivorsLocked(const JobEntry& entry, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

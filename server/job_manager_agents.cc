@@ -207,6 +207,7 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
     response.set_reregister(true);
     return response;
   }
+  workers_.Heard(request.worker_id());
   workers_.Renew(request.worker_id()).IgnoreError();
   for (const v1::TaskStatus& status : request.tasks()) {
     absl::Status s = ApplyTaskStatusLocked(request.worker_id(), status);
@@ -257,7 +258,8 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
   return response;
 }
 
-absl::StatusOr<uint64_t> JobManager::OpenLease(absl::string_view worker_id) {
+absl::StatusOr<LeaseTicket> JobManager::OpenLease(absl::string_view worker_id, bool beats,
+                                                  std::function<void()> end) {
   absl::MutexLock lock(&mu_);
   const WorkerRecord* record = workers_.Find(worker_id);
   // As in Sync: a worker known only from the store registers again first.
@@ -266,15 +268,21 @@ absl::StatusOr<uint64_t> JobManager::OpenLease(absl::string_view worker_id) {
         absl::StrCat("worker '", worker_id, "' has not registered with this coordinator"));
   }
   const bool was_unreachable = record != nullptr && record->unreachable();
-  absl::StatusOr<uint64_t> registration = workers_.OpenLease(worker_id);
-  if (registration.ok() && was_unreachable) RequestTickLocked();  // reachable again
-  return registration;
+  absl::StatusOr<LeaseTicket> ticket =
+      workers_.OpenLease(worker_id, beats && BeatInterval() > absl::ZeroDuration(), std::move(end));
+  if (ticket.ok() && was_unreachable) RequestTickLocked();  // reachable again
+  return ticket;
 }
 
-void JobManager::CloseLease(absl::string_view worker_id, uint64_t registration) {
+void JobManager::LeaseBeat(absl::string_view worker_id, const LeaseTicket& ticket) {
+  absl::MutexLock lock(&mu_);
+  workers_.Beat(worker_id, ticket);
+}
+
+void JobManager::CloseLease(absl::string_view worker_id, const LeaseTicket& ticket) {
   absl::MutexLock lock(&mu_);
   if (!shutdown_) LogInfo("worker ", worker_id, ": lease stream ended");
-  workers_.CloseLease(worker_id, registration);
+  workers_.CloseLease(worker_id, ticket);
   // The tick finds the lease run out; within the grace, a new stream keeps it.
   RequestTickLocked();
 }

@@ -67,6 +67,7 @@ void JobManager::Tick() {
   {
     absl::MutexLock lock(&mu_);
     tick_requested_ = false;
+    CheckBeatsLocked();
     ExpireWorkersLocked();
     RestartLostOrStalledLocked();
     EnforceRuntimeLocked();
@@ -156,7 +157,32 @@ void JobManager::ExpireWorkersLocked() {
   if (!lost.empty()) changed_.SignalAll();
 }
 
+void JobManager::CheckBeatsLocked() {
+  const WorkerRegistry::Silence silence = workers_.CheckBeats([this](const std::string& id) {
+    auto kill = kill_tasks_.find(id);
+    return !ActiveTasksLocked(id).empty() || (kill != kill_tasks_.end() && !kill->second.empty());
+  });
+  for (const std::string& id : silence.silent) {
+    LogWarning("worker ", id, ": no word from its agent for ",
+               absl::FormatDuration(options_.lease_beat_timeout),
+               " (no beat while it runs tasks, or no answer when asked): its lease stream is "
+               "ended");
+  }
+  // Answering their long polls asks them for a word: the next Sync.
+  for (const std::string& id : silence.probe) {
+    workers_.BumpVersion(id);
+    WakeWorkerLocked(id);
+  }
+  if (!silence.silent.empty()) RequestTickLocked();
+}
+
 std::string JobManager::LeaseEndLocked(const WorkerRecord& worker) const {
+  if (worker.silenced) {
+    return absl::StrCat(" lost (no word from its agent for ",
+                        absl::FormatDuration(options_.lease_beat_timeout),
+                        ": its host was cut off or froze, and its agent did not come back within ",
+                        absl::FormatDuration(options_.worker_stream_grace), ")");
+  }
   if (!worker.streamed) {
     return absl::StrCat(" lost (no heartbeat for ", absl::FormatDuration(options_.worker_timeout),
                         ")");

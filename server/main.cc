@@ -88,12 +88,17 @@ ABSL_FLAG(absl::Duration, worker_timeout, absl::Seconds(10),
           "A worker whose agent keeps no lease stream (an older agent) is LOST when it has not "
           "synced for this long; the jobs with ranks there restart from their latest committed "
           "checkpoint.");
-ABSL_FLAG(absl::Duration, lease_ping_interval, absl::Milliseconds(500),
-          "How often the coordinator pings each agent's connection (HTTP/2 keepalive): the "
-          "agent's lease stream holds while the pings are answered.");
-ABSL_FLAG(absl::Duration, lease_ping_timeout, absl::Milliseconds(1500),
-          "A ping unanswered this long breaks the connection and ends the lease stream: a host "
-          "that was cut off or froze is found within --lease_ping_interval plus this.");
+ABSL_FLAG(absl::Duration, lease_beat_timeout, absl::Milliseconds(1500),
+          "Agents beat on their lease stream every third of this while they run tasks; one "
+          "without a beat this long (a host cut off or frozen) has its stream ended, and is LOST "
+          "--worker_stream_grace later unless it comes back. 0 asks for no beats: the pings "
+          "(--lease_ping_interval) are then all that finds such a host.");
+ABSL_FLAG(absl::Duration, lease_ping_interval, absl::Seconds(75),
+          "The coordinator pings a connection (HTTP/2 keepalive) that has been silent this long: "
+          "an idle agent's long polls (60 s by default) keep it from ever pinging a healthy one, "
+          "and a busy agent's beats find a lost host much sooner.");
+ABSL_FLAG(absl::Duration, lease_ping_timeout, absl::Seconds(10),
+          "A ping unanswered this long breaks the connection and ends the lease stream on it.");
 ABSL_FLAG(
     absl::Duration, worker_stream_grace, absl::Milliseconds(500),
     "A worker whose lease stream ended is LOST after this, unless its agent opens a new one.");
@@ -514,6 +519,8 @@ int Run() {
   options.worker_stream_grace =
       std::max(absl::GetFlag(FLAGS_worker_stream_grace), absl::ZeroDuration());
   options.mass_loss_hold = std::max(absl::GetFlag(FLAGS_mass_loss_hold), absl::ZeroDuration());
+  options.lease_beat_timeout =
+      std::max(absl::GetFlag(FLAGS_lease_beat_timeout), absl::ZeroDuration());
   options.restart_backoff = std::max(absl::GetFlag(FLAGS_restart_backoff), absl::ZeroDuration());
   options.restart_backoff_max =
       std::max(absl::GetFlag(FLAGS_restart_backoff_max), options.restart_backoff);

@@ -32,6 +32,13 @@ const WorkerRecord& WorkerRegistry::Register(v1::Worker info,
   record.streamed = false;
   record.unreachable_since = absl::InfiniteFuture();
   record.hold_ended = false;
+  // Streams of the earlier registration end nothing now, and are not ended by the coordinator.
+  record.stream_ends.clear();
+  record.beating_stream = 0;
+  record.heard = now;
+  record.beats_due_from = now;
+  record.probed_at = absl::InfiniteFuture();
+  record.silenced = false;
   return record;
 }
 
@@ -62,7 +69,15 @@ absl::Status WorkerRegistry::Renew(absl::string_view id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> WorkerRegistry::OpenLease(absl::string_view id) {
+void WorkerRegistry::Heard(absl::string_view id) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  it->second.heard = clock_.Now();
+  it->second.probed_at = absl::InfiniteFuture();
+}
+
+absl::StatusOr<LeaseTicket> WorkerRegistry::OpenLease(absl::string_view id, bool beats,
+                                                      std::function<void()> end) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return absl::NotFoundError(absl::StrCat("worker '", id, "' unknown"));
   WorkerRecord& record = it->second;
@@ -73,15 +88,36 @@ absl::StatusOr<uint64_t> WorkerRegistry::OpenLease(absl::string_view id) {
   record.streamed = true;
   record.lease_expiry = absl::InfiniteFuture();
   record.hold_ended = false;
-  record.info.set_last_seen_unix_ms(absl::ToUnixMillis(clock_.Now()));
-  return record.registration;
+  const absl::Time now = clock_.Now();
+  record.info.set_last_seen_unix_ms(absl::ToUnixMillis(now));
+  record.heard = now;
+  record.probed_at = absl::InfiniteFuture();
+  record.silenced = false;
+  const LeaseTicket ticket{record.registration, ++next_stream_};
+  record.stream_ends.emplace(ticket.stream, std::move(end));
+  if (beats) {
+    record.beating_stream = ticket.stream;
+    record.beats_due_from = now;
+  }
+  return ticket;
 }
 
-void WorkerRegistry::CloseLease(absl::string_view id, uint64_t registration) {
+void WorkerRegistry::Beat(absl::string_view id, const LeaseTicket& ticket) {
   auto it = workers_.find(id);
-  if (it == workers_.end() || it->second.registration != registration) return;
+  if (it == workers_.end() || it->second.beating_stream != ticket.stream) return;
+  it->second.heard = clock_.Now();
+  it->second.probed_at = absl::InfiniteFuture();
+}
+
+void WorkerRegistry::CloseLease(absl::string_view id, const LeaseTicket& ticket) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
   WorkerRecord& record = it->second;
-  if (record.lease_streams == 0) return;
+  // Not there: a stream of an earlier registration, or one CheckBeats ended (and counted closed).
+  auto stream = record.stream_ends.find(ticket.stream);
+  if (stream == record.stream_ends.end()) return;
+  record.stream_ends.erase(stream);
+  if (record.beating_stream == ticket.stream) record.beating_stream = 0;
   if (--record.lease_streams > 0) return;
   const absl::Time now = clock_.Now();
   // The link was alive until now, as far as the transport could tell.
@@ -89,15 +125,74 @@ void WorkerRegistry::CloseLease(absl::string_view id, uint64_t registration) {
   record.lease_expiry = now + policy_.stream_grace;
 }
 
+WorkerRegistry::Silence WorkerRegistry::CheckBeats(
+    const std::function<bool(const std::string&)>& busy) {
+  Silence out;
+  if (policy_.beat_timeout <= absl::ZeroDuration()) return out;
+  const absl::Time now = clock_.Now();
+  bool busy_silent = false;
+  for (auto& [id, record] : workers_) {
+    if (record.info.state() == v1::LOST || record.restored) continue;
+    bool silent = false;
+    if (record.probed()) {
+      silent = now - record.probed_at >= policy_.beat_timeout;
+    } else if (record.beating_stream != 0 && record.lease_streams > 0 &&
+               now - std::max(record.heard, record.beats_due_from) >= policy_.beat_timeout) {
+      if (busy(id)) {
+        silent = true;
+        busy_silent = true;
+      } else {
+        // Idle, and it stays so until its tasks change (BumpVersion): not asked again before.
+        record.beats_due_from = now;
+      }
+    }
+    if (!silent) continue;
+    record.probed_at = absl::InfiniteFuture();
+    record.beating_stream = 0;
+    record.silenced = true;
+    if (record.streamed) {
+      // Its streams count as closed from now (their handlers' CloseLease, which follows, finds
+      // them gone), so that ExpireLeases sees every silent worker of this tick as down together.
+      if (record.lease_streams > 0) {
+        for (auto& [stream, end] : record.stream_ends) {
+          if (end != nullptr) end();
+        }
+        record.stream_ends.clear();
+        record.lease_streams = 0;
+        record.lease_expiry = now + policy_.stream_grace;
+      }
+    } else {
+      record.lease_expiry = std::min(record.lease_expiry, now);  // a lease kept by Syncs
+    }
+    out.silent.push_back(id);
+  }
+  if (!busy_silent) return out;
+  for (auto& [id, record] : workers_) {
+    if (record.info.state() == v1::LOST || record.restored || record.probed()) continue;
+    // Only a lease that holds now is in question (one held unreachable, or closing, is down).
+    if (record.unreachable() ||
+        (record.streamed ? record.lease_streams == 0 : now >= record.lease_expiry)) {
+      continue;
+    }
+    if (std::find(out.silent.begin(), out.silent.end(), id) != out.silent.end()) continue;
+    if (now - record.heard < policy_.beat_timeout) continue;
+    record.probed_at = now;
+    out.probe.push_back(id);
+  }
+  return out;
+}
+
 WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
   const absl::Time now = clock_.Now();
   Expiry out;
   int live = 0;
+  int probing = 0;  // asked for a word, not answered yet
   int closing = 0;  // streams closed, still within their grace
   std::vector<WorkerRecord*> expired;
   for (auto& [id, record] : workers_) {
     if (record.info.state() == v1::LOST) continue;
     ++live;
+    if (record.probed()) ++probing;
     if (now >= record.lease_expiry) {
       expired.push_back(&record);
     } else {
@@ -115,7 +210,10 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
   const bool mass_loss = down >= 2 && 2 * down > live;
   out.down = down;
   out.live = live;
-  if (!mass_loss && closing > 0) {
+  if (!mass_loss && probing > 0) {
+    // Whether this is a mass loss is known once the probes are answered or run out.
+    expired.clear();
+  } else if (!mass_loss && closing > 0) {
     std::vector<WorkerRecord*> now_due;
     for (WorkerRecord* record : expired) {
       if (now >= record->lease_expiry + policy_.stream_grace) now_due.push_back(record);
@@ -157,6 +255,25 @@ absl::Status WorkerRegistry::SetState(absl::string_view id, v1::WorkerState stat
 void WorkerRegistry::PutBack(WorkerRecord record) {
   std::string id = record.info.id();
   record.desired_version = ++next_version_;
+  if (auto it = workers_.find(id); it != workers_.end()) {
+    // The lease as it is now, not as it was: streams opened and closed meanwhile (the store
+    // write lets others in) are the handlers' to close, and must be found.
+    const WorkerRecord& now = it->second;
+    record.registration = now.registration;
+    record.lease_expiry = now.lease_expiry;
+    record.lease_streams = now.lease_streams;
+    record.streamed = now.streamed;
+    record.stream_ends = now.stream_ends;
+    record.beating_stream = now.beating_stream;
+    record.heard = now.heard;
+    record.beats_due_from = now.beats_due_from;
+    record.probed_at = now.probed_at;
+    record.silenced = now.silenced;
+  } else {
+    record.stream_ends.clear();
+    record.lease_streams = 0;
+    record.beating_stream = 0;
+  }
   workers_[id] = std::move(record);
 }
 
@@ -167,7 +284,9 @@ void WorkerRegistry::Remove(absl::string_view id) {
 
 void WorkerRegistry::BumpVersion(absl::string_view id) {
   auto it = workers_.find(id);
-  if (it != workers_.end()) it->second.desired_version = ++next_version_;
+  if (it == workers_.end()) return;
+  it->second.desired_version = ++next_version_;
+  it->second.beats_due_from = clock_.Now();
 }
 
 const WorkerRecord* WorkerRegistry::Find(absl::string_view id) const {

@@ -2,6 +2,7 @@
 #define TRAINYARD_SERVER_WORKER_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +45,23 @@ struct WorkerRecord {
   // to come back too before it is LOST.
   bool hold_ended = false;
   bool unreachable() const { return unreachable_since != absl::InfiniteFuture(); }
+  // The open lease streams of this registration (lease_streams of them), by id
+  // (LeaseTicket::stream), each with how to end it (may be null): the coordinator ends those of
+  // an agent gone silent. Beats come on the latest stream whose agent beats (0: none).
+  std::map<uint64_t, std::function<void()>> stream_ends;
+  uint64_t beating_stream = 0;
+  absl::Time heard = absl::InfinitePast();  // its agent's last word: a beat, a Sync, a stream
+  // Beats are due from the later of `heard` and this: the last change of its tasks.
+  absl::Time beats_due_from = absl::InfinitePast();
+  absl::Time probed_at = absl::InfiniteFuture();  // asked for a word then, not answered yet
+  bool silenced = false;  // its last stream was ended because its agent went silent (CheckBeats)
+  bool probed() const { return probed_at != absl::InfiniteFuture(); }
+};
+
+// An open lease stream: the registration it holds the lease for, and its own id.
+struct LeaseTicket {
+  uint64_t registration = 0;
+  uint64_t stream = 0;
 };
 
 struct LeasePolicy {
@@ -56,6 +74,10 @@ struct LeasePolicy {
   // coordinator is far more likely to be the one cut off than they all to have died: they are
   // held unreachable (given nothing new) for up to this long before they are LOST.
   absl::Duration mass_loss_hold = absl::Minutes(5);
+  // An agent that beats on its lease stream while it runs tasks (LeaseRequest.beats) is silent
+  // after this long without one, and so is any agent asked for a word (a probe) that has not
+  // answered within it. Zero: no beats are asked for.
+  absl::Duration beat_timeout = absl::Milliseconds(1500);
 };
 
 // The workers the coordinator knows and their leases. A worker is READY (or DRAINING) while its
@@ -81,13 +103,33 @@ class WorkerRegistry {
   // now. NOT_FOUND for an unknown worker, FAILED_PRECONDITION for a LOST one (it has to register
   // again).
   absl::Status Renew(absl::string_view id);
+  // Its agent said something (a Sync arrived, a beat): it answers a probe. Unknown ids are
+  // ignored.
+  void Heard(absl::string_view id);
 
   // A lease stream of the worker opened: its lease holds until the last open stream closes.
-  // Returns the registration to hand back to CloseLease. Errors as Renew.
-  absl::StatusOr<uint64_t> OpenLease(absl::string_view id);
-  // A stream opened for `registration` closed: with none left open, the lease ends after
-  // stream_grace. Ignored when the worker has registered again or is gone.
-  void CloseLease(absl::string_view id, uint64_t registration);
+  // `end`, when given, ends the stream (CheckBeats calls it, at most once); with `beats`, its agent
+  // beats while it runs tasks. Returns the ticket to hand back to Beat and CloseLease. Errors as
+  // Renew.
+  absl::StatusOr<LeaseTicket> OpenLease(absl::string_view id, bool beats = false,
+                                        std::function<void()> end = nullptr);
+  // A beat came on the stream.
+  void Beat(absl::string_view id, const LeaseTicket& ticket);
+  // The stream closed: with none left open, the lease ends after stream_grace. Ignored when the
+  // worker has registered again or is gone.
+  void CloseLease(absl::string_view id, const LeaseTicket& ticket);
+
+  struct Silence {
+    std::vector<std::string> silent;  // their streams ended now (or, without one, lease run out)
+    std::vector<std::string> probe;   // to ask for a word now (BumpVersion answers their Syncs)
+  };
+  // Finds the agents gone silent: one that beats, has tasks (`busy`) and sent no beat for
+  // beat_timeout since it was heard or its tasks changed; or one probed beat_timeout ago that has
+  // not answered. Their streams are ended (a stream without an `end`, or a lease kept by Syncs,
+  // runs out now). When one busy agent goes silent, every other live worker not heard from within
+  // beat_timeout is to be probed, and ExpireLeases waits for their answers before it decides: a
+  // coordinator cut off hears from none of them (a mass loss), one that lost a machine from all.
+  Silence CheckBeats(const std::function<bool(const std::string&)>& busy);
 
   struct Expiry {
     std::vector<std::string> lost;      // marked LOST now
@@ -103,20 +145,21 @@ class WorkerRegistry {
   // have not come back too. While other streams are
   // closed but within their grace, a lease that ran out waits up to stream_grace more, to tell
   // a coordinator cut off (its connections break within a ping interval of each other) from one
-  // machine lost.
+  // machine lost; while probes await their answers (CheckBeats), it waits for them.
   Expiry ExpireLeases();
 
   // Sets the state (READY, DRAINING, LOST). NOT_FOUND for an unknown worker.
   absl::Status SetState(absl::string_view id, trainyard::v1::WorkerState state);
 
   // Puts `record` back as it was (undoing a change that could not be written), with a new
-  // desired-state version.
+  // desired-state version; its lease (registration, streams, beats) stays as it is now.
   void PutBack(WorkerRecord record);
 
   // Forgets the worker.
   void Remove(absl::string_view id);
 
-  // Gives the worker a new desired-state version so that its waiting Sync answers.
+  // Gives the worker a new desired-state version so that its waiting Sync answers; its beats are
+  // due from now (its tasks changed, or it is probed).
   void BumpVersion(absl::string_view id);
 
   // nullptr when unknown. Valid until the next Register/Restore.
@@ -129,6 +172,7 @@ class WorkerRegistry {
   const Clock& clock_;
   const LeasePolicy policy_;
   uint64_t next_version_;
+  uint64_t next_stream_ = 0;
   std::map<std::string, WorkerRecord, std::less<>> workers_;
 };
 

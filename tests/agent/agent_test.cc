@@ -238,6 +238,25 @@ TEST_F(AgentTest, HoldsALeaseStreamAndPollsWithTheLongWaitWhileItHolds) {
   EXPECT_GE(leases_after, 1);
 }
 
+TEST_F(AgentTest, BeatsOnItsLeaseStreamWhileItHasTasksAndNotWhileIdle) {
+  link_->EnableLeases(absl::Milliseconds(20));
+  Start();
+  RunUntil([&] { return link_->OpenLeases() == 1 && CountCalls(link_->calls(), "Sync") >= 2; });
+  for (const FakeCoordinatorLink::Call& call : link_->calls()) {
+    if (call.rpc == "HoldLease") {
+      EXPECT_TRUE(call.lease.beats());
+    }
+  }
+  // Idle: ten intervals without a beat (the coordinator pings an idle agent's connection only
+  // when its long polls stop).
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(CountCalls(link_->calls(), "Beat"), 0);
+  // A task: beats at the asked interval, on the stream.
+  link_->SetDesired({MakeTask("j1.g1.r0")});
+  RunUntil([&] { return Reported(link_->calls(), "j1.g1.r0", v1::TASK_RUNNING); });
+  EXPECT_TRUE(link_->WaitFor([](const Calls& calls) { return CountCalls(calls, "Beat") >= 5; }));
+}
+
 TEST_F(AgentTest, KillsTheTasksTheCoordinatorSaysToKillWithoutAskingThemToStop) {
   StartWithATrainer();
   link_->SetDesired({}, {"j1.g1.r0"});

@@ -67,7 +67,7 @@ class FakeCoordinatorLink final : public CoordinatorLink {
   // Held until the agent cancels it, the coordinator goes away or forgets the worker.
   absl::StatusOr<v1::LeaseResponse> HoldLease(const v1::LeaseRequest& request,
                                               const CallLimits& limits,
-                                              const std::function<void()>& held) override {
+                                              const LeaseHeld& held) override {
     {
       absl::MutexLock lock(&mu_);
       if (!leases_) return absl::UnimplementedError("no lease stream");
@@ -87,7 +87,13 @@ class FakeCoordinatorLink final : public CoordinatorLink {
       ++open_leases_;
       epoch = lease_epoch_;
     }
-    held();
+    auto beater = std::make_shared<Beater>(this);
+    absl::Duration beat_interval;
+    {
+      absl::MutexLock lock(&mu_);
+      beat_interval = request.beats() ? beat_interval_ : absl::ZeroDuration();
+    }
+    held(beat_interval, beater);
     bool cancelled = false;
     if (limits.canceller != nullptr) {
       limits.canceller->SetCancel([this, &cancelled] {
@@ -102,6 +108,7 @@ class FakeCoordinatorLink final : public CoordinatorLink {
       };
       mu_.Await(absl::Condition(&ended));
       --open_leases_;
+      beater->closed = true;
     }
     if (limits.canceller != nullptr) limits.canceller->SetCancel(nullptr);
     return absl::UnavailableError("the lease stream ended");
@@ -146,9 +153,11 @@ class FakeCoordinatorLink final : public CoordinatorLink {
     kill_ = std::move(kill);
     ++version_;
   }
-  void EnableLeases() {
+  // With a beat interval, an agent that says it beats is asked to (each beat is a "Beat" call).
+  void EnableLeases(absl::Duration beat_interval = absl::ZeroDuration()) {
     absl::MutexLock lock(&mu_);
     leases_ = true;
+    beat_interval_ = beat_interval;
   }
   // Lease streams held now.
   int OpenLeases() const {
@@ -174,6 +183,24 @@ class FakeCoordinatorLink final : public CoordinatorLink {
   }
 
  private:
+  class Beater final : public LeaseBeater {
+   public:
+    explicit Beater(FakeCoordinatorLink* link) : link_(link) {}
+    bool Beat() override {
+      absl::MutexLock lock(&link_->mu_);
+      if (closed) return false;
+      Call call;
+      call.rpc = "Beat";
+      call.at = link_->clock_.Now();
+      link_->calls_.push_back(std::move(call));
+      return true;
+    }
+    bool closed ABSL_GUARDED_BY(link_->mu_) = false;
+
+   private:
+    FakeCoordinatorLink* const link_;
+  };
+
   // The canceller's state is read without mu_ held: its own lock comes before mu_ (a lease
   // stream's cancel callback takes mu_ under it).
   Call Begin(const std::string& rpc, const CallLimits& limits) {
@@ -201,6 +228,7 @@ class FakeCoordinatorLink final : public CoordinatorLink {
   std::vector<v1::Task> desired_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> kill_ ABSL_GUARDED_BY(mu_);
   bool leases_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration beat_interval_ ABSL_GUARDED_BY(mu_);
   int open_leases_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t lease_epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };

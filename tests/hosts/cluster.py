@@ -48,6 +48,7 @@ class HostCluster:
         self.bucket = bucket
         self.dir = tempfile.mkdtemp(prefix="trainyard-hosts-cluster-")
         self.procs = {}  # name -> Popen
+        self.started_at = {}  # host -> when its agent was last started (time.time())
         self.agent_flags = list(agent_flags)
         # Holds (the trainer's TRAINYARD_TEST_HOLD_DIR): a job waits at a known step for a test.
         self.hold_dir = self.path("holds")
@@ -136,6 +137,7 @@ class HostCluster:
         if old is not None:
             old.wait()
         log = open(self.path("%s.log" % host), "a")
+        self.started_at[host] = time.time()
         self.procs[host] = self.bed.popen(
             host,
             # No --address: the agent finds its host's address on the way to the coordinator.
@@ -231,6 +233,17 @@ class HostCluster:
     def wait_workers(self, n):
         self._until(lambda: self.cli(["workers"], check=False)[1].count("READY") >= n, 60,
                     "%d workers were not READY" % n)
+
+    def wait_worker_started(self, host, timeout=60):
+        """Until the agent last started on `host` has registered and is READY: not an earlier
+        agent of the host that registered again before it was killed."""
+        since_ms = int(self.started_at[host] * 1000)
+
+        def registered():
+            workers = json.loads(self.cli(["workers", "-o", "json"])[1]).get("workers", [])
+            return any(w.get("id") == host and w.get("state") == "READY" and
+                       int(w.get("registeredUnixMs", 0)) >= since_ms for w in workers)
+        self._until(registered, timeout, "the agent started on %s did not register" % host)
 
     def wait_idle(self, timeout=60):
         """Until every worker runs nothing (cancelled jobs' trainers gone)."""

@@ -1,6 +1,7 @@
 // The JobManager's restart policy: lost workers, hangs, preemption notices, failures and their
 // budgets, backoff, recovery records, fencing of old attempts.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -242,9 +243,9 @@ TEST_F(RecoveryTest, AWorkerWhoseLeaseStreamBrokeIsLostAtOnceAndItsOldRanksKille
   Register("w1", 1);
   Register("w2", 1);
   Register("w3", 1);
-  uint64_t registration[3];
+  LeaseTicket registration[3];
   for (int i = 0; i < 3; ++i) {
-    absl::StatusOr<uint64_t> r = manager_->OpenLease(absl::StrCat("w", i + 1));
+    absl::StatusOr<LeaseTicket> r = manager_->OpenLease(absl::StrCat("w", i + 1));
     ASSERT_TRUE(r.ok()) << r.status();
     registration[i] = *r;
   }
@@ -278,6 +279,59 @@ TEST_F(RecoveryTest, AWorkerWhoseLeaseStreamBrokeIsLostAtOnceAndItsOldRanksKille
   running.set_signal(9);
   ASSERT_TRUE(manager_->ReportTaskStatus(cut, running).ok());
   EXPECT_THAT(Sync(cut).kill_task_ids(), IsEmpty());
+}
+
+// A busy host that goes quiet (cut off or frozen: no reset, and its connection is pinged only
+// after a long silence) is found by its agent's beats: its stream is ended a beat timeout (1.5 s)
+// after its last beat, the idle agent is asked for a word (its long poll answered), and with its
+// answer the quiet one is lost a stream grace later; the agents that beat or answered are not.
+TEST_F(RecoveryTest, ABusyWorkerWhoseBeatsStopIsLostOnceTheOthersAnswer) {
+  std::map<std::string, int> ended;
+  std::map<std::string, LeaseTicket> tickets;
+  for (const std::string id : {"w1", "w2", "w3"}) {
+    Register(id, 1);
+    absl::StatusOr<LeaseTicket> ticket =
+        manager_->OpenLease(id, /*beats=*/true, [&ended, id] { ++ended[id]; });
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    tickets[id] = *ticket;
+  }
+  ASSERT_EQ(manager_->BeatInterval(), absl::Milliseconds(500));
+  const std::string id = Submit(TestSpec("dp", 2, 2));
+  const std::vector<std::string> workers = Start(id);
+  const std::string beating = workers[0];
+  const std::string quiet = workers[1];
+  std::string idle;
+  for (const std::string w : {"w1", "w2", "w3"}) {
+    if (w != beating && w != quiet) idle = w;
+  }
+  auto beat = [&](const std::string& w) { manager_->LeaseBeat(w, tickets[w]); };
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    beat(beating);
+    if (i < 2) beat(quiet);  // its last beat, 1 s in
+    manager_->Tick();
+  }
+  // 1 s after its last beat: two beats late, not yet a loss.
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  EXPECT_EQ(ended[quiet], 0);
+  clock_.Advance(absl::Milliseconds(500));
+  beat(beating);
+  manager_->Tick();
+  EXPECT_EQ(ended[quiet], 1);
+  // Asked for a word, the idle agent has not answered yet: no decision.
+  clock_.Advance(absl::Milliseconds(500));
+  beat(beating);
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+  // Its answer: the probe answered its long poll (a new version), and its next Sync is the word.
+  Sync(idle);
+  manager_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RESTARTING) << job.reason();
+  EXPECT_THAT(job.restarts(0).message(), HasSubstr("no word from its agent"));
+  EXPECT_THAT(job.restarts(0).message(), HasSubstr(quiet));
+  EXPECT_EQ(ended[beating], 0);
+  EXPECT_EQ(ended[idle], 0);
 }
 
 TEST_F(RecoveryTest, InfrastructureErrorOfAPeerIsBlamedOnTheLostWorker) {

@@ -1,5 +1,7 @@
 #include "server/worker_registry.h"
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,8 +29,8 @@ v1::Worker Info(const std::string& id) {
 }
 
 // Registers w0..w{n-1}, each holding a lease stream; the registration of each.
-std::vector<uint64_t> RegisterStreaming(WorkerRegistry& registry, int n) {
-  std::vector<uint64_t> registration;
+std::vector<LeaseTicket> RegisterStreaming(WorkerRegistry& registry, int n) {
+  std::vector<LeaseTicket> registration;
   for (int i = 0; i < n; ++i) {
     const std::string id = absl::StrCat("w", i);
     registry.Register(Info(id));
@@ -94,7 +96,7 @@ TEST(WorkerRegistryTest, AnOpenLeaseStreamHoldsTheLeasePastTheTimeout) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
   registry.Register(Info("w1"));
-  absl::StatusOr<uint64_t> registration = registry.OpenLease("w1");
+  absl::StatusOr<LeaseTicket> registration = registry.OpenLease("w1");
   ASSERT_TRUE(registration.ok());
   clock.Advance(absl::Hours(1));
   EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
@@ -114,9 +116,9 @@ TEST(WorkerRegistryTest, AStreamReopenedWithinTheGraceKeepsTheLease) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
   registry.Register(Info("w1"));
-  const uint64_t first = *registry.OpenLease("w1");
+  const LeaseTicket first = *registry.OpenLease("w1");
   // The new stream may open before the old one is seen closed.
-  const uint64_t second = *registry.OpenLease("w1");
+  const LeaseTicket second = *registry.OpenLease("w1");
   registry.CloseLease("w1", first);
   clock.Advance(absl::Seconds(5));
   EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
@@ -131,10 +133,10 @@ TEST(WorkerRegistryTest, AStreamOfAnEarlierRegistrationEndsNothing) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
   registry.Register(Info("w1"));
-  const uint64_t old = *registry.OpenLease("w1");
+  const LeaseTicket old = *registry.OpenLease("w1");
   registry.Register(Info("w1"));
-  const uint64_t current = *registry.OpenLease("w1");
-  EXPECT_NE(old, current);
+  const LeaseTicket current = *registry.OpenLease("w1");
+  EXPECT_NE(old.registration, current.registration);
   registry.CloseLease("w1", old);
   clock.Advance(absl::Seconds(30));
   EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
@@ -145,7 +147,7 @@ TEST(WorkerRegistryTest, MostWorkersOutOfLeaseAtOnceAreHeldNotLost) {
   LeasePolicy policy = Timeout(absl::Seconds(10));
   policy.mass_loss_hold = absl::Minutes(5);
   WorkerRegistry registry(clock, policy);
-  std::vector<uint64_t> registration = RegisterStreaming(registry, 3);
+  std::vector<LeaseTicket> registration = RegisterStreaming(registry, 3);
   // One of three: a machine lost.
   registry.CloseLease("w0", registration[0]);
   clock.Advance(absl::Seconds(1));
@@ -183,7 +185,7 @@ TEST(WorkerRegistryTest, MostWorkersOutOfLeaseAtOnceAreHeldNotLost) {
 TEST(WorkerRegistryTest, OneHeldThatComesBackLateIsNotLost) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
-  const std::vector<uint64_t> registration = RegisterStreaming(registry, 3);
+  const std::vector<LeaseTicket> registration = RegisterStreaming(registry, 3);
   for (int i = 0; i < 3; ++i) registry.CloseLease(absl::StrCat("w", i), registration[i]);
   clock.Advance(absl::Seconds(1));
   EXPECT_THAT(registry.ExpireLeases().held, ElementsAre("w0", "w1", "w2"));
@@ -201,7 +203,7 @@ TEST(WorkerRegistryTest, OneHeldThatComesBackLateIsNotLost) {
 TEST(WorkerRegistryTest, ALeaseThatRanOutWaitsWhileOtherStreamsAreClosing) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
-  const std::vector<uint64_t> registration = RegisterStreaming(registry, 5);
+  const std::vector<LeaseTicket> registration = RegisterStreaming(registry, 5);
   registry.CloseLease("w0", registration[0]);
   clock.Advance(absl::Milliseconds(300));
   registry.CloseLease("w1", registration[1]);
@@ -218,7 +220,7 @@ TEST(WorkerRegistryTest, ALeaseThatRanOutWaitsWhileOtherStreamsAreClosing) {
 TEST(WorkerRegistryTest, StreamsBreakingOneAfterAnotherAreAMassLoss) {
   FakeClock clock;
   WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
-  const std::vector<uint64_t> registration = RegisterStreaming(registry, 3);
+  const std::vector<LeaseTicket> registration = RegisterStreaming(registry, 3);
   for (int i = 0; i < 3; ++i) {
     registry.CloseLease(absl::StrCat("w", i), registration[i]);
     clock.Advance(absl::Milliseconds(200));
@@ -245,6 +247,119 @@ TEST(WorkerRegistryTest, AMassLossHeldTooLongIsALoss) {
   EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
   clock.Advance(absl::Milliseconds(1));
   EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0", "w1"));
+}
+
+// Agents w0..w{n-1} that beat, each stream's end counted in `ended` (the server cancels the call;
+// here the test closes it as the call's end would).
+struct Beating {
+  std::vector<LeaseTicket> tickets;
+  std::map<std::string, int> ended;
+};
+void RegisterBeating(WorkerRegistry& registry, int n, Beating& out) {
+  for (int i = 0; i < n; ++i) {
+    const std::string id = absl::StrCat("w", i);
+    registry.Register(Info(id));
+    out.tickets.push_back(*registry.OpenLease(id, /*beats=*/true, [&out, id] { ++out.ended[id]; }));
+  }
+}
+
+TEST(WorkerRegistryTest, ABusyAgentWithoutABeatForTheTimeoutHasItsStreamEnded) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));  // beat_timeout 1.5 s
+  Beating agents;
+  RegisterBeating(registry, 3, agents);
+  auto busy = [](const std::string& id) { return id == "w0"; };
+  // Beats every 500 ms keep it; the idle ones need none.
+  for (int i = 0; i < 6; ++i) {
+    clock.Advance(absl::Milliseconds(500));
+    registry.Beat("w0", agents.tickets[0]);
+    WorkerRegistry::Silence silence = registry.CheckBeats(busy);
+    EXPECT_THAT(silence.silent, IsEmpty());
+    EXPECT_THAT(silence.probe, IsEmpty());
+  }
+  // One late beat is not a loss: three intervals are.
+  clock.Advance(absl::Milliseconds(1499));
+  EXPECT_THAT(registry.CheckBeats(busy).silent, IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  WorkerRegistry::Silence silence = registry.CheckBeats(busy);
+  EXPECT_THAT(silence.silent, ElementsAre("w0"));
+  EXPECT_EQ(agents.ended["w0"], 1);
+  // The others were not heard from lately (idle agents say nothing): asked for a word.
+  EXPECT_THAT(silence.probe, ElementsAre("w1", "w2"));
+  EXPECT_THAT(registry.CheckBeats(busy).silent, IsEmpty());  // ended once
+  EXPECT_EQ(agents.ended["w0"], 1);
+  registry.CloseLease("w0", agents.tickets[0]);
+  // Their answers (a Sync each) come: one machine lost, not this coordinator cut off.
+  registry.Heard("w1");
+  clock.Advance(absl::Milliseconds(100));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());  // w2 has not answered yet
+  registry.Heard("w2");
+  clock.Advance(absl::Milliseconds(400));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
+  EXPECT_TRUE(registry.Find("w0")->silenced);
+  EXPECT_EQ(agents.ended["w1"] + agents.ended["w2"], 0);
+}
+
+TEST(WorkerRegistryTest, AnIdleAgentNeedsNoBeatsUntilItsTasksChange) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  Beating agents;
+  RegisterBeating(registry, 2, agents);
+  bool busy = false;
+  auto is_busy = [&busy](const std::string& id) { return busy && id == "w0"; };
+  clock.Advance(absl::Minutes(10));
+  EXPECT_THAT(registry.CheckBeats(is_busy).silent, IsEmpty());
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  // Given a task: beats are due from then, not from its last word ten minutes ago.
+  busy = true;
+  registry.BumpVersion("w0");
+  clock.Advance(absl::Milliseconds(1499));
+  EXPECT_THAT(registry.CheckBeats(is_busy).silent, IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(registry.CheckBeats(is_busy).silent, ElementsAre("w0"));
+}
+
+TEST(WorkerRegistryTest, WhenNoProbedAgentAnswersItIsAMassLoss) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  Beating agents;
+  RegisterBeating(registry, 4, agents);
+  auto busy = [](const std::string& id) { return id == "w0"; };
+  clock.Advance(absl::Seconds(2));
+  WorkerRegistry::Silence silence = registry.CheckBeats(busy);
+  ASSERT_THAT(silence.silent, ElementsAre("w0"));
+  ASSERT_THAT(silence.probe, ElementsAre("w1", "w2", "w3"));
+  registry.CloseLease("w0", agents.tickets[0]);
+  // Past w0's grace, but the probes are out: no decision yet.
+  clock.Advance(absl::Seconds(1));
+  WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.lost, IsEmpty());
+  EXPECT_THAT(expiry.held, IsEmpty());
+  // No answer: this coordinator is the one cut off. Their streams end, and all are held.
+  clock.Advance(absl::Milliseconds(500));
+  silence = registry.CheckBeats(busy);
+  EXPECT_THAT(silence.silent, ElementsAre("w1", "w2", "w3"));
+  EXPECT_THAT(silence.probe, IsEmpty());
+  for (int i = 1; i < 4; ++i) registry.CloseLease(absl::StrCat("w", i), agents.tickets[i]);
+  clock.Advance(absl::Milliseconds(500));
+  expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.lost, IsEmpty());
+  EXPECT_THAT(expiry.held, ElementsAre("w0", "w1", "w2", "w3"));
+}
+
+TEST(WorkerRegistryTest, BeatsOfAnEndedStreamCountForNothing) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  Beating agents;
+  RegisterBeating(registry, 1, agents);
+  auto busy = [](const std::string&) { return true; };
+  clock.Advance(absl::Seconds(2));
+  ASSERT_THAT(registry.CheckBeats(busy).silent, ElementsAre("w0"));
+  // The call's end has not reached the handler yet; a beat read meanwhile does not revive it.
+  registry.Beat("w0", agents.tickets[0]);
+  registry.CloseLease("w0", agents.tickets[0]);
+  clock.Advance(absl::Milliseconds(500));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
 }
 
 }  // namespace

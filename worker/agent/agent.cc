@@ -212,6 +212,12 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
   if (!response.ok()) return response.status();
   if (response->reregister()) return absl::NotFoundError("the coordinator asks to register again");
 
+  {
+    absl::MutexLock lock(&mu_);
+    const int before = desired_tasks_;
+    desired_tasks_ = response->tasks_size() + response->kill_task_ids_size();
+    if (before == 0 && desired_tasks_ > 0) lease_cv_.SignalAll();  // BeatLoop: beat at once
+  }
   std::vector<v1::Task> desired(response->tasks().begin(), response->tasks().end());
   const std::set<std::string> kill(response->kill_task_ids().begin(),
                                    response->kill_task_ids().end());
@@ -316,6 +322,7 @@ void Agent::LeaseLoop() {
       if (lease_done_) return;
       registration = registrations_;
       request.set_worker_id(worker_id_);
+      request.set_beats(true);
     }
     CallCanceller canceller;
     {
@@ -326,15 +333,21 @@ void Agent::LeaseLoop() {
     CallLimits limits;
     limits.wait_for_ready = true;
     limits.canceller = &canceller;
-    absl::StatusOr<v1::LeaseResponse> ended =
-        link_->HoldLease(request, limits, [this, registration] {
+    absl::StatusOr<v1::LeaseResponse> ended = link_->HoldLease(
+        request, limits,
+        [this, registration](absl::Duration beat_interval, std::shared_ptr<LeaseBeater> beater) {
           absl::MutexLock lock(&mu_);
-          if (registrations_ == registration) lease_held_ = true;
+          if (registrations_ != registration) return;
+          lease_held_ = true;
+          beater_ = std::move(beater);
+          beat_interval_ = beat_interval;
+          lease_cv_.SignalAll();  // BeatLoop
         });
     bool renewed;  // registered again meanwhile
     {
       absl::MutexLock lock(&mu_);
       lease_call_ = nullptr;
+      beater_ = nullptr;
       if (lease_held_) last_contact_ = clock_.Now();  // held until now
       lease_held_ = false;
       if (lease_done_) return;
@@ -370,6 +383,39 @@ void Agent::LeaseLoop() {
   }
 }
 
+bool Agent::Busy() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (desired_tasks_ > 0) return true;
+  }
+  // Tasks the coordinator no longer lists but whose trainers have not ended (or been reported).
+  return reconciler_.RunningCount() > 0;
+}
+
+void Agent::BeatLoop() {
+  bool was_busy = false;
+  while (true) {
+    std::shared_ptr<LeaseBeater> beater;
+    absl::Duration interval;
+    {
+      absl::MutexLock lock(&mu_);
+      if (lease_done_) return;
+      beater = beater_;
+      interval = beat_interval_;
+    }
+    const bool busy = beater != nullptr && interval > absl::ZeroDuration() && Busy();
+    // A failed beat needs nothing more: the stream has ended, and LeaseLoop opens another.
+    if (busy) beater->Beat();
+    was_busy = busy;
+    absl::MutexLock lock(&mu_);
+    if (lease_done_) return;
+    // Beats keep time by the real clock: they are the transport's business, like its pings.
+    // Idle, a change (new tasks, a new stream) wakes it.
+    const absl::Duration wait = was_busy ? interval : absl::Seconds(1);
+    lease_cv_.WaitWithTimeout(&mu_, wait);
+  }
+}
+
 void Agent::EndLease() {
   absl::MutexLock lock(&mu_);
   lease_done_ = true;
@@ -392,6 +438,7 @@ int Agent::Run() {
   std::thread supervisor([this] { SupervisorLoop(); });
   std::thread shipper([this] { ShipperLoop(); });
   std::thread lease([this] { LeaseLoop(); });
+  std::thread beats([this] { BeatLoop(); });
 
   Backoff backoff;
   bool registered = false;
@@ -521,6 +568,7 @@ int Agent::Run() {
   }
   EndLease();
   lease.join();
+  beats.join();
   LogInfo("stopped");
   return 0;
 }

@@ -38,7 +38,7 @@ struct AgentOptions {
   absl::Duration stop_grace_period = absl::Seconds(10);  // plain stops: SIGTERM to SIGKILL
   // Long-poll hold time while the lease stream holds (news answers a poll at once); without the
   // stream (a coordinator that keeps leases by Sync), polls of at most kSyncLeaseWait renew it.
-  absl::Duration sync_wait = absl::Seconds(30);
+  absl::Duration sync_wait = absl::Seconds(60);
   absl::Duration task_retention = absl::Hours(24);  // folders of ended tasks are kept this long
   // With no lease from the coordinator this long (its stream broken and no Sync answered), the
   // agent kills its trainers (self-fencing): the coordinator has presumably given their work to
@@ -53,8 +53,8 @@ struct AgentOptions {
 inline constexpr absl::Duration kSyncLeaseWait = absl::Seconds(1);
 
 // The worker agent: registers with the coordinator, keeps its lease with a stream held open
-// (HoldLease: the coordinator's keepalive pings prove the link, with no call per beat; by
-// long-polling Sync calls of at most kSyncLeaseWait where the coordinator has no such stream),
+// (HoldLease, on which it beats while it runs tasks; by long-polling Sync calls of at most
+// kSyncLeaseWait where the coordinator has no such stream),
 // hands the desired tasks to the Reconciler, reports task statuses (immediately and
 // in every Sync) and ships task logs. Survives coordinator outages (retries with backoff capped
 // at 2 s, keeps trainers running) and re-registers when the coordinator asks.
@@ -123,6 +123,10 @@ class Agent {
   // Holds the lease stream of each registration until EndLease, reopening it at once (then
   // backing off up to 1 s) when it breaks.
   void LeaseLoop();
+  // While the lease stream holds and the coordinator wants beats, beats on it every interval the
+  // coordinator asked for, as long as the agent has tasks (Busy), until EndLease.
+  void BeatLoop();
+  bool Busy() const;
   void EndLease();
   // How long the next long poll may wait (see AgentOptions::sync_wait).
   absl::Duration SyncWait();
@@ -147,7 +151,7 @@ class Agent {
   Reconciler reconciler_;
 
   absl::Notification threads_done_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar wake_cv_;
   uint64_t wake_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
@@ -166,6 +170,10 @@ class Agent {
   bool lease_done_ ABSL_GUARDED_BY(mu_) = false;  // EndLease was called
   CallCanceller* lease_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::CondVar lease_cv_;
+  // The held lease stream's beats: where (null: no stream) and how often (zero: none wanted).
+  std::shared_ptr<LeaseBeater> beater_ ABSL_GUARDED_BY(mu_);
+  absl::Duration beat_interval_ ABSL_GUARDED_BY(mu_);
+  int desired_tasks_ ABSL_GUARDED_BY(mu_) = 0;  // in the coordinator's last answer, kills too
 };
 
 }  // namespace trainyard

@@ -1,8 +1,12 @@
 #include "worker/agent/coordinator_link.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 
@@ -36,20 +40,22 @@ class GrpcCoordinatorLink final : public CoordinatorLink {
   }
   absl::StatusOr<v1::LeaseResponse> HoldLease(const v1::LeaseRequest& request,
                                               const CallLimits& limits,
-                                              const std::function<void()>& held) override {
+                                              const LeaseHeld& held) override {
     grpc::ClientContext context;
     Prepare(context, limits);
-    std::unique_ptr<grpc::ClientReaderWriter<v1::LeaseRequest, v1::LeaseResponse>> stream =
-        stub_->HoldLease(&context);
+    std::unique_ptr<LeaseStream> stream = stub_->HoldLease(&context);
     v1::LeaseResponse answer;
     bool answered = false;
     if (stream->Write(request) && stream->Read(&answer)) {
       answered = true;
       if (!answer.reregister()) {
-        held();
+        auto beater = std::make_shared<StreamBeater>(stream.get());
+        held(absl::Milliseconds(std::max<int64_t>(answer.beat_interval_ms(), 0)), beater);
         v1::LeaseResponse more;
         while (stream->Read(&more)) {
         }
+        // The call is over: a beat in flight fails at once; none starts after this.
+        beater->Close();
       }
     }
     const grpc::Status status = stream->Finish();
@@ -61,6 +67,26 @@ class GrpcCoordinatorLink final : public CoordinatorLink {
 
  private:
   using Stub = v1::AgentService::Stub;
+  using LeaseStream = grpc::ClientReaderWriter<v1::LeaseRequest, v1::LeaseResponse>;
+
+  // Beats written on the stream beside the reads of HoldLease (gRPC allows one writer and one
+  // reader at a time); none after Close.
+  class StreamBeater final : public LeaseBeater {
+   public:
+    explicit StreamBeater(LeaseStream* stream) : stream_(stream) {}
+    bool Beat() override {
+      absl::MutexLock lock(&mu_);
+      return stream_ != nullptr && stream_->Write(v1::LeaseRequest());
+    }
+    void Close() {
+      absl::MutexLock lock(&mu_);
+      stream_ = nullptr;
+    }
+
+   private:
+    absl::Mutex mu_;
+    LeaseStream* stream_ ABSL_GUARDED_BY(mu_);
+  };
 
   // The call's deadline and readiness, and its cancellation through limits.canceller (which the
   // caller resets with SetCancel(nullptr) once the call has ended, before `context` goes).

@@ -58,6 +58,14 @@ struct CallLimits {
 // between the agent's logic and gRPC: tests use a fake. Errors are the coordinator's or the
 // transport's status (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED when a CallCanceller ended the
 // call). Implementations are thread-safe.
+// Sends beats on a lease stream while it holds (HoldLease). Thread-safe; may outlive the stream.
+class LeaseBeater {
+ public:
+  virtual ~LeaseBeater() = default;
+  // One beat; false once the stream has ended.
+  virtual bool Beat() = 0;
+};
+
 class CoordinatorLink {
  public:
   virtual ~CoordinatorLink() = default;
@@ -72,12 +80,15 @@ class CoordinatorLink {
   virtual absl::StatusOr<v1::ShipLogsResponse> ShipLogs(const v1::ShipLogsRequest& request,
                                                         const CallLimits& limits) = 0;
   // Opens the lease stream (AgentService.HoldLease) and calls `held` once the coordinator has
-  // taken the lease; then blocks until the stream ends, and returns the coordinator's answer
-  // (reregister when it refused the lease) or the error that ended it. UNIMPLEMENTED (the
-  // default) when the coordinator keeps leases by Sync only.
+  // taken the lease, with how often it wants beats (zero: none) and where to send them; then
+  // blocks until the stream ends, and returns the coordinator's answer (reregister when it
+  // refused the lease) or the error that ended it. UNIMPLEMENTED (the default) when the
+  // coordinator keeps leases by Sync only.
+  using LeaseHeld =
+      std::function<void(absl::Duration beat_interval, std::shared_ptr<LeaseBeater> beater)>;
   virtual absl::StatusOr<v1::LeaseResponse> HoldLease(const v1::LeaseRequest& request,
                                                       const CallLimits& limits,
-                                                      const std::function<void()>& held) {
+                                                      const LeaseHeld& held) {
     return absl::UnimplementedError("no lease stream");
   }
 };

@@ -109,10 +109,11 @@ ABSL_FLAG(absl::Duration, self_fence_after, absl::Minutes(5),
           "the trainers: the coordinator has presumably restarted their jobs elsewhere "
           "(self-fencing). 0 never does. The default matches the coordinator's "
           "--mass_loss_hold, for which it trains on through its own network's outage.");
-ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(60),
           "how long each Sync long-poll is held by the coordinator when nothing changes (news "
-          "answers it at once); the lease is kept by a stream whose link the coordinator's "
-          "keepalive pings prove. With a coordinator that keeps leases by Sync, at most 1s.");
+          "answers it at once; the coordinator holds one at most 60s); the lease is kept by a "
+          "stream on which the agent beats while it runs tasks. With a coordinator that keeps "
+          "leases by Sync, at most 1s.");
 // Several coordinators or agents on one machine (tests, `trainyard up`) cannot all have it.
 constexpr char kDefaultMetricsListen[] = "127.0.0.1:7072";
 ABSL_FLAG(std::string, metrics_listen, kDefaultMetricsListen,
@@ -282,8 +283,10 @@ int main(int argc, char** argv) {
   options.self_fence_after = std::max(absl::GetFlag(FLAGS_self_fence_after), absl::ZeroDuration());
 
   // Reconnects within a second, and finds a connection that died unheard by its own pings: the
-  // lease stream and the long poll then move to a new one.
-  grpc::ChannelArguments channel_args = trainyard::CoordinatorClientArguments();
+  // lease stream and the long poll then move to a new one. A healthy coordinator answers a long
+  // poll every --sync_wait, which puts the pings off: an idle agent costs it no ping.
+  grpc::ChannelArguments channel_args =
+      trainyard::CoordinatorClientArguments(options.sync_wait + absl::Seconds(15));
   trainyard::ClientCredentials credentials;
   auto env = [](const char* name) {
     const char* value = std::getenv(name);
