@@ -11,7 +11,7 @@
 //     Sync's own cost under load), the scheduling latency (submission acknowledged to the task in
 //     its agent's hands) and whether every lease held. With --lease (the default, as the real
 //     agent does) each agent also holds a lease stream (HoldLease), its channel set as the real
-//     agent's (keepalive pings only on a connection silent past the long poll's wait);
+//     agent's (its keepalive pings included);
 //     --connections sets how many connections the agents share (--connections=0: one each, as
 //     separate machines have).
 
@@ -152,10 +152,10 @@ int Agents() {
   const int connections =
       absl::GetFlag(FLAGS_connections) > 0 ? absl::GetFlag(FLAGS_connections) : agents;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  // As the real agent sets its channel: pings only past a long poll's wait.
+  // As the real agent sets its channel (its pings included).
   for (int i = 0; i < connections; ++i) {
     channels.push_back(
-        Channel("", i, trainyard::CoordinatorClientArguments(wait + absl::Seconds(15))));
+        Channel("", i, trainyard::CoordinatorClientArguments(trainyard::kAgentPingInterval)));
   }
   std::vector<std::string> tokens(agents);
   {
@@ -194,8 +194,16 @@ int Agents() {
         r.set_pid(a + 1);
         grpc::ClientContext context;
         context.AddMetadata("authorization", tokens[a]);
+        // A thousand connections opened at once: some attempts fail (the real agent's channel
+        // gives each 100 ms before its backoff grows); waiting is what the real agent's retries do.
+        context.set_wait_for_ready(true);
+        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
         v1::RegisterWorkerResponse response;
-        return stub->RegisterWorker(&context, r, &response).ok();
+        const grpc::Status status = stub->RegisterWorker(&context, r, &response);
+        if (!status.ok() && errors.load() == 0) {
+          std::fprintf(stderr, "RegisterWorker: %s\n", status.error_message().c_str());
+        }
+        return status.ok();
       };
       if (!register_worker()) {
         errors++;
@@ -237,7 +245,10 @@ int Agents() {
         grpc::Status status = stub->Sync(&context, request, &response);
         const absl::Time got = absl::Now();
         if (!status.ok()) {
-          errors++;
+          // The first error said, for the reader of a run with errors.
+          if (errors++ == 0) {
+            std::fprintf(stderr, "Sync: %s\n", status.error_message().c_str());
+          }
           continue;
         }
         if (response.reregister()) {

@@ -26,7 +26,7 @@ packages=(
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
   # test-only tools
   awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint
-  openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables
+  openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables iptables
   # the PostgreSQL store's tests start their own server from these binaries (no service)
   postgresql
   # benchmarks only (bench/cpu_step.py)

@@ -150,6 +150,8 @@ WorkerRegistry::Silence WorkerRegistry::CheckBeats(
     record.probed_at = absl::InfiniteFuture();
     record.beating_stream = 0;
     record.silenced = true;
+    // What it failed after: its agent's last word (a restart record's detection counts from it).
+    record.info.set_last_seen_unix_ms(absl::ToUnixMillis(record.heard));
     if (record.streamed) {
       // Its streams count as closed from now (their handlers' CloseLease, which follows, finds
       // them gone), so that ExpireLeases sees every silent worker of this tick as down together.

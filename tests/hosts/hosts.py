@@ -16,7 +16,9 @@ Faults (each one call; `heal` undoes the link ones):
   partition A B      drop what A and B send each other (`oneway`: only A -> B), with nftables
   loss HOST P        drop P % of the packets the host receives, at random (nftables)
   rate HOST R        cap what the host sends at R (tc tbf, e.g. 10mbit)
-  delay HOST MS      refused where the kernel has no sch_netem (said so, never faked)
+  delay HOST MS [J]  delay what the host sends by MS ms, +- J ms of jitter (tc netem; where the
+                     kernel has no sch_netem, tests/hosts/delayer.py does it in user space on an
+                     iptables NFQUEUE, and says so)
   freeze / thaw HOST SIGSTOP / SIGCONT every process of the host
   heal HOST          undo cut, partition, loss and rate on the host
 
@@ -24,19 +26,23 @@ Faults (each one call; `heal` undoes the link ones):
   tests/hosts/hosts.py down NAME | --stale
   tests/hosts/hosts.py fault NAME FAULT ARGS...
   tests/hosts/hosts.py exec NAME HOST COMMAND...
-Needs root (namespaces), iproute2 and nftables.
+Needs root (namespaces), iproute2 and nftables (and iptables for a delay without sch_netem).
 """
 
 import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 STATE_DIR = "/run/trainyard-hosts"
+DELAYER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delayer.py")
+DELAY_QUEUE = 7  # the NFQUEUE number the delayer of a host listens on
 
 
 class HostsError(Exception):
@@ -273,11 +279,67 @@ class Bed:
               "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"])
 
     def delay(self, host, ms, jitter_ms=0):
-        done = _run(["ip", "netns", "exec", self.ns(host), "tc", "qdisc", "replace", "dev", "eth0",
+        """Delays what `host` sends by `ms` ms, +- `jitter_ms`. Returns how: "netem" or "delayer"
+        (user space, where the kernel has no sch_netem)."""
+        if ms < 0 or jitter_ms < 0:
+            raise HostsError("delay: ms and jitter >= 0, got %s and %s" % (ms, jitter_ms))
+        ns = self.ns(host)
+        done = _run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0",
                      "root", "netem", "delay", "%dms" % ms, "%dms" % jitter_ms], check=False)
-        if done.returncode != 0:
-            raise HostsError("delay: this kernel cannot delay packets (tc netem: %s)" %
-                             done.stderr.strip())
+        if done.returncode == 0:
+            return "netem"
+        if not shutil.which("iptables"):
+            raise HostsError("delay: this kernel has no sch_netem (%s) and iptables, for the "
+                             "user-space delayer, is missing (scripts/install-deps.sh installs "
+                             "it)" % done.stderr.strip())
+        self._stop_delayer(host)
+        with tempfile.TemporaryFile() as errors:
+            delayer = subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, DELAYER, "--queue", str(DELAY_QUEUE),
+                 "--delay", str(ms), "--jitter", str(jitter_ms)],
+                stdout=subprocess.PIPE, stderr=errors, start_new_session=True)
+            ready = delayer.stdout.readline().strip()
+            delayer.stdout.close()
+            if ready != b"ready":
+                delayer.kill()
+                delayer.wait()
+                errors.seek(0)
+                raise HostsError("delay: the user-space delayer did not start: %s" %
+                                 errors.read().decode(errors="replace").strip())
+        self.__dict__.setdefault("_delayers", {})[host] = delayer  # reaped by _stop_delayer
+        # What leaves by the link (never loopback); while no delayer listens, packets pass.
+        _run(["ip", "netns", "exec", ns, "iptables", "-t", "mangle", "-A", "POSTROUTING",
+              "-o", "eth0", "-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE), "--queue-bypass"])
+        return "delayer"
+
+    def _stop_delayer(self, host):
+        ns = self.ns(host)
+        if shutil.which("iptables"):
+            _run(["ip", "netns", "exec", ns, "iptables", "-t", "mangle", "-F", "POSTROUTING"],
+                 check=False)
+        delayers = []
+        for pid in self.pids(host):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    if DELAYER.encode() in f.read():
+                        delayers.append(pid)
+            except OSError:
+                pass
+        for pid in delayers:  # it lets what it holds go, then exits
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5
+        while (any(_state(pid) not in (None, "Z") for pid in delayers) and
+               time.monotonic() < deadline):
+            time.sleep(0.01)
+        started = self.__dict__.get("_delayers", {}).pop(host, None)
+        if started is not None:
+            try:
+                started.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
 
     def heal(self, host):
         ns = self.ns(host)
@@ -285,6 +347,7 @@ class Bed:
         _run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "fault"], check=False)
         _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"],
              check=False)
+        self._stop_delayer(host)
         # Partitions are kept at the receiver: the others' rules naming this host go too.
         for other in self.hosts:
             if other == host:
@@ -308,12 +371,12 @@ class Bed:
             "oneway": (2, lambda a, b: self.partition(a, b, oneway=True)),
             "loss": (2, lambda h, p: self.loss(h, float(p))),
             "rate": (2, lambda h, r: self.rate(h, r)),
-            "delay": (2, lambda h, ms: self.delay(h, int(ms))),
+            "delay": (2, lambda h, ms, jitter=0: self.delay(h, int(ms), int(jitter))),
         }
         if kind not in table:
             raise HostsError("unknown fault %r (%s)" % (kind, ", ".join(sorted(table))))
         n, fn = table[kind]
-        if len(args) != n:
+        if len(args) != n and not (kind == "delay" and len(args) == 3):
             raise HostsError("%s takes %d argument(s), got %d" % (kind, n, len(args)))
         fn(*args)
 

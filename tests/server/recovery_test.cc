@@ -305,10 +305,14 @@ TEST_F(RecoveryTest, ABusyWorkerWhoseBeatsStopIsLostOnceTheOthersAnswer) {
     if (w != beating && w != quiet) idle = w;
   }
   auto beat = [&](const std::string& w) { manager_->LeaseBeat(w, tickets[w]); };
+  absl::Time last_beat;
   for (int i = 0; i < 4; ++i) {
     clock_.Advance(absl::Milliseconds(500));
     beat(beating);
-    if (i < 2) beat(quiet);  // its last beat, 1 s in
+    if (i < 2) {
+      beat(quiet);  // its last beat, 1 s in
+      last_beat = clock_.Now();
+    }
     manager_->Tick();
   }
   // 1 s after its last beat: two beats late, not yet a loss.
@@ -330,6 +334,8 @@ TEST_F(RecoveryTest, ABusyWorkerWhoseBeatsStopIsLostOnceTheOthersAnswer) {
   ASSERT_EQ(job.state(), v1::RESTARTING) << job.reason();
   EXPECT_THAT(job.restarts(0).message(), HasSubstr("no word from its agent"));
   EXPECT_THAT(job.restarts(0).message(), HasSubstr(quiet));
+  // It failed after its last beat: the record's detection counts from there.
+  EXPECT_EQ(job.restarts(0).failed_unix_ms(), absl::ToUnixMillis(last_beat));
   EXPECT_EQ(ended[beating], 0);
   EXPECT_EQ(ended[idle], 0);
 }

@@ -283,10 +283,9 @@ int main(int argc, char** argv) {
   options.self_fence_after = std::max(absl::GetFlag(FLAGS_self_fence_after), absl::ZeroDuration());
 
   // Reconnects within a second, and finds a connection that died unheard by its own pings: the
-  // lease stream and the long poll then move to a new one. A healthy coordinator answers a long
-  // poll every --sync_wait, which puts the pings off: an idle agent costs it no ping.
+  // lease stream and the long poll then move to a new one.
   grpc::ChannelArguments channel_args =
-      trainyard::CoordinatorClientArguments(options.sync_wait + absl::Seconds(15));
+      trainyard::CoordinatorClientArguments(trainyard::kAgentPingInterval);
   trainyard::ClientCredentials credentials;
   auto env = [](const char* name) {
     const char* value = std::getenv(name);
