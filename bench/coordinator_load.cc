@@ -13,7 +13,7 @@
 //     agent does) each agent also holds a lease stream (HoldLease), its channel set as the real
 //     agent's (its keepalive pings included);
 //     --connections sets how many connections the agents share (--connections=0: one each, as
-//     separate machines have).
+//     separate machines have); with --beat they beat on it all along, as busy agents do.
 
 #include <grpcpp/grpcpp.h>
 
@@ -53,6 +53,9 @@ ABSL_FLAG(double, rate, 20, "agents: jobs submitted per second while they run");
 ABSL_FLAG(absl::Duration, sync_wait, absl::Seconds(60), "agents: long-poll wait (the agent's)");
 ABSL_FLAG(bool, lease, true, "agents: hold a lease stream each, as the real agent does");
 ABSL_FLAG(int, connections, 8, "agents: connections they share; 0: one per agent");
+ABSL_FLAG(bool, beat, false,
+          "agents: beat on the lease stream all along, as agents that run tasks do (the "
+          "heartbeat load of a busy cluster)");
 
 namespace {
 
@@ -149,6 +152,7 @@ int Agents() {
   // kernel and this client); each agent presents its own token with each call.
   const std::string admin_token = AdminToken();
   const bool lease = absl::GetFlag(FLAGS_lease);
+  const bool beat = absl::GetFlag(FLAGS_beat);
   const int connections =
       absl::GetFlag(FLAGS_connections) > 0 ? absl::GetFlag(FLAGS_connections) : agents;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
@@ -222,6 +226,15 @@ int Agents() {
           first.set_beats(true);
           v1::LeaseResponse answer;
           if (!stream->Write(first) || !stream->Read(&answer) || answer.reregister()) errors++;
+          if (beat && answer.beat_interval_ms() > 0) {
+            // As a busy agent: a beat every interval the coordinator asked for, until the end.
+            const absl::Duration interval = absl::Milliseconds(answer.beat_interval_ms());
+            absl::Time next = absl::Now() + interval;
+            while (absl::Now() < end && stream->Write(v1::LeaseRequest())) {
+              absl::SleepFor(next - absl::Now());
+              next += interval;
+            }
+          }
           while (stream->Read(&answer)) {
           }
           stream->Finish();

@@ -5,7 +5,8 @@ its idle cost with 10,000 queued, the idle cost of 1,000 simulated agents holdin
     python3 bench/coordinator_load.py BUILD_DIR [JOBS] [AGENTS] [SECONDS] [PHASES]
 
 PHASES: a comma-separated choice of submit, idle-agents, agents (default: all three). For
-idle-agents, LEASE_FLAGS adds coordinator flags and SYNC_WAIT sets the agents' long poll.
+idle-agents, LEASE_FLAGS adds coordinator flags, SYNC_WAIT sets the agents' long poll and
+BEAT=1 has them beat all along (as agents that run tasks do).
 
 Each phase starts a fresh coordinator (real binary, its own state folder on this disk, metrics
 off) and drives it with coordinator_load (cmake --build BUILD_DIR --target coordinator_load).
@@ -98,17 +99,19 @@ def submit_phase(build, jobs):
 
 
 def idle_agents_phase(build, agents, seconds):
-    # LEASE_FLAGS: extra coordinator flags; SYNC_WAIT: the agents' long poll (60s, the agent's).
+    # LEASE_FLAGS: extra coordinator flags; SYNC_WAIT: the agents' long poll (60s, the agent's);
+    # BEAT=1: the agents beat all along, as busy ones do.
     flags = os.environ.get("LEASE_FLAGS", "").split()
     sync_wait = os.environ.get("SYNC_WAIT", "60s")
-    print(f"\n## {agents} idle agents, each on its own connection with a lease stream and a "
-          f"{sync_wait} Sync long poll (the real agent's channel), no jobs; coordinator flags: "
-          f"{' '.join(flags) or 'the defaults'}")
+    beat = ["--beat"] if os.environ.get("BEAT") == "1" else []
+    print(f"\n## {agents} {'beating' if beat else 'idle'} agents, each on its own connection "
+          f"with a lease stream and a {sync_wait} Sync long poll (the real agent's channel), no "
+          f"jobs; coordinator flags: {' '.join(flags) or 'the defaults'}")
     with Coordinator(build, *flags) as c:
         out = subprocess.Popen([os.path.join(build, "bin", "coordinator_load"), "agents",
                                 f"--coordinator={c.address}", c.token_flag, f"--agents={agents}",
                                 f"--seconds={seconds + 25}", "--rate=0", "--connections=0",
-                                f"--sync_wait={sync_wait}"],
+                                f"--sync_wait={sync_wait}", *beat],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(20)  # every agent registered and holding its lease
         before = cpu_seconds(c.proc.pid)

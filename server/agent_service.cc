@@ -39,37 +39,97 @@ Status AgentServiceImpl::Sync(ServerContext* context, const v1::SyncRequest* req
   return Status::OK;
 }
 
-Status AgentServiceImpl::HoldLease(
-    ServerContext* context, grpc::ServerReaderWriter<v1::LeaseResponse, v1::LeaseRequest>* stream) {
-  v1::LeaseRequest request;
-  if (!stream->Read(&request)) return Status::OK;  // closed before naming its worker
-  absl::StatusOr<Principal> caller = gate_.Admit(*context, request, Audience::kAgents, "HoldLease");
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status s = AllowWorker(*caller, request.worker_id()); !s.ok()) return ToGrpcStatus(s);
-  // `end` is called under the manager's lock and never after CloseLease, while this call lives.
-  absl::StatusOr<LeaseTicket> ticket =
-      manager_.OpenLease(request.worker_id(), request.beats(), [context] { context->TryCancel(); });
-  v1::LeaseResponse answer;
-  if (!ticket.ok()) {
-    if (!absl::IsNotFound(ticket.status()) && !absl::IsFailedPrecondition(ticket.status())) {
-      return ToGrpcStatus(ticket.status());
+namespace {
+
+// One agent's lease stream. The first message names the worker: admitted, the lease opened and
+// answered; every later one is a beat. The reactions follow one another (a read, or the one
+// write, is outstanding at a time); the manager may cancel the call from its own thread (`end`,
+// never after CloseLease, which OnDone calls before the reactor goes).
+class LeaseReactor final : public grpc::ServerBidiReactor<v1::LeaseRequest, v1::LeaseResponse> {
+ public:
+  LeaseReactor(grpc::CallbackServerContext* context, JobManager& manager, CallGate& gate)
+      : context_(context), manager_(manager), gate_(gate) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the agent closed the stream, or the call ended (cancelled, broken)
+      Finish(Status::OK);
+      return;
     }
-    answer.set_reregister(true);
-    stream->Write(answer);
-    return Status::OK;
+    if (opened_) {
+      manager_.LeaseBeat(worker_id_, ticket_);
+      StartRead(&request_);
+      return;
+    }
+    if (answered_) {  // a message after a refusal: nothing to hold
+      StartRead(&request_);
+      return;
+    }
+    absl::StatusOr<Principal> caller =
+        gate_.Admit(*context_, request_, Audience::kAgents, "HoldLease");
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
+      return;
+    }
+    if (absl::Status s = AllowWorker(*caller, request_.worker_id()); !s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    worker_id_ = request_.worker_id();
+    grpc::CallbackServerContext* context = context_;
+    absl::StatusOr<LeaseTicket> ticket =
+        manager_.OpenLease(worker_id_, request_.beats(), [context] { context->TryCancel(); });
+    answered_ = true;
+    if (!ticket.ok()) {
+      if (!absl::IsNotFound(ticket.status()) && !absl::IsFailedPrecondition(ticket.status())) {
+        Finish(ToGrpcStatus(ticket.status()));
+        return;
+      }
+      answer_.set_reregister(true);
+    } else {
+      opened_ = true;
+      ticket_ = *ticket;
+      if (request_.beats()) {
+        answer_.set_beat_interval_ms(absl::ToInt64Milliseconds(manager_.BeatInterval()));
+      }
+    }
+    StartWrite(&answer_);
   }
-  if (request.beats()) {
-    answer.set_beat_interval_ms(absl::ToInt64Milliseconds(manager_.BeatInterval()));
+
+  void OnWriteDone(bool ok) override {
+    if (!ok || answer_.reregister()) {
+      Finish(Status::OK);
+      return;
+    }
+    // Held until the agent closes the stream, its connection breaks (a host killed: a reset; an
+    // idle one cut off or frozen: the pings go unanswered), or the manager ends it (no beat while
+    // the agent runs tasks).
+    StartRead(&request_);
   }
-  // Held until the agent closes the stream, its connection breaks (the transport's keepalive
-  // pings go unanswered: a host cut off or frozen; or the peer resets it: a host killed), or the
-  // manager ends it (no beat while the agent runs tasks). Each later message is a beat.
-  if (stream->Write(answer)) {
-    v1::LeaseRequest beat;
-    while (stream->Read(&beat)) manager_.LeaseBeat(request.worker_id(), *ticket);
+
+  void OnDone() override {
+    if (opened_) manager_.CloseLease(worker_id_, ticket_);
+    delete this;
   }
-  manager_.CloseLease(request.worker_id(), *ticket);
-  return Status::OK;
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  JobManager& manager_;
+  CallGate& gate_;
+  v1::LeaseRequest request_;
+  v1::LeaseResponse answer_;
+  std::string worker_id_;
+  bool answered_ = false;  // the first message was answered (the lease held, or refused)
+  bool opened_ = false;    // the lease was opened: CloseLease at the end
+  LeaseTicket ticket_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::LeaseRequest, v1::LeaseResponse>* AgentServiceImpl::HoldLease(
+    grpc::CallbackServerContext* context) {
+  return new LeaseReactor(context, manager_, gate_);
 }
 
 Status AgentServiceImpl::ReportTaskStatus(ServerContext* context,

@@ -9,7 +9,10 @@ namespace trainyard {
 
 // gRPC AgentService over JobManager: agents for their own worker, trainers for their own job,
 // attempt and rank (auth.h). `manager` and `gate` must outlive the service. Thread-safe.
-class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
+// HoldLease runs on gRPC's callback API: an agent's lease stream holds no thread, and a beat
+// costs no hand-off between threads (a thousand busy agents beat two thousand times a second).
+class AgentServiceImpl final : public trainyard::v1::AgentService::WithCallbackMethod_HoldLease<
+                                   trainyard::v1::AgentService::Service> {
  public:
   AgentServiceImpl(JobManager& manager, CallGate& gate) : manager_(manager), gate_(gate) {}
 
@@ -18,10 +21,10 @@ class AgentServiceImpl final : public trainyard::v1::AgentService::Service {
                               trainyard::v1::RegisterWorkerResponse* response) override;
   grpc::Status Sync(grpc::ServerContext* context, const trainyard::v1::SyncRequest* request,
                     trainyard::v1::SyncResponse* response) override;
-  // Holds the worker's lease while the stream stays open (JobManager::OpenLease).
-  grpc::Status HoldLease(grpc::ServerContext* context,
-                         grpc::ServerReaderWriter<trainyard::v1::LeaseResponse,
-                                                  trainyard::v1::LeaseRequest>* stream) override;
+  // Holds the worker's lease while the stream stays open (JobManager::OpenLease); each later
+  // message is a beat (JobManager::LeaseBeat).
+  grpc::ServerBidiReactor<trainyard::v1::LeaseRequest, trainyard::v1::LeaseResponse>* HoldLease(
+      grpc::CallbackServerContext* context) override;
   grpc::Status ReportTaskStatus(grpc::ServerContext* context,
                                 const trainyard::v1::ReportTaskStatusRequest* request,
                                 trainyard::v1::ReportTaskStatusResponse* response) override;

@@ -7,7 +7,7 @@
 
 namespace trainyard {
 
-CallerCredentials CallerOf(const grpc::ServerContext& context) {
+CallerCredentials CallerOf(const grpc::ServerContextBase& context) {
   CallerCredentials c;
   const auto& metadata = context.client_metadata();
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
@@ -24,7 +24,7 @@ CallerCredentials CallerOf(const grpc::ServerContext& context) {
   return c;
 }
 
-absl::StatusOr<Principal> CallGate::Admit(const grpc::ServerContext& context,
+absl::StatusOr<Principal> CallGate::Admit(const grpc::ServerContextBase& context,
                                           const google::protobuf::Message& request,
                                           Audience audience, absl::string_view rpc) const {
   // Who calls is checked first: an anonymous caller learns nothing, not even the bounds.

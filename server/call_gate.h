@@ -21,7 +21,7 @@ namespace trainyard {
 
 // The credentials a gRPC call carried: "authorization: Bearer ..." metadata and the client
 // certificate that TLS verified.
-CallerCredentials CallerOf(const grpc::ServerContext& context);
+CallerCredentials CallerOf(const grpc::ServerContextBase& context);
 
 class CallGate {
  public:
@@ -31,7 +31,7 @@ class CallGate {
 
   // INVALID_ARGUMENT for a request over a bound, UNAUTHENTICATED without a valid credential,
   // PERMISSION_DENIED when `rpc` is not for the caller's role. Thread-safe.
-  absl::StatusOr<Principal> Admit(const grpc::ServerContext& context,
+  absl::StatusOr<Principal> Admit(const grpc::ServerContextBase& context,
                                   const google::protobuf::Message& request, Audience audience,
                                   absl::string_view rpc) const;
 
