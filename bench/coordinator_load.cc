@@ -198,8 +198,8 @@ int Agents() {
         r.set_pid(a + 1);
         grpc::ClientContext context;
         context.AddMetadata("authorization", tokens[a]);
-        // A thousand connections opened at once: some attempts fail (the real agent's channel
-        // gives each 100 ms before its backoff grows); waiting is what the real agent's retries do.
+        // A thousand connections opened at once, each TLS-less handshake given 2 s: waiting for
+        // the connection is what the real agent's retries do.
         context.set_wait_for_ready(true);
         context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
         v1::RegisterWorkerResponse response;

@@ -235,7 +235,7 @@ grpc::ChannelArguments ChannelArguments() {
   grpc::ChannelArguments args;
   // `submit --wait` and `logs -f` ride out a coordinator restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectTimeoutMs);  // a connect's time
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 * 1024 * 1024);
   return args;

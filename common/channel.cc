@@ -181,7 +181,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> NewServerCredentials(
 grpc::ChannelArguments CoordinatorClientArguments(absl::Duration ping_interval) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectTimeoutMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
               static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(ping_interval),

@@ -72,6 +72,11 @@ grpc::ChannelArguments CoordinatorClientArguments(
 // that the agent reconnects as soon as the link is back, rather than when the coordinator's
 // retransmissions, backing off, get through). 1,000 idle agents: about 67 pings a second.
 inline constexpr absl::Duration kAgentPingInterval = absl::Seconds(15);
+// What gRPC gives one connection attempt (TCP and TLS handshakes) at least: its
+// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is that minimum, not a backoff. At 100 ms, TLS handshakes on
+// a busy machine failed ("Handshake read failed") and a CLI call with them; 2 s fits a busy
+// handshake and still moves on from a frozen coordinator quickly.
+inline constexpr int kMinConnectTimeoutMs = 2000;
 // The shortest ping interval: the coordinator must accept pings at least this often.
 inline constexpr int kCoordinatorClientPingMs = 5000;
 
