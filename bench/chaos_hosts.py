@@ -123,6 +123,7 @@ def main():
     chaos = Chaos(bed, cluster, rng)
     jobs = {}  # id -> kind
     done = []
+    failed = True  # until the run ends with every job as it should be
     try:
         cluster.start()
 
@@ -184,6 +185,7 @@ def main():
                   ", ".join("%s %d" % kv for kv in sorted(restarts.items())) or "none", lost))
         for line in bad:
             print("FAIL: " + line)
+        failed = bool(bad)
         return 1 if bad else 0
     except Exception:
         if os.environ.get("CHAOS_GDB"):
@@ -202,7 +204,11 @@ def main():
         chaos.settle(everything=True)
         cluster.stop()
         bed.down()
-        cluster.cleanup()
+        if failed:
+            # Kept for the post-mortem: the coordinator's and every agent's log, the task folders.
+            print("the cluster's folder is kept: %s" % cluster.dir, file=sys.stderr)
+        else:
+            cluster.cleanup()
 
 
 if __name__ == "__main__":
