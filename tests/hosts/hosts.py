@@ -229,19 +229,45 @@ class Bed:
             except ProcessLookupError:
                 pass
 
+    def _stop_all(self, host, fault):
+        """SIGSTOP to every process of the host, and again to any forked meanwhile, until two
+        listings in a row find the same processes, each stopped (or a zombie); returns them."""
+        deadline = time.monotonic() + 10
+        stopped = None
+        while True:
+            pids = self.pids(host)
+            moving = [pid for pid in pids if _state(pid) not in ("T", "t", "Z", None)]
+            if not moving:
+                if stopped == set(pids):
+                    return pids
+                stopped = set(pids)
+                continue
+            stopped = None
+            if time.monotonic() > deadline:
+                raise HostsError("%s %s: processes %s still running after 10 s"
+                                 % (fault, host, " ".join(map(str, moving))))
+            for pid in moving:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+
     # ---- faults ----
 
     def kill(self, host):
-        self._signal_all(self.ns(host), signal.SIGKILL)
+        """SIGKILL to every process of the host at once, as when it loses power. Each is stopped
+        first, so no process sees another die: signalled one by one, an agent could see its
+        trainer killed and report that end (a user's failure) before its own SIGKILL came."""
+        for pid in self._stop_all(host, "kill"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def freeze(self, host):
         """SIGSTOP to every process of the host; returns once each is stopped."""
-        self._signal_all(self.ns(host), signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while any(_state(pid) not in ("T", None) for pid in self.pids(host)):
-            if time.monotonic() > deadline:
-                raise HostsError("freeze %s: processes still running after 10 s" % host)
-            time.sleep(0.01)
+        self._stop_all(host, "freeze")
 
     def thaw(self, host):
         self._signal_all(self.ns(host), signal.SIGCONT)

@@ -188,9 +188,12 @@ class HostsTest(unittest.TestCase):
 
     def test_6_freeze_thaw_and_kill_act_on_every_process_of_a_host(self):
         pid = self.servers["b"].pid
+        # A process that forks all the time: freeze and kill must catch its children too.
+        forker = self.bed.popen("b", ["sh", "-c", "while :; do sleep 0.01; done"])
         # The server runs under `ip netns exec`, which execs it: the pid is the server's.
         self.bed.freeze("b")
         self.assertEqual(self.state_of(pid), "T")
+        self.assertTrue(all(self.state_of(p) in ("T", "Z") for p in self.bed.pids("b")))
         self.assertEqual(self.probe("a", "b"), 3)  # a frozen host answers nothing
         self.bed.thaw("b")
         self.assertIn(self.state_of(pid), ("S", "R"))
@@ -198,6 +201,7 @@ class HostsTest(unittest.TestCase):
         self.bed.kill("b")
         self.servers["b"].wait(timeout=10)
         self.assertEqual(self.servers["b"].returncode, -signal.SIGKILL)
+        self.assertEqual(forker.wait(timeout=10), -signal.SIGKILL)
         self.assertEqual(self.bed.pids("b"), [])
         self.assertEqual(self.probe("a", "b"), 4)  # a reset: refused
 
