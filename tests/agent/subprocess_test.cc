@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -216,19 +217,34 @@ TEST_F(SubprocessTest, RealTrainerExitIsReportedWithTheTailOfItsLog) {
                              "/task.pb --coordinator=10.0.0.1:7070"));
 }
 
-TEST_F(SubprocessTest, CleanUpLeftoversKillsATrainerOfAnEarlierAgentRun) {
+// Only the trainer its pid file names and that runs that very task: a pid taken since by another
+// agent's trainer on this machine (whose task file is elsewhere) lives on.
+TEST_F(SubprocessTest, CleanUpLeftoversKillsATrainerOfAnEarlierAgentRunAndNoOther) {
   const std::string trainer = dir_ + "/trainyard-trainer";
   {
     std::ofstream script(trainer);
     script << "#!/bin/sh\nwhile true; do sleep 0.05; done\n";
   }
   std::filesystem::permissions(trainer, std::filesystem::perms::owner_all);
-  SubprocessOptions options;
-  options.argv = {trainer};
-  absl::StatusOr<pid_t> pid = StartSubprocess(options);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  std::filesystem::create_directories(dir_ + "/work/tasks/j.g1.r0");
-  std::ofstream(dir_ + "/work/tasks/j.g1.r0/pid") << *pid << "\n";
+  auto start = [&](const std::string& task_file) {
+    SubprocessOptions options;
+    options.argv = {trainer, "--task_file=" + task_file};
+    absl::StatusOr<pid_t> pid = StartSubprocess(options);
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    return pid.ok() ? *pid : 0;
+  };
+  const pid_t mine = start(dir_ + "/work/tasks/j.g1.r0/task.pb");
+  const pid_t others = start(dir_ + "/other-work/tasks/k.g1.r0/task.pb");
+  ASSERT_GT(mine, 0);
+  ASSERT_GT(others, 0);
+  for (const auto& [task, pid] : {std::pair<std::string, pid_t>{"j.g1.r0", mine},
+                                  std::pair<std::string, pid_t>{"k.g1.r0", others}}) {
+    std::filesystem::create_directories(dir_ + "/work/tasks/" + task);
+    std::ofstream(dir_ + "/work/tasks/" + task + "/task.pb") << "task";
+    std::ofstream(dir_ + "/work/tasks/" + task + "/pid") << pid << "\n";
+  }
+  std::filesystem::create_directories(dir_ + "/other-work/tasks/k.g1.r0");
+  std::ofstream(dir_ + "/other-work/tasks/k.g1.r0/task.pb") << "task";
 
   std::unique_ptr<ProcessLauncher> launcher = NewRealProcessLauncher();
   ReconcilerOptions reconciler_options;
@@ -236,7 +252,10 @@ TEST_F(SubprocessTest, CleanUpLeftoversKillsATrainerOfAnEarlierAgentRun) {
   reconciler_options.trainer_path = trainer;
   Reconciler reconciler(reconciler_options, *launcher, RealClock::Get());
   EXPECT_EQ(reconciler.CleanUpLeftovers(), 1);
-  EXPECT_EQ(Wait(*pid).signal, SIGKILL);
+  EXPECT_EQ(Wait(mine).signal, SIGKILL);
+  EXPECT_EQ(kill(others, 0), 0) << "another agent's trainer was killed";
+  kill(others, SIGKILL);
+  EXPECT_EQ(Wait(others).signal, SIGKILL);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -45,12 +46,35 @@ bool WriteFile(const std::string& path, const std::string& data) {
 }
 
 // Whether /proc/<pid>/cmdline shows a trainyard-trainer.
-bool IsTrainerProcess(int64_t pid) {
-  const std::string cmdline = ReadSmallFile(absl::StrCat("/proc/", pid, "/cmdline"));
-  // argv[0], or argv[1] when an interpreter runs a trainer script.
-  std::vector<absl::string_view> args = absl::StrSplit(cmdline, '\0');
+// True when `pid` is a process (not a thread of one) that runs the trainer of the task whose file
+// is `task_file`. A pid file left over from an earlier run of the agent names a process that may
+// have ended long ago, its pid since taken by another process: even by another agent's trainer
+// on this machine (several agents share one, as with `trainyard up`), or by a thread of one,
+// whose id kill() takes for its whole process.
+bool IsTrainerOf(int64_t pid, const std::string& task_file) {
+  const std::string root = absl::StrCat("/proc/", pid);
+  bool process = false;
+  for (absl::string_view line : absl::StrSplit(ReadSmallFile(root + "/status"), '\n')) {
+    if (absl::ConsumePrefix(&line, "Tgid:")) {
+      process = absl::StripAsciiWhitespace(line) == absl::StrCat(pid);
+      break;
+    }
+  }
+  if (!process) return false;
+  const std::vector<std::string> args =
+      absl::StrSplit(ReadSmallFile(root + "/cmdline"), '\0', absl::SkipEmpty());
+  bool trainer = false;  // argv[0], or argv[1] when an interpreter runs a trainer script
   for (size_t i = 0; i < args.size() && i < 2; ++i) {
-    if (absl::EndsWith(args[i], "trainyard-trainer")) return true;
+    trainer = trainer || absl::EndsWith(args[i], "trainyard-trainer");
+  }
+  if (!trainer) return false;
+  for (absl::string_view arg : args) {
+    if (!absl::ConsumePrefix(&arg, "--task_file=")) continue;
+    // Relative to the trainer's folder, if it was given so.
+    const std::string path =
+        absl::StartsWith(arg, "/") ? std::string(arg) : absl::StrCat(root, "/cwd/", arg);
+    std::error_code ec;
+    return fs::equivalent(path, task_file, ec);
   }
   return false;
 }
@@ -105,7 +129,7 @@ int Reconciler::CleanUpLeftovers() {
     int64_t pid = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(pid_text), &pid) || pid <= 0) continue;
     from_disk_.insert(task_id);
-    if (!IsTrainerProcess(pid)) continue;
+    if (!IsTrainerOf(pid, TaskDir(task_id) + "/task.pb")) continue;
     LogWarning("killing trainer of task ", task_id, " (pid ", pid,
                ") left over from an earlier run of the agent");
     kill(-static_cast<pid_t>(pid), SIGKILL);
