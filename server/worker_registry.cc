@@ -27,7 +27,6 @@ const WorkerRecord& WorkerRegistry::Register(v1::Worker info,
   record.lease_expiry = now + policy_.timeout;
   record.desired_version = ++next_version_;
   record.restored = false;
-  ++record.registration;
   record.lease_streams = 0;
   record.streamed = false;
   record.unreachable_since = absl::InfiniteFuture();
@@ -49,7 +48,6 @@ void WorkerRegistry::Restore(v1::Worker info) {
   record.lease_expiry = clock_.Now() + policy_.timeout;
   record.desired_version = ++next_version_;
   record.restored = true;
-  ++record.registration;
 }
 
 absl::Status WorkerRegistry::Renew(absl::string_view id) {
@@ -93,7 +91,7 @@ absl::StatusOr<LeaseTicket> WorkerRegistry::OpenLease(absl::string_view id, bool
   record.heard = now;
   record.probed_at = absl::InfiniteFuture();
   record.silenced = false;
-  const LeaseTicket ticket{record.registration, ++next_stream_};
+  const LeaseTicket ticket{++next_stream_};
   record.stream_ends.emplace(ticket.stream, std::move(end));
   if (beats) {
     record.beating_stream = ticket.stream;
@@ -261,7 +259,6 @@ void WorkerRegistry::PutBack(WorkerRecord record) {
     // The lease as it is now, not as it was: streams opened and closed meanwhile (the store
     // write lets others in) are the handlers' to close, and must be found.
     const WorkerRecord& now = it->second;
-    record.registration = now.registration;
     record.lease_expiry = now.lease_expiry;
     record.lease_streams = now.lease_streams;
     record.streamed = now.streamed;

@@ -35,8 +35,6 @@ struct WorkerRecord {
   // Loaded from the store and not registered since this coordinator started: its agent is asked
   // to register again, reporting what it runs, so that tasks it lost meanwhile are found.
   bool restored = false;
-  // Counts registrations: a lease stream opened for an earlier one ends nothing when it closes.
-  uint64_t registration = 0;
   int lease_streams = 0;  // open now
   bool streamed = false;  // a lease stream was opened since it registered: streams keep its lease
   // Its lease ran out together with those of most workers: held, not LOST (see ExpireLeases).
@@ -58,9 +56,9 @@ struct WorkerRecord {
   bool probed() const { return probed_at != absl::InfiniteFuture(); }
 };
 
-// An open lease stream: the registration it holds the lease for, and its own id.
+// An open lease stream, by its id: unique while the coordinator runs, so a stream opened for an
+// earlier registration of the worker (whose ids a registration forgets) ends nothing.
 struct LeaseTicket {
-  uint64_t registration = 0;
   uint64_t stream = 0;
 };
 
@@ -152,7 +150,7 @@ class WorkerRegistry {
   absl::Status SetState(absl::string_view id, trainyard::v1::WorkerState state);
 
   // Puts `record` back as it was (undoing a change that could not be written), with a new
-  // desired-state version; its lease (registration, streams, beats) stays as it is now.
+  // desired-state version; its lease (streams, beats) stays as it is now.
   void PutBack(WorkerRecord record);
 
   // Forgets the worker.

@@ -136,7 +136,7 @@ TEST(WorkerRegistryTest, AStreamOfAnEarlierRegistrationEndsNothing) {
   const LeaseTicket old = *registry.OpenLease("w1");
   registry.Register(Info("w1"));
   const LeaseTicket current = *registry.OpenLease("w1");
-  EXPECT_NE(old.registration, current.registration);
+  EXPECT_NE(old.stream, current.stream);
   registry.CloseLease("w1", old);
   clock.Advance(absl::Seconds(30));
   EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());

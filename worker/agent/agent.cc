@@ -393,26 +393,33 @@ bool Agent::Busy() const {
 }
 
 void Agent::BeatLoop() {
-  bool was_busy = false;
   while (true) {
     std::shared_ptr<LeaseBeater> beater;
     absl::Duration interval;
+    bool asked;  // the coordinator's last answer listed tasks
     {
       absl::MutexLock lock(&mu_);
       if (lease_done_) return;
       beater = beater_;
       interval = beat_interval_;
+      asked = desired_tasks_ > 0;
     }
     const bool busy = beater != nullptr && interval > absl::ZeroDuration() && Busy();
     // A failed beat needs nothing more: the stream has ended, and LeaseLoop opens another.
     if (busy) beater->Beat();
-    was_busy = busy;
     absl::MutexLock lock(&mu_);
-    if (lease_done_) return;
-    // Beats keep time by the real clock: they are the transport's business, like its pings.
-    // Idle, a change (new tasks, a new stream) wakes it.
-    const absl::Duration wait = was_busy ? interval : absl::Seconds(1);
-    lease_cv_.WaitWithTimeout(&mu_, wait);
+    if (busy) {
+      // Beats keep time by the real clock: they are the transport's business, like its pings.
+      lease_cv_.WaitWithTimeout(&mu_, interval);
+      continue;
+    }
+    // Idle until what made it idle changes: tasks (trainers start only when asked for), a new
+    // stream or interval, the end. A change made since the first lock is seen here, so no wake
+    // is lost.
+    while (!lease_done_ && beater_ == beater && beat_interval_ == interval &&
+           (desired_tasks_ > 0) == asked) {
+      lease_cv_.Wait(&mu_);
+    }
   }
 }
 
