@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -288,8 +289,11 @@ absl::StatusOr<std::string> ReadSpecFile(const std::string& file) {
 }
 
 int Client::RpcError(const grpc::Status& status) const {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (absl::StartsWith(status.error_message(), "this coordinator stands by")) {
+    // A standby's answer (server/coordinator_server.h): it says where the leader is.
+    std::cerr << "error: " << address_ << ": " << status.error_message() << "\n";
+  } else if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     std::cerr << "error: cannot reach the coordinator at " << address_ << ": "
               << status.error_message() << "\n";
   } else {

@@ -6,9 +6,12 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -191,15 +194,51 @@ grpc::ChannelArguments CoordinatorClientArguments(absl::Duration ping_interval) 
   return args;
 }
 
+// Keeps a channel's connections moving while no call waits on it. This gRPC (1.51) makes progress
+// on a connection attempt (TCP, then TLS) only while some thread polls for it: a call waiting for
+// the channel to be ready, a connectivity watch, or the backup poller every 5 s. round_robin with
+// health checks connects on its own, and a call that fails fast polls nothing, so a client that
+// only made such calls (a test's, the CLI's) waited up to minutes for the new leader after a
+// takeover, each attempt overrunning its connect timeout. A thread that watches the channel's
+// state polls it all the time; it wakes every 100 ms to see whether the channel is still in use.
+class ChannelPoller {
+ public:
+  explicit ChannelPoller(std::shared_ptr<grpc::Channel> channel)
+      : channel_(std::move(channel)), thread_([this] { Run(); }) {}
+  ~ChannelPoller() {
+    stop_.store(true);
+    thread_.join();
+  }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  void Run() {
+    while (!stop_.load()) {
+      const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+      channel_->WaitForStateChange(
+          state, std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    }
+  }
+
+  const std::shared_ptr<grpc::Channel> channel_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     const std::string& address, const ClientCredentials& credentials,
     const grpc::ChannelArguments& args) {
   grpc::ChannelArguments channel_args = args;
-  // Several coordinators (one leads, the others stand by without serving): gRPC's pick_first
-  // tries them in order and stays on the one that answers, and tries again when it goes.
   absl::StatusOr<std::string> target = CoordinatorTarget(address);
   if (!target.ok()) return target.status();
   const std::vector<std::string> addresses = CoordinatorAddresses(address);
+  if (addresses.size() > 1) {
+    // Several coordinators: one leads, the others stand by and answer their health NOT_SERVING
+    // (server/coordinator_server.h). round_robin over those that say SERVING is the leader,
+    // followed across a takeover as soon as the new one says so.
+    channel_args.SetServiceConfigJSON(R"({"loadBalancingConfig": [{"round_robin": {}}],)"
+                                      R"( "healthCheckConfig": {"serviceName": ""}})");
+  }
   std::shared_ptr<grpc::ChannelCredentials> transport;
   if (!credentials.ca_file.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -243,8 +282,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
   if (!credentials.token.empty()) {
     interceptors.push_back(std::make_unique<BearerInterceptorFactory>(credentials.token));
   }
-  return grpc::experimental::CreateCustomChannelWithInterceptors(*target, transport, channel_args,
-                                                                 std::move(interceptors));
+  std::shared_ptr<grpc::Channel> channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      *target, transport, channel_args, std::move(interceptors));
+  if (addresses.size() < 2) return channel;
+  // The poller lives as long as the channel's last user: the channel handed out shares its
+  // ownership.
+  auto poller = std::make_shared<ChannelPoller>(std::move(channel));
+  return std::shared_ptr<grpc::Channel>(poller, poller->channel().get());
 }
 
 }  // namespace trainyard

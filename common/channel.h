@@ -42,14 +42,18 @@ absl::Status SplitHostPort(absl::string_view address, std::string* host, std::st
 std::vector<std::string> CoordinatorAddresses(absl::string_view list);
 
 // The gRPC target for a coordinator address or list: one address as it is; several resolved now
-// (host names to all their addresses) into one "ipv4:A:P,B:P" (or ipv6:) target, which gRPC's
-// pick_first walks in order. INVALID_ARGUMENT for an address that is not HOST:PORT, UNAVAILABLE
-// when none resolves (those that do not are left out).
+// (host names to all their addresses) into one "ipv4:A:P,B:P" (or ipv6:) target. INVALID_ARGUMENT
+// for an address that is not HOST:PORT, UNAVAILABLE when none resolves (those that do not are
+// left out).
 absl::StatusOr<std::string> CoordinatorTarget(absl::string_view list);
 
 // A channel to `address` ("host:port", or a comma-separated list of the coordinators of one
 // cluster, see CoordinatorTarget; with TLS each must then present a certificate for the first
-// one's host name, or for `credentials.server_name`) with `credentials` and `args`.
+// one's host name, or for `credentials.server_name`) with `credentials` and `args`. A list's
+// channel connects to every coordinator and sends calls only to one whose health service says
+// SERVING (gRPC's round_robin with client-side health checks): the leader, since standbys answer
+// NOT_SERVING; calls wait for one or fail UNAVAILABLE while none leads. Such a channel has a
+// thread of its own that keeps its connection attempts moving (channel.cc, ChannelPoller).
 // INVALID_ARGUMENT naming the file when a PEM file cannot be read, or when the address is not
 // loopback and neither TLS nor `insecure` is set (nothing is sent then). Does not connect;
 // thread-safe.

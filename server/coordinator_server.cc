@@ -1,6 +1,7 @@
 #include "server/coordinator_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
@@ -101,21 +102,78 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (ticker_.joinable()) ticker_.join();
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartStandbyHealth(const std::string& listen,
-                                                                 int* port) {
+// Answers every call that no registered service takes (the API's) with UNAVAILABLE, naming the
+// leader.
+class StandbyServer::Refuser : public grpc::CallbackGenericService {
+ public:
+  explicit Refuser(const StandbyServer& owner) : owner_(owner) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
+    const std::string leader = owner_.leader();
+    std::string message = "this coordinator stands by; ";
+    if (leader.empty()) {
+      absl::StrAppend(&message,
+                      "no coordinator leads at the moment (a standby takes over "
+                      "within the leader lease): try again shortly");
+    } else {
+      context->AddTrailingMetadata(kLeaderMetadata, leader);
+      absl::StrAppend(&message, "the leader serves at ", leader,
+                      " (give clients every coordinator's address, as --coordinator=A,B, and "
+                      "they follow the leader)");
+    }
+    return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, message));
+  }
+
+ private:
+  class Refusal : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Refusal(const grpc::Status& status) { Finish(status); }
+    void OnDone() override { delete this; }
+  };
+
+  const StandbyServer& owner_;
+};
+
+StandbyServer::StandbyServer() : refuser_(std::make_unique<Refuser>(*this)) {}
+
+StandbyServer::~StandbyServer() {
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(RealClock::Get().Now()));
+}
+
+absl::StatusOr<std::unique_ptr<StandbyServer>> StandbyServer::Start(
+    const std::string& listen, std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
+  std::unique_ptr<StandbyServer> standby(new StandbyServer());
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  int bound = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (port != nullptr) *port = bound;
-  if (server == nullptr || bound == 0) {
+  // Clients given several coordinators keep a connection here (for its health) and ping it as
+  // they ping the leader.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kCoordinatorClientPingMs * 4 / 5);
+  builder.AddListeningPort(listen,
+                           credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
+                           &standby->port_);
+  builder.RegisterCallbackGenericService(standby->refuser_.get());
+  standby->server_ = builder.BuildAndStart();
+  if (standby->server_ == nullptr || standby->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
-  server->GetHealthCheckService()->SetServingStatus(false);
-  server->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
-  return server;
+  grpc::HealthCheckServiceInterface* health = standby->server_->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus(kLivenessService, true);
+  return standby;
+}
+
+void StandbyServer::SetLeader(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  leader_ = address;
+}
+
+std::string StandbyServer::leader() const {
+  absl::MutexLock lock(&mu_);
+  return leader_;
 }
 
 }  // namespace trainyard

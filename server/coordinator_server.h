@@ -7,7 +7,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/admin_service.h"
 #include "server/agent_service.h"
@@ -80,11 +82,37 @@ class CoordinatorServer {
 // the leader only); "liveness" SERVING in both (the process is well, whatever its role).
 inline constexpr char kLivenessService[] = "liveness";
 
-// A standby's health server on `listen` (plaintext; the port bound in `port`): "" NOT_SERVING,
-// "liveness" SERVING.
-// UNAVAILABLE when it cannot listen there.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartStandbyHealth(const std::string& listen,
-                                                                 int* port = nullptr);
+// The trailing metadata in which a standby names the leader's address.
+inline constexpr char kLeaderMetadata[] = "trainyard-leader";
+
+// A standby's server (PostgreSQL store, another coordinator leads), on the API address and on
+// --health_listen alike: grpc.health.v1.Health with the server ("") NOT_SERVING and "liveness"
+// SERVING, so that probes and clients given several coordinators (round_robin with gRPC's
+// client-side health checks, common/channel.h) keep to the leader; and every other call answered
+// UNAVAILABLE with a message that names the leader's address (also in the trailing metadata
+// kLeaderMetadata), for a client given this coordinator's address alone.
+class StandbyServer {
+ public:
+  // Binds `listen` (credentials null: plaintext). UNAVAILABLE when it cannot listen there.
+  static absl::StatusOr<std::unique_ptr<StandbyServer>> Start(
+      const std::string& listen, std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+  ~StandbyServer();  // stops at once: a standby has no call worth waiting for
+
+  int port() const { return port_; }
+  // Where the leader serves, as its lease says; empty while none leads.
+  void SetLeader(const std::string& address);
+  std::string leader() const;
+
+ private:
+  class Refuser;
+  StandbyServer();
+
+  mutable absl::Mutex mu_;
+  std::string leader_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Refuser> refuser_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
 
 }  // namespace trainyard
 

@@ -10,19 +10,23 @@
 namespace trainyard {
 
 bool WaitToLead(LeaderLease& lease, absl::Duration poll,
-                const std::function<bool(absl::Duration)>& stopped) {
+                const std::function<bool(absl::Duration)>& stopped,
+                const std::function<void(const std::string&)>& leader) {
   std::string last_seen;
   while (true) {
     absl::StatusOr<bool> led = lease.TryAcquire();
     if (led.ok() && *led) return true;
     std::string seen;
+    std::string address;
     if (!led.ok()) {
       seen = absl::StrCat("cannot reach the database: ", led.status().message());
     } else if (absl::StatusOr<LeaderInfo> who = lease.Current(); who.ok()) {
+      if (who->live) address = who->address;
       seen = who->live ? absl::StrCat("standby: ", who->holder, " leads at ", who->address,
                                       " (token ", who->token, ")")
                        : "standby: the lease has just expired";
     }
+    if (leader) leader(address);
     if (!seen.empty() && seen != last_seen) {
       LogInfo(seen);
       last_seen = seen;

@@ -6,6 +6,7 @@
 // leader renews it on a thread of its own and is told, once, when it is lost.
 
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -20,9 +21,11 @@ namespace trainyard {
 // Tries `lease` every `poll` until it is taken (true) or `stopped` says to give up (false), which
 // is asked between tries with the time to wait: it waits that long or less and returns true to
 // stop. Logs the leader it stands by for whenever that changes, and why the database cannot be
-// reached while it cannot.
+// reached while it cannot. After each try, `leader` (when given) is told the address the leader
+// serves at, empty when none leads or the database cannot say.
 bool WaitToLead(LeaderLease& lease, absl::Duration poll,
-                const std::function<bool(absl::Duration)>& stopped);
+                const std::function<bool(absl::Duration)>& stopped,
+                const std::function<void(const std::string&)>& leader = nullptr);
 
 // Renews a held lease every third of its length on a thread of its own. When the lease is lost
 // (taken, or expired by the database's clock) or could not be renewed before its local expiry

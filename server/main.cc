@@ -53,7 +53,9 @@
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
           "Address for JobService, AgentService, health and reflection, as HOST:PORT. Port 0 "
-          "lets the kernel pick one (see --port_file).");
+          "lets the kernel pick one (see --port_file). A standby (--store=postgres://...) "
+          "listens there too: its health NOT_SERVING, every other call refused UNAVAILABLE "
+          "with the leader's address.");
 ABSL_FLAG(std::string, state_dir, "./trainyard-state",
           "Directory for the SQLite state (state.db, WAL mode) and task logs (logs/). Created "
           "if missing. Restarting on the same directory restores every job, worker and "
@@ -224,6 +226,7 @@ struct StateStores {
   std::string task_key;
   std::unique_ptr<LeaderLease> lease;
   std::unique_ptr<LeaseKeeper> keeper;
+  int standby_port = 0;  // the API port it stood by on: the leader's server binds the same
 };
 
 // The address others are told this coordinator serves at.
@@ -328,7 +331,9 @@ int MigrateState(const std::string& abs_state) {
 
 // SQLite in the state folder; or PostgreSQL, after waiting to lead. Returns nullopt after logging
 // why when it cannot, or when a stop signal came while standing by (`stopped` set).
-std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stopped) {
+std::optional<StateStores> OpenStores(const std::string& abs_state, const std::string& listen,
+                                      std::shared_ptr<grpc::ServerCredentials> credentials,
+                                      bool* stopped) {
   StateStores stores;
   const std::string store = absl::GetFlag(FLAGS_store);
   if (store.empty()) {
@@ -401,24 +406,36 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, bool* stoppe
   options.application_name = absl::StrCat("trainyard-coordinator ", holder).substr(0, 63);
   LogInfo("store: PostgreSQL at ", pg::RedactConninfo(store), " as ", holder, "; waiting to lead");
   const auto waited = std::chrono::steady_clock::now();
-  // Probes see a standby alive but not ready: the readiness probe keeps clients on the leader.
-  std::unique_ptr<grpc::Server> standby_health;
+  // Standing by, it answers on the API address: clients given this coordinator alone are told
+  // where the leader serves; those given several see it NOT_SERVING and keep to the leader. On
+  // --health_listen, probes see it alive but not ready.
+  absl::StatusOr<std::unique_ptr<StandbyServer>> standby_api =
+      StandbyServer::Start(listen, credentials);
+  if (!standby_api.ok()) {
+    LogError("--listen: ", standby_api.status().message());
+    return std::nullopt;
+  }
+  stores.standby_port = (*standby_api)->port();
+  std::unique_ptr<StandbyServer> standby_health;
   if (const std::string health = absl::GetFlag(FLAGS_health_listen); !health.empty()) {
-    absl::StatusOr<std::unique_ptr<grpc::Server>> started = StartStandbyHealth(health);
+    absl::StatusOr<std::unique_ptr<StandbyServer>> started = StandbyServer::Start(health);
     if (!started.ok()) {
       LogError("--health_listen: ", started.status().message());
       return std::nullopt;
     }
     standby_health = *std::move(started);
   }
-  if (!WaitToLead(*stores.lease, std::min(lease_length / 6, absl::Milliseconds(500)),
-                  SignalWithin)) {
+  const bool led = WaitToLead(*stores.lease, std::min(lease_length / 6, absl::Milliseconds(500)),
+                              SignalWithin, [&](const std::string& leader) {
+                                (*standby_api)->SetLeader(leader);
+                                if (standby_health != nullptr) standby_health->SetLeader(leader);
+                              });
+  // The leader's own servers take the ports.
+  standby_api->reset();
+  standby_health.reset();
+  if (!led) {
     *stopped = true;
     return std::nullopt;
-  }
-  if (standby_health != nullptr) {
-    standby_health->Shutdown();  // the leader's own health server takes the port
-    standby_health.reset();
   }
   const LeaseFence fence = stores.lease->fence();
   LogInfo("leading (lease token ", fence.token, ") after ", SecondsSince(waited), " s standing by");
@@ -505,11 +522,35 @@ int Run() {
     LogError(metrics_server.status().message());
     return 1;
   }
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  ServerTls tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.client_ca_file = absl::GetFlag(FLAGS_client_ca);
+  if (tls.cert_file.empty() && !IsLoopbackAddress(listen)) {
+    if (!absl::GetFlag(FLAGS_insecure)) {
+      LogError("--listen=", listen,
+               " is not loopback and there is no TLS: give --tls_cert and --tls_key, or "
+               "--insecure to serve plaintext (tokens then travel in clear)");
+      return 1;
+    }
+    LogWarning("serving plaintext on ", listen,
+               " (--insecure): tokens and job data travel in clear");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = NewServerCredentials(tls);
+  if (!credentials.ok()) {
+    LogError("TLS: ", credentials.status().message());
+    return 1;
+  }
   bool stopped = false;
-  std::optional<StateStores> stores = OpenStores(abs_state, &stopped);
+  std::optional<StateStores> stores = OpenStores(abs_state, listen, *credentials, &stopped);
   if (!stores.has_value()) {
     if (stopped) LogInfo("stopped while standing by");
     return stopped ? 0 : 1;
+  }
+  // Port 0: the port the kernel gave it standing by, where its clients already are.
+  if (stores->standby_port != 0 && absl::EndsWith(listen, ":0")) {
+    listen = absl::StrCat(listen.substr(0, listen.size() - 1), stores->standby_port);
   }
   metrics->SetLeader(true);
   JobManagerOptions options;
@@ -635,21 +676,6 @@ int Run() {
   });
   // Scrapes stop reading the manager and the searches before they go, on every way out.
   absl::Cleanup no_snapshots = [&metrics] { metrics->SetSnapshotSource(nullptr); };
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  ServerTls tls;
-  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  tls.client_ca_file = absl::GetFlag(FLAGS_client_ca);
-  if (tls.cert_file.empty() && !IsLoopbackAddress(listen)) {
-    if (!absl::GetFlag(FLAGS_insecure)) {
-      LogError("--listen=", listen,
-               " is not loopback and there is no TLS: give --tls_cert and --tls_key, or "
-               "--insecure to serve plaintext (tokens then travel in clear)");
-      return 1;
-    }
-    LogWarning("serving plaintext on ", listen,
-               " (--insecure): tokens and job data travel in clear");
-  }
   CoordinatorServerOptions server_options;
   server_options.listen = listen;
   server_options.max_streams_per_caller = absl::GetFlag(FLAGS_max_streams_per_caller);
@@ -661,11 +687,6 @@ int Run() {
   server_options.searches = searches->get();
   if (server_options.max_streams_per_caller < 1) {
     LogError("--max_streams_per_caller: must be >= 1");
-    return 1;
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = NewServerCredentials(tls);
-  if (!credentials.ok()) {
-    LogError("TLS: ", credentials.status().message());
     return 1;
   }
   server_options.credentials = *credentials;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "tests/common/loopback.h"
 #include "tests/common/run_shell.h"
@@ -115,6 +116,9 @@ class Cluster {
   // its port file (a standby writes it when it starts to lead), or -1. A frozen (SIGSTOP)
   // coordinator still counts: WaitForLeader with `not_this` looks past it.
   Process& coordinator(int i) { return *coordinators_[i]; }
+  std::string coordinator_address(int i) const {
+    return absl::StrCat("127.0.0.1:", coordinator_ports_[i]);
+  }
   void StartCoordinator(int i);
   int Leader();
   // Waits up to `timeout` for a coordinator other than `not_this` (-1: any) to lead; its index

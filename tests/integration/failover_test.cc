@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -125,6 +126,22 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   Cluster cluster(Options());
   const int leader = cluster.Leader();
   ASSERT_GE(leader, 0);
+  // A client given the standby's address alone is told where the leader serves.
+  auto to_standby = NewClientChannel(cluster.coordinator_address(1 - leader), {});
+  ASSERT_TRUE(to_standby.ok()) << to_standby.status();
+  grpc::Status refused;
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        grpc::ClientContext context;
+        v1::ListJobsResponse listed;
+        refused = v1::JobService::NewStub(*to_standby)
+                      ->ListJobs(&context, v1::ListJobsRequest(), &listed);
+        return absl::StrContains(refused.error_message(), "leader serves at");
+      },
+      absl::Seconds(10)));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("the leader serves at " + cluster.coordinator_address(leader)));
   // A job that ends before the takeover: its agent ships its log once, to the old leader.
   Job logged;
   std::string log_before;

@@ -278,19 +278,75 @@ TEST_F(CoordinatorServerTest, ServesHealth) {
 
 // A standby (PostgreSQL store, another coordinator leads) is alive but not ready: probes keep
 // clients on the leader without restarting the standby.
-TEST(StandbyHealthTest, AliveButNotServing) {
-  int port = 0;
-  auto standby = StartStandbyHealth("127.0.0.1:0", &port);
+TEST(StandbyServerTest, AliveButNotServing) {
+  auto standby = StandbyServer::Start("127.0.0.1:0");
   ASSERT_TRUE(standby.ok()) << standby.status();
-  auto probe =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto probe = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*standby)->port()),
+                                   grpc::InsecureChannelCredentials());
   auto [status, response] = HealthCheck(probe);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response, std::string("\x08\x02", 2));  // NOT_SERVING
   std::tie(status, response) = HealthCheck(probe, kLivenessService);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response, std::string("\x08\x01", 2));  // SERVING
-  EXPECT_EQ(StartStandbyHealth("256.0.0.1:1").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(StandbyServer::Start("256.0.0.1:1").status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A client given only a standby's address is told where the leader serves, in the message and
+// in the trailing metadata; while none leads, to try again.
+TEST(StandbyServerTest, RefusesCallsNamingTheLeader) {
+  auto standby = StandbyServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  auto channel = NewClientChannel(absl::StrCat("127.0.0.1:", (*standby)->port()), {});
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto jobs = v1::JobService::NewStub(*channel);
+  {
+    grpc::ClientContext context;
+    v1::ListJobsResponse listed;
+    const grpc::Status status = jobs->ListJobs(&context, v1::ListJobsRequest(), &listed);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(status.error_message(), HasSubstr("no coordinator leads at the moment"));
+    EXPECT_EQ(context.GetServerTrailingMetadata().count(kLeaderMetadata), 0u);
+  }
+  (*standby)->SetLeader("10.1.2.3:7070");
+  grpc::ClientContext context;
+  v1::ListJobsResponse listed;
+  const grpc::Status status = jobs->ListJobs(&context, v1::ListJobsRequest(), &listed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("this coordinator stands by; the leader serves at 10.1.2.3:7070"));
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto leader = trailers.find(kLeaderMetadata);
+  ASSERT_NE(leader, trailers.end());
+  EXPECT_EQ(std::string(leader->second.data(), leader->second.size()), "10.1.2.3:7070");
+  // A stream is refused the same way.
+  grpc::ClientContext lease_context;
+  auto agents = v1::AgentService::NewStub(*channel);
+  auto lease = agents->HoldLease(&lease_context);
+  v1::LeaseResponse answer;
+  EXPECT_FALSE(lease->Read(&answer));
+  EXPECT_EQ(lease->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// A client given every coordinator's address, the standby's first, calls the leader: it keeps
+// to the one whose health says SERVING.
+TEST_F(CoordinatorServerTest, AClientGivenSeveralCoordinatorsCallsTheOneThatLeads) {
+  auto standby = StandbyServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  (*standby)->SetLeader(address_);
+  ClientCredentials credentials;
+  credentials.token = admin_token_;
+  auto channel =
+      NewClientChannel(absl::StrCat("127.0.0.1:", (*standby)->port(), ",", address_), credentials);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto jobs = v1::JobService::NewStub(*channel);
+  for (int i = 0; i < 5; ++i) {
+    auto context = Context();
+    context->set_wait_for_ready(true);
+    v1::ListJobsResponse listed;
+    const grpc::Status status = jobs->ListJobs(context.get(), v1::ListJobsRequest(), &listed);
+    EXPECT_TRUE(status.ok()) << i << ": " << status.error_message();
+  }
 }
 
 TEST_F(CoordinatorServerTest, ServesReflection) {
