@@ -270,8 +270,21 @@ bool IsFinal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
+namespace {
+bool g_wait_for_leader = false;
+}  // namespace
+
+void WaitForLeader(bool wait) { g_wait_for_leader = wait; }
+
+void FollowLeader(grpc::ClientContext& context) {
+  // Given several coordinators, a call made while none leads (a takeover) waits for the new
+  // leader instead of failing.
+  if (g_wait_for_leader) context.set_wait_for_ready(true);
+}
+
 void SetDeadline(grpc::ClientContext& context) {
   context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + kRpcTimeout));
+  FollowLeader(context);
 }
 
 // A spec from a file, or from stdin for "-".
@@ -356,11 +369,13 @@ int RunCli(const std::vector<std::string>& argv) {
     return kExitUsage;
   }
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      NewClientChannel(address, *credentials, ChannelArguments());
+      // Its calls wait for the channel to be ready (WaitForLeader): they poll it themselves.
+      NewClientChannel(address, *credentials, ChannelArguments(), /*own_poller=*/false);
   if (!channel.ok()) {
     std::cerr << "error: " << channel.status().message() << "\n";
     return kExitUsage;
   }
+  WaitForLeader(CoordinatorAddresses(address).size() > 1);
   Client client(address, *parsed, *std::move(channel), *stores);
   const std::string& name = parsed->command;
   if (name == "submit") return client.Submit();

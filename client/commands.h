@@ -26,7 +26,12 @@ inline constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
 
 // Whether standard output is a terminal (live lines are redrawn there, printed otherwise).
 bool IsTerminal();
+// Bounds a call by kRpcTimeout; after WaitForLeader(true) (the CLI was given several
+// coordinators) the call also waits for one that serves, within that time.
 void SetDeadline(grpc::ClientContext& context);
+void WaitForLeader(bool wait);
+// The waiting part alone, for a stream without a deadline (`watch`).
+void FollowLeader(grpc::ClientContext& context);
 // A spec from a file, or from stdin for "-".
 absl::StatusOr<std::string> ReadSpecFile(const std::string& file);
 

@@ -111,6 +111,7 @@ int Client::Follow(const std::string& id) {
     v1::WatchJobRequest request;
     request.set_id(id);
     grpc::ClientContext context;
+    FollowLeader(context);
     std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader =
         stub_->WatchJob(&context, request);
     v1::WatchJobResponse response;

@@ -227,7 +227,7 @@ class ChannelPoller {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     const std::string& address, const ClientCredentials& credentials,
-    const grpc::ChannelArguments& args) {
+    const grpc::ChannelArguments& args, bool own_poller) {
   grpc::ChannelArguments channel_args = args;
   absl::StatusOr<std::string> target = CoordinatorTarget(address);
   if (!target.ok()) return target.status();
@@ -284,7 +284,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
   }
   std::shared_ptr<grpc::Channel> channel = grpc::experimental::CreateCustomChannelWithInterceptors(
       *target, transport, channel_args, std::move(interceptors));
-  if (addresses.size() < 2) return channel;
+  if (addresses.size() < 2 || !own_poller) return channel;
   // The poller lives as long as the channel's last user: the channel handed out shares its
   // ownership.
   auto poller = std::make_shared<ChannelPoller>(std::move(channel));

@@ -52,14 +52,15 @@ absl::StatusOr<std::string> CoordinatorTarget(absl::string_view list);
 // one's host name, or for `credentials.server_name`) with `credentials` and `args`. A list's
 // channel connects to every coordinator and sends calls only to one whose health service says
 // SERVING (gRPC's round_robin with client-side health checks): the leader, since standbys answer
-// NOT_SERVING; calls wait for one or fail UNAVAILABLE while none leads. Such a channel has a
-// thread of its own that keeps its connection attempts moving (channel.cc, ChannelPoller).
-// INVALID_ARGUMENT naming the file when a PEM file cannot be read, or when the address is not
-// loopback and neither TLS nor `insecure` is set (nothing is sent then). Does not connect;
-// thread-safe.
+// NOT_SERVING; calls wait for one or fail UNAVAILABLE while none leads. Unless `own_poller` is
+// false, such a channel has a thread of its own that keeps its connection attempts moving
+// (channel.cc, ChannelPoller); a client whose calls all wait for the channel to be ready (the
+// CLI's, given several coordinators) needs none. INVALID_ARGUMENT naming the file when a PEM
+// file cannot be read, or when the address is not loopback and neither TLS nor `insecure` is set
+// (nothing is sent then). Does not connect; thread-safe.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     const std::string& address, const ClientCredentials& credentials,
-    const grpc::ChannelArguments& args = grpc::ChannelArguments());
+    const grpc::ChannelArguments& args = grpc::ChannelArguments(), bool own_poller = true);
 
 // What the coordinator's long-lived clients (agents, trainers) need of a channel: a reconnect
 // backoff of at most 1 s (gRPC's default grows to two minutes: a coordinator back after a restart

@@ -36,13 +36,31 @@ def s3rver_binary():
     return path if os.access(path, os.X_OK) else ""
 
 
+# PostgreSQL refuses to run as root: as Debian's `postgres` user (setpriv execs, so a Popen's pid
+# is the server's own).
+AS_POSTGRES = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+
+
 class HostCluster:
     def __init__(self, bed, bin_dir, workers, coordinator="coord", s3="s3", slots=2,
-                 bucket="ckpt", agent_flags=()):
+                 bucket="ckpt", agent_flags=(), coordinators=None, database=None,
+                 coordinator_flags=()):
+        """`coordinators` (hosts), with `database` (the host of a PostgreSQL server this cluster
+        starts): several coordinators sharing that store, one leading, the others standing by;
+        clients and agents are given every coordinator's address. Otherwise one coordinator on
+        `coordinator`, with SQLite."""
         self.bed = bed
         self.bin = os.path.abspath(bin_dir)
         self.workers = list(workers)
+        self.coordinators = list(coordinators or [coordinator])
+        if len(self.coordinators) > 1 and not database:
+            raise ClusterError("several coordinators need a database host")
+        # The host the CLI runs on (a test's admin), the first coordinator's.
+        coordinator = self.coordinators[0]
         self.coordinator = coordinator
+        self.database = database
+        self.coordinator_flags = list(coordinator_flags)
+        self.db_dir = None
         self.s3 = s3
         self.slots = slots
         self.bucket = bucket
@@ -53,7 +71,7 @@ class HostCluster:
         # Holds (the trainer's TRAINYARD_TEST_HOLD_DIR): a job waits at a known step for a test.
         self.hold_dir = self.path("holds")
         os.makedirs(self.hold_dir)
-        self.address = "%s:7070" % bed.address(coordinator)
+        self.address = ",".join("%s:7070" % bed.address(c) for c in self.coordinators)
         self.s3_endpoint = "http://%s:9000" % bed.address(s3) if s3 else ""
 
     # ---- start and stop ----
@@ -62,7 +80,13 @@ class HostCluster:
         self._certificates()
         if self.s3:
             self._start_s3()
-        self._start_coordinator()
+        if self.database:
+            self._start_database()
+        for c in self.coordinators:
+            self.start_coordinator(c)
+        token = self.path("coordinator", "admin.token")
+        self._until(lambda: os.path.exists(token) and self.cli(["workers"], check=False)[0] == 0,
+                    60, "no coordinator came up")
         for w in self.workers:
             self.start_worker(w)
         self.wait_workers(len(self.workers))
@@ -70,7 +94,7 @@ class HostCluster:
     def _certificates(self):
         d = self.path("tls")
         os.makedirs(d)
-        ip = self.bed.address(self.coordinator)
+        ips = ",".join("IP:" + self.bed.address(c) for c in self.coordinators)
 
         def ssl(*args):
             subprocess.run(["openssl"] + list(args), cwd=d, check=True, capture_output=True)
@@ -80,7 +104,7 @@ class HostCluster:
         ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=" + COORDINATOR_NAME,
             "-keyout", "tls.key", "-out", "tls.csr")
         with open(os.path.join(d, "tls.ext"), "w") as f:
-            f.write("subjectAltName=DNS:%s,IP:%s\n" % (COORDINATOR_NAME, ip))
+            f.write("subjectAltName=DNS:%s,%s\n" % (COORDINATOR_NAME, ips))
         ssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
             "-CAcreateserial", "-days", "2", "-extfile", "tls.ext", "-out", "tls.crt")
 
@@ -103,22 +127,92 @@ class HostCluster:
 
         self._until(listening, 30, "s3rver did not start")
 
-    def _start_coordinator(self):
-        state = self.path("coordinator")
-        os.makedirs(state)
-        checkpoints = ("s3://%s/runs" % self.bucket) if self.s3 else "file://" + self.path("ckpt")
-        log = open(self.path("coordinator.log"), "w")
-        self.procs["coordinator"] = self.bed.popen(
-            self.coordinator,
-            [self.program("trainyard-coordinator"), "--listen=" + self.address,
-             "--state_dir=" + state, "--tls_cert=" + self.path("tls", "tls.crt"),
-             "--tls_key=" + self.path("tls", "tls.key"), "--checkpoint_root=" + checkpoints,
-             "--metrics_listen=%s:7071" % self.bed.address(self.coordinator)],
-            stdout=log, stderr=subprocess.STDOUT, env=self.env())
+    def _start_database(self):
+        """Debian's PostgreSQL on the database host, as its `postgres` user (it refuses root),
+        trusting the bed's addresses; the database `trainyard`, owned by the user `trainyard`."""
+        versions = sorted(os.listdir("/usr/lib/postgresql"), key=lambda v: int(v))
+        if not versions:
+            raise ClusterError("PostgreSQL is not installed (scripts/install-deps.sh)")
+        pg = "/usr/lib/postgresql/%s/bin/" % versions[-1]
+        self.db_dir = tempfile.mkdtemp(prefix="trainyard-hosts-db-")
+        shutil.chown(self.db_dir, "postgres", "postgres")
+        data = os.path.join(self.db_dir, "data")
+
+        def as_postgres(args, **kwargs):
+            return self.bed.run(self.database, AS_POSTGRES + args, capture_output=True,
+                                text=True, **kwargs)
+        done = as_postgres([pg + "initdb", "-D", data, "-A", "trust", "-U", "trainyard",
+                            "-E", "UTF8", "--no-sync", "--no-instructions"])
+        if done.returncode != 0:
+            raise ClusterError("initdb failed: %s%s" % (done.stdout, done.stderr))
+        subnet = self.bed.address(self.database).rsplit(".", 1)[0] + ".0/24"
+        with open(os.path.join(data, "pg_hba.conf"), "a") as f:
+            f.write("host all all %s trust\n" % subnet)
+        log = open(self.path("postgres.log"), "w")
+        self.procs["postgres"] = self.bed.popen(
+            self.database, AS_POSTGRES + [pg + "postgres", "-D", data,
+                            "-p", "5432", "-k", self.db_dir, "-c", "listen_addresses=" +
+                            self.bed.address(self.database), "-c", "fsync=off", "-c",
+                            "logging_collector=off"], stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        token = os.path.join(state, "admin.token")
-        self._until(lambda: os.path.exists(token) and self.cli(["workers"], check=False)[0] == 0,
-                    60, "the coordinator did not come up")
+        host = self.bed.address(self.database)
+        self._until(lambda: as_postgres([pg + "pg_isready", "-h", host, "-p", "5432"])
+                    .returncode == 0, 60, "PostgreSQL did not start")
+        done = as_postgres([pg + "createdb", "-h", host, "-p", "5432", "-U", "trainyard",
+                            "trainyard"])
+        if done.returncode != 0:
+            raise ClusterError("createdb failed: %s%s" % (done.stdout, done.stderr))
+        self.store = "postgres://trainyard@%s:5432/trainyard" % host
+
+    def coordinator_log(self, host):
+        return self.path("coordinator.log" if len(self.coordinators) == 1 else
+                         "coordinator-%s.log" % host)
+
+    def start_coordinator(self, host=None):
+        """Starts (or starts again) the coordinator of `host` (the only one by default)."""
+        host = host or self.coordinators[0]
+        several = len(self.coordinators) > 1
+        state = self.path("coordinator-" + host if several else "coordinator")
+        os.makedirs(state, exist_ok=True)
+        checkpoints = ("s3://%s/runs" % self.bucket) if self.s3 else "file://" + self.path("ckpt")
+        name = "coordinator:" + host if several else "coordinator"
+        old = self.procs.get(name)
+        if old is not None and old.poll() is None:
+            raise ClusterError("the coordinator of %s still runs" % host)
+        if old is not None:
+            old.wait()
+        args = [self.program("trainyard-coordinator"),
+                "--listen=%s:7070" % self.bed.address(host),
+                "--state_dir=" + state, "--tls_cert=" + self.path("tls", "tls.crt"),
+                "--tls_key=" + self.path("tls", "tls.key"), "--checkpoint_root=" + checkpoints,
+                "--metrics_listen=%s:7071" % self.bed.address(host)]
+        if self.database:
+            # One admin token for all, made by the first to lead, where the CLI reads it.
+            os.makedirs(self.path("coordinator"), exist_ok=True)
+            args += ["--store=" + self.store,
+                     "--admin_token_file=" + self.path("coordinator", "admin.token")]
+        log = open(self.coordinator_log(host), "a")
+        self.procs[name] = self.bed.popen(host, args + self.coordinator_flags, stdout=log,
+                                          stderr=subprocess.STDOUT, env=self.env())
+        log.close()
+
+    def coordinator_proc(self, host):
+        return self.procs["coordinator:" + host if len(self.coordinators) > 1 else "coordinator"]
+
+    def leader(self):
+        """The coordinator host that leads now, by its log ("leading (lease token N)", the
+        highest N of those still running), or None."""
+        best, best_token = None, -1
+        for host in self.coordinators:
+            if self.coordinator_proc(host).poll() is not None:
+                continue
+            with open(self.coordinator_log(host), errors="replace") as f:
+                for line in f:
+                    if "leading (lease token " in line:
+                        token = int(line.split("leading (lease token ")[1].split(")")[0])
+                        if token > best_token:
+                            best, best_token = host, token
+        return best
 
     def start_worker(self, host):
         """Starts (or restarts) the agent of `host`, with its token made by the admin."""
@@ -167,9 +261,12 @@ class HostCluster:
 
     def stop(self):
         for name, p in list(self.procs.items()):
-            if p.poll() is None:
+            if p.poll() is None and name != "postgres":
                 p.send_signal(signal.SIGINT if name != "s3" else signal.SIGTERM)
-        for p in self.procs.values():
+        # PostgreSQL last, once the coordinators are gone (SIGINT: its fast shutdown).
+        for name, p in sorted(self.procs.items(), key=lambda item: item[0] == "postgres"):
+            if name == "postgres" and p.poll() is None:
+                p.send_signal(signal.SIGINT)
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -178,6 +275,8 @@ class HostCluster:
 
     def cleanup(self):
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.db_dir:
+            shutil.rmtree(self.db_dir, ignore_errors=True)
 
     # ---- using ----
 
