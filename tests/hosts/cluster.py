@@ -19,6 +19,9 @@ import signal
 import subprocess
 import tempfile
 import time
+import unittest
+
+import hosts
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 COORDINATOR_NAME = "trainyard-coordinator"
@@ -399,3 +402,53 @@ class HostCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(what + " within %d s" % timeout)
             time.sleep(0.1)
+
+
+class ClusterTestCase(unittest.TestCase):
+    """Tests over one HostCluster on a bed of its own: a subclass's setUpClass calls
+    start_cluster; the cluster and the bed go at the end; a test that fails shows the logs."""
+
+    bed = None
+    cluster = None
+
+    @classmethod
+    def check_machine(cls):
+        """Fails (never skips) where the tests cannot run."""
+        if os.geteuid() != 0:
+            raise RuntimeError("FAIL: hosts need root (network namespaces), as CI has")
+        if not s3rver_binary():
+            raise RuntimeError("FAIL: s3rver is not installed (scripts/install-deps.sh)")
+
+    @classmethod
+    def start_cluster(cls, bed_hosts, bin_dir, workers, **options):
+        cls.check_machine()
+        cls.bed = hosts.Bed.up(bed_hosts)
+        cls.bed.remove_on_exit()
+        cls.cluster = HostCluster(cls.bed, bin_dir, workers, **options)
+        try:
+            cls.cluster.start()
+        except Exception:
+            cls.dump()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.cluster is not None:
+            cls.cluster.stop()
+        if cls.bed is not None:
+            cls.bed.down()
+        if cls.cluster is not None:
+            cls.cluster.cleanup()
+
+    @classmethod
+    def dump(cls):
+        for f in sorted(os.listdir(cls.cluster.dir)):
+            if f.endswith(".log"):
+                with open(cls.cluster.path(f), errors="replace") as log:
+                    print("==== %s\n%s" % (f, log.read()[-4000:]))
+
+    def tearDown(self):
+        outcome = getattr(self, "_outcome", None)
+        result = getattr(outcome, "result", None)
+        if result is not None and any(test is self for test, _ in result.failures + result.errors):
+            self.dump()

@@ -26,7 +26,6 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster as cluster_lib  # noqa: E402
-import hosts  # noqa: E402
 
 BIN_DIR = None
 HELD_AFTER = 30  # updates into the attempt at which a job is held
@@ -48,43 +47,16 @@ restart: {{max_failures: 0}}
 """
 
 
-class FailoverHostsTest(unittest.TestCase):
+class FailoverHostsTest(cluster_lib.ClusterTestCase):
     @classmethod
     def setUpClass(cls):
-        if os.geteuid() != 0:
-            raise RuntimeError("FAIL: hosts need root (network namespaces), as CI has")
-        if not cluster_lib.s3rver_binary():
-            raise RuntimeError("FAIL: s3rver is not installed (scripts/install-deps.sh)")
-        cls.bed = hosts.Bed.up(["db", "s3", "c1", "c2", "w1", "w2"])
-        cls.bed.remove_on_exit()
-        cls.cluster = cluster_lib.HostCluster(
-            cls.bed, BIN_DIR, ["w1", "w2"], slots=1, coordinators=["c1", "c2"], database="db",
-            coordinator_flags=["--leader_lease=2s"])
-        try:
-            cls.cluster.start()
-            cls.cluster.wait_workers(2)
-        except Exception:
-            cls.dump()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.stop()
-        cls.bed.down()
-        cls.cluster.cleanup()
-
-    @classmethod
-    def dump(cls):
-        for f in sorted(os.listdir(cls.cluster.dir)):
-            if f.endswith(".log"):
-                with open(cls.cluster.path(f), errors="replace") as log:
-                    print("==== %s\n%s" % (f, log.read()[-4000:]))
+        cls.start_cluster(["db", "s3", "c1", "c2", "w1", "w2"], BIN_DIR, ["w1", "w2"], slots=1,
+                          coordinators=["c1", "c2"], database="db",
+                          coordinator_flags=["--leader_lease=2s"])
+        cls.cluster.wait_workers(2)
 
     def tearDown(self):
-        outcome = getattr(self, "_outcome", None)
-        result = getattr(outcome, "result", None)
-        if result is not None and any(test is self for test, _ in result.failures + result.errors):
-            self.dump()
+        super().tearDown()
         for host in self.cluster.coordinators + self.cluster.workers:
             self.bed.heal(host)
         self.bed.heal("db")

@@ -39,7 +39,6 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster as cluster_lib  # noqa: E402
-import hosts  # noqa: E402
 
 BIN_DIR = None
 HELD_AFTER = 30  # updates into an attempt at which a faulted job is held
@@ -99,38 +98,15 @@ def loopback_models(specs):
         shutil.rmtree(work, ignore_errors=True)
 
 
-class MultiHostTest(unittest.TestCase):
+class MultiHostTest(cluster_lib.ClusterTestCase):
     @classmethod
     def setUpClass(cls):
-        if os.geteuid() != 0:
-            raise RuntimeError("FAIL: hosts need root (network namespaces), as CI has")
-        if not cluster_lib.s3rver_binary():
-            raise RuntimeError("FAIL: s3rver is not installed (scripts/install-deps.sh)")
+        cls.check_machine()
         cls.reference = loopback_models({n: spec(n, *CASES[n]) for n in CASES})
-        cls.bed = hosts.Bed.up(["coord", "s3", "w1", "w2", "w3"])
-        cls.bed.remove_on_exit()
         # Agents fence themselves after 40 s without a lease: longer than the coordinator's 30 s
         # cut (test 6), which training rides through, shorter than test 7's partition.
-        cls.cluster = cluster_lib.HostCluster(cls.bed, BIN_DIR, ["w1", "w2", "w3"],
-                                              agent_flags=["--self_fence_after=40s"])
-        try:
-            cls.cluster.start()
-        except Exception:
-            cls.dump()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.stop()
-        cls.bed.down()
-        cls.cluster.cleanup()
-
-    @classmethod
-    def dump(cls):
-        for f in sorted(os.listdir(cls.cluster.dir)):
-            if f.endswith(".log"):
-                with open(cls.cluster.path(f), errors="replace") as log:
-                    print("==== %s\n%s" % (f, log.read()[-4000:]))
+        cls.start_cluster(["coord", "s3", "w1", "w2", "w3"], BIN_DIR, ["w1", "w2", "w3"],
+                          agent_flags=["--self_fence_after=40s"])
 
     def model_of(self, job):
         uri = job["modelUri"]
@@ -167,10 +143,7 @@ class MultiHostTest(unittest.TestCase):
         """Whatever a test left (a failure midway), the next one starts from a whole cluster:
         every host healed and thawed, every agent running, no job left running. A failed test
         shows the logs first."""
-        outcome = getattr(self, "_outcome", None)
-        result = getattr(outcome, "result", None)
-        if result is not None and any(test is self for test, _ in result.failures + result.errors):
-            self.dump()
+        super().tearDown()
         for host in self.cluster.workers + [self.cluster.coordinator]:
             self.bed.thaw(host)
             self.bed.heal(host)
