@@ -26,6 +26,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster as cluster_lib  # noqa: E402
+import multi_host_test  # noqa: E402
 
 BIN_DIR = None
 HELD_AFTER = 30  # updates into the attempt at which a job is held
@@ -33,18 +34,8 @@ STEPS = 120
 
 
 def spec(name):
-    return f"""name: {name}
-strategy: data_parallel
-workers: 2
-model: {{builtin: mlp, args: {{inputs: 16, hidden: [64], classes: 4}}}}
-data: {{synthetic: {{samples: 4096, features: 16, classes: 4, noise: 1.0}}}}
-batch_size: 64
-optimizer: {{name: sgd, lr: 0.05, momentum: 0.9}}
-max_steps: {STEPS}
-seed: 11
-checkpoint: {{every_steps: 10, keep_last: 2}}
-restart: {{max_failures: 0}}
-"""
+    """multi_host_test's 2-rank data-parallel job, STEPS long."""
+    return multi_host_test.spec(name, "data_parallel", STEPS)
 
 
 class FailoverHostsTest(cluster_lib.ClusterTestCase):
