@@ -12,11 +12,13 @@ its own for checkpoints. No `--insecure` anywhere.
   cluster.stop()
 """
 
+import argparse
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -88,7 +90,7 @@ class HostCluster:
         for c in self.coordinators:
             self.start_coordinator(c)
         token = self.path("coordinator", "admin.token")
-        self._until(lambda: os.path.exists(token) and self.cli(["workers"], check=False)[0] == 0,
+        self.until(lambda: os.path.exists(token) and self.cli(["workers"], check=False)[0] == 0,
                     60, "no coordinator came up")
         for w in self.workers:
             self.start_worker(w)
@@ -128,7 +130,7 @@ class HostCluster:
             with open(self.path("s3rver.log")) as f:
                 return "listening on" in f.read()
 
-        self._until(listening, 30, "s3rver did not start")
+        self.until(listening, 30, "s3rver did not start")
 
     def _start_database(self):
         """Debian's PostgreSQL on the database host, as its `postgres` user (it refuses root),
@@ -159,7 +161,7 @@ class HostCluster:
                             "logging_collector=off"], stdout=log, stderr=subprocess.STDOUT)
         log.close()
         host = self.bed.address(self.database)
-        self._until(lambda: as_postgres([pg + "pg_isready", "-h", host, "-p", "5432"])
+        self.until(lambda: as_postgres([pg + "pg_isready", "-h", host, "-p", "5432"])
                     .returncode == 0, 60, "PostgreSQL did not start")
         done = as_postgres([pg + "createdb", "-h", host, "-p", "5432", "-U", "trainyard",
                             "trainyard"])
@@ -167,18 +169,21 @@ class HostCluster:
             raise ClusterError("createdb failed: %s%s" % (done.stdout, done.stderr))
         self.store = "postgres://trainyard@%s:5432/trainyard" % host
 
+    def _coordinator_name(self, host):
+        """The name of a coordinator's log, state folder and process: "coordinator", with its
+        host's name after a dash where there are several."""
+        return "coordinator-" + host if len(self.coordinators) > 1 else "coordinator"
+
     def coordinator_log(self, host):
-        return self.path("coordinator.log" if len(self.coordinators) == 1 else
-                         "coordinator-%s.log" % host)
+        return self.path(self._coordinator_name(host) + ".log")
 
     def start_coordinator(self, host=None):
         """Starts (or starts again) the coordinator of `host` (the only one by default)."""
         host = host or self.coordinators[0]
-        several = len(self.coordinators) > 1
-        state = self.path("coordinator-" + host if several else "coordinator")
+        name = self._coordinator_name(host)
+        state = self.path(name)
         os.makedirs(state, exist_ok=True)
         checkpoints = ("s3://%s/runs" % self.bucket) if self.s3 else "file://" + self.path("ckpt")
-        name = "coordinator:" + host if several else "coordinator"
         old = self.procs.get(name)
         if old is not None and old.poll() is None:
             raise ClusterError("the coordinator of %s still runs" % host)
@@ -200,7 +205,7 @@ class HostCluster:
         log.close()
 
     def coordinator_proc(self, host):
-        return self.procs["coordinator:" + host if len(self.coordinators) > 1 else "coordinator"]
+        return self.procs[self._coordinator_name(host)]
 
     def leader(self):
         """The coordinator host that leads now, by its log ("leading (lease token N)", the
@@ -333,7 +338,7 @@ class HostCluster:
             time.sleep(0.2)
 
     def wait_workers(self, n):
-        self._until(lambda: self.cli(["workers"], check=False)[1].count("READY") >= n, 60,
+        self.until(lambda: self.cli(["workers"], check=False)[1].count("READY") >= n, 60,
                     "%d workers were not READY" % n)
 
     def wait_worker_started(self, host, timeout=60):
@@ -345,14 +350,14 @@ class HostCluster:
             workers = json.loads(self.cli(["workers", "-o", "json"])[1]).get("workers", [])
             return any(w.get("id") == host and w.get("state") == "READY" and
                        int(w.get("registeredUnixMs", 0)) >= since_ms for w in workers)
-        self._until(registered, timeout, "the agent started on %s did not register" % host)
+        self.until(registered, timeout, "the agent started on %s did not register" % host)
 
     def wait_idle(self, timeout=60):
         """Until every worker runs nothing (cancelled jobs' trainers gone)."""
         def idle():
             workers = json.loads(self.cli(["workers", "-o", "json"])[1]).get("workers", [])
             return all(int(w.get("slotsUsed", 0)) == 0 for w in workers)
-        self._until(idle, timeout, "the workers did not come free")
+        self.until(idle, timeout, "the workers did not come free")
 
     def worker_of(self, job, rank=0):
         for t in job.get("tasks", []):
@@ -396,7 +401,7 @@ class HostCluster:
             return -1
 
     @staticmethod
-    def _until(predicate, timeout, what):
+    def until(predicate, timeout, what):
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
@@ -452,3 +457,11 @@ class ClusterTestCase(unittest.TestCase):
         result = getattr(outcome, "result", None)
         if result is not None and any(test is self for test, _ in result.failures + result.errors):
             self.dump()
+
+
+def test_args():
+    """The hosts tests' command line: the absolute --bin-dir, and the arguments for unittest."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin-dir", required=True)
+    args, rest = parser.parse_known_args()
+    return os.path.abspath(args.bin_dir), [sys.argv[0]] + rest

@@ -26,7 +26,6 @@ Needs root (namespaces) and s3rver (scripts/install-deps.sh); fails saying so wi
   tests/hosts/multi_host_test.py --bin-dir build/bin
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -480,8 +479,5 @@ class MultiHostTest(cluster_lib.ClusterTestCase):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--bin-dir", required=True)
-    args, rest = parser.parse_known_args()
-    BIN_DIR = os.path.abspath(args.bin_dir)
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    BIN_DIR, argv = cluster_lib.test_args()
+    unittest.main(argv=argv, verbosity=2)

@@ -8,7 +8,6 @@
 #include <sstream>
 #include <system_error>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -45,12 +44,12 @@ bool WriteFile(const std::string& path, const std::string& data) {
   return !ec;
 }
 
-// Whether /proc/<pid>/cmdline shows a trainyard-trainer.
 // True when `pid` is a process (not a thread of one) that runs the trainer of the task whose file
-// is `task_file`. A pid file left over from an earlier run of the agent names a process that may
-// have ended long ago, its pid since taken by another process: even by another agent's trainer
-// on this machine (several agents share one, as with `trainyard up`), or by a thread of one,
-// whose id kill() takes for its whole process.
+// is `task_file` (given as --task_file, an absolute path: the work folder is made absolute). A
+// pid file left over from an earlier run of the agent names a process that may have ended long
+// ago, its pid since taken by another process: even by another agent's trainer on this machine
+// (several agents share one, as with `trainyard up`), or by a thread of one, whose id kill()
+// takes for its whole process.
 bool IsTrainerOf(int64_t pid, const std::string& task_file) {
   const std::string root = absl::StrCat("/proc/", pid);
   bool process = false;
@@ -61,20 +60,10 @@ bool IsTrainerOf(int64_t pid, const std::string& task_file) {
     }
   }
   if (!process) return false;
-  const std::vector<std::string> args =
-      absl::StrSplit(ReadSmallFile(root + "/cmdline"), '\0', absl::SkipEmpty());
-  bool trainer = false;  // argv[0], or argv[1] when an interpreter runs a trainer script
-  for (size_t i = 0; i < args.size() && i < 2; ++i) {
-    trainer = trainer || absl::EndsWith(args[i], "trainyard-trainer");
-  }
-  if (!trainer) return false;
-  for (absl::string_view arg : args) {
+  for (absl::string_view arg : absl::StrSplit(ReadSmallFile(root + "/cmdline"), '\0')) {
     if (!absl::ConsumePrefix(&arg, "--task_file=")) continue;
-    // Relative to the trainer's folder, if it was given so.
-    const std::string path =
-        absl::StartsWith(arg, "/") ? std::string(arg) : absl::StrCat(root, "/cwd/", arg);
-    std::error_code ec;
-    return fs::equivalent(path, task_file, ec);
+    std::error_code ec;  // the same file, however the work folder was spelt
+    return fs::equivalent(std::string(arg), task_file, ec);
   }
   return false;
 }
