@@ -10,7 +10,9 @@ fsync on: every acknowledged submission durable, as SQLite's synchronous=FULL), 
   2. failover: two coordinators on PostgreSQL (--leader_lease=3s, the default), QUEUED jobs
      (default 10,000) waiting in it (no workers), the leader killed (SIGKILL) ROUNDS times: kill -> the standby takes the lease (its log's "leading" line) ->
      it serves (its port file) -> the first submission acknowledged through the list of both
-     (the CLI, retried), each killed coordinator started again as the next standby.
+     (the CLI, retried), each killed coordinator started again as the next standby (and, with
+     its warm copy, the next kill only once the copy has read the state); once with the
+     standbys' warm copy (--warm_standby, the default) and once without.
 Needs cmake --build BUILD_DIR --target coordinator_load trainyard-coordinator trainyard.
 """
 import datetime
@@ -105,7 +107,7 @@ def log_time(path, text, after):
     return None
 
 
-def failover(build, uri, rounds, queued):
+def failover(build, uri, rounds, queued, warm=True):
     root = tempfile.mkdtemp(prefix="store_failover.")
     ports = [free_port(), free_port()]
     addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -120,7 +122,8 @@ def failover(build, uri, rounds, queued):
         procs[i] = subprocess.Popen(
             [f"{build}/bin/trainyard-coordinator", f"--listen=127.0.0.1:{ports[i]}",
              f"--state_dir={root}/state-{i}", f"--port_file={port_file}", f"--store={uri}",
-             f"--admin_token_file={token_file}", "--metrics_listen="], stdout=log, stderr=log)
+             f"--admin_token_file={token_file}", "--metrics_listen=",
+             f"--warm_standby={'true' if warm else 'false'}"], stdout=log, stderr=log)
 
     def leader():
         for i in range(2):
@@ -169,7 +172,9 @@ def failover(build, uri, rounds, queued):
             start(old)  # the next standby, standing by before the next kill
             standby_log = f"{root}/coordinator-{old}.log"
             since = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-            while log_time(standby_log, "standby: ", since - datetime.timedelta(seconds=1)) is None:
+            # Standing by, and (warm) its copy read: a standby has stood by long before a failure.
+            ready = "standby: read the whole state" if warm else "standby: "
+            while log_time(standby_log, ready, since - datetime.timedelta(seconds=1)) is None:
                 time.sleep(0.02)
     finally:
         for p in procs:
@@ -200,13 +205,15 @@ def main():
                   f"{statistics.median(postgres):.0f} ({min(postgres):.0f} to "
                   f"{max(postgres):.0f}); PostgreSQL / SQLite "
                   f"{statistics.median(postgres) / statistics.median(sqlite):.2f}")
-        results = failover(build, pg.database("failover"), rounds, queued)
-        print(f"with {queued} jobs queued:")
-        for name, column in (("lease taken", 0), ("serving", 1), ("first acknowledged", 2),
-                             ("lease taken -> listening (state loaded)", 3)):
-            values = [r[column] for r in results]
-            print(f"kill -9 -> {name}: median {statistics.median(values):.2f} s "
-                  f"({min(values):.2f} to {max(values):.2f})")
+        for warm in (True, False):
+            results = failover(build, pg.database(f"failover_{'warm' if warm else 'cold'}"),
+                               rounds, queued, warm)
+            print(f"with {queued} jobs queued, --warm_standby={'true' if warm else 'false'}:")
+            for name, column in (("lease taken", 0), ("serving", 1), ("first acknowledged", 2),
+                                 ("lease taken -> listening (state loaded)", 3)):
+                values = [r[column] for r in results]
+                print(f"kill -9 -> {name}: median {statistics.median(values):.2f} s "
+                      f"({min(values):.2f} to {max(values):.2f})")
 
 
 if __name__ == "__main__":

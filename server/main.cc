@@ -49,6 +49,7 @@
 #include "server/postgres_log_backend.h"
 #include "server/search_manager.h"
 #include "server/sqlite_job_store.h"
+#include "server/standby_copy.h"
 #include "server/store_migration.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
@@ -79,6 +80,11 @@ ABSL_FLAG(absl::Duration, leader_lease, absl::Seconds(3),
           "every third of this). A standby takes over at most this long after the leader dies; "
           "a leader that cannot renew it for this long writes nothing more and exits, for its "
           "supervisor to start it again as a standby.");
+ABSL_FLAG(bool, warm_standby, true,
+          "With a PostgreSQL --store: while standing by, keep a copy of the state the leader "
+          "starts from (active jobs, workers, queues, tokens, searches), followed from the "
+          "store's change feed, so that taking over reads only what changed since. false: load "
+          "it all on taking over.");
 ABSL_FLAG(std::string, advertise_address, "",
           "With a PostgreSQL --store: the address clients reach this coordinator at, shown by "
           "the standbys' logs while it leads. Default: --listen, with this machine's host name "
@@ -425,11 +431,25 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, const std::s
     }
     standby_health = *std::move(started);
   }
-  const bool led = WaitToLead(*stores.lease, std::min(lease_length / 6, absl::Milliseconds(500)),
-                              SignalWithin, [&](const std::string& leader) {
-                                (*standby_api)->SetLeader(leader);
-                                if (standby_health != nullptr) standby_health->SetLeader(leader);
-                              });
+  const absl::Duration poll = std::min(lease_length / 6, absl::Milliseconds(500));
+  // While it stands by it keeps a warm copy of the state, read again from the change feed at
+  // every poll, so that taking over reads only what changed since.
+  std::unique_ptr<StandbyCopy> copy;
+  if (absl::GetFlag(FLAGS_warm_standby)) {
+    pg::ConnectOptions copy_options = options;
+    copy_options.application_name = "trainyard-coordinator-standby-copy";
+    absl::StatusOr<std::unique_ptr<PostgresJobStore>> reader = PostgresJobStore::Open(copy_options);
+    if (reader.ok()) {
+      copy = std::make_unique<StandbyCopy>(*std::move(reader), poll);
+    } else {
+      LogWarning("standby: no warm copy of the state (", reader.status().message(),
+                 "); it will be loaded on taking over");
+    }
+  }
+  const bool led = WaitToLead(*stores.lease, poll, SignalWithin, [&](const std::string& leader) {
+    (*standby_api)->SetLeader(leader);
+    if (standby_health != nullptr) standby_health->SetLeader(leader);
+  });
   // The leader's own servers take the ports.
   standby_api->reset();
   standby_health.reset();
@@ -455,13 +475,44 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, const std::s
     stores.lease->Release().IgnoreError();
     return std::nullopt;
   };
+  // The warm copy, brought up to date now that no earlier leader can write: what the stores'
+  // first loads return.
+  WarmStart warm;
+  if (copy != nullptr) {
+    const auto taking = std::chrono::steady_clock::now();
+    const StandbyCopy::Stats before = copy->stats();
+    absl::StatusOr<WarmStart> taken = copy->Take();
+    if (taken.ok()) {
+      warm = *std::move(taken);
+      const StandbyCopy::Stats after = copy->stats();
+      LogInfo("took over the warm copy of the state (", warm.contents->jobs.size(),
+              " jobs; kept by ", after.full_reads, " full and ", after.change_reads,
+              " change reads), brought up to date in ", SecondsSince(taking), " s reading ",
+              after.jobs_reread - before.jobs_reread, " changed jobs");
+    } else {
+      LogWarning("the warm copy of the state cannot be brought up to date (",
+                 taken.status().message(), "); loading the state from the database");
+    }
+    copy.reset();
+  }
   PostgresJobStore* token_store = nullptr;
   for (std::unique_ptr<JobStore>* slot : {&stores.jobs, &stores.tokens, &stores.searches}) {
     absl::StatusOr<std::unique_ptr<PostgresJobStore>> opened =
         PostgresJobStore::Open(options, fence);
     if (!opened.ok()) return cannot_open(opened.status());
     if (slot == &stores.tokens) token_store = opened->get();
-    *slot = *std::move(opened);
+    // Each store hands out the pieces its user loads first: the jobs and queues (JobManager),
+    // the tokens (Authenticator), the searches (SearchManager).
+    WarmStart pieces;
+    if (slot == &stores.jobs) {
+      pieces.contents = std::move(warm.contents);
+      pieces.queues = std::move(warm.queues);
+    } else if (slot == &stores.tokens) {
+      pieces.tokens = std::move(warm.tokens);
+    } else {
+      pieces.searches = std::move(warm.searches);
+    }
+    *slot = std::make_unique<PreloadedJobStore>(*std::move(opened), std::move(pieces));
   }
   // Task logs in the database too: a coordinator that takes over serves every log.
   absl::StatusOr<std::unique_ptr<PostgresLogBackend>> logs =

@@ -87,6 +87,20 @@ absl::Status ValidateConninfo(absl::string_view conninfo) {
   return absl::OkStatus();
 }
 
+std::string TextArray(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (const std::string& item : items) {
+    if (out.size() > 1) out += ',';
+    out += '"';
+    for (char c : item) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
 Params& Params::Add(int64_t v) {
   values_.push_back(absl::StrCat(v));
   formats_.push_back(0);

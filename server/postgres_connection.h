@@ -43,6 +43,10 @@ std::string RedactConninfo(absl::string_view conninfo);
 // INVALID_ARGUMENT naming what is wrong when `conninfo` is not one libpq can parse.
 absl::Status ValidateConninfo(absl::string_view conninfo);
 
+// `items` as a PostgreSQL array literal of text ('{"a","b"}', every item quoted), for a text[]
+// parameter.
+std::string TextArray(const std::vector<std::string>& items);
+
 // Parameters of one statement ($1, $2, ...): integers and text sent as text, blobs as binary.
 class Params {
  public:

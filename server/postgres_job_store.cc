@@ -1,9 +1,11 @@
 #include "server/postgres_job_store.h"
 
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace trainyard {
 
@@ -83,8 +85,21 @@ CREATE TABLE IF NOT EXISTS task_log_pieces(
   PRIMARY KEY(job_id, task_id, start));
 )sql";
 
+// Version 3: the change feed standbys keep their warm copy by (server/standby_copy.h). Every
+// write adds a row per job, worker or table it touched, in its own transaction: a row's xid says
+// which snapshots see it, so a reader finds exactly what was committed between two of its reads
+// (whatever order the transactions committed in). The leader deletes rows older than
+// kChangeRetention.
+constexpr char kSchemaV3[] = R"sql(
+CREATE TABLE IF NOT EXISTS changes(
+  xid xid8 NOT NULL DEFAULT pg_current_xact_id(), at TIMESTAMPTZ NOT NULL DEFAULT now(),
+  kind TEXT NOT NULL, key TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS changes_by_xid ON changes(xid);
+CREATE INDEX IF NOT EXISTS changes_by_time ON changes(at);
+)sql";
+
 // The migrations: kMigrations[v] takes the schema from version v to v + 1 (0: a new database).
-constexpr const char* kMigrations[] = {kSchemaV1, kSchemaV2};
+constexpr const char* kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVersion);
 
 // Any fixed number: the advisory lock under which one coordinator at a time migrates.
@@ -174,7 +189,15 @@ absl::Status PostgresJobStore::Import(
   }
   Writes(mutation, &statements);
   absl::MutexLock lock(&mu_);
-  return db_->RunTransaction(statements);
+  // The leader trims the change feed now and then, in a write of its own (a standby never).
+  const absl::Time now = absl::Now();
+  if (fence_.has_value() && now - last_trim_ >= absl::Seconds(10)) {
+    statements.push_back({"DELETE FROM changes WHERE at < now() - make_interval(secs => $1)",
+                          Params().Add(absl::ToInt64Seconds(kChangeRetention))});
+  }
+  absl::Status s = db_->RunTransaction(statements);
+  if (s.ok() && fence_.has_value() && now - last_trim_ >= absl::Seconds(10)) last_trim_ = now;
+  return s;
 }
 
 void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection::Statement>* out) {
@@ -335,6 +358,35 @@ void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection
   }
   for (const std::string& worker_id : m.removed_workers) {
     out->push_back({"DELETE FROM workers WHERE id = $1", Params().Add(worker_id)});
+  }
+  // The change feed: what this transaction touched, one row each.
+  std::set<std::pair<std::string, std::string>> changed;
+  for (const StoredJob& stored : m.jobs) changed.emplace(kJobChange, stored.job.id());
+  for (const auto& [job_id, event] : m.events) changed.emplace(kJobChange, job_id);
+  for (const auto& [job_id, task] : m.tasks) changed.emplace(kJobChange, job_id);
+  for (const StoredCheckpoint& c : m.checkpoints)
+    changed.emplace(kJobChange, c.checkpoint.job_id());
+  for (const auto& [job_id, progress] : m.progress) changed.emplace(kJobChange, job_id);
+  for (const StoreMutation::EventTrim& trim : m.trimmed_events) {
+    changed.emplace(kJobChange, trim.job_id);
+  }
+  for (const auto& [job_id, step] : m.removed_checkpoints) changed.emplace(kJobChange, job_id);
+  for (const std::string& job_id : m.removed_jobs) changed.emplace(kJobChange, job_id);
+  for (const v1::Worker& worker : m.workers) changed.emplace(kWorkerChange, worker.id());
+  for (const std::string& worker_id : m.removed_workers) changed.emplace(kWorkerChange, worker_id);
+  if (m.next_job_seq.has_value()) changed.emplace(kSequenceChange, "");
+  if (!m.tokens.empty()) changed.emplace(kTokensChange, "");
+  if (!m.searches.empty() || !m.trials.empty()) changed.emplace(kSearchesChange, "");
+  if (!m.queues.empty() || !m.removed_queues.empty()) changed.emplace(kQueuesChange, "");
+  if (!changed.empty()) {
+    std::vector<std::string> kinds;
+    std::vector<std::string> keys;
+    for (const auto& [kind, key] : changed) {
+      kinds.push_back(kind);
+      keys.push_back(key);
+    }
+    out->push_back({"INSERT INTO changes(kind, key) SELECT * FROM unnest($1::text[], $2::text[])",
+                    Params().Add(pg::TextArray(kinds)).Add(pg::TextArray(keys))});
   }
 }
 

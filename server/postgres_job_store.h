@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/job_store.h"
 #include "server/postgres_connection.h"
 
@@ -31,7 +34,41 @@ struct LeaseFence {
 pg::Connection::Statement FenceStatement(const LeaseFence& fence);
 
 // The schema version of the PostgreSQL store this binary writes.
-inline constexpr int kPostgresSchemaVersion = 2;
+inline constexpr int kPostgresSchemaVersion = 3;
+
+// The change feed's kinds (table `changes`): a job (its row, events, tasks, progress and
+// checkpoint records; the key is its id), a worker (by id), the job sequence, and the tokens,
+// searches (with their trials) and queues, each as a whole (empty key).
+inline constexpr char kJobChange[] = "job";
+inline constexpr char kWorkerChange[] = "worker";
+inline constexpr char kSequenceChange[] = "sequence";
+inline constexpr char kTokensChange[] = "tokens";
+inline constexpr char kSearchesChange[] = "searches";
+inline constexpr char kQueuesChange[] = "queues";
+// How long the leader keeps a change row. A reader whose previous read is older than half this
+// reads everything again.
+inline constexpr absl::Duration kChangeRetention = absl::Minutes(10);
+
+// What a standby's warm copy (server/standby_copy.h) reads: in one snapshot, what was committed
+// after an earlier read's snapshot (or everything).
+struct StoreChanges {
+  // This read's snapshot (pg_snapshot as text): the next read's `since`.
+  std::string snapshot;
+  // True when this read is everything: `contents` as LoadActive returns it, and the queues,
+  // tokens and searches all present.
+  bool everything = false;
+  std::set<std::string> jobs;     // the jobs changed: some may be gone, or final and not loaded
+  std::set<std::string> workers;  // the workers changed: some may be gone
+  // Of the changed jobs, those LoadActive would return now, with their checkpoint records; of the
+  // changed workers, those still stored; next_job_seq. `not_loaded` is left empty.
+  StoreContents contents;
+  // The final jobs in the store by state (those loaded included), when asked for or everything.
+  std::map<trainyard::v1::JobState, int64_t> finished;
+  // Each when it changed (or everything).
+  std::optional<std::vector<trainyard::v1::Queue>> queues;
+  std::optional<std::vector<StoredToken>> tokens;
+  std::optional<std::vector<StoredSearch>> searches;
+};
 
 // Creates or migrates the PostgreSQL schema (under an advisory lock, so that coordinators starting
 // together do it once). FAILED_PRECONDITION for a schema newer than this binary understands.
@@ -41,7 +78,8 @@ absl::Status EnsurePostgresSchema(pg::Connection& db);
 // tables are SQLite's (server/sqlite_job_store.h) with PostgreSQL's types, plus
 //   leader(id, holder, address, token, expires_at)   the lease (server/leader_lease.h)
 //   secrets(name, value)                             keys all coordinators share
-// Schema version 1; migrations run on open, each in a transaction with its version number.
+//   changes(xid, at, kind, key)                      the change feed standbys read (ReadChanges)
+// Schema version 3; migrations run on open, each in a transaction with its version number.
 // A committed Apply is durable as the server's synchronous_commit makes it (on by default).
 // With a fence, every Apply checks in its own transaction that the lease row still names the
 // fence's holder and token and has not expired, holding the row (FOR SHARE) until it commits: a
@@ -77,6 +115,12 @@ class PostgresJobStore final : public JobStore {
   absl::Status Import(const StoreMutation& mutation,
                       const std::vector<std::pair<std::string, std::string>>& secrets);
 
+  // In one snapshot, what was committed after the read whose StoreChanges::snapshot is `since`
+  // (empty: everything), and the counts of final jobs when `count_finished`. Needs the change
+  // feed to hold every row since then (kChangeRetention): the caller reads everything again when
+  // its last read is older than half that.
+  absl::StatusOr<StoreChanges> ReadChanges(absl::string_view since, bool count_finished);
+
   // The secret named `name`, made with `make` and stored by the first coordinator that asks (all
   // coordinators of a cluster must sign task credentials with one key). Not fenced: a standby
   // may read it before it leads.
@@ -90,6 +134,16 @@ class PostgresJobStore final : public JobStore {
   static void Writes(const StoreMutation& mutation, std::vector<pg::Connection::Statement>* out);
   absl::StatusOr<StoreContents> Load(bool active_only);
   absl::Status LoadLocked(bool active_only, StoreContents* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReadWorkers(absl::string_view where, const pg::Params& params,
+                           std::vector<trainyard::v1::Worker>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReadNextJobSeq(int64_t* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CountFinished(std::map<trainyard::v1::JobState, int64_t>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<StoredToken>> TokensLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<StoredSearch>> SearchesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<trainyard::v1::Queue>> QueuesLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends the jobs that `sql` selects as (seq, job[, progress]).
   absl::Status ReadJobs(absl::string_view sql, const pg::Params& params, bool with_progress,
                         std::vector<StoredJob>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -103,6 +157,7 @@ class PostgresJobStore final : public JobStore {
   absl::Mutex mu_;
   const std::unique_ptr<pg::Connection> db_ ABSL_PT_GUARDED_BY(mu_);
   const std::optional<LeaseFence> fence_;
+  absl::Time last_trim_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // of the change feed
 };
 
 }  // namespace trainyard

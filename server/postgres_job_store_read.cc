@@ -194,6 +194,10 @@ absl::StatusOr<std::vector<std::pair<std::string, v1::JobState>>> PostgresJobSto
 
 absl::StatusOr<std::vector<StoredToken>> PostgresJobStore::LoadTokens() {
   absl::MutexLock lock(&mu_);
+  return TokensLocked();
+}
+
+absl::StatusOr<std::vector<StoredToken>> PostgresJobStore::TokensLocked() {
   absl::StatusOr<pg::Result> r = db_->Exec(
       "SELECT id, name, role, hash, created_ms, expires_ms, revoked_ms, created_by, "
       "revoked_by FROM tokens ORDER BY created_ms, id");
@@ -217,6 +221,10 @@ absl::StatusOr<std::vector<StoredToken>> PostgresJobStore::LoadTokens() {
 
 absl::StatusOr<std::vector<v1::Queue>> PostgresJobStore::LoadQueues() {
   absl::MutexLock lock(&mu_);
+  return QueuesLocked();
+}
+
+absl::StatusOr<std::vector<v1::Queue>> PostgresJobStore::QueuesLocked() {
   absl::StatusOr<pg::Result> r = db_->Exec("SELECT name, queue FROM queues ORDER BY name");
   if (!r.ok()) return r.status();
   std::vector<v1::Queue> out;
@@ -230,33 +238,39 @@ absl::StatusOr<std::vector<v1::Queue>> PostgresJobStore::LoadQueues() {
 
 absl::StatusOr<std::vector<StoredSearch>> PostgresJobStore::LoadSearches() {
   absl::MutexLock lock(&mu_);
-  std::vector<StoredSearch> out;
-  absl::Status s = InSnapshot(*db_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    absl::StatusOr<pg::Result> r = db_->Exec("SELECT seq, search FROM searches ORDER BY seq");
-    if (!r.ok()) return r.status();
-    std::map<std::string, size_t> by_id;
-    for (int i = 0; i < r->rows(); ++i) {
-      StoredSearch stored;
-      stored.seq = r->Int(i, 0);
-      if (!stored.search.ParseFromString(r->Text(i, 1))) {
-        return absl::DataLossError(absl::StrCat("searches row ", stored.seq, " does not parse"));
-      }
-      by_id[stored.search.id()] = out.size();
-      out.push_back(std::move(stored));
-    }
-    r = db_->Exec("SELECT search_id, number, trial FROM trials ORDER BY search_id, number");
-    if (!r.ok()) return r.status();
-    for (int i = 0; i < r->rows(); ++i) {
-      auto it = by_id.find(r->Text(i, 0));
-      if (it == by_id.end()) continue;  // a trial of no search: nothing refers to it
-      if (!out[it->second].search.add_trials()->ParseFromString(r->Text(i, 2))) {
-        return absl::DataLossError(
-            absl::StrCat("trials row (", r->Text(i, 0), ", ", r->Int(i, 1), ") does not parse"));
-      }
-    }
-    return absl::OkStatus();
+  absl::StatusOr<std::vector<StoredSearch>> out;
+  absl::Status s = InSnapshot(*db_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    out = SearchesLocked();
+    return out.status();
   });
   if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<std::vector<StoredSearch>> PostgresJobStore::SearchesLocked() {
+  std::vector<StoredSearch> out;
+  absl::StatusOr<pg::Result> r = db_->Exec("SELECT seq, search FROM searches ORDER BY seq");
+  if (!r.ok()) return r.status();
+  std::map<std::string, size_t> by_id;
+  for (int i = 0; i < r->rows(); ++i) {
+    StoredSearch stored;
+    stored.seq = r->Int(i, 0);
+    if (!stored.search.ParseFromString(r->Text(i, 1))) {
+      return absl::DataLossError(absl::StrCat("searches row ", stored.seq, " does not parse"));
+    }
+    by_id[stored.search.id()] = out.size();
+    out.push_back(std::move(stored));
+  }
+  r = db_->Exec("SELECT search_id, number, trial FROM trials ORDER BY search_id, number");
+  if (!r.ok()) return r.status();
+  for (int i = 0; i < r->rows(); ++i) {
+    auto it = by_id.find(r->Text(i, 0));
+    if (it == by_id.end()) continue;  // a trial of no search: nothing refers to it
+    if (!out[it->second].search.add_trials()->ParseFromString(r->Text(i, 2))) {
+      return absl::DataLossError(
+          absl::StrCat("trials row (", r->Text(i, 0), ", ", r->Int(i, 1), ") does not parse"));
+    }
+  }
   return out;
 }
 
@@ -294,30 +308,145 @@ absl::Status PostgresJobStore::LoadLocked(bool active_only, StoreContents* out) 
     if (absl::Status s = ReadDetails(which, Params(), out->jobs, &out->checkpoints); !s.ok()) {
       return s;
     }
-    absl::StatusOr<pg::Result> r =
-        db_->Exec(absl::StrCat("SELECT state, COUNT(*) FROM jobs WHERE state NOT IN ",
-                               kActiveJobStates, " GROUP BY state"));
-    if (!r.ok()) return r.status();
-    for (int i = 0; i < r->rows(); ++i) {
-      out->not_loaded[static_cast<v1::JobState>(r->Int(i, 0))] = r->Int(i, 1);
-    }
+    if (absl::Status s = CountFinished(&out->not_loaded); !s.ok()) return s;
     for (const StoredJob& j : out->jobs) {
       if (IsFinalJobState(j.job.state())) out->not_loaded[j.job.state()]--;
     }
   }
-  absl::StatusOr<pg::Result> r = db_->Exec("SELECT id, worker FROM workers ORDER BY id");
+  if (absl::Status s = ReadWorkers("", Params(), &out->workers); !s.ok()) return s;
+  return ReadNextJobSeq(&out->next_job_seq);
+}
+
+absl::Status PostgresJobStore::CountFinished(std::map<v1::JobState, int64_t>* out) {
+  absl::StatusOr<pg::Result> r = db_->Exec(absl::StrCat(
+      "SELECT state, COUNT(*) FROM jobs WHERE state NOT IN ", kActiveJobStates, " GROUP BY state"));
   if (!r.ok()) return r.status();
   for (int i = 0; i < r->rows(); ++i) {
-    if (!out->workers.emplace_back().ParseFromString(r->Text(i, 1))) {
+    (*out)[static_cast<v1::JobState>(r->Int(i, 0))] = r->Int(i, 1);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PostgresJobStore::ReadWorkers(absl::string_view where, const Params& params,
+                                           std::vector<v1::Worker>* out) {
+  absl::StatusOr<pg::Result> r =
+      db_->Exec(absl::StrCat("SELECT id, worker FROM workers", where, " ORDER BY id"), params);
+  if (!r.ok()) return r.status();
+  for (int i = 0; i < r->rows(); ++i) {
+    if (!out->emplace_back().ParseFromString(r->Text(i, 1))) {
       return absl::DataLossError(absl::StrCat("workers row '", r->Text(i, 0), "' does not parse"));
     }
   }
-  r = db_->Exec("SELECT value FROM meta WHERE key = 'next_job_seq'");
+  return absl::OkStatus();
+}
+
+absl::Status PostgresJobStore::ReadNextJobSeq(int64_t* out) {
+  absl::StatusOr<pg::Result> r = db_->Exec("SELECT value FROM meta WHERE key = 'next_job_seq'");
   if (!r.ok()) return r.status();
-  if (r->rows() > 0 && !absl::SimpleAtoi(r->Text(0, 0), &out->next_job_seq)) {
+  if (r->rows() > 0 && !absl::SimpleAtoi(r->Text(0, 0), out)) {
     return absl::DataLossError(absl::StrCat("bad next_job_seq '", r->Text(0, 0), "'"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<StoreChanges> PostgresJobStore::ReadChanges(absl::string_view since,
+                                                           bool count_finished) {
+  absl::MutexLock lock(&mu_);
+  StoreChanges out;
+  absl::Status s = InSnapshot(*db_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    // In REPEATABLE READ the current snapshot is the transaction's: the one every read below sees.
+    absl::StatusOr<pg::Result> r = db_->Exec("SELECT pg_current_snapshot()::text");
+    if (!r.ok()) return r.status();
+    out.snapshot = r->Text(0, 0);
+    if (since.empty()) {
+      out.everything = true;
+      if (absl::Status s = LoadLocked(/*active_only=*/true, &out.contents); !s.ok()) return s;
+      out.finished = std::move(out.contents.not_loaded);
+      out.contents.not_loaded.clear();
+      for (const StoredJob& j : out.contents.jobs) {
+        out.jobs.insert(j.job.id());
+        if (IsFinalJobState(j.job.state())) out.finished[j.job.state()]++;
+      }
+      for (const v1::Worker& w : out.contents.workers) out.workers.insert(w.id());
+      auto queues = QueuesLocked();
+      if (!queues.ok()) return queues.status();
+      out.queues = *std::move(queues);
+      auto tokens = TokensLocked();
+      if (!tokens.ok()) return tokens.status();
+      out.tokens = *std::move(tokens);
+      auto searches = SearchesLocked();
+      if (!searches.ok()) return searches.status();
+      out.searches = *std::move(searches);
+      return absl::OkStatus();
+    }
+    // The rows this snapshot sees and `since` did not: the transactions committed in between.
+    r = db_->Exec(
+        "SELECT DISTINCT kind, key FROM changes WHERE xid >= pg_snapshot_xmin($1::pg_snapshot) "
+        "AND NOT pg_visible_in_snapshot(xid, $1::pg_snapshot)",
+        Params().Add(since));
+    if (!r.ok()) return r.status();
+    std::set<std::string> kinds;
+    for (int i = 0; i < r->rows(); ++i) {
+      const std::string kind = r->Text(i, 0);
+      if (kind == kJobChange) {
+        out.jobs.insert(r->Text(i, 1));
+      } else if (kind == kWorkerChange) {
+        out.workers.insert(r->Text(i, 1));
+      } else {
+        kinds.insert(kind);
+      }
+    }
+    if (!out.jobs.empty()) {
+      const std::vector<std::string> ids(out.jobs.begin(), out.jobs.end());
+      const Params ids_param = Params().Add(pg::TextArray(ids));
+      // As LoadActive selects them, among the changed jobs.
+      const std::string which = absl::StrCat(
+          "(SELECT id FROM jobs WHERE id = ANY($1::text[]) AND state IN ", kActiveJobStates,
+          " UNION SELECT job_id FROM tasks WHERE job_id = ANY($1::text[]) AND state IN ",
+          kLiveTaskStates, ")");
+      if (absl::Status s = ReadJobs(
+              absl::StrCat("SELECT seq, job FROM jobs WHERE id IN ", which, " ORDER BY seq"),
+              ids_param, false, &out.contents.jobs);
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s =
+              ReadDetails(which, ids_param, out.contents.jobs, &out.contents.checkpoints);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (!out.workers.empty()) {
+      const std::vector<std::string> ids(out.workers.begin(), out.workers.end());
+      if (absl::Status s = ReadWorkers(" WHERE id = ANY($1::text[])",
+                                       Params().Add(pg::TextArray(ids)), &out.contents.workers);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = ReadNextJobSeq(&out.contents.next_job_seq); !s.ok()) return s;
+    if (count_finished) {
+      if (absl::Status s = CountFinished(&out.finished); !s.ok()) return s;
+    }
+    if (kinds.count(kQueuesChange)) {
+      auto queues = QueuesLocked();
+      if (!queues.ok()) return queues.status();
+      out.queues = *std::move(queues);
+    }
+    if (kinds.count(kTokensChange)) {
+      auto tokens = TokensLocked();
+      if (!tokens.ok()) return tokens.status();
+      out.tokens = *std::move(tokens);
+    }
+    if (kinds.count(kSearchesChange)) {
+      auto searches = SearchesLocked();
+      if (!searches.ok()) return searches.status();
+      out.searches = *std::move(searches);
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return out;
 }
 
 }  // namespace trainyard

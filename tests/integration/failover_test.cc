@@ -169,7 +169,21 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   std::cout << "takeover: kill -9 -> new leader serving " << absl::FormatDuration(to_lead)
             << ", -> first acknowledged submission " << absl::FormatDuration(to_submit) << "\n";
   EXPECT_LT(to_lead, absl::Seconds(5));
-  EXPECT_THAT(cluster.coordinator(next).Log(), HasSubstr("leading (lease token 2)"));
+  const std::string new_log = cluster.coordinator(next).Log();
+  EXPECT_THAT(new_log, HasSubstr("leading (lease token 2)"));
+  // It took over a warm copy (a, b and the 1,000 queued) that had followed the submissions while
+  // it stood by: the takeover read only the jobs changed since the copy's last read.
+  const size_t warm = new_log.find("took over the warm copy of the state");
+  ASSERT_NE(warm, std::string::npos) << new_log;
+  const std::string warm_line = new_log.substr(warm, new_log.find('\n', warm) - warm);
+  std::vector<std::string> words = absl::StrSplit(warm_line, ' ');
+  int changed = -1;
+  for (size_t i = 1; i < words.size(); ++i) {
+    if (words[i] == "changed" && !absl::SimpleAtoi(words[i - 1], &changed)) changed = -1;
+  }
+  EXPECT_GE(changed, 0) << warm_line;
+  EXPECT_LT(changed, 100) << warm_line;
+  EXPECT_THAT(warm_line, HasSubstr("(1002 jobs;")) << warm_line;
 
   // Every acknowledged submission is there, each at most in its first attempt.
   for (const std::string& id : queued) {
