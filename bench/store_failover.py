@@ -5,8 +5,9 @@ failover time of two coordinators sharing PostgreSQL.
 
 JOBS 0 skips the first part. Starts a PostgreSQL server of its own (Debian's binaries, a new cluster in a temporary folder,
 fsync on: every acknowledged submission durable, as SQLite's synchronous=FULL), then
-  1. submissions: a fresh coordinator on SQLite and one on PostgreSQL, alternately, ROUNDS times
-     each, each loaded by coordinator_load (8 clients, JOBS submissions);
+  1. submissions: a fresh coordinator on SQLite, one on PostgreSQL and one on PostgreSQL with the
+     change feed's triggers off (what the standbys' warm copy costs the leader), in turn, ROUNDS
+     times each, each loaded by coordinator_load (8 clients, JOBS submissions);
   2. failover: two coordinators on PostgreSQL (--leader_lease=3s, the default), QUEUED jobs
      (default 10,000) waiting in it (no workers), the leader killed (SIGKILL) ROUNDS times: kill -> the standby takes the lease (its log's "leading" line) ->
      it serves (its port file) -> the first submission acknowledged through the list of both
@@ -79,6 +80,10 @@ class Postgres:
                        check=True)
         return f"postgres://trainyard@127.0.0.1:{self.port}/{name}"
 
+    def psql(self, name, sql):
+        subprocess.run([f"{self.bin}/psql", "-q", "-h", "127.0.0.1", "-p", str(self.port), "-U",
+                        "trainyard", "-d", name, "-c", sql], check=True)
+
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait()
@@ -86,8 +91,10 @@ class Postgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def submissions_per_second(build, jobs, *flags):
+def submissions_per_second(build, jobs, *flags, before=None):
     with Coordinator(build, *flags) as c:
+        if before:
+            before()
         out = load(build, "submit", f"--coordinator={c.address}", c.token_flag, "--threads=8",
                    f"--jobs={jobs}", f"--window={jobs}")
     for line in out.splitlines():
@@ -193,18 +200,30 @@ def main():
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
     queued = int(sys.argv[4]) if len(sys.argv) > 4 else 10000
     with Postgres() as pg:
-        sqlite, postgres = [], []
+        sqlite, postgres, no_feed = [], [], []
         for r in range(rounds if jobs > 0 else 0):
             sqlite.append(submissions_per_second(build, jobs))
             postgres.append(submissions_per_second(build, jobs, f"--store={pg.database(f'load_{r}')}"))
+            # The change feed's cost: the same with its triggers off (the coordinator made the
+            # schema as it started; the load begins after).
+            name = f"nofeed_{r}"
+            no_feed.append(submissions_per_second(
+                build, jobs, f"--store={pg.database(name)}",
+                before=lambda: pg.psql(name, "; ".join(
+                    f"ALTER TABLE {t} DISABLE TRIGGER USER" for t in
+                    ("jobs", "workers", "events", "tasks", "progress", "checkpoints", "tokens",
+                     "searches", "trials", "queues")))))
             print(f"round {r + 1}: SQLite {sqlite[-1]:.0f}, PostgreSQL {postgres[-1]:.0f} "
-                  "durable submissions/s", flush=True)
+                  f"(without the change feed {no_feed[-1]:.0f}) durable submissions/s", flush=True)
         if sqlite:
             print(f"submissions/s, median of {rounds}: SQLite {statistics.median(sqlite):.0f} "
                   f"({min(sqlite):.0f} to {max(sqlite):.0f}), PostgreSQL "
                   f"{statistics.median(postgres):.0f} ({min(postgres):.0f} to "
                   f"{max(postgres):.0f}); PostgreSQL / SQLite "
-                  f"{statistics.median(postgres) / statistics.median(sqlite):.2f}")
+                  f"{statistics.median(postgres) / statistics.median(sqlite):.2f}; without the "
+                  f"change feed's triggers {statistics.median(no_feed):.0f} ({min(no_feed):.0f} "
+                  f"to {max(no_feed):.0f}), with / without "
+                  f"{statistics.median(postgres) / statistics.median(no_feed):.2f}")
         for warm in (True, False):
             results = failover(build, pg.database(f"failover_{'warm' if warm else 'cold'}"),
                                rounds, queued, warm)

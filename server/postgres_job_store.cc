@@ -1,6 +1,5 @@
 #include "server/postgres_job_store.h"
 
-#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -85,17 +84,66 @@ CREATE TABLE IF NOT EXISTS task_log_pieces(
   PRIMARY KEY(job_id, task_id, start));
 )sql";
 
-// Version 3: the change feed standbys keep their warm copy by (server/standby_copy.h). Every
-// write adds a row per job, worker or table it touched, in its own transaction: a row's xid says
-// which snapshots see it, so a reader finds exactly what was committed between two of its reads
-// (whatever order the transactions committed in). The leader deletes rows older than
-// kChangeRetention.
+// Version 3: the change feed standbys keep their warm copy by (server/standby_copy.h). Triggers
+// add, for every statement that writes a job's rows (the job, its events, tasks, progress and
+// checkpoint records) or a worker, a row per job or worker it touched, and one for any write to
+// the tokens, searches (with trials) or queues: in the database, so that every writer is
+// followed, an older coordinator's and a migration's included. A row's xid says which snapshots
+// see it, so a reader finds exactly what was committed between two of its reads, whatever order
+// the transactions committed in. The leader deletes rows older than kChangeRetention.
 constexpr char kSchemaV3[] = R"sql(
+SET LOCAL client_min_messages = warning;  -- no notices of objects already there
 CREATE TABLE IF NOT EXISTS changes(
   xid xid8 NOT NULL DEFAULT pg_current_xact_id(), at TIMESTAMPTZ NOT NULL DEFAULT now(),
   kind TEXT NOT NULL, key TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS changes_by_xid ON changes(xid);
 CREATE INDEX IF NOT EXISTS changes_by_time ON changes(at);
+-- Rows keyed by `id` (jobs, workers; the kind is the trigger's argument) and by `job_id`; the
+-- statement's rows are its transition table.
+CREATE OR REPLACE FUNCTION trainyard_changed_by_id() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO changes(kind, key) SELECT DISTINCT TG_ARGV[0], id FROM changed_rows;
+  RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION trainyard_changed_by_job_id() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO changes(kind, key) SELECT DISTINCT 'job', job_id FROM changed_rows;
+  RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION trainyard_changed_table() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO changes(kind, key) VALUES(TG_ARGV[0], '');
+  RETURN NULL;
+END $$;
+DO $$
+DECLARE
+  t RECORD;
+  op TEXT;
+BEGIN
+  FOR t IN SELECT * FROM (VALUES ('jobs', 'trainyard_changed_by_id', 'job'),
+                                 ('workers', 'trainyard_changed_by_id', 'worker'),
+                                 ('events', 'trainyard_changed_by_job_id', ''),
+                                 ('tasks', 'trainyard_changed_by_job_id', ''),
+                                 ('progress', 'trainyard_changed_by_job_id', ''),
+                                 ('checkpoints', 'trainyard_changed_by_job_id', ''))
+                        AS v(tab, fn, kind) LOOP
+    FOREACH op IN ARRAY ARRAY['INSERT', 'UPDATE', 'DELETE'] LOOP
+      EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', t.tab || '_' || lower(op) || '_noted',
+                     t.tab);
+      EXECUTE format('CREATE TRIGGER %I AFTER %s ON %I REFERENCING %s TABLE AS changed_rows '
+                     'FOR EACH STATEMENT EXECUTE FUNCTION %I(%L)',
+                     t.tab || '_' || lower(op) || '_noted', op, t.tab,
+                     CASE op WHEN 'DELETE' THEN 'OLD' ELSE 'NEW' END, t.fn, t.kind);
+    END LOOP;
+  END LOOP;
+  FOR t IN SELECT * FROM (VALUES ('tokens', 'tokens'), ('searches', 'searches'),
+                                 ('trials', 'searches'), ('queues', 'queues')) AS v(tab, kind) LOOP
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', t.tab || '_noted', t.tab);
+    EXECUTE format('CREATE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE ON %I '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION trainyard_changed_table(%L)',
+                   t.tab || '_noted', t.tab, t.kind);
+  END LOOP;
+END $$;
 )sql";
 
 // The migrations: kMigrations[v] takes the schema from version v to v + 1 (0: a new database).
@@ -358,35 +406,6 @@ void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection
   }
   for (const std::string& worker_id : m.removed_workers) {
     out->push_back({"DELETE FROM workers WHERE id = $1", Params().Add(worker_id)});
-  }
-  // The change feed: what this transaction touched, one row each.
-  std::set<std::pair<std::string, std::string>> changed;
-  for (const StoredJob& stored : m.jobs) changed.emplace(kJobChange, stored.job.id());
-  for (const auto& [job_id, event] : m.events) changed.emplace(kJobChange, job_id);
-  for (const auto& [job_id, task] : m.tasks) changed.emplace(kJobChange, job_id);
-  for (const StoredCheckpoint& c : m.checkpoints)
-    changed.emplace(kJobChange, c.checkpoint.job_id());
-  for (const auto& [job_id, progress] : m.progress) changed.emplace(kJobChange, job_id);
-  for (const StoreMutation::EventTrim& trim : m.trimmed_events) {
-    changed.emplace(kJobChange, trim.job_id);
-  }
-  for (const auto& [job_id, step] : m.removed_checkpoints) changed.emplace(kJobChange, job_id);
-  for (const std::string& job_id : m.removed_jobs) changed.emplace(kJobChange, job_id);
-  for (const v1::Worker& worker : m.workers) changed.emplace(kWorkerChange, worker.id());
-  for (const std::string& worker_id : m.removed_workers) changed.emplace(kWorkerChange, worker_id);
-  if (m.next_job_seq.has_value()) changed.emplace(kSequenceChange, "");
-  if (!m.tokens.empty()) changed.emplace(kTokensChange, "");
-  if (!m.searches.empty() || !m.trials.empty()) changed.emplace(kSearchesChange, "");
-  if (!m.queues.empty() || !m.removed_queues.empty()) changed.emplace(kQueuesChange, "");
-  if (!changed.empty()) {
-    std::vector<std::string> kinds;
-    std::vector<std::string> keys;
-    for (const auto& [kind, key] : changed) {
-      kinds.push_back(kind);
-      keys.push_back(key);
-    }
-    out->push_back({"INSERT INTO changes(kind, key) SELECT * FROM unnest($1::text[], $2::text[])",
-                    Params().Add(pg::TextArray(kinds)).Add(pg::TextArray(keys))});
   }
 }
 

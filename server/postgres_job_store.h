@@ -36,12 +36,12 @@ pg::Connection::Statement FenceStatement(const LeaseFence& fence);
 // The schema version of the PostgreSQL store this binary writes.
 inline constexpr int kPostgresSchemaVersion = 3;
 
-// The change feed's kinds (table `changes`): a job (its row, events, tasks, progress and
-// checkpoint records; the key is its id), a worker (by id), the job sequence, and the tokens,
-// searches (with their trials) and queues, each as a whole (empty key).
+// The change feed's kinds (table `changes`, written by triggers): a job (its row, events, tasks,
+// progress and checkpoint records; the key is its id), a worker (by id), and the tokens, searches
+// (with their trials) and queues, each as a whole (empty key). The job sequence is read at every
+// read of the feed.
 inline constexpr char kJobChange[] = "job";
 inline constexpr char kWorkerChange[] = "worker";
-inline constexpr char kSequenceChange[] = "sequence";
 inline constexpr char kTokensChange[] = "tokens";
 inline constexpr char kSearchesChange[] = "searches";
 inline constexpr char kQueuesChange[] = "queues";
