@@ -102,10 +102,13 @@ std::string Describe(const StoreContents& c, const std::vector<v1::Queue>& queue
 class PostgresStandbyCopyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto server = PostgresServer::Start();
+    // The program's one server, a database per test.
+    auto server = PostgresServer::Shared();
     ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    auto uri = server_->CreateDatabase("trainyard");
+    server_ = *server;
+    static int databases = 0;
+    db_ = absl::StrCat("standby_copy_", ++databases);
+    auto uri = server_->CreateDatabase(db_);
     ASSERT_TRUE(uri.ok()) << uri.status();
     options_.conninfo = *uri;
     options_.timeout = absl::Seconds(5);
@@ -157,12 +160,13 @@ class PostgresStandbyCopyTest : public ::testing::Test {
   }
 
   std::string Sql(const std::string& sql) {
-    absl::StatusOr<std::string> out = server_->Psql("trainyard", sql);
+    absl::StatusOr<std::string> out = server_->Psql(db_, sql);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? std::string(absl::StripAsciiWhitespace(*out)) : "";
   }
 
-  std::unique_ptr<PostgresServer> server_;
+  PostgresServer* server_ = nullptr;
+  std::string db_;
   pg::ConnectOptions options_;
   std::unique_ptr<LeaderLease> lease_;
   std::unique_ptr<PostgresJobStore> leader_;
@@ -310,7 +314,7 @@ TEST_F(PostgresStandbyCopyTest, ALostConnectionOrAnOldCopyMissesNothing) {
   ASSERT_TRUE(copy->Refresh().ok());
   const int64_t full_reads = copy->stats().full_reads;
   EXPECT_EQ(Sql("SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 'standby-copy-test') t"),
+                "WHERE application_name = 'standby-copy-test' AND datname = current_database()) t"),
             "1");
   Apply([] {
     StoreMutation m;
