@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/checkpoint_layout.h"
 #include "common/object_store.h"
@@ -225,9 +227,10 @@ std::vector<std::map<std::string, torch::Tensor>> TrainPipeline(const Case& c,
       options.key_prefix = absl::StrCat("stage", t.stage, "/");
       copies = *NewGlooCommunicator(t.replica, c.replicas, rendezvous, options);
     }
-    PipelineStrategy strategy(t, *ParseSchedule(c.schedule), kMicrobatches,
-                              c.tied ? "wte.weight" : "", ranges, std::move(all),
-                              std::move(copies));
+    PipelineStrategy strategy(
+        t, *ParseSchedule(c.schedule), kMicrobatches,
+        c.tied ? std::vector<std::string>{"wte.weight"} : std::vector<std::string>(), ranges,
+        std::move(all), std::move(copies));
     std::unique_ptr<Model> model;
     {
       absl::MutexLock lock(&ModelBuildMutex());
@@ -567,6 +570,87 @@ TEST(PipelineRunTest, ATorchScriptSequentialTrainsInStagesAsTheWholeModuleDoes) 
   std::vector<absl::StatusOr<TrainResult>> refused = test_util::RunRanks(not_sequential, 2, {});
   EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused[0].status().message(), HasSubstr("model.torchscript: a pipeline splits"));
+}
+
+// A Sequential whose fifth layer shares the first one's weight (Linear 8->16, Tanh, Linear
+// 16->8, Tanh, Linear 8->16 with layer 0's weight, Tanh, Linear 16->3): split so that the two
+// layers fall in the first and last stages (2 x 2 with 1F1B, 3 stages with GPipe) or in one
+// stage, it trains as the whole module does (the gradients of the copies summed between the
+// stages), exports the same model, and a single job resumes from its checkpoint, the weight
+// under its one name (0.weight). A split that would tie a middle stage is refused naming
+// model.torchscript.
+TEST(PipelineRunTest, ATorchScriptSequentialsTiedWeightTrainsAsInTheWholeModule) {
+  const std::string python = "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch to write the module";
+  }
+  const std::string dir = test_files::MakeTempDir();
+  const std::string module = dir + "/tied.pt";
+  const std::string write =
+      "import sys, torch\n"
+      "from torch import nn\n"
+      "torch.manual_seed(4)\n"
+      "a, b, c, d = nn.Linear(8, 16), nn.Linear(16, 8), nn.Linear(8, 16), nn.Linear(16, 3)\n"
+      "c.weight = a.weight\n"
+      "torch.jit.script(nn.Sequential(a, nn.Tanh(), b, nn.Tanh(), c, nn.Tanh(), d))"
+      ".save(sys.argv[1])\n";
+  {
+    std::ofstream out(dir + "/write.py");
+    out << write;
+  }
+  ASSERT_EQ(std::system((python + " " + dir + "/write.py " + module).c_str()), 0);
+
+  const std::string single_dir = test_files::MakeTempDir();
+  const TrainResult single = RunAll(ScriptTask(module, single_dir, 0, 1, "1f1b"));
+  ASSERT_TRUE(single.val_loss.has_value());
+  EXPECT_LT(single.loss, single.first_loss);
+  const std::map<std::string, torch::Tensor> single_model = ExportedScript(single_dir);
+
+  struct Case {
+    int stages, replicas;
+    const char* schedule;
+    std::vector<int> counts;
+  };
+  std::string pipe_dir;
+  for (const Case& c :
+       {Case{2, 2, "1f1b", {2, 5}}, Case{3, 1, "gpipe", {2, 2, 3}}, Case{2, 1, "gpipe", {5, 2}}}) {
+    SCOPED_TRACE(absl::StrCat(c.stages, " stages x ", c.replicas, " ", c.schedule, " ",
+                              absl::StrJoin(c.counts, "/")));
+    const std::string ckpt = test_files::MakeTempDir();
+    const TrainResult piped =
+        RunAll(ScriptTask(module, ckpt, c.stages, c.replicas, c.schedule, c.counts));
+    EXPECT_EQ(piped.step, kSteps);
+    EXPECT_NEAR(piped.loss, single.loss, 1e-5);
+    ASSERT_TRUE(piped.val_loss.has_value());
+    EXPECT_NEAR(*piped.val_loss, *single.val_loss, 1e-5);
+    std::map<std::string, torch::Tensor> exported = ExportedScript(ckpt);
+    ExpectNear(exported, single_model, 1e-5);
+    // Still one tensor in the exported module.
+    EXPECT_TRUE(torch::equal(exported.at("0.weight"), exported.at("4.weight")));
+    if (pipe_dir.empty()) pipe_dir = ckpt;
+  }
+  // The weight trained: not what the module started with.
+  EXPECT_GT((single_model.at("0.weight") -
+             torch::jit::load(module).attr("0").toModule().attr("weight").toTensor())
+                .abs()
+                .max()
+                .item<double>(),
+            1e-3);
+
+  const std::string resumed_dir = test_files::MakeTempDir();
+  trainyard::v1::Task resume = ScriptTask(module, resumed_dir, 0, 1, "1f1b");
+  resume.set_generation(2);
+  resume.add_resume_checkpoints(CheckpointStepUri("file://" + pipe_dir, 10));
+  const TrainResult resumed = RunAll(resume);
+  EXPECT_EQ(resumed.start_step, 10);
+  EXPECT_NEAR(resumed.loss, single.loss, 1e-5);
+
+  trainyard::v1::Task middle = ScriptTask(module, "", 3, 1, "1f1b", {2, 3, 2});
+  std::vector<absl::StatusOr<TrainResult>> refused = test_util::RunRanks(middle, 3, {});
+  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      refused[0].status().message(),
+      HasSubstr("model.torchscript: layers 0, 4 share 0.weight, which would tie stages 0, 1"));
 }
 
 }  // namespace

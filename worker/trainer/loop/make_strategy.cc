@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "worker/trainer/collective/gloo_communicator.h"
 #include "worker/trainer/model/transformer.h"
@@ -155,7 +157,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::
   const trainyard::v1::ModelArgs& args = spec.model().args();
   const bool tied = !script && (!args.has_tie_embeddings() || args.tie_embeddings());
   return std::unique_ptr<Strategy>(std::make_unique<pipeline::PipelineStrategy>(
-      *topology, *schedule, spec.pipeline().microbatches(), tied ? "wte.weight" : "",
+      *topology, *schedule, spec.pipeline().microbatches(),
+      tied ? std::vector<std::string>{"wte.weight"} : std::vector<std::string>(),
       *std::move(ranges), std::move(all), std::move(replicas)));
 }
 
@@ -174,6 +177,34 @@ absl::StatusOr<std::vector<pipeline::LayerRange>> PipelineStages(const trainyard
       bytes, spec.pipeline().stages(), spec.pipeline().partition(), counts);
   if (!split.ok()) return split.status();
   return pipeline::StageRanges(*split);
+}
+
+absl::StatusOr<std::vector<std::string>> SequentialTies(
+    Model& model, const std::vector<pipeline::LayerRange>& ranges) {
+  absl::StatusOr<std::vector<SharedParameter>> shared = SequentialSharedParameters(model);
+  if (!shared.ok()) return shared.status();
+  const int last = static_cast<int>(ranges.size()) - 1;
+  auto stage_of = [&ranges](int layer) {
+    for (size_t s = 0; s < ranges.size(); ++s) {
+      if (layer >= ranges[s].first && layer < ranges[s].end) return static_cast<int>(s);
+    }
+    return -1;
+  };
+  std::vector<std::string> tied;
+  for (const SharedParameter& p : *shared) {
+    std::set<int> stages;
+    for (int layer : p.layers) stages.insert(stage_of(layer));
+    if (stages.size() < 2) continue;  // within one stage: nothing to tie
+    if (stages != std::set<int>{0, last}) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.torchscript: layers ", absl::StrJoin(p.layers, ", "), " share ",
+                       p.name, ", which would tie stages ", absl::StrJoin(stages, ", "),
+                       ": a pipeline ties weights between its first and last stages only (choose "
+                       "pipeline.partition counts that put those layers there, or in one stage)"));
+    }
+    tied.push_back(p.name);
+  }
+  return tied;
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task& task,

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
+#include "worker/trainer/model/model.h"
 #include "worker/trainer/pipeline/strategy.h"
 #include "worker/trainer/strategy/strategy.h"
 
@@ -38,6 +39,12 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const trainyard::v1::Task
 // transformer's, from model.args). INVALID_ARGUMENT naming the field.
 absl::StatusOr<std::vector<pipeline::LayerRange>> PipelineStages(
     const trainyard::v1::JobSpec& spec, std::vector<int64_t> layer_bytes = {});
+
+// The parameters of a TorchScript Sequential (`model`, whole) that layers of different stages of
+// `ranges` share: the names the first and last stages tie (PipelineStrategy::set_tied).
+// INVALID_ARGUMENT naming model.torchscript for one that other stages would share.
+absl::StatusOr<std::vector<std::string>> SequentialTies(
+    Model& model, const std::vector<pipeline::LayerRange>& ranges);
 
 }  // namespace trainyard::trainer
 

@@ -336,7 +336,12 @@ absl::StatusOr<std::unique_ptr<Model>> Run::BuildRankModel(int64_t outputs) {
   LogInfo("pipeline: stage ", pipeline_->topology().stage, " of ", pipeline_->topology().stages,
           " (replica ", pipeline_->topology().replica, " of ", pipeline_->topology().replicas,
           ") holds layers ", mine.first, " to ", mine.end - 1);
-  if (whole != nullptr) return SequentialStage(std::move(whole), mine.first, mine.end);
+  if (whole != nullptr) {
+    absl::StatusOr<std::vector<std::string>> tied = SequentialTies(*whole, *ranges);
+    if (!tied.ok()) return tied.status();
+    pipeline_->set_tied(*std::move(tied));
+    return SequentialStage(std::move(whole), mine.first, mine.end);
+  }
   absl::MutexLock lock(&ModelBuildMutex());
   return BuildTransformerLayers(spec_.model().args(), spec_.seed(), outputs - 1, mine.first,
                                 mine.end);
@@ -517,10 +522,15 @@ CheckpointData Run::Snapshot(int64_t step, double lr, bool last) {
   // Host copies: the checkpoint thread encodes them while training goes on. The last save of a
   // run shares the host tensors instead: nothing updates them while it is written, and a stage
   // of a large model would otherwise hold its state twice at the end.
-  // A pipeline's last stage leaves its copy of a tied weight (and its state) to the first stage.
-  const std::string left_out = pipeline_ != nullptr ? pipeline_->saved_elsewhere() : "";
+  // A pipeline's last stage leaves its copies of tied weights (and their state) to the first
+  // stage.
+  const std::vector<std::string> left_out =
+      pipeline_ != nullptr ? pipeline_->saved_elsewhere() : std::vector<std::string>();
+  auto saved_elsewhere = [&left_out](const std::string& name) {
+    return std::find(left_out.begin(), left_out.end(), name) != left_out.end();
+  };
   for (const auto& [name, p] : params_) {
-    if (name != left_out) data.model.emplace_back(name, ToHost(p, last));
+    if (!saved_elsewhere(name)) data.model.emplace_back(name, ToHost(p, last));
   }
   for (const auto& [name, b] : model_->NamedBuffers()) {
     data.model.emplace_back(name, ToHost(b, last));
@@ -529,7 +539,11 @@ CheckpointData Run::Snapshot(int64_t step, double lr, bool last) {
   if (!left_out.empty()) {
     data.optimizer.erase(std::remove_if(data.optimizer.begin(), data.optimizer.end(),
                                         [&](const auto& entry) {
-                                          return absl::StartsWith(entry.first, left_out + ".");
+                                          return std::any_of(left_out.begin(), left_out.end(),
+                                                             [&](const std::string& name) {
+                                                               return absl::StartsWith(entry.first,
+                                                                                       name + ".");
+                                                             });
                                         }),
                          data.optimizer.end());
   }

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -207,8 +209,11 @@ bool IsSequential(const torch::jit::Module& module) {
 // so the rest of the module is freed once the whole one goes.
 class ScriptStage final : public Model {
  public:
-  explicit ScriptStage(std::vector<torch::jit::NameModule> children)
-      : children_(std::move(children)) {}
+  // `names`: what the whole module calls each parameter (by tensor), so that a weight the stage
+  // shares with a layer of another stage has the one name in both.
+  ScriptStage(std::vector<torch::jit::NameModule> children,
+              std::map<const void*, std::string> names)
+      : children_(std::move(children)), names_(std::move(names)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
     torch::Tensor out = x;
@@ -228,7 +233,9 @@ class ScriptStage final : public Model {
         const void* impl = p.value.unsafeGetTensorImpl();
         if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
         seen.push_back(impl);
-        out.emplace_back(absl::StrCat(child.name, ".", p.name), p.value);
+        auto whole = names_.find(impl);
+        out.emplace_back(
+            whole != names_.end() ? whole->second : absl::StrCat(child.name, ".", p.name), p.value);
       }
     }
     return out;
@@ -256,6 +263,7 @@ class ScriptStage final : public Model {
 
  private:
   std::vector<torch::jit::NameModule> children_;
+  const std::map<const void*, std::string> names_;
 };
 
 // The children of `model`'s module when it is a scripted torch.nn.Sequential.
@@ -362,10 +370,37 @@ absl::StatusOr<std::unique_ptr<Model>> SequentialStage(std::unique_ptr<Model> mo
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline: layers [", first, ", ", end, ") outside the Sequential's ", children->size()));
   }
+  std::map<const void*, std::string> names;
+  for (const auto& [name, p] : model->NamedParameters()) names[p.unsafeGetTensorImpl()] = name;
   std::vector<torch::jit::NameModule> mine(children->begin() + first, children->begin() + end);
   children->clear();
   model.reset();  // the other layers go with the whole module
-  return std::make_unique<ScriptStage>(std::move(mine));
+  return std::make_unique<ScriptStage>(std::move(mine), std::move(names));
+}
+
+absl::StatusOr<std::vector<SharedParameter>> SequentialSharedParameters(Model& model) {
+  absl::StatusOr<std::vector<torch::jit::NameModule>> children = SequentialChildren(model);
+  if (!children.ok()) return children.status();
+  std::vector<SharedParameter> out;
+  std::map<const void*, size_t> index;
+  for (const auto& [name, p] : model.NamedParameters()) {
+    index[p.unsafeGetTensorImpl()] = out.size();
+    out.push_back({name, {}});
+  }
+  for (size_t layer = 0; layer < children->size(); ++layer) {
+    std::set<const void*> held;
+    for (const auto& p : (*children)[layer].value.named_parameters(true)) {
+      const void* impl = p.value.unsafeGetTensorImpl();
+      auto it = index.find(impl);
+      if (it != index.end() && held.insert(impl).second) {
+        out[it->second].layers.push_back(static_cast<int>(layer));
+      }
+    }
+  }
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [](const SharedParameter& p) { return p.layers.size() < 2; }),
+            out.end());
+  return out;
 }
 
 absl::Status LoadTensorsInto(Model& model, const std::map<std::string, torch::Tensor>& tensors) {

@@ -120,6 +120,14 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver
 absl::StatusOr<std::vector<int64_t>> SequentialLayerBytes(Model& model);
 absl::StatusOr<std::unique_ptr<Model>> SequentialStage(std::unique_ptr<Model> model, int first,
                                                        int end);
+// A parameter that several layers of a TorchScript Sequential hold (a head tied to an
+// embedding): its name in the whole module (its first, as named_parameters gives it, which is
+// also what a stage holding it calls it) and the layers holding it, in order.
+struct SharedParameter {
+  std::string name;
+  std::vector<int> layers;
+};
+absl::StatusOr<std::vector<SharedParameter>> SequentialSharedParameters(Model& model);
 
 // Copies `tensors` into `model`'s parameters and buffers of the same names. NOT_FOUND for a
 // missing one, INVALID_ARGUMENT for another shape.

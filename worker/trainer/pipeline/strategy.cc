@@ -45,13 +45,13 @@ std::vector<LayerRange> StageRanges(const std::vector<int>& counts) {
 }
 
 PipelineStrategy::PipelineStrategy(Topology topology, Schedule schedule, int microbatches,
-                                   std::string tied, std::vector<LayerRange> ranges,
+                                   std::vector<std::string> tied, std::vector<LayerRange> ranges,
                                    std::unique_ptr<Communicator> world,
                                    std::unique_ptr<Communicator> replicas)
     : topology_(topology),
       schedule_(schedule),
       microbatches_(std::max(1, microbatches)),
-      tied_name_(topology.stages > 1 ? std::move(tied) : std::string()),
+      tied_names_(topology.stages > 1 ? std::move(tied) : std::vector<std::string>()),
       ranges_(std::move(ranges)),
       world_(std::move(world)),
       replicas_(std::move(replicas)),
@@ -64,16 +64,24 @@ PipelineStrategy::~PipelineStrategy() {
 
 absl::Status PipelineStrategy::Setup(Model& model) {
   const bool holds_tied = topology_.first() || topology_.last();
+  std::map<std::string, torch::Tensor> tied;
   for (auto& [name, p] : model.NamedParameters()) {
-    if (!tied_name_.empty() && holds_tied && name == tied_name_) {
-      tied_ = p;
+    if (holds_tied &&
+        std::find(tied_names_.begin(), tied_names_.end(), name) != tied_names_.end()) {
+      tied[name] = p;
     } else {
       params_.push_back(p);
     }
   }
-  if (!tied_name_.empty() && holds_tied && !tied_.defined()) {
-    return absl::InternalError(
-        absl::StrCat("pipeline: stage ", topology_.stage, " lacks the tied ", tied_name_));
+  if (!holds_tied) return absl::OkStatus();
+  // In the one order on both stages.
+  for (const std::string& name : tied_names_) {
+    auto it = tied.find(name);
+    if (it == tied.end()) {
+      return absl::InternalError(
+          absl::StrCat("pipeline: stage ", topology_.stage, " lacks the tied ", name));
+    }
+    tied_.push_back(it->second);
   }
   return absl::OkStatus();
 }
@@ -263,25 +271,35 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
 absl::Status PipelineStrategy::AfterBackward(Model& model) {
   const Steady::time_point start = Steady::now();
   torch::NoGradGuard no_grad;
-  // The tied weight's gradient, summed between the first and last stages of this replica.
-  if (tied_.defined()) {
-    if (!tied_.grad().defined()) tied_.mutable_grad() = torch::zeros_like(tied_);
+  // The tied weights' gradients, summed between the first and last stages of this replica: one
+  // message each way.
+  if (!tied_.empty()) {
+    std::vector<torch::Tensor> grads;
+    for (torch::Tensor& t : tied_) {
+      if (!t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);
+      grads.push_back(t.grad().reshape({-1}));
+    }
+    torch::Tensor mine = torch::cat(grads);
     const int peer =
         topology_.RankOf(topology_.first() ? topology_.stages - 1 : 0, topology_.replica);
-    torch::Tensor theirs = torch::empty_like(tied_);
-    std::unique_ptr<Work> sent = world_->SendAsync(tied_.grad().clone(), peer);
+    torch::Tensor theirs = torch::empty_like(mine);
+    std::unique_ptr<Work> sent = world_->SendAsync(mine, peer);
     absl::Status status = world_->Recv(theirs, peer);
     status.Update(sent->Wait());
     if (!status.ok()) return status;
-    tied_.mutable_grad().add_(theirs);
+    int64_t offset = 0;
+    for (torch::Tensor& t : tied_) {
+      t.mutable_grad().add_(theirs.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
   }
-  // Each stage's mean over its replicas; the tied weight alone first, so that the first and last
-  // stages reduce it alike.
+  // Each stage's mean over its replicas; the tied weights alone first, so that the first and last
+  // stages reduce them alike.
   if (replicas_ != nullptr) {
-    if (tied_.defined()) {
-      if (absl::Status s = replicas_->AllReduce({tied_.grad()}, ReduceOp::kMean); !s.ok()) {
-        return s;
-      }
+    if (!tied_.empty()) {
+      std::vector<torch::Tensor> grads;
+      for (torch::Tensor& t : tied_) grads.push_back(t.grad());
+      if (absl::Status s = replicas_->AllReduce(grads, ReduceOp::kMean); !s.ok()) return s;
     }
     std::vector<torch::Tensor> grads;
     for (torch::Tensor& p : params_) {

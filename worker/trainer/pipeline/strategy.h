@@ -15,9 +15,11 @@
 // - activations forward and gradients backward between adjacent stages of a replica, sent as
 //   they are (contiguous tensors; the first activation of each micro-batch size preceded by its
 //   dtype and shape) on a thread per peer, received straight into the tensor the next pass reads;
-// - with tied embeddings, the first and last stages of a replica each hold wte.weight: after the
-//   last backward each sends its gradient to the other and adds the other's, so both step with
-//   the sum (a + b == b + a: the two copies stay identical to the bit);
+// - with tied weights (the transformer's wte.weight with tied embeddings; a TorchScript
+//   Sequential's parameter held by layers of the first and last stages), the first and last
+//   stages of a replica each hold a copy: after the last backward each sends its gradients of
+//   them to the other and adds the other's, so both step with the sum (a + b == b + a: the two
+//   copies stay identical to the bit);
 // - with replicas, each stage's gradients are averaged among its copies (the tied weight on its
 //   own, so that the first and last stages reduce it alike);
 // - at the end of the update one all-reduce over every rank of the loss (the last stages') and of
@@ -75,16 +77,20 @@ struct StageTime {
 class PipelineStrategy final : public Strategy {
  public:
   // `world` connects every rank of the attempt, with point-to-point connections; `replicas`
-  // connects this stage's copies (null with one replica). `tied` names the parameter the first
+  // connects this stage's copies (null with one replica). `tied` names the parameters the first
   // and last stages share (empty: none). `ranges`: every stage's layers, or empty until
-  // set_ranges (a TorchScript model's are known once it is loaded).
-  PipelineStrategy(Topology topology, Schedule schedule, int microbatches, std::string tied,
-                   std::vector<LayerRange> ranges, std::unique_ptr<Communicator> world,
-                   std::unique_ptr<Communicator> replicas);
+  // set_ranges (a TorchScript model's layers and ties are known once it is loaded: set_tied).
+  PipelineStrategy(Topology topology, Schedule schedule, int microbatches,
+                   std::vector<std::string> tied, std::vector<LayerRange> ranges,
+                   std::unique_ptr<Communicator> world, std::unique_ptr<Communicator> replicas);
   ~PipelineStrategy() override;
 
   const Topology& topology() const { return topology_; }
   void set_ranges(std::vector<LayerRange> ranges) { ranges_ = std::move(ranges); }
+  // Before Setup.
+  void set_tied(std::vector<std::string> tied) {
+    tied_names_ = topology_.stages > 1 ? std::move(tied) : std::vector<std::string>();
+  }
   int rank() const override { return world_->rank(); }
   int world_size() const override { return world_->world_size(); }
   int data_rank() const override { return topology_.replica; }
@@ -92,7 +98,7 @@ class PipelineStrategy final : public Strategy {
   absl::Status Setup(Model& model) override;
   absl::Status SyncState(Model& model, int64_t start_step) override;
   void BeforeBackward(bool, const torch::Tensor&, bool) override {}
-  // The tied weight's sum between the first and last stages, then each stage's mean over its
+  // The tied weights' sums between the first and last stages, then each stage's mean over its
   // replicas.
   absl::Status AfterBackward(Model& model) override;
   absl::StatusOr<StepAgreement> EndStep() override;
@@ -118,10 +124,11 @@ class PipelineStrategy final : public Strategy {
   // them call it with the same samples): the model's outputs on the last stage, an undefined
   // tensor on the others.
   absl::StatusOr<torch::Tensor> Evaluate(Model& model, const torch::Tensor& features);
-  // The parameter this stage holds that another stage saves: the tied weight on the last stage
-  // (the first stage saves it); empty elsewhere.
-  std::string saved_elsewhere() const {
-    return tied_.defined() && topology_.last() && !topology_.first() ? tied_name_ : "";
+  // The parameters this stage holds that another stage saves: the tied weights on the last stage
+  // (the first stage saves them); none elsewhere.
+  std::vector<std::string> saved_elsewhere() const {
+    return !tied_.empty() && topology_.last() && !topology_.first() ? tied_names_
+                                                                    : std::vector<std::string>();
   }
   // Every stage's time per update since the last call (the sums travel with EndStep's
   // agreement, so every rank has them); empty before the first update. Resets the count.
@@ -148,15 +155,16 @@ class PipelineStrategy final : public Strategy {
   const Topology topology_;
   const Schedule schedule_;
   const int microbatches_;
-  const std::string tied_name_;
+  std::vector<std::string> tied_names_;
   std::vector<LayerRange> ranges_;
   const std::unique_ptr<Communicator> world_;
   const std::unique_ptr<Communicator> replicas_;
   const std::vector<Action> actions_;
 
   // Fixed by Setup.
-  torch::Tensor tied_;  // the tied parameter on the first and last stages; undefined elsewhere
-  std::vector<torch::Tensor> params_;  // the stage's, the tied one left out
+  // The tied parameters on the first and last stages, in tied_names_' order; none elsewhere.
+  std::vector<torch::Tensor> tied_;
+  std::vector<torch::Tensor> params_;  // the stage's, the tied ones left out
 
   std::vector<std::unique_ptr<Work>> sends_;  // this update's, not yet waited for
   // By peer and micro-batch size (PipelineStrategy::SendActivation).
