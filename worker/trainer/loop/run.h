@@ -80,8 +80,9 @@ class Run {
                         Checkpointer* checkpointer, ProgressReporter* reporter,
                         trainyard::v1::JobProgress& progress, TrainResult& result);
   // `last`: no update follows (the final save, or the save at a stop).
-  // A pipeline over a TorchScript module: the module with the final checkpoint's tensors, saved.
-  absl::StatusOr<std::string> ExportScriptFromCheckpoint(int64_t step);
+  // A pipeline over a TorchScript module: the module with the final checkpoint's tensors, saved
+  // to `path`.
+  absl::Status ExportScriptFromCheckpoint(int64_t step, const std::string& path);
   CheckpointData Snapshot(int64_t step, double lr, bool last = false);
   // The checkpoint of a stop at `step` (rank 0): within the deadline if the agent gave one.
   void SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,

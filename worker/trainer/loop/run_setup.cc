@@ -633,49 +633,68 @@ void Run::SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool d
   if (!saved.ok()) LogWarning("checkpoint at stop failed: ", saved.ToString());
 }
 
+namespace {
+
+// A new empty file for an export on its way to the store, in $TMPDIR (the agent sets it to the
+// task's folder).
+absl::StatusOr<std::string> NewExportFile() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/trainyard-export-XXXXXX");
+  const int fd = mkstemp(path.data());
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("model export: cannot create ", path, ": ", std::strerror(errno)));
+  }
+  close(fd);
+  return path;
+}
+
+}  // namespace
+
 absl::Status Run::Export(TrainResult& result) {
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
   RetryPolicy storage;
   storage.max_attempts = 4;
+  absl::StatusOr<SafetensorsPieces> pieces =
+      pipeline_ != nullptr ? absl::UnimplementedError("a pipeline") : model_->ExportPieces();
   absl::Status put;
-  if (pipeline_ != nullptr && !spec_.model().torchscript().empty()) {
-    // A TorchScript module is saved whole: rank 0 loads it again and takes the stages' trained
-    // tensors from the final checkpoint (the model's, not the optimizer's).
-    absl::StatusOr<std::string> bytes = ExportScriptFromCheckpoint(result.step);
-    if (!bytes.ok()) return bytes.status();
-    put = Retry(clock_, storage, UnlessRefused, [&] { return store_->Put(uri, *bytes); });
-  } else if (pipeline_ != nullptr) {
-    // The stages' layers, streamed from the final checkpoint they have just saved together
-    // through a local file: no process holds the whole model.
-    absl::StatusOr<std::map<std::string, std::string>> metadata =
-        TransformerExportMetadata(spec_.model().args());
-    if (!metadata.ok()) return metadata.status();
-    const char* tmp = std::getenv("TMPDIR");
-    std::string path =
-        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/trainyard-export-XXXXXX");
-    const int fd = mkstemp(path.data());
-    if (fd < 0) {
-      return absl::UnavailableError(
-          absl::StrCat("model export: cannot create ", path, ": ", std::strerror(errno)));
-    }
-    close(fd);
-    const std::string step_uri = CheckpointStepUri(task_.checkpoint_uri(), result.step);
-    put = WriteMergedModel(*store_, step_uri, *metadata, path);
-    if (put.ok()) {
-      put = Retry(clock_, storage, UnlessRefused, [&] { return store_->PutFile(uri, path); });
-    }
-    std::remove(path.c_str());
-  } else if (absl::StatusOr<SafetensorsPieces> pieces = model_->ExportPieces(); pieces.ok()) {
+  if (pieces.ok()) {
     // Sent from the model's own tensors: the export does not hold the model a second time.
     put = Retry(clock_, storage, UnlessRefused,
                 [&] { return store_->PutPieces(uri, pieces->Pieces()).status(); });
   } else if (pieces.status().code() != absl::StatusCode::kUnimplemented) {
     return pieces.status();
   } else {
-    absl::StatusOr<std::string> bytes = model_->Export();
-    if (!bytes.ok()) return bytes.status();
-    put = Retry(clock_, storage, UnlessRefused, [&] { return store_->Put(uri, *bytes); });
+    // Through a local file, written by the one export that applies.
+    absl::StatusOr<std::string> path = NewExportFile();
+    if (!path.ok()) return path.status();
+    absl::Status written;
+    if (pipeline_ != nullptr && !spec_.model().torchscript().empty()) {
+      // A TorchScript module is saved whole: rank 0 loads it again and takes the stages' trained
+      // tensors from the final checkpoint (the model's, not the optimizer's).
+      written = ExportScriptFromCheckpoint(result.step, *path);
+    } else if (pipeline_ != nullptr) {
+      // The stages' layers, streamed from the final checkpoint they have just saved together:
+      // no process holds the whole model.
+      absl::StatusOr<std::map<std::string, std::string>> metadata =
+          TransformerExportMetadata(spec_.model().args());
+      if (!metadata.ok()) {
+        written = metadata.status();
+      } else {  // reading the checkpoint back is the store's trouble, as the upload is
+        put = WriteMergedModel(*store_, CheckpointStepUri(task_.checkpoint_uri(), result.step),
+                               *metadata, *path);
+      }
+    } else {
+      // A TorchScript module, saved straight into the file.
+      written = model_->ExportToFile(*path);
+    }
+    if (written.ok() && put.ok()) {
+      put = Retry(clock_, storage, UnlessRefused, [&] { return store_->PutFile(uri, *path); });
+    }
+    std::remove(path->c_str());
+    if (!written.ok()) return written;
   }
   if (!put.ok()) {
     return absl::UnavailableError(absl::StrCat("model export: ", put.message()));
@@ -693,7 +712,7 @@ absl::Status Run::Export(TrainResult& result) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Run::ExportScriptFromCheckpoint(int64_t step) {
+absl::Status Run::ExportScriptFromCheckpoint(int64_t step, const std::string& path) {
   absl::StatusOr<std::unique_ptr<Model>> whole = BuildModel(
       spec_.model(), spec_.seed(), data_->FeatureWidth(), 0, data_->max_ids(), options_.stores);
   if (!whole.ok()) return whole.status();
@@ -709,7 +728,7 @@ absl::StatusOr<std::string> Run::ExportScriptFromCheckpoint(int64_t step) {
   if (absl::Status loaded = LoadTensorsInto(**whole, final_checkpoint->model); !loaded.ok()) {
     return absl::InternalError(absl::StrCat("model export: ", loaded.message()));
   }
-  return (*whole)->Export();
+  return (*whole)->ExportToFile(path);
 }
 
 void Run::Leave() {

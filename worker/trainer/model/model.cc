@@ -186,6 +186,17 @@ class ScriptModel final : public Model {
     }
     return out.str();
   }
+  absl::Status ExportToFile(const std::string& path) override {
+    try {
+      if (!device_.is_cpu()) module_.to(torch::kCPU);
+      module_.save(path);
+      if (!device_.is_cpu()) module_.to(device_);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("saving the TorchScript module to ", path, ": ", DescribeTorchError(e)));
+    }
+    return absl::OkStatus();
+  }
   std::string ExportName() const override { return "model.pt"; }
   std::string Kind() const override { return "torchscript"; }
   torch::jit::Module& module() { return module_; }
@@ -415,6 +426,16 @@ absl::Status LoadTensorsInto(Model& model, const std::map<std::string, torch::Te
     }
     tensor.copy_(it->second);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ExportToFile(const std::string& path) {
+  absl::StatusOr<std::string> bytes = Export();
+  if (!bytes.ok()) return bytes.status();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write the export to ", path));
   return absl::OkStatus();
 }
 

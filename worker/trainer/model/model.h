@@ -66,6 +66,10 @@ class Model {
   // The exported form of the trained model: its bytes and file name ("model.pt" for TorchScript,
   // "model.safetensors" for built-in models), with CPU tensors whatever the model's device.
   virtual absl::StatusOr<std::string> Export() = 0;
+  // The same export written to the file `path` (replaced), for a writer that sends it from there
+  // (ObjectStore::PutFile): a TorchScript module is saved straight into the file instead of into
+  // a buffer as large as its parameters. UNAVAILABLE naming the path when it cannot be written.
+  virtual absl::Status ExportToFile(const std::string& path);
   // The same export as a safetensors object laid out over the model's own tensors
   // (LayOutTensors: a CPU model's are not copied), for a writer that sends it from there
   // (ObjectStore::PutPieces) instead of holding the model twice; UNIMPLEMENTED for a model that
