@@ -239,12 +239,13 @@ absl::Status PostgresJobStore::Import(
   absl::MutexLock lock(&mu_);
   // The leader trims the change feed now and then, in a write of its own (a standby never).
   const absl::Time now = absl::Now();
-  if (fence_.has_value() && now - last_trim_ >= absl::Seconds(10)) {
+  const bool trim = fence_.has_value() && now - last_trim_ >= absl::Seconds(10);
+  if (trim) {
     statements.push_back({"DELETE FROM changes WHERE at < now() - make_interval(secs => $1)",
                           Params().Add(absl::ToInt64Seconds(kChangeRetention))});
   }
   absl::Status s = db_->RunTransaction(statements);
-  if (s.ok() && fence_.has_value() && now - last_trim_ >= absl::Seconds(10)) last_trim_ = now;
+  if (s.ok() && trim) last_trim_ = now;
   return s;
 }
 

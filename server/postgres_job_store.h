@@ -57,8 +57,10 @@ struct StoreChanges {
   // True when this read is everything: `contents` as LoadActive returns it, and the queues,
   // tokens and searches all present.
   bool everything = false;
-  std::set<std::string> jobs;     // the jobs changed: some may be gone, or final and not loaded
-  std::set<std::string> workers;  // the workers changed: some may be gone
+  // The jobs and workers changed (not listed when everything): some may be gone, or final and
+  // not loaded.
+  std::set<std::string> jobs;
+  std::set<std::string> workers;
   // Of the changed jobs, those LoadActive would return now, with their checkpoint records; of the
   // changed workers, those still stored; next_job_seq. `not_loaded` is left empty.
   StoreContents contents;

@@ -364,10 +364,8 @@ absl::StatusOr<StoreChanges> PostgresJobStore::ReadChanges(absl::string_view sin
       out.finished = std::move(out.contents.not_loaded);
       out.contents.not_loaded.clear();
       for (const StoredJob& j : out.contents.jobs) {
-        out.jobs.insert(j.job.id());
         if (IsFinalJobState(j.job.state())) out.finished[j.job.state()]++;
       }
-      for (const v1::Worker& w : out.contents.workers) out.workers.insert(w.id());
       auto queues = QueuesLocked();
       if (!queues.ok()) return queues.status();
       out.queues = *std::move(queues);

@@ -31,9 +31,6 @@ void StandbyCopy::Loop() {
     const int64_t full_reads = stats_.full_reads;
     const absl::Time started = absl::Now();
     if (absl::Status s = RefreshLocked(/*count_finished=*/false); !s.ok()) {
-      // The feed keeps what changed meanwhile: after a lost connection the next read goes on from
-      // the last one. Anything else (rows that do not parse) reads everything again.
-      if (!absl::IsUnavailable(s)) snapshot_.clear();
       if (s.message() != last_error_) {
         last_error_ = std::string(s.message());
         LogWarning("standby: cannot keep the warm copy of the state: ", s.message(),
@@ -56,9 +53,7 @@ void StandbyCopy::Loop() {
 
 absl::Status StandbyCopy::Refresh() {
   absl::MutexLock lock(&mu_);
-  absl::Status s = RefreshLocked(/*count_finished=*/false);
-  if (!s.ok() && !absl::IsUnavailable(s)) snapshot_.clear();
-  return s;
+  return RefreshLocked(/*count_finished=*/false);
 }
 
 absl::Status StandbyCopy::RefreshLocked(bool count_finished) {
@@ -67,7 +62,12 @@ absl::Status StandbyCopy::RefreshLocked(bool count_finished) {
   if (now - last_read_ > kChangeRetention / 2) snapshot_.clear();
   // The read runs under the lock: Take waits for one in flight, and nothing else waits on it.
   absl::StatusOr<StoreChanges> changes = store_->ReadChanges(snapshot_, count_finished);
-  if (!changes.ok()) return changes.status();
+  if (!changes.ok()) {
+    // The feed keeps what changed meanwhile: after a lost connection the next read goes on from
+    // the last one. Anything else (rows that do not parse) reads everything again.
+    if (!absl::IsUnavailable(changes.status())) snapshot_.clear();
+    return changes.status();
+  }
   if (changes->everything) {
     jobs_.clear();
     checkpoints_.clear();

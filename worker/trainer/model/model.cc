@@ -57,7 +57,6 @@ class BuiltinModel final : public Model {
   NamedTensors NamedBuffers() override { return FromDict(net_->named_buffers(true)); }
   void SetTraining(bool training) override { net_->train(training); }
   void To(const torch::Device& device) override { net_->to(device); }
-  absl::StatusOr<std::string> Export() override { return JoinPieces(ExportPieces()); }
   absl::StatusOr<SafetensorsPieces> ExportPieces() override {  // copies to the CPU as needed
     NamedTensors tensors = NamedParameters();
     for (auto& buffer : NamedBuffers()) tensors.push_back(std::move(buffer));
@@ -123,7 +122,6 @@ class EmbeddingMlp final : public Model {
   NamedTensors NamedBuffers() override { return FromDict(root_->named_buffers(true)); }
   void SetTraining(bool training) override { root_->train(training); }
   void To(const torch::Device& device) override { root_->to(device); }
-  absl::StatusOr<std::string> Export() override { return JoinPieces(ExportPieces()); }
   absl::StatusOr<SafetensorsPieces> ExportPieces() override {
     NamedTensors tensors = NamedParameters();
     for (auto& [name, tensor] : tensors) tensor = tensor.detach().contiguous();
@@ -173,21 +171,9 @@ class ScriptModel final : public Model {
     module_.to(device);
     device_ = device;
   }
-  absl::StatusOr<std::string> Export() override {
-    std::ostringstream out;
-    try {
-      // A module saved with CUDA tensors cannot be loaded where there is no GPU.
-      if (!device_.is_cpu()) module_.to(torch::kCPU);
-      module_.save(out);
-      if (!device_.is_cpu()) module_.to(device_);
-    } catch (const std::exception& e) {
-      return absl::InternalError(
-          absl::StrCat("saving the TorchScript module: ", DescribeTorchError(e)));
-    }
-    return out.str();
-  }
   absl::Status ExportToFile(const std::string& path) override {
     try {
+      // A module saved with CUDA tensors cannot be loaded where there is no GPU.
       if (!device_.is_cpu()) module_.to(torch::kCPU);
       module_.save(path);
       if (!device_.is_cpu()) module_.to(device_);
@@ -266,7 +252,7 @@ class ScriptStage final : public Model {
   void To(const torch::Device& device) override {
     for (torch::jit::NameModule& child : children_) child.value.to(device);
   }
-  absl::StatusOr<std::string> Export() override {
+  absl::Status ExportToFile(const std::string&) override {
     return absl::FailedPreconditionError("torchscript: a stage of layers does not export alone");
   }
   std::string ExportName() const override { return "model.pt"; }
@@ -430,10 +416,12 @@ absl::Status LoadTensorsInto(Model& model, const std::map<std::string, torch::Te
 }
 
 absl::Status Model::ExportToFile(const std::string& path) {
-  absl::StatusOr<std::string> bytes = Export();
-  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<SafetensorsPieces> pieces = ExportPieces();
+  if (!pieces.ok()) return pieces.status();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+  for (absl::string_view piece : pieces->Pieces()) {
+    out.write(piece.data(), static_cast<std::streamsize>(piece.size()));
+  }
   out.close();
   if (!out) return absl::UnavailableError(absl::StrCat("cannot write the export to ", path));
   return absl::OkStatus();

@@ -63,14 +63,13 @@ class Model {
   // NamedParameters() for an optimizer: on another device they are new tensors. Throws
   // c10::Error when the device is not available.
   virtual void To(const torch::Device& device) = 0;
-  // The exported form of the trained model: its bytes and file name ("model.pt" for TorchScript,
-  // "model.safetensors" for built-in models), with CPU tensors whatever the model's device.
-  virtual absl::StatusOr<std::string> Export() = 0;
-  // The same export written to the file `path` (replaced), for a writer that sends it from there
-  // (ObjectStore::PutFile): a TorchScript module is saved straight into the file instead of into
-  // a buffer as large as its parameters. UNAVAILABLE naming the path when it cannot be written.
+  // Writes the exported form of the trained model to the file `path` (replaced), with CPU
+  // tensors whatever the model's device: a TorchScript module saved straight into it (ExportName
+  // "model.pt"), a built-in model's safetensors object from ExportPieces ("model.safetensors").
+  // UNAVAILABLE naming the path when it cannot be written; FAILED_PRECONDITION for a model that
+  // does not export alone (a pipeline stage).
   virtual absl::Status ExportToFile(const std::string& path);
-  // The same export as a safetensors object laid out over the model's own tensors
+  // A built-in model's export as a safetensors object laid out over the model's own tensors
   // (LayOutTensors: a CPU model's are not copied), for a writer that sends it from there
   // (ObjectStore::PutPieces) instead of holding the model twice; UNIMPLEMENTED for a model that
   // exports another form (TorchScript).

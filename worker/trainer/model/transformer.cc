@@ -193,7 +193,6 @@ class Transformer final : public Model {
   NamedTensors NamedBuffers() override { return {}; }
   void SetTraining(bool training) override { root_->train(training); }
   void To(const torch::Device& device) override { root_->to(device); }
-  absl::StatusOr<std::string> Export() override { return JoinPieces(ExportPieces()); }
   absl::StatusOr<SafetensorsPieces> ExportPieces() override {
     if (first_ != 0 || !ln_f_) {
       return absl::FailedPreconditionError("transformer: a stage of layers does not export alone");

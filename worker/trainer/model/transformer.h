@@ -44,14 +44,14 @@ absl::StatusOr<std::unique_ptr<Model>> BuildTransformer(const trainyard::v1::Mod
 // whole model (h.3.* on a stage whose first block is the fourth). A stage without layer 0 takes
 // the hidden states [N, T, dim] of the one before it; a stage without the head (layer
 // layers + 1) returns its hidden states. With tied embeddings a stage with the head and without
-// layer 0 holds its own wte.weight, which starts equal to layer 0's. Export() only on the whole
-// model. INVALID_ARGUMENT naming pipeline.partition for a range that is not the model's.
+// layer 0 holds its own wte.weight, which starts equal to layer 0's. Only the whole model
+// exports. INVALID_ARGUMENT naming pipeline.partition for a range that is not the model's.
 absl::StatusOr<std::unique_ptr<Model>> BuildTransformerLayers(const trainyard::v1::ModelArgs& args,
                                                               int64_t seed, int64_t max_token,
                                                               int first, int end);
 
-// The metadata of the model.safetensors that Export() writes for `args`'s model (a pipeline's
-// export writes it over its stages' tensors). INVALID_ARGUMENT for bad args.
+// The metadata of the model.safetensors that the whole model exports for `args`'s model (a
+// pipeline's export writes it over its stages' tensors). INVALID_ARGUMENT for bad args.
 absl::StatusOr<std::map<std::string, std::string>> TransformerExportMetadata(
     const trainyard::v1::ModelArgs& args);
 
