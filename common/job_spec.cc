@@ -50,6 +50,7 @@ constexpr int kDefaultKeepLast = 3;
 constexpr int64_t kMaxTransformerVocab = int64_t{1} << 24;
 constexpr int64_t kMaxTransformerContext = int64_t{1} << 16;
 constexpr int64_t kMaxTransformerLayers = 1024;
+constexpr int kMaxModelStages = 1024;  // files of model.stages
 constexpr int64_t kMaxTransformerDim = int64_t{1} << 16;
 constexpr int kDefaultLogEverySteps = 10;
 constexpr int kDefaultBatchSize = 32;
@@ -102,9 +103,23 @@ absl::Status ValidateTransformer(const v1::ModelArgs& args) {
 }
 
 absl::Status ValidateModel(const v1::ModelSpec& model) {
+  if (model.source_case() != v1::ModelSpec::SOURCE_NOT_SET && model.stages_size() > 0) {
+    return FieldError("model", "set only one of builtin, torchscript or stages");
+  }
   switch (model.source_case()) {
     case v1::ModelSpec::SOURCE_NOT_SET:
-      return FieldError("model", "set builtin or torchscript");
+      if (model.stages_size() == 0)
+        return FieldError("model", "set builtin, torchscript or stages");
+      if (model.stages_size() > kMaxModelStages) {
+        return FieldError("model.stages",
+                          absl::StrCat(model.stages_size(), " files; at most ", kMaxModelStages));
+      }
+      for (int i = 0; i < model.stages_size(); ++i) {
+        const std::string field = absl::StrCat("model.stages[", i, "]");
+        if (model.stages(i).empty()) return FieldError(field, "must not be empty");
+        if (absl::Status s = CheckAbsolute(field, model.stages(i)); !s.ok()) return s;
+      }
+      break;
     case v1::ModelSpec::kTorchscript:
       if (model.torchscript().empty()) return FieldError("model.torchscript", "must not be empty");
       if (absl::Status s = CheckAbsolute("model.torchscript", model.torchscript()); !s.ok()) {
@@ -347,12 +362,14 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
                                    "', expected balanced, uniform or a list of layer counts"));
   }
   const bool script = spec.model().source_case() == v1::ModelSpec::kTorchscript;
-  if (!script && (spec.model().source_case() != v1::ModelSpec::kBuiltin ||
-                  spec.model().builtin() != "transformer")) {
+  const bool files = spec.model().stages_size() > 0;
+  if (!script && !files &&
+      (spec.model().source_case() != v1::ModelSpec::kBuiltin ||
+       spec.model().builtin() != "transformer")) {
     return FieldError("strategy",
-                      "pipeline splits the layers of model builtin transformer or of a "
-                      "TorchScript torch.nn.Sequential (model.torchscript); other models train "
-                      "with data_parallel");
+                      "pipeline splits the layers of model builtin transformer, of a "
+                      "TorchScript torch.nn.Sequential (model.torchscript) or a model in "
+                      "TorchScript files (model.stages); other models train with data_parallel");
   }
   if (pipeline.partition_counts_size() > 0 && pipeline.partition_counts_size() != stages) {
     return FieldError("pipeline.partition", absl::StrCat(pipeline.partition_counts_size(),
@@ -361,20 +378,22 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   for (int32_t count : pipeline.partition_counts()) {
     if (count < 1) return FieldError("pipeline.partition", "every stage needs >= 1 layer");
   }
-  // A TorchScript Sequential's layers are counted when the trainer loads it; the transformer's
-  // are the embeddings, each block, the final norm and head.
-  const int64_t layers = script ? 0 : int64_t{spec.model().args().layers()} + 2;
+  // A TorchScript Sequential's layers are counted when the trainer loads it; model.stages are
+  // its files; the transformer's are the embeddings, each block, the final norm and head.
+  const int64_t layers = files    ? spec.model().stages_size()
+                         : script ? 0
+                                  : int64_t{spec.model().args().layers()} + 2;
+  const char* what = files ? " files (model.stages)" : " layers (model.args.layers + 2)";
   if (!script && stages > layers) {
-    return FieldError("pipeline.stages", absl::StrCat(stages, " stages exceed the model's ", layers,
-                                                      " layers (model.args.layers + 2)"));
+    return FieldError("pipeline.stages",
+                      absl::StrCat(stages, " stages exceed the model's ", layers, what));
   }
   if (!script && pipeline.partition_counts_size() > 0) {
     int64_t sum = 0;
     for (int32_t count : pipeline.partition_counts()) sum += count;
     if (sum != layers) {
-      return FieldError("pipeline.partition",
-                        absl::StrCat("layer counts add up to ", sum, ", the model has ", layers,
-                                     " layers (model.args.layers + 2)"));
+      return FieldError("pipeline.partition", absl::StrCat("layer counts add up to ", sum,
+                                                           ", the model has ", layers, what));
     }
   }
   if (spec.accumulate_steps() > 1) {
@@ -489,6 +508,11 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   }
   if (spec.strategy() == v1::PIPELINE) {
     v1::PipelineSpec& pipeline = *spec.mutable_pipeline();
+    // A model in files: one stage each unless the spec groups them.
+    if (pipeline.stages() == 0 && pipeline.partition_counts_size() == 0) {
+      pipeline.set_stages(spec.model().stages_size());
+    }
+    if (pipeline.stages() == 0) pipeline.set_stages(pipeline.partition_counts_size());
     if (pipeline.microbatches() == 0) pipeline.set_microbatches(std::max(1, pipeline.stages()));
     if (pipeline.schedule().empty()) pipeline.set_schedule("1f1b");
     if (pipeline.partition().empty()) pipeline.set_partition("balanced");
@@ -709,22 +733,25 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 namespace {
 
 // The fields of `spec` that name files on the workers' disks (set, and not object storage), with
-// their values: data.train, data.tokens, model.torchscript, distill.teacher, and checkpoint.uri
-// when `with_checkpoint`.
-std::vector<std::pair<const char*, const std::string*>> LocalFileFields(const v1::JobSpec& spec,
+// their values: data.train, data.tokens, model.torchscript, model.stages[i], distill.teacher, and
+// checkpoint.uri when `with_checkpoint`.
+std::vector<std::pair<std::string, const std::string*>> LocalFileFields(const v1::JobSpec& spec,
                                                                         bool with_checkpoint) {
-  std::vector<std::pair<const char*, const std::string*>> fields = {
+  std::vector<std::pair<std::string, const std::string*>> fields = {
       {"data.train", &spec.data().train()},
       {"data.tokens", &spec.data().tokens()},
       {"model.torchscript", &spec.model().torchscript()},
       {"distill.teacher", &spec.distill().teacher()}};
+  for (int i = 0; i < spec.model().stages_size(); ++i) {
+    fields.emplace_back(absl::StrCat("model.stages[", i, "]"), &spec.model().stages(i));
+  }
   if (with_checkpoint) fields.emplace_back("checkpoint.uri", &spec.checkpoint().uri());
-  std::vector<std::pair<const char*, const std::string*>> local;
-  for (const auto& [field, value] : fields) {
+  std::vector<std::pair<std::string, const std::string*>> local;
+  for (auto& [field, value] : fields) {
     if (value->empty()) continue;
     // Object storage is not the worker's disk; anything else is read from it.
     if (absl::StrContains(*value, "://") && !absl::StartsWith(*value, "file://")) continue;
-    local.emplace_back(field, value);
+    local.emplace_back(std::move(field), value);
   }
   return local;
 }

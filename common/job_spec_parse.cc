@@ -345,10 +345,24 @@ class SpecParser {
     if (!IsSet(node)) return absl::OkStatus();
     TY_RETURN_IF_ERROR(ExpectMap(node, "model"));
     TY_RETURN_IF_ERROR(
-        CheckKeys(node, "model", {"builtin", "torchscript", "args", "memory_format"}));
+        CheckKeys(node, "model", {"builtin", "torchscript", "stages", "args", "memory_format"}));
     v1::ModelSpec& model = *spec_.mutable_model();
-    if (IsSet(node["builtin"]) && IsSet(node["torchscript"])) {
-      return FieldError("model", "set only one of builtin or torchscript");
+    if (int(IsSet(node["builtin"])) + int(IsSet(node["torchscript"])) + int(IsSet(node["stages"])) >
+        1) {
+      return FieldError("model", "set only one of builtin, torchscript or stages");
+    }
+    if (const YAML::Node stages = node["stages"]; IsSet(stages)) {
+      if (!stages.IsSequence()) {
+        return FieldError(
+            "model.stages",
+            absl::StrCat("a list of TorchScript files, one per stage, got ", Describe(stages)));
+      }
+      for (size_t i = 0; i < stages.size(); ++i) {
+        absl::StatusOr<std::string> uri =
+            ReadString(stages[i], absl::StrCat("model.stages[", i, "]"));
+        if (!uri.ok()) return uri.status();
+        model.add_stages(*std::move(uri));
+      }
     }
     TY_RETURN_IF_ERROR(
         String(node, "model", "builtin", [&](const std::string& v) { model.set_builtin(v); }));

@@ -135,11 +135,15 @@ Shape TransformerShape(const v1::JobSpec& spec) {
 
 Shape ModelShape(const v1::JobSpec& spec, const v1::ModelNeeds* needs) {
   const v1::ModelSpec& model = spec.model();
-  if (model.source_case() == v1::ModelSpec::kTorchscript) {
+  if (model.source_case() == v1::ModelSpec::kTorchscript || model.stages_size() > 0) {
     Shape s;
     // Its tensors' bytes are float32 parameters and buffers alike; its activations are unknown.
     if (needs != nullptr && needs->model_tensor_bytes() > 0) {
       s.params = needs->model_tensor_bytes() / kFloat;
+    }
+    // model.stages: each file is a layer that a pipeline's partition places.
+    if (needs != nullptr && needs->stage_tensor_bytes_size() == model.stages_size()) {
+      for (int64_t bytes : needs->stage_tensor_bytes()) s.layers.push_back(bytes / kFloat);
     }
     s.known = false;
     return s;

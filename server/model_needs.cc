@@ -38,11 +38,15 @@ std::string SomeWorkers(const std::vector<std::string>& ids) {
 
 absl::StatusOr<std::optional<v1::ModelNeeds>> ReadModelNeeds(const v1::JobSpec& spec,
                                                              const ObjectStoreResolver* stores) {
-  const std::pair<const char*, const std::string*> fields[] = {
+  std::vector<std::pair<std::string, const std::string*>> fields = {
       {"model.torchscript", &spec.model().torchscript()},
       {"distill.teacher", &spec.distill().teacher()}};
+  for (int i = 0; i < spec.model().stages_size(); ++i) {
+    fields.emplace_back(absl::StrCat("model.stages[", i, "]"), &spec.model().stages(i));
+  }
   std::set<std::string> ops;
   v1::ModelNeeds needs;
+  std::vector<int64_t> stage_bytes;  // model.stages': all or none
   FileObjectStore files;
   for (const auto& [field, uri] : fields) {
     if (uri->empty()) continue;
@@ -74,14 +78,20 @@ absl::StatusOr<std::optional<v1::ModelNeeds>> ReadModelNeeds(const v1::JobSpec& 
     }
     ops.insert(read->ops.begin(), read->ops.end());
     needs.set_format_version(std::max(needs.format_version(), read->format_version));
-    if (uri == &spec.model().torchscript()) {
-      needs.set_model_tensor_bytes(read->tensor_bytes);
-    } else {
+    if (uri == &spec.distill().teacher()) {
       needs.set_teacher_tensor_bytes(read->tensor_bytes);
+    } else {
+      needs.set_model_tensor_bytes(needs.model_tensor_bytes() + read->tensor_bytes);
+      if (uri != &spec.model().torchscript()) stage_bytes.push_back(read->tensor_bytes);
     }
     needs.add_read(*uri);
   }
   if (needs.read().empty()) return std::nullopt;
+  if (static_cast<int>(stage_bytes.size()) == spec.model().stages_size()) {
+    for (int64_t bytes : stage_bytes) needs.add_stage_tensor_bytes(bytes);
+  } else {
+    needs.set_model_tensor_bytes(0);  // some file unread: its size is unknown
+  }
   for (const std::string& op : ops) needs.add_ops(op);
   return needs;
 }

@@ -178,9 +178,17 @@ INSTANTIATE_TEST_SUITE_P(
                 "resources.memroy: unknown key (did you mean 'memory'?)"},
         // Model.
         BadSpec{{{"model", "{args: {inputs: 4, classes: 2}}"}},
-                "model: set builtin or torchscript"},
+                "model: set builtin, torchscript or stages"},
         BadSpec{{{"model", "{builtin: mlp, torchscript: /m.pt}"}},
-                "model: set only one of builtin or torchscript"},
+                "model: set only one of builtin, torchscript or stages"},
+        BadSpec{{{"model", "{torchscript: /m.pt, stages: [/a.pt]}"}},
+                "model: set only one of builtin, torchscript or stages"},
+        BadSpec{{{"model", "{stages: /a.pt}"}},
+                "model.stages: a list of TorchScript files, one per stage, got '/a.pt'"},
+        BadSpec{{{"model", "{stages: [/a.pt, models/b.pt]}"}},
+                "model.stages[1]: 'models/b.pt' is not an absolute path or URI (a relative path "
+                "means nothing on the workers)"},
+        BadSpec{{{"model", "{stages: []}"}}, "model: set builtin, torchscript or stages"},
         BadSpec{{{"model", "{builtin: resnet}"}},
                 "model.builtin: unknown model 'resnet', expected mlp, cnn, embedding_mlp or "
                 "transformer"},
@@ -357,9 +365,21 @@ INSTANTIATE_TEST_SUITE_P(
              {"accumulate_steps", "2"}},
             "accumulate_steps: a pipeline accumulates over its pipeline.microbatches; leave it 1"},
         BadSpec{{{"strategy", "pipeline"}, {"workers", "2"}, {"pipeline", "{stages: 2}"}},
-                "strategy: pipeline splits the layers of model builtin transformer or of a "
-                "TorchScript torch.nn.Sequential (model.torchscript); other models train with "
-                "data_parallel"},
+                "strategy: pipeline splits the layers of model builtin transformer, of a "
+                "TorchScript torch.nn.Sequential (model.torchscript) or a model in TorchScript "
+                "files (model.stages); other models train with data_parallel"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", "{stages: [/m/a.pt, /m/b.pt]}"},
+                 {"workers", "3"},
+                 {"batch_size", "9"},
+                 {"pipeline", "{stages: 3}"}},
+                "pipeline.stages: 3 stages exceed the model's 2 files (model.stages)"},
+        BadSpec{{{"strategy", "pipeline"},
+                 {"model", "{stages: [/m/a.pt, /m/b.pt, /m/c.pt]}"},
+                 {"workers", "2"},
+                 {"pipeline", "{partition: [1, 1]}"}},
+                "pipeline.partition: layer counts add up to 2, the model has 3 files "
+                "(model.stages)"},
         BadSpec{{{"strategy", "pipeline"},
                  {"model", "{torchscript: /m/net.pt}"},
                  {"workers", "2"},
@@ -1084,6 +1104,27 @@ TEST(JobSpecTest, PipelineParsesWithItsDefaults) {
                                 {"model", "{torchscript: /m/net.pt}"}}));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_THAT(spec->pipeline().partition_counts(), ::testing::ElementsAre(3, 2));
+  // A model in files: one stage per file unless the partition groups them.
+  spec = ParseJobSpecYaml(Spec({{"strategy", "pipeline"},
+                                {"workers", "3"},
+                                {"batch_size", "9"},
+                                {"model", "{stages: [/m/a.pt, file:///m/b.pt, s3://b/c.pt]}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->model().stages(),
+              ::testing::ElementsAre("/m/a.pt", "file:///m/b.pt", "s3://b/c.pt"));
+  EXPECT_EQ(spec->pipeline().stages(), 3);
+  EXPECT_EQ(spec->pipeline().microbatches(), 3);
+  spec = ParseJobSpecYaml(Spec({{"strategy", "pipeline"},
+                                {"workers", "2"},
+                                {"batch_size", "8"},
+                                {"pipeline", "{partition: [2, 1]}"},
+                                {"model", "{stages: [/m/a.pt, /m/b.pt, /m/c.pt]}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->pipeline().stages(), 2);
+  // Or a single job runs them one after the other.
+  spec = ParseJobSpecYaml(Spec({{"model", "{stages: [/m/a.pt, /m/b.pt]}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->has_pipeline());
 }
 
 TEST(JobSpecTest, ExampleTransformerParsesWithItsDefaults) {
@@ -1158,6 +1199,14 @@ TEST(CheckLocalPathsTest, LocalPathsMustLieUnderAnAllowedFolder) {
   EXPECT_TRUE(CheckLocalPaths(spec, {"/models"}).ok());
   spec.mutable_distill()->set_teacher("s3://bucket/teacher.pt");
   EXPECT_TRUE(CheckLocalPaths(spec, {}).ok());
+  // So is each file of model.stages.
+  spec.mutable_model()->add_stages("s3://bucket/a.pt");
+  spec.mutable_model()->add_stages("/models/b.pt");
+  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).message(),
+            "model.stages[1]: '/models/b.pt' is outside the folders this coordinator allows; "
+            "local paths must be under /data");
+  EXPECT_TRUE(CheckLocalPaths(spec, {"/models"}).ok());
+  spec.mutable_model()->clear_stages();
 }
 
 }  // namespace

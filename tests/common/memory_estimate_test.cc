@@ -163,5 +163,34 @@ optimizer: {name: adamw, lr: 0.01}
   EXPECT_EQ(DescribeEstimate(read.rank.ToProto()).substr(0, 17), "at least 1.3 GiB ");
 }
 
+// A model in TorchScript files: each file a layer of the pipeline's partition, weighed by its
+// archive's tensors; a file unread leaves the stages even shares of what is known.
+TEST(MemoryEstimateTest, AModelInFilesSplitsByItsFilesTensors) {
+  const std::string yaml = R"(name: t
+strategy: pipeline
+workers: 2
+model: {stages: [/models/a.pt, /models/b.pt, /models/c.pt]}
+data: {synthetic: {samples: 64, features: 16, classes: 4}}
+batch_size: 64
+optimizer: {name: sgd, lr: 0.01}
+)";
+  v1::ModelNeeds needs;
+  needs.set_model_tensor_bytes(700 * kMiB);
+  for (int64_t mib : {100, 400, 200}) needs.add_stage_tensor_bytes(mib * kMiB);
+  // Balanced: [a, b] and [c] would hold 500 MiB; [a] and [b, c] 600: the first is chosen.
+  JobMemory balanced = EstimateJobMemory(Parse(yaml + "pipeline: {stages: 2}\n"), &needs);
+  ASSERT_EQ(balanced.stages.size(), 2u);
+  EXPECT_EQ(balanced.stages[0].parameters, 500 * kMiB);
+  EXPECT_EQ(balanced.stages[1].parameters, 200 * kMiB);
+  EXPECT_TRUE(balanced.rank.lower_bound);
+  JobMemory counts =
+      EstimateJobMemory(Parse(yaml + "pipeline: {stages: 2, partition: [1, 2]}\n"), &needs);
+  EXPECT_EQ(counts.stages[0].parameters, 100 * kMiB);
+  EXPECT_EQ(counts.stages[1].parameters, 600 * kMiB);
+  needs.clear_stage_tensor_bytes();
+  JobMemory even = EstimateJobMemory(Parse(yaml + "pipeline: {stages: 2}\n"), &needs);
+  EXPECT_EQ(even.stages[0].parameters, 350 * kMiB);
+}
+
 }  // namespace
 }  // namespace trainyard

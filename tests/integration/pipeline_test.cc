@@ -1,7 +1,8 @@
 // Pipeline jobs on the real coordinator, worker agents and trainers on loopback: a 2-stage job and
 // a 2 x 2 job end where the single job ends, a job resumes on another stage count, a stage's
 // machine killed with SIGKILL restarts the job from its checkpoint, and a stage's machine
-// preempted with SIGTERM saves at the step every stage agrees on and loses none.
+// preempted with SIGTERM saves at the step every stage agrees on and loses none; a model in one
+// TorchScript file per stage trains as the single job on its files does.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,9 +15,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/run_shell.h"
 #include "tests/integration/cluster.h"
 
 namespace trainyard::testing {
@@ -120,6 +123,57 @@ TEST(PipelineIntegrationTest, StagesAndReplicasTrainAsTheSingleJobDoes) {
                                                absl::StrCat(", resume_from: ", half.id())));
   EXPECT_EQ(four.progress().attempt_start_step(), 20);
   EXPECT_LE(MaxDifference(reference, CommittedModel(four)), 1e-5);
+}
+
+// A model in two TorchScript files (model.stages), one per stage of a pipeline, ends where the
+// single job chaining the same files ends; its export is one model.pt per file, which PyTorch
+// loads and chains.
+TEST(PipelineIntegrationTest, AModelInTorchScriptFilesTrainsOneFilePerStage) {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch to write the modules";
+  }
+  Cluster cluster(Workers(2));
+  TempDir dir;
+  const auto [written, write_output] = RunShell(absl::StrCat(
+      "/usr/bin/python3 -c \"import sys, torch; from torch import nn; torch.manual_seed(3); "
+      "torch.jit.script(nn.Sequential(nn.Linear(8, 32), nn.ReLU())).save(sys.argv[1] + '/a.pt'); "
+      "torch.jit.script(nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 3)))"
+      ".save(sys.argv[1] + '/b.pt')\" ",
+      dir.path(), " 2>&1"));
+  ASSERT_EQ(written, 0) << write_output;
+  auto job = [&](const std::string& name, const std::string& strategy_lines) {
+    return absl::StrCat("name: ", name, "\n", strategy_lines, "\nmodel: {stages: [", dir.path(),
+                        "/a.pt, ", dir.path(), "/b.pt]}\n",
+                        R"(data: {synthetic: {samples: 256, features: 8, classes: 3, noise: 1.0}}
+batch_size: 16
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+seed: 7
+collective_timeout: 20s
+checkpoint: {every_steps: 10}
+max_steps: 20
+)");
+  };
+  const Job single = RunToSuccess(cluster, job("single", "strategy: single"));
+  const auto reference = CommittedModel(single);
+  ASSERT_EQ(reference.size(), 6u);
+  EXPECT_EQ(reference.count("1.2.weight"), 1u);
+  const Job piped = RunToSuccess(cluster, job("piped", "strategy: pipeline\nworkers: 2"));
+  EXPECT_EQ(piped.committed_step(), 20);
+  EXPECT_LE(MaxDifference(reference, CommittedModel(piped)), 1e-5);
+  ASSERT_THAT(piped.model_uri(), ::testing::EndsWith("/final/stages"));
+  const std::string exported(absl::StripPrefix(piped.model_uri(), "file://"));
+  const auto [loaded, output] =
+      RunShell(absl::StrCat("/usr/bin/python3 -c \"import sys, torch; "
+                            "a, b = (torch.jit.load(sys.argv[1] + f'/{i}.pt') for i in (0, 1)); "
+                            "print(tuple(b(a(torch.zeros(4, 8))).shape), '%.9g' % float(getattr(b, "
+                            "'2').weight[1, 2]))\" ",
+                            exported, " 2>&1"));
+  ASSERT_EQ(loaded, 0) << output;
+  EXPECT_THAT(output, HasSubstr("(4, 3) "));
+  // The trained weight, as the last checkpoint holds it ([3, 16]: row 1, column 2).
+  double exported_weight = 0;
+  ASSERT_TRUE(absl::SimpleAtod(output.substr(output.find(") ") + 2), &exported_weight)) << output;
+  EXPECT_NEAR(exported_weight, reference.at("1.2.weight")[1 * 16 + 2], 1e-5);
 }
 
 // The machine of the last stage vanishes (SIGKILL to its agent and trainer): the job restarts

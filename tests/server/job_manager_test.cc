@@ -173,6 +173,31 @@ TEST_F(JobManagerTest, AModelThatIsNotTorchScriptIsRefusedAtSubmission) {
   EXPECT_FALSE(Get(id).has_model_needs());
 }
 
+// model.stages: every file is read at submission, their operators joined; a file that is not
+// TorchScript is refused naming its place in the list.
+TEST_F(JobManagerTest, EveryFileOfAModelInStagesIsReadAtSubmission) {
+  const std::string first = dir_.path() + "/first.pt";
+  const std::string second = dir_.path() + "/second.pt";
+  WriteModel(first, "def forward(x):\n  return torch.relu(x)\n");
+  WriteModel(second, "def forward(x):\n  return torch.tanh(x)\n");
+  v1::JobSpec spec = TestSpec("stages");
+  spec.mutable_model()->clear_builtin();
+  spec.mutable_model()->add_stages(first);
+  spec.mutable_model()->add_stages(second);
+  const std::string id = Submit(spec);
+  const v1::ModelNeeds needs = Get(id).model_needs();
+  EXPECT_THAT(needs.ops(), ElementsAre("aten::relu", "aten::tanh"));
+  EXPECT_THAT(needs.read(), ElementsAre(first, second));
+  EXPECT_EQ(needs.stage_tensor_bytes_size(), 2);
+
+  const std::string weights = dir_.path() + "/weights.safetensors";
+  { std::ofstream(weights) << "{\"a\": 1}"; }
+  spec.mutable_model()->set_stages(1, weights);
+  absl::StatusOr<v1::Job> refused = manager_->SubmitJob(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("model.stages[1]: "));
+}
+
 TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsTheOthers) {
   Register("w1", 1);
   Register("w2", 1);

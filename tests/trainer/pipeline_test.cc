@@ -654,5 +654,107 @@ TEST(PipelineRunTest, ATorchScriptSequentialsTiedWeightTrainsAsInTheWholeModule)
       HasSubstr("model.torchscript: layers 0, 4 share 0.weight, which would tie stages 0, 1"));
 }
 
+// The exported files of a model.stages job (final/stages/<i>.pt), their parameters named as the
+// whole model names them ("<i>.<name>").
+std::map<std::string, torch::Tensor> ExportedStages(const std::string& checkpoint_dir, int files) {
+  std::map<std::string, torch::Tensor> out;
+  for (int i = 0; i < files; ++i) {
+    torch::jit::Module module = torch::jit::load(
+        absl::StrCat(checkpoint_dir, "/", kFinalModelFolder, "/stages/", i, ".pt"));
+    for (const auto& p : module.named_parameters(true)) out[absl::StrCat(i, ".", p.name)] = p.value;
+  }
+  return out;
+}
+
+// A model in four TorchScript files (model.stages: Linear 8->16 and Tanh in a Sequential, two
+// residual blocks of a module class of their own, Linear 16->3) trains as the one module
+// Sequential(*files) does: as a single job chaining the files, as 4 stages of one file each
+// (GPipe) and as 2 stages x 2 replicas grouping them by their archives' bytes (1F1B): the same
+// losses, and each file exported as final/stages/<i>.pt with the whole module's trained
+// parameters. The whole module resumes from the pipeline's checkpoint (the same tensor names). A
+// missing file is NOT_FOUND naming its place in model.stages.
+TEST(PipelineRunTest, AModelInTorchScriptFilesTrainsAsTheOneModuleOfThemDoes) {
+  const std::string python = "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch to write the modules";
+  }
+  const std::string dir = test_files::MakeTempDir();
+  const std::string write =
+      "import sys, torch\n"
+      "from torch import nn\n"
+      "torch.manual_seed(4)\n"
+      "class Residual(nn.Module):\n"
+      "    def __init__(self):\n"
+      "        super().__init__()\n"
+      "        self.norm, self.fc = nn.LayerNorm(16), nn.Linear(16, 16)\n"
+      "    def forward(self, x):\n"
+      "        return x + torch.tanh(self.fc(self.norm(x)))\n"
+      "parts = [nn.Sequential(nn.Linear(8, 16), nn.Tanh()), Residual(), Residual(),\n"
+      "         nn.Linear(16, 3)]\n"
+      "for i, p in enumerate(parts):\n"
+      "    torch.jit.script(p).save(f'{sys.argv[1]}/part{i}.pt')\n"
+      "torch.jit.script(nn.Sequential(*parts)).save(f'{sys.argv[1]}/whole.pt')\n";
+  {
+    std::ofstream out(dir + "/write.py");
+    out << write;
+  }
+  ASSERT_EQ(std::system((python + " " + dir + "/write.py " + dir).c_str()), 0);
+  auto with_files = [&](trainyard::v1::Task task, int missing = -1) {
+    trainyard::v1::ModelSpec& model = *task.mutable_spec()->mutable_model();
+    model.clear_torchscript();
+    for (int i = 0; i < 4; ++i) {
+      model.add_stages(absl::StrCat("file://", dir, i == missing ? "/none" : "/part", i, ".pt"));
+    }
+    return task;
+  };
+
+  const std::string whole_dir = test_files::MakeTempDir();
+  const TrainResult whole = RunAll(ScriptTask(dir + "/whole.pt", whole_dir, 0, 1, "1f1b"));
+  ASSERT_TRUE(whole.val_loss.has_value());
+  EXPECT_LT(whole.loss, whole.first_loss);
+  const std::map<std::string, torch::Tensor> whole_model = ExportedScript(whole_dir);
+  ASSERT_EQ(whole_model.size(), 12u);
+  // What the files are compared with trained: not what the last file started with.
+  EXPECT_GT(
+      (whole_model.at("3.weight") - torch::jit::load(dir + "/part3.pt").attr("weight").toTensor())
+          .abs()
+          .max()
+          .item<double>(),
+      1e-3);
+
+  struct Case {
+    int stages, replicas;
+    const char* schedule;
+  };
+  std::string pipe_dir;
+  for (const Case& c : {Case{0, 1, "1f1b"}, Case{4, 1, "gpipe"}, Case{2, 2, "1f1b"}}) {
+    SCOPED_TRACE(absl::StrCat(c.stages, " stages x ", c.replicas, " ", c.schedule));
+    const std::string ckpt = test_files::MakeTempDir();
+    const TrainResult run =
+        RunAll(with_files(ScriptTask(dir + "/whole.pt", ckpt, c.stages, c.replicas, c.schedule)));
+    EXPECT_EQ(run.step, kSteps);
+    EXPECT_NEAR(run.loss, whole.loss, 1e-5);
+    ASSERT_TRUE(run.val_loss.has_value());
+    EXPECT_NEAR(*run.val_loss, *whole.val_loss, 1e-5);
+    EXPECT_EQ(run.model_uri, absl::StrCat("file://", ckpt, "/", kFinalModelFolder, "/stages"));
+    ExpectNear(ExportedStages(ckpt, 4), whole_model, 1e-5);
+    if (c.replicas > 1) pipe_dir = ckpt;
+  }
+
+  const std::string resumed_dir = test_files::MakeTempDir();
+  trainyard::v1::Task resume = ScriptTask(dir + "/whole.pt", resumed_dir, 0, 1, "1f1b");
+  resume.set_generation(2);
+  resume.add_resume_checkpoints(CheckpointStepUri("file://" + pipe_dir, 10));
+  const TrainResult resumed = RunAll(resume);
+  EXPECT_EQ(resumed.start_step, 10);
+  EXPECT_NEAR(resumed.loss, whole.loss, 1e-5);
+  ExpectNear(ExportedScript(resumed_dir), whole_model, 1e-5);
+
+  std::vector<absl::StatusOr<TrainResult>> missing =
+      test_util::RunRanks(with_files(ScriptTask(dir + "/whole.pt", "", 0, 1, "1f1b"), 2), 1, {});
+  EXPECT_EQ(missing[0].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing[0].status().message(), HasSubstr("model.stages[2]: "));
+}
+
 }  // namespace
 }  // namespace trainyard::trainer::pipeline

@@ -119,8 +119,9 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::
   if (!topology.ok()) return topology.status();
   absl::StatusOr<pipeline::Schedule> schedule = pipeline::ParseSchedule(spec.pipeline().schedule());
   if (!schedule.ok()) return schedule.status();
-  // A TorchScript model's layers are known once the trainer has loaded it (set_ranges).
-  const bool script = !spec.model().torchscript().empty();
+  // A TorchScript model's layers are known once the trainer has loaded or measured it
+  // (set_ranges).
+  const bool script = !spec.model().torchscript().empty() || spec.model().stages_size() > 0;
   absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
       script ? std::vector<pipeline::LayerRange>() : PipelineStages(spec);
   if (!ranges.ok()) return ranges.status();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,9 +81,13 @@ class Run {
                         Checkpointer* checkpointer, ProgressReporter* reporter,
                         trainyard::v1::JobProgress& progress, TrainResult& result);
   // `last`: no update follows (the final save, or the save at a stop).
-  // A pipeline over a TorchScript module: the module with the final checkpoint's tensors, saved
-  // to `path`.
-  absl::Status ExportScriptFromCheckpoint(int64_t step, const std::string& path);
+  // A pipeline over a TorchScript model: the module (`file` -1) or the file model.stages[file],
+  // with the final checkpoint's tensors, saved to `path`.
+  absl::Status ExportScriptFromCheckpoint(int64_t step, int file, const std::string& path);
+  // Writes an export into a new local file with `write`, then uploads the file to `uri`: the
+  // writer's error as it is, the upload's UNAVAILABLE.
+  absl::Status PutExportFile(const std::string& uri,
+                             const std::function<absl::Status(const std::string&)>& write);
   CheckpointData Snapshot(int64_t step, double lr, bool last = false);
   // The checkpoint of a stop at `step` (rank 0): within the deadline if the agent gave one.
   void SaveAtStop(Checkpointer& checkpointer, int64_t step, double lr, bool due,

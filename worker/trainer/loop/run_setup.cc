@@ -316,10 +316,25 @@ absl::StatusOr<std::unique_ptr<Model>> Run::BuildRankModel(int64_t outputs) {
     return BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids(),
                       options_.stores);
   }
-  // A TorchScript Sequential is loaded whole, measured, and cut down to this stage's layers.
+  // A TorchScript Sequential is loaded whole, measured, and cut down to this stage's layers;
+  // model.stages' files are measured in their archives, and each stage loads its own.
   std::unique_ptr<Model> whole;
   std::vector<int64_t> layer_bytes;
-  if (!spec_.model().torchscript().empty()) {
+  const int files = spec_.model().stages_size();
+  if (files > 0) {
+    if (options_.stores == nullptr) {
+      return absl::FailedPreconditionError("model.stages: no object stores to read them from");
+    }
+    // One file per stage whatever their sizes: no need to read them here.
+    layer_bytes.assign(static_cast<size_t>(files), 1);
+    if (spec_.pipeline().stages() < files && spec_.pipeline().partition_counts_size() == 0 &&
+        spec_.pipeline().partition() == "balanced") {
+      absl::StatusOr<std::vector<int64_t>> bytes =
+          ScriptStageBytes(*options_.stores, spec_.model());
+      if (!bytes.ok()) return bytes.status();
+      layer_bytes = *std::move(bytes);
+    }
+  } else if (!spec_.model().torchscript().empty()) {
     absl::StatusOr<std::unique_ptr<Model>> loaded =
         BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), outputs, data_->max_ids(),
                    options_.stores);
@@ -335,13 +350,15 @@ absl::StatusOr<std::unique_ptr<Model>> Run::BuildRankModel(int64_t outputs) {
   const pipeline::LayerRange& mine = (*ranges)[static_cast<size_t>(pipeline_->topology().stage)];
   LogInfo("pipeline: stage ", pipeline_->topology().stage, " of ", pipeline_->topology().stages,
           " (replica ", pipeline_->topology().replica, " of ", pipeline_->topology().replicas,
-          ") holds layers ", mine.first, " to ", mine.end - 1);
+          ") holds ", files > 0 ? "model.stages files " : "layers ", mine.first, " to ",
+          mine.end - 1);
   if (whole != nullptr) {
     absl::StatusOr<std::vector<std::string>> tied = SequentialTies(*whole, *ranges);
     if (!tied.ok()) return tied.status();
     pipeline_->set_tied(*std::move(tied));
     return SequentialStage(std::move(whole), mine.first, mine.end);
   }
+  if (files > 0) return LoadScriptStages(*options_.stores, spec_.model(), mine.first, mine.end);
   absl::MutexLock lock(&ModelBuildMutex());
   return BuildTransformerLayers(spec_.model().args(), spec_.seed(), outputs - 1, mine.first,
                                 mine.end);
@@ -652,53 +669,72 @@ absl::StatusOr<std::string> NewExportFile() {
 
 }  // namespace
 
+absl::Status Run::PutExportFile(const std::string& uri,
+                                const std::function<absl::Status(const std::string&)>& write) {
+  absl::StatusOr<std::string> path = NewExportFile();
+  if (!path.ok()) return path.status();
+  absl::Status status = write(*path);
+  if (status.ok()) {
+    RetryPolicy storage;
+    storage.max_attempts = 4;
+    absl::Status put =
+        Retry(clock_, storage, UnlessRefused, [&] { return store_->PutFile(uri, *path); });
+    if (!put.ok()) status = absl::UnavailableError(absl::StrCat("model export: ", put.message()));
+  }
+  std::remove(path->c_str());
+  return status;
+}
+
 absl::Status Run::Export(TrainResult& result) {
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
-  RetryPolicy storage;
-  storage.max_attempts = 4;
-  absl::StatusOr<SafetensorsPieces> pieces =
-      pipeline_ != nullptr ? absl::UnimplementedError("a pipeline") : model_->ExportPieces();
-  absl::Status put;
-  if (pieces.ok()) {
+  absl::Status exported;
+  if (spec_.model().stages_size() > 0) {
+    // One model.pt per file of model.stages, in final/stages/ as 0.pt, 1.pt, ...; a pipeline's
+    // rank 0 loads them one at a time and gives each its trained tensors from the final
+    // checkpoint.
+    for (int i = 0; i < spec_.model().stages_size() && exported.ok(); ++i) {
+      exported = PutExportFile(JoinUri(uri, absl::StrCat(i, ".pt")), [&](const std::string& path) {
+        return pipeline_ != nullptr ? ExportScriptFromCheckpoint(result.step, i, path)
+                                    : ExportScriptStage(*model_, i, path);
+      });
+    }
+  } else if (pipeline_ != nullptr && !spec_.model().torchscript().empty()) {
+    // A TorchScript module is saved whole: rank 0 loads it again and takes the stages' trained
+    // tensors from the final checkpoint (the model's, not the optimizer's).
+    exported = PutExportFile(uri, [&](const std::string& path) {
+      return ExportScriptFromCheckpoint(result.step, -1, path);
+    });
+  } else if (pipeline_ != nullptr) {
+    // The stages' layers, streamed from the final checkpoint they have just saved together:
+    // no process holds the whole model.
+    absl::StatusOr<std::map<std::string, std::string>> metadata =
+        TransformerExportMetadata(spec_.model().args());
+    if (!metadata.ok()) return metadata.status();
+    exported = PutExportFile(uri, [&](const std::string& path) {
+      // Reading the checkpoint back is the store's trouble, as the upload is.
+      absl::Status merged = WriteMergedModel(
+          *store_, CheckpointStepUri(task_.checkpoint_uri(), result.step), *metadata, path);
+      return merged.ok() ? merged
+                         : absl::UnavailableError(absl::StrCat("model export: ", merged.message()));
+    });
+  } else if (absl::StatusOr<SafetensorsPieces> pieces = model_->ExportPieces(); pieces.ok()) {
     // Sent from the model's own tensors: the export does not hold the model a second time.
-    put = Retry(clock_, storage, UnlessRefused,
-                [&] { return store_->PutPieces(uri, pieces->Pieces()).status(); });
-  } else if (pieces.status().code() != absl::StatusCode::kUnimplemented) {
-    return pieces.status();
+    RetryPolicy storage;
+    storage.max_attempts = 4;
+    absl::Status put = Retry(clock_, storage, UnlessRefused,
+                             [&] { return store_->PutPieces(uri, pieces->Pieces()).status(); });
+    if (!put.ok()) {
+      exported = absl::UnavailableError(absl::StrCat("model export: ", put.message()));
+    }
+  } else if (pieces.status().code() == absl::StatusCode::kUnimplemented) {
+    // A TorchScript module, saved straight into a file.
+    exported =
+        PutExportFile(uri, [&](const std::string& path) { return model_->ExportToFile(path); });
   } else {
-    // Through a local file, written by the one export that applies.
-    absl::StatusOr<std::string> path = NewExportFile();
-    if (!path.ok()) return path.status();
-    absl::Status written;
-    if (pipeline_ != nullptr && !spec_.model().torchscript().empty()) {
-      // A TorchScript module is saved whole: rank 0 loads it again and takes the stages' trained
-      // tensors from the final checkpoint (the model's, not the optimizer's).
-      written = ExportScriptFromCheckpoint(result.step, *path);
-    } else if (pipeline_ != nullptr) {
-      // The stages' layers, streamed from the final checkpoint they have just saved together:
-      // no process holds the whole model.
-      absl::StatusOr<std::map<std::string, std::string>> metadata =
-          TransformerExportMetadata(spec_.model().args());
-      if (!metadata.ok()) {
-        written = metadata.status();
-      } else {  // reading the checkpoint back is the store's trouble, as the upload is
-        put = WriteMergedModel(*store_, CheckpointStepUri(task_.checkpoint_uri(), result.step),
-                               *metadata, *path);
-      }
-    } else {
-      // A TorchScript module, saved straight into the file.
-      written = model_->ExportToFile(*path);
-    }
-    if (written.ok() && put.ok()) {
-      put = Retry(clock_, storage, UnlessRefused, [&] { return store_->PutFile(uri, *path); });
-    }
-    std::remove(path->c_str());
-    if (!written.ok()) return written;
+    exported = pieces.status();
   }
-  if (!put.ok()) {
-    return absl::UnavailableError(absl::StrCat("model export: ", put.message()));
-  }
+  if (!exported.ok()) return exported;
   result.model_uri = uri;
   LogInfo("model exported to ", uri);
   if (options_.coordinator != nullptr) {
@@ -712,12 +748,21 @@ absl::Status Run::Export(TrainResult& result) {
   return absl::OkStatus();
 }
 
-absl::Status Run::ExportScriptFromCheckpoint(int64_t step, const std::string& path) {
-  absl::StatusOr<std::unique_ptr<Model>> whole = BuildModel(
-      spec_.model(), spec_.seed(), data_->FeatureWidth(), 0, data_->max_ids(), options_.stores);
-  if (!whole.ok()) return whole.status();
+absl::Status Run::ExportScriptFromCheckpoint(int64_t step, int file, const std::string& path) {
+  absl::StatusOr<std::unique_ptr<Model>> model;
+  if (file < 0) {
+    model = BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), 0, data_->max_ids(),
+                       options_.stores);
+  } else if (options_.stores == nullptr) {
+    model = absl::FailedPreconditionError("model.stages: no object stores to read them from");
+  } else {
+    model = LoadScriptStages(*options_.stores, spec_.model(), file, file + 1);
+  }
+  if (!model.ok()) return model.status();
+  // The model's tensors (its file's, for one of model.stages), not the optimizer's.
+  const std::string prefix = file < 0 ? "" : absl::StrCat(file, ".");
   CheckpointFilter keep;
-  keep.model = [](const std::string&) { return true; };
+  keep.model = [&prefix](const std::string& name) { return absl::StartsWith(name, prefix); };
   keep.optimizer = [](const std::string&) { return false; };
   absl::StatusOr<LoadedCheckpoint> final_checkpoint =
       ReadCheckpoint(*store_, CheckpointStepUri(task_.checkpoint_uri(), step), &keep);
@@ -725,10 +770,10 @@ absl::Status Run::ExportScriptFromCheckpoint(int64_t step, const std::string& pa
     return absl::UnavailableError(
         absl::StrCat("model export: ", final_checkpoint.status().message()));
   }
-  if (absl::Status loaded = LoadTensorsInto(**whole, final_checkpoint->model); !loaded.ok()) {
+  if (absl::Status loaded = LoadTensorsInto(**model, final_checkpoint->model); !loaded.ok()) {
     return absl::InternalError(absl::StrCat("model export: ", loaded.message()));
   }
-  return (*whole)->ExportToFile(path);
+  return file < 0 ? (*model)->ExportToFile(path) : ExportScriptStage(**model, file, path);
 }
 
 void Run::Leave() {

@@ -263,6 +263,85 @@ class ScriptStage final : public Model {
   const std::map<const void*, std::string> names_;
 };
 
+// model.stages: scripted modules (some consecutive files of the model's) applied in order, each
+// to what the one before returns; tensors named "<file index>.<name>", as
+// torch.nn.Sequential(*modules) names them. Exports one file per module (ExportPart).
+class ScriptChain final : public Model {
+ public:
+  struct Part {
+    int index = 0;  // in model.stages
+    torch::jit::Module module;
+  };
+  explicit ScriptChain(std::vector<Part> parts) : parts_(std::move(parts)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    torch::Tensor out = x;
+    for (Part& part : parts_) {
+      torch::IValue value = part.module.forward({out});
+      TORCH_CHECK(value.isTensor(), "model.stages[", part.index,
+                  "]: forward() must return a Tensor, got ", value.tagKind());
+      out = value.toTensor();
+    }
+    return out;
+  }
+  // A parameter that two submodules of one file share, once (as ScriptModel lists it).
+  NamedTensors NamedParameters() override {
+    NamedTensors out;
+    for (Part& part : parts_) {
+      std::vector<const void*> seen;
+      for (const auto& p : part.module.named_parameters(true)) {
+        const void* impl = p.value.unsafeGetTensorImpl();
+        if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+        seen.push_back(impl);
+        out.emplace_back(absl::StrCat(part.index, ".", p.name), p.value);
+      }
+    }
+    return out;
+  }
+  NamedTensors NamedBuffers() override {
+    NamedTensors out;
+    for (Part& part : parts_) {
+      for (const auto& b : part.module.named_buffers(true)) {
+        out.emplace_back(absl::StrCat(part.index, ".", b.name), b.value);
+      }
+    }
+    return out;
+  }
+  void SetTraining(bool training) override {
+    for (Part& part : parts_) part.module.train(training);
+  }
+  void To(const torch::Device& device) override {
+    for (Part& part : parts_) part.module.to(device);
+    device_ = device;
+  }
+  absl::Status ExportToFile(const std::string&) override {
+    return absl::FailedPreconditionError("model.stages: exported one file per stage");
+  }
+  // Saves the module of model.stages[index] to `path`, with CPU tensors. NOT_FOUND when this
+  // chain does not hold it.
+  absl::Status ExportPart(int index, const std::string& path) {
+    for (Part& part : parts_) {
+      if (part.index != index) continue;
+      try {
+        if (!device_.is_cpu()) part.module.to(torch::kCPU);
+        part.module.save(path);
+        if (!device_.is_cpu()) part.module.to(device_);
+      } catch (const std::exception& e) {
+        return absl::UnavailableError(absl::StrCat("saving model.stages[", index, "] to ", path,
+                                                   ": ", DescribeTorchError(e)));
+      }
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat("this model does not hold model.stages[", index, "]"));
+  }
+  std::string ExportName() const override { return kScriptStagesExport; }
+  std::string Kind() const override { return "torchscript"; }
+
+ private:
+  std::vector<Part> parts_;
+  torch::Device device_ = torch::kCPU;
+};
+
 // The children of `model`'s module when it is a scripted torch.nn.Sequential.
 absl::StatusOr<std::vector<torch::jit::NameModule>> SequentialChildren(Model& model) {
   auto* script = dynamic_cast<ScriptModel*>(&model);
@@ -483,6 +562,12 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
                                                   const ObjectStoreResolver* stores) {
   absl::MutexLock lock(&ModelBuildMutex());
   torch::manual_seed(static_cast<uint64_t>(seed));
+  if (spec.stages_size() > 0) {
+    if (stores == nullptr) {
+      return absl::FailedPreconditionError("model.stages: no object stores to read them from");
+    }
+    return LoadScriptStages(*stores, spec, 0, -1);
+  }
   if (spec.source_case() == trainyard::v1::ModelSpec::kTorchscript) {
     if (spec.torchscript().empty()) {
       return absl::InvalidArgumentError("model.torchscript: empty path");
@@ -523,9 +608,11 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const trainyard::v1::ModelSpec
                                                  "' (mlp, cnn, embedding_mlp, transformer)"));
 }
 
-absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver& stores,
-                                                       const std::string& uri,
-                                                       absl::string_view field) {
+namespace {
+
+// The module at `uri` (LoadTorchScript's rules and errors).
+absl::StatusOr<torch::jit::Module> LoadModule(const ObjectStoreResolver& stores,
+                                              const std::string& uri, absl::string_view field) {
   absl::StatusOr<std::shared_ptr<ObjectStore>> store = stores.Open(uri);
   if (!store.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", store.status().message()));
@@ -567,8 +654,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver
   }
   std::istringstream in(*bytes);
   try {
-    torch::jit::Module module = torch::jit::load(in);
-    return std::make_unique<ScriptModel>(std::move(module));
+    return torch::jit::load(in);
   } catch (const std::exception& e) {
     // What a finished job with a built-in model exports is a likely mistake here.
     const char* hint = absl::EndsWith(uri, ".safetensors")
@@ -579,6 +665,61 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": cannot load '", uri, "': ", DescribeTorchError(e), hint));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const ObjectStoreResolver& stores,
+                                                       const std::string& uri,
+                                                       absl::string_view field) {
+  absl::StatusOr<torch::jit::Module> module = LoadModule(stores, uri, field);
+  if (!module.ok()) return module.status();
+  return std::make_unique<ScriptModel>(*std::move(module));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadScriptStages(const ObjectStoreResolver& stores,
+                                                        const trainyard::v1::ModelSpec& spec,
+                                                        int first, int end) {
+  if (end < 0) end = spec.stages_size();
+  if (first < 0 || first >= end || end > spec.stages_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.stages: files [", first, ", ", end,
+                                                   ") outside its ", spec.stages_size()));
+  }
+  std::vector<ScriptChain::Part> parts;
+  for (int i = first; i < end; ++i) {
+    absl::StatusOr<torch::jit::Module> module =
+        LoadModule(stores, spec.stages(i), absl::StrCat("model.stages[", i, "]"));
+    if (!module.ok()) return module.status();
+    parts.push_back({i, *std::move(module)});
+  }
+  return std::make_unique<ScriptChain>(std::move(parts));
+}
+
+absl::StatusOr<std::vector<int64_t>> ScriptStageBytes(const ObjectStoreResolver& stores,
+                                                      const trainyard::v1::ModelSpec& spec) {
+  std::vector<int64_t> bytes;
+  for (int i = 0; i < spec.stages_size(); ++i) {
+    const std::string field = absl::StrCat("model.stages[", i, "]");
+    absl::StatusOr<std::shared_ptr<ObjectStore>> store = stores.Open(spec.stages(i));
+    if (!store.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", store.status().message()));
+    }
+    absl::StatusOr<TorchScriptNeeds> needs = ReadTorchScriptNeeds(**store, spec.stages(i));
+    if (!needs.ok()) {
+      return absl::Status(needs.status().code(),
+                          absl::StrCat(field, ": ", needs.status().message()));
+    }
+    bytes.push_back(needs->tensor_bytes);
+  }
+  return bytes;
+}
+
+absl::Status ExportScriptStage(Model& model, int index, const std::string& path) {
+  auto* chain = dynamic_cast<ScriptChain*>(&model);
+  if (chain == nullptr) {
+    return absl::FailedPreconditionError("the model is not one of model.stages' files");
+  }
+  return chain->ExportPart(index, path);
 }
 
 trainyard::v1::TrainerRuntime DescribeRuntime() {

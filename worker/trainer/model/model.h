@@ -88,8 +88,8 @@ class Model {
 // 0; the transformer checks that the data's tokens (ids below data_outputs) fit its vocab.
 // Parameters are initialised deterministically from torch::manual_seed(seed), which this call sets;
 // builds are serialised process-wide so that concurrent ones each get that initialisation.
-// TorchScript modules are read through `stores` (FAILED_PRECONDITION when it is null); builtin
-// models need none.
+// TorchScript modules (model.torchscript, or model.stages' files chained: LoadScriptStages) are
+// read through `stores` (FAILED_PRECONDITION when it is null); builtin models need none.
 // INVALID_ARGUMENT naming the field (model.builtin, model.args.inputs, model.torchscript) for a
 // bad spec or an unreadable module; NOT_FOUND when the module file does not exist.
 // embedding_mlp also checks the data's categorical ids: `max_ids` holds the largest id of each
@@ -131,6 +131,22 @@ struct SharedParameter {
   std::vector<int> layers;
 };
 absl::StatusOr<std::vector<SharedParameter>> SequentialSharedParameters(Model& model);
+
+// model.stages: a model in TorchScript files, applied in order. LoadScriptStages loads the files
+// [first, end) (end -1: to the last) as one model whose tensors are named "<file index>.<name>"
+// (as torch.nn.Sequential(*files) names them; ExportName kScriptStagesExport); errors as
+// LoadTorchScript's, naming model.stages[i]. ScriptStageBytes reads each file's tensor bytes from
+// its archive's entries, without loading it (what a balanced partition weighs, as the
+// coordinator's memory estimate does). ExportScriptStage saves the module of model.stages[index]
+// that `model` holds to `path` (NOT_FOUND when it holds no such file, FAILED_PRECONDITION for
+// another kind of model).
+inline constexpr char kScriptStagesExport[] = "stages";
+absl::StatusOr<std::unique_ptr<Model>> LoadScriptStages(const ObjectStoreResolver& stores,
+                                                        const trainyard::v1::ModelSpec& spec,
+                                                        int first, int end);
+absl::StatusOr<std::vector<int64_t>> ScriptStageBytes(const ObjectStoreResolver& stores,
+                                                      const trainyard::v1::ModelSpec& spec);
+absl::Status ExportScriptStage(Model& model, int index, const std::string& path);
 
 // Copies `tensors` into `model`'s parameters and buffers of the same names. NOT_FOUND for a
 // missing one, INVALID_ARGUMENT for another shape.
