@@ -13,6 +13,11 @@ TorchScript model exports one (final/model.pt), which another job can use as its
 With --sequential the scripted module is the torch.nn.Sequential of the layers itself (a conv
 model's starts with nn.Unflatten to the image shape): what `strategy: pipeline` splits into
 stages, one child of the Sequential being one layer.
+
+With --stages N the layers are written as N files instead, each a scripted nn.Sequential of
+consecutive layers (as even as the layer count allows): --out PREFIX writes PREFIX-0.pt to
+PREFIX-<N-1>.pt, for `model: {stages: [PREFIX-0.pt, ...]}`, where each stage of a pipeline loads
+only its own file.
 """
 
 import argparse
@@ -50,7 +55,8 @@ class Classifier(nn.Module):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="where to write the .pt file")
+    parser.add_argument("--out", required=True,
+                        help="where to write the .pt file (with --stages: the files' prefix)")
     parser.add_argument("--inputs", type=int, default=16)
     parser.add_argument("--hidden", type=int, nargs="*", default=[32],
                         help="hidden layer widths, e.g. --hidden 64 32")
@@ -62,6 +68,9 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sequential", action="store_true",
                         help="script the layers' nn.Sequential itself (for strategy: pipeline)")
+    parser.add_argument("--stages", type=int, default=0,
+                        help="write the layers as this many files, --out being their prefix "
+                        "(for model.stages)")
     args = parser.parse_args()
     if args.conv:
         if not args.image or args.image[0] * args.image[1] * args.image[2] != args.inputs:
@@ -71,6 +80,20 @@ def main():
 
     torch.manual_seed(args.seed)
     classifier = Classifier(args.inputs, args.hidden, args.classes, args.image, args.conv)
+    if args.stages:
+        layers = ([nn.Unflatten(1, tuple(args.image))] if args.conv else []) + classifier.layers
+        if not 1 <= args.stages <= len(layers):
+            parser.error("--stages must be between 1 and the model's %d layers" % len(layers))
+        begin = 0
+        for i in range(args.stages):
+            end = begin - (begin - len(layers)) // (args.stages - i)  # rounded up
+            module = torch.jit.script(nn.Sequential(*layers[begin:end]))
+            path = "%s-%d.pt" % (args.out, i)
+            module.save(path)
+            print("%s: layers %d to %d, %d parameters" %
+                  (path, begin, end - 1, sum(p.numel() for p in module.parameters())))
+            begin = end
+        return
     if args.sequential:
         first = [nn.Unflatten(1, tuple(args.image))] if args.conv else []
         module = torch.jit.script(nn.Sequential(*first, *classifier.layers))

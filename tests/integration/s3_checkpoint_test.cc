@@ -1,7 +1,8 @@
 // Checkpoints on S3 (s3rver on loopback) through the whole system: a job checkpoints to s3://,
 // its trainer is killed, its newest checkpoint is corrupted after the commit, and a resubmitted
 // job (trainyard submit --resume-from) skips the corrupt one with a warning event, resumes from
-// the previous committed step, and collects garbage in its own checkpoint folder.
+// the previous committed step, and collects garbage in its own checkpoint folder. Data shards and
+// TorchScript models are read from S3 too.
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -15,12 +16,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/s3_object_store.h"
 #include "common/safetensors.h"
 #include "common/sha256.h"
 #include "common/uri.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/run_shell.h"
 #include "tests/common/s3rver.h"
 #include "tests/integration/cluster.h"
 
@@ -273,6 +276,66 @@ max_steps: 10
                                 "data.shuffle_window: a permutation of all samples needs all"))
       << refused->reason();
   EXPECT_EQ(refused->progress().step(), 0);
+}
+
+// A model in three TorchScript files (model.stages), two of them on S3 and one local, trains as a
+// 2-stage pipeline: the coordinator reads all three at submission, the stages group them by the
+// tensor bytes of their archives (ranged reads on S3) and load theirs (S3 through the worker's
+// object cache), and the job ends where the single job on the same files ends.
+TEST(S3ModelTest, AModelInTorchScriptFilesOnS3TrainsAsAPipeline) {
+  if (S3rver::BinaryPath().empty()) GTEST_SKIP() << "s3rver is not installed";
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch to write the modules";
+  }
+  auto s3 = S3rver::Start({"models"});
+  ASSERT_TRUE(s3.ok()) << s3.status();
+  S3ObjectStore store(std::make_unique<S3Client>((*s3)->ClientOptions()));
+  TempDir dir;
+  // 288, 528 and 51 parameters: balanced on 2 stages, [0, 1] and [2] hold 816 and 51, [0] and
+  // [1, 2] 288 and 579: the second split is the one.
+  const auto [written, write_output] = RunShell(absl::StrCat(
+      "/usr/bin/python3 -c \"import sys, torch; from torch import nn; torch.manual_seed(5); "
+      "parts = [nn.Sequential(nn.Linear(8, 32), nn.Tanh()), "
+      "nn.Sequential(nn.Linear(32, 16), nn.Tanh()), nn.Linear(16, 3)]; "
+      "[torch.jit.script(p).save(f'{sys.argv[1]}/{i}.pt') for i, p in enumerate(parts)]\" ",
+      dir.path(), " 2>&1"));
+  ASSERT_EQ(written, 0) << write_output;
+  for (int i = 0; i < 2; ++i) {
+    std::ifstream in(absl::StrCat(dir.path(), "/", i, ".pt"), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_TRUE(store.Put(absl::StrCat("s3://models/lm/", i, ".pt"), bytes).ok());
+  }
+  ClusterOptions options;
+  options.env = (*s3)->Env();
+  options.workers = 2;
+  options.slots_per_worker = 1;
+  Cluster cluster(options);
+  auto job = [&](const std::string& name, const std::string& strategy_lines) {
+    return absl::StrCat("name: ", name, "\n", strategy_lines,
+                        "\nmodel: {stages: [s3://models/lm/0.pt, s3://models/lm/1.pt, ", dir.path(),
+                        R"(/2.pt]}
+data: {synthetic: {samples: 256, features: 8, classes: 3, noise: 1.0}}
+batch_size: 16
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+seed: 7
+collective_timeout: 20s
+checkpoint: {every_steps: 10}
+max_steps: 20
+)");
+  };
+  const Job single = RunToSuccess(cluster, job("single", "strategy: single"));
+  EXPECT_EQ(single.model_needs().read_size(), 3);
+  EXPECT_EQ(single.model_needs().stage_tensor_bytes_size(), 3);
+  const Job piped =
+      RunToSuccess(cluster, job("piped", "strategy: pipeline\nworkers: 2\npipeline: {stages: 2}"));
+  EXPECT_LE(MaxDifference(CommittedModel(single), CommittedModel(piped)), 1e-5);
+  auto logs = cluster.Logs(piped.id());
+  ASSERT_TRUE(logs.ok());
+  EXPECT_TRUE(absl::StrContains(*logs, "holds model.stages files 1 to 2")) << *logs;
+  const std::string exported(absl::StripPrefix(piped.model_uri(), "file://"));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(exported, "/", i, ".pt"))) << exported;
+  }
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -18,23 +17,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_object_store.h"
 #include "common/object_cache.h"
 #include "common/object_store.h"
 #include "common/torchscript_archive.h"
+#include "common/uri.h"
 #include "worker/trainer/model/transformer.h"
 
 namespace trainyard::trainer {
 namespace {
-
-// The whole of a local file (the object cache's copy of a module).
-absl::StatusOr<std::string> ReadLocalFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::UnavailableError(absl::StrCat("cannot open ", path));
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read ", path));
-  return out.str();
-}
 
 NamedTensors FromDict(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
   NamedTensors out;
@@ -617,27 +608,28 @@ absl::StatusOr<torch::jit::Module> LoadModule(const ObjectStoreResolver& stores,
   if (!store.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", store.status().message()));
   }
-  absl::StatusOr<std::string> bytes;
+  // A local file, which LibTorch reads record by record: the module's tensors are the one copy of
+  // it in memory, not also the archive's bytes and a stream over them.
+  absl::StatusOr<std::string> local;
   if (absl::StartsWith(uri, "s3://")) {
     // Through the local cache (keyed by ETag): a restart does not download the model again.
     ObjectCache cache(ObjectCache::DefaultDir());
-    absl::StatusOr<std::string> path = cache.Fetch(**store, uri);
-    bytes = path.ok() ? ReadLocalFile(*path) : path.status();
+    local = cache.Fetch(**store, uri);
   } else {
-    bytes = (*store)->Get(uri);
-  }
-  if (!bytes.ok()) {
-    return absl::Status(bytes.status().code() == absl::StatusCode::kNotFound
-                            ? absl::StatusCode::kNotFound
-                            : absl::StatusCode::kInvalidArgument,
-                        absl::StrCat(field, ": ", bytes.status().message()));
+    local = LocalPath(uri);
   }
   // What LibTorch would say of the first operator it lacks (Unknown builtin op), said of all of
   // them, with the versions. An archive this cannot read is left to LibTorch's own error.
+  FileObjectStore files;
   absl::StatusOr<TorchScriptNeeds> needs =
-      ReadTorchScriptNeeds(static_cast<int64_t>(bytes->size()), [&](int64_t offset, int64_t n) {
-        return std::string(absl::string_view(*bytes).substr(offset, n));
-      });
+      local.ok() ? ReadTorchScriptNeeds(files, absl::StrCat("file://", *local)) : local.status();
+  if (!local.ok() || absl::IsNotFound(needs.status())) {
+    const absl::Status& error = local.ok() ? needs.status() : local.status();
+    return absl::Status(error.code() == absl::StatusCode::kNotFound
+                            ? absl::StatusCode::kNotFound
+                            : absl::StatusCode::kInvalidArgument,
+                        absl::StrCat(field, ": ", error.message()));
+  }
   if (needs.ok()) {
     static const trainyard::v1::TrainerRuntime* const runtime =
         new trainyard::v1::TrainerRuntime(DescribeRuntime());
@@ -652,9 +644,8 @@ absl::StatusOr<torch::jit::Module> LoadModule(const ObjectStoreResolver& stores,
                        "LibTorch)"));
     }
   }
-  std::istringstream in(*bytes);
   try {
-    return torch::jit::load(in);
+    return torch::jit::load(*local);
   } catch (const std::exception& e) {
     // What a finished job with a built-in model exports is a likely mistake here.
     const char* hint = absl::EndsWith(uri, ".safetensors")
