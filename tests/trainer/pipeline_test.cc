@@ -512,6 +512,16 @@ std::map<std::string, torch::Tensor> ExportedScript(const std::string& checkpoin
   return out;
 }
 
+// Writes `script` into `dir` and runs it with /usr/bin/python3 and `argument`; false when it
+// fails.
+bool RunPython(const std::string& dir, const std::string& script, const std::string& argument) {
+  {
+    std::ofstream out(dir + "/write.py");
+    out << script;
+  }
+  return std::system(("/usr/bin/python3 " + dir + "/write.py " + argument).c_str()) == 0;
+}
+
 // A TorchScript torch.nn.Sequential splits into stages by its children (Linear, ReLU, Linear,
 // ReLU, Linear): 2 stages x 2 replicas with 1F1B and 3 stages with GPipe and counts given end
 // where the single job on the same module ends, with the same exported model.pt; a single job
@@ -595,11 +605,7 @@ TEST(PipelineRunTest, ATorchScriptSequentialsTiedWeightTrainsAsInTheWholeModule)
       "c.weight = a.weight\n"
       "torch.jit.script(nn.Sequential(a, nn.Tanh(), b, nn.Tanh(), c, nn.Tanh(), d))"
       ".save(sys.argv[1])\n";
-  {
-    std::ofstream out(dir + "/write.py");
-    out << write;
-  }
-  ASSERT_EQ(std::system((python + " " + dir + "/write.py " + module).c_str()), 0);
+  ASSERT_TRUE(RunPython(dir, write, module));
 
   const std::string single_dir = test_files::MakeTempDir();
   const TrainResult single = RunAll(ScriptTask(module, single_dir, 0, 1, "1f1b"));
@@ -694,11 +700,7 @@ TEST(PipelineRunTest, AModelInTorchScriptFilesTrainsAsTheOneModuleOfThemDoes) {
       "for i, p in enumerate(parts):\n"
       "    torch.jit.script(p).save(f'{sys.argv[1]}/part{i}.pt')\n"
       "torch.jit.script(nn.Sequential(*parts)).save(f'{sys.argv[1]}/whole.pt')\n";
-  {
-    std::ofstream out(dir + "/write.py");
-    out << write;
-  }
-  ASSERT_EQ(std::system((python + " " + dir + "/write.py " + dir).c_str()), 0);
+  ASSERT_TRUE(RunPython(dir, write, dir));
   auto with_files = [&](trainyard::v1::Task task, int missing = -1) {
     trainyard::v1::ModelSpec& model = *task.mutable_spec()->mutable_model();
     model.clear_torchscript();
