@@ -1,17 +1,21 @@
 // The trainer on a GPU: a job trains on cuda:0, its checkpoints load on a CPU and resume on the
-// GPU where they stopped; its updates never wait for the GPU on the host; the NCCL communicator
-// runs every collective the trainer uses and turns a missing peer into an abort at its timeout.
-// Each case skips, saying why, where LibTorch has no CUDA device or the trainer was built without
-// NCCL.
+// GPU where they stopped; a pipeline's stages train on it as one rank does; its updates never wait
+// for the GPU on the host; the NCCL communicator runs every collective the trainer uses and turns a
+// missing peer into an abort at its timeout. Each case skips, saying why, where LibTorch has no
+// CUDA device or the trainer was built without NCCL.
 
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -24,6 +28,7 @@
 #include "worker/trainer/data/data.h"
 #include "worker/trainer/data/device_feed.h"
 #include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/tensors.h"
 #include "worker/trainer/strategy/strategy.h"
 #if TRAINYARD_WITH_NCCL
 #include "worker/trainer/collective/nccl_communicator.h"
@@ -199,6 +204,82 @@ TEST(GpuTrainingTest, TheFeedBringsEachBatchToTheGpuIntact) {
     EXPECT_TRUE(torch::equal(batch->labels.cpu(), want->labels)) << step;
   }
   EXPECT_FALSE(feed->Next().has_value());
+}
+
+// A transformer job whose 2 stages (and 2 x 2: replicas too) run on the GPU, their activations
+// and gradients going through host memory over Gloo: it ends where the same job on one rank of
+// the GPU ends, loss and exported parameters.
+trainyard::v1::Task GpuLanguageTask(const std::string& tokens, const std::string& checkpoint_dir,
+                                    int stages, int replicas) {
+  trainyard::v1::Task task = test_tasks::SingleRankTask("gpupipe", checkpoint_dir);
+  auto& spec = *task.mutable_spec();
+  spec.mutable_resources()->set_gpus_per_worker(1);
+  if (stages > 0) {
+    spec.set_strategy(trainyard::v1::PIPELINE);
+    spec.mutable_pipeline()->set_stages(stages);
+    spec.mutable_pipeline()->set_microbatches(2);
+    spec.mutable_pipeline()->set_schedule("1f1b");
+    spec.mutable_pipeline()->set_partition("balanced");
+    spec.mutable_workers()->set_min(stages * replicas);
+    spec.mutable_workers()->set_max(stages * replicas);
+  }
+  spec.mutable_model()->set_builtin("transformer");
+  auto& args = *spec.mutable_model()->mutable_args();
+  args.add_vocab(32);
+  args.set_context(8);
+  args.set_layers(2);
+  args.set_dim(16);
+  args.set_heads(2);
+  args.set_tie_embeddings(true);
+  spec.mutable_data()->set_tokens(tokens);
+  spec.mutable_data()->set_validation_split(0.1f);
+  spec.set_batch_size(8);
+  spec.set_max_steps(20);
+  spec.set_seed(7);
+  spec.set_log_every_steps(10);
+  spec.mutable_optimizer()->set_name("sgd");
+  spec.mutable_optimizer()->set_lr(0.1);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.mutable_checkpoint()->set_every_steps(10);
+  return task;
+}
+
+TEST(GpuPipelineTest, StagesOnTheGpuTrainAsOneRankOfItDoes) {
+  SKIP_WITHOUT_CUDA();
+  const std::string data = MakeTempDir();
+  {
+    torch::manual_seed(3);
+    const torch::Tensor ids =
+        (torch::arange(1200) % 28 + torch::randint(0, 4, {1200})).to(torch::kUInt8);
+    const std::string bytes = *EncodeTensors({{"tokens", ids}}, {});
+    std::FILE* f = std::fopen((data + "/text-0.safetensors").c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+  const std::string tokens = data + "/text-*.safetensors";
+  const std::string single_dir = MakeTempDir();
+  trainyard::v1::Task single_task = GpuLanguageTask(tokens, single_dir, 0, 1);
+  ASSERT_TRUE(TrainingDevice(single_task).is_cuda());
+  absl::StatusOr<TrainResult> single = RunTrainer(single_task, QuietOptions());
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_LT(single->loss, single->first_loss);
+  const auto reference = ReadTensors(single_dir + "/final/model.safetensors");
+  ASSERT_FALSE(reference.empty());
+  for (const auto& [stages, replicas] : {std::pair<int, int>{2, 1}, std::pair<int, int>{2, 2}}) {
+    SCOPED_TRACE(absl::StrCat(stages, " stages x ", replicas));
+    const std::string dir = MakeTempDir();
+    std::vector<absl::StatusOr<TrainResult>> ranks =
+        test_util::RunRanks(GpuLanguageTask(tokens, dir, stages, replicas), stages * replicas, {});
+    for (const absl::StatusOr<TrainResult>& r : ranks) ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(ranks[0]->step, 20);
+    EXPECT_NEAR(ranks[0]->loss, single->loss, 1e-4);
+    const auto exported = ReadTensors(dir + "/final/model.safetensors");
+    ASSERT_EQ(exported.size(), reference.size());
+    for (const auto& [name, t] : reference) {
+      EXPECT_LE((exported.at(name) - t).abs().max().item<double>(), 1e-4) << name;
+    }
+  }
 }
 
 #if TRAINYARD_WITH_NCCL

@@ -108,8 +108,9 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
                                                    std::move(dense));
 }
 
-// Pipelines run on CPUs and connect over Gloo: every rank of the attempt, with point-to-point
-// connections, and each stage's replicas apart.
+// Pipelines connect over Gloo, on CPUs and GPUs alike (a GPU stage's activations and gradients go
+// through host memory): every rank of the attempt, with point-to-point connections, and each
+// stage's replicas apart.
 absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::v1::Task& task,
                                                                const StrategyOptions& options) {
   const trainyard::v1::JobSpec& spec = task.spec();
@@ -128,9 +129,6 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::
   if (world > 1 && options.rendezvous == nullptr) {
     return absl::InvalidArgumentError(
         "strategy: pipeline needs the coordinator's rendezvous (run with --coordinator)");
-  }
-  if (task.gpus() > 0 || spec.resources().gpus_per_worker() > 0) {
-    LogWarning("strategy pipeline trains on CPUs in this version; the task's GPUs stay unused");
   }
   const absl::Duration timeout = CollectiveTimeout(spec);
   GlooOptions gloo;

@@ -88,7 +88,7 @@ absl::StatusOr<Measured> Measure(Model& model, TrainingData& data, Strategy& str
       if (stages != nullptr) {
         absl::StatusOr<torch::Tensor> out = stages->Evaluate(model, batch->features);
         if (!out.ok()) return out.status();
-        if (out->defined()) AddMeasured(*out, batch->labels, measured);
+        if (out->defined()) AddMeasured(*out, batch->labels.to(out->device()), measured);
         continue;
       }
       torch::Tensor out = model.Forward(
@@ -197,9 +197,9 @@ absl::Status Run::Prepare() {
   strategy_ = *std::move(strategy);
   pipeline_ = dynamic_cast<pipeline::PipelineStrategy*>(strategy_.get());
 
-  // Pipelines train on CPUs in this version (MakeStrategy says so).
-  device_ = spec_.strategy() == trainyard::v1::PIPELINE ? torch::Device(torch::kCPU)
-                                                        : TrainingDevice(task_);
+  device_ = TrainingDevice(task_);
+  // A pipeline stage's activations and gradients travel through host memory to and from it.
+  if (pipeline_ != nullptr) pipeline_->set_device(device_);
   absl::StatusOr<std::optional<torch::ScalarType>> autocast =
       AutocastType(spec_.precision(), device_);
   if (!autocast.ok()) return autocast.status();

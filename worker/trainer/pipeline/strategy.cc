@@ -15,6 +15,23 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 
+// What Gloo sends: a contiguous host tensor (`t` itself on the CPU, a copy of a GPU tensor).
+torch::Tensor Host(const torch::Tensor& t) {
+  return t.device().is_cpu() ? t.contiguous() : t.to(torch::kCPU).contiguous();
+}
+
+// Reduces `tensors` (on any device) to their mean over `group`: in place on the CPU, through host
+// copies from a GPU.
+absl::Status AllReduceMean(Communicator& group, std::vector<torch::Tensor> tensors) {
+  std::vector<torch::Tensor> host;
+  for (const torch::Tensor& t : tensors) host.push_back(Host(t));
+  if (absl::Status s = group.AllReduce(host, ReduceOp::kMean); !s.ok()) return s;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!host[i].is_same(tensors[i])) tensors[i].copy_(host[i]);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Topology> TopologyOf(int rank, int world, int stages) {
@@ -103,7 +120,12 @@ absl::Status PipelineStrategy::SyncState(Model& model, int64_t start_step) {
     std::vector<torch::Tensor> tensors;
     for (auto& [name, p] : model.NamedParameters()) tensors.push_back(p.detach());
     for (auto& [name, b] : model.NamedBuffers()) tensors.push_back(b.detach());
-    if (absl::Status s = replicas_->Broadcast(tensors, 0); !s.ok()) return s;
+    std::vector<torch::Tensor> host;
+    for (const torch::Tensor& t : tensors) host.push_back(Host(t));
+    if (absl::Status s = replicas_->Broadcast(host, 0); !s.ok()) return s;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!host[i].is_same(tensors[i])) tensors[i].copy_(host[i]);
+    }
   }
   communication_seconds_ += SecondsSince(start);
   return absl::OkStatus();
@@ -111,7 +133,7 @@ absl::Status PipelineStrategy::SyncState(Model& model, int64_t start_step) {
 
 absl::Status PipelineStrategy::SendActivation(const torch::Tensor& tensor, int peer, int64_t rows,
                                               bool wait) {
-  torch::Tensor out = tensor.contiguous();
+  torch::Tensor out = Host(tensor);
   const std::pair<int, int64_t> key(peer, rows);
   auto it = sent_shapes_.find(key);
   if (it == sent_shapes_.end()) {
@@ -174,7 +196,7 @@ absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveActivation(int peer, int6
 
 absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveLike(int peer, const torch::Tensor& like) {
   const Steady::time_point start = Steady::now();
-  torch::Tensor in = torch::empty(like.sizes(), like.options());
+  torch::Tensor in = torch::empty(like.sizes(), like.options().device(torch::kCPU));
   absl::Status status = world_->Recv(in, peer);
   const double waited = SecondsSince(start);
   receive_wait_ += waited;
@@ -212,7 +234,8 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
   // back), and what it gave out (the next stage's gradient comes back to it), or its loss.
   std::vector<torch::Tensor> inputs(static_cast<size_t>(m_count));
   std::vector<torch::Tensor> outputs(static_cast<size_t>(m_count));
-  torch::Tensor update_loss = torch::zeros({}, torch::kDouble);
+  torch::Tensor update_loss =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   try {
     for (const Action& action : actions_) {
       const size_t m = static_cast<size_t>(action.microbatch);
@@ -223,7 +246,7 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
         } else {
           absl::StatusOr<torch::Tensor> received = ReceiveActivation(prev, size);
           if (!received.ok()) return received.status();
-          in = *received;
+          in = received->to(device_);
           if (in.is_floating_point()) in.requires_grad_(true);
         }
         torch::Tensor out = model.Forward(in);
@@ -244,14 +267,14 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
         } else {
           absl::StatusOr<torch::Tensor> grad = ReceiveLike(next, outputs[m]);
           if (!grad.ok()) return grad.status();
-          torch::autograd::backward({outputs[m]}, {*grad});
+          torch::autograd::backward({outputs[m]}, {grad->to(device_)});
         }
         if (!topology_.first()) {
           // The gradient of what the previous stage sent: zeros where this stage's layers did
           // not use its input.
           const torch::Tensor grad =
               inputs[m].grad().defined() ? inputs[m].grad() : torch::zeros_like(inputs[m]);
-          sends_.push_back(world_->SendAsync(grad.contiguous(), prev));
+          sends_.push_back(world_->SendAsync(Host(grad), prev));
         }
         // What the schedule keeps of this micro-batch goes now (1F1B's saving over GPipe).
         inputs[m] = torch::Tensor();
@@ -279,7 +302,7 @@ absl::Status PipelineStrategy::AfterBackward(Model& model) {
       if (!t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);
       grads.push_back(t.grad().reshape({-1}));
     }
-    torch::Tensor mine = torch::cat(grads);
+    torch::Tensor mine = Host(torch::cat(grads));
     const int peer =
         topology_.RankOf(topology_.first() ? topology_.stages - 1 : 0, topology_.replica);
     torch::Tensor theirs = torch::empty_like(mine);
@@ -287,6 +310,7 @@ absl::Status PipelineStrategy::AfterBackward(Model& model) {
     absl::Status status = world_->Recv(theirs, peer);
     status.Update(sent->Wait());
     if (!status.ok()) return status;
+    theirs = theirs.to(device_);
     int64_t offset = 0;
     for (torch::Tensor& t : tied_) {
       t.mutable_grad().add_(theirs.narrow(0, offset, t.numel()).view_as(t));
@@ -299,7 +323,7 @@ absl::Status PipelineStrategy::AfterBackward(Model& model) {
     if (!tied_.empty()) {
       std::vector<torch::Tensor> grads;
       for (torch::Tensor& t : tied_) grads.push_back(t.grad());
-      if (absl::Status s = replicas_->AllReduce(grads, ReduceOp::kMean); !s.ok()) return s;
+      if (absl::Status s = AllReduceMean(*replicas_, grads); !s.ok()) return s;
     }
     std::vector<torch::Tensor> grads;
     for (torch::Tensor& p : params_) {
@@ -308,7 +332,7 @@ absl::Status PipelineStrategy::AfterBackward(Model& model) {
     }
     if (!grads.empty()) {
       torch::Tensor flat = torch::cat(grads);
-      if (absl::Status s = replicas_->AllReduce({flat}, ReduceOp::kMean); !s.ok()) return s;
+      if (absl::Status s = AllReduceMean(*replicas_, {flat}); !s.ok()) return s;
       int64_t offset = 0;
       for (torch::Tensor& p : params_) {
         const int64_t numel = p.numel();
@@ -355,12 +379,12 @@ absl::StatusOr<torch::Tensor> PipelineStrategy::Evaluate(Model& model,
   const int64_t n = features.size(0);
   torch::NoGradGuard no_grad;
   try {
-    torch::Tensor in = features;
+    torch::Tensor in = features.to(device_);
     if (!topology_.first()) {
       absl::StatusOr<torch::Tensor> received =
           ReceiveActivation(topology_.RankOf(topology_.stage - 1, topology_.replica), n);
       if (!received.ok()) return received.status();
-      in = *received;
+      in = received->to(device_);
     }
     torch::Tensor out = model.Forward(in);
     if (topology_.last()) return out;

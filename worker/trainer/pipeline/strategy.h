@@ -87,6 +87,9 @@ class PipelineStrategy final : public Strategy {
 
   const Topology& topology() const { return topology_; }
   void set_ranges(std::vector<LayerRange> ranges) { ranges_ = std::move(ranges); }
+  // Before Setup: the device of the stage's model, where RunPasses' features and labels are too
+  // (the CPU by default).
+  void set_device(torch::Device device) { device_ = device; }
   // Before Setup.
   void set_tied(std::vector<std::string> tied) {
     tied_names_ = topology_.stages > 1 ? std::move(tied) : std::vector<std::string>();
@@ -161,6 +164,9 @@ class PipelineStrategy final : public Strategy {
   const std::unique_ptr<Communicator> replicas_;
   const std::vector<Action> actions_;
 
+  // Where the stage's model is (set_device): activations and gradients come and go through host
+  // memory (Gloo's TCP pairs) and are moved there.
+  torch::Device device_ = torch::kCPU;
   // Fixed by Setup.
   // The tied parameters on the first and last stages, in tied_names_' order; none elsewhere.
   std::vector<torch::Tensor> tied_;
