@@ -512,6 +512,17 @@ std::map<std::string, torch::Tensor> ExportedScript(const std::string& checkpoin
   return out;
 }
 
+// A single job on the TorchScript `module` resumed from step 10 of the pipeline job that
+// checkpointed under `pipe_dir`; its checkpoint folder is `*dir`.
+TrainResult ResumeSingleFrom(const std::string& module, const std::string& pipe_dir,
+                             std::string* dir) {
+  *dir = test_files::MakeTempDir();
+  trainyard::v1::Task resume = ScriptTask(module, *dir, 0, 1, "1f1b");
+  resume.set_generation(2);
+  resume.add_resume_checkpoints(CheckpointStepUri("file://" + pipe_dir, 10));
+  return RunAll(resume);
+}
+
 // Writes `script` into `dir` and runs it with /usr/bin/python3 and `argument`; false when it
 // fails.
 bool RunPython(const std::string& dir, const std::string& script, const std::string& argument) {
@@ -569,11 +580,8 @@ TEST(PipelineRunTest, ATorchScriptSequentialTrainsInStagesAsTheWholeModuleDoes) 
     if (pipe_dir.empty()) pipe_dir = ckpt;
   }
 
-  const std::string resumed_dir = test_files::MakeTempDir();
-  trainyard::v1::Task resume = ScriptTask(dir + "/seq.pt", resumed_dir, 0, 1, "1f1b");
-  resume.set_generation(2);
-  resume.add_resume_checkpoints(CheckpointStepUri("file://" + pipe_dir, 10));
-  const TrainResult resumed = RunAll(resume);
+  std::string resumed_dir;
+  const TrainResult resumed = ResumeSingleFrom(dir + "/seq.pt", pipe_dir, &resumed_dir);
   EXPECT_EQ(resumed.start_step, 10);
   EXPECT_NEAR(resumed.loss, single.loss, 1e-5);
 
@@ -644,11 +652,8 @@ TEST(PipelineRunTest, ATorchScriptSequentialsTiedWeightTrainsAsInTheWholeModule)
                 .item<double>(),
             1e-3);
 
-  const std::string resumed_dir = test_files::MakeTempDir();
-  trainyard::v1::Task resume = ScriptTask(module, resumed_dir, 0, 1, "1f1b");
-  resume.set_generation(2);
-  resume.add_resume_checkpoints(CheckpointStepUri("file://" + pipe_dir, 10));
-  const TrainResult resumed = RunAll(resume);
+  std::string resumed_dir;
+  const TrainResult resumed = ResumeSingleFrom(module, pipe_dir, &resumed_dir);
   EXPECT_EQ(resumed.start_step, 10);
   EXPECT_NEAR(resumed.loss, single.loss, 1e-5);
 
@@ -743,11 +748,8 @@ TEST(PipelineRunTest, AModelInTorchScriptFilesTrainsAsTheOneModuleOfThemDoes) {
     if (c.replicas > 1) pipe_dir = ckpt;
   }
 
-  const std::string resumed_dir = test_files::MakeTempDir();
-  trainyard::v1::Task resume = ScriptTask(dir + "/whole.pt", resumed_dir, 0, 1, "1f1b");
-  resume.set_generation(2);
-  resume.add_resume_checkpoints(CheckpointStepUri("file://" + pipe_dir, 10));
-  const TrainResult resumed = RunAll(resume);
+  std::string resumed_dir;
+  const TrainResult resumed = ResumeSingleFrom(dir + "/whole.pt", pipe_dir, &resumed_dir);
   EXPECT_EQ(resumed.start_step, 10);
   EXPECT_NEAR(resumed.loss, whole.loss, 1e-5);
   ExpectNear(ExportedScript(resumed_dir), whole_model, 1e-5);
