@@ -76,6 +76,20 @@ max_steps: )",
                       max_steps, "\n", extra);
 }
 
+std::string ScriptFilesJobYaml(const std::string& name, const std::string& strategy_lines,
+                               const std::vector<std::string>& files) {
+  return absl::StrCat("name: ", name, "\n", strategy_lines, "\nmodel: {stages: [",
+                      absl::StrJoin(files, ", "), "]}\n",
+                      R"(data: {synthetic: {samples: 256, features: 8, classes: 3, noise: 1.0}}
+batch_size: 16
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+seed: 7
+collective_timeout: 20s
+checkpoint: {every_steps: 10}
+max_steps: 20
+)");
+}
+
 std::string BinDir() {
   const char* dir = getenv("TRAINYARD_BIN_DIR");
   return dir != nullptr ? dir : "bin";

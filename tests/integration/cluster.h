@@ -207,6 +207,12 @@ Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir
 std::string SyntheticJobYaml(const std::string& name, int64_t max_steps,
                              const std::string& extra = "");
 
+// A job of 20 steps on the TorchScript files `files` (model.stages: each maps 8 features on to
+// what the next takes, the last to 3 classes), on synthetic data, checkpointing at steps 10 and
+// 20; `strategy_lines` says how it is distributed ("strategy: pipeline\nworkers: 2").
+std::string ScriptFilesJobYaml(const std::string& name, const std::string& strategy_lines,
+                               const std::vector<std::string>& files);
+
 // Made with `openssl` in `dir` (a test failure if it fails): a CA (ca.pem, ca.key), a server
 // certificate for 127.0.0.1 and localhost signed by it (server.pem, server.key), a client
 // certificate for alice with OU=user (alice.pem, alice.key), and another CA that signed nothing

@@ -142,16 +142,7 @@ TEST(PipelineIntegrationTest, AModelInTorchScriptFilesTrainsOneFilePerStage) {
       dir.path(), " 2>&1"));
   ASSERT_EQ(written, 0) << write_output;
   auto job = [&](const std::string& name, const std::string& strategy_lines) {
-    return absl::StrCat("name: ", name, "\n", strategy_lines, "\nmodel: {stages: [", dir.path(),
-                        "/a.pt, ", dir.path(), "/b.pt]}\n",
-                        R"(data: {synthetic: {samples: 256, features: 8, classes: 3, noise: 1.0}}
-batch_size: 16
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
-seed: 7
-collective_timeout: 20s
-checkpoint: {every_steps: 10}
-max_steps: 20
-)");
+    return ScriptFilesJobYaml(name, strategy_lines, {dir.path() + "/a.pt", dir.path() + "/b.pt"});
   };
   const Job single = RunToSuccess(cluster, job("single", "strategy: single"));
   const auto reference = CommittedModel(single);

@@ -311,17 +311,8 @@ TEST(S3ModelTest, AModelInTorchScriptFilesOnS3TrainsAsAPipeline) {
   options.slots_per_worker = 1;
   Cluster cluster(options);
   auto job = [&](const std::string& name, const std::string& strategy_lines) {
-    return absl::StrCat("name: ", name, "\n", strategy_lines,
-                        "\nmodel: {stages: [s3://models/lm/0.pt, s3://models/lm/1.pt, ", dir.path(),
-                        R"(/2.pt]}
-data: {synthetic: {samples: 256, features: 8, classes: 3, noise: 1.0}}
-batch_size: 16
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
-seed: 7
-collective_timeout: 20s
-checkpoint: {every_steps: 10}
-max_steps: 20
-)");
+    return ScriptFilesJobYaml(name, strategy_lines,
+                              {"s3://models/lm/0.pt", "s3://models/lm/1.pt", dir.path() + "/2.pt"});
   };
   const Job single = RunToSuccess(cluster, job("single", "strategy: single"));
   EXPECT_EQ(single.model_needs().read_size(), 3);
