@@ -379,8 +379,10 @@ absl::StatusOr<torch::Tensor> PipelineStrategy::Evaluate(Model& model,
   const int64_t n = features.size(0);
   torch::NoGradGuard no_grad;
   try {
-    torch::Tensor in = features.to(device_);
-    if (!topology_.first()) {
+    torch::Tensor in;
+    if (topology_.first()) {
+      in = features.to(device_);
+    } else {
       absl::StatusOr<torch::Tensor> received =
           ReceiveActivation(topology_.RankOf(topology_.stage - 1, topology_.replica), n);
       if (!received.ok()) return received.status();
