@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,21 +16,28 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 
-// What Gloo sends: a contiguous host tensor (`t` itself on the CPU, a copy of a GPU tensor).
-torch::Tensor Host(const torch::Tensor& t) {
-  return t.device().is_cpu() ? t.contiguous() : t.to(torch::kCPU).contiguous();
-}
+// What Gloo sends: a contiguous host tensor (`t`'s own storage on the CPU, a copy of a GPU
+// tensor).
+torch::Tensor Host(const torch::Tensor& t) { return ToHost(t, /*share=*/true).contiguous(); }
 
-// Reduces `tensors` (on any device) to their mean over `group`: in place on the CPU, through host
-// copies from a GPU.
-absl::Status AllReduceMean(Communicator& group, std::vector<torch::Tensor> tensors) {
+// Runs `op` (a collective over host tensors) on `tensors`, on any device: in place where they are
+// contiguous host tensors, through host copies written back otherwise.
+absl::Status ThroughHost(std::vector<torch::Tensor> tensors,
+                         const std::function<absl::Status(std::vector<torch::Tensor>&)>& op) {
   std::vector<torch::Tensor> host;
   for (const torch::Tensor& t : tensors) host.push_back(Host(t));
-  if (absl::Status s = group.AllReduce(host, ReduceOp::kMean); !s.ok()) return s;
+  if (absl::Status s = op(host); !s.ok()) return s;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!host[i].is_same(tensors[i])) tensors[i].copy_(host[i]);
+    if (host[i].data_ptr() != tensors[i].data_ptr()) tensors[i].copy_(host[i]);
   }
   return absl::OkStatus();
+}
+
+// Each of `tensors` becomes its mean over `group`.
+absl::Status AllReduceMean(Communicator& group, std::vector<torch::Tensor> tensors) {
+  return ThroughHost(std::move(tensors), [&group](std::vector<torch::Tensor>& host) {
+    return group.AllReduce(host, ReduceOp::kMean);
+  });
 }
 
 }  // namespace
@@ -120,12 +128,10 @@ absl::Status PipelineStrategy::SyncState(Model& model, int64_t start_step) {
     std::vector<torch::Tensor> tensors;
     for (auto& [name, p] : model.NamedParameters()) tensors.push_back(p.detach());
     for (auto& [name, b] : model.NamedBuffers()) tensors.push_back(b.detach());
-    std::vector<torch::Tensor> host;
-    for (const torch::Tensor& t : tensors) host.push_back(Host(t));
-    if (absl::Status s = replicas_->Broadcast(host, 0); !s.ok()) return s;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (!host[i].is_same(tensors[i])) tensors[i].copy_(host[i]);
-    }
+    absl::Status s = ThroughHost(std::move(tensors), [this](std::vector<torch::Tensor>& host) {
+      return replicas_->Broadcast(host, 0);
+    });
+    if (!s.ok()) return s;
   }
   communication_seconds_ += SecondsSince(start);
   return absl::OkStatus();
