@@ -11,9 +11,11 @@ The model: --layers blocks of Linear(width, width) and ReLU, then Linear(width, 
 Debian's python3-torch (/usr/bin/python3); SGD with momentum on synthetic data, one worker of one
 slot per stage, one file per stage of consecutive blocks (the last stage also has the head). Each
 figure is the trainer's peak resident set (peak_rss_mb from its "done" line, MiB), which includes
-the final checkpoint and, on rank 0, the export.
+the final checkpoint and, on rank 0, the export; and how long rank 0's export took, from its
+final checkpoint written to the model exported (its log's times).
 """
 import argparse
+import datetime
 import os
 import re
 import subprocess
@@ -47,6 +49,20 @@ def peak_mb(cluster, job, rank):
     return int(found[-1]) if found else -1
 
 
+STAMP = r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z"
+
+
+def export_seconds(cluster, job):
+    """Rank 0's export: from its last "checkpoint written" line to "model exported"."""
+    log = cluster.logs(job, "--rank", "0")
+    written = re.findall(STAMP + r".*checkpoint written", log)
+    exported = re.findall(STAMP + r".*model exported to", log)
+    if not written or not exported:
+        return float("nan")
+    parse = datetime.datetime.fromisoformat
+    return (parse(exported[-1]) - parse(written[-1])).total_seconds()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("build")
@@ -77,8 +93,8 @@ def main():
         "model.stages (one file per stage)":
             f"model: {{stages: [{files}]}}\npipeline: {{stages: {k}, microbatches: 4}}\n",
     }
-    print("| model | peak MB per stage (rank 0 exports) |")
-    print("| --- | --- |")
+    print("| model | peak MB per stage (rank 0 exports) | rank 0's export, s |")
+    print("| --- | --- | ---: |")
     with LocalCluster(build, workers=k, slots=1, prefix="pipeline_files_bench.") as cluster:
         for i, (what, model) in enumerate(models.items()):
             name = f"files-{i}"
@@ -93,7 +109,8 @@ seed: 1
 """
             job = cluster.run_job(name, spec)
             peaks = [peak_mb(cluster, job, r) for r in range(k)]
-            print(f"| {what} | {', '.join(f'{x:,}' for x in peaks)} |", flush=True)
+            print(f"| {what} | {', '.join(f'{x:,}' for x in peaks)} | "
+                  f"{export_seconds(cluster, job):.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -241,6 +241,52 @@ TEST(CheckpointReadTest, TheMergedModelIsStreamedFromTheObjectsAndChecked) {
   EXPECT_FALSE(test_files::FileExists(again));
 }
 
+// A TorchScript pipeline's export gives each module its tensors from the merged file: read into
+// the targets themselves (the storage kept), converted to a target's other dtype, or into a
+// transposed view; a name the file lacks, another shape, a truncated file and no file are
+// refused naming the file.
+TEST(CheckpointReadTest, TensorsAreReadFromTheMergedModelIntoTheirTargets) {
+  FileObjectStore store;
+  CheckpointData data = SampleData(4);
+  const NamedTensors model = data.model;
+  const std::string step_uri = SaveToNewFolder(store, std::move(data));
+  const std::string path = MakeTempDir() + "/model.safetensors";
+  ASSERT_TRUE(WriteMergedModel(store, step_uri, {}, path).ok());
+
+  torch::Tensor weight = torch::zeros({7, 5});
+  const void* storage = weight.data_ptr();
+  torch::Tensor bias = torch::zeros({7}, torch::kFloat64);
+  torch::Tensor transposed = torch::zeros({4, 6}).t();
+  torch::Tensor empty = torch::zeros({0, 3});
+  absl::Status read = ReadTensorsInto(path, {{"layer.weight", weight},
+                                             {"layer.bias", bias},
+                                             {"transposed", transposed},
+                                             {"empty", empty}});
+  ASSERT_TRUE(read.ok()) << read;
+  EXPECT_EQ(weight.data_ptr(), storage);
+  EXPECT_TRUE(torch::equal(weight, model[0].second));
+  EXPECT_EQ(bias.scalar_type(), torch::kFloat64);
+  EXPECT_TRUE(torch::allclose(bias, model[1].second.to(torch::kFloat64)));
+  EXPECT_FALSE(transposed.is_contiguous());
+  EXPECT_TRUE(torch::equal(transposed, model[2].second));
+
+  absl::Status missing = ReadTensorsInto(path, {{"layer.other", torch::zeros({7})}});
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_NE(missing.message().find(path + ": no tensor 'layer.other'"), absl::string_view::npos);
+  absl::Status shape = ReadTensorsInto(path, {{"layer.bias", torch::zeros({8})}});
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument) << shape;
+  EXPECT_NE(shape.message().find("is [7], the model's [8]"), absl::string_view::npos) << shape;
+
+  const std::string whole = ReadFile(path);
+  const std::string truncated = MakeTempDir() + "/model.safetensors";
+  std::ofstream(truncated, std::ios::binary) << whole.substr(0, whole.size() - 8);
+  absl::Status short_file = ReadTensorsInto(truncated, {{"layer.weight", weight}});
+  EXPECT_EQ(short_file.code(), absl::StatusCode::kDataLoss) << short_file;
+  EXPECT_NE(short_file.message().find(truncated), absl::string_view::npos);
+  absl::Status no_file = ReadTensorsInto(path + ".gone", {{"layer.weight", weight}});
+  EXPECT_EQ(no_file.code(), absl::StatusCode::kNotFound) << no_file;
+}
+
 // trainer_state.json round-trips, with the parameter servers' layout as a JSON object when there
 // is one and without the key when there is none; a state without it (older checkpoints) reads.
 TEST(TrainerStateTest, RoundTripsWithAndWithoutAParameterServerLayout) {

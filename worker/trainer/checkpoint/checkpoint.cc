@@ -1,7 +1,9 @@
 #include "worker/trainer/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,8 +12,10 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -25,6 +29,7 @@
 #include "common/sha256.h"
 #include "common/uri.h"
 #include "worker/trainer/model/optimizer.h"
+#include "worker/trainer/model/tensors.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -498,6 +503,86 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
   }
   if (!status.ok()) std::remove(local_path.c_str());
   return status;
+}
+
+absl::Status ReadTensorsInto(const std::string& local_path, const NamedTensors& targets) {
+  const int fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const std::string message =
+        absl::StrCat("cannot read ", local_path, ": ", std::strerror(errno));
+    return errno == ENOENT ? absl::NotFoundError(message) : absl::UnavailableError(message);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat file {};
+  if (::fstat(fd, &file) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot read ", local_path, ": ", std::strerror(errno)));
+  }
+  auto read_at = [&](uint64_t offset, char* into, uint64_t length) -> absl::Status {
+    while (length > 0) {
+      const ssize_t n = ::pread(fd, into, length, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot read ", local_path, ": ", std::strerror(errno)));
+      }
+      if (n == 0) return absl::DataLossError(absl::StrCat(local_path, ": ends too soon"));
+      into += n;
+      offset += static_cast<uint64_t>(n);
+      length -= static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  };
+  std::string prefix(8, '\0');
+  if (absl::Status read = read_at(0, prefix.data(), 8); !read.ok()) return read;
+  absl::StatusOr<uint64_t> header_size = SafetensorsHeaderSize(prefix);
+  if (!header_size.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(local_path, ": ", header_size.status().message()));
+  }
+  if (*header_size > static_cast<uint64_t>(file.st_size) - 8) {
+    return absl::DataLossError(absl::StrCat(local_path, ": its header is longer than the file"));
+  }
+  prefix.resize(8 + *header_size);
+  if (absl::Status read = read_at(8, prefix.data() + 8, *header_size); !read.ok()) return read;
+  absl::StatusOr<SafetensorsHeader> header =
+      DecodeSafetensorsHeader(prefix, static_cast<uint64_t>(file.st_size));
+  if (!header.ok()) {
+    return absl::Status(header.status().code(),
+                        absl::StrCat(local_path, ": ", header.status().message()));
+  }
+  std::map<std::string, const SafetensorsSlot*> slots;
+  for (const SafetensorsSlot& slot : header->tensors) slots[slot.name] = &slot;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, target] : targets) {
+    auto found = slots.find(name);
+    if (found == slots.end()) {
+      return absl::NotFoundError(absl::StrCat(local_path, ": no tensor '", name, "'"));
+    }
+    const SafetensorsSlot& slot = *found->second;
+    if (torch::IntArrayRef(slot.shape) != target.sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(local_path, ": tensor '", name, "' is [", absl::StrJoin(slot.shape, ", "),
+                       "], the model's [", absl::StrJoin(target.sizes(), ", "), "]"));
+    }
+    const std::optional<torch::ScalarType> dtype = ScalarTypeOf(slot.dtype);
+    if (!dtype.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(local_path, ": tensor '", name, "' of unknown dtype ", slot.dtype));
+    }
+    const bool in_place =
+        target.device().is_cpu() && target.is_contiguous() && target.scalar_type() == *dtype;
+    torch::Tensor into = in_place ? target : torch::empty(target.sizes(), torch::dtype(*dtype));
+    // The header's check made end - begin the bytes of this shape and dtype.
+    absl::Status read = read_at(header->data_start + slot.begin,
+                                static_cast<char*>(into.data_ptr()), slot.end - slot.begin);
+    if (!read.ok()) return read;
+    if (!in_place) target.copy_(into);
+  }
+  return absl::OkStatus();
 }
 
 void ReportSkippedCheckpoint(CoordinatorClient* coordinator, const std::string& uri,

@@ -165,6 +165,15 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
                               const std::map<std::string, std::string>& metadata,
                               const std::string& local_path);
 
+// Fills `targets` (a model's parameters and buffers) from the tensors of the same names in the
+// local safetensors file `local_path` (one WriteMergedModel wrote): each is read from where it
+// lies in the file straight into its tensor (through a temporary only when the target is not a
+// contiguous CPU tensor of the file's dtype), so that memory holds the targets alone, whatever
+// the file's size. The file's other tensors are not read. NOT_FOUND for a name the file lacks,
+// INVALID_ARGUMENT for another shape or a malformed file, DATA_LOSS for a truncated one,
+// UNAVAILABLE when it cannot be read; every message names the file. Blocks.
+absl::Status ReadTensorsInto(const std::string& local_path, const NamedTensors& targets);
+
 // The asynchronous writer described at the top of this file. Methods are called from one
 // (training) thread.
 class Checkpointer {

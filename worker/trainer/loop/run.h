@@ -81,9 +81,12 @@ class Run {
                         Checkpointer* checkpointer, ProgressReporter* reporter,
                         trainyard::v1::JobProgress& progress, TrainResult& result);
   // `last`: no update follows (the final save, or the save at a stop).
-  // A pipeline over a TorchScript model: the module (`file` -1) or the file model.stages[file],
-  // with the final checkpoint's tensors, saved to `path`.
-  absl::Status ExportScriptFromCheckpoint(int64_t step, int file, const std::string& path);
+  // A pipeline over a TorchScript model, exported by rank 0 to `uri`: the module of
+  // model.torchscript, or each file of model.stages as <uri>/<i>.pt. The final checkpoint's model
+  // tensors are read once into a local file; each module is then loaded alone and given its
+  // tensors from there, so that no process holds more than one module and the checkpoint is
+  // read once, whatever the number of files.
+  absl::Status ExportScriptFromCheckpoint(int64_t step, const std::string& uri);
   // Writes an export into a new local file with `write`, then uploads the file to `uri`: the
   // writer's error as it is, the upload's UNAVAILABLE.
   absl::Status PutExportFile(const std::string& uri,

@@ -689,22 +689,16 @@ absl::Status Run::Export(TrainResult& result) {
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
   absl::Status exported;
-  if (spec_.model().stages_size() > 0) {
-    // One model.pt per file of model.stages, in final/stages/ as 0.pt, 1.pt, ...; a pipeline's
-    // rank 0 loads them one at a time and gives each its trained tensors from the final
-    // checkpoint.
+  const bool script = !spec_.model().torchscript().empty() || spec_.model().stages_size() > 0;
+  if (pipeline_ != nullptr && script) {
+    exported = ExportScriptFromCheckpoint(result.step, uri);
+  } else if (spec_.model().stages_size() > 0) {
+    // One model.pt per file of model.stages, in final/stages/ as 0.pt, 1.pt, ...
     for (int i = 0; i < spec_.model().stages_size() && exported.ok(); ++i) {
       exported = PutExportFile(JoinUri(uri, absl::StrCat(i, ".pt")), [&](const std::string& path) {
-        return pipeline_ != nullptr ? ExportScriptFromCheckpoint(result.step, i, path)
-                                    : ExportScriptStage(*model_, i, path);
+        return ExportScriptStage(*model_, i, path);
       });
     }
-  } else if (pipeline_ != nullptr && !spec_.model().torchscript().empty()) {
-    // A TorchScript module is saved whole: rank 0 loads it again and takes the stages' trained
-    // tensors from the final checkpoint (the model's, not the optimizer's).
-    exported = PutExportFile(uri, [&](const std::string& path) {
-      return ExportScriptFromCheckpoint(result.step, -1, path);
-    });
   } else if (pipeline_ != nullptr) {
     // The stages' layers, streamed from the final checkpoint they have just saved together:
     // no process holds the whole model.
@@ -748,32 +742,45 @@ absl::Status Run::Export(TrainResult& result) {
   return absl::OkStatus();
 }
 
-absl::Status Run::ExportScriptFromCheckpoint(int64_t step, int file, const std::string& path) {
-  absl::StatusOr<std::unique_ptr<Model>> model;
-  if (file < 0) {
-    model = BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), 0, data_->max_ids(),
-                       options_.stores);
-  } else if (options_.stores == nullptr) {
-    model = absl::FailedPreconditionError("model.stages: no object stores to read them from");
-  } else {
-    model = LoadScriptStages(*options_.stores, spec_.model(), file, file + 1);
+absl::Status Run::ExportScriptFromCheckpoint(int64_t step, const std::string& uri) {
+  // The model's objects of the final checkpoint (not the optimizer's), checked and merged once
+  // into a local file.
+  absl::StatusOr<std::string> merged = NewExportFile();
+  if (!merged.ok()) return merged.status();
+  absl::Status status =
+      WriteMergedModel(*store_, CheckpointStepUri(task_.checkpoint_uri(), step), {}, *merged);
+  if (!status.ok())
+    status = absl::UnavailableError(absl::StrCat("model export: ", status.message()));
+  // The module (`file` -1) or the file model.stages[file], loaded and given its tensors from
+  // there, saved to `path`.
+  auto export_module = [&](int file, const std::string& path) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<Model>> model;
+    if (file < 0) {
+      model = BuildModel(spec_.model(), spec_.seed(), data_->FeatureWidth(), 0, data_->max_ids(),
+                         options_.stores);
+    } else if (options_.stores == nullptr) {
+      model = absl::FailedPreconditionError("model.stages: no object stores to read them from");
+    } else {
+      model = LoadScriptStages(*options_.stores, spec_.model(), file, file + 1);
+    }
+    if (!model.ok()) return model.status();
+    NamedTensors tensors = (*model)->NamedParameters();
+    for (auto& buffer : (*model)->NamedBuffers()) tensors.push_back(std::move(buffer));
+    if (absl::Status loaded = ReadTensorsInto(*merged, tensors); !loaded.ok()) {
+      return absl::InternalError(absl::StrCat("model export: ", loaded.message()));
+    }
+    return file < 0 ? (*model)->ExportToFile(path) : ExportScriptStage(**model, file, path);
+  };
+  const int files = spec_.model().stages_size();
+  if (status.ok() && files == 0) {
+    status = PutExportFile(uri, [&](const std::string& path) { return export_module(-1, path); });
   }
-  if (!model.ok()) return model.status();
-  // The model's tensors (its file's, for one of model.stages), not the optimizer's.
-  const std::string prefix = file < 0 ? "" : absl::StrCat(file, ".");
-  CheckpointFilter keep;
-  keep.model = [&prefix](const std::string& name) { return absl::StartsWith(name, prefix); };
-  keep.optimizer = [](const std::string&) { return false; };
-  absl::StatusOr<LoadedCheckpoint> final_checkpoint =
-      ReadCheckpoint(*store_, CheckpointStepUri(task_.checkpoint_uri(), step), &keep);
-  if (!final_checkpoint.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("model export: ", final_checkpoint.status().message()));
+  for (int i = 0; i < files && status.ok(); ++i) {
+    status = PutExportFile(JoinUri(uri, absl::StrCat(i, ".pt")),
+                           [&](const std::string& path) { return export_module(i, path); });
   }
-  if (absl::Status loaded = LoadTensorsInto(**model, final_checkpoint->model); !loaded.ok()) {
-    return absl::InternalError(absl::StrCat("model export: ", loaded.message()));
-  }
-  return file < 0 ? (*model)->ExportToFile(path) : ExportScriptStage(**model, file, path);
+  std::remove(merged->c_str());
+  return status;
 }
 
 void Run::Leave() {

@@ -129,6 +129,41 @@ class EmbeddingMlp final : public Model {
   RowLookup lookup_;
 };
 
+// Appends `module`'s parameters to `out`, each tensor once: a parameter that two submodules share
+// (a language model's head tied to its embedding) under its first name, as PyTorch's
+// named_parameters() gives it, so that the optimizer does not step it twice nor a collective
+// reduce its gradient twice (LibTorch's lists it under every name). `seen` carries the tensors
+// listed by earlier calls. A tensor is named as `names` calls it, or else "<prefix><name>".
+void AppendParameters(const torch::jit::Module& module, const std::string& prefix,
+                      const std::map<const void*, std::string>& names, std::set<const void*>& seen,
+                      NamedTensors& out) {
+  for (const auto& p : module.named_parameters(true)) {
+    const void* impl = p.value.unsafeGetTensorImpl();
+    if (!seen.insert(impl).second) continue;
+    auto named = names.find(impl);
+    out.emplace_back(named != names.end() ? named->second : prefix + p.name, p.value);
+  }
+}
+
+void AppendBuffers(const torch::jit::Module& module, const std::string& prefix, NamedTensors& out) {
+  for (const auto& b : module.named_buffers(true)) out.emplace_back(prefix + b.name, b.value);
+}
+
+// Saves `module`, which is on `device`, to `path` with its tensors on the CPU: a module saved
+// with CUDA tensors cannot be loaded where there is no GPU. `what` names it in the error.
+absl::Status SaveOnCpu(torch::jit::Module& module, const torch::Device& device,
+                       const std::string& path, absl::string_view what) {
+  try {
+    if (!device.is_cpu()) module.to(torch::kCPU);
+    module.save(path);
+    if (!device.is_cpu()) module.to(device);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("saving ", what, " to ", path, ": ", DescribeTorchError(e)));
+  }
+  return absl::OkStatus();
+}
+
 class ScriptModel final : public Model {
  public:
   explicit ScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
@@ -138,23 +173,15 @@ class ScriptModel final : public Model {
     TORCH_CHECK(out.isTensor(), "forward() must return a Tensor, got ", out.tagKind());
     return out.toTensor();
   }
-  // A parameter shared by two modules (a language model's head tied to its embedding) once,
-  // under its first name, as PyTorch's named_parameters() gives it: the optimizer must not step
-  // it twice, nor a collective reduce its gradient twice. LibTorch's lists it under every name.
   NamedTensors NamedParameters() override {
     NamedTensors out;
-    std::vector<const void*> seen;
-    for (const auto& p : module_.named_parameters(true)) {
-      const void* impl = p.value.unsafeGetTensorImpl();
-      if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-      seen.push_back(impl);
-      out.emplace_back(p.name, p.value);
-    }
+    std::set<const void*> seen;
+    AppendParameters(module_, "", {}, seen, out);
     return out;
   }
   NamedTensors NamedBuffers() override {
     NamedTensors out;
-    for (const auto& b : module_.named_buffers(true)) out.emplace_back(b.name, b.value);
+    AppendBuffers(module_, "", out);
     return out;
   }
   void SetTraining(bool training) override { module_.train(training); }
@@ -163,16 +190,7 @@ class ScriptModel final : public Model {
     device_ = device;
   }
   absl::Status ExportToFile(const std::string& path) override {
-    try {
-      // A module saved with CUDA tensors cannot be loaded where there is no GPU.
-      if (!device_.is_cpu()) module_.to(torch::kCPU);
-      module_.save(path);
-      if (!device_.is_cpu()) module_.to(device_);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("saving the TorchScript module to ", path, ": ", DescribeTorchError(e)));
-    }
-    return absl::OkStatus();
+    return SaveOnCpu(module_, device_, path, "the TorchScript module");
   }
   std::string ExportName() const override { return "model.pt"; }
   std::string Kind() const override { return "torchscript"; }
@@ -192,22 +210,30 @@ bool IsSequential(const torch::jit::Module& module) {
          absl::StartsWith(name->prefix(), "__torch__.torch.nn.modules.container");
 }
 
-// A run of consecutive children of a scripted torch.nn.Sequential: its forward applies them in
-// order, and its tensors are named as in the whole module ("3.weight"). Holds only its children,
-// so the rest of the module is freed once the whole one goes.
-class ScriptStage final : public Model {
+// Scripted modules applied in order, each to what the one before returns, their tensors named
+// "<part's name>.<name>" as a torch.nn.Sequential of them names them. Two kinds:
+// - a pipeline stage of a scripted Sequential: a run of its children, named as in the whole
+//   module ("3.weight"), with `names` giving the whole module's name of each parameter (by
+//   tensor), so that a weight shared with another stage's layer has the one name in both; holds
+//   only its children, so the rest of the module is freed once the whole one goes; does not
+//   export alone;
+// - model.stages: some consecutive files of the model's, named by their index; exports one file
+//   per module (ExportPart), in the folder kScriptStagesExport.
+class ScriptLayers final : public Model {
  public:
-  // `names`: what the whole module calls each parameter (by tensor), so that a weight the stage
-  // shares with a layer of another stage has the one name in both.
-  ScriptStage(std::vector<torch::jit::NameModule> children,
-              std::map<const void*, std::string> names)
-      : children_(std::move(children)), names_(std::move(names)) {}
+  struct Part {
+    std::string name;   // "3"
+    std::string label;  // for errors: "layer 3", "model.stages[3]"
+    torch::jit::Module module;
+  };
+  ScriptLayers(std::vector<Part> parts, std::map<const void*, std::string> names, bool files)
+      : parts_(std::move(parts)), names_(std::move(names)), files_(files) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
     torch::Tensor out = x;
-    for (torch::jit::NameModule& child : children_) {
-      torch::IValue value = child.value.forward({out});
-      TORCH_CHECK(value.isTensor(), "layer ", child.name, ": forward() must return a Tensor, got ",
+    for (Part& part : parts_) {
+      torch::IValue value = part.module.forward({out});
+      TORCH_CHECK(value.isTensor(), part.label, ": forward() must return a Tensor, got ",
                   value.tagKind());
       out = value.toTensor();
     }
@@ -215,87 +241,13 @@ class ScriptStage final : public Model {
   }
   NamedTensors NamedParameters() override {
     NamedTensors out;
-    std::vector<const void*> seen;
-    for (torch::jit::NameModule& child : children_) {
-      for (const auto& p : child.value.named_parameters(true)) {
-        const void* impl = p.value.unsafeGetTensorImpl();
-        if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-        seen.push_back(impl);
-        auto whole = names_.find(impl);
-        out.emplace_back(
-            whole != names_.end() ? whole->second : absl::StrCat(child.name, ".", p.name), p.value);
-      }
-    }
+    std::set<const void*> seen;
+    for (Part& part : parts_) AppendParameters(part.module, part.name + ".", names_, seen, out);
     return out;
   }
   NamedTensors NamedBuffers() override {
     NamedTensors out;
-    for (torch::jit::NameModule& child : children_) {
-      for (const auto& b : child.value.named_buffers(true)) {
-        out.emplace_back(absl::StrCat(child.name, ".", b.name), b.value);
-      }
-    }
-    return out;
-  }
-  void SetTraining(bool training) override {
-    for (torch::jit::NameModule& child : children_) child.value.train(training);
-  }
-  void To(const torch::Device& device) override {
-    for (torch::jit::NameModule& child : children_) child.value.to(device);
-  }
-  absl::Status ExportToFile(const std::string&) override {
-    return absl::FailedPreconditionError("torchscript: a stage of layers does not export alone");
-  }
-  std::string ExportName() const override { return "model.pt"; }
-  std::string Kind() const override { return "torchscript"; }
-
- private:
-  std::vector<torch::jit::NameModule> children_;
-  const std::map<const void*, std::string> names_;
-};
-
-// model.stages: scripted modules (some consecutive files of the model's) applied in order, each
-// to what the one before returns; tensors named "<file index>.<name>", as
-// torch.nn.Sequential(*modules) names them. Exports one file per module (ExportPart).
-class ScriptChain final : public Model {
- public:
-  struct Part {
-    int index = 0;  // in model.stages
-    torch::jit::Module module;
-  };
-  explicit ScriptChain(std::vector<Part> parts) : parts_(std::move(parts)) {}
-
-  torch::Tensor Forward(const torch::Tensor& x) override {
-    torch::Tensor out = x;
-    for (Part& part : parts_) {
-      torch::IValue value = part.module.forward({out});
-      TORCH_CHECK(value.isTensor(), "model.stages[", part.index,
-                  "]: forward() must return a Tensor, got ", value.tagKind());
-      out = value.toTensor();
-    }
-    return out;
-  }
-  // A parameter that two submodules of one file share, once (as ScriptModel lists it).
-  NamedTensors NamedParameters() override {
-    NamedTensors out;
-    for (Part& part : parts_) {
-      std::vector<const void*> seen;
-      for (const auto& p : part.module.named_parameters(true)) {
-        const void* impl = p.value.unsafeGetTensorImpl();
-        if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-        seen.push_back(impl);
-        out.emplace_back(absl::StrCat(part.index, ".", p.name), p.value);
-      }
-    }
-    return out;
-  }
-  NamedTensors NamedBuffers() override {
-    NamedTensors out;
-    for (Part& part : parts_) {
-      for (const auto& b : part.module.named_buffers(true)) {
-        out.emplace_back(absl::StrCat(part.index, ".", b.name), b.value);
-      }
-    }
+    for (Part& part : parts_) AppendBuffers(part.module, part.name + ".", out);
     return out;
   }
   void SetTraining(bool training) override {
@@ -306,30 +258,26 @@ class ScriptChain final : public Model {
     device_ = device;
   }
   absl::Status ExportToFile(const std::string&) override {
-    return absl::FailedPreconditionError("model.stages: exported one file per stage");
+    return absl::FailedPreconditionError(
+        files_ ? "model.stages: exported one file per stage"
+               : "torchscript: a stage of layers does not export alone");
   }
   // Saves the module of model.stages[index] to `path`, with CPU tensors. NOT_FOUND when this
-  // chain does not hold it.
+  // model does not hold it.
   absl::Status ExportPart(int index, const std::string& path) {
+    const std::string name = absl::StrCat(index);
     for (Part& part : parts_) {
-      if (part.index != index) continue;
-      try {
-        if (!device_.is_cpu()) part.module.to(torch::kCPU);
-        part.module.save(path);
-        if (!device_.is_cpu()) part.module.to(device_);
-      } catch (const std::exception& e) {
-        return absl::UnavailableError(absl::StrCat("saving model.stages[", index, "] to ", path,
-                                                   ": ", DescribeTorchError(e)));
-      }
-      return absl::OkStatus();
+      if (files_ && part.name == name) return SaveOnCpu(part.module, device_, path, part.label);
     }
     return absl::NotFoundError(absl::StrCat("this model does not hold model.stages[", index, "]"));
   }
-  std::string ExportName() const override { return kScriptStagesExport; }
+  std::string ExportName() const override { return files_ ? kScriptStagesExport : "model.pt"; }
   std::string Kind() const override { return "torchscript"; }
 
  private:
   std::vector<Part> parts_;
+  const std::map<const void*, std::string> names_;
+  const bool files_;
   torch::Device device_ = torch::kCPU;
 };
 
@@ -439,10 +387,14 @@ absl::StatusOr<std::unique_ptr<Model>> SequentialStage(std::unique_ptr<Model> mo
   }
   std::map<const void*, std::string> names;
   for (const auto& [name, p] : model->NamedParameters()) names[p.unsafeGetTensorImpl()] = name;
-  std::vector<torch::jit::NameModule> mine(children->begin() + first, children->begin() + end);
+  std::vector<ScriptLayers::Part> mine;
+  for (int i = first; i < end; ++i) {
+    torch::jit::NameModule& child = (*children)[i];
+    mine.push_back({child.name, absl::StrCat("layer ", child.name), child.value});
+  }
   children->clear();
   model.reset();  // the other layers go with the whole module
-  return std::make_unique<ScriptStage>(std::move(mine), std::move(names));
+  return std::make_unique<ScriptLayers>(std::move(mine), std::move(names), /*files=*/false);
 }
 
 absl::StatusOr<std::vector<SharedParameter>> SequentialSharedParameters(Model& model) {
@@ -468,21 +420,6 @@ absl::StatusOr<std::vector<SharedParameter>> SequentialSharedParameters(Model& m
                            [](const SharedParameter& p) { return p.layers.size() < 2; }),
             out.end());
   return out;
-}
-
-absl::Status LoadTensorsInto(Model& model, const std::map<std::string, torch::Tensor>& tensors) {
-  torch::NoGradGuard no_grad;
-  NamedTensors targets = model.NamedParameters();
-  for (auto& buffer : model.NamedBuffers()) targets.push_back(std::move(buffer));
-  for (auto& [name, tensor] : targets) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) return absl::NotFoundError(absl::StrCat("no tensor '", name, "'"));
-    if (it->second.sizes() != tensor.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' differs in shape"));
-    }
-    tensor.copy_(it->second);
-  }
-  return absl::OkStatus();
 }
 
 absl::Status Model::ExportToFile(const std::string& path) {
@@ -676,14 +613,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadScriptStages(const ObjectStoreResolve
     return absl::InvalidArgumentError(absl::StrCat("model.stages: files [", first, ", ", end,
                                                    ") outside its ", spec.stages_size()));
   }
-  std::vector<ScriptChain::Part> parts;
+  std::vector<ScriptLayers::Part> parts;
   for (int i = first; i < end; ++i) {
-    absl::StatusOr<torch::jit::Module> module =
-        LoadModule(stores, spec.stages(i), absl::StrCat("model.stages[", i, "]"));
+    const std::string field = absl::StrCat("model.stages[", i, "]");
+    absl::StatusOr<torch::jit::Module> module = LoadModule(stores, spec.stages(i), field);
     if (!module.ok()) return module.status();
-    parts.push_back({i, *std::move(module)});
+    parts.push_back({absl::StrCat(i), field, *std::move(module)});
   }
-  return std::make_unique<ScriptChain>(std::move(parts));
+  return std::make_unique<ScriptLayers>(std::move(parts), std::map<const void*, std::string>{},
+                                        /*files=*/true);
 }
 
 absl::StatusOr<std::vector<int64_t>> ScriptStageBytes(const ObjectStoreResolver& stores,
@@ -706,7 +644,7 @@ absl::StatusOr<std::vector<int64_t>> ScriptStageBytes(const ObjectStoreResolver&
 }
 
 absl::Status ExportScriptStage(Model& model, int index, const std::string& path) {
-  auto* chain = dynamic_cast<ScriptChain*>(&model);
+  auto* chain = dynamic_cast<ScriptLayers*>(&model);
   if (chain == nullptr) {
     return absl::FailedPreconditionError("the model is not one of model.stages' files");
   }

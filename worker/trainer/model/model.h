@@ -148,10 +148,6 @@ absl::StatusOr<std::vector<int64_t>> ScriptStageBytes(const ObjectStoreResolver&
                                                       const trainyard::v1::ModelSpec& spec);
 absl::Status ExportScriptStage(Model& model, int index, const std::string& path);
 
-// Copies `tensors` into `model`'s parameters and buffers of the same names. NOT_FOUND for a
-// missing one, INVALID_ARGUMENT for another shape.
-absl::Status LoadTensorsInto(Model& model, const std::map<std::string, torch::Tensor>& tensors);
-
 // What this trainer runs: its LibTorch's version, whether it has CUDA (built with it, and a GPU
 // it can use) and NCCL, the newest TorchScript archive format it loads, and every operator it
 // has, sorted. What `trainyard-trainer --runtime` prints and the agent reports at registration.
