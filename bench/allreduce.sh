@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # All-reduce bus bandwidth: the Gloo communicator (bench/allreduce_bench.cc) against
 # torch.distributed with the Gloo backend, 2 processes on this machine, rank r pinned to CPU r.
-# Usage: bench/allreduce.sh BUILD_DIR [SECONDS_PER_SIZE]
-# Prints a markdown table: size, both bus bandwidths in GB/s, and ours / torch.
+# With p2p: the point-to-point round trip instead (what a pipeline's stages send each other: our
+# SendAsync and Recv against dist.isend and dist.recv).
+# Usage: bench/allreduce.sh BUILD_DIR [SECONDS_PER_SIZE] [p2p]
+# Prints a markdown table: size, both bandwidths in GB/s (for p2p, also the round trip in
+# microseconds), and ours / torch.
 set -euo pipefail
-build=${1:?usage: allreduce.sh BUILD_DIR [SECONDS_PER_SIZE]}
+build=${1:?usage: allreduce.sh BUILD_DIR [SECONDS_PER_SIZE] [p2p]}
 [ -x "$build/bin/allreduce_bench" ] ||
   { echo "build it first: cmake --build $build --target allreduce_bench" >&2; exit 1; }
 budget=${2:-2}
+mode=${3:-allreduce}
+case "$mode" in
+  allreduce) flags=() ;;
+  p2p) flags=(--point_to_point) ;;
+  *) echo "allreduce.sh: the third argument is p2p or nothing, got '$mode'" >&2; exit 2 ;;
+esac
 here=$(cd "$(dirname "$0")" && pwd)
 python=/usr/bin/python3
 work=$(mktemp -d)
@@ -20,30 +29,40 @@ pin() { if command -v taskset >/dev/null; then taskset -c $(( $1 % cpus )) "${@:
 for round in 1 2; do
   mkdir -p "$work/ours$round" "$work/torch$round"
   pin 1 "$build/bin/allreduce_bench" --rank=1 --world=2 --dir="$work/ours$round" \
-    --seconds_per_size="$budget" >/dev/null 2>&1 &
+    --seconds_per_size="$budget" "${flags[@]}" >/dev/null 2>&1 &
   pin 0 "$build/bin/allreduce_bench" --rank=0 --world=2 --dir="$work/ours$round" \
-    --seconds_per_size="$budget" 2>/dev/null >>"$work/ours.jsonl"
+    --seconds_per_size="$budget" "${flags[@]}" 2>/dev/null >>"$work/ours.jsonl"
   wait
   pin 1 "$python" "$here/allreduce_torch.py" 1 2 "$work/torch$round" 4096 268435456 "$budget" \
-    >/dev/null &
+    "$mode" >/dev/null &
   pin 0 "$python" "$here/allreduce_torch.py" 0 2 "$work/torch$round" 4096 268435456 "$budget" \
-    >>"$work/torch.jsonl"
+    "$mode" >>"$work/torch.jsonl"
   wait
 done
-"$python" - "$work/ours.jsonl" "$work/torch.jsonl" <<'PY'
+"$python" - "$work/ours.jsonl" "$work/torch.jsonl" "$mode" <<'PY'
 import json, sys
 def best(path):
     out = {}
     for r in map(json.loads, open(path)):
-        if r["bytes"] not in out or r["busbw_gbps"] > out[r["bytes"]]["busbw_gbps"]:
+        if r["bytes"] not in out or r["gbps"] > out[r["bytes"]]["gbps"]:
             out[r["bytes"]] = r
     return out
 ours, torch = best(sys.argv[1]), best(sys.argv[2])
+p2p = sys.argv[3] == "p2p"
 def size(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
-print("| size | Trainyard Gloo (GB/s) | torch.distributed Gloo (GB/s) | ratio |")
-print("| ---: | ---: | ---: | ---: |")
+if p2p:
+    print("| size | Trainyard round trip (us) | GB/s | torch.distributed round trip (us) | GB/s | ratio |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+else:
+    print("| size | Trainyard Gloo (GB/s) | torch.distributed Gloo (GB/s) | ratio |")
+    print("| ---: | ---: | ---: | ---: |")
 for b in sorted(ours):
-    o, t = ours[b]["busbw_gbps"], torch[b]["busbw_gbps"]
-    print(f"| {size(b)} | {o:.3f} | {t:.3f} | {o / t:.2f} |")
+    o, t = ours[b], torch[b]
+    ratio = o["gbps"] / t["gbps"]
+    if p2p:
+        print(f"| {size(b)} | {o['seconds_per_iter'] * 1e6:,.0f} | {o['gbps']:.3f} | "
+              f"{t['seconds_per_iter'] * 1e6:,.0f} | {t['gbps']:.3f} | {ratio:.2f} |")
+    else:
+        print(f"| {size(b)} | {o['gbps']:.3f} | {t['gbps']:.3f} | {ratio:.2f} |")
 PY

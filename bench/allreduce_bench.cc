@@ -1,12 +1,15 @@
-// All-reduce bus bandwidth of the Gloo communicator, one process per rank (see allreduce.sh,
-// which runs it beside torch.distributed and prints the comparison).
+// All-reduce bus bandwidth of the Gloo communicator, or its point-to-point round trip (what a
+// pipeline's stages send each other), one process per rank (see allreduce.sh, which runs it
+// beside torch.distributed and prints the comparison).
 //
 //   allreduce_bench --rank=R --world=N --dir=/tmp/shared [--min_bytes=4096 --max_bytes=268435456]
-//                   [--async]
+//                   [--async] [--point_to_point]
 //
 // Ranks meet through files in --dir (a rendezvous store good enough for one machine). Prints one
-// JSON line per size: {"bytes":..., "iters":..., "seconds_per_iter":..., "busbw_gbps":...}
-// with bus bandwidth = bytes * 2 (N - 1) / N / time, the convention of nccl-tests.
+// JSON line per size: {"bytes":..., "iters":..., "seconds_per_iter":..., "gbps":...}. For an
+// all-reduce, gbps is the bus bandwidth bytes * 2 (N - 1) / N / time, the convention of
+// nccl-tests; for --point_to_point (2 ranks: rank 0 sends the tensor, rank 1 receives it into a
+// tensor of its own and sends it back), the bytes moved per round trip, 2 * bytes / time.
 
 #include <torch/torch.h>
 #include <unistd.h>
@@ -37,6 +40,9 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120),
 ABSL_FLAG(bool, async, false,
           "time AllReduceAsync and Wait (the communicator's thread) instead of the blocking "
           "AllReduce (the calling thread)");
+ABSL_FLAG(bool, point_to_point, false,
+          "time a round trip of SendAsync and Recv between ranks 0 and 1 (the pipeline's "
+          "transport) instead of an all-reduce; needs --world=2");
 
 namespace {
 
@@ -79,15 +85,34 @@ int main(int argc, char** argv) {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world);
   FileRendezvous rendezvous(absl::GetFlag(FLAGS_dir));
+  const bool point_to_point = absl::GetFlag(FLAGS_point_to_point);
+  if (point_to_point && world != 2) {
+    std::fprintf(stderr, "--point_to_point needs --world=2\n");
+    return 1;
+  }
   trainyard::trainer::GlooOptions options;
   options.timeout = absl::GetFlag(FLAGS_timeout);
+  options.point_to_point = point_to_point;
   auto comm = trainyard::trainer::NewGlooCommunicator(rank, world, rendezvous, options);
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
     return 1;
   }
   const bool async = absl::GetFlag(FLAGS_async);
-  auto all_reduce = [&](const torch::Tensor& t) {
+  torch::Tensor back;  // where a point-to-point message is received
+  auto round_trip = [&](const torch::Tensor& t) -> absl::Status {
+    if (!back.defined() || back.sizes() != t.sizes()) back = torch::empty_like(t);
+    if (rank == 0) {
+      std::unique_ptr<trainyard::trainer::Work> sent = (*comm)->SendAsync(t, 1);
+      if (absl::Status received = (*comm)->Recv(back, 1); !received.ok()) return received;
+      return sent->Wait();
+    }
+    if (absl::Status received = (*comm)->Recv(back, 0); !received.ok()) return received;
+    return (*comm)->SendAsync(back, 0)->Wait();
+  };
+  // One timed operation.
+  auto once = [&](const torch::Tensor& t) {
+    if (point_to_point) return round_trip(t);
     return async ? (*comm)->AllReduceAsync({t}, trainyard::trainer::ReduceOp::kSum)->Wait()
                  : (*comm)->AllReduce({t}, trainyard::trainer::ReduceOp::kSum);
   };
@@ -96,9 +121,9 @@ int main(int argc, char** argv) {
        bytes *= 4) {
     torch::Tensor t = torch::ones({bytes / 4}, torch::kFloat);
     // Warm up and time one call to pick an iteration count all ranks agree on (rank 0's).
-    for (int i = 0; i < 2; ++i) (void)all_reduce(t);
+    for (int i = 0; i < 2; ++i) (void)once(t);
     const auto probe_start = Clock::now();
-    (void)all_reduce(t);
+    (void)once(t);
     const double probe = std::chrono::duration<double>(Clock::now() - probe_start).count();
     torch::Tensor iters_t = torch::tensor(
         {std::clamp(absl::GetFlag(FLAGS_seconds_per_size) / std::max(probe, 1e-6), 5.0, 2000.0)},
@@ -108,7 +133,7 @@ int main(int argc, char** argv) {
     (void)(*comm)->Barrier();
     const auto start = Clock::now();
     for (int i = 0; i < iters; ++i) {
-      absl::Status s = all_reduce(t);
+      absl::Status s = once(t);
       if (!s.ok()) {
         std::fprintf(stderr, "%s: %s\n", absl::FormatTime(absl::Now()).c_str(),
                      s.ToString().c_str());
@@ -116,11 +141,11 @@ int main(int argc, char** argv) {
       }
     }
     const double per_iter = std::chrono::duration<double>(Clock::now() - start).count() / iters;
-    const double busbw = static_cast<double>(bytes) * 2.0 * (world - 1) / world / per_iter / 1e9;
+    const double moved = point_to_point ? 2.0 : 2.0 * (world - 1) / world;
+    const double gbps = static_cast<double>(bytes) * moved / per_iter / 1e9;
     if (rank == 0) {
-      std::printf(
-          "{\"bytes\": %ld, \"iters\": %d, \"seconds_per_iter\": %.9f, \"busbw_gbps\": %.6f}\n",
-          static_cast<long>(bytes), iters, per_iter, busbw);
+      std::printf("{\"bytes\": %ld, \"iters\": %d, \"seconds_per_iter\": %.9f, \"gbps\": %.6f}\n",
+                  static_cast<long>(bytes), iters, per_iter, gbps);
       std::fflush(stdout);
     }
   }
