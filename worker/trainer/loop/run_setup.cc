@@ -749,8 +749,9 @@ absl::Status Run::ExportScriptFromCheckpoint(int64_t step, const std::string& ur
   if (!merged.ok()) return merged.status();
   absl::Status status =
       WriteMergedModel(*store_, CheckpointStepUri(task_.checkpoint_uri(), step), {}, *merged);
-  if (!status.ok())
+  if (!status.ok()) {
     status = absl::UnavailableError(absl::StrCat("model export: ", status.message()));
+  }
   // The module (`file` -1) or the file model.stages[file], loaded and given its tensors from
   // there, saved to `path`.
   auto export_module = [&](int file, const std::string& path) -> absl::Status {
@@ -767,7 +768,11 @@ absl::Status Run::ExportScriptFromCheckpoint(int64_t step, const std::string& ur
     NamedTensors tensors = (*model)->NamedParameters();
     for (auto& buffer : (*model)->NamedBuffers()) tensors.push_back(std::move(buffer));
     if (absl::Status loaded = ReadTensorsInto(*merged, tensors); !loaded.ok()) {
-      return absl::InternalError(absl::StrCat("model export: ", loaded.message()));
+      // A tensor missing or of another shape in what this job saved is a fault of ours; a file
+      // that cannot be read, the machine's.
+      const bool local = loaded.code() == absl::StatusCode::kUnavailable;
+      return absl::Status(local ? loaded.code() : absl::StatusCode::kInternal,
+                          absl::StrCat("model export: ", loaded.message()));
     }
     return file < 0 ? (*model)->ExportToFile(path) : ExportScriptStage(**model, file, path);
   };
