@@ -20,6 +20,8 @@ def main():
     max_bytes = int(sys.argv[5]) if len(sys.argv) > 5 else 256 << 20
     budget = float(sys.argv[6]) if len(sys.argv) > 6 else 2.0
     point_to_point = len(sys.argv) > 7 and sys.argv[7] == "p2p"
+    if point_to_point and world != 2:
+        sys.exit("p2p: a round trip between ranks 0 and 1 needs WORLD 2")
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(folder, "torch-store"), world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)

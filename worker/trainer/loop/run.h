@@ -87,6 +87,10 @@ class Run {
   // tensors from there, so that no process holds more than one module and the checkpoint is
   // read once, whatever the number of files.
   absl::Status ExportScriptFromCheckpoint(int64_t step, const std::string& uri);
+  // One model.pt per file of model.stages, <uri>/0.pt, 1.pt, ..., each written by
+  // `write(index, path)` and put with PutExportFile, in order, until the first error.
+  absl::Status PutStageFiles(const std::string& uri,
+                             const std::function<absl::Status(int, const std::string&)>& write);
   // Writes an export into a new local file with `write`, then uploads the file to `uri`: the
   // writer's error as it is, the upload's UNAVAILABLE.
   absl::Status PutExportFile(const std::string& uri,

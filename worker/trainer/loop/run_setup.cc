@@ -685,6 +685,16 @@ absl::Status Run::PutExportFile(const std::string& uri,
   return status;
 }
 
+absl::Status Run::PutStageFiles(const std::string& uri,
+                                const std::function<absl::Status(int, const std::string&)>& write) {
+  absl::Status status;
+  for (int i = 0; i < spec_.model().stages_size() && status.ok(); ++i) {
+    status = PutExportFile(JoinUri(uri, absl::StrCat(i, ".pt")),
+                           [&](const std::string& path) { return write(i, path); });
+  }
+  return status;
+}
+
 absl::Status Run::Export(TrainResult& result) {
   const std::string uri =
       JoinUri(JoinUri(task_.checkpoint_uri(), kFinalModelFolder), model_->ExportName());
@@ -693,12 +703,8 @@ absl::Status Run::Export(TrainResult& result) {
   if (pipeline_ != nullptr && script) {
     exported = ExportScriptFromCheckpoint(result.step, uri);
   } else if (spec_.model().stages_size() > 0) {
-    // One model.pt per file of model.stages, in final/stages/ as 0.pt, 1.pt, ...
-    for (int i = 0; i < spec_.model().stages_size() && exported.ok(); ++i) {
-      exported = PutExportFile(JoinUri(uri, absl::StrCat(i, ".pt")), [&](const std::string& path) {
-        return ExportScriptStage(*model_, i, path);
-      });
-    }
+    exported = PutStageFiles(
+        uri, [&](int i, const std::string& path) { return ExportScriptStage(*model_, i, path); });
   } else if (pipeline_ != nullptr) {
     // The stages' layers, streamed from the final checkpoint they have just saved together:
     // no process holds the whole model.
@@ -776,13 +782,11 @@ absl::Status Run::ExportScriptFromCheckpoint(int64_t step, const std::string& ur
     }
     return file < 0 ? (*model)->ExportToFile(path) : ExportScriptStage(**model, file, path);
   };
-  const int files = spec_.model().stages_size();
-  if (status.ok() && files == 0) {
-    status = PutExportFile(uri, [&](const std::string& path) { return export_module(-1, path); });
-  }
-  for (int i = 0; i < files && status.ok(); ++i) {
-    status = PutExportFile(JoinUri(uri, absl::StrCat(i, ".pt")),
-                           [&](const std::string& path) { return export_module(i, path); });
+  if (status.ok()) {
+    status =
+        spec_.model().stages_size() > 0
+            ? PutStageFiles(uri, export_module)
+            : PutExportFile(uri, [&](const std::string& path) { return export_module(-1, path); });
   }
   std::remove(merged->c_str());
   return status;
