@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -240,6 +241,9 @@ absl::StatusOr<std::string> S3Client::GetObject(const std::string& bucket, const
   r.method = "GET";
   r.bucket = bucket;
   r.key = key;
+  // The whole object, whatever its size: bounded by its Content-Length, which curl holds the
+  // answer to.
+  r.max_body = std::numeric_limits<int64_t>::max();
   absl::StatusOr<Response> response = Execute(r);
   if (!response.ok()) return response.status();
   return std::move(response->body);
@@ -267,6 +271,8 @@ absl::StatusOr<std::string> S3Client::GetObjectRange(const std::string& bucket,
   r.bucket = bucket;
   r.key = key;
   r.headers["range"] = absl::StrCat("bytes=", offset, "-", offset + length - 1);
+  r.max_body = length;
+  r.range_end = offset + length;
   absl::StatusOr<Response> response = Execute(r);
   if (response.ok()) {
     // A service that ignores Range answers 200 with the whole object.
@@ -332,6 +338,7 @@ absl::StatusOr<S3ObjectInfo> S3Client::GetObjectToFile(const std::string& bucket
     const int64_t offset = i * part_size;
     const int64_t length = parts == 1 ? size : std::min(part_size, size - offset);
     r.sink_offset = parts == 1 ? 0 : offset;
+    r.max_body = length;  // what HEAD said: no more goes into the file
     if (parts > 1) {
       r.headers["range"] = absl::StrCat("bytes=", offset, "-", offset + length - 1);
       // The object must not change between the parts.

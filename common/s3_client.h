@@ -34,8 +34,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/types/span.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/s3_auth.h"
 
@@ -98,6 +98,9 @@ struct S3ObjectInfo {
   std::string etag;  // as the service gives it, quotes removed
 };
 
+// Answers are bounded: one longer than what was asked for (a range, a part, the size HEAD gave)
+// is DATA_LOSS, and one that is not an object (a listing, a multipart answer, an error) is
+// RESOURCE_EXHAUSTED past 16 MiB; the transfer stops there, and neither is retried.
 class S3Client {
  public:
   explicit S3Client(S3ClientOptions options);

@@ -74,6 +74,13 @@ struct S3Client::Request {
   // Where a 2xx body goes: sink_fd at sink_offset, or Response::body.
   int sink_fd = -1;
   int64_t sink_offset = 0;
+  // The most bytes of a 2xx body the caller asked for (an object, a range, a part): more ends the
+  // transfer with DATA_LOSS. -1: an answer of S3's own (a listing, an upload id), held in memory
+  // up to s3_internal::kMaxAnswerBytes (RESOURCE_EXHAUSTED past it), as error answers always are.
+  int64_t max_body = -1;
+  // A ranged GET into memory: where the range ends. A service that ignores Range answers 200
+  // with the whole object; the transfer ends, successfully, once it has this many bytes.
+  int64_t range_end = -1;
   bool no_body = false;  // HEAD
   // S3 may answer CompleteMultipartUpload with 200 and an <Error> body.
   bool error_in_body = false;
@@ -87,6 +94,11 @@ struct S3Client::Response {
 };
 
 namespace s3_internal {
+
+// The most bytes of an answer that is not an object held in memory: listings (a page of 1000
+// keys is a few hundred KiB), multipart answers and errors, so that a broken or hostile endpoint
+// cannot make the client grow without end.
+inline constexpr int64_t kMaxAnswerBytes = int64_t{16} << 20;
 
 // "bucket 'B'" or "bucket 'B', key 'K'", for messages.
 inline std::string Where(const std::string& bucket, const std::string& key) {

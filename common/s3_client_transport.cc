@@ -85,14 +85,30 @@ struct WriteState {
   const S3Client::Request* request;
   S3Client::Response* response;
   int write_errno = 0;
+  int64_t over_bound = -1;   // the bound the body went past (the transfer stopped there)
+  bool whole_range = false;  // a 200 answer to a ranged GET has the range: stopped there
 };
 
 size_t WriteBody(char* data, size_t size, size_t nmemb, void* userdata) {
   auto* state = static_cast<WriteState*>(userdata);
-  const size_t n = size * nmemb;
+  size_t n = size * nmemb;
   long status = 0;
   curl_easy_getinfo(state->handle, CURLINFO_RESPONSE_CODE, &status);
   const S3Client::Request& r = *state->request;
+  S3Client::Response& response = *state->response;
+  const bool ignored_range =
+      status == 200 && r.range_end >= 0 && response.headers.count("content-range") == 0;
+  const int64_t bound = ignored_range                     ? r.range_end
+                        : status >= 300 || r.max_body < 0 ? s3_internal::kMaxAnswerBytes
+                                                          : r.max_body;
+  if (response.received + static_cast<int64_t>(n) > bound) {
+    if (!ignored_range) {
+      state->over_bound = bound;
+      return 0;  // makes curl fail with CURLE_WRITE_ERROR
+    }
+    n = static_cast<size_t>(bound - response.received);
+    state->whole_range = true;
+  }
   if (status >= 300 || r.sink_fd < 0) {
     state->response->body.append(data, n);
   } else {
@@ -109,7 +125,7 @@ size_t WriteBody(char* data, size_t size, size_t nmemb, void* userdata) {
     }
   }
   state->response->received += static_cast<int64_t>(n);
-  return n;
+  return state->whole_range ? 0 : n;
 }
 
 size_t ReadHeader(char* data, size_t size, size_t nitems, void* userdata) {
@@ -392,7 +408,18 @@ absl::StatusOr<S3Client::Response> S3Client::PerformOnce(Request& r, bool* retry
   curl_slist_free_all(headers);
   ReleaseHandle(h);
 
-  if (code != CURLE_OK) {
+  if (code != CURLE_OK && !write_state.whole_range) {
+    if (write_state.over_bound >= 0) {
+      // Not retried: the same endpoint would send the same again.
+      if (response.status >= 300 || r.max_body < 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the answer (HTTP ", response.status, ") is over ", s3_internal::kMaxAnswerBytes >> 20,
+            " MiB, the most an answer that is not an object may take"));
+      }
+      return absl::DataLossError(absl::StrCat("the answer (HTTP ", response.status,
+                                              ") has more than the ", write_state.over_bound,
+                                              " bytes asked for"));
+    }
     if (write_state.write_errno != 0) {
       return absl::UnavailableError(
           absl::StrCat("writing the download: ", std::strerror(write_state.write_errno)));

@@ -1,14 +1,15 @@
 #include "common/tls_metrics_server.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -24,23 +25,14 @@
 namespace trainyard {
 namespace {
 
-constexpr size_t kMaxRequestBytes = 16 << 10;
-constexpr int kIoTimeoutSeconds = 5;
+// How often a waiting thread looks at the clock and at stop_.
+constexpr absl::Duration kPollSlice = absl::Milliseconds(200);
 
 std::string OpenSslError() {
   const unsigned long code = ERR_get_error();  // NOLINT(runtime/int): OpenSSL's type
   char buffer[256] = {};
   if (code != 0) ERR_error_string_n(code, buffer, sizeof(buffer));
   return buffer;
-}
-
-void WriteAll(SSL* ssl, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const int n = SSL_write(ssl, data.data() + done, static_cast<int>(data.size() - done));
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
 }
 
 std::string Response(int code, const char* reason, const std::string& body,
@@ -55,12 +47,13 @@ std::string Response(int code, const char* reason, const std::string& body,
 
 absl::StatusOr<std::unique_ptr<TlsMetricsServer>> TlsMetricsServer::Start(
     const std::string& host, int port, std::weak_ptr<prometheus::Collectable> collectable,
-    const std::string& cert_file, const std::string& key_file, const std::string& basic_auth) {
+    const std::string& cert_file, const std::string& key_file, const std::string& basic_auth,
+    const Clock& clock) {
   const std::string listen = absl::StrCat(host, ":", port);
   // A scraper that hangs up mid-answer must not kill the process: OpenSSL writes to the socket
   // with write(2), which raises SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
-  std::unique_ptr<TlsMetricsServer> server(new TlsMetricsServer());
+  std::unique_ptr<TlsMetricsServer> server(new TlsMetricsServer(clock));
   server->collectable_ = std::move(collectable);
   if (!basic_auth.empty()) {
     std::string encoded;
@@ -93,12 +86,13 @@ absl::StatusOr<std::unique_ptr<TlsMetricsServer>> TlsMetricsServer::Start(
       found == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));
   }
-  server->fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: every serving thread polls it, and those that lose the race to accept go on.
+  server->fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
   setsockopt(server->fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   const bool bound = server->fd_ >= 0 &&
                      bind(server->fd_, found->ai_addr, found->ai_addrlen) == 0 &&
-                     ::listen(server->fd_, 16) == 0;
+                     ::listen(server->fd_, kMaxConnections) == 0;
   freeaddrinfo(found);
   if (!bound) {
     return absl::UnavailableError(
@@ -110,13 +104,15 @@ absl::StatusOr<std::unique_ptr<TlsMetricsServer>> TlsMetricsServer::Start(
   server->port_ =
       ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                                        : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
+  for (int i = 0; i < kMaxConnections; ++i) {
+    server->threads_.emplace_back([s = server.get()] { s->Serve(); });
+  }
   return server;
 }
 
 TlsMetricsServer::~TlsMetricsServer() {
   stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& thread : threads_) thread.join();
   if (fd_ >= 0) close(fd_);
   if (ctx_ != nullptr) SSL_CTX_free(ctx_);
 }
@@ -124,33 +120,80 @@ TlsMetricsServer::~TlsMetricsServer() {
 void TlsMetricsServer::Serve() {
   while (!stop_) {
     pollfd p = {fd_, POLLIN, 0};
-    // Woken at least every 200 ms to see stop_.
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(kPollSlice))) <= 0) continue;
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;  // another thread took it, or the client left
     Handle(fd);
     close(fd);
   }
 }
 
+template <typename Op>
+int TlsMetricsServer::Io(SSL* ssl, int fd, absl::Time deadline, Op op) const {
+  while (true) {
+    ERR_clear_error();
+    const int n = op();
+    if (n > 0) return n;
+    const int error = SSL_get_error(ssl, n);
+    pollfd p = {fd, 0, 0};
+    if (error == SSL_ERROR_WANT_READ) {
+      p.events = POLLIN;
+    } else if (error == SSL_ERROR_WANT_WRITE) {
+      p.events = POLLOUT;
+    } else {
+      return -1;
+    }
+    // A deadline for the whole exchange, not for each read: a client that sends a byte now and
+    // then cannot keep the connection.
+    int ready = 0;
+    while (ready == 0) {
+      const absl::Duration left = deadline - clock_.Now();
+      if (stop_ || left <= absl::ZeroDuration()) return -1;
+      ready = poll(&p, 1,
+                   static_cast<int>(absl::ToInt64Milliseconds(
+                       std::clamp(left, absl::Milliseconds(1), kPollSlice))));
+      if (ready < 0 && errno == EINTR) ready = 0;
+    }
+    if (ready < 0) return -1;
+  }
+}
+
 void TlsMetricsServer::Handle(int fd) {
-  timeval timeout = {kIoTimeoutSeconds, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   SSL* ssl = SSL_new(ctx_);
   if (ssl == nullptr) return;
   SSL_set_fd(ssl, fd);
-  if (SSL_accept(ssl) != 1) {
+  const absl::Time request_deadline = clock_.Now() + kRequestDeadline;
+  if (Io(ssl, fd, request_deadline, [&] { return SSL_accept(ssl); }) < 0) {
     SSL_free(ssl);
     return;
   }
   std::string request;
   char buffer[4096];
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
-    const int n = SSL_read(ssl, buffer, sizeof(buffer));
-    if (n <= 0) break;
+    const int want = static_cast<int>(std::min(sizeof(buffer), kMaxRequestBytes - request.size()));
+    const int n = Io(ssl, fd, request_deadline, [&] { return SSL_read(ssl, buffer, want); });
+    if (n <= 0) {
+      // Too slow, or gone: no answer, and the slot is free again.
+      SSL_free(ssl);
+      return;
+    }
     request.append(buffer, static_cast<size_t>(n));
   }
+  const std::string response = Answer(request);
+  const absl::Time answer_deadline = clock_.Now() + kAnswerDeadline;
+  size_t done = 0;
+  while (done < response.size()) {
+    const int n = Io(ssl, fd, answer_deadline, [&] {
+      return SSL_write(ssl, response.data() + done, static_cast<int>(response.size() - done));
+    });
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done == response.size()) SSL_shutdown(ssl);  // best effort: the socket is non-blocking
+  SSL_free(ssl);
+}
+
+std::string TlsMetricsServer::Answer(const std::string& request) const {
   std::vector<absl::string_view> lines =
       absl::StrSplit(absl::string_view(request).substr(0, request.find("\r\n\r\n")), "\r\n");
   std::vector<absl::string_view> words = absl::StrSplit(lines.empty() ? "" : lines[0], ' ');
@@ -180,9 +223,7 @@ void TlsMetricsServer::Handle(int fd) {
   } else {
     response = Response(200, "OK", prometheus::TextSerializer().Serialize(c->Collect()));
   }
-  WriteAll(ssl, response);
-  SSL_shutdown(ssl);
-  SSL_free(ssl);
+  return response;
 }
 
 }  // namespace trainyard

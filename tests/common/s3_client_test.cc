@@ -77,6 +77,9 @@ struct FakeResponse {
   int status = 200;
   std::string body;
   std::map<std::string, std::string> headers;
+  // Then this many more bytes ('x'), and no Content-Length: the body ends when the connection
+  // does (or the client hangs up).
+  int64_t filler = 0;
 };
 
 // A one-request-per-connection HTTP/1.1 server on 127.0.0.1 answering with `handler`.
@@ -108,6 +111,8 @@ class FakeHttpServer {
     absl::MutexLock lock(&mu_);
     return requests_;
   }
+  // Bytes of answers the client took (into its socket, at least).
+  int64_t bytes_sent() const { return sent_.load(); }
 
  private:
   void Serve() {
@@ -154,23 +159,38 @@ class FakeHttpServer {
         absl::MutexLock lock(&mu_);
         requests_.push_back(request);
       }
-      std::string out =
-          absl::StrCat("HTTP/1.1 ", response.status, " X\r\nContent-Length: ", response.body.size(),
-                       "\r\nConnection: close\r\n");
+      std::string out = absl::StrCat("HTTP/1.1 ", response.status, " X\r\n");
+      if (response.filler == 0) {
+        absl::StrAppend(&out, "Content-Length: ", response.body.size(), "\r\n");
+      }
+      absl::StrAppend(&out, "Connection: close\r\n");
       for (const auto& [k, v] : response.headers) absl::StrAppend(&out, k, ": ", v, "\r\n");
       absl::StrAppend(&out, "\r\n");
       if (request.method != "HEAD") out += response.body;
-      size_t done = 0;
-      while (done < out.size()) {
-        ssize_t n = write(client, out.data() + done, out.size() - done);
-        if (n <= 0) break;
-        done += static_cast<size_t>(n);
+      bool open = Send(client, out);
+      const std::string filler(1 << 20, 'x');
+      for (int64_t left = response.filler; open && left > 0; left -= filler.size()) {
+        open = Send(client, absl::string_view(filler).substr(
+                                0, static_cast<size_t>(std::min<int64_t>(left, filler.size()))));
       }
       close(client);
     }
   }
 
+  // False once the client is gone.
+  bool Send(int client, absl::string_view data) {
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = send(client, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+      sent_ += n;
+    }
+    return true;
+  }
+
   std::function<FakeResponse(const FakeRequest&)> handler_;
+  std::atomic<int64_t> sent_{0};
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -335,6 +355,86 @@ TEST(S3ClientFaultTest, FailedMultipartUploadIsAborted) {
   EXPECT_EQ(requests.back().target, "/bkt/big?uploadId=up-1");
 }
 
+TEST(S3ClientFaultTest, AnEndlessListingIsRefusedAtTheBoundNotBuffered) {
+  // A listing, then 256 MiB more, as a broken or hostile endpoint might send without end.
+  constexpr int64_t kFiller = int64_t{256} << 20;
+  FakeHttpServer server([](const FakeRequest&) {
+    FakeResponse answer{200, "<ListBucketResult><IsTruncated>false</IsTruncated>"};
+    answer.filler = kFiller;
+    return answer;
+  });
+  NoSleep no_sleep;
+  S3ClientOptions options;
+  options.endpoint = server.endpoint();
+  no_sleep.Apply(options);
+  S3Client client(options);
+  absl::StatusOr<std::vector<S3ObjectInfo>> listed = client.ListObjects("bkt", "p/");
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kResourceExhausted) << listed.status();
+  EXPECT_THAT(listed.status().message(), HasSubstr("ListObjectsV2"));
+  EXPECT_THAT(listed.status().message(), HasSubstr("16 MiB"));
+  EXPECT_EQ(client.requests_sent(), 1);  // not retried
+  // The client hung up near the bound instead of reading on (what the sockets buffer aside).
+  EXPECT_LT(server.bytes_sent(), kFiller / 4);
+}
+
+TEST(S3ClientFaultTest, AnOversizedErrorAnswerIsRefusedAtTheBound) {
+  FakeHttpServer server([](const FakeRequest&) {
+    FakeResponse answer = S3Error(500, "InternalError");
+    answer.filler = int64_t{64} << 20;
+    return answer;
+  });
+  NoSleep no_sleep;
+  S3ClientOptions options;
+  options.endpoint = server.endpoint();
+  no_sleep.Apply(options);
+  S3Client client(options);
+  absl::Status status = client.PutObject("bkt", "k", "data");
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_EQ(client.requests_sent(), 1);
+}
+
+TEST(S3ClientFaultTest, ObjectAnswersLongerThanAskedAreDataLoss) {
+  // HEAD says 10 bytes; every GET answers with 64 MiB: a ranged one as 206, a whole one as 200.
+  FakeHttpServer server([](const FakeRequest& r) {
+    if (r.method == "HEAD") return FakeResponse{200, "0123456789"};
+    FakeResponse answer{r.headers.count("range") ? 206 : 200, "0123456789"};
+    if (r.headers.count("range")) answer.headers["Content-Range"] = "bytes 0-9/10";
+    answer.filler = int64_t{64} << 20;
+    return answer;
+  });
+  NoSleep no_sleep;
+  S3ClientOptions options;
+  options.endpoint = server.endpoint();
+  no_sleep.Apply(options);
+  S3Client client(options);
+  absl::StatusOr<std::string> range = client.GetObjectRange("bkt", "k", 0, 10);
+  EXPECT_EQ(range.status().code(), absl::StatusCode::kDataLoss) << range.status();
+  EXPECT_THAT(range.status().message(), HasSubstr("more than the 10 bytes asked for"));
+
+  const std::string path = ::testing::TempDir() + "/s3-oversized-download";
+  absl::StatusOr<S3ObjectInfo> file = client.GetObjectToFile("bkt", "k", path);
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss) << file.status();
+  EXPECT_LE(fs::file_size(path), 10u);  // nothing past what HEAD promised went to disk
+  fs::remove(path);
+}
+
+TEST(S3ClientFaultTest, AServiceIgnoringRangeIsReadOnlyUpToTheRange) {
+  FakeHttpServer server([](const FakeRequest&) {
+    FakeResponse answer{200, "0123456789"};
+    answer.filler = int64_t{256} << 20;
+    return answer;
+  });
+  NoSleep no_sleep;
+  S3ClientOptions options;
+  options.endpoint = server.endpoint();
+  no_sleep.Apply(options);
+  S3Client client(options);
+  absl::StatusOr<std::string> range = client.GetObjectRange("bkt", "k", 2, 5);
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(*range, "23456");
+  EXPECT_LT(server.bytes_sent(), int64_t{64} << 20);
+}
+
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::string out(n, '\0');
@@ -351,8 +451,9 @@ struct MultipartRecorder {
   explicit MultipartRecorder(int failing_part) : failing_part(failing_part) {}
   FakeResponse Handle(const FakeRequest& r) {
     if (r.method == "POST" && absl::StrContains(r.target, "uploads")) {
-      return {200, "<InitiateMultipartUploadResult><UploadId>up-1</UploadId>"
-                   "</InitiateMultipartUploadResult>"};
+      return {200,
+              "<InitiateMultipartUploadResult><UploadId>up-1</UploadId>"
+              "</InitiateMultipartUploadResult>"};
     }
     if (r.method == "POST") return {200, "<CompleteMultipartUploadResult/>"};
     if (r.method != "PUT") return S3Error(400, "Unexpected");
@@ -434,9 +535,9 @@ TEST(S3ClientFaultTest, UnsignedPayloadsStillReturnTheObjectsHash) {
     options.part_size = 1000;
     no_sleep.Apply(options);
     S3Client client(options);
-    absl::StatusOr<std::string> sha256 =
-        client.PutObjectPieces("bkt", "obj", {absl::string_view(data).substr(0, 1234),
-                                              absl::string_view(data).substr(1234)});
+    absl::StatusOr<std::string> sha256 = client.PutObjectPieces(
+        "bkt", "obj",
+        {absl::string_view(data).substr(0, 1234), absl::string_view(data).substr(1234)});
     ASSERT_TRUE(sha256.ok()) << sha256.status();
     EXPECT_EQ(*sha256, Sha256Hex(data));
     absl::MutexLock lock(&recorder.mu);
@@ -470,7 +571,6 @@ TEST(S3ClientOptionsTest, PayloadSigningComesFromTheEnvironment) {
 }
 
 // ---- against s3rver ----
-
 
 std::string ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

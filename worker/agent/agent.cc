@@ -66,7 +66,7 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
       link_(std::move(link)),
       launcher_(std::move(launcher)),
       log_sink_(std::make_unique<CoordinatorLogSink>(*this)),
-      shipper_(*log_sink_),
+      shipper_(*log_sink_, LogShipper::kMaxChunkBytes, options_.task_log_max_bytes),
       reconciler_(ReconcilerOptions{options_.work_dir, options_.trainer_path, options_.coordinator,
                                     options_.gpus, options_.stop_grace_period,
                                     [this](const std::string& task_id) {

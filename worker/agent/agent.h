@@ -40,6 +40,8 @@ struct AgentOptions {
   // stream (a coordinator that keeps leases by Sync), polls of at most kSyncLeaseWait renew it.
   absl::Duration sync_wait = absl::Seconds(60);
   absl::Duration task_retention = absl::Hours(24);  // folders of ended tasks are kept this long
+  // The most a task's output.log holds on disk (LogShipper: the oldest output is freed past it).
+  int64_t task_log_max_bytes = LogShipper::kDefaultMaxFileBytes;
   // With no lease from the coordinator this long (its stream broken and no Sync answered), the
   // agent kills its trainers (self-fencing): the coordinator has presumably given their work to
   // others. Zero: never. The coordinator's --mass_loss_hold by default: what training rides

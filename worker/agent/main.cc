@@ -89,6 +89,9 @@ ABSL_FLAG(absl::Duration, stop_grace_period, absl::Seconds(10),
 ABSL_FLAG(absl::Duration, task_retention, absl::Hours(24),
           "folders of tasks that ended (their output.log included; the coordinator has its own "
           "copy) are removed this long after the coordinator stopped asking for them");
+ABSL_FLAG(int64_t, task_log_max_bytes, trainyard::LogShipper::kDefaultMaxFileBytes,
+          "the most a task's output.log holds on disk (at least 1 MiB); past it the oldest "
+          "output is freed down to half of it, and the newest keeps being shipped");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(25),
           "on a preemption (SIGTERM, or a notice from --preemption_notice_url) the machine is "
           "taken to be gone this long after the notice (or at the notice's own earlier time): "
@@ -268,6 +271,11 @@ int main(int argc, char** argv) {
   options.task_retention = absl::GetFlag(FLAGS_task_retention);
   if (options.task_retention < absl::ZeroDuration()) {
     trainyard::LogError("--task_retention must be >= 0");
+    return 1;
+  }
+  options.task_log_max_bytes = absl::GetFlag(FLAGS_task_log_max_bytes);
+  if (options.task_log_max_bytes < (int64_t{1} << 20)) {
+    trainyard::LogError("--task_log_max_bytes must be at least 1 MiB (1048576)");
     return 1;
   }
   const absl::Duration grace_period = absl::GetFlag(FLAGS_grace_period);
