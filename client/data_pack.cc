@@ -190,22 +190,26 @@ absl::StatusOr<NpyArray> OpenNpy(const PackColumn& column) {
                             "' is not one of float64/32/16, int64/32/16/8, uint8, bool "
                             "(little-endian)"));
   }
+  // Unchecked, (2^61, 8) of <f8 wraps to 0 bytes: a file with no data would be read past its end.
+  int64_t expected = array.dtype->size;  // the bytes of a sample, then of them all
+  bool wraps = false;
   for (absl::string_view dim : absl::StrSplit(*shape, ',', absl::SkipWhitespace())) {
     int64_t d;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(dim), &d) || d < 0) {
       return bad(absl::StrCat("bad shape (", *shape, ")"));
     }
+    if (!array.shape.empty()) wraps |= __builtin_mul_overflow(expected, d, &expected);
     array.shape.push_back(d);
   }
   if (array.shape.empty()) return bad("a scalar has no samples");
-  array.row_bytes = array.dtype->size;
-  for (size_t i = 1; i < array.shape.size(); ++i) array.row_bytes *= array.shape[i];
+  array.row_bytes = expected;
+  wraps |= __builtin_mul_overflow(expected, array.shape[0], &expected);
+  if (wraps) return bad(absl::StrCat("shape (", *shape, ") of ", *descr, " is over 2^63 bytes"));
   array.data_offset = header_start + header_len;
-  const uint64_t expected =
-      static_cast<uint64_t>(array.row_bytes) * static_cast<uint64_t>(array.shape[0]);
-  if (bytes.size() - array.data_offset != expected) {
-    return bad(absl::StrCat("holds ", bytes.size() - array.data_offset, " bytes of data, its ",
-                            "header says ", expected, " (truncated?)"));
+  const size_t held = bytes.size() - array.data_offset;
+  if (held != static_cast<uint64_t>(expected)) {
+    return bad(absl::StrCat("holds ", held, " bytes of data, its shape (", *shape, ") says ",
+                            expected, " (truncated?)"));
   }
   return array;
 }
@@ -357,10 +361,13 @@ absl::StatusOr<PackResult> PackNpy(const PackOptions& options) {
                                                      " samples, ", arrays.front().path, " has ",
                                                      arrays.front().shape[0]));
     }
-    row_bytes += array->row_bytes;
+    // With samples, each row lies in its mapped file: no overflow. Without, a row's size is moot.
+    row_bytes += array->shape[0] > 0 ? array->row_bytes : 0;
     arrays.push_back(*std::move(array));
   }
   const int64_t samples = arrays.front().shape[0];
+  // Rows of no bytes are bounded by nothing: (2^62, 0) would make 2^34 empty shards.
+  if (row_bytes == 0) return absl::InvalidArgumentError(arrays.front().path + ": no bytes to pack");
   const int64_t per_shard = RowsPerShard(options.shard_bytes, row_bytes);
   ShardWriter writer(options);
   for (int64_t first = 0; first < samples; first += per_shard) {

@@ -31,6 +31,9 @@ constexpr int64_t kCentralEntrySize = 46;
 constexpr int64_t kLocalHeaderSize = 30;
 // A central directory larger than this is not a model's (a million entries of 64 bytes).
 constexpr int64_t kMaxCentralDirectoryBytes = 64 << 20;
+// Deflate cannot do better than 258 bytes from one length and one distance code of a bit each,
+// so no entry inflates to more than this many times its compressed size.
+constexpr int64_t kMaxDeflateRatio = 1032;
 
 absl::Status Damaged(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("not a TorchScript archive: ", what));
@@ -117,6 +120,33 @@ absl::StatusOr<std::pair<int64_t, int64_t>> FindCentralDirectory(int64_t size,
   return std::make_pair(cd_offset, cd_size);
 }
 
+// Refuses an entry whose offset, compressed size or size its archive of `size` bytes cannot hold.
+// The values are unsigned 64-bit numbers from the file (negative here past 2^63): bounding the
+// offset and compressed size by the file first is what lets the readers add header lengths to
+// them without overflow; a size is bounded only by what its bytes can hold, so sums of sizes
+// are checked where they are made.
+absl::Status CheckEntryRange(const Entry& e, int64_t size) {
+  if (e.offset < 0 || e.offset > size) {
+    return Damaged(absl::StrCat("entry '", e.name, "' at offset ", static_cast<uint64_t>(e.offset),
+                                ", past the end of its ", size, " bytes"));
+  }
+  if (e.compressed < 0 || e.compressed > size - e.offset) {
+    return Damaged(absl::StrCat("entry '", e.name, "' of ", static_cast<uint64_t>(e.compressed),
+                                " compressed bytes at offset ", e.offset, ", past the end of its ",
+                                size, " bytes"));
+  }
+  // A stored entry is its bytes; a deflated one inflates to at most kMaxDeflateRatio times
+  // them. Other methods are refused when read, and their sizes only add up (checked).
+  const bool stored_differs = e.method == 0 && e.size != e.compressed;
+  const bool inflates_past = e.method == 8 && e.size / kMaxDeflateRatio > e.compressed;
+  if (e.size < 0 || stored_differs || inflates_past) {
+    return Damaged(absl::StrCat("entry '", e.name, "' claims a size of ",
+                                static_cast<uint64_t>(e.size), " bytes from ", e.compressed,
+                                e.method == 0 ? " stored" : " compressed", " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 // The entries of the central directory; sizes and offsets in the zip64 extra field where the
 // 32-bit fields say 0xffffffff.
 absl::StatusOr<std::vector<Entry>> ParseCentralDirectory(absl::string_view cd, int64_t size) {
@@ -146,18 +176,17 @@ absl::StatusOr<std::vector<Entry>> ParseCentralDirectory(absl::string_view cd, i
       const uint64_t id = x.At(e_at, 2);
       const size_t len = x.At(e_at + 2, 2);
       if (id == 0x0001) {
-        size_t v = e_at + 4;
-        if (e.size == 0xffffffff) e.size = static_cast<int64_t>(x.At(v, 8)), v += 8;
-        if (e.compressed == 0xffffffff) e.compressed = static_cast<int64_t>(x.At(v, 8)), v += 8;
-        if (e.offset == 0xffffffff) e.offset = static_cast<int64_t>(x.At(v, 8));
-        if (x.short_read) return Damaged("short zip64 extra field");
+        // Only its own bytes: a short field must not borrow the next field's.
+        Fields z(extra.substr(e_at + 4, len));
+        size_t v = 0;
+        if (e.size == 0xffffffff) e.size = static_cast<int64_t>(z.At(v, 8)), v += 8;
+        if (e.compressed == 0xffffffff) e.compressed = static_cast<int64_t>(z.At(v, 8)), v += 8;
+        if (e.offset == 0xffffffff) e.offset = static_cast<int64_t>(z.At(v, 8));
+        if (z.short_read) return Damaged(absl::StrCat("short zip64 extra field of '", e.name, "'"));
       }
       e_at += 4 + len;
     }
-    if (e.offset < 0 || e.compressed < 0 || e.size < 0 || e.offset > size ||
-        e.compressed > size - e.offset) {
-      return Damaged(absl::StrCat("entry '", e.name, "' out of range"));
-    }
+    if (absl::Status s = CheckEntryRange(e, size); !s.ok()) return s;
     entries.push_back(std::move(e));
     at = name_at + name_len + extra_len + comment_len;
   }
@@ -184,6 +213,9 @@ absl::StatusOr<std::string> Inflate(absl::string_view in, int64_t size, absl::st
 
 // The bytes of one entry: its local header gives where its data start.
 absl::StatusOr<std::string> ReadEntry(const Entry& e, int64_t size, const ArchiveReader& read) {
+  if (e.offset > size - kLocalHeaderSize) {
+    return Damaged(absl::StrCat("local header of '", e.name, "' past the end"));
+  }
   auto header_or = read(e.offset, kLocalHeaderSize);
   if (!header_or.ok()) return header_or.status();
   std::string header = *std::move(header_or);
@@ -191,9 +223,14 @@ absl::StatusOr<std::string> ReadEntry(const Entry& e, int64_t size, const Archiv
   if (h.At(0, 4) != kLocalHeader || h.short_read) {
     return Damaged(absl::StrCat("bad local header of '", e.name, "'"));
   }
-  const int64_t data = e.offset + kLocalHeaderSize + static_cast<int64_t>(h.At(26, 2)) +
-                       static_cast<int64_t>(h.At(28, 2));
-  if (data > size - e.compressed) return Damaged(absl::StrCat("'", e.name, "' past the end"));
+  // At most 30 + 2 * 0xffff bytes; `e` is within `size` (CheckEntryRange), so the differences
+  // below are never negative and nothing is added to an offset that could overflow.
+  const int64_t header_bytes =
+      kLocalHeaderSize + static_cast<int64_t>(h.At(26, 2)) + static_cast<int64_t>(h.At(28, 2));
+  if (e.offset > size - header_bytes || e.compressed > size - header_bytes - e.offset) {
+    return Damaged(absl::StrCat("'", e.name, "' past the end"));
+  }
+  const int64_t data = e.offset + header_bytes;
   auto bytes_or = read(data, e.compressed);
   if (!bytes_or.ok()) return bytes_or.status();
   std::string bytes = *std::move(bytes_or);
@@ -294,13 +331,23 @@ absl::StatusOr<TorchScriptNeeds> ReadTorchScriptNeeds(int64_t size, const Archiv
     const absl::string_view inner = absl::string_view(e.name).substr(slash + 1);
     const bool version = inner == "version" || inner == ".data/version";
     const bool code = absl::StartsWith(inner, "code/") && absl::EndsWith(inner, ".py");
-    if (absl::StartsWith(inner, "data/")) needs.tensor_bytes += e.size;
-    if (!version && !code) continue;
-    code_bytes += e.size;
-    if (code_bytes > kMaxArchiveCodeBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("TorchScript archive: more than ",
-                                                       kMaxArchiveCodeBytes >> 20, " MiB of code"));
+    // Entries may share bytes, so their sizes can add up past the file's, and past 2^63.
+    if (absl::StartsWith(inner, "data/") &&
+        __builtin_add_overflow(needs.tensor_bytes, e.size, &needs.tensor_bytes)) {
+      return Damaged(absl::StrCat("its tensors' sizes add up past ",
+                                  std::numeric_limits<int64_t>::max(), " bytes (at '", e.name,
+                                  "')"));
     }
+    if (!version && !code) continue;
+    // Both what is read and what it inflates to are held in memory: the cap bounds both, and is
+    // checked before adding so that a size near 2^63 cannot wrap the sum below it.
+    const int64_t held = std::max(e.size, e.compressed);
+    if (held > kMaxArchiveCodeBytes - code_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("TorchScript archive: more than ", kMaxArchiveCodeBytes >> 20,
+                       " MiB of code (at '", e.name, "', of ", held, " bytes)"));
+    }
+    code_bytes += held;
     auto bytes_or = ReadEntry(e, size, read);
     if (!bytes_or.ok()) return bytes_or.status();
     std::string bytes = *std::move(bytes_or);

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -192,6 +193,72 @@ TEST_F(DataPackTest, CsvColumnsBecomeTensorsOfTheirDtypes) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-00000.safetensors.part"));
   EXPECT_EQ(ParseCsvColumns("x=a:F99").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseCsvColumns("x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// An .npy file as NumPy writes one (version 1.0, header padded to 64 bytes), with `data` after
+// its header whatever the header says.
+void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
+              const std::string& data) {
+  std::string header =
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", shape, "), }");
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header += '\n';
+  std::ofstream(path, std::ios::binary)
+      << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() & 0xff)
+      << static_cast<char>(header.size() >> 8) << header << data;
+}
+
+// Shapes whose byte counts wrap to 0 past 2^64 would match files with no data, which would then
+// be read past their end: they are refused by name, before anything is read or written.
+TEST_F(DataPackTest, RefusesShapesWhoseSizeWraps) {
+  struct Case {
+    const char* file;
+    const char* descr;
+    const char* shape;
+  };
+  for (const Case& c : {Case{"wide.npy", "<f8", "2305843009213693952, 8"},
+                        Case{"cube.npy", "|u1", "4294967296, 4294967296, 16"},
+                        Case{"long.npy", "<f4", "4611686018427387904,"}}) {
+    const std::string path = absl::StrCat(dir_, "/", c.file);
+    WriteNpy(path, c.descr, c.shape, "");
+    PackOptions options;
+    options.prefix = dir_ + "/wraps";
+    options.tensors.push_back({"x", path, {}, ""});
+    absl::Status status = PackShards(options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(absl::StrCat(path, ": shape (", c.shape, ") of ", c.descr,
+                                       " is over 2^63 bytes")));
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/wraps-00000.safetensors.part"));
+  }
+}
+
+// A shape that does not wrap is held to the file's size, and the message says which shape.
+TEST_F(DataPackTest, RefusesDataShorterThanItsShape) {
+  WriteNpy(dir_ + "/short.npy", "<f8", "3, 2", std::string(8, '\0'));
+  PackOptions options;
+  options.prefix = dir_ + "/short";
+  options.tensors.push_back({"x", dir_ + "/short.npy", {}, ""});
+  absl::Status status = PackShards(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("short.npy: holds 8 bytes of data, its shape (3, 2) says 48"));
+}
+
+// Samples of no bytes are bounded by no file: 2^62 of them would be 2^34 empty shards. (The
+// progress callback throws to stop a pack that has started writing them.)
+TEST_F(DataPackTest, RefusesSamplesOfNoBytes) {
+  WriteNpy(dir_ + "/empty.npy", "<f8", "4611686018427387904, 0", "");
+  PackOptions options;
+  options.prefix = dir_ + "/empty";
+  options.tensors.push_back({"x", dir_ + "/empty.npy", {}, ""});
+  options.progress = [](int64_t shards, int64_t) {
+    if (shards > 1) throw std::runtime_error("writing empty shards");
+  };
+  absl::Status status;
+  EXPECT_NO_THROW(status = PackShards(options).status());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("empty.npy: no bytes to pack"));
 }
 
 }  // namespace

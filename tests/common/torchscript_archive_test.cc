@@ -2,7 +2,11 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -91,6 +95,173 @@ class ArchiveTest : public ::testing::Test {
   static std::string dir_;
 };
 std::string ArchiveTest::dir_;
+
+// Zip archives built here, byte by byte, for what a writer would never write: sizes and offsets
+// near 2^63 in zip64 extra fields, in files of up to 2^63 - 1 bytes that are never materialized.
+std::string Le(uint64_t v, int width) {
+  std::string out;
+  for (int i = 0; i < width; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+// An entry of the central directory, with its size, compressed size and offset all in a zip64
+// extra field.
+struct CdEntry {
+  std::string name;
+  int method = 0;  // 0 stored, 8 deflated
+  uint64_t size = 0;
+  uint64_t compressed = 0;
+  uint64_t offset = 0;
+};
+
+// A local header and the stored bytes of `name`.
+std::string Local(const std::string& name, const std::string& bytes) {
+  return Le(0x04034b50, 4) + Le(45, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) + Le(0, 4) +
+         Le(bytes.size(), 4) + Le(bytes.size(), 4) + Le(name.size(), 2) + Le(0, 2) + name + bytes;
+}
+
+// A file of `size` bytes: `pieces` at their offsets, zeros elsewhere. Its reader refuses what
+// the archive reader must never ask: a negative range, or more than a MiB at once.
+class SparseFile {
+ public:
+  SparseFile(int64_t size, std::map<int64_t, std::string> pieces)
+      : size_(size), pieces_(std::move(pieces)) {}
+  int64_t size() const { return size_; }
+  ArchiveReader Reader() const {
+    return [this](int64_t offset, int64_t length) -> absl::StatusOr<std::string> {
+      if (offset < 0 || length < 0) {
+        return absl::OutOfRangeError(absl::StrCat("test: read of ", length, " at ", offset));
+      }
+      if (length > (1 << 20)) {
+        return absl::FailedPreconditionError(absl::StrCat("test: read of ", length, " bytes"));
+      }
+      std::string out(static_cast<size_t>(
+                          std::max<int64_t>(0, std::min(length, size_ - std::min(offset, size_)))),
+                      '\0');
+      const int64_t end = offset + static_cast<int64_t>(out.size());
+      for (const auto& [at, bytes] : pieces_) {
+        const int64_t from = std::max(at, offset);
+        const int64_t to = std::min(at + static_cast<int64_t>(bytes.size()), end);
+        if (from < to) out.replace(from - offset, to - from, bytes, from - at, to - from);
+      }
+      return out;
+    };
+  }
+
+ private:
+  int64_t size_;
+  std::map<int64_t, std::string> pieces_;
+};
+
+// An archive of `size` bytes (0: just large enough) with `pieces` at their offsets, whose central
+// directory lists `entries` and ends, with its zip64 end records, at `tail_end` (0: the end).
+SparseFile Zip(int64_t size, const std::vector<CdEntry>& entries,
+               std::map<int64_t, std::string> pieces, int64_t tail_end = 0) {
+  std::string cd;
+  for (const CdEntry& e : entries) {
+    const std::string extra =
+        Le(0x0001, 2) + Le(24, 2) + Le(e.size, 8) + Le(e.compressed, 8) + Le(e.offset, 8);
+    cd += Le(0x02014b50, 4) + Le(45, 2) + Le(45, 2) + Le(0, 2) + Le(e.method, 2) + Le(0, 4) +
+          Le(0, 4) + Le(0xffffffff, 4) + Le(0xffffffff, 4) + Le(e.name.size(), 2) +
+          Le(extra.size(), 2) + Le(0, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) + Le(0xffffffff, 4) +
+          e.name + extra;
+  }
+  constexpr int64_t kRecords = 56 + 20 + 22;
+  if (size == 0) {
+    for (const auto& [at, bytes] : pieces) {
+      size = std::max(size, at + static_cast<int64_t>(bytes.size()));
+    }
+    size += static_cast<int64_t>(cd.size()) + kRecords;
+  }
+  if (tail_end == 0) tail_end = size;
+  const int64_t cd_at = tail_end - kRecords - static_cast<int64_t>(cd.size());
+  const int64_t zip64_end_at = cd_at + static_cast<int64_t>(cd.size());
+  pieces[cd_at] = cd + Le(0x06064b50, 4) + Le(44, 8) + Le(45, 2) + Le(45, 2) + Le(0, 4) + Le(0, 4) +
+                  Le(entries.size(), 8) + Le(entries.size(), 8) + Le(cd.size(), 8) + Le(cd_at, 8) +
+                  Le(0x07064b50, 4) + Le(0, 4) + Le(zip64_end_at, 8) + Le(1, 4) +
+                  Le(0x06054b50, 4) + Le(0, 2) + Le(0, 2) + Le(0xffff, 2) + Le(0xffff, 2) +
+                  Le(0xffffffff, 4) + Le(0xffffffff, 4) + Le(0, 2);
+  return SparseFile(size, std::move(pieces));
+}
+
+constexpr int64_t kMaxSize = std::numeric_limits<int64_t>::max();
+const std::string kCodeName = "m/code/m.py";
+const std::string kCode = "y = torch.relu(x)\n";
+
+absl::StatusOr<TorchScriptNeeds> Read(const SparseFile& file) {
+  return ReadTorchScriptNeeds(file.size(), file.Reader());
+}
+
+// The archives below differ from this one only in what the tests are about.
+TEST(ArchiveLimitsTest, ReadsAnArchiveBuiltHere) {
+  const std::string code = Local(kCodeName, kCode);
+  const std::string tensor = Local("m/data/0", std::string(40, '\1'));
+  const int64_t tensor_at = static_cast<int64_t>(code.size());
+  absl::StatusOr<TorchScriptNeeds> needs =
+      Read(Zip(0,
+               {{kCodeName, 0, kCode.size(), kCode.size(), 0},
+                {"m/data/0", 0, 40, 40, static_cast<uint64_t>(tensor_at)}},
+               {{0, code}, {tensor_at, tensor}}));
+  ASSERT_TRUE(needs.ok()) << needs.status();
+  EXPECT_EQ(needs->ops, std::vector<std::string>{"aten::relu"});
+  EXPECT_EQ(needs->tensor_bytes, 40);
+}
+
+// A stored entry is as large as its bytes, a deflated one at most 1032 times them: two tensors
+// of 2^63 - 1 bytes each in a file of a few hundred would add up to -2.
+TEST(ArchiveLimitsTest, RefusesSizesTheirBytesCannotHold) {
+  const uint64_t huge = static_cast<uint64_t>(kMaxSize);
+  const CdEntry code{kCodeName, 0, kCode.size(), kCode.size(), 0};
+  for (const std::vector<CdEntry>& entries :
+       {std::vector<CdEntry>{code, {"m/data/0", 0, huge, 0, 0}, {"m/data/1", 0, huge, 0, 0}},
+        std::vector<CdEntry>{code, {"m/data/0", 8, uint64_t{1} << 40, 4, 0}}}) {
+    absl::StatusOr<TorchScriptNeeds> needs = Read(Zip(0, entries, {{0, Local(kCodeName, kCode)}}));
+    EXPECT_EQ(needs.status().code(), absl::StatusCode::kInvalidArgument) << needs.status();
+    EXPECT_THAT(needs.status().message(),
+                HasSubstr(absl::StrCat("'m/data/0' claims a size of ", entries[1].size)));
+  }
+}
+
+// Tensors may share their bytes, so their sizes add up past the file's: in a file of 2^63 - 1
+// bytes, two of 3 * 2^61 each add up past 2^63.
+TEST(ArchiveLimitsTest, RefusesTensorSizesThatAddUpPast2To63) {
+  const uint64_t big = uint64_t{3} << 61;
+  absl::StatusOr<TorchScriptNeeds> needs = Read(Zip(kMaxSize,
+                                                    {{kCodeName, 0, kCode.size(), kCode.size(), 0},
+                                                     {"m/data/0", 0, big, big, 0},
+                                                     {"m/data/1", 0, big, big, 0}},
+                                                    {{0, Local(kCodeName, kCode)}}));
+  EXPECT_EQ(needs.status().code(), absl::StatusCode::kInvalidArgument) << needs.status();
+  EXPECT_THAT(needs.status().message(), HasSubstr("tensors' sizes add up past"));
+  EXPECT_THAT(needs.status().message(), HasSubstr("'m/data/1'"));
+}
+
+// The cap on code holds against a size near 2^63 (which would wrap the running sum below the
+// cap) and against compressed bytes that inflate to little: neither is read.
+TEST(ArchiveLimitsTest, RefusesCodePastTheCapWithoutReadingIt) {
+  const uint64_t near_max = static_cast<uint64_t>(kMaxSize) - 8;
+  const CdEntry first{kCodeName, 0, kCode.size(), kCode.size(), 0};
+  for (const CdEntry& second : {CdEntry{"m/code/big.py", 8, near_max, near_max / 1032 + 1, 0},
+                                CdEntry{"m/code/big.py", 8, 10, uint64_t{1} << 30, 0}}) {
+    absl::StatusOr<TorchScriptNeeds> needs =
+        Read(Zip(kMaxSize, {first, second}, {{0, Local(kCodeName, kCode)}}));
+    EXPECT_EQ(needs.status().code(), absl::StatusCode::kResourceExhausted) << needs.status();
+    EXPECT_THAT(needs.status().message(), HasSubstr("MiB of code (at 'm/code/big.py'"));
+  }
+}
+
+// A local header in the last 30 bytes of a 2^63 - 1-byte file, whose name and extra lengths
+// (2 * 0xffff) would carry the offset of its data past 2^63.
+TEST(ArchiveLimitsTest, RefusesALocalHeaderWhoseDataOffsetWouldOverflow) {
+  const int64_t header_at = kMaxSize - 30;
+  const std::string header =
+      Le(0x04034b50, 4) + std::string(22, '\0') + Le(0xffff, 2) + Le(0xffff, 2);
+  absl::StatusOr<TorchScriptNeeds> needs =
+      Read(Zip(kMaxSize, {{kCodeName, 0, 0, 0, static_cast<uint64_t>(header_at)}},
+               {{header_at, header}}, header_at));
+  EXPECT_EQ(needs.status().code(), absl::StatusCode::kInvalidArgument) << needs.status();
+  EXPECT_THAT(needs.status().message(), HasSubstr("'m/code/m.py' past the end"));
+}
 
 // PyTorch is the reference: every operator of the model's graph that its code names is found,
 // and every one found is an operator PyTorch has (nothing made up from a string or a type).
