@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/sha256.h"
 #include "common/uri.h"
@@ -154,6 +157,48 @@ absl::Status CopyFd(int in, int out, absl::string_view from, absl::string_view t
 
 }  // namespace
 
+absl::StatusOr<std::string> RealPathOfExisting(const std::string& path) {
+  std::string head = path;
+  std::string tail;
+  while (!head.empty()) {
+    char resolved[PATH_MAX];
+    if (realpath(head.c_str(), resolved) != nullptr) {
+      std::string real = resolved;
+      if (!tail.empty()) real = JoinUri(real, tail);
+      return real;
+    }
+    const size_t slash = head.rfind('/');
+    if (slash == std::string::npos) break;
+    const std::string last = head.substr(slash + 1);
+    tail = tail.empty() ? last : absl::StrCat(last, "/", tail);
+    head = slash == 0 ? (head == "/" ? "" : "/") : head.substr(0, slash);
+  }
+  return absl::NotFoundError(absl::StrCat("no part of '", path, "' exists"));
+}
+
+FileObjectStore::FileObjectStore(const std::vector<std::string>& roots) : rooted_(true) {
+  for (const std::string& root : roots) {
+    absl::StatusOr<std::string> path = LocalPath(root);
+    if (!path.ok()) continue;  // names no folder: nothing is under it
+    absl::StatusOr<std::string> real = RealPathOfExisting(*path);
+    if (real.ok()) roots_.push_back(*real);
+  }
+}
+
+absl::StatusOr<std::string> FileObjectStore::Resolve(absl::string_view uri, bool object) const {
+  absl::StatusOr<std::string> path = object ? ObjectPath(uri) : LocalPath(uri);
+  if (!path.ok() || !rooted_) return path;
+  absl::StatusOr<std::string> real = RealPathOfExisting(*path);
+  if (!real.ok()) return real.status();
+  const Uri where{"file", "", *real};
+  for (const std::string& root : roots_) {
+    if (IsWithin(where, Uri{"file", "", root})) return path;
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "'", uri, "' resolves to '", *real, "', outside the folders this job may use (",
+      roots_.empty() ? "none: object storage only" : absl::StrJoin(roots_, ", "), ")"));
+}
+
 absl::Status FileObjectStore::Put(absl::string_view uri, absl::string_view data) {
   return WriteObject(uri, [&](int fd) { return WriteAll(fd, data, uri); });
 }
@@ -189,7 +234,7 @@ absl::Status FileObjectStore::PutFile(absl::string_view uri, const std::string& 
 
 absl::StatusOr<ObjectInfo> FileObjectStore::GetToFile(absl::string_view uri,
                                                       const std::string& local_path) {
-  absl::StatusOr<std::string> path = ObjectPath(uri);
+  absl::StatusOr<std::string> path = Resolve(uri, /*object=*/true);
   if (!path.ok()) return path.status();
   struct stat st;
   absl::StatusOr<int> raw_fd = OpenForRead(*path, uri, &st);
@@ -209,7 +254,7 @@ absl::StatusOr<ObjectInfo> FileObjectStore::GetToFile(absl::string_view uri,
 
 absl::Status FileObjectStore::WriteObject(absl::string_view uri,
                                           const std::function<absl::Status(int fd)>& fill) {
-  absl::StatusOr<std::string> path = ObjectPath(uri);
+  absl::StatusOr<std::string> path = Resolve(uri, /*object=*/true);
   if (!path.ok()) return path.status();
   const fs::path target(*path);
   const fs::path dir = target.parent_path();
@@ -252,7 +297,7 @@ absl::Status FileObjectStore::WriteObject(absl::string_view uri,
 }
 
 absl::StatusOr<std::string> FileObjectStore::Get(absl::string_view uri) {
-  absl::StatusOr<std::string> path = ObjectPath(uri);
+  absl::StatusOr<std::string> path = Resolve(uri, /*object=*/true);
   if (!path.ok()) return path.status();
   struct stat st;
   absl::StatusOr<int> raw_fd = OpenForRead(*path, uri, &st);
@@ -267,7 +312,7 @@ absl::StatusOr<std::string> FileObjectStore::GetRange(absl::string_view uri, int
     return absl::InvalidArgumentError(
         absl::StrCat("bad range offset=", offset, " length=", length, " for ", uri));
   }
-  absl::StatusOr<std::string> path = ObjectPath(uri);
+  absl::StatusOr<std::string> path = Resolve(uri, /*object=*/true);
   if (!path.ok()) return path.status();
   struct stat st;
   absl::StatusOr<int> raw_fd = OpenForRead(*path, uri, &st);
@@ -281,7 +326,7 @@ absl::StatusOr<std::string> FileObjectStore::GetRange(absl::string_view uri, int
 }
 
 absl::StatusOr<ObjectInfo> FileObjectStore::Head(absl::string_view uri) {
-  absl::StatusOr<std::string> path = ObjectPath(uri);
+  absl::StatusOr<std::string> path = Resolve(uri, /*object=*/true);
   if (!path.ok()) return path.status();
   struct stat st;
   if (stat(path->c_str(), &st) != 0) {
@@ -295,7 +340,7 @@ absl::StatusOr<ObjectInfo> FileObjectStore::Head(absl::string_view uri) {
 }
 
 absl::StatusOr<std::vector<ObjectInfo>> FileObjectStore::List(absl::string_view prefix) {
-  absl::StatusOr<std::string> local = LocalPath(prefix);
+  absl::StatusOr<std::string> local = Resolve(prefix, /*object=*/false);
   if (!local.ok()) return local.status();
   const std::string& path_prefix = *local;
   // The deepest folder that certainly contains every match.
@@ -343,7 +388,7 @@ absl::StatusOr<std::vector<ObjectInfo>> FileObjectStore::List(absl::string_view 
 }
 
 absl::Status FileObjectStore::Delete(absl::string_view uri) {
-  absl::StatusOr<std::string> path = ObjectPath(uri);
+  absl::StatusOr<std::string> path = Resolve(uri, /*object=*/true);
   if (!path.ok()) return path.status();
   if (unlink(path->c_str()) != 0 && errno != ENOENT && errno != ENOTDIR) {
     return ErrnoStatus(errno, "deleting", uri);

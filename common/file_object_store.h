@@ -33,9 +33,16 @@ namespace trainyard {
 // that starts past the end of the object, PERMISSION_DENIED for EACCES/EPERM, FAILED_PRECONDITION
 // when the path is taken by something that is not a file (a folder, or a file where a folder is
 // needed), UNAVAILABLE for other I/O errors.
+//
+// A store made with `roots` serves only what lies, symbolic links followed, below one of those
+// folders (their own links resolved once, when it is made): anything else is PERMISSION_DENIED
+// naming where it leads. What does not exist yet is checked through its deepest existing
+// folder. It is how a trainer holds a job to the coordinator's --allowed_local_paths on its own
+// disk, where the coordinator cannot see links.
 class FileObjectStore final : public ObjectStore {
  public:
   FileObjectStore() = default;
+  explicit FileObjectStore(const std::vector<std::string>& roots);
 
   absl::Status Put(absl::string_view uri, absl::string_view data) override;
   // Hashes each megabyte of the pieces just before writing it, while it is in the cache.
@@ -61,9 +68,18 @@ class FileObjectStore final : public ObjectStore {
  private:
   // Writes the object atomically, its contents written by `fill` into the temporary file `fd`.
   absl::Status WriteObject(absl::string_view uri, const std::function<absl::Status(int fd)>& fill);
+  // The local path of `uri` (an object when `object`, else a prefix), held to the roots.
+  absl::StatusOr<std::string> Resolve(absl::string_view uri, bool object) const;
 
+  const bool rooted_ = false;
+  std::vector<std::string> roots_;  // real paths; fixed after construction
   std::atomic<uint64_t> temp_counter_{0};
 };
+
+// The real path of `path` (absolute and parsed by ParseUri, so free of "." and ".."): of the
+// deepest part of it that exists, symbolic links resolved, with the rest appended as written
+// (it holds no links yet). NOT_FOUND only when not even "/" resolves.
+absl::StatusOr<std::string> RealPathOfExisting(const std::string& path);
 
 }  // namespace trainyard
 

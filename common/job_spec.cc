@@ -57,10 +57,14 @@ constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
 constexpr int kDefaultBucketSizeMb = 25;
 
-// A file the workers read or write: an absolute path or a URI. A relative path would be read
-// from whatever folder each trainer runs in, so it is refused here rather than on the workers.
+// A file the workers read or write: an absolute path or a URI, as the one parser reads it (a
+// relative path would be read from whatever folder each trainer runs in).
 absl::Status CheckAbsolute(absl::string_view field, const std::string& value) {
-  if (absl::StrContains(value, "://") || absl::StartsWith(value, "/")) return absl::OkStatus();
+  if (absl::StartsWith(value, "/") || absl::StrContains(value, "://")) {
+    absl::StatusOr<Uri> uri = ParseUri(value);
+    if (!uri.ok()) return FieldError(field, uri.status().message());
+    return absl::OkStatus();
+  }
   return FieldError(field, absl::StrCat("'", value,
                                         "' is not an absolute path or URI (a relative path means "
                                         "nothing on the workers)"));
@@ -728,88 +732,6 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (spec.bucket_size_mb() < 1) return FieldError("bucket_size_mb", "must be > 0");
   return absl::OkStatus();
-}
-
-namespace {
-
-// The fields of `spec` that name files on the workers' disks (set, and not object storage), with
-// their values: data.train, data.tokens, model.torchscript, model.stages[i], distill.teacher, and
-// checkpoint.uri when `with_checkpoint`.
-std::vector<std::pair<std::string, const std::string*>> LocalFileFields(const v1::JobSpec& spec,
-                                                                        bool with_checkpoint) {
-  std::vector<std::pair<std::string, const std::string*>> fields = {
-      {"data.train", &spec.data().train()},
-      {"data.tokens", &spec.data().tokens()},
-      {"model.torchscript", &spec.model().torchscript()},
-      {"distill.teacher", &spec.distill().teacher()}};
-  for (int i = 0; i < spec.model().stages_size(); ++i) {
-    fields.emplace_back(absl::StrCat("model.stages[", i, "]"), &spec.model().stages(i));
-  }
-  if (with_checkpoint) fields.emplace_back("checkpoint.uri", &spec.checkpoint().uri());
-  std::vector<std::pair<std::string, const std::string*>> local;
-  for (auto& [field, value] : fields) {
-    if (value->empty()) continue;
-    // Object storage is not the worker's disk; anything else is read from it.
-    if (absl::StrContains(*value, "://") && !absl::StartsWith(*value, "file://")) continue;
-    local.emplace_back(std::move(field), value);
-  }
-  return local;
-}
-
-}  // namespace
-
-absl::Status CheckLocalPaths(const v1::JobSpec& spec, const std::vector<std::string>& allowed) {
-  for (const auto& [field, value] : LocalFileFields(spec, /*with_checkpoint=*/true)) {
-    absl::StatusOr<std::string> path = LocalPath(*value);
-    if (!path.ok()) path = *value;  // a relative path: still the worker's disk
-    const std::string where =
-        allowed.empty() ? "no local paths are allowed here: use object storage (s3://)"
-                        : absl::StrCat("local paths must be under ", absl::StrJoin(allowed, ", "));
-    if (!absl::StartsWith(*path, "/")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": '", *value, "' is not an absolute path; ", where));
-    }
-    const std::string normal = std::filesystem::path(*path).lexically_normal().string();
-    bool inside = false;
-    for (const std::string& folder : allowed) {
-      const std::string prefix = absl::StrCat(absl::StripSuffix(folder, "/"), "/");
-      inside |= absl::StartsWith(normal + "/", prefix);
-    }
-    if (!inside) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": '", *value,
-                                                     "' is outside the "
-                                                     "folders this coordinator allows; ",
-                                                     where));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const v1::JobSpec& spec) {
-  std::vector<std::string> unchecked;
-  for (const auto& [field, value] : LocalFileFields(spec, /*with_checkpoint=*/false)) {
-    absl::StatusOr<std::string> path = LocalPath(*value);
-    if (!path.ok() || !absl::StartsWith(*path, "/")) continue;  // refused by validation
-    // The folder up to the first wildcard: what must exist here for the check to mean anything.
-    const size_t wild = path->find_first_of("*?[");
-    const std::string fixed = path->substr(0, wild == std::string::npos ? path->size() : wild);
-    const std::string folder = fixed.substr(0, fixed.rfind('/') + 1);
-    std::error_code ec;
-    if (!std::filesystem::is_directory(folder, ec)) {
-      unchecked.push_back(
-          absl::StrCat(field, " (", folder, " is not on the coordinator's machine)"));
-      continue;
-    }
-    FileObjectStore files;
-    absl::StatusOr<std::vector<std::string>> matches =
-        ExpandObjectGlob(files, absl::StrCat("file://", *path));
-    if (absl::IsNotFound(matches.status())) {
-      return FieldError(
-          field,
-          absl::StrCat(wild == std::string::npos ? "no file '" : "no files match '", *value, "'"));
-    }
-  }
-  return unchecked;
 }
 
 bool IsValidName(absl::string_view name) {

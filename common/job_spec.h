@@ -72,21 +72,6 @@ absl::Status ValidateJobSpec(const trainyard::v1::JobSpec& spec);
 inline constexpr char kNameRule[] = "[a-z][a-z0-9-]{0,62}";
 bool IsValidName(absl::string_view name);
 
-// Checks that every local path in `spec` (data.train, model.torchscript, distill.teacher,
-// checkpoint.uri: plain paths and file:// URIs) is absolute and lies under one of `allowed`
-// (absolute folders). Globs are checked as written, so a pattern must name its folders
-// (`/data/run-*/x` is under `/data`). Symlinks are not followed: the folders named must not hold
-// links that lead out. INVALID_ARGUMENT naming the field and the allowed folders.
-absl::Status CheckLocalPaths(const trainyard::v1::JobSpec& spec,
-                             const std::vector<std::string>& allowed);
-
-// Checks the local files `spec` reads (data.train's pattern, model.torchscript, distill.teacher)
-// where this machine can see them: INVALID_ARGUMENT naming the field when their folder exists
-// here but holds no match ("data.train: no files match '/data/x-*.safetensors'"). A folder this
-// machine does not have is not checked (the workers may have it): the result names each such
-// field and folder, for the job's events. Object storage (s3://) is not checked here.
-absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const trainyard::v1::JobSpec& spec);
-
 // "90s", "15m", "12h", "2d", "1h30m" -> seconds. INVALID_ARGUMENT otherwise.
 absl::StatusOr<int64_t> ParseDurationSeconds(absl::string_view text);
 

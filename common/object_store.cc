@@ -54,8 +54,11 @@ namespace {
 
 class EnvironmentStores final : public ObjectStoreResolver {
  public:
-  explicit EnvironmentStores(const EnvLookup& env)
-      : files_(std::make_shared<FileObjectStore>()), s3_options_(S3ClientOptionsFromEnv(env)) {}
+  EnvironmentStores(const EnvLookup& env,
+                    const std::optional<std::vector<std::string>>& local_roots)
+      : files_(local_roots.has_value() ? std::make_shared<FileObjectStore>(*local_roots)
+                                       : std::make_shared<FileObjectStore>()),
+        s3_options_(S3ClientOptionsFromEnv(env)) {}
 
   absl::StatusOr<std::shared_ptr<ObjectStore>> Open(absl::string_view uri) const override {
     absl::StatusOr<Uri> parsed = ParseUri(uri);
@@ -84,12 +87,14 @@ class EnvironmentStores final : public ObjectStoreResolver {
 
 }  // namespace
 
-std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(const EnvLookup& env) {
-  return std::make_unique<EnvironmentStores>(env);
+std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(
+    const EnvLookup& env, const std::optional<std::vector<std::string>>& local_roots) {
+  return std::make_unique<EnvironmentStores>(env, local_roots);
 }
 
 absl::StatusOr<std::shared_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri) {
-  return NewObjectStoreResolver([](const char* name) { return std::getenv(name); })->Open(uri);
+  return NewObjectStoreResolver([](const char* name) { return std::getenv(name); })
+      ->Open(uri);
 }
 
 }  // namespace trainyard

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,8 +77,10 @@ class ObjectStoreResolver {
 
 // file:// and s3://, the S3 settings (S3ClientOptionsFromEnv: endpoint, region, credentials)
 // read from `env` here, once; one file store and one S3 store (with its pool of connections)
-// serve every URI of their scheme.
-std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(const EnvLookup& env);
+// serve every URI of their scheme. With `local_roots`, the file store serves only what resolves
+// below those folders (FileObjectStore's roots); without, any local path.
+std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(
+    const EnvLookup& env, const std::optional<std::vector<std::string>>& local_roots = std::nullopt);
 
 // A fresh store for `uri` with the S3 settings of the process environment: for tests and
 // benchmarks. Programs hand down one ObjectStoreResolver instead.

@@ -354,6 +354,13 @@ class JobManager {
                                                   absl::string_view by)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Other jobs' checkpoints and exports are their owners': `spec` (submitted by `by`; null:
+  // no authentication, one user) may read below a job's checkpoint folder only where `by` may
+  // see that job, below the checkpoint root only within such a folder, and write below none.
+  // PERMISSION_DENIED naming the field and the job; INVALID_ARGUMENT for a checkpoint.uri
+  // inside a job's folder.
+  absl::Status CheckJobSpaces(const trainyard::v1::JobSpec& spec, const Principal* by) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A job not in memory, read from the store: a finished job that was evicted (EvictLocked).
   // NOT_FOUND ("job 'x' not found") when the store has none either. Call without the lock: a
   // job leaves memory only once all of it is in the store.

@@ -302,8 +302,10 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
   for (auto it = entry.checkpoints.rbegin(); it != entry.checkpoints.rend(); ++it) {
     if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
   }
+  std::string resume_folder;
   if (const JobEntry* from = FindLocked(entry.job.spec().checkpoint().resume_from());
       from != nullptr && from != &entry) {
+    resume_folder = from->job.checkpoint_uri();
     for (auto it = from->checkpoints.rbegin(); it != from->checkpoints.rend(); ++it) {
       if (!it->retired) task.add_resume_checkpoints(it->checkpoint.uri());
     }
@@ -314,6 +316,14 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
   task.set_memory_limit_bytes(resources.memory_bytes);
   task.set_cpu_limit(resources.cpu_limit);
   task.set_stop_deadline_unix_ms(info.stop_deadline_unix_ms());
+  if (options_.allowed_local_paths.has_value()) {
+    v1::LocalPaths& local = *task.mutable_local_paths();  // set even when empty: none then
+    for (const std::string& folder : *options_.allowed_local_paths) local.add_allowed(folder);
+    // Its own checkpoints, and those it resumes from, wherever the coordinator put them.
+    for (const std::string& folder : {entry.job.checkpoint_uri(), resume_folder}) {
+      if (absl::StatusOr<std::string> path = LocalPath(folder); path.ok()) local.add_allowed(*path);
+    }
+  }
   if (const WorkerRecord* worker = workers_.Find(info.worker_id()); worker != nullptr) {
     task.set_worker_address(worker->info.address());
   }

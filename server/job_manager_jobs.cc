@@ -11,13 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "common/clock.h"
+#include "common/job_paths.h"
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "common/memory_estimate.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
+#include "server/auth.h"
 #include "server/capacity.h"
 #include "server/checkpoint_registry.h"
 #include "server/job_manager.h"
@@ -48,7 +51,8 @@ absl::StatusOr<v1::Job> JobManager::SubmitJobYaml(absl::string_view spec_yaml, c
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(spec_yaml);
   if (!spec.ok()) return spec.status();
   // The job it names is checked by SubmitValidated, as for one the spec names.
-  if (!options.resume_from.empty()) spec->mutable_checkpoint()->set_resume_from(options.resume_from);
+  if (!options.resume_from.empty())
+    spec->mutable_checkpoint()->set_resume_from(options.resume_from);
   return SubmitValidated(*std::move(spec), by, options);
 }
 
@@ -113,6 +117,60 @@ std::string JobManager::NoWorkerHoldsLocked(const v1::JobSpec& spec,
   return none;
 }
 
+absl::Status JobManager::CheckJobSpaces(const v1::JobSpec& spec, const Principal* by) const {
+  if (by == nullptr || by->admin()) return absl::OkStatus();
+  absl::StatusOr<std::vector<JobLocation>> locations = JobLocations(spec);
+  if (!locations.ok()) return locations.status();
+  const absl::StatusOr<Uri> root = ParseUri(options_.checkpoint_root);
+  for (const JobLocation& location : *locations) {
+    Uri fixed = location.uri;
+    fixed.path = FixedPart(location.uri.path);
+    const bool pattern = fixed.path != location.uri.path;
+    // The job whose folder holds it: a segment of the path names the job.
+    bool in_a_job = false;
+    for (absl::string_view segment : absl::StrSplit(fixed.path, '/', absl::SkipEmpty())) {
+      if (!IsValidName(segment)) continue;  // job ids are names with their number
+      std::string owner;
+      std::string folder;
+      {
+        absl::MutexLock lock(&mu_);
+        if (const JobEntry* entry = FindLocked(segment); entry != nullptr) {
+          owner = entry->job.owner();
+          folder = entry->job.checkpoint_uri();
+        }
+      }
+      if (folder.empty()) {
+        absl::StatusOr<StoredJobRecord> stored = LoadEvicted(segment);
+        if (absl::IsNotFound(stored.status())) continue;
+        if (!stored.ok()) return stored.status();
+        owner = stored->job.job.owner();
+        folder = stored->job.job.checkpoint_uri();
+      }
+      absl::StatusOr<Uri> job_folder = ParseUri(folder);
+      if (!job_folder.ok() || !IsWithin(fixed, *job_folder)) continue;
+      if (location.written) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            location.field, ": '", location.value, "' is inside the checkpoints of job ", segment));
+      }
+      if (absl::Status s = AllowJob(*by, segment, owner); !s.ok()) {
+        return absl::PermissionDeniedError(absl::StrCat(location.field, ": '", location.value,
+                                                        "' is in the checkpoints of job ", segment,
+                                                        ", which belongs to another user"));
+      }
+      in_a_job = true;
+      break;
+    }
+    // Below the checkpoint root, every folder is a job's (or will be): only a job's own.
+    if (location.written || in_a_job || !root.ok()) continue;
+    if (IsWithin(fixed, *root) || (pattern && IsWithin(*root, fixed))) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          location.field, ": '", location.value,
+          "' reads the checkpoint root outside any job of yours; name a job's own folder"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Principal* by,
                                                     const SubmitOptions& options) {
   // The name passed IsValidName (ValidateJobSpec), which also makes it a safe file name for the
@@ -120,6 +178,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
   if (options_.allowed_local_paths.has_value()) {
     if (absl::Status s = CheckLocalPaths(spec, *options_.allowed_local_paths); !s.ok()) return s;
   }
+  if (absl::Status s = CheckJobSpaces(spec, by); !s.ok()) return s;
   // No data or no model is refused now where this machine can tell, not on the workers.
   absl::StatusOr<std::vector<std::string>> unchecked = CheckLocalFiles(spec);
   if (!unchecked.ok()) return unchecked.status();

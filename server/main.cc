@@ -168,8 +168,9 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "exists, e.g. at first start. Default: <state_dir>/admin.token.");
 ABSL_FLAG(std::string, allowed_local_paths, "",
           "Comma-separated folders (or file:// URIs) under which a job's local paths (data.train, "
-          "model.torchscript, distill.teacher, checkpoint.uri) must lie; others are refused at "
-          "submission. Default: the checkpoint root when it is local, else none (object storage "
+          "data.tokens, model.torchscript, model.stages, distill.teacher, checkpoint.uri) must "
+          "lie, symbolic links followed: others are refused at submission, and by the trainers "
+          "on the workers. Default: the checkpoint root when it is local, else none (object storage "
           "only). '*' allows any path the trainer's user can read: only for a machine of one "
           "user.");
 ABSL_FLAG(std::string, health_listen, "",

@@ -242,6 +242,55 @@ TEST_F(FileObjectStoreTest, ConcurrentPutsOfOneObjectLeaveOneWholeVersion) {
   EXPECT_EQ(AllFiles(), std::vector<std::string>{"same"});
 }
 
+// A store held to its roots serves nothing outside them, however a link leads there: the
+// trainer's guard on the worker's own disk, where the coordinator cannot see links.
+TEST_F(FileObjectStoreTest, RootsHoldEveryOperationBelowThemThroughLinks) {
+  fs::create_directories(dir_ + "/allowed/data");
+  fs::create_directories(dir_ + "/outside");
+  ASSERT_TRUE(store_.Put(Uri("outside/secret"), "s").ok());
+  fs::create_directory_symlink(dir_ + "/outside", dir_ + "/allowed/link");
+  fs::create_symlink(dir_ + "/outside/secret", dir_ + "/allowed/data/secret");
+  fs::create_directory_symlink(dir_ + "/allowed", dir_ + "/allowed-link");
+  FileObjectStore rooted(std::vector<std::string>{"file://" + dir_ + "/allowed-link"});
+
+  // Inside: everything works, through the root's own link too.
+  ASSERT_TRUE(rooted.Put(Uri("allowed/data/x"), "x").ok());
+  EXPECT_EQ(*rooted.Get(Uri("allowed-link/data/x")), "x");
+  EXPECT_TRUE(rooted.Head(Uri("allowed/data/x")).ok());
+  EXPECT_TRUE(rooted.List(Uri("allowed/data/")).ok());
+  // Out through a file link, a folder link, or a folder not made yet below a link: refused,
+  // naming where it leads, and nothing written there.
+  for (const std::string& out :
+       {std::string("allowed/data/secret"), std::string("allowed/link/secret"),
+        std::string("allowed/link/new/object"), std::string("outside/secret")}) {
+    absl::StatusOr<std::string> got = rooted.Get(Uri(out));
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << out;
+    EXPECT_THAT(std::string(got.status().message()), ::testing::HasSubstr("/outside")) << out;
+    EXPECT_EQ(rooted.Put(Uri(out), "overwritten").code(), absl::StatusCode::kPermissionDenied)
+        << out;
+    EXPECT_EQ(rooted.Head(Uri(out)).status().code(), absl::StatusCode::kPermissionDenied) << out;
+    EXPECT_EQ(rooted.Delete(Uri(out)).code(), absl::StatusCode::kPermissionDenied) << out;
+    EXPECT_EQ(rooted.GetRange(Uri(out), 0, 1).status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(rooted.List(Uri("allowed/link/")).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(*store_.Get(Uri("outside/secret")), "s");
+  EXPECT_FALSE(fs::exists(dir_ + "/outside/new"));
+  // No roots at all: no local path (object storage only).
+  FileObjectStore none(std::vector<std::string>{});
+  EXPECT_EQ(none.Get(Uri("allowed/data/x")).status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// The resolver hands the trainer a file store held to the task's folders.
+TEST_F(FileObjectStoreTest, ResolverWithLocalRootsHoldsItsFileStore) {
+  ASSERT_TRUE(store_.Put(Uri("in/x"), "x").ok());
+  ASSERT_TRUE(store_.Put(Uri("out/x"), "x").ok());
+  std::unique_ptr<ObjectStoreResolver> stores = NewObjectStoreResolver(
+      [](const char*) -> const char* { return nullptr; }, std::vector<std::string>{dir_ + "/in"});
+  std::shared_ptr<ObjectStore> files = *stores->Open(Uri("in/x"));
+  EXPECT_EQ(*files->Get(Uri("in/x")), "x");
+  EXPECT_EQ(files->Get(Uri("out/x")).status().code(), absl::StatusCode::kPermissionDenied);
+}
+
 TEST(OpenObjectStoreTest, Schemes) {
   absl::StatusOr<std::shared_ptr<ObjectStore>> store = OpenObjectStore("file:///tmp/x");
   ASSERT_TRUE(store.ok()) << store.status();

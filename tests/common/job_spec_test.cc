@@ -993,39 +993,6 @@ max_steps: 10
   EXPECT_TRUE(ParseJobSpecYaml(base + "data: {train: 's3://b/train-*.safetensors'}\n").ok());
 }
 
-TEST(JobSpecTest, LocalFilesAreCheckedWhereTheirFolderIsVisible) {
-  char tmpl[] = "/tmp/job_spec_test.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  JobSpec spec;
-  // A folder here without a match: refused, the field named.
-  spec.mutable_data()->set_train(dir + "/train-*.safetensors");
-  absl::StatusOr<std::vector<std::string>> checked = CheckLocalFiles(spec);
-  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(checked.status().message(),
-            "data.train: no files match '" + dir + "/train-*.safetensors'");
-  std::ofstream(dir + "/train-0.safetensors") << "x";
-  checked = CheckLocalFiles(spec);
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_TRUE(checked->empty());
-  spec.mutable_model()->set_torchscript("file://" + dir + "/model.pt");
-  EXPECT_EQ(CheckLocalFiles(spec).status().message(),
-            "model.torchscript: no file 'file://" + dir + "/model.pt'");
-  std::ofstream(dir + "/model.pt") << "x";
-  EXPECT_TRUE(CheckLocalFiles(spec).ok());
-  // A folder this machine does not have: not checked, and said so.
-  spec.mutable_distill()->set_teacher("/nonexistent-folder/teacher.pt");
-  checked = CheckLocalFiles(spec);
-  ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_THAT(*checked, ::testing::ElementsAre(
-                            "distill.teacher (/nonexistent-folder/ is not on the coordinator's "
-                            "machine)"));
-  // Object storage is not this machine's to check.
-  spec.mutable_data()->set_train("s3://bucket/none-*.safetensors");
-  EXPECT_TRUE(CheckLocalFiles(spec).ok());
-  std::filesystem::remove_all(dir);
-}
-
 TEST(JobSpecTest, ExampleSafetensorsMlpParses) {
   const std::string yaml = ReadFile(SourceDir() + "/examples/safetensors-mlp.yaml");
   ASSERT_FALSE(yaml.empty());
@@ -1162,51 +1129,6 @@ TEST(ParseDurationSecondsTest, Invalid) {
                           "99999999999999999d"}) {
     EXPECT_EQ(ParseDurationSeconds(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-}
-
-TEST(CheckLocalPathsTest, LocalPathsMustLieUnderAnAllowedFolder) {
-  v1::JobSpec spec;
-  spec.mutable_data()->set_train("/data/run-*/train-*.safetensors");
-  spec.mutable_model()->set_torchscript("file:///models/net.pt");
-  spec.mutable_checkpoint()->set_uri("s3://bucket/ckpt");
-  EXPECT_TRUE(CheckLocalPaths(spec, {"/data", "/models/"}).ok());
-
-  absl::Status s = CheckLocalPaths(spec, {"/data"});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(),
-            "model.torchscript: 'file:///models/net.pt' is outside the folders this coordinator "
-            "allows; local paths must be under /data");
-  // Climbing out, a folder that only starts like an allowed one, a relative path.
-  spec.mutable_model()->clear_torchscript();
-  spec.mutable_data()->set_train("/data/../etc/passwd");
-  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).code(), absl::StatusCode::kInvalidArgument);
-  spec.mutable_data()->set_train("/database/x.safetensors");
-  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).code(), absl::StatusCode::kInvalidArgument);
-  spec.mutable_data()->set_train("data/x.safetensors");
-  EXPECT_THAT(std::string(CheckLocalPaths(spec, {"/data"}).message()),
-              HasSubstr("data.train: 'data/x.safetensors' is not an absolute path"));
-  // Nothing allowed: object storage only.
-  spec.mutable_data()->set_train("/data/x.safetensors");
-  EXPECT_THAT(std::string(CheckLocalPaths(spec, {}).message()),
-              HasSubstr("no local paths are allowed here"));
-  spec.mutable_data()->set_train("s3://bucket/x-*.safetensors");
-  EXPECT_TRUE(CheckLocalPaths(spec, {}).ok());
-  // A distillation teacher is a local path like any other.
-  spec.mutable_distill()->set_teacher("/models/teacher.pt");
-  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).message(),
-            "distill.teacher: '/models/teacher.pt' is outside the folders this coordinator "
-            "allows; local paths must be under /data");
-  EXPECT_TRUE(CheckLocalPaths(spec, {"/models"}).ok());
-  spec.mutable_distill()->set_teacher("s3://bucket/teacher.pt");
-  EXPECT_TRUE(CheckLocalPaths(spec, {}).ok());
-  // So is each file of model.stages.
-  spec.mutable_model()->add_stages("s3://bucket/a.pt");
-  spec.mutable_model()->add_stages("/models/b.pt");
-  EXPECT_EQ(CheckLocalPaths(spec, {"/data"}).message(),
-            "model.stages[1]: '/models/b.pt' is outside the folders this coordinator allows; "
-            "local paths must be under /data");
-  EXPECT_TRUE(CheckLocalPaths(spec, {"/models"}).ok());
-  spec.mutable_model()->clear_stages();
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
 #include "common/uri.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "common/checkpoint_layout.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace trainyard {
@@ -58,6 +63,47 @@ TEST(ParseUriTest, Rejects) {
 TEST(ParseUriTest, ErrorNamesTheUri) {
   absl::StatusOr<Uri> uri = ParseUri("gs://bucket/x");
   EXPECT_NE(uri.status().message().find("gs://bucket/x"), absl::string_view::npos);
+}
+
+// Nothing written under a folder may name a place above it, however it is spelled.
+TEST(ParseUriTest, RefusesPathsThatCouldLeadElsewhere) {
+  for (const std::string& bad : std::vector<std::string>{
+           "/a/../b", "/a/..", "/a/./b", "/a/...", "file:///a/../b", "file://localhost/a/%2e%2E/b",
+           "/a/%2e/b", "/a/x://../../b", "file:///a/s3://b/c", "s3://bucket/a/../b",
+           "s3://bucket/a/%2e%2e/b", "s3://bucket/a//b", "s3://bucket//a", "s3://../a", "/a\\..\\b",
+           "/a/b\n", std::string("/a/b\0/../c", 10)}) {
+    absl::StatusOr<Uri> uri = ParseUri(bad);
+    EXPECT_EQ(uri.status().code(), absl::StatusCode::kInvalidArgument) << absl::CHexEscape(bad);
+  }
+  EXPECT_THAT(std::string(ParseUri("/a/../b").status().message()),
+              ::testing::HasSubstr("the segment '..' is not allowed"));
+  // Names with dots in them are names.
+  EXPECT_TRUE(ParseUri("/a/.hidden/b..c/v1.2").ok());
+  EXPECT_TRUE(ParseUri("s3://bucket/a/..x/b").ok());
+}
+
+TEST(ParseUriTest, LocalPathsHaveOneSpelling) {
+  EXPECT_EQ(ParseUri("//a///b/")->path, "/a/b/");
+  EXPECT_EQ(ParseUri("file:////a//b")->path, "/a/b");
+  EXPECT_EQ(*LocalPath("file://localhost//a"), "/a");
+}
+
+TEST(IsWithinTest, ComparesWholeSegments) {
+  auto within = [](const std::string& uri, const std::string& folder) {
+    return IsWithin(*ParseUri(uri), *ParseUri(folder));
+  };
+  EXPECT_TRUE(within("/data/a/b", "/data/a"));
+  EXPECT_TRUE(within("/data/a/b", "/data/a/"));
+  EXPECT_TRUE(within("/data/a", "/data/a"));
+  EXPECT_TRUE(within("/x", "/"));
+  EXPECT_TRUE(within("file:///data//a/b", "/data/a"));
+  EXPECT_FALSE(within("/data/ab", "/data/a"));
+  EXPECT_FALSE(within("/data", "/data/a"));
+  EXPECT_FALSE(within("s3://b/data/a", "/data/a"));
+  EXPECT_TRUE(within("s3://b/data/a/x", "s3://b/data/a"));
+  EXPECT_TRUE(within("s3://b/data/a/x", "s3://b"));
+  EXPECT_FALSE(within("s3://c/data/a/x", "s3://b"));
+  EXPECT_FALSE(within("s3://b/data/ab", "s3://b/data/a"));
 }
 
 TEST(JoinUriTest, ExactlyOneSlash) {

@@ -5,9 +5,12 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -78,7 +81,8 @@ TEST(SecurityTest, OverTlsAJobTrainsAndOnlyTheRightCallersGetIn) {
   }
   auto snoop = cluster.Cli({"submit", snoop_path});
   EXPECT_EQ(snoop.exit_code, 2) << snoop.output;
-  EXPECT_TRUE(absl::StrContains(snoop.output, "checkpoint.uri: 'file:///etc/../root' is outside"))
+  EXPECT_TRUE(absl::StrContains(
+      snoop.output, "checkpoint.uri: 'file:///etc/../root': the segment '..' is not allowed"))
       << snoop.output;
 
   // The same checks from a client that is not ours.
@@ -90,6 +94,62 @@ TEST(SecurityTest, OverTlsAJobTrainsAndOnlyTheRightCallersGetIn) {
       cluster.admin_token(), " ", alice_token, " ", bob_token));
   EXPECT_EQ(code, 0) << output;
   EXPECT_TRUE(absl::StrContains(output, "0 failed")) << output;
+}
+
+// A user's token cannot make a job read or write outside --allowed_local_paths: not with the
+// spelling that was taken for a URI and never checked ("A/x://../../B"), nor its relatives, nor
+// through a symbolic link made once the coordinator had accepted the job (the trainer's own
+// check on the worker's disk refuses it).
+TEST(SecurityTest, ALocalPathStaysInTheAllowedFolders) {
+  TempDir dir;
+  const std::string allowed = dir.path() + "/a/b/c";
+  const std::string outside = dir.path() + "/outside";
+  std::filesystem::create_directories(allowed);
+  std::filesystem::create_directories(outside);
+  ClusterOptions options;
+  options.coordinator_args.push_back("--allowed_local_paths=" + allowed);
+  Cluster cluster(options);
+  const std::map<std::string, std::string> alice = {
+      {"TRAINYARD_TOKEN", cluster.CreateToken("alice", v1::TOKEN_USER)},
+      {"XDG_CONFIG_HOME", dir.path() + "/config"}};
+  const std::string escape = allowed + "/x://../../../../outside";
+  const std::vector<std::pair<std::string, std::string>> tries = {
+      {"checkpoint.uri", "checkpoint: {uri: \"" + escape + "\"}\n"},
+      {"checkpoint.uri", "checkpoint: {uri: \"file://" + allowed + "/%2e%2e/%2e%2e/outside\"}\n"},
+      {"checkpoint.uri", "checkpoint: {uri: \"/" + outside + "\"}\n"},
+      {"distill.teacher", "loss: cross_entropy\ndistill: {teacher: \"" + escape +
+                              "/m.pt\", temperature: 2, "
+                              "alpha: 0.5}\n"}};
+  for (const auto& [field, extra] : tries) {
+    const std::string path = dir.path() + "/escape.yaml";
+    { std::ofstream(path) << SyntheticJobYaml("escape", 5, extra); }
+    auto refused =
+        RunCli(cluster.address(), dir.path(), {"submit", path}, absl::Seconds(60), alice);
+    EXPECT_EQ(refused.exit_code, 2) << extra << refused.output;
+    EXPECT_TRUE(absl::StrContains(refused.output, field + ": ")) << extra << refused.output;
+  }
+
+  // A link out, made after the job was accepted, while it is held before its first checkpoint.
+  const std::string yaml =
+      SyntheticJobYaml("linked", 4,
+                       "checkpoint: {uri: \"" + allowed +
+                           "/ckpt\", every_steps: 100}\nrestart: {max_infrastructure_errors: 0}\n");
+  absl::StatusOr<v1::Job> held = SubmitAndHold(cluster, "linked", yaml, 1, -1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  std::filesystem::remove_all(allowed + "/ckpt");
+  std::filesystem::create_directory_symlink(outside, allowed + "/ckpt");
+  cluster.Release("linked");
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(held->id());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::FAILED) << done->reason();
+  // The job's own doing, not the machine's: no restart was spent on it.
+  EXPECT_TRUE(absl::StrContains(done->reason(), "outside the folders this job may use"))
+      << done->reason();
+  EXPECT_FALSE(absl::StrContains(done->reason(), "infrastructure")) << done->reason();
+  absl::StatusOr<std::string> logs = cluster.Logs(held->id());
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  EXPECT_TRUE(absl::StrContains(*logs, "outside the folders this job may use")) << *logs;
+  EXPECT_TRUE(std::filesystem::is_empty(outside)) << "the trainer wrote through the link";
 }
 
 TEST(SecurityTest, PlaintextBeyondLoopbackNeedsInsecure) {

@@ -421,6 +421,93 @@ TEST_F(CoordinatorServerTest, CallsWithoutAValidCredentialAreRefused) {
   EXPECT_THAT(status.error_message(), HasSubstr("revoked"));
 }
 
+// Spec edits for the path tests: a model or data source replaced whole, a teacher with its
+// temperature and weight.
+v1::ModelSpec* Model(v1::JobSpec& spec) {
+  spec.mutable_model()->Clear();
+  return spec.mutable_model();
+}
+v1::DataSpec* Data(v1::JobSpec& spec) {
+  spec.mutable_data()->Clear();
+  return spec.mutable_data();
+}
+void Teacher(v1::JobSpec& spec, const std::string& uri) {
+  spec.mutable_distill()->set_teacher(uri);
+  spec.mutable_distill()->set_temperature(2);
+  spec.mutable_distill()->set_alpha(0.5);
+}
+
+// Job ids are predictable and the checkpoint root is a folder every job may name: a user's spec
+// cannot read another user's checkpoints or exports through a path, a file:// or an s3:// URI
+// or a pattern, nor write into another job's folder; its own it can.
+TEST_F(CoordinatorServerTest, UsersCannotReachOtherUsersCheckpointsThroughPaths) {
+  auto alice = v1::JobService::NewStub(Channel(Token("alice", Role::kUser)));
+  auto bob = v1::JobService::NewStub(Channel(Token("bob", Role::kUser)));
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = TestSpec("mine");
+  v1::Job local;
+  ASSERT_TRUE(alice->SubmitJob(Context().get(), submit, &local).ok());
+  submit.mutable_spec()->mutable_checkpoint()->set_uri("s3://bucket/team");
+  v1::Job remote;
+  ASSERT_TRUE(alice->SubmitJob(Context().get(), submit, &remote).ok());
+  ASSERT_EQ(remote.checkpoint_uri(), "s3://bucket/team/" + remote.id());
+
+  auto submit_as = [&](v1::JobService::Stub& who, const std::function<void(v1::JobSpec&)>& set) {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = TestSpec("theft");
+    set(*request.mutable_spec());
+    v1::Job job;
+    return who.SubmitJob(Context().get(), request, &job);
+  };
+  const std::string folder = local.checkpoint_uri();  // file:///ckpt/mine-1
+  const std::string plain = folder.substr(std::string("file://").size());
+  const std::vector<std::pair<std::string, std::function<void(v1::JobSpec&)>>> reads = {
+      {"model.torchscript",
+       [&](v1::JobSpec& s) { Model(s)->set_torchscript(folder + "/final/model.pt"); }},
+      {"model.torchscript",
+       [&](v1::JobSpec& s) { Model(s)->set_torchscript(plain + "/final/model.pt"); }},
+      {"model.stages[0]",
+       [&](v1::JobSpec& s) { Model(s)->add_stages(plain + "/final/stages/0.pt"); }},
+      {"distill.teacher", [&](v1::JobSpec& s) { Teacher(s, plain + "/final/model.pt"); }},
+      {"data.train",
+       [&](v1::JobSpec& s) {
+         Data(s)->set_train(plain + "/step-000000000010/model*.safetensors");
+       }},
+      {"model.torchscript",
+       [&](v1::JobSpec& s) {
+         Model(s)->set_torchscript(remote.checkpoint_uri() + "/final/model.pt");
+       }},
+      // Patterns over the root, and a job's folder before the job exists.
+      {"data.train", [&](v1::JobSpec& s) { Data(s)->set_train("/ckpt/*/final/x"); }},
+      {"data.train", [&](v1::JobSpec& s) { Data(s)->set_train("/*/mine-1/final/x"); }},
+      {"model.torchscript",
+       [&](v1::JobSpec& s) { Model(s)->set_torchscript("/ckpt/mine-99/final/model.pt"); }},
+  };
+  for (const auto& [field, set] : reads) {
+    grpc::Status status = submit_as(*bob, set);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << field << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(field + ": "));
+  }
+  // Writing into her job's folder is refused to anyone.
+  grpc::Status status = submit_as(*bob, [&](v1::JobSpec& s) {
+    s.mutable_checkpoint()->set_uri(remote.checkpoint_uri() + "/step-000000000010");
+  });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("is inside the checkpoints of job " + remote.id()));
+  // Alice reads her own jobs' (not a folder of no job, nor patterns over the root); the admin
+  // reads anyone's.
+  for (auto* who : {alice.get(), jobs_.get()}) {
+    for (size_t i = 0; i < reads.size(); ++i) {
+      const auto& [field, set] = reads[i];
+      if (who == alice.get() && (field == "data.train" || i + 1 == reads.size())) continue;
+      status = submit_as(*who, set);
+      EXPECT_NE(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << field << ": " << status.error_message();
+    }
+  }
+}
+
 TEST_F(CoordinatorServerTest, UsersReachOnlyTheirOwnJobsAndNoAgentOrAdminCall) {
   auto alice = v1::JobService::NewStub(Channel(Token("alice", Role::kUser)));
   const std::string bob_token = Token("bob", Role::kUser);

@@ -261,8 +261,13 @@ int main(int argc, char** argv) {
   }
 
   // The object stores, their S3 settings and credentials read once, here.
-  const std::unique_ptr<trainyard::ObjectStoreResolver> stores =
-      trainyard::NewObjectStoreResolver([](const char* name) { return std::getenv(name); });
+  // Local files only under the coordinator's allowed folders, symbolic links followed here.
+  std::optional<std::vector<std::string>> local_roots;
+  if (task.has_local_paths()) {
+    local_roots.emplace(task.local_paths().allowed().begin(), task.local_paths().allowed().end());
+  }
+  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = trainyard::NewObjectStoreResolver(
+      [](const char* name) { return std::getenv(name); }, local_roots);
   trainyard::trainer::TrainerOptions options;
   options.stores = stores.get();
   options.coordinator = coordinator.get();

@@ -698,6 +698,19 @@ absl::Status Checkpointer::WaitUntil(absl::Time deadline) {
   return status;
 }
 
+namespace {
+
+// UNAVAILABLE (the store failed), but PERMISSION_DENIED stays so: a place the job may not write
+// (outside its allowed folders, or refused by the store) is its spec's doing, and retrying on
+// another attempt will not change it.
+absl::Status UploadFailed(const absl::Status& status) {
+  return absl::Status(absl::IsPermissionDenied(status) ? absl::StatusCode::kPermissionDenied
+                                                       : absl::StatusCode::kUnavailable,
+                      absl::StrCat("checkpoint upload: ", status.message()));
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> Checkpointer::PutPiecesWithRetries(
     const std::string& uri, const std::vector<absl::string_view>& pieces) {
   std::string sha256;
@@ -707,18 +720,14 @@ absl::StatusOr<std::string> Checkpointer::PutPiecesWithRetries(
     sha256 = *std::move(put);
     return absl::OkStatus();
   });
-  if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
-  }
+  if (!status.ok()) return UploadFailed(status);
   return sha256;
 }
 
 absl::Status Checkpointer::PutWithRetries(const std::string& uri, const std::string& bytes) {
   absl::Status status =
       Retry(clock_, StorageRetry(), UnlessRefused, [&] { return store_->Put(uri, bytes); });
-  if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("checkpoint upload: ", status.message()));
-  }
+  if (!status.ok()) return UploadFailed(status);
   return status;
 }
 

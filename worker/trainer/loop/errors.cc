@@ -18,6 +18,7 @@ int ExitCodeForStatus(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kPermissionDenied:  // a file the job may not use (its spec's choice)
       return kExitUserError;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
