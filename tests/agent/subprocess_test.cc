@@ -2,10 +2,12 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -17,6 +19,7 @@
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/process_launcher.h"
 #include "worker/agent/reconciler.h"
+#include "worker/agent/task_user.h"
 
 namespace trainyard {
 namespace {
@@ -83,6 +86,85 @@ TEST_F(SubprocessTest, SetsEnvironmentAndWorkingDirectory) {
   ASSERT_TRUE(pid.ok());
   Wait(*pid);
   EXPECT_EQ(Read(options.output_file), "3||" + std::filesystem::canonical(dir_).string() + "\n");
+}
+
+// Only the variables the filter admits pass from the caller; those set for the child do anyway.
+TEST_F(SubprocessTest, InheritsOnlyWhatTheFilterAdmits) {
+  setenv("TRAINYARD_TOKEN", "agent-secret", 1);
+  setenv("OMP_PROC_BIND", "close", 1);
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "echo \"${TRAINYARD_TOKEN:-none}|$OMP_PROC_BIND|$MINE\""};
+  options.env = {{"MINE", "set"}};
+  options.inherit = [](absl::string_view name) { return PassesToTrainers(name, {}); };
+  options.output_file = dir_ + "/output.log";
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  Wait(*pid);
+  EXPECT_EQ(Read(options.output_file), "none|close|set\n");
+  unsetenv("TRAINYARD_TOKEN");
+  unsetenv("OMP_PROC_BIND");
+}
+
+// The child runs as the user it is given (no other groups), after its output file is opened as
+// the caller: it writes there but cannot read what only the caller may.
+TEST_F(SubprocessTest, RunsAsTheUserItIsGiven) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  const std::string secret = dir_ + "/secret";
+  std::ofstream(secret) << "s";
+  std::filesystem::permissions(secret, std::filesystem::perms::owner_read);
+  std::filesystem::permissions(dir_, std::filesystem::perms(0755));
+  SubprocessOptions options;
+  options.argv = {"/bin/sh", "-c", "echo $(id -u) $(id -g) $(id -G); cat " + secret + " || exit 9"};
+  options.output_file = dir_ + "/output.log";
+  options.output_mode = 0600;
+  options.uid = 61234;
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(Wait(*pid).exit_code, 9);
+  EXPECT_THAT(Read(options.output_file), ::testing::StartsWith("61234 61234 61234\n"));
+  struct stat st;
+  ASSERT_EQ(stat(options.output_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_uid, 0u);
+}
+
+TEST(TaskUserTest, TrainersGetTheRuntimesSettingsAndNoneOfTheAgentsCredentials) {
+  for (const char* passed :
+       {"PATH", "HOME", "LANG", "LC_ALL", "OMP_NUM_THREADS", "CUDA_HOME", "NCCL_DEBUG",
+        "AWS_ACCESS_KEY_ID", "https_proxy", "TRAINYARD_TEST_X"}) {
+    EXPECT_TRUE(PassesToTrainers(passed, {})) << passed;
+  }
+  for (const char* kept :
+       {"TRAINYARD_TOKEN", "TRAINYARD_TOKEN_FILE", "TRAINYARD_KEY_FILE", "DATABASE_URL",
+        "GOOGLE_APPLICATION_CREDENTIALS", "PATHX", "LD_PRELOAD"}) {
+    EXPECT_FALSE(PassesToTrainers(kept, {})) << kept;
+  }
+  EXPECT_TRUE(PassesToTrainers("DATABASE_URL", {"DATABASE_URL"}));
+}
+
+TEST(TaskUserTest, TheRangeIsParsedStrictly) {
+  EXPECT_TRUE(ParseTaskUidRange("")->empty());
+  absl::StatusOr<TaskUidRange> range = ParseTaskUidRange("60000-60009");
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->first, 60000);
+  EXPECT_EQ(range->last, 60009);
+  for (const char* bad : {"60000", "0-100", "60010-60000", "a-b", "60000-60009-1", "-5-3"}) {
+    EXPECT_EQ(ParseTaskUidRange(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(TaskUserTest, AJobHasOneUserOnEveryWorkerUnlessAnotherJobHoldsIt) {
+  const TaskUidRange range{60000, 60009};
+  const int uid = TaskUid(range, "train-7", {});
+  EXPECT_GE(uid, 60000);
+  EXPECT_LE(uid, 60009);
+  EXPECT_EQ(TaskUid(range, "train-7", {}), uid);
+  const int next = TaskUid(range, "train-7", {uid});
+  EXPECT_NE(next, uid);
+  EXPECT_EQ(next, uid == 60009 ? 60000 : uid + 1);
+  std::set<int> all;
+  for (int i = 60000; i <= 60009; ++i) all.insert(i);
+  EXPECT_EQ(TaskUid(range, "train-7", all), uid);
 }
 
 TEST_F(SubprocessTest, ReportsTheSignalThatEndedAProcess) {

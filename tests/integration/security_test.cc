@@ -3,16 +3,20 @@
 // from a client that is not ours (foreign_client.py: Debian's grpcio, stubs from our protos).
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
@@ -150,6 +154,88 @@ TEST(SecurityTest, ALocalPathStaysInTheAllowedFolders) {
   ASSERT_TRUE(logs.ok()) << logs.status();
   EXPECT_TRUE(absl::StrContains(*logs, "outside the folders this job may use")) << *logs;
   EXPECT_TRUE(std::filesystem::is_empty(outside)) << "the trainer wrote through the link";
+}
+
+// The user id a process runs as (its real uid, from /proc), -1 if it cannot be read.
+int ProcessUid(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    int uid = -1;
+    if (absl::StartsWith(line, "Uid:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(4, line.find('\t', 5) - 4)),
+                         &uid)) {
+      return uid;
+    }
+  }
+  return -1;
+}
+
+// Whether user `uid` can read `path` (setpriv, as that user with no other groups).
+bool CanRead(int uid, const std::string& path) {
+  auto [code, output] = RunShell(absl::StrCat("setpriv --reuid=", uid, " --regid=", uid,
+                                              " --clear-groups cat '", path, "' >/dev/null 2>&1"));
+  return code == 0;
+}
+
+// Where the agent runs as root with --task_uid_range, each job's trainer runs as its own user:
+// it cannot read the agent's token file nor another task's credential (task.pb), and it starts
+// without the agent's environment beyond what it needs; the jobs still train and checkpoint.
+TEST(SecurityTest, TrainersRunAsTheirOwnUsersWithoutTheAgentsSecrets) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (the agent switches users)";
+  ClusterOptions options;
+  options.slots_per_worker = 2;
+  options.worker_args = {"--task_uid_range=61000-61999"};
+  options.env = {{"TRAINYARD_AGENT_SECRET", "not-for-trainers"}, {"AWS_REGION", "eu-test-1"}};
+  Cluster cluster(options);
+  // As an operator lays it out: folders the task users may pass through, the token file not.
+  const std::string root = std::filesystem::path(cluster.state_dir()).parent_path().string();
+  std::filesystem::permissions(root, std::filesystem::perms(0755));
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (entry.is_directory() && !entry.is_symlink()) {
+      std::filesystem::permissions(entry.path(), std::filesystem::perms(0755));
+    }
+  }
+  const std::string token_file = cluster.worker_dir(0) + ".token";
+  std::filesystem::permissions(token_file, std::filesystem::perms(0600));
+
+  const std::string extra = "checkpoint: {every_steps: 2}\n";
+  absl::StatusOr<v1::Job> a =
+      SubmitAndHold(cluster, "iso-a", SyntheticJobYaml("iso-a", 4, extra), 1, -1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<v1::Job> b =
+      SubmitAndHold(cluster, "iso-b", SyntheticJobYaml("iso-b", 4, extra), 1, -1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::string tasks = cluster.worker_dir(0) + "/tasks/";
+  const std::optional<pid_t> pid_a = cluster.TrainerPid(0, TaskId(*a, 0));
+  const std::optional<pid_t> pid_b = cluster.TrainerPid(0, TaskId(*b, 0));
+  ASSERT_TRUE(pid_a.has_value() && pid_b.has_value());
+  const int uid_a = ProcessUid(*pid_a);
+  const int uid_b = ProcessUid(*pid_b);
+  EXPECT_GE(uid_a, 61000);
+  EXPECT_LE(uid_a, 61999);
+  EXPECT_GE(uid_b, 61000);
+  EXPECT_NE(uid_a, uid_b);
+
+  // Its own credential it reads; its neighbour's and the agent's token it does not.
+  EXPECT_TRUE(CanRead(uid_a, tasks + TaskId(*a, 0) + "/task.pb"));
+  EXPECT_FALSE(CanRead(uid_a, tasks + TaskId(*b, 0) + "/task.pb"));
+  EXPECT_FALSE(CanRead(uid_b, tasks + TaskId(*a, 0) + "/task.pb"));
+  EXPECT_FALSE(CanRead(uid_a, token_file));
+  EXPECT_FALSE(CanRead(uid_a, tasks + TaskId(*b, 0) + "/output.log"));
+  // The agent's environment stays with the agent, but for what the runtime needs.
+  const std::string environ = ReadFile(absl::StrCat("/proc/", *pid_a, "/environ"));
+  EXPECT_FALSE(absl::StrContains(environ, "not-for-trainers"));
+  EXPECT_TRUE(absl::StrContains(environ, "AWS_REGION=eu-test-1"));
+
+  cluster.Release("iso-a");
+  cluster.Release("iso-b");
+  for (const v1::Job& job : {*a, *b}) {
+    absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job.id());
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+    EXPECT_EQ(done->committed_step(), 4);
+  }
 }
 
 TEST(SecurityTest, PlaintextBeyondLoopbackNeedsInsecure) {

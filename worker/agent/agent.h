@@ -47,8 +47,10 @@ struct AgentOptions {
   // others. Zero: never. The coordinator's --mass_loss_hold by default: what training rides
   // through when the coordinator's own network is out.
   absl::Duration self_fence_after = absl::Minutes(5);
-  std::map<std::string, std::string> trainer_env;   // ReconcilerOptions::trainer_env
-  TaskIsolation* isolation = nullptr;               // ReconcilerOptions::isolation
+  std::map<std::string, std::string> trainer_env;  // ReconcilerOptions::trainer_env
+  TaskIsolation* isolation = nullptr;              // ReconcilerOptions::isolation
+  std::vector<std::string> trainer_env_pass;       // ReconcilerOptions::trainer_env_pass
+  TaskUidRange task_uids;                          // ReconcilerOptions::task_uids
 };
 
 // While no lease stream holds, Syncs renew the lease and wait at most this long.

@@ -14,8 +14,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
@@ -33,6 +35,7 @@
 #include "worker/agent/process_launcher.h"
 #include "worker/agent/subprocess.h"
 #include "worker/agent/task_isolation.h"
+#include "worker/agent/task_user.h"
 #include "worker/agent/trainer_runtime.h"
 
 namespace {
@@ -92,6 +95,16 @@ ABSL_FLAG(absl::Duration, task_retention, absl::Hours(24),
 ABSL_FLAG(int64_t, task_log_max_bytes, trainyard::LogShipper::kDefaultMaxFileBytes,
           "the most a task's output.log holds on disk (at least 1 MiB); past it the oldest "
           "output is freed down to half of it, and the newest keeps being shipped");
+ABSL_FLAG(std::string, trainer_env_pass, "",
+          "Comma-separated names of more of this agent's environment variables that trainers "
+          "inherit. By default they get only what the runtime needs (PATH, HOME, locale, "
+          "proxies, OMP_*, CUDA_*, NCCL_*, GLOO_*, TORCH_*, AWS_*, ...) and never the agent's own "
+          "credentials (TRAINYARD_TOKEN, TRAINYARD_TOKEN_FILE, ...).");
+ABSL_FLAG(std::string, task_uid_range, "",
+          "FIRST-LAST: run each job's trainers as a user id of their own from this range (its "
+          "group the same number, no others), so that they cannot read this agent's token, "
+          "other tasks' credentials or other jobs' caches. Needs the agent to run as root. Empty: "
+          "trainers run as the agent's user.");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(25),
           "on a preemption (SIGTERM, or a notice from --preemption_notice_url) the machine is "
           "taken to be gone this long after the notice (or at the notice's own earlier time): "
@@ -329,6 +342,24 @@ int main(int argc, char** argv) {
     options.trainer_env["TRAINYARD_TLS_SERVER_NAME"] = credentials.server_name;
   }
   if (credentials.insecure) options.trainer_env["TRAINYARD_INSECURE"] = "1";
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_trainer_env_pass), ',', absl::SkipWhitespace())) {
+    options.trainer_env_pass.emplace_back(absl::StripAsciiWhitespace(name));
+  }
+  absl::StatusOr<trainyard::TaskUidRange> task_uids =
+      trainyard::ParseTaskUidRange(absl::GetFlag(FLAGS_task_uid_range));
+  if (!task_uids.ok()) {
+    trainyard::LogError(task_uids.status().message());
+    return 2;
+  }
+  if (!task_uids->empty() && geteuid() != 0) {
+    trainyard::LogError(
+        "--task_uid_range: trainers can run as other users only when the agent "
+        "runs as root (it runs as uid ",
+        geteuid(), ")");
+    return 2;
+  }
+  options.task_uids = *task_uids;
   if (absl::GetFlag(FLAGS_data_cache_bytes) < 1) {
     trainyard::LogError("--data_cache_bytes must be > 0");
     return 2;

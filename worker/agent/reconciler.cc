@@ -17,6 +17,7 @@
 #include "common/credentials.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "common/uri.h"
 
 namespace trainyard {
 namespace {
@@ -273,6 +274,13 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
                 // Temporary files (a pipeline's model export) go with the task's folder.
                 {"TMPDIR", dir}};
   for (const auto& [key, value] : options_.trainer_env) launch.env.emplace_back(key, value);
+  // The agent's own secrets stay with it: trainers inherit only what they need.
+  launch.inherit = [extra = options_.trainer_env_pass](absl::string_view name) {
+    return PassesToTrainers(name, extra);
+  };
+  launch.output_mode = 0600;
+  absl::StatusOr<int> uid = PrepareTaskUser(task, dir, launch);
+  if (!uid.ok()) return fail(std::string(uid.status().message()));
   if (options_.isolation != nullptr) {
     TaskLimits limits;
     limits.memory_bytes = std::max<int64_t>(task.memory_limit_bytes(), 0);
@@ -290,6 +298,7 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
 
   for (int gpu : gpus) gpu_used_[gpu] = true;
   record.gpus = gpus;
+  record.uid = *uid;
   record.running = true;
   status.set_state(v1::TASK_RUNNING);
   status.set_pid(*pid);
@@ -299,6 +308,37 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   LogInfo("starting task ", id, " (pid ", *pid, ")",
           gpus.empty() ? "" : absl::StrCat(" on GPUs ", absl::StrJoin(gpus, ",")));
   return status;
+}
+
+absl::StatusOr<int> Reconciler::PrepareTaskUser(const v1::Task& task, const std::string& dir,
+                                                SubprocessOptions& launch) {
+  if (options_.task_uids.empty()) return -1;
+  std::set<int> taken;  // by other jobs' trainers running here
+  for (const auto& [id, record] : records_) {
+    if (record.running && record.uid >= 0 && record.task.job_id() != task.job_id()) {
+      taken.insert(record.uid);
+    }
+  }
+  const int uid = TaskUid(options_.task_uids, task.job_id(), taken);
+  // Its folder and credential are its alone; its cache is its job's (what one job caches,
+  // another cannot plant or read); its local checkpoints are written by it.
+  const std::string cache = absl::StrCat(options_.work_dir, "/cache/uid-", uid);
+  std::error_code ec;
+  fs::create_directories(cache, ec);
+  std::vector<std::pair<std::string, int>> given = {
+      {dir, 0700}, {dir + "/task.pb", 0600}, {cache, 0700}};
+  if (absl::StatusOr<std::string> local = LocalPath(task.checkpoint_uri()); local.ok()) {
+    fs::create_directories(*local, ec);
+    given.emplace_back(*local, 0755);
+  }
+  for (const auto& [path, mode] : given) {
+    if (absl::Status s = GiveTo(path, uid, mode); !s.ok()) return s;
+  }
+  for (auto& [name, value] : launch.env) {
+    if (name == "TRAINYARD_CACHE_DIR") value = cache;
+  }
+  launch.uid = uid;
+  return uid;
 }
 
 void Reconciler::Terminate(Record& record, StopCause cause, absl::Time kill_at) {

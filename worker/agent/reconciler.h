@@ -19,6 +19,7 @@
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/process_launcher.h"
 #include "worker/agent/task_isolation.h"
+#include "worker/agent/task_user.h"
 
 namespace trainyard {
 
@@ -48,6 +49,11 @@ struct ReconcilerOptions {
   // Confines each task to its memory and CPU limits (Task.memory_limit_bytes, cpu_limit) and
   // says how its memory ended; null: no limits (what tasks report of memory stays unset).
   TaskIsolation* isolation = nullptr;
+  // More of the agent's variables that trainers inherit than PassesToTrainers admits.
+  std::vector<std::string> trainer_env_pass;
+  // Non-empty (the agent runs as root): each job's trainers run as their own user from it
+  // (TaskUid); the task folder, the job's cache and its local checkpoint folder are given to it.
+  TaskUidRange task_uids;
 };
 
 // The worker's task table: makes the set of running trainers match the coordinator's desired
@@ -55,7 +61,7 @@ struct ReconcilerOptions {
 //
 // Task folder {work_dir}/tasks/{task_id}/ (the trainer's working directory) holds task.pb (binary
 // trainyard.v1.Task with the task's credential, mode 0600), output.log (the trainer's stdout and
-// stderr), pid, the trainer's termination-message if it wrote one, and stop-deadline when the
+// stderr, mode 0600), pid, the trainer's termination-message if it wrote one, and stop-deadline when the
 // trainer is asked to save and exit by a deadline (see kStopDeadlineFile). A task id is started at
 // most once in the life of a work_dir: one that ran before (even in an earlier run of the agent) is
 // never started again, as long as its folder is kept (the coordinator never asks again for a task
@@ -157,6 +163,7 @@ class Reconciler {
     v1::TaskStatus status;
     std::vector<int> gpus;
     bool running = false;
+    int uid = -1;         // the user it runs as; -1: the agent's
     bool reaped = false;  // its exit is known; running until reported by the Tick that reaped it
     StopCause stop_cause = StopCause::kNone;
     bool undesired = false;  // has left the desired state
@@ -165,10 +172,14 @@ class Reconciler {
     absl::Time kill_at = absl::InfiniteFuture();        // SIGKILL from Tick from then on
     absl::Time stop_deadline = absl::InfiniteFuture();  // in the stop-deadline file, if written
     absl::Duration fenced_after;  // FenceAll: how long the agent had been without a lease
-    bool sent = false;  // ended, and included in a StatusesForSync result
+    bool sent = false;            // ended, and included in a StatusesForSync result
   };
 
   v1::TaskStatus Start(const v1::Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With task_uids: the user `task` runs as, the files it needs given to it, `launch` told.
+  // INTERNAL naming the file that cannot be given.
+  absl::StatusOr<int> PrepareTaskUser(const v1::Task& task, const std::string& dir,
+                                      SubprocessOptions& launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Terminate(Record& record, StopCause cause, absl::Time kill_at)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteStopDeadline(Record& record, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -69,7 +70,8 @@ ExitInfo FromWaitStatus(int status) {
   if (!options.output_file.empty()) {
     const int in = open("/dev/null", O_RDONLY);
     if (in < 0) fail(1);
-    const int out = open(options.output_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    const int out = open(options.output_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW,
+                         static_cast<mode_t>(options.output_mode));
     if (out < 0) fail(1);
     if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) fail(1);
     if (in > 2) close(in);
@@ -80,6 +82,13 @@ ExitInfo FromWaitStatus(int status) {
     const int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, "0", 1) != 1) fail(4);
     close(fd);
+  }
+  if (options.uid >= 0) {
+    const gid_t gid = static_cast<gid_t>(options.uid);
+    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 ||
+        setuid(static_cast<uid_t>(options.uid)) != 0) {
+      fail(5);
+    }
   }
   if (std::strchr(argv[0], '/') != nullptr) {
     execve(argv[0], argv, envp);
@@ -103,6 +112,7 @@ absl::StatusOr<pid_t> StartSubprocess(const SubprocessOptions& options) {
     const std::string entry(*e);
     const size_t eq = entry.find('=');
     if (eq == std::string::npos) continue;
+    if (options.inherit && !options.inherit(absl::string_view(entry).substr(0, eq))) continue;
     env_map[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
   for (const auto& [name, value] : options.env) env_map[name] = value;
@@ -141,13 +151,14 @@ absl::StatusOr<pid_t> StartSubprocess(const SubprocessOptions& options) {
   if (got != static_cast<ssize_t>(sizeof(err))) {
     return absl::InternalError(absl::StrCat("cannot start ", options.argv[0]));
   }
-  static constexpr const char* kStages[] = {"set up the process", "open its output file",
-                                            "enter its working directory", "run the program",
-                                            "join its cgroup"};
-  const int stage = err[0] >= 0 && err[0] <= 4 ? err[0] : 0;
+  static constexpr const char* kStages[] = {
+      "set up the process", "open its output file", "enter its working directory",
+      "run the program",    "join its cgroup",      "switch to its user"};
+  const int stage = err[0] >= 0 && err[0] <= 5 ? err[0] : 0;
   std::string what = absl::StrCat("cannot ", kStages[stage], " for ", options.argv[0]);
   if (err[0] == 1) absl::StrAppend(&what, " (", options.output_file, ")");
   if (err[0] == 2) absl::StrAppend(&what, " (", options.working_dir, ")");
+  if (err[0] == 5) absl::StrAppend(&what, " (uid ", options.uid, ")");
   return ErrnoStatus(err[1], what);
 }
 

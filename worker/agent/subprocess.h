@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,9 +25,18 @@ struct SubprocessOptions {
   std::string working_dir;
   // Set on top of the caller's environment (an existing variable is replaced).
   std::vector<std::pair<std::string, std::string>> env;
-  // Non-empty: stdout and stderr are both appended to this file (created 0644 if missing), and
-  // stdin is /dev/null. Empty: the child shares the caller's stdin, stdout and stderr.
+  // Set: only the caller's variables whose names it admits pass to the child (`env` still
+  // does); unset: all of them.
+  std::function<bool(absl::string_view name)> inherit;
+  // Non-empty: stdout and stderr are both appended to this file (created with `output_mode` if
+  // missing), and stdin is /dev/null. Empty: the child shares the caller's stdin, stdout and
+  // stderr.
   std::string output_file;
+  int output_mode = 0644;
+  // Non-negative: the child runs the program as this user, its group the same number and no
+  // supplementary groups (set last, after the output file is opened and the cgroups joined).
+  // Needs the privilege to switch users (root); a failure is reported as an exec failure.
+  int uid = -1;
   // The child leads a new session (and process group), so that signals can reach everything it
   // starts and a Ctrl-C at the terminal does not reach it directly.
   bool new_session = true;
