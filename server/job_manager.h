@@ -29,6 +29,7 @@
 #include "server/metrics_sink.h"
 #include "server/rendezvous.h"
 #include "server/scheduler.h"
+#include "server/worker_limits.h"
 #include "server/worker_registry.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "trainyard/v1/job.pb.h"
@@ -83,6 +84,8 @@ struct JobManagerOptions {
   // Reads s3:// models at submission, to learn the operators they need (ReadModelNeeds); null:
   // only models on this machine's disk are read. Not owned; must outlive the manager.
   const ObjectStoreResolver* model_stores = nullptr;
+  // What each agent may claim for its worker (RegisterWorker): more is refused.
+  WorkerLimits worker_limits;
   // Signs each task's credential (Task.credential, common/credentials.h); empty: tasks carry
   // none.
   std::string task_credential_key;

@@ -85,6 +85,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   if (request.slots() < 0 || request.gpus() < 0 || request.memory_bytes() < 0) {
     return absl::InvalidArgumentError("slots, gpus, memory_bytes: must be >= 0");
   }
+  if (absl::Status s = options_.worker_limits.Check(request.name(), request.slots(), request.gpus(),
+                                                    request.memory_bytes());
+      !s.ok()) {
+    LogWarning("refused the registration of worker ", request.name(), ": ", s.message());
+    return s;
+  }
   absl::MutexLock lock(&mu_);
   const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
   v1::Worker info;

@@ -167,12 +167,12 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "Where the coordinator writes an admin token (mode 0600) when no valid admin token "
           "exists, e.g. at first start. Default: <state_dir>/admin.token.");
 ABSL_FLAG(std::string, allowed_local_paths, "",
-          "Comma-separated folders (or file:// URIs) under which a job's local paths (data.train, "
-          "data.tokens, model.torchscript, model.stages, distill.teacher, checkpoint.uri) must "
-          "lie, symbolic links followed: others are refused at submission, and by the trainers "
-          "on the workers. Default: the checkpoint root when it is local, else none (object storage "
-          "only). '*' allows any path the trainer's user can read: only for a machine of one "
-          "user.");
+          "Comma-separated folders (or file:// URIs) under which a job's local paths "
+          "(data.train, data.tokens, model.torchscript, model.stages, distill.teacher, "
+          "checkpoint.uri) must lie, symbolic links followed: others are refused at submission, "
+          "and by the trainers on the workers. Default: the checkpoint root when it is local, "
+          "else none (object storage only). '*' allows any path the trainer's user can read: "
+          "only for a machine of one user.");
 ABSL_FLAG(std::string, health_listen, "",
           "If set (HOST:PORT), also serve grpc.health.v1.Health alone, in plaintext, there: for "
           "probes that cannot speak TLS, such as the kubelet's gRPC probe.");
@@ -190,6 +190,10 @@ ABSL_FLAG(absl::Duration, preemption_grace, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, preemption_exempt_time, absl::Minutes(10),
           "A job the scheduler preempted is not preempted again until its next attempt has run "
           "this long, so that reclaims and priorities cannot bounce it back and forth.");
+ABSL_FLAG(std::string, worker_limits_file, "",
+          "YAML list of {name: GLOB, slots: N, gpus: N, memory: SIZE}: what an agent may claim "
+          "for a worker whose name matches (the first entry that does). A registration over its "
+          "limit is refused. Without a match, or without the file: 4096 slots, 64 GPUs, 64 TiB.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
 
@@ -663,6 +667,14 @@ int Run() {
     return 1;
   }
   options.task_credential_key = stores->task_key;
+  if (const std::string path = absl::GetFlag(FLAGS_worker_limits_file); !path.empty()) {
+    absl::StatusOr<WorkerLimits> limits = WorkerLimits::Load(path);
+    if (!limits.ok()) {
+      LogError("--worker_limits_file: ", limits.status().message());
+      return 1;
+    }
+    options.worker_limits = *std::move(limits);
+  }
   if (const std::string allowed = absl::GetFlag(FLAGS_allowed_local_paths); allowed != "*") {
     std::vector<std::string> folders;
     for (absl::string_view part : absl::StrSplit(allowed, ',', absl::SkipWhitespace())) {

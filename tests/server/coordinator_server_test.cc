@@ -508,6 +508,29 @@ TEST_F(CoordinatorServerTest, UsersCannotReachOtherUsersCheckpointsThroughPaths)
   }
 }
 
+// An agent token names one worker, but what it claims for the worker is its own word: a claim
+// past the worker's limit is refused, so a compromised agent cannot draw every job to itself.
+TEST_F(CoordinatorServerTest, AnAgentsClaimIsBounded) {
+  for (const auto& [field, set] :
+       std::vector<std::pair<std::string, std::function<void(v1::RegisterWorkerRequest&)>>>{
+           {"gpus", [](v1::RegisterWorkerRequest& r) { r.set_gpus(1000000); }},
+           {"slots", [](v1::RegisterWorkerRequest& r) { r.set_slots(1 << 30); }},
+           {"memory_bytes",
+            [](v1::RegisterWorkerRequest& r) { r.set_memory_bytes(int64_t{1} << 60); }}}) {
+    v1::RegisterWorkerRequest request;
+    request.set_name("w1");
+    request.set_slots(4);
+    set(request);
+    v1::RegisterWorkerResponse response;
+    grpc::Status status = agents_->RegisterWorker(Context().get(), request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_THAT(status.error_message(), HasSubstr(field + ": worker w1 claims "));
+  }
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(jobs_->ListWorkers(Context().get(), v1::ListWorkersRequest(), &workers).ok());
+  EXPECT_EQ(workers.workers_size(), 0);
+}
+
 TEST_F(CoordinatorServerTest, UsersReachOnlyTheirOwnJobsAndNoAgentOrAdminCall) {
   auto alice = v1::JobService::NewStub(Channel(Token("alice", Role::kUser)));
   const std::string bob_token = Token("bob", Role::kUser);
