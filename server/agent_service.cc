@@ -1,6 +1,7 @@
 #include "server/agent_service.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,11 +29,22 @@ Status AgentServiceImpl::RegisterWorker(ServerContext* context,
   return Status::OK;
 }
 
+absl::StatusOr<std::optional<CallGate::StreamSlot>> AgentServiceImpl::LongPollSlot(
+    const Principal& caller, int64_t wait_ms) {
+  if (wait_ms <= 0) return std::nullopt;
+  absl::StatusOr<CallGate::StreamSlot> slot = gate_.OpenStream(caller);
+  if (!slot.ok()) return slot.status();
+  return std::optional<CallGate::StreamSlot>(*std::move(slot));
+}
+
 Status AgentServiceImpl::Sync(ServerContext* context, const v1::SyncRequest* request,
                               v1::SyncResponse* response) {
   absl::StatusOr<Principal> caller = gate_.Admit(*context, *request, Audience::kAgents, "Sync");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (absl::Status s = AllowWorker(*caller, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::optional<CallGate::StreamSlot>> slot =
+      LongPollSlot(*caller, request->wait_ms());
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<v1::SyncResponse> result = manager_.Sync(*request);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = *std::move(result);
@@ -250,6 +262,9 @@ Status AgentServiceImpl::RendezvousGet(ServerContext* context,
   if (request->wait_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError("wait_ms: must be >= 0"));
   }
+  absl::StatusOr<std::optional<CallGate::StreamSlot>> slot =
+      LongPollSlot(*caller, request->wait_ms());
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::Duration wait = absl::Milliseconds(request->wait_ms());
   const absl::Time deadline = absl::FromChrono(context->deadline());
   if (deadline != absl::InfiniteFuture()) wait = std::min(wait, deadline - RealClock::Get().Now());

@@ -1,6 +1,9 @@
 #ifndef TRAINYARD_SERVER_AGENT_SERVICE_H_
 #define TRAINYARD_SERVER_AGENT_SERVICE_H_
 
+#include <cstdint>
+#include <optional>
+
 #include "server/call_gate.h"
 #include "server/job_manager.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
@@ -54,6 +57,11 @@ class AgentServiceImpl final : public trainyard::v1::AgentService::WithCallbackM
                              trainyard::v1::RendezvousGetResponse* response) override;
 
  private:
+  // A long poll (wait_ms > 0) holds one of the caller's stream slots while it waits, so that no
+  // caller can tie up the server's threads; nothing for a call that answers at once.
+  // RESOURCE_EXHAUSTED past the caller's limit.
+  absl::StatusOr<std::optional<CallGate::StreamSlot>> LongPollSlot(const Principal& caller,
+                                                                   int64_t wait_ms);
   JobManager& manager_;
   CallGate& gate_;
 };

@@ -40,9 +40,10 @@ absl::StatusOr<CallGate::StreamSlot> CallGate::OpenStream(const Principal& calle
   absl::MutexLock lock(&mu_);
   int& open = open_streams_[key];
   if (open >= max_streams_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(RoleName(caller.role), " '", caller.name, "' already holds ", open,
-                     " streams (WatchJob, GetJobLogs), the limit per caller; end one first"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        RoleName(caller.role), " '", caller.name, "' already holds ", open,
+        " streams and long polls (WatchJob, GetJobLogs, Sync, RendezvousGet), the limit "
+        "per caller; end one first"));
   }
   ++open;
   return StreamSlot(this, std::move(key));

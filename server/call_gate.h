@@ -52,7 +52,8 @@ class CallGate {
     CallGate* gate_;
     std::string key_;
   };
-  // RESOURCE_EXHAUSTED when `caller` already holds max_streams_per_caller streams.
+  // RESOURCE_EXHAUSTED when `caller` already holds max_streams_per_caller streams (long polls
+  // count as streams: each holds a server thread while it waits).
   absl::StatusOr<StreamSlot> OpenStream(const Principal& caller);
 
  private:

@@ -195,7 +195,8 @@ ABSL_FLAG(std::string, worker_limits_file, "",
           "for a worker whose name matches (the first entry that does). A registration over its "
           "limit is refused. Without a match, or without the file: 4096 slots, 64 GPUs, 64 TiB.");
 ABSL_FLAG(int, max_streams_per_caller, 16,
-          "Streams (WatchJob, GetJobLogs) one caller may hold open at once.");
+          "Streams (WatchJob, GetJobLogs) and long polls (Sync, RendezvousGet that wait) one "
+          "caller may hold open at once.");
 
 namespace trainyard {
 namespace {

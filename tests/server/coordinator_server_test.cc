@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -772,6 +773,34 @@ TEST_F(CoordinatorServerTest, OversizedFieldsAndTooManyStreamsAreRefused) {
   EXPECT_TRUE(other_reader->Read(&update));
   other_context->TryCancel();
   for (auto& c : contexts) c->TryCancel();
+
+  // Long polls hold a server thread each while they wait: they count as streams.
+  v1::RegisterWorkerRequest w1;
+  w1.set_name("w1");
+  w1.set_slots(1);
+  ASSERT_TRUE(agents_->RegisterWorker(Context().get(), w1, &registered).ok());
+  v1::SyncRequest poll;
+  poll.set_worker_id("w1");
+  v1::SyncResponse synced;
+  ASSERT_TRUE(agents_->Sync(Context().get(), poll, &synced).ok());
+  poll.set_known_version(synced.version());  // nothing new for it: it waits out wait_ms
+  poll.set_wait_ms(3000);
+  const int blocked_before = manager_->BlockedSyncsForTesting();
+  std::vector<std::thread> polls;
+  for (int i = 0; i < 2; ++i) {
+    polls.emplace_back([&] {
+      v1::SyncResponse response;
+      agents_->Sync(Context().get(), poll, &response);
+    });
+  }
+  ASSERT_TRUE(
+      PollUntilTrue([&] { return manager_->BlockedSyncsForTesting() == blocked_before + 2; }));
+  status = agents_->Sync(Context().get(), poll, &synced);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("Sync"));
+  poll.set_wait_ms(0);  // one that answers at once holds nothing
+  EXPECT_TRUE(agents_->Sync(Context().get(), poll, &synced).ok());
+  for (std::thread& t : polls) t.join();
 }
 
 // The real binary: listens on a kernel-picked port, reports it through --port_file, stops
