@@ -225,7 +225,8 @@ TEST(JobLifecycleTest, AModelNoWorkerCanLoadIsRefusedNamingWhatItLacks) {
   EXPECT_NE(workers.output.find("LIBTORCH"), std::string::npos) << workers.output;
   EXPECT_NE(workers.output.find(" " + version), std::string::npos) << workers.output;
 
-  const std::string dir = cluster.state_dir() + "/..";
+  // Paths in specs are taken as written (no ".."): the folder above the state folder, by name.
+  const std::string dir = std::filesystem::path(cluster.state_dir()).parent_path().string();
   Process write({"/usr/bin/python3", "-c",
                  "import sys, zipfile\n"
                  "z = zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED)\n"
