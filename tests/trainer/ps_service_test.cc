@@ -2,15 +2,22 @@
 // through real sockets, fencing and bad requests with their codes, and a dead or stuck shard
 // turning into an error within the timeout.
 
-#include "worker/trainer/ps/client.h"
-#include "worker/trainer/ps/server.h"
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/trainer/test_files.h"
+#include "worker/trainer/ps/client.h"
+#include "worker/trainer/ps/server.h"
+#include "worker/trainer/ps/wire.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -244,6 +251,156 @@ TEST(PsServiceTest, AStuckOrDeadShardIsAnErrorWithinTheTimeout) {
   EXPECT_THAT(dead_framed.status().code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
                                                             absl::StatusCode::kDeadlineExceeded));
   EXPECT_LT(absl::Now() - gone, absl::Seconds(5));
+}
+
+// One call of `method` with `body` as its message, bytes as they are (not necessarily a message
+// that parses), presenting `secret` unless it is empty.
+grpc::Status RawCall(const std::string& address, const std::string& method, const std::string& body,
+                     const std::string& secret) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  if (!secret.empty()) context.AddMetadata("authorization", "Bearer " + secret);
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+// A stranger's message is refused from its call's metadata, before the shard reads it: bytes
+// that would not even parse, near the size the shard accepts, come back UNAUTHENTICATED (not the
+// parse's INTERNAL or a handler's INVALID_ARGUMENT), and nothing reached the shard.
+TEST(PsServiceTest, AStrangersMessageIsRefusedBeforeItIsRead) {
+  std::unique_ptr<ParameterShard> shard = MakeShard(1, Initial());
+  auto server = PsServer::Start(shard.get(), "127.0.0.1:0", "s3cret");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  const std::string garbage((*server)->max_message_bytes() - 1024, '\xff');
+  for (const std::string& method :
+       {std::string("/trainyard.v1.ParameterServer/Push"),
+        std::string("/trainyard.v1.ParameterServer/Init"), std::string(ps_wire::kPushPullMethod)}) {
+    for (const std::string secret : {"", "guess"}) {
+      const grpc::Status status = RawCall(address, method, garbage, secret);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << method << ": " << status.error_message();
+    }
+  }
+  EXPECT_EQ((*server)->Stats().pushes, 0);
+  // The rank's own garbage is read, and refused as what it is.
+  EXPECT_EQ(
+      RawCall(address, "/trainyard.v1.ParameterServer/Push", "\xff\xff", "s3cret").error_code(),
+      grpc::StatusCode::INTERNAL);
+}
+
+// The shard accepts messages as large as its parameters need, and no larger: a bigger one is
+// refused by gRPC before any handler parses it, whoever sends it. A rank's channel is bounded
+// the same way once it knows the shard's share of the partition.
+TEST(PsServiceTest, MessagesAreBoundedByWhatTheShardsParametersNeed) {
+  std::unique_ptr<ParameterShard> shard = MakeShard(1, Initial());
+  auto server = PsServer::Start(shard.get(), "127.0.0.1:0", "s3cret");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int64_t parameter_bytes = 1000 * 4 + 21 * 8;
+  EXPECT_EQ((*server)->max_message_bytes(), ps_wire::MessageLimit(parameter_bytes, 2));
+  EXPECT_LT((*server)->max_message_bytes(), 4 * parameter_bytes + (int64_t{128} << 10));
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  const std::string oversized((*server)->max_message_bytes() + 1, '\xff');
+  const grpc::Status status =
+      RawCall(address, "/trainyard.v1.ParameterServer/Push", oversized, "s3cret");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  // What the rank sends and pulls fits.
+  PsClient rank(address, 0, 2, 0, absl::Seconds(10), "s3cret");
+  rank.LimitMessages(parameter_bytes, 2);
+  std::vector<torch::Tensor> pieces = {torch::empty({1000}), torch::empty({7, 3}, torch::kFloat64)};
+  auto pushed = rank.PushPull(0, Gradient(0, 0), 1.0, false, {}, 1, pieces);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  // A rank told the shard holds less refuses the shard's larger answer.
+  std::unique_ptr<ParameterShard> big = MakeShard(1, {torch::zeros({200000})});
+  auto big_server = PsServer::Start(big.get(), "127.0.0.1:0", "s3cret");
+  ASSERT_TRUE(big_server.ok()) << big_server.status();
+  PsClient misled(absl::StrCat("127.0.0.1:", (*big_server)->port()), 0, 2, 0, absl::Seconds(10),
+                  "s3cret");
+  misled.LimitMessages(1000, 1);
+  std::vector<torch::Tensor> big_pieces = {torch::empty({200000})};
+  EXPECT_EQ(misled.Pull(0, big_pieces).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A CA, a certificate for 127.0.0.1 and localhost signed by it, and another CA, made by openssl
+// in `dir`.
+void MakeCertificates(const std::string& dir) {
+  const std::string script = absl::StrCat(
+      "set -e; cd '", dir, "'; exec >openssl.log 2>&1\n",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout ca.key "
+      "-out ca.pem\n",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca -keyout other.key "
+      "-out other-ca.pem\n",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=shard -keyout shard.key -out shard.csr\n",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > shard.ext\n",
+      "openssl x509 -req -in shard.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-extfile shard.ext -out shard.pem\n");
+  ASSERT_EQ(std::system(script.c_str()), 0) << test_files::ReadFile(dir + "/openssl.log");
+}
+
+// With a certificate the shard serves TLS and says so in its address: a rank that trusts its CA
+// trains through it; one that trusts another CA, or speaks plaintext, is not served; and the
+// secret is still asked for.
+TEST(PsServiceTest, OverTlsOnlyRanksThatTrustItsCaReachTheShard) {
+  const std::string dir = test_files::MakeTempDir();
+  MakeCertificates(dir);
+  std::unique_ptr<ParameterShard> shard = MakeShard(1, Initial());
+  PsServerOptions options;
+  options.caller_secret = "s3cret";
+  options.tls_cert_file = dir + "/shard.pem";
+  options.tls_key_file = dir + "/shard.key";
+  auto server = PsServer::Start(shard.get(), "127.0.0.1:0", options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE((*server)->tls());
+  const std::string address = (*server)->AddressFor("127.0.0.1");
+  EXPECT_EQ(address, absl::StrCat("tls:127.0.0.1:", (*server)->port()));
+  std::vector<torch::Tensor> pieces = {torch::empty({1000}), torch::empty({7, 3}, torch::kFloat64)};
+
+  PsTls trusting;
+  trusting.ca_file = dir + "/ca.pem";
+  PsClient rank(address, 0, 2, 0, absl::Seconds(10), "s3cret", trusting);
+  auto pushed = rank.PushPull(0, Gradient(0, 0), 1.0, false, {}, 1, pieces);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  // Through a name the certificate carries, as TRAINYARD_PS_TLS_SERVER_NAME gives it.
+  PsTls named = trusting;
+  named.server_name = "localhost";
+  PsClient by_name(address, 0, 2, 0, absl::Seconds(10), "s3cret", named);
+  EXPECT_TRUE(by_name.Pull(1, pieces).ok());
+
+  PsClient stranger(address, 0, 2, 0, absl::Seconds(10), "guess", trusting);
+  EXPECT_EQ(stranger.Pull(1, pieces).status().code(), absl::StatusCode::kUnauthenticated);
+  PsTls other;
+  other.ca_file = dir + "/other-ca.pem";
+  PsClient misled(address, 0, 2, 0, absl::Seconds(3), "s3cret", other);
+  EXPECT_EQ(misled.Pull(1, pieces).status().code(), absl::StatusCode::kUnavailable);
+  const std::string plain_address = absl::StrCat("127.0.0.1:", (*server)->port());
+  PsClient plaintext(plain_address, 0, 2, 0, absl::Seconds(3), "s3cret", trusting);
+  EXPECT_EQ(plaintext.Pull(1, pieces).status().code(), absl::StatusCode::kUnavailable);
+  PsTls unreadable;
+  unreadable.ca_file = dir + "/missing.pem";
+  PsClient broken(address, 0, 2, 0, absl::Seconds(3), "s3cret", unreadable);
+  const absl::Status refused = broken.Pull(1, pieces).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("missing.pem"));
+  EXPECT_EQ((*server)->Stats().pushes, 1);
+
+  // Without the certificate's key there is no server.
+  PsServerOptions half = options;
+  half.tls_key_file.clear();
+  EXPECT_EQ(PsServer::Start(shard.get(), "127.0.0.1:0", half).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

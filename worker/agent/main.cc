@@ -26,6 +26,7 @@
 #include "common/daemon_metrics_flags.h"
 #include "common/log.h"
 #include "common/metrics_http.h"
+#include "common/ps_tls.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/coordinator_link.h"
@@ -148,6 +149,15 @@ ABSL_FLAG(std::string, cert_file, "", "PEM client certificate of this agent (wit
 ABSL_FLAG(std::string, key_file, "", "PEM key of --cert_file");
 ABSL_FLAG(std::string, tls_server_name, "",
           "name the coordinator's certificate carries, when not --coordinator's host");
+ABSL_FLAG(std::string, ps_tls_cert, "",
+          "PEM certificate that parameter-server shards on this machine serve TLS with (for the "
+          "address the coordinator advertises for this worker, or --ps_tls_server_name), signed "
+          "by the cluster's CA (--ca_file), which ranks verify it against; handed to shard tasks "
+          "only. Without it shards beyond loopback speak plaintext, with a warning");
+ABSL_FLAG(std::string, ps_tls_key, "", "PEM key of --ps_tls_cert");
+ABSL_FLAG(std::string, ps_tls_server_name, "",
+          "name the shards' certificates carry, when not the host a shard is reached at "
+          "(handed to ranks)");
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext to a coordinator that is not on this machine (credentials then "
           "travel in clear)");
@@ -342,6 +352,23 @@ int main(int argc, char** argv) {
     options.trainer_env["TRAINYARD_TLS_SERVER_NAME"] = credentials.server_name;
   }
   if (credentials.insecure) options.trainer_env["TRAINYARD_INSECURE"] = "1";
+  // Parameter servers: the shard's certificate and key (the reconciler gives them to shard tasks
+  // only), and the name ranks check it for.
+  const std::string ps_cert = absl::GetFlag(FLAGS_ps_tls_cert);
+  const std::string ps_key = absl::GetFlag(FLAGS_ps_tls_key);
+  if (ps_cert.empty() != ps_key.empty()) {
+    trainyard::LogError("--ps_tls_cert and --ps_tls_key go together");
+    return 2;
+  }
+  if (!ps_cert.empty()) {
+    options.trainer_env[trainyard::kPsTlsCertEnv] =
+        std::filesystem::absolute(ps_cert).lexically_normal().string();
+    options.trainer_env[trainyard::kPsTlsKeyEnv] =
+        std::filesystem::absolute(ps_key).lexically_normal().string();
+  }
+  if (!absl::GetFlag(FLAGS_ps_tls_server_name).empty()) {
+    options.trainer_env[trainyard::kPsTlsServerNameEnv] = absl::GetFlag(FLAGS_ps_tls_server_name);
+  }
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_trainer_env_pass), ',', absl::SkipWhitespace())) {
     options.trainer_env_pass.emplace_back(absl::StripAsciiWhitespace(name));

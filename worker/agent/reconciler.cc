@@ -17,6 +17,7 @@
 #include "common/credentials.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "common/ps_tls.h"
 #include "common/uri.h"
 
 namespace trainyard {
@@ -273,7 +274,12 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
                 {"TRAINYARD_CACHE_DIR", options_.work_dir + "/cache"},
                 // Temporary files (a pipeline's model export) go with the task's folder.
                 {"TMPDIR", dir}};
-  for (const auto& [key, value] : options_.trainer_env) launch.env.emplace_back(key, value);
+  for (const auto& [key, value] : options_.trainer_env) {
+    // A shard's certificate key is for shards: ranks run the user's model.
+    const bool shard_only = key == kPsTlsCertEnv || key == kPsTlsKeyEnv;
+    if (shard_only && task.role() != v1::TASK_ROLE_SHARD) continue;
+    launch.env.emplace_back(key, value);
+  }
   // The agent's own secrets stay with it: trainers inherit only what they need.
   launch.inherit = [extra = options_.trainer_env_pass](absl::string_view name) {
     return PassesToTrainers(name, extra);
@@ -336,6 +342,16 @@ absl::StatusOr<int> Reconciler::PrepareTaskUser(const v1::Task& task, const std:
   }
   for (auto& [name, value] : launch.env) {
     if (name == "TRAINYARD_CACHE_DIR") value = cache;
+    // A shard's certificate and key, which its user could not read where the agent keeps them:
+    // a copy of its own in its folder.
+    if (name == kPsTlsCertEnv || name == kPsTlsKeyEnv) {
+      const std::string copy =
+          absl::StrCat(dir, "/", name == kPsTlsKeyEnv ? "ps-tls.key" : "ps-tls.pem");
+      fs::copy_file(value, copy, fs::copy_options::overwrite_existing, ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot copy ", value, ": ", ec.message()));
+      if (absl::Status s = GiveTo(copy, uid, 0600); !s.ok()) return s;
+      value = copy;
+    }
   }
   launch.uid = uid;
   return uid;

@@ -248,6 +248,7 @@ int main(int argc, char** argv) {
     shard_options.stop_signal = &stop_signal;
     shard_options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
     shard_options.metrics_file = trainyard::kShardMetricsFile;
+    shard_options.tls = trainyard::PsTls::FromEnvironment();
     const absl::Status served = trainyard::trainer::RunShardTask(task, shard_options);
     if (!served.ok()) {
       return Fail(trainyard::trainer::ExitCodeForStatus(served), std::string(served.message()));

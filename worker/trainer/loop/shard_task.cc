@@ -1,5 +1,6 @@
 #include "worker/trainer/loop/shard_task.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "worker/trainer/loop/trainer.h"
 #include "worker/trainer/ps/server.h"
 #include "worker/trainer/ps/strategy.h"
+#include "worker/trainer/ps/wire.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -41,6 +43,34 @@ void WriteStats(const std::string& path, const ShardStats& stats) {
   warned = true;
 }
 
+PsServerOptions ShardServerOptions(const trainyard::v1::Task& task,
+                                   const ShardTaskOptions& options) {
+  PsServerOptions server;
+  server.caller_secret = task.attempt_secret();
+  server.tls_cert_file = options.tls.cert_file;
+  server.tls_key_file = options.tls.key_file;
+  // No message the shard handles is larger than the memory it may hold.
+  const int64_t memory = task.spec().parameter_servers().memory_bytes();
+  server.max_message_bytes =
+      memory > 0 ? std::min(memory, ps_wire::kMaxMessageBytes) : ps_wire::kMaxMessageBytes;
+  return server;
+}
+
+// Serves on `listen`, or when it is empty on `host` (every address when that cannot be bound).
+absl::StatusOr<std::unique_ptr<PsServer>> StartShardServer(const ShardConfig& config,
+                                                           const PsServerOptions& server,
+                                                           const std::string& listen,
+                                                           const std::string& host) {
+  if (!listen.empty()) return PsServer::StartEmpty(config, listen, server);
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  const std::string own = ipv6 ? absl::StrCat("[", host, "]:0") : absl::StrCat(host, ":0");
+  absl::StatusOr<std::unique_ptr<PsServer>> started = PsServer::StartEmpty(config, own, server);
+  if (started.ok() || started.status().code() != absl::StatusCode::kUnavailable) return started;
+  LogWarning("parameter server ", config.shard, ": cannot listen on ", own,
+             "; listening on every address");
+  return PsServer::StartEmpty(config, "0.0.0.0:0", server);
+}
+
 }  // namespace
 
 absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOptions& options) {
@@ -67,12 +97,12 @@ absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOption
   config.synchronous = spec.parameter_servers().mode() != "async";
   config.max_staleness = spec.parameter_servers().max_staleness();
   config.optimizer = spec.optimizer();
-  absl::StatusOr<std::unique_ptr<PsServer>> server =
-      PsServer::StartEmpty(config, options.listen, task.attempt_secret());
-  if (!server.ok()) return server.status();
   const std::string host =
       task.worker_address().empty() ? options.default_hostname : task.worker_address();
-  const std::string address = absl::StrCat(host, ":", (*server)->port());
+  absl::StatusOr<std::unique_ptr<PsServer>> server =
+      StartShardServer(config, ShardServerOptions(task, options), options.listen, host);
+  if (!server.ok()) return server.status();
+  const std::string address = (*server)->AddressFor(host);
   absl::Status published = options.rendezvous->Set(ParameterServerKey(task.shard()), address);
   if (!published.ok()) {
     return absl::UnavailableError(

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
 
@@ -22,10 +23,15 @@ namespace trainyard::trainer {
 
 struct ShardTaskOptions {
   RendezvousClient* rendezvous = nullptr;  // required; not owned
-  // Where it listens ("0.0.0.0:0": every address, a port the kernel picks) and the host the
-  // ranks reach it at (the task's worker_address when set).
-  std::string listen = "0.0.0.0:0";
+  // Where it listens. Empty: on the host the ranks reach it at (the task's worker_address when
+  // set, else default_hostname), a port the kernel picks; on every address ("0.0.0.0:0") when
+  // that host cannot be bound (a name of a load balancer, say).
+  std::string listen;
   std::string default_hostname = "127.0.0.1";
+  // Its certificate and key (PsTls::FromEnvironment, from the agent's --ps_tls_cert and
+  // --ps_tls_key): it serves TLS with them. Without them it speaks plaintext, with a warning
+  // when it listens beyond loopback.
+  PsTls tls;
   // Non-zero once it was asked to stop (a signal handler sets it). Not owned; required.
   const std::atomic<int>* stop_signal = nullptr;
   // Read once stopped (ReadStopDeadline): it then serves no later than that deadline.
@@ -43,8 +49,11 @@ struct ShardTaskOptions {
 // Serves shard `task.shard()` of `task`'s attempt until every rank has finished with it, or,
 // once stop_signal is set, until the stop's deadline (or, without one, until the ranks are
 // quiet); OK then.
-// INVALID_ARGUMENT for a task that is not a shard of a parameter_server job or a missing
-// rendezvous; UNAVAILABLE when it cannot listen or publish its address.
+// Its messages are bounded by the shard's memory (parameter_servers.memory_bytes) when the job
+// sets it, else by gRPC's largest (ps_wire::kMaxMessageBytes): it learns its pieces only from
+// rank 0's Init, after it has to serve. INVALID_ARGUMENT for a task that is not a shard of a
+// parameter_server job, a missing rendezvous or TLS material that cannot be read; UNAVAILABLE
+// when it cannot listen or publish its address.
 absl::Status RunShardTask(const trainyard::v1::Task& task, const ShardTaskOptions& options);
 
 }  // namespace trainyard::trainer

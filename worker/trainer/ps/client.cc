@@ -5,9 +5,12 @@
 #include <grpcpp/impl/rpc_method.h>
 
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -16,8 +19,10 @@
 
 namespace trainyard::trainer {
 
+using ps_wire::kMaxMessageBytes;
 using ps_wire::kPushPullMethod;
-using ps_wire::kUnlimited;
+using ps_wire::kTlsAddressPrefix;
+using ps_wire::MessageLimit;
 using ps_wire::PullResultOf;
 using ps_wire::PushResultOf;
 using ps_wire::SetBytes;
@@ -27,17 +32,54 @@ using ps_wire::TensorFrame;
 using ps_wire::TensorFrom;
 
 PsClient::PsClient(const std::string& address, int shard, int64_t generation, int rank,
-                   absl::Duration timeout, std::string caller_secret)
+                   absl::Duration timeout, std::string caller_secret, const PsTls& tls)
     : address_(address),
       shard_(shard),
       generation_(generation),
       rank_(rank),
       timeout_(timeout),
-      bearer_(caller_secret.empty() ? "" : "Bearer " + caller_secret) {
+      bearer_(caller_secret.empty() ? "" : "Bearer " + caller_secret),
+      target_(absl::StartsWith(address, kTlsAddressPrefix)
+                  ? address.substr(std::strlen(kTlsAddressPrefix))
+                  : address),
+      tls_(absl::StartsWith(address, kTlsAddressPrefix)),
+      tls_files_(tls),
+      max_message_bytes_(static_cast<int>(kMaxMessageBytes)) {
+  Connect();
+}
+
+void PsClient::LimitMessages(int64_t parameter_bytes, int64_t tensors) {
+  max_message_bytes_ = MessageLimit(parameter_bytes, tensors);
+  Connect();
+}
+
+void PsClient::Connect() {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kUnlimited);
-  args.SetMaxSendMessageSize(kUnlimited);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  args.SetMaxReceiveMessageSize(max_message_bytes_);
+  args.SetMaxSendMessageSize(max_message_bytes_);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  // The shard serves what it has: TLS where its agent gave it a certificate.
+  if (tls_) {
+    grpc::SslCredentialsOptions ssl;
+    if (!tls_files_.ca_file.empty()) {
+      std::ifstream in(tls_files_.ca_file, std::ios::binary);
+      std::stringstream pem;
+      pem << in.rdbuf();
+      if (!in || pem.str().empty()) {
+        channel_status_ = absl::InvalidArgumentError(
+            absl::StrCat("parameter server ", shard_, " at ", address_,
+                         ": cannot read the CA file ", tls_files_.ca_file));
+        return;
+      }
+      ssl.pem_root_certs = pem.str();
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (!tls_files_.server_name.empty()) {
+      args.SetSslTargetNameOverride(tls_files_.server_name);
+    }
+  }
+  channel_status_ = absl::OkStatus();
+  channel_ = grpc::CreateCustomChannel(target_, credentials, args);
   stub_ = trainyard::v1::ParameterServer::NewStub(channel_);
 }
 
@@ -45,6 +87,7 @@ template <typename Request, typename Response>
 absl::Status PsClient::Call(grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
                                                       Response*),
                             const Request& request, Response* response, const char* method) {
+  if (!channel_status_.ok()) return channel_status_;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + timeout_));
   if (!bearer_.empty()) context.AddMetadata("authorization", bearer_);
@@ -187,6 +230,7 @@ absl::StatusOr<PsClient::PushPullResult> PsClient::PushPull(
     int64_t base_version, const std::vector<torch::Tensor>& gradients, double loss, bool stop,
     const std::vector<RowGradients>& rows, int64_t min_version,
     std::vector<torch::Tensor>& pieces) {
+  if (!channel_status_.ok()) return channel_status_;
   trainyard::v1::PushPullHeader header;
   FillPush(base_version, loss, stop, rows, *header.mutable_push());
   header.set_pull_min_version(min_version);

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/ps_tls.h"
 #include "trainyard/v1/ps_service.grpc.pb.h"
 #include "worker/trainer/ps/shard.h"
 
@@ -23,9 +24,22 @@ namespace trainyard::trainer {
 // UNAVAILABLE or DEADLINE_EXCEEDED naming the shard, never a hang. Thread-compatible.
 class PsClient {
  public:
-  // `caller_secret`: what the shard's server asks of its callers (PsServer::Start).
+  // `address` as the shard published it (PsServer::AddressFor): "tls:HOST:PORT" is verified
+  // against `tls.ca_file` (and `tls.server_name` when set; without a CA file, the system's
+  // roots). `caller_secret`: what the shard's server asks of its callers (PsServer::Start).
+  // Messages are bounded by ps_wire::kMaxMessageBytes until LimitMessages. When the channel
+  // cannot be made (a CA file that cannot be read), every call fails with INVALID_ARGUMENT
+  // naming it.
   PsClient(const std::string& address, int shard, int64_t generation, int rank,
-           absl::Duration timeout, std::string caller_secret = "");
+           absl::Duration timeout, std::string caller_secret = "",
+           const PsTls& tls = PsTls::FromEnvironment());
+
+  // Bounds the messages to and from the shard to ps_wire::MessageLimit(parameter_bytes,
+  // tensors): what the shard's pieces and rows (`tensors` of them, holding `parameter_bytes`)
+  // need. A larger answer fails with RESOURCE_EXHAUSTED. Makes a new channel: call it before
+  // the calls, not during one.
+  void LimitMessages(int64_t parameter_bytes, int64_t tensors);
+  int max_message_bytes() const { return max_message_bytes_; }
 
   // Creates the shard of a server started with StartEmpty from `pieces` (CPU float32 or
   // float64) and their optimizer state (named "p{index}.{field}"; empty when fresh), at version
@@ -105,6 +119,14 @@ class PsClient {
   const int rank_;
   const absl::Duration timeout_;
   const std::string bearer_;  // "Bearer SECRET", or empty
+  const std::string target_;  // address_ less its TLS mark
+  const bool tls_;
+  const PsTls tls_files_;
+  int max_message_bytes_ = 0;
+  // Why the channel could not be made; then every call returns it.
+  absl::Status channel_status_;
+  // Makes channel_ and stub_ with messages of at most max_message_bytes_.
+  void Connect();
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;
 };

@@ -3,26 +3,123 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/security/auth_metadata_processor.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/method_handler.h>
 #include <openssl/crypto.h>
 
+#include <algorithm>
 #include <map>
+#include <mutex>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "trainyard/v1/ps_service.grpc.pb.h"
 #include "worker/trainer/ps/wire.h"
 
 namespace trainyard::trainer {
+namespace {
 
 using ps_wire::ByteSize;
+
+// Whether `presented` (a call's authorization metadata) is `expected` ("Bearer SECRET"), compared
+// in constant time.
+bool PresentsSecret(const char* presented, size_t size, const std::string& expected) {
+  return size == expected.size() && CRYPTO_memcmp(presented, expected.data(), size) == 0;
+}
+
+grpc::Status Unauthenticated() {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "this parameter server serves only the ranks of its own attempt");
+}
+
+// Refuses a call without the attempt's secret from its metadata, before gRPC reads its message:
+// a stranger who reaches the port cannot make the shard receive, allocate or parse anything.
+class SecretChecker final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit SecretChecker(const std::string& secret) : expected_("Bearer " + secret) {}
+  // A comparison in memory: it needs no thread of gRPC's own.
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext*, OutputMetadata*,
+                       OutputMetadata*) override {
+    auto it = metadata.find("authorization");
+    if (it != metadata.end() && PresentsSecret(it->second.data(), it->second.size(), expected_)) {
+      return grpc::Status::OK;
+    }
+    return Unauthenticated();
+  }
+
+ private:
+  const std::string expected_;
+};
+
+struct ServerSecurity {
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  bool tls = false;
+  bool checks_metadata = false;  // the secret is checked before a message is read
+};
+
+// TLS with the options' certificate. Without one, on loopback gRPC's local credentials: plaintext
+// that admits only peers on this machine and, unlike gRPC's insecure credentials (whose
+// SetAuthMetadataProcessor aborts in gRPC 1.51), takes the SecretChecker. Beyond loopback,
+// plaintext, with a warning: the secret then travels in clear and is checked by the handlers.
+absl::StatusOr<ServerSecurity> SecurityFor(const std::string& listen,
+                                           const PsServerOptions& options) {
+  ServerSecurity security;
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    ServerTls tls;
+    tls.cert_file = options.tls_cert_file;
+    tls.key_file = options.tls_key_file;
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        NewServerCredentials(tls);
+    if (!credentials.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter server TLS: ", credentials.status().message()));
+    }
+    security.credentials = *std::move(credentials);
+    security.tls = true;
+  } else if (IsLoopbackAddress(listen)) {
+    security.credentials = grpc::experimental::LocalServerCredentials(LOCAL_TCP);
+  } else {
+    static std::once_flag warned;
+    std::call_once(warned, [&listen] {
+      LogWarning("parameter server on ", listen,
+                 " in plaintext: its parameters and the attempt's secret travel in clear "
+                 "(give the agents --ps_tls_cert and --ps_tls_key)");
+    });
+    return ServerSecurity{grpc::InsecureServerCredentials(), false, false};
+  }
+  if (!options.caller_secret.empty()) {
+    security.credentials->SetAuthMetadataProcessor(
+        std::make_shared<SecretChecker>(options.caller_secret));
+    security.checks_metadata = true;
+  }
+  return security;
+}
+
+// ps_wire::MessageLimit of what `shard` holds.
+int64_t MessageLimitOf(const ParameterShard& shard) {
+  int64_t bytes = 0;
+  for (const ParameterShard::PieceShape& shape : shard.shapes()) bytes += ByteSize(shape);
+  const ShardConfig& config = shard.config();
+  for (const ParameterShard::TableShape& table : shard.table_shapes()) {
+    const int64_t row = table.dim * c10::elementSize(table.dtype) + int64_t{8};  // and its id
+    bytes += RowsOnShard(table.rows, config.shard, config.shards) * row;
+  }
+  return ps_wire::MessageLimit(
+      bytes, static_cast<int64_t>(shard.shapes().size() + shard.table_shapes().size()));
+}
+
+}  // namespace
+
 using ps_wire::kPushPullMethod;
-using ps_wire::kUnlimited;
 using ps_wire::RowsFrom;
 using ps_wire::SetBytes;
 using ps_wire::SetLayout;
@@ -44,18 +141,17 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
   }
 
   // Only the ranks and shards of this attempt know its secret: anyone else who reaches the port
-  // is refused before anything is read or changed.
+  // is refused before anything is parsed or changed. Where SecretChecker runs, it refused them
+  // before their message was even read; this is the check of plaintext beyond loopback.
   grpc::Status Admit(const grpc::ServerContext* context) const {
     if (secret_.empty()) return grpc::Status::OK;
     const auto& metadata = context->client_metadata();
     auto it = metadata.find("authorization");
     const std::string expected = "Bearer " + secret_;
-    if (it != metadata.end() && it->second.size() == expected.size() &&
-        CRYPTO_memcmp(it->second.data(), expected.data(), expected.size()) == 0) {
+    if (it != metadata.end() && PresentsSecret(it->second.data(), it->second.size(), expected)) {
       return grpc::Status::OK;
     }
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "this parameter server serves only the ranks of its own attempt");
+    return Unauthenticated();
   }
 
   // The push of a rank's gradients and the pull that follows, in one call of frames (see
@@ -460,31 +556,65 @@ class PsServer::Service final : public trainyard::v1::ParameterServer::Service {
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(ParameterShard* shard,
                                                           const std::string& listen,
+                                                          PsServerOptions options) {
+  if (options.max_message_bytes <= 0) options.max_message_bytes = MessageLimitOf(*shard);
+  auto service = std::make_unique<Service>(shard, options.caller_secret);
+  return Serve(std::move(service), listen, options);
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(ParameterShard* shard,
+                                                          const std::string& listen,
                                                           std::string caller_secret) {
-  return Serve(std::make_unique<Service>(shard, std::move(caller_secret)), listen);
+  PsServerOptions options;
+  options.caller_secret = std::move(caller_secret);
+  return Start(shard, listen, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::StartEmpty(ShardConfig config,
+                                                               const std::string& listen,
+                                                               PsServerOptions options) {
+  if (options.max_message_bytes <= 0) options.max_message_bytes = ps_wire::kMaxMessageBytes;
+  auto service = std::make_unique<Service>(std::move(config), options.caller_secret);
+  return Serve(std::move(service), listen, options);
 }
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::StartEmpty(ShardConfig config,
                                                                const std::string& listen,
                                                                std::string caller_secret) {
-  return Serve(std::make_unique<Service>(std::move(config), std::move(caller_secret)), listen);
+  PsServerOptions options;
+  options.caller_secret = std::move(caller_secret);
+  return StartEmpty(std::move(config), listen, std::move(options));
 }
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Serve(std::unique_ptr<Service> service,
-                                                          const std::string& listen) {
+                                                          const std::string& listen,
+                                                          const PsServerOptions& options) {
+  absl::StatusOr<ServerSecurity> security = SecurityFor(listen, options);
+  if (!security.ok()) return security.status();
   std::unique_ptr<PsServer> server(new PsServer());
   server->service_ = std::move(service);
+  server->tls_ = security->tls;
+  server->max_message_bytes_ = std::min(options.max_message_bytes, ps_wire::kMaxMessageBytes);
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port of its own, never shared
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen, security->credentials, &server->port_);
   builder.RegisterService(server->service_.get());
-  builder.SetMaxReceiveMessageSize(kUnlimited);
-  builder.SetMaxSendMessageSize(kUnlimited);
+  // Bounded by what the shard's parameters need: a larger message is refused by gRPC
+  // (RESOURCE_EXHAUSTED) before any handler sees it.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(server->max_message_bytes_));
+  builder.SetMaxSendMessageSize(static_cast<int>(server->max_message_bytes_));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("parameter server: cannot listen on ", listen));
   }
   return server;
+}
+
+std::string PsServer::AddressFor(const std::string& host) const {
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  const std::string hostport =
+      ipv6 ? absl::StrCat("[", host, "]:", port_) : absl::StrCat(host, ":", port_);
+  return tls_ ? absl::StrCat(ps_wire::kTlsAddressPrefix, hostport) : hostport;
 }
 
 bool PsServer::WaitUntilFinished(absl::Time deadline) {

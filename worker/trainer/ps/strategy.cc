@@ -72,7 +72,17 @@ absl::Status ParameterServerStrategy::Setup(Model& model) {
   partition_ = *std::move(partition);
   shapes_ = std::move(shapes);
   pieces_.resize(shards_.size());
-  for (int s = 0; s < static_cast<int>(shards_.size()); ++s) pieces_[s] = partition_.PiecesOf(s);
+  for (int s = 0; s < static_cast<int>(shards_.size()); ++s) {
+    pieces_[s] = partition_.PiecesOf(s);
+    // What the shard's messages carry at most: its pieces and its rows of the tables.
+    int64_t bytes = partition_.shard_bytes[s];
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      const torch::Tensor& param = tables_[t].param;
+      const int64_t row = param.size(1) * static_cast<int64_t>(param.element_size()) + 8;  // id
+      bytes += RowsOnShard(param.size(0), s, static_cast<int>(shards_.size())) * row;
+    }
+    shards_[s]->LimitMessages(bytes, static_cast<int64_t>(pieces_[s].size() + tables_.size()));
+  }
   if (!tables_.empty()) {
     model.SetRowLookup([this](int t, const torch::Tensor& ids) { return LookUp(t, ids); });
   }

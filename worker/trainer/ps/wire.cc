@@ -1,5 +1,6 @@
 #include "worker/trainer/ps/wire.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -22,6 +23,19 @@ absl::StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
 }
 
 }  // namespace
+
+int MessageLimit(int64_t parameter_bytes, int64_t tensors) {
+  const int64_t copies = 1 + kStateTensorsPerParameter;
+  // Saturates rather than overflows: anything near the ceiling is the ceiling.
+  const int64_t ceiling = kMaxMessageBytes;
+  const int64_t bytes = std::max<int64_t>(parameter_bytes, 0);
+  const int64_t count = std::max<int64_t>(tensors, 0);
+  if (bytes > ceiling / copies || count > ceiling / (copies * kTensorOverheadBytes)) {
+    return static_cast<int>(ceiling);
+  }
+  const int64_t limit = copies * (bytes + count * kTensorOverheadBytes) + kMessageOverheadBytes;
+  return static_cast<int>(std::min(limit, ceiling));
+}
 
 int64_t ByteSize(const ParameterShard::PieceShape& shape) {
   int64_t n = c10::elementSize(shape.second);

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,25 @@ class SliceReader {
 // The PushPull method's full name, registered by the server and called by the client.
 inline constexpr char kPushPullMethod[] = "/trainyard.v1.ParameterServer/PushPull";
 
-// Pieces are a few MiB each and a shard may hold gigabytes: no message limit of gRPC's own.
-inline constexpr int kUnlimited = -1;
+// How a shard publishes the address of a server that speaks TLS ("tls:HOST:PORT"); a plain
+// "HOST:PORT" speaks plaintext. The client follows what the shard serves.
+inline constexpr char kTlsAddressPrefix[] = "tls:";
+
+// gRPC's largest message (its limits are ints), and protobuf's: the ceiling of every limit below.
+inline constexpr int64_t kMaxMessageBytes = std::numeric_limits<int32_t>::max();
+// What a message carries beyond its tensors' bytes: its header, and per tensor a layout and a
+// name (a few dozen bytes each; counted generously).
+inline constexpr int64_t kMessageOverheadBytes = int64_t{64} << 10;
+inline constexpr int64_t kTensorOverheadBytes = 256;
+// The optimizer's state per parameter, at most: Adam's two moments (SGD's momentum is one).
+inline constexpr int64_t kStateTensorsPerParameter = 2;
+
+// The largest message a shard and its ranks exchange, for a shard that holds `parameter_bytes`
+// (its pieces and its rows of the tables, their ids counted at 8 bytes a row) in `tensors`
+// tensors: Init, State and Snapshot carry the parameters with up to kStateTensorsPerParameter
+// tensors of state like them, a push, a pull or rows less. At least kMessageOverheadBytes, at
+// most kMaxMessageBytes.
+int MessageLimit(int64_t parameter_bytes, int64_t tensors);
 
 // The bytes of a piece of `shape`.
 int64_t ByteSize(const ParameterShard::PieceShape& shape);
