@@ -56,6 +56,19 @@ bool ApplyQueueFlags(const ParsedArgs& args, v1::Queue& queue) {
     }
     queue.set_weight(weight);
   }
+  if (args.Has("max-priority")) {
+    const std::string text = args.Get("max-priority");
+    int32_t cap = 0;
+    if (text == "none") {
+      queue.clear_max_priority();
+    } else if (absl::SimpleAtoi(text, &cap)) {
+      queue.set_max_priority(cap);
+    } else {
+      std::cerr << "error: --max-priority takes a priority (an integer) or 'none', got '" << text
+                << "'\n";
+      return false;
+    }
+  }
   if (args.Has("users")) {
     queue.clear_users();
     for (absl::string_view user : absl::StrSplit(args.Get("users"), ',', absl::SkipEmpty())) {
@@ -76,6 +89,11 @@ std::string Use(int32_t used, int32_t quota, int32_t borrowed) {
 
 std::string Users(const v1::Queue& q) {
   return q.users_size() == 0 ? "everyone" : absl::StrJoin(q.users(), ",");
+}
+
+// The highest priority its users' jobs may ask for; "-": no cap.
+std::string MaxPriority(const v1::Queue& q) {
+  return q.has_max_priority() ? absl::StrCat(q.max_priority()) : "-";
 }
 
 }  // namespace
@@ -136,7 +154,8 @@ int Client::Queue() {
                 << Limit(response.quota_slots()) << " slots, " << Limit(response.quota_gpus())
                 << " GPUs; borrowing up to " << Limit(response.borrow_slots()) << " slots, "
                 << Limit(response.borrow_gpus()) << " GPUs; weight " << response.weight()
-                << "; users " << Users(response) << "\n";
+                << "; users " << Users(response) << "; users' max priority "
+                << (response.has_max_priority() ? MaxPriority(response) : "none") << "\n";
     }
     return kExitSucceeded;
   }
@@ -170,10 +189,10 @@ int Client::Queue() {
                         Use(s.used_slots(), s.quota_slots(), s.borrowed_slots()),
                         Use(s.used_gpus(), s.quota_gpus(), s.borrowed_gpus()),
                         absl::StrCat(s.pending_jobs()), absl::StrCat(s.running_jobs()),
-                        absl::StrCat(s.preemptions()), Users(q)});
+                        absl::StrCat(s.preemptions()), MaxPriority(q), Users(q)});
       }
       std::cout << Table({"QUEUE", "WEIGHT", "SLOTS USED/QUOTA", "GPUS USED/QUOTA", "PENDING",
-                          "RUNNING", "PREEMPTED", "USERS"},
+                          "RUNNING", "PREEMPTED", "MAX PRIORITY", "USERS"},
                          rows);
       return kExitSucceeded;
     }

@@ -77,6 +77,9 @@ std::string DescribeQueue(const v1::Queue& q) {
                                   limit(q.borrow_gpus(), "GPUs"), " beyond the quota"));
   field("Weight", absl::StrCat(q.weight() > 0 ? q.weight() : 1));
   field("Users", q.users_size() == 0 ? "everyone" : absl::StrJoin(q.users(), ", "));
+  field("Max priority", q.has_max_priority()
+                            ? absl::StrCat(q.max_priority(), " for users' jobs (admins' exempt)")
+                            : "none");
   field("Holds", absl::StrCat(s.used_slots(), " slots (", s.borrowed_slots(), " borrowed), ",
                               s.used_gpus(), " GPUs (", s.borrowed_gpus(), " borrowed)"));
   field("Jobs", absl::StrCat(s.running_jobs(), " running, ", s.pending_jobs(), " pending"));

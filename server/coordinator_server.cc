@@ -3,6 +3,12 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/channel.h"
@@ -10,6 +16,54 @@
 #include "common/log.h"
 
 namespace trainyard {
+namespace {
+
+// Serves server reflection on one builder's server, or keeps it off. Linking gRPC's reflection
+// library registers its plugin for every server the process builds (a static initializer calls
+// InitProtoReflectionServerBuilderPlugin()), the standby's and the health port's included: each
+// builder is given this option, which removes that plugin unless asked to serve it.
+class ReflectionOption : public grpc::ServerBuilderOption {
+ public:
+  explicit ReflectionOption(bool serve) : serve_(serve) {}
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    static const std::string* const kName =
+        new std::string(grpc::reflection::ProtoServerReflectionPlugin().name());
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return plugin->name() == *kName;
+                                  }),
+                   plugins->end());
+    if (serve_) {
+      plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+    }
+  }
+
+ private:
+  const bool serve_;
+};
+
+// Ends a call at once with `status`.
+class Refusal : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Refusal(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+// On --health_listen, answers every call but the health service's with UNIMPLEMENTED. gRPC
+// builds no server without a service of its own (the default health service joins later), and
+// the reflection plugin, which used to be that service there, is off.
+class CoordinatorServer::HealthOnly : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
+    return new Refusal(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat(context->method(), ": this port serves grpc.health.v1.Health only")));
+  }
+};
 
 CoordinatorServer::CoordinatorServer(JobManager& manager, Authenticator& auth,
                                      int max_streams_per_caller)
@@ -17,15 +71,16 @@ CoordinatorServer::CoordinatorServer(JobManager& manager, Authenticator& auth,
       gate_(auth, max_streams_per_caller),
       job_service_(manager, gate_),
       agent_service_(manager, gate_),
-      admin_service_(auth, manager, gate_) {}
+      admin_service_(auth, manager, gate_),
+      health_only_(std::make_unique<HealthOnly>()) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     JobManager& manager, Authenticator& auth, const CoordinatorServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<CoordinatorServer> server(
       new CoordinatorServer(manager, auth, options.max_streams_per_caller));
   grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
   // gRPC shares a port with another process that listens on it (SO_REUSEPORT) unless told not
   // to: a second coordinator would take half of the first one's calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -62,6 +117,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   if (!options.health_listen.empty()) {
     grpc::ServerBuilder health;
+    health.SetOption(std::make_unique<ReflectionOption>(false));
+    health.RegisterCallbackGenericService(server->health_only_.get());
     health.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(),
                             &server->health_port_);
@@ -126,12 +183,6 @@ class StandbyServer::Refuser : public grpc::CallbackGenericService {
   }
 
  private:
-  class Refusal : public grpc::ServerGenericBidiReactor {
-   public:
-    explicit Refusal(const grpc::Status& status) { Finish(status); }
-    void OnDone() override { delete this; }
-  };
-
   const StandbyServer& owner_;
 };
 
@@ -146,6 +197,7 @@ absl::StatusOr<std::unique_ptr<StandbyServer>> StandbyServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   std::unique_ptr<StandbyServer> standby(new StandbyServer());
   grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<ReflectionOption>(false));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Clients given several coordinators keep a connection here (for its health) and ping it as
   // they ping the leader.

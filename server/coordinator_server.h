@@ -37,10 +37,15 @@ struct CoordinatorServerOptions {
   absl::Duration lease_ping_timeout = absl::Seconds(10);
   // Non-null: SearchService is served and searches tick after the jobs. Must outlive the server.
   SearchManager* searches = nullptr;
+  // Serve grpc.reflection.v1alpha.ServerReflection on the API port. It answers anyone who
+  // connects, without a credential (the call gate never sees it), with every service and message
+  // the coordinator serves: off unless asked for (tools such as grpcurl on a trusted network).
+  bool reflection = false;
 };
 
 // The coordinator's gRPC server: JobService, AgentService, AdminService and SearchService (each
-// call admitted by a CallGate over `auth`), grpc.health.v1.Health and server reflection, plus the
+// call admitted by a CallGate over `auth`), grpc.health.v1.Health and, when asked for, server
+// reflection, plus the
 // thread that runs JobManager::Tick() (then SearchManager::Tick()) every `tick_interval` and
 // whenever the manager asks for it. `manager` and
 // `auth` must outlive the server.
@@ -61,6 +66,7 @@ class CoordinatorServer {
   void Shutdown(absl::Duration grace);
 
  private:
+  class HealthOnly;
   CoordinatorServer(JobManager& manager, Authenticator& auth, int max_streams_per_caller);
 
   JobManager& manager_;
@@ -70,6 +76,7 @@ class CoordinatorServer {
   AdminServiceImpl admin_service_;
   std::unique_ptr<SearchServiceImpl> search_service_;  // with options.searches
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthOnly> health_only_;  // outlives health_server_
   std::unique_ptr<grpc::Server> health_server_;
   int health_port_ = 0;
   std::thread ticker_;

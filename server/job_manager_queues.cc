@@ -240,6 +240,13 @@ absl::Status JobManager::AdmitToQueueLocked(v1::JobSpec& spec, const Principal* 
           absl::StrCat("queue: '", by->name, "' may not submit to queue '", name,
                        "' (its users: ", absl::StrJoin(q.users(), ", "), ")"));
     }
+    // A job without a principal is the coordinator's own (tests, tools): as an admin's.
+    if (by != nullptr && !by->admin() && q.has_max_priority() &&
+        spec.priority() > q.max_priority()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("priority: ", spec.priority(), " is above the cap of queue '", name,
+                       "' (max_priority ", q.max_priority(), "); only an admin may ask for more"));
+    }
     // The most the queue ever lets one job hold.
     int min_ranks = 1;
     int max_ranks = 1;

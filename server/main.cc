@@ -53,10 +53,10 @@
 #include "server/store_migration.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
-          "Address for JobService, AgentService, health and reflection, as HOST:PORT. Port 0 "
-          "lets the kernel pick one (see --port_file). A standby (--store=postgres://...) "
-          "listens there too: its health NOT_SERVING, every other call refused UNAVAILABLE "
-          "with the leader's address.");
+          "Address for JobService, AgentService and health (and reflection with --reflection), "
+          "as HOST:PORT. Port 0 lets the kernel pick one (see --port_file). A standby "
+          "(--store=postgres://...) listens there too: its health NOT_SERVING, every other call "
+          "refused UNAVAILABLE with the leader's address.");
 ABSL_FLAG(std::string, state_dir, "./trainyard-state",
           "Directory for the SQLite state (state.db, WAL mode) and task logs (logs/). Created "
           "if missing. Restarting on the same directory restores every job, worker and "
@@ -173,6 +173,11 @@ ABSL_FLAG(std::string, allowed_local_paths, "",
           "and by the trainers on the workers. Default: the checkpoint root when it is local, "
           "else none (object storage only). '*' allows any path the trainer's user can read: "
           "only for a machine of one user.");
+ABSL_FLAG(bool, reflection, false,
+          "Serve gRPC server reflection (grpc.reflection.v1alpha) on --listen, for tools such as "
+          "grpcurl. It answers anyone who connects, without a credential, with every service and "
+          "message of the API: turn it on only where every client is trusted. Never on "
+          "--health_listen or on a standby.");
 ABSL_FLAG(std::string, health_listen, "",
           "If set (HOST:PORT), also serve grpc.health.v1.Health alone, in plaintext, there: for "
           "probes that cannot speak TLS, such as the kubelet's gRPC probe.");
@@ -750,6 +755,7 @@ int Run() {
   server_options.lease_ping_timeout =
       std::max(absl::GetFlag(FLAGS_lease_ping_timeout), absl::Milliseconds(10));
   server_options.searches = searches->get();
+  server_options.reflection = absl::GetFlag(FLAGS_reflection);
   if (server_options.max_streams_per_caller < 1) {
     LogError("--max_streams_per_caller: must be >= 1");
     return 1;

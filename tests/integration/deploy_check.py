@@ -4,6 +4,9 @@
 - promtool: check config (both scrape configurations), check rules, test rules;
 - kubectl kustomize on deploy/kubernetes, and the structure of what it renders; the same for
   the two-coordinator overlays (deploy/kubernetes-ha, deploy/kubernetes-ha-try-postgres);
+- metrics (which name jobs and searches) are protected wherever they are served beyond
+  loopback: HTTP basic authentication from a mounted Secret, HTTPS where the pod has TLS
+  material, and every scrape configuration presenting the credentials;
 - yamllint on deploy/ (a python3-yaml check with duplicate keys, tabs and trailing spaces when
   yamllint is missing);
 - the Dockerfile's targets are the ones documented in docs/operations.md;
@@ -64,6 +67,42 @@ def yaml_files(root):
                 yield os.path.join(base, name)
 
 
+def secret_mounts(pod, container):
+    """The mount paths of `container` whose volume is a Secret."""
+    secrets = {v["name"] for v in pod.get("volumes", []) if "secret" in v}
+    return [m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in secrets]
+
+
+def check_metrics_protected(what, pod, container, tls):
+    """A daemon serving /metrics beyond loopback asks scrapes for the password of a mounted
+    Secret, over HTTPS when `tls` (the pod has a certificate)."""
+    args = dict(a.split("=", 1) for a in container.get("args", []) if "=" in a)
+    listen = args.get("--metrics_listen", "127.0.0.1:0")
+    if listen == "" or listen.startswith(("127.", "localhost:", "[::1]:")):
+        return
+    secrets = secret_mounts(pod, container)
+    mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+    auth = args.get("--metrics_basic_auth_file", "")
+    check(any(auth.startswith(m + "/") for m in secrets),
+          f"{what} serves metrics on {listen} without --metrics_basic_auth_file from a mounted "
+          f"Secret (got '{auth}'; Secret mounts {secrets})")
+    if tls:
+        for flag in ["--metrics_tls_cert", "--metrics_tls_key"]:
+            check(any(args.get(flag, "").startswith(m + "/") for m in mounts),
+                  f"{what} serves metrics on {listen} without {flag} (its TLS certificate is "
+                  f"mounted: serve metrics over HTTPS with it)")
+
+
+def check_scrape_protected(where, job, basic_auth, scheme, https):
+    """A scrape configuration presents the metrics credentials, and uses HTTPS when `https`."""
+    check(basic_auth and basic_auth.get("username") and
+          (basic_auth.get("password_file") or basic_auth.get("password")),
+          f"{where}: scrape job {job} presents no basic_auth user and password")
+    if https:
+        check(scheme == "https", f"{where}: scrape job {job} must use scheme https "
+                                 f"(the coordinator serves metrics over TLS), got {scheme}")
+
+
 def check_prometheus(deploy):
     prom = os.path.join(deploy, "prometheus")
     code, out = run(["promtool", "check", "config", "prometheus.yml"], cwd=prom)
@@ -90,6 +129,14 @@ def check_prometheus(deploy):
         print("note: this promtool lacks Kubernetes service discovery; checked the rest of "
               "prometheus-kubernetes.yml with a static target in its place")
     check(code == 0, f"promtool check config prometheus-kubernetes.yml:\n{out}")
+
+    for name in ["prometheus.yml", "prometheus-kubernetes.yml"]:
+        with open(os.path.join(prom, name)) as f:
+            config = yaml.safe_load(f)
+        for scrape in config["scrape_configs"]:
+            job = scrape["job_name"]
+            check_scrape_protected(name, job, scrape.get("basic_auth"), scrape.get("scheme"),
+                                   job == "trainyard-coordinator")
 
     code, out = run(["promtool", "check", "rules", "alerts.yml"], cwd=prom)
     check(code == 0, f"promtool check rules alerts.yml:\n{out}")
@@ -154,6 +201,8 @@ def check_kubernetes(deploy):
         check(port is not None and health.endswith(f":{port}"),
               f"coordinator {probe} (port {port}) is not on --health_listen ({health})")
 
+    check_metrics_protected("coordinator", pod, coordinator, tls=True)
+
     ports = {p["name"] for s in by_kind["Service"] for p in s["spec"]["ports"]}
     check({"grpc", "metrics"} <= ports, f"Services lack grpc or metrics ports: {ports}")
 
@@ -180,9 +229,33 @@ def check_kubernetes(deploy):
     for name, container in [("coordinator", coordinator), ("agent", agent)]:
         refs = [e.get("secretRef", {}).get("name") for e in container.get("envFrom", [])]
         check("trainyard-s3" in refs, f"{name} does not take S3 credentials from the Secret")
-    monitor = by_kind["ServiceMonitor"][0]
-    check(all(e.get("honorLabels") for e in monitor["spec"]["endpoints"]),
-          "the ServiceMonitor must honour labels (per-job series carry `job`)")
+    # The agents have no certificate of their own: basic authentication only.
+    check_metrics_protected("agent", pod, agent, tls=False)
+    check(pod.get("securityContext", {}).get("fsGroup") is not None
+          or agent.get("securityContext", {}).get("runAsUser") == 0,
+          "the agent runs as the image's user 10001: without an fsGroup it cannot read the "
+          "Secret files it is given (root's, mode 0400/0440)")
+    scraped = set()
+    for monitor in by_kind["ServiceMonitor"]:
+        name = monitor["metadata"]["name"]
+        check(all(e.get("honorLabels") for e in monitor["spec"]["endpoints"]),
+              f"ServiceMonitor {name} must honour labels (per-job series carry `job`)")
+        selector = monitor["spec"]["selector"]
+        apps = set(selector.get("matchLabels", {}).values())
+        for e in selector.get("matchExpressions", []):
+            apps |= set(e.get("values", []))
+        scraped |= apps
+        for endpoint in monitor["spec"]["endpoints"]:
+            auth = endpoint.get("basicAuth", {})
+            check(auth.get("username", {}).get("name") and auth.get("password", {}).get("name"),
+                  f"ServiceMonitor {name}: endpoint {endpoint.get('port')} has no basicAuth "
+                  f"from a Secret")
+            if "trainyard-coordinator" in apps:
+                check(endpoint.get("scheme") == "https" and endpoint.get("tlsConfig"),
+                      f"ServiceMonitor {name}: the coordinator's metrics are HTTPS "
+                      f"(scheme https with a tlsConfig)")
+    check({"trainyard-coordinator", "trainyard-worker"} <= scraped,
+          f"the ServiceMonitors scrape {sorted(scraped)}, not both the coordinator and agents")
 
 
 def check_kubernetes_ha(deploy):
@@ -206,6 +279,8 @@ def check_kubernetes_ha(deploy):
         coordinator = sts["spec"]["template"]["spec"]["containers"][0]
         args = dict(a.split("=", 1) for a in coordinator["args"] if "=" in a)
         env = {e["name"]: e for e in coordinator.get("env", [])}
+        check_metrics_protected(f"{overlay}: coordinator", sts["spec"]["template"]["spec"],
+                                coordinator, tls=True)
         check(args.get("--store") == "$(TRAINYARD_STORE)" and "TRAINYARD_STORE" in env,
               f"{overlay}: --store does not come from the Secret")
         check("PGPASSWORD" in env and "secretKeyRef" in env["PGPASSWORD"].get("valueFrom", {}),
@@ -259,6 +334,10 @@ def check_dockerfile(source, deploy):
               f"which the Dockerfile lacks ({targets})")
     check("--target runtime" in docs and "--target dev" in docs,
           "docs/operations.md should show how to build both targets")
+    cmd = re.search(r"^CMD\s+(\[.*?\])\s*$", text.replace("\\\n", " "), re.M | re.S)
+    if check(cmd, "Dockerfile has no CMD in exec form"):
+        check_metrics_protected("the Dockerfile's default command", {},
+                                {"args": json.loads(cmd.group(1))}, tls=True)
 
 
 def check_grafana(deploy):

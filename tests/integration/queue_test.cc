@@ -1,7 +1,7 @@
 // Sharing a cluster on the real coordinator, worker agents and trainers on loopback: a job of
 // higher priority preempts a running one through the coordinated save (0 steps lost, the victim
 // resumes exactly), a queue takes back the quota another queue borrowed, and queues refuse what
-// they can never hold.
+// they can never hold, or a priority above their cap for users.
 
 #include <fstream>
 #include <string>
@@ -172,6 +172,54 @@ TEST(QueueTest, AQueueTakesBackWhatAnotherBorrowedAndRefusesWhatItCanNeverHold) 
   // A queue with jobs not finished cannot go; an empty one can.
   auto deleted = cluster.Cli({"queue", "delete", "team-a"});
   EXPECT_EQ(deleted.exit_code, 0) << deleted.output;
+}
+
+// An admin caps with the CLI the priority users' jobs may ask for in a queue: a user's job over
+// the cap is refused naming it, one at the cap and an admin's over it are taken, and the queue's
+// list and description show the cap.
+TEST(QueueTest, AnAdminCapsThePriorityUsersMayAskForInAQueue) {
+  Cluster cluster(ClusterOptions{});
+  auto made = cluster.Cli({"queue", "create", "shared", "--max-priority", "3"});
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_THAT(made.output, HasSubstr("users' max priority 3"));
+  auto listed = cluster.Cli({"queue", "list", "--output", "json"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_THAT(listed.output, HasSubstr("\"maxPriority\": 3"));
+  listed = cluster.Cli({"queue", "list"});
+  EXPECT_THAT(listed.output, HasSubstr("MAX PRIORITY"));
+  auto described = cluster.Cli({"queue", "describe", "shared"});
+  EXPECT_THAT(described.output, HasSubstr("3 for users' jobs (admins' exempt)"));
+  EXPECT_NE(cluster.Cli({"queue", "update", "shared", "--max-priority", "high"}).exit_code, 0);
+
+  auto job = [](const std::string& name, int priority) {
+    std::string spec =
+        TwoRankJob(name, 10, absl::StrCat("queue: shared\npriority: ", priority, "\n"));
+    spec.replace(spec.find("workers: 2"), 10, "workers: 1");
+    return spec;
+  };
+  auto bob =
+      v1::JobService::NewStub(cluster.NewChannel(cluster.CreateToken("bob", v1::TOKEN_USER)));
+  auto submit_as_bob = [&bob](const std::string& spec) {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(spec);
+    v1::Job response;
+    return bob->SubmitJob(&context, request, &response);
+  };
+  grpc::Status status = submit_as_bob(job("over", 4));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("priority: 4 is above the cap of queue 'shared' (max_priority 3)"));
+  status = submit_as_bob(job("at-cap", 3));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  auto admins = cluster.Submit(job("admins", 10));
+  EXPECT_TRUE(admins.ok()) << admins.status();
+
+  auto updated = cluster.Cli({"queue", "update", "shared", "--max-priority", "none"});
+  ASSERT_EQ(updated.exit_code, 0) << updated.output;
+  EXPECT_THAT(updated.output, HasSubstr("users' max priority none"));
+  status = submit_as_bob(job("uncapped", 4));
+  EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 }  // namespace

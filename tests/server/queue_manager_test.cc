@@ -85,6 +85,46 @@ TEST_F(JobManagerTest, QueuesAreStoredAndSubmissionsAdmittedToThem) {
   EXPECT_EQ(manager_->DeleteQueue("team-q").code(), absl::StatusCode::kNotFound);
 }
 
+// A queue's max_priority caps the priority its users' jobs ask for; an admin's job may ask for
+// more. Set to 0 it keeps users at the default priority; unset, nothing is capped.
+TEST_F(JobManagerTest, AQueueCapsThePriorityOfItsUsersJobs) {
+  v1::Queue shared = MakeQueue("shared", -1, -1);
+  shared.set_max_priority(5);
+  ASSERT_TRUE(manager_->CreateQueue(shared, "root").ok());
+  Reopen();
+  const v1::Queue* stored = Find(manager_->ListQueues(), "shared");
+  ASSERT_NE(stored, nullptr);
+  ASSERT_TRUE(stored->has_max_priority()) << "the cap is stored with the queue";
+  EXPECT_EQ(stored->max_priority(), 5);
+  EXPECT_FALSE(Find(manager_->ListQueues(), "default")->has_max_priority());
+
+  Principal alice{Role::kUser, "alice", {}};
+  Principal root{Role::kAdmin, "root", {}};
+  auto in_shared = [](const std::string& name, int priority) {
+    v1::JobSpec spec = TestSpec(name, 1, 1, 0, priority);
+    spec.set_queue("shared");
+    return spec;
+  };
+  const absl::Status over = manager_->SubmitJob(in_shared("over", 6), &alice).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(over.message(),
+            "priority: 6 is above the cap of queue 'shared' (max_priority 5); only an admin may "
+            "ask for more");
+  EXPECT_TRUE(manager_->SubmitJob(in_shared("at", 5), &alice).ok());
+  EXPECT_TRUE(manager_->SubmitJob(in_shared("admins", 50), &root).ok());
+  // Another queue's cap is not this one's: the default queue has none.
+  EXPECT_TRUE(manager_->SubmitJob(TestSpec("elsewhere", 1, 1, 0, 50), &alice).ok());
+
+  shared.set_max_priority(0);
+  ASSERT_TRUE(manager_->UpdateQueue(shared, "root").ok());
+  EXPECT_EQ(manager_->SubmitJob(in_shared("one", 1), &alice).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(manager_->SubmitJob(in_shared("zero", 0), &alice).ok());
+  shared.clear_max_priority();
+  ASSERT_TRUE(manager_->UpdateQueue(shared, "root").ok());
+  EXPECT_TRUE(manager_->SubmitJob(in_shared("uncapped", 1000), &alice).ok());
+}
+
 TEST_F(JobManagerTest, APreemptedJobSavesThenWaitsWithoutSpendingARestartBudget) {
   JobManagerOptions options;
   options.preemption_exempt = absl::Minutes(2);
