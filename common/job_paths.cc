@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_object_store.h"
 #include "common/object_cache.h"
 #include "common/object_store.h"
+#include "common/sha256.h"
 #include "common/yaml_fields.h"
 
 namespace trainyard {
@@ -34,6 +36,17 @@ absl::StatusOr<std::vector<JobLocation>> JobLocations(const v1::JobSpec& spec) {
     locations.push_back({field, *value, *std::move(uri), field == "checkpoint.uri"});
   }
   return locations;
+}
+
+std::string OwnerFolder(absl::string_view owner) {
+  bool plain = !owner.empty() && owner.size() <= 128 && !absl::StartsWith(owner, "u-");
+  bool dots_only = true;
+  for (char c : owner) {
+    plain &= absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    dots_only &= c == '.';
+  }
+  if (plain && !dots_only) return std::string(owner);
+  return absl::StrCat("u-", Sha256Hex(owner).substr(0, 16));
 }
 
 std::string FixedPart(const std::string& path) {

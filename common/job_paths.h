@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/uri.h"
 #include "trainyard/v1/job.pb.h"
 
@@ -43,6 +44,12 @@ absl::Status CheckLocalPaths(const trainyard::v1::JobSpec& spec,
 // machine does not have is not checked (the workers may have it): the result names each such
 // field and folder, for the job's events. Object storage (s3://) is not checked here.
 absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const trainyard::v1::JobSpec& spec);
+
+// The folder of an owner's jobs under the coordinator's checkpoint root: {root}/{owner folder}/
+// {job id}. The owner's name when it is a plain file name (letters, digits, '.', '_', '-', at
+// most 128, not dots alone), else "u-" and the first 16 hex digits of its SHA-256, so that any
+// name a certificate carries is one safe segment, and two owners never share one.
+std::string OwnerFolder(absl::string_view owner);
 
 // What of a pattern is fixed: the path up to the folder of its first wildcard (* ? [), with
 // its trailing '/'; the path itself when it has none.

@@ -51,6 +51,7 @@ constexpr int64_t kMaxTransformerVocab = int64_t{1} << 24;
 constexpr int64_t kMaxTransformerContext = int64_t{1} << 16;
 constexpr int64_t kMaxTransformerLayers = 1024;
 constexpr int kMaxModelStages = 1024;  // files of model.stages
+constexpr int kMaxShareWith = 64;      // users of checkpoint.share_with
 constexpr int64_t kMaxTransformerDim = int64_t{1} << 16;
 constexpr int kDefaultLogEverySteps = 10;
 constexpr int kDefaultBatchSize = 32;
@@ -702,6 +703,17 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!ckpt.uri().empty()) {
     absl::StatusOr<Uri> uri = ParseUri(ckpt.uri());
     if (!uri.ok()) return FieldError("checkpoint.uri", uri.status().message());
+  }
+  if (ckpt.share_with_size() > kMaxShareWith) {
+    return FieldError("checkpoint.share_with", absl::StrCat("at most ", kMaxShareWith, " users"));
+  }
+  for (int i = 0; i < ckpt.share_with_size(); ++i) {
+    const std::string& user = ckpt.share_with(i);
+    if (user.empty() || user.size() > 128 ||
+        std::any_of(user.begin(), user.end(), [](char c) { return c >= 0 && c < 0x20; })) {
+      return FieldError(absl::StrCat("checkpoint.share_with[", i, "]"),
+                        "a user name (1 to 128 characters) or \"*\"");
+    }
   }
   if (ckpt.every_steps() < 0) return FieldError("checkpoint.every_steps", "must be >= 0");
   if (ckpt.keep_last() < 1) return FieldError("checkpoint.keep_last", "must be >= 1");

@@ -569,7 +569,8 @@ class SpecParser {
     if (!IsSet(node)) return absl::OkStatus();
     const std::string path = "checkpoint";
     TY_RETURN_IF_ERROR(ExpectMap(node, path));
-    TY_RETURN_IF_ERROR(CheckKeys(node, path, {"uri", "every_steps", "keep_last", "resume_from"}));
+    TY_RETURN_IF_ERROR(
+        CheckKeys(node, path, {"uri", "every_steps", "keep_last", "resume_from", "share_with"}));
     v1::CheckpointSpec& ckpt = *spec_.mutable_checkpoint();
     TY_RETURN_IF_ERROR(String(node, path, "uri", ckpt.mutable_uri()));
     TY_RETURN_IF_ERROR(
@@ -577,6 +578,15 @@ class SpecParser {
     TY_RETURN_IF_ERROR(Positive<int32_t>(node, path, "keep_last", "must be >= 1",
                                          [&](int32_t v) { ckpt.set_keep_last(v); }));
     TY_RETURN_IF_ERROR(String(node, path, "resume_from", ckpt.mutable_resume_from()));
+    if (const YAML::Node users = node["share_with"]; IsSet(users)) {
+      if (!users.IsSequence()) return FieldError("checkpoint.share_with", "a list of user names");
+      for (size_t i = 0; i < users.size(); ++i) {
+        absl::StatusOr<std::string> user =
+            ReadString(users[i], absl::StrCat("checkpoint.share_with[", i, "]"));
+        if (!user.ok()) return user.status();
+        ckpt.add_share_with(*std::move(user));
+      }
+    }
     return absl::OkStatus();
   }
 

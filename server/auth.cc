@@ -114,6 +114,16 @@ absl::Status AllowJob(const Principal& p, absl::string_view job_id, absl::string
       absl::StrCat("job ", job_id, " belongs to another user; ", Who(p), " may not see it"));
 }
 
+absl::Status AllowCheckpoints(const Principal& p, absl::string_view job_id, absl::string_view owner,
+                              const google::protobuf::RepeatedPtrField<std::string>& share_with) {
+  absl::Status owned = AllowJob(p, job_id, owner);
+  if (owned.ok() || p.role != Role::kUser) return owned;
+  for (const std::string& user : share_with) {
+    if (user == p.name || user == "*") return absl::OkStatus();
+  }
+  return owned;
+}
+
 absl::Status AllowSearch(const Principal& p, absl::string_view search_id, absl::string_view owner) {
   if (p.admin() || (p.role == Role::kUser && p.name == owner)) return absl::OkStatus();
   return absl::PermissionDeniedError(

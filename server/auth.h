@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/credentials.h"
+#include "google/protobuf/repeated_field.h"
 #include "server/job_store.h"
 
 namespace trainyard {
@@ -57,6 +58,12 @@ absl::Status Allow(const Principal& principal, Audience audience, absl::string_v
 // PERMISSION_DENIED unless `principal` is an admin or the job's owner.
 absl::Status AllowJob(const Principal& principal, absl::string_view job_id,
                       absl::string_view owner);
+
+// Whether `principal` may read job `job_id`'s checkpoints and exported model (and resume from
+// them): as AllowJob, or a user its owner shares them with (`share_with`, "*" for every user).
+absl::Status AllowCheckpoints(const Principal& principal, absl::string_view job_id,
+                              absl::string_view owner,
+                              const google::protobuf::RepeatedPtrField<std::string>& share_with);
 
 // PERMISSION_DENIED unless `principal` is an admin or the search's owner.
 absl::Status AllowSearch(const Principal& principal, absl::string_view search_id,

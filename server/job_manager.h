@@ -358,12 +358,18 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Other jobs' checkpoints and exports are their owners': `spec` (submitted by `by`; null:
-  // no authentication, one user) may read below a job's checkpoint folder only where `by` may
-  // see that job, below the checkpoint root only within such a folder, and write below none.
-  // PERMISSION_DENIED naming the field and the job; INVALID_ARGUMENT for a checkpoint.uri
-  // inside a job's folder.
+  // no authentication, one user; admins go anywhere) may read below a job's checkpoint folder
+  // only where `by` may see that job, and below the checkpoint root only within such a folder or
+  // `by`'s own ({root}/{OwnerFolder}); it may write below no job's folder, and below the root
+  // only in `by`'s own folder (the root itself standing for it). PERMISSION_DENIED naming the
+  // field and the job or folder; INVALID_ARGUMENT for a checkpoint.uri inside a job's folder.
   absl::Status CheckJobSpaces(const trainyard::v1::JobSpec& spec, const Principal* by) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Where job `id` of `owner` keeps its checkpoints: {checkpoint.uri}/{id}, or, when the spec
+  // names none (or the root itself), {checkpoint_root}/{OwnerFolder(owner)}/{id}
+  // ({checkpoint_root}/{id} without an owner).
+  std::string CheckpointFolder(const trainyard::v1::JobSpec& spec, absl::string_view owner,
+                               absl::string_view id) const;
   // A job not in memory, read from the store: a finished job that was evicted (EvictLocked).
   // NOT_FOUND ("job 'x' not found") when the store has none either. Call without the lock: a
   // job leaves memory only once all of it is in the store.

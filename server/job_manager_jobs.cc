@@ -117,11 +117,26 @@ std::string JobManager::NoWorkerHoldsLocked(const v1::JobSpec& spec,
   return none;
 }
 
+std::string JobManager::CheckpointFolder(const v1::JobSpec& spec, absl::string_view owner,
+                                         absl::string_view id) const {
+  const std::string& uri = spec.checkpoint().uri();
+  const absl::StatusOr<Uri> root = ParseUri(options_.checkpoint_root);
+  const absl::StatusOr<Uri> asked = ParseUri(uri);
+  const bool at_root = uri.empty() || (root.ok() && asked.ok() && IsWithin(*root, *asked) &&
+                                       IsWithin(*asked, *root));
+  if (!at_root) return JoinUri(uri, id);
+  // Under the coordinator's root, each owner's jobs in a folder of their own.
+  if (owner.empty()) return JoinUri(options_.checkpoint_root, id);
+  return JoinUri(JoinUri(options_.checkpoint_root, OwnerFolder(owner)), id);
+}
+
 absl::Status JobManager::CheckJobSpaces(const v1::JobSpec& spec, const Principal* by) const {
   if (by == nullptr || by->admin()) return absl::OkStatus();
   absl::StatusOr<std::vector<JobLocation>> locations = JobLocations(spec);
   if (!locations.ok()) return locations.status();
   const absl::StatusOr<Uri> root = ParseUri(options_.checkpoint_root);
+  const absl::StatusOr<Uri> own =
+      ParseUri(JoinUri(options_.checkpoint_root, OwnerFolder(by->name)));
   for (const JobLocation& location : *locations) {
     Uri fixed = location.uri;
     fixed.path = FixedPart(location.uri.path);
@@ -130,42 +145,54 @@ absl::Status JobManager::CheckJobSpaces(const v1::JobSpec& spec, const Principal
     bool in_a_job = false;
     for (absl::string_view segment : absl::StrSplit(fixed.path, '/', absl::SkipEmpty())) {
       if (!IsValidName(segment)) continue;  // job ids are names with their number
-      std::string owner;
-      std::string folder;
+      v1::Job job;                          // its owner, folder and who it is shared with
       {
         absl::MutexLock lock(&mu_);
         if (const JobEntry* entry = FindLocked(segment); entry != nullptr) {
-          owner = entry->job.owner();
-          folder = entry->job.checkpoint_uri();
+          job.set_owner(entry->job.owner());
+          job.set_checkpoint_uri(entry->job.checkpoint_uri());
+          *job.mutable_spec()->mutable_checkpoint()->mutable_share_with() =
+              entry->job.spec().checkpoint().share_with();
         }
       }
-      if (folder.empty()) {
+      if (job.checkpoint_uri().empty()) {
         absl::StatusOr<StoredJobRecord> stored = LoadEvicted(segment);
         if (absl::IsNotFound(stored.status())) continue;
         if (!stored.ok()) return stored.status();
-        owner = stored->job.job.owner();
-        folder = stored->job.job.checkpoint_uri();
+        job = std::move(stored->job.job);
       }
-      absl::StatusOr<Uri> job_folder = ParseUri(folder);
+      absl::StatusOr<Uri> job_folder = ParseUri(job.checkpoint_uri());
       if (!job_folder.ok() || !IsWithin(fixed, *job_folder)) continue;
       if (location.written) {
         return absl::InvalidArgumentError(absl::StrCat(
             location.field, ": '", location.value, "' is inside the checkpoints of job ", segment));
       }
-      if (absl::Status s = AllowJob(*by, segment, owner); !s.ok()) {
-        return absl::PermissionDeniedError(absl::StrCat(location.field, ": '", location.value,
-                                                        "' is in the checkpoints of job ", segment,
-                                                        ", which belongs to another user"));
+      if (absl::Status s =
+              AllowCheckpoints(*by, segment, job.owner(), job.spec().checkpoint().share_with());
+          !s.ok()) {
+        return absl::PermissionDeniedError(
+            absl::StrCat(location.field, ": '", location.value, "' is in the checkpoints of job ",
+                         segment, ", which belongs to another user and is not shared with you"));
       }
       in_a_job = true;
       break;
     }
-    // Below the checkpoint root, every folder is a job's (or will be): only a job's own.
-    if (location.written || in_a_job || !root.ok()) continue;
+    // Below the checkpoint root, every folder is an owner's: only the caller's own, or a job's
+    // the caller may see; the root itself stands for the caller's own folder when written.
+    if (in_a_job || !root.ok() || !own.ok() || IsWithin(fixed, *own)) continue;
+    if (location.written) {
+      if (IsWithin(fixed, *root) && !IsWithin(*root, fixed)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            location.field, ": '", location.value, "' is under the checkpoint root outside ",
+            own->ToString(), ", the folder of your jobs' checkpoints"));
+      }
+      continue;
+    }
     if (IsWithin(fixed, *root) || (pattern && IsWithin(*root, fixed))) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          location.field, ": '", location.value,
-          "' reads the checkpoint root outside any job of yours; name a job's own folder"));
+      return absl::PermissionDeniedError(
+          absl::StrCat(location.field, ": '", location.value,
+                       "' reads the checkpoint root outside your own folder (", own->ToString(),
+                       ") and any job you may see"));
     }
   }
   return absl::OkStatus();
@@ -245,7 +272,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
       }
       if (!source.ok()) return source.status();
       if (by != nullptr) {
-        if (absl::Status s = AllowJob(*by, from, (*source)->job.owner()); !s.ok()) {
+        if (absl::Status s = AllowCheckpoints(*by, from, (*source)->job.owner(),
+                                              (*source)->job.spec().checkpoint().share_with());
+            !s.ok()) {
           return absl::PermissionDeniedError(absl::StrCat("checkpoint.resume_from: ", s.message()));
         }
       }
@@ -279,9 +308,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitValidated(v1::JobSpec spec, const Prin
     job.set_updated_unix_ms(now_ms);
     job.set_committed_step(-1);
     if (by != nullptr) job.set_owner(by->name);
-    const std::string& base =
-        spec.checkpoint().uri().empty() ? options_.checkpoint_root : spec.checkpoint().uri();
-    job.set_checkpoint_uri(JoinUri(base, job.id()));
+    job.set_checkpoint_uri(CheckpointFolder(spec, job.owner(), job.id()));
     *job.mutable_spec() = std::move(spec);
     if (needs->has_value()) *job.mutable_model_needs() = **needs;
     *job.mutable_memory_estimate() = estimate;

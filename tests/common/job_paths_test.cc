@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/file_object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -192,6 +193,21 @@ TEST(RealPathOfExistingTest, ResolvesTheExistingPartAndKeepsTheRest) {
   EXPECT_EQ(*RealPathOfExisting(dir + "/link"), real_dir + "/real");
   EXPECT_EQ(*RealPathOfExisting("/"), "/");
   std::filesystem::remove_all(dir);
+}
+
+// Any owner name makes one safe folder of its own.
+TEST(OwnerFolderTest, PlainNamesStayAndOthersAreHashed) {
+  EXPECT_EQ(OwnerFolder("alice"), "alice");
+  EXPECT_EQ(OwnerFolder("ml-team.a_1"), "ml-team.a_1");
+  for (const std::string& odd :
+       {std::string(".."), std::string("."), std::string("a/b"), std::string("Alice Smith"),
+        std::string(""), std::string(200, 'a'), std::string("u-0123456789abcdef")}) {
+    const std::string folder = OwnerFolder(odd);
+    EXPECT_TRUE(absl::StartsWith(folder, "u-")) << odd << " -> " << folder;
+    EXPECT_EQ(folder.size(), 18u) << odd;
+    EXPECT_TRUE(ParseUri("/ckpt/" + folder + "/x").ok()) << odd;
+  }
+  EXPECT_NE(OwnerFolder("a/b"), OwnerFolder("a/c"));
 }
 
 }  // namespace

@@ -678,8 +678,8 @@ TEST(JobSpecTest, DefaultsForAMinimalSpec) {
 }
 
 TEST(JobSpecTest, Fp16OnGpus) {
-  absl::StatusOr<JobSpec> parsed = ParseJobSpecYaml(
-      Spec({{"precision", "fp16"}, {"resources", "{gpus_per_worker: 1}"}}));
+  absl::StatusOr<JobSpec> parsed =
+      ParseJobSpecYaml(Spec({{"precision", "fp16"}, {"resources", "{gpus_per_worker: 1}"}}));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->precision(), v1::FP16);
 }
@@ -1011,8 +1011,8 @@ TEST(JobSpecTest, ExampleParameterServerJobsParse) {
     EXPECT_EQ(spec->strategy(), v1::PARAMETER_SERVER);
     EXPECT_EQ(spec->parameter_servers().shards(), 2);
   }
-  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(
-      ReadFile(SourceDir() + "/examples/parameter-server-embeddings.yaml"));
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpecYaml(ReadFile(SourceDir() + "/examples/parameter-server-embeddings.yaml"));
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(spec->parameter_servers().dense(), "allreduce");
   EXPECT_EQ(spec->model().builtin(), "embedding_mlp");
@@ -1129,6 +1129,22 @@ TEST(ParseDurationSecondsTest, Invalid) {
                           "99999999999999999d"}) {
     EXPECT_EQ(ParseDurationSeconds(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST(JobSpecTest, CheckpointsAreSharedWithUsersByName) {
+  const std::string base =
+      "name: s\nmodel: {builtin: mlp, args: {inputs: 4, hidden: [8], "
+      "classes: 2}}\ndata: {synthetic: {samples: 64, features: 4, "
+      "classes: 2}}\nmax_steps: 10\n";
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpecYaml(base + "checkpoint: {share_with: [bob, \"*\"]}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->checkpoint().share_with(), ::testing::ElementsAre("bob", "*"));
+  EXPECT_EQ(ParseJobSpecYaml(base + "checkpoint: {share_with: bob}\n").status().message(),
+            "checkpoint.share_with: a list of user names");
+  EXPECT_THAT(
+      std::string(ParseJobSpecYaml(base + "checkpoint: {share_with: [\"\"]}\n").status().message()),
+      HasSubstr("checkpoint.share_with[0]: a user name"));
 }
 
 }  // namespace

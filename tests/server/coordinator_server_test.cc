@@ -29,6 +29,7 @@ namespace trainyard {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 grpc::ByteBuffer ToBuffer(const std::string& bytes) {
   grpc::Slice slice(bytes);
@@ -350,16 +351,24 @@ TEST_F(CoordinatorServerTest, AClientGivenSeveralCoordinatorsCallsTheOneThatLead
   }
 }
 
-TEST_F(CoordinatorServerTest, ServesReflection) {
-  grpc::GenericStub stub(channel_);
+struct ReflectionAnswer {
+  grpc::Status status;
+  std::string bytes;  // the first response, serialized
+};
+
+// Asks the server behind `channel` for its services through server reflection
+// (ServerReflectionRequest{list_services: ""}), without a credential.
+ReflectionAnswer ListServicesByReflection(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
-  auto context = Context();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   auto call = stub.PrepareCall(
-      context.get(), "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* const tag = reinterpret_cast<void*>(1);
   call->StartCall(tag);
   Await(cq, tag);
-  // ServerReflectionRequest{list_services: ""} (field 7, length-delimited).
+  // Field 7 (list_services), length-delimited, empty.
   call->Write(ToBuffer(std::string("\x3a\x00", 2)), tag);
   Await(cq, tag);
   call->WritesDone(tag);
@@ -367,19 +376,55 @@ TEST_F(CoordinatorServerTest, ServesReflection) {
   grpc::ByteBuffer response;
   call->Read(&response, tag);
   Await(cq, tag);
-  const std::string bytes = FromBuffer(response);
-  EXPECT_THAT(bytes, HasSubstr("trainyard.v1.JobService"));
-  EXPECT_THAT(bytes, HasSubstr("trainyard.v1.AgentService"));
-  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
-  grpc::Status status;
-  call->Finish(&status, tag);
+  ReflectionAnswer answer;
+  if (response.Length() > 0) answer.bytes = FromBuffer(response);
+  call->Finish(&answer.status, tag);
   Await(cq, tag);
-  EXPECT_TRUE(status.ok()) << status.error_message();
   cq.Shutdown();
   void* t;
   bool ok;
   while (cq.Next(&t, &ok)) {
   }
+  return answer;
+}
+
+// Reflection answers anyone who connects, so it is off unless asked for: on the API port, the
+// plaintext health port and a standby alike (gRPC's reflection library, once linked, would add
+// it to every server of the process).
+TEST_F(CoordinatorServerTest, ServesNoReflectionUnlessAskedFor) {
+  ReflectionAnswer answer = ListServicesByReflection(Channel(""));
+  EXPECT_EQ(answer.status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+      << answer.status.error_message();
+  EXPECT_THAT(answer.bytes, Not(HasSubstr("trainyard.v1.JobService")));
+  answer = ListServicesByReflection(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", server_->health_port()), grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(answer.status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+      << answer.status.error_message();
+  auto standby = StandbyServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  answer = ListServicesByReflection(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*standby)->port()), grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(answer.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << answer.status.error_message();
+  EXPECT_THAT(answer.bytes, Not(HasSubstr("grpc.health.v1.Health")));
+}
+
+TEST_F(CoordinatorServerTest, ServesReflectionWhenAskedFor) {
+  server_->Shutdown(absl::Seconds(1));
+  CoordinatorServerOptions options;
+  options.health_listen = "127.0.0.1:0";
+  options.reflection = true;
+  StartServer(options);
+  const ReflectionAnswer answer = ListServicesByReflection(Channel(""));
+  EXPECT_TRUE(answer.status.ok()) << answer.status.error_message();
+  EXPECT_THAT(answer.bytes, HasSubstr("trainyard.v1.JobService"));
+  EXPECT_THAT(answer.bytes, HasSubstr("trainyard.v1.AgentService"));
+  EXPECT_THAT(answer.bytes, HasSubstr("grpc.health.v1.Health"));
+  // The API port only: the plaintext health port still serves health alone.
+  const ReflectionAnswer health = ListServicesByReflection(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", server_->health_port()), grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(health.status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+      << health.status.error_message();
 }
 
 // Each privilege, refused to whoever lacks it, through the real server.
@@ -460,7 +505,8 @@ TEST_F(CoordinatorServerTest, UsersCannotReachOtherUsersCheckpointsThroughPaths)
     v1::Job job;
     return who.SubmitJob(Context().get(), request, &job);
   };
-  const std::string folder = local.checkpoint_uri();  // file:///ckpt/mine-1
+  const std::string folder = local.checkpoint_uri();
+  ASSERT_EQ(folder, "file:///ckpt/alice/" + local.id());  // her own folder under the root
   const std::string plain = folder.substr(std::string("file://").size());
   const std::vector<std::pair<std::string, std::function<void(v1::JobSpec&)>>> reads = {
       {"model.torchscript",
@@ -481,6 +527,7 @@ TEST_F(CoordinatorServerTest, UsersCannotReachOtherUsersCheckpointsThroughPaths)
       // Patterns over the root, and a job's folder before the job exists.
       {"data.train", [&](v1::JobSpec& s) { Data(s)->set_train("/ckpt/*/final/x"); }},
       {"data.train", [&](v1::JobSpec& s) { Data(s)->set_train("/*/mine-1/final/x"); }},
+      {"data.train", [&](v1::JobSpec& s) { Data(s)->set_train("/ckpt/alice/*/final/x"); }},
       {"model.torchscript",
        [&](v1::JobSpec& s) { Model(s)->set_torchscript("/ckpt/mine-99/final/model.pt"); }},
   };
@@ -496,12 +543,47 @@ TEST_F(CoordinatorServerTest, UsersCannotReachOtherUsersCheckpointsThroughPaths)
   });
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("is inside the checkpoints of job " + remote.id()));
-  // Alice reads her own jobs' (not a folder of no job, nor patterns over the root); the admin
-  // reads anyone's.
+  // What she shares (checkpoint.share_with) he reads and resumes from; "*" shares with all.
+  for (const std::string& with : {std::string("bob"), std::string("*")}) {
+    v1::SubmitJobRequest shared;
+    *shared.mutable_spec() = TestSpec("shared");
+    shared.mutable_spec()->mutable_checkpoint()->add_share_with(with);
+    v1::Job given;
+    ASSERT_TRUE(alice->SubmitJob(Context().get(), shared, &given).ok());
+    status = submit_as(*bob, [&](v1::JobSpec& s) {
+      Model(s)->set_torchscript(given.checkpoint_uri() + "/final/model.pt");
+    });
+    EXPECT_NE(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+    status = submit_as(
+        *bob, [&](v1::JobSpec& s) { s.mutable_checkpoint()->set_resume_from(given.id()); });
+    EXPECT_TRUE(status.ok()) << with << ": " << status.error_message();
+  }
+  status = submit_as(
+      *bob, [&](v1::JobSpec& s) { Model(s)->set_torchscript(folder + "/final/model.pt"); });
+  EXPECT_THAT(status.error_message(), HasSubstr("is not shared with you"));
+
+  // Nor into her folder under the root; his own, or the root itself, is his.
+  status = submit_as(*bob, [&](v1::JobSpec& s) { s.mutable_checkpoint()->set_uri("/ckpt/alice"); });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  v1::SubmitJobRequest own;
+  *own.mutable_spec() = TestSpec("bobs");
+  own.mutable_spec()->mutable_checkpoint()->set_uri("file:///ckpt/");
+  v1::Job bobs;
+  ASSERT_TRUE(bob->SubmitJob(Context().get(), own, &bobs).ok());
+  EXPECT_EQ(bobs.checkpoint_uri(), "file:///ckpt/bob/" + bobs.id());
+  own.mutable_spec()->mutable_checkpoint()->set_uri("/ckpt/bob/experiments");
+  ASSERT_TRUE(bob->SubmitJob(Context().get(), own, &bobs).ok());
+  EXPECT_EQ(bobs.checkpoint_uri(), "/ckpt/bob/experiments/" + bobs.id());
+  // Alice reads her own jobs' and her folder, patterns included (not a folder of no job, nor
+  // patterns over the root); the admin reads anyone's.
   for (auto* who : {alice.get(), jobs_.get()}) {
     for (size_t i = 0; i < reads.size(); ++i) {
       const auto& [field, set] = reads[i];
-      if (who == alice.get() && (field == "data.train" || i + 1 == reads.size())) continue;
+      const bool own_pattern = i + 2 == reads.size();
+      if (who == alice.get() &&
+          ((field == "data.train" && !own_pattern) || i + 1 == reads.size())) {
+        continue;
+      }
       status = submit_as(*who, set);
       EXPECT_NE(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
           << field << ": " << status.error_message();
@@ -906,7 +988,7 @@ TEST(CoordinatorBinaryTest, RestartOnTheSameStateDirKeepsJobs) {
   ASSERT_GE(job.events_size(), 1);
   EXPECT_EQ(job.events(0).reason(), "submitted by admin");
   EXPECT_EQ(job.owner(), "admin");
-  EXPECT_EQ(job.checkpoint_uri(), absl::StrCat("file://", state, "/checkpoints/", id));
+  EXPECT_EQ(job.checkpoint_uri(), absl::StrCat("file://", state, "/checkpoints/admin/", id));
   EXPECT_EQ(process.Stop(), 0);
 }
 
