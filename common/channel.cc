@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/clock.h"
 
 namespace trainyard {
 namespace {
@@ -215,8 +216,7 @@ class ChannelPoller {
   void Run() {
     while (!stop_.load()) {
       const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
-      channel_->WaitForStateChange(
-          state, std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+      channel_->WaitForStateChange(state, GrpcDeadline(absl::Milliseconds(100)));
     }
   }
 

@@ -49,6 +49,17 @@ class RealClock final : public Clock {
   }
 };
 
+// The monotonic clock now: the start of a measurement of how long work took (SecondsSince,
+// step-time splits, recovery phases), never for deciding anything, which takes a Clock.
+inline std::chrono::steady_clock::time_point MonotonicNow() {
+  return std::chrono::steady_clock::now();
+}
+
+// A gRPC deadline `timeout` of real time from now (gRPC's own timers are real time).
+inline std::chrono::system_clock::time_point GrpcDeadline(absl::Duration timeout) {
+  return absl::ToChronoTime(RealClock::Get().Now() + timeout);
+}
+
 // Seconds of the monotonic clock since `start`: for measuring how long work took (step-time
 // splits, recovery phases), never for deciding anything, which takes a Clock.
 inline double SecondsSince(std::chrono::steady_clock::time_point start) {

@@ -422,7 +422,7 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, const std::s
   // The database's view of who wrote what (pg_stat_activity, audit triggers) names this process.
   options.application_name = absl::StrCat("trainyard-coordinator ", holder).substr(0, 63);
   LogInfo("store: PostgreSQL at ", pg::RedactConninfo(store), " as ", holder, "; waiting to lead");
-  const auto waited = std::chrono::steady_clock::now();
+  const auto waited = MonotonicNow();
   // Standing by, it answers on the API address: clients given this coordinator alone are told
   // where the leader serves; those given several see it NOT_SERVING and keep to the leader. On
   // --health_listen, probes see it alive but not ready.
@@ -490,7 +490,7 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, const std::s
   // first loads return.
   WarmStart warm;
   if (copy != nullptr) {
-    const auto taking = std::chrono::steady_clock::now();
+    const auto taking = MonotonicNow();
     const StandbyCopy::Stats before = copy->stats();
     absl::StatusOr<WarmStart> taken = copy->Take();
     if (taken.ok()) {

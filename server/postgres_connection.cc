@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/clock.h"
 
 namespace trainyard::pg {
 namespace {
@@ -208,7 +209,7 @@ absl::Status Connection::Connect() {
   values.push_back(nullptr);
   // Connected without blocking, so that the timeout holds to the millisecond (libpq's own
   // connect_timeout is in whole seconds and per address).
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time deadline = RealClock::Get().Now() + options_.timeout;
   conn_ = PQconnectStartParams(keys.data(), values.data(), /*expand_dbname=*/0);
   if (conn_ == nullptr) return absl::UnavailableError("postgres: out of memory connecting");
   auto failed = [&](absl::string_view why) {
@@ -221,7 +222,7 @@ absl::Status Connection::Connect() {
   PostgresPollingStatusType polling = PGRES_POLLING_WRITING;
   while (PQstatus(conn_) != CONNECTION_BAD && polling != PGRES_POLLING_OK) {
     if (polling == PGRES_POLLING_FAILED) break;
-    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    const int64_t left = absl::ToInt64Milliseconds(deadline - RealClock::Get().Now());
     if (left <= 0) return failed("no answer in time");
     pollfd p = {PQsocket(conn_),
                 static_cast<short>(polling == PGRES_POLLING_READING ? POLLIN : POLLOUT), 0};
@@ -264,7 +265,7 @@ absl::Status Connection::Lost(absl::string_view why, absl::string_view sql) {
 }
 
 bool Connection::WaitFor(short events, absl::Time deadline) {
-  const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+  const int64_t left = absl::ToInt64Milliseconds(deadline - RealClock::Get().Now());
   if (left <= 0) return false;
   pollfd p = {PQsocket(conn_), events, 0};
   int rc;
@@ -306,7 +307,7 @@ absl::StatusOr<pg_result*> Connection::NextResult(absl::Time deadline, absl::str
 
 absl::Status Connection::SendAndWait(absl::string_view sql, const Params& params, Result* out) {
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time deadline = RealClock::Get().Now() + options_.timeout;
   const int sent = params.size() == 0 && out == nullptr
                        ? PQsendQuery(conn_, std::string(sql).c_str())  // may hold several
                        : SendParams(sql, params);
@@ -336,7 +337,7 @@ absl::Status Connection::SendAndWait(absl::string_view sql, const Params& params
 absl::Status Connection::RunTransaction(const std::vector<Statement>& statements) {
   if (in_transaction_) return absl::FailedPreconditionError("a transaction is already open");
   if (absl::Status s = EnsureConnected(); !s.ok()) return s;
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time deadline = RealClock::Get().Now() + options_.timeout;
   const absl::string_view what =
       statements.empty() ? absl::string_view("COMMIT") : absl::string_view(statements[0].sql);
   if (PQenterPipelineMode(conn_) == 0) return Lost(Trimmed(PQerrorMessage(conn_)), what);

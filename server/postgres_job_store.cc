@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 
 namespace trainyard {
 
@@ -238,7 +239,7 @@ absl::Status PostgresJobStore::Import(
   Writes(mutation, &statements);
   absl::MutexLock lock(&mu_);
   // The leader trims the change feed now and then, in a write of its own (a standby never).
-  const absl::Time now = absl::Now();
+  const absl::Time now = RealClock::Get().Now();
   const bool trim = fence_.has_value() && now - last_trim_ >= absl::Seconds(10);
   if (trim) {
     statements.push_back({"DELETE FROM changes WHERE at < now() - make_interval(secs => $1)",

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "server/job_state.h"
 
@@ -29,7 +30,7 @@ void StandbyCopy::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     const int64_t full_reads = stats_.full_reads;
-    const absl::Time started = absl::Now();
+    const absl::Time started = RealClock::Get().Now();
     if (absl::Status s = RefreshLocked(/*count_finished=*/false); !s.ok()) {
       if (s.message() != last_error_) {
         last_error_ = std::string(s.message());
@@ -39,7 +40,8 @@ void StandbyCopy::Loop() {
     } else {
       if (stats_.full_reads != full_reads) {
         LogInfo("standby: read the whole state for its warm copy (", jobs_.size(), " jobs) in ",
-                absl::ToDoubleSeconds(absl::Now() - started), " s; following the changes");
+                absl::ToDoubleSeconds(RealClock::Get().Now() - started),
+                " s; following the changes");
       }
       if (!last_error_.empty()) {
         last_error_.clear();

@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "common/byte_size.h"
 #include "common/cgroup.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace trainyard {
@@ -283,7 +284,7 @@ class WatchIsolation final : public TaskIsolation {
 
   std::vector<std::string> OverLimit() override {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = RealClock::Get().Now();
     if (tasks_.empty() || now < next_scan_) return {};
     next_scan_ = now + interval_;
     std::map<pid_t, int64_t> rss = SessionRss();

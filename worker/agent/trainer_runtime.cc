@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "google/protobuf/text_format.h"
 #include "worker/agent/subprocess.h"
 
@@ -27,21 +28,21 @@ absl::StatusOr<v1::TrainerRuntime> QueryTrainerRuntime(
   absl::StatusOr<pid_t> pid = StartSubprocess(options);
   if (!pid.ok()) return pid.status();
   // Once, at start-up, before anything else runs: a plain wait with a bound.
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = RealClock::Get().Now() + timeout;
   std::optional<ExitInfo> exit;
   while (!exit.has_value()) {
     absl::StatusOr<std::optional<ExitInfo>> ended = TryWaitSubprocess(*pid);
     if (!ended.ok()) return ended.status();
     exit = *ended;
     if (exit.has_value()) break;
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get().Now() >= deadline) {
       SignalSubprocess(*pid, SIGKILL, /*group=*/true).IgnoreError();
       WaitSubprocess(*pid).IgnoreError();
       std::remove(scratch_file.c_str());
       return absl::DeadlineExceededError(absl::StrCat(
           trainer_path, " --runtime did not answer within ", absl::FormatDuration(timeout)));
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    RealClock::Get().SleepFor(absl::Milliseconds(20));
   }
   std::ifstream in(scratch_file);
   std::stringstream text;

@@ -88,8 +88,7 @@ class Watchdog {
  private:
   static constexpr int64_t kDisarmed = std::numeric_limits<int64_t>::max();
   static int64_t NowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(MonotonicNow().time_since_epoch())
         .count();
   }
 

@@ -104,8 +104,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   // attempt may take, and a channel whose callers only fail fast may never reconnect after an
   // outage).
   void Limit(grpc::ClientContext& context) const {
-    context.set_deadline(std::chrono::system_clock::now() +
-                         absl::ToChronoMilliseconds(rpc_timeout_));
+    context.set_deadline(GrpcDeadline(rpc_timeout_));
     context.set_wait_for_ready(true);
   }
 

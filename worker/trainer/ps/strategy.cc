@@ -156,7 +156,7 @@ absl::Status ParameterServerStrategy::BeforeForward(const torch::Tensor& categor
   if (!categorical.defined()) {
     return absl::InvalidArgumentError("the model's embedding tables need categorical ids");
   }
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   std::vector<MicroRows> micro(tables_.size());
   std::vector<torch::Tensor> ids(tables_.size());
   for (size_t t = 0; t < tables_.size(); ++t) {
@@ -215,7 +215,7 @@ std::vector<std::vector<RowGradients>> ParameterServerStrategy::TakeRowGradients
 
 absl::Status ParameterServerStrategy::BeforeEvaluate(const torch::Tensor& categorical) {
   if (tables_.empty() || !categorical.defined()) return absl::OkStatus();
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   std::vector<torch::Tensor> ids(tables_.size());
   for (size_t t = 0; t < tables_.size(); ++t) {
     ids[t] = std::get<0>(
@@ -422,7 +422,7 @@ absl::Status ParameterServerStrategy::SyncState(Model& model, int64_t start_step
   if (dense_ != nullptr) {
     if (absl::Status synced = dense_->SyncState(model, start_step); !synced.ok()) return synced;
   }
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   std::vector<torch::Tensor> values;
   for (const torch::Tensor& p : params_) values.push_back(p.detach());
   if (rank_ == 0) {
@@ -472,7 +472,7 @@ std::optional<int64_t> ParameterServerStrategy::UpdatesApplied() const {
 }
 
 absl::Status ParameterServerStrategy::AfterBackwardHybrid(Model& model) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   const std::vector<std::vector<RowGradients>> rows = TakeRowGradients();
   std::vector<int> stale(shards_.size(), 0);
   // Every rank pushes to every shard, rows or not: a synchronous shard's update waits for all.
@@ -492,7 +492,7 @@ absl::Status ParameterServerStrategy::AfterBackwardHybrid(Model& model) {
 }
 
 absl::Status ParameterServerStrategy::AfterBackwardAsync() {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   std::vector<torch::Tensor> grads, values;
   for (const torch::Tensor& p : params_) {
     grads.push_back(p.grad().defined() ? p.grad().detach().contiguous() : torch::zeros_like(p));
@@ -522,7 +522,7 @@ absl::Status ParameterServerStrategy::AfterBackwardAsync() {
 absl::Status ParameterServerStrategy::AfterBackward(Model& model) {
   if (dense_ != nullptr) return AfterBackwardHybrid(model);
   if (!synchronous_) return AfterBackwardAsync();
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   std::vector<torch::Tensor> grads, values;
   for (const torch::Tensor& p : params_) {
     // A parameter that got no gradient in this update contributes zeros, as in data_parallel.

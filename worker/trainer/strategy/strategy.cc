@@ -15,7 +15,6 @@
 namespace trainyard::trainer {
 namespace {
 
-
 // Runs `done` after autograd has added a backward's gradient into a parameter's .grad.
 class AccumulatedHook final : public torch::autograd::FunctionPostHook {
  public:
@@ -114,7 +113,7 @@ absl::Status DataParallelStrategy::Setup(Model& model) {
 }
 
 absl::Status DataParallelStrategy::SyncState(Model& model, int64_t start_step) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> tensors;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;  // (target, contiguous copy)
@@ -217,7 +216,7 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
     }
   }
   LaunchReadyLocked();
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   absl::Status status;
   for (Bucket& bucket : buckets_) {
     absl::Status s = bucket.work->Wait();
@@ -232,8 +231,9 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
   if (report_offset_ >= 0) {
     // A copy: the bucket is next update's. A mean of 0/1 flags is above 0 when any rank was asked
     // to stop.
-    torch::Tensor report = buckets_.back().flat.narrow(0, report_offset_, 2).to(
-        torch::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    torch::Tensor report = buckets_.back()
+                               .flat.narrow(0, report_offset_, 2)
+                               .to(torch::kDouble, /*non_blocking=*/false, /*copy=*/true);
     agreed_ = StepAgreement{report[0], report[1].item<double>() > 0};
   }
   return absl::OkStatus();
@@ -241,7 +241,7 @@ absl::Status DataParallelStrategy::AfterBackward(Model&) {
 
 absl::StatusOr<StepAgreement> DataParallelStrategy::EndStep() {
   if (agreed_.has_value()) return *std::exchange(agreed_, std::nullopt);
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = MonotonicNow();
   // On the parameters' device: NCCL reduces CUDA tensors only.
   torch::Tensor t = torch::empty({2}, torch::TensorOptions(device_).dtype(torch::kDouble));
   t.narrow(0, 0, 1).copy_(local_.loss.reshape({1}));
