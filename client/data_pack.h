@@ -25,7 +25,7 @@ struct PackOptions {
   // Shards are "{prefix}-00000.safetensors", ... (five digits, more when needed).
   std::string prefix;
   std::vector<PackColumn> tensors;
-  std::string csv_path;                      // set for CSV input (every tensor names columns of it)
+  std::string csv_path;  // set for CSV input (every tensor names columns of it)
   // Text input (then `tensors` is empty): the files, in order, as one stream of token ids, cut
   // into shards of one 1-D tensor "tokens" each. The tokenizer: "bytes" (each byte one id,
   // U8, vocabulary 256).
@@ -39,7 +39,7 @@ struct PackOptions {
 struct PackResult {
   std::vector<std::string> shards;  // paths, in order
   int64_t samples = 0;              // text input: tokens
-  int64_t bytes = 0;  // of all shards
+  int64_t bytes = 0;                // of all shards
 };
 
 // Parses "x=a,b,c:F32;y=label:I64" (tensor = columns : dtype, separated by ';') for CSV input.

@@ -93,8 +93,7 @@ std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(
 }
 
 absl::StatusOr<std::shared_ptr<ObjectStore>> OpenObjectStore(absl::string_view uri) {
-  return NewObjectStoreResolver([](const char* name) { return std::getenv(name); })
-      ->Open(uri);
+  return NewObjectStoreResolver([](const char* name) { return std::getenv(name); })->Open(uri);
 }
 
 }  // namespace trainyard

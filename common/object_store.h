@@ -80,7 +80,8 @@ class ObjectStoreResolver {
 // serve every URI of their scheme. With `local_roots`, the file store serves only what resolves
 // below those folders (FileObjectStore's roots); without, any local path.
 std::unique_ptr<ObjectStoreResolver> NewObjectStoreResolver(
-    const EnvLookup& env, const std::optional<std::vector<std::string>>& local_roots = std::nullopt);
+    const EnvLookup& env,
+    const std::optional<std::vector<std::string>>& local_roots = std::nullopt);
 
 // A fresh store for `uri` with the S3 settings of the process environment: for tests and
 // benchmarks. Programs hand down one ObjectStoreResolver instead.

@@ -79,7 +79,7 @@ struct StoreMutation {
   // Checkpoint rows deleted after the writes above, by (job id, step): retired ones whose
   // retiring commit is no longer the latest.
   std::vector<std::pair<std::string, int64_t>> removed_checkpoints;
-  std::vector<StoredToken> tokens;  // upserted by id
+  std::vector<StoredToken> tokens;     // upserted by id
   std::vector<StoredSearch> searches;  // upserted by id
   std::vector<std::pair<std::string, trainyard::v1::Trial>>
       trials;                                // (search id, trial), by number

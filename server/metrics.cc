@@ -43,7 +43,7 @@ constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::LOST};
 const v1::RestartReason kRestartReasons[] = {v1::PREEMPTED, v1::WORKER_LOST,
                                              v1::HANG,      v1::INFRASTRUCTURE,
                                              v1::FAILURE,   v1::SCHEDULER_PREEMPTED};
-const char* const kRecoveryPhases[] = {"detection", "scheduling",      "start",
+const char* const kRecoveryPhases[] = {"detection",  "scheduling",      "start",
                                        "rendezvous", "checkpoint_load", "first_step"};
 const char* const kPreemptionReasons[] = {"cloud_notice", "termination_signal", "other"};
 
@@ -340,10 +340,11 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
                   it == snap.workers_by_state.end() ? 0 : it->second);
     }
   }
-  FamilyBuilder(out, "trainyard_workers_unreachable",
-                "Workers held unreachable, not lost: most leases ended at once, so this coordinator "
-                "is likelier the one cut off; their jobs go on, nothing new is placed there.",
-                MetricType::Gauge)
+  FamilyBuilder(
+      out, "trainyard_workers_unreachable",
+      "Workers held unreachable, not lost: most leases ended at once, so this coordinator "
+      "is likelier the one cut off; their jobs go on, nothing new is placed there.",
+      MetricType::Gauge)
       .Add({}, snap.workers_unreachable);
   FamilyBuilder(out, "trainyard_gpus",
                 "GPUs of READY workers: free for the scheduler, or used by running tasks.",

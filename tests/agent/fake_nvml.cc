@@ -41,11 +41,16 @@ int nvmlInit_v2() { return Env("FAKE_NVML_INIT_ERROR", kSuccess); }
 int nvmlShutdown() { return kSuccess; }
 const char* nvmlErrorString(int r) {
   switch (r) {
-    case kSuccess: return "Success";
-    case 9: return "Driver Not Loaded";
-    case kGpuIsLost: return "GPU is lost";
-    case kNotSupported: return "Not Supported";
-    default: return "Unknown Error";
+    case kSuccess:
+      return "Success";
+    case 9:
+      return "Driver Not Loaded";
+    case kGpuIsLost:
+      return "GPU is lost";
+    case kNotSupported:
+      return "Not Supported";
+    default:
+      return "Unknown Error";
   }
 }
 int nvmlDeviceGetCount_v2(unsigned int* count) {

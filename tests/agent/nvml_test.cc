@@ -26,8 +26,8 @@ using ::testing::Not;
 class NvmlTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"FAKE_NVML_INIT_ERROR", "FAKE_NVML_GPUS", "FAKE_NVML_LOST_GPU",
-                          "FAKE_NVML_NO_POWER"}) {
+    for (const char* v :
+         {"FAKE_NVML_INIT_ERROR", "FAKE_NVML_GPUS", "FAKE_NVML_LOST_GPU", "FAKE_NVML_NO_POWER"}) {
       unsetenv(v);
     }
   }
@@ -143,7 +143,10 @@ TEST_F(NvmlTest, MetricsCarryDcgmNamesAndTheTaskUsingEachGpu) {
   EXPECT_EQ(Value(text, R"(trainyard_worker_gpu_utilization_ratio{gpu="1"})"), 0.2);
   EXPECT_EQ(Value(text, R"(trainyard_worker_gpu_memory_total_bytes{gpu="1"})"), 2LL << 30);
   EXPECT_EQ(Value(text, "trainyard_worker_gpu_monitoring"), 1);
-  EXPECT_THAT(text, Not(HasSubstr(R"(gpu="0",UUID="GPU-fake-0",device="nvidia0",modelName="Fake GPU 80GB",Hostname="host-a",job=)")));
+  EXPECT_THAT(
+      text,
+      Not(HasSubstr(
+          R"(gpu="0",UUID="GPU-fake-0",device="nvidia0",modelName="Fake GPU 80GB",Hostname="host-a",job=)")));
 }
 
 }  // namespace

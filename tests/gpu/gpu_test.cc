@@ -190,8 +190,7 @@ TEST(GpuTrainingTest, TheFeedBringsEachBatchToTheGpuIntact) {
   const auto [data, plan] = test_util::MakeSyntheticSteps(4096, 64, 512, 24);
   BatchPrefetcher expected(data, plan, 9, true, 0, 1, 0, 24, 2);
   BatchPrefetcher source(data, plan, 9, true, 0, 1, 0, 24, 2);
-  const std::unique_ptr<DeviceFeed> feed =
-      MakeDeviceFeed(source, torch::Device(torch::kCUDA, 0));
+  const std::unique_ptr<DeviceFeed> feed = MakeDeviceFeed(source, torch::Device(torch::kCUDA, 0));
   for (int64_t step = 0; step < 24; ++step) {
     std::optional<Batch> batch = feed->Next();
     std::optional<Batch> want = expected.Next();
@@ -323,8 +322,8 @@ TEST(NcclGpuTest, APeerThatNeverComesAbortsAtTheTimeout) {
                           /*connect_timeout=*/absl::Seconds(3));
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(comm.ok());
-  EXPECT_THAT(comm.status().code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
-                                          absl::StatusCode::kUnavailable))
+  EXPECT_THAT(comm.status().code(),
+              AnyOf(absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kUnavailable))
       << comm.status();
   EXPECT_LT(took, absl::Seconds(30)) << "the abort took " << took;
 }

@@ -399,10 +399,14 @@ void Cluster::KillCoordinator(int sig) {
 void Cluster::StartWorker(int i) {
   const std::string dir = worker_dir(i);
   fs::create_directories(dir);
-  std::vector<std::string> argv = {BinDir() + "/trainyard-worker", "--coordinator=" + address_,
-                                   absl::StrCat("--name=worker-", i), "--address=127.0.0.1",
-                                   absl::StrCat("--slots=", options_.slots_per_worker), "--gpus=0",
-                                   "--work_dir=" + dir, "--stop_grace_period=5s",
+  std::vector<std::string> argv = {BinDir() + "/trainyard-worker",
+                                   "--coordinator=" + address_,
+                                   absl::StrCat("--name=worker-", i),
+                                   "--address=127.0.0.1",
+                                   absl::StrCat("--slots=", options_.slots_per_worker),
+                                   "--gpus=0",
+                                   "--work_dir=" + dir,
+                                   "--stop_grace_period=5s",
                                    "--metrics_listen=127.0.0.1:0",
                                    "--metrics_port_file=" + dir + ".metrics_port"};
   for (const std::string& arg : options_.worker_args) {

@@ -332,12 +332,11 @@ TEST(MetricsTest, PrometheusScrapesTheClusterWithTheDeployedConfig) {
         return evaluated && alerts.size() == deployed_alerts;
       },
       absl::Seconds(30)));
-  EXPECT_THAT(alerts,
-              ::testing::IsSupersetOf(
-                  {"TrainyardJobOverRuntime", "TrainyardJobStalled", "TrainyardJobRestartLoop",
-                   "TrainyardWorkerLost", "TrainyardQueueBacklog", "TrainyardCheckpointTooOld",
-                   "TrainyardGpusIdle", "TrainyardJobGpuIdle",
-                   "TrainyardParameterServerStalePushes"}));
+  EXPECT_THAT(alerts, ::testing::IsSupersetOf({"TrainyardJobOverRuntime", "TrainyardJobStalled",
+                                               "TrainyardJobRestartLoop", "TrainyardWorkerLost",
+                                               "TrainyardQueueBacklog", "TrainyardCheckpointTooOld",
+                                               "TrainyardGpusIdle", "TrainyardJobGpuIdle",
+                                               "TrainyardParameterServerStalePushes"}));
 
   // Every /metrics output passes promtool's checks, and together they hold every metric that a
   // dashboard or an alert rule names (the GPU ones need NVML: agent_metrics_test covers them).

@@ -260,8 +260,9 @@ TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing)
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   ASSERT_EQ(done->restarts_size(), 1);
-  EXPECT_THAT(done->restarts(0).message(),
-              HasSubstr(absl::StrCat("preemption notice for worker worker-", victim, " (SIGTERM)")));
+  EXPECT_THAT(
+      done->restarts(0).message(),
+      HasSubstr(absl::StrCat("preemption notice for worker worker-", victim, " (SIGTERM)")));
   // Exact resume: on CPU and the same world size, bit for bit the uninterrupted run.
   EXPECT_EQ(MaxDifference(CommittedModel(reference), CommittedModel(*done)), 0.0);
 }

@@ -1,14 +1,13 @@
 // The parameter-server partition: every element on exactly one shard, shards balanced by bytes,
 // large tensors cut into pieces, the same result every time, and the layout a checkpoint records.
 
-#include "worker/trainer/ps/partition.h"
-
 #include <algorithm>
 #include <map>
 #include <random>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/trainer/ps/partition.h"
 
 namespace trainyard::trainer {
 namespace {

@@ -2,16 +2,15 @@
 // on the whole model with the mean gradient, the agreement on loss and stop, asynchronous updates
 // with bounded staleness, and fencing by generation.
 
-#include "worker/trainer/model/optimizer.h"
-#include "worker/trainer/ps/shard.h"
-
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/trainer/data/schedule.h"
 #include "worker/trainer/model/model.h"
+#include "worker/trainer/model/optimizer.h"
 #include "worker/trainer/ps/partition.h"
+#include "worker/trainer/ps/shard.h"
 
 namespace trainyard::trainer {
 namespace {

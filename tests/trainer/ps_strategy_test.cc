@@ -2,8 +2,6 @@
 // threads, two shards served over gRPC on loopback, 20 updates of SGD with momentum or AdamW,
 // with and without gradient accumulation; the exported models agree within 1e-5.
 
-#include "worker/trainer/ps/strategy.h"
-
 #include <torch/torch.h>
 
 #include <atomic>
@@ -27,6 +25,7 @@
 #include "tests/trainer/trainer_test_util.h"
 #include "worker/trainer/loop/shard_task.h"
 #include "worker/trainer/ps/server.h"
+#include "worker/trainer/ps/strategy.h"
 
 namespace trainyard::trainer {
 namespace {

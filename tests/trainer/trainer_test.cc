@@ -1572,7 +1572,6 @@ TEST(TrainerTest, AGpuJobTrainsOnCudaOnlyWhereLibTorchHasIt) {
   }
 }
 
-
 // ---- precision ----
 
 TEST(PrecisionTest, AutocastTypes) {

@@ -67,20 +67,19 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
       launcher_(std::move(launcher)),
       log_sink_(std::make_unique<CoordinatorLogSink>(*this)),
       shipper_(*log_sink_, LogShipper::kMaxChunkBytes, options_.task_log_max_bytes),
-      reconciler_(ReconcilerOptions{options_.work_dir, options_.trainer_path, options_.coordinator,
-                                    options_.gpus, options_.stop_grace_period,
-                                    [this](const std::string& task_id) {
-                                      absl::Status status = shipper_.Finish(task_id);
-                                      if (!status.ok() && !absl::IsNotFound(status)) {
-                                        LogWarning("cannot ship the rest of the log of task ",
-                                                   task_id,
-                                                   " now (later passes retry): ", status.message());
-                                      }
-                                    },
-                                    options_.task_retention, options_.trainer_env,
-                                    options_.isolation, options_.trainer_env_pass,
-                                    options_.task_uids},
-                  *launcher_, clock_) {
+      reconciler_(
+          ReconcilerOptions{options_.work_dir, options_.trainer_path, options_.coordinator,
+                            options_.gpus, options_.stop_grace_period,
+                            [this](const std::string& task_id) {
+                              absl::Status status = shipper_.Finish(task_id);
+                              if (!status.ok() && !absl::IsNotFound(status)) {
+                                LogWarning("cannot ship the rest of the log of task ", task_id,
+                                           " now (later passes retry): ", status.message());
+                              }
+                            },
+                            options_.task_retention, options_.trainer_env, options_.isolation,
+                            options_.trainer_env_pass, options_.task_uids},
+          *launcher_, clock_) {
   absl::MutexLock lock(&mu_);
   last_contact_ = clock_.Now();
 }

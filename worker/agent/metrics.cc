@@ -297,16 +297,16 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
         Family("trainyard_worker_gpu_memory_total_bytes", "GPU memory.", MetricType::Gauge);
     // NVIDIA's DCGM exporter names and labels, so that dashboards made for it work here; the
     // task using the GPU in place of its Kubernetes pod.
-    MetricFamily dcgm_util = Family("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).",
-                                    MetricType::Gauge);
-    MetricFamily dcgm_used = Family("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
-                                    MetricType::Gauge);
-    MetricFamily dcgm_free = Family("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
-                                    MetricType::Gauge);
-    MetricFamily dcgm_temp = Family("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).",
-                                    MetricType::Gauge);
-    MetricFamily dcgm_power = Family("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).",
-                                     MetricType::Gauge);
+    MetricFamily dcgm_util =
+        Family("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", MetricType::Gauge);
+    MetricFamily dcgm_used =
+        Family("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", MetricType::Gauge);
+    MetricFamily dcgm_free =
+        Family("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", MetricType::Gauge);
+    MetricFamily dcgm_temp =
+        Family("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", MetricType::Gauge);
+    MetricFamily dcgm_power =
+        Family("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", MetricType::Gauge);
     const std::map<int, v1::TaskStatus> tasks =
         source_.gpu_tasks ? source_.gpu_tasks() : std::map<int, v1::TaskStatus>();
     constexpr double kMiB = 1024.0 * 1024.0;

@@ -27,7 +27,7 @@ struct NvmlMemory {
   unsigned long long free;   // NOLINT(runtime/int)
   unsigned long long used;   // NOLINT(runtime/int)
 };
-constexpr int kNvmlTemperatureGpu = 0;    // NVML_TEMPERATURE_GPU
+constexpr int kNvmlTemperatureGpu = 0;      // NVML_TEMPERATURE_GPU
 constexpr unsigned int kNvmlNameSize = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
 constexpr unsigned int kNvmlUuidSize = 96;  // NVML_DEVICE_UUID_V2_BUFFER_SIZE
 

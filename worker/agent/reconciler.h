@@ -61,11 +61,11 @@ struct ReconcilerOptions {
 //
 // Task folder {work_dir}/tasks/{task_id}/ (the trainer's working directory) holds task.pb (binary
 // trainyard.v1.Task with the task's credential, mode 0600), output.log (the trainer's stdout and
-// stderr, mode 0600), pid, the trainer's termination-message if it wrote one, and stop-deadline when the
-// trainer is asked to save and exit by a deadline (see kStopDeadlineFile). A task id is started at
-// most once in the life of a work_dir: one that ran before (even in an earlier run of the agent) is
-// never started again, as long as its folder is kept (the coordinator never asks again for a task
-// it has seen end).
+// stderr, mode 0600), pid, the trainer's termination-message if it wrote one, and stop-deadline
+// when the trainer is asked to save and exit by a deadline (see kStopDeadlineFile). A task id is
+// started at most once in the life of a work_dir: one that ran before (even in an earlier run of
+// the agent) is never started again, as long as its folder is kept (the coordinator never asks
+// again for a task it has seen end).
 //
 // Thread-safe. Apply forks from the calling thread, which must live as long as the agent (the
 // trainers die with that thread).

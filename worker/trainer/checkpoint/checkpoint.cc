@@ -840,25 +840,25 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
   std::vector<std::string> retired;
   const absl::Time commit_give_up = std::min(give_up_at, clock_.Now() + options_.commit_retry_for);
   bool failed_once = false;
-  absl::Status commit = Retry(
-      clock_, CoordinatorRetry(commit_give_up, options_.backoff, options_.max_backoff),
-      IsRetryableCoordinatorError, [&]() -> absl::Status {
-        absl::StatusOr<std::vector<std::string>> r =
-            coordinator_->CommitCheckpoint(step, total_bytes, upload_started_);
-        if (!r.ok()) {
-          if (!failed_once && IsRetryableCoordinatorError(r.status())) {
-            failed_once = true;
-            LogWarning("checkpoint commit of step ", step, " failed, retrying for up to ",
-                       absl::FormatDuration(commit_give_up - clock_.Now()), ": ",
-                       r.status().ToString());
-            absl::MutexLock lock(&mu_);
-            commit_retrying_ = true;
-          }
-          return r.status();
-        }
-        retired = *std::move(r);
-        return absl::OkStatus();
-      });
+  absl::Status commit =
+      Retry(clock_, CoordinatorRetry(commit_give_up, options_.backoff, options_.max_backoff),
+            IsRetryableCoordinatorError, [&]() -> absl::Status {
+              absl::StatusOr<std::vector<std::string>> r =
+                  coordinator_->CommitCheckpoint(step, total_bytes, upload_started_);
+              if (!r.ok()) {
+                if (!failed_once && IsRetryableCoordinatorError(r.status())) {
+                  failed_once = true;
+                  LogWarning("checkpoint commit of step ", step, " failed, retrying for up to ",
+                             absl::FormatDuration(commit_give_up - clock_.Now()), ": ",
+                             r.status().ToString());
+                  absl::MutexLock lock(&mu_);
+                  commit_retrying_ = true;
+                }
+                return r.status();
+              }
+              retired = *std::move(r);
+              return absl::OkStatus();
+            });
   if (!commit.ok()) {
     return absl::Status(commit.code(),
                         absl::StrCat("checkpoint commit of step ", step, ": ", commit.message()));

@@ -223,7 +223,8 @@ class Checkpointer {
   bool SaveAsync(CheckpointData data, bool final_save = false,
                  absl::Time give_up_at = absl::InfiniteFuture()) {
     const int64_t step = data.state.step;
-    return SaveAsync(step, [&data] { return std::move(data); }, final_save, give_up_at);
+    return SaveAsync(
+        step, [&data] { return std::move(data); }, final_save, give_up_at);
   }
   // The same with the snapshot of `step` taken by `snapshot`, only once the save is sure to start
   // (a skipped save costs no copy of the model).

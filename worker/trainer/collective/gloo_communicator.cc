@@ -510,10 +510,9 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Expired(absl::string_view op) const {
-    return absl::DeadlineExceededError(
-        absl::StrCat(op, ": no progress within the collective timeout of ",
-                     absl::FormatDuration(timeout_),
-                     " (collective_timeout): a peer stopped sending or receiving"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        op, ": no progress within the collective timeout of ", absl::FormatDuration(timeout_),
+        " (collective_timeout): a peer stopped sending or receiving"));
   }
 
   // Copies of the sockets of every connection of the group, for the watchdog.

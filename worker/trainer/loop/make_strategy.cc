@@ -34,8 +34,7 @@ absl::StatusOr<std::unique_ptr<DataParallelStrategy>> MakeDataParallel(
     const trainyard::v1::Task& task, const StrategyOptions& options, int world) {
   const trainyard::v1::JobSpec& spec = task.spec();
   const absl::Duration timeout = CollectiveTimeout(spec);
-  const int64_t bucket_bytes =
-      int64_t{spec.bucket_size_mb()} << 20;
+  const int64_t bucket_bytes = int64_t{spec.bucket_size_mb()} << 20;
   std::unique_ptr<Communicator> communicator;
   const bool wants_gpu = task.gpus() > 0 || spec.resources().gpus_per_worker() > 0;
 #if TRAINYARD_WITH_NCCL

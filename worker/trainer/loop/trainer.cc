@@ -496,9 +496,9 @@ absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step
       }
       absl::Status saved = checkpointer->Wait();
       if (!saved.ok()) {
-        return absl::Status(absl::IsPermissionDenied(saved) ? saved.code()
-                                                            : absl::StatusCode::kUnavailable,
-                            absl::StrCat("final checkpoint: ", saved.message()));
+        return absl::Status(
+            absl::IsPermissionDenied(saved) ? saved.code() : absl::StatusCode::kUnavailable,
+            absl::StrCat("final checkpoint: ", saved.message()));
       }
     }
   }

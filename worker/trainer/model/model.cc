@@ -552,8 +552,8 @@ absl::StatusOr<torch::jit::Module> LoadModule(const ObjectStoreResolver& stores,
     // Through the local cache (keyed by ETag): a restart does not download the model again.
     ObjectCache cache(ObjectCache::DefaultDir());
     local = cache.Fetch(**store, uri);
-  } else if (absl::StatusOr<ObjectInfo> head = (*store)->Head(uri); absl::IsPermissionDenied(
-                 head.status())) {
+  } else if (absl::StatusOr<ObjectInfo> head = (*store)->Head(uri);
+             absl::IsPermissionDenied(head.status())) {
     // Outside the folders the job may use (a link leading out, seen only here).
     return absl::PermissionDeniedError(absl::StrCat(field, ": ", head.status().message()));
   } else {

@@ -42,7 +42,7 @@ void SetAutocastDtype(bool cuda, torch::ScalarType dtype) {
 }  // namespace
 
 absl::StatusOr<std::optional<torch::ScalarType>> AutocastType(trainyard::v1::Precision precision,
-                                                               const torch::Device& device) {
+                                                              const torch::Device& device) {
   switch (precision) {
     case trainyard::v1::PRECISION_UNSPECIFIED:
     case trainyard::v1::FP32:

@@ -22,7 +22,7 @@ namespace trainyard::trainer {
 // The autocast dtype of `precision` on `device`, or nullopt for float32. INVALID_ARGUMENT, naming
 // `precision`, for float16 on a CPU (a job that asked for it must not quietly train otherwise).
 absl::StatusOr<std::optional<torch::ScalarType>> AutocastType(trainyard::v1::Precision precision,
-                                                               const torch::Device& device);
+                                                              const torch::Device& device);
 
 // Autocast to `dtype` on `device`'s type while alive (nothing for nullopt); restores what was set
 // before and clears autocast's cache of cast weights when the outermost guard ends, as

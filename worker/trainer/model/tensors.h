@@ -32,14 +32,14 @@ absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view);
 // bytes, without a serialised copy (only a tensor not on the CPU or not contiguous is copied).
 struct SafetensorsPieces {
   std::string header;
-  std::vector<torch::Tensor> tensors;    // what `data` points into
+  std::vector<torch::Tensor> tensors;   // what `data` points into
   std::vector<absl::string_view> data;  // one per tensor, in order
   // The object's bytes in order: the header, then the data.
   std::vector<absl::string_view> Pieces() const;
 };
 // INVALID_ARGUMENT for unsupported dtypes or duplicate names.
-absl::StatusOr<SafetensorsPieces> LayOutTensors(
-    const NamedTensors& tensors, const std::map<std::string, std::string>& metadata);
+absl::StatusOr<SafetensorsPieces> LayOutTensors(const NamedTensors& tensors,
+                                                const std::map<std::string, std::string>& metadata);
 // The same object in one buffer.
 absl::StatusOr<std::string> EncodeTensors(const NamedTensors& tensors,
                                           const std::map<std::string, std::string>& metadata);

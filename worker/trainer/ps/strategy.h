@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/trainer/ps/partition.h"
 #include "worker/trainer/ps/client.h"
+#include "worker/trainer/ps/partition.h"
 #include "worker/trainer/strategy/strategy.h"
 
 namespace trainyard::trainer {
