@@ -29,6 +29,8 @@ packages=(
   openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables iptables
   # the PostgreSQL store's tests start their own server from these binaries (no service)
   postgresql
+  # the structure check (scripts/check_structure.py): function ends and formatting
+  universal-ctags clang-format
   # benchmarks only (bench/cpu_step.py)
   python3-torchvision
   # examples only: the text the language-model examples train on

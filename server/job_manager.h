@@ -370,6 +370,9 @@ class JobManager {
   // ({checkpoint_root}/{id} without an owner).
   std::string CheckpointFolder(const trainyard::v1::JobSpec& spec, absl::string_view owner,
                                absl::string_view id) const;
+  // What a registration must be before it is looked at: a safe name, no negative capacity, a
+  // claim within the worker's limit (worker_limits). INVALID_ARGUMENT naming the field.
+  absl::Status CheckRegistration(const trainyard::v1::RegisterWorkerRequest& request) const;
   // A job not in memory, read from the store: a finished job that was evicted (EvictLocked).
   // NOT_FOUND ("job 'x' not found") when the store has none either. Call without the lock: a
   // job leaves memory only once all of it is in the store.

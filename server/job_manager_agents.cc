@@ -76,8 +76,7 @@ std::vector<const WorkerRecord*> JobManager::LiveWorkersLocked() const {
   return live;
 }
 
-absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
-    const v1::RegisterWorkerRequest& request) {
+absl::Status JobManager::CheckRegistration(const v1::RegisterWorkerRequest& request) const {
   if (!IsSafeFileName(request.name())) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", request.name(), "' must be letters, digits, '.', '_' or '-'"));
@@ -91,6 +90,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
     LogWarning("refused the registration of worker ", request.name(), ": ", s.message());
     return s;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  if (absl::Status s = CheckRegistration(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   const int64_t now_ms = absl::ToUnixMillis(clock_.Now());
   v1::Worker info;
