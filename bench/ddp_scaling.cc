@@ -28,9 +28,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/credentials.h"
-#include "server/coordinator_server.h"
-#include "server/job_manager.h"
-#include "server/sqlite_job_store.h"
+#include "server/api/coordinator_server.h"
+#include "server/jobs/job_manager.h"
+#include "server/store/sqlite_job_store.h"
 
 ABSL_FLAG(std::string, bin_dir, "", "folder with trainyard-trainer");
 ABSL_FLAG(int, steps, 200, "updates per run");

@@ -1,6 +1,7 @@
-// The coordinator's scheduling code (server/scheduler.h, the same Schedule() the JobManager
-// calls) driven by a simulated clock and simulated agents over a synthetic trace of GPU jobs,
-// under four policies: FIFO with gang scheduling, + EASY backfill, + fair share between queues,
+// The coordinator's scheduling code (server/scheduling/scheduler.h, the same Schedule() the
+// JobManager calls) driven by a simulated clock and simulated agents over a synthetic trace of GPU
+// jobs, under four policies: FIFO with gang scheduling, + EASY backfill, + fair share between
+// queues,
 // + preemption. Prints one row per policy: utilisation, waits and completion times, each queue's
 // share against its weight (Jain's index), the longest wait of a large gang, work lost to
 // preemption, and how fast the scheduler decides.
@@ -30,7 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "server/scheduler.h"
+#include "server/scheduling/scheduler.h"
 
 ABSL_FLAG(int, jobs, 10000, "jobs in the trace");
 ABSL_FLAG(int, machines, 200, "machines of 8 GPUs");

@@ -306,7 +306,7 @@ absl::StatusOr<std::string> ReadSpecFile(const std::string& file) {
 
 int Client::RpcError(const grpc::Status& status) const {
   if (absl::StartsWith(status.error_message(), "this coordinator stands by")) {
-    // A standby's answer (server/coordinator_server.h): it says where the leader is.
+    // A standby's answer (server/api/coordinator_server.h): it says where the leader is.
     std::cerr << "error: " << address_ << ": " << status.error_message() << "\n";
   } else if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
              status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {

@@ -234,7 +234,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
   const std::vector<std::string> addresses = CoordinatorAddresses(address);
   if (addresses.size() > 1) {
     // Several coordinators: one leads, the others stand by and answer their health NOT_SERVING
-    // (server/coordinator_server.h). round_robin over those that say SERVING is the leader,
+    // (server/api/coordinator_server.h). round_robin over those that say SERVING is the leader,
     // followed across a takeover as soon as the new one says so.
     channel_args.SetServiceConfigJSON(R"({"loadBalancingConfig": [{"round_robin": {}}],)"
                                       R"( "healthCheckConfig": {"serviceName": ""}})");

@@ -9,6 +9,8 @@ Rules, for product sources (*.cc and *.h under common/, server/, worker/ and cli
              absl::SleepFor, std::chrono::*::now(), std::this_thread::sleep_for, sleep(),
              usleep() and nanosleep() appear only in common/clock.h;
   docs       a document a file cites (docs/x.md, README.md, ...) exists in the repository;
+  rooms      a file of a room of the coordinator (server/ROOM/) includes only headers of its
+             own room and of the rooms below it (ROOMS), so arrows point down, with no cycles;
 and for every C++ file of the repository (tests and benchmarks too):
   format     formatted as .clang-format says (clang-format --dry-run -Werror).
 
@@ -37,6 +39,19 @@ CLOCK_CALLS = re.compile(
     r"(?<![\w:.>])(?:::)?(?:sleep|usleep|nanosleep)\(")
 DOC_CITE = re.compile(r"\b((?:docs/)?[A-Za-z0-9_.-]+\.md)\b")
 EXCEPTIONS = "scripts/structure_exceptions.txt"
+# The coordinator's rooms and those each may call (docs/architecture.md, "The coordinator's
+# rooms"); server/main.cc assembles them all.
+ROOMS = {
+    "lifecycle": set(),
+    "store": {"lifecycle"},
+    "leadership": {"store", "lifecycle"},
+    "auth": {"store"},
+    "scheduling": set(),
+    "jobs": {"store", "scheduling", "auth", "lifecycle"},
+    "searches": {"jobs", "auth", "store"},
+    "api": {"jobs", "searches", "auth"},
+}
+SERVER_INCLUDE = re.compile(r'#include "server/([^/"]+)/[^"]+"')
 
 
 def git_files(root):
@@ -71,7 +86,7 @@ def load_exceptions(root):
             if not text:
                 continue
             parts = text.split()
-            if parts[0] not in ("files", "functions", "clock", "docs", "format") or \
+            if parts[0] not in ("files", "functions", "clock", "docs", "rooms", "format") or \
                     len(parts) not in (2, 3) or "#" not in raw:
                 errors.append("%s:%d: exceptions: expected 'RULE FILE [FUNCTION]  # why', got %r"
                               % (EXCEPTIONS, number, raw.strip()))
@@ -147,6 +162,24 @@ class Checker:
                                     "cites %s, which is not in the repository: cite what exists"
                                     % cited)
 
+    def check_rooms(self, files):
+        for path in files:
+            parts = path.split("/")
+            if parts[0] != "server" or len(parts) != 3:
+                continue
+            room = parts[1]
+            if room not in ROOMS:
+                self.report("rooms", path, 1, "",
+                            "server/%s/ is no room of scripts/check_structure.py's ROOMS: add it "
+                            "there and to docs/architecture.md" % room)
+                continue
+            for number, line in enumerate(self.read(path), 1):
+                match = SERVER_INCLUDE.match(line)
+                if match and match.group(1) != room and match.group(1) not in ROOMS[room]:
+                    self.report("rooms", path, number, "",
+                                "%s/ may not call %s/ (arrows point down): move the code or the "
+                                "rule" % (room, match.group(1)))
+
     def check_format(self, files):
         if not files:
             return
@@ -182,6 +215,7 @@ def main():
     checker.check_function_lengths(product)
     checker.check_clock(product)
     checker.check_docs(product, all_files)
+    checker.check_rooms(product)
     checker.check_format(cpp)
     problems = errors + checker.problems
     for key, number in sorted(allowed.items(), key=lambda item: item[1]):

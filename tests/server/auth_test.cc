@@ -1,4 +1,4 @@
-#include "server/auth.h"
+#include "server/auth/auth.h"
 
 #include <string>
 
@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
-#include "server/request_limits.h"
+#include "server/api/request_limits.h"
 #include "tests/common/fake_clock.h"
 #include "tests/server/fake_job_store.h"
 #include "trainyard/v1/admin_service.pb.h"

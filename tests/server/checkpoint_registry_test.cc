@@ -1,6 +1,6 @@
 // PlanCheckpointCommit: retention, retries and the records it keeps.
 
-#include "server/checkpoint_registry.h"
+#include "server/jobs/checkpoint_registry.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "server/coordinator_server.h"
+#include "server/api/coordinator_server.h"
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -19,7 +19,7 @@
 #include "common/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/sqlite_job_store.h"
+#include "server/store/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
 #include "tests/server/test_util.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "server/job_store.h"
+#include "server/store/job_store.h"
 
 namespace trainyard {
 

@@ -1,7 +1,7 @@
 // GroupCommitter (many mutations in one transaction, in order, failures isolated) and the
 // JobManager's behaviour when a store write fails, both over FakeJobStore.
 
-#include "server/group_commit.h"
+#include "server/store/group_commit.h"
 
 #include <memory>
 #include <string>
@@ -12,7 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/job_manager.h"
+#include "server/jobs/job_manager.h"
 #include "tests/common/fake_clock.h"
 #include "tests/server/fake_job_store.h"
 #include "tests/server/test_util.h"

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/job_manager.h"
-#include "server/sqlite_job_store.h"
+#include "server/jobs/job_manager.h"
+#include "server/store/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
 #include "tests/server/test_util.h"
 

@@ -1,4 +1,4 @@
-#include "server/job_manager.h"
+#include "server/jobs/job_manager.h"
 
 #include <atomic>
 #include <csignal>
@@ -16,7 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/sqlite_job_store.h"
+#include "server/store/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
 #include "tests/common/run_shell.h"
 #include "tests/server/job_manager_fixture.h"

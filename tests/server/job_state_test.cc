@@ -1,4 +1,4 @@
-#include "server/job_state.h"
+#include "server/lifecycle/job_state.h"
 
 #include "gtest/gtest.h"
 

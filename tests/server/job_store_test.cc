@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
-#include "server/postgres_job_store.h"
-#include "server/sqlite_job_store.h"
+#include "server/store/postgres_job_store.h"
+#include "server/store/sqlite_job_store.h"
 #include "tests/common/postgres_server.h"
 #include "tests/server/test_util.h"
 

@@ -1,7 +1,7 @@
 // JobTable: every index follows the jobs through their states, and a removed job leaves nothing;
 // UsedCapacity over it.
 
-#include "server/job_table.h"
+#include "server/jobs/job_table.h"
 
 #include <string>
 #include <utility>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/capacity.h"
+#include "server/jobs/capacity.h"
 
 namespace trainyard {
 namespace {

@@ -2,7 +2,7 @@
 // coordinator) and the PostgreSQL store's database (where every coordinator serves every log).
 // The PostgreSQL cases run in postgres_store_test, against a server the tests start.
 
-#include "server/log_store.h"
+#include "server/store/log_store.h"
 
 #include <memory>
 #include <string>
@@ -11,8 +11,8 @@
 #include "absl/strings/strip.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
-#include "server/leader_lease.h"
-#include "server/postgres_log_backend.h"
+#include "server/leadership/leader_lease.h"
+#include "server/store/postgres_log_backend.h"
 #include "tests/common/postgres_server.h"
 #include "tests/server/test_util.h"
 

@@ -1,7 +1,7 @@
 // The coordinator's metrics over a real JobManager (SQLite store, fake clock): gauges agree with
 // the state, counters and histograms follow the events, per-job series come and go with jobs.
 
-#include "server/metrics.h"
+#include "server/api/metrics.h"
 
 #include <memory>
 #include <regex>
@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
-#include "server/job_manager.h"
+#include "server/jobs/job_manager.h"
 #include "tests/common/prometheus_text.h"
 #include "tests/server/job_manager_fixture.h"
 #include "tests/server/test_util.h"

@@ -14,9 +14,9 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/leader_lease.h"
-#include "server/leadership.h"
-#include "server/postgres_job_store.h"
+#include "server/leadership/leader_lease.h"
+#include "server/leadership/leadership.h"
+#include "server/store/postgres_job_store.h"
 #include "tests/common/postgres_server.h"
 
 namespace trainyard {

@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/scheduler.h"
+#include "server/scheduling/scheduler.h"
 
 namespace trainyard {
 namespace {

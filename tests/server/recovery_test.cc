@@ -12,7 +12,7 @@
 #include "common/restart_reason.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/restart_policy.h"
+#include "server/jobs/restart_policy.h"
 #include "tests/server/job_manager_fixture.h"
 
 namespace trainyard {

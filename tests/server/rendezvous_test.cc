@@ -1,4 +1,4 @@
-#include "server/rendezvous.h"
+#include "server/jobs/rendezvous.h"
 
 #include <memory>
 #include <string>
@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/job_manager.h"
+#include "server/jobs/job_manager.h"
 #include "tests/common/fake_clock.h"
 #include "tests/server/job_manager_fixture.h"
 #include "tests/server/test_util.h"

@@ -1,4 +1,4 @@
-#include "server/scheduler.h"
+#include "server/scheduling/scheduler.h"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
-// A standby's warm copy (server/standby_copy.h) against a real PostgreSQL: after any sequence of
-// writes, what it hands over is what a leader's own loads read.
-#include "server/standby_copy.h"
+// A standby's warm copy (server/leadership/standby_copy.h) against a real PostgreSQL: after any
+// sequence of writes, what it hands over is what a leader's own loads read.
+#include "server/leadership/standby_copy.h"
 
 #include <map>
 #include <memory>
@@ -12,8 +12,8 @@
 #include "absl/strings/strip.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
-#include "server/leader_lease.h"
-#include "server/postgres_job_store.h"
+#include "server/leadership/leader_lease.h"
+#include "server/store/postgres_job_store.h"
 #include "tests/common/fake_clock.h"
 #include "tests/common/postgres_server.h"
 

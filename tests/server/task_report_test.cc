@@ -1,6 +1,6 @@
 // DecideTaskReport: what a task's new status means for its job.
 
-#include "server/task_report.h"
+#include "server/jobs/task_report.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "server/worker_limits.h"
+#include "server/jobs/worker_limits.h"
 
 #include <string>
 #include <utility>

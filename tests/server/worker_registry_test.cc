@@ -1,4 +1,4 @@
-#include "server/worker_registry.h"
+#include "server/jobs/worker_registry.h"
 
 #include <map>
 #include <string>

@@ -78,6 +78,21 @@ class CheckStructureTest(unittest.TestCase):
         self.assertIn("'files worker/gone.cc' no longer matches anything", out)
         self.assertIn("'functions worker/f.cc' no longer matches anything", out)
 
+    def test_rooms_call_only_the_rooms_below_them(self):
+        root = self.repo({
+            "server/store/s.cc": "#include \"server/jobs/job_manager.h\"\n"
+                                 "#include \"server/lifecycle/job_state.h\"\n",
+            "server/api/a.cc": "#include \"server/jobs/job_manager.h\"\n",
+            "server/misc/m.cc": "int m = 0;\n",
+        })
+        code, out = self.check(root)
+        self.assertEqual(code, 1, out)
+        self.assertIn("server/store/s.cc:1: rooms: store/ may not call jobs/", out)
+        self.assertNotIn("server/store/s.cc:2", out)
+        self.assertNotIn("server/api/a.cc", out)
+        self.assertIn("server/misc/m.cc:1: rooms: server/misc/ is no room", out)
+        self.assertIn("2 problems", out)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -22,9 +22,9 @@
 #include "common/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator_server.h"
-#include "server/job_manager.h"
-#include "server/sqlite_job_store.h"
+#include "server/api/coordinator_server.h"
+#include "server/jobs/job_manager.h"
+#include "server/store/sqlite_job_store.h"
 #include "worker/trainer/model/model.h"
 
 extern char** environ;
