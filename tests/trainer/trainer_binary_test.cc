@@ -470,8 +470,9 @@ TEST(TrainerBinaryTest, TrainingRidesOutACoordinatorRestart) {
   spec.set_log_every_steps(1);
   spec.mutable_checkpoint()->set_every_steps(20);
   spec.mutable_checkpoint()->set_keep_last(1000);
-  // The coordinator goes away after step 30 and comes back on the same port 3 s later; once
-  // the restarted one has taken a commit, the trainer is stopped.
+  // The coordinator goes away after step 30 and comes back on the same port once the trainer
+  // has gone on for 25 steps without it and 3 s have passed (how fast it trains is the
+  // machine's business); once the restarted one has taken a commit, the trainer is stopped.
   std::unique_ptr<FakeCoordinatorServer> after;
   absl::Time down_since = absl::InfiniteFuture();
   int64_t down_at_step = -1, up_at_step = -1;
@@ -484,7 +485,8 @@ TEST(TrainerBinaryTest, TrainingRidesOutACoordinatorRestart) {
           before->server->Shutdown();
           down_since = absl::Now();
           down_at_step = step;
-        } else if (after == nullptr && absl::Now() - down_since >= absl::Seconds(3)) {
+        } else if (after == nullptr && step > down_at_step + 25 &&
+                   absl::Now() - down_since >= absl::Seconds(3)) {
           after = std::make_unique<FakeCoordinatorServer>(port);
           up_at_step = step;
         } else if (after != nullptr) {
