@@ -6,7 +6,8 @@ Rules, for product sources (*.cc and *.h under common/, server/, worker/ and cli
   functions  no function over 120 lines, as Universal Ctags measures it (its start and end lines
              of every function definition, class members included);
   clock      no read of the wall clock and no wait but through common/clock.h: absl::Now(),
-             absl::SleepFor, std::chrono::*::now(), std::this_thread::sleep_for, sleep(),
+             absl::SleepFor, any X::now() (std::chrono's clocks, aliases of them included),
+             std::this_thread::sleep_for, sleep(),
              usleep() and nanosleep() appear only in common/clock.h;
   docs       a document a file cites (docs/x.md, README.md, ...) exists in the repository;
   rooms      a file of a room of the coordinator (server/ROOM/) includes only headers of its
@@ -35,7 +36,7 @@ MAX_FUNCTION_LINES = 120
 PRODUCT_DIRS = ("common", "server", "worker", "client")
 CLOCK_HOME = "common/clock.h"
 CLOCK_CALLS = re.compile(
-    r"absl::Now\(\)|absl::SleepFor\(|std::chrono::\w+::now\(\)|sleep_for\(|"
+    r"absl::Now\(\)|absl::SleepFor\(|\b\w+::now\(\)|sleep_for\(|"
     r"(?<![\w:.>])(?:::)?(?:sleep|usleep|nanosleep)\(")
 DOC_CITE = re.compile(r"\b((?:docs/)?[A-Za-z0-9_.-]+\.md)\b")
 EXCEPTIONS = "scripts/structure_exceptions.txt"

@@ -49,7 +49,8 @@ class CheckStructureTest(unittest.TestCase):
             "server/long.cc": "".join("int v%d = %d;\n" % (i, i) for i in range(701)),
             "worker/f.cc": "\n" + function("TooLong", 121) + function("Fine", 120),
             "client/t.cc": "#include \"common/clock.h\"\nvoid F() {\n  auto t = absl::Now();\n"
-                           "  usleep(3);  // absl::Now() in a comment is fine\n}\n",
+                           "  usleep(3);  // absl::Now() in a comment is fine\n"
+                           "  auto s = Steady::now();\n}\n",
             "common/d.h": "// As docs/missing.md says.\n",
             "tests/ugly_test.cc": "int  main( ) { return 0 ; }\n",
         })
@@ -60,9 +61,10 @@ class CheckStructureTest(unittest.TestCase):
         self.assertNotIn("Fine is", out)
         self.assertIn("client/t.cc:3: clock: absl::Now() outside common/clock.h", out)
         self.assertIn("client/t.cc:4: clock: usleep(", out)
+        self.assertIn("client/t.cc:5: clock: Steady::now()", out)
         self.assertIn("common/d.h:1: docs: cites docs/missing.md", out)
         self.assertIn("tests/ugly_test.cc:1: format: not formatted", out)
-        self.assertIn("6 problems", out)
+        self.assertIn("7 problems", out)
 
     def test_exceptions_silence_their_own_case_and_must_stay_true(self):
         root = self.repo({

@@ -190,7 +190,7 @@ absl::Status Run::Prepare() {
   StrategyOptions strategy_options;
   strategy_options.rendezvous = options_.rendezvous;
   strategy_options.overlap = options_.overlap_communication;
-  const Steady::time_point meet_start = Steady::now();
+  const Steady::time_point meet_start = MonotonicNow();
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(task_, strategy_options);
   rendezvous_seconds_ += SecondsSince(meet_start);
   if (!strategy.ok()) return strategy.status();
@@ -278,7 +278,7 @@ absl::Status Run::Prepare() {
     }
     store_ = *std::move(store);
   }
-  const Steady::time_point setup_start = Steady::now();
+  const Steady::time_point setup_start = MonotonicNow();
   absl::Status setup = strategy_->Setup(*model_);
   rendezvous_seconds_ += SecondsSince(setup_start);
   return setup;

@@ -264,11 +264,11 @@ absl::StatusOr<TrainResult> Run::Execute() {
   KeepStepMemory();
   absl::Status status = Prepare();
   if (!status.ok()) return status;
-  const Steady::time_point load_start = Steady::now();
+  const Steady::time_point load_start = MonotonicNow();
   Resume();
   if (task_.resume_checkpoints_size() > 0) checkpoint_load_seconds_ = SecondsSince(load_start);
   // Every rank starts from rank 0's parameters, resumed or fresh, and from the same step.
-  const Steady::time_point sync_start = Steady::now();
+  const Steady::time_point sync_start = MonotonicNow();
   status = strategy_->SyncState(*model_, start_step_);
   rendezvous_seconds_ += SecondsSince(sync_start);
   if (!status.ok()) return status;
@@ -359,7 +359,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       result.stopped = true;
       break;
     }
-    const Steady::time_point step_start = Steady::now();
+    const Steady::time_point step_start = MonotonicNow();
     std::optional<Batch> batch;
     try {
       batch = feed->Next();
@@ -379,7 +379,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     torch::manual_seed(StepSeed(spec_.seed(), step, rank));
     if (status = Update(*batch, step, accumulate); !status.ok()) return status;
     // The next batch's copy runs while the GPU works through this update.
-    const Steady::time_point prefetch_start = Steady::now();
+    const Steady::time_point prefetch_start = MonotonicNow();
     try {
       feed->Prefetch();
     } catch (const std::exception& e) {
@@ -411,7 +411,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
           step, total, result.loss, lr, samples_per_s, epoch);
       if (result.val_accuracy.has_value() || validation_due(step)) {
         if (validation_due(step)) {
-          const Steady::time_point val_start = Steady::now();
+          const Steady::time_point val_start = MonotonicNow();
           if (status = Validate(result); !status.ok()) return status;
           times.validation += seconds_since(val_start);
           validated = true;
@@ -421,7 +421,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       Print(line);
     }
     if (!validated && validation_due(step)) {
-      const Steady::time_point val_start = Steady::now();
+      const Steady::time_point val_start = MonotonicNow();
       if (status = Validate(result); !status.ok()) return status;
       times.validation += seconds_since(val_start);
       if (result.val_accuracy.has_value()) {
@@ -429,7 +429,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
       }
     }
     if (checkpointer != nullptr && every > 0 && step % every == 0 && step < end) {
-      const Steady::time_point save_start = Steady::now();
+      const Steady::time_point save_start = MonotonicNow();
       if (status = strategy_->GatherOptimizerState(step); !status.ok()) return status;
       const bool saving = checkpointer->SaveAsync(step, [&] { return Snapshot(step, lr); });
       times.checkpoint += seconds_since(save_start);

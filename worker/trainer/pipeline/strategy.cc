@@ -112,7 +112,7 @@ absl::Status PipelineStrategy::Setup(Model& model) {
 }
 
 absl::Status PipelineStrategy::SyncState(Model& model, int64_t start_step) {
-  const Steady::time_point start = Steady::now();
+  const Steady::time_point start = MonotonicNow();
   // Every rank resumed at the same step: the largest and the smallest agree.
   torch::Tensor steps = torch::tensor(
       {static_cast<double>(start_step), -static_cast<double>(start_step)}, torch::kDouble);
@@ -169,7 +169,7 @@ absl::Status PipelineStrategy::SendActivation(const torch::Tensor& tensor, int p
 }
 
 absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveActivation(int peer, int64_t rows) {
-  const Steady::time_point start = Steady::now();
+  const Steady::time_point start = MonotonicNow();
   const std::pair<int, int64_t> key(peer, rows);
   auto it = received_shapes_.find(key);
   absl::Status status;
@@ -201,7 +201,7 @@ absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveActivation(int peer, int6
 }
 
 absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveLike(int peer, const torch::Tensor& like) {
-  const Steady::time_point start = Steady::now();
+  const Steady::time_point start = MonotonicNow();
   torch::Tensor in = torch::empty(like.sizes(), like.options().device(torch::kCPU));
   absl::Status status = world_->Recv(in, peer);
   const double waited = SecondsSince(start);
@@ -212,7 +212,7 @@ absl::StatusOr<torch::Tensor> PipelineStrategy::ReceiveLike(int peer, const torc
 }
 
 absl::Status PipelineStrategy::WaitSends() {
-  const Steady::time_point start = Steady::now();
+  const Steady::time_point start = MonotonicNow();
   absl::Status status;
   for (const std::unique_ptr<Work>& send : sends_) status.Update(send->Wait());
   sends_.clear();
@@ -223,7 +223,7 @@ absl::Status PipelineStrategy::WaitSends() {
 absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& features,
                                          const torch::Tensor& labels, const LossFn& loss_fn,
                                          bool stop_requested) {
-  const Steady::time_point update_start = Steady::now();
+  const Steady::time_point update_start = MonotonicNow();
   receive_wait_ = 0;
   const int64_t n = features.size(0);
   const int m_count = microbatches_;
@@ -298,7 +298,7 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
 }
 
 absl::Status PipelineStrategy::AfterBackward(Model& model) {
-  const Steady::time_point start = Steady::now();
+  const Steady::time_point start = MonotonicNow();
   torch::NoGradGuard no_grad;
   // The tied weights' gradients, summed between the first and last stages of this replica: one
   // message each way.
@@ -353,7 +353,7 @@ absl::Status PipelineStrategy::AfterBackward(Model& model) {
 
 absl::StatusOr<StepAgreement> PipelineStrategy::EndStep() {
   if (absl::Status s = WaitSends(); !s.ok()) return s;
-  const Steady::time_point start = Steady::now();
+  const Steady::time_point start = MonotonicNow();
   // The last stages' losses (the others add 0), any rank's stop, and the first replica's stages'
   // busy and idle seconds.
   const int stages = topology_.stages;
