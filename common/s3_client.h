@@ -78,10 +78,9 @@ struct S3ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // A transfer slower than 1 KiB/s for this long is aborted (and retried).
   absl::Duration stall_timeout = absl::Seconds(30);
-  // Time for the retry bound and request dates; null means RealClock. Not owned.
+  // Time for the retry bound, the waits between tries and request dates; null means RealClock.
+  // Not owned.
   const Clock* clock = nullptr;
-  // How a retry waits; null means absl::SleepFor. Tests inject one that does not sleep.
-  std::function<void(absl::Duration)> sleeper;
   uint64_t jitter_seed = 0;  // 0: random
 };
 

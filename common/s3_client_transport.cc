@@ -471,11 +471,7 @@ absl::StatusOr<S3Client::Response> S3Client::Execute(Request& r) {
     const absl::Duration wait = Backoff(attempt);
     if (clock_.Now() + wait - start > options_.retry.max_elapsed) break;
     retries_++;
-    if (options_.sleeper) {
-      options_.sleeper(wait);
-    } else {
-      RealClock::Get().SleepFor(wait);
-    }
+    clock_.SleepFor(wait);
   }
   if (attempt == 0) return last;
   return absl::Status(

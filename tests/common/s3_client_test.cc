@@ -43,6 +43,7 @@
 #include "common/shard_index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/fake_clock.h"
 #include "tests/common/s3rver.h"
 
 namespace trainyard {
@@ -50,22 +51,6 @@ namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
-
-class FakeClock final : public Clock {
- public:
-  absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1767323045);
-};
 
 struct FakeRequest {
   std::string method;
@@ -204,15 +189,25 @@ FakeResponse S3Error(int status, const std::string& code) {
                                "</Code><Message>fake ", code, "</Message></Error>")};
 }
 
+// Simulated time whose waits are recorded: a retry's wait moves it on at once.
+class RecordingClock final : public Clock {
+ public:
+  absl::Time Now() const override { return time_.Now(); }
+  void SleepFor(absl::Duration d) const override {
+    sleeps.push_back(d);
+    time_.Advance(d);
+  }
+  mutable std::vector<absl::Duration> sleeps;  // the client retries on one thread
+
+ private:
+  FakeClock time_{absl::FromUnixSeconds(1767323045)};
+};
+
 struct NoSleep {
-  FakeClock clock;
-  std::vector<absl::Duration> sleeps;
+  RecordingClock clock;
+  std::vector<absl::Duration>& sleeps = clock.sleeps;
   void Apply(S3ClientOptions& options) {
     options.clock = &clock;
-    options.sleeper = [this](absl::Duration d) {
-      sleeps.push_back(d);
-      clock.Advance(d);
-    };
     options.jitter_seed = 7;
     options.credentials = {"AK", "SK", "", "test"};
   }
