@@ -2,8 +2,9 @@
 #define TRAINYARD_SERVER_JOBS_JOB_MANAGER_INTERNAL_H_
 
 // Constants and small helpers shared by the files of the JobManager (job_manager.cc, the front;
-// job_manager_agents.cc, what agents and trainers report; job_manager_upkeep.cc, the tick). Not
-// for use elsewhere.
+// job_manager_jobs.cc, submissions and the jobs' calls; job_manager_queues.cc, queues;
+// job_manager_agents.cc, what agents report; job_manager_reports.cc, what trainers report;
+// job_manager_upkeep.cc, the tick). Not for use elsewhere.
 
 #include <algorithm>
 #include <cstdint>
