@@ -37,9 +37,14 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/trainer/collective/gloo_pairs.h"
+#include "worker/trainer/collective/gloo_point_to_point.h"
 
 namespace trainyard::trainer {
 
+using gloo_internal::FromGloo;
+using gloo_internal::GlooWork;
+using gloo_internal::PointToPoint;
+using gloo_internal::WorkState;
 using gloo_pairs::ArmedFor;
 using gloo_pairs::Frames;
 using gloo_pairs::FrameSender;
@@ -124,48 +129,6 @@ void MaxInto(void* c_, const void* a_, const void* b_, size_t n) {
   for (size_t i = 0; i < n; ++i) c[i] = a[i] > b[i] ? a[i] : b[i];
 }
 
-// A gloo failure as a status naming the collective: timeouts (a stuck peer) apart from broken
-// connections (a dead one).
-absl::Status FromGloo(const std::string& what, absl::string_view op, absl::Duration timeout) {
-  if (absl::StrContains(what, "timeout") || absl::StrContains(what, "Timeout") ||
-      absl::StrContains(what, "timed out") || absl::StrContains(what, "Timed out")) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(op, ": a peer did not respond within the collective timeout of ",
-                     absl::FormatDuration(timeout), " (collective_timeout): ", what));
-  }
-  return absl::UnavailableError(absl::StrCat(op, ": lost a peer: ", what));
-}
-
-// Completion of one collective, shared by the caller's Work and the queued closure, so that a
-// caller may drop its Work before the collective ends.
-class WorkState {
- public:
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
-    return status_;
-  }
-  void Finish(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    status_ = std::move(status);
-    done_ = true;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
-class GlooWork final : public Work {
- public:
-  explicit GlooWork(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
-  absl::Status Wait() override { return state_->Wait(); }
-
- private:
-  const std::shared_ptr<WorkState> state_;
-};
-
 // Messages go over Gloo's TCP pairs in synchronous mode: the thread running a collective writes
 // to the sockets and reads from them itself, and the kernel wakes it when a peer's data arrives.
 // Gloo's own collectives (gloo::allreduce and the like) hand every message to the device's
@@ -182,7 +145,7 @@ class GlooWork final : public Work {
 // buffers are gone.
 constexpr int kScratchSlot = 0x7a000001;  // a piece to reduce, into the scratch buffer
 constexpr int kDataSlot = 0x7a000002;     // final values, straight into the tensor
-constexpr int kPointSlot = 0x7a000003;    // a point-to-point message, into the receiver's tensor
+// (kPointSlot, a point-to-point message into the receiver's tensor: gloo_point_to_point.h)
 
 // The ring's segments. Each rank writes a segment to its right neighbour before it reads one from
 // its left neighbour, so all of them may be writing at once with nobody reading: a segment must
@@ -205,148 +168,6 @@ Range Chunk(size_t count, size_t size, int parts, int index) {
   const size_t start = i * base + std::min(i, extra);
   return {start * size, (base + (i < extra ? 1 : 0)) * size};
 }
-
-// Point-to-point sends to one peer, in order, on a thread of their own: a write that waits for
-// the peer to read never holds up the caller or the sends to other peers.
-class SendQueue {
- public:
-  SendQueue() : thread_([this] { Loop(); }) {}
-  ~SendQueue() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
-  void Push(std::function<void()> fn) {
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(fn));
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      std::function<void()> fn;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](SendQueue* q)
-                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) { return q->stop_ || !q->queue_.empty(); },
-            this));
-        if (queue_.empty()) return;
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      fn();
-    }
-  }
-
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
-
-// A pipeline's connections: one per direction between every two ranks, as for the collectives,
-// in synchronous mode; each message is one tensor whole, under kPointSlot. Reads and writes are
-// bounded by the pairs' socket timeouts (the collective timeout). After a failure the
-// connections are shut down, so that the peers fail at once too, and every later call fails.
-class PointToPoint {
- public:
-  PointToPoint(std::shared_ptr<gloo::Context> up, std::shared_ptr<gloo::Context> down,
-               absl::Duration timeout)
-      : up_(std::move(up)), down_(std::move(down)), timeout_(timeout) {
-    for (const auto& context : {up_, down_}) {
-      for (int peer = 0; peer < context->size; ++peer) {
-        if (peer == context->rank) continue;
-        const int fd = PairSocket::Of(*context->getPair(peer));
-        sockets_.push_back(fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0));
-      }
-    }
-  }
-  ~PointToPoint() {
-    senders_.clear();  // drains and joins the send threads before the sockets go
-    for (int fd : sockets_) {
-      if (fd >= 0) ::close(fd);
-    }
-  }
-
-  std::unique_ptr<Work> SendAsync(torch::Tensor tensor, int peer) {
-    if (absl::Status s = Check(tensor, peer, "send"); !s.ok()) {
-      return std::make_unique<DoneWork>(s);
-    }
-    auto state = std::make_shared<WorkState>();
-    std::unique_ptr<SendQueue>& queue = senders_[peer];
-    if (queue == nullptr) queue = std::make_unique<SendQueue>();
-    queue->Push([this, tensor = std::move(tensor), peer, state] {
-      state->Finish(Run("send", [&] {
-        const size_t bytes = tensor.nbytes();
-        if (bytes == 0) return;
-        std::unique_ptr<gloo::transport::Buffer> out =
-            To(peer).createSendBuffer(kPointSlot, tensor.data_ptr(), bytes);
-        out->send(0, bytes, 0);
-        out->waitSend();
-      }));
-    });
-    return std::make_unique<GlooWork>(std::move(state));
-  }
-
-  absl::Status Recv(torch::Tensor tensor, int peer) {
-    if (absl::Status s = Check(tensor, peer, "receive"); !s.ok()) return s;
-    return Run("receive", [&] {
-      const size_t bytes = tensor.nbytes();
-      if (bytes == 0) return;
-      From(peer).createRecvBuffer(kPointSlot, tensor.data_ptr(), bytes)->waitRecv();
-    });
-  }
-
- private:
-  gloo::transport::Pair& To(int peer) { return *(rank() < peer ? up_ : down_)->getPair(peer); }
-  gloo::transport::Pair& From(int peer) { return *(peer < rank() ? up_ : down_)->getPair(peer); }
-  int rank() const { return up_->rank; }
-
-  absl::Status Check(const torch::Tensor& tensor, int peer, absl::string_view op) {
-    if (peer < 0 || peer >= up_->size || peer == rank()) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": no peer rank ", peer));
-    }
-    if (!tensor.device().is_cpu() || !tensor.is_contiguous()) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": Gloo moves contiguous CPU tensors"));
-    }
-    absl::MutexLock lock(&mu_);
-    return broken_;
-  }
-
-  template <typename Body>
-  absl::Status Run(absl::string_view op, Body body) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!broken_.ok()) return broken_;
-    }
-    ScopedSigpipeBlock sigpipe;
-    try {
-      body();
-      return absl::OkStatus();
-    } catch (const std::exception& e) {
-      absl::Status status = FromGloo(e.what(), op, timeout_);
-      absl::MutexLock lock(&mu_);
-      if (broken_.ok()) {
-        broken_ = status;
-        for (int fd : sockets_) {
-          if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-        }
-      }
-      return broken_;
-    }
-  }
-
-  const std::shared_ptr<gloo::Context> up_;
-  const std::shared_ptr<gloo::Context> down_;
-  const absl::Duration timeout_;
-  std::vector<int> sockets_;  // copies (dup) of the connections', to shut them down
-  std::map<int, std::unique_ptr<SendQueue>> senders_;  // the caller's thread only
-  absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-};
 
 class GlooCommunicator final : public Communicator {
  public:

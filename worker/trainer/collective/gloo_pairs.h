@@ -4,7 +4,7 @@
 // What the Gloo communicator does with the TCP pairs between ranks, below the collectives: their
 // sockets, the watchdog that ends a stalled collective, SIGPIPE kept away from a write, and how
 // one tensor is cut into frames and written on a thread of its own. Internal to
-// gloo_communicator.cc (built with its flags and include paths).
+// gloo_communicator.cc and gloo_point_to_point.cc (built with their include paths).
 
 #include <gloo/transport/buffer.h>
 #include <gloo/transport/pair.h>
