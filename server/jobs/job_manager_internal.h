@@ -10,10 +10,13 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/exit_codes.h"
+#include "common/job_spec.h"
 #include "trainyard/v1/job.pb.h"
 
 namespace trainyard {
@@ -124,6 +127,26 @@ inline int RanksOf(const v1::Job& job, int64_t generation) {
   int ranks = 0;
   for (const v1::TaskInfo& t : job.tasks()) ranks += t.generation() == generation && !IsShard(t);
   return ranks;
+}
+
+// Whether `segment` has the form of a job id: NAME-N (a submission), or NAME-sN.tK.rR (rung R of
+// trial K of search NAME-sN, searches/search_manager.cc). What the checks of a spec's paths look
+// up in the job table: other segments name no job, and cost no read of the store.
+inline bool IsJobIdForm(absl::string_view segment) {
+  auto number = [](absl::string_view& s, absl::string_view prefix) {
+    if (!absl::ConsumePrefix(&s, prefix)) return false;
+    size_t digits = 0;
+    while (digits < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[digits]))) {
+      ++digits;
+    }
+    s.remove_prefix(digits);
+    return digits > 0;
+  };
+  const size_t dash = segment.rfind('-');
+  if (dash == absl::string_view::npos || !IsValidName(segment.substr(0, dash))) return false;
+  if (absl::string_view rest = segment.substr(dash); number(rest, "-")) return rest.empty();
+  absl::string_view rest = segment.substr(dash);
+  return number(rest, "-s") && number(rest, ".t") && number(rest, ".r") && rest.empty();
 }
 
 }  // namespace job_manager_internal

@@ -32,6 +32,7 @@
 
 namespace trainyard {
 
+using job_manager_internal::IsJobIdForm;
 using job_manager_internal::IsShard;
 using job_manager_internal::kDefaultPageSize;
 using job_manager_internal::kFinalLogGrace;
@@ -144,8 +145,8 @@ absl::Status JobManager::CheckJobSpaces(const v1::JobSpec& spec, const Principal
     // The job whose folder holds it: a segment of the path names the job.
     bool in_a_job = false;
     for (absl::string_view segment : absl::StrSplit(fixed.path, '/', absl::SkipEmpty())) {
-      if (!IsValidName(segment)) continue;  // job ids are names with their number
-      v1::Job job;                          // its owner, folder and who it is shared with
+      if (!IsJobIdForm(segment)) continue;
+      v1::Job job;  // its owner, folder and who it is shared with
       {
         absl::MutexLock lock(&mu_);
         if (const JobEntry* entry = FindLocked(segment); entry != nullptr) {

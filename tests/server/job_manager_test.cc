@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/jobs/job_manager_internal.h"
 #include "server/store/sqlite_job_store.h"
 #include "tests/common/fake_clock.h"
 #include "tests/common/run_shell.h"
@@ -1445,6 +1446,26 @@ max_steps: 10
   ASSERT_FALSE(small.ok());
   EXPECT_THAT(small.status().message(),
               HasSubstr("pipeline.memory[1]: 128.0 MiB is less than stage 1 needs by estimate"));
+}
+
+}  // namespace
+}  // namespace trainyard
+
+namespace trainyard {
+namespace {
+
+// The segments a spec's paths are looked up by: job ids of submissions and of search trials,
+// nothing else (a trial's folder is as much its owner's as a job's).
+TEST(JobIdFormTest, SubmissionsAndTrialsAndNothingElse) {
+  using job_manager_internal::IsJobIdForm;
+  for (const char* id : {"tiny-1", "run-2-57", "exp-s3.t1.r0", "a-s3-s4.t12.r3"}) {
+    EXPECT_TRUE(IsJobIdForm(id)) << id;
+  }
+  for (const char* other :
+       {"ckpt", "data", "tiny", "tiny-", "-1", "Tiny-1", "tiny-1a", "exp-s3.t1", "exp-s3.t1.r",
+        "exp-s.t1.r0", "model.safetensors", "step-000000000010x", "final"}) {
+    EXPECT_FALSE(IsJobIdForm(other)) << other;
+  }
 }
 
 }  // namespace
