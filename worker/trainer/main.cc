@@ -279,6 +279,7 @@ int main(int argc, char** argv) {
   options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
   options.num_threads = ThreadCount(task);
   options.data = trainyard::trainer::DataOptions::FromEnvironment();
+  options.ps_tls = trainyard::PsTls::FromEnvironment();
   options.before_step = TestHold(task);
   options.after_step = LastStepRecorder();
   absl::StatusOr<trainyard::trainer::TrainResult> result;

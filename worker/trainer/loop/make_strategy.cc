@@ -100,7 +100,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
         options.rendezvous->Get(ParameterServerKey(s), std::max(kMinConnectTimeout, timeout));
     if (!address.ok()) return address.status();
     shards.push_back(std::make_unique<PsClient>(*address, s, task.generation(), task.rank(),
-                                                timeout, task.attempt_secret()));
+                                                timeout, task.attempt_secret(), options.ps_tls));
   }
   return std::make_unique<ParameterServerStrategy>(task.rank(), world, std::move(shards),
                                                    spec.parameter_servers().mode() != "async",

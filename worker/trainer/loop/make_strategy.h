@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
 #include "worker/trainer/model/model.h"
@@ -25,6 +26,8 @@ struct StrategyOptions {
   bool overlap = true;
   // Where peers reach this rank when the task does not say (task.worker_address).
   std::string default_hostname = "127.0.0.1";
+  // How ranks reach parameter-server shards that serve TLS (TrainerOptions::ps_tls).
+  PsTls ps_tls;
 };
 
 // The strategy of `task.spec.strategy` (a spec with its defaults, ApplyJobSpecDefaults),

@@ -188,6 +188,7 @@ absl::Status Run::Prepare() {
         absl::StrCat("loss: unknown loss '", spec_.loss(), "' (cross_entropy, mse)"));
   }
   StrategyOptions strategy_options;
+  strategy_options.ps_tls = options_.ps_tls;
   strategy_options.rendezvous = options_.rendezvous;
   strategy_options.overlap = options_.overlap_communication;
   const Steady::time_point meet_start = MonotonicNow();

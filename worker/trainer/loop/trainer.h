@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
+#include "common/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
@@ -62,6 +63,9 @@ struct TrainerOptions {
   // The worker's data cache for remote shards (pin_memory is decided by the device; the stores
   // are `stores`).
   DataOptions data;
+  // How ranks reach parameter-server shards that serve TLS (the cluster's CA and the name the
+  // shards' certificates carry; PsTls::FromEnvironment in the trainer's main).
+  PsTls ps_tls;
   // Where the data, the TorchScript modules and the checkpoints are read and written; not owned.
   // Required: RunTrainer fails with FAILED_PRECONDITION without.
   const ObjectStoreResolver* stores = nullptr;

@@ -31,8 +31,7 @@ class PsClient {
   // cannot be made (a CA file that cannot be read), every call fails with INVALID_ARGUMENT
   // naming it.
   PsClient(const std::string& address, int shard, int64_t generation, int rank,
-           absl::Duration timeout, std::string caller_secret = "",
-           const PsTls& tls = PsTls::FromEnvironment());
+           absl::Duration timeout, std::string caller_secret = "", const PsTls& tls = {});
 
   // Bounds the messages to and from the shard to ps_wire::MessageLimit(parameter_bytes,
   // tensors): what the shard's pieces and rows (`tensors` of them, holding `parameter_bytes`)
