@@ -23,10 +23,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -97,6 +99,24 @@ struct S3ObjectInfo {
   std::string etag;  // as the service gives it, quotes removed
 };
 
+// A request passed through on someone else's behalf (the agent's S3 gateway, which has checked
+// it): signed with this client's credentials and sent once, not retried (the sender retries).
+struct S3ForwardRequest {
+  std::string method;  // GET, HEAD, PUT, POST, DELETE
+  std::string bucket;
+  std::string key;  // "" for a bucket's listing
+  std::vector<std::pair<std::string, std::string>> query;
+  std::map<std::string, std::string> headers;  // to sign and send: range, content-type, ...
+  int64_t body_size = 0;                       // PUT and POST
+  std::string payload_sha256;  // as the sender signed it: S3 checks the body against it
+  // Fills up to `size` bytes of the body; returns how many, 0 at its end, -1 to abort.
+  std::function<int64_t(char* buffer, size_t size)> read_body;
+  // The answer's status and headers (lower-case names), once, before any of its body; then the
+  // body in pieces. Either returns false to abort the transfer.
+  std::function<bool(long status, const std::map<std::string, std::string>& headers)> on_head;
+  std::function<bool(absl::string_view piece)> on_body;
+};
+
 // Answers are bounded: one longer than what was asked for (a range, a part, the size HEAD gave)
 // is DATA_LOSS, and one that is not an object (a listing, a multipart answer, an error) is
 // RESOURCE_EXHAUSTED past 16 MiB; the transfer stops there, and neither is retried.
@@ -137,6 +157,10 @@ class S3Client {
   // Deleting a missing key is OK (S3 answers 204 either way).
   absl::Status DeleteObject(const std::string& bucket, const std::string& key);
 
+  // Sends `request` once. UNAVAILABLE naming the endpoint for a transport error (the answer may
+  // then have begun), CANCELLED when a callback aborted; S3's own errors are answers (on_head).
+  absl::Status Forward(const S3ForwardRequest& request);
+
   // Requests sent and retries made since construction (for tests and benchmarks).
   int64_t requests_sent() const { return requests_sent_.load(); }
   int64_t retries() const { return retries_.load(); }
@@ -157,6 +181,9 @@ class S3Client {
   absl::Status PutSingle(const std::string& bucket, const std::string& key, const Body& body,
                          std::string* object_sha256);
   absl::Duration Backoff(int retry);
+  // Where a request for `key` of `bucket` goes: the Host header and the encoded path.
+  std::pair<std::string, std::string> HostAndPath(const std::string& bucket,
+                                                  const std::string& key) const;
   void* AcquireHandle();
   void ReleaseHandle(void* handle);
 

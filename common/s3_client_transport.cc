@@ -319,17 +319,19 @@ absl::Duration S3Client::Backoff(int retry) {
   return cap * uniform(rng_);
 }
 
+std::pair<std::string, std::string> S3Client::HostAndPath(const std::string& bucket,
+                                                          const std::string& key) const {
+  if (virtual_hosted_ && DnsCompatibleBucket(bucket)) {
+    return {absl::StrCat(bucket, ".", host_), absl::StrCat("/", AwsUriEncode(key, true))};
+  }
+  std::string path = absl::StrCat("/", bucket);
+  if (!key.empty()) absl::StrAppend(&path, "/", AwsUriEncode(key, true));
+  return {host_, path};
+}
+
 absl::StatusOr<S3Client::Response> S3Client::PerformOnce(Request& r, bool* retryable) {
   *retryable = false;
-  const bool use_virtual = virtual_hosted_ && DnsCompatibleBucket(r.bucket);
-  const std::string host = use_virtual ? absl::StrCat(r.bucket, ".", host_) : host_;
-  std::string path;
-  if (use_virtual) {
-    path = absl::StrCat("/", AwsUriEncode(r.key, true));
-  } else {
-    path = absl::StrCat("/", r.bucket);
-    if (!r.key.empty()) absl::StrAppend(&path, "/", AwsUriEncode(r.key, true));
-  }
+  const auto [host, path] = HostAndPath(r.bucket, r.key);
   const std::string query = CanonicalQueryString(r.query);
   const std::string url = absl::StrCat(scheme_, "://", host, path, query.empty() ? "" : "?", query);
 

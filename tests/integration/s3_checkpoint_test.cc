@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -79,6 +80,24 @@ TEST(S3CheckpointTest, CheckpointsKillResumeAndSkipACorruptCheckpoint) {
   // Kill the trainer: the job fails with its checkpoints in place.
   std::optional<pid_t> pid = cluster.TrainerPid(0, absl::StrCat(first->id(), ".g1.r0"));
   ASSERT_TRUE(pid.has_value());
+  // It wrote those checkpoints with a key of its own, through its agent's gateway: none of the
+  // agent's S3 settings reached it.
+  std::map<std::string, std::string> trainer_env;
+  {
+    std::ifstream environ(absl::StrCat("/proc/", *pid, "/environ"), std::ios::binary);
+    for (std::string entry; std::getline(environ, entry, '\0');) {
+      const size_t eq = entry.find('=');
+      if (eq != std::string::npos) trainer_env[entry.substr(0, eq)] = entry.substr(eq + 1);
+    }
+  }
+  const std::map<std::string, std::string> agent_env = (*s3)->Env();
+  ASSERT_TRUE(absl::StartsWith(trainer_env["AWS_ACCESS_KEY_ID"], "TY"))
+      << trainer_env["AWS_ACCESS_KEY_ID"];
+  for (const auto& [name, value] : agent_env) {
+    if (name != "AWS_REGION") {
+      EXPECT_NE(trainer_env[name], value) << name;
+    }
+  }
   ASSERT_EQ(kill(*pid, SIGKILL), 0);
   auto failed = cluster.WaitForFinal(first->id());
   ASSERT_TRUE(failed.ok()) << failed.status();

@@ -78,7 +78,7 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
                               }
                             },
                             options_.task_retention, options_.trainer_env, options_.isolation,
-                            options_.trainer_env_pass, options_.task_uids},
+                            options_.trainer_env_pass, options_.task_uids, options_.s3_gateway},
           *launcher_, clock_) {
   absl::MutexLock lock(&mu_);
   last_contact_ = clock_.Now();

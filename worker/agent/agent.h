@@ -51,6 +51,7 @@ struct AgentOptions {
   TaskIsolation* isolation = nullptr;              // ReconcilerOptions::isolation
   std::vector<std::string> trainer_env_pass;       // ReconcilerOptions::trainer_env_pass
   TaskUidRange task_uids;                          // ReconcilerOptions::task_uids
+  S3Gateway* s3_gateway = nullptr;                 // ReconcilerOptions::s3_gateway
 };
 
 // While no lease stream holds, Syncs renew the lease and wait at most this long.

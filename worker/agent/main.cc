@@ -34,6 +34,7 @@
 #include "worker/agent/metrics.h"
 #include "worker/agent/preemption_watcher.h"
 #include "worker/agent/process_launcher.h"
+#include "worker/agent/s3_gateway.h"
 #include "worker/agent/subprocess.h"
 #include "worker/agent/task_isolation.h"
 #include "worker/agent/task_user.h"
@@ -96,11 +97,18 @@ ABSL_FLAG(absl::Duration, task_retention, absl::Hours(24),
 ABSL_FLAG(int64_t, task_log_max_bytes, trainyard::LogShipper::kDefaultMaxFileBytes,
           "the most a task's output.log holds on disk (at least 1 MiB); past it the oldest "
           "output is freed down to half of it, and the newest keeps being shipped");
-ABSL_FLAG(std::string, trainer_env_pass, "",
-          "Comma-separated names of more of this agent's environment variables that trainers "
-          "inherit. By default they get only what the runtime needs (PATH, HOME, locale, "
-          "proxies, OMP_*, CUDA_*, NCCL_*, GLOO_*, TORCH_*, AWS_*, ...) and never the agent's own "
-          "credentials (TRAINYARD_TOKEN, TRAINYARD_TOKEN_FILE, ...).");
+ABSL_FLAG(
+    std::string, trainer_env_pass, "",
+    "Comma-separated names of more of this agent's environment variables that trainers "
+    "inherit. By default they get only what the runtime needs (PATH, HOME, locale, "
+    "proxies, OMP_*, CUDA_*, NCCL_*, GLOO_*, TORCH_*; AWS_* only with --nos3_gateway, ...) and "
+    "never the agent's own credentials (TRAINYARD_TOKEN, TRAINYARD_TOKEN_FILE, ...).");
+ABSL_FLAG(bool, s3_gateway, true,
+          "trainers reach object storage through this agent (on loopback), each task with a key "
+          "of its own that reaches only what its job names: its data, models and the checkpoints "
+          "it resumes from to read, its own checkpoint folder to write. The agent's S3 "
+          "credentials (AWS_*) stay with it. --nos3_gateway: trainers inherit the agent's AWS_* "
+          "variables, its keys included. Nothing changes when the agent has no S3 credentials");
 ABSL_FLAG(std::string, task_uid_range, "",
           "FIRST-LAST: run each job's trainers as a user id of their own from this range (its "
           "group the same number, no others), so that they cannot read this agent's token, "
@@ -161,6 +169,31 @@ ABSL_FLAG(std::string, ps_tls_server_name, "",
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext to a coordinator that is not on this machine (credentials then "
           "travel in clear)");
+
+// The S3 gateway (--s3_gateway) where the agent has S3 credentials; null where it is off or
+// there is nothing to keep from trainers. An error when it cannot listen.
+absl::StatusOr<std::unique_ptr<trainyard::S3Gateway>> StartS3Gateway() {
+  if (!absl::GetFlag(FLAGS_s3_gateway)) {
+    trainyard::LogWarning("--nos3_gateway: trainers get this agent's S3 credentials");
+    return nullptr;
+  }
+  absl::StatusOr<trainyard::S3ClientOptions> upstream =
+      trainyard::S3ClientOptionsFromEnv([](const char* name) { return std::getenv(name); });
+  if (!upstream.ok()) {
+    trainyard::LogInfo("no S3 gateway (trainers reach no object storage with this agent's ",
+                       "credentials): ", upstream.status().message());
+    return nullptr;
+  }
+  trainyard::S3GatewayOptions gateway;
+  gateway.upstream = *std::move(upstream);
+  absl::StatusOr<std::unique_ptr<trainyard::S3Gateway>> started =
+      trainyard::S3Gateway::Start(std::move(gateway));
+  if (started.ok()) {
+    trainyard::LogInfo("S3 gateway on ", (*started)->endpoint(),
+                       ": trainers reach object storage with keys of their own");
+  }
+  return started;
+}
 
 int main(int argc, char** argv) {
   // absl's Mutex checks every lock for lock-order cycles unless told not to (this build of it
@@ -387,6 +420,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.task_uids = *task_uids;
+  absl::StatusOr<std::unique_ptr<trainyard::S3Gateway>> s3_gateway = StartS3Gateway();
+  if (!s3_gateway.ok()) {
+    trainyard::LogError(s3_gateway.status().message());
+    return 1;
+  }
+  options.s3_gateway = s3_gateway->get();
   if (absl::GetFlag(FLAGS_data_cache_bytes) < 1) {
     trainyard::LogError("--data_cache_bytes must be > 0");
     return 2;

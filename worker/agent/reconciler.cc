@@ -230,6 +230,7 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   status.set_shard(task.shard());
   auto fail = [&](const std::string& message) {
     LogError("task ", id, " failed to start: ", message);
+    if (options_.s3_gateway != nullptr) options_.s3_gateway->Revoke(id);
     status.set_state(v1::TASK_FAILED_TO_START);
     status.set_exit_code(127);
     status.set_message(message);
@@ -260,31 +261,9 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
                              gpu_used_.size(), " are free on this worker"));
   }
 
-  SubprocessOptions launch;
-  launch.argv = {options_.trainer_path, "--task_file=" + task_file,
-                 "--coordinator=" + options_.coordinator};
-  launch.working_dir = dir;
-  launch.output_file = dir + "/output.log";
-  launch.env = {{"OMP_NUM_THREADS", absl::StrCat(task.slots() > 0 ? task.slots() : 1)},
-                {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ",")},
-                // The indices above are NVML's (PCI bus order), as the GPU metrics number them;
-                // CUDA's own default order puts the fastest first.
-                {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
-                // Models and datasets from object storage, cached by ETag across restarts.
-                {"TRAINYARD_CACHE_DIR", options_.work_dir + "/cache"},
-                // Temporary files (a pipeline's model export) go with the task's folder.
-                {"TMPDIR", dir}};
-  for (const auto& [key, value] : options_.trainer_env) {
-    // A shard's certificate key is for shards: ranks run the user's model.
-    const bool shard_only = key == kPsTlsCertEnv || key == kPsTlsKeyEnv;
-    if (shard_only && task.role() != v1::TASK_ROLE_SHARD) continue;
-    launch.env.emplace_back(key, value);
-  }
-  // The agent's own secrets stay with it: trainers inherit only what they need.
-  launch.inherit = [extra = options_.trainer_env_pass](absl::string_view name) {
-    return PassesToTrainers(name, extra);
-  };
-  launch.output_mode = 0600;
+  absl::StatusOr<SubprocessOptions> prepared = TaskLaunch(task, dir, gpus);
+  if (!prepared.ok()) return fail(std::string(prepared.status().message()));
+  SubprocessOptions& launch = *prepared;
   absl::StatusOr<int> uid = PrepareTaskUser(task, dir, launch);
   if (!uid.ok()) return fail(std::string(uid.status().message()));
   if (options_.isolation != nullptr) {
@@ -314,47 +293,6 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   LogInfo("starting task ", id, " (pid ", *pid, ")",
           gpus.empty() ? "" : absl::StrCat(" on GPUs ", absl::StrJoin(gpus, ",")));
   return status;
-}
-
-absl::StatusOr<int> Reconciler::PrepareTaskUser(const v1::Task& task, const std::string& dir,
-                                                SubprocessOptions& launch) {
-  if (options_.task_uids.empty()) return -1;
-  std::set<int> taken;  // by other jobs' trainers running here
-  for (const auto& [id, record] : records_) {
-    if (record.running && record.uid >= 0 && record.task.job_id() != task.job_id()) {
-      taken.insert(record.uid);
-    }
-  }
-  const int uid = TaskUid(options_.task_uids, task.job_id(), taken);
-  // Its folder and credential are its alone; its cache is its job's (what one job caches,
-  // another cannot plant or read); its local checkpoints are written by it.
-  const std::string cache = absl::StrCat(options_.work_dir, "/cache/uid-", uid);
-  std::error_code ec;
-  fs::create_directories(cache, ec);
-  std::vector<std::pair<std::string, int>> given = {
-      {dir, 0700}, {dir + "/task.pb", 0600}, {cache, 0700}};
-  if (absl::StatusOr<std::string> local = LocalPath(task.checkpoint_uri()); local.ok()) {
-    fs::create_directories(*local, ec);
-    given.emplace_back(*local, 0755);
-  }
-  for (const auto& [path, mode] : given) {
-    if (absl::Status s = GiveTo(path, uid, mode); !s.ok()) return s;
-  }
-  for (auto& [name, value] : launch.env) {
-    if (name == "TRAINYARD_CACHE_DIR") value = cache;
-    // A shard's certificate and key, which its user could not read where the agent keeps them:
-    // a copy of its own in its folder.
-    if (name == kPsTlsCertEnv || name == kPsTlsKeyEnv) {
-      const std::string copy =
-          absl::StrCat(dir, "/", name == kPsTlsKeyEnv ? "ps-tls.key" : "ps-tls.pem");
-      fs::copy_file(value, copy, fs::copy_options::overwrite_existing, ec);
-      if (ec) return absl::InternalError(absl::StrCat("cannot copy ", value, ": ", ec.message()));
-      if (absl::Status s = GiveTo(copy, uid, 0600); !s.ok()) return s;
-      value = copy;
-    }
-  }
-  launch.uid = uid;
-  return uid;
 }
 
 void Reconciler::Terminate(Record& record, StopCause cause, absl::Time kill_at) {
@@ -522,6 +460,7 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
     if (it == records_.end()) continue;
     Record& record = it->second;
     record.running = false;
+    if (options_.s3_gateway != nullptr) options_.s3_gateway->Revoke(e.task_id);
     // A stop explains an end by the trainer's handling of SIGTERM or by the SIGKILL sent here; a
     // death by any other signal (someone's kill -9, the kernel's OOM killer, a crash) is the
     // task's own even when a stop was asked for meanwhile, and is reported as such.

@@ -18,6 +18,7 @@
 #include "common/exit_codes.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/process_launcher.h"
+#include "worker/agent/s3_gateway.h"
 #include "worker/agent/task_isolation.h"
 #include "worker/agent/task_user.h"
 
@@ -54,6 +55,10 @@ struct ReconcilerOptions {
   // Non-empty (the agent runs as root): each job's trainers run as their own user from it
   // (TaskUid); the task folder, the job's cache and its local checkpoint folder are given to it.
   TaskUidRange task_uids;
+  // Non-null: trainers reach object storage only through this gateway, each with a key of its
+  // own for its task's scope (TaskObjectScope), which ends with the task; none of the agent's
+  // AWS_* variables passes to them.
+  S3Gateway* s3_gateway = nullptr;
 };
 
 // The worker's task table: makes the set of running trainers match the coordinator's desired
@@ -176,6 +181,10 @@ class Reconciler {
   };
 
   v1::TaskStatus Start(const v1::Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The trainer's command, environment (the gateway's key granted here) and output of `task`,
+  // whose folder is `dir` and GPUs `gpus`. Errors name what could not be prepared.
+  absl::StatusOr<SubprocessOptions> TaskLaunch(const v1::Task& task, const std::string& dir,
+                                               const std::vector<int>& gpus);
   // With task_uids: the user `task` runs as, the files it needs given to it, `launch` told.
   // INTERNAL naming the file that cannot be given.
   absl::StatusOr<int> PrepareTaskUser(const v1::Task& task, const std::string& dir,

@@ -18,9 +18,10 @@ namespace trainyard {
 
 // Whether the agent's variable `name` passes to its trainers: what the runtime needs (PATH,
 // HOME, locale, time zone, proxies, the math and GPU libraries' settings, OMP_*, CUDA_*,
-// NCCL_*, GLOO_*, TORCH_*, ...), the S3 settings the trainers write checkpoints with (AWS_*),
-// and the names in `extra` (--trainer_env_pass). Never TRAINYARD_TOKEN and its kin: the agent's
-// own credentials stay with it; what a trainer needs of TRAINYARD_* the agent sets itself.
+// NCCL_*, GLOO_*, TORCH_*, ...), the S3 settings (AWS_*: without the S3 gateway, trainers use
+// the agent's), and the names in `extra` (--trainer_env_pass). Never TRAINYARD_TOKEN and its kin:
+// the agent's own credentials stay with it; what a trainer needs of TRAINYARD_* the agent sets
+// itself.
 bool PassesToTrainers(absl::string_view name, const std::vector<std::string>& extra);
 
 // --task_uid_range "FIRST-LAST": user ids for jobs' trainers, one per job on a worker.
