@@ -195,6 +195,320 @@ absl::StatusOr<std::unique_ptr<trainyard::S3Gateway>> StartS3Gateway() {
   return started;
 }
 
+namespace {
+
+// What main assembles beside the agent's options, and keeps for as long as the agent runs.
+struct AgentParts {
+  std::unique_ptr<trainyard::TaskIsolation> isolation;
+  std::unique_ptr<trainyard::GpuMonitor> nvml;
+  std::unique_ptr<trainyard::S3Gateway> s3_gateway;
+  trainyard::ClientCredentials credentials;
+  absl::Duration grace_period;
+};
+
+// A flag's error: INVALID_ARGUMENT (exit 2); anything else the machine's (exit 1).
+int ExitCode(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+std::string Absolute(const std::string& path) {
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
+// This machine: its address, the slots, memory and GPUs it offers, and how tasks are confined.
+absl::Status ReadMachine(trainyard::AgentOptions& options, AgentParts& parts) {
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.name = absl::GetFlag(FLAGS_name).empty() ? Hostname() : absl::GetFlag(FLAGS_name);
+  options.address = absl::GetFlag(FLAGS_address);
+  if (options.address.empty()) {
+    // Toward the first coordinator of a list: they share a network.
+    const std::vector<std::string> coordinators =
+        trainyard::CoordinatorAddresses(options.coordinator);
+    absl::StatusOr<std::string> local =
+        trainyard::LocalAddressToward(coordinators.empty() ? options.coordinator : coordinators[0]);
+    if (!local.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot tell this machine's address toward the coordinator (give --address): ",
+          local.status().message()));
+    }
+    options.address = *local;
+    trainyard::LogInfo("address ", options.address,
+                       ": this machine's on the way to the coordinator (--address sets another)");
+  }
+  trainyard::IsolationOptions isolation_options;
+  isolation_options.mode = absl::GetFlag(FLAGS_isolation);
+  isolation_options.name = options.name;
+  options.slots =
+      absl::GetFlag(FLAGS_slots) > 0
+          ? absl::GetFlag(FLAGS_slots)
+          : std::max(1,
+                     static_cast<int>(trainyard::AvailableCpus(isolation_options.files()) + 1e-6));
+  if (const std::string memory = absl::GetFlag(FLAGS_memory); !memory.empty()) {
+    absl::StatusOr<int64_t> bytes = trainyard::ParseByteSize(memory);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--memory: ", bytes.status().message()));
+    }
+    options.memory_bytes = *bytes;
+  } else {
+    const int64_t available = trainyard::AvailableMemoryBytes(isolation_options.files());
+    const int64_t reserve =
+        std::clamp<int64_t>(available / 20, int64_t{256} << 20, int64_t{1} << 30);
+    options.memory_bytes = std::max<int64_t>(available - reserve, 0);
+  }
+  isolation_options.total_memory_bytes = options.memory_bytes;
+  std::string isolation_notes;
+  absl::StatusOr<std::unique_ptr<trainyard::TaskIsolation>> isolation =
+      trainyard::NewTaskIsolation(isolation_options, &isolation_notes);
+  if (!isolation.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--isolation=", isolation_options.mode, ": ", isolation.status().message()));
+  }
+  parts.isolation = *std::move(isolation);
+  options.isolation = parts.isolation.get();
+  if (parts.isolation->Name() == "watch") {
+    trainyard::LogWarning(
+        "no cgroups for tasks",
+        isolation_notes.empty() ? std::string() : absl::StrCat(" (", isolation_notes, ")"),
+        ": memory limits are enforced by watching each task's resident memory, CPU quotas not "
+        "at all");
+  } else if (!isolation_notes.empty()) {
+    trainyard::LogWarning(isolation_notes);
+  }
+  trainyard::LogInfo("offering ", options.slots, " slots and ",
+                     trainyard::HumanBytes(options.memory_bytes), " of memory to tasks, held by ",
+                     parts.isolation->Name());
+  // NVML, when the driver has it: how many GPUs to offer, and their metrics.
+  if (absl::StatusOr<std::unique_ptr<trainyard::GpuMonitor>> loaded = trainyard::LoadNvml();
+      loaded.ok()) {
+    parts.nvml = *std::move(loaded);
+  } else {
+    trainyard::LogInfo("no NVML (no GPU discovery through it, no GPU metrics): ",
+                       loaded.status().message());
+  }
+  if (absl::GetFlag(FLAGS_gpus) >= 0) {
+    options.gpus = absl::GetFlag(FLAGS_gpus);
+  } else {
+    std::string how;
+    options.gpus = trainyard::DiscoverGpus(parts.nvml.get(), "/dev", &how);
+    trainyard::LogInfo("offering ", options.gpus, " GPUs, found through ", how);
+  }
+  options.hostname = Hostname();
+  return absl::OkStatus();
+}
+
+// The agent's own periods and bounds.
+absl::Status ReadPeriods(trainyard::AgentOptions& options, AgentParts& parts) {
+  options.stop_grace_period = absl::GetFlag(FLAGS_stop_grace_period);
+  options.task_retention = absl::GetFlag(FLAGS_task_retention);
+  if (options.task_retention < absl::ZeroDuration()) {
+    return absl::FailedPreconditionError("--task_retention must be >= 0");
+  }
+  options.task_log_max_bytes = absl::GetFlag(FLAGS_task_log_max_bytes);
+  if (options.task_log_max_bytes < (int64_t{1} << 20)) {
+    return absl::FailedPreconditionError("--task_log_max_bytes must be at least 1 MiB (1048576)");
+  }
+  parts.grace_period = absl::GetFlag(FLAGS_grace_period);
+  if (parts.grace_period <= absl::ZeroDuration()) {
+    return absl::FailedPreconditionError("--grace_period must be > 0");
+  }
+  if (absl::GetFlag(FLAGS_preemption_poll_interval) <= absl::ZeroDuration()) {
+    return absl::FailedPreconditionError("--preemption_poll_interval must be > 0");
+  }
+  options.sync_wait = absl::GetFlag(FLAGS_sync_wait);
+  options.self_fence_after = std::max(absl::GetFlag(FLAGS_self_fence_after), absl::ZeroDuration());
+  return absl::OkStatus();
+}
+
+// How the agent, and its trainers with their own task credentials, reach the coordinator.
+absl::Status ReadCredentials(trainyard::AgentOptions& options, AgentParts& parts) {
+  trainyard::ClientCredentials& credentials = parts.credentials;
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (token_file.empty()) token_file = env("TRAINYARD_TOKEN_FILE");
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = trainyard::ReadCredentialFile(token_file);
+    if (!token.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--token_file: ", token.status().message()));
+    }
+    credentials.token = *token;
+  }
+  credentials.ca_file = absl::GetFlag(FLAGS_ca_file);
+  if (credentials.ca_file.empty()) credentials.ca_file = env("TRAINYARD_CA_FILE");
+  credentials.cert_file = absl::GetFlag(FLAGS_cert_file);
+  credentials.key_file = absl::GetFlag(FLAGS_key_file);
+  credentials.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  credentials.insecure = absl::GetFlag(FLAGS_insecure);
+  if (credentials.token.empty() && credentials.cert_file.empty()) {
+    trainyard::LogWarning(
+        "no credential (--token_file or --cert_file): the coordinator will "
+        "refuse this agent");
+  }
+  if (!credentials.ca_file.empty()) {
+    options.trainer_env["TRAINYARD_CA_FILE"] = Absolute(credentials.ca_file);
+  }
+  if (!credentials.server_name.empty()) {
+    options.trainer_env["TRAINYARD_TLS_SERVER_NAME"] = credentials.server_name;
+  }
+  if (credentials.insecure) options.trainer_env["TRAINYARD_INSECURE"] = "1";
+  return absl::OkStatus();
+}
+
+// What trainers run and are given: the executable, the work folder, their environment (the
+// parameter servers' TLS, what passes of the agent's), their users and the S3 gateway.
+absl::Status ReadTrainers(trainyard::AgentOptions& options, AgentParts& parts) {
+  std::error_code ec;
+  std::filesystem::create_directories(absl::GetFlag(FLAGS_work_dir), ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create --work_dir ", absl::GetFlag(FLAGS_work_dir), ": ", ec.message()));
+  }
+  options.work_dir = Absolute(absl::GetFlag(FLAGS_work_dir));
+  options.trainer_path = absl::GetFlag(FLAGS_trainer_path).empty()
+                             ? trainyard::SelfExecutableDir() + "/trainyard-trainer"
+                             : absl::GetFlag(FLAGS_trainer_path);
+  if (access(options.trainer_path.c_str(), X_OK) != 0) {
+    trainyard::LogWarning("trainer ", options.trainer_path,
+                          " is not executable; tasks will fail to start");
+  }
+  // Parameter servers: the shard's certificate and key (the reconciler gives them to shard tasks
+  // only), and the name ranks check it for.
+  const std::string ps_cert = absl::GetFlag(FLAGS_ps_tls_cert);
+  const std::string ps_key = absl::GetFlag(FLAGS_ps_tls_key);
+  if (ps_cert.empty() != ps_key.empty()) {
+    return absl::InvalidArgumentError("--ps_tls_cert and --ps_tls_key go together");
+  }
+  if (!ps_cert.empty()) {
+    options.trainer_env[trainyard::kPsTlsCertEnv] = Absolute(ps_cert);
+    options.trainer_env[trainyard::kPsTlsKeyEnv] = Absolute(ps_key);
+  }
+  if (!absl::GetFlag(FLAGS_ps_tls_server_name).empty()) {
+    options.trainer_env[trainyard::kPsTlsServerNameEnv] = absl::GetFlag(FLAGS_ps_tls_server_name);
+  }
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_trainer_env_pass), ',', absl::SkipWhitespace())) {
+    options.trainer_env_pass.emplace_back(absl::StripAsciiWhitespace(name));
+  }
+  absl::StatusOr<trainyard::TaskUidRange> task_uids =
+      trainyard::ParseTaskUidRange(absl::GetFlag(FLAGS_task_uid_range));
+  if (!task_uids.ok()) return task_uids.status();
+  if (!task_uids->empty() && geteuid() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--task_uid_range: trainers can run as other users only when the agent "
+                     "runs as root (it runs as uid ",
+                     geteuid(), ")"));
+  }
+  options.task_uids = *task_uids;
+  absl::StatusOr<std::unique_ptr<trainyard::S3Gateway>> s3_gateway = StartS3Gateway();
+  if (!s3_gateway.ok()) return absl::UnavailableError(s3_gateway.status().message());
+  parts.s3_gateway = *std::move(s3_gateway);
+  options.s3_gateway = parts.s3_gateway.get();
+  if (absl::GetFlag(FLAGS_data_cache_bytes) < 1) {
+    return absl::InvalidArgumentError("--data_cache_bytes must be > 0");
+  }
+  options.trainer_env["TRAINYARD_DATA_CACHE_BYTES"] =
+      absl::StrCat(absl::GetFlag(FLAGS_data_cache_bytes));
+  // What the trainer runs, told at registration: jobs whose models need operators its LibTorch
+  // lacks are not placed here.
+  if (absl::StatusOr<trainyard::v1::TrainerRuntime> runtime = trainyard::QueryTrainerRuntime(
+          options.trainer_path, options.trainer_env, options.work_dir + "/trainer-runtime.txt");
+      runtime.ok()) {
+    options.runtime = *std::move(runtime);
+    trainyard::LogInfo("trainer: ", trainyard::DescribeTrainerRuntime(options.runtime));
+  } else {
+    trainyard::LogWarning("cannot tell what the trainer runs (jobs with TorchScript models will ",
+                          "not be placed here): ", runtime.status().message());
+  }
+  return absl::OkStatus();
+}
+
+// Runs the agent until it stops: its metrics, the preemption watch and the signals around it.
+int Serve(const trainyard::AgentOptions& options, AgentParts& parts, sigset_t stop_signals) {
+  // Reconnects within a second, and finds a connection that died unheard by its own pings: the
+  // lease stream and the long poll then move to a new one.
+  const grpc::ChannelArguments channel_args =
+      trainyard::CoordinatorClientArguments(trainyard::kAgentPingInterval);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      trainyard::NewClientChannel(options.coordinator, parts.credentials, channel_args);
+  if (!channel.ok()) {
+    trainyard::LogError(channel.status().message());
+    return 1;
+  }
+  const trainyard::Clock& clock = trainyard::RealClock::Get();
+  trainyard::Agent agent(options, trainyard::NewGrpcCoordinatorLink(*std::move(channel)),
+                         trainyard::NewRealProcessLauncher(), clock);
+
+  // Declared after the agent so that they go first: scrapes read the agent. The server holds the
+  // metrics only weakly.
+  std::shared_ptr<trainyard::AgentMetrics> metrics;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
+    trainyard::AgentMetricsSource source;
+    source.worker_name = options.name;
+    source.gpus_offered = options.gpus;
+    source.tasks = [&agent] { return agent.TaskStatuses(); };
+    source.gpus_allocated = [&agent] { return agent.GpusAllocated(); };
+    source.gpu_tasks = [&agent] { return agent.GpuTasks(); };
+    source.hostname = options.hostname;
+    source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
+    metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(parts.nvml));
+  }
+  absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> metrics_server =
+      trainyard::StartDaemonMetrics(trainyard::DaemonMetricsFlagsFromCommandLine(
+                                        absl::GetFlag(FLAGS_metrics_listen), kDefaultMetricsListen),
+                                    metrics);
+  if (!metrics_server.ok()) {
+    trainyard::LogError(metrics_server.status().message());
+    return 1;
+  }
+
+  // Stopped (and joined) before the agent goes: it calls into it.
+  std::unique_ptr<trainyard::PreemptionWatcher> watcher;
+  if (const std::string url = absl::GetFlag(FLAGS_preemption_notice_url); !url.empty()) {
+    trainyard::PreemptionWatcherOptions watch;
+    watch.url = url;
+    watch.poll_interval = absl::GetFlag(FLAGS_preemption_poll_interval);
+    watch.grace_period = parts.grace_period;
+    watcher = std::make_unique<trainyard::PreemptionWatcher>(watch, trainyard::RealClock::Get());
+    watcher->Start(
+        [&agent](const trainyard::PreemptionNotice& notice) { agent.RequestPreemption(notice); });
+  }
+
+  // Signals are taken for as long as the process lives, so that a second one is logged, not
+  // fatal; the agent is handed them only while it exists.
+  static absl::Mutex signal_mu;
+  static trainyard::Agent* signal_target ABSL_GUARDED_BY(signal_mu) = nullptr;
+  {
+    absl::MutexLock lock(&signal_mu);
+    signal_target = &agent;
+  }
+  std::thread signal_thread([stop_signals, grace_period = parts.grace_period, &clock] {
+    while (true) {
+      int sig = 0;
+      if (sigwait(&stop_signals, &sig) != 0) continue;
+      absl::MutexLock lock(&signal_mu);
+      if (signal_target == nullptr) continue;
+      if (sig == SIGTERM) {
+        signal_target->RequestPreemption(
+            {"SIGTERM", clock.Now() + grace_period, "SIGTERM to the worker agent"});
+      } else {
+        signal_target->RequestStop();
+      }
+    }
+  });
+  signal_thread.detach();
+
+  const int code = agent.Run();
+  watcher.reset();
+  absl::MutexLock lock(&signal_mu);
+  signal_target = nullptr;
+  return code;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // absl's Mutex checks every lock for lock-order cycles unless told not to (this build of it
   // has the check on); gRPC's locks go through it too. Measured in the coordinator: 9 % of its
@@ -229,292 +543,12 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   trainyard::AgentOptions options;
-  options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  options.name = absl::GetFlag(FLAGS_name).empty() ? Hostname() : absl::GetFlag(FLAGS_name);
-  options.address = absl::GetFlag(FLAGS_address);
-  if (options.address.empty()) {
-    // Toward the first coordinator of a list: they share a network.
-    const std::vector<std::string> coordinators =
-        trainyard::CoordinatorAddresses(options.coordinator);
-    absl::StatusOr<std::string> local =
-        trainyard::LocalAddressToward(coordinators.empty() ? options.coordinator : coordinators[0]);
-    if (!local.ok()) {
-      trainyard::LogError(
-          "cannot tell this machine's address toward the coordinator (give "
-          "--address): ",
-          local.status().message());
-      return 2;
+  AgentParts parts;
+  for (auto read : {ReadMachine, ReadPeriods, ReadCredentials, ReadTrainers}) {
+    if (absl::Status status = read(options, parts); !status.ok()) {
+      trainyard::LogError(status.message());
+      return ExitCode(status);
     }
-    options.address = *local;
-    trainyard::LogInfo("address ", options.address,
-                       ": this machine's on the way to the coordinator (--address sets another)");
   }
-  trainyard::IsolationOptions isolation_options;
-  isolation_options.mode = absl::GetFlag(FLAGS_isolation);
-  isolation_options.name = options.name;
-  options.slots =
-      absl::GetFlag(FLAGS_slots) > 0
-          ? absl::GetFlag(FLAGS_slots)
-          : std::max(1,
-                     static_cast<int>(trainyard::AvailableCpus(isolation_options.files()) + 1e-6));
-  if (const std::string memory = absl::GetFlag(FLAGS_memory); !memory.empty()) {
-    absl::StatusOr<int64_t> bytes = trainyard::ParseByteSize(memory);
-    if (!bytes.ok()) {
-      trainyard::LogError("--memory: ", bytes.status().message());
-      return 2;
-    }
-    options.memory_bytes = *bytes;
-  } else {
-    const int64_t available = trainyard::AvailableMemoryBytes(isolation_options.files());
-    const int64_t reserve =
-        std::clamp<int64_t>(available / 20, int64_t{256} << 20, int64_t{1} << 30);
-    options.memory_bytes = std::max<int64_t>(available - reserve, 0);
-  }
-  isolation_options.total_memory_bytes = options.memory_bytes;
-  std::string isolation_notes;
-  absl::StatusOr<std::unique_ptr<trainyard::TaskIsolation>> isolation =
-      trainyard::NewTaskIsolation(isolation_options, &isolation_notes);
-  if (!isolation.ok()) {
-    trainyard::LogError("--isolation=", isolation_options.mode, ": ", isolation.status().message());
-    return 2;
-  }
-  options.isolation = isolation->get();
-  if ((*isolation)->Name() == "watch") {
-    trainyard::LogWarning(
-        "no cgroups for tasks",
-        isolation_notes.empty() ? std::string() : absl::StrCat(" (", isolation_notes, ")"),
-        ": memory limits are enforced by watching each task's resident memory, CPU quotas not "
-        "at all");
-  } else if (!isolation_notes.empty()) {
-    trainyard::LogWarning(isolation_notes);
-  }
-  trainyard::LogInfo("offering ", options.slots, " slots and ",
-                     trainyard::HumanBytes(options.memory_bytes), " of memory to tasks, held by ",
-                     (*isolation)->Name());
-  // NVML, when the driver has it: how many GPUs to offer, and their metrics.
-  std::unique_ptr<trainyard::GpuMonitor> nvml;
-  if (absl::StatusOr<std::unique_ptr<trainyard::GpuMonitor>> loaded = trainyard::LoadNvml();
-      loaded.ok()) {
-    nvml = *std::move(loaded);
-  } else {
-    trainyard::LogInfo("no NVML (no GPU discovery through it, no GPU metrics): ",
-                       loaded.status().message());
-  }
-  if (absl::GetFlag(FLAGS_gpus) >= 0) {
-    options.gpus = absl::GetFlag(FLAGS_gpus);
-  } else {
-    std::string how;
-    options.gpus = trainyard::DiscoverGpus(nvml.get(), "/dev", &how);
-    trainyard::LogInfo("offering ", options.gpus, " GPUs, found through ", how);
-  }
-  options.hostname = Hostname();
-  std::error_code ec;
-  std::filesystem::create_directories(absl::GetFlag(FLAGS_work_dir), ec);
-  if (ec) {
-    trainyard::LogError("cannot create --work_dir ", absl::GetFlag(FLAGS_work_dir), ": ",
-                        ec.message());
-    return 1;
-  }
-  options.work_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_work_dir)).lexically_normal();
-  options.trainer_path = absl::GetFlag(FLAGS_trainer_path).empty()
-                             ? trainyard::SelfExecutableDir() + "/trainyard-trainer"
-                             : absl::GetFlag(FLAGS_trainer_path);
-  if (access(options.trainer_path.c_str(), X_OK) != 0) {
-    trainyard::LogWarning("trainer ", options.trainer_path,
-                          " is not executable; tasks will fail to start");
-  }
-  options.stop_grace_period = absl::GetFlag(FLAGS_stop_grace_period);
-  options.task_retention = absl::GetFlag(FLAGS_task_retention);
-  if (options.task_retention < absl::ZeroDuration()) {
-    trainyard::LogError("--task_retention must be >= 0");
-    return 1;
-  }
-  options.task_log_max_bytes = absl::GetFlag(FLAGS_task_log_max_bytes);
-  if (options.task_log_max_bytes < (int64_t{1} << 20)) {
-    trainyard::LogError("--task_log_max_bytes must be at least 1 MiB (1048576)");
-    return 1;
-  }
-  const absl::Duration grace_period = absl::GetFlag(FLAGS_grace_period);
-  if (grace_period <= absl::ZeroDuration()) {
-    trainyard::LogError("--grace_period must be > 0");
-    return 1;
-  }
-  if (absl::GetFlag(FLAGS_preemption_poll_interval) <= absl::ZeroDuration()) {
-    trainyard::LogError("--preemption_poll_interval must be > 0");
-    return 1;
-  }
-  options.sync_wait = absl::GetFlag(FLAGS_sync_wait);
-  options.self_fence_after = std::max(absl::GetFlag(FLAGS_self_fence_after), absl::ZeroDuration());
-
-  // Reconnects within a second, and finds a connection that died unheard by its own pings: the
-  // lease stream and the long poll then move to a new one.
-  grpc::ChannelArguments channel_args =
-      trainyard::CoordinatorClientArguments(trainyard::kAgentPingInterval);
-  trainyard::ClientCredentials credentials;
-  auto env = [](const char* name) {
-    const char* value = std::getenv(name);
-    return std::string(value != nullptr ? value : "");
-  };
-  std::string token_file = absl::GetFlag(FLAGS_token_file);
-  if (token_file.empty()) token_file = env("TRAINYARD_TOKEN_FILE");
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = trainyard::ReadCredentialFile(token_file);
-    if (!token.ok()) {
-      trainyard::LogError("--token_file: ", token.status().message());
-      return 1;
-    }
-    credentials.token = *token;
-  }
-  credentials.ca_file = absl::GetFlag(FLAGS_ca_file);
-  if (credentials.ca_file.empty()) credentials.ca_file = env("TRAINYARD_CA_FILE");
-  credentials.cert_file = absl::GetFlag(FLAGS_cert_file);
-  credentials.key_file = absl::GetFlag(FLAGS_key_file);
-  credentials.server_name = absl::GetFlag(FLAGS_tls_server_name);
-  credentials.insecure = absl::GetFlag(FLAGS_insecure);
-  if (credentials.token.empty() && credentials.cert_file.empty()) {
-    trainyard::LogWarning(
-        "no credential (--token_file or --cert_file): the coordinator will "
-        "refuse this agent");
-  }
-  // Trainers reach the coordinator the same way, with their own task credentials.
-  if (!credentials.ca_file.empty()) {
-    options.trainer_env["TRAINYARD_CA_FILE"] =
-        std::filesystem::absolute(credentials.ca_file).lexically_normal().string();
-  }
-  if (!credentials.server_name.empty()) {
-    options.trainer_env["TRAINYARD_TLS_SERVER_NAME"] = credentials.server_name;
-  }
-  if (credentials.insecure) options.trainer_env["TRAINYARD_INSECURE"] = "1";
-  // Parameter servers: the shard's certificate and key (the reconciler gives them to shard tasks
-  // only), and the name ranks check it for.
-  const std::string ps_cert = absl::GetFlag(FLAGS_ps_tls_cert);
-  const std::string ps_key = absl::GetFlag(FLAGS_ps_tls_key);
-  if (ps_cert.empty() != ps_key.empty()) {
-    trainyard::LogError("--ps_tls_cert and --ps_tls_key go together");
-    return 2;
-  }
-  if (!ps_cert.empty()) {
-    options.trainer_env[trainyard::kPsTlsCertEnv] =
-        std::filesystem::absolute(ps_cert).lexically_normal().string();
-    options.trainer_env[trainyard::kPsTlsKeyEnv] =
-        std::filesystem::absolute(ps_key).lexically_normal().string();
-  }
-  if (!absl::GetFlag(FLAGS_ps_tls_server_name).empty()) {
-    options.trainer_env[trainyard::kPsTlsServerNameEnv] = absl::GetFlag(FLAGS_ps_tls_server_name);
-  }
-  for (absl::string_view name :
-       absl::StrSplit(absl::GetFlag(FLAGS_trainer_env_pass), ',', absl::SkipWhitespace())) {
-    options.trainer_env_pass.emplace_back(absl::StripAsciiWhitespace(name));
-  }
-  absl::StatusOr<trainyard::TaskUidRange> task_uids =
-      trainyard::ParseTaskUidRange(absl::GetFlag(FLAGS_task_uid_range));
-  if (!task_uids.ok()) {
-    trainyard::LogError(task_uids.status().message());
-    return 2;
-  }
-  if (!task_uids->empty() && geteuid() != 0) {
-    trainyard::LogError(
-        "--task_uid_range: trainers can run as other users only when the agent "
-        "runs as root (it runs as uid ",
-        geteuid(), ")");
-    return 2;
-  }
-  options.task_uids = *task_uids;
-  absl::StatusOr<std::unique_ptr<trainyard::S3Gateway>> s3_gateway = StartS3Gateway();
-  if (!s3_gateway.ok()) {
-    trainyard::LogError(s3_gateway.status().message());
-    return 1;
-  }
-  options.s3_gateway = s3_gateway->get();
-  if (absl::GetFlag(FLAGS_data_cache_bytes) < 1) {
-    trainyard::LogError("--data_cache_bytes must be > 0");
-    return 2;
-  }
-  options.trainer_env["TRAINYARD_DATA_CACHE_BYTES"] =
-      absl::StrCat(absl::GetFlag(FLAGS_data_cache_bytes));
-  // What the trainer runs, told at registration: jobs whose models need operators its LibTorch
-  // lacks are not placed here.
-  if (absl::StatusOr<trainyard::v1::TrainerRuntime> runtime = trainyard::QueryTrainerRuntime(
-          options.trainer_path, options.trainer_env, options.work_dir + "/trainer-runtime.txt");
-      runtime.ok()) {
-    options.runtime = *std::move(runtime);
-    trainyard::LogInfo("trainer: ", trainyard::DescribeTrainerRuntime(options.runtime));
-  } else {
-    trainyard::LogWarning("cannot tell what the trainer runs (jobs with TorchScript models will ",
-                          "not be placed here): ", runtime.status().message());
-  }
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      trainyard::NewClientChannel(options.coordinator, credentials, channel_args);
-  if (!channel.ok()) {
-    trainyard::LogError(channel.status().message());
-    return 1;
-  }
-  const trainyard::Clock& clock = trainyard::RealClock::Get();
-  trainyard::Agent agent(options, trainyard::NewGrpcCoordinatorLink(*std::move(channel)),
-                         trainyard::NewRealProcessLauncher(), clock);
-
-  // Declared after the agent so that they go first: scrapes read the agent. The server holds the
-  // metrics only weakly.
-  std::shared_ptr<trainyard::AgentMetrics> metrics;
-  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
-    trainyard::AgentMetricsSource source;
-    source.worker_name = options.name;
-    source.gpus_offered = options.gpus;
-    source.tasks = [&agent] { return agent.TaskStatuses(); };
-    source.gpus_allocated = [&agent] { return agent.GpusAllocated(); };
-    source.gpu_tasks = [&agent] { return agent.GpuTasks(); };
-    source.hostname = options.hostname;
-    source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
-    metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(nvml));
-  }
-  absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> metrics_server =
-      trainyard::StartDaemonMetrics(trainyard::DaemonMetricsFlagsFromCommandLine(
-                                        absl::GetFlag(FLAGS_metrics_listen), kDefaultMetricsListen),
-                                    metrics);
-  if (!metrics_server.ok()) {
-    trainyard::LogError(metrics_server.status().message());
-    return 1;
-  }
-
-  // Stopped (and joined) before the agent goes: it calls into it.
-  std::unique_ptr<trainyard::PreemptionWatcher> watcher;
-  if (const std::string url = absl::GetFlag(FLAGS_preemption_notice_url); !url.empty()) {
-    trainyard::PreemptionWatcherOptions watch;
-    watch.url = url;
-    watch.poll_interval = absl::GetFlag(FLAGS_preemption_poll_interval);
-    watch.grace_period = grace_period;
-    watcher = std::make_unique<trainyard::PreemptionWatcher>(watch, trainyard::RealClock::Get());
-    watcher->Start(
-        [&agent](const trainyard::PreemptionNotice& notice) { agent.RequestPreemption(notice); });
-  }
-
-  // Signals are taken for as long as the process lives, so that a second one is logged, not
-  // fatal; the agent is handed them only while it exists.
-  static absl::Mutex signal_mu;
-  static trainyard::Agent* signal_target ABSL_GUARDED_BY(signal_mu) = nullptr;
-  {
-    absl::MutexLock lock(&signal_mu);
-    signal_target = &agent;
-  }
-  std::thread signal_thread([stop_signals, grace_period, &clock] {
-    while (true) {
-      int sig = 0;
-      if (sigwait(&stop_signals, &sig) != 0) continue;
-      absl::MutexLock lock(&signal_mu);
-      if (signal_target == nullptr) continue;
-      if (sig == SIGTERM) {
-        signal_target->RequestPreemption(
-            {"SIGTERM", clock.Now() + grace_period, "SIGTERM to the worker agent"});
-      } else {
-        signal_target->RequestStop();
-      }
-    }
-  });
-  signal_thread.detach();
-
-  const int code = agent.Run();
-  watcher.reset();
-  absl::MutexLock lock(&signal_mu);
-  signal_target = nullptr;
-  return code;
+  return Serve(options, parts, stop_signals);
 }
