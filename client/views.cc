@@ -279,9 +279,10 @@ std::string StateLine(const v1::Job& job) {
   return line;
 }
 
-std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
-  const v1::JobProgress& p = job.progress();
-  std::string out;
+namespace {
+
+// Who and what the job is: its names, state, queue, search and where it stops.
+void IdentityFields(const v1::Job& job, absl::TimeZone zone, std::string& out) {
   auto field = [&out](const std::string& name, const std::string& value) {
     AppendField(out, name, value);
   };
@@ -306,6 +307,13 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
     field("Stops at",
           absl::StrCat("step ", job.spec().stop_at_step(), " of ", job.spec().max_steps()));
   }
+}
+
+// What each rank and shard takes, and the parameter servers.
+void ResourceFields(const v1::Job& job, std::string& out) {
+  auto field = [&out](const std::string& name, const std::string& value) {
+    AppendField(out, name, value);
+  };
   if (const v1::Resources& r = job.spec().resources();
       r.cpus() > 0 || r.memory_bytes() > 0 || r.gpus_per_worker() > 0) {
     std::vector<std::string> parts;
@@ -337,44 +345,58 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
       absl::StrAppend(&servers, ", ", HumanBytes(ps.memory_bytes()), " each");
     field("Param servers", servers);
   }
-  if (job.spec().strategy() == v1::PIPELINE) {
-    const v1::PipelineSpec& pipeline = job.spec().pipeline();
-    const int replicas = job.spec().workers().max() / std::max(1, pipeline.stages());
-    std::string text = absl::StrCat(
-        pipeline.stages(), " stages x ", replicas, replicas == 1 ? " replica, " : " replicas, ",
-        pipeline.microbatches(), " micro-batches, ", pipeline.schedule());
-    if (pipeline.partition_counts_size() > 0) {
-      absl::StrAppend(&text, ", layers ", absl::StrJoin(pipeline.partition_counts(), "/"));
-    } else if (!pipeline.partition().empty()) {
-      absl::StrAppend(&text, ", ", pipeline.partition());
-    }
-    field("Pipeline", text);
-    // Each stage's memory: its own size where the spec gives one, and the estimate.
-    std::vector<std::string> stages;
-    const v1::MemoryEstimate& m = job.memory_estimate();
-    for (int st = 0; st < std::max(pipeline.memory_bytes_size(), m.stages_size()); ++st) {
-      std::string one = absl::StrCat("stage ", st);
-      if (st < pipeline.memory_bytes_size()) {
-        absl::StrAppend(&one, " ", HumanBytes(pipeline.memory_bytes(st)));
-      }
-      if (st < m.stages_size()) {
-        absl::StrAppend(&one, st < pipeline.memory_bytes_size() ? " (needs " : " needs ",
-                        m.stages(st).lower_bound() ? "at least " : "about ",
-                        HumanBytes(m.stages(st).total_bytes()),
-                        st < pipeline.memory_bytes_size() ? ")" : "");
-      }
-      stages.push_back(one);
-    }
-    if (!stages.empty()) field("Stage memory", absl::StrJoin(stages, ", "));
-    if (p.pipeline_stages_size() > 0) {
-      std::vector<std::string> stages;
-      for (const v1::PipelineStageTime& s : p.pipeline_stages()) {
-        stages.push_back(absl::StrFormat("stage %d %.0f%%", s.stage(), 100 * s.bubble()));
-      }
-      field("Bubble", absl::StrFormat("%s (ideal %.0f%%)", absl::StrJoin(stages, ", "),
-                                      100 * p.pipeline_stages(0).ideal_bubble()));
-    }
+}
+
+// A pipeline's stages, their memory and their bubbles.
+void PipelineFields(const v1::Job& job, std::string& out) {
+  auto field = [&out](const std::string& name, const std::string& value) {
+    AppendField(out, name, value);
+  };
+  const v1::JobProgress& p = job.progress();
+  const v1::PipelineSpec& pipeline = job.spec().pipeline();
+  const int replicas = job.spec().workers().max() / std::max(1, pipeline.stages());
+  std::string text = absl::StrCat(pipeline.stages(), " stages x ", replicas,
+                                  replicas == 1 ? " replica, " : " replicas, ",
+                                  pipeline.microbatches(), " micro-batches, ", pipeline.schedule());
+  if (pipeline.partition_counts_size() > 0) {
+    absl::StrAppend(&text, ", layers ", absl::StrJoin(pipeline.partition_counts(), "/"));
+  } else if (!pipeline.partition().empty()) {
+    absl::StrAppend(&text, ", ", pipeline.partition());
   }
+  field("Pipeline", text);
+  // Each stage's memory: its own size where the spec gives one, and the estimate.
+  std::vector<std::string> stages;
+  const v1::MemoryEstimate& m = job.memory_estimate();
+  for (int st = 0; st < std::max(pipeline.memory_bytes_size(), m.stages_size()); ++st) {
+    std::string one = absl::StrCat("stage ", st);
+    if (st < pipeline.memory_bytes_size()) {
+      absl::StrAppend(&one, " ", HumanBytes(pipeline.memory_bytes(st)));
+    }
+    if (st < m.stages_size()) {
+      absl::StrAppend(&one, st < pipeline.memory_bytes_size() ? " (needs " : " needs ",
+                      m.stages(st).lower_bound() ? "at least " : "about ",
+                      HumanBytes(m.stages(st).total_bytes()),
+                      st < pipeline.memory_bytes_size() ? ")" : "");
+    }
+    stages.push_back(one);
+  }
+  if (!stages.empty()) field("Stage memory", absl::StrJoin(stages, ", "));
+  if (p.pipeline_stages_size() > 0) {
+    std::vector<std::string> stages;
+    for (const v1::PipelineStageTime& s : p.pipeline_stages()) {
+      stages.push_back(absl::StrFormat("stage %d %.0f%%", s.stage(), 100 * s.bubble()));
+    }
+    field("Bubble", absl::StrFormat("%s (ideal %.0f%%)", absl::StrJoin(stages, ", "),
+                                    100 * p.pipeline_stages(0).ideal_bubble()));
+  }
+}
+
+// When it ran, how far it got, what it wrote and how many restarts it has spent.
+void ProgressFields(const v1::Job& job, absl::TimeZone zone, std::string& out) {
+  auto field = [&out](const std::string& name, const std::string& value) {
+    AppendField(out, name, value);
+  };
+  const v1::JobProgress& p = job.progress();
   field("Created", LocalTime(job.created_unix_ms(), zone));
   field("Started", LocalTime(job.started_unix_ms(), zone));
   field("Finished", LocalTime(job.finished_unix_ms(), zone));
@@ -414,33 +436,37 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
                      "infrastructure errors ",
                      budget(RestartBudget::kInfrastructure), "; preemptions and lost workers ",
                      budget(RestartBudget::kPreemptions), ")"));
+}
 
-  if (!job.restarts().empty()) {
-    absl::StrAppend(&out, "\nRestarts:\n");
-    if (job.restarts_dropped() > 0) {
-      absl::StrAppend(&out, "  (", job.restarts_dropped(), " earlier restarts not kept)\n");
-    }
-    std::vector<std::vector<std::string>> rows;
-    for (const v1::Restart& r : job.restarts()) {
-      std::string recovery = "-";
-      if (r.recovered()) {
-        recovery = absl::StrFormat(
-            "%.1fs (detect %.1f, schedule %.1f, start %.1f, rendezvous %.1f, load %.1f, step %.1f)",
-            r.recovery_seconds(), r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(),
-            r.rendezvous_seconds(), r.checkpoint_load_seconds(), r.first_step_seconds());
-      }
-      rows.push_back({absl::StrCat(r.generation()), RestartReasonName(r.reason()),
-                      LocalTime(r.detected_unix_ms(), zone), absl::StrCat(r.last_step()),
-                      r.recovered() ? absl::StrCat(r.resumed_step()) : "-",
-                      r.recovered() ? absl::StrCat(r.steps_lost()) : "-", recovery, r.message()});
-    }
-    std::string table = Table(
-        {"GEN", "REASON", "DETECTED", "LAST STEP", "RESUMED", "LOST", "RECOVERY", "MESSAGE"}, rows);
-    for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
-      absl::StrAppend(&out, "  ", line, "\n");
-    }
+// Each restart: why, what it cost and how long recovery took.
+void RestartsSection(const v1::Job& job, absl::TimeZone zone, std::string& out) {
+  absl::StrAppend(&out, "\nRestarts:\n");
+  if (job.restarts_dropped() > 0) {
+    absl::StrAppend(&out, "  (", job.restarts_dropped(), " earlier restarts not kept)\n");
   }
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Restart& r : job.restarts()) {
+    std::string recovery = "-";
+    if (r.recovered()) {
+      recovery = absl::StrFormat(
+          "%.1fs (detect %.1f, schedule %.1f, start %.1f, rendezvous %.1f, load %.1f, step %.1f)",
+          r.recovery_seconds(), r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(),
+          r.rendezvous_seconds(), r.checkpoint_load_seconds(), r.first_step_seconds());
+    }
+    rows.push_back({absl::StrCat(r.generation()), RestartReasonName(r.reason()),
+                    LocalTime(r.detected_unix_ms(), zone), absl::StrCat(r.last_step()),
+                    r.recovered() ? absl::StrCat(r.resumed_step()) : "-",
+                    r.recovered() ? absl::StrCat(r.steps_lost()) : "-", recovery, r.message()});
+  }
+  std::string table = Table(
+      {"GEN", "REASON", "DETECTED", "LAST STEP", "RESUMED", "LOST", "RECOVERY", "MESSAGE"}, rows);
+  for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+    absl::StrAppend(&out, "  ", line, "\n");
+  }
+}
 
+// The tasks of the job: where they ran, how they ended, the memory they held.
+void TasksSection(const v1::Job& job, std::string& out) {
   absl::StrAppend(&out, "\nTasks:\n");
   if (job.tasks().empty()) {
     absl::StrAppend(&out, "  (none)\n");
@@ -469,6 +495,10 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
       absl::StrAppend(&out, "  ", line, "\n");
     }
   }
+}
+
+// The job's state changes.
+void EventsSection(const v1::Job& job, absl::TimeZone zone, std::string& out) {
   absl::StrAppend(&out, "\nEvents:\n");
   if (job.events().empty()) absl::StrAppend(&out, "  (none)\n");
   for (int i = 0; i < job.events_size(); ++i) {
@@ -481,6 +511,19 @@ std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
                     e.from() == v1::JOB_STATE_UNSPECIFIED ? "-" : JobStateName(e.from()), " -> ",
                     JobStateName(e.to()), e.reason().empty() ? "" : ": ", e.reason(), "\n");
   }
+}
+
+}  // namespace
+
+std::string DescribeJob(const v1::Job& job, absl::TimeZone zone) {
+  std::string out;
+  IdentityFields(job, zone, out);
+  ResourceFields(job, out);
+  if (job.spec().strategy() == v1::PIPELINE) PipelineFields(job, out);
+  ProgressFields(job, zone, out);
+  if (!job.restarts().empty()) RestartsSection(job, zone, out);
+  TasksSection(job, out);
+  EventsSection(job, zone, out);
   return out;
 }
 
