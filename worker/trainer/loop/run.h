@@ -63,6 +63,18 @@ class Run {
   bool StopRequested() const {
     return options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
   }
+  // The step loop (trainer.cc): its state, the run brought to its first step (prepared, resumed,
+  // every rank in step), the loop opened (the start line, the checkpointer and reporter, the
+  // data), one update, what follows it (the log line and validation), the checkpoint it may
+  // save, and the step's times and progress report.
+  struct Loop;
+  absl::Status Begin();
+  void OpenLoop(Loop& loop);
+  absl::Status Step(Loop& loop);
+  bool ValidationDue(const Loop& loop) const;
+  absl::Status AfterStep(Loop& loop);
+  absl::Status MaybeSave(Loop& loop);
+  void Account(Loop& loop, double stepped);
   absl::Status Prepare();
   // The model this rank trains: the whole of spec.model, or a pipeline stage's layers of it.
   absl::StatusOr<std::unique_ptr<Model>> BuildRankModel(int64_t outputs);

@@ -259,210 +259,261 @@ std::unique_ptr<Checkpointer> Run::MakeCheckpointer(int rank) const {
   return std::make_unique<Checkpointer>(store_.get(), options_.coordinator, clock_, ckpt_options);
 }
 
-absl::StatusOr<TrainResult> Run::Execute() {
+// The step loop's state: what one step reads and leaves for the next.
+struct Run::Loop {
+  explicit Loop(int world_size) : world(world_size) {}
+  // The last update's loss, on the device: read (a wait for the GPU) only to print or report it.
+  // Released once read, so that a step reads it at most once.
+  void ReadLoss() {
+    if (!last_loss.defined()) return;
+    result.loss = last_loss.item<double>();
+    last_loss.reset();
+  }
+
+  int rank = 0;
+  int world = 1;
+  int accumulate = 1;
+  // The schedule runs to `total`; this job stops at `end` (a search's rung ends earlier).
+  int64_t total = 0;
+  int64_t end = 0;
+  int64_t log_every = 1;
+  int64_t every = 0;  // checkpoint.every_steps
+  bool has_val = false;
+  std::unique_ptr<Checkpointer> checkpointer;  // rank 0's
+  std::unique_ptr<ProgressReporter> reporter;  // rank 0's, with a coordinator
+  TrainResult result;
+  trainyard::v1::JobProgress progress;
+  std::unique_ptr<BatchPrefetcher> prefetcher;
+  std::unique_ptr<DeviceFeed> feed;
+  torch::Tensor last_loss;
+  int64_t step = 0;
+  int64_t last_checkpoint_step = 0;
+  double lr = 0;
+  double samples_per_s = 0;
+  std::optional<Throughput> throughput;  // from the loop's start
+  StepTimes times;
+  absl::Time timing_start;
+  bool stop_agreed = false;
+};
+
+absl::Status Run::Begin() {
   torch::set_num_threads(std::max(1, options_.num_threads));
   KeepStepMemory();
-  absl::Status status = Prepare();
-  if (!status.ok()) return status;
+  if (absl::Status status = Prepare(); !status.ok()) return status;
   const Steady::time_point load_start = MonotonicNow();
   Resume();
   if (task_.resume_checkpoints_size() > 0) checkpoint_load_seconds_ = SecondsSince(load_start);
   // Every rank starts from rank 0's parameters, resumed or fresh, and from the same step.
   const Steady::time_point sync_start = MonotonicNow();
-  status = strategy_->SyncState(*model_, start_step_);
+  absl::Status status = strategy_->SyncState(*model_, start_step_);
   rendezvous_seconds_ += SecondsSince(sync_start);
-  if (!status.ok()) return status;
-  const int rank = strategy_->rank();
-  const int world = strategy_->world_size();
-  const int accumulate = std::max(1, spec_.accumulate_steps());
+  return status;
+}
 
-  // The schedule runs to `total`; this job stops at `end` (a search's rung ends earlier).
-  const int64_t total = plan_.total_steps;
-  const int64_t end = plan_.end_step;
-  const int64_t log_every = spec_.log_every_steps();
-  const bool has_val = data_->validation_size() > 0 && loss_kind_ == LossKind::kCrossEntropy;
-  const trainyard::v1::ValidationSpec& val_spec = spec_.data().validation();
-  // Validation is due every every_steps, at each epoch's end with every_epoch, every log line
-  // when neither is set, and at the last step.
-  auto validation_due = [&](int64_t step) {
-    if (!has_val) return false;
-    if (step == end) return true;
-    if (val_spec.every_epoch() && step % plan_.steps_per_epoch == 0) return true;
-    if (val_spec.every_steps() > 0) return step % val_spec.every_steps() == 0;
-    return !val_spec.every_epoch() && step % log_every == 0;
-  };
+void Run::OpenLoop(Loop& loop) {
+  loop.rank = strategy_->rank();
+  loop.accumulate = std::max(1, spec_.accumulate_steps());
+  loop.total = plan_.total_steps;
+  loop.end = plan_.end_step;
+  loop.log_every = spec_.log_every_steps();
+  loop.every = spec_.checkpoint().every_steps();
+  loop.has_val = data_->validation_size() > 0 && loss_kind_ == LossKind::kCrossEntropy;
   Print(absl::StrFormat(
       "start: model=%s parameters=%d train_samples=%d validation_samples=%d features=%d "
       "batch_size=%d steps_per_epoch=%d total_steps=%d start_step=%d threads=%d rank=%d "
       "world_size=%d end_step=%d",
       model_->Kind(), model_->ParameterCount(), data_->train_size(), data_->validation_size(),
-      data_->FeatureWidth(), plan_.global_batch_size, plan_.steps_per_epoch, total, start_step_,
-      std::max(1, options_.num_threads), rank, world, end));
-
+      data_->FeatureWidth(), plan_.global_batch_size, plan_.steps_per_epoch, loop.total,
+      start_step_, std::max(1, options_.num_threads), loop.rank, loop.world, loop.end));
   // Ranks hold identical replicas: rank 0 alone saves and reports.
-  const std::unique_ptr<Checkpointer> checkpointer = MakeCheckpointer(rank);
-  std::unique_ptr<ProgressReporter> reporter;
-  if (options_.coordinator != nullptr && rank == 0) {
-    reporter =
+  loop.checkpointer = MakeCheckpointer(loop.rank);
+  if (options_.coordinator != nullptr && loop.rank == 0) {
+    loop.reporter =
         std::make_unique<ProgressReporter>(options_.coordinator, clock_, options_.report_interval);
   }
+  loop.result.total_steps = loop.end;
+  loop.result.start_step = start_step_;
+  loop.result.resumed_from = resumed_from_;
+  loop.progress.set_total_steps(loop.end);
+  loop.progress.set_world_size(loop.world);
+  loop.progress.set_attempt_start_step(start_step_);
+  loop.progress.set_rendezvous_seconds(rendezvous_seconds_);
+  loop.progress.set_checkpoint_load_seconds(checkpoint_load_seconds_);
 
-  TrainResult result;
-  result.total_steps = end;
-  result.start_step = start_step_;
-  result.resumed_from = resumed_from_;
-  trainyard::v1::JobProgress progress;
-  progress.set_total_steps(end);
-  progress.set_world_size(world);
-  progress.set_attempt_start_step(start_step_);
-  progress.set_rendezvous_seconds(rendezvous_seconds_);
-  progress.set_checkpoint_load_seconds(checkpoint_load_seconds_);
-
-  const bool shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
   BatchPrefetcher::Order order;
   order.seed = spec_.seed();
-  order.shuffle = shuffle;
+  order.shuffle = !spec_.data().has_shuffle() || spec_.data().shuffle();
   order.window = shuffle_window_;
   order.prefetch_shards = spec_.data().prefetch_shards();
   // Every stage of a pipeline replica reads that replica's share.
-  BatchPrefetcher prefetcher(*data_, plan_, order, strategy_->data_rank(), strategy_->data_world(),
-                             start_step_, end);
-  const std::unique_ptr<DeviceFeed> feed = MakeDeviceFeed(prefetcher, device_);
+  loop.prefetcher = std::make_unique<BatchPrefetcher>(
+      *data_, plan_, order, strategy_->data_rank(), strategy_->data_world(), start_step_, loop.end);
+  loop.feed = MakeDeviceFeed(*loop.prefetcher, device_);
+  loop.throughput.emplace(clock_, plan_.global_batch_size, loop.world, strategy_->UpdatesApplied());
+  loop.step = start_step_;
+  loop.last_checkpoint_step = start_step_;
+  loop.timing_start = clock_.Now();
+  strategy_->TakeCommunicationSeconds();  // the start-up broadcast is not a step's
+}
+
+absl::StatusOr<TrainResult> Run::Execute() {
+  if (absl::Status status = Begin(); !status.ok()) return status;
+  Loop loop(strategy_->world_size());
+  OpenLoop(loop);
+  model_->SetTraining(true);
+  while (loop.step < loop.end) {
+    if (options_.before_step) options_.before_step(loop.step, start_step_);
+    // One rank alone may stop at once; several stop together at an update they agreed on.
+    if (loop.stop_agreed || (loop.world == 1 && StopRequested())) {
+      loop.result.stopped = true;
+      break;
+    }
+    const Steady::time_point step_start = MonotonicNow();
+    if (absl::Status status = Step(loop); !status.ok()) return status;
+    if (absl::Status status = AfterStep(loop); !status.ok()) return status;
+    if (absl::Status status = MaybeSave(loop); !status.ok()) return status;
+    Account(loop, SecondsSince(step_start));
+  }
+  loop.result.step = loop.step;
+  loop.ReadLoss();
+  if (absl::Status status =
+          Conclude(loop.step, loop.lr, loop.last_checkpoint_step, loop.checkpointer.get(),
+                   loop.reporter.get(), loop.progress, loop.result);
+      !status.ok()) {
+    return status;
+  }
+  return std::move(loop.result);
+}
+
+absl::Status Run::Step(Loop& loop) {
   auto feed_error = [&](int64_t update, const std::exception& e) {
     return absl::InternalError(absl::StrCat("data: moving the batch of step ", update, " to ",
                                             device_.str(), ": ", DescribeTorchError(e)));
   };
-  // The last update's loss, on the device: read (a wait for the GPU) only to print or report it.
-  // Released once read, so that a step reads it at most once.
-  torch::Tensor last_loss;
-  auto read_loss = [&] {
-    if (!last_loss.defined()) return;
-    result.loss = last_loss.item<double>();
-    last_loss.reset();
-  };
-  const int64_t every = spec_.checkpoint().every_steps();
-  int64_t step = start_step_;
-  int64_t last_checkpoint_step = start_step_;
-  double lr = 0;
-  double samples_per_s = 0;
-  Throughput throughput(clock_, plan_.global_batch_size, world, strategy_->UpdatesApplied());
-  auto seconds_since = [](Steady::time_point t) { return SecondsSince(t); };
-  StepTimes times;
-  absl::Time timing_start = clock_.Now();
-  strategy_->TakeCommunicationSeconds();  // the start-up broadcast is not a step's
-  bool stop_agreed = false;
-  model_->SetTraining(true);
-  while (step < end) {
-    if (options_.before_step) options_.before_step(step, start_step_);
-    // One rank alone may stop at once; several stop together at an update they agreed on.
-    if (stop_agreed || (world == 1 && StopRequested())) {
-      result.stopped = true;
-      break;
-    }
-    const Steady::time_point step_start = MonotonicNow();
-    std::optional<Batch> batch;
-    try {
-      batch = feed->Next();
-    } catch (const std::exception& e) {
-      return feed_error(step + 1, e);
-    }
-    if (!batch.has_value()) {
-      absl::Status data_status = prefetcher.status();
-      return data_status.ok() ? absl::InternalError("the data thread ended early") : data_status;
-    }
-    double waited = seconds_since(step_start);
-    lr = LearningRateAt(spec_.optimizer(), step, total);
-    SetLearningRate(*optimizer_, lr);
-    // What the update draws (dropout masks) is a function of the step and the rank alone, so a
-    // resumed run draws exactly what the uninterrupted one did, on CPU and GPU alike, and the
-    // ranks draw independently of each other.
-    torch::manual_seed(StepSeed(spec_.seed(), step, rank));
-    if (status = Update(*batch, step, accumulate); !status.ok()) return status;
-    // The next batch's copy runs while the GPU works through this update.
-    const Steady::time_point prefetch_start = MonotonicNow();
-    try {
-      feed->Prefetch();
-    } catch (const std::exception& e) {
-      return feed_error(step + 2, e);
-    }
-    waited += seconds_since(prefetch_start);
-    absl::StatusOr<StepAgreement> agreed = strategy_->EndStep();
-    if (!agreed.ok()) return agreed.status();
-    stop_agreed = agreed->stop;
-    times.data_wait += waited;
-    result.data_wait_seconds += waited;
-    ++step;
-    throughput.Step();
-    last_loss = agreed->loss;
-    if (options_.after_step) options_.after_step(step);
-    if (step == start_step_ + 1) {
-      read_loss();
-      result.first_loss = result.loss;
-    }
-
-    const int64_t epoch = step / plan_.steps_per_epoch;
-    bool validated = false;
-    if (step % log_every == 0 || step == end) {
-      samples_per_s = throughput.Measure(strategy_->UpdatesApplied()).value_or(samples_per_s);
-      read_loss();
-      std::string line = absl::StrFormat(
-          "step=%d total=%d loss=%.8f lr=%g samples_per_s=%.1f "
-          "epoch=%d",
-          step, total, result.loss, lr, samples_per_s, epoch);
-      if (result.val_accuracy.has_value() || validation_due(step)) {
-        if (validation_due(step)) {
-          const Steady::time_point val_start = MonotonicNow();
-          if (status = Validate(result); !status.ok()) return status;
-          times.validation += seconds_since(val_start);
-          validated = true;
-        }
-        absl::StrAppend(&line, ValidationFields(result));
-      }
-      Print(line);
-    }
-    if (!validated && validation_due(step)) {
-      const Steady::time_point val_start = MonotonicNow();
-      if (status = Validate(result); !status.ok()) return status;
-      times.validation += seconds_since(val_start);
-      if (result.val_accuracy.has_value()) {
-        Print(absl::StrCat("step=", step, ValidationFields(result)));
-      }
-    }
-    if (checkpointer != nullptr && every > 0 && step % every == 0 && step < end) {
-      const Steady::time_point save_start = MonotonicNow();
-      if (status = strategy_->GatherOptimizerState(step); !status.ok()) return status;
-      const bool saving = checkpointer->SaveAsync(step, [&] { return Snapshot(step, lr); });
-      times.checkpoint += seconds_since(save_start);
-      if (saving) last_checkpoint_step = step;
-    }
-    const double stepped = seconds_since(step_start);
-    times.step += stepped;
-    result.step_seconds += stepped;
-    times.communication += strategy_->TakeCommunicationSeconds();
-    ++times.steps;
-    if (clock_.Now() - timing_start >= options_.report_interval || step == end) {
-      read_loss();  // the progress report's
-      times.ReportInto(progress);
-      if (pipeline_ != nullptr) ReportStages(*pipeline_, spec_.pipeline(), progress);
-      timing_start = clock_.Now();
-    }
-    if (reporter != nullptr) {
-      progress.set_step(step);
-      progress.set_loss(result.loss);
-      progress.set_samples_per_second(samples_per_s);
-      progress.set_epoch(epoch);
-      SetValidation(result, progress);
-      reporter->Update(progress);
-    }
+  const Steady::time_point fetch_start = MonotonicNow();
+  std::optional<Batch> batch;
+  try {
+    batch = loop.feed->Next();
+  } catch (const std::exception& e) {
+    return feed_error(loop.step + 1, e);
   }
-  result.step = step;
-  read_loss();
-  if (status = Conclude(step, lr, last_checkpoint_step, checkpointer.get(), reporter.get(),
-                        progress, result);
-      !status.ok()) {
+  if (!batch.has_value()) {
+    absl::Status data_status = loop.prefetcher->status();
+    return data_status.ok() ? absl::InternalError("the data thread ended early") : data_status;
+  }
+  double waited = SecondsSince(fetch_start);
+  loop.lr = LearningRateAt(spec_.optimizer(), loop.step, loop.total);
+  SetLearningRate(*optimizer_, loop.lr);
+  // What the update draws (dropout masks) is a function of the step and the rank alone, so a
+  // resumed run draws exactly what the uninterrupted one did, on CPU and GPU alike, and the ranks
+  // draw independently of each other.
+  torch::manual_seed(StepSeed(spec_.seed(), loop.step, loop.rank));
+  if (absl::Status status = Update(*batch, loop.step, loop.accumulate); !status.ok()) {
     return status;
   }
-  return result;
+  // The next batch's copy runs while the GPU works through this update.
+  const Steady::time_point prefetch_start = MonotonicNow();
+  try {
+    loop.feed->Prefetch();
+  } catch (const std::exception& e) {
+    return feed_error(loop.step + 2, e);
+  }
+  waited += SecondsSince(prefetch_start);
+  absl::StatusOr<StepAgreement> agreed = strategy_->EndStep();
+  if (!agreed.ok()) return agreed.status();
+  loop.stop_agreed = agreed->stop;
+  loop.times.data_wait += waited;
+  loop.result.data_wait_seconds += waited;
+  ++loop.step;
+  loop.throughput->Step();
+  loop.last_loss = agreed->loss;
+  if (options_.after_step) options_.after_step(loop.step);
+  if (loop.step == start_step_ + 1) {
+    loop.ReadLoss();
+    loop.result.first_loss = loop.result.loss;
+  }
+  return absl::OkStatus();
+}
+
+// Validation is due every every_steps, at each epoch's end with every_epoch, every log line when
+// neither is set, and at the last step.
+bool Run::ValidationDue(const Loop& loop) const {
+  if (!loop.has_val) return false;
+  const trainyard::v1::ValidationSpec& val_spec = spec_.data().validation();
+  if (loop.step == loop.end) return true;
+  if (val_spec.every_epoch() && loop.step % plan_.steps_per_epoch == 0) return true;
+  if (val_spec.every_steps() > 0) return loop.step % val_spec.every_steps() == 0;
+  return !val_spec.every_epoch() && loop.step % loop.log_every == 0;
+}
+
+absl::Status Run::AfterStep(Loop& loop) {
+  TrainResult& result = loop.result;
+  bool validated = false;
+  if (loop.step % loop.log_every == 0 || loop.step == loop.end) {
+    loop.samples_per_s =
+        loop.throughput->Measure(strategy_->UpdatesApplied()).value_or(loop.samples_per_s);
+    loop.ReadLoss();
+    std::string line = absl::StrFormat(
+        "step=%d total=%d loss=%.8f lr=%g samples_per_s=%.1f "
+        "epoch=%d",
+        loop.step, loop.total, result.loss, loop.lr, loop.samples_per_s,
+        loop.step / plan_.steps_per_epoch);
+    if (result.val_accuracy.has_value() || ValidationDue(loop)) {
+      if (ValidationDue(loop)) {
+        const Steady::time_point val_start = MonotonicNow();
+        if (absl::Status status = Validate(result); !status.ok()) return status;
+        loop.times.validation += SecondsSince(val_start);
+        validated = true;
+      }
+      absl::StrAppend(&line, ValidationFields(result));
+    }
+    Print(line);
+  }
+  if (!validated && ValidationDue(loop)) {
+    const Steady::time_point val_start = MonotonicNow();
+    if (absl::Status status = Validate(result); !status.ok()) return status;
+    loop.times.validation += SecondsSince(val_start);
+    if (result.val_accuracy.has_value()) {
+      Print(absl::StrCat("step=", loop.step, ValidationFields(result)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run::MaybeSave(Loop& loop) {
+  if (loop.checkpointer == nullptr || loop.every <= 0 || loop.step % loop.every != 0 ||
+      loop.step >= loop.end) {
+    return absl::OkStatus();
+  }
+  const Steady::time_point save_start = MonotonicNow();
+  const int64_t step = loop.step;
+  if (absl::Status status = strategy_->GatherOptimizerState(step); !status.ok()) return status;
+  const double lr = loop.lr;
+  const bool saving = loop.checkpointer->SaveAsync(step, [&] { return Snapshot(step, lr); });
+  loop.times.checkpoint += SecondsSince(save_start);
+  if (saving) loop.last_checkpoint_step = step;
+  return absl::OkStatus();
+}
+
+void Run::Account(Loop& loop, double stepped) {
+  loop.times.step += stepped;
+  loop.result.step_seconds += stepped;
+  loop.times.communication += strategy_->TakeCommunicationSeconds();
+  ++loop.times.steps;
+  if (clock_.Now() - loop.timing_start >= options_.report_interval || loop.step == loop.end) {
+    loop.ReadLoss();  // the progress report's
+    loop.times.ReportInto(loop.progress);
+    if (pipeline_ != nullptr) ReportStages(*pipeline_, spec_.pipeline(), loop.progress);
+    loop.timing_start = clock_.Now();
+  }
+  if (loop.reporter != nullptr) {
+    loop.progress.set_step(loop.step);
+    loop.progress.set_loss(loop.result.loss);
+    loop.progress.set_samples_per_second(loop.samples_per_s);
+    loop.progress.set_epoch(loop.step / plan_.steps_per_epoch);
+    SetValidation(loop.result, loop.progress);
+    loop.reporter->Update(loop.progress);
+  }
 }
 
 absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step,
