@@ -482,7 +482,18 @@ class JobManager {
       const std::vector<std::pair<std::string, trainyard::v1::JobState>>& expired)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnforceRuntimeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One scheduler pass (job_manager_schedule.cc), and its steps: the workers' capacity; the
+  // queue in order (up to `blocker` and the new submissions behind it, where not null), the
+  // earliest end of a restart's backoff lowering `next`; capacity of stopping jobs let go; one
+  // placement applied; the reasons and places in line shown (true when any changed).
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<SchedWorker> SchedWorkersLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::vector<SchedJob> QueuedJobsLocked(const JobEntry* blocker, absl::Time now,
+                                         absl::Time* next) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void ReleaseStoppedLocked(absl::Time now, absl::Time* next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlaceLocked(const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ShowReasonsLocked(const ScheduleDecision& decision, bool whole)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers came, went or changed state: parked jobs are looked at again.
   void ClusterChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SchedJob SchedJobLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
