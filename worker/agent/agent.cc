@@ -439,14 +439,8 @@ void Agent::ShipperLoop() {
   } while (!threads_done_.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
 }
 
-int Agent::Run() {
-  const int leftovers = reconciler_.CleanUpLeftovers();
-  if (leftovers > 0) LogInfo("killed ", leftovers, " trainers left over from an earlier run");
-  std::thread supervisor([this] { SupervisorLoop(); });
-  std::thread shipper([this] { ShipperLoop(); });
-  std::thread lease([this] { LeaseLoop(); });
-  std::thread beats([this] { BeatLoop(); });
-
+// What the agent's main loop keeps from one round to the next.
+struct Agent::LoopState {
   Backoff backoff;
   bool registered = false;
   bool connected = false;  // the last call to the coordinator succeeded
@@ -455,6 +449,103 @@ int Agent::Run() {
   bool report_pending = false;  // the preemption has yet to reach the coordinator
   int report_attempts = 0;
   absl::Time next_report = absl::InfinitePast();
+};
+
+// Reported before the trainers hear of it, so that the coordinator reads their exits as part of
+// the preemption; but only one quick try first: the deadline is theirs too.
+void Agent::ReportPreemptionIfDue(LoopState& s, const PreemptionNotice& notice) {
+  if (!s.report_pending || s.report_attempts >= kPreemptionReportAttempts ||
+      clock_.Now() < s.next_report) {
+    return;
+  }
+  absl::Status status = ReportPreemption(notice);
+  ++s.report_attempts;
+  if (status.ok()) {
+    LogInfo("reported the preemption to the coordinator");
+    s.report_pending = false;
+    return;
+  }
+  // Best effort: the coordinator also learns of it from the trainers' exits.
+  const bool retry = Retryable(status) && s.report_attempts < kPreemptionReportAttempts;
+  LogWarning("cannot report the preemption to the coordinator: ", status.ToString(),
+             retry ? "; trying again" : "");
+  if (!retry) s.report_pending = false;
+  s.next_report = clock_.Now() + absl::Milliseconds(300) * s.report_attempts;
+}
+
+void Agent::BeginStopIfAsked(LoopState& s, bool preemption_begins, bool stop_requested,
+                             absl::Time kill_at) {
+  if (preemption_begins) {
+    s.stopping = true;
+    const int running = reconciler_.RunningCount();
+    if (running > 0) LogInfo("asking ", running, " trainers to save and exit");
+    // Also brings forward the kill times of a plain stop in progress.
+    reconciler_.StopAllBy(kill_at);
+  } else if (stop_requested && !s.stopping) {
+    s.stopping = true;
+    const int running = reconciler_.RunningCount();
+    if (running > 0) LogInfo("stopping ", running, " trainers");
+    reconciler_.StopAll();
+  }
+}
+
+// While stopping, calls are short and waits too: the coordinator must hear of each exit at once,
+// and the end of the last trainer ends the agent.
+void Agent::Contact(LoopState& s, uint64_t seen) {
+  absl::Status status;
+  if (!s.registered) {
+    status = RegisterOnce(s.stopping ? absl::Seconds(2) : absl::Seconds(10), seen);
+    s.registered = status.ok();
+    if (s.registered && s.preempting && !s.report_pending) {
+      // A coordinator that had forgotten this worker has forgotten its preemption too.
+      s.report_pending = true;
+      s.report_attempts = 0;
+    }
+  } else {
+    status = s.stopping ? SyncOnce(kStoppingPoll, absl::Seconds(2), seen)
+                        : SyncOnce(SyncWait(), absl::Seconds(10), seen);
+    if (absl::IsNotFound(status)) {
+      LogWarning(status.message(), "; registering again");
+      s.registered = false;
+      return;
+    }
+  }
+  if (status.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      last_contact_ = clock_.Now();
+    }
+    s.connected = true;
+    if (s.backoff.attempts() > 0) LogInfo("connected to the coordinator again");
+    s.backoff.Reset();
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (wake_seq_ != seen) return;  // cancelled for news, not failed
+  }
+  s.connected = false;
+  const bool first_failure = s.backoff.attempts() == 0;
+  const absl::Duration delay = s.stopping ? kStoppingPoll : s.backoff.Next();
+  if (s.stopping) s.backoff.Next();  // counts the failure
+  // Said once while stopping: the waits are short and the lines would be many.
+  if (!s.stopping || first_failure) {
+    LogWarning("cannot ", s.registered ? "sync" : "register", " with the coordinator at ",
+               options_.coordinator, ": ", status.message(), "; trying again in ",
+               absl::FormatDuration(absl::Trunc(delay, absl::Milliseconds(1))));
+  }
+  Sleep(delay, seen);
+}
+
+int Agent::Run() {
+  const int leftovers = reconciler_.CleanUpLeftovers();
+  if (leftovers > 0) LogInfo("killed ", leftovers, " trainers left over from an earlier run");
+  std::thread supervisor([this] { SupervisorLoop(); });
+  std::thread shipper([this] { ShipperLoop(); });
+  std::thread lease([this] { LeaseLoop(); });
+  std::thread beats([this] { BeatLoop(); });
+
+  LoopState s;
   while (true) {
     uint64_t seen;
     bool stop_requested;
@@ -472,92 +563,17 @@ int Agent::Run() {
       LogWarning("leaving now: the machine goes at ", Utc(notice->deadline));
       break;
     }
-    const bool preemption_begins = notice.has_value() && !preempting;
+    const bool preemption_begins = notice.has_value() && !s.preempting;
     if (preemption_begins) {
-      preempting = true;
-      report_pending = true;
-      report_attempts = 0;
-      next_report = absl::InfinitePast();
+      s.preempting = true;
+      s.report_pending = true;
+      s.report_attempts = 0;
+      s.next_report = absl::InfinitePast();
     }
-    // Reported before the trainers hear of it, so that the coordinator reads their exits as part
-    // of the preemption; but only one quick try first: the deadline is theirs too.
-    if (report_pending && report_attempts < kPreemptionReportAttempts &&
-        clock_.Now() >= next_report) {
-      absl::Status status = ReportPreemption(*notice);
-      ++report_attempts;
-      if (status.ok()) {
-        LogInfo("reported the preemption to the coordinator");
-        report_pending = false;
-      } else {
-        // Best effort: the coordinator also learns of it from the trainers' exits.
-        const bool retry = Retryable(status) && report_attempts < kPreemptionReportAttempts;
-        LogWarning("cannot report the preemption to the coordinator: ", status.ToString(),
-                   retry ? "; trying again" : "");
-        if (!retry) report_pending = false;
-        next_report = clock_.Now() + absl::Milliseconds(300) * report_attempts;
-      }
-    }
-    if (preemption_begins) {
-      stopping = true;
-      const int running = reconciler_.RunningCount();
-      if (running > 0) LogInfo("asking ", running, " trainers to save and exit");
-      // Also brings forward the kill times of a plain stop in progress.
-      reconciler_.StopAllBy(kill_at);
-    } else if (stop_requested && !stopping) {
-      stopping = true;
-      const int running = reconciler_.RunningCount();
-      if (running > 0) LogInfo("stopping ", running, " trainers");
-      reconciler_.StopAll();
-    }
-    if (stopping && reconciler_.RunningCount() == 0 && !report_pending) break;
-
-    // While stopping, calls are short and waits too: the coordinator must hear of each exit at
-    // once, and the end of the last trainer ends the agent.
-    absl::Status status;
-    if (!registered) {
-      status = RegisterOnce(stopping ? absl::Seconds(2) : absl::Seconds(10), seen);
-      registered = status.ok();
-      if (registered && preempting && !report_pending) {
-        // A coordinator that had forgotten this worker has forgotten its preemption too.
-        report_pending = true;
-        report_attempts = 0;
-      }
-    } else {
-      status = stopping ? SyncOnce(kStoppingPoll, absl::Seconds(2), seen)
-                        : SyncOnce(SyncWait(), absl::Seconds(10), seen);
-      if (absl::IsNotFound(status)) {
-        LogWarning(status.message(), "; registering again");
-        registered = false;
-        continue;
-      }
-    }
-    if (status.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        last_contact_ = clock_.Now();
-      }
-      connected = true;
-      if (backoff.attempts() > 0) LogInfo("connected to the coordinator again");
-      backoff.Reset();
-      continue;
-    }
-    bool woken;
-    {
-      absl::MutexLock lock(&mu_);
-      woken = wake_seq_ != seen;
-    }
-    if (woken) continue;  // cancelled for news, not failed
-    connected = false;
-    const bool first_failure = backoff.attempts() == 0;
-    const absl::Duration delay = stopping ? kStoppingPoll : backoff.Next();
-    if (stopping) backoff.Next();  // counts the failure
-    // Said once while stopping: the waits are short and the lines would be many.
-    if (!stopping || first_failure) {
-      LogWarning("cannot ", registered ? "sync" : "register", " with the coordinator at ",
-                 options_.coordinator, ": ", status.message(), "; trying again in ",
-                 absl::FormatDuration(absl::Trunc(delay, absl::Milliseconds(1))));
-    }
-    Sleep(delay, seen);
+    if (notice.has_value()) ReportPreemptionIfDue(s, *notice);
+    BeginStopIfAsked(s, preemption_begins, stop_requested, kill_at);
+    if (s.stopping && reconciler_.RunningCount() == 0 && !s.report_pending) break;
+    Contact(s, seen);
   }
 
   for (const v1::TaskStatus& change : reconciler_.Tick()) Report(change);
@@ -565,7 +581,7 @@ int Agent::Run() {
   supervisor.join();
   shipper.join();
   // Reports of the last exits may have failed; a Sync carries every final status once more.
-  if (registered && connected) {
+  if (s.registered && s.connected) {
     uint64_t seen;
     {
       absl::MutexLock lock(&mu_);

@@ -117,6 +117,13 @@ class Agent {
   // One Sync call held up to `wait` and ending within wait + `timeout`. UNAVAILABLE etc. on
   // transport errors; NOT_FOUND when asked to re-register; CANCELLED as RegisterOnce.
   absl::Status SyncOnce(absl::Duration wait, absl::Duration timeout, uint64_t seen);
+  // Run's rounds: its state, the preemption's report when due, the trainers' stop when asked
+  // for, and one call to the coordinator (register or sync, and the wait after a failure).
+  struct LoopState;
+  void ReportPreemptionIfDue(LoopState& s, const PreemptionNotice& notice);
+  void BeginStopIfAsked(LoopState& s, bool preemption_begins, bool stop_requested,
+                        absl::Time kill_at);
+  void Contact(LoopState& s, uint64_t seen);
   // One ReportPreemption call.
   absl::Status ReportPreemption(const PreemptionNotice& notice);
   void Report(const v1::TaskStatus& status);
