@@ -400,54 +400,117 @@ int Reconciler::RemoveExpiredTaskDirs() {
   return removed;
 }
 
-std::vector<v1::TaskStatus> Reconciler::Tick() {
-  struct Ended {
-    std::string task_id;
-    ExitInfo exit;
-  };
+const char* Reconciler::StopCauseText(StopCause cause) {
+  switch (cause) {
+    case Reconciler::StopCause::kNone:
+      return "";
+    case Reconciler::StopCause::kUndesired:
+      return " (stopped on request)";
+    case Reconciler::StopCause::kSaveDeadline:
+      return " (asked to save by a deadline)";
+    case Reconciler::StopCause::kAgentShutdown:
+      return " (stopped for the agent's shutdown)";
+    case Reconciler::StopCause::kPreemption:
+      return " (stopped for the preemption)";
+    case Reconciler::StopCause::kFenced:
+      return " (self-fenced)";
+  }
+  return "";
+}
+
+std::vector<Reconciler::Ended> Reconciler::ReapLocked(const std::vector<std::string>& over_limit) {
   std::vector<Ended> ended;
+  const absl::Time now = clock_.Now();
+  for (const std::string& id : over_limit) {
+    auto it = records_.find(id);
+    if (it == records_.end() || !it->second.running || it->second.reaped) continue;
+    // Its end is its own (the isolation reports it out of memory), not a stop of ours.
+    LogWarning("task ", id, " is over its memory limit of ",
+               HumanBytes(it->second.task.memory_limit_bytes()), "; sending SIGKILL");
+    absl::Status status = launcher_.Signal(it->second.status.pid(), SIGKILL);
+    if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
+  }
+  for (auto& [id, record] : records_) {
+    // Reaped by a Tick still busy with the hook: it reports the end.
+    if (!record.running || record.reaped) continue;
+    if (record.exited.has_value()) {  // reaped by Apply
+      record.reaped = true;
+      ended.push_back({id, *record.exited});
+      continue;
+    }
+    absl::StatusOr<std::optional<ExitInfo>> exit = launcher_.PollExit(record.status.pid());
+    if (!exit.ok()) {
+      LogError("cannot wait for task ", id, ": ", exit.status().message());
+      record.reaped = true;
+      ended.push_back({id, ExitInfo{-1, 0}});
+      continue;
+    }
+    if (exit->has_value()) {
+      record.reaped = true;
+      ended.push_back({id, **exit});
+      continue;
+    }
+    if (!record.killed && now >= record.kill_at) {
+      LogWarning("task ", id, " did not exit in time; sending SIGKILL");
+      record.killed = true;
+      absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
+      if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
+    }
+  }
+  return ended;
+}
+
+void Reconciler::EndLocked(const Ended& e, Record& record) {
+  record.running = false;
+  if (options_.s3_gateway != nullptr) options_.s3_gateway->Revoke(e.task_id);
+  // A stop explains an end by the trainer's handling of SIGTERM or by the SIGKILL sent here; a
+  // death by any other signal (someone's kill -9, the kernel's OOM killer, a crash) is the task's
+  // own even when a stop was asked for meanwhile, and is reported as such.
+  if (record.stop_cause != StopCause::kNone && e.exit.signal != 0 && e.exit.signal != SIGTERM &&
+      !(e.exit.signal == SIGKILL && record.killed)) {
+    record.stop_cause = StopCause::kNone;
+  }
+  for (int gpu : record.gpus) gpu_used_[gpu] = false;
+  record.gpus.clear();
+  v1::TaskStatus& status = record.status;
+  status.set_state(ReportedStopped(record.stop_cause) ? v1::TASK_STOPPED : v1::TASK_EXITED);
+  status.set_exit_code(e.exit.exit_code);
+  status.set_signal(e.exit.signal);
+  status.set_message(ExitMessage(e.task_id, e.exit, record));
+  if (options_.isolation != nullptr) {
+    const TaskMemoryEnd memory =
+        options_.isolation->Finish(e.task_id, e.exit.exit_code, e.exit.signal);
+    status.set_memory_limit_bytes(memory.limit_bytes);
+    status.set_memory_peak_bytes(memory.peak_bytes);
+    if (memory.out_of_memory) {
+      status.set_out_of_memory(true);
+      std::string what =
+          memory.limit_bytes > 0
+              ? absl::StrCat("out of memory: killed at its limit of ",
+                             HumanBytes(memory.limit_bytes))
+              : std::string("out of memory: killed with the worker's task memory full");
+      if (memory.peak_bytes > 0) absl::StrAppend(&what, ", peak ", HumanBytes(memory.peak_bytes));
+      absl::StrAppend(&what, " (", memory.how, ")");
+      status.set_message(status.message().empty() ? what
+                                                  : absl::StrCat(what, "; ", status.message()));
+    }
+  }
+  int64_t last_step = -1;
+  const std::string step_text = std::string(absl::StripAsciiWhitespace(
+      ReadSmallFile(absl::StrCat(TaskDir(e.task_id), "/", kLastStepFile))));
+  if (!absl::SimpleAtoi(step_text, &last_step)) last_step = -1;
+  status.set_last_step(last_step);
+  LogInfo("task ", e.task_id, " ", DescribeExit(e.exit), StopCauseText(record.stop_cause));
+}
+
+std::vector<v1::TaskStatus> Reconciler::Tick() {
   // Read outside the lock: the watch may scan /proc.
   const std::vector<std::string> over_limit =
       options_.isolation != nullptr ? options_.isolation->OverLimit() : std::vector<std::string>();
+  std::vector<Ended> ended;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = clock_.Now();
-    for (const std::string& id : over_limit) {
-      auto it = records_.find(id);
-      if (it == records_.end() || !it->second.running || it->second.reaped) continue;
-      // Its end is its own (the isolation reports it out of memory), not a stop of ours.
-      LogWarning("task ", id, " is over its memory limit of ",
-                 HumanBytes(it->second.task.memory_limit_bytes()), "; sending SIGKILL");
-      absl::Status status = launcher_.Signal(it->second.status.pid(), SIGKILL);
-      if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
-    }
-    for (auto& [id, record] : records_) {
-      // Reaped by a Tick still busy with the hook: it reports the end.
-      if (!record.running || record.reaped) continue;
-      if (record.exited.has_value()) {  // reaped by Apply
-        record.reaped = true;
-        ended.push_back({id, *record.exited});
-        continue;
-      }
-      absl::StatusOr<std::optional<ExitInfo>> exit = launcher_.PollExit(record.status.pid());
-      if (!exit.ok()) {
-        LogError("cannot wait for task ", id, ": ", exit.status().message());
-        record.reaped = true;
-        ended.push_back({id, ExitInfo{-1, 0}});
-        continue;
-      }
-      if (exit->has_value()) {
-        record.reaped = true;
-        ended.push_back({id, **exit});
-        continue;
-      }
-      if (!record.killed && now >= record.kill_at) {
-        LogWarning("task ", id, " did not exit in time; sending SIGKILL");
-        record.killed = true;
-        absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
-        if (!status.ok()) LogWarning("cannot kill task ", id, ": ", status.message());
-      }
-    }
+    ended = ReapLocked(over_limit);
   }
   if (ended.empty()) return {};
   if (options_.before_exit_reported) {
@@ -458,68 +521,8 @@ std::vector<v1::TaskStatus> Reconciler::Tick() {
   for (const Ended& e : ended) {
     auto it = records_.find(e.task_id);
     if (it == records_.end()) continue;
-    Record& record = it->second;
-    record.running = false;
-    if (options_.s3_gateway != nullptr) options_.s3_gateway->Revoke(e.task_id);
-    // A stop explains an end by the trainer's handling of SIGTERM or by the SIGKILL sent here; a
-    // death by any other signal (someone's kill -9, the kernel's OOM killer, a crash) is the
-    // task's own even when a stop was asked for meanwhile, and is reported as such.
-    if (record.stop_cause != StopCause::kNone && e.exit.signal != 0 && e.exit.signal != SIGTERM &&
-        !(e.exit.signal == SIGKILL && record.killed)) {
-      record.stop_cause = StopCause::kNone;
-    }
-    for (int gpu : record.gpus) gpu_used_[gpu] = false;
-    record.gpus.clear();
-    v1::TaskStatus& status = record.status;
-    status.set_state(ReportedStopped(record.stop_cause) ? v1::TASK_STOPPED : v1::TASK_EXITED);
-    status.set_exit_code(e.exit.exit_code);
-    status.set_signal(e.exit.signal);
-    status.set_message(ExitMessage(e.task_id, e.exit, record));
-    if (options_.isolation != nullptr) {
-      const TaskMemoryEnd memory =
-          options_.isolation->Finish(e.task_id, e.exit.exit_code, e.exit.signal);
-      status.set_memory_limit_bytes(memory.limit_bytes);
-      status.set_memory_peak_bytes(memory.peak_bytes);
-      if (memory.out_of_memory) {
-        status.set_out_of_memory(true);
-        std::string what =
-            memory.limit_bytes > 0
-                ? absl::StrCat("out of memory: killed at its limit of ",
-                               HumanBytes(memory.limit_bytes))
-                : std::string("out of memory: killed with the worker's task memory full");
-        if (memory.peak_bytes > 0) absl::StrAppend(&what, ", peak ", HumanBytes(memory.peak_bytes));
-        absl::StrAppend(&what, " (", memory.how, ")");
-        status.set_message(status.message().empty() ? what
-                                                    : absl::StrCat(what, "; ", status.message()));
-      }
-    }
-    int64_t last_step = -1;
-    const std::string step_text = std::string(absl::StripAsciiWhitespace(
-        ReadSmallFile(absl::StrCat(TaskDir(e.task_id), "/", kLastStepFile))));
-    if (!absl::SimpleAtoi(step_text, &last_step)) last_step = -1;
-    status.set_last_step(last_step);
-    const char* why = "";
-    switch (record.stop_cause) {
-      case StopCause::kNone:
-        break;
-      case StopCause::kUndesired:
-        why = " (stopped on request)";
-        break;
-      case StopCause::kSaveDeadline:
-        why = " (asked to save by a deadline)";
-        break;
-      case StopCause::kAgentShutdown:
-        why = " (stopped for the agent's shutdown)";
-        break;
-      case StopCause::kPreemption:
-        why = " (stopped for the preemption)";
-        break;
-      case StopCause::kFenced:
-        why = " (self-fenced)";
-        break;
-    }
-    LogInfo("task ", e.task_id, " ", DescribeExit(e.exit), why);
-    changes.push_back(status);
+    EndLocked(e, it->second);
+    changes.push_back(it->second.status);
   }
   return changes;
 }

@@ -180,6 +180,17 @@ class Reconciler {
     bool sent = false;            // ended, and included in a StatusesForSync result
   };
 
+  // Tick's steps: the tasks found ended (those over their memory limit killed, those past their
+  // kill time too), and the end of one of them recorded in its status.
+  struct Ended {
+    std::string task_id;
+    ExitInfo exit;
+  };
+  std::vector<Ended> ReapLocked(const std::vector<std::string>& over_limit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLocked(const Ended& e, Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a stop of ours ended a task, for its log line.
+  static const char* StopCauseText(StopCause cause);
   v1::TaskStatus Start(const v1::Task& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The trainer's command, environment (the gateway's key granted here) and output of `task`,
   // whose folder is `dir` and GPUs `gpus`. Errors name what could not be prepared.
