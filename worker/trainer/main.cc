@@ -173,6 +173,78 @@ int ThreadCount(const trainyard::v1::Task& task) {
 
 }  // namespace
 
+namespace {
+
+// A parameter-server shard: serves its attempt's ranks until they finish or a stop signal.
+int ServeShard(const trainyard::v1::Task& task, trainyard::trainer::RendezvousClient* rendezvous) {
+  trainyard::trainer::ShardTaskOptions shard_options;
+  shard_options.rendezvous = rendezvous;
+  shard_options.stop_signal = &stop_signal;
+  shard_options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
+  shard_options.metrics_file = trainyard::kShardMetricsFile;
+  shard_options.tls = trainyard::PsTls::FromEnvironment();
+  const absl::Status served = trainyard::trainer::RunShardTask(task, shard_options);
+  if (!served.ok()) {
+    return Fail(trainyard::trainer::ExitCodeForStatus(served), std::string(served.message()));
+  }
+  if (stop_signal.load() == 0) return trainyard::kExitOk;  // every rank finished
+  const std::string message = absl::StrCat("parameter server stopped by ",
+                                           stop_signal.load() == SIGINT ? "SIGINT" : "SIGTERM");
+  trainyard::LogInfo(message);
+  trainyard::trainer::WriteTerminationMessage("", message);
+  return trainyard::kExitStoppedBySignal;
+}
+
+// A rank: trains to the end, or to the step every rank stops at on a stop signal.
+int Train(const trainyard::v1::Task& task, trainyard::trainer::CoordinatorClient* coordinator,
+          trainyard::trainer::RendezvousClient* rendezvous) {
+  // The object stores, their S3 settings and credentials read once, here.
+  // Local files only under the coordinator's allowed folders, symbolic links followed here.
+  std::optional<std::vector<std::string>> local_roots;
+  if (task.has_local_paths()) {
+    local_roots.emplace(task.local_paths().allowed().begin(), task.local_paths().allowed().end());
+  }
+  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = trainyard::NewObjectStoreResolver(
+      [](const char* name) { return std::getenv(name); }, local_roots);
+  trainyard::trainer::TrainerOptions options;
+  options.stores = stores.get();
+  options.coordinator = coordinator;
+  options.rendezvous = rendezvous;
+  options.overlap_communication = absl::GetFlag(FLAGS_overlap_communication);
+  options.stop_signal = &stop_signal;
+  options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
+  options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
+  options.num_threads = ThreadCount(task);
+  options.data = trainyard::trainer::DataOptions::FromEnvironment();
+  options.ps_tls = trainyard::PsTls::FromEnvironment();
+  options.before_step = TestHold(task);
+  options.after_step = LastStepRecorder();
+  absl::StatusOr<trainyard::trainer::TrainResult> result;
+  {
+    StopWatchdog watchdog;
+    result = trainyard::trainer::RunTrainer(task, options);
+  }
+  if (!result.ok()) {
+    return Fail(trainyard::trainer::ExitCodeForStatus(result.status()),
+                std::string(result.status().message()));
+  }
+  if (result->stopped) {
+    const int signo = stop_signal.load();
+    const std::string message = absl::StrCat(
+        "stopped by ", signo == SIGINT ? "SIGINT" : "SIGTERM", " at step ", result->step,
+        result->stop_checkpoint_skipped
+            ? "; its checkpoint was skipped: it would not have been saved before "
+              "the deadline"
+            : "");
+    trainyard::LogInfo(message);
+    trainyard::trainer::WriteTerminationMessage("", message);
+    return trainyard::kExitStoppedBySignal;
+  }
+  return trainyard::kExitOk;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // absl's Mutex checks every lock for lock-order cycles unless told not to (this build of it
   // has the check on); gRPC's locks go through it too. Measured in the coordinator: 9 % of its
@@ -242,66 +314,6 @@ int main(int argc, char** argv) {
                                                              task.generation(), task.rank());
   }
 
-  if (task.role() == trainyard::v1::TASK_ROLE_SHARD) {
-    trainyard::trainer::ShardTaskOptions shard_options;
-    shard_options.rendezvous = rendezvous.get();
-    shard_options.stop_signal = &stop_signal;
-    shard_options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
-    shard_options.metrics_file = trainyard::kShardMetricsFile;
-    shard_options.tls = trainyard::PsTls::FromEnvironment();
-    const absl::Status served = trainyard::trainer::RunShardTask(task, shard_options);
-    if (!served.ok()) {
-      return Fail(trainyard::trainer::ExitCodeForStatus(served), std::string(served.message()));
-    }
-    if (stop_signal.load() == 0) return trainyard::kExitOk;  // every rank finished
-    const std::string message = absl::StrCat("parameter server stopped by ",
-                                             stop_signal.load() == SIGINT ? "SIGINT" : "SIGTERM");
-    trainyard::LogInfo(message);
-    trainyard::trainer::WriteTerminationMessage("", message);
-    return trainyard::kExitStoppedBySignal;
-  }
-
-  // The object stores, their S3 settings and credentials read once, here.
-  // Local files only under the coordinator's allowed folders, symbolic links followed here.
-  std::optional<std::vector<std::string>> local_roots;
-  if (task.has_local_paths()) {
-    local_roots.emplace(task.local_paths().allowed().begin(), task.local_paths().allowed().end());
-  }
-  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = trainyard::NewObjectStoreResolver(
-      [](const char* name) { return std::getenv(name); }, local_roots);
-  trainyard::trainer::TrainerOptions options;
-  options.stores = stores.get();
-  options.coordinator = coordinator.get();
-  options.rendezvous = rendezvous.get();
-  options.overlap_communication = absl::GetFlag(FLAGS_overlap_communication);
-  options.stop_signal = &stop_signal;
-  options.stop_deadline_file = trainyard::trainer::kStopDeadlineFile;
-  options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
-  options.num_threads = ThreadCount(task);
-  options.data = trainyard::trainer::DataOptions::FromEnvironment();
-  options.ps_tls = trainyard::PsTls::FromEnvironment();
-  options.before_step = TestHold(task);
-  options.after_step = LastStepRecorder();
-  absl::StatusOr<trainyard::trainer::TrainResult> result;
-  {
-    StopWatchdog watchdog;
-    result = trainyard::trainer::RunTrainer(task, options);
-  }
-  if (!result.ok()) {
-    return Fail(trainyard::trainer::ExitCodeForStatus(result.status()),
-                std::string(result.status().message()));
-  }
-  if (result->stopped) {
-    const int signo = stop_signal.load();
-    const std::string message = absl::StrCat(
-        "stopped by ", signo == SIGINT ? "SIGINT" : "SIGTERM", " at step ", result->step,
-        result->stop_checkpoint_skipped
-            ? "; its checkpoint was skipped: it would not have been saved before "
-              "the deadline"
-            : "");
-    trainyard::LogInfo(message);
-    trainyard::trainer::WriteTerminationMessage("", message);
-    return trainyard::kExitStoppedBySignal;
-  }
-  return trainyard::kExitOk;
+  if (task.role() == trainyard::v1::TASK_ROLE_SHARD) return ServeShard(task, rendezvous.get());
+  return Train(task, coordinator.get(), rendezvous.get());
 }
