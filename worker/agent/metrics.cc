@@ -192,17 +192,9 @@ void AgentMetrics::CollectShardMetrics(const std::vector<v1::TaskStatus>& tasks,
   for (MetricFamily& family : families) Emit(out, std::move(family));
 }
 
-std::vector<MetricFamily> AgentMetrics::Collect() const {
+void AgentMetrics::CollectTrainers(const std::vector<v1::TaskStatus>& tasks,
+                                   std::vector<MetricFamily>& out) const {
   static const int64_t kTicks = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
-  std::vector<MetricFamily> out;
-
-  MetricFamily info =
-      Family("trainyard_worker_info", "The worker's name; always 1.", MetricType::Gauge);
-  AddSample(info, {{"worker", source_.worker_name}}, 1);
-  Emit(out, std::move(info));
-
-  const std::vector<v1::TaskStatus> tasks =
-      source_.tasks ? source_.tasks() : std::vector<v1::TaskStatus>();
   std::map<std::string, int> by_state;
   for (v1::TaskState state : {v1::TASK_STARTING, v1::TASK_RUNNING, v1::TASK_EXITED,
                               v1::TASK_FAILED_TO_START, v1::TASK_STOPPED}) {
@@ -240,8 +232,10 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
   Emit(out, std::move(trainers));
   Emit(out, std::move(trainer_cpu));
   Emit(out, std::move(trainer_rss));
-  CollectShardMetrics(tasks, out);
+}
 
+void AgentMetrics::CollectMachine(std::vector<MetricFamily>& out) const {
+  static const int64_t kTicks = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
   if (std::optional<MachineCpu> cpu = ParseProcStat(ReadProcFile(proc_root_ + "/stat"), kTicks)) {
     MetricFamily seconds = Family(
         "trainyard_worker_cpu_seconds_total",
@@ -265,7 +259,9 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
     AddSample(available, {}, static_cast<double>(memory->available_bytes));
     Emit(out, std::move(available));
   }
+}
 
+void AgentMetrics::CollectGpus(std::vector<MetricFamily>& out) const {
   MetricFamily offered =
       Family("trainyard_worker_gpus", "GPUs offered to the scheduler.", MetricType::Gauge);
   AddSample(offered, {}, source_.gpus_offered);
@@ -340,6 +336,20 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
     Emit(out, std::move(dcgm_temp));
     Emit(out, std::move(dcgm_power));
   }
+}
+
+std::vector<MetricFamily> AgentMetrics::Collect() const {
+  std::vector<MetricFamily> out;
+  MetricFamily info =
+      Family("trainyard_worker_info", "The worker's name; always 1.", MetricType::Gauge);
+  AddSample(info, {{"worker", source_.worker_name}}, 1);
+  Emit(out, std::move(info));
+  const std::vector<v1::TaskStatus> tasks =
+      source_.tasks ? source_.tasks() : std::vector<v1::TaskStatus>();
+  CollectTrainers(tasks, out);
+  CollectShardMetrics(tasks, out);
+  CollectMachine(out);
+  CollectGpus(out);
   return out;
 }
 

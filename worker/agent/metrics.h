@@ -54,6 +54,13 @@ class AgentMetrics final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
+  // Collect's parts: the trainers (by state, and each one's CPU and memory), the machine's CPU
+  // and memory, and the GPUs (offered, handed out, and NVML's samples under our names and
+  // DCGM's).
+  void CollectTrainers(const std::vector<trainyard::v1::TaskStatus>& tasks,
+                       std::vector<prometheus::MetricFamily>& out) const;
+  void CollectMachine(std::vector<prometheus::MetricFamily>& out) const;
+  void CollectGpus(std::vector<prometheus::MetricFamily>& out) const;
   // The counters of each running parameter-server shard, from its folder.
   void CollectShardMetrics(const std::vector<trainyard::v1::TaskStatus>& tasks,
                            std::vector<prometheus::MetricFamily>& out) const;
