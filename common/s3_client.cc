@@ -53,9 +53,8 @@ absl::Status S3Client::PutSingle(const std::string& bucket, const std::string& k
   return response.status();
 }
 
-absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string& key,
-                                    const Body& body, std::string* object_sha256) {
-  const int64_t size = body.size;
+absl::StatusOr<std::string> S3Client::CreateUpload(const std::string& bucket,
+                                                   const std::string& key) {
   Request create;
   create.op = "CreateMultipartUpload";
   create.method = "POST";
@@ -69,6 +68,15 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
     return absl::UnavailableError(absl::StrCat("S3 CreateMultipartUpload of ", Where(bucket, key),
                                                ": no UploadId in the answer"));
   }
+  return upload_id;
+}
+
+absl::StatusOr<std::vector<std::string>> S3Client::UploadParts(const std::string& bucket,
+                                                               const std::string& key,
+                                                               const std::string& upload_id,
+                                                               const Body& body,
+                                                               std::string* object_sha256) {
+  const int64_t size = body.size;
   // S3 allows at most 10,000 parts.
   const int64_t part_size = std::max<int64_t>(options_.part_size, (size + 9999) / 10000);
   const int64_t parts = (size + part_size - 1) / part_size;
@@ -149,43 +157,59 @@ absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string
     *object_sha256 = object_hash.HexDigest();
     uploads.join();
   }
-  {
-    absl::MutexLock lock(&mu);
-    if (!first_error.ok()) status = first_error;  // not the cancellation of a waiting part
+  absl::MutexLock lock(&mu);
+  if (!first_error.ok()) return first_error;  // not the cancellation of a waiting part
+  if (!status.ok()) return status;
+  return etags;
+}
+
+absl::Status S3Client::CompleteUpload(const std::string& bucket, const std::string& key,
+                                      const std::string& upload_id,
+                                      const std::vector<std::string>& etags, int64_t size) {
+  std::string xml = "<CompleteMultipartUpload>";
+  for (size_t i = 0; i < etags.size(); ++i) {
+    absl::StrAppend(&xml, "<Part><PartNumber>", i + 1, "</PartNumber><ETag>", XmlEscape(etags[i]),
+                    "</ETag></Part>");
   }
+  absl::StrAppend(&xml, "</CompleteMultipartUpload>");
+  const Body xml_body = Body::FromPieces({xml});
+  Request complete;
+  complete.op = "CompleteMultipartUpload";
+  complete.method = "POST";
+  complete.bucket = bucket;
+  complete.key = key;
+  complete.query = {{"uploadId", upload_id}};
+  complete.body = &xml_body;
+  complete.body_length = xml_body.size;
+  complete.headers["content-type"] = "application/xml";
+  complete.error_in_body = true;
+  absl::StatusOr<Response> done = Execute(complete);
+  if (done.ok()) return absl::OkStatus();
+  // A retried Complete can find the upload already completed by the first try.
+  if (done.status().code() == absl::StatusCode::kNotFound) {
+    absl::StatusOr<S3ObjectInfo> head = HeadObject(bucket, key);
+    if (head.ok() && head->size == size) return absl::OkStatus();
+  }
+  return done.status();
+}
+
+absl::Status S3Client::PutMultipart(const std::string& bucket, const std::string& key,
+                                    const Body& body, std::string* object_sha256) {
+  absl::StatusOr<std::string> upload_id = CreateUpload(bucket, key);
+  if (!upload_id.ok()) return upload_id.status();
+  absl::StatusOr<std::vector<std::string>> etags =
+      UploadParts(bucket, key, *upload_id, body, object_sha256);
+  absl::Status status = etags.status();
   if (status.ok()) {
-    std::string xml = "<CompleteMultipartUpload>";
-    for (int64_t i = 0; i < parts; ++i) {
-      absl::StrAppend(&xml, "<Part><PartNumber>", i + 1, "</PartNumber><ETag>",
-                      XmlEscape(etags[static_cast<size_t>(i)]), "</ETag></Part>");
-    }
-    absl::StrAppend(&xml, "</CompleteMultipartUpload>");
-    const Body xml_body = Body::FromPieces({xml});
-    Request complete;
-    complete.op = "CompleteMultipartUpload";
-    complete.method = "POST";
-    complete.bucket = bucket;
-    complete.key = key;
-    complete.query = {{"uploadId", upload_id}};
-    complete.body = &xml_body;
-    complete.body_length = xml_body.size;
-    complete.headers["content-type"] = "application/xml";
-    complete.error_in_body = true;
-    absl::StatusOr<Response> done = Execute(complete);
-    if (done.ok()) return absl::OkStatus();
-    status = done.status();
-    // A retried Complete can find the upload already completed by the first try.
-    if (status.code() == absl::StatusCode::kNotFound) {
-      absl::StatusOr<S3ObjectInfo> head = HeadObject(bucket, key);
-      if (head.ok() && head->size == size) return absl::OkStatus();
-    }
+    status = CompleteUpload(bucket, key, *upload_id, *etags, body.size);
+    if (status.ok()) return status;
   }
   Request abort;
   abort.op = "AbortMultipartUpload";
   abort.method = "DELETE";
   abort.bucket = bucket;
   abort.key = key;
-  abort.query = {{"uploadId", upload_id}};
+  abort.query = {{"uploadId", *upload_id}};
   absl::StatusOr<Response> aborted = Execute(abort);
   if (!aborted.ok() && aborted.status().code() != absl::StatusCode::kNotFound) {
     return absl::Status(

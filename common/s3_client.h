@@ -180,6 +180,17 @@ class S3Client {
                             std::string* object_sha256);
   absl::Status PutSingle(const std::string& bucket, const std::string& key, const Body& body,
                          std::string* object_sha256);
+  // PutMultipart's steps: the upload begun (its id), its parts sent (their ETags, in order; the
+  // object's hash where asked for), and completed.
+  absl::StatusOr<std::string> CreateUpload(const std::string& bucket, const std::string& key);
+  absl::StatusOr<std::vector<std::string>> UploadParts(const std::string& bucket,
+                                                       const std::string& key,
+                                                       const std::string& upload_id,
+                                                       const Body& body,
+                                                       std::string* object_sha256);
+  absl::Status CompleteUpload(const std::string& bucket, const std::string& key,
+                              const std::string& upload_id, const std::vector<std::string>& etags,
+                              int64_t size);
   absl::Duration Backoff(int retry);
   // Where a request for `key` of `bucket` goes: the Host header and the encoded path.
   std::pair<std::string, std::string> HostAndPath(const std::string& bucket,
