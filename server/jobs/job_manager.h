@@ -358,6 +358,18 @@ class JobManager {
   absl::StatusOr<trainyard::v1::Job> SubmitValidated(trainyard::v1::JobSpec spec,
                                                      const Principal* by,
                                                      const SubmitOptions& options = {});
+  // SubmitValidated's checks under the lock (job_manager_submit.cc): the id free, room among
+  // the active jobs, the job it resumes from the caller's to read, a worker that runs its models
+  // and holds its tasks, and a queue that takes it (which may set spec.queue).
+  absl::Status AdmitLocked(trainyard::v1::JobSpec& spec, const Principal* by,
+                           const SubmitOptions& options,
+                           const std::optional<trainyard::v1::ModelNeeds>& needs,
+                           const trainyard::v1::MemoryEstimate& estimate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The new job numbered `seq`: PENDING, its checkpoint folder, its first event.
+  trainyard::v1::Job NewJobLocked(trainyard::v1::JobSpec spec, const Principal* by,
+                                  const SubmitOptions& options, int64_t seq) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<trainyard::v1::Job> CancelLocked(JobEntry& entry, absl::string_view reason,
                                                   absl::string_view by)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
