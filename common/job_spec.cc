@@ -22,6 +22,7 @@
 #include "absl/strings/strip.h"
 #include "common/byte_size.h"
 #include "common/file_object_store.h"
+#include "common/job_spec_internal.h"
 #include "common/object_cache.h"
 #include "common/restart_reason.h"
 #include "common/uri.h"
@@ -31,6 +32,8 @@
 namespace trainyard {
 namespace {
 
+using job_spec_internal::CheckAbsolute;
+using job_spec_internal::ValidateModel;
 using trainyard::v1::JobSpec;
 
 constexpr int kMaxNameLength = 63;
@@ -41,163 +44,7 @@ absl::Status TooLittleMemory(const std::string& field, int64_t bytes) {
       field, absl::StrCat("must be at least ", HumanBytes(kMinTaskMemoryBytes),
                           " (a trainer needs about that to start), got ", HumanBytes(bytes)));
 }
-// The transformer's bounds: far beyond what trains on one machine, well short of overflow.
-constexpr int64_t kMaxTransformerVocab = int64_t{1} << 24;
-constexpr int64_t kMaxTransformerContext = int64_t{1} << 16;
-constexpr int64_t kMaxTransformerLayers = 1024;
-constexpr int kMaxModelStages = 1024;  // files of model.stages
-constexpr int kMaxShareWith = 64;      // users of checkpoint.share_with
-constexpr int64_t kMaxTransformerDim = int64_t{1} << 16;
-
-// A file the workers read or write: an absolute path or a URI, as the one parser reads it (a
-// relative path would be read from whatever folder each trainer runs in).
-absl::Status CheckAbsolute(absl::string_view field, const std::string& value) {
-  if (absl::StartsWith(value, "/") || absl::StrContains(value, "://")) {
-    absl::StatusOr<Uri> uri = ParseUri(value);
-    if (!uri.ok()) return FieldError(field, uri.status().message());
-    return absl::OkStatus();
-  }
-  return FieldError(field, absl::StrCat("'", value,
-                                        "' is not an absolute path or URI (a relative path means "
-                                        "nothing on the workers)"));
-}
-
-// The transformer's shape: every size set and within bounds (a typo of a few digits must not
-// make a worker allocate terabytes), heads dividing the width.
-absl::Status ValidateTransformer(const v1::ModelArgs& args) {
-  if (args.vocab_size() != 1) {
-    return FieldError("model.args.vocab", "transformer needs one number: the tokens it knows");
-  }
-  if (args.vocab(0) < 2 || args.vocab(0) > kMaxTransformerVocab) {
-    return FieldError("model.args.vocab",
-                      absl::StrCat("must be in [2, ", kMaxTransformerVocab, "]"));
-  }
-  const std::tuple<const char*, int64_t, int64_t> sizes[] = {
-      {"model.args.context", args.context(), kMaxTransformerContext},
-      {"model.args.layers", args.layers(), kMaxTransformerLayers},
-      {"model.args.dim", args.dim(), kMaxTransformerDim},
-      {"model.args.heads", args.heads(), kMaxTransformerDim}};
-  for (const auto& [field, value, most] : sizes) {
-    if (value < 1 || value > most) {
-      return FieldError(field, absl::StrCat("must be in [1, ", most, "] for transformer"));
-    }
-  }
-  if (args.dim() % args.heads() != 0) {
-    return FieldError("model.args.heads",
-                      absl::StrCat(args.heads(), " heads do not divide dim ", args.dim()));
-  }
-  if (args.mlp_ratio() < 0 || args.mlp_ratio() > 16) {
-    return FieldError("model.args.mlp_ratio", "must be in [1, 16] (0: 4)");
-  }
-  if (args.inputs() != 0 || args.classes() != 0 || args.hidden_size() > 0 || args.channels() != 0 ||
-      args.height() != 0 || args.width() != 0) {
-    return FieldError("model.args",
-                      "transformer takes vocab, context, layers, dim, heads, mlp_ratio, dropout "
-                      "and tie_embeddings");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateModel(const v1::ModelSpec& model) {
-  if (model.source_case() != v1::ModelSpec::SOURCE_NOT_SET && model.stages_size() > 0) {
-    return FieldError("model", "set only one of builtin, torchscript or stages");
-  }
-  switch (model.source_case()) {
-    case v1::ModelSpec::SOURCE_NOT_SET:
-      if (model.stages_size() == 0)
-        return FieldError("model", "set builtin, torchscript or stages");
-      if (model.stages_size() > kMaxModelStages) {
-        return FieldError("model.stages",
-                          absl::StrCat(model.stages_size(), " files; at most ", kMaxModelStages));
-      }
-      for (int i = 0; i < model.stages_size(); ++i) {
-        const std::string field = absl::StrCat("model.stages[", i, "]");
-        if (model.stages(i).empty()) return FieldError(field, "must not be empty");
-        if (absl::Status s = CheckAbsolute(field, model.stages(i)); !s.ok()) return s;
-      }
-      break;
-    case v1::ModelSpec::kTorchscript:
-      if (model.torchscript().empty()) return FieldError("model.torchscript", "must not be empty");
-      if (absl::Status s = CheckAbsolute("model.torchscript", model.torchscript()); !s.ok()) {
-        return s;
-      }
-      break;
-    case v1::ModelSpec::kBuiltin:
-      break;
-  }
-  if (!model.memory_format().empty() && model.memory_format() != "contiguous" &&
-      model.memory_format() != "channels_last") {
-    return FieldError("model.memory_format",
-                      absl::StrCat("unknown memory format '", model.memory_format(),
-                                   "', expected contiguous or channels_last"));
-  }
-  if (model.memory_format() == "channels_last" && model.source_case() == v1::ModelSpec::kBuiltin &&
-      model.builtin() != "cnn") {
-    return FieldError("model.memory_format",
-                      "channels_last is for convolutional models (cnn, or a TorchScript model with "
-                      "4-D weights)");
-  }
-  const v1::ModelArgs& args = model.args();
-  for (int i = 0; i < args.hidden_size(); ++i) {
-    if (args.hidden(i) <= 0)
-      return FieldError(absl::StrCat("model.args.hidden[", i, "]"), "must be > 0");
-  }
-  if (!(args.dropout() >= 0 && args.dropout() < 1)) {
-    return FieldError("model.args.dropout", "must be in [0, 1)");
-  }
-  const bool builtin = model.source_case() == v1::ModelSpec::kBuiltin;
-  const bool embedding = builtin && model.builtin() == "embedding_mlp";
-  const bool transformer = builtin && model.builtin() == "transformer";
-  if (!embedding && !transformer && args.vocab_size() > 0) {
-    return FieldError("model.args.vocab", "only for models embedding_mlp and transformer");
-  }
-  if (!embedding && !transformer && args.dim() != 0) {
-    return FieldError("model.args.dim", "only for models embedding_mlp and transformer");
-  }
-  if (!transformer) {
-    const std::pair<const char*, bool> transformer_only[] = {
-        {"model.args.context", args.context() != 0},
-        {"model.args.layers", args.layers() != 0},
-        {"model.args.heads", args.heads() != 0},
-        {"model.args.mlp_ratio", args.mlp_ratio() != 0},
-        {"model.args.tie_embeddings", args.has_tie_embeddings()}};
-    for (const auto& [field, set] : transformer_only) {
-      if (set) return FieldError(field, "only for model transformer");
-    }
-  }
-  if (!builtin) return absl::OkStatus();
-  if (transformer) return ValidateTransformer(args);
-  if (embedding) {
-    if (args.vocab_size() == 0) {
-      return FieldError("model.args.vocab",
-                        "embedding_mlp needs the rows of each table, one per categorical field");
-    }
-    for (int i = 0; i < args.vocab_size(); ++i) {
-      if (args.vocab(i) <= 0 || args.vocab(i) > kMaxEmbeddingRows) {
-        return FieldError(absl::StrCat("model.args.vocab[", i, "]"),
-                          absl::StrCat("must be in [1, ", kMaxEmbeddingRows, "]"));
-      }
-    }
-    if (args.dim() <= 0) return FieldError("model.args.dim", "must be > 0 for embedding_mlp");
-    if (args.inputs() < 0) return FieldError("model.args.inputs", "must be >= 0");
-    if (args.classes() <= 0) {
-      return FieldError("model.args.classes", "must be > 0 for embedding_mlp");
-    }
-  } else if (model.builtin() == "mlp") {
-    if (args.inputs() <= 0) return FieldError("model.args.inputs", "must be > 0 for mlp");
-    if (args.classes() <= 0) return FieldError("model.args.classes", "must be > 0 for mlp");
-  } else if (model.builtin() == "cnn") {
-    if (args.channels() <= 0) return FieldError("model.args.channels", "must be > 0 for cnn");
-    if (args.height() <= 0) return FieldError("model.args.height", "must be > 0 for cnn");
-    if (args.width() <= 0) return FieldError("model.args.width", "must be > 0 for cnn");
-    if (args.classes() <= 0) return FieldError("model.args.classes", "must be > 0 for cnn");
-  } else {
-    return FieldError("model.builtin",
-                      absl::StrCat("unknown model '", model.builtin(),
-                                   "', expected mlp, cnn, embedding_mlp or transformer"));
-  }
-  return absl::OkStatus();
-}
+constexpr int kMaxShareWith = 64;  // users of checkpoint.share_with
 
 absl::Status ValidateData(const v1::DataSpec& data) {
   const bool has_train = !data.train().empty();
@@ -511,7 +358,18 @@ absl::Status ValidateParameterServers(const v1::ParameterServerSpec& ps) {
 
 }  // namespace
 
-absl::Status ValidateJobSpec(const JobSpec& spec) {
+namespace {
+
+// A pipeline's replicas split the batch (its stages all see their replica's share); the other
+// strategies' workers do.
+int32_t BatchSplits(const JobSpec& spec) {
+  return spec.strategy() == v1::PIPELINE
+             ? spec.workers().max() / std::max(1, spec.pipeline().stages())
+             : spec.workers().max();
+}
+
+// The job's name, strategy, workers and resources, and the strategy's own section.
+absl::Status ValidateShape(const JobSpec& spec) {
   if (spec.name().empty()) return FieldError("name", "required");
   if (!IsValidName(spec.name())) return FieldError("name", absl::StrCat("must match ", kNameRule));
 
@@ -551,24 +409,14 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.has_pipeline() && strategy != v1::PIPELINE) {
     return FieldError("pipeline", "only with strategy pipeline");
   }
-  absl::Status status = ValidateModel(spec.model());
-  if (!status.ok()) return status;
-  if (strategy == v1::PIPELINE) {
-    status = ValidatePipeline(spec);
-    if (!status.ok()) return status;
-  }
-  status = ValidateData(spec.data());
-  if (!status.ok()) return status;
-  status = ValidateCategorical(spec.model(), spec.data());
-  if (!status.ok()) return status;
-  status = ValidateTokens(spec);
-  if (!status.ok()) return status;
+  return absl::OkStatus();
+}
 
+// The batch: that it divides across the workers (a pipeline's replicas) and its micro-batches.
+absl::Status ValidateBatch(const JobSpec& spec) {
   if (spec.batch_size() <= 0) return FieldError("batch_size", "must be > 0");
-  // A pipeline's replicas split the batch; its stages all see their replica's share.
-  const int32_t splits = strategy == v1::PIPELINE
-                             ? workers.max() / std::max(1, spec.pipeline().stages())
-                             : workers.max();
+  const v1::Strategy strategy = spec.strategy();
+  const int32_t splits = BatchSplits(spec);
   const char* split_unit =
       strategy == v1::PIPELINE ? " replicas (workers / pipeline.stages)" : " workers";
   if (strategy != v1::SINGLE && spec.batch_size() % splits != 0) {
@@ -584,7 +432,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                                      " samples (batch_size / replicas)"));
     }
   }
-  status = ValidateOptimizer(spec.optimizer());
+  return absl::OkStatus();
+}
+
+// The optimizer, loss, distillation, precision and length of training.
+absl::Status ValidateTraining(const JobSpec& spec) {
+  absl::Status status = ValidateOptimizer(spec.optimizer());
   if (!status.ok()) return status;
   if (spec.loss() != "cross_entropy" && spec.loss() != "mse") {
     return FieldError(
@@ -599,7 +452,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       return FieldError("precision",
                         "fp16 needs GPUs (resources.gpus_per_worker > 0); on CPUs use bf16");
     }
-    if (strategy == v1::PARAMETER_SERVER) {
+    if (spec.strategy() == v1::PARAMETER_SERVER) {
       return FieldError(
           "precision", "fp16 (with loss scaling) is not supported with parameter_server; use bf16");
     }
@@ -616,6 +469,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                       absl::StrCat("must be <= max_steps (", spec.max_steps(), ")"));
   }
 
+  return absl::OkStatus();
+}
+
+// Where checkpoints go, who they are shared with, how often and how many are kept.
+absl::Status ValidateCheckpoint(const JobSpec& spec) {
   const v1::CheckpointSpec& ckpt = spec.checkpoint();
   if (!ckpt.uri().empty()) {
     absl::StatusOr<Uri> uri = ParseUri(ckpt.uri());
@@ -635,6 +493,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (ckpt.every_steps() < 0) return FieldError("checkpoint.every_steps", "must be >= 0");
   if (ckpt.keep_last() < 1) return FieldError("checkpoint.keep_last", "must be >= 1");
 
+  return absl::OkStatus();
+}
+
+// Restarts, limits and the loop's settings.
+absl::Status ValidateLimits(const JobSpec& spec) {
   const v1::RestartPolicy& restart = spec.restart();
   if (restart.max_failures() < 0) return FieldError("restart.max_failures", "must be >= 0");
   if (restart.has_max_preemptions() && restart.max_preemptions() < 0) {
@@ -654,12 +517,37 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.stall_timeout_seconds() < 1) return FieldError("stall_timeout", "must be at least 1s");
   if (spec.accumulate_steps() < 1) return FieldError("accumulate_steps", "must be > 0");
   // Each rank splits its share of the batch (smallest with the most workers) into micro-batches.
-  if (spec.batch_size() / splits < spec.accumulate_steps()) {
-    return FieldError("accumulate_steps", absl::StrCat(spec.accumulate_steps(),
-                                                       " micro-batches do not fit in a rank's ",
-                                                       spec.batch_size() / splits, " samples"));
+  if (spec.batch_size() / BatchSplits(spec) < spec.accumulate_steps()) {
+    return FieldError(
+        "accumulate_steps",
+        absl::StrCat(spec.accumulate_steps(), " micro-batches do not fit in a rank's ",
+                     spec.batch_size() / BatchSplits(spec), " samples"));
   }
   if (spec.bucket_size_mb() < 1) return FieldError("bucket_size_mb", "must be > 0");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  absl::Status status = ValidateShape(spec);
+  if (!status.ok()) return status;
+  status = ValidateModel(spec.model());
+  if (!status.ok()) return status;
+  if (spec.strategy() == v1::PIPELINE) {
+    status = ValidatePipeline(spec);
+    if (!status.ok()) return status;
+  }
+  status = ValidateData(spec.data());
+  if (!status.ok()) return status;
+  status = ValidateCategorical(spec.model(), spec.data());
+  if (!status.ok()) return status;
+  status = ValidateTokens(spec);
+  if (!status.ok()) return status;
+  for (auto validate : {ValidateBatch, ValidateTraining, ValidateCheckpoint, ValidateLimits}) {
+    status = validate(spec);
+    if (!status.ok()) return status;
+  }
   return absl::OkStatus();
 }
 
