@@ -250,7 +250,12 @@ absl::Status PostgresJobStore::Import(
   return s;
 }
 
-void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection::Statement>* out) {
+namespace {
+
+using Statements = std::vector<pg::Connection::Statement>;
+
+// The jobs' rows, their events and tasks.
+void JobWrites(const StoreMutation& m, Statements* out) {
   for (const StoredJob& stored : m.jobs) {
     v1::Job row = stored.job;
     row.clear_events();
@@ -307,6 +312,10 @@ void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection
              .Add(task.memory_limit_bytes())
              .Add(task.memory_peak_bytes())});
   }
+}
+
+// Workers, checkpoints, progress, the next job number and trimmed events.
+void RecordWrites(const StoreMutation& m, Statements* out) {
   for (const v1::Worker& worker : m.workers) {
     out->push_back(
         {"INSERT INTO workers(id, worker) VALUES($1, $2) ON CONFLICT (id) DO UPDATE SET worker = "
@@ -348,6 +357,10 @@ void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection
          "LIMIT $2 OFFSET $3)",
          Params().Add(trim.job_id).Add(int64_t{trim.count}).Add(int64_t{trim.keep_first})});
   }
+}
+
+// Tokens, searches and their trials, queues.
+void AccessAndSearchWrites(const StoreMutation& m, Statements* out) {
   for (const StoredToken& t : m.tokens) {
     out->push_back(
         {"INSERT INTO tokens(id, name, role, hash, created_ms, expires_ms, revoked_ms, "
@@ -391,6 +404,10 @@ void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection
          "excluded.queue",
          Params().Add(queue.name()).AddBlob(queue.SerializeAsString())});
   }
+}
+
+// What the mutation removes.
+void Removals(const StoreMutation& m, Statements* out) {
   for (const std::string& name : m.removed_queues) {
     out->push_back({"DELETE FROM queues WHERE name = $1", Params().Add(name)});
   }
@@ -409,6 +426,15 @@ void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection
   for (const std::string& worker_id : m.removed_workers) {
     out->push_back({"DELETE FROM workers WHERE id = $1", Params().Add(worker_id)});
   }
+}
+
+}  // namespace
+
+void PostgresJobStore::Writes(const StoreMutation& m, std::vector<pg::Connection::Statement>* out) {
+  JobWrites(m, out);
+  RecordWrites(m, out);
+  AccessAndSearchWrites(m, out);
+  Removals(m, out);
 }
 
 absl::StatusOr<std::string> PostgresJobStore::SharedSecret(

@@ -247,14 +247,17 @@ absl::Status SqliteJobStore::Apply(const StoreMutation& mutation) {
   return s;
 }
 
-absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
+namespace {
+
+// The jobs' rows, their events and tasks.
+absl::Status ApplyJobs(sqlite3* db, const StoreMutation& m) {
   for (const StoredJob& stored : m.jobs) {
     v1::Job row = stored.job;
     row.clear_events();
     row.clear_tasks();
     // An upsert rather than INSERT OR REPLACE: a clash on the unique seq must fail, not delete
     // the other job.
-    Statement st(db_,
+    Statement st(db,
                  "INSERT INTO jobs(id, seq, state, job, finished_ms, owner) VALUES(?, ?, ?, ?, ?, "
                  "?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, state = excluded.state, "
                  "job = excluded.job, finished_ms = excluded.finished_ms, owner = excluded.owner");
@@ -263,7 +266,7 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, event] : m.events) {
-    Statement st(db_,
+    Statement st(db,
                  "INSERT INTO events(job_id, time_ms, from_state, to_state, reason) "
                  "VALUES(?, ?, ?, ?, ?)");
     st.Bind(1, job_id).Bind(2, event.time_unix_ms()).Bind(3, static_cast<int64_t>(event.from()));
@@ -271,7 +274,7 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, task] : m.tasks) {
-    Statement st(db_,
+    Statement st(db,
                  "INSERT OR REPLACE INTO tasks(task_id, job_id, generation, rank, worker_id, "
                  "state, exit_code, signal, message, role, shard, stop_deadline_ms, "
                  "out_of_memory, memory_limit, memory_peak) "
@@ -285,13 +288,18 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     st.Bind(15, task.memory_peak_bytes());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+// Workers, checkpoints, progress, the next job number and trimmed events.
+absl::Status ApplyRecords(sqlite3* db, const StoreMutation& m) {
   for (const v1::Worker& worker : m.workers) {
-    Statement st(db_, "INSERT OR REPLACE INTO workers(id, worker) VALUES(?, ?)");
+    Statement st(db, "INSERT OR REPLACE INTO workers(id, worker) VALUES(?, ?)");
     st.Bind(1, worker.id()).BindBlob(2, worker.SerializeAsString());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const StoredCheckpoint& c : m.checkpoints) {
-    Statement st(db_,
+    Statement st(db,
                  "INSERT OR REPLACE INTO checkpoints(job_id, step, uri, size_bytes, created_ms, "
                  "generation, retired, retired_by) VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
     st.Bind(1, c.checkpoint.job_id()).Bind(2, c.checkpoint.step()).Bind(3, c.checkpoint.uri());
@@ -301,24 +309,29 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, progress] : m.progress) {
-    Statement st(db_, "INSERT OR REPLACE INTO progress(job_id, progress) VALUES(?, ?)");
+    Statement st(db, "INSERT OR REPLACE INTO progress(job_id, progress) VALUES(?, ?)");
     st.Bind(1, job_id).BindBlob(2, progress.SerializeAsString());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   if (m.next_job_seq.has_value()) {
-    if (absl::Status s = SetMeta(db_, "next_job_seq", absl::StrCat(*m.next_job_seq)); !s.ok()) {
+    if (absl::Status s = SetMeta(db, "next_job_seq", absl::StrCat(*m.next_job_seq)); !s.ok()) {
       return s;
     }
   }
   for (const StoreMutation::EventTrim& trim : m.trimmed_events) {
-    Statement st(db_,
+    Statement st(db,
                  "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE job_id = ? ORDER BY "
                  "id LIMIT ? OFFSET ?)");
     st.Bind(1, trim.job_id).Bind(2, int64_t{trim.count}).Bind(3, int64_t{trim.keep_first});
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+// Tokens, searches and their trials, queues.
+absl::Status ApplyAccessAndSearches(sqlite3* db, const StoreMutation& m) {
   for (const StoredToken& t : m.tokens) {
-    Statement st(db_,
+    Statement st(db,
                  "INSERT INTO tokens(id, name, role, hash, created_ms, expires_ms, revoked_ms, "
                  "created_by, revoked_by) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO "
                  "UPDATE SET name = excluded.name, role = excluded.role, hash = excluded.hash, "
@@ -334,7 +347,7 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     v1::Search row = stored.search;
     row.clear_trials();
     // An upsert, as for jobs: a clash on the unique seq must fail.
-    Statement st(db_,
+    Statement st(db,
                  "INSERT INTO searches(id, seq, state, search) VALUES(?, ?, ?, ?) ON CONFLICT(id) "
                  "DO UPDATE SET seq = excluded.seq, state = excluded.state, search = "
                  "excluded.search");
@@ -343,23 +356,28 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [search_id, trial] : m.trials) {
-    Statement st(db_, "INSERT OR REPLACE INTO trials(search_id, number, trial) VALUES(?, ?, ?)");
+    Statement st(db, "INSERT OR REPLACE INTO trials(search_id, number, trial) VALUES(?, ?, ?)");
     st.Bind(1, search_id).Bind(2, trial.number()).BindBlob(3, trial.SerializeAsString());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (v1::Queue queue : m.queues) {
     queue.clear_status();
-    Statement st(db_, "INSERT OR REPLACE INTO queues(name, queue) VALUES(?, ?)");
+    Statement st(db, "INSERT OR REPLACE INTO queues(name, queue) VALUES(?, ?)");
     st.Bind(1, queue.name()).BindBlob(2, queue.SerializeAsString());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+// What the mutation removes.
+absl::Status ApplyRemovals(sqlite3* db, const StoreMutation& m) {
   for (const std::string& name : m.removed_queues) {
-    Statement st(db_, "DELETE FROM queues WHERE name = ?");
+    Statement st(db, "DELETE FROM queues WHERE name = ?");
     st.Bind(1, name);
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
   for (const auto& [job_id, step] : m.removed_checkpoints) {
-    Statement st(db_, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?");
+    Statement st(db, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?");
     st.Bind(1, job_id).Bind(2, step);
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
@@ -368,15 +386,24 @@ absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
          {"DELETE FROM events WHERE job_id = ?", "DELETE FROM tasks WHERE job_id = ?",
           "DELETE FROM checkpoints WHERE job_id = ?", "DELETE FROM progress WHERE job_id = ?",
           "DELETE FROM jobs WHERE id = ?"}) {
-      Statement st(db_, sql);
+      Statement st(db, sql);
       st.Bind(1, job_id);
       if (absl::Status s = st.Run(); !s.ok()) return s;
     }
   }
   for (const std::string& worker_id : m.removed_workers) {
-    Statement st(db_, "DELETE FROM workers WHERE id = ?");
+    Statement st(db, "DELETE FROM workers WHERE id = ?");
     st.Bind(1, worker_id);
     if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SqliteJobStore::ApplyLocked(const StoreMutation& m) {
+  for (auto apply : {ApplyJobs, ApplyRecords, ApplyAccessAndSearches, ApplyRemovals}) {
+    if (absl::Status s = apply(db_, m); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
