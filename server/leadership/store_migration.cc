@@ -63,6 +63,71 @@ std::map<std::string, std::vector<std::string>> ListLogs(const std::string& dir)
 
 }  // namespace
 
+namespace {
+
+// Each job's task logs from the state folder's files into the database, replacing any left by a
+// migration cut short; the logs of jobs no longer in the state are left behind.
+absl::Status CopyLogs(const std::string& state_dir, const StoreContents& contents,
+                      PostgresLogBackend& pg_logs, MigrationCounts& counts) {
+  std::unique_ptr<LogBackend> files = NewFileLogBackend(state_dir + "/logs");
+  std::set<std::string> job_ids;
+  for (const StoredJob& job : contents.jobs) job_ids.insert(job.job.id());
+  for (const auto& [job_id, task_ids] : ListLogs(state_dir + "/logs")) {
+    if (!job_ids.count(job_id) || !IsSafeFileName(job_id)) continue;  // a removed job's
+    if (absl::Status s = pg_logs.RemoveJob(job_id); !s.ok()) return s;
+    for (const std::string& task_id : task_ids) {
+      if (!IsSafeFileName(task_id)) continue;
+      absl::StatusOr<LogBackend::Record> record = files->Load(job_id, task_id);
+      if (!record.ok()) return record.status();
+      for (int64_t at = 0; at < record->size; at += kLogPieceBytes) {
+        absl::StatusOr<std::string> piece =
+            files->Read(job_id, task_id, at, std::min(kLogPieceBytes, record->size - at));
+        if (!piece.ok()) return piece.status();
+        if (absl::Status s = pg_logs.Append(job_id, task_id, at, *piece); !s.ok()) {
+          return s;
+        }
+      }
+      if (record->cap.has_value()) {
+        if (absl::Status s = pg_logs.WriteCap(job_id, task_id, *record->cap); !s.ok()) {
+          return s;
+        }
+      }
+      ++counts.logs;
+      counts.log_bytes += record->size;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Everything of the state but the logs, as one write.
+StoreMutation MutationOf(const StoreContents& contents, const std::vector<StoredToken>& tokens,
+                         const std::vector<StoredSearch>& searches,
+                         const std::vector<v1::Queue>& queues) {
+  StoreMutation m;
+  for (const StoredJob& stored : contents.jobs) {
+    for (const v1::JobEvent& event : stored.job.events()) {
+      m.events.emplace_back(stored.job.id(), event);
+    }
+    for (const v1::TaskInfo& task : stored.job.tasks()) m.tasks.emplace_back(stored.job.id(), task);
+    if (stored.job.has_progress()) m.progress.emplace_back(stored.job.id(), stored.job.progress());
+    m.jobs.push_back(stored);
+  }
+  m.workers = contents.workers;
+  m.checkpoints = contents.checkpoints;
+  m.next_job_seq = contents.next_job_seq;
+  m.tokens = tokens;
+  for (const StoredSearch& search : searches) {
+    for (const v1::Trial& trial : search.search.trials()) {
+      m.trials.emplace_back(search.search.id(), trial);
+    }
+    m.searches.push_back(search);
+  }
+  m.queues = queues;
+  return m;
+}
+
+}  // namespace
+
 absl::StatusOr<MigrationCounts> MigrateSqliteToPostgres(
     const std::string& state_dir, const pg::ConnectOptions& options,
     const std::function<void(absl::string_view)>& progress) {
@@ -125,56 +190,13 @@ absl::StatusOr<MigrationCounts> MigrateSqliteToPostgres(
   absl::StatusOr<std::unique_ptr<PostgresLogBackend>> pg_logs =
       PostgresLogBackend::Open(options, fence);
   if (!pg_logs.ok()) return release(pg_logs.status());
-  std::unique_ptr<LogBackend> files = NewFileLogBackend(state_dir + "/logs");
-  std::set<std::string> job_ids;
-  for (const StoredJob& job : contents->jobs) job_ids.insert(job.job.id());
-  for (const auto& [job_id, task_ids] : ListLogs(state_dir + "/logs")) {
-    if (!job_ids.count(job_id) || !IsSafeFileName(job_id)) continue;  // a removed job's
-    if (absl::Status s = (*pg_logs)->RemoveJob(job_id); !s.ok()) return release(s);
-    for (const std::string& task_id : task_ids) {
-      if (!IsSafeFileName(task_id)) continue;
-      absl::StatusOr<LogBackend::Record> record = files->Load(job_id, task_id);
-      if (!record.ok()) return release(record.status());
-      for (int64_t at = 0; at < record->size; at += kLogPieceBytes) {
-        absl::StatusOr<std::string> piece =
-            files->Read(job_id, task_id, at, std::min(kLogPieceBytes, record->size - at));
-        if (!piece.ok()) return release(piece.status());
-        if (absl::Status s = (*pg_logs)->Append(job_id, task_id, at, *piece); !s.ok()) {
-          return release(s);
-        }
-      }
-      if (record->cap.has_value()) {
-        if (absl::Status s = (*pg_logs)->WriteCap(job_id, task_id, *record->cap); !s.ok()) {
-          return release(s);
-        }
-      }
-      ++counts.logs;
-      counts.log_bytes += record->size;
-    }
+  if (absl::Status s = CopyLogs(state_dir, *contents, **pg_logs, counts); !s.ok()) {
+    return release(s);
   }
   progress(absl::StrFormat("copied the logs of %d tasks (%.1f MiB)", counts.logs,
                            static_cast<double>(counts.log_bytes) / (1 << 20)));
 
-  StoreMutation m;
-  for (const StoredJob& stored : contents->jobs) {
-    for (const v1::JobEvent& event : stored.job.events()) {
-      m.events.emplace_back(stored.job.id(), event);
-    }
-    for (const v1::TaskInfo& task : stored.job.tasks()) m.tasks.emplace_back(stored.job.id(), task);
-    if (stored.job.has_progress()) m.progress.emplace_back(stored.job.id(), stored.job.progress());
-    m.jobs.push_back(stored);
-  }
-  m.workers = contents->workers;
-  m.checkpoints = contents->checkpoints;
-  m.next_job_seq = contents->next_job_seq;
-  m.tokens = *tokens;
-  for (const StoredSearch& search : *searches) {
-    for (const v1::Trial& trial : search.search.trials()) {
-      m.trials.emplace_back(search.search.id(), trial);
-    }
-    m.searches.push_back(search);
-  }
-  m.queues = *queues;
+  const StoreMutation m = MutationOf(*contents, *tokens, *searches, *queues);
   absl::StatusOr<std::unique_ptr<PostgresJobStore>> pg_store =
       PostgresJobStore::Open(options, fence);
   if (!pg_store.ok()) return release(pg_store.status());
