@@ -48,7 +48,8 @@ std::vector<FlagSpec> GlobalFlags() {
            "allow plaintext to a coordinator not on this machine (the token travels in clear)"}};
 }
 
-std::vector<CommandSpec> Commands() {
+// The commands on jobs: submit, follow, inspect, cancel and delete them.
+std::vector<CommandSpec> JobCommands() {
   return {
       {"submit",
        "FILE",
@@ -98,6 +99,12 @@ std::vector<CommandSpec> Commands() {
        1,
        1,
        {}},
+  };
+}
+
+// What the cluster holds: workers, checkpoints, data sets, searches.
+std::vector<CommandSpec> ClusterCommands() {
+  return {
       {"workers", "", "List the worker machines.", {kOutputFlag}, 0, 0, {}},
       {"checkpoints",
        "JOB",
@@ -164,6 +171,12 @@ std::vector<CommandSpec> Commands() {
          {"output"}},
         {"cancel", "ID", "Cancel a search and its running trials.", {}},
         {"extend", "ID --max-trials N", "Allow a search more trials in total.", {"max-trials"}}}},
+  };
+}
+
+// The administrators' commands, and a local cluster.
+std::vector<CommandSpec> AdminCommands() {
+  return {
       {"token",
        "ACTION [ARG]",
        "Manage API tokens (admins): create, list, revoke.",
@@ -233,6 +246,15 @@ std::vector<CommandSpec> Commands() {
        0,
        {}},
   };
+}
+
+// In the order --help lists them.
+std::vector<CommandSpec> Commands() {
+  std::vector<CommandSpec> all;
+  for (auto group : {JobCommands, ClusterCommands, AdminCommands}) {
+    for (CommandSpec& command : group()) all.push_back(std::move(command));
+  }
+  return all;
 }
 
 grpc::ChannelArguments ChannelArguments() {
