@@ -61,6 +61,13 @@ class Client {
   int Checkpoints();
   int Token();
   int Queue();
+  // Queue's actions (queue_commands.cc), and the queues listed into `response` (an exit code:
+  // kExitSucceeded, or the call's failure).
+  int ListQueuesInto(v1::ListQueuesResponse* response);
+  int WriteQueue(const std::string& action, const std::string& name);
+  int DeleteQueue(const std::string& name);
+  int ListQueues(const v1::ListQueuesResponse& response);
+  int DescribeQueueAndJobs(const v1::ListQueuesResponse& response, const std::string& name);
   int Search();
 
  private:

@@ -98,145 +98,151 @@ std::string MaxPriority(const v1::Queue& q) {
 
 }  // namespace
 
+int Client::ListQueuesInto(v1::ListQueuesResponse* response) {
+  return Call(*stub_, &v1::JobService::Stub::ListQueues, v1::ListQueuesRequest(), response)
+      .value_or(kExitSucceeded);
+}
+
+// queue create / update NAME: a new queue, or one changed, with the flags' settings.
+int Client::WriteQueue(const std::string& action, const std::string& name) {
+  v1::Queue queue;
+  queue.set_name(name);
+  if (action == "create") {
+    // Unless told otherwise: no quota of its own, borrowing what others leave idle.
+    queue.set_borrow_slots(-1);
+    queue.set_borrow_gpus(-1);
+    queue.set_weight(1);
+  } else {
+    v1::ListQueuesResponse current;
+    if (int failed = ListQueuesInto(&current); failed != kExitSucceeded) return failed;
+    bool found = false;
+    for (const v1::Queue& q : current.queues()) {
+      if (q.name() == name && !q.status().implicit()) {
+        queue = q;
+        found = true;
+      }
+    }
+    if (!found) {
+      std::cerr << "error: no queue '" << name << "'"
+                << (name == "default" ? " (create it to give the default queue a quota)" : "")
+                << "\n";
+      return kExitRpcError;
+    }
+    queue.clear_status();
+  }
+  if (!ApplyQueueFlags(args_, queue)) return kExitUsage;
+  v1::Queue response;
+  std::optional<int> failed;
+  if (action == "create") {
+    v1::CreateQueueRequest request;
+    *request.mutable_queue() = queue;
+    failed = Call(*admin_, &v1::AdminService::Stub::CreateQueue, request, &response);
+  } else {
+    v1::UpdateQueueRequest request;
+    *request.mutable_queue() = queue;
+    failed = Call(*admin_, &v1::AdminService::Stub::UpdateQueue, request, &response);
+  }
+  if (failed) return *failed;
+  if (Json()) {
+    std::cout << ToJson(response);
+  } else {
+    std::cout << "queue " << name << (action == "create" ? " created" : " updated") << ": quota "
+              << Limit(response.quota_slots()) << " slots, " << Limit(response.quota_gpus())
+              << " GPUs; borrowing up to " << Limit(response.borrow_slots()) << " slots, "
+              << Limit(response.borrow_gpus()) << " GPUs; weight " << response.weight()
+              << "; users " << Users(response) << "; users' max priority "
+              << (response.has_max_priority() ? MaxPriority(response) : "none") << "\n";
+  }
+  return kExitSucceeded;
+}
+
+int Client::DeleteQueue(const std::string& name) {
+  v1::DeleteQueueRequest request;
+  request.set_name(name);
+  v1::DeleteQueueResponse response;
+  if (std::optional<int> failed =
+          Call(*admin_, &v1::AdminService::Stub::DeleteQueue, request, &response)) {
+    return *failed;
+  }
+  std::cout << "queue " << name << " deleted\n";
+  return kExitSucceeded;
+}
+
+int Client::ListQueues(const v1::ListQueuesResponse& response) {
+  if (Json()) {
+    std::cout << ToJson(response);
+    return kExitSucceeded;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Queue& q : response.queues()) {
+    const v1::QueueStatus& s = q.status();
+    rows.push_back({q.name(), absl::StrCat(q.weight() > 0 ? q.weight() : 1),
+                    Use(s.used_slots(), s.quota_slots(), s.borrowed_slots()),
+                    Use(s.used_gpus(), s.quota_gpus(), s.borrowed_gpus()),
+                    absl::StrCat(s.pending_jobs()), absl::StrCat(s.running_jobs()),
+                    absl::StrCat(s.preemptions()), MaxPriority(q), Users(q)});
+  }
+  std::cout << Table({"QUEUE", "WEIGHT", "SLOTS USED/QUOTA", "GPUS USED/QUOTA", "PENDING",
+                      "RUNNING", "PREEMPTED", "MAX PRIORITY", "USERS"},
+                     rows);
+  return kExitSucceeded;
+}
+
+// queue describe NAME: the queue and its jobs not finished, in line order.
+int Client::DescribeQueueAndJobs(const v1::ListQueuesResponse& response, const std::string& name) {
+  const v1::Queue* found = nullptr;
+  for (const v1::Queue& q : response.queues()) {
+    if (q.name() == name) found = &q;
+  }
+  if (found == nullptr) {
+    std::cerr << "error: no queue '" << name << "'\n";
+    return kExitRpcError;
+  }
+  // Its jobs not finished, as far as the caller may see them.
+  v1::ListJobsRequest request;
+  for (v1::JobState state : {v1::PENDING, v1::SCHEDULED, v1::RUNNING, v1::RESTARTING}) {
+    request.add_states(state);
+  }
+  request.set_page_size(1000);
+  v1::ListJobsResponse jobs;
+  if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::ListJobs, request, &jobs)) {
+    return *failed;
+  }
+  std::vector<const v1::Job*> mine;
+  for (const v1::Job& job : jobs.jobs()) {
+    if (job.spec().queue() == name || (job.spec().queue().empty() && name == "default")) {
+      mine.push_back(&job);
+    }
+  }
+  if (Json()) {
+    v1::ListJobsResponse out;
+    for (const v1::Job* job : mine) *out.add_jobs() = *job;
+    std::cout << ToJson(*found) << ToJson(out);
+    return kExitSucceeded;
+  }
+  std::cout << DescribeQueue(*found);
+  if (!mine.empty()) {
+    std::vector<v1::Job> shown;
+    for (const v1::Job* job : mine) shown.push_back(*job);
+    std::cout << "\n" << QueueJobsTable(shown, IsTerminal());
+  }
+  return kExitSucceeded;
+}
+
 int Client::Queue() {
   const std::string& action = args_.args[0];
   const std::string name = args_.args.size() > 1 ? args_.args[1] : "";
-  auto list = [this](v1::ListQueuesResponse* response) {
-    return Call(*stub_, &v1::JobService::Stub::ListQueues, v1::ListQueuesRequest(), response);
-  };
-  if (action == "create" || action == "update") {
-    if (name.empty()) {
-      std::cerr << "error: queue " << action << " needs NAME\n";
-      return kExitUsage;
-    }
-    v1::Queue queue;
-    queue.set_name(name);
-    if (action == "create") {
-      // Unless told otherwise: no quota of its own, borrowing what others leave idle.
-      queue.set_borrow_slots(-1);
-      queue.set_borrow_gpus(-1);
-      queue.set_weight(1);
-    } else {
-      v1::ListQueuesResponse current;
-      if (std::optional<int> failed = list(&current)) return *failed;
-      bool found = false;
-      for (const v1::Queue& q : current.queues()) {
-        if (q.name() == name && !q.status().implicit()) {
-          queue = q;
-          found = true;
-        }
-      }
-      if (!found) {
-        std::cerr << "error: no queue '" << name << "'"
-                  << (name == "default" ? " (create it to give the default queue a quota)" : "")
-                  << "\n";
-        return kExitRpcError;
-      }
-      queue.clear_status();
-    }
-    if (!ApplyQueueFlags(args_, queue)) return kExitUsage;
-    v1::Queue response;
-    std::optional<int> failed;
-    if (action == "create") {
-      v1::CreateQueueRequest request;
-      *request.mutable_queue() = queue;
-      failed = Call(*admin_, &v1::AdminService::Stub::CreateQueue, request, &response);
-    } else {
-      v1::UpdateQueueRequest request;
-      *request.mutable_queue() = queue;
-      failed = Call(*admin_, &v1::AdminService::Stub::UpdateQueue, request, &response);
-    }
-    if (failed) return *failed;
-    if (Json()) {
-      std::cout << ToJson(response);
-    } else {
-      std::cout << "queue " << name << (action == "create" ? " created" : " updated") << ": quota "
-                << Limit(response.quota_slots()) << " slots, " << Limit(response.quota_gpus())
-                << " GPUs; borrowing up to " << Limit(response.borrow_slots()) << " slots, "
-                << Limit(response.borrow_gpus()) << " GPUs; weight " << response.weight()
-                << "; users " << Users(response) << "; users' max priority "
-                << (response.has_max_priority() ? MaxPriority(response) : "none") << "\n";
-    }
-    return kExitSucceeded;
+  if (name.empty() &&
+      (action == "create" || action == "update" || action == "delete" || action == "describe")) {
+    std::cerr << "error: queue " << action << " needs NAME\n";
+    return kExitUsage;
   }
-  if (action == "delete") {
-    if (name.empty()) {
-      std::cerr << "error: queue delete needs NAME\n";
-      return kExitUsage;
-    }
-    v1::DeleteQueueRequest request;
-    request.set_name(name);
-    v1::DeleteQueueResponse response;
-    if (std::optional<int> failed =
-            Call(*admin_, &v1::AdminService::Stub::DeleteQueue, request, &response)) {
-      return *failed;
-    }
-    std::cout << "queue " << name << " deleted\n";
-    return kExitSucceeded;
-  }
+  if (action == "create" || action == "update") return WriteQueue(action, name);
+  if (action == "delete") return DeleteQueue(name);
   if (action == "list" || action == "describe") {
     v1::ListQueuesResponse response;
-    if (std::optional<int> failed = list(&response)) return *failed;
-    if (action == "list") {
-      if (Json()) {
-        std::cout << ToJson(response);
-        return kExitSucceeded;
-      }
-      std::vector<std::vector<std::string>> rows;
-      for (const v1::Queue& q : response.queues()) {
-        const v1::QueueStatus& s = q.status();
-        rows.push_back({q.name(), absl::StrCat(q.weight() > 0 ? q.weight() : 1),
-                        Use(s.used_slots(), s.quota_slots(), s.borrowed_slots()),
-                        Use(s.used_gpus(), s.quota_gpus(), s.borrowed_gpus()),
-                        absl::StrCat(s.pending_jobs()), absl::StrCat(s.running_jobs()),
-                        absl::StrCat(s.preemptions()), MaxPriority(q), Users(q)});
-      }
-      std::cout << Table({"QUEUE", "WEIGHT", "SLOTS USED/QUOTA", "GPUS USED/QUOTA", "PENDING",
-                          "RUNNING", "PREEMPTED", "MAX PRIORITY", "USERS"},
-                         rows);
-      return kExitSucceeded;
-    }
-    if (name.empty()) {
-      std::cerr << "error: queue describe needs NAME\n";
-      return kExitUsage;
-    }
-    const v1::Queue* found = nullptr;
-    for (const v1::Queue& q : response.queues()) {
-      if (q.name() == name) found = &q;
-    }
-    if (found == nullptr) {
-      std::cerr << "error: no queue '" << name << "'\n";
-      return kExitRpcError;
-    }
-    // Its jobs not finished, as far as the caller may see them.
-    v1::ListJobsRequest request;
-    for (v1::JobState state : {v1::PENDING, v1::SCHEDULED, v1::RUNNING, v1::RESTARTING}) {
-      request.add_states(state);
-    }
-    request.set_page_size(1000);
-    v1::ListJobsResponse jobs;
-    if (std::optional<int> failed = Call(*stub_, &v1::JobService::Stub::ListJobs, request, &jobs)) {
-      return *failed;
-    }
-    std::vector<const v1::Job*> mine;
-    for (const v1::Job& job : jobs.jobs()) {
-      if (job.spec().queue() == name || (job.spec().queue().empty() && name == "default")) {
-        mine.push_back(&job);
-      }
-    }
-    if (Json()) {
-      v1::ListJobsResponse out;
-      for (const v1::Job* job : mine) *out.add_jobs() = *job;
-      std::cout << ToJson(*found) << ToJson(out);
-      return kExitSucceeded;
-    }
-    std::cout << DescribeQueue(*found);
-    if (!mine.empty()) {
-      std::vector<v1::Job> shown;
-      for (const v1::Job* job : mine) shown.push_back(*job);
-      std::cout << "\n" << QueueJobsTable(shown, IsTerminal());
-    }
-    return kExitSucceeded;
+    if (int failed = ListQueuesInto(&response); failed != kExitSucceeded) return failed;
+    return action == "list" ? ListQueues(response) : DescribeQueueAndJobs(response, name);
   }
   std::cerr << "error: queue takes create, update, delete, list or describe, got '" << action
             << "'\n";
