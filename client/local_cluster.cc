@@ -146,8 +146,200 @@ bool PortServed(int port) {
   return served;
 }
 
-int RunLocalCluster(const LocalClusterOptions& options) {
+namespace {
+
+// A local cluster as RunLocalCluster brings it up: its folder, sizes, processes and credentials.
+struct LocalCluster {
+  explicit LocalCluster(const LocalClusterOptions& o) : options(o) {}
+  // Metrics next to the gRPC port: the coordinator on port+1, worker i on port+1+i (all picked
+  // by the kernel when the port is).
+  int MetricsBase() const { return options.port == 0 ? 0 : options.port + 1; }
+  int MetricsPort(int offset) const { return MetricsBase() == 0 ? 0 : MetricsBase() + offset; }
+  std::vector<Child*> All() {
+    std::vector<Child*> all;
+    for (Child& c : children) all.push_back(&c);
+    return all;
+  }
+
+  const LocalClusterOptions& options;
+  std::string state_dir;
+  int workers = 1;
+  int slots = 1;
+  int gpus = 0;
+  std::vector<Child> children;  // the coordinator first; reserved, so that pointers stay
+  std::string address;
+  std::string admin_token;
+  std::string cli_dir;  // where the CLI on this machine finds the admin token for `address`
+};
+
+// The state folder: the one asked for, or a new temporary one. False (said) when it cannot be.
+bool PrepareStateDir(LocalCluster& c) {
   namespace fs = std::filesystem;
+  c.state_dir = c.options.state_dir;
+  if (c.state_dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "trainyard-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      std::cerr << "error: cannot create a temporary folder\n";
+      return false;
+    }
+    c.state_dir = tmpl;
+  }
+  std::error_code ec;
+  fs::create_directories(fs::path(c.state_dir) / "logs", ec);
+  c.state_dir = fs::absolute(c.state_dir).lexically_normal().string();
+  if (ec) {
+    std::cerr << "error: cannot create " << c.state_dir << ": " << ec.message() << "\n";
+    return false;
+  }
+  return true;
+}
+
+// Starts the coordinator and waits for its port. False (said, the coordinator stopped) when it
+// does not come up.
+bool StartCoordinator(LocalCluster& c) {
+  std::error_code ec;
+  const std::string port_file = c.state_dir + "/coordinator.port";
+  std::filesystem::remove(port_file, ec);
+  SubprocessOptions coordinator;
+  coordinator.argv = {c.options.bin_dir + "/trainyard-coordinator",
+                      absl::StrCat("--listen=127.0.0.1:", c.options.port),
+                      "--state_dir=" + c.state_dir, "--port_file=" + port_file,
+                      // One machine, one user: jobs may read whatever that user can.
+                      "--allowed_local_paths=*",
+                      absl::StrCat("--metrics_listen=127.0.0.1:", c.MetricsPort(0))};
+  coordinator.output_file = c.state_dir + "/logs/coordinator.log";
+  absl::StatusOr<pid_t> pid = StartSubprocess(coordinator);
+  if (!pid.ok()) {
+    std::cerr << "error: " << pid.status().message() << "\n";
+    return false;
+  }
+  c.children.push_back({"coordinator", *pid, coordinator.output_file});
+  const absl::Time deadline = RealClock::Get().Now() + c.options.start_timeout;
+  while (true) {
+    absl::StatusOr<int> parsed = ParsePortFile(ReadAll(port_file));
+    if (parsed.ok()) {
+      c.address = absl::StrCat("127.0.0.1:", *parsed);
+      return true;
+    }
+    if (ReapDead(c.children) != nullptr) return false;
+    if (RealClock::Get().Now() >= deadline) {
+      std::cerr << "error: the coordinator did not write " << port_file << " within "
+                << absl::FormatDuration(c.options.start_timeout) << "\n";
+      StopChildren({&c.children[0]}, absl::Seconds(5));
+      return false;
+    }
+    RealClock::Get().SleepFor(absl::Milliseconds(50));
+  }
+}
+
+// Authentication is on: the coordinator made an admin token in its state folder; each worker
+// gets an agent token of its own, and the CLI on this machine finds the admin token for this
+// address (removed again when the cluster stops). Null (said, the coordinator stopped) when the
+// token cannot be had.
+std::unique_ptr<v1::AdminService::Stub> ConnectAdmin(LocalCluster& c) {
+  absl::StatusOr<std::string> admin_token = ReadCredentialFile(c.state_dir + "/admin.token");
+  if (!admin_token.ok()) {
+    std::cerr << "error: " << admin_token.status().message()
+              << " (the coordinator writes it when no admin token is valid; make one with "
+                 "`trainyard token create` and put it there)\n";
+    StopChildren({&c.children[0]}, absl::Seconds(10));
+    return nullptr;
+  }
+  c.admin_token = *admin_token;
+  ClientCredentials admin_credentials;
+  admin_credentials.token = c.admin_token;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> admin_channel =
+      NewClientChannel(c.address, admin_credentials);
+  if (!admin_channel.ok()) {
+    std::cerr << "error: " << admin_channel.status().message() << "\n";
+    StopChildren({&c.children[0]}, absl::Seconds(10));
+    return nullptr;
+  }
+  c.cli_dir = LocalCredentialsDir(c.address);
+  std::error_code ec;
+  std::filesystem::create_directories(c.cli_dir, ec);
+  if (absl::Status s = WriteSecretFile(c.cli_dir + "/token", c.admin_token + "\n"); !s.ok()) {
+    std::cerr << "warning: the CLI will need --token-file " << c.state_dir
+              << "/admin.token: " << s.message() << "\n";
+  }
+  return v1::AdminService::NewStub(*admin_channel);
+}
+
+// Starts the workers, each with an agent token of its own. False (said, everything stopped)
+// when one cannot start.
+bool StartWorkers(LocalCluster& c, v1::AdminService::Stub& admin) {
+  for (int i = 1; i <= c.workers; ++i) {
+    SubprocessOptions worker;
+    const std::string name = absl::StrCat("worker-", i);
+    worker.argv = {c.options.bin_dir + "/trainyard-worker", "--coordinator=" + c.address,
+                   "--name=" + name, "--address=127.0.0.1", absl::StrCat("--slots=", c.slots),
+                   // One worker takes the machine's GPUs (finding them itself, through NVML
+                   // where it can) so that none is handed out twice.
+                   absl::StrCat("--gpus=", i == 1 && c.gpus > 0 ? -1 : 0),
+                   "--work_dir=" + c.state_dir + "/" + name,
+                   absl::StrCat("--metrics_listen=127.0.0.1:", c.MetricsPort(i))};
+    worker.output_file = absl::StrCat(c.state_dir, "/logs/", name, ".log");
+    const std::string token_file = absl::StrCat(c.state_dir, "/", name, ".token");
+    absl::StatusOr<std::string> token = AgentToken(admin, name, token_file);
+    worker.argv.push_back("--token_file=" + token_file);
+    absl::StatusOr<pid_t> pid = token.ok() ? StartSubprocess(worker) : token.status();
+    if (!pid.ok()) {
+      std::cerr << "error: " << pid.status().message() << "\n";
+      StopChildren(c.All(), absl::Seconds(15));
+      return false;
+    }
+    c.children.push_back({name, *pid, worker.output_file});
+  }
+  return true;
+}
+
+void PrintRunning(const LocalCluster& c) {
+  const int workers = c.workers;
+  std::cout
+      << "Trainyard is running: coordinator at " << c.address << ", " << Counted(workers, "worker")
+      << (workers == 1 ? " (worker-1)" : absl::StrCat(" (worker-1..worker-", workers, ")"))
+      << " with " << Counted(c.slots, "slot") << (workers == 1 ? "" : " each")
+      << (c.gpus > 0 ? absl::StrCat(", ", c.gpus, " GPUs on worker-1") : "") << ".\n"
+      << "State and logs: " << c.state_dir << "\n"
+      << (c.MetricsBase() == 0 ? std::string()
+                               : absl::StrCat("Metrics: http://127.0.0.1:", c.MetricsBase(),
+                                              "/metrics (coordinator), ports ", c.MetricsPort(1),
+                                              "-", c.MetricsPort(workers), " (workers)\n"))
+      << "\n"
+      << "In another terminal:\n"
+      << "  export TRAINYARD_COORDINATOR=" << c.address << "\n"
+      << "  trainyard workers\n"
+      << "  trainyard submit examples/synthetic-mlp.yaml --wait\n"
+      << "  kill -TERM PID   # preempt a worker (PID from `trainyard workers`); -9 loses it\n\n"
+      << "Press Ctrl-C to stop.\n"
+      << std::flush;
+}
+
+// Runs until a stop signal (0) or the coordinator's end (1). A worker that dies is a machine
+// lost, as on a real cluster: its jobs restart on the others, and it stays down.
+int Supervise(LocalCluster& c, const sigset_t& stop_signals) {
+  while (true) {
+    struct timespec timeout = {0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &timeout);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::cout << "\nStopping...\n" << std::flush;
+      return 0;
+    }
+    Child* dead = nullptr;
+    while ((dead = ReapDead(c.children)) != nullptr && dead != &c.children[0]) {
+      std::cerr << "trainyard up: " << dead->name
+                << " stays down; the coordinator and the other workers go on\n";
+    }
+    if (dead == &c.children[0]) {
+      std::cerr << "trainyard up: the coordinator is gone; shutting down the workers\n";
+      return 1;
+    }
+  }
+}
+
+}  // namespace
+
+int RunLocalCluster(const LocalClusterOptions& options) {
   // Another cluster there would answer some of the CLI's calls and this one the rest; the
   // coordinator would refuse the port anyway, but this says what is going on.
   if (options.port != 0 && PortServed(options.port)) {
@@ -158,180 +350,38 @@ int RunLocalCluster(const LocalClusterOptions& options) {
               << "another port (--port)\n";
     return 1;
   }
-  std::string state_dir = options.state_dir;
-  if (state_dir.empty()) {
-    std::string tmpl = (fs::temp_directory_path() / "trainyard-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) {
-      std::cerr << "error: cannot create a temporary folder\n";
-      return 1;
-    }
-    state_dir = tmpl;
-  }
-  std::error_code ec;
-  fs::create_directories(fs::path(state_dir) / "logs", ec);
-  state_dir = fs::absolute(state_dir).lexically_normal().string();
-  if (ec) {
-    std::cerr << "error: cannot create " << state_dir << ": " << ec.message() << "\n";
-    return 1;
-  }
-  const int workers = std::max(1, options.workers);
+  LocalCluster c(options);
+  if (!PrepareStateDir(c)) return 1;
+  c.workers = std::max(1, options.workers);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int slots = options.slots > 0 ? options.slots : std::max(1, cores / workers);
+  c.slots = options.slots > 0 ? options.slots : std::max(1, cores / c.workers);
+  c.children.reserve(c.workers + 1);
 
-  // The signals are taken with sigtimedwait in the loop below; children get a clean mask.
+  // The signals are taken with sigtimedwait in Supervise; children get a clean mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  std::vector<Child> children;
-  children.reserve(workers + 1);
-  const std::string port_file = state_dir + "/coordinator.port";
-  fs::remove(port_file, ec);
-  // Metrics next to the gRPC port: the coordinator on port+1, worker i on port+1+i (all picked
-  // by the kernel when the port is).
-  const int metrics_base = options.port == 0 ? 0 : options.port + 1;
-  auto metrics_port = [&](int offset) { return metrics_base == 0 ? 0 : metrics_base + offset; };
-  {
-    SubprocessOptions coordinator;
-    coordinator.argv = {options.bin_dir + "/trainyard-coordinator",
-                        absl::StrCat("--listen=127.0.0.1:", options.port),
-                        "--state_dir=" + state_dir, "--port_file=" + port_file,
-                        // One machine, one user: jobs may read whatever that user can.
-                        "--allowed_local_paths=*",
-                        absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port(0))};
-    coordinator.output_file = state_dir + "/logs/coordinator.log";
-    absl::StatusOr<pid_t> pid = StartSubprocess(coordinator);
-    if (!pid.ok()) {
-      std::cerr << "error: " << pid.status().message() << "\n";
-      return 1;
-    }
-    children.push_back({"coordinator", *pid, coordinator.output_file});
-  }
-  Child& coordinator = children[0];
-
-  int port = 0;
-  const absl::Time deadline = RealClock::Get().Now() + options.start_timeout;
-  while (true) {
-    absl::StatusOr<int> parsed = ParsePortFile(ReadAll(port_file));
-    if (parsed.ok()) {
-      port = *parsed;
-      break;
-    }
-    if (ReapDead(children) != nullptr) return 1;
-    if (RealClock::Get().Now() >= deadline) {
-      std::cerr << "error: the coordinator did not write " << port_file << " within "
-                << absl::FormatDuration(options.start_timeout) << "\n";
-      StopChildren({&coordinator}, absl::Seconds(5));
-      return 1;
-    }
-    RealClock::Get().SleepFor(absl::Milliseconds(50));
-  }
-  const std::string address = absl::StrCat("127.0.0.1:", port);
-
-  // Authentication is on: the coordinator made an admin token in its state folder; each worker
-  // gets an agent token of its own, and the CLI on this machine finds the admin token for this
-  // address (removed again when the cluster stops).
-  absl::StatusOr<std::string> admin_token = ReadCredentialFile(state_dir + "/admin.token");
-  if (!admin_token.ok()) {
-    std::cerr << "error: " << admin_token.status().message()
-              << " (the coordinator writes it when no admin token is valid; make one with "
-                 "`trainyard token create` and put it there)\n";
-    StopChildren({&coordinator}, absl::Seconds(10));
-    return 1;
-  }
-  ClientCredentials admin_credentials;
-  admin_credentials.token = *admin_token;
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> admin_channel =
-      NewClientChannel(address, admin_credentials);
-  if (!admin_channel.ok()) {
-    std::cerr << "error: " << admin_channel.status().message() << "\n";
-    StopChildren({&coordinator}, absl::Seconds(10));
-    return 1;
-  }
-  std::unique_ptr<v1::AdminService::Stub> admin = v1::AdminService::NewStub(*admin_channel);
-  const std::string cli_dir = LocalCredentialsDir(address);
-  fs::create_directories(cli_dir, ec);
-  if (absl::Status s = WriteSecretFile(cli_dir + "/token", *admin_token + "\n"); !s.ok()) {
-    std::cerr << "warning: the CLI will need --token-file " << state_dir
-              << "/admin.token: " << s.message() << "\n";
-  }
-
-  const int gpus = DetectGpuCount();
-  for (int i = 1; i <= workers; ++i) {
-    SubprocessOptions worker;
-    const std::string name = absl::StrCat("worker-", i);
-    worker.argv = {options.bin_dir + "/trainyard-worker", "--coordinator=" + address,
-                   "--name=" + name, "--address=127.0.0.1", absl::StrCat("--slots=", slots),
-                   // One worker takes the machine's GPUs (finding them itself, through NVML
-                   // where it can) so that none is handed out twice.
-                   absl::StrCat("--gpus=", i == 1 && gpus > 0 ? -1 : 0),
-                   "--work_dir=" + state_dir + "/" + name,
-                   absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port(i))};
-    worker.output_file = absl::StrCat(state_dir, "/logs/", name, ".log");
-    const std::string token_file = absl::StrCat(state_dir, "/", name, ".token");
-    absl::StatusOr<std::string> token = AgentToken(*admin, name, token_file);
-    worker.argv.push_back("--token_file=" + token_file);
-    absl::StatusOr<pid_t> pid = token.ok() ? StartSubprocess(worker) : token.status();
-    if (!pid.ok()) {
-      std::cerr << "error: " << pid.status().message() << "\n";
-      std::vector<Child*> all;
-      for (Child& c : children) all.push_back(&c);
-      StopChildren(all, absl::Seconds(15));
-      return 1;
-    }
-    children.push_back({name, *pid, worker.output_file});
-  }
-
-  std::cout
-      << "Trainyard is running: coordinator at " << address << ", " << Counted(workers, "worker")
-      << (workers == 1 ? " (worker-1)" : absl::StrCat(" (worker-1..worker-", workers, ")"))
-      << " with " << Counted(slots, "slot") << (workers == 1 ? "" : " each")
-      << (gpus > 0 ? absl::StrCat(", ", gpus, " GPUs on worker-1") : "") << ".\n"
-      << "State and logs: " << state_dir << "\n"
-      << (metrics_base == 0 ? std::string()
-                            : absl::StrCat("Metrics: http://127.0.0.1:", metrics_base,
-                                           "/metrics (coordinator), ports ", metrics_port(1), "-",
-                                           metrics_port(workers), " (workers)\n"))
-      << "\n"
-      << "In another terminal:\n"
-      << "  export TRAINYARD_COORDINATOR=" << address << "\n"
-      << "  trainyard workers\n"
-      << "  trainyard submit examples/synthetic-mlp.yaml --wait\n"
-      << "  kill -TERM PID   # preempt a worker (PID from `trainyard workers`); -9 loses it\n\n"
-      << "Press Ctrl-C to stop.\n"
-      << std::flush;
-
-  int exit_code = 0;
-  while (true) {
-    struct timespec timeout = {0, 200 * 1000 * 1000};
-    const int sig = sigtimedwait(&stop_signals, nullptr, &timeout);
-    if (sig == SIGINT || sig == SIGTERM) {
-      std::cout << "\nStopping...\n" << std::flush;
-      break;
-    }
-    // A worker that dies is a machine lost, as on a real cluster: its jobs restart on the
-    // others, and it stays down. Only the coordinator's end stops the whole cluster.
-    Child* dead = nullptr;
-    while ((dead = ReapDead(children)) != nullptr && dead != &coordinator) {
-      std::cerr << "trainyard up: " << dead->name
-                << " stays down; the coordinator and the other workers go on\n";
-    }
-    if (dead == &coordinator) {
-      std::cerr << "trainyard up: the coordinator is gone; shutting down the workers\n";
-      exit_code = 1;
-      break;
-    }
-  }
+  if (!StartCoordinator(c)) return 1;
+  std::unique_ptr<v1::AdminService::Stub> admin = ConnectAdmin(c);
+  if (admin == nullptr) return 1;
+  c.gpus = DetectGpuCount();
+  if (!StartWorkers(c, *admin)) return 1;
+  PrintRunning(c);
+  const int exit_code = Supervise(c, stop_signals);
   std::vector<Child*> worker_children;
-  for (size_t i = 1; i < children.size(); ++i) worker_children.push_back(&children[i]);
+  for (size_t i = 1; i < c.children.size(); ++i) worker_children.push_back(&c.children[i]);
   // SIGINT: a plain stop; SIGTERM would tell the agents their machine is being preempted.
   StopChildren(worker_children, absl::Seconds(30), SIGINT);
-  StopChildren({&coordinator}, absl::Seconds(10));
+  StopChildren({&c.children[0]}, absl::Seconds(10));
   // The CLI's token for this address goes with the cluster, unless another one has replaced it.
-  if (ReadAll(cli_dir + "/token") == *admin_token + "\n") fs::remove_all(cli_dir, ec);
-  if (exit_code == 0) std::cout << "Stopped. State is kept in " << state_dir << "\n";
+  std::error_code ec;
+  if (ReadAll(c.cli_dir + "/token") == c.admin_token + "\n") {
+    std::filesystem::remove_all(c.cli_dir, ec);
+  }
+  if (exit_code == 0) std::cout << "Stopped. State is kept in " << c.state_dir << "\n";
   return exit_code;
 }
 
