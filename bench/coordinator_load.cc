@@ -33,7 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/channel.h"
+#include "common/rpc/channel.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"

@@ -27,7 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "common/credentials.h"
+#include "common/rpc/credentials.h"
 #include "server/api/coordinator_server.h"
 #include "server/jobs/job_manager.h"
 #include "server/store/sqlite_job_store.h"

@@ -30,9 +30,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "common/object_store.h"
-#include "common/s3_client.h"
-#include "common/s3_object_store.h"
+#include "common/storage/object_store.h"
+#include "common/storage/s3_client.h"
+#include "common/storage/s3_object_store.h"
 #include "worker/trainer/checkpoint/checkpoint.h"
 #include "worker/trainer/loop/trainer.h"
 

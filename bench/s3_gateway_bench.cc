@@ -13,9 +13,9 @@
 #include <sstream>
 #include <string>
 
-#include "common/s3_client.h"
-#include "common/s3_object_store.h"
-#include "common/uri.h"
+#include "common/storage/s3_client.h"
+#include "common/storage/s3_object_store.h"
+#include "common/storage/uri.h"
 #include "worker/agent/s3_gateway.h"
 
 namespace {

@@ -20,9 +20,9 @@
 #include "client/commands.h"
 #include "client/credentials.h"
 #include "client/local_cluster.h"
-#include "common/channel.h"
 #include "common/clock.h"
-#include "common/object_store.h"
+#include "common/rpc/channel.h"
+#include "common/storage/object_store.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/subprocess.h"
 

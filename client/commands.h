@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "client/args.h"
 #include "client/cli.h"
-#include "common/object_store.h"
+#include "common/storage/object_store.h"
 #include "grpcpp/grpcpp.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/job_service.grpc.pb.h"

@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/args.h"
-#include "common/channel.h"
+#include "common/rpc/channel.h"
 
 namespace trainyard::cli {
 

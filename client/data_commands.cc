@@ -17,8 +17,8 @@
 #include "client/data_pack.h"
 #include "client/format.h"
 #include "common/byte_size.h"
-#include "common/safetensors.h"
-#include "common/shard_index.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/shard_index.h"
 #include "nlohmann/json.hpp"
 
 namespace trainyard::cli {

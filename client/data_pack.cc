@@ -25,7 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 
 namespace trainyard::cli {
 namespace {

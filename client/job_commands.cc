@@ -19,8 +19,8 @@
 #include "client/format.h"
 #include "client/views.h"
 #include "common/clock.h"
-#include "common/object_store.h"
-#include "common/uri.h"
+#include "common/storage/object_store.h"
+#include "common/storage/uri.h"
 
 namespace trainyard::cli {
 namespace {

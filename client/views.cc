@@ -10,8 +10,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "client/format.h"
-#include "common/memory_estimate.h"
 #include "common/restart_reason.h"
+#include "common/spec/memory_estimate.h"
 #include "google/protobuf/util/json_util.h"
 #include "yaml-cpp/yaml.h"
 

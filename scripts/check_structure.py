@@ -10,8 +10,10 @@ Rules, for product sources (*.cc and *.h under common/, server/, worker/ and cli
              std::this_thread::sleep_for, sleep(),
              usleep() and nanosleep() appear only in common/clock.h;
   docs       a document a file cites (docs/x.md, README.md, ...) exists in the repository;
-  rooms      a file of a room of the coordinator (server/ROOM/) includes only headers of its
-             own room and of the rooms below it (ROOMS), so arrows point down, with no cycles;
+  rooms      a file of a room of the coordinator (server/ROOM/) or of the shared code
+             (common/ROOM/) includes only headers of its own room and of the rooms below it
+             (ROOMS, COMMON_ROOMS; a file at common/ itself, none), so arrows point down, with no
+             cycles;
 and for every C++ file of the repository (tests and benchmarks too):
   format     formatted as .clang-format says (clang-format --dry-run -Werror).
 
@@ -52,7 +54,19 @@ ROOMS = {
     "searches": {"jobs", "auth", "store"},
     "api": {"jobs", "searches", "auth"},
 }
-SERVER_INCLUDE = re.compile(r'#include "server/([^/"]+)/[^"]+"')
+# The shared code's rooms (docs/architecture.md, "Shared code"); the files at common/ itself (the
+# clock, logging, sizes, hashes) are below them all and call none.
+COMMON_ROOMS = {
+    "storage": set(),
+    "spec": {"storage"},
+    "formats": {"storage"},
+    "rpc": set(),
+}
+# Each top folder with rooms: its rooms, and how an include of one of them reads.
+ROOMED = {
+    "server": (ROOMS, re.compile(r'#include "server/([^/"]+)/[^"]+"')),
+    "common": (COMMON_ROOMS, re.compile(r'#include "common/([^/"]+)/[^"]+"')),
+}
 
 
 def git_files(root):
@@ -166,20 +180,26 @@ class Checker:
     def check_rooms(self, files):
         for path in files:
             parts = path.split("/")
-            if parts[0] != "server" or len(parts) != 3:
+            if parts[0] not in ROOMED:
                 continue
-            room = parts[1]
-            if room not in ROOMS:
+            rooms, include = ROOMED[parts[0]]
+            # A file at the top of a roomed folder of common/ is below every room: it calls none.
+            room = parts[1] if len(parts) == 3 else None
+            if len(parts) == 2 and parts[0] == "server":
+                continue  # server/main.cc and the flags assemble every room
+            if len(parts) > 3 or (room is not None and room not in rooms):
                 self.report("rooms", path, 1, "",
-                            "server/%s/ is no room of scripts/check_structure.py's ROOMS: add it "
-                            "there and to docs/architecture.md" % room)
+                            "%s/ is no room of scripts/check_structure.py's rooms of %s/: add it "
+                            "there and to docs/architecture.md" % ("/".join(parts[:-1]), parts[0]))
                 continue
+            allowed = rooms[room] if room is not None else set()
             for number, line in enumerate(self.read(path), 1):
-                match = SERVER_INCLUDE.match(line)
-                if match and match.group(1) != room and match.group(1) not in ROOMS[room]:
+                match = include.match(line)
+                if match and match.group(1) != room and match.group(1) not in allowed:
                     self.report("rooms", path, number, "",
-                                "%s/ may not call %s/ (arrows point down): move the code or the "
-                                "rule" % (room, match.group(1)))
+                                "%s may not call %s/%s/ (arrows point down): move the code or "
+                                "the rule" % ("/".join(parts[:-1]) + "/", parts[0],
+                                             match.group(1)))
 
     def check_format(self, files):
         if not files:

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 
 namespace trainyard {
 

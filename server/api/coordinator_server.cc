@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/channel.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/rpc/channel.h"
 
 namespace trainyard {
 namespace {

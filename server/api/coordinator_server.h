@@ -100,9 +100,9 @@ inline constexpr char kLeaderMetadata[] = "trainyard-leader";
 // A standby's server (PostgreSQL store, another coordinator leads), on the API address and on
 // --health_listen alike: grpc.health.v1.Health with the server ("") NOT_SERVING and "liveness"
 // SERVING, so that probes and clients given several coordinators (round_robin with gRPC's
-// client-side health checks, common/channel.h) keep to the leader; and every other call answered
-// UNAVAILABLE with a message that names the leader's address (also in the trailing metadata
-// kLeaderMetadata), for a client given this coordinator's address alone.
+// client-side health checks, common/rpc/channel.h) keep to the leader; and every other call
+// answered UNAVAILABLE with a message that names the leader's address (also in the trailing
+// metadata kLeaderMetadata), for a client given this coordinator's address alone.
 class StandbyServer {
  public:
   // Binds `listen` (credentials null: plaintext). UNAVAILABLE when it cannot listen there.

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 
 namespace trainyard {
 

@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 
 namespace trainyard {
 

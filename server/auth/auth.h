@@ -7,7 +7,7 @@
 //
 // People and agents present bearer tokens (made by an admin, stored hashed in the coordinator's
 // database) or client certificates (CN: the name; OU: the role, `user` when absent). Trainer and
-// parameter-server processes present task credentials (common/credentials.h) that the
+// parameter-server processes present task credentials (common/rpc/credentials.h) that the
 // coordinator hands their agent with each task. An agent's name is the worker name it may
 // register and speak for.
 
@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/credentials.h"
+#include "common/rpc/credentials.h"
 #include "google/protobuf/repeated_field.h"
 #include "server/store/job_store.h"
 

@@ -24,7 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/object_store.h"
+#include "common/storage/object_store.h"
 #include "server/auth/auth.h"
 #include "server/jobs/capacity.h"
 #include "server/jobs/job_table.h"
@@ -91,7 +91,7 @@ struct JobManagerOptions {
   const ObjectStoreResolver* model_stores = nullptr;
   // What each agent may claim for its worker (RegisterWorker): more is refused.
   WorkerLimits worker_limits;
-  // Signs each task's credential (Task.credential, common/credentials.h); empty: tasks carry
+  // Signs each task's credential (Task.credential, common/rpc/credentials.h); empty: tasks carry
   // none.
   std::string task_credential_key;
   // DeleteJob of a job that has just ended waits this long for its trainers to be seen gone

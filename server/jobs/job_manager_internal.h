@@ -16,7 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/exit_codes.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "trainyard/v1/job.pb.h"
 
 namespace trainyard {

@@ -10,10 +10,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_object_store.h"
+#include "common/formats/torchscript_archive.h"
 #include "common/log.h"
-#include "common/torchscript_archive.h"
-#include "common/uri.h"
+#include "common/storage/file_object_store.h"
+#include "common/storage/uri.h"
 
 namespace trainyard {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/object_store.h"
+#include "common/storage/object_store.h"
 #include "server/jobs/worker_registry.h"
 #include "trainyard/v1/job.pb.h"
 

@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
-#include "common/credentials.h"
+#include "common/rpc/credentials.h"
 #include "server/leadership/leader_lease.h"
 #include "server/leadership/leadership.h"
 #include "server/store/log_store.h"

@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
 #include "common/log.h"
+#include "common/spec/job_spec.h"
 #include "server/jobs/job_manager.h"
 #include "server/searches/search_spec.h"
 #include "server/store/log_store.h"

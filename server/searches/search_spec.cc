@@ -12,8 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/job_spec.h"
-#include "common/yaml_fields.h"
+#include "common/spec/job_spec.h"
+#include "common/spec/yaml_fields.h"
 #include "yaml-cpp/yaml.h"
 
 namespace trainyard {

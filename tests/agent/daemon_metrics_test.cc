@@ -20,8 +20,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/metrics_http.h"
-#include "common/tls_metrics_server.h"
+#include "common/rpc/metrics_http.h"
+#include "common/rpc/tls_metrics_server.h"
 #include "gtest/gtest.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"

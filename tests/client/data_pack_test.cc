@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/shard_index.h"
+#include "common/formats/shard_index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/run_shell.h"

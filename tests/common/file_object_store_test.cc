@@ -1,4 +1,4 @@
-#include "common/file_object_store.h"
+#include "common/storage/file_object_store.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/object_store.h"
-#include "common/s3_object_store.h"
 #include "common/sha256.h"
+#include "common/storage/object_store.h"
+#include "common/storage/s3_object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

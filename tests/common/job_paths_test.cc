@@ -1,4 +1,4 @@
-#include "common/job_paths.h"
+#include "common/spec/job_paths.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "common/file_object_store.h"
+#include "common/storage/file_object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

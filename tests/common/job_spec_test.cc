@@ -1,4 +1,4 @@
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 
 #include <stdlib.h>
 

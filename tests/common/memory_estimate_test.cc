@@ -1,12 +1,12 @@
 // What the coordinator's memory estimate makes of each strategy (the built-ins' parameter counts
 // are checked against the models the trainer builds in trainer_test.cc).
 
-#include "common/memory_estimate.h"
+#include "common/spec/memory_estimate.h"
 
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "gtest/gtest.h"
 
 namespace trainyard {

@@ -1,6 +1,6 @@
 // The ETag-keyed cache of remote objects, over s3rver and over the file store.
 
-#include "common/object_cache.h"
+#include "common/storage/object_cache.h"
 
 #include <stdlib.h>
 
@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_object_store.h"
-#include "common/s3_object_store.h"
+#include "common/storage/file_object_store.h"
+#include "common/storage/s3_object_store.h"
 #include "gtest/gtest.h"
 #include "tests/common/s3rver.h"
 

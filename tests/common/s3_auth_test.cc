@@ -3,7 +3,7 @@
 // Request tables and scripted answers list only the fields that matter to each case.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
-#include "common/s3_auth.h"
+#include "common/storage/s3_auth.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
 // Request tables and scripted answers list only the fields that matter to each case.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
-#include "common/s3_client.h"
+#include "common/storage/s3_client.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -36,11 +36,11 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/object_store.h"
-#include "common/s3_object_store.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/shard_index.h"
 #include "common/sha256.h"
-#include "common/shard_index.h"
+#include "common/storage/object_store.h"
+#include "common/storage/s3_object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/s3_client.h"
+#include "common/storage/s3_client.h"
 
 namespace trainyard::testing {
 

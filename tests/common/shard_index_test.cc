@@ -1,4 +1,4 @@
-#include "common/shard_index.h"
+#include "common/formats/shard_index.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_object_store.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
+#include "common/storage/file_object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_stores.h"

@@ -1,4 +1,4 @@
-#include "common/shard_reader.h"
+#include "common/formats/shard_reader.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -14,9 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/file_object_store.h"
-#include "common/safetensors.h"
-#include "common/shard_index.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/shard_index.h"
+#include "common/storage/file_object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_stores.h"

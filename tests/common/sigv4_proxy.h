@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "common/s3_auth.h"
+#include "common/storage/s3_auth.h"
 
 namespace trainyard::testing {
 

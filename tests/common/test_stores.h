@@ -15,7 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/object_store.h"
+#include "common/storage/object_store.h"
 
 namespace trainyard {
 

@@ -1,4 +1,4 @@
-#include "common/torchscript_archive.h"
+#include "common/formats/torchscript_archive.h"
 
 #include <stdlib.h>
 
@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/file_object_store.h"
+#include "common/storage/file_object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/run_shell.h"

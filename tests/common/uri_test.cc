@@ -1,11 +1,11 @@
-#include "common/uri.h"
+#include "common/storage/uri.h"
 
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "common/checkpoint_layout.h"
+#include "common/storage/checkpoint_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -30,8 +30,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "common/channel.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
+#include "common/rpc/channel.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 

@@ -13,7 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/uri.h"
+#include "common/storage/uri.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
 

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "common/credentials.h"
+#include "common/rpc/credentials.h"
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "common/channel.h"
-#include "common/credentials.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/store/sqlite_job_store.h"

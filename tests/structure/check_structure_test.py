@@ -89,11 +89,28 @@ class CheckStructureTest(unittest.TestCase):
         })
         code, out = self.check(root)
         self.assertEqual(code, 1, out)
-        self.assertIn("server/store/s.cc:1: rooms: store/ may not call jobs/", out)
+        self.assertIn("server/store/s.cc:1: rooms: server/store/ may not call server/jobs/", out)
         self.assertNotIn("server/store/s.cc:2", out)
         self.assertNotIn("server/api/a.cc", out)
         self.assertIn("server/misc/m.cc:1: rooms: server/misc/ is no room", out)
         self.assertIn("2 problems", out)
+
+    def test_shared_code_keeps_its_rooms_above_its_base(self):
+        root = self.repo({
+            "common/storage/u.cc": "#include \"common/spec/job_spec.h\"\n",
+            "common/storage/v.cc": "#include \"common/log.h\"\n",
+            "common/spec/j.cc": "#include \"common/storage/uri.h\"\n",
+            "common/log.cc": "#include \"common/rpc/channel.h\"\n",
+            "common/odd/x.cc": "int x = 0;\n",
+        })
+        code, out = self.check(root)
+        self.assertEqual(code, 1, out)
+        self.assertIn("common/storage/u.cc:1: rooms: common/storage/ may not call common/spec/", out)
+        self.assertNotIn("common/storage/v.cc", out)
+        self.assertNotIn("common/spec/j.cc", out)
+        self.assertIn("common/log.cc:1: rooms: common/ may not call common/rpc/", out)
+        self.assertIn("common/odd/x.cc:1: rooms: common/odd/ is no room", out)
+        self.assertIn("3 problems", out)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,10 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "common/file_object_store.h"
-#include "common/object_store.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 #include "common/sha256.h"
+#include "common/storage/file_object_store.h"
+#include "common/storage/object_store.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
 #include "tests/trainer/test_files.h"

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/credentials.h"
+#include "common/rpc/credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/api/coordinator_server.h"

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "common/checkpoint_layout.h"
+#include "common/storage/checkpoint_layout.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 
 namespace trainyard::trainer {

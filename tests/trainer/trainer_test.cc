@@ -20,9 +20,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/memory_estimate.h"
-#include "common/object_store.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
+#include "common/spec/memory_estimate.h"
+#include "common/storage/object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
@@ -540,7 +540,7 @@ TEST(TrainingDataTest, TokenShardsGiveWindowsOfContextPlusOneTokens) {
                                           "[4,2]"));
 }
 
-// The coordinator's memory estimate (common/memory_estimate.h) counts a built-in model's
+// The coordinator's memory estimate (common/spec/memory_estimate.h) counts a built-in model's
 // parameters exactly: as many bytes as the model the trainer builds holds.
 TEST(MemoryEstimateTest, BuiltinParametersAreExact) {
   auto bytes_of = [](Model& model) {

@@ -7,7 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 
 namespace trainyard {

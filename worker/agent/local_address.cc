@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/channel.h"
+#include "common/rpc/channel.h"
 
 namespace trainyard {
 

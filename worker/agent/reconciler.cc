@@ -14,11 +14,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/byte_size.h"
-#include "common/credentials.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
-#include "common/ps_tls.h"
-#include "common/uri.h"
+#include "common/rpc/credentials.h"
+#include "common/rpc/ps_tls.h"
+#include "common/storage/uri.h"
 
 namespace trainyard {
 namespace {

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/ps_tls.h"
-#include "common/uri.h"
+#include "common/rpc/ps_tls.h"
+#include "common/storage/uri.h"
 #include "worker/agent/reconciler.h"
 
 namespace trainyard {

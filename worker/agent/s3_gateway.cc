@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
-#include "common/s3_client_internal.h"
+#include "common/storage/s3_client_internal.h"
 
 namespace trainyard {
 

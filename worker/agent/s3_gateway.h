@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
-#include "common/s3_client.h"
+#include "common/storage/s3_client.h"
 #include "worker/agent/s3_gateway_rules.h"
 
 struct mg_context;

@@ -11,9 +11,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
-#include "common/job_paths.h"
-#include "common/s3_auth.h"
-#include "common/uri.h"
+#include "common/spec/job_paths.h"
+#include "common/storage/s3_auth.h"
+#include "common/storage/uri.h"
 
 namespace trainyard {
 

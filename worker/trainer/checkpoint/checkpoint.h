@@ -73,9 +73,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
-#include "common/checkpoint_layout.h"
 #include "common/clock.h"
-#include "common/object_store.h"
+#include "common/storage/checkpoint_layout.h"
+#include "common/storage/object_store.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/model/model.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/channel.h"
+#include "common/rpc/channel.h"
 
 namespace trainyard::trainer {
 

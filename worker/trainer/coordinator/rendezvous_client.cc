@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"  // Retry, CoordinatorRetry
 

@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/object_store.h"
+#include "common/storage/object_store.h"
 #include "trainyard/v1/job.pb.h"
 #include "worker/trainer/data/schedule.h"
 
@@ -96,10 +96,10 @@ struct DataOptions {
 // What a run trains and validates on: samples numbered in file order, the training split
 // first, then the validation split (the last samples). Synthetic data is held in memory; files
 // are indexed from their headers and read per batch, only the named tensors, local shards
-// memory-mapped and remote ones streamed through the worker's cache (common/shard_reader.h).
-// Compact dtypes stay compact until a batch is built: features become float32 per batch
-// (times data.feature_scale plus data.feature_offset), labels int64 class ids (float32 targets
-// for mse), categorical ids int64.
+// memory-mapped and remote ones streamed through the worker's cache
+// (common/formats/shard_reader.h). Compact dtypes stay compact until a batch is built: features
+// become float32 per batch (times data.feature_scale plus data.feature_offset), labels int64 class
+// ids (float32 targets for mse), categorical ids int64.
 class TrainingData {
  public:
   virtual ~TrainingData() = default;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/ps_tls.h"
+#include "common/rpc/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
 #include "worker/trainer/model/model.h"

@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/object_store.h"
+#include "common/storage/object_store.h"
 #include "worker/trainer/checkpoint/checkpoint.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/data/data.h"

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_layout.h"
 #include "common/log.h"
-#include "common/object_store.h"
-#include "common/uri.h"
+#include "common/storage/checkpoint_layout.h"
+#include "common/storage/object_store.h"
+#include "common/storage/uri.h"
 #include "worker/trainer/checkpoint/checkpoint.h"
 #include "worker/trainer/loop/run.h"
 #include "worker/trainer/model/model.h"

@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/ps_tls.h"
+#include "common/rpc/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
 

@@ -25,11 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/checkpoint_layout.h"
-#include "common/job_spec.h"
 #include "common/log.h"
-#include "common/object_store.h"
-#include "common/uri.h"
+#include "common/spec/job_spec.h"
+#include "common/storage/checkpoint_layout.h"
+#include "common/storage/object_store.h"
+#include "common/storage/uri.h"
 #include "worker/trainer/checkpoint/checkpoint.h"
 #include "worker/trainer/data/data.h"
 #include "worker/trainer/data/device_feed.h"
@@ -631,7 +631,7 @@ std::optional<absl::Time> ReadStopDeadline(const std::string& path) {
 absl::StatusOr<TrainResult> RunTrainer(const trainyard::v1::Task& task,
                                        const TrainerOptions& options) {
   // The spec's defaults, applied where the coordinator applies them at submission (one home:
-  // common/job_spec.h); a task made by hand (tests, benchmarks) gets them here. Idempotent.
+  // common/spec/job_spec.h); a task made by hand (tests, benchmarks) gets them here. Idempotent.
   trainyard::v1::Task with_defaults = task;
   ApplyJobSpecDefaults(*with_defaults.mutable_spec());
   try {

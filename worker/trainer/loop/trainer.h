@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
-#include "common/ps_tls.h"
+#include "common/rpc/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"

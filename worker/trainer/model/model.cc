@@ -17,11 +17,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "common/file_object_store.h"
-#include "common/object_cache.h"
-#include "common/object_store.h"
-#include "common/torchscript_archive.h"
-#include "common/uri.h"
+#include "common/formats/torchscript_archive.h"
+#include "common/storage/file_object_store.h"
+#include "common/storage/object_cache.h"
+#include "common/storage/object_store.h"
+#include "common/storage/uri.h"
 #include "worker/trainer/model/transformer.h"
 
 namespace trainyard::trainer {

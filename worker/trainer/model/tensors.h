@@ -1,9 +1,9 @@
 #ifndef TRAINYARD_WORKER_TRAINER_MODEL_TENSORS_H_
 #define TRAINYARD_WORKER_TRAINER_MODEL_TENSORS_H_
 
-// Named LibTorch tensors and their safetensors form (common/safetensors.h has the format itself),
-// which checkpoints, exported models and the parameter servers' state share; and the one-line
-// description of LibTorch's errors.
+// Named LibTorch tensors and their safetensors form (common/formats/safetensors.h has the format
+// itself), which checkpoints, exported models and the parameter servers' state share; and the
+// one-line description of LibTorch's errors.
 
 #include <torch/torch.h>
 
@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 
 namespace trainyard::trainer {
 

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/pipeline_partition.h"
+#include "common/spec/pipeline_partition.h"
 
 namespace trainyard::trainer::pipeline {
 
@@ -65,7 +65,7 @@ struct Timeline {
 absl::StatusOr<Timeline> Simulate(Schedule schedule, int stages, int microbatches,
                                   double forward_cost, double backward_cost);
 
-// PartitionLayers (common/pipeline_partition.h): how the layers are split into stages; the
+// PartitionLayers (common/spec/pipeline_partition.h): how the layers are split into stages; the
 // coordinator's memory estimate uses the same split.
 using trainyard::PartitionLayers;
 

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/ps_tls.h"
+#include "common/rpc/ps_tls.h"
 #include "trainyard/v1/ps_service.grpc.pb.h"
 #include "worker/trainer/ps/shard.h"
 

@@ -17,10 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/channel.h"
 #include "common/clock.h"
-#include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/grpc_status.h"
 #include "trainyard/v1/ps_service.grpc.pb.h"
 #include "worker/trainer/ps/wire.h"
 
