@@ -47,7 +47,7 @@ double Since(Clock::time_point t) {
 
 // The store for `uri`, configured from the environment as for the trainer; for s3:// the
 // multipart part size and parallelism may be set with S3_BENCH_PART_MIB and S3_BENCH_PARALLELISM.
-std::unique_ptr<ObjectStore> Open(const std::string& uri) {
+std::shared_ptr<ObjectStore> Open(const std::string& uri) {
   const char* part_mib = std::getenv("S3_BENCH_PART_MIB");
   const char* parallelism = std::getenv("S3_BENCH_PARALLELISM");
   if (absl::StartsWith(uri, "s3://") && (part_mib != nullptr || parallelism != nullptr)) {
@@ -211,7 +211,7 @@ int Checkpoint(const std::string& base, int64_t megabytes, int train_cpu, int up
     return 1;
   }
 
-  std::unique_ptr<ObjectStore> store = Open(base);
+  std::shared_ptr<ObjectStore> store = Open(base);
   trainyard::trainer::Checkpointer::Options options;
   options.base_uri = base;
   if (upload_cpu >= 0) options.upload_cpus = {upload_cpu};
@@ -284,7 +284,7 @@ int Save(const std::string& base, int64_t megabytes, int repeats) {
   trainyard::trainer::KeepStepMemory();
   torch::set_num_threads(1);
   Net net(megabytes);
-  std::unique_ptr<ObjectStore> store = Open(base);
+  std::shared_ptr<ObjectStore> store = Open(base);
   trainyard::trainer::Checkpointer::Options options;
   options.base_uri = base;
   trainyard::trainer::Checkpointer checkpointer(store.get(), nullptr, trainyard::RealClock::Get(),
@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command == "put") {
-    std::unique_ptr<ObjectStore> store = Open(argv[3]);
+    std::shared_ptr<ObjectStore> store = Open(argv[3]);
     const Clock::time_point t = Clock::now();
     absl::Status status = store->PutFile(argv[3], argv[2]);
     if (!status.ok()) {
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "get") {
-    std::unique_ptr<ObjectStore> store = Open(argv[2]);
+    std::shared_ptr<ObjectStore> store = Open(argv[2]);
     const Clock::time_point t = Clock::now();
     auto info = store->GetToFile(argv[2], argv[3]);
     if (!info.ok()) {

@@ -561,8 +561,10 @@ TEST_F(ReconcilerTest, TaskOfAnEarlierAgentRunIsReportedLostNotRestarted) {
   EXPECT_EQ(reconciler.CleanUpLeftovers(), 0);  // and this process is still alive
   std::vector<v1::TaskStatus> changes = reconciler.Apply({MakeTask("old.g1.r0")});
   ASSERT_EQ(changes.size(), 1u);
-  EXPECT_EQ(changes[0].state(), v1::TASK_EXITED);
+  // The agent's restart ended it: stopped, which the coordinator counts as infrastructure.
+  EXPECT_EQ(changes[0].state(), v1::TASK_STOPPED);
   EXPECT_EQ(changes[0].signal(), SIGKILL);
+  EXPECT_THAT(changes[0].message(), HasSubstr("agent restarted"));
   EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +42,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log, bool d
   std::vector<char*> argv;
   for (std::string& a : owned) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
@@ -50,6 +52,10 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log, bool d
       dup2(fd, 2);
     }
     if (drop && (setgid(gid) != 0 || setuid(uid) != 0)) _exit(126);
+    // The server goes with the test program, however it ends (a kill from outside included):
+    // SIGQUIT is PostgreSQL's immediate shutdown, which takes its own children down too. Set
+    // after the change of user, which clears it.
+    if (prctl(PR_SET_PDEATHSIG, SIGQUIT) != 0 || getppid() != parent) _exit(125);
     execv(argv[0], argv.data());
     _exit(127);
   }

@@ -48,6 +48,8 @@ class PostgresServer {
   absl::StatusOr<std::string> Psql(const std::string& db, const std::string& sql) const;
 
   int port() const { return port_; }
+  // The postmaster's process: it dies with the process that started the server (its parent).
+  pid_t pid() const { return pid_; }
   // With Options::tls: the CA that signed the server's certificate, and one that did not.
   std::string ca_file() const { return dir_ + "/ca.pem"; }
   std::string other_ca_file() const { return dir_ + "/other-ca.pem"; }

@@ -1,12 +1,20 @@
 // What only the PostgreSQL store does: the leader lease and its fence, a database that restarts
 // or goes away, schema versions, and the secrets all coordinators share. The store's contract,
 // which both stores meet, is in job_store_test.cc.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -68,6 +76,53 @@ class PostgresStoreTest : public ::testing::Test {
   std::unique_ptr<PostgresServer> server_;
   pg::ConnectOptions options_;
 };
+
+// A test program killed from outside (a CI timeout, a person's kill -9) leaves no server behind:
+// the server started by a helper run of this program dies with it. The helper is this binary
+// again, running only HelperStartsAServerAndWaits.
+TEST(PostgresServerTest, TheServerDiesWithTheProgramThatStartedIt) {
+  if (PostgresServer::BinDir().empty()) GTEST_SKIP() << "no PostgreSQL server binaries";
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t helper = fork();
+  if (helper == 0) {
+    dup2(out[1], 1);
+    setenv("TRAINYARD_TEST_PG_HELPER", "1", 1);
+    execl("/proc/self/exe", "postgres_store_test",
+          "--gtest_filter=PostgresServerTest.HelperStartsAServerAndWaits", nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  // The helper prints the postmaster's pid once the server answers.
+  std::string line;
+  char c;
+  while (read(out[0], &c, 1) == 1) {
+    if (c == '\n' && absl::StartsWith(line, "postmaster ")) break;
+    line = c == '\n' ? "" : line + c;
+  }
+  close(out[0]);
+  int postmaster = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(line.substr(strlen("postmaster ")), &postmaster)) << line;
+  ASSERT_EQ(kill(postmaster, 0), 0);
+  ASSERT_EQ(kill(helper, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(helper, &status, 0), helper);
+  // Gone within a generous bound: an immediate shutdown takes well under a second.
+  const absl::Time deadline = RealClock::Get().Now() + absl::Seconds(60);
+  while (kill(postmaster, 0) == 0 && RealClock::Get().Now() < deadline) {
+    RealClock::Get().SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_NE(kill(postmaster, 0), 0) << "the server outlived the program that started it";
+}
+
+TEST(PostgresServerTest, HelperStartsAServerAndWaits) {
+  if (getenv("TRAINYARD_TEST_PG_HELPER") == nullptr) GTEST_SKIP() << "run by the test above";
+  absl::StatusOr<std::unique_ptr<PostgresServer>> server = PostgresServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::printf("postmaster %d\n", static_cast<int>((*server)->pid()));
+  std::fflush(stdout);
+  pause();  // until the test above kills this process
+}
 
 // One leader at a time, each with a larger token; a deposed one can neither renew nor write, and
 // what it tried to write is not there.

@@ -1,6 +1,8 @@
 // The JobManager's restart policy: lost workers, hangs, preemption notices, failures and their
 // budgets, backoff, recovery records, fencing of old attempts.
 
+#include <signal.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -379,6 +381,23 @@ TEST_F(RecoveryTest, FailuresDrawOnMaxFailures) {
   EXPECT_EQ(job.generation(), 2);
   EXPECT_EQ(job.reason(),
             "rank 0 exited with code 1: std::bad_alloc (2 failures; restart.max_failures is 1)");
+}
+
+// A rank killed with its agent (the agent restarted while it ran) is the machine's doing: the job
+// restarts on its infrastructure budget even with no failures allowed (max_failures 0, the
+// default). The agent reports it as
+// ReconcilerTest.TaskOfAnEarlierAgentRunIsReportedLostNotRestarted shows.
+TEST_F(RecoveryTest, ARankLostToAnAgentRestartIsNotTheJobsFailure) {
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("agent-restart"));
+  Start(id);
+  ASSERT_TRUE(Report("w1", TaskOf(id, 0), v1::TASK_STOPPED, 128 + SIGKILL,
+                     "lost: the worker agent restarted while it ran", SIGKILL)
+                  .ok());
+  const v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING) << job.reason();
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).reason(), v1::INFRASTRUCTURE);
 }
 
 // A user error (exit code 2: no data, a model that cannot load) would end every attempt the same

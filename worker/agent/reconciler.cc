@@ -204,7 +204,9 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
       status.set_rank(task.rank());
       status.set_role(task.role());
       status.set_shard(task.shard());
-      status.set_state(v1::TASK_EXITED);
+      // Killed with the agent that ran it: the machine's doing, not the job's (STOPPED counts
+      // against the job's infrastructure budget, not its failures).
+      status.set_state(v1::TASK_STOPPED);
       status.set_signal(SIGKILL);
       status.set_exit_code(128 + SIGKILL);
       status.set_message("lost: the worker agent restarted while it ran");

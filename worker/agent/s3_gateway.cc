@@ -214,6 +214,10 @@ int64_t S3Gateway::refused() const {
 }
 
 int S3Gateway::Serve(mg_connection* c) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++requests_;
+  }
   const GatewayRequest request = ReadRequest(c);
   auto header = [&](const std::string& name) {
     auto it = request.headers.find(name);
@@ -227,7 +231,6 @@ int S3Gateway::Serve(mg_connection* c) {
     Key key;
     {
       absl::MutexLock lock(&mu_);
-      ++requests_;
       auto it = keys_.find(auth->key_id);
       if (it == keys_.end()) {
         return absl::UnauthenticatedError(
