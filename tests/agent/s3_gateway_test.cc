@@ -120,6 +120,12 @@ TEST(AuthorizeGatewayRequestTest, OperationsAreNamedAndHeldToTheScope) {
            Request("GET", "/"),                                   // ListBuckets
            Request("GET", "/ckpt/alice/job-1/a", {{"acl", ""}}),  // a sub-resource
            Request("PATCH", "/ckpt/alice/job-1/a"),
+           // Spellings that a server normalising paths would take out of the job's folder.
+           Request("PUT", "/ckpt/alice/job-1/../../bob/job-0/step-10/manifest.json"),
+           Request("GET", "/ckpt/alice/job-1/./../job-10/x"),
+           Request("GET", "/ckpt/alice/job-1//x"),
+           Request("GET", "/ckpt/alice/job-1/.../x"),
+           Request("GET", "/ckpt", {{"list-type", "2"}, {"prefix", "alice/job-1/../"}}),
        }) {
     absl::StatusOr<GatewayOperation> refused = op(r);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)

@@ -221,6 +221,31 @@ absl::Status VerifyGatewaySignature(const GatewayRequest& request, const SigV4Au
   return absl::OkStatus();
 }
 
+namespace {
+
+// A key (or a listing's prefix, whose last segment may be partial or empty) written as the one
+// URI parser writes keys: no segment of dots alone, no empty segment, no control character or
+// backslash. A server or proxy that normalises "a/../b" would otherwise take a key the scope
+// check saw under one folder to another.
+bool PlainKey(absl::string_view key, bool prefix) {
+  const std::vector<absl::string_view> segments = absl::StrSplit(key, '/');
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const absl::string_view segment = segments[i];
+    const bool last = i + 1 == segments.size();
+    if (segment.empty()) {
+      if (last && (prefix || key.empty())) continue;
+      return false;
+    }
+    if (segment.find_first_not_of('.') == absl::string_view::npos) return false;
+    for (char c : segment) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<GatewayOperation> AuthorizeGatewayRequest(const GatewayRequest& request,
                                                          const ObjectScope& scope) {
   absl::string_view path = request.path;
@@ -239,6 +264,10 @@ absl::StatusOr<GatewayOperation> AuthorizeGatewayRequest(const GatewayRequest& r
     op.name = "ListObjectsV2";
     op.list = true;
     op.key = Parameter(request, "prefix");
+    if (!PlainKey(op.key, /*prefix=*/true)) {
+      return Denied("ListObjectsV2", op.bucket, op.key,
+                    "dot segments, empty segments and control characters are refused");
+    }
     if (!OnlyParameters(request,
                         {"list-type", "prefix", "continuation-token", "delimiter", "max-keys",
                          "start-after", "encoding-type", "fetch-owner"},
@@ -249,6 +278,10 @@ absl::StatusOr<GatewayOperation> AuthorizeGatewayRequest(const GatewayRequest& r
       return Denied(op.name, op.bucket, op.key, "outside the folders this job may read");
     }
     return op;
+  }
+  if (!PlainKey(op.key, /*prefix=*/false)) {
+    return Denied(absl::StrCat(request.method, " request"), op.bucket, op.key,
+                  "dot segments, empty segments and control characters are refused");
   }
   op.name = ObjectOperation(request, &op.write);
   if (op.name.empty()) {

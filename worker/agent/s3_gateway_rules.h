@@ -91,9 +91,11 @@ struct GatewayOperation {
 
 // The request's operation within `scope`: objects read (GET, HEAD) and written (PUT, DELETE,
 // multipart uploads: POST ?uploads, PUT ?partNumber&uploadId, POST and DELETE ?uploadId) in a
-// path-style URL (/bucket/key), and listings (GET /bucket?list-type=2&prefix=...). A query
-// parameter the operation does not take, a copy (x-amz-copy-source), a streaming (aws-chunked)
-// body, and every bucket or account operation are refused. PERMISSION_DENIED naming the
+// path-style URL (/bucket/key), and listings (GET /bucket?list-type=2&prefix=...). A key or
+// prefix with a segment of dots alone, an empty segment or a control character (which a server
+// that normalises paths could take elsewhere), a query parameter the operation does not take, a
+// copy (x-amz-copy-source), a streaming (aws-chunked) body, and every bucket or account
+// operation are refused. PERMISSION_DENIED naming the
 // operation, the bucket and the key (S3's AccessDenied).
 absl::StatusOr<GatewayOperation> AuthorizeGatewayRequest(const GatewayRequest& request,
                                                          const ObjectScope& scope);
