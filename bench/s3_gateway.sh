@@ -9,22 +9,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 size_mib=${2:-256}
 rounds=${3:-3}
-s3rver=$root/.tools/node_modules/.bin/s3rver
 [ -x "$build/bin/s3_gateway_bench" ] ||
   { echo "build it first: cmake --build $build --target s3_gateway_bench" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/trainyard-gateway-bench-XXXXXX)
-cleanup() { [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { [ -n "${s3rver_pid:-}" ] && kill "$s3rver_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-mkdir -p "$work/data"
-NODE_OPTIONS=--openssl-legacy-provider "$s3rver" -d "$work/data" -a 127.0.0.1 -p 0 -s \
-  --configure-bucket bench >"$work/s3rver.log" 2>&1 &
-pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$work/s3rver.log" 2>/dev/null && break; sleep 0.1; done
-port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/s3rver.log")
-[ -n "$port" ] || { echo "s3rver did not start" >&2; cat "$work/s3rver.log" >&2; exit 1; }
-export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER \
-  AWS_REGION=us-east-1
+source "$root/bench/s3rver.sh"
+start_s3rver "$work" bench
 
 head -c $((size_mib << 20)) /dev/urandom >"$work/ckpt.bin"
 for r in $(seq "$rounds"); do

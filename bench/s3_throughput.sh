@@ -8,23 +8,15 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 size_mib=${2:-1024}
-s3rver=$root/.tools/node_modules/.bin/s3rver
 aws=$(command -v /usr/bin/aws || command -v aws)
 [ -x "$build/bin/s3_bench" ] || { echo "build it first: cmake --build $build --target s3_bench" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/trainyard-s3-bench-XXXXXX)
-cleanup() { [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { [ -n "${s3rver_pid:-}" ] && kill "$s3rver_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-mkdir -p "$work/data"
-# s3rver's list continuation tokens use DES, which Node's OpenSSL 3 keeps in the legacy provider.
-NODE_OPTIONS=--openssl-legacy-provider "$s3rver" -d "$work/data" -a 127.0.0.1 -p 0 -s \
-  --configure-bucket bench >"$work/s3rver.log" 2>&1 &
-pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$work/s3rver.log" 2>/dev/null && break; sleep 0.1; done
-port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/s3rver.log")
-[ -n "$port" ] || { echo "s3rver did not start" >&2; cat "$work/s3rver.log" >&2; exit 1; }
-export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER \
-  AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
+source "$root/bench/s3rver.sh"
+start_s3rver "$work" bench
+export AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 
 head -c $((size_mib << 20)) /dev/urandom >"$work/ckpt.bin"
 now() { date +%s.%N; }

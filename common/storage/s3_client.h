@@ -192,6 +192,17 @@ class S3Client {
                               const std::string& upload_id, const std::vector<std::string>& etags,
                               int64_t size);
   absl::Duration Backoff(int retry);
+  // A request signed with this client's credentials and set up on a pooled curl handle (its URL,
+  // signed headers without 100-continue, timeouts, method and body size); the caller adds its
+  // callbacks, performs it and hands it back with Finish. RESOURCE_EXHAUSTED without a handle.
+  // Prepared (s3_client_internal.h) must stay where it is until Finish: curl writes its errors
+  // into it.
+  struct Prepared;
+  absl::Status Prepare(const std::string& method, const std::string& bucket, const std::string& key,
+                       const std::vector<std::pair<std::string, std::string>>& query,
+                       const std::map<std::string, std::string>& headers,
+                       const std::string& payload_sha256, int64_t body_size, Prepared* out);
+  void Finish(Prepared& prepared);
   // Where a request for `key` of `bucket` goes: the Host header and the encoded path.
   std::pair<std::string, std::string> HostAndPath(const std::string& bucket,
                                                   const std::string& key) const;

@@ -4,6 +4,8 @@
 // Inside S3Client: what its transport (s3_client_transport.cc: signing, curl, retries) and its
 // operations (s3_client.cc: objects, multipart uploads, listings) share. Not for other users.
 
+#include <curl/curl.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -84,6 +86,13 @@ struct S3Client::Request {
   bool no_body = false;  // HEAD
   // S3 may answer CompleteMultipartUpload with 200 and an <Error> body.
   bool error_in_body = false;
+};
+
+struct S3Client::Prepared {
+  CURL* handle = nullptr;
+  curl_slist* headers = nullptr;
+  std::string host;  // for messages: "transport error talking to ..."
+  char error[CURL_ERROR_SIZE] = {0};
 };
 
 struct S3Client::Response {

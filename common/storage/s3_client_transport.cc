@@ -329,11 +329,71 @@ std::pair<std::string, std::string> S3Client::HostAndPath(const std::string& buc
   return {host_, path};
 }
 
+absl::Status S3Client::Prepare(const std::string& method, const std::string& bucket,
+                               const std::string& key,
+                               const std::vector<std::pair<std::string, std::string>>& query,
+                               const std::map<std::string, std::string>& headers,
+                               const std::string& payload_sha256, int64_t body_size,
+                               Prepared* out) {
+  const auto [host, path] = HostAndPath(bucket, key);
+  const std::string query_string = CanonicalQueryString(query);
+  const std::string url =
+      absl::StrCat(scheme_, "://", host, path, query_string.empty() ? "" : "?", query_string);
+  SigV4Request to_sign;
+  to_sign.method = method;
+  to_sign.canonical_uri = path;
+  to_sign.query = query;
+  to_sign.headers = headers;
+  to_sign.headers["host"] = host;
+  to_sign.payload_sha256 = payload_sha256;
+  const SigV4Result signed_request =
+      SignV4(to_sign, options_.credentials, options_.region, "s3", clock_.Now());
+
+  CURL* h = static_cast<CURL*>(AcquireHandle());
+  if (h == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
+  curl_easy_reset(h);
+  out->handle = h;
+  out->host = host;
+  for (const auto& [name, value] : signed_request.headers) {
+    out->headers = curl_slist_append(out->headers, absl::StrCat(name, ": ", value).c_str());
+  }
+  out->headers = curl_slist_append(out->headers, "Expect:");  // no 100-continue round trip
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);  // keys may contain "../"; sign what is sent
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, out->headers);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, out->error);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(
+      h, CURLOPT_LOW_SPEED_TIME,
+      static_cast<long>(std::max<int64_t>(1, absl::ToInt64Seconds(options_.stall_timeout))));
+  curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+  if (method == "HEAD") {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else if (method == "PUT" || method == "POST") {
+    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(body_size));
+    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024L);
+    if (method == "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "POST");
+  } else if (method != "GET") {
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
+  }
+  if (method == "GET") curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024L);
+  requests_sent_++;
+  return absl::OkStatus();
+}
+
+void S3Client::Finish(Prepared& prepared) {
+  curl_slist_free_all(prepared.headers);
+  prepared.headers = nullptr;
+  ReleaseHandle(prepared.handle);
+  prepared.handle = nullptr;
+}
+
 absl::StatusOr<S3Client::Response> S3Client::PerformOnce(Request& r, bool* retryable) {
   *retryable = false;
-  const auto [host, path] = HostAndPath(r.bucket, r.key);
-  const std::string query = CanonicalQueryString(r.query);
-  const std::string url = absl::StrCat(scheme_, "://", host, path, query.empty() ? "" : "?", query);
 
   const int64_t body_size = r.body != nullptr ? r.body_length : 0;
   if (r.payload_sha256.empty()) {
@@ -351,64 +411,29 @@ absl::StatusOr<S3Client::Response> S3Client::PerformOnce(Request& r, bool* retry
       r.payload_sha256 = hash.HexDigest();
     }
   }
-  SigV4Request to_sign;
-  to_sign.method = r.method;
-  to_sign.canonical_uri = path;
-  to_sign.query = r.query;
-  to_sign.headers = r.headers;
-  to_sign.headers["host"] = host;
-  to_sign.payload_sha256 = r.payload_sha256;
-  const SigV4Result signed_request =
-      SignV4(to_sign, options_.credentials, options_.region, "s3", clock_.Now());
-
-  CURL* h = static_cast<CURL*>(AcquireHandle());
-  if (h == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-  curl_easy_reset(h);
-  curl_slist* headers = nullptr;
-  for (const auto& [name, value] : signed_request.headers) {
-    headers = curl_slist_append(headers, absl::StrCat(name, ": ", value).c_str());
+  Prepared prepared;
+  if (absl::Status s = Prepare(r.method, r.bucket, r.key, r.query, r.headers, r.payload_sha256,
+                               body_size, &prepared);
+      !s.ok()) {
+    return s;
   }
-  headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
+  CURL* h = prepared.handle;
   Response response;
   ReadState read_state{&r};
   WriteState write_state{h, &r, &response};
-  char error_buffer[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);  // keys may contain "../"; sign what is sent
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error_buffer);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
-                   static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-  curl_easy_setopt(
-      h, CURLOPT_LOW_SPEED_TIME,
-      static_cast<long>(std::max<int64_t>(1, absl::ToInt64Seconds(options_.stall_timeout))));
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, WriteBody);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &write_state);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, ReadHeader);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &response);
-  curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-  if (r.method == "HEAD") {
-    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-  } else if (r.method == "PUT" || r.method == "POST") {
-    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(body_size));
+  if (r.method == "PUT" || r.method == "POST") {
     curl_easy_setopt(h, CURLOPT_READFUNCTION, ReadBody);
     curl_easy_setopt(h, CURLOPT_READDATA, &read_state);
     curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, SeekBody);
     curl_easy_setopt(h, CURLOPT_SEEKDATA, &read_state);
-    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024L);
-    if (r.method == "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "POST");
-  } else if (r.method != "GET") {
-    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r.method.c_str());
   }
-  if (r.method == "GET") curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024L);
-  requests_sent_++;
   const CURLcode code = curl_easy_perform(h);
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &response.status);
-  curl_slist_free_all(headers);
-  ReleaseHandle(h);
+  Finish(prepared);
 
   if (code != CURLE_OK && !write_state.whole_range) {
     if (write_state.over_bound >= 0) {
@@ -432,8 +457,8 @@ absl::StatusOr<S3Client::Response> S3Client::PerformOnce(Request& r, bool* retry
     }
     *retryable = RetryableCurlCode(code);
     return absl::UnavailableError(
-        absl::StrCat("transport error talking to ", scheme_, "://", host, ": ",
-                     error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(code)));
+        absl::StrCat("transport error talking to ", scheme_, "://", prepared.host, ": ",
+                     prepared.error[0] != '\0' ? prepared.error : curl_easy_strerror(code)));
   }
   return response;
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/storage/s3_client.h"
+#include "common/storage/s3_client_internal.h"
 
 namespace trainyard {
 
@@ -75,70 +76,32 @@ size_t ForwardRead(char* buffer, size_t size, size_t nitems, void* userdata) {
 }  // namespace
 
 absl::Status S3Client::Forward(const S3ForwardRequest& r) {
-  const auto [host, path] = HostAndPath(r.bucket, r.key);
-  const std::string query = CanonicalQueryString(r.query);
-  const std::string url = absl::StrCat(scheme_, "://", host, path, query.empty() ? "" : "?", query);
-  SigV4Request to_sign;
-  to_sign.method = r.method;
-  to_sign.canonical_uri = path;
-  to_sign.query = r.query;
-  to_sign.headers = r.headers;
-  to_sign.headers["host"] = host;
-  to_sign.payload_sha256 = r.payload_sha256;
-  const SigV4Result signed_request =
-      SignV4(to_sign, options_.credentials, options_.region, "s3", clock_.Now());
-
-  CURL* h = static_cast<CURL*>(AcquireHandle());
-  if (h == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-  curl_easy_reset(h);
-  curl_slist* headers = nullptr;
-  for (const auto& [name, value] : signed_request.headers) {
-    headers = curl_slist_append(headers, absl::StrCat(name, ": ", value).c_str());
+  Prepared prepared;
+  if (absl::Status s = Prepare(r.method, r.bucket, r.key, r.query, r.headers, r.payload_sha256,
+                               r.body_size, &prepared);
+      !s.ok()) {
+    return s;
   }
-  headers = curl_slist_append(headers, "Expect:");
+  CURL* h = prepared.handle;
   ForwardState state;
   state.handle = h;
   state.request = &r;
-  char error_buffer[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error_buffer);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
-                   static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-  curl_easy_setopt(
-      h, CURLOPT_LOW_SPEED_TIME,
-      static_cast<long>(std::max<int64_t>(1, absl::ToInt64Seconds(options_.stall_timeout))));
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, ForwardBody);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &state);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, ForwardHeader);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &state);
-  curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-  if (r.method == "HEAD") {
-    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-  } else if (r.method == "PUT" || r.method == "POST") {
-    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(r.body_size));
+  if (r.method == "PUT" || r.method == "POST") {
     curl_easy_setopt(h, CURLOPT_READFUNCTION, ForwardRead);
     curl_easy_setopt(h, CURLOPT_READDATA, &state);
-    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024L);
-    if (r.method == "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "POST");
-  } else if (r.method != "GET") {
-    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r.method.c_str());
   }
-  if (r.method == "GET") curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024L);
-  requests_sent_++;
   const CURLcode code = curl_easy_perform(h);
   if (code == CURLE_OK) SendHead(state);  // an answer without a body
-  curl_slist_free_all(headers);
-  ReleaseHandle(h);
+  Finish(prepared);
   if (state.aborted) return absl::CancelledError("the forwarded request was abandoned");
   if (code != CURLE_OK) {
     return absl::UnavailableError(
-        absl::StrCat("transport error talking to ", scheme_, "://", host, ": ",
-                     error_buffer[0] ? error_buffer : curl_easy_strerror(code)));
+        absl::StrCat("transport error talking to ", scheme_, "://", prepared.host, ": ",
+                     prepared.error[0] != '\0' ? prepared.error : curl_easy_strerror(code)));
   }
   return absl::OkStatus();
 }

@@ -32,7 +32,6 @@
 
 namespace trainyard {
 
-using job_manager_internal::IsJobIdForm;
 using job_manager_internal::IsShard;
 using job_manager_internal::kDefaultPageSize;
 using job_manager_internal::kFinalLogGrace;

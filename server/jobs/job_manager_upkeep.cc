@@ -25,13 +25,9 @@
 
 namespace trainyard {
 
-using job_manager_internal::kFullSchedulePeriod;
-using job_manager_internal::kStoppingHold;
 using job_manager_internal::RankRange;
 using job_manager_internal::RunBoundMs;
 using job_manager_internal::ShardCount;
-using job_manager_internal::ShardTaskId;
-using job_manager_internal::TaskId;
 using job_manager_internal::TaskName;
 
 // ---- Background ----
