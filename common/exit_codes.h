@@ -26,6 +26,9 @@ inline constexpr char kShardMetricsFile[] = "shard-metrics";
 // decimal, padded with spaces to a fixed width and rewritten in place. The agent reads it when the
 // task ends and reports it as TaskStatus.last_step.
 inline constexpr char kLastStepFile[] = "last-step";
+// The task's output (its stdout and stderr), which the agent writes into the task folder and
+// ships as its log.
+inline constexpr char kTaskOutputFile[] = "output.log";
 
 // "SIGKILL", "SIGTERM", ...; "signal N" for ones without a name here.
 std::string SignalName(int sig);

@@ -496,7 +496,7 @@ absl::Status ValidateCheckpoint(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// Restarts, limits and the loop's settings.
+// Restarts and limits of every job.
 absl::Status ValidateLimits(const JobSpec& spec) {
   const v1::RestartPolicy& restart = spec.restart();
   if (restart.max_failures() < 0) return FieldError("restart.max_failures", "must be >= 0");
@@ -510,11 +510,16 @@ absl::Status ValidateLimits(const JobSpec& spec) {
   if (!spec.queue().empty() && !IsValidName(spec.queue())) {
     return FieldError("queue", absl::StrCat("must match ", kNameRule));
   }
+  if (spec.stall_timeout_seconds() < 1) return FieldError("stall_timeout", "must be at least 1s");
+  return absl::OkStatus();
+}
+
+// The trainer loop's own settings.
+absl::Status ValidateLoopLimits(const JobSpec& spec) {
   if (spec.log_every_steps() < 1) return FieldError("log_every_steps", "must be > 0");
   if (spec.collective_timeout_seconds() < 1) {
     return FieldError("collective_timeout", "must be at least 1s");
   }
-  if (spec.stall_timeout_seconds() < 1) return FieldError("stall_timeout", "must be at least 1s");
   if (spec.accumulate_steps() < 1) return FieldError("accumulate_steps", "must be > 0");
   // Each rank splits its share of the batch (smallest with the most workers) into micro-batches.
   if (spec.batch_size() / BatchSplits(spec) < spec.accumulate_steps()) {
@@ -530,6 +535,17 @@ absl::Status ValidateLimits(const JobSpec& spec) {
 }  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
+  if (spec.has_program() || spec.strategy() == v1::PROGRAM) {
+    if (spec.name().empty()) return FieldError("name", "required");
+    if (!IsValidName(spec.name()))
+      return FieldError("name", absl::StrCat("must match ", kNameRule));
+    for (auto validate :
+         {job_spec_internal::ValidateProgramJob, ValidateCheckpoint, ValidateLimits}) {
+      if (absl::Status s = validate(spec); !s.ok()) return s;
+    }
+    return ValidateTaskResources(spec.resources().cpus(), spec.resources().memory_bytes(),
+                                 "resources");
+  }
   absl::Status status = ValidateShape(spec);
   if (!status.ok()) return status;
   status = ValidateModel(spec.model());
@@ -544,7 +560,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!status.ok()) return status;
   status = ValidateTokens(spec);
   if (!status.ok()) return status;
-  for (auto validate : {ValidateBatch, ValidateTraining, ValidateCheckpoint, ValidateLimits}) {
+  for (auto validate :
+       {ValidateBatch, ValidateTraining, ValidateCheckpoint, ValidateLimits, ValidateLoopLimits}) {
     status = validate(spec);
     if (!status.ok()) return status;
   }

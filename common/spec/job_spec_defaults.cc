@@ -20,9 +20,35 @@ constexpr int kDefaultBatchSize = 32;
 constexpr int64_t kDefaultCollectiveTimeoutSeconds = 60;
 constexpr int kDefaultBucketSizeMb = 25;
 
+// What every job gets, its own program's as much as the trainer loop's.
+void ApplyCommonDefaults(JobSpec& spec) {
+  v1::WorkerRange& workers = *spec.mutable_workers();
+  if (workers.min() == 0 && workers.max() == 0) {
+    workers.set_min(1);
+    workers.set_max(1);
+  } else if (workers.max() == 0) {
+    workers.set_max(workers.min());
+  } else if (workers.min() == 0) {
+    workers.set_min(1);
+  }
+  if (spec.checkpoint().keep_last() == 0)
+    spec.mutable_checkpoint()->set_keep_last(kDefaultKeepLast);
+  if (spec.stall_timeout_seconds() == 0)
+    spec.set_stall_timeout_seconds(kDefaultStallTimeoutSeconds);
+  if (!spec.restart().has_max_infrastructure_errors()) {
+    spec.mutable_restart()->set_max_infrastructure_errors(kDefaultMaxInfrastructureErrors);
+  }
+}
+
 }  // namespace
 
 void ApplyJobSpecDefaults(JobSpec& spec) {
+  ApplyCommonDefaults(spec);
+  if (spec.has_program()) {
+    // The program trains in its own way: none of the loop's fields gets a value.
+    if (spec.strategy() == v1::STRATEGY_UNSPECIFIED) spec.set_strategy(v1::PROGRAM);
+    return;
+  }
   if (spec.strategy() == v1::STRATEGY_UNSPECIFIED) spec.set_strategy(v1::SINGLE);
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::FP32);
   if (spec.has_model() && spec.model().memory_format().empty()) {
@@ -32,15 +58,6 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
     v1::ModelArgs& args = *spec.mutable_model()->mutable_args();
     if (args.mlp_ratio() == 0) args.set_mlp_ratio(4);
     if (!args.has_tie_embeddings()) args.set_tie_embeddings(true);
-  }
-  v1::WorkerRange& workers = *spec.mutable_workers();
-  if (workers.min() == 0 && workers.max() == 0) {
-    workers.set_min(1);
-    workers.set_max(1);
-  } else if (workers.max() == 0) {
-    workers.set_max(workers.min());
-  } else if (workers.min() == 0) {
-    workers.set_min(1);
   }
   if (spec.strategy() == v1::PARAMETER_SERVER) {
     v1::ParameterServerSpec& ps = *spec.mutable_parameter_servers();
@@ -80,20 +97,13 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
     if (opt.eps() == 0) opt.set_eps(kDefaultEps);
   }
   if (opt.schedule().name().empty()) opt.mutable_schedule()->set_name("constant");
-  if (spec.checkpoint().keep_last() == 0)
-    spec.mutable_checkpoint()->set_keep_last(kDefaultKeepLast);
   if (spec.log_every_steps() == 0) spec.set_log_every_steps(kDefaultLogEverySteps);
   if (spec.batch_size() == 0) spec.set_batch_size(kDefaultBatchSize);
   if (spec.collective_timeout_seconds() == 0) {
     spec.set_collective_timeout_seconds(kDefaultCollectiveTimeoutSeconds);
   }
-  if (spec.stall_timeout_seconds() == 0)
-    spec.set_stall_timeout_seconds(kDefaultStallTimeoutSeconds);
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
   if (spec.bucket_size_mb() == 0) spec.set_bucket_size_mb(kDefaultBucketSizeMb);
-  if (!spec.restart().has_max_infrastructure_errors()) {
-    spec.mutable_restart()->set_max_infrastructure_errors(kDefaultMaxInfrastructureErrors);
-  }
 }
 
 }  // namespace trainyard

@@ -22,6 +22,7 @@
 #include "common/byte_size.h"
 #include "common/restart_reason.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/job_spec_internal.h"
 #include "common/spec/yaml_fields.h"
 #include "common/storage/uri.h"
 #include "yaml-cpp/yaml.h"
@@ -152,7 +153,8 @@ class SpecParser {
                                   "bucket_size_mb",
                                   "stop_at_step",
                                   "distill",
-                                  "precision"}));
+                                  "precision",
+                                  "program"}));
     TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
     TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
     TY_RETURN_IF_ERROR(ParseWorkers(root["workers"]));
@@ -174,6 +176,10 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ParseRestart(root["restart"]));
     TY_RETURN_IF_ERROR(ParseDistill(root["distill"]));
     TY_RETURN_IF_ERROR(ParsePrecision(root["precision"]));
+    if (IsSet(root["program"])) {
+      TY_RETURN_IF_ERROR(
+          job_spec_internal::ParseProgram(root["program"], *spec_.mutable_program()));
+    }
     TY_RETURN_IF_ERROR(Int32(root, "", "priority", [this](int32_t v) { spec_.set_priority(v); }));
     TY_RETURN_IF_ERROR(String(root, "", "queue", spec_.mutable_queue()));
     TY_RETURN_IF_ERROR(ReadField<bool>(root, "", "preemptible", ReadBool,

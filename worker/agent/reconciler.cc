@@ -102,7 +102,7 @@ std::string Reconciler::TaskDir(const std::string& task_id) const {
 }
 
 std::string Reconciler::LogPath(const std::string& task_id) const {
-  return TaskDir(task_id) + "/output.log";
+  return absl::StrCat(TaskDir(task_id), "/", kTaskOutputFile);
 }
 
 int Reconciler::CleanUpLeftovers() {

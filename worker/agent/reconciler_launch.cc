@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/exit_codes.h"
 #include "common/rpc/ps_tls.h"
 #include "common/storage/uri.h"
 #include "worker/agent/reconciler.h"
@@ -22,7 +23,7 @@ absl::StatusOr<SubprocessOptions> Reconciler::TaskLaunch(const v1::Task& task,
   launch.argv = {options_.trainer_path, "--task_file=" + dir + "/task.pb",
                  "--coordinator=" + options_.coordinator};
   launch.working_dir = dir;
-  launch.output_file = dir + "/output.log";
+  launch.output_file = absl::StrCat(dir, "/", kTaskOutputFile);
   launch.env = {{"OMP_NUM_THREADS", absl::StrCat(task.slots() > 0 ? task.slots() : 1)},
                 {"CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ",")},
                 // The indices above are NVML's (PCI bus order), as the GPU metrics number them;

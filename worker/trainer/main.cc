@@ -41,6 +41,7 @@
 #include "worker/trainer/loop/shard_task.h"
 #include "worker/trainer/loop/trainer.h"
 #include "worker/trainer/model/model.h"
+#include "worker/trainer/program/program.h"
 
 ABSL_FLAG(std::string, task_file, "",
           "Path of the task to run: a binary-serialised trainyard.v1.Task.");
@@ -60,6 +61,9 @@ ABSL_FLAG(
     "Print what this trainer runs and exit: its LibTorch's version, CUDA and NCCL, the newest "
     "TorchScript archive format it loads and every operator it has (a "
     "trainyard.v1.TrainerRuntime in text format; the agent reports it at registration).");
+ABSL_FLAG(std::string, python_module_dir, "",
+          "A job's own program: the folder holding the Python module trainyard/ that its "
+          "PYTHONPATH starts with. Empty: share/trainyard/python beside this binary's bin/.");
 ABSL_FLAG(bool, overlap_communication, true,
           "data_parallel: start each gradient bucket's all-reduce from autograd hooks as soon as "
           "backward has produced it (true), or all of them after backward (false).");
@@ -195,6 +199,56 @@ int ServeShard(const trainyard::v1::Task& task, trainyard::trainer::RendezvousCl
   return trainyard::kExitStoppedBySignal;
 }
 
+// The folder of the Python module for programs: --python_module_dir, else
+// <this binary's folder>/../share/trainyard/python.
+std::string PythonModuleDir() {
+  std::string dir = absl::GetFlag(FLAGS_python_module_dir);
+  if (!dir.empty()) return dir;
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return "";
+  const std::string path(exe, static_cast<size_t>(n));
+  const std::string bin = path.substr(0, path.rfind('/'));
+  return bin.substr(0, bin.rfind('/')) + "/share/trainyard/python";
+}
+
+// A rank of a job's own program: runs it to its end (worker/trainer/program/program.h).
+int RunProgramRank(const trainyard::v1::Task& task,
+                   trainyard::trainer::CoordinatorClient* coordinator,
+                   trainyard::trainer::RendezvousClient* rendezvous) {
+  std::optional<std::vector<std::string>> local_roots;
+  if (task.has_local_paths()) {
+    local_roots.emplace(task.local_paths().allowed().begin(), task.local_paths().allowed().end());
+  }
+  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = trainyard::NewObjectStoreResolver(
+      [](const char* name) { return std::getenv(name); }, local_roots);
+  trainyard::trainer::program::ProgramOptions options;
+  options.coordinator = coordinator;
+  options.rendezvous = rendezvous;
+  options.stores = stores.get();
+  options.stop_signal = &stop_signal;
+  options.python_module_dir = PythonModuleDir();
+  options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
+  const std::function<void(int64_t, int64_t)> hold = TestHold(task);
+  if (hold) options.before_step = hold;
+  options.after_step = LastStepRecorder();
+  trainyard::trainer::program::ProgramResult result;
+  {
+    StopWatchdog watchdog;
+    result = trainyard::trainer::program::RunProgram(task, options);
+  }
+  if (!result.message.empty()) {
+    if (result.exit_code == trainyard::kExitOk ||
+        result.exit_code == trainyard::kExitStoppedBySignal) {
+      trainyard::LogInfo(result.message);
+    } else {
+      trainyard::LogError(result.message);
+    }
+    trainyard::trainer::WriteTerminationMessage("", result.message);
+  }
+  return result.exit_code;
+}
+
 // A rank: trains to the end, or to the step every rank stops at on a stop signal.
 int Train(const trainyard::v1::Task& task, trainyard::trainer::CoordinatorClient* coordinator,
           trainyard::trainer::RendezvousClient* rendezvous) {
@@ -315,5 +369,8 @@ int main(int argc, char** argv) {
   }
 
   if (task.role() == trainyard::v1::TASK_ROLE_SHARD) return ServeShard(task, rendezvous.get());
+  if (task.spec().has_program()) {
+    return RunProgramRank(task, coordinator.get(), rendezvous.get());
+  }
   return Train(task, coordinator.get(), rendezvous.get());
 }

@@ -1,0 +1,35 @@
+"""A torchrun-style DDP script that knows nothing of Trainyard: it meets its peers through
+env://, trains a few steps of a tiny model with Gloo, and writes what its environment held to
+$OUT/<job>-rank<RANK>.json for the test to check."""
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step * world + rank))
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+total = torch.tensor([rank + 1.0])
+dist.all_reduce(total)
+seen = {name: os.environ.get(name) for name in (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "TRAINYARD_JOB_ID",
+    "TRAINYARD_ATTEMPT", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_RESTORE_DIR", "TRAINYARD_SOCKET",
+    "PYTHONPATH", "MY_SETTING", "AWS_SECRET_ACCESS_KEY", "TRAINYARD_TASK_CREDENTIAL")}
+seen["all_reduce"] = total.item()
+seen["cwd"] = os.getcwd()
+seen["weights"] = [float(v) for v in model.module.weight.flatten()]
+out = os.path.join(os.environ["OUT"], f"{os.environ['TRAINYARD_JOB_ID']}-rank{rank}.json")
+with open(out + ".tmp", "w") as f:
+    json.dump(seen, f)
+os.rename(out + ".tmp", out)
+dist.destroy_process_group()

@@ -1,0 +1,364 @@
+#include "worker/trainer/program/host.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/exit_codes.h"
+#include "common/log.h"
+#include "common/storage/uri.h"
+
+extern char** environ;
+
+namespace trainyard::trainer::program {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr char kPeerKey[] = "program/peer/";
+constexpr char kMasterKey[] = "program/master";
+
+// A TCP port free on this machine now, for the program's rendezvous (torch's TCPStore on rank
+// 0). As torchrun does: the kernel picks it, and the program binds it moments later.
+absl::StatusOr<int> FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t length = sizeof(address);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const std::string error = std::strerror(errno);
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("no free port: ", error));
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::vector<std::pair<std::string, std::string>> OwnEnvironment() {
+  std::vector<std::pair<std::string, std::string>> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const size_t eq = entry.find('=');
+    if (eq == absl::string_view::npos) continue;
+    env.emplace_back(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+  }
+  return env;
+}
+
+// Whether the program's last words say that its Python has no torch: the standard message of
+// an import that failed, which the test of a program without torch pins.
+bool LacksTorch(absl::string_view last_line) {
+  return absl::StrContains(last_line, "ModuleNotFoundError: No module named 'torch'");
+}
+
+}  // namespace
+
+int ExitCodeForHost(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+      return kExitUserError;
+    default:
+      return kExitInfrastructure;
+  }
+}
+
+Host::Host(const v1::Task& task, const ProgramOptions& options)
+    : task_(task), options_(options), clock_(*options.clock) {
+  const std::string dir = fs::absolute(options.task_dir).lexically_normal().string();
+  paths_.workdir = dir + "/program";
+  paths_.checkpoint_dir = dir + "/checkpoint";
+  paths_.socket = dir + "/trainyard.sock";
+  restore_base_ = dir + "/restore";
+  paths_.python_module_dir = options.python_module_dir;
+}
+
+ProgramResult Host::Run() {
+  if (absl::Status s = Prepare(); !s.ok()) {
+    return {ExitCodeForHost(s), std::string(s.message())};
+  }
+  if (absl::Status s = MeetPeers(); !s.ok()) {
+    return {ExitCodeForHost(s), std::string(s.message())};
+  }
+  absl::StatusOr<std::unique_ptr<Channel>> channel =
+      Channel::Listen(paths_.socket, [this](const json& request) { return Handle(request); });
+  if (!channel.ok()) return {kExitInfrastructure, std::string(channel.status().message())};
+  if (options_.coordinator != nullptr) {
+    reporter_ =
+        std::make_unique<ProgressReporter>(options_.coordinator, clock_, options_.report_interval);
+  }
+  absl::StatusOr<pid_t> pid = Start();
+  if (!pid.ok()) return {ExitCodeForHost(pid.status()), std::string(pid.status().message())};
+  int status = 0;
+  while (::waitpid(*pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      return {kExitInternal, absl::StrCat("waitpid: ", std::strerror(errno))};
+    }
+  }
+  channel->reset();  // no request after the program's end
+  return Conclude(status);
+}
+
+absl::Status Host::Prepare() {
+  std::error_code ec;
+  for (const std::string& dir : {paths_.workdir, paths_.checkpoint_dir}) {
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  }
+  const v1::ProgramSpec& program = task_.spec().program();
+  if (!program.workdir().empty()) {
+    absl::StatusOr<std::shared_ptr<ObjectStore>> store = options_.stores->Open(program.workdir());
+    if (!store.ok()) return store.status();
+    if (absl::Status s = FetchWorkdir(**store, program.workdir(), paths_.workdir); !s.ok()) {
+      return s;
+    }
+  }
+  if (!task_.checkpoint_uri().empty()) {
+    absl::StatusOr<std::shared_ptr<ObjectStore>> store =
+        options_.stores->Open(task_.checkpoint_uri());
+    if (!store.ok()) return store.status();
+    checkpoint_store_ = *std::move(store);
+  }
+  return Restore();
+}
+
+absl::Status Host::Restore() {
+  if (task_.resume_checkpoints_size() == 0) return absl::OkStatus();
+  const absl::Time start = clock_.Now();
+  const std::string& dir = restore_base_;
+  for (const std::string& uri : task_.resume_checkpoints()) {
+    absl::StatusOr<std::shared_ptr<ObjectStore>> from = options_.stores->Open(uri);
+    absl::StatusOr<int64_t> step =
+        from.ok() ? RestoreCheckpoint(**from, uri, dir) : absl::StatusOr<int64_t>(from.status());
+    if (!step.ok()) {
+      const std::string message =
+          absl::StrCat("skipped checkpoint ", uri, ": ", step.status().message());
+      LogWarning(message);
+      if (options_.coordinator != nullptr) options_.coordinator->ReportEvent(message).IgnoreError();
+      continue;
+    }
+    paths_.restore_dir = dir;
+    restore_step_ = *step;
+    restore_seconds_ = absl::ToDoubleSeconds(clock_.Now() - start);
+    LogInfo("restored ", uri, " (step ", restore_step_, ") into ", dir);
+    return absl::OkStatus();
+  }
+  LogWarning("no usable checkpoint among ", task_.resume_checkpoints_size(),
+             "; the program starts from scratch");
+  return absl::OkStatus();
+}
+
+absl::Status Host::MeetPeers() {
+  const absl::Time start = clock_.Now();
+  const char* gpus = std::getenv("CUDA_VISIBLE_DEVICES");
+  Peer me{task_.worker_address().empty() ? "127.0.0.1" : task_.worker_address(),
+          gpus == nullptr ? "" : gpus};
+  std::vector<Peer> peers(task_.world_size() > 0 ? task_.world_size() : 1);
+  peers[task_.rank()] = me;
+  if (task_.rank() == 0) {
+    absl::StatusOr<int> port = FreePort();
+    if (!port.ok()) return port.status();
+    master_ = absl::StrCat(me.address, ":", *port);
+  }
+  if (peers.size() > 1) {
+    if (options_.rendezvous == nullptr) {
+      return absl::FailedPreconditionError(
+          "a program with several ranks needs the coordinator (--coordinator) to meet its peers");
+    }
+    RendezvousClient& rendezvous = *options_.rendezvous;
+    const json mine = {{"address", me.address}, {"gpus", me.gpus}};
+    if (absl::Status s = rendezvous.Set(absl::StrCat(kPeerKey, task_.rank()), mine.dump());
+        !s.ok()) {
+      return s;
+    }
+    if (task_.rank() == 0) {
+      if (absl::Status s = rendezvous.Set(kMasterKey, master_); !s.ok()) return s;
+    } else {
+      absl::StatusOr<std::string> master = rendezvous.Get(kMasterKey, options_.peer_timeout);
+      if (!master.ok()) return master.status();
+      master_ = *master;
+    }
+    for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
+      if (r == task_.rank()) continue;
+      absl::StatusOr<std::string> text =
+          rendezvous.Get(absl::StrCat(kPeerKey, r), options_.peer_timeout);
+      if (!text.ok()) return text.status();
+      const json peer = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (!peer.is_object()) return absl::InternalError(absl::StrCat("rank ", r, ": bad entry"));
+      peers[r] = Peer{peer.value("address", ""), peer.value("gpus", "")};
+    }
+  }
+  layout_ = LayoutOf(peers, task_.rank());
+  rendezvous_seconds_ = absl::ToDoubleSeconds(clock_.Now() - start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pid_t> Host::Start() {
+  const std::vector<std::pair<std::string, std::string>> env =
+      ProgramEnvironment(task_, layout_, master_, paths_, restore_step_, OwnEnvironment());
+  std::string path;
+  for (const auto& [name, value] : env) {
+    if (name == "PATH") path = value;
+  }
+  const v1::ProgramSpec& program = task_.spec().program();
+  absl::StatusOr<std::string> file = FindCommand(program.command(0), path, paths_.workdir);
+  if (!file.ok()) return file.status();
+  // Everything the child needs, made before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> env_lines;
+  for (const auto& [name, value] : env) env_lines.push_back(absl::StrCat(name, "=", value));
+  std::vector<char*> envp;
+  for (std::string& line : env_lines) envp.push_back(line.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args(program.command().begin(), program.command().end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    return absl::UnavailableError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(report[0]);
+    ::close(report[1]);
+    return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    // The program dies with its host (which the agent may SIGKILL at a stop's deadline).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    for (int sig : {SIGTERM, SIGINT, SIGPIPE}) ::signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int error = 0;
+    if (::chdir(paths_.workdir.c_str()) != 0) {
+      error = errno;
+    } else {
+      ::execve(file->c_str(), argv.data(), envp.data());
+      error = errno;
+    }
+    ssize_t ignored = ::write(report[1], &error, sizeof(error));
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(report[1]);
+  int error = 0;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &error, sizeof(error));
+  } while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n == sizeof(error)) {
+    int ignored;
+    ::waitpid(pid, &ignored, 0);
+    return absl::InvalidArgumentError(
+        absl::StrCat("program.command: cannot start ", *file, ": ", std::strerror(error)));
+  }
+  LogInfo("started the program (pid ", pid, "): ", absl::StrJoin(args, " "), " as rank ",
+          task_.rank(), "/", task_.world_size(), ", master ", master_, ", local rank ",
+          layout_.local_rank, "/", layout_.local_world_size);
+  return pid;
+}
+
+ProgramResult Host::Conclude(int wait_status) {
+  const bool stopped = options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
+  absl::Status failure;
+  std::optional<int64_t> stopping_at;
+  int64_t last_step = 0;
+  trainyard::v1::JobProgress progress;
+  {
+    absl::MutexLock lock(&mu_);
+    failure = failure_;
+    stopping_at = stopping_at_;
+    last_step = progress_.step();
+    progress = progress_;
+  }
+  if (reporter_ != nullptr) {
+    // The last word on progress, so that the job shows where the program ended.
+    reporter_->Finish(progress, clock_.Now() + options_.coordinator_retry_for).IgnoreError();
+  }
+  const std::string last_line = LastOutputLine();
+  const std::string said = last_line.empty() ? "" : absl::StrCat(": ", last_line);
+  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) {
+    if (!failure.ok()) return {ExitCodeForHost(failure), std::string(failure.message())};
+    if (!stopped) return {kExitOk, ""};
+    return {kExitStoppedBySignal,
+            stopping_at.has_value()
+                ? absl::StrCat("stopped by SIGTERM at step ", *stopping_at)
+                : absl::StrCat("stopped by SIGTERM; the program exited 0 after step ", last_step)};
+  }
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    if (sig == SIGTERM && stopped) {
+      return {kExitStoppedBySignal,
+              absl::StrCat("stopped by SIGTERM: the program ended without saving (last step ",
+                           last_step, ")")};
+    }
+    return {kExitInternal, absl::StrCat("the program was killed by signal ", sig, " (",
+                                        SignalName(sig), ")", said)};
+  }
+  const int code = WEXITSTATUS(wait_status);
+  if (!failure.ok()) {
+    return {ExitCodeForHost(failure), absl::StrCat(failure.message(), said)};
+  }
+  if (LacksTorch(last_line)) {
+    return {kExitUserError,
+            absl::StrCat("the program's Python has no torch on this worker (install "
+                         "python3-torch, or name a Python that has it in program.command)",
+                         said)};
+  }
+  if (code == kExitUserError) {
+    return {kExitUserError, absl::StrCat("the program exited with code 2 (its own error: no "
+                                         "retry)",
+                                         said)};
+  }
+  return {kExitInternal, absl::StrCat("the program exited with code ", code, said)};
+}
+
+std::string Host::LastOutputLine() const {
+  const std::string path = (fs::path(restore_base_).parent_path() / kTaskOutputFile).string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff tail = std::min<std::streamoff>(size, 4096);
+  in.seekg(size - tail);
+  std::string text(static_cast<size_t>(tail), '\0');
+  in.read(text.data(), tail);
+  absl::string_view rest = absl::StripTrailingAsciiWhitespace(text);
+  const size_t newline = rest.rfind('\n');
+  if (newline != absl::string_view::npos) rest = rest.substr(newline + 1);
+  return std::string(absl::StripAsciiWhitespace(rest));
+}
+
+ProgramResult RunProgram(const v1::Task& task, const ProgramOptions& options) {
+  Host host(task, options);
+  return host.Run();
+}
+
+}  // namespace trainyard::trainer::program
