@@ -3,6 +3,7 @@
 // lost, a lost worker, and the ends a program can come to.
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -96,6 +97,83 @@ TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
     }
   }
   EXPECT_THAT(master, StartsWith("127.0.0.1:"));
+}
+
+// The module's program (module_ddp.py) for `steps` steps, a checkpoint every 20.
+std::string ModuleJob(const std::string& name, const std::string& out, int64_t steps) {
+  return ProgramJob(name, "module_ddp.py", 2, out, absl::StrCat("\"", steps, "\""),
+                    "checkpoint: {every_steps: 20, keep_last: 2}\n");
+}
+
+constexpr int64_t kHeldAfter = 30;
+
+// Waits until attempt `generation` of job `id` is held kHeldAfter steps past its start.
+absl::StatusOr<Job> WaitUntilHeld(Cluster& cluster, const std::string& id, int64_t generation) {
+  return cluster.WaitFor(id, [generation](const Job& job) {
+    return job.state() == v1::RUNNING && job.generation() == generation &&
+           job.progress().step() == job.progress().attempt_start_step() + kHeldAfter &&
+           job.committed_step() >= 20;
+  });
+}
+
+TEST(ProgramTest, APreemptedProgramSavesAtTheAgreedStepAndEndsBitForBitLikeAnUninterruptedOne) {
+  Cluster cluster(Workers(4));
+  TempDir out;
+  RunToSuccess(cluster, ModuleJob("reference", out.path(), 120));
+  const std::string reference = ReadFile(out.path() + "/reference.bin");
+  ASSERT_EQ(reference.size(), (16 * 32 + 32 + 32 * 4 + 4) * sizeof(float));
+
+  // A notice: SIGTERM to the agent of rank 0, while the ranks are held at step 30.
+  cluster.Hold("preempted", kHeldAfter);
+  auto submitted = cluster.Submit(ModuleJob("preempted", out.path(), 120));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto held = WaitUntilHeld(cluster, submitted->id(), 1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  const int victim = WorkerOfRank(*held, 0);
+  cluster.worker(victim).Signal(SIGTERM);
+  std::optional<int> exit = cluster.worker(victim).Wait(absl::Seconds(30));
+  EXPECT_TRUE(exit.has_value() && WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0);
+  auto recovered = cluster.WaitFor(submitted->id(), [](const Job& job) {
+    return job.restarts_size() >= 1 && job.restarts(0).recovered();
+  });
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  const v1::Restart& r = recovered->restarts(0);
+  EXPECT_EQ(r.reason(), v1::PREEMPTED) << r.message();
+  EXPECT_EQ(StoppedAtStep(*recovered, 1), kHeldAfter);
+  EXPECT_EQ(r.resumed_step(), kHeldAfter);  // saved at the agreed step, not at the last 20
+  EXPECT_EQ(r.steps_lost(), 0) << r.message();
+  cluster.Release("preempted");
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->progress().step(), 120);
+  EXPECT_EQ(done->progress().total_steps(), 120);
+  EXPECT_EQ(done->progress().metrics().at("lr"), 0.05);
+  const std::string resumed = ReadFile(out.path() + "/preempted.bin");
+  EXPECT_TRUE(resumed == reference) << "the resumed run's parameters differ from the reference's";
+
+  // A lost machine: kill -9 of the agent of rank 1 and of its program's host; the program dies
+  // with it. The job resumes from the checkpoint of step 20, and says it lost exactly 10 steps.
+  cluster.Hold("lost", kHeldAfter);
+  submitted = cluster.Submit(ModuleJob("lost", out.path(), 120));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  held = WaitUntilHeld(cluster, submitted->id(), 1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(held->committed_step(), 20);
+  const int lost = WorkerOfRank(*held, 1);
+  std::optional<pid_t> host = cluster.TrainerPid(lost, TaskId(*held, 1));
+  ASSERT_TRUE(host.has_value());
+  cluster.worker(lost).Signal(SIGKILL);
+  kill(*host, SIGKILL);
+  cluster.Release("lost");
+  done = cluster.WaitForFinal(submitted->id(), absl::Seconds(240));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ASSERT_EQ(done->restarts_size(), 1);
+  EXPECT_EQ(done->restarts(0).reason(), v1::WORKER_LOST) << done->restarts(0).message();
+  EXPECT_EQ(done->restarts(0).resumed_step(), 20);
+  EXPECT_EQ(done->restarts(0).steps_lost(), kHeldAfter - 20);
+  EXPECT_TRUE(ReadFile(out.path() + "/lost.bin") == reference);
 }
 
 }  // namespace

@@ -64,6 +64,10 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, python_module_dir, "",
           "A job's own program: the folder holding the Python module trainyard/ that its "
           "PYTHONPATH starts with. Empty: share/trainyard/python beside this binary's bin/.");
+ABSL_FLAG(absl::Duration, peer_loss_grace, absl::Seconds(15),
+          "A job's own program of several ranks that fails (not with exit code 2): how long its "
+          "host waits for the coordinator to end the attempt for a lost peer (whose loss then "
+          "names the cause) before it reports the failure as the program's own.");
 ABSL_FLAG(bool, overlap_communication, true,
           "data_parallel: start each gradient bucket's all-reduce from autograd hooks as soon as "
           "backward has produced it (true), or all of them after backward (false).");
@@ -229,6 +233,7 @@ int RunProgramRank(const trainyard::v1::Task& task,
   options.stop_signal = &stop_signal;
   options.python_module_dir = PythonModuleDir();
   options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
+  options.peer_loss_grace = absl::GetFlag(FLAGS_peer_loss_grace);
   const std::function<void(int64_t, int64_t)> hold = TestHold(task);
   if (hold) options.before_step = hold;
   options.after_step = LastStepRecorder();

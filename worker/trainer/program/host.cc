@@ -118,7 +118,24 @@ ProgramResult Host::Run() {
     }
   }
   channel->reset();  // no request after the program's end
-  return Conclude(status);
+  ProgramResult result = Conclude(status);
+  if (result.exit_code == kExitInternal && AttemptEndedMeanwhile()) {
+    return {kExitInfrastructure,
+            absl::StrCat(result.message, " (after its attempt ended: a peer was lost)")};
+  }
+  return result;
+}
+
+bool Host::AttemptEndedMeanwhile() {
+  if (task_.world_size() <= 1 || options_.rendezvous == nullptr) return false;
+  if (options_.stop_signal != nullptr && options_.stop_signal->load() != 0) return false;
+  LogInfo("the program failed: waiting up to ", absl::FormatDuration(options_.peer_loss_grace),
+          " to learn whether a peer was lost");
+  // No one sets this key: the wait ends when the coordinator ends the attempt (the store then
+  // refuses every call of it) or when the grace is over.
+  const absl::Status status =
+      options_.rendezvous->Get("program/never-set", options_.peer_loss_grace).status();
+  return status.code() == absl::StatusCode::kFailedPrecondition;
 }
 
 absl::Status Host::Prepare() {

@@ -42,6 +42,9 @@ class Host {
   absl::StatusOr<pid_t> Start();
   // How the program's end (a wait status) ends the rank.
   ProgramResult Conclude(int wait_status);
+  // After the program failed: whether the coordinator ended its attempt (for a lost peer, say)
+  // within ProgramOptions::peer_loss_grace.
+  bool AttemptEndedMeanwhile();
   // The last line the program wrote (its log's), for messages; empty when none.
   std::string LastOutputLine() const;
 

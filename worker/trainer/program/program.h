@@ -52,6 +52,11 @@ struct ProgramOptions {
   absl::Duration report_interval = absl::Seconds(1);
   // How long a rank waits for its peers: at the start, and for their part of a commit.
   absl::Duration peer_timeout = absl::Minutes(10);
+  // A program of several ranks that fails (not exit 2) may have failed because a peer's machine
+  // vanished (its collectives then fail at once): its host waits this long for the coordinator
+  // to end the attempt for a lost worker, which then names the cause, before it reports the
+  // failure as the program's own.
+  absl::Duration peer_loss_grace = absl::Seconds(15);
   // Called with each step the program reports and the step its attempt started from, before the
   // report is answered; it may block (a test holding the run at a step, main.cc).
   std::function<void(int64_t step, int64_t attempt_start_step)> before_step;
