@@ -68,7 +68,10 @@ absl::Status JobManager::Load() {
     JobEntry& entry = table_.Add(stored.seq, std::move(stored.job));
     // Stall and stop clocks restart with the coordinator: it cannot know what happened while
     // it was away.
-    entry.last_step_change = clock_.Now();
+    // (A program that never reported a step has no stall clock until it does.)
+    const bool never_reported =
+        entry.job.spec().has_program() && entry.job.progress().updated_unix_ms() == 0;
+    entry.last_step_change = never_reported ? absl::InfinitePast() : clock_.Now();
     entry.last_step_seen = entry.job.progress().step();
     if (entry.job.state() == v1::RESTARTING) entry.restarting_since = clock_.Now();
     entry.attempt_placed = clock_.Now();

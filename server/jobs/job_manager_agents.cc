@@ -458,8 +458,10 @@ absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
     case TaskReportOutcome::Kind::kRunning:
       if (outcome.started) {
         // The stall clock starts when the attempt runs, and counts this attempt's steps: it may
-        // resume below the step the last one reached.
-        entry->last_step_change = clock_.Now();
+        // resume below the step the last one reached. A job's own program may report no steps
+        // at all (it need not use the module): its clock starts with its first report.
+        entry->last_step_change =
+            updated.spec().has_program() ? absl::InfinitePast() : clock_.Now();
         entry->last_step_seen = -1;
       }
       return TransitionLocked(*entry, std::move(updated), v1::RUNNING, outcome.reason, changed);

@@ -176,5 +176,110 @@ TEST(ProgramTest, APreemptedProgramSavesAtTheAgreedStepAndEndsBitForBitLikeAnUni
   EXPECT_TRUE(ReadFile(out.path() + "/lost.bin") == reference);
 }
 
+// Runs ends.py `way` (with `more` arguments) on `workers` ranks to its final state.
+Job RunEnd(Cluster& cluster, const std::string& name, const std::string& way, int workers,
+           const std::string& extra = "", const std::string& more = "") {
+  auto submitted = cluster.Submit(
+      ProgramJob(name, "ends.py", workers, "/nonexistent", absl::StrCat(way, more), extra));
+  EXPECT_TRUE(submitted.ok()) << submitted.status();
+  if (!submitted.ok()) return Job();
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(120));
+  EXPECT_TRUE(done.ok()) << done.status();
+  return done.ok() ? *done : Job();
+}
+
+TEST(ProgramTest, EachEndOfAProgramIsReadAsItShouldBe) {
+  Cluster cluster(Workers(2));
+  // The restart policy would retry failures: only the program's own verdicts fail at once.
+  const std::string retry = "restart: {max_failures: 1, max_infrastructure_errors: 0}\n";
+  {
+    SCOPED_TRACE("exit 2: the user's error, not retried");
+    const Job job = RunEnd(cluster, "exit2", "exit2", 1, retry);
+    EXPECT_EQ(job.state(), v1::FAILED);
+    EXPECT_THAT(job.reason(), HasSubstr("the program exited with code 2"));
+    EXPECT_THAT(job.reason(), HasSubstr("--lr must be > 0"));  // its last words
+    EXPECT_EQ(job.restarts_size(), 0);
+  }
+  {
+    SCOPED_TRACE("an exception: a failure, retried once, then failed");
+    const Job job = RunEnd(cluster, "raise", "raise", 1, retry);
+    EXPECT_EQ(job.state(), v1::FAILED);
+    EXPECT_THAT(job.reason(), HasSubstr("ValueError: the loss diverged"));
+    EXPECT_EQ(job.restarts_size(), 1);
+  }
+  {
+    SCOPED_TRACE("a command that does not exist");
+    auto submitted = cluster.Submit(
+        absl::StrCat("name: missing\nprogram: {command: [no-such-trainer, x.py]}\n", retry));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    auto job = cluster.WaitForFinal(submitted->id());
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->state(), v1::FAILED);
+    EXPECT_THAT(job->reason(), HasSubstr("'no-such-trainer' was not found on this worker"));
+    EXPECT_EQ(job->restarts_size(), 0);
+  }
+  {
+    SCOPED_TRACE("a Python without torch (-S: no site packages)");
+    auto submitted = cluster.Submit(absl::StrCat("name: notorch\nprogram: {command: [", kPython,
+                                                 ", -S, plain_ddp.py], workdir: file://",
+                                                 ProgramsDir(), "}\n", retry));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    auto job = cluster.WaitForFinal(submitted->id());
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->state(), v1::FAILED);
+    EXPECT_THAT(job->reason(), HasSubstr("the program's Python has no torch on this worker"));
+    EXPECT_EQ(job->restarts_size(), 0);
+  }
+  {
+    SCOPED_TRACE("over its memory limit");
+    const Job job = RunEnd(cluster, "grow", "grow", 1, "resources: {memory: 256MiB}\n" + retry);
+    EXPECT_EQ(job.state(), v1::FAILED);
+    EXPECT_THAT(job.reason(), HasSubstr("out of memory: killed at its limit of"));
+    EXPECT_EQ(job.restarts_size(), 0);
+    ASSERT_EQ(job.tasks_size(), 1);
+    EXPECT_TRUE(job.tasks(0).out_of_memory());
+    EXPECT_GE(job.tasks(0).memory_peak_bytes(), 192 << 20);
+  }
+  {
+    SCOPED_TRACE("no reports for longer than stall_timeout: not a hang, its steps are unknown");
+    const Job job = RunEnd(cluster, "quiet", "quiet", 1, "stall_timeout: 1s\n" + retry, ", \"4\"");
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+    EXPECT_EQ(job.restarts_size(), 0);
+  }
+  {
+    SCOPED_TRACE("a report, then none for stall_timeout: a hang");
+    const Job job = RunEnd(cluster, "stall", "stall", 1, "stall_timeout: 2s\n" + retry);
+    EXPECT_EQ(job.state(), v1::FAILED);
+    EXPECT_THAT(job.reason(), HasSubstr("no step progress for 2s"));
+  }
+  {
+    SCOPED_TRACE("ranks that commit different steps: the program's mistake, named");
+    const Job job = RunEnd(cluster, "mismatch", "mismatch", 2, retry);
+    EXPECT_EQ(job.state(), v1::FAILED);
+    EXPECT_THAT(job.reason(), HasSubstr("rank 1 committed step 6 where rank 0 committed step 5"));
+    EXPECT_EQ(job.restarts_size(), 0);
+  }
+  {
+    SCOPED_TRACE("a rank that ends early while the other goes on: the job waits for both");
+    cluster.Hold("early", 1);
+    auto submitted = cluster.Submit(ProgramJob("early", "ends.py", 2, "/nonexistent", "early"));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    auto one_done = cluster.WaitFor(submitted->id(), [](const Job& job) {
+      bool rank1_exited = false;
+      for (const v1::TaskInfo& t : job.tasks()) {
+        rank1_exited |= t.rank() == 1 && t.state() == v1::TASK_EXITED && t.exit_code() == 0;
+      }
+      return rank1_exited && job.progress().step() == 1;
+    });
+    ASSERT_TRUE(one_done.ok()) << one_done.status();
+    EXPECT_EQ(one_done->state(), v1::RUNNING);
+    cluster.Release("early");
+    auto job = cluster.WaitForFinal(submitted->id());
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason();
+    EXPECT_EQ(job->progress().step(), 3);
+  }
+}
+
 }  // namespace
 }  // namespace trainyard::testing
