@@ -137,7 +137,8 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& dir) {
   for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (ec) return absl::UnavailableError(absl::StrCat("cannot read ", dir, ": ", ec.message()));
     const fs::file_status status = it->symlink_status(ec);
-    const std::string relative = fs::relative(it->path(), dir, ec).string();
+    // Lexically: fs::relative would follow a link to where it points.
+    const std::string relative = it->path().lexically_relative(dir).string();
     if (fs::is_directory(status)) continue;
     if (!fs::is_regular_file(status)) {
       return absl::InvalidArgumentError(

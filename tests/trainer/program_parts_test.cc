@@ -1,0 +1,216 @@
+// The program host's parts alone (worker/trainer/program/): torchrun's layout, the program's
+// environment, finding its command, the paths a checkpoint or workdir may hold, and a program's
+// checkpoint sent up and brought back (and refused when it was changed).
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/program_env.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_stores.h"
+#include "worker/trainer/program/environment.h"
+#include "worker/trainer/program/files.h"
+
+namespace trainyard::trainer::program {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class TempFolder {
+ public:
+  TempFolder() {
+    char name[] = "/tmp/program-parts-XXXXXX";
+    path_ = ::mkdtemp(name);
+  }
+  ~TempFolder() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void Write(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(ProgramLayoutTest, MachinesInRankOrderAndEachMachinesGpusInLocalRankOrder) {
+  // Ranks 0 and 2 on machine a, 1 and 3 on b, one GPU each.
+  const std::vector<Peer> peers = {{"a", "3"}, {"b", "0"}, {"a", "1"}, {"b", "2"}};
+  const Layout r2 = LayoutOf(peers, 2);
+  EXPECT_EQ(r2.group_rank, 0);
+  EXPECT_EQ(r2.group_world_size, 2);
+  EXPECT_EQ(r2.local_rank, 1);
+  EXPECT_EQ(r2.local_world_size, 2);
+  // set_device(LOCAL_RANK) picks device 1 of "3,1": GPU 1, rank 2's own.
+  EXPECT_EQ(r2.cuda_visible_devices, "3,1");
+  const Layout r1 = LayoutOf(peers, 1);
+  EXPECT_EQ(r1.group_rank, 1);
+  EXPECT_EQ(r1.local_rank, 0);
+  EXPECT_EQ(r1.cuda_visible_devices, "0,2");
+  const Layout alone = LayoutOf({{"a", ""}}, 0);
+  EXPECT_EQ(alone.local_world_size, 1);
+  EXPECT_EQ(alone.cuda_visible_devices, "");
+}
+
+TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn) {
+  v1::Task task;
+  task.set_job_id("j-1");
+  task.set_generation(3);
+  task.set_rank(1);
+  task.set_world_size(4);
+  task.mutable_spec()->mutable_checkpoint()->set_every_steps(50);
+  (*task.mutable_spec()->mutable_program()->mutable_env())["LR"] = "0.1";
+  Layout layout;
+  layout.local_rank = 1;
+  layout.local_world_size = 2;
+  layout.group_rank = 0;
+  layout.group_world_size = 2;
+  layout.cuda_visible_devices = "0,1";
+  Paths paths{"/t/program", "/t/checkpoint", "/t/restore", "/t/trainyard.sock", "/share/py"};
+  const auto list = ProgramEnvironment(task, layout, "10.0.0.5:29500", paths, 40,
+                                       {{"PATH", "/usr/bin"},
+                                        {"PYTHONPATH", "/mine"},
+                                        {"TRAINYARD_CACHE_DIR", "/c"},
+                                        {"TRAINYARD_TEST_HOLD_DIR", "/h"},
+                                        {"CUDA_VISIBLE_DEVICES", "1"},
+                                        {"AWS_ACCESS_KEY_ID", "task-key"}});
+  const std::map<std::string, std::string> env(list.begin(), list.end());
+  EXPECT_EQ(env.at("RANK"), "1");
+  EXPECT_EQ(env.at("WORLD_SIZE"), "4");
+  EXPECT_EQ(env.at("LOCAL_RANK"), "1");
+  EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(env.at("GROUP_RANK"), "0");
+  EXPECT_EQ(env.at("MASTER_ADDR"), "10.0.0.5");
+  EXPECT_EQ(env.at("MASTER_PORT"), "29500");
+  EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "0,1");  // the machine's, not the trainer's
+  EXPECT_EQ(env.at("PYTHONPATH"), "/share/py:/mine");
+  EXPECT_EQ(env.at("TRAINYARD_JOB_ID"), "j-1");
+  EXPECT_EQ(env.at("TRAINYARD_ATTEMPT"), "3");
+  EXPECT_EQ(env.at("TRAINYARD_RESTORE_DIR"), "/t/restore");
+  EXPECT_EQ(env.at("TRAINYARD_RESTORE_STEP"), "40");
+  EXPECT_EQ(env.at("TRAINYARD_CHECKPOINT_EVERY_STEPS"), "50");
+  EXPECT_EQ(env.at("TRAINYARD_SOCKET"), "/t/trainyard.sock");
+  EXPECT_EQ(env.at("LR"), "0.1");
+  EXPECT_EQ(env.at("PATH"), "/usr/bin");
+  EXPECT_EQ(env.at("AWS_ACCESS_KEY_ID"), "task-key");  // the S3 gateway's key for the task
+  EXPECT_EQ(env.count("TRAINYARD_CACHE_DIR"), 0u);     // the trainer's own, not the program's
+  EXPECT_EQ(env.count("TRAINYARD_TEST_HOLD_DIR"), 0u);
+  // A first start restores nothing.
+  const auto fresh = ProgramEnvironment(task, layout, "h:1", Paths{}, 0, {});
+  for (const auto& [name, value] : fresh) EXPECT_NE(name, "TRAINYARD_RESTORE_DIR");
+}
+
+TEST(FindCommandTest, PathThenWorkdirAndPathsWithASlashAsTheyAre) {
+  TempFolder dir;
+  Write(dir.path() + "/bin/tool", "#!/bin/sh\n");
+  ::chmod((dir.path() + "/bin/tool").c_str(), 0755);
+  Write(dir.path() + "/work/run.sh", "#!/bin/sh\n");
+  ::chmod((dir.path() + "/work/run.sh").c_str(), 0755);
+  Write(dir.path() + "/work/data.txt", "not executable");
+  const std::string path = "/nonexistent:" + dir.path() + "/bin";
+  EXPECT_EQ(*FindCommand("tool", path, dir.path() + "/work"), dir.path() + "/bin/tool");
+  EXPECT_EQ(*FindCommand("run.sh", path, dir.path() + "/work"), dir.path() + "/work/run.sh");
+  EXPECT_EQ(*FindCommand("./run.sh", path, dir.path() + "/work"), dir.path() + "/work/./run.sh");
+  absl::StatusOr<std::string> missing = FindCommand("trian.py", path, dir.path() + "/work");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("'trian.py' was not found on this worker"));
+  EXPECT_FALSE(FindCommand("./data.txt", path, dir.path() + "/work").ok());
+}
+
+TEST(ProgramFilesTest, OnlyPathsThatStayWhereTheyArePut) {
+  for (const char* good : {"model.pt", "shards/rank-0/part.bin", "a..b", ".hidden"}) {
+    EXPECT_TRUE(IsSafeRelativePath(good)) << good;
+  }
+  for (const char* bad :
+       {"", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a\\b", "a\nb"}) {
+    EXPECT_FALSE(IsSafeRelativePath(bad)) << bad;
+  }
+}
+
+TEST(ProgramFilesTest, ACheckpointGoesUpByAttemptAndComesBackVerified) {
+  TempFolder dir;
+  Write(dir.path() + "/ckpt/model.pt", "weights");
+  Write(dir.path() + "/ckpt/shards/0.bin", std::string(100000, 'x'));
+  MemoryStore store;
+  const std::string step = "mem://c/job/step-000000000010";
+  absl::StatusOr<std::vector<StoredFile>> files = UploadFiles(store, dir.path() + "/ckpt", step, 7);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[0].name, "g7/model.pt");
+  EXPECT_EQ((*files)[1].name, "g7/shards/0.bin");
+  EXPECT_EQ((*files)[1].size, 100000);
+  ASSERT_TRUE(store.Put(step + "/MANIFEST.json", EncodeManifest("job", 10, 7, 1, *files)).ok());
+
+  const std::string restore = dir.path() + "/restore";
+  absl::StatusOr<int64_t> restored = RestoreCheckpoint(store, step, restore);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, 10);
+  EXPECT_EQ(Read(restore + "/model.pt"), "weights");
+  EXPECT_EQ(Read(restore + "/shards/0.bin"), std::string(100000, 'x'));
+
+  // A changed object: DATA_LOSS naming it, and nothing left half restored.
+  ASSERT_TRUE(store.Put(step + "/g7/model.pt", "weightz").ok());
+  restored = RestoreCheckpoint(store, step, restore);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(restored.status().message(), HasSubstr("g7/model.pt"));
+  EXPECT_TRUE(fs::is_empty(restore));
+}
+
+TEST(ProgramFilesTest, AManifestNamingAPathOutsideIsRefused) {
+  MemoryStore store;
+  const std::string step = "mem://c/job/step-000000000010";
+  ASSERT_TRUE(store
+                  .Put(step + "/MANIFEST.json",
+                       EncodeManifest("job", 10, 1, 1, {{"g1/../../../etc/cron.d/x", 1, "00"}}))
+                  .ok());
+  TempFolder dir;
+  absl::StatusOr<int64_t> restored = RestoreCheckpoint(store, step, dir.path() + "/restore");
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(restored.status().message(), HasSubstr("not a safe name"));
+}
+
+TEST(ProgramFilesTest, ALinkInTheCheckpointFolderIsNotSentUp) {
+  TempFolder dir;
+  Write(dir.path() + "/ckpt/model.pt", "weights");
+  fs::create_symlink("/etc/hostname", dir.path() + "/ckpt/host");
+  MemoryStore store;
+  absl::StatusOr<std::vector<StoredFile>> files =
+      UploadFiles(store, dir.path() + "/ckpt", "mem://c/step-1", 1);
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(files.status().message(), HasSubstr("host in the checkpoint folder"));
+}
+
+TEST(ProgramFilesTest, AWorkdirComesDownWithItsFoldersAndNothingOutside) {
+  MemoryStore store;
+  ASSERT_TRUE(store.Put("mem://b/code/train.py", "print(1)").ok());
+  ASSERT_TRUE(store.Put("mem://b/code/lib/util.py", "x = 1").ok());
+  ASSERT_TRUE(store.Put("mem://b/codex/other.py", "not ours").ok());
+  TempFolder dir;
+  ASSERT_TRUE(FetchWorkdir(store, "mem://b/code", dir.path()).ok());
+  EXPECT_EQ(Read(dir.path() + "/train.py"), "print(1)");
+  EXPECT_EQ(Read(dir.path() + "/lib/util.py"), "x = 1");
+  EXPECT_FALSE(fs::exists(dir.path() + "/other.py"));
+  EXPECT_EQ(FetchWorkdir(store, "mem://b/empty", dir.path()).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store.Put("mem://b/evil/../../x", "y").ok());
+  EXPECT_EQ(FetchWorkdir(store, "mem://b/evil", dir.path()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainyard::trainer::program
