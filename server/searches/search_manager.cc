@@ -345,13 +345,13 @@ bool SearchManager::FollowTrialLocked(Entry& entry, Trial& trial) {
             v1::TrialState_Name(trial.state()), ": ", trial.message());
     return true;
   }
-  const bool accuracy = searcher.metric() == "val_accuracy";
-  if (accuracy && !job->progress().has_val_accuracy()) {
+  const std::optional<double> metric = TrialMetric(job->progress(), searcher.metric());
+  if (!metric.has_value()) {
     trial.set_state(v1::TRIAL_FAILED);
-    trial.set_message(absl::StrCat("job ", job->id(), " reported no val_accuracy"));
+    trial.set_message(absl::StrCat("job ", job->id(), " reported no ", searcher.metric()));
     return true;
   }
-  const double value = accuracy ? job->progress().val_accuracy() : job->progress().loss();
+  const double value = *metric;
   trial.add_rung_metrics(value);
   trial.set_has_metric(true);
   trial.set_metric(value);

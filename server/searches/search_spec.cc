@@ -239,13 +239,18 @@ absl::Status ParseSearcher(const YAML::Node& node, SearcherSpec& s) {
                                                                "', expected random, grid or asha"));
   }
   TY_RETURN_IF_ERROR(string_field("metric", s.mutable_metric()));
-  if (s.metric() != "val_accuracy" && s.metric() != "loss") {
+  if (s.metric().empty() || s.metric().size() > 64 ||
+      !std::all_of(s.metric().begin(), s.metric().end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+      })) {
     return FieldError(Child(field, "metric"),
-                      s.metric().empty() ? "required: val_accuracy or loss"
-                                         : absl::StrCat("unknown metric '", s.metric(),
-                                                        "', expected val_accuracy or loss"));
+                      s.metric().empty()
+                          ? "required: val_accuracy, loss, val_loss, or a figure "
+                            "the template's program reports"
+                          : absl::StrCat("'", s.metric(), "' is not a metric's name"));
   }
-  s.set_smaller_is_better(s.metric() == "loss");
+  // Losses fall as a model gets better.
+  s.set_smaller_is_better(absl::EndsWith(s.metric(), "loss"));
   if (IsSet(node["smaller_is_better"])) {
     absl::StatusOr<bool> v = ReadBool(node["smaller_is_better"], Child(field, "smaller_is_better"));
     if (!v.ok()) return v.status();
@@ -317,7 +322,13 @@ absl::Status CheckTrials(const SearchSpec& spec) {
   absl::StatusOr<v1::JobSpec> job = TrialJobSpec(spec, base);
   if (!job.ok()) return Attribute(job.status(), spec, base, nullptr);
   const SearcherSpec& s = spec.searcher();
-  if (s.metric() == "val_accuracy") {
+  if (!job->has_program() && !IsTrainerMetric(s.metric())) {
+    return FieldError("searcher.metric",
+                      absl::StrCat("unknown metric '", s.metric(),
+                                   "': the trainer reports val_accuracy, loss and val_loss (a "
+                                   "template's own program may report others)"));
+  }
+  if (s.metric() == "val_accuracy" && !job->has_program()) {
     if (job->loss() != "cross_entropy") {
       return FieldError("searcher.metric", "val_accuracy needs template.loss: cross_entropy");
     }
@@ -455,7 +466,11 @@ absl::StatusOr<v1::JobSpec> TrialJobSpec(const SearchSpec& spec, const TrialValu
   try {
     YAML::Node root = YAML::Load(spec.template_yaml());
     if (!root.IsMap()) return FieldError("template", "expected a mapping");
-    for (const auto& [path, value] : values) {
+    YAML::Node program = root["program"];
+    const bool own_program = program.IsMap();
+    // A program's hyperparameters go into its command and environment where they are named.
+    const TrialValues at_paths = own_program ? SubstituteIntoProgram(program, values) : values;
+    for (const auto& [path, value] : at_paths) {
       const std::vector<std::string> parts = absl::StrSplit(path, '.');
       YAML::Node node = root;
       std::string at;
@@ -473,7 +488,8 @@ absl::StatusOr<v1::JobSpec> TrialJobSpec(const SearchSpec& spec, const TrialValu
       }
       node[parts.back()] = YAML::Load(value);
     }
-    if (spec.searcher().name() == "asha") {
+    // A program runs as long as it says; its rungs end at stop_at_step all the same.
+    if (spec.searcher().name() == "asha" && !own_program) {
       root["max_steps"] = spec.searcher().max_length();
       root.remove("epochs");
     }

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "trainyard/v1/job.pb.h"
 #include "trainyard/v1/search_service.pb.h"
+#include "yaml-cpp/yaml.h"
 
 namespace trainyard {
 
@@ -30,7 +33,8 @@ using TrialValues = std::map<std::string, std::string>;
 //     model.args.hidden: {type: categorical, values: [[64], [128, 64]]}
 //   template: {...a job spec...}
 //
-// Defaults: searcher.smaller_is_better true for loss, false for val_accuracy;
+// Defaults: searcher.smaller_is_better true for loss and val_loss (any metric ending in "loss"),
+// false for val_accuracy and other figures;
 // max_concurrent_trials 4; asha divisor 3 and max_rungs 3; grid max_trials the grid's size.
 // Besides each field, every corner of the space (each range's ends, each categorical value) is
 // put into the template and checked as a job spec, so a value that makes a bad job is refused now,
@@ -54,6 +58,18 @@ TrialValues ValuesOfTrial(const trainyard::v1::SearchSpec& spec, int number);
 // spec's field as ParseJobSpecYaml does.
 absl::StatusOr<trainyard::v1::JobSpec> TrialJobSpec(const trainyard::v1::SearchSpec& spec,
                                                     const TrialValues& values);
+
+// A program's template (its `program` mapping): every {name} of `values` in its command words
+// and its env values replaced by the value (a quoted YAML string without its quotes). Returns
+// the values it did not use, which go in at their paths in the job spec.
+TrialValues SubstituteIntoProgram(YAML::Node& program, const TrialValues& values);
+
+// A trial's objective from its job's progress: loss, val_accuracy and val_loss (the trainer's;
+// a program's too), or a figure a program reported by name; nullopt when it was never reported.
+std::optional<double> TrialMetric(const trainyard::v1::JobProgress& progress,
+                                  const std::string& metric);
+// Whether the trainer's loop reports `metric` (the others only programs do).
+bool IsTrainerMetric(const std::string& metric);
 
 // asha: the step at which each rung ends, max_rungs of them, the last at max_length.
 std::vector<int64_t> RungEndSteps(const trainyard::v1::SearcherSpec& searcher);

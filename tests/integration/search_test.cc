@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -96,6 +97,57 @@ class SearchClusterTest : public ::testing::Test {
 
   Cluster cluster_;
 };
+
+TEST_F(SearchClusterTest, AshaOverAProgramStopsItAtRungsAndResumesItFromItsOwnCheckpoints) {
+  const std::string id = SubmitSearch(
+      "program.yaml",
+      absl::StrCat(
+          "name: asha-program\n"
+          "searcher: {name: asha, metric: score, max_trials: 3, max_concurrent_trials: 2,\n"
+          "  max_length: 9, divisor: 3, max_rungs: 2}\n"
+          "hyperparameters:\n"
+          "  lr: {type: categorical, values: [0.01, 0.3, 0.05]}\n"
+          "template:\n"
+          "  name: trial-program\n"
+          "  program:\n"
+          "    command: [/usr/bin/python3, search_trial.py, --lr, \"{lr}\"]\n"
+          "    workdir: file://",
+          SourceDir(), "/tests/integration/programs\n", "    env: {LR: \"{lr}\"}\n"));
+  ASSERT_FALSE(id.empty());
+  v1::Search search;
+  ASSERT_TRUE(WaitForSearch(
+      id, [](const v1::Search& s) { return s.state() != v1::SEARCH_RUNNING; }, &search))
+      << search.DebugString();
+  ASSERT_EQ(search.state(), v1::SEARCH_SUCCEEDED) << search.DebugString();
+  ASSERT_EQ(search.trials_size(), 3);
+  // The largest step gets w^2 lowest at every rung: that trial is the best, and went on from
+  // step 3.
+  const v1::Trial& best = search.trials(search.best_trial());
+  EXPECT_EQ(best.state(), v1::TRIAL_COMPLETED) << best.DebugString();
+  ASSERT_EQ(best.job_ids_size(), 2) << best.DebugString();
+  absl::StatusOr<v1::Job> first = cluster_.Get(best.job_ids(0));
+  absl::StatusOr<v1::Job> second = cluster_.Get(best.job_ids(1));
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_THAT(first->spec().program().command(3), "0.3");
+  EXPECT_EQ(first->spec().program().env().at("LR"), "0.3");
+  EXPECT_EQ(first->progress().step(), 3);                 // stopped at the rung's end
+  EXPECT_EQ(first->committed_step(), 3);                  // having saved there
+  EXPECT_EQ(second->progress().attempt_start_step(), 3);  // restored, not started over
+  EXPECT_EQ(second->progress().step(), 9);
+  const double w = 5.0 * std::pow(1 - 2 * 0.3, 9);
+  EXPECT_NEAR(search.best_metric(), -w * w, 1e-9);
+  // ASHA promotes as trials arrive (the first to finish a rung is the best of one): at least one
+  // other trial stopped at step 3, and every promoted one went on from its checkpoint.
+  int stopped = 0;
+  for (const v1::Trial& t : search.trials()) {
+    stopped += t.state() == v1::TRIAL_STOPPED;
+    if (t.job_ids_size() < 2) continue;
+    absl::StatusOr<v1::Job> next = cluster_.Get(t.job_ids(1));
+    ASSERT_TRUE(next.ok());
+    EXPECT_EQ(next->progress().attempt_start_step(), 3) << next->id();
+  }
+  EXPECT_GE(stopped, 1);
+}
 
 TEST_F(SearchClusterTest, AshaPromotesFromCheckpointsAndSurvivesACoordinatorKill) {
   // Every trial's job waits after its first update until released: the coordinator is killed

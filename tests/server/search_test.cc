@@ -195,6 +195,54 @@ TEST(SearchSpecTest, TheExampleSearchIsValid) {
   EXPECT_EQ(job->name(), "search-asha-mlp");  // the template has none: the search's
 }
 
+TEST(SearchSpecTest, AProgramsValuesGoIntoItsCommandAndEnvironmentAndItsOwnFiguresCount) {
+  absl::StatusOr<v1::SearchSpec> spec = ParseSearchYaml(
+      "name: prog\n"
+      "searcher: {name: asha, metric: f1, max_trials: 4, max_length: 90}\n"
+      "hyperparameters:\n"
+      "  lr: {type: categorical, values: [0.1, 0.2]}\n"
+      "  opt: {type: categorical, values: [adam, sgd]}\n"
+      "  checkpoint.every_steps: {type: const, value: 30}\n"
+      "template:\n"
+      "  program:\n"
+      "    command: [python3, train.py, \"--lr={lr}\", --opt, \"{opt}\"]\n"
+      "    env: {OPT: \"{opt}\", KEEP: \"{unknown}\"}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->searcher().smaller_is_better());  // f1 is not a loss
+  absl::StatusOr<JobSpec> job =
+      TrialJobSpec(*spec, {{"lr", "0.2"}, {"opt", "sgd"}, {"checkpoint.every_steps", "30"}});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(
+      std::vector<std::string>(job->program().command().begin(), job->program().command().end()),
+      ::testing::ElementsAre("python3", "train.py", "--lr=0.2", "--opt", "sgd"));
+  EXPECT_EQ(job->program().env().at("OPT"), "sgd");
+  EXPECT_EQ(job->program().env().at("KEEP"), "{unknown}");  // not a hyperparameter's name
+  EXPECT_EQ(job->checkpoint().every_steps(), 30);           // a path in the spec, as ever
+  EXPECT_EQ(job->max_steps(), 0);  // a program runs as long as it says; rungs stop it
+
+  // A hyperparameter a program's template names nowhere is a field it does not have.
+  absl::StatusOr<v1::SearchSpec> unused = ParseSearchYaml(
+      "name: prog\nsearcher: {name: random, metric: loss, max_trials: 2}\n"
+      "hyperparameters: {lr: {type: double, min: 0.1, max: 0.2}}\n"
+      "template: {program: {command: [python3, train.py]}}\n");
+  ASSERT_FALSE(unused.ok());
+  EXPECT_THAT(unused.status().message(), HasSubstr("hyperparameters.lr"));
+  // Only programs report figures of their own.
+  absl::StatusOr<v1::SearchSpec> trainer =
+      ParseSearchYaml(SearchYaml("{name: random, metric: f1, max_trials: 4}",
+                                 "  optimizer.lr: {type: log, min: 1e-4, max: 1e-1}\n"));
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_THAT(trainer.status().message(), HasSubstr("searcher.metric: unknown metric 'f1'"));
+
+  v1::JobProgress progress;
+  progress.set_loss(0.5);
+  (*progress.mutable_metrics())["f1"] = 0.75;
+  EXPECT_EQ(TrialMetric(progress, "loss"), 0.5);
+  EXPECT_EQ(TrialMetric(progress, "f1"), 0.75);
+  EXPECT_EQ(TrialMetric(progress, "val_accuracy"), std::nullopt);
+  EXPECT_EQ(TrialMetric(progress, "bleu"), std::nullopt);
+}
+
 TEST(SearchSpecTest, PromotionKeepsTheBestFractionAndTheFirstArrivals) {
   // Fewer than `divisor` results: only the best so far goes on.
   EXPECT_TRUE(PromotedAtRung(0.5, {0.5}, 3, false));
