@@ -92,6 +92,15 @@ class Client {
   }
   int Follow(const std::string& id);
   int FollowSearch(const std::string& id);
+  // A spec read from `spec_file` whose program.workdir (a job's) or template.program.workdir (a
+  // search's) names a folder on this machine (no scheme; relative to the spec file's folder):
+  // that folder packed (common/formats/workdir_archive.h), sent to the coordinator, and the spec
+  // given back naming where it was kept. Other specs come back as they are. Progress on stderr.
+  // Errors name the folder (over the size limit, unreadable) or the call that failed.
+  absl::StatusOr<std::string> UploadWorkdir(const std::string& yaml, const std::string& spec_file);
+  absl::StatusOr<v1::UploadWorkdirResponse> SendWorkdirArchive(const std::string& path,
+                                                               const std::string& sha256,
+                                                               int64_t size);
 
   const std::string address_;
   const ParsedArgs& args_;

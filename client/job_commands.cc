@@ -74,8 +74,17 @@ int Client::Submit() {
     std::cerr << "error: " << read.status().message() << "\n";
     return kExitUsage;
   }
+  // A program's workdir on this machine goes to the coordinator first.
+  absl::StatusOr<std::string> yaml = UploadWorkdir(*read, args_.args[0]);
+  if (!yaml.ok()) {
+    std::cerr << "error: " << yaml.status().message() << "\n";
+    return absl::IsFailedPrecondition(yaml.status()) || absl::IsInvalidArgument(yaml.status()) ||
+                   absl::IsNotFound(yaml.status())
+               ? kExitUsage
+               : kExitRpcError;
+  }
   v1::SubmitJobRequest request;
-  request.set_spec_yaml(*std::move(read));
+  request.set_spec_yaml(*std::move(yaml));
   if (args_.Has("resume-from")) request.set_resume_from(args_.Get("resume-from"));
   v1::Job job;
   grpc::ClientContext context;

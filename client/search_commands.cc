@@ -88,6 +88,11 @@ int Client::Search() {
       std::cerr << "error: " << yaml.status().message() << "\n";
       return kExitUsage;
     }
+    yaml = UploadWorkdir(*yaml, args_.args[1]);
+    if (!yaml.ok()) {
+      std::cerr << "error: " << yaml.status().message() << "\n";
+      return kExitUsage;
+    }
     v1::SubmitSearchRequest request;
     request.set_spec_yaml(*yaml);
     grpc::ClientContext context;

@@ -37,7 +37,7 @@ fi
 # The headers, CMake configs and link-time libraries the trainer's build needs.
 dev_packages=(libgrpc++-dev libgrpc-dev libprotobuf-dev libabsl-dev libgloo-dev libyaml-cpp-dev
   nlohmann-json3-dev libcurl4-openssl-dev libssl-dev libc-ares-dev libre2-dev zlib1g-dev
-  libgtest-dev libgmock-dev)
+  libgtest-dev libgmock-dev libarchive-dev)
 # Libraries present on any glibc system (and those a PyTorch install brings) never travel.
 is_system_lib() {
   case "$(basename "$1")" in

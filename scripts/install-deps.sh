@@ -22,7 +22,7 @@ packages=(
   # training runtime
   libtorch-dev libopenblas0-pthread libgloo-dev
   # libraries
-  libabsl-dev prometheus-cpp-dev libcivetweb-dev libgtest-dev libgmock-dev libsqlite3-dev libpq-dev
+  libabsl-dev prometheus-cpp-dev libcivetweb-dev libarchive-dev libgtest-dev libgmock-dev libsqlite3-dev libpq-dev
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
   # test-only tools
   awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint

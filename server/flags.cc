@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, advertise_address, "",
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Base URI for checkpoints of jobs whose spec sets no checkpoint.uri; a job's "
           "checkpoints go to {base}/{job_id}. Default: file://<absolute state_dir>/checkpoints.");
+ABSL_FLAG(std::string, max_workdir_size, "100MiB",
+          "The largest program workdir (the archive `trainyard submit` packs from a local "
+          "folder) this coordinator keeps, e.g. 500MiB.");
 ABSL_FLAG(absl::Duration, worker_timeout, absl::Seconds(10),
           "A worker whose agent keeps no lease stream (an older agent) is LOST when it has not "
           "synced for this long; the jobs with ranks there restart from their latest committed "

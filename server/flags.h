@@ -16,6 +16,7 @@ inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:7071";
 ABSL_DECLARE_FLAG(std::string, listen);
 ABSL_DECLARE_FLAG(std::string, state_dir);
 ABSL_DECLARE_FLAG(std::string, store);
+ABSL_DECLARE_FLAG(std::string, max_workdir_size);
 ABSL_DECLARE_FLAG(std::string, store_password_file);
 ABSL_DECLARE_FLAG(bool, migrate_state);
 ABSL_DECLARE_FLAG(absl::Duration, leader_lease);

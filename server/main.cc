@@ -31,6 +31,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/byte_size.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc/channel.h"
@@ -43,6 +44,7 @@
 #include "server/api/metrics.h"
 #include "server/flags.h"
 #include "server/jobs/job_manager.h"
+#include "server/jobs/workdir_store.h"
 #include "server/leadership/leader_lease.h"
 #include "server/leadership/leadership.h"
 #include "server/leadership/standby_copy.h"
@@ -213,6 +215,14 @@ int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions op
   const std::unique_ptr<ObjectStoreResolver> model_stores =
       NewObjectStoreResolver([](const char* name) { return std::getenv(name); });
   options.model_stores = model_stores.get();
+  // Programs' workdirs, kept by content under the owners' folders of the checkpoint root.
+  absl::StatusOr<int64_t> max_workdir = ParseByteSize(absl::GetFlag(FLAGS_max_workdir_size));
+  if (!max_workdir.ok()) {
+    LogError("--max_workdir_size: ", max_workdir.status().message());
+    return 1;
+  }
+  const WorkdirStore workdirs(model_stores.get(), options.checkpoint_root, *max_workdir);
+  server_options.workdirs = &workdirs;
   absl::StatusOr<std::unique_ptr<Authenticator>> auth = LoadTokens(stores, abs_state);
   if (!auth.ok()) {
     LogError(auth.status().message());

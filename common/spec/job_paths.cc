@@ -27,6 +27,7 @@ absl::StatusOr<std::vector<JobLocation>> JobLocations(const v1::JobSpec& spec) {
     fields.emplace_back(absl::StrCat("model.stages[", i, "]"), &spec.model().stages(i));
   }
   fields.emplace_back("distill.teacher", &spec.distill().teacher());
+  fields.emplace_back("program.workdir", &spec.program().workdir());
   fields.emplace_back("checkpoint.uri", &spec.checkpoint().uri());
   std::vector<JobLocation> locations;
   for (auto& [field, value] : fields) {

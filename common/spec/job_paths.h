@@ -25,8 +25,9 @@ struct JobLocation {
 };
 
 // Every place `spec` names, in field order: data.train, data.tokens, model.torchscript,
-// model.stages[i], distill.teacher, checkpoint.uri (unset fields left out). INVALID_ARGUMENT
-// naming the field when one does not parse (relative paths, "..", an unsupported scheme).
+// model.stages[i], distill.teacher, program.workdir, checkpoint.uri (unset fields left out).
+// INVALID_ARGUMENT naming the field when one does not parse (relative paths, "..", an unsupported
+// scheme).
 absl::StatusOr<std::vector<JobLocation>> JobLocations(const trainyard::v1::JobSpec& spec);
 
 // Checks that every local place in `spec` lies under one of `allowed` (absolute folders),

@@ -66,10 +66,10 @@ class CoordinatorServer::HealthOnly : public grpc::CallbackGenericService {
 };
 
 CoordinatorServer::CoordinatorServer(JobManager& manager, Authenticator& auth,
-                                     int max_streams_per_caller)
+                                     int max_streams_per_caller, const WorkdirStore* workdirs)
     : manager_(manager),
       gate_(auth, max_streams_per_caller),
-      job_service_(manager, gate_),
+      job_service_(manager, gate_, workdirs),
       agent_service_(manager, gate_),
       admin_service_(auth, manager, gate_),
       health_only_(std::make_unique<HealthOnly>()) {}
@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     JobManager& manager, Authenticator& auth, const CoordinatorServerOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   std::unique_ptr<CoordinatorServer> server(
-      new CoordinatorServer(manager, auth, options.max_streams_per_caller));
+      new CoordinatorServer(manager, auth, options.max_streams_per_caller, options.workdirs));
   grpc::ServerBuilder builder;
   builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
   // gRPC shares a port with another process that listens on it (SO_REUSEPORT) unless told not

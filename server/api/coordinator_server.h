@@ -23,6 +23,7 @@
 #include "server/api/search_service.h"
 #include "server/auth/auth.h"
 #include "server/jobs/job_manager.h"
+#include "server/jobs/workdir_store.h"
 
 namespace trainyard {
 
@@ -42,6 +43,8 @@ struct CoordinatorServerOptions {
   absl::Duration lease_ping_timeout = absl::Seconds(10);
   // Non-null: SearchService is served and searches tick after the jobs. Must outlive the server.
   SearchManager* searches = nullptr;
+  // Non-null: JobService.UploadWorkdir keeps programs' workdirs there. Must outlive the server.
+  const WorkdirStore* workdirs = nullptr;
   // Serve grpc.reflection.v1alpha.ServerReflection on the API port. It answers anyone who
   // connects, without a credential (the call gate never sees it), with every service and message
   // the coordinator serves: off unless asked for (tools such as grpcurl on a trusted network).
@@ -72,7 +75,8 @@ class CoordinatorServer {
 
  private:
   class HealthOnly;
-  CoordinatorServer(JobManager& manager, Authenticator& auth, int max_streams_per_caller);
+  CoordinatorServer(JobManager& manager, Authenticator& auth, int max_streams_per_caller,
+                    const WorkdirStore* workdirs);
 
   JobManager& manager_;
   CallGate gate_;

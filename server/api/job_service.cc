@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/rpc/grpc_status.h"
+#include "server/api/request_limits.h"
 
 namespace trainyard {
 
@@ -175,6 +176,43 @@ Status JobServiceImpl::ListQueues(ServerContext* context, const v1::ListQueuesRe
       gate_.Admit(*context, *request, Audience::kPeople, "ListQueues");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   for (v1::Queue& q : manager_.ListQueues()) *response->add_queues() = std::move(q);
+  return Status::OK;
+}
+
+Status JobServiceImpl::UploadWorkdir(ServerContext* context,
+                                     grpc::ServerReader<v1::UploadWorkdirRequest>* reader,
+                                     v1::UploadWorkdirResponse* response) {
+  v1::UploadWorkdirRequest first;
+  if (!reader->Read(&first)) {
+    return ToGrpcStatus(absl::InvalidArgumentError("no message: the first names the archive"));
+  }
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, first, Audience::kPeople, "UploadWorkdir");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (workdirs_ == nullptr) {
+    return ToGrpcStatus(absl::UnimplementedError("this coordinator keeps no workdirs"));
+  }
+  std::string pending = std::move(*first.mutable_data());
+  absl::Status limits;
+  auto next = [&](std::string* chunk) {
+    if (!pending.empty()) {
+      chunk->swap(pending);
+      pending.clear();
+      return true;
+    }
+    v1::UploadWorkdirRequest message;
+    if (!reader->Read(&message)) return false;
+    limits = CheckRequestLimits(message);
+    if (!limits.ok()) return false;
+    *chunk = std::move(*message.mutable_data());
+    return true;
+  };
+  absl::StatusOr<WorkdirStore::Stored> stored =
+      workdirs_->Keep(caller->name, first.sha256(), first.size_bytes(), next);
+  if (!limits.ok()) return ToGrpcStatus(limits);
+  if (!stored.ok()) return ToGrpcStatus(stored.status());
+  response->set_uri(stored->uri);
+  response->set_already_stored(stored->already_stored);
   return Status::OK;
 }
 

@@ -3,6 +3,7 @@
 
 #include "server/api/call_gate.h"
 #include "server/jobs/job_manager.h"
+#include "server/jobs/workdir_store.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
 
 namespace trainyard {
@@ -12,7 +13,9 @@ namespace trainyard {
 // Thread-safe.
 class JobServiceImpl final : public trainyard::v1::JobService::Service {
  public:
-  JobServiceImpl(JobManager& manager, CallGate& gate) : manager_(manager), gate_(gate) {}
+  // `workdirs` null: UploadWorkdir is UNIMPLEMENTED.
+  JobServiceImpl(JobManager& manager, CallGate& gate, const WorkdirStore* workdirs = nullptr)
+      : manager_(manager), gate_(gate), workdirs_(workdirs) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const trainyard::v1::SubmitJobRequest* request,
@@ -41,6 +44,9 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
   grpc::Status ListCheckpoints(grpc::ServerContext* context,
                                const trainyard::v1::ListCheckpointsRequest* request,
                                trainyard::v1::ListCheckpointsResponse* response) override;
+  grpc::Status UploadWorkdir(grpc::ServerContext* context,
+                             grpc::ServerReader<trainyard::v1::UploadWorkdirRequest>* reader,
+                             trainyard::v1::UploadWorkdirResponse* response) override;
 
  private:
   // Admit for people, then PERMISSION_DENIED unless the caller may see job `job_id`.
@@ -50,6 +56,7 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
 
   JobManager& manager_;
   CallGate& gate_;
+  const WorkdirStore* const workdirs_;
 };
 
 }  // namespace trainyard

@@ -40,6 +40,14 @@ constexpr FieldBound kBounds[] = {
     {"trainyard.v1.Queue.users", 1000},
     {"trainyard.v1.DeleteQueueRequest.name", 128},
     {"trainyard.v1.JobSpec.queue", 128},
+    // A program: its environment (common/spec/program_env.h has the bounds it is validated to).
+    {"trainyard.v1.ProgramSpec.env", 256},
+    {"trainyard.v1.ProgramSpec.EnvEntry.value", 32 << 10},
+    {"trainyard.v1.ProgramSpec.command", 1024},
+    // A program's own figures: the host forwards at most 64.
+    {"trainyard.v1.JobProgress.metrics", 64},
+    {"trainyard.v1.UploadWorkdirRequest.sha256", 64},
+    {"trainyard.v1.UploadWorkdirRequest.data", 1 << 20},
     {"trainyard.v1.RegisterWorkerRequest.name", 128},
     {"trainyard.v1.RegisterWorkerRequest.address", 256},
     {"trainyard.v1.RegisterWorkerRequest.hostname", 256},

@@ -176,6 +176,47 @@ TEST(ProgramTest, APreemptedProgramSavesAtTheAgreedStepAndEndsBitForBitLikeAnUni
   EXPECT_TRUE(ReadFile(out.path() + "/lost.bin") == reference);
 }
 
+TEST(ProgramTest, ALocalWorkdirIsPackedKeptOnceByContentAndRunFromTheArchive) {
+  ClusterOptions options = Workers(1);
+  options.coordinator_args.push_back("--max_workdir_size=64KiB");
+  Cluster cluster(options);
+  TempDir project, out;
+  const std::string dir = project.path();
+  std::filesystem::create_directories(dir + "/lib");
+  std::ofstream(dir + "/lib/helper.py") << "GREETING = 'from the workdir'\n";
+  std::ofstream(dir + "/main.py")
+      << "import os, sys\nsys.path.insert(0, 'lib')\nimport helper\n"
+         "files = sorted(os.path.join(d, f)[2:] for d, _, fs in os.walk('.') for f in fs\n"
+         "               if '__pycache__' not in d)\n"
+         "open(os.path.join(os.environ['OUT'], 'seen.txt'), 'w').write(\n"
+         "    helper.GREETING + '\\n' + '\\n'.join(files))\n";
+  std::ofstream(dir + "/.trainyardignore") << "outputs/\n";
+  std::filesystem::create_directories(dir + "/outputs");
+  std::ofstream(dir + "/outputs/model.bin") << std::string(200000, 'x');  // left out
+  std::ofstream(dir + "/job.yaml")
+      << "name: local\nprogram:\n  command: [" << kPython << ", main.py]\n  workdir: .\n"
+      << "  env: {OUT: \"" << out.path() << "\"}\n";
+
+  Cluster::CliResult first = cluster.Cli({"submit", "--wait", dir + "/job.yaml"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_THAT(first.output, HasSubstr("workdir " + dir + ": 4 files"));
+  EXPECT_THAT(first.output, HasSubstr("/programs/sha256-"));
+  EXPECT_THAT(ReadFile(out.path() + "/seen.txt"),
+              ::testing::StrEq("from the workdir\n.trainyardignore\njob.yaml\nlib/helper.py\n"
+                               "main.py"));
+  // The same files again: kept once, nothing sent.
+  Cluster::CliResult again = cluster.Cli({"submit", dir + "/job.yaml"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("(already kept: nothing sent)"));
+
+  // Over the coordinator's limit: refused with the size and the flag, no job made.
+  std::ofstream(dir + "/weights.bin") << std::string(100000, 'w');
+  Cluster::CliResult big = cluster.Cli({"submit", dir + "/job.yaml"});
+  EXPECT_NE(big.exit_code, 0) << big.output;
+  EXPECT_THAT(big.output, HasSubstr("over this coordinator's limit of 64.0 KiB"));
+  EXPECT_THAT(big.output, HasSubstr("--max_workdir_size"));
+}
+
 // Runs ends.py `way` (with `more` arguments) on `workers` ranks to its final state.
 Job RunEnd(Cluster& cluster, const std::string& name, const std::string& way, int workers,
            const std::string& extra = "", const std::string& more = "") {

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/formats/workdir_archive.h"
 #include "common/sha256.h"
 #include "common/storage/uri.h"
 
@@ -235,6 +236,16 @@ absl::StatusOr<int64_t> RestoreCheckpoint(ObjectStore& store, const std::string&
 }
 
 absl::Status FetchWorkdir(ObjectStore& store, const std::string& uri, const std::string& dir) {
+  if (absl::EndsWith(uri, ".tar")) {
+    // An archive (the CLI's, or one of the user's): brought beside the folder and unpacked.
+    const std::string archive = absl::StrCat(dir, ".tar");
+    absl::StatusOr<ObjectInfo> got = store.GetToFile(uri, archive);
+    absl::Status status = got.status();
+    if (status.ok()) status = UnpackWorkdir(archive, dir);
+    std::error_code ec;
+    fs::remove(archive, ec);
+    return status;
+  }
   const std::string folder = absl::EndsWith(uri, "/") ? uri : absl::StrCat(uri, "/");
   absl::StatusOr<std::vector<ObjectInfo>> objects = store.List(folder);
   if (!objects.ok()) return objects.status();

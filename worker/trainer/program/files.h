@@ -62,8 +62,9 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view json);
 absl::StatusOr<int64_t> RestoreCheckpoint(ObjectStore& store, const std::string& step_uri,
                                           const std::string& dir);
 
-// Brings the program's files from `uri` into `dir`: every object below the folder URI, at its
-// path relative to it. INVALID_ARGUMENT for an object whose path would leave `dir`, NOT_FOUND for
+// Brings the program's files from `uri` into `dir`: an archive's (a URI ending in .tar,
+// common/formats/workdir_archive.h), or every object below the folder URI, at its path relative
+// to it. INVALID_ARGUMENT for an object whose path would leave `dir`, NOT_FOUND for
 // an empty or missing folder, UNAVAILABLE from the store.
 absl::Status FetchWorkdir(ObjectStore& store, const std::string& uri, const std::string& dir);
 
