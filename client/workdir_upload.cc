@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "client/format.h"
+#include "common/clock.h"
 #include "common/formats/workdir_archive.h"
 #include "yaml-cpp/yaml.h"
 
@@ -93,8 +94,8 @@ absl::StatusOr<v1::UploadWorkdirResponse> Client::SendWorkdirArchive(const std::
                                                                      int64_t size) {
   grpc::ClientContext context;
   // A large archive over a slow link takes a while: a minute, and a minute more per 64 MiB.
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60) +
-                       std::chrono::seconds(60 * (size >> 26)));
+  context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + absl::Seconds(60) +
+                                          absl::Seconds(60 * (size >> 26))));
   FollowLeader(context);
   v1::UploadWorkdirResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::UploadWorkdirRequest>> writer =
