@@ -299,13 +299,24 @@ void IdentityFields(const v1::Job& job, absl::TimeZone zone, std::string& out) {
                                     : ", preemptible"));
   }
   field("Generation", absl::StrCat(job.generation()));
+  if (job.spec().has_program()) {
+    // Each word as it goes to the program: quoted where it holds a space.
+    std::vector<std::string> words;
+    for (const std::string& w : job.spec().program().command()) {
+      words.push_back(absl::StrContains(w, ' ') || w.empty() ? absl::StrCat("'", w, "'") : w);
+    }
+    field("Program", absl::StrJoin(words, " "));
+    field("Workdir", job.spec().program().workdir());
+  }
   if (!job.trial().search_id().empty()) {
     field("Search", absl::StrCat(job.trial().search_id(), ", trial ", job.trial().trial(),
                                  ", rung ", job.trial().rung()));
   }
   if (job.spec().stop_at_step() > 0) {
     field("Stops at",
-          absl::StrCat("step ", job.spec().stop_at_step(), " of ", job.spec().max_steps()));
+          absl::StrCat(
+              "step ", job.spec().stop_at_step(),
+              job.spec().max_steps() > 0 ? absl::StrCat(" of ", job.spec().max_steps()) : ""));
   }
 }
 
@@ -405,7 +416,9 @@ void ProgressFields(const v1::Job& job, absl::TimeZone zone, std::string& out) {
     absl::StrAppend(&progress, absl::StrFormat(" (%d%%)", static_cast<int>(100.0 * p.step() /
                                                                            p.total_steps())));
   }
-  field("Step", progress);
+  // A program that does not use the module reports no steps: they are not known, not 0.
+  const bool unknown = job.spec().has_program() && p.updated_unix_ms() == 0;
+  field("Step", unknown ? "unknown (the program reports no steps: trainyard.report)" : progress);
   field("Loss", LossText(p));
   field("Samples/s", p.samples_per_second() > 0
                          ? GroupThousands(static_cast<int64_t>(p.samples_per_second() + 0.5))
@@ -419,6 +432,15 @@ void ProgressFields(const v1::Job& job, absl::TimeZone zone, std::string& out) {
       absl::StrAppendFormat(&text, " (perplexity %.2f)", std::exp(p.val_loss()));
     }
     field("Val loss", text);
+  }
+  if (!p.metrics().empty()) {
+    // A program's own figures, by name.
+    std::vector<std::pair<std::string, double>> sorted(p.metrics().begin(), p.metrics().end());
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<std::string> parts;
+    for (const auto& [name, value] : sorted)
+      parts.push_back(absl::StrFormat("%s=%.6g", name, value));
+    field("Metrics", absl::StrJoin(parts, " "));
   }
   field("Committed step", job.committed_step() >= 0 ? absl::StrCat(job.committed_step()) : "-");
   field("Checkpoints", job.checkpoint_uri());

@@ -104,6 +104,18 @@ absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const v1::JobSpec& spec
   for (const JobLocation& location : *locations) {
     if (!location.uri.local() || location.written) continue;
     const std::string& path = location.uri.path;
+    if (location.field == "program.workdir") {
+      // A folder (or an archive): it must be there when the machine has what holds it.
+      std::error_code ec;
+      const std::filesystem::path place(path);
+      if (!std::filesystem::is_directory(place.parent_path(), ec)) {
+        unchecked.push_back(absl::StrCat(location.field, " (", place.parent_path().string(),
+                                         " is not on the coordinator's machine)"));
+      } else if (!std::filesystem::exists(place, ec)) {
+        return FieldError(location.field, absl::StrCat("no folder '", location.value, "'"));
+      }
+      continue;
+    }
     // The folder up to the first wildcard: what must exist here for the check to mean anything.
     const std::string fixed = FixedPart(path);
     const std::string folder = fixed.substr(0, fixed.rfind('/') + 1);

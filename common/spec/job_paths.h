@@ -39,7 +39,8 @@ absl::StatusOr<std::vector<JobLocation>> JobLocations(const trainyard::v1::JobSp
 absl::Status CheckLocalPaths(const trainyard::v1::JobSpec& spec,
                              const std::vector<std::string>& allowed);
 
-// Checks the local files `spec` reads (data.train's pattern, model.torchscript, distill.teacher)
+// Checks the local files `spec` reads (data.train's pattern, model.torchscript, distill.teacher,
+// program.workdir)
 // where this machine can see them: INVALID_ARGUMENT naming the field when their folder exists
 // here but holds no match ("data.train: no files match '/data/x-*.safetensors'"). A folder this
 // machine does not have is not checked (the workers may have it): the result names each such

@@ -30,6 +30,8 @@ namespace {
 // INVALID_ARGUMENT naming the field that is too small.
 absl::StatusOr<v1::MemoryEstimate> CheckJobMemory(const v1::JobSpec& spec,
                                                   const std::optional<v1::ModelNeeds>& needs) {
+  // A program's needs are its own: nothing here can tell them (resources.memory says them).
+  if (spec.has_program()) return v1::MemoryEstimate();
   const JobMemory memory = EstimateJobMemory(spec, needs.has_value() ? &*needs : nullptr);
   v1::MemoryEstimate estimate;
   *estimate.mutable_rank() = memory.rank.ToProto();

@@ -97,6 +97,9 @@ TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
     }
   }
   EXPECT_THAT(master, StartsWith("127.0.0.1:"));
+  const Cluster::CliResult described = cluster.Cli({"describe", done->id()});
+  EXPECT_THAT(described.output, HasSubstr("Program:          /usr/bin/python3 plain_ddp.py"));
+  EXPECT_THAT(described.output, HasSubstr("Step:             unknown (the program reports no"));
 }
 
 // The module's program (module_ddp.py) for `steps` steps, a checkpoint every 20.
@@ -149,6 +152,9 @@ TEST(ProgramTest, APreemptedProgramSavesAtTheAgreedStepAndEndsBitForBitLikeAnUni
   EXPECT_EQ(done->progress().step(), 120);
   EXPECT_EQ(done->progress().total_steps(), 120);
   EXPECT_EQ(done->progress().metrics().at("lr"), 0.05);
+  const Cluster::CliResult described = cluster.Cli({"describe", done->id()});
+  EXPECT_THAT(described.output, HasSubstr("Metrics:          lr=0.05"));
+  EXPECT_THAT(described.output, HasSubstr("Step:             120/120 (100%)"));
   const std::string resumed = ReadFile(out.path() + "/preempted.bin");
   EXPECT_TRUE(resumed == reference) << "the resumed run's parameters differ from the reference's";
 

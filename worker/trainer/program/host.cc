@@ -308,14 +308,16 @@ ProgramResult Host::Conclude(int wait_status) {
   std::optional<int64_t> stopping_at;
   int64_t last_step = 0;
   trainyard::v1::JobProgress progress;
+  bool reported = false;
   {
     absl::MutexLock lock(&mu_);
+    reported = reported_;
     failure = failure_;
     stopping_at = stopping_at_;
     last_step = progress_.step();
     progress = progress_;
   }
-  if (reporter_ != nullptr) {
+  if (reporter_ != nullptr && reported) {
     // The last word on progress, so that the job shows where the program ended.
     reporter_->Finish(progress, clock_.Now() + options_.coordinator_retry_for).IgnoreError();
   }
