@@ -31,7 +31,7 @@ packages=(
   postgresql
   # the structure check (scripts/check_structure.py): function ends and formatting
   universal-ctags clang-format
-  # benchmarks only (bench/cpu_step.py)
+  # benchmarks (bench/cpu_step.py) and the programs example (torchvision, PIL)
   python3-torchvision
   # examples only: the text the language-model examples train on
   bible-kjv
