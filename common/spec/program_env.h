@@ -37,6 +37,9 @@ inline constexpr char kEnvRestoreDir[] = "TRAINYARD_RESTORE_DIR";
 inline constexpr char kEnvRestoreStep[] = "TRAINYARD_RESTORE_STEP";
 // The host's socket (a Unix socket path): reports, the stop step, commits.
 inline constexpr char kEnvSocket[] = "TRAINYARD_SOCKET";
+// The rank's last-step file (common/exit_codes.h's kLastStepFile): the module writes each step
+// there as it reports it, so the agent knows the exact last step however the program ends.
+inline constexpr char kEnvStepFile[] = "TRAINYARD_STEP_FILE";
 inline constexpr char kEnvCheckpointEvery[] = "TRAINYARD_CHECKPOINT_EVERY_STEPS";  // 0: none
 inline constexpr char kEnvStopAtStep[] = "TRAINYARD_STOP_AT_STEP";  // a search's rung; 0: none
 inline constexpr char kEnvPrefix[] = "TRAINYARD_";

@@ -142,8 +142,12 @@ TEST(ProgramTest, APreemptedProgramSavesAtTheAgreedStepAndEndsBitForBitLikeAnUni
   ASSERT_TRUE(recovered.ok()) << recovered.status();
   const v1::Restart& r = recovered->restarts(0);
   EXPECT_EQ(r.reason(), v1::PREEMPTED) << r.message();
-  EXPECT_EQ(StoppedAtStep(*recovered, 1), kHeldAfter);
-  EXPECT_EQ(r.resumed_step(), kHeldAfter);  // saved at the agreed step, not at the last 20
+  // The ranks compare their stop requests every few steps (the module keeps that under 0.5 % of
+  // the step time): they stop at the first such step from the hold on, saved there.
+  const int64_t stopped = StoppedAtStep(*recovered, 1);
+  EXPECT_GE(stopped, kHeldAfter);
+  EXPECT_LT(stopped, 120);
+  EXPECT_EQ(r.resumed_step(), stopped);  // saved at the agreed step, not at the last 20
   EXPECT_EQ(r.steps_lost(), 0) << r.message();
   cluster.Release("preempted");
   auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(180));

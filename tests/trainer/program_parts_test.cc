@@ -81,7 +81,13 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
   layout.group_rank = 0;
   layout.group_world_size = 2;
   layout.cuda_visible_devices = "0,1";
-  Paths paths{"/t/program", "/t/checkpoint", "/t/restore", "/t/trainyard.sock", "/share/py"};
+  Paths paths;
+  paths.workdir = "/t/program";
+  paths.checkpoint_dir = "/t/checkpoint";
+  paths.restore_dir = "/t/restore";
+  paths.socket = "/t/trainyard.sock";
+  paths.step_file = "/t/last-step";
+  paths.python_module_dir = "/share/py";
   const auto list = ProgramEnvironment(task, layout, "10.0.0.5:29500", paths, 40,
                                        {{"PATH", "/usr/bin"},
                                         {"PYTHONPATH", "/mine"},
@@ -106,6 +112,7 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
   EXPECT_EQ(env.at("TRAINYARD_RESTORE_STEP"), "40");
   EXPECT_EQ(env.at("TRAINYARD_CHECKPOINT_EVERY_STEPS"), "50");
   EXPECT_EQ(env.at("TRAINYARD_SOCKET"), "/t/trainyard.sock");
+  EXPECT_EQ(env.at("TRAINYARD_STEP_FILE"), "/t/last-step");
   EXPECT_EQ(env.at("LR"), "0.1");
   EXPECT_EQ(env.at("PATH"), "/usr/bin");
   EXPECT_EQ(env.at("AWS_ACCESS_KEY_ID"), "task-key");  // the S3 gateway's key for the task

@@ -236,7 +236,6 @@ int RunProgramRank(const trainyard::v1::Task& task,
   options.peer_loss_grace = absl::GetFlag(FLAGS_peer_loss_grace);
   const std::function<void(int64_t, int64_t)> hold = TestHold(task);
   if (hold) options.before_step = hold;
-  options.after_step = LastStepRecorder();
   trainyard::trainer::program::ProgramResult result;
   {
     StopWatchdog watchdog;

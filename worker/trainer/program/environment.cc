@@ -76,6 +76,7 @@ std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
     env[kEnvRestoreStep] = absl::StrCat(restore_step);
   }
   env[kEnvSocket] = paths.socket;
+  env[kEnvStepFile] = paths.step_file;
   env[kEnvCheckpointEvery] = absl::StrCat(task.spec().checkpoint().every_steps());
   env[kEnvStopAtStep] = absl::StrCat(task.spec().stop_at_step());
   return {env.begin(), env.end()};

@@ -39,6 +39,7 @@ struct Paths {
   std::string checkpoint_dir;  // where it writes a save
   std::string restore_dir;     // the restored checkpoint; empty when none
   std::string socket;          // the host's
+  std::string step_file;       // the rank's last-step file
   std::string python_module_dir;
 };
 

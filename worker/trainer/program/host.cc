@@ -91,6 +91,7 @@ Host::Host(const v1::Task& task, const ProgramOptions& options)
   paths_.workdir = dir + "/program";
   paths_.checkpoint_dir = dir + "/checkpoint";
   paths_.socket = dir + "/trainyard.sock";
+  paths_.step_file = absl::StrCat(dir, "/", kLastStepFile);
   restore_base_ = dir + "/restore";
   paths_.python_module_dir = options.python_module_dir;
 }
@@ -145,6 +146,10 @@ absl::Status Host::Prepare() {
     fs::create_directories(dir, ec);
     if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   }
+  // The last-step file, which the module writes (empty: no step yet).
+  const int step_fd = ::open(paths_.step_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                             0644);
+  if (step_fd >= 0) ::close(step_fd);
   const v1::ProgramSpec& program = task_.spec().program();
   if (!program.workdir().empty()) {
     absl::StatusOr<std::shared_ptr<ObjectStore>> store = options_.stores->Open(program.workdir());
@@ -325,11 +330,12 @@ ProgramResult Host::Conclude(int wait_status) {
   const std::string said = last_line.empty() ? "" : absl::StrCat(": ", last_line);
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) {
     if (!failure.ok()) return {ExitCodeForHost(failure), std::string(failure.message())};
-    if (!stopped) return {kExitOk, ""};
-    return {kExitStoppedBySignal,
-            stopping_at.has_value()
-                ? absl::StrCat("stopped by SIGTERM at step ", *stopping_at)
-                : absl::StrCat("stopped by SIGTERM; the program exited 0 after step ", last_step)};
+    // Stopped where the ranks agreed (the module said so); a program that ran to its end before
+    // the stop came has finished, whatever was asked meanwhile.
+    if (stopped && stopping_at.has_value()) {
+      return {kExitStoppedBySignal, absl::StrCat("stopped by SIGTERM at step ", *stopping_at)};
+    }
+    return {kExitOk, ""};
   }
   if (WIFSIGNALED(wait_status)) {
     const int sig = WTERMSIG(wait_status);

@@ -12,7 +12,8 @@
 // in the task folder, where the Python module (trainyard/__init__.py) reports steps and commits
 // checkpoints. The host ends when the program does, with an exit code the restart policy reads
 // as it reads a trainer's (common/exit_codes.h):
-//   the program exits 0                   -> 0, or 143 when it was asked to stop (SIGTERM)
+//   the program exits 0                   -> 0, or 143 when it stopped where the ranks agreed to
+//                                            (SIGTERM, and the module's should_stop said so)
 //   the program exits 2                   -> 2, the user's error: no retry
 //   other codes, or killed by a signal    -> 1, a failure (143 for SIGTERM, as asked)
 //   the command cannot be started, or a Python without torch -> 2
@@ -60,8 +61,6 @@ struct ProgramOptions {
   // Called with each step the program reports and the step its attempt started from, before the
   // report is answered; it may block (a test holding the run at a step, main.cc).
   std::function<void(int64_t step, int64_t attempt_start_step)> before_step;
-  // Called with each step the program reports (main.cc keeps the last-step file).
-  std::function<void(int64_t)> after_step;
 };
 
 struct ProgramResult {

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# A job's own program under Trainyard against the same program under torchrun (bench/torchrun.py:
+# torchrun itself, with Debian 12's Python 3.11 fix), on this machine:
+# bench/program_step.py (a small model, 2 ranks, Gloo, its own loop) started ROUNDS times each
+# way, with and without Trainyard's module, then preempted and killed under Trainyard. Prints
+# Markdown tables of the medians:
+#   - steps per second after warm-up, and their ratio to torchrun's on the plain script;
+#   - from the launch (`trainyard submit`, or torchrun's command) to the program's process, to
+#     `import torch` done, to the process group, to the first step;
+#   - recovery from a preemption notice (SIGTERM to an agent) and from kill -9 of a machine (its
+#     agent and its rank's processes), as `trainyard describe` splits it.
+#
+#   bench/program_vs_torchrun.sh [BUILD_DIR] [ROUNDS] [STEPS]      (defaults: build, 3, 400)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+rounds=${2:-3}
+steps=${3:-400}
+trainyard=$build/bin/trainyard
+python=/usr/bin/python3
+[ -x "$trainyard" ] || { echo "build it first: make build" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/trainyard-program-bench-XXXXXX)
+up=
+cleanup() { [ -n "$up" ] && kill -INT "$up" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+cp "$root/bench/program_step.py" "$work/"
+
+"$trainyard" up --workers 4 --slots 1 --port 0 --state-dir "$work/cluster" >"$work/up.log" 2>&1 &
+up=$!
+until [ -s "$work/cluster/coordinator.port" ]; do sleep 0.1; done
+export TRAINYARD_COORDINATOR="127.0.0.1:$(tr -dc 0-9 <"$work/cluster/coordinator.port")"
+until [ "$("$trainyard" workers 2>/dev/null | grep -c READY)" -eq 4 ]; do sleep 0.1; done
+field() { "$trainyard" describe "$1" -o json | "$python" -c "import json, sys; j = json.load(sys.stdin); print($2)"; }
+
+job_spec() {  # NAME MODULE_FLAG STEPS OUT
+  cat <<SPEC
+name: $1
+workers: 2
+program:
+  command: [$python, program_step.py, --steps, "$3", --out, $4, --submitted, "$(date +%s.%N)" $2]
+  workdir: file://$work
+  env: {OMP_NUM_THREADS: "1"}
+checkpoint: {every_steps: 100000}
+SPEC
+}
+
+for r in $(seq "$rounds"); do
+  for mode in plain module; do
+    flag=; [ $mode = module ] && flag=", --module"
+    out="$work/torchrun-$mode-$r.json"
+    port=$("$python" -c "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])")
+    OMP_NUM_THREADS=1 PYTHONPATH="$build/share/trainyard/python" timeout 600 \
+      "$python" "$root/bench/torchrun.py" \
+      --nproc_per_node 2 --master_port "$port" "$work/program_step.py" --steps "$steps" --out "$out" \
+      --submitted "$(date +%s.%N)" ${flag:+--module} >"$work/torchrun.log" 2>&1
+    out="$work/trainyard-$mode-$r.json"
+    job_spec "bench-$mode" "$flag" "$steps" "$out" >"$work/job.yaml"
+    id=$("$trainyard" submit "$work/job.yaml" --wait 2>/dev/null | head -1)
+    [ -s "$out" ] || { echo "the job $id wrote no result" >&2; "$trainyard" describe "$id" >&2; exit 1; }
+  done
+done
+
+"$python" - "$work" "$rounds" <<'PY'
+import json, statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+def runs(name):
+    return [json.load(open(f"{work}/{name}-{r}.json")) for r in range(1, rounds + 1)]
+def med(rs, f):
+    return statistics.median(f(x) for x in rs)
+base = med(runs("torchrun-plain"), lambda x: x["steps_per_second"])
+print(f"| steps/s, median of {rounds} (2 ranks, Gloo) | steps/s | ratio to torchrun, plain script |")
+print("| --- | --- | --- |")
+for name, label in [("torchrun-plain", "torchrun, plain script"),
+                    ("torchrun-module", "torchrun, with the module (its agreement only)"),
+                    ("trainyard-plain", "Trainyard, plain script"),
+                    ("trainyard-module", "Trainyard, with the module")]:
+    s = med(runs(name), lambda x: x["steps_per_second"])
+    print(f"| {label} | {s:.1f} | {s / base:.3f} |")
+print()
+print(f"| seconds from the launch, median of {rounds} | to rank 0's process | to the last "
+      "rank's | + import torch (rank 0) | + process group | + first step |")
+print("| --- | --- | --- | --- | --- | --- |")
+for name, label in [("torchrun-plain", "torchrun"), ("trainyard-plain", "Trainyard (`submit`)")]:
+    rs = runs(name)
+    a = med(rs, lambda x: x["started"] - x["submitted"])
+    z = med(rs, lambda x: x["last_started"] - x["submitted"])
+    b = med(rs, lambda x: x["imported"] - x["started"])
+    c = med(rs, lambda x: x["grouped"] - x["imported"])
+    d = med(rs, lambda x: x["first_step"] - x["grouped"])
+    print(f"| {label} | {a:.2f} | {z:.2f} | {b:.2f} | {c:.2f} | {d:.2f} |")
+PY
+
+# Recovery: a long job preempted, then a machine of it killed.
+out="$work/recovery.json"
+job_spec bench-recovery ", --module" 100000000 "$out" | sed 's/every_steps: 100000/every_steps: 200/' >"$work/job.yaml"
+id=$("$trainyard" submit "$work/job.yaml" 2>/dev/null | head -1)
+wait_step() {  # until attempt GEN has committed and stepped past its start by 300
+  until [ "$(field "$id" "j['state'] == 'RUNNING' and int(j['generation']) == $1 and int(j.get('committedStep', -1)) >= 0 and int(j['progress'].get('step', 0)) - int(j['progress'].get('attemptStartStep', 0)) >= 300")" = True ]; do sleep 0.2; done
+}
+wait_recovered() {  # until restart N has recovered
+  until [ "$(field "$id" "len(j.get('restarts', [])) >= $1 and j['restarts'][$1 - 1].get('recovered', False)")" = True ]; do sleep 0.2; done
+}
+agent_of_rank0() {
+  local w; w=$(field "$id" "[t['workerId'] for t in j['tasks'] if t.get('rank', 0) == 0 and t['generation'] == j['generation']][0]")
+  "$trainyard" workers | awk -v w="$w" '$1 == w {print $4}'
+}
+wait_step 1
+kill -TERM "$(agent_of_rank0)"
+wait_recovered 1
+wait_step 2
+agent=$(agent_of_rank0)
+hosts=$(pgrep -P "$agent" || true)
+kill -9 "$agent" $hosts
+wait_recovered 2
+"$trainyard" cancel "$id" >/dev/null
+echo
+echo "| recovery (seconds) | lost steps | total | detect | schedule | start | rendezvous | restore | first step (the program's own start in it) |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+field "$id" "'\n'.join('| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |'.format(r['reason'].lower(), r.get('stepsLost', 0), r.get('recoverySeconds', 0), r.get('detectionSeconds', 0), r.get('schedulingSeconds', 0), r.get('startSeconds', 0), r.get('rendezvousSeconds', 0), r.get('checkpointLoadSeconds', 0), r.get('firstStepSeconds', 0)) for r in j['restarts'])"
