@@ -85,7 +85,10 @@ def main():
                        "last_started": max(starts), "imported": imported,
                        "grouped": grouped, "first_step": first_step, "steps_per_second": steady},
                       f)
-    # No destroy_process_group: Gloo's teardown now and then waits on a peer that has gone.
+    # Out at once: Gloo's teardown (destroy_process_group, or its threads at exit) now and then
+    # waits on a peer that has gone, or aborts.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,11 @@ python=/usr/bin/python3
 
 work=$(mktemp -d /tmp/trainyard-program-bench-XXXXXX)
 up=
-cleanup() { [ -n "$up" ] && kill -INT "$up" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { [ -n "$up" ] && kill -INT "$up" 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"; }
 trap cleanup EXIT
-cp "$root/bench/program_step.py" "$work/"
+# The program's folder holds the program alone: it is the jobs' workdir, copied for every rank.
+mkdir -p "$work/program"
+cp "$root/bench/program_step.py" "$work/program/"
 
 "$trainyard" up --workers 4 --slots 1 --port 0 --state-dir "$work/cluster" >"$work/up.log" 2>&1 &
 up=$!
@@ -39,7 +41,7 @@ name: $1
 workers: 2
 program:
   command: [$python, program_step.py, --steps, "$3", --out, $4, --submitted, "$(date +%s.%N)" $2]
-  workdir: file://$work
+  workdir: file://$work/program
   env: {OMP_NUM_THREADS: "1"}
 checkpoint: {every_steps: 100000}
 SPEC
@@ -52,7 +54,7 @@ for r in $(seq "$rounds"); do
     port=$("$python" -c "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])")
     OMP_NUM_THREADS=1 PYTHONPATH="$build/share/trainyard/python" timeout 600 \
       "$python" "$root/bench/torchrun.py" \
-      --nproc_per_node 2 --master_port "$port" "$work/program_step.py" --steps "$steps" --out "$out" \
+      --nproc_per_node 2 --master_port "$port" "$work/program/program_step.py" --steps "$steps" --out "$out" \
       --submitted "$(date +%s.%N)" ${flag:+--module} >"$work/torchrun.log" 2>&1
     out="$work/trainyard-$mode-$r.json"
     job_spec "bench-$mode" "$flag" "$steps" "$out" >"$work/job.yaml"
