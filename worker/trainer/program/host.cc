@@ -147,8 +147,8 @@ absl::Status Host::Prepare() {
     if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   }
   // The last-step file, which the module writes (empty: no step yet).
-  const int step_fd = ::open(paths_.step_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                             0644);
+  const int step_fd =
+      ::open(paths_.step_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (step_fd >= 0) ::close(step_fd);
   const v1::ProgramSpec& program = task_.spec().program();
   if (!program.workdir().empty()) {
