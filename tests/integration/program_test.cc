@@ -244,6 +244,13 @@ TEST(ProgramTest, EachEndOfAProgramIsReadAsItShouldBe) {
   // The restart policy would retry failures: only the program's own verdicts fail at once.
   const std::string retry = "restart: {max_failures: 1, max_infrastructure_errors: 0}\n";
   {
+    SCOPED_TRACE("a long name: the task folder's socket path would be too long for a socket");
+    const std::string name(60, 'n');
+    const Job job = RunEnd(cluster, name, "early", 1, retry);
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+    EXPECT_EQ(job.progress().step(), 3);  // the module reached its host
+  }
+  {
     SCOPED_TRACE("exit 2: the user's error, not retried");
     const Job job = RunEnd(cluster, "exit2", "exit2", 1, retry);
     EXPECT_EQ(job.state(), v1::FAILED);

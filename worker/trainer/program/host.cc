@@ -15,6 +15,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -103,6 +104,21 @@ ProgramResult Host::Run() {
   if (absl::Status s = MeetPeers(); !s.ok()) {
     return {ExitCodeForHost(s), std::string(s.message())};
   }
+  if (paths_.socket.size() >= kMaxSocketPath) {
+    // A Unix socket's path holds at most 107 bytes, and a task folder under a deep work folder
+    // with a long job name is longer: a private folder of /tmp instead (0700, the task user's).
+    char dir[] = "/tmp/trainyard-sock-XXXXXX";
+    if (::mkdtemp(dir) == nullptr) {
+      return {kExitInfrastructure, absl::StrCat("mkdtemp: ", std::strerror(errno))};
+    }
+    socket_dir_ = dir;
+    paths_.socket = socket_dir_ + "/trainyard.sock";
+  }
+  absl::Cleanup remove_socket_dir = [this] {
+    if (socket_dir_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(socket_dir_, ec);
+  };
   absl::StatusOr<std::unique_ptr<Channel>> channel =
       Channel::Listen(paths_.socket, [this](const json& request) { return Handle(request); });
   if (!channel.ok()) return {kExitInfrastructure, std::string(channel.status().message())};

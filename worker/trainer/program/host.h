@@ -27,6 +27,9 @@ namespace trainyard::trainer::program {
 // program's), infrastructure for the rest.
 int ExitCodeForHost(const absl::Status& status);
 
+// The longest socket path bound in the task folder (sockaddr_un holds 108 bytes with the NUL).
+inline constexpr size_t kMaxSocketPath = 100;
+
 class Host {
  public:
   Host(const trainyard::v1::Task& task, const ProgramOptions& options);
@@ -65,6 +68,7 @@ class Host {
   const Clock& clock_;
   Paths paths_;
   std::string restore_base_;  // where a checkpoint is restored to
+  std::string socket_dir_;    // the socket's own folder in /tmp when the task's path is too long
   std::string master_;
   Layout layout_;
   int64_t restore_step_ = 0;
