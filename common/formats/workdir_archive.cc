@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "absl/strings/strip.h"
 #include "common/byte_size.h"
 #include "common/sha256.h"
+#include "common/storage/uri.h"
 
 namespace trainyard {
 namespace {
@@ -43,6 +45,28 @@ bool MatchSegments(const std::vector<std::string>& rule, size_t r,
   if (::fnmatch(rule[r].c_str(), name.c_str(), 0) != 0) return false;
   return MatchSegments(rule, r + 1, path, p + 1);
 }
+
+// Where the archive goes: a file, each block hashed and counted as it is written. Closed by
+// PackWorkdir; on an early return the destructor closes it.
+struct HashedFile {
+  ~HashedFile() {
+    if (file != nullptr) std::fclose(file);
+  }
+  static la_ssize_t Write(archive*, void* self, const void* data, size_t length) {
+    auto* out = static_cast<HashedFile*>(self);
+    if (std::fwrite(data, 1, length, out->file) != length) {
+      out->failed = true;
+      return -1;
+    }
+    out->hash.Update(absl::string_view(static_cast<const char*>(data), length));
+    out->bytes += static_cast<int64_t>(length);
+    return static_cast<la_ssize_t>(length);
+  }
+  std::FILE* file = nullptr;
+  Sha256 hash;
+  int64_t bytes = 0;
+  bool failed = false;
+};
 
 struct ArchiveWriter {
   ~ArchiveWriter() {
@@ -160,10 +184,18 @@ absl::StatusOr<PackedWorkdir> PackWorkdir(const std::string& dir, const std::str
         " patterns (read your data from object storage instead), or ask for a larger "
         "--max_workdir_size on the coordinator"));
   }
+  // The archive is hashed in the pass that writes it. Declared before the writer, which may
+  // still flush into it when it is freed.
+  HashedFile out;
   ArchiveWriter w;
   w.a = archive_write_new();
   archive_write_set_format_pax_restricted(w.a);
-  if (archive_write_open_filename(w.a, archive_path.c_str()) != ARCHIVE_OK) {
+  out.file = std::fopen(archive_path.c_str(), "wb");
+  if (out.file == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", archive_path, ": ", std::strerror(errno)));
+  }
+  if (archive_write_open2(w.a, &out, nullptr, &HashedFile::Write, nullptr, nullptr) != ARCHIVE_OK) {
     return ArchiveError(w.a, absl::StrCat("cannot write ", archive_path));
   }
   std::unique_ptr<archive_entry, void (*)(archive_entry*)> entry(archive_entry_new(),
@@ -200,15 +232,13 @@ absl::StatusOr<PackedWorkdir> PackWorkdir(const std::string& dir, const std::str
   if (archive_write_close(w.a) != ARCHIVE_OK) {
     return ArchiveError(w.a, absl::StrCat("cannot write ", archive_path));
   }
-  std::ifstream in(archive_path, std::ios::binary);
-  Sha256 hash;
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    if (in.gcount() <= 0) break;
-    hash.Update(absl::string_view(buffer.data(), static_cast<size_t>(in.gcount())));
-    packed.archive_bytes += in.gcount();
+  if (std::fclose(out.file) != 0 || out.failed) {
+    out.file = nullptr;
+    return absl::UnavailableError(absl::StrCat("cannot write ", archive_path));
   }
-  packed.sha256 = hash.HexDigest();
+  out.file = nullptr;
+  packed.archive_bytes = out.bytes;
+  packed.sha256 = out.hash.HexDigest();
   return packed;
 }
 
@@ -230,13 +260,8 @@ absl::Status UnpackWorkdir(const std::string& archive_path, const std::string& d
     absl::string_view relative = name;
     absl::ConsumePrefix(&relative, "./");
     absl::ConsumeSuffix(&relative, "/");
-    bool safe = !relative.empty() && relative[0] != '/';
-    for (absl::string_view segment : absl::StrSplit(relative, '/')) {
-      safe = safe && !segment.empty() && segment != "." && segment != "..";
-    }
-    for (char c : relative) safe = safe && static_cast<unsigned char>(c) >= 0x20 && c != '\\';
     const mode_t type = archive_entry_filetype(entry);
-    if (!safe || (type != AE_IFREG && type != AE_IFDIR)) {
+    if (!IsSafeRelativePath(relative) || (type != AE_IFREG && type != AE_IFDIR)) {
       return absl::InvalidArgumentError(absl::StrCat("program.workdir: the archive's entry '", name,
                                                      "' is not a file or folder that stays "
                                                      "inside the workdir"));

@@ -34,7 +34,8 @@ absl::StatusOr<std::vector<JobLocation>> JobLocations(const v1::JobSpec& spec) {
     if (value->empty()) continue;
     absl::StatusOr<Uri> uri = ParseUri(*value);
     if (!uri.ok()) return FieldError(field, uri.status().message());
-    locations.push_back({field, *value, *std::move(uri), field == "checkpoint.uri"});
+    locations.push_back(
+        {field, *value, *std::move(uri), field == "checkpoint.uri", field == "program.workdir"});
   }
   return locations;
 }
@@ -104,7 +105,7 @@ absl::StatusOr<std::vector<std::string>> CheckLocalFiles(const v1::JobSpec& spec
   for (const JobLocation& location : *locations) {
     if (!location.uri.local() || location.written) continue;
     const std::string& path = location.uri.path;
-    if (location.field == "program.workdir") {
+    if (location.folder) {
       // A folder (or an archive): it must be there when the machine has what holds it.
       std::error_code ec;
       const std::filesystem::path place(path);

@@ -18,10 +18,11 @@
 namespace trainyard {
 
 struct JobLocation {
-  std::string field;  // "data.train", "model.stages[2]", "checkpoint.uri", ...
-  std::string value;  // as written in the spec
-  Uri uri;            // as ParseUri reads it; wildcards of data.train kept as written
-  bool written;       // checkpoint.uri: the job writes there; it only reads the others
+  std::string field;    // "data.train", "model.stages[2]", "checkpoint.uri", ...
+  std::string value;    // as written in the spec
+  Uri uri;              // as ParseUri reads it; wildcards of data.train kept as written
+  bool written;         // checkpoint.uri: the job writes there; it only reads the others
+  bool folder = false;  // program.workdir: a folder (or an archive) rather than files
 };
 
 // Every place `spec` names, in field order: data.train, data.tokens, model.torchscript,

@@ -155,4 +155,16 @@ absl::StatusOr<std::string> LocalPath(absl::string_view uri) {
   return parsed->path;
 }
 
+bool IsSafeRelativePath(absl::string_view path) {
+  constexpr size_t kMaxPathBytes = 4096;
+  if (path.empty() || path.size() > kMaxPathBytes || path[0] == '/') return false;
+  for (char c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
+  }
+  for (absl::string_view segment : absl::StrSplit(path, '/')) {
+    if (segment.empty() || segment == "." || segment == "..") return false;
+  }
+  return true;
+}
+
 }  // namespace trainyard

@@ -40,6 +40,11 @@ bool IsWithin(const Uri& uri, const Uri& folder);
 // Joins with exactly one '/' between the parts: JoinUri("file:///a/", "b") == "file:///a/b".
 std::string JoinUri(absl::string_view base, absl::string_view child);
 
+// Whether `path` is a relative path that stays below the folder it is put in: no leading '/', no
+// empty, "." or ".." segment, no control character or backslash, at most 4096 bytes. For names
+// that come from others (an archive's entries, a manifest's objects, a listing's keys).
+bool IsSafeRelativePath(absl::string_view path);
+
 // For file:// URIs and plain paths: the local path (canonical, as ParseUri). INVALID_ARGUMENT
 // otherwise.
 absl::StatusOr<std::string> LocalPath(absl::string_view uri);

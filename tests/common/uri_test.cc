@@ -135,5 +135,15 @@ TEST(CheckpointLayoutTest, StepFoldersAreZeroPaddedUnderTheCheckpointUri) {
                                JoinUri("file:///c", kCheckpointStepPrefix)));
 }
 
+TEST(UriTest, SafeRelativePathsStayWhereTheyArePut) {
+  for (const char* good : {"model.pt", "shards/rank-0/part.bin", "a..b", ".hidden"}) {
+    EXPECT_TRUE(IsSafeRelativePath(good)) << good;
+  }
+  for (const char* bad :
+       {"", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a\\b", "a\nb"}) {
+    EXPECT_FALSE(IsSafeRelativePath(bad)) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scratch_files.h"
 
 namespace trainyard {
 namespace {
@@ -24,29 +25,9 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class Folder {
- public:
-  Folder() {
-    char name[] = "/tmp/workdir-test-XXXXXX";
-    path_ = ::mkdtemp(name);
-  }
-  ~Folder() { fs::remove_all(path_); }
-  std::string operator/(const std::string& child) const { return path_ + "/" + child; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void Write(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::ReadText;
+using testing::WriteText;
+using Folder = testing::ScratchFolder;
 
 std::vector<std::string> FilesBelow(const std::string& dir) {
   std::vector<std::string> out;
@@ -75,15 +56,15 @@ TEST(IgnoreRulesTest, TheRulesOfGitignore) {
 
 TEST(WorkdirArchiveTest, TheSameFilesMakeTheSameBytesAndComeBackWithTheirModes) {
   Folder src;
-  Write(src / "train.py", "print('hi')\n");
-  Write(src / "lib/util.py", "x = 1\n");
-  Write(src / "run.sh", "#!/bin/sh\n");
+  WriteText(src / "train.py", "print('hi')\n");
+  WriteText(src / "lib/util.py", "x = 1\n");
+  WriteText(src / "run.sh", "#!/bin/sh\n");
   ::chmod((src / "run.sh").c_str(), 0755);
-  Write(src / ".git/HEAD", "ref: refs/heads/main\n");
-  Write(src / "out/model.pt", std::string(1000, 'w'));
-  Write(src / ".gitignore", "out/\n");
-  Write(src / ".trainyardignore", "*.log\n");
-  Write(src / "train.log", "noise");
+  WriteText(src / ".git/HEAD", "ref: refs/heads/main\n");
+  WriteText(src / "out/model.pt", std::string(1000, 'w'));
+  WriteText(src / ".gitignore", "out/\n");
+  WriteText(src / ".trainyardignore", "*.log\n");
+  WriteText(src / "train.log", "noise");
   Folder tmp;
   absl::StatusOr<PackedWorkdir> a = PackWorkdir(src.path(), tmp / "a.tar", 1 << 20);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -93,13 +74,13 @@ TEST(WorkdirArchiveTest, TheSameFilesMakeTheSameBytesAndComeBackWithTheirModes) 
   absl::StatusOr<PackedWorkdir> b = PackWorkdir(src.path(), tmp / "b.tar", 1 << 20);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(a->sha256, b->sha256);
-  EXPECT_EQ(Read(tmp / "a.tar"), Read(tmp / "b.tar"));
+  EXPECT_EQ(ReadText(tmp / "a.tar"), ReadText(tmp / "b.tar"));
 
   const std::string out = tmp / "unpacked";
   ASSERT_TRUE(UnpackWorkdir(tmp / "a.tar", out).ok());
   EXPECT_THAT(FilesBelow(out),
               ElementsAre(".gitignore", ".trainyardignore", "lib/util.py", "run.sh", "train.py"));
-  EXPECT_EQ(Read(out + "/lib/util.py"), "x = 1\n");
+  EXPECT_EQ(ReadText(out + "/lib/util.py"), "x = 1\n");
   EXPECT_EQ(fs::status(out + "/run.sh").permissions() & fs::perms::owner_exec,
             fs::perms::owner_exec);
   EXPECT_EQ(fs::status(out + "/train.py").permissions() & fs::perms::owner_exec, fs::perms::none);
@@ -107,7 +88,7 @@ TEST(WorkdirArchiveTest, TheSameFilesMakeTheSameBytesAndComeBackWithTheirModes) 
 
 TEST(WorkdirArchiveTest, LinksOutsideAreLeftOutAndLinksInsideArePackedAsFiles) {
   Folder src;
-  Write(src / "train.py", "print(1)\n");
+  WriteText(src / "train.py", "print(1)\n");
   fs::create_symlink("train.py", src / "alias.py");
   fs::create_symlink("/etc/hostname", src / "host");
   fs::create_directories(src / "sub");
@@ -117,13 +98,13 @@ TEST(WorkdirArchiveTest, LinksOutsideAreLeftOutAndLinksInsideArePackedAsFiles) {
   ASSERT_TRUE(packed.ok()) << packed.status();
   EXPECT_THAT(packed->left_out, ::testing::UnorderedElementsAre("host", "loop"));
   ASSERT_TRUE(UnpackWorkdir(tmp / "a.tar", tmp / "out").ok());
-  EXPECT_EQ(Read(tmp / "out/alias.py"), "print(1)\n");
+  EXPECT_EQ(ReadText(tmp / "out/alias.py"), "print(1)\n");
   EXPECT_FALSE(fs::is_symlink(tmp / "out/alias.py"));
 }
 
 TEST(WorkdirArchiveTest, OverTheLimitSaysTheSizeAndWhatToDo) {
   Folder src;
-  Write(src / "data.bin", std::string(3000, 'd'));
+  WriteText(src / "data.bin", std::string(3000, 'd'));
   Folder tmp;
   absl::StatusOr<PackedWorkdir> packed = PackWorkdir(src.path(), tmp / "a.tar", 2048);
   EXPECT_EQ(packed.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -647,6 +647,16 @@ int WorkerIndex(const std::string& worker_id) {
   return absl::SimpleAtoi(absl::StripPrefix(worker_id, "worker-"), &i) ? i : -1;
 }
 
+ClusterOptions QuickRestarts(int workers) {
+  ClusterOptions options;
+  options.workers = workers;
+  options.slots_per_worker = 1;
+  options.worker_timeout = absl::Seconds(2);
+  options.coordinator_args = {"--restart_backoff=200ms"};
+  options.worker_args = {"--sync_wait=500ms"};
+  return options;
+}
+
 int WorkerOfRank(const trainyard::v1::Job& job, int rank) {
   for (const auto& t : job.tasks()) {
     if (t.generation() == job.generation() && t.rank() == rank) return WorkerIndex(t.worker_id());

@@ -237,6 +237,9 @@ bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);
 // The index of a local cluster's worker ("worker-2" -> 2), -1 for another name.
 int WorkerIndex(const std::string& worker_id);
 // The index of the worker running `rank` of the job's current attempt, -1 if none.
+// `workers` workers of one slot each that restart jobs quickly: a worker is lost after 2 s
+// without its agent, a restart backs off 200 ms, an agent syncs within 500 ms.
+ClusterOptions QuickRestarts(int workers);
 int WorkerOfRank(const trainyard::v1::Job& job, int rank);
 // The task id of `rank` of the job's current attempt ("{job}.g{generation}.r{rank}").
 std::string TaskId(const trainyard::v1::Job& job, int rank);

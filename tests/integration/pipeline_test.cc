@@ -73,23 +73,13 @@ std::string Pipeline(int stages, int replicas, const std::string& schedule = "1f
                       "}");
 }
 
-ClusterOptions Workers(int n) {
-  ClusterOptions options;
-  options.workers = n;
-  options.slots_per_worker = 1;
-  options.worker_timeout = absl::Seconds(2);
-  options.coordinator_args = {"--restart_backoff=200ms"};
-  options.worker_args = {"--sync_wait=500ms"};
-  return options;
-}
-
 constexpr int64_t kSteps = 40;
 
 // 2 stages and 2 x 2 train as the single job does; a job stopped at step 20 on 2 stages resumes
 // on 4 and ends there too. Each stage reports its busy and idle time, which describe and the
 // job's progress show.
 TEST(PipelineIntegrationTest, StagesAndReplicasTrainAsTheSingleJobDoes) {
-  Cluster cluster(Workers(4));
+  Cluster cluster(QuickRestarts(4));
   TempDir data;
   const std::string tokens = WriteTokens(data.path());
   const Job single = RunToSuccess(cluster, LmJob("single", tokens, "strategy: single", kSteps));
@@ -132,7 +122,7 @@ TEST(PipelineIntegrationTest, AModelInTorchScriptFilesTrainsOneFilePerStage) {
   if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
     GTEST_SKIP() << "needs /usr/bin/python3 with torch to write the modules";
   }
-  Cluster cluster(Workers(2));
+  Cluster cluster(QuickRestarts(2));
   TempDir dir;
   const auto [written, write_output] = RunShell(absl::StrCat(
       "/usr/bin/python3 -c \"import sys, torch; from torch import nn; torch.manual_seed(3); "
@@ -173,7 +163,7 @@ TEST(PipelineIntegrationTest, AModelInTorchScriptFilesTrainsOneFilePerStage) {
 // starts there, losing no step. Both end where the uninterrupted job ends.
 TEST(PipelineIntegrationTest, AStageKilledOrPreemptedRecoversWithoutLosingCommittedWork) {
   // Four machines: one is lost, one preempted, and two are still there for the last attempt.
-  Cluster cluster(Workers(4));
+  Cluster cluster(QuickRestarts(4));
   TempDir data;
   const std::string tokens = WriteTokens(data.path());
   const auto reference =

@@ -24,16 +24,6 @@ using trainyard::v1::Job;
 
 constexpr char kPython[] = "/usr/bin/python3";
 
-ClusterOptions Workers(int n) {
-  ClusterOptions options;
-  options.workers = n;
-  options.slots_per_worker = 1;
-  options.worker_timeout = absl::Seconds(2);
-  options.coordinator_args = {"--restart_backoff=200ms"};
-  options.worker_args = {"--sync_wait=500ms"};
-  return options;
-}
-
 std::string ProgramsDir() { return SourceDir() + "/tests/integration/programs"; }
 
 // A job spec running `script` of tests/integration/programs with `args` on `workers` ranks,
@@ -52,7 +42,7 @@ nlohmann::json ReadJson(const std::string& path) {
 }
 
 TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
-  Cluster cluster(Workers(2));
+  Cluster cluster(QuickRestarts(2));
   TempDir out;
   auto submitted = cluster.Submit(ProgramJob("plain", "plain_ddp.py", 2, out.path()));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
@@ -120,7 +110,7 @@ absl::StatusOr<Job> WaitUntilHeld(Cluster& cluster, const std::string& id, int64
 }
 
 TEST(ProgramTest, APreemptedProgramSavesAtTheAgreedStepAndEndsBitForBitLikeAnUninterruptedOne) {
-  Cluster cluster(Workers(4));
+  Cluster cluster(QuickRestarts(4));
   TempDir out;
   RunToSuccess(cluster, ModuleJob("reference", out.path(), 120));
   const std::string reference = ReadFile(out.path() + "/reference.bin");
@@ -187,7 +177,7 @@ TEST(ProgramTest, APreemptedProgramSavesAtTheAgreedStepAndEndsBitForBitLikeAnUni
 }
 
 TEST(ProgramTest, ALocalWorkdirIsPackedKeptOnceByContentAndRunFromTheArchive) {
-  ClusterOptions options = Workers(1);
+  ClusterOptions options = QuickRestarts(1);
   options.coordinator_args.push_back("--max_workdir_size=64KiB");
   Cluster cluster(options);
   TempDir project, out;
@@ -240,7 +230,7 @@ Job RunEnd(Cluster& cluster, const std::string& name, const std::string& way, in
 }
 
 TEST(ProgramTest, EachEndOfAProgramIsReadAsItShouldBe) {
-  Cluster cluster(Workers(2));
+  Cluster cluster(QuickRestarts(2));
   // The restart policy would retry failures: only the program's own verdicts fail at once.
   const std::string retry = "restart: {max_failures: 1, max_infrastructure_errors: 0}\n";
   {

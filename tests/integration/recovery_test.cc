@@ -56,18 +56,8 @@ max_steps: )",
                       max_steps, "\n", extra);
 }
 
-ClusterOptions Workers(int n) {
-  ClusterOptions options;
-  options.workers = n;
-  options.slots_per_worker = 1;
-  options.worker_timeout = absl::Seconds(2);
-  options.coordinator_args = {"--restart_backoff=200ms"};
-  options.worker_args = {"--sync_wait=500ms"};
-  return options;
-}
-
 TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
-  Cluster cluster(Workers(3));
+  Cluster cluster(QuickRestarts(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("reference", "2", 400));
 
   auto running = SubmitAndHold(cluster, "survivor", RecoveryJob("survivor", "2", 400), 60, 50);
@@ -118,7 +108,7 @@ TEST(RecoveryTest, KilledWorkerRestartsTheGangAndEndsLikeAnUninterruptedRun) {
 }
 
 TEST(RecoveryTest, AJobWhoseDataCannotBeReadFailsAtOnceWithItsCause) {
-  Cluster cluster(Workers(1));
+  Cluster cluster(QuickRestarts(1));
   // A spec whose data cannot be read would fail the same way on every attempt: a user error
   // (the trainer's exit code 2) is not retried, whatever max_failures allows.
   const std::string yaml = R"(name: always-fails
@@ -139,7 +129,7 @@ restart: {max_failures: 1}
 }
 
 TEST(RecoveryTest, StalledRankIsRestartedAsAHang) {
-  Cluster cluster(Workers(1));
+  Cluster cluster(QuickRestarts(1));
   auto submitted = cluster.Submit(SyntheticJobYaml("stall", 100000000, "stall_timeout: 3s\n"));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   auto running = cluster.WaitFor(submitted->id(), [](const Job& job) {
@@ -163,7 +153,7 @@ TEST(RecoveryTest, StalledRankIsRestartedAsAHang) {
 }
 
 TEST(RecoveryTest, CoordinatorKilledMidJobComesBackAndTheJobSucceeds) {
-  Cluster cluster(Workers(2));
+  Cluster cluster(QuickRestarts(2));
   auto running = SubmitAndHold(cluster, "durable", RecoveryJob("durable", "2", 400), 30, 25);
   ASSERT_TRUE(running.ok()) << running.status();
   // Acknowledged just before the crash: it must exist after.
@@ -186,7 +176,7 @@ TEST(RecoveryTest, CoordinatorKilledMidJobComesBackAndTheJobSucceeds) {
 }
 
 TEST(RecoveryTest, ElasticJobContinuesOnFewerWorkersLikeAnUninterruptedRun) {
-  Cluster cluster(Workers(3));
+  Cluster cluster(QuickRestarts(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("elastic-reference", "3", 400));
 
   auto running =
@@ -248,7 +238,7 @@ int PreemptAndCheckNoStepLost(Cluster& cluster, const std::string& id, int64_t g
 }
 
 TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing) {
-  Cluster cluster(Workers(3));
+  Cluster cluster(QuickRestarts(3));
   const Job reference = RunToSuccess(cluster, RecoveryJob("sigterm-reference", "2", 1000));
   cluster.Hold("sigterm", kHeldAfter);
   auto submitted = cluster.Submit(RecoveryJob("sigterm", "2", 1000));
@@ -268,7 +258,7 @@ TEST(RecoveryTest, SigtermToABusyAgentCheckpointsAtTheAgreedStepAndLosesNothing)
 }
 
 TEST(RecoveryTest, ThreePreemptionsInARowStillSucceed) {
-  Cluster cluster(Workers(4));
+  Cluster cluster(QuickRestarts(4));
   cluster.Hold("spot", kHeldAfter);
   auto submitted = cluster.Submit(RecoveryJob("spot", "1", 8000));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
@@ -301,7 +291,7 @@ TEST_P(NoticeUrlTest, CloudNoticeActsLikeSigterm) {
       absl::Seconds(20)))
       << server.Log();
   const bool gce = GetParam() == "gce";
-  ClusterOptions options = Workers(3);
+  ClusterOptions options = QuickRestarts(3);
   options.worker_args.push_back(absl::StrCat(
       "--preemption_notice_url=http://127.0.0.1:", port, "/worker-{i}",
       gce ? "/computeMetadata/v1/instance/preempted" : "/latest/meta-data/spot/instance-action"));

@@ -14,6 +14,7 @@
 #include "common/spec/program_env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scratch_files.h"
 #include "tests/common/test_stores.h"
 #include "worker/trainer/program/environment.h"
 #include "worker/trainer/program/files.h"
@@ -25,28 +26,9 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class TempFolder {
- public:
-  TempFolder() {
-    char name[] = "/tmp/program-parts-XXXXXX";
-    path_ = ::mkdtemp(name);
-  }
-  ~TempFolder() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void Write(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::ReadText;
+using testing::ScratchFolder;
+using testing::WriteText;
 
 TEST(ProgramLayoutTest, MachinesInRankOrderAndEachMachinesGpusInLocalRankOrder) {
   // Ranks 0 and 2 on machine a, 1 and 3 on b, one GPU each.
@@ -124,12 +106,12 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
 }
 
 TEST(FindCommandTest, PathThenWorkdirAndPathsWithASlashAsTheyAre) {
-  TempFolder dir;
-  Write(dir.path() + "/bin/tool", "#!/bin/sh\n");
+  ScratchFolder dir;
+  WriteText(dir.path() + "/bin/tool", "#!/bin/sh\n");
   ::chmod((dir.path() + "/bin/tool").c_str(), 0755);
-  Write(dir.path() + "/work/run.sh", "#!/bin/sh\n");
+  WriteText(dir.path() + "/work/run.sh", "#!/bin/sh\n");
   ::chmod((dir.path() + "/work/run.sh").c_str(), 0755);
-  Write(dir.path() + "/work/data.txt", "not executable");
+  WriteText(dir.path() + "/work/data.txt", "not executable");
   const std::string path = "/nonexistent:" + dir.path() + "/bin";
   EXPECT_EQ(*FindCommand("tool", path, dir.path() + "/work"), dir.path() + "/bin/tool");
   EXPECT_EQ(*FindCommand("run.sh", path, dir.path() + "/work"), dir.path() + "/work/run.sh");
@@ -140,20 +122,10 @@ TEST(FindCommandTest, PathThenWorkdirAndPathsWithASlashAsTheyAre) {
   EXPECT_FALSE(FindCommand("./data.txt", path, dir.path() + "/work").ok());
 }
 
-TEST(ProgramFilesTest, OnlyPathsThatStayWhereTheyArePut) {
-  for (const char* good : {"model.pt", "shards/rank-0/part.bin", "a..b", ".hidden"}) {
-    EXPECT_TRUE(IsSafeRelativePath(good)) << good;
-  }
-  for (const char* bad :
-       {"", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a\\b", "a\nb"}) {
-    EXPECT_FALSE(IsSafeRelativePath(bad)) << bad;
-  }
-}
-
 TEST(ProgramFilesTest, ACheckpointGoesUpByAttemptAndComesBackVerified) {
-  TempFolder dir;
-  Write(dir.path() + "/ckpt/model.pt", "weights");
-  Write(dir.path() + "/ckpt/shards/0.bin", std::string(100000, 'x'));
+  ScratchFolder dir;
+  WriteText(dir.path() + "/ckpt/model.pt", "weights");
+  WriteText(dir.path() + "/ckpt/shards/0.bin", std::string(100000, 'x'));
   MemoryStore store;
   const std::string step = "mem://c/job/step-000000000010";
   absl::StatusOr<std::vector<StoredFile>> files = UploadFiles(store, dir.path() + "/ckpt", step, 7);
@@ -168,8 +140,8 @@ TEST(ProgramFilesTest, ACheckpointGoesUpByAttemptAndComesBackVerified) {
   absl::StatusOr<int64_t> restored = RestoreCheckpoint(store, step, restore);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, 10);
-  EXPECT_EQ(Read(restore + "/model.pt"), "weights");
-  EXPECT_EQ(Read(restore + "/shards/0.bin"), std::string(100000, 'x'));
+  EXPECT_EQ(ReadText(restore + "/model.pt"), "weights");
+  EXPECT_EQ(ReadText(restore + "/shards/0.bin"), std::string(100000, 'x'));
 
   // A changed object: DATA_LOSS naming it, and nothing left half restored.
   ASSERT_TRUE(store.Put(step + "/g7/model.pt", "weightz").ok());
@@ -186,15 +158,15 @@ TEST(ProgramFilesTest, AManifestNamingAPathOutsideIsRefused) {
                   .Put(step + "/MANIFEST.json",
                        EncodeManifest("job", 10, 1, 1, {{"g1/../../../etc/cron.d/x", 1, "00"}}))
                   .ok());
-  TempFolder dir;
+  ScratchFolder dir;
   absl::StatusOr<int64_t> restored = RestoreCheckpoint(store, step, dir.path() + "/restore");
   EXPECT_EQ(restored.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(restored.status().message(), HasSubstr("not a safe name"));
 }
 
 TEST(ProgramFilesTest, ALinkInTheCheckpointFolderIsNotSentUp) {
-  TempFolder dir;
-  Write(dir.path() + "/ckpt/model.pt", "weights");
+  ScratchFolder dir;
+  WriteText(dir.path() + "/ckpt/model.pt", "weights");
   fs::create_symlink("/etc/hostname", dir.path() + "/ckpt/host");
   MemoryStore store;
   absl::StatusOr<std::vector<StoredFile>> files =
@@ -208,10 +180,10 @@ TEST(ProgramFilesTest, AWorkdirComesDownWithItsFoldersAndNothingOutside) {
   ASSERT_TRUE(store.Put("mem://b/code/train.py", "print(1)").ok());
   ASSERT_TRUE(store.Put("mem://b/code/lib/util.py", "x = 1").ok());
   ASSERT_TRUE(store.Put("mem://b/codex/other.py", "not ours").ok());
-  TempFolder dir;
+  ScratchFolder dir;
   ASSERT_TRUE(FetchWorkdir(store, "mem://b/code", dir.path()).ok());
-  EXPECT_EQ(Read(dir.path() + "/train.py"), "print(1)");
-  EXPECT_EQ(Read(dir.path() + "/lib/util.py"), "x = 1");
+  EXPECT_EQ(ReadText(dir.path() + "/train.py"), "print(1)");
+  EXPECT_EQ(ReadText(dir.path() + "/lib/util.py"), "x = 1");
   EXPECT_FALSE(fs::exists(dir.path() + "/other.py"));
   EXPECT_EQ(FetchWorkdir(store, "mem://b/empty", dir.path()).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(store.Put("mem://b/evil/../../x", "y").ok());

@@ -203,6 +203,17 @@ int ServeShard(const trainyard::v1::Task& task, trainyard::trainer::RendezvousCl
   return trainyard::kExitStoppedBySignal;
 }
 
+// The task's object stores, their S3 settings and credentials read once, here; local files only
+// under the coordinator's allowed folders, symbolic links followed.
+std::unique_ptr<trainyard::ObjectStoreResolver> TaskStores(const trainyard::v1::Task& task) {
+  std::optional<std::vector<std::string>> local_roots;
+  if (task.has_local_paths()) {
+    local_roots.emplace(task.local_paths().allowed().begin(), task.local_paths().allowed().end());
+  }
+  return trainyard::NewObjectStoreResolver([](const char* name) { return std::getenv(name); },
+                                           local_roots);
+}
+
 // The folder of the Python module for programs: --python_module_dir, else
 // <this binary's folder>/../share/trainyard/python.
 std::string PythonModuleDir() {
@@ -220,12 +231,7 @@ std::string PythonModuleDir() {
 int RunProgramRank(const trainyard::v1::Task& task,
                    trainyard::trainer::CoordinatorClient* coordinator,
                    trainyard::trainer::RendezvousClient* rendezvous) {
-  std::optional<std::vector<std::string>> local_roots;
-  if (task.has_local_paths()) {
-    local_roots.emplace(task.local_paths().allowed().begin(), task.local_paths().allowed().end());
-  }
-  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = trainyard::NewObjectStoreResolver(
-      [](const char* name) { return std::getenv(name); }, local_roots);
+  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = TaskStores(task);
   trainyard::trainer::program::ProgramOptions options;
   options.coordinator = coordinator;
   options.rendezvous = rendezvous;
@@ -256,14 +262,7 @@ int RunProgramRank(const trainyard::v1::Task& task,
 // A rank: trains to the end, or to the step every rank stops at on a stop signal.
 int Train(const trainyard::v1::Task& task, trainyard::trainer::CoordinatorClient* coordinator,
           trainyard::trainer::RendezvousClient* rendezvous) {
-  // The object stores, their S3 settings and credentials read once, here.
-  // Local files only under the coordinator's allowed folders, symbolic links followed here.
-  std::optional<std::vector<std::string>> local_roots;
-  if (task.has_local_paths()) {
-    local_roots.emplace(task.local_paths().allowed().begin(), task.local_paths().allowed().end());
-  }
-  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = trainyard::NewObjectStoreResolver(
-      [](const char* name) { return std::getenv(name); }, local_roots);
+  const std::unique_ptr<trainyard::ObjectStoreResolver> stores = TaskStores(task);
   trainyard::trainer::TrainerOptions options;
   options.stores = stores.get();
   options.coordinator = coordinator;

@@ -28,7 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr size_t kMaxPathBytes = 4096;
 constexpr char kFormat[] = "trainyard-checkpoint/1";
 constexpr char kManifest[] = "MANIFEST.json";
 
@@ -76,8 +75,8 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// The path a manifest's object name restores to: without the "g{G}/" of the attempt that wrote
-// it.
+}  // namespace
+
 std::string RestoredPath(const std::string& name) {
   const size_t slash = name.find('/');
   if (slash != std::string::npos && slash > 1 && name[0] == 'g') {
@@ -88,6 +87,8 @@ std::string RestoredPath(const std::string& name) {
   }
   return name;
 }
+
+namespace {
 
 absl::Status FetchVerified(ObjectStore& store, const std::string& uri, const StoredFile& file,
                            const std::string& path) {
@@ -118,17 +119,6 @@ absl::Status FetchVerified(ObjectStore& store, const std::string& uri, const Sto
 }
 
 }  // namespace
-
-bool IsSafeRelativePath(absl::string_view path) {
-  if (path.empty() || path.size() > kMaxPathBytes || path[0] == '/') return false;
-  for (char c : path) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
-  }
-  for (absl::string_view segment : absl::StrSplit(path, '/')) {
-    if (segment.empty() || segment == "." || segment == "..") return false;
-  }
-  return true;
-}
 
 absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& dir) {
   std::vector<std::string> files;
@@ -177,29 +167,18 @@ absl::StatusOr<std::vector<StoredFile>> UploadFiles(ObjectStore& store, const st
   return stored;
 }
 
-std::string EncodeManifest(const std::string& job_id, int64_t step, int64_t generation,
-                           int64_t created_unix_ms, const std::vector<StoredFile>& files) {
+json EncodeFiles(const std::vector<StoredFile>& files) {
   json objects = json::array();
   for (const StoredFile& f : files) {
     objects.push_back({{"name", f.name}, {"size", f.size}, {"sha256", f.sha256}});
   }
-  json manifest = {{"format", kFormat},        {"kind", "program"},
-                   {"job_id", job_id},         {"step", step},
-                   {"generation", generation}, {"created_unix_ms", created_unix_ms},
-                   {"objects", objects}};
-  return manifest.dump(2);
+  return objects;
 }
 
-absl::StatusOr<Manifest> DecodeManifest(absl::string_view text) {
-  const json manifest = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!manifest.is_object() || manifest.value("format", "") != kFormat ||
-      !manifest.contains("objects") || !manifest["objects"].is_array() ||
-      !manifest.contains("step") || !manifest["step"].is_number_integer()) {
-    return absl::InvalidArgumentError(absl::StrCat("not a ", kFormat, " manifest"));
-  }
-  Manifest out;
-  out.step = manifest["step"].get<int64_t>();
-  for (const json& entry : manifest["objects"]) {
+absl::StatusOr<std::vector<StoredFile>> DecodeFiles(const json& objects) {
+  if (!objects.is_array()) return absl::InvalidArgumentError("objects: not a list");
+  std::vector<StoredFile> files;
+  for (const json& entry : objects) {
     if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
         !entry.contains("size") || !entry["size"].is_number_integer() ||
         !entry.contains("sha256") || !entry["sha256"].is_string()) {
@@ -210,9 +189,33 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view text) {
     if (!IsSafeRelativePath(file.name) || file.size < 0) {
       return absl::InvalidArgumentError(absl::StrCat("object '", file.name, "': not a safe name"));
     }
-    out.files.push_back(std::move(file));
+    files.push_back(std::move(file));
   }
-  return out;
+  return files;
+}
+
+std::string EncodeManifest(const std::string& job_id, int64_t step, int64_t generation,
+                           int64_t created_unix_ms, const std::vector<StoredFile>& files) {
+  json manifest = {{"format", kFormat},
+                   {"kind", "program"},
+                   {"job_id", job_id},
+                   {"step", step},
+                   {"generation", generation},
+                   {"created_unix_ms", created_unix_ms},
+                   {"objects", EncodeFiles(files)}};
+  return manifest.dump(2);
+}
+
+absl::StatusOr<Manifest> DecodeManifest(absl::string_view text) {
+  const json manifest = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object() || manifest.value("format", "") != kFormat ||
+      !manifest.contains("objects") || !manifest["objects"].is_array() ||
+      !manifest.contains("step") || !manifest["step"].is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat("not a ", kFormat, " manifest"));
+  }
+  absl::StatusOr<std::vector<StoredFile>> files = DecodeFiles(manifest["objects"]);
+  if (!files.ok()) return files.status();
+  return Manifest{manifest["step"].get<int64_t>(), *std::move(files)};
 }
 
 absl::StatusOr<int64_t> RestoreCheckpoint(ObjectStore& store, const std::string& step_uri,

@@ -13,6 +13,7 @@
 // "sha256"}]}).
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -29,10 +30,6 @@ struct StoredFile {
   std::string sha256;
 };
 
-// Whether `path` is a relative path that stays where it is put: no empty, "." or ".." segment,
-// no leading '/', no control character, at most 4096 bytes.
-bool IsSafeRelativePath(absl::string_view path);
-
 // Every regular file below `dir`, as paths relative to it, sorted. INVALID_ARGUMENT naming a
 // symbolic link, device or other non-regular entry (a checkpoint holds files, and a link could
 // send one of the worker's files up), UNAVAILABLE when the folder cannot be read.
@@ -43,6 +40,16 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& dir);
 absl::StatusOr<std::vector<StoredFile>> UploadFiles(ObjectStore& store, const std::string& dir,
                                                     const std::string& step_uri,
                                                     int64_t generation);
+
+// The objects a checkpoint lists, as JSON (a list of {"name", "size", "sha256"}) and back:
+// INVALID_ARGUMENT for a malformed entry or a name that is not a safe relative path
+// (common/storage/uri.h). The manifest's "objects", and each rank's part of a commit.
+nlohmann::json EncodeFiles(const std::vector<StoredFile>& files);
+absl::StatusOr<std::vector<StoredFile>> DecodeFiles(const nlohmann::json& objects);
+
+// The path an object of a step folder restores to: its name without the "g{G}/" of the attempt
+// that wrote it (a trainer's objects, which have none, as they are).
+std::string RestoredPath(const std::string& name);
 
 // A manifest's JSON, and the objects of one read back: INVALID_ARGUMENT when it is not a
 // manifest or names an object with an unsafe path.

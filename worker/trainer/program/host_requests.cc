@@ -42,12 +42,6 @@ std::optional<int64_t> StepOf(const json& request) {
   return step;
 }
 
-// The path a stored file restores to (files.cc strips the same "g{G}/").
-std::string WithoutAttempt(const std::string& name) {
-  const size_t slash = name.find('/');
-  return slash == std::string::npos ? name : name.substr(slash + 1);
-}
-
 // Rank 0's outcome of a commit as the other ranks read it: "ok", or "<code> <message>".
 std::string EncodeOutcome(const absl::Status& status) {
   if (status.ok()) return "ok";
@@ -162,11 +156,7 @@ absl::Status Host::Commit(int64_t step) {
   if (!alone && task_.rank() != 0) {
     json mine = {{"step", step}};
     if (files.ok()) {
-      json objects = json::array();
-      for (const StoredFile& f : *files) {
-        objects.push_back({{"name", f.name}, {"size", f.size}, {"sha256", f.sha256}});
-      }
-      mine["objects"] = objects;
+      mine["objects"] = EncodeFiles(*files);
     } else {
       mine["error"] = std::string(files.status().message());
     }
@@ -194,7 +184,7 @@ absl::Status Host::Commit(int64_t step) {
 absl::Status Host::CommitAsRankZero(int64_t n, int64_t step, std::vector<StoredFile> files,
                                     absl::Time started) {
   std::map<std::string, int> writer;  // restored path -> rank
-  for (const StoredFile& f : files) writer[WithoutAttempt(f.name)] = 0;
+  for (const StoredFile& f : files) writer[RestoredPath(f.name)] = 0;
   const bool alone = task_.world_size() <= 1 || options_.rendezvous == nullptr;
   for (int r = 1; !alone && r < task_.world_size(); ++r) {
     absl::StatusOr<std::string> text =
@@ -218,9 +208,14 @@ absl::Status Host::CommitAsRankZero(int64_t n, int64_t step, std::vector<StoredF
                        "step ",
                        step, ": every rank commits the same steps, in the same order"));
     }
-    for (const json& o : theirs.value("objects", json::array())) {
-      StoredFile f{o.value("name", ""), o.value("size", int64_t{0}), o.value("sha256", "")};
-      const auto [it, fresh] = writer.emplace(WithoutAttempt(f.name), r);
+    absl::StatusOr<std::vector<StoredFile>> their_files =
+        DecodeFiles(theirs.value("objects", json::array()));
+    if (!their_files.ok()) {
+      return absl::InternalError(
+          absl::StrCat("rank ", r, "'s part of the commit: ", their_files.status().message()));
+    }
+    for (StoredFile& f : *their_files) {
+      const auto [it, fresh] = writer.emplace(RestoredPath(f.name), r);
       if (!fresh) {
         return absl::InvalidArgumentError(absl::StrCat("commit_checkpoint of step ", step,
                                                        ": ranks ", it->second, " and ", r,

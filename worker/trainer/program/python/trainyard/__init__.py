@@ -92,7 +92,6 @@ _reader = None
 _stop_requested = False  # SIGTERM arrived: the agent asks this rank to save and stop
 _asked = False  # the program has asked should_stop / should_checkpoint at least once
 _agreed = (None, False)  # (step, stop) of the last agreement
-_committed = set()
 _pending = None  # the report not yet sent
 _last_sent = float("-inf")
 _every_step = False  # the host wants every report (a test holds the program at a step)
@@ -290,7 +289,6 @@ def commit_checkpoint(step):
     reply = _call({"op": "commit", "step": step})
     if not reply.get("ok"):
         raise CommitError(reply.get("error", "the checkpoint was not committed"))
-    _committed.add(step)
 
 
 @atexit.register
