@@ -41,6 +41,7 @@ namespace trainyard::trainer {
 namespace {
 
 using test_files::MakeTempDir;
+using test_files::StepFile;
 using test_util::QuietOptions;
 using test_util::ReadTensors;
 using ::testing::AnyOf;
@@ -87,7 +88,7 @@ TEST(GpuTrainingTest, AJobTrainsOnCudaAndItsCheckpointsLoadOnTheCpuAndResumeOnTh
 
   // The checkpoint holds host tensors that a CPU-only reader takes as they are.
   const std::string half = CheckpointStepUri(dir, 20);  // the checkpoint of step 20
-  for (const auto& [name, tensor] : ReadTensors(half + "/model.safetensors")) {
+  for (const auto& [name, tensor] : ReadTensors(StepFile(half, "model"))) {
     EXPECT_TRUE(tensor.device().is_cpu()) << name;
     EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
   }
@@ -136,7 +137,7 @@ TEST(GpuTrainingTest, MixedPrecisionTrainsAndFp16ResumesWithItsLossScale) {
     }
     if (precision != trainyard::v1::FP16) continue;
     const std::string half = CheckpointStepUri(dir, 20);
-    const std::string state = test_files::ReadFile(half + "/trainer_state.json");
+    const std::string state = test_files::ReadFile(StepFile(half, "trainer_state"));
     EXPECT_NE(state.find("\"loss_scaler\""), std::string::npos) << state;
     trainyard::v1::Task resumed = GpuTask(MakeTempDir(), 40);
     resumed.mutable_spec()->set_precision(precision);

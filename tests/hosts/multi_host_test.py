@@ -266,7 +266,8 @@ class MultiHostTest(cluster_lib.ClusterTestCase):
         listed = json.loads(self.cluster.cli(["checkpoints", job_id, "-o", "json"])[1])
         for checkpoint in listed["checkpoints"]:
             folder = checkpoint["uri"][len("s3://ckpt/"):]
-            manifest = json.loads(self.cluster.s3_get(folder + "/MANIFEST.json"))
+            manifest = json.loads(self.cluster.s3_get(
+                folder + "/MANIFEST.g%d.json" % int(checkpoint.get("generation", 0))))
             for obj in manifest["objects"]:
                 data = self.cluster.s3_get(folder + "/" + obj["name"])
                 self.assertEqual(len(data), int(obj["size"]), obj["name"])
@@ -310,6 +311,17 @@ class MultiHostTest(cluster_lib.ClusterTestCase):
                             [self.cluster.last_step(h, t) for h, t in ranks])
             time.sleep(0.1)
         trained = time.monotonic() - cut_at
+        # `trainyard workers` says what the coordinator knows: every worker held by the mass
+        # loss (UNREACHABLE, with when it would count as lost), none READY.
+        deadline = time.monotonic() + 20
+        while True:
+            workers = json.loads(self.cluster.cli(["workers", "-o", "json"])[1])["workers"]
+            if all(w.get("state") == "UNREACHABLE" for w in workers):
+                break
+            self.assertLess(time.monotonic(), deadline, "workers during the cut: %s" % workers)
+            time.sleep(0.2)
+        self.assertTrue(all("LOST if it is not back within" in w.get("stateReason", "")
+                            for w in workers), workers)
         while time.monotonic() - cut_at < 30:
             time.sleep(0.2)
         log_at_heal = os.path.getsize(self.cluster.path("coordinator.log"))

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/sha256.h"
+#include "common/storage/checkpoint_layout.h"
 #include "common/storage/object_store.h"
 #include "common/storage/uri.h"
 #include "gtest/gtest.h"
@@ -33,11 +34,13 @@ std::string SyntheticJob(const std::string& name, int64_t max_steps, int64_t eve
       absl::StrCat("checkpoint: {every_steps: ", every_steps, ", keep_last: 2}\n"));
 }
 
-// Checks a committed checkpoint folder: MANIFEST.json lists every object with its size and hash.
+// Checks a committed checkpoint folder: its manifest lists every object with its size and hash.
 void ExpectValidManifest(const std::string& step_uri) {
   auto store = OpenObjectStore(step_uri);
   ASSERT_TRUE(store.ok()) << store.status();
-  auto manifest_text = (*store)->Get(JoinUri(step_uri, "MANIFEST.json"));
+  auto manifest_uri = NewestManifestUri(**store, step_uri);
+  ASSERT_TRUE(manifest_uri.ok()) << manifest_uri.status();
+  auto manifest_text = (*store)->Get(*manifest_uri);
   ASSERT_TRUE(manifest_text.ok()) << manifest_text.status();
   nlohmann::json manifest = nlohmann::json::parse(*manifest_text);
   ASSERT_TRUE(manifest.contains("objects"));
@@ -45,7 +48,7 @@ void ExpectValidManifest(const std::string& step_uri) {
   bool has_model = false;
   for (const auto& object : manifest["objects"]) {
     const std::string name = object["name"];
-    has_model |= name == "model.safetensors";
+    has_model |= absl::StartsWith(name, "model.g");
     auto data = (*store)->Get(JoinUri(step_uri, name));
     ASSERT_TRUE(data.ok()) << data.status();
     EXPECT_EQ(static_cast<int64_t>(data->size()), object["size"].get<int64_t>()) << name;

@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "common/formats/safetensors.h"
 #include "common/sha256.h"
+#include "common/storage/checkpoint_layout.h"
 #include "common/storage/s3_object_store.h"
 #include "common/storage/uri.h"
 #include "gtest/gtest.h"
@@ -49,7 +50,9 @@ std::set<std::string> StepFolders(ObjectStore& store, const std::string& job_id)
 }
 
 void ExpectValidManifest(ObjectStore& store, const std::string& step_uri) {
-  auto text = store.Get(JoinUri(step_uri, "MANIFEST.json"));
+  auto manifest_uri = NewestManifestUri(store, step_uri);
+  ASSERT_TRUE(manifest_uri.ok()) << manifest_uri.status();
+  auto text = store.Get(*manifest_uri);
   ASSERT_TRUE(text.ok()) << text.status();
   nlohmann::json manifest = nlohmann::json::parse(*text);
   ASSERT_GE(manifest["objects"].size(), 3u);
@@ -120,7 +123,13 @@ TEST(S3CheckpointTest, CheckpointsKillResumeAndSkipACorruptCheckpoint) {
   EXPECT_TRUE(absl::StrContains(listed.output, newest)) << listed.output;
 
   // Corrupt the newest committed checkpoint after its commit: truncate its model.
-  const std::string model = JoinUri(newest, "model.safetensors");
+  std::string model;
+  auto in_newest = store.List(newest + "/");
+  ASSERT_TRUE(in_newest.ok()) << in_newest.status();
+  for (const ObjectInfo& o : *in_newest) {
+    if (absl::StrContains(o.uri, "/model.g")) model = o.uri;
+  }
+  ASSERT_FALSE(model.empty()) << newest;
   auto bytes = store.Get(model);
   ASSERT_TRUE(bytes.ok());
   ASSERT_TRUE(store.Put(model, bytes->substr(0, bytes->size() / 2)).ok());

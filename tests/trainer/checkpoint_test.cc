@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "common/formats/safetensors.h"
 #include "common/sha256.h"
@@ -27,6 +30,7 @@
 #include "common/storage/object_store.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
+#include "tests/trainer/fake_coordinator.h"
 #include "tests/trainer/test_files.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/model/model.h"
@@ -37,6 +41,7 @@ namespace {
 
 using ::trainyard::trainer::test_files::MakeTempDir;
 using ::trainyard::trainer::test_files::ReadFile;
+using ::trainyard::trainer::test_files::StepFile;
 
 std::set<int> AllowedCpus() {
   cpu_set_t set;
@@ -135,12 +140,12 @@ TEST(CheckpointObjectsTest, StoredObjectsAreTheSnapshotsEncodingWithTheirHashesI
     // The format is the one EncodeTensors writes, byte for byte.
     absl::StatusOr<std::string> model = EncodeTensors(data.model, {{"format", "trainyard/1"}});
     ASSERT_TRUE(model.ok()) << model.status();
-    EXPECT_TRUE(ReadFile(step_dir + "/model.safetensors") == *model);
+    EXPECT_TRUE(ReadFile(StepFile(step_dir, "model")) == *model);
     absl::StatusOr<std::string> optimizer = EncodeTensors(data.optimizer, {{"optimizer", "adamw"}});
     ASSERT_TRUE(optimizer.ok()) << optimizer.status();
-    EXPECT_TRUE(ReadFile(step_dir + "/optimizer.safetensors") == *optimizer);
+    EXPECT_TRUE(ReadFile(StepFile(step_dir, "optimizer")) == *optimizer);
 
-    const nlohmann::json manifest = nlohmann::json::parse(ReadFile(step_dir + "/MANIFEST.json"));
+    const nlohmann::json manifest = nlohmann::json::parse(ReadFile(StepFile(step_dir, "MANIFEST")));
     ASSERT_EQ(manifest["objects"].size(), 3u);
     for (const nlohmann::json& object : manifest["objects"]) {
       const std::string name = object["name"].get<std::string>();
@@ -210,10 +215,11 @@ TEST(CheckpointReadTest, AFilterKeepsOnlyItsTensorsAndStillChecksEveryByte) {
     EXPECT_TRUE(torch::equal(loaded->model[name], tensor)) << name;
   }
 
-  CorruptTensor(step_uri.substr(strlen("file://")) + "/model.safetensors", "transposed");
+  CorruptTensor(StepFile(step_uri.substr(strlen("file://")), "model"), "transposed");
   absl::StatusOr<LoadedCheckpoint> damaged = ReadCheckpoint(store, step_uri, &keep);
   EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
-  EXPECT_NE(damaged.status().message().find("model.safetensors"), absl::string_view::npos);
+  EXPECT_NE(damaged.status().message().find("model.g0.safetensors"), absl::string_view::npos)
+      << damaged.status();
 }
 
 // A pipeline's export streams the model objects of its final checkpoint into one file: for one
@@ -234,7 +240,7 @@ TEST(CheckpointReadTest, TheMergedModelIsStreamedFromTheObjectsAndChecked) {
   ASSERT_TRUE(expected.ok()) << expected.status();
   EXPECT_TRUE(ReadFile(path) == *expected);
 
-  CorruptTensor(step_uri.substr(strlen("file://")) + "/model.safetensors", "counts");
+  CorruptTensor(StepFile(step_uri.substr(strlen("file://")), "model"), "counts");
   const std::string again = MakeTempDir() + "/model.safetensors";
   absl::Status damaged = WriteMergedModel(store, step_uri, metadata, again);
   EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
@@ -321,7 +327,103 @@ TEST(CheckpointObjectsTest, ATensorWithoutASafetensorsFormFailsTheSaveAndWritesN
   EXPECT_EQ(saved.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(saved.message().find("complex"), absl::string_view::npos) << saved;
   EXPECT_EQ(checkpointer.last_saved_step(), -1);
-  EXPECT_FALSE(test_files::FileExists(dir + "/step-000000000003/MANIFEST.json"));
+  EXPECT_FALSE(test_files::FileExists(StepFile(dir + "/step-000000000003", "MANIFEST")));
+}
+
+// Issue of attempts: an old attempt cut off from the coordinator (not yet fenced on its worker)
+// still reaches the store, and saves the step that the new attempt has just committed. Its
+// commit is refused, and nothing it writes touches the new attempt's checkpoint.
+TEST(CheckpointAttemptsTest, AnOldAttemptSavingACommittedStepLeavesTheNewAttemptsCheckpointWhole) {
+  FileObjectStore store;
+  const std::string base = "file://" + MakeTempDir();
+  CheckpointData newer = SampleData(10);
+  newer.state.generation = 2;
+  const NamedTensors newer_model = newer.model;
+  FakeCoordinator coordinator(/*keep_last=*/3, base);
+  {
+    Checkpointer checkpointer(&store, &coordinator, RealClock::Get(), OptionsFor(base));
+    ASSERT_TRUE(checkpointer.SaveAsync(std::move(newer)));
+    ASSERT_TRUE(checkpointer.Wait().ok());
+  }
+  ASSERT_EQ(coordinator.committed_steps(), std::vector<int64_t>{10});
+
+  CheckpointData older = SampleData(10);
+  older.state.generation = 1;
+  for (auto& [name, tensor] : older.model) tensor = tensor + 1;  // what it trained differs
+  FakeCoordinator fenced(/*keep_last=*/3, base);
+  fenced.set_commit_hook([](int) {
+    return absl::FailedPreconditionError("attempt 1 of job is no longer current (now 2)");
+  });
+  {
+    Checkpointer checkpointer(&store, &fenced, RealClock::Get(), OptionsFor(base));
+    ASSERT_TRUE(checkpointer.SaveAsync(std::move(older)));
+    EXPECT_EQ(checkpointer.Wait().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_TRUE(fenced.committed_steps().empty());
+
+  const std::string step_uri = CheckpointStepUri(base, 10);
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(store, step_uri);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.generation, 2);
+  for (const auto& [name, tensor] : newer_model) {
+    EXPECT_TRUE(torch::equal(loaded->model[name], tensor)) << name;
+  }
+  // Both attempts' objects are there, each under its own names.
+  const std::string dir = step_uri.substr(strlen("file://"));
+  for (const char* name : {"model.g1.safetensors", "model.g2.safetensors", "MANIFEST.g1.json",
+                           "MANIFEST.g2.json", "trainer_state.g1.json", "trainer_state.g2.json"}) {
+    EXPECT_TRUE(test_files::FileExists(dir + "/" + name)) << name;
+  }
+}
+
+// Checkpoints written before objects were named by attempt ("model.safetensors", ...,
+// "MANIFEST.json") are still read.
+TEST(CheckpointAttemptsTest, ACheckpointOfTheEarlierLayoutIsRead) {
+  FileObjectStore store;
+  CheckpointData data = SampleData(4);
+  const NamedTensors model = data.model;
+  const std::string step_uri = SaveToNewFolder(store, std::move(data));
+  const std::string dir = step_uri.substr(strlen("file://"));
+  std::string manifest = ReadFile(dir + "/MANIFEST.g0.json");
+  for (const char* base : {"model", "optimizer"}) {
+    const std::string from = absl::StrCat(base, ".g0.safetensors");
+    const std::string to = absl::StrCat(base, ".safetensors");
+    ASSERT_EQ(std::rename((dir + "/" + from).c_str(), (dir + "/" + to).c_str()), 0);
+    manifest = absl::StrReplaceAll(manifest, {{from, to}});
+  }
+  ASSERT_EQ(
+      std::rename((dir + "/trainer_state.g0.json").c_str(), (dir + "/trainer_state.json").c_str()),
+      0);
+  manifest = absl::StrReplaceAll(manifest, {{"trainer_state.g0.json", "trainer_state.json"}});
+  ASSERT_TRUE(store.Put(step_uri + "/MANIFEST.json", manifest).ok());
+  ASSERT_TRUE(store.Delete(step_uri + "/MANIFEST.g0.json").ok());
+
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(store, step_uri);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 4);
+  for (const auto& [name, tensor] : model) {
+    EXPECT_TRUE(torch::equal(loaded->model[name], tensor)) << name;
+  }
+}
+
+TEST(CheckpointAttemptsTest, ManifestNamesCarryTheirAttempt) {
+  EXPECT_EQ(ManifestName(12), "MANIFEST.g12.json");
+  EXPECT_EQ(ManifestGeneration("MANIFEST.g12.json"), 12);
+  EXPECT_EQ(ManifestGeneration("MANIFEST.json"), -1);
+  for (const char* other : {"MANIFEST.g.json", "MANIFEST.g012.json", "MANIFEST.g-1.json",
+                            "MANIFEST.g1x.json", "MANIFEST.g1.json.tmp", "model.g1.safetensors"}) {
+    EXPECT_FALSE(ManifestGeneration(other).has_value()) << other;
+  }
+  FileObjectStore store;
+  const std::string folder = "file://" + MakeTempDir() + "/step-000000000001";
+  EXPECT_EQ(NewestManifestUri(store, folder).status().code(), absl::StatusCode::kNotFound);
+  for (const char* name : {"MANIFEST.json", "MANIFEST.g9.json", "MANIFEST.g10.json",
+                           "g11/MANIFEST.g11.json", "MANIFEST.g12.json.part"}) {
+    ASSERT_TRUE(store.Put(folder + "/" + name, "{}").ok());
+  }
+  absl::StatusOr<std::string> newest = NewestManifestUri(store, folder);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(*newest, folder + "/MANIFEST.g10.json");
 }
 
 TEST(CheckpointUploadThreadTest, RunsAtNiceTenOnlyOnTheGivenCpusAndLeavesTheCallerAlone) {

@@ -450,8 +450,9 @@ TEST(PipelineRunTest, StagesCheckpointTogetherAndResumeOnOtherStageCounts) {
 
   // Step 10's folder: each stage's objects, one manifest over them, the layout recorded.
   const std::string step10 = CheckpointStepUri("file://" + pipe_dir, 10);
-  for (const char* name : {"model.stage-0-g1.safetensors", "model.stage-1-g1.safetensors",
-                           "optimizer.stage-1-g1.safetensors", "PART-1-g1.json", "MANIFEST.json"}) {
+  for (const char* name :
+       {"model.stage-0-g1.safetensors", "model.stage-1-g1.safetensors",
+        "optimizer.stage-1-g1.safetensors", "PART-1-g1.json", "MANIFEST.g1.json"}) {
     EXPECT_TRUE(test_files::FileExists(absl::StrCat(pipe_dir, "/step-000000000010/", name)))
         << name;
   }

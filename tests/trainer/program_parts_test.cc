@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/program_env.h"
+#include "common/storage/checkpoint_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/scratch_files.h"
@@ -134,7 +135,8 @@ TEST(ProgramFilesTest, ACheckpointGoesUpByAttemptAndComesBackVerified) {
   EXPECT_EQ((*files)[0].name, "g7/model.pt");
   EXPECT_EQ((*files)[1].name, "g7/shards/0.bin");
   EXPECT_EQ((*files)[1].size, 100000);
-  ASSERT_TRUE(store.Put(step + "/MANIFEST.json", EncodeManifest("job", 10, 7, 1, *files)).ok());
+  ASSERT_TRUE(
+      store.Put(step + "/" + ManifestName(7), EncodeManifest("job", 10, 7, 1, *files)).ok());
 
   const std::string restore = dir.path() + "/restore";
   absl::StatusOr<int64_t> restored = RestoreCheckpoint(store, step, restore);
@@ -155,7 +157,7 @@ TEST(ProgramFilesTest, AManifestNamingAPathOutsideIsRefused) {
   MemoryStore store;
   const std::string step = "mem://c/job/step-000000000010";
   ASSERT_TRUE(store
-                  .Put(step + "/MANIFEST.json",
+                  .Put(step + "/" + ManifestName(1),
                        EncodeManifest("job", 10, 1, 1, {{"g1/../../../etc/cron.d/x", 1, "00"}}))
                   .ok());
   ScratchFolder dir;

@@ -203,7 +203,7 @@ TEST_P(PsStrategyTest, StoppedAndResumedOnOtherCountsEndsLikeTheUninterruptedRun
   }
   const std::string checkpoint = absl::StrFormat("file://%s/step-%012d", stopped, 10);
   const auto saved =
-      ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", stopped, 10));
+      ReadTensors(test_files::StepFile(absl::StrFormat("%s/step-%012d", stopped, 10), "optimizer"));
   ASSERT_FALSE(saved.empty()) << "the checkpoint of a stop holds the shards' optimizer state";
 
   for (const auto& [ranks, shards] : {std::pair{1, 3}, std::pair{2, 1}}) {
@@ -346,7 +346,7 @@ TEST(PsAsyncTest, RanksGoAtTheirOwnPaceAndTheFinalCheckpointHoldsEveryUpdate) {
   // Rank 1 was 5 updates behind when rank 0 ended: the shards did not wait for it.
   EXPECT_EQ(rank1_steps_before, kSteps - 5);
   const auto state =
-      ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", dir, kSteps));
+      ReadTensors(test_files::StepFile(absl::StrFormat("%s/step-%012d", dir, kSteps), "optimizer"));
   int steps_seen = 0;
   for (const auto& [name, tensor] : state) {
     if (!absl::EndsWith(name, ".step")) continue;
@@ -483,12 +483,13 @@ TEST(PsSparseTest, PushesCarryTheRowsTouchedAndResumeCarriesTheirState) {
     EXPECT_EQ(r->step, 10);
   }
   const auto saved =
-      ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", stopped, 10));
+      ReadTensors(test_files::StepFile(absl::StrFormat("%s/step-%012d", stopped, 10), "optimizer"));
   ASSERT_TRUE(saved.count("embedding0.weight.exp_avg"));
   EXPECT_EQ(saved.at("embedding0.weight.exp_avg").sizes(), (std::vector<int64_t>{vocab[0], 4}));
   EXPECT_EQ(saved.at("embedding0.weight.step").item<int64_t>(), 10);
   // The checkpoint records the layout it was trained with.
-  std::ifstream state_file(absl::StrFormat("%s/step-%012d/trainer_state.json", stopped, 10));
+  std::ifstream state_file(
+      test_files::StepFile(absl::StrFormat("%s/step-%012d", stopped, 10), "trainer_state"));
   const nlohmann::json state = nlohmann::json::parse(state_file, nullptr, false);
   ASSERT_TRUE(state.contains("parameter_servers")) << state.dump();
   const nlohmann::json& layout = state["parameter_servers"];
@@ -553,7 +554,7 @@ TEST(PsHybridTest, DenseLayersAllReducedTablesOnTheShards) {
     EXPECT_EQ(r->step, 10);
   }
   const auto saved =
-      ReadTensors(absl::StrFormat("%s/step-%012d/optimizer.safetensors", stopped, 10));
+      ReadTensors(test_files::StepFile(absl::StrFormat("%s/step-%012d", stopped, 10), "optimizer"));
   EXPECT_TRUE(saved.count("embedding0.weight.exp_avg"));
   EXPECT_TRUE(saved.count("mlp.0.weight.exp_avg"));
   ResumeAndCompare(make(resumed, trainyard::v1::PARAMETER_SERVER, vocab), stopped, whole);

@@ -38,6 +38,7 @@ using ::testing::HasSubstr;
 using ::trainyard::trainer::test_files::FileExists;
 using ::trainyard::trainer::test_files::MakeTempDir;
 using ::trainyard::trainer::test_files::ReadFile;
+using ::trainyard::trainer::test_files::StepFile;
 using ::trainyard::trainer::test_util::Eventually;
 using ::trainyard::trainer::test_util::ExpectSameTensors;
 using ::trainyard::trainer::test_util::QuietOptions;
@@ -115,7 +116,7 @@ TEST(ResumeTest, StopBetweenCheckpointsThenResumeEndsBitForBitWhereAnUninterrupt
   EXPECT_TRUE(b->stopped);
   EXPECT_EQ(b->step, kStop);
   EXPECT_FALSE(b->stop_checkpoint_skipped);
-  ASSERT_TRUE(FileExists(StepFolder(dir_b, kStop) + "/MANIFEST.json"));
+  ASSERT_TRUE(FileExists(StepFile(StepFolder(dir_b, kStop), "MANIFEST")));
 
   FakeCoordinator coordinator(/*keep_last=*/3, "file://" + dir_c);
   TrainerOptions resume_options = QuietOptions();
@@ -131,10 +132,9 @@ TEST(ResumeTest, StopBetweenCheckpointsThenResumeEndsBitForBitWhereAnUninterrupt
   const auto final_c = ReadTensors(dir_c + "/final/model.safetensors");
   ExpectSameTensors(final_a, final_c);
   // The optimizer's state too, and training did move the parameters after the resume.
-  EXPECT_EQ(ReadFile(StepFolder(dir_c, kTotal) + "/optimizer.safetensors"),
-            ReadFile(StepFolder(dir_a, kTotal) + "/optimizer.safetensors"));
-  EXPECT_GT(MaxDifference(final_c, ReadTensors(StepFolder(dir_b, kStop) + "/model.safetensors")),
-            1e-3);
+  EXPECT_EQ(ReadFile(StepFile(StepFolder(dir_c, kTotal), "optimizer")),
+            ReadFile(StepFile(StepFolder(dir_a, kTotal), "optimizer")));
+  EXPECT_GT(MaxDifference(final_c, ReadTensors(StepFile(StepFolder(dir_b, kStop), "model"))), 1e-3);
 
   // Every report of the resumed attempt says how it started.
   const std::vector<trainyard::v1::JobProgress> progress = coordinator.progress();
@@ -161,9 +161,9 @@ TEST(ResumeTest, AJobEndingAtStopAtStepIsContinuedBitForBitByTheNextRung) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_FALSE(b->stopped);  // it ended, nobody stopped it
   EXPECT_EQ(b->step, kRungEnd);
-  ASSERT_TRUE(FileExists(StepFolder(dir_b, kRungEnd) + "/MANIFEST.json"));
+  ASSERT_TRUE(FileExists(StepFile(StepFolder(dir_b, kRungEnd), "MANIFEST")));
   ASSERT_TRUE(FileExists(dir_b + "/final/model.safetensors"));
-  EXPECT_FALSE(FileExists(StepFolder(dir_b, kRungEnd + 1) + "/MANIFEST.json"));
+  EXPECT_FALSE(FileExists(StepFile(StepFolder(dir_b, kRungEnd + 1), "MANIFEST")));
 
   trainyard::v1::Task rung1 = ResumeTask(dir_c, kTotal);
   rung1.add_resume_checkpoints("file://" + StepFolder(dir_b, kRungEnd));
@@ -212,7 +212,7 @@ def forward(self, x):
   absl::StatusOr<TrainResult> b = RunTrainer(make(dir_b), stop_options);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE(b->stopped);
-  const auto stopped = ReadTensors(StepFolder(dir_b, kStop) + "/model.safetensors");
+  const auto stopped = ReadTensors(StepFile(StepFolder(dir_b, kStop), "model"));
   const auto plain_final = ReadTensors(dir_plain + "/final/model.safetensors");
   ASSERT_EQ(stopped.size(), plain_final.size());
   for (const auto& [name, tensor] : plain_final) EXPECT_EQ(stopped.count(name), 1u) << name;
@@ -375,8 +375,8 @@ TEST_P(ResumeAcrossWorldsTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoR
     EXPECT_TRUE(r->stopped);
     EXPECT_EQ(r->step, kStop);
   }
-  ASSERT_TRUE(FileExists(StepFolder(dir_b, kStop) + "/MANIFEST.json"));
-  EXPECT_THAT(ReadFile(StepFolder(dir_b, kStop) + "/trainer_state.json"),
+  ASSERT_TRUE(FileExists(StepFile(StepFolder(dir_b, kStop), "MANIFEST")));
+  EXPECT_THAT(ReadFile(StepFile(StepFolder(dir_b, kStop), "trainer_state")),
               HasSubstr("\"world_size\": 2"));
 
   FakeCoordinator coordinator(/*keep_last=*/3, "file://" + dir_c);
@@ -394,8 +394,7 @@ TEST_P(ResumeAcrossWorldsTest, TwoRanksStoppedAndResumedOnThreeOrTwoEndWhereTwoR
   const auto final_a = ReadTensors(dir_a + "/final/model.safetensors");
   const auto final_c = ReadTensors(dir_c + "/final/model.safetensors");
   EXPECT_LE(MaxDifference(final_a, final_c), 1e-5);
-  EXPECT_GT(MaxDifference(final_c, ReadTensors(StepFolder(dir_b, kStop) + "/model.safetensors")),
-            1e-3);
+  EXPECT_GT(MaxDifference(final_c, ReadTensors(StepFile(StepFolder(dir_b, kStop), "model"))), 1e-3);
   // On as many ranks as before, the all-reduces add up in the same order: bit for bit.
   const std::string dir_d = MakeTempDir();
   trainyard::v1::Task task_d = Task(dir_d, kTotal);
@@ -456,7 +455,7 @@ TEST_F(StopDeadlineTest, TooLittleTimeLeftSkipsTheCheckpointAndSaysSo) {
   EXPECT_EQ(result->step, 7);
   EXPECT_TRUE(result->stop_checkpoint_skipped);
   EXPECT_THAT(coordinator_.committed_steps(), ElementsAre(5));
-  EXPECT_FALSE(FileExists(StepFolder(dir_, 7) + "/MANIFEST.json"));
+  EXPECT_FALSE(FileExists(StepFile(StepFolder(dir_, 7), "MANIFEST")));
   const std::vector<std::string> events = coordinator_.events();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_THAT(events[0], ::testing::MatchesRegex(

@@ -3,10 +3,12 @@
 
 // Temporary folders and small file helpers shared by the trainer's test programs.
 
+#include <dirent.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -59,6 +61,32 @@ inline std::string ReadFile(const std::string& path) {
 }
 
 inline bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+// The file that the newest attempt wrote for `base` ("MANIFEST", "model", "optimizer",
+// "trainer_state") in the step folder `step_dir`: "{base}.g{G}.json" or ".safetensors" with the
+// largest G there (worker/trainer/checkpoint/checkpoint.h), or a path that does not exist.
+inline std::string StepFile(const std::string& step_dir, const std::string& base) {
+  const std::string ext = base == "MANIFEST" || base == "trainer_state" ? ".json" : ".safetensors";
+  const std::string prefix = base + ".g";
+  long long newest = -1;
+  if (DIR* dir = opendir(step_dir.c_str()); dir != nullptr) {
+    while (const dirent* entry = readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name.size() <= prefix.size() + ext.size() ||
+          name.compare(0, prefix.size(), prefix) != 0 ||
+          name.compare(name.size() - ext.size(), ext.size(), ext) != 0) {
+        continue;
+      }
+      const std::string digits =
+          name.substr(prefix.size(), name.size() - prefix.size() - ext.size());
+      if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      newest = std::max(newest, std::stoll(digits));
+    }
+    closedir(dir);
+  }
+  return newest < 0 ? step_dir + "/" + base + ".none" + ext
+                    : step_dir + "/" + prefix + std::to_string(newest) + ext;
+}
 
 }  // namespace trainyard::trainer::test_files
 

@@ -41,6 +41,7 @@ using ::testing::HasSubstr;
 using ::trainyard::trainer::test_files::FileExists;
 using ::trainyard::trainer::test_files::MakeTempDir;
 using ::trainyard::trainer::test_files::ReadFile;
+using ::trainyard::trainer::test_files::StepFile;
 using ::trainyard::trainer::test_tasks::SingleRankTask;
 
 std::string EnvOr(const char* name, const std::string& fallback) {
@@ -251,11 +252,11 @@ TEST(TrainerBinaryTest, TrainsSyntheticDataStandalone) {
   const std::vector<double> losses = LossesOf(run.out);
   ASSERT_EQ(losses.size(), 60u) << run.out;
   EXPECT_LT(MeanOfLast(losses, 5), 0.5 * MeanOfFirst(losses, 5)) << run.out;
-  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000025/MANIFEST.json"));
-  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000050/MANIFEST.json"));
-  const std::string manifest = ReadFile(dir + "/ckpt/step-000000000060/MANIFEST.json");
+  EXPECT_TRUE(FileExists(StepFile(dir + "/ckpt/step-000000000025", "MANIFEST")));
+  EXPECT_TRUE(FileExists(StepFile(dir + "/ckpt/step-000000000050", "MANIFEST")));
+  const std::string manifest = ReadFile(StepFile(dir + "/ckpt/step-000000000060", "MANIFEST"));
   EXPECT_THAT(manifest, HasSubstr("\"format\": \"trainyard-checkpoint/1\""));
-  EXPECT_THAT(manifest, HasSubstr("\"name\": \"optimizer.safetensors\""));
+  EXPECT_THAT(manifest, HasSubstr("\"name\": \"optimizer.g"));
   EXPECT_TRUE(FileExists(dir + "/ckpt/final/model.safetensors"));
   EXPECT_FALSE(FileExists(dir + "/termination-message"));
 }
@@ -287,8 +288,8 @@ TEST(TrainerBinaryTest, SigtermStopsAtAStepBoundaryWithACheckpoint) {
   const int step = std::stoi(m[1]);
   EXPECT_GE(step, 5);
   char folder[64];
-  std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d/MANIFEST.json", step);
-  EXPECT_TRUE(FileExists(dir + folder)) << folder;
+  std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d", step);
+  EXPECT_TRUE(FileExists(StepFile(dir + folder, "MANIFEST"))) << folder;
   EXPECT_FALSE(FileExists(dir + "/ckpt/final/model.safetensors"));
 }
 
@@ -327,7 +328,7 @@ TEST(TrainerBinaryTest, TrainsATorchScriptModelOnSafetensorsFiles) {
   ASSERT_EQ(losses.size(), 100u);
   EXPECT_LT(MeanOfLast(losses, 5), 0.5 * MeanOfFirst(losses, 5)) << run.out;
   EXPECT_TRUE(FileExists(dir + "/ckpt/final/model.pt"));
-  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000100/MANIFEST.json"));
+  EXPECT_TRUE(FileExists(StepFile(dir + "/ckpt/step-000000000100", "MANIFEST")));
 
   // A module whose input width does not fit the data, and a file that is no module at all, are
   // user errors named in the termination message.
@@ -428,10 +429,10 @@ TEST(TrainerBinaryTest, ReportsToTheCoordinatorAndDeletesRetiredCheckpoints) {
     EXPECT_EQ(commits[i].step(), 10 * static_cast<int64_t>(i + 1));
     EXPECT_GT(commits[i].size_bytes(), 0);
   }
-  EXPECT_FALSE(FileExists(dir + "/ckpt/step-000000000010/model.safetensors"));
-  EXPECT_FALSE(FileExists(dir + "/ckpt/step-000000000020/MANIFEST.json"));
-  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000030/MANIFEST.json"));
-  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000040/MANIFEST.json"));
+  EXPECT_FALSE(FileExists(StepFile(dir + "/ckpt/step-000000000010", "model")));
+  EXPECT_FALSE(FileExists(StepFile(dir + "/ckpt/step-000000000020", "MANIFEST")));
+  EXPECT_TRUE(FileExists(StepFile(dir + "/ckpt/step-000000000030", "MANIFEST")));
+  EXPECT_TRUE(FileExists(StepFile(dir + "/ckpt/step-000000000040", "MANIFEST")));
 
   const auto& progress = coordinator.service.progress_;
   ASSERT_FALSE(progress.empty());
@@ -457,7 +458,7 @@ TEST(TrainerBinaryTest, UnreachableCoordinatorAtTheEndIsAnInfrastructureError) {
   EXPECT_EQ(run.exit_code, 3) << run.out;
   EXPECT_THAT(ReadFile(dir + "/termination-message"), HasSubstr("checkpoint commit of step 5"));
   // The checkpoint itself was written; only its commit failed.
-  EXPECT_TRUE(FileExists(dir + "/ckpt/step-000000000005/MANIFEST.json"));
+  EXPECT_TRUE(FileExists(StepFile(dir + "/ckpt/step-000000000005", "MANIFEST")));
 }
 
 TEST(TrainerBinaryTest, TrainingRidesOutACoordinatorRestart) {
@@ -534,14 +535,14 @@ TEST(TrainerBinaryTest, AStopTooCloseToItsDeadlineSkipsItsCheckpoint) {
     ASSERT_TRUE(std::regex_match(message, m, kMessage)) << message;
     const int step = std::stoi(m[1]);
     char folder[64];
-    std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d/MANIFEST.json", step);
+    std::snprintf(folder, sizeof(folder), "/ckpt/step-%012d", step);
     if (step % 5 == 0) {
-      EXPECT_TRUE(FileExists(dir + folder)) << message;
+      EXPECT_TRUE(FileExists(StepFile(dir + folder, "MANIFEST"))) << message;
       continue;
     }
     EXPECT_EQ(m[2],
               "; its checkpoint was skipped: it would not have been saved before the deadline");
-    EXPECT_FALSE(FileExists(dir + folder)) << folder;
+    EXPECT_FALSE(FileExists(StepFile(dir + folder, "MANIFEST"))) << folder;
     return;
   }
   GTEST_SKIP() << "every run stopped where a periodic checkpoint was due";

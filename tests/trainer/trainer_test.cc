@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/formats/safetensors.h"
 #include "common/spec/memory_estimate.h"
+#include "common/storage/checkpoint_layout.h"
 #include "common/storage/object_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -50,6 +51,7 @@ using ::testing::HasSubstr;
 using ::trainyard::trainer::test_files::FileExists;
 using ::trainyard::trainer::test_files::MakeTempDir;
 using ::trainyard::trainer::test_files::ReadFile;
+using ::trainyard::trainer::test_files::StepFile;
 
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -801,7 +803,7 @@ TEST(CheckpointTest, SaveAndReadRestoresModelOptimizerAndStepExactly) {
   }
 
   // A flipped byte is caught by the hash check.
-  const std::string model_path = dir + "/step-000000000003/model.safetensors";
+  const std::string model_path = StepFile(dir + "/step-000000000003", "model");
   std::string bytes = ReadFile(model_path);
   bytes[bytes.size() - 1] ^= 0x01;
   WriteFile(model_path, bytes);
@@ -830,7 +832,7 @@ TEST(CheckpointTest, TheTrainerReadsAndWritesOnlyThroughTheStoresItIsGiven) {
   absl::StatusOr<TrainResult> result = RunTrainer(task, options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->step, 20);
-  EXPECT_TRUE(memory.store().Head("s3://ckpt/job1/step-000000000010/MANIFEST.json").ok());
+  EXPECT_TRUE(NewestManifestUri(memory.store(), "s3://ckpt/job1/step-000000000010").ok());
   EXPECT_TRUE(memory.store().Head("s3://ckpt/job1/final/model.safetensors").ok());
   EXPECT_FALSE(memory.store().reads().empty());
 
@@ -853,12 +855,12 @@ TEST(CheckpointTest, CommitRetiresOldCheckpoints) {
   ASSERT_EQ(committed.size(), 4u);
   EXPECT_EQ(committed.back().first, 40);
   // Steps 10 and 20 were retired and their objects deleted, folders and all; 30 and 40 remain.
-  EXPECT_FALSE(FileExists(dir + "/step-000000000010/MANIFEST.json"));
-  EXPECT_FALSE(FileExists(dir + "/step-000000000020/model.safetensors"));
+  EXPECT_FALSE(FileExists(StepFile(dir + "/step-000000000010", "MANIFEST")));
+  EXPECT_FALSE(FileExists(StepFile(dir + "/step-000000000020", "model")));
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-000000000010"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-000000000020"));
-  EXPECT_TRUE(FileExists(dir + "/step-000000000030/MANIFEST.json"));
-  EXPECT_TRUE(FileExists(dir + "/step-000000000040/MANIFEST.json"));
+  EXPECT_TRUE(FileExists(StepFile(dir + "/step-000000000030", "MANIFEST")));
+  EXPECT_TRUE(FileExists(StepFile(dir + "/step-000000000040", "MANIFEST")));
   EXPECT_EQ(coordinator.model_uri(), "file://" + dir + "/final/model.safetensors");
   EXPECT_TRUE(FileExists(dir + "/final/model.safetensors"));
   ASSERT_FALSE(coordinator.progress().empty());
@@ -1514,8 +1516,8 @@ TEST(TrainerTest, ResumeContinuesExactlyAndSkipsCorruptCheckpoints) {
   EXPECT_TRUE(b->stopped);
   EXPECT_EQ(b->step, kN);
   EXPECT_TRUE(b->model_uri.empty());
-  ExpectSameTensors(ReadTensors(dir_a + "/step-000000000012/model.safetensors"),
-                    ReadTensors(dir_b + "/step-000000000012/model.safetensors"));
+  ExpectSameTensors(ReadTensors(StepFile(dir_a + "/step-000000000012", "model")),
+                    ReadTensors(StepFile(dir_b + "/step-000000000012", "model")));
 
   trainyard::v1::Task task_c = make_task(dir_c);
   task_c.add_resume_checkpoints("file://" + dir_b + "/step-000000000012");
@@ -1526,11 +1528,11 @@ TEST(TrainerTest, ResumeContinuesExactlyAndSkipsCorruptCheckpoints) {
   EXPECT_EQ(c->loss, a->loss);
   EXPECT_EQ(ReadFile(dir_c + "/final/model.safetensors"),
             ReadFile(dir_a + "/final/model.safetensors"));
-  EXPECT_EQ(ReadFile(dir_c + "/step-000000000024/optimizer.safetensors"),
-            ReadFile(dir_a + "/step-000000000024/optimizer.safetensors"));
+  EXPECT_EQ(ReadFile(StepFile(dir_c + "/step-000000000024", "optimizer")),
+            ReadFile(StepFile(dir_a + "/step-000000000024", "optimizer")));
 
   // Corrupt A's newest checkpoint: D falls back to step 12 and still ends where A ended.
-  const std::string newest = dir_a + "/step-000000000024/model.safetensors";
+  const std::string newest = StepFile(dir_a + "/step-000000000024", "model");
   std::string bytes = ReadFile(newest);
   bytes[bytes.size() / 2] ^= 0x20;
   WriteFile(newest, bytes);
@@ -1566,10 +1568,13 @@ TEST(TrainerTest, AGpuJobTrainsOnCudaOnlyWhereLibTorchHasIt) {
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ(gpu->loss, cpu->loss);
-  for (const char* file : {"step-000000000003/model.safetensors",
-                           "step-000000000003/optimizer.safetensors", "final/model.safetensors"}) {
-    EXPECT_EQ(ReadFile(dir_gpu + "/" + file), ReadFile(dir_cpu + "/" + file)) << file;
+  for (const char* base : {"model", "optimizer"}) {
+    EXPECT_EQ(ReadFile(StepFile(dir_gpu + "/step-000000000003", base)),
+              ReadFile(StepFile(dir_cpu + "/step-000000000003", base)))
+        << base;
   }
+  EXPECT_EQ(ReadFile(dir_gpu + "/final/model.safetensors"),
+            ReadFile(dir_cpu + "/final/model.safetensors"));
 }
 
 // ---- precision ----

@@ -35,13 +35,12 @@
 namespace trainyard::trainer {
 namespace {
 
-using checkpoint_files::kManifestObject;
 using checkpoint_files::kModelBase;
 using checkpoint_files::kOptimizerBase;
-using checkpoint_files::kStateObject;
 using checkpoint_files::ObjectName;
 using checkpoint_files::PartListName;
 using checkpoint_files::ReadField;
+using checkpoint_files::StateObjectName;
 using nlohmann::json;
 
 // Restricts the calling thread (and the threads it starts later) to `cpus`.
@@ -350,7 +349,8 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
   const std::string optimizer_name = ObjectName(kOptimizerBase, part, data.state.generation);
   std::vector<std::pair<std::string, std::vector<absl::string_view>>> writes = {
       {model_name, model->Pieces()}, {optimizer_name, optimizer->Pieces()}};
-  if (part <= 0) writes.push_back({kStateObject, {state}});
+  const std::string state_name = StateObjectName(data.state.generation);
+  if (part <= 0) writes.push_back({state_name, {state}});
 
   json objects = json::array();
   int64_t total_bytes = 0;
@@ -389,7 +389,8 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
                    {"created_unix_ms", absl::ToUnixMillis(clock_.Now())},
                    {"objects", objects}};
   const std::string manifest_bytes = manifest.dump(2);
-  absl::Status put = PutWithRetries(JoinUri(step_uri, kManifestObject), manifest_bytes);
+  absl::Status put =
+      PutWithRetries(JoinUri(step_uri, ManifestName(data.state.generation)), manifest_bytes);
   if (!put.ok()) return put;
   total_bytes += static_cast<int64_t>(manifest_bytes.size());
   last_saved_step_ = step;
@@ -491,7 +492,8 @@ void Checkpointer::DeleteRetired(const std::string& step_uri) {
   // The manifest goes first so that a half-deleted folder never looks like a checkpoint.
   std::vector<std::string> uris;
   for (const ObjectInfo& info : *objects) {
-    if (absl::EndsWith(info.uri, kManifestObject)) {
+    const size_t slash = info.uri.rfind('/');
+    if (ManifestGeneration(absl::string_view(info.uri).substr(slash + 1)).has_value()) {
       uris.insert(uris.begin(), info.uri);
     } else {
       uris.push_back(info.uri);

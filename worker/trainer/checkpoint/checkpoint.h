@@ -5,17 +5,21 @@
 // reading back, retiring. It may call coordinator/, model/.
 //
 // Checkpoints (docs/architecture.md, "Checkpoints"). A checkpoint of step S lives in
-// {checkpoint_uri}/step-{S:%012d}/ and holds:
-//   model.safetensors      parameters and buffers by module path name
-//   optimizer.safetensors  per-parameter state "<param>.<field>" (see OptimizerStateTensors),
-//                          metadata {"optimizer": "<name>"}
-//   trainer_state.json     TrainerState below
-//   MANIFEST.json          written last: {"format": "trainyard-checkpoint/1", "job_id", "step",
-//                          "generation", "created_unix_ms",
-//                          "objects": [{"name", "size", "sha256"}]}
+// {checkpoint_uri}/step-{S:%012d}/ and holds, G the generation of the attempt that wrote it:
+//   model.gG.safetensors      parameters and buffers by module path name
+//   optimizer.gG.safetensors  per-parameter state "<param>.<field>" (see OptimizerStateTensors),
+//                             metadata {"optimizer": "<name>"}
+//   trainer_state.gG.json     TrainerState below
+//   MANIFEST.gG.json          written last: {"format": "trainyard-checkpoint/1", "job_id",
+//                             "step", "generation", "created_unix_ms",
+//                             "objects": [{"name", "size", "sha256"}]}
+// Every name carries G, so that an old attempt still writing (cut off from the coordinator, not
+// yet fenced) never touches what a newer one wrote; a reader takes the newest attempt's manifest
+// (common/storage/checkpoint_layout.h). Checkpoints written before that named their objects
+// model.safetensors, optimizer.safetensors, trainer_state.json and MANIFEST.json; they are read.
 // A pipeline job's stages each write model.stage-K-gG.safetensors and
-// optimizer.stage-K-gG.safetensors instead (G the attempt's generation), and PART-K-gG.json
-// (Options::part); the manifest lists every stage's objects, and a reader merges them.
+// optimizer.stage-K-gG.safetensors instead, and PART-K-gG.json (Options::part); the manifest
+// lists every stage's objects, and a reader merges them.
 //
 // Saving policy: the training thread snapshots (clones; the last save of a run shares them, as
 // nothing updates them any more) every tensor at a step boundary and hands
@@ -147,10 +151,10 @@ struct CheckpointFilter {
   std::function<bool(const std::string&)> optimizer;
 };
 
-// Reads MANIFEST.json of the step folder `step_uri`, then every object it lists, checking sizes
-// and SHA-256 before decoding. With `keep`, the model and optimizer objects are read in chunks
-// of 8 MiB and only the tensors `keep` accepts are held (a pipeline stage resuming holds its own
-// layers, never the whole model); every byte is still hashed. NOT_FOUND for a missing manifest
+// Reads the newest manifest of the step folder `step_uri`, then every object it lists, checking
+// sizes and SHA-256 before decoding. With `keep`, the model and optimizer objects are read in
+// chunks of 8 MiB and only the tensors `keep` accepts are held (a pipeline stage resuming holds its
+// own layers, never the whole model); every byte is still hashed. NOT_FOUND for a missing manifest
 // or object, DATA_LOSS for a size or hash mismatch, INVALID_ARGUMENT for a malformed manifest,
 // state or tensor file; every message names the object. Blocks.
 absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri,
@@ -200,9 +204,9 @@ class Checkpointer {
     // their optimizer state (model.stage-{part}-g{generation}.safetensors and the same for
     // optimizer, the tensors named as in the whole model, the generation the attempt's, so that
     // no attempt writes over a key another left), then PART-{part}-g{generation}.json listing
-    // them (name, size, sha256). Stage 0 also writes trainer_state.json and, once
+    // them (name, size, sha256). Stage 0 also writes trainer_state.gG.json and, once
     // every other stage has listed its objects of this attempt (it waits up to `parts_wait`),
-    // MANIFEST.json over all of them, and commits; the others commit nothing, never skip a save
+    // MANIFEST.gG.json over all of them, and commits; the others commit nothing, never skip a save
     // (stage 0 decides which are skipped), and garbage from the step being saved on is left for
     // later (the others may be writing it). No process holds more than its own stage.
     int part = 0;

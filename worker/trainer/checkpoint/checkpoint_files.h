@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace trainyard::trainer::checkpoint_files {
 
@@ -21,31 +22,46 @@ inline constexpr char kOptimizerObject[] = "optimizer.safetensors";
 inline constexpr char kStateObject[] = "trainer_state.json";
 inline constexpr char kModelBase[] = "model";
 inline constexpr char kOptimizerBase[] = "optimizer";
+inline constexpr char kStateBase[] = "trainer_state";
 
-// A pipeline stage's objects carry the stage and the attempt's generation, so that an attempt
-// never writes over a key an earlier one left ("model.stage-2-g3.safetensors"); the whole model's
-// is "model.safetensors".
+// Every object carries the generation of the attempt that wrote it, so that no attempt ever
+// writes over a key another one left (common/storage/checkpoint_layout.h says why):
+// "model.g3.safetensors", and a pipeline stage's also its stage, "model.stage-2-g3.safetensors".
+// Checkpoints written before that hold "model.safetensors", which readers still take.
 inline std::string ObjectName(absl::string_view base, int part, int64_t generation) {
-  return part < 0 ? absl::StrCat(base, ".safetensors")
+  return part < 0 ? absl::StrCat(base, ".g", generation, ".safetensors")
                   : absl::StrCat(base, ".stage-", part, "-g", generation, ".safetensors");
 }
+inline std::string StateObjectName(int64_t generation) {
+  return absl::StrCat(kStateBase, ".g", generation, ".json");
+}
+// Whether `digits` is a number as StrCat writes it.
+inline bool IsNumber(absl::string_view digits) {
+  int64_t value = 0;
+  return !digits.empty() && absl::SimpleAtoi(digits, &value) && value >= 0 &&
+         absl::StrCat(value) == digits;
+}
+// Whether `name` is "{base}.g{G}{suffix}" or, for pipeline stages, "{base}.stage-K-gG{suffix}".
+inline bool IsNamedByAttempt(absl::string_view name, absl::string_view base,
+                             absl::string_view suffix) {
+  if (!absl::ConsumePrefix(&name, base) || !absl::ConsumeSuffix(&name, suffix)) return false;
+  if (absl::ConsumePrefix(&name, ".g")) return IsNumber(name);
+  if (!absl::ConsumePrefix(&name, ".stage-")) return false;
+  const size_t g = name.find("-g");
+  return g != absl::string_view::npos && IsNumber(name.substr(0, g)) &&
+         IsNumber(name.substr(g + 2));
+}
 inline bool IsObjectOf(absl::string_view name, absl::string_view base) {
-  if (name == ObjectName(base, -1, 0)) return true;
-  const std::string prefix = absl::StrCat(base, ".stage-");
-  if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, ".safetensors")) return false;
-  const absl::string_view middle =
-      name.substr(prefix.size(), name.size() - prefix.size() - strlen(".safetensors"));
-  const size_t g = middle.find("-g");
-  int part = 0;
-  int64_t generation = 0;
-  return g != absl::string_view::npos && absl::SimpleAtoi(middle.substr(0, g), &part) &&
-         part >= 0 && absl::SimpleAtoi(middle.substr(g + 2), &generation);
+  return name == absl::StrCat(base, ".safetensors") || IsNamedByAttempt(name, base, ".safetensors");
+}
+inline bool IsStateObject(absl::string_view name) {
+  return name == kStateObject ||
+         (!absl::StrContains(name, ".stage-") && IsNamedByAttempt(name, kStateBase, ".json"));
 }
 // Where stage `part` of attempt `generation` lists the objects it wrote, once they all are.
 inline std::string PartListName(int part, int64_t generation) {
   return absl::StrCat("PART-", part, "-g", generation, ".json");
 }
-inline constexpr char kManifestObject[] = "MANIFEST.json";
 
 template <typename T>
 bool ReadField(const nlohmann::json& j, const char* key, T& out) {

@@ -28,6 +28,7 @@
 #include "common/formats/safetensors.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/storage/checkpoint_layout.h"
 #include "common/storage/uri.h"
 #include "worker/trainer/checkpoint/checkpoint.h"
 #include "worker/trainer/checkpoint/checkpoint_files.h"
@@ -37,7 +38,7 @@
 namespace trainyard::trainer {
 
 using checkpoint_files::IsObjectOf;
-using checkpoint_files::kManifestObject;
+using checkpoint_files::IsStateObject;
 using checkpoint_files::kModelBase;
 using checkpoint_files::kModelObject;
 using checkpoint_files::kOptimizerBase;
@@ -65,9 +66,18 @@ struct ManifestObject {
   std::string sha256;
 };
 
-absl::StatusOr<std::vector<ManifestObject>> ReadManifest(ObjectStore& store,
-                                                         const std::string& step_uri) {
-  absl::StatusOr<std::string> manifest_bytes = store.Get(JoinUri(step_uri, kManifestObject));
+// A step folder's manifest (NewestManifestUri) and the objects it lists.
+struct Manifest {
+  std::string uri;
+  std::vector<ManifestObject> objects;
+};
+
+absl::StatusOr<Manifest> ReadManifest(ObjectStore& store, const std::string& step_uri) {
+  Manifest out;
+  absl::StatusOr<std::string> uri = NewestManifestUri(store, step_uri);
+  if (!uri.ok()) return uri.status();
+  out.uri = *std::move(uri);
+  absl::StatusOr<std::string> manifest_bytes = store.Get(out.uri);
   if (!manifest_bytes.ok()) return manifest_bytes.status();
   json manifest = json::parse(*manifest_bytes, nullptr, /*allow_exceptions=*/false);
   std::string format;
@@ -75,19 +85,18 @@ absl::StatusOr<std::vector<ManifestObject>> ReadManifest(ObjectStore& store,
       format != kCheckpointFormat || !manifest.contains("objects") ||
       !manifest["objects"].is_array()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(step_uri, "/MANIFEST.json: not a ", kCheckpointFormat, " manifest"));
+        absl::StrCat(out.uri, ": not a ", kCheckpointFormat, " manifest"));
   }
-  std::vector<ManifestObject> objects;
   for (const json& entry : manifest["objects"]) {
     ManifestObject object;
     if (!ReadField(entry, "name", object.name) || !ReadField(entry, "size", object.size) ||
-        !ReadField(entry, "sha256", object.sha256) || object.size < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(step_uri, "/MANIFEST.json: malformed object entry"));
+        !ReadField(entry, "sha256", object.sha256) || object.size < 0 ||
+        !IsSafeRelativePath(object.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(out.uri, ": malformed object entry"));
     }
-    objects.push_back(std::move(object));
+    out.objects.push_back(std::move(object));
   }
-  return objects;
+  return out;
 }
 
 // Objects too large to hold whole are read this much at a time.
@@ -210,10 +219,12 @@ absl::StatusOr<std::string> ReadObjectKeeping(ObjectStore& store, const std::str
 
 absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::string& step_uri,
                                                 const CheckpointFilter* keep) {
-  absl::StatusOr<std::vector<ManifestObject>> listed = ReadManifest(store, step_uri);
+  absl::StatusOr<Manifest> listed = ReadManifest(store, step_uri);
   if (!listed.ok()) return listed.status();
   std::map<std::string, std::string> objects;
-  for (const ManifestObject& entry : *listed) {
+  std::string state_name;
+  for (const ManifestObject& entry : listed->objects) {
+    if (IsStateObject(entry.name)) state_name = entry.name;
     const std::string uri = JoinUri(step_uri, entry.name);
     const bool model = IsObjectOf(entry.name, kModelBase);
     if (keep != nullptr && (model || IsObjectOf(entry.name, kOptimizerBase))) {
@@ -236,13 +247,12 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::s
     }
     objects[entry.name] = *std::move(bytes);
   }
-  if (objects.count(kStateObject) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(step_uri, "/MANIFEST.json: does not list ", kStateObject));
+  if (state_name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(listed->uri, ": does not list ", kStateObject));
   }
   LoadedCheckpoint loaded;
   loaded.uri = step_uri;
-  absl::StatusOr<TrainerState> state = DecodeTrainerState(objects[kStateObject]);
+  absl::StatusOr<TrainerState> state = DecodeTrainerState(objects[state_name]);
   if (!state.ok()) return state.status();
   loaded.state = *std::move(state);
   // The whole model's objects, or a pipeline's stages' (ObjectNames), merged: each tensor is in
@@ -275,7 +285,7 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::s
     }
   }
   if (models == 0 || optimizers == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(step_uri, "/MANIFEST.json: does not list ",
+    return absl::InvalidArgumentError(absl::StrCat(listed->uri, ": does not list ",
                                                    models == 0 ? kModelObject : kOptimizerObject));
   }
   return loaded;
@@ -284,7 +294,7 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(ObjectStore& store, const std::s
 absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
                               const std::map<std::string, std::string>& metadata,
                               const std::string& local_path) {
-  absl::StatusOr<std::vector<ManifestObject>> listed = ReadManifest(store, step_uri);
+  absl::StatusOr<Manifest> listed = ReadManifest(store, step_uri);
   if (!listed.ok()) return listed.status();
   struct Source {
     ManifestObject object;
@@ -295,7 +305,7 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
   std::vector<Source> sources;
   std::vector<SafetensorsSlot> merged;
   std::set<std::string> names;
-  for (const ManifestObject& entry : *listed) {
+  for (const ManifestObject& entry : listed->objects) {
     if (!IsObjectOf(entry.name, kModelBase)) continue;
     Source source{entry, JoinUri(step_uri, entry.name), {}, {}};
     absl::StatusOr<SafetensorsHeader> header =
@@ -322,8 +332,7 @@ absl::Status WriteMergedModel(ObjectStore& store, const std::string& step_uri,
     sources.push_back(std::move(source));
   }
   if (sources.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(step_uri, "/MANIFEST.json: does not list ", kModelObject));
+    return absl::InvalidArgumentError(absl::StrCat(listed->uri, ": does not list ", kModelObject));
   }
   absl::StatusOr<std::string> header = EncodeSafetensorsHeader(merged, metadata);
   if (!header.ok()) return header.status();

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "common/formats/workdir_archive.h"
 #include "common/sha256.h"
+#include "common/storage/checkpoint_layout.h"
 #include "common/storage/uri.h"
 
 namespace trainyard::trainer::program {
@@ -29,7 +30,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr char kFormat[] = "trainyard-checkpoint/1";
-constexpr char kManifest[] = "MANIFEST.json";
 
 // A read-only mapping of a whole file, unmapped on destruction.
 class MappedFile {
@@ -221,12 +221,14 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view text) {
 absl::StatusOr<int64_t> RestoreCheckpoint(ObjectStore& store, const std::string& step_uri,
                                           const std::string& dir) {
   EmptyFolder(dir);
-  absl::StatusOr<std::string> text = store.Get(JoinUri(step_uri, kManifest));
+  absl::StatusOr<std::string> manifest_uri = NewestManifestUri(store, step_uri);
+  if (!manifest_uri.ok()) return manifest_uri.status();
+  absl::StatusOr<std::string> text = store.Get(*manifest_uri);
   if (!text.ok()) return text.status();
   absl::StatusOr<Manifest> manifest = DecodeManifest(*text);
   if (!manifest.ok()) {
     return absl::Status(manifest.status().code(),
-                        absl::StrCat(step_uri, "/", kManifest, ": ", manifest.status().message()));
+                        absl::StrCat(*manifest_uri, ": ", manifest.status().message()));
   }
   for (const StoredFile& file : manifest->files) {
     const std::string path = absl::StrCat(dir, "/", RestoredPath(file.name));

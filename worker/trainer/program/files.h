@@ -7,10 +7,10 @@
 // A program's checkpoint of step S is a step folder like a trainer's
 // ({checkpoint_uri}/step-{S:%012d}/, common/storage/checkpoint_layout.h) holding each file a rank
 // wrote at `g{G}/{relative path}` (G the attempt's generation, so that no write of an earlier
-// attempt that still reaches the store can touch what a later one committed) and MANIFEST.json,
-// written last by rank 0 in the trainer's format ({"format": "trainyard-checkpoint/1", "kind":
-// "program", "job_id", "step", "generation", "created_unix_ms", "objects": [{"name", "size",
-// "sha256"}]}).
+// attempt that still reaches the store can touch what a later one committed) and
+// MANIFEST.g{G}.json, written last by rank 0 in the trainer's format ({"format":
+// "trainyard-checkpoint/1", "kind": "program", "job_id", "step", "generation", "created_unix_ms",
+// "objects": [{"name", "size", "sha256"}]}).
 
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -231,7 +231,8 @@ absl::Status Host::CommitAsRankZero(int64_t n, int64_t step, std::vector<StoredF
   const std::string step_uri = CheckpointStepUri(task_.checkpoint_uri(), step);
   const std::string manifest = EncodeManifest(task_.job_id(), step, task_.generation(),
                                               absl::ToUnixMillis(clock_.Now()), files);
-  if (absl::Status s = checkpoint_store_->Put(JoinUri(step_uri, "MANIFEST.json"), manifest);
+  if (absl::Status s =
+          checkpoint_store_->Put(JoinUri(step_uri, ManifestName(task_.generation())), manifest);
       !s.ok()) {
     return s;
   }
