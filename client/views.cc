@@ -228,6 +228,14 @@ std::string MemoryColumn(const v1::Worker& w) {
                       HumanBytes(w.memory_bytes()));
 }
 
+// The state, and a drained worker's drain where the state shown is about its lease.
+std::string WorkerStateColumn(const v1::Worker& w) {
+  const std::string state = WorkerStateName(w.state());
+  return w.draining() && w.state() != v1::DRAINING && w.state() != v1::LOST
+             ? absl::StrCat(state, "+DRAINING")
+             : state;
+}
+
 }  // namespace
 
 std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
@@ -239,15 +247,21 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
             : ShortAge(now - absl::FromUnixMillis(w.last_seen_unix_ms())) + " ago";
     // Host and process id: what a person needs to signal (preempt, kill) a worker's agent.
     rows.push_back({w.id(), w.address(), w.hostname().empty() ? "-" : w.hostname(),
-                    w.pid() > 0 ? absl::StrCat(w.pid()) : "-", WorkerStateName(w.state()),
+                    w.pid() > 0 ? absl::StrCat(w.pid()) : "-", WorkerStateColumn(w),
                     absl::StrCat(w.slots_used(), "/", w.slots()),
                     absl::StrCat(w.gpus_used(), "/", w.gpus()), MemoryColumn(w),
                     w.isolation().empty() ? "-" : w.isolation(), LibTorchColumn(w), seen,
                     w.task_ids().empty() ? "-" : absl::StrJoin(w.task_ids(), ",")});
   }
-  return Table({"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "MEMORY", "LIMITS",
-                "LIBTORCH", "LAST SEEN", "TASKS"},
-               rows);
+  std::string out = Table({"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "MEMORY",
+                           "LIMITS", "LIBTORCH", "LAST SEEN", "TASKS"},
+                          rows);
+  // Why a worker is SUSPECT or UNREACHABLE, under the table.
+  for (const v1::Worker& w : workers) {
+    if (w.state_reason().empty()) continue;
+    absl::StrAppend(&out, w.id(), " is ", WorkerStateName(w.state()), ": ", w.state_reason(), "\n");
+  }
+  return out;
 }
 
 std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints, absl::TimeZone zone) {

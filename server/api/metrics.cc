@@ -39,7 +39,8 @@ std::string TrialStateLabel(v1::TrialState state) {
 
 constexpr v1::JobState kJobStates[] = {v1::PENDING,   v1::SCHEDULED, v1::RUNNING,  v1::RESTARTING,
                                        v1::SUCCEEDED, v1::FAILED,    v1::CANCELLED};
-constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::LOST};
+constexpr v1::WorkerState kWorkerStates[] = {v1::READY, v1::DRAINING, v1::SUSPECT, v1::UNREACHABLE,
+                                             v1::LOST};
 const v1::RestartReason kRestartReasons[] = {v1::PREEMPTED, v1::WORKER_LOST,
                                              v1::HANG,      v1::INFRASTRUCTURE,
                                              v1::FAILURE,   v1::SCHEDULER_PREEMPTED};

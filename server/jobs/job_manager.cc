@@ -339,7 +339,7 @@ ClusterMetricsSnapshot JobManager::MetricsSnapshot() const {
   snap.queues = ListQueuesLocked();
   const std::map<std::string, WorkerUsage> used = UsedCapacityLocked();
   for (const WorkerRecord* record : workers_.All()) {
-    snap.workers_by_state[record->info.state()]++;
+    snap.workers_by_state[workers_.ShownState(*record, QuietLimitLocked(), nullptr)]++;
     if (record->info.state() != v1::LOST && record->unreachable()) snap.workers_unreachable++;
     if (record->info.state() == v1::READY && !record->unreachable()) {
       snap.slots_total += record->info.slots();

@@ -562,6 +562,11 @@ class JobManager {
   // live worker said how much it has.
   std::string NoWorkerHoldsLocked(const v1::JobSpec& spec, const v1::MemoryEstimate& estimate) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // How long an agent may say nothing before it is shown SUSPECT (WorkerRegistry::ShownState):
+  // its long poll (max_sync_wait) and a lease timeout more.
+  absl::Duration QuietLimitLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return options_.max_sync_wait + workers_.lease_timeout();
+  }
   trainyard::v1::Worker WorkerViewLocked(const WorkerRecord& record,
                                          const std::map<std::string, WorkerUsage>& used) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -359,6 +359,8 @@ std::map<std::string, WorkerUsage> JobManager::UsedCapacityLocked() const {
 v1::Worker JobManager::WorkerViewLocked(const WorkerRecord& record,
                                         const std::map<std::string, WorkerUsage>& used) const {
   v1::Worker view = record.info;
+  view.set_draining(record.info.state() == v1::DRAINING);
+  view.set_state(workers_.ShownState(record, QuietLimitLocked(), view.mutable_state_reason()));
   auto it = used.find(view.id());
   if (it != used.end()) {
     view.set_slots_used(it->second.slots);

@@ -7,6 +7,14 @@
 
 namespace trainyard {
 
+namespace {
+// "1m12s", "800ms": to the second from ten seconds on.
+std::string Rounded(absl::Duration d) {
+  return absl::FormatDuration(
+      absl::Trunc(d, d < absl::Seconds(10) ? absl::Milliseconds(100) : absl::Seconds(1)));
+}
+}  // namespace
+
 WorkerRegistry::WorkerRegistry(const Clock& clock, LeasePolicy policy)
     : clock_(clock),
       policy_(policy),
@@ -180,6 +188,42 @@ WorkerRegistry::Silence WorkerRegistry::CheckBeats(
     out.probe.push_back(id);
   }
   return out;
+}
+
+v1::WorkerState WorkerRegistry::ShownState(const WorkerRecord& record, absl::Duration quiet_limit,
+                                           std::string* reason) const {
+  const v1::WorkerState stored = record.info.state();
+  if (stored == v1::LOST) return stored;
+  const absl::Time now = clock_.Now();
+  std::string why;
+  if (record.unreachable()) {
+    if (reason != nullptr) {
+      *reason = absl::StrCat(
+          "unreachable with most workers for ", Rounded(now - record.unreachable_since),
+          ": nothing new is placed on it; LOST if it is not back within ",
+          Rounded(std::max(absl::ZeroDuration(),
+                           record.unreachable_since + policy_.mass_loss_hold - now)));
+    }
+    return v1::UNREACHABLE;
+  }
+  if (record.probed()) {
+    why = absl::StrCat("asked for a word ", Rounded(now - record.probed_at), " ago, no answer yet");
+  } else if (record.silenced) {
+    why = "its beats stopped";
+  } else if (record.streamed && record.lease_streams == 0) {
+    why = "its lease stream closed; it has until its grace ends to open another";
+  } else if (now >= record.lease_expiry) {
+    why = "its lease ran out; deciding whether it or the coordinator is cut off";
+  } else if (record.heard == absl::InfinitePast()) {
+    why = "not heard from since this coordinator started";
+  } else if (now - record.heard > quiet_limit) {
+    why = absl::StrCat("no word for ", Rounded(now - record.heard),
+                       " (its long poll is overdue): its agent is held or gone");
+  } else {
+    return stored;
+  }
+  if (reason != nullptr) *reason = std::move(why);
+  return v1::SUSPECT;
 }
 
 WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {

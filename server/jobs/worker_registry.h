@@ -146,6 +146,17 @@ class WorkerRegistry {
   // machine lost; while probes await their answers (CheckBeats), it waits for them.
   Expiry ExpireLeases();
 
+  // The state a person should see (trainyard workers, the metrics), which the stored one (READY,
+  // DRAINING, LOST) alone would overstate: UNREACHABLE while a mass loss holds it (nothing new is
+  // placed on it, its tasks train on, and it is LOST if it does not come back); SUSPECT while the
+  // coordinator misses what it expects of it: a probe unanswered, its beats missed, its last
+  // lease stream closed, its lease run out and not yet decided, no word since this coordinator
+  // started, or none for longer than `quiet_limit` (an idle agent long-polls: its next Sync is
+  // overdue, so its agent is held by something or gone). `reason` (may be null) gets why, for
+  // those two.
+  trainyard::v1::WorkerState ShownState(const WorkerRecord& record, absl::Duration quiet_limit,
+                                        std::string* reason) const;
+
   // Sets the state (READY, DRAINING, LOST). NOT_FOUND for an unknown worker.
   absl::Status SetState(absl::string_view id, trainyard::v1::WorkerState state);
 

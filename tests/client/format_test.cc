@@ -155,6 +155,15 @@ TEST(ViewsTest, WorkersAndCheckpointsTables) {
             "LIBTORCH         LAST SEEN  TASKS\n"
             "worker-1  127.0.0.1  gpu-7  4321  READY  1/4    0/0   4.0 GiB/16.0 GiB  cgroup v2  "
             "2.6.0+cuda+nccl  2s ago     j-1.g1.r0,j-2.g3.r1\n");
+  // A worker the coordinator doubts: the state, its drain kept, and why under the table.
+  w.set_state(v1::SUSPECT);
+  w.set_draining(true);
+  w.set_state_reason("no word for 1m12s (its long poll is overdue): its agent is held or gone");
+  const std::string suspect = WorkersTable({w}, absl::FromUnixMillis(1'700'000'002'000));
+  EXPECT_THAT(suspect, HasSubstr("  SUSPECT+DRAINING  "));
+  EXPECT_THAT(suspect, HasSubstr("\nworker-1 is SUSPECT: no word for 1m12s (its long poll is "
+                                 "overdue): its agent is held or gone\n"));
+  EXPECT_THAT(suspect, Not(HasSubstr("READY")));
   v1::Checkpoint c;
   c.set_step(200);
   c.set_size_bytes(1536);

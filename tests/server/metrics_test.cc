@@ -208,7 +208,8 @@ TEST_F(MetricsTest, WorkersHeldByAMassLossAreUnreachableNotLost) {
   const std::string text = Scrape(*metrics_);
   EXPECT_EQ(Value(text, "trainyard_workers_unreachable"), 2);
   EXPECT_EQ(Value(text, "trainyard_workers_lost_total"), 0);
-  EXPECT_EQ(Value(text, R"(trainyard_workers{state="ready"})"), 2);
+  EXPECT_EQ(Value(text, R"(trainyard_workers{state="ready"})"), 0);
+  EXPECT_EQ(Value(text, R"(trainyard_workers{state="unreachable"})"), 2);
   EXPECT_EQ(Value(text, R"(trainyard_slots{state="free"})"), 0);
 }
 

@@ -362,5 +362,68 @@ TEST(WorkerRegistryTest, BeatsOfAnEndedStreamCountForNothing) {
   EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
 }
 
+// What `trainyard workers` shows: READY only while the lease is as it should be.
+TEST(WorkerRegistryTest, TheShownStateSaysWhatTheCoordinatorKnows) {
+  FakeClock clock;
+  LeasePolicy policy = Timeout(absl::Seconds(10));
+  policy.mass_loss_hold = absl::Minutes(5);
+  WorkerRegistry registry(clock, policy);
+  const absl::Duration quiet = absl::Seconds(70);
+  auto shown = [&](const std::string& id, std::string* reason = nullptr) {
+    return registry.ShownState(*registry.Find(id), quiet, reason);
+  };
+  Beating agents;
+  RegisterBeating(registry, 4, agents);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(shown(absl::StrCat("w", i)), v1::READY);
+
+  // An idle agent long-polls: quiet for up to its poll and a timeout more, then SUSPECT.
+  clock.Advance(quiet);
+  EXPECT_EQ(shown("w3"), v1::READY);
+  clock.Advance(absl::Seconds(1));
+  std::string reason;
+  EXPECT_EQ(shown("w3", &reason), v1::SUSPECT);
+  EXPECT_THAT(reason, ::testing::HasSubstr("no word for 1m11s"));
+  for (int i = 0; i < 4; ++i) registry.Heard(absl::StrCat("w", i));
+  EXPECT_EQ(shown("w3"), v1::READY);
+
+  // A busy agent that stops beating: its stream ended, SUSPECT until it is decided (LOST); the
+  // others, asked for a word, SUSPECT until they answer.
+  registry.BumpVersion("w0");
+  clock.Advance(absl::Milliseconds(1500));
+  WorkerRegistry::Silence silence =
+      registry.CheckBeats([](const std::string& id) { return id == "w0"; });
+  ASSERT_THAT(silence.silent, ElementsAre("w0"));
+  EXPECT_EQ(shown("w0", &reason), v1::SUSPECT);
+  EXPECT_EQ(shown("w1", &reason), v1::SUSPECT);
+  EXPECT_THAT(reason, ::testing::HasSubstr("asked for a word"));
+  registry.Heard("w1");
+  registry.Heard("w2");
+  registry.Heard("w3");
+  EXPECT_EQ(shown("w1"), v1::READY);
+  clock.Advance(absl::Milliseconds(500));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
+  EXPECT_EQ(shown("w0"), v1::LOST);
+
+  // Most at once: held, shown UNREACHABLE with when it becomes LOST; a drain is kept apart.
+  ASSERT_TRUE(registry.SetState("w2", v1::DRAINING).ok());
+  for (int i = 1; i < 4; ++i) {
+    registry.CloseLease(absl::StrCat("w", i), agents.tickets[i]);
+  }
+  EXPECT_EQ(shown("w1", &reason), v1::SUSPECT);
+  EXPECT_THAT(reason, ::testing::HasSubstr("stream closed"));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_THAT(registry.ExpireLeases().held, ElementsAre("w1", "w2", "w3"));
+  clock.Advance(absl::Seconds(60));
+  EXPECT_EQ(shown("w2", &reason), v1::UNREACHABLE);
+  EXPECT_THAT(reason, ::testing::HasSubstr("LOST if it is not back within 4m"));
+  EXPECT_EQ(registry.Find("w2")->info.state(), v1::DRAINING);  // stored as it was
+
+  // Restored from the store and not registered with this coordinator yet.
+  WorkerRegistry restarted(clock, policy);
+  restarted.Restore(Info("w5"));
+  EXPECT_EQ(restarted.ShownState(*restarted.Find("w5"), quiet, &reason), v1::SUSPECT);
+  EXPECT_THAT(reason, ::testing::HasSubstr("since this coordinator started"));
+}
+
 }  // namespace
 }  // namespace trainyard
