@@ -258,6 +258,10 @@ int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions op
     LogError(server.status().ToString());
     return 1;
   }
+  if (stores.keeper != nullptr) {
+    CoordinatorServer* serving = server->get();
+    stores.keeper->OnCertainty([serving](bool sure) { serving->SetServing(sure); });
+  }
   const std::string& listen = server_options.listen;
   LogInfo("listening on ", listen.substr(0, listen.rfind(':')), ":", (*server)->port(),
           description);

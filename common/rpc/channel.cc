@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -225,6 +226,36 @@ class ChannelPoller {
   std::thread thread_;
 };
 
+namespace {
+// `args` with the integer arguments `ints` set, replacing any of the same keys (gRPC reads the
+// first of two arguments of one key, so setting it again would change nothing).
+grpc::ChannelArguments WithInts(const grpc::ChannelArguments& args,
+                                const std::map<std::string, int>& ints) {
+  grpc::ChannelArguments out;
+  const grpc_channel_args c = args.c_channel_args();
+  for (size_t i = 0; i < c.num_args; ++i) {
+    const grpc_arg& arg = c.args[i];
+    // The new arguments' own user agent stands (ChannelArguments sets one).
+    if (ints.count(arg.key) > 0 || std::string(arg.key) == GRPC_ARG_PRIMARY_USER_AGENT_STRING) {
+      continue;
+    }
+    switch (arg.type) {
+      case GRPC_ARG_INTEGER:
+        out.SetInt(arg.key, arg.value.integer);
+        break;
+      case GRPC_ARG_STRING:
+        out.SetString(arg.key, arg.value.string);
+        break;
+      case GRPC_ARG_POINTER:
+        out.SetPointerWithVtable(arg.key, arg.value.pointer.p, arg.value.pointer.vtable);
+        break;
+    }
+  }
+  for (const auto& [key, value] : ints) out.SetInt(key, value);
+  return out;
+}
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     const std::string& address, const ClientCredentials& credentials,
     const grpc::ChannelArguments& args, bool own_poller) {
@@ -238,6 +269,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     // followed across a takeover as soon as the new one says so.
     channel_args.SetServiceConfigJSON(R"({"loadBalancingConfig": [{"round_robin": {}}],)"
                                       R"( "healthCheckConfig": {"serviceName": ""}})");
+    // A frozen leader answers nothing, its health included: only a ping finds it gone.
+    channel_args =
+        WithInts(channel_args, {{GRPC_ARG_KEEPALIVE_TIME_MS, kSeveralCoordinatorsPingMs},
+                                {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kSeveralCoordinatorsPingTimeoutMs},
+                                {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0}});
   }
   std::shared_ptr<grpc::ChannelCredentials> transport;
   if (!credentials.ca_file.empty()) {

@@ -82,8 +82,19 @@ inline constexpr absl::Duration kAgentPingInterval = absl::Seconds(15);
 // a busy machine failed ("Handshake read failed") and a CLI call with them; 2 s fits a busy
 // handshake and still moves on from a frozen coordinator quickly.
 inline constexpr int kMinConnectTimeoutMs = 2000;
-// The shortest ping interval: the coordinator must accept pings at least this often.
+// The shortest ping interval of a client of one coordinator.
 inline constexpr int kCoordinatorClientPingMs = 5000;
+// Given several coordinators (a leader and standbys), a client pings each connection silent for
+// 2 s and gives it up when the ping is not answered within 1 s, whatever the args say: a frozen
+// leader (its lease is 3 s by default) is left within 3 s of its last word, about when a standby
+// takes over, instead of up to 20 s (docs/operations.md, "More than one coordinator"). The cost is
+// an idle agent's ping every 2 s to each coordinator: 1,000 idle agents make 500 pings a second on
+// each, at the 135 us a ping measured (docs/benchmarks.md) about 7 % of a core. The coordinators
+// accept pings this often (kCoordinatorClientMinPingMs).
+inline constexpr int kSeveralCoordinatorsPingMs = 2000;
+inline constexpr int kSeveralCoordinatorsPingTimeoutMs = 1000;
+// The shortest interval at which a coordinator accepts pings from a client.
+inline constexpr int kCoordinatorClientMinPingMs = kSeveralCoordinatorsPingMs * 4 / 5;
 
 // The coordinator's side: TLS with its certificate, and client certificates verified against
 // client_ca_file when a client presents one (optional: tokens are the other way in).

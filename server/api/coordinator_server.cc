@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // Agents and trainers ping too, to find a dead connection themselves
   // (CoordinatorClientArguments); a little more often than they do is no abuse.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             kCoordinatorClientPingMs * 4 / 5);
+                             kCoordinatorClientMinPingMs);
   builder.AddListeningPort(
       options.listen,
       options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
@@ -146,6 +146,12 @@ CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(5)); }
 
 std::shared_ptr<grpc::Channel> CoordinatorServer::InProcessChannel() {
   return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+void CoordinatorServer::SetServing(bool serving) {
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server != nullptr) server->GetHealthCheckService()->SetServingStatus(serving);
+  }
 }
 
 void CoordinatorServer::Shutdown(absl::Duration grace) {
@@ -203,7 +209,7 @@ absl::StatusOr<std::unique_ptr<StandbyServer>> StandbyServer::Start(
   // they ping the leader.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             kCoordinatorClientPingMs * 4 / 5);
+                             kCoordinatorClientMinPingMs);
   builder.AddListeningPort(listen,
                            credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
                            &standby->port_);

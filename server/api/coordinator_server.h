@@ -69,6 +69,11 @@ class CoordinatorServer {
   int health_port() const { return health_port_; }
   std::shared_ptr<grpc::Channel> InProcessChannel();
 
+  // The whole server's health ("") on the API port and on --health_listen: SERVING while it leads
+  // sure of its lease, NOT_SERVING while it cannot be sure (a renewal failed: LeaseKeeper), so
+  // that clients given several coordinators send it nothing meanwhile. Thread-safe.
+  void SetServing(bool serving);
+
   // Ends blocked streams (JobManager::Shutdown), stops accepting calls, waits up to `grace` for
   // calls in flight, then cancels the rest and stops the tick thread. Idempotent; blocks.
   void Shutdown(absl::Duration grace);

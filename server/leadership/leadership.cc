@@ -50,6 +50,11 @@ LeaseKeeper::~LeaseKeeper() {
   thread_.join();
 }
 
+void LeaseKeeper::OnCertainty(std::function<void(bool)> listener) {
+  absl::MutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
 void LeaseKeeper::Loop() {
   const absl::Duration every = lease_.lease() / 3;
   absl::Status last_error;
@@ -70,13 +75,23 @@ void LeaseKeeper::Loop() {
       return;
     }
     absl::Status renewed = lease_.Renew();
+    if (renewed.ok() != certain_) {
+      certain_ = renewed.ok();
+      std::function<void(bool)> listener;
+      {
+        absl::MutexLock lock(&mu_);
+        listener = listener_;
+      }
+      if (listener) listener(certain_);
+      if (certain_) LogInfo("the leader lease is renewed again: serving");
+    }
     if (renewed.code() == absl::StatusCode::kFailedPrecondition) {
       on_lost_(renewed);
       return;
     }
     if (!renewed.ok() && last_error.ok()) {
       LogWarning("renewing the leader lease: ", renewed.message(), " (retrying until ",
-                 absl::FormatTime(valid_until), ")");
+                 absl::FormatTime(valid_until), "; health NOT_SERVING meanwhile)");
     }
     last_error = renewed;
   }

@@ -40,6 +40,11 @@ class LeaseKeeper {
   LeaseKeeper(LeaderLease& lease, const Clock& clock, std::function<void(absl::Status)> on_lost);
   ~LeaseKeeper();
   LeaseKeeper(const LeaseKeeper&) = delete;
+
+  // `listener` is told, on the keeper's thread, false when a renewal fails (the lease may still
+  // hold, but this coordinator can no longer be sure of it) and true when one succeeds again: the
+  // leader's health says NOT_SERVING meanwhile (CoordinatorServer::SetServing).
+  void OnCertainty(std::function<void(bool)> listener);
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
 
  private:
@@ -51,6 +56,8 @@ class LeaseKeeper {
   absl::Mutex mu_;
   absl::CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(bool)> listener_ ABSL_GUARDED_BY(mu_);
+  bool certain_ = true;  // what the listener was last told; the keeper's thread only
   std::thread thread_;
 };
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -302,7 +303,42 @@ TEST_F(FailoverTest, AFrozenLeaderIsReplacedAndExitsWhenItWakes) {
   ASSERT_GE(leader, 0);
   auto a = SubmitAndHold(cluster, "frozen-a", TrainingJob("frozen-a", 200), 30, 25);
   ASSERT_TRUE(a.ok()) << a.status();
+  // The test's channel is connected to both coordinators, as agents' and the CLI's are.
+  v1::GetJobRequest get;
+  get.set_id(a->id());
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+        v1::Job job;
+        return cluster.jobs().GetJob(&context, get, &job).ok();
+      },
+      absl::Seconds(30)));
   cluster.coordinator(leader).Signal(SIGSTOP);
+  const absl::Time frozen_at = absl::Now();
+  // Once the new leader answers, no call goes to the frozen one: the client's pings (2 s, given
+  // 1 s) left it about when the standby took over. Before they were tuned, round_robin sent every
+  // other call to it until a keepalive 10 s long gave up.
+  absl::Time first_answer = absl::InfiniteFuture(), last_failure = absl::InfinitePast();
+  int failed_after = 0;
+  while (absl::Now() < std::max(frozen_at + absl::Seconds(12), first_answer + absl::Seconds(4))) {
+    ASSERT_LT(absl::Now(), frozen_at + absl::Seconds(40)) << "no coordinator answered";
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
+    v1::Job job;
+    const bool ok = cluster.jobs().GetJob(&context, get, &job).ok();
+    if (ok && first_answer == absl::InfiniteFuture()) first_answer = absl::Now();
+    if (!ok) {
+      last_failure = absl::Now();
+      if (first_answer != absl::InfiniteFuture()) ++failed_after;
+    }
+    absl::SleepFor(absl::Milliseconds(50));  // the pace of the probe, not a wait for anything
+  }
+  std::cout << "frozen leader: the new leader answered " << (first_answer - frozen_at)
+            << " after the freeze; calls failed until " << (last_failure - frozen_at) << " ("
+            << failed_after << " after the first answer)" << std::endl;
+  EXPECT_LT(last_failure - first_answer, absl::Seconds(3))
+      << failed_after << " calls failed after the new leader answered";
   const int next = cluster.WaitForLeader(absl::Seconds(30), leader);
   ASSERT_GE(next, 0) << "no standby took over";
   auto acknowledged = SubmitWhenLed(cluster, SyntheticJobYaml("while-frozen", 5));

@@ -330,7 +330,7 @@ TEST(CheckpointObjectsTest, ATensorWithoutASafetensorsFormFailsTheSaveAndWritesN
   EXPECT_FALSE(test_files::FileExists(StepFile(dir + "/step-000000000003", "MANIFEST")));
 }
 
-// Issue of attempts: an old attempt cut off from the coordinator (not yet fenced on its worker)
+// An old attempt cut off from the coordinator (not yet fenced on its worker)
 // still reaches the store, and saves the step that the new attempt has just committed. Its
 // commit is refused, and nothing it writes touches the new attempt's checkpoint.
 TEST(CheckpointAttemptsTest, AnOldAttemptSavingACommittedStepLeavesTheNewAttemptsCheckpointWhole) {
