@@ -431,7 +431,7 @@ void ProgressFields(const v1::Job& job, absl::TimeZone zone, std::string& out) {
                                                                            p.total_steps())));
   }
   // A program that does not use the module reports no steps: they are not known, not 0.
-  const bool unknown = job.spec().has_program() && p.updated_unix_ms() == 0;
+  const bool unknown = job.spec().has_program() && (p.updated_unix_ms() == 0 || p.steps_unknown());
   field("Step", unknown ? "unknown (the program reports no steps: trainyard.report)" : progress);
   field("Loss", LossText(p));
   field("Samples/s", p.samples_per_second() > 0
@@ -492,7 +492,10 @@ void RestartsSection(const v1::Job& job, absl::TimeZone zone, std::string& out) 
     rows.push_back({absl::StrCat(r.generation()), RestartReasonName(r.reason()),
                     LocalTime(r.detected_unix_ms(), zone), absl::StrCat(r.last_step()),
                     r.recovered() ? absl::StrCat(r.resumed_step()) : "-",
-                    r.recovered() ? absl::StrCat(r.steps_lost()) : "-", recovery, r.message()});
+                    !r.recovered()           ? "-"
+                    : r.steps_lost_unknown() ? "unknown"
+                                             : absl::StrCat(r.steps_lost()),
+                    recovery, r.message()});
   }
   std::string table = Table(
       {"GEN", "REASON", "DETECTED", "LAST STEP", "RESUMED", "LOST", "RECOVERY", "MESSAGE"}, rows);

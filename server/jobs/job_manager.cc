@@ -70,7 +70,8 @@ absl::Status JobManager::Load() {
     // it was away.
     // (A program that never reported a step has no stall clock until it does.)
     const bool never_reported =
-        entry.job.spec().has_program() && entry.job.progress().updated_unix_ms() == 0;
+        entry.job.spec().has_program() &&
+        (entry.job.progress().updated_unix_ms() == 0 || entry.job.progress().steps_unknown());
     entry.last_step_change = never_reported ? absl::InfinitePast() : clock_.Now();
     entry.last_step_seen = entry.job.progress().step();
     if (entry.job.state() == v1::RESTARTING) entry.restarting_since = clock_.Now();

@@ -46,7 +46,8 @@ absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t genera
     if (!fenced.ok()) return fenced.status();
     JobEntry& entry = **fenced;
     const absl::Time now = clock_.Now();
-    if (progress.step() > entry.last_step_seen) {
+    // A program that reports no steps (steps_unknown) has no stall clock.
+    if (!progress.steps_unknown() && progress.step() > entry.last_step_seen) {
       entry.last_step_seen = progress.step();
       entry.last_step_change = now;
     }
@@ -112,6 +113,10 @@ void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& pr
   r.set_recovered_unix_ms(absl::ToUnixMillis(now));
   r.set_resumed_step(progress.attempt_start_step());
   r.set_steps_lost(std::max<int64_t>(0, r.last_step() - progress.attempt_start_step()));
+  if (progress.steps_unknown()) {
+    r.set_steps_lost(0);
+    r.set_steps_lost_unknown(true);
+  }
   r.set_recovery_seconds(seconds(detected, now));
   r.set_detection_seconds(seconds(failed, detected));
   r.set_scheduling_seconds(seconds(detected, placed));
@@ -121,17 +126,26 @@ void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& pr
   r.set_first_step_seconds(std::max(0.0, r.recovery_seconds() - r.scheduling_seconds() -
                                              r.start_seconds() - r.rendezvous_seconds() -
                                              r.checkpoint_load_seconds()));
+  if (r.steps_lost_unknown()) {
+    // No first step to time: the recovery ends when the program started.
+    r.set_first_step_seconds(0);
+    r.set_recovery_seconds(r.scheduling_seconds() + r.start_seconds() + r.rendezvous_seconds() +
+                           r.checkpoint_load_seconds());
+  }
   v1::JobEvent event;
   event.set_time_unix_ms(absl::ToUnixMillis(now));
   event.set_from(updated.state());
   event.set_to(updated.state());
   event.set_reason(absl::StrFormat(
-      "recovered from %s: attempt %d resumed at step %d, %d steps lost, first step %.1fs after "
-      "detection (detection %.1fs, scheduling %.1fs, start %.1fs, rendezvous %.1fs, checkpoint "
-      "load %.1fs, first step %.1fs)",
-      RestartReasonName(r.reason()), updated.generation(), r.resumed_step(), r.steps_lost(),
-      r.recovery_seconds(), r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(),
-      r.rendezvous_seconds(), r.checkpoint_load_seconds(), r.first_step_seconds()));
+      "recovered from %s: attempt %d resumed at step %d, %s, %s %.1fs after detection (detection "
+      "%.1fs, scheduling %.1fs, start %.1fs, rendezvous %.1fs, checkpoint load %.1fs, first step "
+      "%.1fs)",
+      RestartReasonName(r.reason()), updated.generation(), r.resumed_step(),
+      r.steps_lost_unknown() ? "steps lost unknown (the program reports no steps)"
+                             : absl::StrCat(r.steps_lost(), " steps lost"),
+      r.steps_lost_unknown() ? "the program started" : "first step", r.recovery_seconds(),
+      r.detection_seconds(), r.scheduling_seconds(), r.start_seconds(), r.rendezvous_seconds(),
+      r.checkpoint_load_seconds(), r.first_step_seconds()));
   *updated.add_events() = event;
   const v1::Restart recovered = r;
   if (absl::Status s = CommitLocked(entry, std::move(updated), {event}, {}); !s.ok()) {

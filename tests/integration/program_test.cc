@@ -327,6 +327,34 @@ TEST(ProgramTest, EachEndOfAProgramIsReadAsItShouldBe) {
     EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason();
     EXPECT_EQ(job->progress().step(), 3);
   }
+  {
+    SCOPED_TRACE("a program without the module restarted: recovered once up, steps lost unknown");
+    // Silent for its stall_timeout (1 s): taken for a program that reports no steps. Last in
+    // this test: it loses a worker.
+    auto submitted = cluster.Submit(ProgramJob("quiet-lost", "ends.py", 1, "/nonexistent",
+                                               "quiet, \"600\"", "stall_timeout: 1s\n"));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    auto up = cluster.WaitFor(submitted->id(), [](const Job& job) {
+      return job.state() == v1::RUNNING && job.progress().steps_unknown();
+    });
+    ASSERT_TRUE(up.ok()) << up.status();
+    const int lost = WorkerOfRank(*up, 0);
+    std::optional<pid_t> host = cluster.TrainerPid(lost, TaskId(*up, 0));
+    ASSERT_TRUE(host.has_value());
+    cluster.worker(lost).Signal(SIGKILL);
+    kill(*host, SIGKILL);
+    auto recovered = cluster.WaitFor(submitted->id(), [](const Job& job) {
+      return job.restarts_size() == 1 && job.restarts(0).recovered();
+    });
+    ASSERT_TRUE(recovered.ok()) << recovered.status();
+    const v1::Restart& r = recovered->restarts(0);
+    EXPECT_EQ(r.reason(), v1::WORKER_LOST) << r.message();
+    EXPECT_TRUE(r.steps_lost_unknown());
+    EXPECT_EQ(recovered->state(), v1::RUNNING);  // not a stall: its steps are unknown
+    const Cluster::CliResult described = cluster.Cli({"describe", submitted->id()});
+    EXPECT_THAT(described.output, HasSubstr("steps lost unknown (the program reports no steps)"));
+    EXPECT_EQ(cluster.Cli({"cancel", submitted->id()}).exit_code, 0);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -240,6 +241,11 @@ int RunProgramRank(const trainyard::v1::Task& task,
   options.python_module_dir = PythonModuleDir();
   options.coordinator_retry_for = absl::GetFlag(FLAGS_coordinator_retry);
   options.peer_loss_grace = absl::GetFlag(FLAGS_peer_loss_grace);
+  // A program silent for its stall_timeout reports no steps (its stall clock starts at its first
+  // report): it is taken for one sooner, when the job says a step never takes so long.
+  if (const int64_t stall = task.spec().stall_timeout_seconds(); stall > 0) {
+    options.silent_program_after = std::min(options.silent_program_after, absl::Seconds(stall));
+  }
   const std::function<void(int64_t, int64_t)> hold = TestHold(task);
   if (hold) options.before_step = hold;
   trainyard::trainer::program::ProgramResult result;

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <system_error>
+#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -128,12 +129,23 @@ ProgramResult Host::Run() {
   }
   absl::StatusOr<pid_t> pid = Start();
   if (!pid.ok()) return {ExitCodeForHost(pid.status()), std::string(pid.status().message())};
+  std::thread silent;
+  if (reporter_ != nullptr && task_.rank() == 0) silent = std::thread([this] { ReportIfSilent(); });
+  absl::Cleanup end_silent = [this, &silent] {
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+    }
+    reported_or_ended_.SignalAll();
+    if (silent.joinable()) silent.join();
+  };
   int status = 0;
   while (::waitpid(*pid, &status, 0) < 0) {
     if (errno != EINTR) {
       return {kExitInternal, absl::StrCat("waitpid: ", std::strerror(errno))};
     }
   }
+  std::move(end_silent).Invoke();
   channel->reset();  // no request after the program's end
   ProgramResult result = Conclude(status);
   if (result.exit_code == kExitInternal && AttemptEndedMeanwhile()) {
@@ -141,6 +153,28 @@ ProgramResult Host::Run() {
             absl::StrCat(result.message, " (after its attempt ended: a peer was lost)")};
   }
   return result;
+}
+
+void Host::ReportIfSilent() {
+  const absl::Time until = clock_.Now() + options_.silent_program_after;
+  trainyard::v1::JobProgress progress;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!reported_ && !ended_ && !clock_.WaitWithDeadline(reported_or_ended_, mu_, until)) {
+    }
+    if (reported_ || ended_) return;
+    progress_.set_step(restore_step_);
+    progress_.set_world_size(task_.world_size());
+    progress_.set_attempt_start_step(restore_step_);
+    progress_.set_rendezvous_seconds(rendezvous_seconds_);
+    progress_.set_checkpoint_load_seconds(restore_seconds_);
+    progress_.set_steps_unknown(true);
+    progress = progress_;
+  }
+  LogInfo("the program has reported no step in ",
+          absl::FormatDuration(options_.silent_program_after),
+          " (it does not use the trainyard module, or not yet): its steps are unknown");
+  reporter_->Update(progress);
 }
 
 bool Host::AttemptEndedMeanwhile() {

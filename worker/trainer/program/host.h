@@ -62,6 +62,9 @@ class Host {
   absl::Status CommitAsRankZero(int64_t n, int64_t step, std::vector<StoredFile> files,
                                 absl::Time started);
   void Fail(const absl::Status& status);
+  // Waits up to silent_program_after for the program's first report; without one (and still
+  // running), reports the attempt's start with steps_unknown.
+  void ReportIfSilent();
 
   const trainyard::v1::Task& task_;
   const ProgramOptions& options_;
@@ -80,6 +83,8 @@ class Host {
   absl::Mutex mu_;
   trainyard::v1::JobProgress progress_ ABSL_GUARDED_BY(mu_);
   bool reported_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // the program has exited
+  absl::CondVar reported_or_ended_;
   std::optional<int64_t> stopping_at_ ABSL_GUARDED_BY(mu_);
   // A commit's failure that the program's exit does not explain better.
   absl::Status failure_ ABSL_GUARDED_BY(mu_);

@@ -85,6 +85,7 @@ json Host::OnReport(const json& request) {
   {
     absl::MutexLock lock(&mu_);
     progress_.set_step(*step);
+    progress_.set_steps_unknown(false);
     progress_.set_world_size(task_.world_size());
     progress_.set_attempt_start_step(restore_step_);
     progress_.set_rendezvous_seconds(rendezvous_seconds_);
@@ -113,6 +114,7 @@ json Host::OnReport(const json& request) {
     reported_ = true;
     progress = progress_;
   }
+  reported_or_ended_.SignalAll();
   if (reporter_ != nullptr) reporter_->Update(progress);
   if (options_.before_step) options_.before_step(*step, restore_step_);
   // A test that holds the program at a step needs to see every step; otherwise the module sends

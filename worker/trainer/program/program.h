@@ -61,6 +61,11 @@ struct ProgramOptions {
   // Called with each step the program reports and the step its attempt started from, before the
   // report is answered; it may block (a test holding the run at a step, main.cc).
   std::function<void(int64_t step, int64_t attempt_start_step)> before_step;
+  // Rank 0 of a program that has reported no step this long after it started (it does not use
+  // the module, or not yet) reports its attempt's start with steps_unknown: the coordinator then
+  // counts the restart before it recovered (its backoff starts over), its steps lost unknown.
+  // The trainer's main makes it the job's stall_timeout when that is shorter.
+  absl::Duration silent_program_after = absl::Seconds(30);
 };
 
 struct ProgramResult {
