@@ -44,6 +44,9 @@ ABSL_FLAG(int64_t, width, 256, "gen: uint8 features per sample");
 ABSL_FLAG(int, shards, 8, "gen: shards");
 ABSL_FLAG(std::string, spec, "", "read, train: a job spec (YAML)");
 ABSL_FLAG(int, epochs, 1, "read: epochs to read");
+ABSL_FLAG(int64_t, data_memory, 0,
+          "train: the job's data memory (Job.data_memory_bytes: what the coordinator fixes at the "
+          "first placement of a job without resources.memory, its workers' smallest task memory)");
 
 namespace {
 
@@ -194,6 +197,7 @@ int Train() {
   // As the coordinator hands a rank its limit (resources.memory); the caller puts this process
   // in a cgroup of that size, as the agent would.
   task.set_memory_limit_bytes(spec->resources().memory_bytes());
+  task.set_data_memory_bytes(absl::GetFlag(FLAGS_data_memory));
   *task.mutable_spec() = *spec;
   trainyard::trainer::TrainerOptions options;
   options.stores = &Stores();

@@ -5,8 +5,11 @@
 # 64 MiB shards), for STEPS updates of 256 samples, each run from a cold page cache (dropped
 # before it), inside a cgroup v1 memory controller limit made here (root only):
 #   - unlimited: no cgroup, the default order (one permutation of all samples);
-#   - container: the limit, the default order, no resources.memory (the trainer only warns), for
-#     a tenth of the steps;
+#   - container: the limit, the default order, no resources.memory and no data memory (a
+#     coordinator from before it fixed one: the trainer only warns), for a tenth of the steps;
+#   - container-fixed: the limit, no resources.memory, the job's data memory what the coordinator
+#     fixes at its first placement (Job.data_memory_bytes): the task memory an agent in that
+#     container offers (its limit less a reserve of 5 % between 256 MiB and 1 GiB);
 #   - window: the limit with resources.memory set to it: the trainer chooses data.shuffle_window;
 #   - for each limit of LIMITS_MIB (default: one eighth of the data set up to its size), window.
 # Prints one JSON line per run: samples/s (median of the progress lines), data wait share, peak
@@ -50,18 +53,19 @@ YAML
   [ "$2" = 0 ] || echo "resources: {memory: ${2}MiB}"
 }
 
-run() {  # run NAME LIMIT_MIB (0: none) MEMORY_MIB [STEPS]
+run() {  # run NAME LIMIT_MIB (0: none) MEMORY_MIB [STEPS] [DATA_MEMORY_MIB]
   job "$1" "$3" "${4:-$steps}" >"$work/$1.yaml"
   sync; echo 3 >/proc/sys/vm/drop_caches
   local out
   if [ "$2" = 0 ]; then
-    out=$("$build/bin/data_bench" --mode=train --spec="$work/$1.yaml" 2>"$work/$1.log")
+    out=$("$build/bin/data_bench" --mode=train --spec="$work/$1.yaml" \
+      --data_memory=$(( ${5:-0} << 20 )) 2>"$work/$1.log")
     peak=0
   else
     mkdir -p "$group"
     echo $(( $2 << 20 )) >"$group/memory.limit_in_bytes"
     echo 0 >"$group/memory.max_usage_in_bytes"
-    out=$(sh -c "echo \$\$ >'$group/cgroup.procs' && exec '$build/bin/data_bench' --mode=train --spec='$work/$1.yaml'" 2>"$work/$1.log")
+    out=$(sh -c "echo \$\$ >'$group/cgroup.procs' && exec '$build/bin/data_bench' --mode=train --spec='$work/$1.yaml' --data_memory=$(( ${5:-0} << 20 ))" 2>"$work/$1.log")
     peak=$(( $(cat "$group/memory.max_usage_in_bytes") >> 20 ))
   fi
   window=$(sed -n 's/.*data.shuffle_window is \([0-9]*\) samples.*/\1/p' "$work/$1.log" | head -1)
@@ -75,6 +79,8 @@ echo "generating $data_gib GiB ($samples samples) in $shards shards ..." >&2
 run unlimited 0 0
 # The default order under the limit is far slower: a tenth of the steps.
 run container "$limit_mib" 0 $(( steps / 10 ))
+reserve=$(( limit_mib / 20 )); [ $reserve -lt 256 ] && reserve=256; [ $reserve -gt 1024 ] && reserve=1024
+run container-fixed "$limit_mib" 0 "$steps" $(( limit_mib - reserve ))
 run window "$limit_mib" "$limit_mib"
 for limit in ${LIMITS_MIB:-$(( (data_gib << 10) / 8 )) $(( (data_gib << 10) / 4 )) $(( (data_gib << 10) / 2 )) $(( data_gib << 10 ))}; do
   run "window-$limit" "$limit" "$limit"

@@ -360,6 +360,11 @@ void ResourceFields(const v1::Job& job, std::string& out) {
   if (job.memory_estimate().shard().total_bytes() > 0) {
     field("Shard memory", estimate(job.memory_estimate().shard()));
   }
+  if (job.data_memory_bytes() > 0) {
+    field("Data memory", absl::StrCat(HumanBytes(job.data_memory_bytes()),
+                                      " (its first workers' smallest task memory: every attempt "
+                                      "fits its data order to it)"));
+  }
   if (job.spec().strategy() == v1::PARAMETER_SERVER) {
     const v1::ParameterServerSpec& ps = job.spec().parameter_servers();
     std::string servers = absl::StrCat(ps.shards(), ps.shards() == 1 ? " shard, " : " shards, ",

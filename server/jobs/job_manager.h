@@ -504,6 +504,11 @@ class JobManager {
                                          absl::Time* next) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ReleaseStoppedLocked(absl::Time now, absl::Time* next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlaceLocked(const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Job.data_memory_bytes for the first placement of `job`: the smallest task memory of its
+  // ranks' workers, or 0 when its spec decides (resources.memory, data.shuffle_window, a program)
+  // or a worker did not say.
+  int64_t DataMemoryLocked(const v1::Job& job, const Placement& placement) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool ShowReasonsLocked(const ScheduleDecision& decision, bool whole)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers came, went or changed state: parked jobs are looked at again.

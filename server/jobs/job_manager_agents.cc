@@ -325,6 +325,7 @@ v1::Task JobManager::BuildTaskLocked(const JobEntry& entry, const v1::TaskInfo& 
   task.set_slots(resources.slots);
   task.set_gpus(resources.gpus);
   task.set_memory_limit_bytes(resources.memory_bytes);
+  task.set_data_memory_bytes(entry.job.data_memory_bytes());
   task.set_cpu_limit(resources.cpu_limit);
   task.set_stop_deadline_unix_ms(info.stop_deadline_unix_ms());
   if (options_.allowed_local_paths.has_value()) {

@@ -97,6 +97,22 @@ void JobManager::ReleaseStoppedLocked(absl::Time now, absl::Time* next) {
   if (!stopped.empty()) changed_.SignalAll();  // a DeleteJob may wait for it
 }
 
+int64_t JobManager::DataMemoryLocked(const v1::Job& job, const Placement& placement) const {
+  const v1::JobSpec& spec = job.spec();
+  if (spec.resources().memory_bytes() > 0 || spec.data().shuffle_window() > 0 ||
+      spec.has_program()) {
+    return 0;  // the spec decides (or there is no data order of ours)
+  }
+  int64_t smallest = 0;
+  for (const std::string& id : placement.rank_workers) {
+    const WorkerRecord* worker = workers_.Find(id);
+    const int64_t memory = worker == nullptr ? 0 : worker->info.memory_bytes();
+    if (memory <= 0) return 0;  // a worker that did not say: no basis
+    smallest = smallest == 0 ? memory : std::min(smallest, memory);
+  }
+  return smallest;
+}
+
 void JobManager::PlaceLocked(const Placement& placement) {
   JobEntry* entry = FindLocked(placement.job_id);
   if (entry == nullptr) return;
@@ -125,6 +141,7 @@ void JobManager::PlaceLocked(const Placement& placement) {
     task->set_generation(generation);
     changed.push_back(task->task_id());
   }
+  if (generation == 1) updated.set_data_memory_bytes(DataMemoryLocked(updated, placement));
   std::string reason = absl::StrCat("placed on ", absl::StrJoin(placement.rank_workers, ", "));
   if (!placement.shard_workers.empty()) {
     absl::StrAppend(&reason, "; parameter-server shards on ",

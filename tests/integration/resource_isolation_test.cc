@@ -5,10 +5,12 @@
 // limit or any worker refused at submission; and data larger than the limit read a window at a
 // time.
 
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -280,6 +282,73 @@ resources: {memory: )",
   EXPECT_TRUE(absl::StrContains(failed->reason(), "data.shuffle_window: ")) << failed->reason();
   EXPECT_TRUE(absl::StrContains(failed->reason(), "not even windows of one batch"))
       << failed->reason();
+}
+
+// A job without resources.memory on workers that offer tasks less memory than its shards: the
+// coordinator fixes the memory its data order is fitted to at the first placement (the smallest
+// of its workers'), and every attempt picks the same window from it wherever it runs: here a
+// restart lands on a worker that offers more, and still reads the data in the same order.
+TEST(ResourceIsolationTest, WithoutResourcesMemoryTheWindowIsFixedAtTheFirstPlacement) {
+  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
+  ClusterOptions options = QuickRestarts(2);
+  options.worker_args.push_back("--memory=1{i}00MiB");  // 1000 MiB and 1100 MiB
+  Cluster cluster(options);
+  const std::string data = cluster.state_dir() + "/data";
+  // 150,000 samples of 1024 float32 features: 614 MB in 38 shards of about 16 MiB.
+  Process writer({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data,
+                  "--samples", "150000", "--features", "1024", "--classes", "4", "--files", "38",
+                  "--seed", "3", "--trainyard", BinDir() + "/trainyard"},
+                 cluster.state_dir() + "/write.log");
+  std::optional<int> status = writer.Wait(absl::Seconds(300));
+  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << writer.Log();
+  cluster.Hold("fixed", 20);
+  auto submitted = cluster.Submit(absl::StrCat("name: fixed", R"(
+model:
+  builtin: mlp
+  args: {inputs: 1024, hidden: [16], classes: 4}
+data: {train: ")",
+                                               data, R"(/train-*.safetensors"}
+batch_size: 64
+optimizer: {name: sgd, lr: 0.01}
+max_steps: 100
+checkpoint: {every_steps: 10}
+)"));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  // The windows each attempt's rank chose, from its events.
+  auto windows = [](const v1::Job& job) {
+    std::vector<std::string> out;
+    for (const v1::JobEvent& e : job.events()) {
+      const size_t at = e.reason().find("data.shuffle_window is ");
+      if (at != std::string::npos)
+        out.push_back(e.reason().substr(at, e.reason().find(' ', at + 23) - at));
+    }
+    return out;
+  };
+  auto held = cluster.WaitFor(submitted->id(), [&](const v1::Job& job) {
+    return job.state() == v1::RUNNING && job.progress().step() == 20 &&
+           job.committed_step() >= 10 && windows(job).size() == 1;
+  });
+  ASSERT_TRUE(held.ok()) << held.status();
+  const int first = WorkerOfRank(*held, 0);
+  const int64_t expected = (first == 0 ? 1000 : 1100) * kMiB;
+  EXPECT_EQ(held->data_memory_bytes(), expected);
+  EXPECT_NE(windows(*held)[0], "data.shuffle_window is 0");
+  // A notice to its worker: the next attempt runs on the other one, which offers more.
+  cluster.worker(first).Signal(SIGTERM);
+  auto again = cluster.WaitFor(submitted->id(), [&](const v1::Job& job) {
+    return job.generation() == 2 && job.state() == v1::RUNNING && windows(job).size() == 2;
+  });
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(WorkerOfRank(*again, 0), 1 - first);
+  EXPECT_EQ(again->data_memory_bytes(), expected);
+  EXPECT_EQ(windows(*again)[1], windows(*again)[0]);
+  cluster.Release("fixed");
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(300));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  Cluster::CliResult described = cluster.Cli({"describe", done->id()});
+  EXPECT_TRUE(absl::StrContains(described.output, "Data memory:")) << described.output;
 }
 
 }  // namespace

@@ -411,8 +411,14 @@ absl::Status Run::FitDataToMemory() {
   const bool shuffle = !spec.has_shuffle() || spec.shuffle();
   const std::vector<int64_t>& samples = data_->shard_train_samples();
   if (!shuffle || shuffle_window_ > 0 || samples.empty()) return absl::OkStatus();
+  // The rank's own limit; else the memory the coordinator fixed for the job's data order at its
+  // first placement (the same on every attempt, wherever it runs); else, only to warn, the
+  // container's limit (the order must not depend on where a rank runs).
   const bool own = task_.memory_limit_bytes() > 0;
-  const int64_t limit = own ? task_.memory_limit_bytes() : OwnCgroupMemoryLimit();
+  const bool decided = !own && task_.data_memory_bytes() > 0;
+  const int64_t limit = own       ? task_.memory_limit_bytes()
+                        : decided ? task_.data_memory_bytes()
+                                  : OwnCgroupMemoryLimit();
   if (limit <= 0) return absl::OkStatus();
   const auto [largest, all, fewest] = TrainShardSizes();
   // A pipeline rank holds its stage's layers (rank r runs stage r % stages).
@@ -434,10 +440,14 @@ absl::Status Run::FitDataToMemory() {
   };
   const std::string over =
       absl::StrCat("data: ", HumanBytes(all), " of shards is more than the ", HumanBytes(share),
-                   " the data may hold of ", own ? "the task's " : "this container's ",
-                   HumanBytes(limit), " memory limit (", static_cast<int>(kDataShareOfMemory * 100),
-                   " % of what the model's ", HumanBytes(model), " leaves)");
-  if (!own) {
+                   " the data may hold of ",
+                   own       ? "the task's "
+                   : decided ? "the job's data memory (its first workers' smallest task memory) of "
+                             : "this container's ",
+                   HumanBytes(limit), decided ? "" : " memory limit", " (",
+                   static_cast<int>(kDataShareOfMemory * 100), " % of what the model's ",
+                   HumanBytes(model), " leaves)");
+  if (!own && !decided) {
     report(absl::StrCat(over,
                         "; the default order (one permutation of all samples) reads at "
                         "random across all of it and will be slow: set "
