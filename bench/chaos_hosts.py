@@ -9,18 +9,31 @@ data-parallel, one parameter-server; fixed world sizes): each that ends is repla
 its kind. Every job must SUCCEED, and because resume is exact, each one's exported model must
 equal bit for bit the model of the same spec run with no fault (`trainyard up` on one machine).
 
-Prints what happened (faults by kind, restarts by reason, steps lost) and exits 1 if any job
-failed or ended with another model.
+Goodput: a job's clean time is the median time from start to end of the jobs of its kind that
+ran between faults (none began from 15 s before the job started until it ended: the same hosts
+and the same company, no fault); a job's goodput is that clean time over its own time from its
+start to its end (the part of its time spent on steps that count), and the overall figure the
+sum of the clean times over the sum of the jobs' times. The time lost is split, from the jobs' restart records, into
+detection (the fault until the coordinator acted), restart (stopping the gang, backoff, waiting
+for capacity, starting the processes and their rendezvous), checkpoint load, steps redone (steps
+lost at the clean run's step time) and the rest (the first step again, and slowdowns that
+restart nothing: a freeze, a cut or a blip that the ranks ride through).
+
+Prints what happened (faults by kind, restarts by reason, steps lost, goodput) and exits 1 if any
+job failed or ended with another model.
 
 Needs root (namespaces) and s3rver (scripts/install-deps.sh).
 
-    bench/chaos_hosts.py --bin-dir build/bin [--minutes 10] [--seed 1]
+    bench/chaos_hosts.py --bin-dir build/bin [--minutes 10] [--seed 1] [--faults-per-minute 1]
+
+A fault comes every 30 to 90 s at the default one a minute (every 0.5/F to 1.5/F minutes).
 """
 
 import argparse
 import collections
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -55,6 +68,7 @@ class Chaos:
         self.rng = rng
         self.pending = []  # (when, action)
         self.counts = collections.Counter()
+        self.times = []  # when each fault began (unix seconds)
 
     def apply(self):
         host = self.rng.choice(WORKERS)
@@ -65,6 +79,7 @@ class Chaos:
                                                                self.pending):
             return  # that host is already down or faulted
         self.counts[fault] += 1
+        self.times.append(time.time())
         print("%s %s %s" % (time.strftime("%H:%M:%S"), fault, host), file=sys.stderr, flush=True)
         if fault == "kill":
             self.bed.kill(host)
@@ -105,11 +120,62 @@ class Chaos:
         self.pending = keep
 
 
+def clean_seconds(done, fault_times):
+    """Each kind's median time from start to end among its jobs that no fault came near."""
+    walls = collections.defaultdict(list)
+    for kind, job in done:
+        if job["state"] != "SUCCEEDED" or job.get("restarts"):
+            continue
+        start = int(job["startedUnixMs"]) / 1000.0
+        end = int(job["finishedUnixMs"]) / 1000.0
+        if not any(start - 15 <= t <= end for t in fault_times):
+            walls[kind].append(wall_seconds(job))
+    return {kind: statistics.median(w) for kind, w in walls.items()}, {
+        kind: len(w) for kind, w in walls.items()}
+
+
+def wall_seconds(job):
+    return (int(job["finishedUnixMs"]) - int(job["startedUnixMs"])) / 1000.0
+
+
+def goodput_report(done, clean):
+    """Goodput per kind and overall, and where the rest of the time went."""
+    useful = total = 0.0
+    parts = collections.Counter()
+    per_kind = collections.defaultdict(lambda: [0.0, 0.0])
+    for kind, job in done:
+        if job["state"] != "SUCCEEDED" or kind not in clean:
+            continue
+        wall = wall_seconds(job)
+        useful += clean[kind]
+        total += wall
+        per_kind[kind][0] += clean[kind]
+        per_kind[kind][1] += wall
+        step_seconds = clean[kind] / KINDS[kind][1]
+        for r in job.get("restarts", []):
+            parts["detection"] += float(r.get("detectionSeconds", 0))
+            parts["restart"] += (float(r.get("schedulingSeconds", 0)) +
+                                 float(r.get("startSeconds", 0)) +
+                                 float(r.get("rendezvousSeconds", 0)))
+            parts["checkpoint load"] += float(r.get("checkpointLoadSeconds", 0))
+            parts["steps redone"] += int(r.get("stepsLost", 0)) * step_seconds
+    lost = total - useful
+    parts["the rest"] = lost - sum(parts.values())
+    lines = ["goodput %.1f %% (%.0f s on steps that count of %.0f s); by kind: %s" % (
+        100 * useful / total if total else 0, useful, total,
+        ", ".join("%s %.1f %%" % (k, 100 * u / t) for k, (u, t) in sorted(per_kind.items())))]
+    lines.append("time lost %.0f s: %s" % (lost, ", ".join(
+        "%s %.0f s" % (name, parts[name]) for name in
+        ("detection", "restart", "checkpoint load", "steps redone", "the rest"))))
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin-dir", required=True)
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults-per-minute", type=float, default=1.0)
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("hosts need root (network namespaces)")
@@ -140,15 +206,17 @@ def main():
                           file=sys.stderr, flush=True)
                     time.sleep(1)
 
+        gap = 60.0 / args.faults_per_minute
+
         for kind in KINDS:
             submit(kind)
         end = time.monotonic() + args.minutes * 60
-        next_fault = time.monotonic() + rng.uniform(20, 40)
+        next_fault = time.monotonic() + rng.uniform(0.5 * gap, 1.5 * gap)
         while time.monotonic() < end:
             chaos.settle()
             if time.monotonic() >= next_fault:
                 chaos.apply()
-                next_fault = time.monotonic() + rng.uniform(20, 40)
+                next_fault = time.monotonic() + rng.uniform(0.5 * gap, 1.5 * gap)
             for job_id, kind in list(jobs.items()):
                 try:
                     job = cluster.job(job_id)
@@ -183,6 +251,10 @@ def main():
                   ", ".join("%s %d" % kv for kv in sorted(chaos.counts.items())), len(done),
                   len(done) - len(bad),
                   ", ".join("%s %d" % kv for kv in sorted(restarts.items())) or "none", lost))
+        clean, samples = clean_seconds(done, chaos.times)
+        print("clean times (median of the jobs no fault came near): %s" % ", ".join(
+            "%s %.1f s (%d jobs)" % (k, clean[k], samples[k]) for k in sorted(clean)))
+        print(goodput_report(done, clean))
         for line in bad:
             print("FAIL: " + line)
         failed = bool(bad)
