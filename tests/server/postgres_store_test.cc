@@ -179,9 +179,15 @@ TEST_F(PostgresStoreTest, TheKeeperRenewsAndTellsWhenTheLeaseIsLost) {
     ASSERT_TRUE(*(*lease)->TryAcquire());
     absl::Mutex mu;
     std::vector<absl::Status> lost;
+    std::vector<std::string> told;  // what the keeper said, in order: the health follows it
     auto keeper = std::make_unique<LeaseKeeper>(**lease, RealClock::Get(), [&](absl::Status why) {
       absl::MutexLock lock(&mu);
       lost.push_back(why);
+      told.push_back("lost");
+    });
+    keeper->OnCertainty([&](bool sure) {
+      absl::MutexLock lock(&mu);
+      told.push_back(sure ? "sure" : "unsure");
     });
     // Renewed again and again, for more than two lease lengths, and never lost meanwhile.
     const absl::Time first = (*lease)->valid_until();
@@ -211,6 +217,8 @@ TEST_F(PostgresStoreTest, TheKeeperRenewsAndTellsWhenTheLeaseIsLost) {
       EXPECT_EQ(lost[0].code(), database_gone ? absl::StatusCode::kUnavailable
                                               : absl::StatusCode::kFailedPrecondition)
           << lost[0];
+      // A renewal failed before the lease was given up: the leader said NOT_SERVING first.
+      EXPECT_EQ(told, (std::vector<std::string>{"unsure", "lost"}));
     }
     // Within its lease (900 ms), give or take a renewal period.
     EXPECT_LT(absl::Now() - cut, absl::Milliseconds(1500));
