@@ -228,6 +228,31 @@ max_steps: 5
   EXPECT_LT(done->memory_estimate().rank().total_bytes(), 512 * kMiB);
 }
 
+// 150,000 samples of 1024 float32 features into `data`: 614 MB in 38 shards of about 16 MiB.
+void WriteShards(Cluster& cluster, const std::string& data) {
+  Process writer({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data,
+                  "--samples", "150000", "--features", "1024", "--classes", "4", "--files", "38",
+                  "--seed", "3", "--trainyard", BinDir() + "/trainyard"},
+                 cluster.state_dir() + "/write.log");
+  std::optional<int> status = writer.Wait(absl::Seconds(300));
+  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << writer.Log();
+}
+
+// An MLP over the shards WriteShards wrote into `data`, batches of 64, then `rest` of the spec.
+std::string ShardsJob(const std::string& name, const std::string& data, const std::string& rest) {
+  return absl::StrCat("name: ", name, R"(
+model:
+  builtin: mlp
+  args: {inputs: 1024, hidden: [16], classes: 4}
+data: {train: ")",
+                      data, R"(/train-*.safetensors"}
+batch_size: 64
+optimizer: {name: sgd, lr: 0.01}
+)",
+                      rest);
+}
+
 // 600 MB of local shards under a 256 MiB limit: the default order would read at random across
 // all of it, evicting shards before their rows are used; the trainer chooses a window that keeps
 // the shards it holds within its data share, says so in the job's events, and trains within the
@@ -237,26 +262,10 @@ TEST(ResourceIsolationTest, DataLargerThanTheLimitGetsAWindowThatFits) {
   if (!std::filesystem::exists(kPython)) GTEST_SKIP() << "no " << kPython;
   Cluster cluster;
   const std::string data = cluster.state_dir() + "/data";
-  // 150,000 samples of 1024 float32 features: 614 MB in 38 shards of about 16 MiB.
-  Process writer({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data,
-                  "--samples", "150000", "--features", "1024", "--classes", "4", "--files", "38",
-                  "--seed", "3", "--trainyard", BinDir() + "/trainyard"},
-                 cluster.state_dir() + "/write.log");
-  std::optional<int> status = writer.Wait(absl::Seconds(300));
-  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-      << writer.Log();
+  ASSERT_NO_FATAL_FAILURE(WriteShards(cluster, data));
   auto yaml = [&](const std::string& name, const std::string& memory) {
-    return absl::StrCat("name: ", name, R"(
-model:
-  builtin: mlp
-  args: {inputs: 1024, hidden: [16], classes: 4}
-data: {train: ")",
-                        data, R"(/train-*.safetensors"}
-batch_size: 64
-optimizer: {name: sgd, lr: 0.01}
-max_steps: 300
-resources: {memory: )",
-                        memory, "}\n");
+    return ShardsJob(name, data,
+                     absl::StrCat("max_steps: 300\nresources: {memory: ", memory, "}\n"));
   };
   auto windowed = cluster.Submit(yaml("windowed", "256MiB"));
   ASSERT_TRUE(windowed.ok()) << windowed.status();
@@ -294,26 +303,10 @@ TEST(ResourceIsolationTest, WithoutResourcesMemoryTheWindowIsFixedAtTheFirstPlac
   options.worker_args.push_back("--memory=1{i}00MiB");  // 1000 MiB and 1100 MiB
   Cluster cluster(options);
   const std::string data = cluster.state_dir() + "/data";
-  // 150,000 samples of 1024 float32 features: 614 MB in 38 shards of about 16 MiB.
-  Process writer({kPython, SourceDir() + "/examples/write_dataset.py", "--out-dir", data,
-                  "--samples", "150000", "--features", "1024", "--classes", "4", "--files", "38",
-                  "--seed", "3", "--trainyard", BinDir() + "/trainyard"},
-                 cluster.state_dir() + "/write.log");
-  std::optional<int> status = writer.Wait(absl::Seconds(300));
-  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-      << writer.Log();
+  ASSERT_NO_FATAL_FAILURE(WriteShards(cluster, data));
   cluster.Hold("fixed", 20);
-  auto submitted = cluster.Submit(absl::StrCat("name: fixed", R"(
-model:
-  builtin: mlp
-  args: {inputs: 1024, hidden: [16], classes: 4}
-data: {train: ")",
-                                               data, R"(/train-*.safetensors"}
-batch_size: 64
-optimizer: {name: sgd, lr: 0.01}
-max_steps: 100
-checkpoint: {every_steps: 10}
-)"));
+  auto submitted =
+      cluster.Submit(ShardsJob("fixed", data, "max_steps: 100\ncheckpoint: {every_steps: 10}\n"));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   // The windows each attempt's rank chose, from its events.
   auto windows = [](const v1::Job& job) {
