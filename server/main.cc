@@ -258,10 +258,15 @@ int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions op
     LogError(server.status().ToString());
     return 1;
   }
+  // The lease keeper (which outlives the server) tells the server's health whether the lease is
+  // certain, until the server goes: on every way out, before it is freed.
   if (stores.keeper != nullptr) {
     CoordinatorServer* serving = server->get();
     stores.keeper->OnCertainty([serving](bool sure) { serving->SetServing(sure); });
   }
+  absl::Cleanup no_serving = [&stores] {
+    if (stores.keeper != nullptr) stores.keeper->OnCertainty(nullptr);
+  };
   const std::string& listen = server_options.listen;
   LogInfo("listening on ", listen.substr(0, listen.rfind(':')), ":", (*server)->port(),
           description);
@@ -275,6 +280,7 @@ int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions op
   const int signal_number = WaitForSignal();
   LogInfo("signal ", signal_number, ": shutting down");
   (*server)->Shutdown(absl::Seconds(5));
+  std::move(no_serving).Invoke();
   server->reset();
   std::move(no_snapshots).Invoke();
   searches->reset();

@@ -25,18 +25,22 @@ std::string ManifestName(int64_t generation) {
   return absl::StrCat(kManifestPrefix, generation, kManifestSuffix);
 }
 
+std::optional<int64_t> ParseNameNumber(absl::string_view digits) {
+  int64_t value = 0;
+  if (digits.empty() || !absl::SimpleAtoi(digits, &value) || value < 0 ||
+      absl::StrCat(value) != digits) {
+    return std::nullopt;
+  }
+  return value;
+}
+
 std::optional<int64_t> ManifestGeneration(absl::string_view name) {
   if (name == kLegacyManifestName) return -1;
   if (!absl::ConsumePrefix(&name, kManifestPrefix) ||
       !absl::ConsumeSuffix(&name, kManifestSuffix)) {
     return std::nullopt;
   }
-  int64_t generation = 0;
-  if (name.empty() || !absl::SimpleAtoi(name, &generation) || generation < 0 ||
-      ManifestName(generation) != absl::StrCat(kManifestPrefix, name, kManifestSuffix)) {
-    return std::nullopt;  // digits only, written as ManifestName writes them
-  }
-  return generation;
+  return ParseNameNumber(name);
 }
 
 absl::StatusOr<std::string> NewestManifestUri(ObjectStore& store, const std::string& step_uri) {

@@ -33,6 +33,10 @@ inline constexpr char kFinalModelFolder[] = "final";
 // {checkpoint_uri}/step-{step:%012d}
 std::string CheckpointStepUri(const std::string& checkpoint_uri, int64_t step);
 
+// `digits` as a number >= 0 when it is written exactly as StrCat writes one ("12"; not "012",
+// "+12" or ""), else nullopt: the generations and stages that objects' names carry.
+std::optional<int64_t> ParseNameNumber(absl::string_view digits);
+
 // The manifest attempt `generation` writes in a step folder: "MANIFEST.g{generation}.json".
 std::string ManifestName(int64_t generation);
 // The name of checkpoints written before manifests were named by attempt; read, never written.

@@ -111,27 +111,22 @@ void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& pr
   };
   r.set_recovered(true);
   r.set_recovered_unix_ms(absl::ToUnixMillis(now));
+  // A program that reports no steps: how many were lost is not known, and there is no first
+  // step to time (its recovery ends when it started).
+  const bool unknown = progress.steps_unknown();
   r.set_resumed_step(progress.attempt_start_step());
-  r.set_steps_lost(std::max<int64_t>(0, r.last_step() - progress.attempt_start_step()));
-  if (progress.steps_unknown()) {
-    r.set_steps_lost(0);
-    r.set_steps_lost_unknown(true);
-  }
-  r.set_recovery_seconds(seconds(detected, now));
+  r.set_steps_lost_unknown(unknown);
+  r.set_steps_lost(unknown ? 0
+                           : std::max<int64_t>(0, r.last_step() - progress.attempt_start_step()));
   r.set_detection_seconds(seconds(failed, detected));
   r.set_scheduling_seconds(seconds(detected, placed));
   r.set_start_seconds(seconds(placed, running));
   r.set_rendezvous_seconds(std::max(0.0, progress.rendezvous_seconds()));
   r.set_checkpoint_load_seconds(std::max(0.0, progress.checkpoint_load_seconds()));
-  r.set_first_step_seconds(std::max(0.0, r.recovery_seconds() - r.scheduling_seconds() -
-                                             r.start_seconds() - r.rendezvous_seconds() -
-                                             r.checkpoint_load_seconds()));
-  if (r.steps_lost_unknown()) {
-    // No first step to time: the recovery ends when the program started.
-    r.set_first_step_seconds(0);
-    r.set_recovery_seconds(r.scheduling_seconds() + r.start_seconds() + r.rendezvous_seconds() +
-                           r.checkpoint_load_seconds());
-  }
+  const double before_first_step = r.scheduling_seconds() + r.start_seconds() +
+                                   r.rendezvous_seconds() + r.checkpoint_load_seconds();
+  r.set_recovery_seconds(unknown ? before_first_step : seconds(detected, now));
+  r.set_first_step_seconds(std::max(0.0, r.recovery_seconds() - before_first_step));
   v1::JobEvent event;
   event.set_time_unix_ms(absl::ToUnixMillis(now));
   event.set_from(updated.state());

@@ -77,12 +77,10 @@ void LeaseKeeper::Loop() {
     absl::Status renewed = lease_.Renew();
     if (renewed.ok() != certain_) {
       certain_ = renewed.ok();
-      std::function<void(bool)> listener;
       {
         absl::MutexLock lock(&mu_);
-        listener = listener_;
+        if (listener_) listener_(certain_);
       }
-      if (listener) listener(certain_);
       if (certain_) LogInfo("the leader lease is renewed again: serving");
     }
     if (renewed.code() == absl::StatusCode::kFailedPrecondition) {

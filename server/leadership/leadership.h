@@ -40,12 +40,14 @@ class LeaseKeeper {
   LeaseKeeper(LeaderLease& lease, const Clock& clock, std::function<void(absl::Status)> on_lost);
   ~LeaseKeeper();
   LeaseKeeper(const LeaseKeeper&) = delete;
+  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
 
   // `listener` is told, on the keeper's thread, false when a renewal fails (the lease may still
   // hold, but this coordinator can no longer be sure of it) and true when one succeeds again: the
-  // leader's health says NOT_SERVING meanwhile (CoordinatorServer::SetServing).
+  // leader's health says NOT_SERVING meanwhile (CoordinatorServer::SetServing). The listener is
+  // called under the keeper's lock, so once OnCertainty(nullptr) returns it is never called again
+  // (what it points to may then go).
   void OnCertainty(std::function<void(bool)> listener);
-  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
 
  private:
   void Loop();

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/storage/checkpoint_layout.h"
 
 namespace trainyard::trainer::checkpoint_files {
 
@@ -35,21 +36,15 @@ inline std::string ObjectName(absl::string_view base, int part, int64_t generati
 inline std::string StateObjectName(int64_t generation) {
   return absl::StrCat(kStateBase, ".g", generation, ".json");
 }
-// Whether `digits` is a number as StrCat writes it.
-inline bool IsNumber(absl::string_view digits) {
-  int64_t value = 0;
-  return !digits.empty() && absl::SimpleAtoi(digits, &value) && value >= 0 &&
-         absl::StrCat(value) == digits;
-}
 // Whether `name` is "{base}.g{G}{suffix}" or, for pipeline stages, "{base}.stage-K-gG{suffix}".
 inline bool IsNamedByAttempt(absl::string_view name, absl::string_view base,
                              absl::string_view suffix) {
   if (!absl::ConsumePrefix(&name, base) || !absl::ConsumeSuffix(&name, suffix)) return false;
-  if (absl::ConsumePrefix(&name, ".g")) return IsNumber(name);
+  if (absl::ConsumePrefix(&name, ".g")) return ParseNameNumber(name).has_value();
   if (!absl::ConsumePrefix(&name, ".stage-")) return false;
   const size_t g = name.find("-g");
-  return g != absl::string_view::npos && IsNumber(name.substr(0, g)) &&
-         IsNumber(name.substr(g + 2));
+  return g != absl::string_view::npos && ParseNameNumber(name.substr(0, g)).has_value() &&
+         ParseNameNumber(name.substr(g + 2)).has_value();
 }
 inline bool IsObjectOf(absl::string_view name, absl::string_view base) {
   return name == absl::StrCat(base, ".safetensors") || IsNamedByAttempt(name, base, ".safetensors");

@@ -79,11 +79,9 @@ class MappedFile {
 
 std::string RestoredPath(const std::string& name) {
   const size_t slash = name.find('/');
-  if (slash != std::string::npos && slash > 1 && name[0] == 'g') {
-    int64_t generation = 0;
-    if (absl::SimpleAtoi(absl::string_view(name).substr(1, slash - 1), &generation)) {
-      return name.substr(slash + 1);
-    }
+  if (slash != std::string::npos && name[0] == 'g' &&
+      ParseNameNumber(absl::string_view(name).substr(1, slash - 1)).has_value()) {
+    return name.substr(slash + 1);
   }
   return name;
 }
