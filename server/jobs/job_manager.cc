@@ -58,6 +58,14 @@ absl::Status JobManager::Load() {
   if (!contents.ok()) return contents.status();
   absl::StatusOr<std::vector<v1::Queue>> queues = store_->LoadQueues();
   if (!queues.ok()) return queues.status();
+  // The metric histories of the jobs that may still report, to be thinned as they grow.
+  std::vector<std::string> reporting;
+  for (const StoredJob& stored : contents->jobs) {
+    if (!IsFinalJobState(stored.job.state())) reporting.push_back(stored.job.id());
+  }
+  absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>> history_keys =
+      store_->LoadMetricKeys(reporting);
+  if (!history_keys.ok()) return history_keys.status();
   absl::MutexLock lock(&mu_);
   for (v1::Queue& q : *queues) queues_[q.name()] = std::move(q);
   next_seq_ = std::max<int64_t>(contents->next_job_seq, 1);
@@ -79,6 +87,11 @@ absl::Status JobManager::Load() {
     // After a restart, trainers of jobs that ended just before may still be stopping.
     if (IsFinalJobState(entry.job.state())) entry.ended = clock_.Now();
     next_seq_ = std::max(next_seq_, entry.seq + 1);
+  }
+  for (const auto& [job_id, keys] : *history_keys) {
+    if (JobEntry* entry = table_.Find(job_id); entry != nullptr) {
+      for (const auto& [unix_ms, step] : keys) entry->history.Load({unix_ms, step});
+    }
   }
   for (StoredCheckpoint& c : contents->checkpoints) {
     if (JobEntry* entry = table_.Find(c.checkpoint.job_id()); entry != nullptr) {

@@ -28,6 +28,7 @@
 #include "server/auth/auth.h"
 #include "server/jobs/capacity.h"
 #include "server/jobs/job_table.h"
+#include "server/jobs/metric_history.h"
 #include "server/jobs/metrics_sink.h"
 #include "server/jobs/rendezvous.h"
 #include "server/jobs/worker_limits.h"
@@ -105,6 +106,8 @@ struct JobManagerOptions {
   // A job the scheduler preempted is not preempted again until its next attempt has run this
   // long (SchedRunning::protected_until_ms).
   absl::Duration preemption_exempt = absl::Minutes(10);
+  // What each job's metric history keeps (metric_history.h).
+  MetricHistoryBound metric_history;
 };
 
 // Which tasks' logs StreamLogs sends.
@@ -122,6 +125,15 @@ struct SubmitOptions {
   bool validate_only = false;      // every check, nothing written
   // Set: replaces the spec's checkpoint.resume_from (SubmitJobRequest.resume_from).
   std::string resume_from;
+};
+
+// ListJobs's filters; each empty one lets every job through.
+struct JobFilter {
+  std::string owner;
+  std::string name_contains;  // case-insensitive
+  std::string queue;          // the spec's queue; "default" also matches jobs that name none
+  bool Matches(const trainyard::v1::Job& job) const;
+  bool by_content() const { return !name_contains.empty() || !queue.empty(); }
 };
 
 struct ListJobsResult {
@@ -169,11 +181,13 @@ class JobManager {
   // NOT_FOUND for an unknown id. With events and tasks of every attempt.
   absl::StatusOr<trainyard::v1::Job> GetJob(absl::string_view id) const;
 
-  // Newest first, filtered by `states` (empty = all) and `owner` (empty = anyone's). page_size
-  // 0 = 100, capped at 1000. INVALID_ARGUMENT for a page token this manager did not hand out.
+  // Newest first, filtered by `states` (empty = all) and `filter`. page_size 0 = 100, capped at
+  // 1000. INVALID_ARGUMENT for a page token this manager did not hand out. A page filtered by
+  // name or queue reads at most kMaxListScan finished jobs from the store; it may then hold fewer
+  // jobs than page_size, with a token to read on.
   absl::StatusOr<ListJobsResult> ListJobs(const std::vector<trainyard::v1::JobState>& states,
                                           int page_size, absl::string_view page_token,
-                                          absl::string_view owner = "") const;
+                                          const JobFilter& filter = {}) const;
 
   // Moves a non-final job to CANCELLED; its tasks leave their workers' desired state, so agents
   // stop them. NOT_FOUND for an unknown job, FAILED_PRECONDITION for a final one. The event
@@ -270,6 +284,11 @@ class JobManager {
   // jobs share a transaction); rank 0's reports win over other ranks' older steps.
   absl::Status ReportProgress(absl::string_view job_id, int64_t generation, int rank,
                               const trainyard::v1::JobProgress& progress);
+  // The reports that speak for a job (those shown as its progress) are also its metric history,
+  // written with them and thinned as options.metric_history says. This reads it from the store:
+  // the points taken after `after_unix_ms`, oldest first.
+  absl::StatusOr<std::vector<trainyard::v1::MetricPoint>> MetricHistoryOf(
+      absl::string_view job_id, int64_t after_unix_ms) const;
 
   // Fenced like ReportProgress, except that the attempt a cancel stopped may still commit: its
   // rank 0 saves the step it stopped at, and a job submitted with --resume-from this one starts

@@ -72,6 +72,14 @@ absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t genera
     // being written meanwhile (other jobs' reports, submissions).
     StoreMutation m;
     m.progress.emplace_back(std::string(job_id), stored);
+    v1::MetricPoint& point =
+        m.metric_points.emplace_back(std::string(job_id), v1::MetricPoint()).second;
+    point.set_unix_ms(stored.updated_unix_ms());
+    *point.mutable_progress() = stored;
+    for (const MetricPointKey& key :
+         entry.history.Add({stored.updated_unix_ms(), stored.step()}, options_.metric_history)) {
+      m.removed_metric_points.emplace_back(std::string(job_id), key.unix_ms);
+    }
     ticket = committer_.Enqueue(std::move(m));
   }
   const absl::Status written = committer_.Wait(ticket);
@@ -94,6 +102,11 @@ absl::Status JobManager::ReportProgress(absl::string_view job_id, int64_t genera
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::MetricPoint>> JobManager::MetricHistoryOf(
+    absl::string_view job_id, int64_t after_unix_ms) const {
+  return store_->LoadMetricHistory(job_id, after_unix_ms);
 }
 
 void JobManager::RecordRecoveryLocked(JobEntry& entry, const v1::JobProgress& progress) {

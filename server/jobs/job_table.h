@@ -12,6 +12,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/jobs/metric_history.h"
 #include "server/store/job_store.h"
 #include "trainyard/v1/job.pb.h"
 
@@ -27,6 +28,7 @@ struct JobEntry {
   uint64_t progress_reports = 0;
   uint64_t progress_applied = 0;
   trainyard::v1::JobProgress queued_progress;  // the latest queued
+  MetricHistory history;                       // the keys of its metric history, as queued
   absl::Time ended = absl::InfinitePast();     // when it reached a final state (in memory)
   // Hang detection: the highest step reported by the current attempt and when it changed (or
   // the attempt started running, or the coordinator started).

@@ -128,6 +128,14 @@ class PreloadedJobStore final : public JobStore {
     if (auto piece = Take(&WarmStart::queues)) return *std::move(piece);
     return store_->LoadQueues();
   }
+  absl::StatusOr<std::vector<trainyard::v1::MetricPoint>> LoadMetricHistory(
+      absl::string_view job_id, int64_t after_unix_ms) override {
+    return store_->LoadMetricHistory(job_id, after_unix_ms);
+  }
+  absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>> LoadMetricKeys(
+      const std::vector<std::string>& job_ids) override {
+    return store_->LoadMetricKeys(job_ids);
+  }
 
  private:
   // Moves one piece out of `warm_` (nullopt: none, or handed out already).

@@ -196,7 +196,14 @@ absl::StatusOr<MigrationCounts> MigrateSqliteToPostgres(
   progress(absl::StrFormat("copied the logs of %d tasks (%.1f MiB)", counts.logs,
                            static_cast<double>(counts.log_bytes) / (1 << 20)));
 
-  const StoreMutation m = MutationOf(*contents, *tokens, *searches, *queues);
+  StoreMutation m = MutationOf(*contents, *tokens, *searches, *queues);
+  // The jobs' metric histories, in the same transaction.
+  for (const StoredJob& job : contents->jobs) {
+    absl::StatusOr<std::vector<v1::MetricPoint>> points =
+        (*sqlite)->LoadMetricHistory(job.job.id(), 0);
+    if (!points.ok()) return release(points.status());
+    for (v1::MetricPoint& point : *points) m.metric_points.emplace_back(job.job.id(), point);
+  }
   absl::StatusOr<std::unique_ptr<PostgresJobStore>> pg_store =
       PostgresJobStore::Open(options, fence);
   if (!pg_store.ok()) return release(pg_store.status());

@@ -90,13 +90,18 @@ struct StoreMutation {
       trials;                                // (search id, trial), by number
   std::vector<trainyard::v1::Queue> queues;  // upserted by name (their `status` not stored)
   std::vector<std::string> removed_queues;   // deleted after the writes above
+  // (job id, point) of jobs' metric histories, upserted by (job id, point's unix_ms).
+  std::vector<std::pair<std::string, trainyard::v1::MetricPoint>> metric_points;
+  // Deleted after the writes above, by (job id, unix_ms): points a history thinned away.
+  std::vector<std::pair<std::string, int64_t>> removed_metric_points;
 
   bool empty() const {
     return jobs.empty() && events.empty() && tasks.empty() && workers.empty() &&
            checkpoints.empty() && progress.empty() && !next_job_seq.has_value() &&
            removed_jobs.empty() && removed_workers.empty() && trimmed_events.empty() &&
            removed_checkpoints.empty() && tokens.empty() && searches.empty() && trials.empty() &&
-           queues.empty() && removed_queues.empty();
+           queues.empty() && removed_queues.empty() && metric_points.empty() &&
+           removed_metric_points.empty();
   }
 };
 
@@ -155,6 +160,15 @@ class JobStore {
 
   // Every queue by name.
   virtual absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() = 0;
+
+  // Job `job_id`'s metric history taken after `after_unix_ms`, oldest first (none for a job
+  // with none, or an unknown one).
+  virtual absl::StatusOr<std::vector<trainyard::v1::MetricPoint>> LoadMetricHistory(
+      absl::string_view job_id, int64_t after_unix_ms) = 0;
+
+  // Of each job in `job_ids` with a metric history: its points as (unix_ms, step), oldest first.
+  virtual absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>>
+  LoadMetricKeys(const std::vector<std::string>& job_ids) = 0;
 };
 
 }  // namespace trainyard

@@ -147,8 +147,15 @@ BEGIN
 END $$;
 )sql";
 
+// Version 4: the jobs' metric histories (read by the console; no standby copies them).
+constexpr char kSchemaV4[] = R"sql(
+CREATE TABLE IF NOT EXISTS metric_points(
+  job_id TEXT NOT NULL, unix_ms BIGINT NOT NULL, step BIGINT NOT NULL, progress BYTEA NOT NULL,
+  PRIMARY KEY(job_id, unix_ms));
+)sql";
+
 // The migrations: kMigrations[v] takes the schema from version v to v + 1 (0: a new database).
-constexpr const char* kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3};
+constexpr const char* kMigrations[] = {kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVersion);
 
 // Any fixed number: the advisory lock under which one coordinator at a time migrates.
@@ -345,6 +352,17 @@ void RecordWrites(const StoreMutation& m, Statements* out) {
          "SET progress = excluded.progress",
          Params().Add(job_id).AddBlob(progress.SerializeAsString())});
   }
+  for (const auto& [job_id, point] : m.metric_points) {
+    out->push_back(
+        {"INSERT INTO metric_points(job_id, unix_ms, step, progress) VALUES($1, $2, $3, $4) ON "
+         "CONFLICT (job_id, unix_ms) DO UPDATE SET step = excluded.step, progress = "
+         "excluded.progress",
+         Params()
+             .Add(job_id)
+             .Add(point.unix_ms())
+             .Add(point.progress().step())
+             .AddBlob(point.progress().SerializeAsString())});
+  }
   if (m.next_job_seq.has_value()) {
     out->push_back(
         {"INSERT INTO meta(key, value) VALUES('next_job_seq', $1) ON CONFLICT (key) DO UPDATE SET "
@@ -415,11 +433,15 @@ void Removals(const StoreMutation& m, Statements* out) {
     out->push_back({"DELETE FROM checkpoints WHERE job_id = $1 AND step = $2",
                     Params().Add(job_id).Add(step)});
   }
+  for (const auto& [job_id, unix_ms] : m.removed_metric_points) {
+    out->push_back({"DELETE FROM metric_points WHERE job_id = $1 AND unix_ms = $2",
+                    Params().Add(job_id).Add(unix_ms)});
+  }
   for (const std::string& job_id : m.removed_jobs) {
     for (const char* sql :
          {"DELETE FROM events WHERE job_id = $1", "DELETE FROM tasks WHERE job_id = $1",
           "DELETE FROM checkpoints WHERE job_id = $1", "DELETE FROM progress WHERE job_id = $1",
-          "DELETE FROM jobs WHERE id = $1"}) {
+          "DELETE FROM metric_points WHERE job_id = $1", "DELETE FROM jobs WHERE id = $1"}) {
       out->push_back({sql, Params().Add(job_id)});
     }
   }

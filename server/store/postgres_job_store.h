@@ -34,7 +34,7 @@ struct LeaseFence {
 pg::Connection::Statement FenceStatement(const LeaseFence& fence);
 
 // The schema version of the PostgreSQL store this binary writes.
-inline constexpr int kPostgresSchemaVersion = 3;
+inline constexpr int kPostgresSchemaVersion = 4;
 
 // The change feed's kinds (table `changes`, written by triggers): a job (its row, events, tasks,
 // progress and checkpoint records; the key is its id), a worker (by id), and the tokens, searches
@@ -111,6 +111,10 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<std::vector<StoredToken>> LoadTokens() override;
   absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override;
   absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() override;
+  absl::StatusOr<std::vector<trainyard::v1::MetricPoint>> LoadMetricHistory(
+      absl::string_view job_id, int64_t after_unix_ms) override;
+  absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>> LoadMetricKeys(
+      const std::vector<std::string>& job_ids) override;
 
   // Apply, with `secrets` (name, value) written (replacing any of that name) in the same
   // transaction: a migration's import (server/leadership/store_migration.h).

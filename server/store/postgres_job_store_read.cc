@@ -236,6 +236,41 @@ absl::StatusOr<std::vector<v1::Queue>> PostgresJobStore::QueuesLocked() {
   return out;
 }
 
+absl::StatusOr<std::vector<v1::MetricPoint>> PostgresJobStore::LoadMetricHistory(
+    absl::string_view job_id, int64_t after_unix_ms) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<pg::Result> r = db_->Exec(
+      "SELECT unix_ms, progress FROM metric_points WHERE job_id = $1 AND unix_ms > $2 ORDER BY "
+      "unix_ms",
+      Params().Add(job_id).Add(after_unix_ms));
+  if (!r.ok()) return r.status();
+  std::vector<v1::MetricPoint> out;
+  out.reserve(r->rows());
+  for (int i = 0; i < r->rows(); ++i) {
+    v1::MetricPoint& point = out.emplace_back();
+    point.set_unix_ms(r->Int(i, 0));
+    if (!point.mutable_progress()->ParseFromString(r->Text(i, 1))) {
+      return absl::DataLossError(
+          absl::StrCat("metric_points row (", job_id, ", ", r->Int(i, 0), ") does not parse"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>>
+PostgresJobStore::LoadMetricKeys(const std::vector<std::string>& job_ids) {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
+  for (const std::string& job_id : job_ids) {
+    absl::StatusOr<pg::Result> r =
+        db_->Exec("SELECT unix_ms, step FROM metric_points WHERE job_id = $1 ORDER BY unix_ms",
+                  Params().Add(job_id));
+    if (!r.ok()) return r.status();
+    for (int i = 0; i < r->rows(); ++i) out[job_id].emplace_back(r->Int(i, 0), r->Int(i, 1));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<StoredSearch>> PostgresJobStore::LoadSearches() {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::vector<StoredSearch>> out;

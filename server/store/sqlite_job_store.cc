@@ -31,7 +31,8 @@ namespace {
 // 6: searches and their trials.
 // 7: tasks gained out_of_memory, memory_limit and memory_peak.
 // 8: queues.
-constexpr int kSchemaVersion = 8;
+// 9: metric_points, the jobs' metric histories.
+constexpr int kSchemaVersion = 9;
 
 // From version 1 to 2, in one transaction with the new version number.
 constexpr char kMigrateFrom1[] = R"sql(
@@ -94,6 +95,15 @@ constexpr char kMigrateFrom7[] = R"sql(
 BEGIN IMMEDIATE;
 CREATE TABLE IF NOT EXISTS queues(name TEXT PRIMARY KEY, queue BLOB NOT NULL);
 UPDATE meta SET value = '8' WHERE key = 'schema_version';
+COMMIT;
+)sql";
+
+constexpr char kMigrateFrom8[] = R"sql(
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS metric_points(
+  job_id TEXT NOT NULL, unix_ms INTEGER NOT NULL, step INTEGER NOT NULL, progress BLOB NOT NULL,
+  PRIMARY KEY(job_id, unix_ms));
+UPDATE meta SET value = '9' WHERE key = 'schema_version';
 COMMIT;
 )sql";
 
@@ -175,8 +185,8 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                                                       " is newer than supported ", kSchemaVersion));
   } else {
     // Each step in its own transaction with its version number: one cut short is redone.
-    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr,      kMigrateFrom4,
-                                      kMigrateFrom5, kMigrateFrom6, kMigrateFrom7};
+    const char* const migrations[] = {kMigrateFrom1, kMigrateFrom2, nullptr,       kMigrateFrom4,
+                                      kMigrateFrom5, kMigrateFrom6, kMigrateFrom7, kMigrateFrom8};
     for (int from = *version; from < kSchemaVersion; ++from) {
       absl::Status s = from == 3 ? store->MigrateFrom3() : store->Exec(migrations[from - 1]);
       if (!s.ok()) {
@@ -313,6 +323,14 @@ absl::Status ApplyRecords(sqlite3* db, const StoreMutation& m) {
     st.Bind(1, job_id).BindBlob(2, progress.SerializeAsString());
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
+  for (const auto& [job_id, point] : m.metric_points) {
+    Statement st(db,
+                 "INSERT OR REPLACE INTO metric_points(job_id, unix_ms, step, progress) "
+                 "VALUES(?, ?, ?, ?)");
+    st.Bind(1, job_id).Bind(2, point.unix_ms()).Bind(3, point.progress().step());
+    st.BindBlob(4, point.progress().SerializeAsString());
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
   if (m.next_job_seq.has_value()) {
     if (absl::Status s = SetMeta(db, "next_job_seq", absl::StrCat(*m.next_job_seq)); !s.ok()) {
       return s;
@@ -381,11 +399,16 @@ absl::Status ApplyRemovals(sqlite3* db, const StoreMutation& m) {
     st.Bind(1, job_id).Bind(2, step);
     if (absl::Status s = st.Run(); !s.ok()) return s;
   }
+  for (const auto& [job_id, unix_ms] : m.removed_metric_points) {
+    Statement st(db, "DELETE FROM metric_points WHERE job_id = ? AND unix_ms = ?");
+    st.Bind(1, job_id).Bind(2, unix_ms);
+    if (absl::Status s = st.Run(); !s.ok()) return s;
+  }
   for (const std::string& job_id : m.removed_jobs) {
     for (const char* sql :
          {"DELETE FROM events WHERE job_id = ?", "DELETE FROM tasks WHERE job_id = ?",
           "DELETE FROM checkpoints WHERE job_id = ?", "DELETE FROM progress WHERE job_id = ?",
-          "DELETE FROM jobs WHERE id = ?"}) {
+          "DELETE FROM metric_points WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"}) {
       Statement st(db, sql);
       st.Bind(1, job_id);
       if (absl::Status s = st.Run(); !s.ok()) return s;

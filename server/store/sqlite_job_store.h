@@ -57,6 +57,10 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<std::vector<StoredToken>> LoadTokens() override;
   absl::StatusOr<std::vector<trainyard::v1::Queue>> LoadQueues() override;
   absl::StatusOr<std::vector<StoredSearch>> LoadSearches() override;
+  absl::StatusOr<std::vector<trainyard::v1::MetricPoint>> LoadMetricHistory(
+      absl::string_view job_id, int64_t after_unix_ms) override;
+  absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>> LoadMetricKeys(
+      const std::vector<std::string>& job_ids) override;
 
   // The journal mode SQLite reports ("wal").
   absl::StatusOr<std::string> JournalMode();

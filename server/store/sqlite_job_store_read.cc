@@ -219,6 +219,39 @@ absl::StatusOr<std::vector<v1::Queue>> SqliteJobStore::LoadQueues() {
   return out;
 }
 
+absl::StatusOr<std::vector<v1::MetricPoint>> SqliteJobStore::LoadMetricHistory(
+    absl::string_view job_id, int64_t after_unix_ms) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::MetricPoint> out;
+  Statement st(db_,
+               "SELECT unix_ms, progress FROM metric_points WHERE job_id = ? AND unix_ms > ? "
+               "ORDER BY unix_ms");
+  st.Bind(1, job_id).Bind(2, after_unix_ms);
+  while (st.Next()) {
+    v1::MetricPoint& point = out.emplace_back();
+    point.set_unix_ms(st.Int(0));
+    if (!point.mutable_progress()->ParseFromString(st.Text(1))) {
+      return absl::DataLossError(
+          absl::StrCat("metric_points row (", job_id, ", ", st.Int(0), ") does not parse"));
+    }
+  }
+  if (absl::Status s = st.step_status(); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>>
+SqliteJobStore::LoadMetricKeys(const std::vector<std::string>& job_ids) {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
+  for (const std::string& job_id : job_ids) {
+    Statement st(db_, "SELECT unix_ms, step FROM metric_points WHERE job_id = ? ORDER BY unix_ms");
+    st.Bind(1, job_id);
+    while (st.Next()) out[job_id].emplace_back(st.Int(0), st.Int(1));
+    if (absl::Status s = st.step_status(); !s.ok()) return s;
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<StoredSearch>> SqliteJobStore::LoadSearches() {
   absl::MutexLock lock(&mu_);
   std::vector<StoredSearch> out;

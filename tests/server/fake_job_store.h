@@ -71,8 +71,11 @@ class FakeJobStore : public JobStore {
     for (const std::string& name : m.removed_queues) queues_.erase(name);
     for (const auto& [id, trial] : m.trials) trials_[id][trial.number()] = trial;
     for (const auto& key : m.removed_checkpoints) checkpoints_.erase(key);
+    for (const auto& [id, point] : m.metric_points) metric_points_[id][point.unix_ms()] = point;
+    for (const auto& [id, ms] : m.removed_metric_points) metric_points_[id].erase(ms);
     for (const std::string& id : m.removed_jobs) {
       jobs_.erase(id);
+      metric_points_.erase(id);
       events_.erase(id);
       progress_.erase(id);
       for (auto it = tasks_.begin(); it != tasks_.end();) {
@@ -219,6 +222,32 @@ class FakeJobStore : public JobStore {
     return out;
   }
 
+  absl::StatusOr<std::vector<trainyard::v1::MetricPoint>> LoadMetricHistory(
+      absl::string_view job_id, int64_t after_unix_ms) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<trainyard::v1::MetricPoint> out;
+    auto it = metric_points_.find(std::string(job_id));
+    if (it == metric_points_.end()) return out;
+    for (auto p = it->second.upper_bound(after_unix_ms); p != it->second.end(); ++p) {
+      out.push_back(p->second);
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>> LoadMetricKeys(
+      const std::vector<std::string>& job_ids) override {
+    absl::MutexLock lock(&mu_);
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
+    for (const std::string& id : job_ids) {
+      auto it = metric_points_.find(id);
+      if (it == metric_points_.end()) continue;
+      for (const auto& [ms, point] : it->second) {
+        out[id].emplace_back(ms, point.progress().step());
+      }
+    }
+    return out;
+  }
+
   // How many times LoadJob was called.
   int job_loads() const {
     absl::MutexLock lock(&mu_);
@@ -252,6 +281,7 @@ class FakeJobStore : public JobStore {
   std::map<std::string, std::map<int, trainyard::v1::Trial>> trials_;
   std::map<std::string, std::pair<std::string, trainyard::v1::TaskInfo>> tasks_;
   std::map<std::pair<std::string, int64_t>, StoredCheckpoint> checkpoints_;
+  std::map<std::string, std::map<int64_t, trainyard::v1::MetricPoint>> metric_points_;
   int64_t next_job_seq_ = 1;
   int job_loads_ = 0;
 };

@@ -1,5 +1,6 @@
 #include "server/jobs/job_manager.h"
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <filesystem>
@@ -1466,6 +1467,64 @@ TEST(JobIdFormTest, SubmissionsAndTrialsAndNothingElse) {
         "exp-s.t1.r0", "model.safetensors", "step-000000000010x", "final"}) {
     EXPECT_FALSE(IsJobIdForm(other)) << other;
   }
+}
+
+}  // namespace
+}  // namespace trainyard
+
+namespace trainyard {
+namespace {
+
+// The reports that speak for a job are its metric history: written with them, read back after a
+// time, thinned within the bound as the job goes on, and whole after the coordinator restarts.
+TEST_F(JobManagerTest, ProgressReportsAreTheJobsMetricHistoryWithinItsBound) {
+  JobManagerOptions options;
+  options.metric_history = MetricHistoryBound{10, 5, 2};
+  Reopen(options);
+  Register("w1", 1);
+  const std::string id = Submit(TestSpec("curve"));
+  manager_->Tick();
+  auto report = [&](int64_t step, int rank = 0) {
+    clock_.Advance(absl::Milliseconds(10));
+    v1::JobProgress progress;
+    progress.set_step(step);
+    progress.set_loss(1.0 / static_cast<double>(step));
+    ASSERT_TRUE(manager_->ReportProgress(id, 1, rank, progress).ok());
+  };
+  for (int64_t step = 1; step <= 100; ++step) report(step);
+  auto steps_of = [&](int64_t after_ms) {
+    absl::StatusOr<std::vector<v1::MetricPoint>> history = manager_->MetricHistoryOf(id, after_ms);
+    EXPECT_TRUE(history.ok()) << history.status();
+    std::vector<int64_t> steps;
+    for (const v1::MetricPoint& p : *history) steps.push_back(p.progress().step());
+    return steps;
+  };
+  std::vector<int64_t> steps = steps_of(0);
+  EXPECT_LE(static_cast<int64_t>(steps.size()), options.metric_history.max_points());
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.back(), 100);
+  EXPECT_LE(steps.front(), 100 / 3);  // the start of the run is still drawn, thinned
+  EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end()));
+  for (int64_t s = 90; s <= 100; ++s) {
+    EXPECT_TRUE(std::find(steps.begin(), steps.end(), s) != steps.end()) << s;
+  }
+  absl::StatusOr<std::vector<v1::MetricPoint>> all = manager_->MetricHistoryOf(id, 0);
+  ASSERT_TRUE(all.ok());
+  EXPECT_DOUBLE_EQ(all->back().progress().loss(), 0.01);
+  // What came after a point: the newest only.
+  EXPECT_EQ(steps_of((*all)[all->size() - 2].unix_ms()), std::vector<int64_t>{100});
+  // A rank behind rank 0 does not speak for the job: no point.
+  report(50, /*rank=*/1);
+  EXPECT_EQ(steps_of(0).size(), steps.size());
+
+  // After a restart the history is whole, and thinning goes on where it was.
+  Reopen(options);
+  EXPECT_EQ(steps_of(0), steps);
+  for (int64_t step = 101; step <= 200; ++step) report(step);
+  steps = steps_of(0);
+  EXPECT_LE(static_cast<int64_t>(steps.size()), options.metric_history.max_points());
+  EXPECT_EQ(steps.back(), 200);
+  EXPECT_LE(steps.front(), 200 / 3);
 }
 
 }  // namespace

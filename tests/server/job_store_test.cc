@@ -348,6 +348,10 @@ TYPED_TEST(JobStoreContract, RemovingAJobRemovesEveryRowOfIt) {
     v1::JobProgress progress;
     progress.set_step(5);
     m.progress.emplace_back(id, progress);
+    v1::MetricPoint point;
+    point.set_unix_ms(77);
+    *point.mutable_progress() = progress;
+    m.metric_points.emplace_back(id, point);
   }
   v1::Worker worker;
   worker.set_id("w-gone");
@@ -363,7 +367,8 @@ TYPED_TEST(JobStoreContract, RemovingAJobRemovesEveryRowOfIt) {
                                                         {"events", "job_id"},
                                                         {"tasks", "job_id"},
                                                         {"checkpoints", "job_id"},
-                                                        {"progress", "job_id"}}) {
+                                                        {"progress", "job_id"},
+                                                        {"metric_points", "job_id"}}) {
     EXPECT_EQ(this->CountRows(table, column, "gone-1"), 0) << table;
     EXPECT_EQ(this->CountRows(table, column, "kept-2"), 1) << table;
   }
@@ -372,6 +377,60 @@ TYPED_TEST(JobStoreContract, RemovingAJobRemovesEveryRowOfIt) {
   ASSERT_TRUE(contents.ok());
   ASSERT_EQ(contents->jobs.size(), 1u);
   EXPECT_EQ(contents->jobs[0].job.id(), "kept-2");
+}
+
+// A job's metric history: points by time, read after a time, thinned by key, and the keys read
+// back for the jobs a coordinator loads.
+TYPED_TEST(JobStoreContract, MetricHistoryIsKeptByTimeAndThinnedByKey) {
+  {
+    auto store = this->Open();
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreMutation m;
+    for (int i = 1; i <= 5; ++i) {
+      v1::MetricPoint point;
+      point.set_unix_ms(1000 * i);
+      point.mutable_progress()->set_step(10 * i);
+      point.mutable_progress()->set_loss(1.0 / i);
+      (*point.mutable_progress()->mutable_metrics())["accuracy"] = 0.1 * i;
+      m.metric_points.emplace_back("job-1", point);
+    }
+    v1::MetricPoint other;
+    other.set_unix_ms(1500);
+    other.mutable_progress()->set_step(3);
+    m.metric_points.emplace_back("job-2", other);
+    ASSERT_TRUE((*store)->Apply(m).ok());
+    // The same millisecond again replaces its point; thinning deletes by key.
+    StoreMutation later;
+    v1::MetricPoint again;
+    again.set_unix_ms(5000);
+    again.mutable_progress()->set_step(55);
+    later.metric_points.emplace_back("job-1", again);
+    later.removed_metric_points.emplace_back("job-1", 2000);
+    ASSERT_TRUE((*store)->Apply(later).ok());
+  }
+  auto store = this->Reopen();
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto all = (*store)->LoadMetricHistory("job-1", 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<int64_t> steps;
+  for (const v1::MetricPoint& p : *all) steps.push_back(p.progress().step());
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 30, 40, 55}));
+  EXPECT_EQ((*all)[1].unix_ms(), 3000);
+  EXPECT_DOUBLE_EQ((*all)[1].progress().loss(), 1.0 / 3);
+  EXPECT_DOUBLE_EQ((*all)[1].progress().metrics().at("accuracy"), 0.1 * 3);
+  auto since = (*store)->LoadMetricHistory("job-1", 3000);
+  ASSERT_TRUE(since.ok());
+  ASSERT_EQ(since->size(), 2u);
+  EXPECT_EQ((*since)[0].unix_ms(), 4000);
+  auto none = (*store)->LoadMetricHistory("no-such-job", 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  auto keys = (*store)->LoadMetricKeys({"job-1", "job-2", "job-3"});
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  ASSERT_EQ(keys->size(), 2u);
+  EXPECT_EQ(keys->at("job-1"), (std::vector<std::pair<int64_t, int64_t>>{
+                                   {1000, 10}, {3000, 30}, {4000, 40}, {5000, 55}}));
+  EXPECT_EQ(keys->at("job-2"), (std::vector<std::pair<int64_t, int64_t>>{{1500, 3}}));
 }
 
 // A coordinator starts with the jobs not finished, and the finished ones whose trainers may still
