@@ -159,3 +159,17 @@ ABSL_FLAG(std::string, worker_limits_file, "",
 ABSL_FLAG(int, max_streams_per_caller, 16,
           "Streams (WatchJob, GetJobLogs) and long polls (Sync, RendezvousGet that wait) one "
           "caller may hold open at once.");
+ABSL_FLAG(int64_t, metric_history_recent_steps, 1000,
+          "A job's metric history (the console's charts) keeps every progress report of its "
+          "newest this many steps.");
+ABSL_FLAG(int64_t, metric_history_points, 2000,
+          "...and at most this many points of the steps before them, evenly spread (thinned as "
+          "the job grows).");
+ABSL_FLAG(std::string, console_listen, "",
+          "Address (HOST:PORT) of the web console and its JSON API (docs/user-guide.md, \"The "
+          "console\"). HTTPS with --tls_cert and --tls_key; plain HTTP only on loopback (or with "
+          "--insecure). Empty: no console.");
+ABSL_FLAG(std::string, console_port_file, "",
+          "If set, once the console listens, write its port number to this file.");
+ABSL_FLAG(int64_t, console_max_body_bytes, int64_t{4} << 20,
+          "The largest JSON body the console's API reads; larger is refused with 413.");

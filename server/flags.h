@@ -55,5 +55,10 @@ ABSL_DECLARE_FLAG(absl::Duration, preemption_grace);
 ABSL_DECLARE_FLAG(absl::Duration, preemption_exempt_time);
 ABSL_DECLARE_FLAG(std::string, worker_limits_file);
 ABSL_DECLARE_FLAG(int, max_streams_per_caller);
+ABSL_DECLARE_FLAG(int64_t, metric_history_recent_steps);
+ABSL_DECLARE_FLAG(int64_t, metric_history_points);
+ABSL_DECLARE_FLAG(std::string, console_listen);
+ABSL_DECLARE_FLAG(std::string, console_port_file);
+ABSL_DECLARE_FLAG(int64_t, console_max_body_bytes);
 
 #endif  // TRAINYARD_SERVER_FLAGS_H_

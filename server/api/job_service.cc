@@ -68,8 +68,12 @@ Status JobServiceImpl::ListJobs(ServerContext* context, const v1::ListJobsReques
   std::vector<v1::JobState> states;
   for (int s : request->states()) states.push_back(static_cast<v1::JobState>(s));
   // Users list their own jobs; admins everyone's.
-  absl::StatusOr<ListJobsResult> result = manager_.ListJobs(
-      states, request->page_size(), request->page_token(), caller->admin() ? "" : caller->name);
+  JobFilter filter;
+  filter.owner = caller->admin() ? request->owner() : caller->name;
+  filter.name_contains = request->name_contains();
+  filter.queue = request->queue();
+  absl::StatusOr<ListJobsResult> result =
+      manager_.ListJobs(states, request->page_size(), request->page_token(), filter);
   if (!result.ok()) return ToGrpcStatus(result.status());
   for (v1::Job& job : result->jobs) *response->add_jobs() = std::move(job);
   response->set_next_page_token(result->next_page_token);
@@ -83,6 +87,26 @@ Status JobServiceImpl::CancelJob(ServerContext* context, const v1::CancelJobRequ
   absl::StatusOr<v1::Job> job = manager_.CancelJob(request->id(), request->reason(), caller->name);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
+  return Status::OK;
+}
+
+Status JobServiceImpl::GetJobMetrics(ServerContext* context,
+                                     const v1::GetJobMetricsRequest* request,
+                                     v1::JobMetrics* response) {
+  absl::StatusOr<Principal> caller =
+      AdmitForJob(*context, *request, "GetJobMetrics", request->id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // An admin's call was not checked against the job: an unknown one is NOT_FOUND all the same.
+  if (caller->admin()) {
+    if (absl::StatusOr<std::string> owner = manager_.JobOwner(request->id()); !owner.ok()) {
+      return ToGrpcStatus(owner.status());
+    }
+  }
+  absl::StatusOr<std::vector<v1::MetricPoint>> points =
+      manager_.MetricHistoryOf(request->id(), request->after_unix_ms());
+  if (!points.ok()) return ToGrpcStatus(points.status());
+  response->mutable_points()->Reserve(static_cast<int>(points->size()));
+  for (v1::MetricPoint& point : *points) *response->add_points() = std::move(point);
   return Status::OK;
 }
 

@@ -44,6 +44,9 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
   grpc::Status ListCheckpoints(grpc::ServerContext* context,
                                const trainyard::v1::ListCheckpointsRequest* request,
                                trainyard::v1::ListCheckpointsResponse* response) override;
+  grpc::Status GetJobMetrics(grpc::ServerContext* context,
+                             const trainyard::v1::GetJobMetricsRequest* request,
+                             trainyard::v1::JobMetrics* response) override;
   grpc::Status UploadWorkdir(grpc::ServerContext* context,
                              grpc::ServerReader<trainyard::v1::UploadWorkdirRequest>* reader,
                              trainyard::v1::UploadWorkdirResponse* response) override;

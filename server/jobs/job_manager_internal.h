@@ -27,6 +27,8 @@ inline constexpr int kDefaultPageSize = 100;
 // it gone: above the agents' default stop grace period, bounded for tasks an agent never saw.
 inline constexpr absl::Duration kStoppingHold = absl::Seconds(60);
 inline constexpr int kMaxPageSize = 1000;
+// The most finished jobs one ListJobs filtered by name or queue reads from the store.
+inline constexpr int kMaxListScan = 5000;
 // Between passes triggered by changes, the scheduler looks at the whole queue at least this
 // often (everything time-driven, such as backoffs and holds, is also woken up on time).
 inline constexpr absl::Duration kFullSchedulePeriod = absl::Seconds(10);

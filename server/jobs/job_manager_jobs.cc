@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -36,6 +37,7 @@ using job_manager_internal::IsShard;
 using job_manager_internal::kDefaultPageSize;
 using job_manager_internal::kFinalLogGrace;
 using job_manager_internal::kLogChunkBytes;
+using job_manager_internal::kMaxListScan;
 using job_manager_internal::kMaxPageSize;
 using job_manager_internal::kPageTokenPrefix;
 using job_manager_internal::kStoppingHold;
@@ -86,9 +88,22 @@ absl::StatusOr<v1::Job> JobManager::GetJob(absl::string_view id) const {
   return std::move(record->job.job);
 }
 
+bool JobFilter::Matches(const v1::Job& job) const {
+  if (!owner.empty() && job.owner() != owner) return false;
+  if (!name_contains.empty() &&
+      !absl::StrContains(absl::AsciiStrToLower(job.name()), absl::AsciiStrToLower(name_contains))) {
+    return false;
+  }
+  if (!queue.empty()) {
+    const std::string& q = job.spec().queue();
+    if (q != queue && !(q.empty() && queue == kDefaultQueue)) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobState>& states,
                                                     int page_size, absl::string_view page_token,
-                                                    absl::string_view owner) const {
+                                                    const JobFilter& filter) const {
   if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");
   if (page_size == 0) page_size = kDefaultPageSize;
   page_size = std::min(page_size, kMaxPageSize);
@@ -113,28 +128,49 @@ absl::StatusOr<ListJobsResult> JobManager::ListJobs(const std::vector<v1::JobSta
       const JobEntry* entry = FindLocked(it->second);
       if (entry == nullptr) continue;
       if (!wanted.empty() && !wanted.count(entry->job.state())) continue;
-      if (!owner.empty() && entry->job.owner() != owner) continue;
+      if (!filter.Matches(entry->job)) continue;
       v1::Job job = entry->job;
       job.clear_events();
       page.emplace(it->first, std::move(job));
     }
   }
-  absl::StatusOr<std::vector<StoredJob>> stored =
-      store_->ListFinishedJobs(states, before, page_size + 1, owner);
-  if (!stored.ok()) return stored.status();
-  for (StoredJob& j : *stored) {
-    if (!states.empty() && !wanted.count(j.job.state())) continue;
-    page.emplace(j.seq, std::move(j.job));  // no-op where memory had it
+  // The store's finished jobs, read in batches while filters leave the page short; `floor` is
+  // where a read cut short by kMaxListScan stopped (jobs below it are for the next page).
+  int64_t cursor = before;
+  int64_t floor = 0;
+  int matched = 0;
+  for (int scanned = 0; matched <= page_size;) {
+    const int batch = filter.by_content() ? std::max(page_size + 1, 200) : page_size + 1;
+    absl::StatusOr<std::vector<StoredJob>> stored =
+        store_->ListFinishedJobs(states, cursor, batch, filter.owner);
+    if (!stored.ok()) return stored.status();
+    for (StoredJob& j : *stored) {
+      cursor = std::min(cursor, j.seq);
+      if (!states.empty() && !wanted.count(j.job.state())) continue;
+      if (!filter.Matches(j.job)) continue;
+      ++matched;
+      page.emplace(j.seq, std::move(j.job));  // no-op where memory had it
+    }
+    scanned += static_cast<int>(stored->size());
+    if (static_cast<int>(stored->size()) < batch) break;  // the store has no more
+    if (scanned >= kMaxListScan && matched <= page_size) {
+      floor = cursor;
+      break;
+    }
   }
   ListJobsResult result;
   int64_t last_seq = 0;
   for (auto& [seq, job] : page) {
+    if (seq < floor) break;
     if (static_cast<int>(result.jobs.size()) == page_size) {
       result.next_page_token = absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, last_seq));
       break;
     }
     result.jobs.push_back(std::move(job));
     last_seq = seq;
+  }
+  if (floor > 0 && result.next_page_token.empty()) {
+    result.next_page_token = absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, floor));
   }
   return result;
 }
