@@ -22,11 +22,13 @@ packages=(
   # training runtime
   libtorch-dev libopenblas0-pthread libgloo-dev
   # libraries
-  libabsl-dev prometheus-cpp-dev libcivetweb-dev libarchive-dev libgtest-dev libgmock-dev libsqlite3-dev libpq-dev
+  libabsl-dev prometheus-cpp-dev libcivetweb-dev libcpp-httplib-dev libarchive-dev libgtest-dev libgmock-dev libsqlite3-dev libpq-dev
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
   # test-only tools
   awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint
   openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables iptables
+  # the console's browser test: a real headless Chromium driven by Selenium
+  chromium chromium-driver python3-selenium
   # the PostgreSQL store's tests start their own server from these binaries (no service)
   postgresql
   # the structure check (scripts/check_structure.py): function ends and formatting

@@ -42,6 +42,8 @@
 #include "common/storage/uri.h"
 #include "server/api/coordinator_server.h"
 #include "server/api/metrics.h"
+#include "server/console/console_server.h"
+#include "server/console/json_gateway.h"
 #include "server/flags.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/workdir_store.h"
@@ -118,6 +120,12 @@ absl::Status ReadManagerOptions(const std::string& checkpoint_root, JobManagerOp
   if (options.lost_worker_retention <= absl::ZeroDuration()) {
     return bad("--lost_worker_retention: must be positive");
   }
+  options.metric_history.recent_steps = absl::GetFlag(FLAGS_metric_history_recent_steps);
+  options.metric_history.old_points = absl::GetFlag(FLAGS_metric_history_points);
+  if (options.metric_history.recent_steps < 0) {
+    return bad("--metric_history_recent_steps: must be >= 0");
+  }
+  if (options.metric_history.old_points < 3) return bad("--metric_history_points: must be >= 3");
   options.scheduler_policy.backfill = absl::GetFlag(FLAGS_backfill);
   options.scheduler_policy.fair_share = absl::GetFlag(FLAGS_fair_share);
   options.scheduler_policy.preemption = absl::GetFlag(FLAGS_preemption);
@@ -203,11 +211,61 @@ absl::StatusOr<std::unique_ptr<Authenticator>> LoadTokens(StateStores& stores,
   return auth;
 }
 
+// The console stops calling the server, and the calls it has in flight end (the server's
+// shutdown cancels its streams), before the server goes.
+void StopConsoleCalls(ConsoleServer* console, std::shared_ptr<const JsonGateway>& gateway) {
+  if (console == nullptr || gateway == nullptr) return;
+  console->SetGateway(nullptr);
+  const absl::Time deadline = RealClock::Get().Now() + absl::Seconds(10);
+  while (gateway.use_count() > 1 && RealClock::Get().Now() < deadline) {
+    RealClock::Get().SleepFor(absl::Milliseconds(10));
+  }
+  gateway.reset();
+}
+
+// The console, when --console_listen asks for one: HTTPS with the API's certificate, plain HTTP
+// only on loopback or with --insecure. Null with `error` set when it cannot start.
+std::unique_ptr<ConsoleServer> StartConsole(const ServerTls& tls, std::string* error) {
+  ConsoleOptions options;
+  options.listen = absl::GetFlag(FLAGS_console_listen);
+  if (options.listen.empty()) return nullptr;
+  options.tls_cert_file = tls.cert_file;
+  options.tls_key_file = tls.key_file;
+  options.max_body_bytes = absl::GetFlag(FLAGS_console_max_body_bytes);
+  if (options.max_body_bytes < 1024) {
+    *error = "--console_max_body_bytes: must be at least 1024";
+    return nullptr;
+  }
+  if (tls.cert_file.empty() && !IsLoopbackAddress(options.listen)) {
+    if (!absl::GetFlag(FLAGS_insecure)) {
+      *error = absl::StrCat("--console_listen=", options.listen,
+                            " is not loopback and there is no TLS: give --tls_cert and --tls_key, "
+                            "or --insecure to serve plain HTTP (tokens then travel in clear)");
+      return nullptr;
+    }
+    LogWarning("console: serving plain HTTP on ", options.listen, " (--insecure)");
+  }
+  absl::StatusOr<std::unique_ptr<ConsoleServer>> console = ConsoleServer::Start(options);
+  if (!console.ok()) {
+    *error = absl::StrCat("--console_listen: ", console.status().message());
+    return nullptr;
+  }
+  if (const std::string port_file = absl::GetFlag(FLAGS_console_port_file); !port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, (*console)->port()); !s.ok()) {
+      *error = absl::StrCat("--console_port_file: ", s.ToString());
+      return nullptr;
+    }
+  }
+  LogInfo("console at ", (*console)->url());
+  return *std::move(console);
+}
+
 // What the leader serves, until a stop signal: the job manager and the searches over the stores,
 // the API, and the lease let go of at the end.
 int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions options,
          int64_t max_task_log_bytes, CoordinatorMetrics& metrics,
-         CoordinatorServerOptions server_options, const std::string& description) {
+         CoordinatorServerOptions server_options, ConsoleServer* console,
+         const std::string& description) {
   options.task_credential_key = stores.task_key;
   options.event_sink = &metrics;
   // s3:// models are read at submission with the S3 settings of this process's environment (as
@@ -277,10 +335,16 @@ int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions op
     }
   }
 
+  // The console's calls go to this server from now on, until it goes.
+  auto gateway = std::make_shared<const JsonGateway>((*server)->InProcessChannel());
+  if (console != nullptr) console->SetGateway(gateway);
+  absl::Cleanup no_console = [console, &gateway] { StopConsoleCalls(console, gateway); };
+
   const int signal_number = WaitForSignal();
   LogInfo("signal ", signal_number, ": shutting down");
   (*server)->Shutdown(absl::Seconds(5));
   std::move(no_serving).Invoke();
+  std::move(no_console).Invoke();
   server->reset();
   std::move(no_snapshots).Invoke();
   searches->reset();
@@ -372,9 +436,20 @@ int Run() {
     return 1;
   }
   server_options.credentials = *credentials;
+  // The console answers from the start: standing by, its API names the leader.
+  std::string console_error;
+  std::unique_ptr<ConsoleServer> console = StartConsole(tls, &console_error);
+  if (!console_error.empty()) {
+    LogError(console_error);
+    return 1;
+  }
+  ConsoleServer* console_ptr = console.get();
   bool stopped = false;
   std::optional<StateStores> stores =
-      OpenStores(abs_state, server_options.listen, *credentials, SignalWithin, &stopped);
+      OpenStores(abs_state, server_options.listen, *credentials, SignalWithin, &stopped,
+                 [console_ptr](const std::string& leader) {
+                   if (console_ptr != nullptr) console_ptr->SetLeader(leader);
+                 });
   if (!stores.has_value()) {
     if (stopped) LogInfo("stopped while standing by");
     return stopped ? 0 : 1;
@@ -386,6 +461,7 @@ int Run() {
   }
   metrics->SetLeader(true);
   return Lead(*stores, abs_state, std::move(options), max_task_log_bytes, *metrics, server_options,
+              console.get(),
               absl::StrCat(tls.cert_file.empty() ? "" : " (TLS)", " (state ", abs_state,
                            ", checkpoints ", checkpoint_root, ")"));
 }

@@ -141,7 +141,8 @@ std::unique_ptr<LeaderLease> OpenLease(const pg::ConnectOptions& options, const 
 // when it cannot stand by, or when a stop signal came (`stopped` set).
 bool StandBy(StateStores& stores, const pg::ConnectOptions& options, const std::string& listen,
              std::shared_ptr<grpc::ServerCredentials> credentials, absl::Duration lease_length,
-             const SignalWait& signal_within, std::unique_ptr<StandbyCopy>* copy, bool* stopped) {
+             const SignalWait& signal_within, const LeaderSeen& leader_seen,
+             std::unique_ptr<StandbyCopy>* copy, bool* stopped) {
   absl::StatusOr<std::unique_ptr<StandbyServer>> standby_api =
       StandbyServer::Start(listen, credentials);
   if (!standby_api.ok()) {
@@ -173,6 +174,7 @@ bool StandBy(StateStores& stores, const pg::ConnectOptions& options, const std::
   const bool led = WaitToLead(*stores.lease, poll, signal_within, [&](const std::string& leader) {
     (*standby_api)->SetLeader(leader);
     if (standby_health != nullptr) standby_health->SetLeader(leader);
+    if (leader_seen) leader_seen(leader);
   });
   // The leader's own servers take the ports.
   standby_api->reset();
@@ -300,7 +302,8 @@ int MigrateState(const std::string& abs_state) {
 
 std::optional<StateStores> OpenStores(const std::string& abs_state, const std::string& listen,
                                       std::shared_ptr<grpc::ServerCredentials> credentials,
-                                      const SignalWait& signal_within, bool* stopped) {
+                                      const SignalWait& signal_within, bool* stopped,
+                                      const LeaderSeen& leader_seen) {
   const std::string store = absl::GetFlag(FLAGS_store);
   if (store.empty()) return OpenSqlite(abs_state);
   std::optional<pg::ConnectOptions> parsed = PostgresOptionsFromFlags();
@@ -332,8 +335,8 @@ std::optional<StateStores> OpenStores(const std::string& abs_state, const std::s
   LogInfo("store: PostgreSQL at ", pg::RedactConninfo(store), " as ", holder, "; waiting to lead");
   const auto waited = MonotonicNow();
   std::unique_ptr<StandbyCopy> copy;
-  if (!StandBy(stores, options, listen, std::move(credentials), lease_length, signal_within, &copy,
-               stopped)) {
+  if (!StandBy(stores, options, listen, std::move(credentials), lease_length, signal_within,
+               leader_seen, &copy, stopped)) {
     return std::nullopt;
   }
   LogInfo("leading (lease token ", stores.lease->fence().token, ") after ", SecondsSince(waited),

@@ -34,6 +34,8 @@ struct StateStores {
 
 // Waits up to a time for a stop signal: true if one came.
 using SignalWait = std::function<bool(absl::Duration)>;
+// Told, while standing by, the address of the leader whenever it changes (empty: none leads).
+using LeaderSeen = std::function<void(const std::string&)>;
 
 // Holds --state_dir for this process (flock on its coordinator.lock, released at exit): two
 // coordinators on one state folder would both schedule. False (logged) when another holds it.
@@ -44,11 +46,12 @@ bool LockStateDir(const std::string& abs_state);
 int MigrateState(const std::string& abs_state);
 
 // SQLite in the state folder; or PostgreSQL, after waiting to lead, standing by on `listen`
-// meanwhile. Returns nullopt after logging why when it cannot, or when a stop signal came while
-// standing by (`stopped` set).
+// meanwhile (telling `leader_seen`, when set, who leads). Returns nullopt after logging why when
+// it cannot, or when a stop signal came while standing by (`stopped` set).
 std::optional<StateStores> OpenStores(const std::string& abs_state, const std::string& listen,
                                       std::shared_ptr<grpc::ServerCredentials> credentials,
-                                      const SignalWait& signal_within, bool* stopped);
+                                      const SignalWait& signal_within, bool* stopped,
+                                      const LeaderSeen& leader_seen = nullptr);
 
 }  // namespace trainyard
 
