@@ -235,6 +235,16 @@ std::vector<CommandSpec> AdminCommands() {
          "NAME",
          "Show a queue and its jobs not finished, in line order.",
          {"output"}}}},
+      {"console",
+       "",
+       "Print a login link to the web console for your credentials (or open it).",
+       {{"url", '\0', true, "URL",
+         "the console's address (default: $TRAINYARD_CONSOLE_URL, else the one `trainyard up` "
+         "noted for this coordinator)"},
+        {"open", '\0', false, "", "open the link in a browser (xdg-open)"}},
+       0,
+       0,
+       {}},
       {"up",
        "",
        "Run a local cluster (coordinator and workers) in the foreground.",
@@ -265,6 +275,45 @@ grpc::ChannelArguments ChannelArguments() {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 * 1024 * 1024);
   return args;
+}
+
+// `trainyard console`: the console's URL with the token in its fragment (#token=...), which the
+// browser keeps for the tab and never sends to the server.
+int ConsoleLink(const ParsedArgs& args, const std::string& address,
+                const ClientCredentials& credentials) {
+  std::string url = args.Get("url");
+  if (url.empty()) {
+    const char* env = std::getenv("TRAINYARD_CONSOLE_URL");
+    if (env != nullptr) url = env;
+  }
+  if (url.empty()) {
+    absl::StatusOr<std::string> noted =
+        ReadCredentialFile(LocalCredentialsDir(address) + "/console_url");
+    if (noted.ok()) url = *noted;
+  }
+  if (url.empty()) {
+    std::cerr << "error: where is the console? Give --url https://HOST:PORT/ or set "
+                 "TRAINYARD_CONSOLE_URL (the coordinator serves it on its --console_listen)\n";
+    return kExitUsage;
+  }
+  if (credentials.token.empty()) {
+    std::cerr << "error: the console logs in with a token, and none is set (--token-file, "
+                 "TRAINYARD_TOKEN): a client certificate does not carry over to a browser\n";
+    return kExitUsage;
+  }
+  if (!absl::EndsWith(url, "/")) url += "/";
+  const std::string link = absl::StrCat(url, "#token=", credentials.token);
+  std::cout << link << "\n"
+            << "(the link holds your token: it is for you alone)\n";
+  if (args.Has("open")) {
+    SubprocessOptions opener;
+    opener.argv = {"xdg-open", link};
+    if (absl::StatusOr<pid_t> pid = StartSubprocess(opener); !pid.ok()) {
+      std::cerr << "error: cannot open a browser: " << pid.status().message() << "\n";
+      return 1;
+    }
+  }
+  return 0;
 }
 
 int Up(const ParsedArgs& args) {
@@ -400,6 +449,7 @@ int RunCli(const std::vector<std::string>& argv) {
     std::cerr << "error: " << channel.status().message() << "\n";
     return kExitUsage;
   }
+  if (parsed->command == "console") return ConsoleLink(*parsed, address, *credentials);
   WaitForLeader(CoordinatorAddresses(address).size() > 1);
   Client client(address, *parsed, *std::move(channel), *stores);
   const std::string& name = parsed->command;

@@ -155,6 +155,8 @@ struct LocalCluster {
   // by the kernel when the port is).
   int MetricsBase() const { return options.port == 0 ? 0 : options.port + 1; }
   int MetricsPort(int offset) const { return MetricsBase() == 0 ? 0 : MetricsBase() + offset; }
+  // The web console on port+1000 (picked by the kernel when the port is).
+  int ConsolePort() const { return options.port == 0 ? 0 : options.port + 1000; }
   std::vector<Child*> All() {
     std::vector<Child*> all;
     for (Child& c : children) all.push_back(&c);
@@ -168,6 +170,7 @@ struct LocalCluster {
   int gpus = 0;
   std::vector<Child> children;  // the coordinator first; reserved, so that pointers stay
   std::string address;
+  std::string console_url;  // "http://127.0.0.1:PORT/"
   std::string admin_token;
   std::string cli_dir;  // where the CLI on this machine finds the admin token for `address`
 };
@@ -206,7 +209,9 @@ bool StartCoordinator(LocalCluster& c) {
                       "--state_dir=" + c.state_dir, "--port_file=" + port_file,
                       // One machine, one user: jobs may read whatever that user can.
                       "--allowed_local_paths=*",
-                      absl::StrCat("--metrics_listen=127.0.0.1:", c.MetricsPort(0))};
+                      absl::StrCat("--metrics_listen=127.0.0.1:", c.MetricsPort(0)),
+                      absl::StrCat("--console_listen=127.0.0.1:", c.ConsolePort()),
+                      "--console_port_file=" + c.state_dir + "/console.port"};
   coordinator.output_file = c.state_dir + "/logs/coordinator.log";
   absl::StatusOr<pid_t> pid = StartSubprocess(coordinator);
   if (!pid.ok()) {
@@ -219,6 +224,11 @@ bool StartCoordinator(LocalCluster& c) {
     absl::StatusOr<int> parsed = ParsePortFile(ReadAll(port_file));
     if (parsed.ok()) {
       c.address = absl::StrCat("127.0.0.1:", *parsed);
+      // The console listens before the API does: its port file is there by now.
+      if (absl::StatusOr<int> console = ParsePortFile(ReadAll(c.state_dir + "/console.port"));
+          console.ok()) {
+        c.console_url = absl::StrCat("http://127.0.0.1:", *console, "/");
+      }
       return true;
     }
     if (ReapDead(c.children) != nullptr) return false;
@@ -261,6 +271,10 @@ std::unique_ptr<v1::AdminService::Stub> ConnectAdmin(LocalCluster& c) {
   if (absl::Status s = WriteSecretFile(c.cli_dir + "/token", c.admin_token + "\n"); !s.ok()) {
     std::cerr << "warning: the CLI will need --token-file " << c.state_dir
               << "/admin.token: " << s.message() << "\n";
+  }
+  // Where `trainyard console` finds the console of this address.
+  if (!c.console_url.empty()) {
+    WriteSecretFile(c.cli_dir + "/console_url", c.console_url + "\n").IgnoreError();
   }
   return v1::AdminService::NewStub(*admin_channel);
 }
@@ -305,6 +319,11 @@ void PrintRunning(const LocalCluster& c) {
                                : absl::StrCat("Metrics: http://127.0.0.1:", c.MetricsBase(),
                                               "/metrics (coordinator), ports ", c.MetricsPort(1),
                                               "-", c.MetricsPort(workers), " (workers)\n"))
+      << (c.console_url.empty()
+              ? std::string()
+              : absl::StrCat("Console: ", c.console_url, "#token=", c.admin_token,
+                             "\n  (a login link with the admin token: for you alone; "
+                             "`trainyard console` prints it again)\n"))
       << "\n"
       << "In another terminal:\n"
       << "  export TRAINYARD_COORDINATOR=" << c.address << "\n"
