@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/rpc/channel.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/common/postgres_server.h"
@@ -147,6 +148,19 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   Job logged;
   std::string log_before;
   ASSERT_NO_FATAL_FAILURE(RunWithLog(cluster, "logged", &logged, &log_before));
+  // Its metric history (what the console charts), read from the leader before the kill.
+  auto history = [&](const std::string& id) {
+    grpc::ClientContext context;
+    v1::GetJobMetricsRequest request;
+    request.set_id(id);
+    v1::JobMetrics metrics;
+    const grpc::Status status = cluster.jobs().GetJobMetrics(&context, request, &metrics);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return metrics;
+  };
+  const v1::JobMetrics history_before = history(logged.id());
+  ASSERT_GE(history_before.points_size(), 1);
+  EXPECT_EQ(history_before.points(history_before.points_size() - 1).progress().step(), 30);
   auto a = SubmitAndHold(cluster, "train-a", TrainingJob("train-a", 400), 30, 25);
   ASSERT_TRUE(a.ok()) << a.status();
   auto b = SubmitAndHold(cluster, "train-b", TrainingJob("train-b", 400), 30, 25);
@@ -198,6 +212,9 @@ TEST_F(FailoverTest, KillingTheLeaderLosesNoStepAndNoSubmission) {
   auto log_after = cluster.Logs(logged.id());
   ASSERT_TRUE(log_after.ok()) << log_after.status();
   EXPECT_EQ(*log_after, log_before);
+  // And the whole metric history.
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(history_before, history(logged.id())));
   cluster.Release("train-b");
   // The trainers kept training: the same attempt, adopted by the new leader, never a second.
   for (const auto& running : {*a, *b}) {

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 #include "common/storage/checkpoint_layout.h"
 #include "common/storage/object_store.h"
 #include "common/storage/uri.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/cluster.h"
@@ -320,6 +322,44 @@ TEST(JobLifecycleTest, StateSurvivesACoordinatorRestart) {
   EXPECT_EQ(job->events(0).to(), v1::PENDING);
   // A job that cannot be placed says why.
   EXPECT_FALSE(job->reason().empty());
+}
+
+// A finished job's metric history (what the console charts) is in the store: whole after the
+// coordinator is killed (-9) and started again.
+TEST(JobLifecycleTest, AFinishedJobsMetricHistoryIsWholeAfterAKill9) {
+  Cluster cluster;
+  // Held at step 20 until the first points are in, so that the run reports more than its end.
+  cluster.Hold("charted", 20);
+  auto submitted = cluster.Submit(SyntheticJob("charted", 60));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto history = [&]() {
+    grpc::ClientContext context;
+    v1::GetJobMetricsRequest request;
+    request.set_id(submitted->id());
+    v1::JobMetrics metrics;
+    const grpc::Status status = cluster.jobs().GetJobMetrics(&context, request, &metrics);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return metrics;
+  };
+  ASSERT_TRUE(
+      cluster
+          .WaitFor(submitted->id(), [](const v1::Job& job) { return job.progress().step() == 20; })
+          .ok());
+  cluster.Release("charted");
+  auto done = cluster.WaitForFinal(submitted->id());
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  const v1::JobMetrics before = history();
+  ASSERT_GE(before.points_size(), 2);
+  EXPECT_TRUE(std::any_of(before.points().begin(), before.points().end(),
+                          [](const v1::MetricPoint& p) { return p.progress().step() == 20; }));
+  EXPECT_EQ(before.points(before.points_size() - 1).progress().step(), 60);
+  cluster.KillCoordinator(SIGKILL);
+  cluster.StartCoordinator();
+  const v1::JobMetrics after = history();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(before, after))
+      << before.DebugString() << "\n---\n"
+      << after.DebugString();
 }
 
 }  // namespace
