@@ -159,8 +159,8 @@ absl::StatusOr<JsonMethod> JsonGateway::Find(absl::string_view name) {
       const google::protobuf::MethodDescriptor* m =
           s == nullptr ? nullptr : s->FindMethodByName(std::string(parts[1]));
       if (m == nullptr || m->client_streaming()) break;
-      return JsonMethod{m, absl::StrCat("/", s->full_name(), "/", m->name()),
-                        m->server_streaming()};
+      return JsonMethod{m, absl::StrCat("/", s->full_name(), "/", m->name()), m->server_streaming(),
+                        m->name() != "GetJobMetrics"};
     }
   }
   return absl::NotFoundError(
@@ -187,6 +187,7 @@ absl::StatusOr<std::unique_ptr<JsonCall>> JsonGateway::Start(const JsonMethod& m
   }
   std::unique_ptr<JsonCall> call(new JsonCall());
   call->method_ = method.method;
+  call->print_defaults_ = method.print_defaults;
   call->stub_ = std::make_unique<grpc::GenericStub>(channel_);
   if (!bearer.empty()) call->context_.AddMetadata("authorization", absl::StrCat("Bearer ", bearer));
   if (!method.server_streaming) {
@@ -233,7 +234,7 @@ JsonCall::Next JsonCall::Read(std::string* json, absl::Duration wait) {
   google::protobuf::MessageFactory* factory = google::protobuf::MessageFactory::generated_factory();
   std::unique_ptr<Message> response(factory->GetPrototype(method_->output_type())->New());
   google::protobuf::util::JsonPrintOptions print;
-  print.always_print_primitive_fields = true;
+  print.always_print_primitive_fields = print_defaults_;
   json->clear();
   if (!FromBuffer(buffer_, response.get()) ||
       !google::protobuf::util::MessageToJsonString(*response, json, print).ok()) {

@@ -36,6 +36,9 @@ struct JsonMethod {
   const google::protobuf::MethodDescriptor* method = nullptr;
   std::string path;  // "/trainyard.v1.JobService/GetJob": gRPC's name of it
   bool server_streaming = false;
+  // Answers carry every field, defaults included, except where they are long lists of numbers
+  // (GetJobMetrics: a field at its default is left out, as protobuf's JSON mapping does).
+  bool print_defaults = true;
 };
 
 // One call in flight: its answers are read one at a time, as a stream is. Not thread-safe.
@@ -56,13 +59,18 @@ class JsonCall {
   void Cancel();
   // How the call ended; only after Read returned kEnd.
   grpc::Status Finish();
+  // Holds `owner` (the gateway the call came from) for as long as the call lives, so that whoever
+  // waits for the gateway to be let go also waits for the calls it started, streams included.
+  void Hold(std::shared_ptr<const void> owner) { owner_ = std::move(owner); }
 
  private:
   friend class JsonGateway;
   JsonCall() = default;
   bool Await();  // the one operation in flight: whether it succeeded
 
+  std::shared_ptr<const void> owner_;  // first: released after everything below
   const google::protobuf::MethodDescriptor* method_ = nullptr;
+  bool print_defaults_ = true;
   std::unique_ptr<grpc::GenericStub> stub_;
   grpc::CompletionQueue cq_;
   grpc::ClientContext context_;

@@ -36,6 +36,20 @@ WAIT = 60  # seconds any one thing may take to show, on a loaded machine
 PAYLOAD = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
 
+# A small ASHA search: 4 trials, rungs ending at steps 10, 30 and 90.
+SEARCH = """name: console-asha
+searcher: {name: asha, metric: loss, max_trials: 4, max_concurrent_trials: 2, max_length: 90,
+           divisor: 3, max_rungs: 3, seed: 3}
+hyperparameters:
+  optimizer.lr: {type: log, min: 1e-3, max: 1e-1}
+template:
+  model: {builtin: mlp, args: {inputs: 16, hidden: [16], classes: 4}}
+  data: {synthetic: {samples: 512, features: 16, classes: 4, noise: 0.5}}
+  batch_size: 32
+  optimizer: {name: sgd}
+"""
+
+
 def job_yaml(name, max_steps):
     return f"""name: {name}
 strategy: single
@@ -257,7 +271,7 @@ def check_users_apart(cluster, browser, bob, demo, bob_job):
     assert browser.text("#job-facts") == "", "a user saw another user's job's page"
 
 
-def check_other_pages(cluster, browser):
+def check_other_pages(cluster, browser, search):
     browser.find("#logout").click()
     browser.log_in(cluster.url, cluster.admin.token)
     for page, css in (("workers", "#workers table"), ("queues", "#queues table"),
@@ -266,7 +280,18 @@ def check_other_pages(cluster, browser):
         browser.wait(f"the {page} page", lambda: browser.finds(css))
         if page == "workers":
             browser.wait("the worker", lambda: "worker-1" in browser.text("#workers"))
+        if page == "searches":
+            browser.wait("the search", lambda: search in browser.text("#searches"))
         browser.shot(page)
+    # The search, once its trials have ended: each trial's objective at each rung it reached.
+    wait_until("the search to end", lambda: cluster.admin.call(
+        "SearchService/GetSearch", {"id": search})["state"] != "SEARCH_RUNNING", timeout=240)
+    trials = cluster.admin.call("SearchService/GetSearch", {"id": search})["trials"]
+    browser.go(f"{cluster.url}#/search/{search}")
+    browser.wait("every trial", lambda: len(browser.finds("#trials tbody tr")) == len(trials))
+    browser.wait("the chart", lambda: browser.finds("#search-chart canvas"))
+    assert "SUCCEEDED" in browser.text("main"), browser.text("main")
+    browser.shot("search")
 
 
 def run(args, root):
@@ -288,6 +313,7 @@ program:
   command: [/usr/bin/python3, -c, {json.dumps(f"print({PAYLOAD!r}, flush=True)")}]
 """})["id"]
         bob_job = bob.call("JobService/SubmitJob", {"specYaml": job_yaml("bob-job", 20)})["id"]
+        search = alice.call("SearchService/SubmitSearch", {"specYaml": SEARCH})["id"]
         wait_until("console-events to run",
                    lambda: alice.call("JobService/GetJob", {"id": events_job})["state"] == "RUNNING")
         alice.call("JobService/CancelJob", {"id": events_job, "reason": PAYLOAD})
@@ -299,13 +325,13 @@ program:
         check_job_page(cluster, browser, alice, demo)
         check_text_only(cluster, browser, alice, events_job, xss_job)
         check_users_apart(cluster, browser, bob, demo, bob_job)
-        check_other_pages(cluster, browser)
+        check_other_pages(cluster, browser, search)
         browser.take_console_messages()
         blocked = [m for m in browser.console_messages if "Content Security Policy" in m]
         assert not blocked, "the CSP blocked something:\n" + "\n".join(blocked)
         if args.readme_images:
             os.makedirs(args.readme_images, exist_ok=True)
-            for name in ("jobs", "job", "workers"):
+            for name in ("jobs", "job", "workers", "search"):
                 shutil.copy(os.path.join(args.out, f"console-{name}.png"), args.readme_images)
         print(f"browser_test: passed; screenshots in {args.out}")
     finally:

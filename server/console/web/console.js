@@ -37,7 +37,8 @@ function table(headers, rows) {
 }
 
 function stateBadge(state) {
-  return el("span", {class: `state state-${state}`}, String(state).replace("TRIAL_", ""));
+  return el("span", {class: `state state-${state}`},
+            String(state).replace(/^(TRIAL|SEARCH|TASK)_/, ""));
 }
 
 const num = (v) => Number(v || 0);
@@ -287,13 +288,17 @@ function jobsView(params) {
 // ---- Charts -----------------------------------------------------------------------------------
 
 // The series a job's history is drawn as: [title, [[label, value-of-progress], ...]].
+// (A metric history's points leave out fields at their defaults: an absent time is 0 s, an
+// absent loss or rate is not drawn.)
 const CHARTS = [
-  ["Loss", [["loss", (p) => p.loss], ["validation loss", (p) => (p.hasValLoss ? p.valLoss : null)]]],
-  ["Validation accuracy", [["accuracy", (p) => (p.hasValAccuracy ? p.valAccuracy : null)]]],
-  ["Samples/s", [["samples/s", (p) => p.samplesPerSecond]]],
-  ["Step time (s)", [["data wait", (p) => p.dataWaitSeconds], ["compute", (p) => p.computeSeconds],
-                     ["communication", (p) => p.communicationSeconds],
-                     ["checkpoint", (p) => p.checkpointSeconds]]],
+  ["Loss", [["loss", (p) => p.loss ?? null],
+            ["validation loss", (p) => (p.hasValLoss ? p.valLoss ?? 0 : null)]]],
+  ["Validation accuracy", [["accuracy", (p) => (p.hasValAccuracy ? p.valAccuracy ?? 0 : null)]]],
+  ["Samples/s", [["samples/s", (p) => p.samplesPerSecond ?? null]]],
+  ["Step time (s)", [["data wait", (p) => p.dataWaitSeconds || 0],
+                     ["compute", (p) => p.computeSeconds || 0],
+                     ["communication", (p) => p.communicationSeconds || 0],
+                     ["checkpoint", (p) => p.checkpointSeconds || 0]]],
 ];
 const COLORS = ["#2f6fde", "#d9822b", "#2a8a4a", "#b63f9a", "#6b7385"];
 
@@ -320,6 +325,7 @@ class JobCharts {
   add(points) {
     for (const p of points) {
       this.points.push(p);
+      p.progress = p.progress || {};
       for (const name of Object.keys(p.progress.metrics || {})) this.custom.add(name);
     }
   }
@@ -340,7 +346,7 @@ class JobCharts {
   data(series) {
     const byStep = this.xAxis === "step";
     const rows = this.points.map((p) => ({
-      x: byStep ? num(p.progress.step) : num(p.unixMs) / 1000, p: p.progress}));
+      x: byStep ? num(p.progress && p.progress.step) : num(p.unixMs) / 1000, p: p.progress || {}}));
     if (byStep) rows.sort((a, b) => a.x - b.x);
     return [rows.map((r) => r.x), ...series.map(([, f]) => rows.map((r) => {
       const v = f(r.p);
