@@ -237,7 +237,7 @@ std::vector<CommandSpec> AdminCommands() {
          {"output"}}}},
       {"console",
        "",
-       "Print a login link to the web console for your credentials (or open it).",
+       "Print a one-time login link to the web console for your credentials (or open it).",
        {{"url", '\0', true, "URL",
          "the console's address (default: $TRAINYARD_CONSOLE_URL, else the one `trainyard up` "
          "noted for this coordinator)"},
@@ -277,10 +277,10 @@ grpc::ChannelArguments ChannelArguments() {
   return args;
 }
 
-// `trainyard console`: the console's URL with the token in its fragment (#token=...), which the
-// browser keeps for the tab and never sends to the server.
+// `trainyard console`: the console's URL with a one-time login code for the caller after `#`
+// (which browsers never send to a server).
 int ConsoleLink(const ParsedArgs& args, const std::string& address,
-                const ClientCredentials& credentials) {
+                const std::shared_ptr<grpc::Channel>& channel) {
   std::string url = args.Get("url");
   if (url.empty()) {
     const char* env = std::getenv("TRAINYARD_CONSOLE_URL");
@@ -296,15 +296,19 @@ int ConsoleLink(const ParsedArgs& args, const std::string& address,
                  "TRAINYARD_CONSOLE_URL (the coordinator serves it on its --console_listen)\n";
     return kExitUsage;
   }
-  if (credentials.token.empty()) {
-    std::cerr << "error: the console logs in with a token, and none is set (--token-file, "
-                 "TRAINYARD_TOKEN): a client certificate does not carry over to a browser\n";
-    return kExitUsage;
-  }
   if (!absl::EndsWith(url, "/")) url += "/";
-  const std::string link = absl::StrCat(url, "#token=", credentials.token);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ConsoleLogin login;
+  const grpc::Status status = v1::JobService::NewStub(channel)->CreateConsoleLogin(
+      &context, v1::CreateConsoleLoginRequest(), &login);
+  if (!status.ok()) {
+    std::cerr << "error: " << status.error_message() << "\n";
+    return kExitRpcError;
+  }
+  const std::string link = absl::StrCat(url, "#login=", login.code());
   std::cout << link << "\n"
-            << "(the link holds your token: it is for you alone)\n";
+            << "(it logs a browser in once, within 5 minutes)\n";
   if (args.Has("open")) {
     SubprocessOptions opener;
     opener.argv = {"xdg-open", link};
@@ -449,8 +453,8 @@ int RunCli(const std::vector<std::string>& argv) {
     std::cerr << "error: " << channel.status().message() << "\n";
     return kExitUsage;
   }
-  if (parsed->command == "console") return ConsoleLink(*parsed, address, *credentials);
   WaitForLeader(CoordinatorAddresses(address).size() > 1);
+  if (parsed->command == "console") return ConsoleLink(*parsed, address, *channel);
   Client client(address, *parsed, *std::move(channel), *stores);
   const std::string& name = parsed->command;
   if (name == "submit") return client.Submit();

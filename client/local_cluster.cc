@@ -26,6 +26,7 @@
 #include "common/rpc/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
+#include "trainyard/v1/job_service.grpc.pb.h"
 #include "worker/agent/subprocess.h"
 
 namespace trainyard::cli {
@@ -170,7 +171,8 @@ struct LocalCluster {
   int gpus = 0;
   std::vector<Child> children;  // the coordinator first; reserved, so that pointers stay
   std::string address;
-  std::string console_url;  // "http://127.0.0.1:PORT/"
+  std::string console_url;   // "http://127.0.0.1:PORT/"
+  std::string console_code;  // a one-time login code for the admin
   std::string admin_token;
   std::string cli_dir;  // where the CLI on this machine finds the admin token for `address`
 };
@@ -272,9 +274,17 @@ std::unique_ptr<v1::AdminService::Stub> ConnectAdmin(LocalCluster& c) {
     std::cerr << "warning: the CLI will need --token-file " << c.state_dir
               << "/admin.token: " << s.message() << "\n";
   }
-  // Where `trainyard console` finds the console of this address.
+  // Where `trainyard console` finds the console of this address, and a login link into it.
   if (!c.console_url.empty()) {
     WriteSecretFile(c.cli_dir + "/console_url", c.console_url + "\n").IgnoreError();
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(RealClock::Get().Now() + absl::Seconds(10)));
+    v1::ConsoleLogin login;
+    if (v1::JobService::NewStub(*admin_channel)
+            ->CreateConsoleLogin(&context, v1::CreateConsoleLoginRequest(), &login)
+            .ok()) {
+      c.console_code = login.code();
+    }
   }
   return v1::AdminService::NewStub(*admin_channel);
 }
@@ -321,9 +331,10 @@ void PrintRunning(const LocalCluster& c) {
                                               "-", c.MetricsPort(workers), " (workers)\n"))
       << (c.console_url.empty()
               ? std::string()
-              : absl::StrCat("Console: ", c.console_url, "#token=", c.admin_token,
-                             "\n  (a login link with the admin token: for you alone; "
-                             "`trainyard console` prints it again)\n"))
+              : absl::StrCat("Console: ", c.console_url,
+                             c.console_code.empty() ? "" : absl::StrCat("#login=", c.console_code),
+                             "\n  (a login link, good once within 5 minutes; `trainyard console` "
+                             "prints a new one)\n"))
       << "\n"
       << "In another terminal:\n"
       << "  export TRAINYARD_COORDINATOR=" << c.address << "\n"

@@ -69,7 +69,7 @@ CoordinatorServer::CoordinatorServer(JobManager& manager, Authenticator& auth,
                                      int max_streams_per_caller, const WorkdirStore* workdirs)
     : manager_(manager),
       gate_(auth, max_streams_per_caller),
-      job_service_(manager, gate_, workdirs),
+      job_service_(manager, gate_, auth, workdirs),
       agent_service_(manager, gate_),
       admin_service_(auth, manager, gate_),
       health_only_(std::make_unique<HealthOnly>()) {}

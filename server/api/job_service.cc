@@ -12,6 +12,11 @@ namespace trainyard {
 using grpc::ServerContext;
 using grpc::Status;
 
+namespace {
+// How long the token a console login gives a browser lasts.
+constexpr absl::Duration kConsoleSessionLifetime = absl::Hours(12);
+}  // namespace
+
 absl::StatusOr<Principal> JobServiceImpl::AdmitForJob(const ServerContext& context,
                                                       const google::protobuf::Message& request,
                                                       absl::string_view rpc,
@@ -107,6 +112,36 @@ Status JobServiceImpl::GetJobMetrics(ServerContext* context,
   if (!points.ok()) return ToGrpcStatus(points.status());
   response->mutable_points()->Reserve(static_cast<int>(points->size()));
   for (v1::MetricPoint& point : *points) *response->add_points() = std::move(point);
+  return Status::OK;
+}
+
+Status JobServiceImpl::CreateConsoleLogin(ServerContext* context,
+                                          const v1::CreateConsoleLoginRequest* request,
+                                          v1::ConsoleLogin* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kPeople, "CreateConsoleLogin");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<std::pair<std::string, absl::Time>> login = logins_.Create(*caller);
+  if (!login.ok()) return ToGrpcStatus(login.status());
+  response->set_code(login->first);
+  response->set_expires_unix_ms(absl::ToUnixMillis(login->second));
+  return Status::OK;
+}
+
+Status JobServiceImpl::RedeemConsoleLogin(ServerContext*,
+                                          const v1::RedeemConsoleLoginRequest* request,
+                                          v1::ConsoleSession* response) {
+  // The code is the credential: no other is asked for.
+  if (absl::Status s = CheckRequestLimits(*request); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<Principal> person = logins_.Redeem(request->code());
+  if (!person.ok()) return ToGrpcStatus(person.status());
+  absl::StatusOr<std::pair<std::string, TokenInfo>> token =
+      auth_.CreateToken(person->name, person->role, kConsoleSessionLifetime, "console login");
+  if (!token.ok()) return ToGrpcStatus(token.status());
+  response->set_token(token->first);
+  response->set_name(person->name);
+  response->set_admin(person->admin());
+  response->set_expires_unix_ms(token->second.expires_unix_ms);
   return Status::OK;
 }
 

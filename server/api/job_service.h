@@ -2,6 +2,7 @@
 #define TRAINYARD_SERVER_API_JOB_SERVICE_H_
 
 #include "server/api/call_gate.h"
+#include "server/auth/console_logins.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/workdir_store.h"
 #include "trainyard/v1/job_service.grpc.pb.h"
@@ -13,9 +14,14 @@ namespace trainyard {
 // Thread-safe.
 class JobServiceImpl final : public trainyard::v1::JobService::Service {
  public:
-  // `workdirs` null: UploadWorkdir is UNIMPLEMENTED.
-  JobServiceImpl(JobManager& manager, CallGate& gate, const WorkdirStore* workdirs = nullptr)
-      : manager_(manager), gate_(gate), workdirs_(workdirs) {}
+  // `workdirs` null: UploadWorkdir is UNIMPLEMENTED. `auth` makes the console's session tokens.
+  JobServiceImpl(JobManager& manager, CallGate& gate, Authenticator& auth,
+                 const WorkdirStore* workdirs = nullptr)
+      : manager_(manager),
+        gate_(gate),
+        auth_(auth),
+        logins_(RealClock::Get()),
+        workdirs_(workdirs) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const trainyard::v1::SubmitJobRequest* request,
@@ -47,6 +53,12 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
   grpc::Status GetJobMetrics(grpc::ServerContext* context,
                              const trainyard::v1::GetJobMetricsRequest* request,
                              trainyard::v1::JobMetrics* response) override;
+  grpc::Status CreateConsoleLogin(grpc::ServerContext* context,
+                                  const trainyard::v1::CreateConsoleLoginRequest* request,
+                                  trainyard::v1::ConsoleLogin* response) override;
+  grpc::Status RedeemConsoleLogin(grpc::ServerContext* context,
+                                  const trainyard::v1::RedeemConsoleLoginRequest* request,
+                                  trainyard::v1::ConsoleSession* response) override;
   grpc::Status UploadWorkdir(grpc::ServerContext* context,
                              grpc::ServerReader<trainyard::v1::UploadWorkdirRequest>* reader,
                              trainyard::v1::UploadWorkdirResponse* response) override;
@@ -59,6 +71,8 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
 
   JobManager& manager_;
   CallGate& gate_;
+  Authenticator& auth_;
+  ConsoleLogins logins_;
   const WorkdirStore* const workdirs_;
 };
 

@@ -38,6 +38,7 @@ constexpr FieldBound kBounds[] = {
     {"trainyard.v1.ListJobsRequest.owner", 128},
     {"trainyard.v1.ListJobsRequest.queue", 128},
     {"trainyard.v1.GetJobMetricsRequest.id", 256},
+    {"trainyard.v1.RedeemConsoleLoginRequest.code", 64},
     {"trainyard.v1.CreateTokenRequest.name", 128},
     {"trainyard.v1.RevokeTokenRequest.id", 64},
     {"trainyard.v1.Queue.name", 128},

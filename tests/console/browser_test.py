@@ -109,10 +109,10 @@ class Cluster:
              "--slots", "4", "--state-dir", self.state],
             stdout=self.output, stderr=subprocess.STDOUT, env=env)
         line = wait_until("the console's login link", self._console_line, timeout=120)
-        link = line.split("Console: ", 1)[1].strip()
-        self.url, token = link.split("#token=")
-        self.login_link = link
-        self.admin = Api(self.url, token)
+        self.login_link = line.split("Console: ", 1)[1].strip()
+        self.url = self.login_link.split("#login=")[0]
+        with open(os.path.join(self.state, "admin.token")) as f:
+            self.admin = Api(self.url, f.read().strip())
 
     def _console_line(self):
         if self.process.poll() is not None:
@@ -163,8 +163,14 @@ class Browser:
         return self.driver.find_elements(By.CSS_SELECTOR, css)
 
     def wait(self, what, condition, timeout=WAIT):
-        return WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(
-            lambda d: condition(), message=f"timed out waiting for {what}")
+        try:
+            return WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(
+                lambda d: condition(), message=f"timed out waiting for {what}")
+        except Exception:
+            self.shot("failure")
+            print(f"browser_test: the page, waiting for {what}:\n" +
+                  self.driver.find_element(By.TAG_NAME, "body").text, file=sys.stderr)
+            raise
 
     def go(self, url):
         self.driver.get(url)
@@ -195,6 +201,18 @@ class Browser:
 def chart_points(browser):
     found = browser.finds("#charts")
     return int(found[0].get_attribute("data-points") or 0) if found else 0
+
+
+def check_login_link(cluster, browser):
+    # The link `trainyard up` printed logs in once, as the admin; used again, it says so.
+    browser.go(cluster.login_link)
+    browser.wait("the jobs page", lambda: browser.finds("#jobs table"))
+    assert "#login=" not in browser.driver.current_url, "the code stayed in the address bar"
+    browser.driver.execute_script("sessionStorage.clear()")
+    browser.go("about:blank")
+    browser.go(cluster.login_link)
+    browser.wait("the refusal", lambda: "used already" in browser.text("#login-error"))
+    assert not browser.finds("#jobs")
 
 
 def check_login_and_jobs(cluster, browser, alice, demo):
@@ -321,6 +339,8 @@ program:
                    lambda: alice.call("JobService/GetJob", {"id": demo})["state"] == "RUNNING")
 
         browser = Browser(args.out)
+        check_login_link(cluster, browser)
+        browser.driver.execute_script("sessionStorage.clear()")
         check_login_and_jobs(cluster, browser, alice, demo)
         check_job_page(cluster, browser, alice, demo)
         check_text_only(cluster, browser, alice, events_job, xss_job)

@@ -196,6 +196,7 @@ TEST_F(ConsoleTest, EveryCallWithoutACredentialIsRefused401) {
 TEST_F(ConsoleTest, AUsersTokenIsRefusedAdminCalls403AndPassesTheRest) {
   for (const auto* m : Methods(true)) {
     const std::string name = absl::StrCat(m->service()->name(), "/", m->name());
+    if (m->name() == "RedeemConsoleLogin") continue;  // its code is its credential (below)
     Answer a = Call(name, "{}", alice_);
     if (m->service()->name() == "AdminService") {
       EXPECT_EQ(a.status, 403) << name << ": " << a.body;
@@ -210,6 +211,34 @@ TEST_F(ConsoleTest, AUsersTokenIsRefusedAdminCalls403AndPassesTheRest) {
     EXPECT_NE(b.status, 403) << name << ": " << b.body;
     EXPECT_FALSE(absl::StrContains(b.body, "no call")) << name;
   }
+}
+
+TEST_F(ConsoleTest, ALoginLinkLogsInOnceAsItsPerson) {
+  Answer login = Call("JobService/CreateConsoleLogin", "{}", alice_);
+  ASSERT_EQ(login.status, 200) << login.body;
+  const std::string code = login.Json().value("code", "");
+  ASSERT_GE(code.size(), 32u);
+  const std::string body = nlohmann::json{{"code", code}}.dump();
+  Answer session = Call("JobService/RedeemConsoleLogin", body, "");
+  ASSERT_EQ(session.status, 200) << session.body;
+  EXPECT_EQ(session.Json().value("name", ""), "alice");
+  EXPECT_FALSE(session.Json().value("admin", true));
+  const std::string token = session.Json().value("token", "");
+  EXPECT_NE(token, alice_);  // a token of hers that expires, not the one the link was made with
+  EXPECT_FALSE(session.Json().value("expiresUnixMs", "0") == "0");
+  Submit("hers", alice_);
+  Answer listed = Call("JobService/ListJobs", "{}", token);
+  ASSERT_EQ(listed.status, 200);
+  EXPECT_EQ(listed.Json()["jobs"].size(), 1u);
+  EXPECT_EQ(Call("AdminService/ListTokens", "{}", token).status, 403);
+  // Once only.
+  Answer again = Call("JobService/RedeemConsoleLogin", body, "");
+  EXPECT_EQ(again.status, 401);
+  EXPECT_THAT(again.Json().value("message", ""), HasSubstr("used already"));
+  EXPECT_EQ(Call("JobService/RedeemConsoleLogin", R"({"code": "made-up"})", "").status, 401);
+  // Only people ask for links.
+  EXPECT_EQ(Call("JobService/CreateConsoleLogin", "{}", Token("w1", Role::kAgent)).status, 403);
+  EXPECT_EQ(Call("JobService/CreateConsoleLogin", "{}", "").status, 401);
 }
 
 TEST_F(ConsoleTest, BadBodiesAre400NamingTheField) {

@@ -201,8 +201,8 @@ function loginView(params) {
   const error = el("p", {class: "error", id: "login-error"});
   const form = el("form", {class: "login", id: "login"},
     el("h1", {}, "Log in to Trainyard"),
-    el("p", {class: "muted"}, "Paste your API token, or open the link that ",
-       el("code", {}, "trainyard console"), " prints."),
+    el("p", {class: "muted"}, "Paste your API token, or open a link that ",
+       el("code", {}, "trainyard console"), " prints (each logs in once)."),
     input, el("button", {type: "submit", id: "login-button"}, "Log in"), error);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -667,16 +667,32 @@ function searchView(id) {
 
 // ---- Routing ----------------------------------------------------------------------------------
 
+// A login link (#login=CODE, from `trainyard console`) logs this tab in once: the code is traded
+// for a token of the person it was made for, which expires; the code leaves the address bar and
+// the history at once (browsers never send what follows # to a server).
+async function redeem(code) {
+  history.replaceState(null, "", `${location.pathname}#/login`);
+  current = {login: true, stop() {}};
+  try {
+    const session = await api("JobService/RedeemConsoleLogin", {code});
+    sessionStorage.setItem(TOKEN_KEY, session.token);
+    history.replaceState(null, "", `${location.pathname}#/jobs`);
+    route();
+  } catch (e) {
+    route();
+    const error = document.getElementById("login-error");
+    if (error) error.textContent = e.message;
+    else showBanner(e.message);
+  }
+}
+
 function route() {
   current.stop();
   showBanner("");
-  // A login link carries the token in the fragment (#token=...), which the browser never sends:
-  // kept for this tab, then taken out of the address bar and the history.
   const hash = location.hash || "#/jobs";
-  if (hash.startsWith("#token=")) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(hash.slice(7)));
-    history.replaceState(null, "", `${location.pathname}#/jobs`);
-    return route();
+  if (hash.startsWith("#login=")) {
+    redeem(decodeURIComponent(hash.slice(7)));
+    return;
   }
   const [path, query] = hash.slice(1).split("?");
   const params = new URLSearchParams(query || "");
