@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "server/jobs/job_manager.h"
 #include "server/store/log_store.h"
 #include "server/store/sqlite_job_store.h"
