@@ -156,8 +156,12 @@ struct LocalCluster {
   // by the kernel when the port is).
   int MetricsBase() const { return options.port == 0 ? 0 : options.port + 1; }
   int MetricsPort(int offset) const { return MetricsBase() == 0 ? 0 : MetricsBase() + offset; }
-  // The web console on port+1000 (picked by the kernel when the port is).
-  int ConsolePort() const { return options.port == 0 ? 0 : options.port + 1000; }
+  // The web console on port+1000, or where the kernel picks when the port is picked so or
+  // port+1000 is already served (the console is for a browser: its port need not be known).
+  int ConsolePort() const {
+    if (options.port == 0 || options.port + 1000 > 65535) return 0;
+    return PortServed(options.port + 1000) ? 0 : options.port + 1000;
+  }
   std::vector<Child*> All() {
     std::vector<Child*> all;
     for (Child& c : children) all.push_back(&c);
