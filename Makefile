@@ -7,7 +7,7 @@ CTEST_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test test-examples test-docs test-unit test-integration test-images test-trixie images demo bench clean \
-	gpu-bundle gpu-rehearsal
+	gpu-bundle gpu-rehearsal fuzz
 
 all: build
 
@@ -60,6 +60,17 @@ gpu-bundle: deps build
 
 gpu-rehearsal: gpu-bundle
 	@bash scripts/gpu-rehearsal.sh
+
+# The fuzz targets (tests/fuzz/, docs/testing.md): built with clang under AddressSanitizer and
+# UndefinedBehaviorSanitizer in FUZZ_DIR, each run FUZZ_SECONDS from its seeds and what earlier
+# runs found (CI: 20 s each).
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@cmake -S . -B $(FUZZ_DIR) -DCMAKE_CXX_COMPILER=clang++ -DTRAINYARD_FUZZ=ON \
+		-DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build $(FUZZ_DIR) --target fuzzers -j$(JOBS)
+	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 demo: deps build
 	@bash scripts/demo.sh $(BUILD_DIR)

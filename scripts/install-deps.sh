@@ -29,6 +29,8 @@ packages=(
   openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables iptables
   # the console's browser test: a real headless Chromium driven by Selenium
   chromium chromium-driver python3-selenium
+  # the fuzz targets (make fuzz): clang with libFuzzer and the sanitizers' runtimes
+  clang libclang-rt-dev
   # the PostgreSQL store's tests start their own server from these binaries (no service)
   postgresql
   # the structure check (scripts/check_structure.py): function ends and formatting

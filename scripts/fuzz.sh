@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every fuzz target of BUILD_DIR/fuzz/ (make fuzz builds them) for SECONDS each, from its
+# committed seeds (tests/fuzz/corpus/NAME/) and what earlier runs found (BUILD_DIR/fuzz-work/NAME/,
+# kept between runs), with its dictionary where it has one. A crash, a leak, a timeout (10 s on one
+# input) or running out of memory (2 GiB) stops the run: the input is written to
+# BUILD_DIR/fuzz-work/NAME-crash-* and the script exits 1. Prints a line per target: executions,
+# coverage (edges), corpus size.
+#   scripts/fuzz.sh BUILD_DIR [SECONDS] [TARGET...]
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:?usage: scripts/fuzz.sh BUILD_DIR [SECONDS] [TARGET...]}
+seconds=${2:-20}
+shift $(( $# >= 2 ? 2 : $# ))
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for t in "$build"/fuzz/fuzz_*; do targets+=("$(basename "$t")"); done
+fi
+failed=0
+for name in "${targets[@]}"; do
+  work="$build/fuzz-work/$name"
+  mkdir -p "$work"
+  args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+        -artifact_prefix="$build/fuzz-work/$name-")
+  [ -f "$here/tests/fuzz/$name.dict" ] && args+=(-dict="$here/tests/fuzz/$name.dict")
+  log="$build/fuzz-work/$name.log"
+  if "$build/fuzz/$name" "${args[@]}" "$work" "$here/tests/fuzz/corpus/$name" >"$log" 2>&1; then
+    runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || echo 0)
+    corpus=$(find "$work" -type f | wc -l)
+    printf '%-28s %10s runs  %6s edges  %6s inputs in its corpus\n' "$name" "$runs" "$cov" "$corpus"
+  else
+    failed=1
+    echo "$name: FAILED (the input is at $build/fuzz-work/$name-*; the end of its log:)"
+    tail -30 "$log"
+  fi
+done
+exit $failed
