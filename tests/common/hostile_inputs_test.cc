@@ -1,0 +1,95 @@
+// Inputs built to hurt, each answered with a clear error and nothing else: no crash, no hang, no
+// allocation of what the input claims (issue list in docs/testing.md). The fuzz targets run the
+// same bytes (tests/fuzz/corpus/), under the sanitizers.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/torchscript_archive.h"
+#include "common/spec/job_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Le(uint64_t value, int bytes) {
+  std::string out;
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  return out;
+}
+
+TEST(HostileInputsTest, ASpecNestedAHundredThousandDeepIsRefused) {
+  const std::string yaml =
+      absl::StrCat("name: deep\nmodel: ", std::string(100000, '['), std::string(100000, ']'), "\n");
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("line 2"));
+}
+
+TEST(HostileInputsTest, AYamlAliasBombIsRefusedWithoutExpanding) {
+  // model.args.hidden: nine lists of nine of ... twelve levels deep, each level defined once and
+  // aliased eight times: 9^12 numbers, were the aliases walked; 654 bytes of YAML.
+  std::string list = "&a [1, 1, 1, 1, 1, 1, 1, 1, 1]";
+  std::string previous = "a";
+  for (int i = 1; i <= 11; ++i) {
+    const std::string name = absl::StrCat("b", i);
+    std::string next = absl::StrCat("&", name, " [", list);
+    for (int j = 0; j < 8; ++j) absl::StrAppend(&next, ", *", previous);
+    list = next + "]";
+    previous = name;
+  }
+  const std::string yaml =
+      absl::StrCat("name: bomb\nmodel:\n  builtin: mlp\n  args:\n    inputs: 4\n    hidden: ", list,
+                   "\n    classes: 2\ndata: {synthetic: {samples: 64}}\n");
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(yaml);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("model.args.hidden"));
+}
+
+TEST(HostileInputsTest, ASafetensorsHeaderClaimingATerabyteIsRefusedUnread) {
+  const std::string file = Le(uint64_t{1} << 40, 8) + "{}";
+  absl::StatusOr<uint64_t> size = SafetensorsHeaderSize(file);
+  EXPECT_FALSE(size.ok() && *size == (uint64_t{1} << 40) &&
+               DecodeSafetensorsHeader(file, static_cast<int64_t>(file.size())).ok());
+  absl::StatusOr<SafetensorsFile> decoded = DecodeSafetensors(file);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_THAT(std::string(decoded.status().message()), HasSubstr("header size"));
+}
+
+TEST(HostileInputsTest, ATensorShapeThatOverflowsIsRefused) {
+  const std::string header =
+      R"({"x":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}})";
+  const std::string file = Le(header.size(), 8) + header + std::string(4, '\0');
+  absl::StatusOr<SafetensorsFile> decoded = DecodeSafetensors(file);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(decoded.status().message()), HasSubstr("tensor 'x'"));
+}
+
+TEST(HostileInputsTest, AZipWhoseCentralDirectoryLiesIsRefused) {
+  // The end record claims 65,535 entries in a directory that starts past the end of the file.
+  const std::string eocd = Le(0x06054b50, 4) + Le(0, 2) + Le(0, 2) + Le(65535, 2) + Le(65535, 2) +
+                           Le(0xffffff00, 4) + Le(0x7ffffff0, 4) + Le(0, 2);
+  const std::string archive = Le(0x04034b50, 4) + std::string(26, '\0') + eocd;
+  auto read = [&archive](int64_t offset, int64_t length) -> absl::StatusOr<std::string> {
+    if (offset < 0 || offset > static_cast<int64_t>(archive.size())) {
+      return absl::OutOfRangeError("past the end");
+    }
+    return archive.substr(offset, length);
+  };
+  absl::StatusOr<TorchScriptNeeds> needs =
+      ReadTorchScriptNeeds(static_cast<int64_t>(archive.size()), read);
+  ASSERT_FALSE(needs.ok());
+  EXPECT_EQ(needs.status().code(), absl::StatusCode::kInvalidArgument) << needs.status();
+  EXPECT_THAT(std::string(needs.status().message()), HasSubstr("not a TorchScript archive"));
+}
+
+}  // namespace
+}  // namespace trainyard
