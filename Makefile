@@ -7,7 +7,7 @@ CTEST_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test test-examples test-docs test-unit test-integration test-images test-trixie images demo bench clean \
-	gpu-bundle gpu-rehearsal fuzz
+	gpu-bundle gpu-rehearsal fuzz test-asan
 
 all: build
 
@@ -71,6 +71,20 @@ fuzz: deps
 		-DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(FUZZ_DIR) --target fuzzers -j$(JOBS)
 	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
+
+# The unit tests of the coordinator's and the shared code's classes under AddressSanitizer (leaks
+# included) and UndefinedBehaviorSanitizer, in ASAN_DIR (docs/testing.md, "Sanitizers").
+ASAN_DIR ?= build-asan
+ASAN_TESTS ?= common_test server_logic_test auth_test console_test rendezvous_test \
+	job_manager_test recovery_test coordinator_server_test coordinator_metrics_test job_store_test
+test-asan: deps
+	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+		-DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+		>/dev/null
+	@cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TESTS)
+	@cd $(ASAN_DIR) && ctest --output-on-failure -E 'postgres' \
+		-R '^($(shell echo $(ASAN_TESTS) | tr ' ' '|'))$$'
 
 demo: deps build
 	@bash scripts/demo.sh $(BUILD_DIR)

@@ -1,6 +1,7 @@
 // The JobManager's queues: stored, admitted to, and the scheduler's preemptions carried out
 // (stop deadlines, SCHEDULER_PREEMPTED restarts that draw on no budget), on a fake clock.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,13 @@ v1::Queue MakeQueue(const std::string& name, int slots, int borrow,
   return q;
 }
 
-const v1::Queue* Find(const std::vector<v1::Queue>& queues, const std::string& name) {
+// A copy of the queue named `name` (the list is often a temporary: a pointer into it would
+// dangle, as AddressSanitizer found).
+std::optional<v1::Queue> Find(const std::vector<v1::Queue>& queues, const std::string& name) {
   for (const v1::Queue& q : queues) {
-    if (q.name() == name) return &q;
+    if (q.name() == name) return q;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 TEST_F(JobManagerTest, QueuesAreStoredAndSubmissionsAdmittedToThem) {
@@ -52,11 +55,11 @@ TEST_F(JobManagerTest, QueuesAreStoredAndSubmissionsAdmittedToThem) {
               HasSubstr("weight"));
   Reopen();
   const std::vector<v1::Queue> queues = manager_->ListQueues();
-  const v1::Queue* a = Find(queues, "team-a");
-  ASSERT_NE(a, nullptr) << "queues survive a restart";
+  const std::optional<v1::Queue> a = Find(queues, "team-a");
+  ASSERT_TRUE(a.has_value()) << "queues survive a restart";
   EXPECT_EQ(a->created_by(), "root");
   EXPECT_EQ(a->quota_slots(), 2);
-  ASSERT_NE(Find(queues, "default"), nullptr);
+  ASSERT_TRUE(Find(queues, "default").has_value());
 
   // alice's jobs go to the queue that lists her; others' to the default one.
   Principal alice{Role::kUser, "alice", {}};
@@ -92,11 +95,13 @@ TEST_F(JobManagerTest, AQueueCapsThePriorityOfItsUsersJobs) {
   shared.set_max_priority(5);
   ASSERT_TRUE(manager_->CreateQueue(shared, "root").ok());
   Reopen();
-  const v1::Queue* stored = Find(manager_->ListQueues(), "shared");
-  ASSERT_NE(stored, nullptr);
+  const std::optional<v1::Queue> stored = Find(manager_->ListQueues(), "shared");
+  ASSERT_TRUE(stored.has_value());
   ASSERT_TRUE(stored->has_max_priority()) << "the cap is stored with the queue";
   EXPECT_EQ(stored->max_priority(), 5);
-  EXPECT_FALSE(Find(manager_->ListQueues(), "default")->has_max_priority());
+  const std::optional<v1::Queue> fallback = Find(manager_->ListQueues(), "default");
+  ASSERT_TRUE(fallback.has_value());
+  EXPECT_FALSE(fallback->has_max_priority());
 
   Principal alice{Role::kUser, "alice", {}};
   Principal root{Role::kAdmin, "root", {}};
@@ -208,8 +213,8 @@ TEST_F(JobManagerTest, AQueueTakesBackItsQuotaFromABorrower) {
   const std::string borrower = Submit(wide);
   manager_->Tick();
   ASSERT_EQ(Get(borrower).state(), v1::SCHEDULED);
-  const v1::Queue* a = Find(manager_->ListQueues(), "a");
-  ASSERT_NE(a, nullptr);
+  const std::optional<v1::Queue> a = Find(manager_->ListQueues(), "a");
+  ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->status().used_slots(), 2);
   EXPECT_EQ(a->status().borrowed_slots(), 1);
   v1::JobSpec own = TestSpec("own");
