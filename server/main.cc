@@ -216,9 +216,8 @@ absl::StatusOr<std::unique_ptr<Authenticator>> LoadTokens(StateStores& stores,
 void StopConsoleCalls(ConsoleServer* console, std::shared_ptr<const JsonGateway>& gateway) {
   if (console == nullptr || gateway == nullptr) return;
   console->SetGateway(nullptr);
-  const absl::Time deadline = RealClock::Get().Now() + absl::Seconds(10);
-  while (gateway.use_count() > 1 && RealClock::Get().Now() < deadline) {
-    RealClock::Get().SleepFor(absl::Milliseconds(10));
+  if (!gateway->WaitForCalls(absl::Seconds(10))) {
+    LogWarning("console: calls still in flight 10 s after the server stopped");
   }
   gateway.reset();
 }
@@ -336,7 +335,8 @@ int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions op
   }
 
   // The console's calls go to this server from now on, until it goes.
-  auto gateway = std::make_shared<const JsonGateway>((*server)->InProcessChannel());
+  std::shared_ptr<const JsonGateway> gateway =
+      std::make_shared<JsonGateway>((*server)->InProcessChannel());
   if (console != nullptr) console->SetGateway(gateway);
   absl::Cleanup no_console = [console, &gateway] { StopConsoleCalls(console, gateway); };
 

@@ -217,14 +217,18 @@ void ConsoleServer::ServeApi(const httplib::Request& request, httplib::Response&
     }
     bearer = std::string(absl::StripAsciiWhitespace(rest));
   }
-  std::shared_ptr<const JsonGateway> gateway;
+  // Started under the lock that SetGateway takes to change the gateway: once it has let one go,
+  // every call of it has started (and is counted by it: JsonGateway::WaitForCalls).
+  absl::StatusOr<std::unique_ptr<JsonCall>> started = absl::UnavailableError("standing by");
   std::string leader;
+  bool standing_by;
   {
-    absl::MutexLock lock(&mu_);
-    gateway = gateway_;
+    absl::ReaderMutexLock lock(&mu_);
+    standing_by = gateway_ == nullptr;
+    if (!standing_by) started = gateway_->Start(*method, request.body, bearer);
     leader = leader_;
   }
-  if (gateway == nullptr) {
+  if (standing_by) {
     response.set_header("Retry-After", "1");
     SetJsonError(response, grpc::StatusCode::UNAVAILABLE,
                  leader.empty()
@@ -233,7 +237,6 @@ void ConsoleServer::ServeApi(const httplib::Request& request, httplib::Response&
                      : absl::StrCat("this coordinator stands by; the leader serves at ", leader));
     return;
   }
-  absl::StatusOr<std::unique_ptr<JsonCall>> started = gateway->Start(*method, request.body, bearer);
   if (!started.ok()) {
     SetJsonError(response, grpc::StatusCode::INVALID_ARGUMENT, started.status().message());
     return;
@@ -242,7 +245,6 @@ void ConsoleServer::ServeApi(const httplib::Request& request, httplib::Response&
   // stream, an empty 200); otherwise a unary call's answer is the body, and a stream's answers
   // follow it a line each, with a last line {"error": ...} if it ends in one.
   std::shared_ptr<JsonCall> call = *std::move(started);
-  call->Hold(gateway);
   std::string first;
   JsonCall::Next next;
   while ((next = call->Read(&first, kStreamHeartbeat)) == JsonCall::Next::kQuiet) {

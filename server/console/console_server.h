@@ -51,7 +51,8 @@ class ConsoleServer {
   const std::string& url() const { return url_; }
 
   // Leading: API calls go to `gateway`. Null: standing by, API calls are answered 503 naming
-  // the leader (SetLeader) and /healthz 503.
+  // the leader (SetLeader) and /healthz 503. Returns once no call is being started with the
+  // gateway it replaces.
   void SetGateway(std::shared_ptr<const JsonGateway> gateway);
   void SetLeader(const std::string& leader);  // the leader's gRPC address; empty: unknown
 

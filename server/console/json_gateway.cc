@@ -4,12 +4,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 
 namespace trainyard {
 namespace {
@@ -23,76 +25,6 @@ constexpr char kPackage[] = "trainyard.v1";
 // Unary calls end within this; streams (WatchJob, GetJobLogs following) last as long as the
 // client reads.
 constexpr int kUnaryDeadlineSeconds = 60;
-
-std::string CodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK:
-      return "OK";
-    case grpc::StatusCode::CANCELLED:
-      return "CANCELLED";
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND:
-      return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS:
-      return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED:
-      return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE:
-      return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL:
-      return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE:
-      return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS:
-      return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return "UNAUTHENTICATED";
-    default:
-      return "UNKNOWN";
-  }
-}
-
-// A JSON string literal of `text` (quotes, backslashes and control characters escaped).
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20 || c == '<' || c == '>' || c == '&') {
-          absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 grpc::ByteBuffer ToBuffer(const std::string& bytes) {
   grpc::Slice slice(bytes);
@@ -144,8 +76,12 @@ int HttpStatusOf(grpc::StatusCode code) {
 }
 
 std::string JsonError(grpc::StatusCode code, absl::string_view message) {
-  return absl::StrCat("{\"code\": ", JsonString(CodeName(code)),
-                      ", \"message\": ", JsonString(message), "}");
+  // gRPC's codes are absl's, number for number: their names as absl spells them.
+  const nlohmann::json error = {
+      {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))},
+      {"message", std::string(message)}};
+  // Bytes that are not UTF-8 (a message may quote a job's output) become U+FFFD.
+  return error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 absl::StatusOr<JsonMethod> JsonGateway::Find(absl::string_view name) {
@@ -186,6 +122,11 @@ absl::StatusOr<std::unique_ptr<JsonCall>> JsonGateway::Start(const JsonMethod& m
     }
   }
   std::unique_ptr<JsonCall> call(new JsonCall());
+  call->gateway_ = shared_from_this();
+  {
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+  }
   call->method_ = method.method;
   call->print_defaults_ = method.print_defaults;
   call->stub_ = std::make_unique<grpc::GenericStub>(channel_);
@@ -276,6 +217,16 @@ JsonCall::~JsonCall() {
   bool ok;
   while (cq_.Next(&tag, &ok)) {
   }
+  call_.reset();
+  stub_.reset();  // its copy of the channel goes before the gateway hears the call is over
+  absl::MutexLock lock(&gateway_->mu_);
+  --gateway_->calls_;
+}
+
+bool JsonGateway::WaitForCalls(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
 }
 
 }  // namespace trainyard

@@ -16,9 +16,11 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "google/protobuf/descriptor.h"
 
@@ -41,6 +43,8 @@ struct JsonMethod {
   bool print_defaults = true;
 };
 
+class JsonGateway;
+
 // One call in flight: its answers are read one at a time, as a stream is. Not thread-safe.
 class JsonCall {
  public:
@@ -59,16 +63,14 @@ class JsonCall {
   void Cancel();
   // How the call ended; only after Read returned kEnd.
   grpc::Status Finish();
-  // Holds `owner` (the gateway the call came from) for as long as the call lives, so that whoever
-  // waits for the gateway to be let go also waits for the calls it started, streams included.
-  void Hold(std::shared_ptr<const void> owner) { owner_ = std::move(owner); }
 
  private:
   friend class JsonGateway;
   JsonCall() = default;
   bool Await();  // the one operation in flight: whether it succeeded
 
-  std::shared_ptr<const void> owner_;  // first: released after everything below
+  // The gateway that started it, told when the call is over (JsonGateway::WaitForCalls).
+  std::shared_ptr<const JsonGateway> gateway_;
   const google::protobuf::MethodDescriptor* method_ = nullptr;
   bool print_defaults_ = true;
   std::unique_ptr<grpc::GenericStub> stub_;
@@ -82,7 +84,8 @@ class JsonCall {
   bool undecodable_ = false;
 };
 
-class JsonGateway {
+// Made with std::make_shared: each call holds it until the call is over.
+class JsonGateway : public std::enable_shared_from_this<JsonGateway> {
  public:
   // Calls go to `channel` (the coordinator's in-process channel).
   explicit JsonGateway(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
@@ -96,8 +99,15 @@ class JsonGateway {
   absl::StatusOr<std::unique_ptr<JsonCall>> Start(const JsonMethod& method, absl::string_view json,
                                                   const std::string& bearer) const;
 
+  // Waits up to `timeout` until no call it started is left (streams included): whether none is.
+  // What waits before the coordinator's server goes (the calls use its in-process channel).
+  bool WaitForCalls(absl::Duration timeout) const;
+
  private:
+  friend class JsonCall;
   std::shared_ptr<grpc::Channel> channel_;
+  mutable absl::Mutex mu_;
+  mutable int calls_ ABSL_GUARDED_BY(mu_) = 0;  // JsonCalls alive
 };
 
 }  // namespace trainyard

@@ -379,6 +379,22 @@ TEST_F(ConsoleTest, AStandbyAnswers503NamingTheLeader) {
   EXPECT_EQ(Http(url_ + "healthz", "GET").status, 200);
 }
 
+// The coordinator waits for the console's calls, streams included, before its server goes.
+TEST_F(ConsoleTest, TheGatewayKnowsWhenItsCallsAreOver) {
+  const std::string id = Submit("watched", alice_);
+  auto gateway = std::make_shared<JsonGateway>(server_->InProcessChannel());
+  absl::StatusOr<JsonMethod> watch = JsonGateway::Find("JobService/WatchJob");
+  ASSERT_TRUE(watch.ok());
+  absl::StatusOr<std::unique_ptr<JsonCall>> call =
+      gateway->Start(*watch, absl::StrCat(R"({"id": ")", id, "\"}"), alice_);
+  ASSERT_TRUE(call.ok()) << call.status();
+  std::string first;
+  ASSERT_EQ((*call)->Read(&first, absl::Seconds(30)), JsonCall::Next::kMessage);
+  EXPECT_FALSE(gateway->WaitForCalls(absl::ZeroDuration()));  // the job is pending: it goes on
+  call->reset();  // the client left: cancelled and ended
+  EXPECT_TRUE(gateway->WaitForCalls(absl::ZeroDuration()));
+}
+
 TEST(ConsoleTlsTest, ServesHttpsWithTheCertificateAndRefusesAMismatchedKey) {
   TempDir dir;
   const std::string make =

@@ -704,7 +704,6 @@ function route() {
     a.classList.toggle("current", a.dataset.page === (page || "jobs"));
   }
   if (!loggedIn || parts[0] === "login") {
-    current = {login: true, stop() {}};
     current = loginView(params);
     return;
   }
