@@ -259,14 +259,27 @@ absl::StatusOr<std::vector<v1::MetricPoint>> PostgresJobStore::LoadMetricHistory
 
 absl::StatusOr<std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>>
 PostgresJobStore::LoadMetricKeys(const std::vector<std::string>& job_ids) {
+  // A round trip per 500 jobs, not per job: a coordinator taking over loads every job not
+  // finished, most of which never reported.
+  constexpr size_t kJobsPerQuery = 500;
   absl::MutexLock lock(&mu_);
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
-  for (const std::string& job_id : job_ids) {
+  for (size_t from = 0; from < job_ids.size(); from += kJobsPerQuery) {
+    const size_t to = std::min(job_ids.size(), from + kJobsPerQuery);
+    Params params;
+    std::string placeholders;
+    for (size_t i = from; i < to; ++i) {
+      params.Add(job_ids[i]);
+      absl::StrAppend(&placeholders, i == from ? "" : ", ", "$", i - from + 1);
+    }
     absl::StatusOr<pg::Result> r =
-        db_->Exec("SELECT unix_ms, step FROM metric_points WHERE job_id = $1 ORDER BY unix_ms",
-                  Params().Add(job_id));
+        db_->Exec(absl::StrCat("SELECT job_id, unix_ms, step FROM metric_points WHERE job_id IN (",
+                               placeholders, ") ORDER BY job_id, unix_ms"),
+                  params);
     if (!r.ok()) return r.status();
-    for (int i = 0; i < r->rows(); ++i) out[job_id].emplace_back(r->Int(i, 0), r->Int(i, 1));
+    for (int i = 0; i < r->rows(); ++i) {
+      out[r->Text(i, 0)].emplace_back(r->Int(i, 1), r->Int(i, 2));
+    }
   }
   return out;
 }
