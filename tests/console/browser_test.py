@@ -284,8 +284,7 @@ def check_users_apart(cluster, browser, bob, demo, bob_job):
     browser.wait("bob's job", lambda: browser.finds(f'tr[data-job="{bob_job}"]'))
     assert not browser.finds(f'tr[data-job="{demo}"]'), "a user saw another user's job"
     browser.go(f"{cluster.url}#/job/{demo}")
-    browser.wait("the refusal", lambda: "PERMISSION" in browser.text("#banner").upper() or
-                 "may not" in browser.text("#banner") or "not allowed" in browser.text("#banner"))
+    browser.wait("the refusal", lambda: "belongs to another user" in browser.text("#banner"))
     assert browser.text("#job-facts") == "", "a user saw another user's job's page"
 
 
