@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -67,9 +68,25 @@ struct HeaderEntry {
   uint64_t data_size;
 };
 
+// The header is JSON, whose strings are UTF-8: INVALID_ARGUMENT naming `what` for text that is
+// not (a tensor named from a CSV column of Latin-1, say), which JSON could not hold.
+absl::Status CheckUtf8(absl::string_view what, const std::string& text) {
+  try {
+    nlohmann::json(text).dump();
+  } catch (const nlohmann::json::type_error&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: ", what, " '", absl::CHexEscape(text), "' is not UTF-8"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> EncodeHeader(const std::vector<HeaderEntry>& tensors,
                                          const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
+  for (const auto& [key, value] : metadata) {
+    if (absl::Status ok = CheckUtf8("metadata key", key); !ok.ok()) return ok;
+    if (absl::Status ok = CheckUtf8("metadata value", value); !ok.ok()) return ok;
+  }
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const HeaderEntry& tensor : tensors) {
@@ -82,6 +99,7 @@ absl::StatusOr<std::string> EncodeHeader(const std::vector<HeaderEntry>& tensors
       return absl::InvalidArgumentError(
           absl::StrCat("safetensors: duplicate tensor name '", name, "'"));
     }
+    if (absl::Status ok = CheckUtf8("tensor name", name); !ok.ok()) return ok;
     const int element_size = SafetensorsDtypeSize(*tensor.dtype);
     if (element_size == 0) {
       return absl::InvalidArgumentError(

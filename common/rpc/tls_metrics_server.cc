@@ -179,7 +179,7 @@ void TlsMetricsServer::Handle(int fd) {
     }
     request.append(buffer, static_cast<size_t>(n));
   }
-  const std::string response = Answer(request);
+  const std::string response = AnswerMetricsRequest(request, expected_authorization_, collectable_);
   const absl::Time answer_deadline = clock_.Now() + kAnswerDeadline;
   size_t done = 0;
   while (done < response.size()) {
@@ -193,9 +193,11 @@ void TlsMetricsServer::Handle(int fd) {
   SSL_free(ssl);
 }
 
-std::string TlsMetricsServer::Answer(const std::string& request) const {
+std::string AnswerMetricsRequest(absl::string_view request,
+                                 absl::string_view expected_authorization,
+                                 const std::weak_ptr<prometheus::Collectable>& collectable) {
   std::vector<absl::string_view> lines =
-      absl::StrSplit(absl::string_view(request).substr(0, request.find("\r\n\r\n")), "\r\n");
+      absl::StrSplit(request.substr(0, request.find("\r\n\r\n")), "\r\n");
   std::vector<absl::string_view> words = absl::StrSplit(lines.empty() ? "" : lines[0], ' ');
   std::string authorization;
   for (size_t i = 1; i < lines.size(); ++i) {
@@ -208,17 +210,17 @@ std::string TlsMetricsServer::Answer(const std::string& request) const {
   }
   std::string response;
   const absl::string_view path = words.size() >= 2 ? words[1].substr(0, words[1].find('?')) : "";
-  if (request.find("\r\n\r\n") == std::string::npos || words.size() != 3) {
+  if (request.find("\r\n\r\n") == absl::string_view::npos || words.size() != 3) {
     response = Response(400, "Bad Request", "bad request\n");
   } else if (words[0] != "GET" || path != "/metrics") {
     response = Response(404, "Not Found", "only GET /metrics is served here\n");
-  } else if (!expected_authorization_.empty() &&
-             (authorization.size() != expected_authorization_.size() ||
-              CRYPTO_memcmp(authorization.data(), expected_authorization_.data(),
+  } else if (!expected_authorization.empty() &&
+             (authorization.size() != expected_authorization.size() ||
+              CRYPTO_memcmp(authorization.data(), expected_authorization.data(),
                             authorization.size()) != 0)) {
     response = Response(401, "Unauthorized", "credentials required\n",
                         "WWW-Authenticate: Basic realm=\"trainyard\"\r\n");
-  } else if (std::shared_ptr<prometheus::Collectable> c = collectable_.lock(); c == nullptr) {
+  } else if (std::shared_ptr<prometheus::Collectable> c = collectable.lock(); c == nullptr) {
     response = Response(503, "Service Unavailable", "shutting down\n");
   } else {
     response = Response(200, "OK", prometheus::TextSerializer().Serialize(c->Collect()));

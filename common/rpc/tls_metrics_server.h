@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "prometheus/collectable.h"
@@ -25,6 +26,15 @@ struct ssl_ctx_st;
 struct ssl_st;
 
 namespace trainyard {
+
+// The answer to one scrape, `request` being the bytes up to and including the blank line (or
+// fewer, when the client stopped): 400 for a request that is not one, 404 for anything but GET
+// /metrics, 401 when `expected_authorization` ("Basic ...") is set and the request's Authorization
+// header is not it (compared in constant time), 503 once the collectable is gone, else 200 with
+// its metrics in the text exposition format.
+std::string AnswerMetricsRequest(absl::string_view request,
+                                 absl::string_view expected_authorization,
+                                 const std::weak_ptr<prometheus::Collectable>& collectable);
 
 class TlsMetricsServer {
  public:
@@ -53,8 +63,6 @@ class TlsMetricsServer {
   // One of the kMaxConnections serving threads: accepts a connection, serves it, and again.
   void Serve();
   void Handle(int fd);
-  // The answer to `request` (the bytes up to and including the blank line, or fewer).
-  std::string Answer(const std::string& request) const;
   // Runs `op` (an SSL call on the non-blocking `fd`: > 0 is success) until it succeeds, waiting
   // for the socket as OpenSSL asks. Returns its result, or -1 when it fails, `deadline` passes
   // or the server stops.

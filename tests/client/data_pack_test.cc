@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/formats/shard_index.h"
 #include "gmock/gmock.h"
@@ -193,6 +194,22 @@ TEST_F(DataPackTest, CsvColumnsBecomeTensorsOfTheirDtypes) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/bad-00000.safetensors.part"));
   EXPECT_EQ(ParseCsvColumns("x=a:F99").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseCsvColumns("x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Found by fuzz_data_pack (tests/fuzz/corpus/fuzz_data_pack/latin1-tensor-name): a tensor named
+// in Latin-1 ended the CLI with an uncaught exception. Now an error naming it, and no shard.
+TEST_F(DataPackTest, ATensorNameThatIsNotUtf8IsRefused) {
+  std::ofstream(dir_ + "/t.csv") << "a,b\n1,2\n";
+  PackOptions options;
+  options.prefix = dir_ + "/latin1";
+  options.csv_path = dir_ + "/t.csv";
+  options.tensors = *ParseCsvColumns("g\xe4=a,b:F32");
+  absl::Status status = PackShards(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("tensor name 'g\\xe4' is not UTF-8"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), "latin1")) << entry.path();
+  }
 }
 
 // An .npy file as NumPy writes one (version 1.0, header padded to 64 bytes), with `data` after

@@ -158,6 +158,20 @@ TEST(SafetensorsTest, EncodeRejects) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// JSON holds UTF-8 alone: a name or metadata in another encoding is refused, naming it, where it
+// used to end the writer with an exception (found by fuzz_data_pack: a CSV tensor named "g\xe4").
+TEST(SafetensorsTest, EncodeRejectsTextThatIsNotUtf8) {
+  const std::string four(4, 'x');
+  absl::StatusOr<std::string> named = EncodeSafetensors({{"g\xe4", "F32", {1}, four}}, {});
+  EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(named.status().message(), "safetensors: tensor name 'g\\xe4' is not UTF-8");
+  EXPECT_EQ(EncodeSafetensors({{"a", "F32", {1}, four}}, {{"k", "\xff"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeSafetensors({{"a", "F32", {1}, four}}, {{"\xc3", "v"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(EncodeSafetensors({{"g\xc3\xa4", "F32", {1}, four}}, {{"k", "\xc3\xa4"}}).ok());
+}
+
 TEST(SafetensorsTest, AcceptsUnpaddedHeaderFromOtherWriters) {
   const std::string data = Bytes(std::vector<float>{1, 2});
   absl::StatusOr<SafetensorsFile> file =
