@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -14,6 +15,7 @@ namespace {
 
 absl::Mutex log_mu;
 std::string* component ABSL_GUARDED_BY(log_mu) = new std::string("trainyard");
+std::atomic<int> threshold{static_cast<int>(LogSeverity::kInfo)};
 
 }  // namespace
 
@@ -22,7 +24,10 @@ void SetLogComponent(absl::string_view name) {
   *component = std::string(name);
 }
 
+void SetLogThreshold(LogSeverity severity) { threshold = static_cast<int>(severity); }
+
 void LogLine(LogSeverity severity, absl::string_view message) {
+  if (static_cast<int>(severity) < threshold.load(std::memory_order_relaxed)) return;
   const char letter = severity == LogSeverity::kInfo      ? 'I'
                       : severity == LogSeverity::kWarning ? 'W'
                                                           : 'E';

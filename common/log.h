@@ -12,6 +12,9 @@ enum class LogSeverity { kInfo, kWarning, kError };
 
 // Sets the component name printed on every line; call once at the start of main.
 void SetLogComponent(absl::string_view component);
+// Lines below `severity` are not written (kInfo, all, unless told). For programs that run the
+// coordinator's code many times over and watch for crashes only (the fuzz targets).
+void SetLogThreshold(LogSeverity severity);
 void LogLine(LogSeverity severity, absl::string_view message);
 
 template <typename... Args>

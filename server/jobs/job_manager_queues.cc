@@ -19,8 +19,6 @@
 #include "server/lifecycle/job_state.h"
 
 namespace trainyard {
-
-namespace v1 = trainyard::v1;
 using job_manager_internal::kStoppingHold;
 using job_manager_internal::RankRange;
 using job_manager_internal::RunBoundMs;

@@ -9,8 +9,6 @@
 
 namespace trainyard {
 
-namespace v1 = trainyard::v1;
-
 v1::RestartReason ClassifyTaskEnd(const v1::TaskInfo& t) {
   // Killed for memory: the task's own doing, whatever else was asked of it meanwhile.
   if (t.out_of_memory()) return v1::OUT_OF_MEMORY;

@@ -11,8 +11,6 @@
 
 namespace trainyard {
 
-namespace v1 = trainyard::v1;
-
 StandbyCopy::StandbyCopy(std::unique_ptr<PostgresJobStore> store, absl::Duration interval,
                          const Clock& clock)
     : store_(std::move(store)), interval_(interval), clock_(clock), thread_([this] { Loop(); }) {}
