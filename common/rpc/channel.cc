@@ -314,6 +314,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     }
     transport = grpc::InsecureChannelCredentials();
   }
+  // gRPC takes metadata of printable ASCII alone, and ends the process on anything else.
+  for (const char c : credentials.token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          "the token holds a character no token has (tokens are printable ASCII): check the "
+          "token file or TRAINYARD_TOKEN");
+    }
+  }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!credentials.token.empty()) {
     interceptors.push_back(std::make_unique<BearerInterceptorFactory>(credentials.token));

@@ -238,7 +238,12 @@ void ConsoleServer::ServeApi(const httplib::Request& request, httplib::Response&
     return;
   }
   if (!started.ok()) {
-    SetJsonError(response, grpc::StatusCode::INVALID_ARGUMENT, started.status().message());
+    const bool credential = started.status().code() == absl::StatusCode::kUnauthenticated;
+    if (credential) response.set_header("WWW-Authenticate", "Bearer");
+    SetJsonError(
+        response,
+        credential ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::INVALID_ARGUMENT,
+        started.status().message());
     return;
   }
   // The first answer decides the status: a call that ends without one is an error (or, for a

@@ -108,6 +108,14 @@ absl::StatusOr<JsonMethod> JsonGateway::Find(absl::string_view name) {
 absl::StatusOr<std::unique_ptr<JsonCall>> JsonGateway::Start(const JsonMethod& method,
                                                              absl::string_view json,
                                                              const std::string& bearer) const {
+  // gRPC takes metadata of printable ASCII alone, and ends the process on anything else: a token
+  // is never anything else.
+  for (const char c : bearer) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::UnauthenticatedError(
+          "the bearer token holds a character no token has (tokens are printable ASCII)");
+    }
+  }
   google::protobuf::MessageFactory* factory = google::protobuf::MessageFactory::generated_factory();
   std::unique_ptr<Message> request(factory->GetPrototype(method.method->input_type())->New());
   if (!json.empty()) {

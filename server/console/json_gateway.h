@@ -95,7 +95,8 @@ class JsonGateway : public std::enable_shared_from_this<JsonGateway> {
   static absl::StatusOr<JsonMethod> Find(absl::string_view name);
 
   // Starts `method` with the request in `json` (empty: {}) and `bearer` as the credential
-  // (empty: none). INVALID_ARGUMENT naming the field for a body that is not the request in JSON.
+  // (empty: none). INVALID_ARGUMENT naming the field for a body that is not the request in JSON;
+  // UNAUTHENTICATED for a bearer with a byte outside printable ASCII (no token has one).
   absl::StatusOr<std::unique_ptr<JsonCall>> Start(const JsonMethod& method, absl::string_view json,
                                                   const std::string& bearer) const;
 

@@ -193,6 +193,18 @@ TEST_F(ConsoleTest, EveryCallWithoutACredentialIsRefused401) {
   EXPECT_THAT(basic.Json().value("message", ""), HasSubstr("Bearer"));
 }
 
+// Found by fuzz_console_http (tests/fuzz/corpus/fuzz_console_http/bearer-not-ascii): a bearer
+// with a byte outside printable ASCII went on to gRPC as metadata, and gRPC ended the coordinator.
+TEST_F(ConsoleTest, ABearerThatIsNotPrintableAsciiIs401AndTheCoordinatorLivesOn) {
+  for (const std::string& token :
+       {std::string("tyk_\xcb\x01x"), std::string("tyk_\x7f"), alice_ + "\xe4"}) {
+    Answer a = Call("JobService/ListJobs", "{}", token);
+    EXPECT_EQ(a.status, 401) << a.body;
+    EXPECT_THAT(a.Json().value("message", ""), HasSubstr("printable ASCII"));
+  }
+  EXPECT_EQ(Call("JobService/ListJobs", "{}", alice_).status, 200);
+}
+
 TEST_F(ConsoleTest, AUsersTokenIsRefusedAdminCalls403AndPassesTheRest) {
   for (const auto* m : Methods(true)) {
     const std::string name = absl::StrCat(m->service()->name(), "/", m->name());

@@ -428,6 +428,19 @@ TEST_F(CoordinatorServerTest, ServesReflectionWhenAskedFor) {
 }
 
 // Each privilege, refused to whoever lacks it, through the real server.
+// gRPC ends a process that sends metadata outside printable ASCII: a token file holding such a
+// byte is refused with an error instead.
+TEST_F(CoordinatorServerTest, AClientTokenThatIsNotPrintableAsciiIsRefusedBeforeAnyCall) {
+  for (const std::string& token : {std::string("tyk_\xe4"), std::string("tyk_a\tb")}) {
+    ClientCredentials credentials;
+    credentials.token = token;
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        NewClientChannel(address_, credentials);
+    EXPECT_EQ(channel.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(channel.status().message()), HasSubstr("printable ASCII"));
+  }
+}
+
 TEST_F(CoordinatorServerTest, CallsWithoutAValidCredentialAreRefused) {
   v1::ListJobsResponse listed;
   auto anonymous = v1::JobService::NewStub(Channel(""));
