@@ -7,7 +7,7 @@ CTEST_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test test-examples test-docs test-unit test-integration test-images test-trixie images demo bench clean \
-	gpu-bundle gpu-rehearsal fuzz test-asan
+	gpu-bundle gpu-rehearsal san-configure fuzz test-asan test-asan-trainer test-tsan
 
 all: build
 
@@ -61,30 +61,54 @@ gpu-bundle: deps build
 gpu-rehearsal: gpu-bundle
 	@bash scripts/gpu-rehearsal.sh
 
-# The fuzz targets (tests/fuzz/, docs/testing.md): built with clang under AddressSanitizer and
-# UndefinedBehaviorSanitizer in FUZZ_DIR, each run FUZZ_SECONDS from its seeds and what earlier
-# runs found (CI: 20 s each).
-FUZZ_DIR ?= build-fuzz
-FUZZ_SECONDS ?= 60
-fuzz: deps
-	@cmake -S . -B $(FUZZ_DIR) -DCMAKE_CXX_COMPILER=clang++ -DTRAINYARD_FUZZ=ON \
+# The sanitizer tree SAN_DIR: clang, AddressSanitizer (leaks included) and
+# UndefinedBehaviorSanitizer (-fno-sanitize-recover: any undefined behaviour fails), built once
+# for the fuzz targets and the tests under those sanitizers (docs/testing.md).
+SAN_DIR ?= build-fuzz
+san-configure:
+	@cmake -S . -B $(SAN_DIR) -DCMAKE_CXX_COMPILER=clang++ -DTRAINYARD_FUZZ=ON \
 		-DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-	@cmake --build $(FUZZ_DIR) --target fuzzers -j$(JOBS)
-	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
-# The unit tests of the coordinator's and the shared code's classes under AddressSanitizer (leaks
-# included) and UndefinedBehaviorSanitizer, in ASAN_DIR (docs/testing.md, "Sanitizers").
-ASAN_DIR ?= build-asan
-ASAN_TESTS ?= common_test server_logic_test auth_test console_test rendezvous_test \
-	job_manager_test recovery_test coordinator_server_test coordinator_metrics_test job_store_test
-test-asan: deps
-	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-		-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-		-DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
-		>/dev/null
-	@cmake --build $(ASAN_DIR) -j$(JOBS) --target $(ASAN_TESTS)
-	@cd $(ASAN_DIR) && ctest --output-on-failure -E 'postgres' \
+# The fuzz targets (tests/fuzz/), each run FUZZ_SECONDS from its seeds and what earlier runs found
+# (CI: FUZZ_SECONDS=10).
+FUZZ_SECONDS ?= 60
+fuzz: deps san-configure
+	@cmake --build $(SAN_DIR) --target fuzzers -j$(JOBS)
+	@bash scripts/fuzz.sh $(SAN_DIR) $(FUZZ_SECONDS)
+
+# The unit tests of the coordinator, the agent, the CLI and the shared code, and s3_test (real
+# s3rver processes), under those sanitizers. ASAN_TRAINER_TESTS adds the trainer's unit tests
+# (LibTorch, not instrumented: only our code is checked; a longer build, not in CI).
+ASAN_TESTS ?= common_test s3_test server_logic_test auth_test console_test rendezvous_test \
+	job_manager_test recovery_test coordinator_server_test coordinator_metrics_test job_store_test \
+	subprocess_test reconciler_test log_shipper_test preemption_test agent_test \
+	local_address_test agent_metrics_test cli_args_test cli_format_test data_pack_test
+ASAN_TRAINER_TESTS ?= checkpoint_test communicator_test ps_partition_test ps_shard_test \
+	pipeline_plan_test program_parts_test
+test-asan: deps san-configure
+	@cmake --build $(SAN_DIR) -j$(JOBS) --target $(ASAN_TESTS)
+	@cd $(SAN_DIR) && ctest --output-on-failure -E 'postgres' \
 		-R '^($(shell echo $(ASAN_TESTS) | tr ' ' '|'))$$'
+test-asan-trainer: deps san-configure
+	@cmake --build $(SAN_DIR) -j$(JOBS) --target $(ASAN_TRAINER_TESTS)
+	@cd $(SAN_DIR) && ctest --output-on-failure \
+		-R '^($(shell echo $(ASAN_TRAINER_TESTS) | tr ' ' '|'))$$'
+
+# The unit tests of the concurrent classes under ThreadSanitizer, in TSAN_DIR (gcc): the job
+# manager (job_manager_test, recovery_test), the group committer, the standby copy and the lease
+# keeper (job_store_test; postgres_store_test against a PostgreSQL the test starts), the agent's
+# reconciler and log shipper. Reports fail the test; tests/tsan/suppressions.txt lists what is
+# suppressed, and why. Debian 12's Abseil is told of (tests/tsan/absl_sync_annotations.cc).
+TSAN_DIR ?= build-tsan
+TSAN_TESTS ?= tsan_annotations_check job_manager_test recovery_test job_store_test reconciler_test \
+	log_shipper_test agent_test
+test-tsan: deps
+	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAINYARD_TSAN=ON \
+		-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null
+	@cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TESTS)
+	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan/suppressions.txt" \
+		ctest --output-on-failure \
+		-R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|')|postgres_store_test|tsan_annotations_.*)$$'
 
 demo: deps build
 	@bash scripts/demo.sh $(BUILD_DIR)
