@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -31,8 +30,7 @@
 #include "server/console/json_gateway.h"
 #include "server/jobs/job_manager.h"
 #include "tests/fuzz/coordinator_world.h"
-
-namespace fs = std::filesystem;
+#include "tests/fuzz/fuzz_support.h"
 
 namespace trainyard {
 namespace {
@@ -51,9 +49,7 @@ struct World {
 World& TheWorld() {
   static World* world = [] {
     auto* w = new World;
-    std::string dir =
-        (fs::exists("/dev/shm") ? "/dev/shm" : "/tmp") + std::string("/fuzz-console-XXXXXX");
-    if (mkdtemp(dir.data()) == nullptr) std::abort();
+    const std::string dir = fuzz::MakeScratchDir("console");
     constexpr char kKey[] = "0123456789abcdef0123456789abcdef";
     w->auth = *Authenticator::Create(w->tokens, kKey, w->clock);
     w->admin = w->auth->CreateToken("root", Role::kAdmin, absl::InfiniteDuration(), "fuzz")->first;
@@ -108,9 +104,7 @@ std::string Exchange(int port, const std::string& request) {
 }  // namespace trainyard
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (getenv("TRAINYARD_FUZZ_SHOW") == nullptr) {
-    trainyard::SetLogThreshold(trainyard::LogSeverity::kError);
-  }
+  trainyard::fuzz::QuietLogsUnlessShown();
   return 0;
 }
 

@@ -31,6 +31,7 @@
 #include "server/auth/auth.h"
 #include "server/jobs/job_manager.h"
 #include "tests/fuzz/coordinator_world.h"
+#include "tests/fuzz/fuzz_support.h"
 #include "tests/server/fake_job_store.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
@@ -133,12 +134,7 @@ std::string Snapshot(const JobManager& manager) {
 }
 
 void Run(const uint8_t* data, size_t size) {
-  static const std::string* dir = [] {
-    std::string pattern =
-        (fs::exists("/dev/shm") ? "/dev/shm" : "/tmp") + std::string("/fuzz-coordinator-XXXXXX");
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    return new std::string(pattern);
-  }();
+  static const std::string* dir = new std::string(fuzz::MakeScratchDir("coordinator"));
   fs::remove_all(*dir + "/logs");
   ImpatientClock clock;
   FakeJobStore store;
@@ -209,11 +205,7 @@ void Run(const uint8_t* data, size_t size) {
 }  // namespace trainyard
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  // What the coordinator says of each run (jobs submitted, workers lost) is noise here; errors
-  // stay. TRAINYARD_FUZZ_SHOW=1 keeps every line.
-  if (getenv("TRAINYARD_FUZZ_SHOW") == nullptr) {
-    trainyard::SetLogThreshold(trainyard::LogSeverity::kError);
-  }
+  trainyard::fuzz::QuietLogsUnlessShown();
   return 0;
 }
 

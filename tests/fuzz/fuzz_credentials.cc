@@ -20,6 +20,7 @@
 #include "common/rpc/credentials.h"
 #include "common/rpc/metrics_http.h"
 #include "common/storage/s3_auth.h"
+#include "tests/fuzz/fuzz_support.h"
 #include "worker/agent/task_user.h"
 
 namespace fs = std::filesystem;
@@ -29,13 +30,8 @@ namespace {
 constexpr char kKey[] = "0123456789abcdef0123456789abcdef";
 
 const std::string& FilePath() {
-  static const std::string* path = [] {
-    std::string base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path().string();
-    std::string pattern = base + "/fuzz-credentials-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    return new std::string(pattern + "/file");
-  }();
-  return *path;
+  static const std::string path = trainyard::fuzz::MakeScratchDir("credentials") + "/file";
+  return path;
 }
 
 std::string Write(absl::string_view bytes) {

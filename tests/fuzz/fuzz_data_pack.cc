@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "client/data_pack.h"
 #include "common/formats/safetensors.h"
+#include "tests/fuzz/fuzz_support.h"
 
 namespace fs = std::filesystem;
 using trainyard::cli::PackColumn;
@@ -26,13 +27,8 @@ using trainyard::cli::PackOptions;
 namespace {
 
 const std::string& Sandbox() {
-  static const std::string* dir = [] {
-    std::string base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path().string();
-    std::string pattern = base + "/fuzz-pack-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    return new std::string(pattern);
-  }();
-  return *dir;
+  static const std::string dir = trainyard::fuzz::MakeScratchDir("pack");
+  return dir;
 }
 
 std::string Write(const std::string& name, absl::string_view bytes) {

@@ -16,20 +16,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/formats/workdir_archive.h"
+#include "tests/fuzz/fuzz_support.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// A folder of its own in memory-backed /dev/shm (or the temp folder), made once.
 const std::string& Sandbox() {
-  static const std::string* dir = [] {
-    std::string base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path().string();
-    std::string pattern = base + "/fuzz-workdir-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    return new std::string(pattern);
-  }();
-  return *dir;
+  static const std::string dir = trainyard::fuzz::MakeScratchDir("workdir");
+  return dir;
 }
 
 void Unpack(absl::string_view archive) {

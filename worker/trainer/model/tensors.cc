@@ -93,7 +93,11 @@ absl::StatusOr<SafetensorsPieces> LayOutTensors(
     object.tensors.push_back(tensor.detach().to(torch::kCPU).contiguous());
     const torch::Tensor& t = object.tensors.back();
     view.shape = t.sizes().vec();
-    view.data = absl::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    // A tensor of no elements may have no storage (a null data pointer): its view points at ""
+    // instead, as whoever copies the pieces (memcpy) must not be handed a null pointer.
+    view.data = t.nbytes() == 0
+                    ? absl::string_view("", 0)
+                    : absl::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes());
     object.data.push_back(view.data);
     views.push_back(std::move(view));
   }
