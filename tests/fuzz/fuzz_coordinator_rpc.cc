@@ -1,10 +1,10 @@
-// The coordinator's gRPC services (JobService, AgentService, AdminService) fed calls of any bytes
-// from any caller, as anyone who reaches the port may send them: each input is a run of calls,
-// each call's bytes parsed by gRPC into the method's request type and handed to the real service
-// and JobManager, on a clock that moves only with the calls and an in-memory store. After the
-// run, what the coordinator shows must be what it committed: a second coordinator recovering from
-// the store shows the same jobs (state, attempt, tasks, events, checkpoints) and workers. A
-// crash, a leak, undefined behaviour or a difference stops the fuzzer.
+// The coordinator's gRPC services (JobService, AgentService, AdminService, SearchService) fed calls
+// of any bytes from any caller, as anyone who reaches the port may send them: each input is a run
+// of calls, each call's bytes parsed by gRPC into the method's request type and handed to the real
+// service, JobManager and SearchManager, on a clock that moves only with the calls and an in-memory
+// store. After the run, what the coordinator shows must be what it committed: a second coordinator
+// recovering from the store shows the same jobs (state, attempt, tasks, events, checkpoints),
+// workers and searches. A crash, a leak, undefined behaviour or a difference stops the fuzzer.
 //
 // An input is a run of records: [method][caller][seconds to move the clock][length, 2 bytes LE]
 // [request bytes]. The method indexes the services' methods in their proto's order (those taking
@@ -30,6 +30,7 @@
 #include "server/api/coordinator_server.h"
 #include "server/auth/auth.h"
 #include "server/jobs/job_manager.h"
+#include "server/searches/search_manager.h"
 #include "tests/fuzz/coordinator_world.h"
 #include "tests/fuzz/fuzz_support.h"
 #include "tests/server/fake_job_store.h"
@@ -50,8 +51,8 @@ struct Method {
 const std::vector<Method>& Methods() {
   static const std::vector<Method>* methods = [] {
     auto* out = new std::vector<Method>;
-    for (const char* name :
-         {"trainyard.v1.JobService", "trainyard.v1.AgentService", "trainyard.v1.AdminService"}) {
+    for (const char* name : {"trainyard.v1.JobService", "trainyard.v1.AgentService",
+                             "trainyard.v1.AdminService", "trainyard.v1.SearchService"}) {
       const google::protobuf::ServiceDescriptor* service =
           google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
       if (service == nullptr) std::abort();
@@ -108,9 +109,17 @@ void Call(grpc::Channel& channel, const Method& method, const std::string& crede
   reader->Finish().error_code();
 }
 
-// What a coordinator shows of its jobs and workers, in the terms the store keeps.
-std::string Snapshot(const JobManager& manager) {
+// What a coordinator shows of its jobs, workers and searches, in the terms the store keeps.
+std::string Snapshot(const JobManager& manager, const SearchManager& searches) {
   std::string out;
+  for (const trainyard::v1::Search& listed : searches.List()) {
+    absl::StatusOr<trainyard::v1::Search> search = searches.Get(listed.id());
+    if (!search.ok()) __builtin_trap();
+    absl::StrAppend(&out, "search ", search->id(), " ", search->name(), " ", search->owner(), " ",
+                    trainyard::v1::SearchState_Name(search->state()), " created ",
+                    search->trials_created(), " best ", search->best_trial(), " trials ",
+                    search->trials_size(), " spec ", search->spec().ShortDebugString(), "\n");
+  }
   absl::StatusOr<ListJobsResult> listed = manager.ListJobs({}, 1000, "");
   if (!listed.ok()) __builtin_trap();
   for (const trainyard::v1::Job& summary : listed->jobs) {
@@ -159,7 +168,12 @@ void Run(const uint8_t* data, size_t size) {
       JobManager::Create(clock, std::make_unique<SharedStore>(store),
                          std::make_unique<LogStore>(*dir + "/logs"), ManagerOptions(*dir));
   if (!manager.ok()) __builtin_trap();
+  std::unique_ptr<TrialJobs> trials = TrialJobsOf(**manager);
+  absl::StatusOr<std::unique_ptr<SearchManager>> searches =
+      SearchManager::Create(clock, *trials, std::make_unique<SharedStore>(store));
+  if (!searches.ok()) __builtin_trap();
   CoordinatorServerOptions options;
+  options.searches = searches->get();
   options.tick_interval = absl::Hours(1);  // ticks when the manager asks, and after each call
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
       CoordinatorServer::Start(**manager, **auth, options);
@@ -178,10 +192,13 @@ void Run(const uint8_t* data, size_t size) {
     Call(*channel, method, caller, bytes);
     clock.Advance(absl::Seconds(seconds));
     (*manager)->Tick();
+    (*searches)->Tick();
   }
-  const std::string live = Snapshot(**manager);
+  const std::string live = Snapshot(**manager, **searches);
   (*server)->Shutdown(absl::Seconds(1));
   server->reset();
+  searches->reset();
+  trials.reset();
   manager->reset();
 
   absl::StatusOr<std::unique_ptr<JobManager>> recovered =
@@ -191,7 +208,14 @@ void Run(const uint8_t* data, size_t size) {
     fprintf(stderr, "recovery failed: %s\n", recovered.status().ToString().c_str());
     __builtin_trap();
   }
-  const std::string again = Snapshot(**recovered);
+  std::unique_ptr<TrialJobs> recovered_trials = TrialJobsOf(**recovered);
+  absl::StatusOr<std::unique_ptr<SearchManager>> recovered_searches =
+      SearchManager::Create(clock, *recovered_trials, std::make_unique<SharedStore>(store));
+  if (!recovered_searches.ok()) {
+    fprintf(stderr, "recovery failed: %s\n", recovered_searches.status().ToString().c_str());
+    __builtin_trap();
+  }
+  const std::string again = Snapshot(**recovered, **recovered_searches);
   // TRAINYARD_FUZZ_SHOW=1: what a run left, to read what an input does.
   if (getenv("TRAINYARD_FUZZ_SHOW") != nullptr) fprintf(stderr, "%s", live.c_str());
   if (again != live) {
