@@ -7,7 +7,7 @@ CTEST_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test test-examples test-docs test-unit test-integration test-images test-trixie images demo bench clean \
-	gpu-bundle gpu-rehearsal san-configure fuzz test-asan test-asan-trainer test-tsan
+	gpu-bundle gpu-rehearsal san-configure fuzz test-asan test-asan-trainer test-tsan test-tsan-trainer
 
 all: build
 
@@ -109,6 +109,16 @@ test-tsan: deps
 	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan/suppressions.txt" \
 		ctest --output-on-failure \
 		-R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|')|postgres_store_test|tsan_annotations_.*)$$'
+
+# The Gloo communicator's pairs (communicator_test) under ThreadSanitizer: the trainer's library,
+# a longer build, not in CI.
+TSAN_TRAINER_TESTS ?= communicator_test
+test-tsan-trainer: deps
+	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAINYARD_TSAN=ON \
+		-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null
+	@cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TRAINER_TESTS)
+	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan/suppressions.txt" \
+		ctest --output-on-failure -R '^($(shell echo $(TSAN_TRAINER_TESTS) | tr ' ' '|'))$$'
 
 demo: deps build
 	@bash scripts/demo.sh $(BUILD_DIR)
