@@ -53,6 +53,7 @@ ROOMS = {
     "jobs": {"store", "scheduling", "auth", "lifecycle"},
     "searches": {"jobs", "auth", "store"},
     "api": {"jobs", "searches", "auth"},
+    "capacity": {"jobs"},
     "console": set(),
 }
 # The shared code's rooms (docs/architecture.md, "Shared code"); the files at common/ itself (the

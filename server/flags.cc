@@ -173,3 +173,49 @@ ABSL_FLAG(std::string, console_port_file, "",
           "If set, once the console listens, write its port number to this file.");
 ABSL_FLAG(int64_t, console_max_body_bytes, int64_t{4} << 20,
           "The largest JSON body the console's API reads; larger is refused with 413.");
+
+// Machines asked for when gangs wait (server/capacity/; docs/operations.md, "Running on Slurm").
+// A file of these lines, given with --flagfile=FILE, is the provider's configuration.
+ABSL_FLAG(std::string, capacity, "",
+          "Ask a cluster manager for nodes when jobs wait for workers: 'slurm' (sbatch, squeue "
+          "and scancel on this host, with --slurm_*), or empty for none.");
+ABSL_FLAG(std::string, slurm_script, "",
+          "The sbatch script each allocation runs: deploy/slurm/trainyard-agents.sbatch, where "
+          "this host can read it.");
+ABSL_FLAG(std::string, slurm_partition, "", "sbatch --partition (empty: Slurm's default).");
+ABSL_FLAG(std::string, slurm_account, "", "sbatch --account (empty: the user's default).");
+ABSL_FLAG(std::string, slurm_qos, "", "sbatch --qos (empty: the default).");
+ABSL_FLAG(std::string, slurm_time_limit, "",
+          "sbatch --time of each allocation (e.g. 4:00:00; empty: the partition's default). Its "
+          "agents get SIGTERM before it ends (the script's --signal) and their jobs move on.");
+ABSL_FLAG(int, slurm_cpus_per_node, 0,
+          "CPUs of a node of the partition: the slots its agent offers (allocations take whole "
+          "nodes), for how many nodes a job needs.");
+ABSL_FLAG(int, slurm_gpus_per_node, 0,
+          "GPUs of a node of the partition; > 0 asks for them with --gres=gpu:N.");
+ABSL_FLAG(std::string, slurm_memory_per_node, "",
+          "Memory of a node of the partition (64GiB), for how many ranks fit one; empty: not "
+          "counted.");
+ABSL_FLAG(int, slurm_max_nodes, 4, "The most Slurm nodes held at once, asked for or running.");
+ABSL_FLAG(std::string, slurm_env_file, "",
+          "The agents' settings on the nodes (the script's TRAINYARD_SLURM_ENV; default there "
+          "/etc/trainyard/slurm.env): coordinator address, CA, token folder. Nothing of this "
+          "process's environment is passed on.");
+ABSL_FLAG(std::string, slurm_output_dir, "",
+          "Where each allocation's log goes (trainyard-agents-JOBID.out); empty: Slurm's "
+          "default, the folder sbatch runs in.");
+ABSL_FLAG(std::string, slurm_job_name, "trainyard-agents",
+          "The name of this coordinator's allocations, by which a restarted coordinator finds "
+          "them; one name per Trainyard cluster.");
+ABSL_FLAG(std::string, slurm_sbatch_args, "",
+          "More sbatch arguments, split at spaces (e.g. --constraint=a100).");
+ABSL_FLAG(std::string, slurm_worker_prefix, "",
+          "The script's TRAINYARD_WORKER_PREFIX: an agent's worker name is this and its node's "
+          "name.");
+ABSL_FLAG(absl::Duration, slurm_idle_timeout, absl::Minutes(5),
+          "An allocation whose agents have run nothing for this long is cancelled.");
+ABSL_FLAG(absl::Duration, slurm_retry_after, absl::Seconds(30),
+          "After Slurm refuses an allocation, wait this long before asking again for that job "
+          "(doubling each time, up to 10 minutes).");
+ABSL_FLAG(absl::Duration, slurm_poll_interval, absl::Seconds(5),
+          "How often the waiting jobs and Slurm's queue are looked at.");

@@ -60,5 +60,23 @@ ABSL_DECLARE_FLAG(int64_t, metric_history_points);
 ABSL_DECLARE_FLAG(std::string, console_listen);
 ABSL_DECLARE_FLAG(std::string, console_port_file);
 ABSL_DECLARE_FLAG(int64_t, console_max_body_bytes);
+ABSL_DECLARE_FLAG(std::string, capacity);
+ABSL_DECLARE_FLAG(std::string, slurm_script);
+ABSL_DECLARE_FLAG(std::string, slurm_partition);
+ABSL_DECLARE_FLAG(std::string, slurm_account);
+ABSL_DECLARE_FLAG(std::string, slurm_qos);
+ABSL_DECLARE_FLAG(std::string, slurm_time_limit);
+ABSL_DECLARE_FLAG(int, slurm_cpus_per_node);
+ABSL_DECLARE_FLAG(int, slurm_gpus_per_node);
+ABSL_DECLARE_FLAG(std::string, slurm_memory_per_node);
+ABSL_DECLARE_FLAG(int, slurm_max_nodes);
+ABSL_DECLARE_FLAG(std::string, slurm_env_file);
+ABSL_DECLARE_FLAG(std::string, slurm_output_dir);
+ABSL_DECLARE_FLAG(std::string, slurm_job_name);
+ABSL_DECLARE_FLAG(std::string, slurm_sbatch_args);
+ABSL_DECLARE_FLAG(std::string, slurm_worker_prefix);
+ABSL_DECLARE_FLAG(absl::Duration, slurm_idle_timeout);
+ABSL_DECLARE_FLAG(absl::Duration, slurm_retry_after);
+ABSL_DECLARE_FLAG(absl::Duration, slurm_poll_interval);
 
 #endif  // TRAINYARD_SERVER_FLAGS_H_

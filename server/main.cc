@@ -42,6 +42,7 @@
 #include "common/storage/uri.h"
 #include "server/api/coordinator_server.h"
 #include "server/api/metrics.h"
+#include "server/capacity_setup.h"
 #include "server/console/console_server.h"
 #include "server/console/json_gateway.h"
 #include "server/flags.h"
@@ -340,8 +341,16 @@ int Lead(StateStores& stores, const std::string& abs_state, JobManagerOptions op
   if (console != nullptr) console->SetGateway(gateway);
   absl::Cleanup no_console = [console, &gateway] { StopConsoleCalls(console, gateway); };
 
+  absl::StatusOr<std::unique_ptr<CapacityLoop>> capacity = CapacityFromFlags(**manager);
+  if (!capacity.ok()) {
+    LogError(capacity.status().message());
+    return 1;
+  }
+  if (*capacity != nullptr) (*capacity)->Start();
+
   const int signal_number = WaitForSignal();
   LogInfo("signal ", signal_number, ": shutting down");
+  capacity->reset();
   (*server)->Shutdown(absl::Seconds(5));
   std::move(no_serving).Invoke();
   std::move(no_console).Invoke();

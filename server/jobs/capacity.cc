@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "server/jobs/job_manager_internal.h"
 #include "server/lifecycle/job_state.h"
 
 namespace trainyard {
@@ -27,6 +28,15 @@ int64_t MemoryOfRank(const v1::JobSpec& spec, int rank) {
   }
   return MemoryPerRank(spec);
 }
+
+int MinRanks(const v1::JobSpec& spec) {
+  int min_ranks = 1;
+  int max_ranks = 1;
+  job_manager_internal::RankRange(spec, min_ranks, max_ranks);
+  return min_ranks;
+}
+
+int Shards(const v1::JobSpec& spec) { return job_manager_internal::ShardCount(spec); }
 
 int SlotsPerShard(const v1::JobSpec& spec) { return std::max(spec.parameter_servers().slots(), 1); }
 

@@ -26,6 +26,10 @@ int64_t MemoryPerRank(const trainyard::v1::JobSpec& spec);
 // Rank `rank`'s memory: its stage's pipeline.memory, else MemoryPerRank.
 int64_t MemoryOfRank(const trainyard::v1::JobSpec& spec, int rank);
 int SlotsPerShard(const trainyard::v1::JobSpec& spec);
+// The ranks a job's gang holds at least (1 for a single-process job), and its parameter-server
+// shards (0 unless parameter_server).
+int MinRanks(const trainyard::v1::JobSpec& spec);
+int Shards(const trainyard::v1::JobSpec& spec);
 int64_t MemoryPerShard(const trainyard::v1::JobSpec& spec);
 
 // What one task holds, and the limits its agent enforces.

@@ -326,6 +326,11 @@ class JobManager {
   // The state the coordinator's gauges show, taken at once under the lock. Thread-safe.
   ClusterMetricsSnapshot MetricsSnapshot() const;
 
+  // What was asked of a capacity provider for each waiting job (server/capacity/), shown after
+  // the scheduler's reason ("no ready workers; asked Slurm for 2 nodes (job 7 PENDING)") until
+  // the next call. Not stored: the asker says it again each round. Thread-safe.
+  void SetCapacityNotes(std::map<std::string, std::string> notes);
+
   // ---- Background ----
 
   // One round of housekeeping at clock time: expire leases, restart attempts that lost a worker,
@@ -530,6 +535,9 @@ class JobManager {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool ShowReasonsLocked(const ScheduleDecision& decision, bool whole)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A pending job's reason with its capacity note after it.
+  std::string WithCapacityNoteLocked(const std::string& job_id, const std::string& reason) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Workers came, went or changed state: parked jobs are looked at again.
   void ClusterChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SchedJob SchedJobLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -628,6 +636,7 @@ class JobManager {
   absl::Time next_full_schedule_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::set<QueueKey> new_pending_ ABSL_GUARDED_BY(mu_);
   std::string schedule_blocker_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> capacity_notes_ ABSL_GUARDED_BY(mu_);  // by job id
   int blocked_syncs_ ABSL_GUARDED_BY(mu_) = 0;
   // Per worker, ranks of attempts that a failure ended, still running there: killed at once
   // (SyncResponse.kill_task_ids) until their agent reports them ended.

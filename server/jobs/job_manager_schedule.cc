@@ -164,8 +164,9 @@ bool JobManager::ShowReasonsLocked(const ScheduleDecision& decision, bool whole)
     if (entry == nullptr) continue;
     if (schedule_blocker_.empty() && job_id == decision.reserved_for) schedule_blocker_ = job_id;
     const int64_t start = job_id == decision.reserved_for ? decision.reserved_start_ms : 0;
-    if (entry->job.reason() == reason && entry->job.estimated_start_unix_ms() == start) continue;
-    entry->job.set_reason(reason);
+    const std::string shown = WithCapacityNoteLocked(job_id, reason);
+    if (entry->job.reason() == shown && entry->job.estimated_start_unix_ms() == start) continue;
+    entry->job.set_reason(shown);
     entry->job.set_estimated_start_unix_ms(start);
     entry->version++;
     reasons_changed = true;
@@ -192,6 +193,40 @@ bool JobManager::ShowReasonsLocked(const ScheduleDecision& decision, bool whole)
     }
   }
   return reasons_changed;
+}
+
+std::string JobManager::WithCapacityNoteLocked(const std::string& job_id,
+                                               const std::string& reason) const {
+  auto note = capacity_notes_.find(job_id);
+  return note == capacity_notes_.end() ? reason : absl::StrCat(reason, "; ", note->second);
+}
+
+void JobManager::SetCapacityNotes(std::map<std::string, std::string> notes) {
+  absl::MutexLock lock(&mu_);
+  bool changed = false;
+  std::set<std::string> ids;
+  for (const auto& [id, note] : capacity_notes_) ids.insert(id);
+  for (const auto& [id, note] : notes) ids.insert(id);
+  for (const std::string& id : ids) {
+    JobEntry* entry = FindLocked(id);
+    if (entry == nullptr || entry->job.state() != v1::PENDING) continue;
+    auto old = capacity_notes_.find(id);
+    auto now = notes.find(id);
+    const std::string old_note = old == capacity_notes_.end() ? "" : old->second;
+    const std::string new_note = now == notes.end() ? "" : now->second;
+    if (old_note == new_note) continue;
+    // The scheduler's reason is what precedes the old note.
+    std::string reason = entry->job.reason();
+    const std::string old_suffix = absl::StrCat("; ", old_note);
+    if (!old_note.empty() && absl::EndsWith(reason, old_suffix)) {
+      reason.resize(reason.size() - old_suffix.size());
+    }
+    entry->job.set_reason(new_note.empty() ? reason : absl::StrCat(reason, "; ", new_note));
+    entry->version++;
+    changed = true;
+  }
+  capacity_notes_ = std::move(notes);
+  if (changed) changed_.SignalAll();
 }
 
 void JobManager::ScheduleLocked() {
