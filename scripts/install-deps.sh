@@ -26,13 +26,15 @@ packages=(
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev
   # test-only tools
   awscli python3-botocore prometheus python3-torch python3-numpy curl yamllint
-  openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables iptables
+  openssl python3-grpcio python3-protobuf python3-optuna iproute2 nftables iptables shellcheck
   # the console's browser test: a real headless Chromium driven by Selenium
   chromium chromium-driver python3-selenium
   # the fuzz targets (make fuzz): clang with libFuzzer and the sanitizers' runtimes
   clang libclang-rt-dev
   # the PostgreSQL store's tests start their own server from these binaries (no service)
   postgresql
+  # the Slurm tests start their own controller, node daemons and munge (no service)
+  slurmctld slurmd slurm-client munge
   # the structure check (scripts/check_structure.py): function ends and formatting
   universal-ctags clang-format
   # benchmarks (bench/cpu_step.py) and the programs example (torchvision, PIL)

@@ -73,6 +73,7 @@ class HostCluster:
         self.procs = {}  # name -> Popen
         self.started_at = {}  # host -> when its agent was last started (time.time())
         self.agent_flags = list(agent_flags)
+        self.extra_env = {}  # more of every process's environment (a test's SLURM_CONF)
         # Holds (the trainer's TRAINYARD_TEST_HOLD_DIR): a job waits at a known step for a test.
         self.hold_dir = self.path("holds")
         os.makedirs(self.hold_dir)
@@ -299,6 +300,7 @@ class HostCluster:
         if self.s3:
             env.update(S3_KEYS)
             env["AWS_ENDPOINT_URL"] = self.s3_endpoint
+        env.update(self.extra_env)
         return env
 
     def cli(self, args, check=True, host=None):

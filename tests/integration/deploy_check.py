@@ -10,7 +10,8 @@
 - yamllint on deploy/ (a python3-yaml check with duplicate keys, tabs and trailing spaces when
   yamllint is missing);
 - the Dockerfile's targets are the ones documented in docs/operations.md;
-- the Grafana dashboards and provisioning files are well formed.
+- the Grafana dashboards and provisioning files are well formed;
+- the Slurm agents' sbatch script passes bash -n and shellcheck and keeps its #SBATCH lines.
 
 Usage: deploy_check.py SOURCE_DIR. Exits 0 when everything passes, 1 otherwise.
 """
@@ -367,6 +368,20 @@ def check_grafana(deploy):
                 check(yaml.safe_load(f).get("apiVersion") == 1, f"{path}: apiVersion 1")
 
 
+def check_slurm(deploy):
+    """The agents' sbatch script: bash's syntax check and shellcheck, and the #SBATCH lines the
+    operations guide counts on."""
+    script = os.path.join(deploy, "slurm", "trainyard-agents.sbatch")
+    code, out = run(["bash", "-n", script])
+    check(code == 0, f"bash -n {script}:\n{out}")
+    code, out = run(["shellcheck", script])
+    check(code == 0, f"shellcheck {script}:\n{out}")
+    with open(script) as f:
+        directives = {line.split()[1] for line in f if line.startswith("#SBATCH ")}
+    for d in ("--ntasks-per-node=1", "--exclusive", "--signal=TERM@120", "--requeue"):
+        check(d in directives, f"{script}: no #SBATCH {d}")
+
+
 def main():
     source = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TRAINYARD_SOURCE_DIR", ".")
     deploy = os.path.join(source, "deploy")
@@ -376,6 +391,7 @@ def main():
     check_yaml(deploy)
     check_dockerfile(source, deploy)
     check_grafana(deploy)
+    check_slurm(deploy)
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1
