@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/formats/safetensors.h"
 #include "common/formats/torchscript_archive.h"
+#include "common/json_fields.h"
 #include "common/spec/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,6 +22,22 @@ std::string Le(uint64_t value, int bytes) {
   std::string out;
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
   return out;
+}
+
+// What nlohmann's value() throws on (a field of another type, a value that is no object) gives
+// the fallback instead: a JSON file or message from outside cannot end the process.
+TEST(HostileInputsTest, JsonFieldsOfAnotherTypeGiveTheFallback) {
+  const nlohmann::json object = nlohmann::json::parse(
+      R"({"format": {"name": "x"}, "size": "12", "big": 18446744073709551615, "ok": 5,
+          "name": "n"})");
+  EXPECT_EQ(JsonString(object, "format", "none"), "none");
+  EXPECT_EQ(JsonString(object, "name"), "n");
+  EXPECT_EQ(JsonInt(object, "size", -1), -1);
+  EXPECT_EQ(JsonInt(object, "big", -1), -1);
+  EXPECT_EQ(JsonInt(object, "ok", -1), 5);
+  EXPECT_EQ(JsonInt(nlohmann::json::array({1}), "ok", -1), -1);
+  EXPECT_EQ(JsonString(nlohmann::json("text"), "ok"), "");
+  EXPECT_EQ(JsonField(object, "missing", nlohmann::json::array()), nlohmann::json::array());
 }
 
 TEST(HostileInputsTest, ASpecNestedAHundredThousandDeepIsRefused) {

@@ -10,14 +10,17 @@
 // run): jobs an input submits stay for the next ones, as on a real coordinator.
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -83,19 +86,41 @@ std::string Exchange(int port, const std::string& request) {
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) std::abort();
+  // libFuzzer's timer (SIGALRM, for -timeout) interrupts calls: a connect it interrupts goes
+  // on by itself, and is waited for; reads and writes are tried again.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    int error = errno;
+    if (error == EINTR) {
+      pollfd writable{fd, POLLOUT, 0};
+      while (poll(&writable, 1, 10000) < 0 && errno == EINTR) {
+      }
+      socklen_t length = sizeof(error);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+    }
+    if (error != 0) {
+      // The harness's own failure, not the console's answer: say which.
+      fprintf(stderr, "cannot connect to the console on port %d: %s\n", port, strerror(error));
+      std::abort();
+    }
+  }
   timeval timeout{2, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   for (size_t sent = 0; sent < request.size();) {
     const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     sent += static_cast<size_t>(n);
   }
   shutdown(fd, SHUT_WR);
   std::string answer;
   char buffer[16384];
-  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) answer.append(buffer, n);
+  for (;;) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    answer.append(buffer, n);
+  }
   close(fd);
   return answer;
 }

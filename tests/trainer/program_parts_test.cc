@@ -166,6 +166,17 @@ TEST(ProgramFilesTest, AManifestNamingAPathOutsideIsRefused) {
   EXPECT_THAT(restored.status().message(), HasSubstr("not a safe name"));
 }
 
+// Found by fuzz_checkpoint: a field of another type ended the trainer with nlohmann's
+// type_error, where a bad manifest is an error like any other.
+TEST(ProgramFilesTest, AManifestWithFieldsOfOtherTypesIsRefusedNotThrown) {
+  for (const char* text : {R"({"format": {"name": "cosine"}, "objects": [], "step": 1})",
+                           R"({"format": 7, "objects": [], "step": 1})", R"([{"format": "x"}])",
+                           R"({"format": "trainyard-checkpoint/1", "objects": {}, "step": "1"})"}) {
+    absl::StatusOr<Manifest> manifest = DecodeManifest(text);
+    EXPECT_EQ(manifest.status().code(), absl::StatusCode::kInvalidArgument) << text;
+  }
+}
+
 TEST(ProgramFilesTest, ALinkInTheCheckpointFolderIsNotSentUp) {
   ScratchFolder dir;
   WriteText(dir.path() + "/ckpt/model.pt", "weights");

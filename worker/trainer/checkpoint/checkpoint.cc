@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/formats/safetensors.h"
+#include "common/json_fields.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/storage/uri.h"
@@ -379,7 +380,7 @@ absl::Status Checkpointer::Save(const CheckpointData& data, absl::Time give_up_a
     if (!listed.ok()) return listed.status();
     for (const json& entry : *listed) {
       objects.push_back(entry);
-      total_bytes += entry.value("size", int64_t{0});
+      total_bytes += JsonInt(entry, "size", 0);
     }
   }
   json manifest = {{"format", kCheckpointFormat},

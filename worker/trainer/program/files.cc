@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/formats/workdir_archive.h"
+#include "common/json_fields.h"
 #include "common/sha256.h"
 #include "common/storage/checkpoint_layout.h"
 #include "common/storage/uri.h"
@@ -206,7 +207,7 @@ std::string EncodeManifest(const std::string& job_id, int64_t step, int64_t gene
 
 absl::StatusOr<Manifest> DecodeManifest(absl::string_view text) {
   const json manifest = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!manifest.is_object() || manifest.value("format", "") != kFormat ||
+  if (!manifest.is_object() || JsonString(manifest, "format") != kFormat ||
       !manifest.contains("objects") || !manifest["objects"].is_array() ||
       !manifest.contains("step") || !manifest["step"].is_number_integer()) {
     return absl::InvalidArgumentError(absl::StrCat("not a ", kFormat, " manifest"));

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/exit_codes.h"
+#include "common/json_fields.h"
 #include "common/log.h"
 #include "common/storage/uri.h"
 
@@ -280,7 +281,7 @@ absl::Status Host::MeetPeers() {
       if (!text.ok()) return text.status();
       const json peer = json::parse(*text, nullptr, /*allow_exceptions=*/false);
       if (!peer.is_object()) return absl::InternalError(absl::StrCat("rank ", r, ": bad entry"));
-      peers[r] = Peer{peer.value("address", ""), peer.value("gpus", "")};
+      peers[r] = Peer{JsonString(peer, "address"), JsonString(peer, "gpus")};
     }
   }
   layout_ = LayoutOf(peers, task_.rank());

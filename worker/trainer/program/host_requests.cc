@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/json_fields.h"
 #include "common/log.h"
 #include "common/storage/checkpoint_layout.h"
 #include "common/storage/uri.h"
@@ -61,7 +62,7 @@ absl::Status DecodeOutcome(const std::string& text) {
 }  // namespace
 
 json Host::Handle(const json& request) {
-  const std::string op = request.value("op", "");
+  const std::string op = JsonString(request, "op");
   if (op == "report") return OnReport(request);
   if (op == "commit") return OnCommit(request);
   if (op == "stopping") {
@@ -77,7 +78,7 @@ json Host::Handle(const json& request) {
 json Host::OnReport(const json& request) {
   const std::optional<int64_t> step = StepOf(request);
   if (!step.has_value()) return Refused("report: step must be an integer >= 0");
-  const json metrics = request.value("metrics", json::object());
+  const json metrics = JsonField(request, "metrics", json::object());
   if (!metrics.is_object() || metrics.size() > kMaxMetrics) {
     return Refused(absl::StrCat("report: at most ", kMaxMetrics, " metrics, by name"));
   }
@@ -200,9 +201,9 @@ absl::Status Host::CommitAsRankZero(int64_t n, int64_t step, std::vector<StoredF
     if (!theirs.is_object()) return absl::InternalError(absl::StrCat("rank ", r, ": bad entry"));
     if (theirs.contains("error")) {
       return absl::UnavailableError(absl::StrCat("commit_checkpoint of step ", step, ": rank ", r,
-                                                 ": ", theirs.value("error", "")));
+                                                 ": ", JsonString(theirs, "error")));
     }
-    const int64_t their_step = theirs.value("step", int64_t{-1});
+    const int64_t their_step = JsonInt(theirs, "step", -1);
     if (their_step != step) {
       return absl::InvalidArgumentError(
           absl::StrCat("commit_checkpoint: rank ", r, " committed step ", their_step,
@@ -211,7 +212,7 @@ absl::Status Host::CommitAsRankZero(int64_t n, int64_t step, std::vector<StoredF
                        step, ": every rank commits the same steps, in the same order"));
     }
     absl::StatusOr<std::vector<StoredFile>> their_files =
-        DecodeFiles(theirs.value("objects", json::array()));
+        DecodeFiles(JsonField(theirs, "objects", json::array()));
     if (!their_files.ok()) {
       return absl::InternalError(
           absl::StrCat("rank ", r, "'s part of the commit: ", their_files.status().message()));
