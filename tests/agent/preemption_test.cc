@@ -21,6 +21,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
+#include "tests/common/scratch_files.h"
+#include "worker/agent/drain_watcher.h"
 #include "worker/agent/preemption_notice.h"
 #include "worker/agent/preemption_watcher.h"
 
@@ -396,6 +398,46 @@ TEST(PreemptionWatcherTest, DestructionAbortsARequestThatHangs) {
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_TRUE(notices.all().empty());
+}
+
+// ---- a drain, from a command (Slurm's sinfo) ----
+
+TEST(DrainWatcherTest, SaysDrainedReadsSlurmsStates) {
+  for (const char* drained : {"drained", "draining\n", "MIXED+DRAIN", "drained*", "idle drain"}) {
+    EXPECT_TRUE(SaysDrained(drained)) << drained;
+  }
+  for (const char* not_drained : {"idle", "mixed", "allocated\n", "", "undrained", "drainage"}) {
+    EXPECT_FALSE(SaysDrained(not_drained)) << not_drained;
+  }
+}
+
+TEST(DrainWatcherTest, TheFirstDrainedAnswerIsANoticeAndFailuresOnlyLogged) {
+  testing::ScratchFolder dir;
+  const std::string state = dir.path() + "/state";
+  // What sinfo would print, from a file the test changes: first a failure, then idle, then
+  // drained.
+  DrainWatcherOptions options;
+  options.command = {"sh", "-c", "cat " + state};
+  options.poll_interval = absl::Milliseconds(10);
+  options.grace_period = kGrace;
+  FakeClock clock;
+  DrainWatcher probe(options, clock);
+  EXPECT_EQ(probe.PollOnce().status().code(), absl::StatusCode::kUnavailable);
+  testing::WriteText(state, "mixed\n");
+  absl::StatusOr<std::optional<PreemptionNotice>> polled = probe.PollOnce();
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_FALSE(polled->has_value());
+  testing::WriteText(state, "draining\n");
+  Notices notices;
+  {
+    DrainWatcher watcher(options, clock);
+    watcher.Start(notices.Callback());
+    ASSERT_TRUE(notices.Await(absl::Seconds(30)));
+  }
+  ASSERT_EQ(notices.all().size(), 1u);
+  EXPECT_EQ(notices.all()[0].source, "drain");
+  EXPECT_EQ(notices.all()[0].deadline, clock.Now() + kGrace);
+  EXPECT_THAT(notices.all()[0].message, HasSubstr("being drained (sh: draining)"));
 }
 
 }  // namespace

@@ -102,10 +102,11 @@ class SlurmTest(cluster_lib.ClusterTestCase):
         })
         return env
 
-    def start_agents(self, nodes=2, extra=()):
+    def start_agents(self, nodes=2, extra=(), env=None):
         return self.slurm.sbatch(["-N", str(nodes), "-p", "train",
                                   "--output=" + self.cluster.path("agents-%j.log")] +
-                                 list(extra) + [SCRIPT], host="coord", env=self.agents_env())
+                                 list(extra) + [SCRIPT], host="coord",
+                                 env=dict(self.agents_env(), **(env or {})))
 
     def agents_log(self, alloc):
         with open(self.cluster.path("agents-%s.log" % alloc), errors="replace") as f:
@@ -191,6 +192,41 @@ class SlurmTest(cluster_lib.ClusterTestCase):
         self.slurm.run(["scancel", urgent, alloc])
         self.slurm.until(lambda: not self.slurm.jobs(), 60, "the Slurm jobs did not end")
         self.cluster.until(lambda: not self.ready_workers(), 30, "the agents did not leave")
+
+    def test_4_a_node_slurm_drains_hands_its_work_on(self):
+        c = self.cluster
+        alloc = self.start_agents(3, env={"TRAINYARD_AGENT_FLAGS": "--drain_poll_interval=1s"})
+        self.slurm.until(lambda: (self.slurm.job(alloc) or {}).get("state") == "RUNNING", 60,
+                         "the agents' allocation did not start")
+        nodes = self.slurm.nodes_of(alloc)
+        self.wait_ready(nodes)
+        name = "slurmdrain"
+        c.hold(name, HELD_AFTER)
+        job_id = c.submit(spec(name, cpus=2))
+        held = c.wait(job_id, lambda j: j["state"] == "RUNNING" and
+                      int(j.get("progress", {}).get("step", 0)) >= HELD_AFTER and
+                      int(j.get("committedStep", 0)) >= 20, timeout=120, what="held at its step")
+        victim = c.worker_of(held)
+        self.slurm.run(["scontrol", "update", "nodename=" + victim, "state=drain",
+                        "reason=maintenance"])
+        c.wait(job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
+               timeout=120, what="recovered on the other nodes")
+        c.release(name)
+        done = c.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=300, what="SUCCEEDED")
+        restart = done["restarts"][0]
+        self.assertEqual(restart["reason"], "PREEMPTED", restart)
+        self.assertIn("preemption notice for worker %s (drain)" % victim, restart["message"])
+        self.assertEqual(int(restart.get("stepsLost", 0)), 0, restart)
+        self.assertNotIn(victim, self.workers_of(done))
+        self.assertNotIn(victim, self.ready_workers())
+        # The allocation goes on on the other nodes.
+        self.assertEqual(self.slurm.job(alloc)["state"], "RUNNING")
+        self.slurm.run(["scancel", alloc])
+        self.slurm.run(["scontrol", "update", "nodename=" + victim, "state=resume"])
+        self.slurm.until(lambda: not self.slurm.jobs(), 60, "the Slurm jobs did not end")
+        self.cluster.until(lambda: not self.ready_workers(), 30, "the agents did not leave")
+        self.slurm.until(lambda: set(self.slurm.node_states().values()) == {"idle"}, 60,
+                         "the nodes did not come back")
 
     # ---- the coordinator as a Slurm client ----
 

@@ -30,6 +30,7 @@
 #include "grpcpp/grpcpp.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/coordinator_link.h"
+#include "worker/agent/drain_watcher.h"
 #include "worker/agent/local_address.h"
 #include "worker/agent/metrics.h"
 #include "worker/agent/preemption_watcher.h"
@@ -129,6 +130,13 @@ ABSL_FLAG(std::string, preemption_notice_url, "",
           "endpoint that fails is logged once and otherwise ignored");
 ABSL_FLAG(absl::Duration, preemption_poll_interval, absl::Seconds(1),
           "how often --preemption_notice_url is polled");
+ABSL_FLAG(std::string, drain_command, "",
+          "a command (split at spaces) that says whether this machine is being drained, run every "
+          "--drain_poll_interval: when what it prints names a drained state (drain, drained, "
+          "draining, mixed+drain), that acts as a preemption notice: the tasks' jobs move on and "
+          "the agent leaves. The Slurm script sets `sinfo --noheader --nodes=NODE --format=%T`; "
+          "empty: none");
+ABSL_FLAG(absl::Duration, drain_poll_interval, absl::Seconds(30), "how often --drain_command runs");
 ABSL_FLAG(absl::Duration, self_fence_after, absl::Minutes(5),
           "With no lease from the coordinator this long (its connection broken or cut off), kill "
           "the trainers: the coordinator has presumably restarted their jobs elsewhere "
@@ -311,8 +319,10 @@ absl::Status ReadPeriods(trainyard::AgentOptions& options, AgentParts& parts) {
   if (parts.grace_period <= absl::ZeroDuration()) {
     return absl::FailedPreconditionError("--grace_period must be > 0");
   }
-  if (absl::GetFlag(FLAGS_preemption_poll_interval) <= absl::ZeroDuration()) {
-    return absl::FailedPreconditionError("--preemption_poll_interval must be > 0");
+  if (absl::GetFlag(FLAGS_preemption_poll_interval) <= absl::ZeroDuration() ||
+      absl::GetFlag(FLAGS_drain_poll_interval) <= absl::ZeroDuration()) {
+    return absl::FailedPreconditionError(
+        "--preemption_poll_interval and --drain_poll_interval must be > 0");
   }
   options.sync_wait = absl::GetFlag(FLAGS_sync_wait);
   options.self_fence_after = std::max(absl::GetFlag(FLAGS_self_fence_after), absl::ZeroDuration());
@@ -473,6 +483,17 @@ int Serve(const trainyard::AgentOptions& options, AgentParts& parts, sigset_t st
     watch.grace_period = parts.grace_period;
     watcher = std::make_unique<trainyard::PreemptionWatcher>(watch, trainyard::RealClock::Get());
     watcher->Start(
+        [&agent](const trainyard::PreemptionNotice& notice) { agent.RequestPreemption(notice); });
+  }
+
+  std::unique_ptr<trainyard::DrainWatcher> drain;
+  if (const std::string command = absl::GetFlag(FLAGS_drain_command); !command.empty()) {
+    trainyard::DrainWatcherOptions watch;
+    watch.command = absl::StrSplit(command, ' ', absl::SkipEmpty());
+    watch.poll_interval = absl::GetFlag(FLAGS_drain_poll_interval);
+    watch.grace_period = parts.grace_period;
+    drain = std::make_unique<trainyard::DrainWatcher>(watch, trainyard::RealClock::Get());
+    drain->Start(
         [&agent](const trainyard::PreemptionNotice& notice) { agent.RequestPreemption(notice); });
   }
 
