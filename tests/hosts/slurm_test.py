@@ -129,6 +129,38 @@ class SlurmTest(cluster_lib.ClusterTestCase):
         return sorted({t["workerId"] for t in job["tasks"]
                        if t.get("generation") == job["generation"]})
 
+    def held_job(self, name, cpus=1):
+        """A data-parallel job held HELD_AFTER updates in, with a checkpoint committed."""
+        self.cluster.hold(name, HELD_AFTER)
+        job_id = self.cluster.submit(spec(name, cpus=cpus))
+        return job_id, self.cluster.wait(
+            job_id, lambda j: j["state"] == "RUNNING" and
+            int(j.get("progress", {}).get("step", 0)) >= HELD_AFTER and
+            int(j.get("committedStep", 0)) >= 20, timeout=120, what="held at its step")
+
+    def urgent_job_on(self, node):
+        """A job of the high-priority partition on `node`: Slurm preempts what holds it."""
+        urgent = self.slurm.sbatch(["-p", "urgent", "-w", node, "-o", "/dev/null",
+                                    "--wrap", "sleep 600"], host="coord")
+        self.slurm.until(lambda: (self.slurm.job(urgent) or {}).get("state") == "RUNNING", 90,
+                         "the urgent job did not start")
+        return urgent
+
+    def recovered_and_done(self, job_id, name, where, timeout=180):
+        """Waits for the held job's restart to reach its first step `where`, releases it, and
+        checks it ended with no step lost. Returns its restart record."""
+        self.cluster.wait(job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
+                          timeout=timeout, what="recovered " + where)
+        self.cluster.release(name)
+        done = self.cluster.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=300,
+                                 what="SUCCEEDED")
+        restart = done["restarts"][0]
+        self.assertEqual(restart["reason"], "PREEMPTED", restart)
+        self.assertEqual(int(restart.get("stepsLost", 0)), 0, restart)
+        self.assertEqual(int(restart.get("resumedStep", 0)), int(restart.get("lastStep", -1)),
+                         restart)
+        return done, restart
+
     def test_1_agents_on_an_allocation_and_a_slurm_preemption_loses_no_step(self):
         c = self.cluster
         alloc = self.start_agents(2)
@@ -144,37 +176,21 @@ class SlurmTest(cluster_lib.ClusterTestCase):
             self.assertEqual(w["address"], self.bed.address(n), w)
 
         name = "slurmpreempt"
-        c.hold(name, HELD_AFTER)
-        job_id = c.submit(spec(name))
-        held = c.wait(job_id, lambda j: j["state"] == "RUNNING" and
-                      int(j.get("progress", {}).get("step", 0)) >= HELD_AFTER and
-                      int(j.get("committedStep", 0)) >= 20, timeout=120, what="held at its step")
+        job_id, held = self.held_job(name)
         self.assertEqual(self.workers_of(held), first_nodes)
 
         # A job of the high-priority partition on one of the allocation's nodes: Slurm preempts
         # the allocation (REQUEUE, GraceTime 20 s), its agents get SIGTERM.
         victim = c.worker_of(held)
         preempted_at = time.time()
-        urgent = self.slurm.sbatch(["-p", "urgent", "-w", victim, "-o", "/dev/null",
-                                    "--wrap", "sleep 600"], host="coord")
-        self.slurm.until(lambda: (self.slurm.job(urgent) or {}).get("state") == "RUNNING", 90,
-                         "the urgent job did not start")
+        urgent = self.urgent_job_on(victim)
         # The agents saved and left; the script put its allocation back in the queue, where Slurm
         # holds it while the old run's credential lasts (AuthInfo cred_expire: 20 s here, 120 s by
         # default).
         self.slurm.until(lambda: (self.slurm.job(alloc) or {}).get("state") == "PENDING", 60,
                          "the allocation was not requeued")
         self.assertIn("requeued", self.agents_log(alloc))
-        recovered = c.wait(job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
-                           timeout=180, what="recovered on the requeued allocation")
-        c.release(name)
-        done = c.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=300, what="SUCCEEDED")
-
-        restart = done["restarts"][0]
-        self.assertEqual(restart["reason"], "PREEMPTED", restart)
-        self.assertEqual(int(restart.get("stepsLost", 0)), 0, restart)
-        self.assertEqual(int(restart.get("resumedStep", 0)), int(restart.get("lastStep", -1)),
-                         restart)
+        done, restart = self.recovered_and_done(job_id, name, "on the requeued allocation")
         # The same allocation, requeued by Slurm, on the nodes the urgent job left.
         again = self.slurm.job(alloc)
         self.assertEqual(again["state"], "RUNNING", again)
@@ -183,10 +199,10 @@ class SlurmTest(cluster_lib.ClusterTestCase):
         self.assertLessEqual(set(self.workers_of(done)), set(second_nodes))
         self.assertIn("Restarts=1", self.slurm.run(["scontrol", "show", "job", alloc]).stdout)
         print("  Slurm preemption: the job restarted (%s) %.1f s after the urgent job's "
-              "submission; steps lost %s" % (restart["reason"], int(restart["detectedUnixMs"]) /
-                                             1000 - preempted_at, restart.get("stepsLost", 0)),
+              "submission, its first step on the requeued allocation %.1f s after that; steps "
+              "lost %s" % (restart["reason"], int(restart["detectedUnixMs"]) / 1000 - preempted_at,
+                           restart.get("recoverySeconds", 0), restart.get("stepsLost", 0)),
               flush=True)
-        self.assertTrue(recovered)
 
         # The operator ends it: the agents leave (the workers drain), nothing else runs.
         self.slurm.run(["scancel", urgent, alloc])
@@ -201,22 +217,12 @@ class SlurmTest(cluster_lib.ClusterTestCase):
         nodes = self.slurm.nodes_of(alloc)
         self.wait_ready(nodes)
         name = "slurmdrain"
-        c.hold(name, HELD_AFTER)
-        job_id = c.submit(spec(name, cpus=2))
-        held = c.wait(job_id, lambda j: j["state"] == "RUNNING" and
-                      int(j.get("progress", {}).get("step", 0)) >= HELD_AFTER and
-                      int(j.get("committedStep", 0)) >= 20, timeout=120, what="held at its step")
+        job_id, held = self.held_job(name, cpus=2)
         victim = c.worker_of(held)
         self.slurm.run(["scontrol", "update", "nodename=" + victim, "state=drain",
                         "reason=maintenance"])
-        c.wait(job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
-               timeout=120, what="recovered on the other nodes")
-        c.release(name)
-        done = c.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=300, what="SUCCEEDED")
-        restart = done["restarts"][0]
-        self.assertEqual(restart["reason"], "PREEMPTED", restart)
+        done, restart = self.recovered_and_done(job_id, name, "on the other nodes")
         self.assertIn("preemption notice for worker %s (drain)" % victim, restart["message"])
-        self.assertEqual(int(restart.get("stepsLost", 0)), 0, restart)
         self.assertNotIn(victim, self.workers_of(done))
         self.assertNotIn(victim, self.ready_workers())
         # The allocation goes on on the other nodes.
@@ -227,6 +233,25 @@ class SlurmTest(cluster_lib.ClusterTestCase):
         self.cluster.until(lambda: not self.ready_workers(), 30, "the agents did not leave")
         self.slurm.until(lambda: set(self.slurm.node_states().values()) == {"idle"}, 60,
                          "the nodes did not come back")
+
+    def test_5_an_allocation_at_its_time_limit_hands_its_work_on(self):
+        """A 3-minute allocation warned a minute before its end (Slurm sends it 60 to 120 s in):
+        the job saves, the script requeues the allocation, the job ends on it."""
+        c = self.cluster
+        alloc = self.start_agents(2, extra=["--time=3", "--signal=TERM@60"])
+        self.slurm.until(lambda: (self.slurm.job(alloc) or {}).get("state") == "RUNNING", 60,
+                         "the agents' allocation did not start")
+        self.wait_ready(self.slurm.nodes_of(alloc))
+        name = "slurmtimelimit"
+        job_id, _ = self.held_job(name)
+        done, restart = self.recovered_and_done(job_id, name, "on the requeued allocation",
+                                                timeout=300)
+        self.assertIn("SIGTERM", restart["message"])
+        self.assertRegex(self.agents_log(alloc), r"allocation %s at its time limit in \d+s: "
+                                                 r"requeued" % alloc)
+        self.slurm.run(["scancel", alloc])
+        self.slurm.until(lambda: not self.slurm.jobs(), 60, "the Slurm jobs did not end")
+        self.cluster.until(lambda: not self.ready_workers(), 30, "the agents did not leave")
 
     # ---- the coordinator as a Slurm client ----
 
@@ -282,15 +307,8 @@ class SlurmTest(cluster_lib.ClusterTestCase):
         # Slurm preempts the allocation: its agents leave and the script ends it (the coordinator
         # asks again itself); the coordinator asks for a new one, on the nodes left.
         victim = c.worker_of(held)
-        urgent = self.slurm.sbatch(["-p", "urgent", "-w", victim, "-o", "/dev/null",
-                                    "--wrap", "sleep 600"], host="coord")
-        c.wait(job_id, lambda j: any(r.get("recovered") for r in j.get("restarts", [])),
-               timeout=120, what="recovered on a new allocation")
-        c.release(name)
-        done = c.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout=300, what="SUCCEEDED")
-        restart = done["restarts"][0]
-        self.assertEqual(restart["reason"], "PREEMPTED", restart)
-        self.assertEqual(int(restart.get("stepsLost", 0)), 0, restart)
+        urgent = self.urgent_job_on(victim)
+        done, restart = self.recovered_and_done(job_id, name, "on a new allocation")
         second = [e for e in self.coordinator_log().splitlines()
                   if "capacity: asked Slurm for 2 nodes for job " + job_id in e]
         self.assertEqual(len(second), 2, second)
