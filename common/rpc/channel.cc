@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/clock.h"
+#include "common/rpc/credentials.h"
 
 namespace trainyard {
 namespace {
@@ -314,13 +315,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewClientChannel(
     }
     transport = grpc::InsecureChannelCredentials();
   }
-  // gRPC takes metadata of printable ASCII alone, and ends the process on anything else.
-  for (const char c : credentials.token) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(
-          "the token holds a character no token has (tokens are printable ASCII): check the "
-          "token file or TRAINYARD_TOKEN");
-    }
+  if (!IsTokenText(credentials.token)) {
+    return absl::InvalidArgumentError(
+        "the token holds a character no token has (tokens are printable ASCII): check the "
+        "token file or TRAINYARD_TOKEN");
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!credentials.token.empty()) {

@@ -188,4 +188,11 @@ absl::StatusOr<std::string> LoadOrCreateKey(const std::string& path) {
   return key;
 }
 
+bool IsTokenText(absl::string_view token) {
+  for (const char c : token) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
 }  // namespace trainyard

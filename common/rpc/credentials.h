@@ -43,6 +43,10 @@ absl::StatusOr<std::string> TokenId(absl::string_view token);
 // True when `token` hashes to `stored_hash`, compared in constant time.
 bool TokenMatches(absl::string_view token, absl::string_view stored_hash);
 
+// Whether `token` is printable ASCII without spaces, as every token and task credential is: what
+// gRPC metadata may carry (gRPC ends the process on anything else), checked before it is sent.
+bool IsTokenText(absl::string_view token);
+
 // What a task credential allows: the calls of one process of one attempt of one job.
 struct TaskScope {
   std::string job_id;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/rpc/credentials.h"
 #include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
@@ -108,13 +109,9 @@ absl::StatusOr<JsonMethod> JsonGateway::Find(absl::string_view name) {
 absl::StatusOr<std::unique_ptr<JsonCall>> JsonGateway::Start(const JsonMethod& method,
                                                              absl::string_view json,
                                                              const std::string& bearer) const {
-  // gRPC takes metadata of printable ASCII alone, and ends the process on anything else: a token
-  // is never anything else.
-  for (const char c : bearer) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::UnauthenticatedError(
-          "the bearer token holds a character no token has (tokens are printable ASCII)");
-    }
+  if (!IsTokenText(bearer)) {
+    return absl::UnauthenticatedError(
+        "the bearer token holds a character no token has (tokens are printable ASCII)");
   }
   google::protobuf::MessageFactory* factory = google::protobuf::MessageFactory::generated_factory();
   std::unique_ptr<Message> request(factory->GetPrototype(method.method->input_type())->New());
