@@ -15,6 +15,7 @@
 #include "server/capacity/capacity_loop.h"
 #include "server/capacity/slurm_provider.h"
 #include "tests/common/fake_clock.h"
+#include "tests/server/job_manager_fixture.h"
 
 namespace trainyard {
 namespace {
@@ -230,6 +231,61 @@ TEST(WaitingForCapacityTest, OnlyJobsMoreMachinesWouldLetRunInQueueOrder) {
   for (const WaitingJob& w : waiting) ids.push_back(w.id);
   EXPECT_THAT(ids, ElementsAre("first", "second", "none"));
   EXPECT_EQ(waiting[0].ranks, 3);
+}
+
+// ---- the loop beside a real JobManager: asks, and notes in the jobs' reasons ----
+
+class CapacityLoopTest : public JobManagerTest {
+ protected:
+  // A provider the loop owns; the test keeps a pointer to script it.
+  std::unique_ptr<CapacityLoop> Loop(ScriptedProvider** provider) {
+    auto owned = std::make_unique<ScriptedProvider>();
+    *provider = owned.get();
+    CapacityOptions options;
+    options.shape.slots = 1;
+    options.max_nodes = 4;
+    return std::make_unique<CapacityLoop>(*manager_, std::move(owned), options, absl::Seconds(5),
+                                          clock_);
+  }
+};
+
+TEST_F(CapacityLoopTest, AWaitingGangIsAskedForAndItsReasonSaysSo) {
+  ScriptedProvider* provider = nullptr;
+  std::unique_ptr<CapacityLoop> loop = Loop(&provider);
+  const std::string id = Submit(TestSpec("gang", 2, 2));
+  manager_->Tick();
+  EXPECT_EQ(Get(id).reason(), "no workers registered");
+  loop->RoundOnce();
+  EXPECT_THAT(provider->asks, ElementsAre(id + ":2"));
+  EXPECT_EQ(Get(id).reason(), "no workers registered; asked Slurm for 2 nodes (job 7)");
+  // The scheduler's passes keep the note; the next round's replaces it.
+  manager_->Tick();
+  EXPECT_EQ(Get(id).reason(), "no workers registered; asked Slurm for 2 nodes (job 7)");
+  loop->RoundOnce();
+  EXPECT_EQ(Get(id).reason(),
+            "no workers registered; asked Slurm for 2 nodes (job 7 PENDING (Resources))");
+  EXPECT_THAT(provider->asks, ElementsAre(id + ":2"));
+  // Its agents come: the job is placed, and nothing more is asked or given back.
+  provider->Start("7", {"n1", "n2"});
+  Register("n1", 1);
+  Register("n2", 1);
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::SCHEDULED);
+  loop->RoundOnce();
+  EXPECT_THAT(provider->asks, ElementsAre(id + ":2"));
+  EXPECT_THAT(provider->released, IsEmpty());
+  EXPECT_THAT(Get(id).reason(), ::testing::Not(HasSubstr("Slurm")));
+}
+
+TEST_F(CapacityLoopTest, StartsAndStopsOnAClockThatNeverMoves) {
+  ScriptedProvider* provider = nullptr;
+  std::unique_ptr<CapacityLoop> loop = Loop(&provider);
+  Submit(TestSpec("one"));
+  manager_->Tick();
+  loop->Start();
+  ASSERT_TRUE(clock_.AwaitWaiter().has_value());  // its first round done, waiting for the next
+  loop->Stop();
+  EXPECT_EQ(provider->asks.size(), 1u);
 }
 
 // ---- SlurmProvider ----
