@@ -6,7 +6,7 @@ CTEST_ARGS ?=
 # The build's own progress lines are enough; no "Entering directory" for every sub-make.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test test-examples test-docs test-unit test-integration test-images test-trixie images demo bench clean \
+.PHONY: all deps configure build test test-examples test-slow test-docs test-unit test-integration test-images test-trixie images demo bench clean \
 	gpu-bundle gpu-rehearsal san-configure fuzz test-asan test-asan-trainer test-tsan test-tsan-trainer
 
 all: build
@@ -21,12 +21,17 @@ build: configure
 	@cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: deps build
-	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -LE examples $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -LE 'examples|slow' $(CTEST_ARGS)
 
 # Every example spec run as its header says, on a local cluster (about 1.5 minutes: CI runs it
 # after `make test`, which leaves it out to stay within its 25 minutes).
 test-examples: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -L examples $(CTEST_ARGS)
+
+# The tests that mostly wait for something slow to come (a Slurm allocation's time limit, about
+# 3 minutes): CI runs them after `make test`, which leaves them out.
+test-slow: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -L slow $(CTEST_ARGS)
 
 # The commands and specs of README.md and docs/*.md (about 30 s; part of `make test` too).
 test-docs: build
@@ -82,7 +87,7 @@ fuzz: deps san-configure
 ASAN_TESTS ?= common_test s3_test server_logic_test auth_test console_test rendezvous_test \
 	job_manager_test recovery_test coordinator_server_test coordinator_metrics_test job_store_test \
 	subprocess_test reconciler_test log_shipper_test preemption_test agent_test \
-	local_address_test agent_metrics_test cli_args_test cli_format_test data_pack_test
+	local_address_test agent_metrics_test cli_args_test cli_format_test data_pack_test capacity_test
 ASAN_TRAINER_TESTS ?= checkpoint_test communicator_test ps_partition_test ps_shard_test \
 	pipeline_plan_test program_parts_test
 test-asan: deps san-configure
@@ -97,11 +102,11 @@ test-asan-trainer: deps san-configure
 # The unit tests of the concurrent classes under ThreadSanitizer, in TSAN_DIR (gcc): the job
 # manager (job_manager_test, recovery_test), the group committer, the standby copy and the lease
 # keeper (job_store_test; postgres_store_test against a PostgreSQL the test starts), the agent's
-# reconciler and log shipper. Reports fail the test; tests/tsan/suppressions.txt lists what is
+# reconciler and log shipper, the capacity loop beside the job manager (capacity_test). Reports fail the test; tests/tsan/suppressions.txt lists what is
 # suppressed, and why. Debian 12's Abseil is told of (tests/tsan/absl_sync_annotations.cc).
 TSAN_DIR ?= build-tsan
 TSAN_TESTS ?= tsan_annotations_check job_manager_test recovery_test job_store_test reconciler_test \
-	log_shipper_test agent_test
+	log_shipper_test agent_test capacity_test
 test-tsan: deps
 	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAINYARD_TSAN=ON \
 		-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null

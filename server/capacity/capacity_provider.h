@@ -45,7 +45,8 @@ class CapacityProvider {
   // carries the manager's own words (a refused partition, an unknown account).
   virtual absl::StatusOr<std::string> Request(const std::string& job_id, int nodes) = 0;
   // Every allocation of this coordinator that has not ended, asked for by this process or an
-  // earlier one (a restarted coordinator finds its allocations again).
+  // earlier one (a restarted coordinator finds its allocations again); never one started by
+  // other hands.
   virtual absl::StatusOr<std::vector<Allocation>> List() = 0;
   // Gives an allocation back (its agents get the manager's stop signal and leave).
   virtual absl::Status Release(const std::string& id) = 0;

@@ -115,7 +115,9 @@ absl::StatusOr<std::vector<Allocation>> SlurmProvider::List() {
   std::vector<Allocation> found;
   for (absl::string_view line : absl::StrSplit(r->out, '\n', absl::SkipWhitespace())) {
     std::optional<Allocation> a = ParseSqueueLine(line);
-    if (!a.has_value() || a->state == AllocationState::kEnded) continue;
+    // Only what a coordinator asked for (its comment names the job): agents an operator
+    // started by hand under the same name are theirs, not ours to count or cancel.
+    if (!a.has_value() || a->state == AllocationState::kEnded || a->job_id.empty()) continue;
     if (!a->node_names.empty()) {
       // Slurm's own expansion of its compressed node list.
       absl::StatusOr<CommandResult> names =

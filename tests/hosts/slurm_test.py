@@ -223,6 +223,9 @@ class SlurmTest(cluster_lib.ClusterTestCase):
                         "reason=maintenance"])
         done, restart = self.recovered_and_done(job_id, name, "on the other nodes")
         self.assertIn("preemption notice for worker %s (drain)" % victim, restart["message"])
+        # A coordinator that asks Slurm itself (test 3's, when run after it) leaves agents started
+        # by hand alone, though they share the job name.
+        self.assertNotIn("Slurm job %s:" % alloc, self.coordinator_log())
         self.assertNotIn(victim, self.workers_of(done))
         self.assertNotIn(victim, self.ready_workers())
         # The allocation goes on on the other nodes.

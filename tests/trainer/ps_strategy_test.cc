@@ -543,9 +543,14 @@ TEST(PsHybridTest, DenseLayersAllReducedTablesOnTheShards) {
 
   const std::vector<int64_t> vocab = {5000};
   const std::string whole = MakeTempDir(), stopped = MakeTempDir(), resumed = MakeTempDir();
-  for (const auto& r :
-       RunPs(make(whole, trainyard::v1::PARAMETER_SERVER, vocab), kRanks, kShards)) {
-    ASSERT_TRUE(r.ok()) << r.status();
+  {
+    // Every rank's outcome, not only the first failure's.
+    const auto results =
+        RunPs(make(whole, trainyard::v1::PARAMETER_SERVER, vocab), kRanks, kShards);
+    for (size_t i = 0; i < results.size(); ++i) {
+      EXPECT_TRUE(results[i].ok()) << "rank " << i << ": " << results[i].status();
+    }
+    for (const auto& r : results) ASSERT_TRUE(r.ok());
   }
   std::atomic<int> stop{0};
   for (const auto& r : RunPs(make(stopped, trainyard::v1::PARAMETER_SERVER, vocab), kRanks, kShards,

@@ -136,7 +136,10 @@ absl::StatusOr<std::vector<torch::Tensor>> ParameterServerStrategy::PullTableRow
       buffers[t] = torch::empty({shard_ids[t].size(0), rows[t].size(1)}, rows[t].options());
       any = true;
     }
-    if (!any) return absl::OkStatus();
+    // Synchronous, a shard this batch has no rows on is still asked, for nothing but its
+    // version: this rank may not push for a version its shard has not reached (its peers may not
+    // have pushed the last one yet), which it would, a step ahead, without this wait.
+    if (!any && min_version == 0) return absl::OkStatus();
     absl::StatusOr<ParameterShard::PullResult> result =
         shards_[s]->PullRows(min_version, shard_ids, buffers);
     if (!result.ok()) return result.status();
