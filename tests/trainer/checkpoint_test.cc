@@ -316,6 +316,28 @@ TEST(TrainerStateTest, RoundTripsWithAndWithoutAParameterServerLayout) {
             nlohmann::json::parse(state.parameter_servers));
 }
 
+// Found by fuzz_checkpoint under UndefinedBehaviorSanitizer: a number of another kind or range
+// in an integer field (3.3e72 as world_size) went through nlohmann's cast to int.
+TEST(TrainerStateTest, FieldsOfAnotherKindOrRangeAreRefused) {
+  TrainerState state;
+  state.job_id = "j-1";
+  state.world_size = 2;
+  state.lr_schedule = "constant";
+  const nlohmann::json good = nlohmann::json::parse(EncodeTrainerState(state));
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, nlohmann::json>>{{"world_size", 3.33333e72},
+                                                           {"world_size", 1.5},
+                                                           {"world_size", int64_t{1} << 40},
+                                                           {"world_size", "2"},
+                                                           {"step", 18446744073709551615ull},
+                                                           {"generation", true}}) {
+    nlohmann::json bad = good;
+    bad[key] = value;
+    absl::StatusOr<TrainerState> back = DecodeTrainerState(bad.dump());
+    EXPECT_EQ(back.status().code(), absl::StatusCode::kInvalidArgument) << key << "=" << value;
+  }
+}
+
 TEST(CheckpointObjectsTest, ATensorWithoutASafetensorsFormFailsTheSaveAndWritesNoManifest) {
   const std::string dir = MakeTempDir();
   RecordingStore store;
