@@ -879,7 +879,9 @@ TEST_F(CoordinatorServerTest, OversizedFieldsAndTooManyStreamsAreRefused) {
   v1::SyncResponse synced;
   ASSERT_TRUE(agents_->Sync(Context().get(), poll, &synced).ok());
   poll.set_known_version(synced.version());  // nothing new for it: it waits out wait_ms
-  poll.set_wait_ms(3000);
+  // Long enough that both are surely waiting at once however loaded the machine; the agent
+  // registering again below wakes them.
+  poll.set_wait_ms(30000);
   const int blocked_before = manager_->BlockedSyncsForTesting();
   std::vector<std::thread> polls;
   for (int i = 0; i < 2; ++i) {
@@ -893,8 +895,11 @@ TEST_F(CoordinatorServerTest, OversizedFieldsAndTooManyStreamsAreRefused) {
   status = agents_->Sync(Context().get(), poll, &synced);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("Sync"));
-  poll.set_wait_ms(0);  // one that answers at once holds nothing
-  EXPECT_TRUE(agents_->Sync(Context().get(), poll, &synced).ok());
+  v1::SyncRequest at_once = poll;
+  at_once.set_wait_ms(0);  // one that answers at once holds nothing
+  EXPECT_TRUE(agents_->Sync(Context().get(), at_once, &synced).ok());
+  // A long poll of the agent's earlier life answers when it registers again.
+  ASSERT_TRUE(agents_->RegisterWorker(Context().get(), w1, &registered).ok());
   for (std::thread& t : polls) t.join();
 }
 
