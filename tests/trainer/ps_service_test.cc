@@ -403,5 +403,20 @@ TEST(PsServiceTest, OverTlsOnlyRanksThatTrustItsCaReachTheShard) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Found by fuzz_ps_wire under UndefinedBehaviorSanitizer: a layout's dimensions multiplied past
+// int64 (signed overflow) on the way to comparing them with the bytes sent.
+TEST(PsWireTest, ALayoutOfImpossibleSizeIsRefusedWithoutOverflow) {
+  trainyard::v1::PieceLayout layout;
+  layout.set_dtype("I64");
+  for (int64_t d : {int64_t{945870667060838400}, int64_t{21}, int64_t{3}}) layout.add_shape(d);
+  absl::StatusOr<torch::Tensor> t = ps_wire::TensorFrom(layout, std::string(8, '\0'), "piece");
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  layout.clear_shape();
+  layout.add_shape(-1);
+  EXPECT_EQ(ps_wire::ByteSize({{-1}, torch::kInt64}), -1);
+  EXPECT_FALSE(ps_wire::TensorFrom(layout, "", "piece").ok());
+  EXPECT_EQ(ps_wire::ByteSize({{2, 3}, torch::kFloat}), 24);
+}
+
 }  // namespace
 }  // namespace trainyard::trainer

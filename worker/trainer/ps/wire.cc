@@ -39,7 +39,10 @@ int MessageLimit(int64_t parameter_bytes, int64_t tensors) {
 
 int64_t ByteSize(const ParameterShard::PieceShape& shape) {
   int64_t n = c10::elementSize(shape.second);
-  for (int64_t d : shape.first) n *= d;
+  for (int64_t d : shape.first) {
+    // A shape from the wire may claim anything: negative, or more bytes than exist.
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+  }
   return n;
 }
 

@@ -91,7 +91,8 @@ inline constexpr int64_t kStateTensorsPerParameter = 2;
 // most kMaxMessageBytes.
 int MessageLimit(int64_t parameter_bytes, int64_t tensors);
 
-// The bytes of a piece of `shape`.
+// The bytes of a piece of `shape`; -1 for a shape no piece can have (a negative dimension, or more
+// bytes than an int64 counts), which no data's size matches.
 int64_t ByteSize(const ParameterShard::PieceShape& shape);
 // A tensor's shape and dtype ("F32", "F64", "I64") into `layout`, and its bytes into `out`.
 void SetLayout(const torch::Tensor& t, trainyard::v1::PieceLayout* layout);
