@@ -354,7 +354,9 @@ TEST_F(FailoverTest, AFrozenLeaderIsReplacedAndExitsWhenItWakes) {
   std::cout << "frozen leader: the new leader answered " << (first_answer - frozen_at)
             << " after the freeze; calls failed until " << (last_failure - frozen_at) << " ("
             << failed_after << " after the first answer)" << std::endl;
-  EXPECT_LT(last_failure - first_answer, absl::Seconds(3))
+  // Tuned, the pings leave the frozen one within 3 s (2 s apart, 1 s to answer), a little more on
+  // a loaded machine (3.7 s seen during make test); untuned, calls failed for 10 s.
+  EXPECT_LT(last_failure - first_answer, absl::Seconds(5))
       << failed_after << " calls failed after the new leader answered";
   const int next = cluster.WaitForLeader(absl::Seconds(30), leader);
   ASSERT_GE(next, 0) << "no standby took over";
