@@ -173,28 +173,27 @@ void CapacityAsker::GiveBack(const std::vector<Allocation>& allocations,
                              const std::set<std::string>& waiting,
                              const std::map<std::string, bool>& busy) {
   const absl::Time now = clock_.Now();
-  std::set<std::string> seen;
   for (const Allocation& a : allocations) {
-    seen.insert(a.id);
+    Seen& seen = seen_[a.id];  // every listed allocation is there (NoteEnded)
     const bool wanted = !a.job_id.empty() && waiting.count(a.job_id);
     std::string why;
     if (a.state == AllocationState::kPending) {
       if (!wanted) why = "no job waits for it any more";
     } else if (a.state == AllocationState::kRunning) {
-      const bool used = wanted;
       bool ran = false;
       for (const std::string& node : a.node_names) {
         auto w = busy.find(options_.worker_prefix + node);
         ran = ran || (w != busy.end() && w->second);
       }
-      if (ran) seen_[a.id].used = true;
-      if (used || ran) {
-        idle_since_.erase(a.id);
+      seen.used = seen.used || ran;
+      if (wanted || ran) {
+        seen.idle_since.reset();
         continue;
       }
-      const absl::Time since = idle_since_.emplace(a.id, now).first->second;
-      if (now - since >= options_.idle_timeout) {
-        why = absl::StrCat("its agents ran nothing for ", absl::FormatDuration(now - since));
+      if (!seen.idle_since.has_value()) seen.idle_since = now;
+      if (now - *seen.idle_since >= options_.idle_timeout) {
+        why = absl::StrCat("its agents ran nothing for ",
+                           absl::FormatDuration(now - *seen.idle_since));
       }
     }
     if (why.empty()) continue;
@@ -204,10 +203,6 @@ void CapacityAsker::GiveBack(const std::vector<Allocation>& allocations,
       continue;
     }
     LogInfo(absl::StrCat("capacity: gave back ", provider_.Name(), " job ", a.id, ": ", why));
-    idle_since_.erase(a.id);
-  }
-  for (auto it = idle_since_.begin(); it != idle_since_.end();) {
-    it = seen.count(it->first) ? std::next(it) : idle_since_.erase(it);
   }
 }
 

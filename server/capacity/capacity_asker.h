@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -79,12 +80,13 @@ class CapacityAsker {
   const CapacityOptions options_;
   CapacityProvider& provider_;
   const Clock& clock_;
-  std::map<std::string, Refusal> refused_;        // by job id
-  std::map<std::string, absl::Time> idle_since_;  // by allocation id
-  // The allocations seen, by id: their job, and whether their agents ever ran anything.
+  std::map<std::string, Refusal> refused_;  // by job id
+  // The allocations seen, by id (dropped once they leave the provider's list): their job,
+  // whether their agents ever ran anything, and since when they have run nothing.
   struct Seen {
     std::string job_id;
     bool used = false;
+    std::optional<absl::Time> idle_since;
   };
   std::map<std::string, Seen> seen_;
   std::string last_error_;  // of the provider's List, logged once
