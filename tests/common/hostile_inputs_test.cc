@@ -40,6 +40,34 @@ TEST(HostileInputsTest, JsonFieldsOfAnotherTypeGiveTheFallback) {
   EXPECT_EQ(JsonField(object, "missing", nlohmann::json::array()), nlohmann::json::array());
 }
 
+// A typed field takes only a value of its kind that fits: never a cast of 3e72 to int, of -1 to
+// an unsigned, of 300 to a byte.
+TEST(HostileInputsTest, TypedFieldsTakeOnlyValuesOfTheirKindThatFit) {
+  nlohmann::json object = nlohmann::json::parse(
+      R"({"huge": 3.3e72, "minus": -1, "wide": 300, "flag": 1, "ratio": 2, "big": 4294967296})");
+  object["signed"] = static_cast<int64_t>(7);  // stored signed, as a program builds it
+  int i = 5;
+  EXPECT_FALSE(ReadField(object, "huge", i));
+  EXPECT_FALSE(ReadField(object, "big", i));
+  EXPECT_EQ(i, 5);
+  uint32_t u = 5;
+  EXPECT_FALSE(ReadField(object, "minus", u));
+  EXPECT_TRUE(ReadField(object, "signed", u));
+  EXPECT_EQ(u, 7u);
+  uint64_t wide = 0;
+  EXPECT_TRUE(ReadField(object, "signed", wide));
+  EXPECT_EQ(wide, 7u);
+  uint8_t byte = 0;
+  EXPECT_FALSE(ReadField(object, "wide", byte));
+  bool flag = false;
+  EXPECT_FALSE(ReadField(object, "flag", flag));
+  double ratio = 0;
+  EXPECT_TRUE(ReadField(object, "ratio", ratio));
+  EXPECT_EQ(ratio, 2.0);
+  std::string text;
+  EXPECT_FALSE(ReadField(object, "ratio", text));
+  EXPECT_FALSE(ReadField(nlohmann::json::array({1}), "ratio", ratio));
+}
 TEST(HostileInputsTest, ASpecNestedAHundredThousandDeepIsRefused) {
   const std::string yaml =
       absl::StrCat("name: deep\nmodel: ", std::string(100000, '['), std::string(100000, ']'), "\n");

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/json_fields.h"
 #include "common/storage/checkpoint_layout.h"
 
 namespace trainyard::trainer::checkpoint_files {
@@ -60,41 +61,8 @@ inline std::string PartListName(int part, int64_t generation) {
   return absl::StrCat("PART-", part, "-g", generation, ".json");
 }
 
-// `j[key]` into `out` when it is there with `out`'s type: an integer field takes only an integer
-// that fits (nlohmann converts 3e72 to int by a cast, undefined behaviour), a bool only a bool, a
-// floating-point field any number.
-template <typename T>
-bool ReadField(const nlohmann::json& j, const char* key, T& out) {
-  if (!j.is_object()) return false;
-  auto it = j.find(key);
-  if (it == j.end()) return false;
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!it->is_boolean()) return false;
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return false;
-    if (it->is_number_unsigned()) {
-      const uint64_t v = it->get<uint64_t>();
-      if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return false;
-      out = static_cast<T>(v);
-      return true;
-    }
-    const int64_t v = it->get<int64_t>();
-    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-        v > static_cast<int64_t>(std::numeric_limits<T>::max())) {
-      return false;
-    }
-    out = static_cast<T>(v);
-    return true;
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!it->is_number()) return false;
-  }
-  try {
-    out = it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    return false;
-  }
-  return true;
-}
+// Typed, range-checked reads of outside JSON (common/json_fields.h).
+using ::trainyard::ReadField;
 
 }  // namespace trainyard::trainer::checkpoint_files
 
