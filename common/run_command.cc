@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/clock.h"
 
@@ -61,8 +62,17 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // extra_env replaces what this process has of the same names: a name listed twice is read
+  // as its first entry by getenv.
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(extra_env.begin(), extra_env.end(), [&](const auto& x) {
+      return absl::string_view(x).substr(0, x.find('=')) == name;
+    });
+    if (!replaced) env_strings.emplace_back(entry);
+  }
   for (const std::string& e : extra_env) env_strings.push_back(e);
   std::vector<char*> env;
   for (std::string& e : env_strings) env.push_back(e.data());

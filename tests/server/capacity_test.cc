@@ -2,6 +2,7 @@
 // scripted provider and a fake clock), SlurmProvider's commands and how it reads Slurm's answers
 // (on scripted answers), and RunCommand on real processes.
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <utility>
@@ -397,6 +398,19 @@ TEST(RunCommandTest, KeepsWhatAProgramPrintsAndHowItEnded) {
   EXPECT_EQ(DescribeCommandEnd(*r), "exit 3: err");
   EXPECT_EQ(RunCommand({"no-such-program-here"}, {}, absl::Seconds(5)).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A name this process has is replaced, not listed twice: getenv (and so sh) reads the first.
+TEST(RunCommandTest, ExtraEnvironmentReplacesThisProcesssOwn) {
+  ASSERT_EQ(setenv("TRAINYARD_RUN_COMMAND_TEST", "own", 1), 0);
+  absl::StatusOr<CommandResult> r =
+      RunCommand({"sh", "-c",
+                  "echo \"$TRAINYARD_RUN_COMMAND_TEST\"; env | grep -c "
+                  "'^TRAINYARD_RUN_COMMAND_TEST='"},
+                 {"TRAINYARD_RUN_COMMAND_TEST=given"}, absl::Seconds(30));
+  unsetenv("TRAINYARD_RUN_COMMAND_TEST");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->out, "given\n1\n");
 }
 
 TEST(RunCommandTest, AProgramPastItsTimeIsKilled) {
