@@ -25,6 +25,9 @@ inline constexpr char kEnvRoleWorldSize[] = "ROLE_WORLD_SIZE";
 inline constexpr char kEnvMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kEnvMasterPort[] = "MASTER_PORT";
 inline constexpr char kEnvTorchelasticRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+// "True" when rank 0's host serves the ranks' store at MASTER_ADDR:MASTER_PORT (PyTorch's
+// init_process_group then connects every rank to it as a client, as under torchrun's agent).
+inline constexpr char kEnvTorchelasticUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
 inline constexpr char kEnvCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 
 // Trainyard's own.
@@ -49,7 +52,7 @@ inline bool IsProgramEnvSetByTrainyard(absl::string_view name) {
   for (absl::string_view taken :
        {kEnvRank, kEnvWorldSize, kEnvLocalRank, kEnvLocalWorldSize, kEnvGroupRank,
         kEnvGroupWorldSize, kEnvRoleRank, kEnvRoleWorldSize, kEnvMasterAddr, kEnvMasterPort,
-        kEnvTorchelasticRestartCount, kEnvCudaVisibleDevices}) {
+        kEnvTorchelasticRestartCount, kEnvTorchelasticUseAgentStore, kEnvCudaVisibleDevices}) {
     if (name == taken) return true;
   }
   // The S3 gateway's scoped key (worker/agent/s3_gateway.h) is the program's only S3 credential.

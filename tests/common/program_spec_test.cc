@@ -93,6 +93,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "program.entrypoint: unknown key"},
         Refused{"name: t\nprogram: {command: [python3], env: {RANK: \"3\"}}\n",
                 "program.env.RANK: set by Trainyard for every rank"},
+        Refused{"name: t\nprogram: {command: [python3], env: {TORCHELASTIC_USE_AGENT_STORE: "
+                "\"False\"}}\n",
+                "program.env.TORCHELASTIC_USE_AGENT_STORE: set by Trainyard for every rank"},
         Refused{"name: t\nprogram: {command: [python3], env: {TRAINYARD_SOCKET: x}}\n",
                 "program.env.TRAINYARD_SOCKET: set by Trainyard"},
         Refused{"name: t\nprogram: {command: [python3], env: {AWS_SECRET_ACCESS_KEY: x}}\n",

@@ -75,6 +75,9 @@ TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
     EXPECT_TRUE(std::filesystem::exists(seen["cwd"].get<std::string>() + "/plain_ddp.py"));
     EXPECT_NE(seen["cwd"].get<std::string>(), ProgramsDir());
     EXPECT_EQ(seen["all_reduce"], 3.0);  // 1 + 2: the two ranks met
+    // They met at the store that rank 0's host served before they started, not rank 0's own.
+    EXPECT_EQ(seen["TORCHELASTIC_USE_AGENT_STORE"], "True");
+    EXPECT_EQ(seen["serves_store"], false);
     if (rank == 0) {
       master = absl::StrCat(seen["MASTER_ADDR"].get<std::string>(), ":",
                             seen["MASTER_PORT"].get<std::string>());
@@ -90,6 +93,32 @@ TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
   const Cluster::CliResult described = cluster.Cli({"describe", done->id()});
   EXPECT_THAT(described.output, HasSubstr("Program:          /usr/bin/python3 plain_ddp.py"));
   EXPECT_THAT(described.output, HasSubstr("Step:             unknown (the program reports no"));
+}
+
+// The store's protocol is the one of PyTorch's release: for a program whose torch is another
+// release than the trainer's LibTorch (a virtual environment's, say), rank 0's program serves
+// the store itself, as it would without Trainyard.
+TEST(ProgramTest, AProgramWhoseTorchIsAnotherReleaseServesItsOwnStore) {
+  Cluster cluster(QuickRestarts(2));
+  TempDir out;
+  std::filesystem::create_directories(out.path() + "/venv/torch");
+  std::ofstream(out.path() + "/venv/torch/__init__.py") << "raise ImportError('not this one')\n";
+  std::ofstream(out.path() + "/venv/torch/version.py") << "__version__ = '0.4.1'\n";
+  const std::string spec =
+      absl::StrCat("name: other-torch\nworkers: 2\nprogram:\n  command: [", kPython,
+                   ", store_place.py]\n  workdir: file://", ProgramsDir(), "\n  env: {OUT: \"",
+                   out.path(), "\", PYTHONPATH: \"", out.path(), "/venv\"}\n");
+  auto submitted = cluster.Submit(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  auto done = cluster.WaitForFinal(submitted->id(), absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->reason() << "\n" << *cluster.Logs(done->id());
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(ReadFile(absl::StrCat(out.path(), "/", done->id(), "-rank", rank, ".txt")), "unset")
+        << "rank " << rank;
+  }
+  EXPECT_THAT(*cluster.Logs(done->id()),
+              HasSubstr("rank 0's program serves the ranks' store: its torch is 0.4.1"));
 }
 
 // The module's program (module_ddp.py) for `steps` steps, a checkpoint every 20.

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/scratch_files.h"
 #include "tests/common/test_stores.h"
+#include "worker/trainer/program/agent_store.h"
 #include "worker/trainer/program/environment.h"
 #include "worker/trainer/program/files.h"
 
@@ -71,10 +72,11 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
   paths.socket = "/t/trainyard.sock";
   paths.step_file = "/t/last-step";
   paths.python_module_dir = "/share/py";
-  const auto list = ProgramEnvironment(task, layout, "10.0.0.5:29500", paths, 40,
+  const auto list = ProgramEnvironment(task, layout, "10.0.0.5:29500", false, paths, 40,
                                        {{"PATH", "/usr/bin"},
                                         {"PYTHONPATH", "/mine"},
                                         {"TRAINYARD_CACHE_DIR", "/c"},
+                                        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                                         {"TRAINYARD_TEST_HOLD_DIR", "/h"},
                                         {"CUDA_VISIBLE_DEVICES", "1"},
                                         {"AWS_ACCESS_KEY_ID", "task-key"}});
@@ -101,9 +103,46 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
   EXPECT_EQ(env.at("AWS_ACCESS_KEY_ID"), "task-key");  // the S3 gateway's key for the task
   EXPECT_EQ(env.count("TRAINYARD_CACHE_DIR"), 0u);     // the trainer's own, not the program's
   EXPECT_EQ(env.count("TRAINYARD_TEST_HOLD_DIR"), 0u);
-  // A first start restores nothing.
-  const auto fresh = ProgramEnvironment(task, layout, "h:1", Paths{}, 0, {});
-  for (const auto& [name, value] : fresh) EXPECT_NE(name, "TRAINYARD_RESTORE_DIR");
+  // Rank 0's program serves the store: the trainer's own setting does not say otherwise.
+  EXPECT_EQ(env.count("TORCHELASTIC_USE_AGENT_STORE"), 0u);
+  // A first start restores nothing; a store on rank 0's host is said as torchrun says it.
+  const auto fresh = ProgramEnvironment(task, layout, "h:1", true, Paths{}, 0, {});
+  const std::map<std::string, std::string> fresh_env(fresh.begin(), fresh.end());
+  EXPECT_EQ(fresh_env.count("TRAINYARD_RESTORE_DIR"), 0u);
+  EXPECT_EQ(fresh_env.at("TORCHELASTIC_USE_AGENT_STORE"), "True");
+}
+
+// The ranks' store is served on rank 0's host only for a Python whose torch is the trainer's
+// release, which is read without importing that torch.
+TEST(AgentStoreTest, APythonsTorchIsReadWithoutImportingIt) {
+  EXPECT_TRUE(IsPython("/usr/bin/python3"));
+  EXPECT_TRUE(IsPython("python"));
+  EXPECT_TRUE(IsPython("/opt/venv/bin/python3.11"));
+  EXPECT_FALSE(IsPython("/usr/bin/bash"));
+  EXPECT_FALSE(IsPython("python3-config"));
+  EXPECT_FALSE(IsPython("/home/python3/train.sh"));
+  EXPECT_TRUE(SameTorchRelease("1.13.0a0", "1.13.0"));
+  EXPECT_TRUE(SameTorchRelease("2.6.0+cpu", "2.6.0"));
+  EXPECT_FALSE(SameTorchRelease("2.6.1", "2.6.0"));
+  EXPECT_FALSE(SameTorchRelease("2.11.0", "2.1.10"));
+  EXPECT_FALSE(SameTorchRelease("", "1.13.0"));
+  EXPECT_FALSE(SameTorchRelease("nightly", "nightly"));
+  // A torch in the program's folder comes first, as for `python3 train.py`; its __init__ would
+  // fail if it were imported.
+  ScratchFolder dir;
+  WriteText(dir.path() + "/torch/__init__.py", "raise SystemExit(7)\n");
+  WriteText(dir.path() + "/torch/version.py", "__version__ = '9.8.7+local'\ncuda = None\n");
+  absl::StatusOr<std::string> version =
+      ProgramTorchVersion("/usr/bin/python3", {{"PYTHONPATH", "/nonexistent"}}, dir.path());
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, "9.8.7+local");
+  // The machine's own (Debian's python3-torch), which the trainer's LibTorch matches.
+  ScratchFolder empty;
+  version = ProgramTorchVersion("/usr/bin/python3", {}, empty.path());
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_TRUE(SameTorchRelease(*version, TrainerTorchVersion())) << *version;
+  // A Python that cannot run is an error, not a version.
+  EXPECT_FALSE(ProgramTorchVersion(empty.path() + "/python3", {}, empty.path()).ok());
 }
 
 TEST(FindCommandTest, PathThenWorkdirAndPathsWithASlashAsTheyAre) {

@@ -1,12 +1,33 @@
 """A torchrun-style DDP script that knows nothing of Trainyard: it meets its peers through
 env://, trains a few steps of a tiny model with Gloo, and writes what its environment held to
-$OUT/<job>-rank<RANK>.json for the test to check."""
+$OUT/<job>-rank<RANK>.json for the test to check, and whether its own process served the ranks'
+store (under Trainyard, as under torchrun's agent, rank 0's host serves it)."""
 
 import json
 import os
 
 import torch
 import torch.distributed as dist
+
+
+def serves_port(port):
+    """Whether this process holds the socket listening on `port` (the ranks' store)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            mine.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                listening = fields[3] == "0A"
+                if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    if f"socket:[{fields[9]}]" in mine:
+                        return True
+    return False
+
 
 dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -26,6 +47,8 @@ seen = {name: os.environ.get(name) for name in (
     "TRAINYARD_ATTEMPT", "TRAINYARD_CHECKPOINT_DIR", "TRAINYARD_RESTORE_DIR", "TRAINYARD_SOCKET",
     "PYTHONPATH", "MY_SETTING", "AWS_SECRET_ACCESS_KEY", "TRAINYARD_TASK_CREDENTIAL")}
 seen["all_reduce"] = total.item()
+seen["TORCHELASTIC_USE_AGENT_STORE"] = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")
+seen["serves_store"] = serves_port(int(os.environ["MASTER_PORT"]))
 seen["cwd"] = os.getcwd()
 seen["weights"] = [float(v) for v in model.module.weight.flatten()]
 out = os.path.join(os.environ["OUT"], f"{os.environ['TRAINYARD_JOB_ID']}-rank{rank}.json")

@@ -39,8 +39,9 @@ Layout LayoutOf(const std::vector<Peer>& peers, int rank) {
 }
 
 std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
-    const v1::Task& task, const Layout& layout, const std::string& master, const Paths& paths,
-    int64_t restore_step, const std::vector<std::pair<std::string, std::string>>& inherited) {
+    const v1::Task& task, const Layout& layout, const std::string& master, bool agent_store,
+    const Paths& paths, int64_t restore_step,
+    const std::vector<std::pair<std::string, std::string>>& inherited) {
   std::map<std::string, std::string> env;
   for (const auto& [name, value] : inherited) {
     // What the trainer was given for itself does not describe the program's world.
@@ -67,6 +68,7 @@ std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
   env[kEnvMasterAddr] = master.substr(0, colon);
   env[kEnvMasterPort] = colon == std::string::npos ? "" : master.substr(colon + 1);
   env[kEnvTorchelasticRestartCount] = absl::StrCat(std::max<int64_t>(task.generation() - 1, 0));
+  if (agent_store) env[kEnvTorchelasticUseAgentStore] = "True";
   env[kEnvCudaVisibleDevices] = layout.cuda_visible_devices;
   env[kEnvJobId] = task.job_id();
   env[kEnvAttempt] = absl::StrCat(task.generation());

@@ -45,10 +45,11 @@ struct Paths {
 
 // The environment of rank `task.rank()`: `inherited` (the trainer's own, PYTHONPATH and the
 // names below replaced), the spec's program.env, then torchrun's variables and TRAINYARD_*.
-// `master` is "host:port"; `restore_step` the restored checkpoint's step (0: none).
+// `master` is "host:port", served by rank 0's host when `agent_store`; `restore_step` the
+// restored checkpoint's step (0: none).
 std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
     const trainyard::v1::Task& task, const Layout& layout, const std::string& master,
-    const Paths& paths, int64_t restore_step,
+    bool agent_store, const Paths& paths, int64_t restore_step,
     const std::vector<std::pair<std::string, std::string>>& inherited);
 
 // The file that `command` (the first word of program.command) starts: a path with a '/' as it is

@@ -2,13 +2,16 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +28,7 @@
 #include "common/json_fields.h"
 #include "common/log.h"
 #include "common/storage/uri.h"
+#include "worker/trainer/program/agent_store.h"
 
 extern char** environ;
 
@@ -36,9 +40,12 @@ using nlohmann::json;
 
 constexpr char kPeerKey[] = "program/peer/";
 constexpr char kMasterKey[] = "program/master";
+// "host" when rank 0's host serves the ranks' store at the master's address, else "program".
+constexpr char kStoreKey[] = "program/store";
+constexpr char kEndedKey[] = "program/ended/";
 
-// A TCP port free on this machine now, for the program's rendezvous (torch's TCPStore on rank
-// 0). As torchrun does: the kernel picks it, and the program binds it moments later.
+// A TCP port free on this machine now, for the program's rendezvous when rank 0's program
+// serves torch's TCPStore: the kernel picks it, and the program binds it moments later.
 absl::StatusOr<int> FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
@@ -65,6 +72,13 @@ std::vector<std::pair<std::string, std::string>> OwnEnvironment() {
     env.emplace_back(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
   }
   return env;
+}
+
+std::string PathOf(const std::vector<std::pair<std::string, std::string>>& env) {
+  for (const auto& [name, value] : env) {
+    if (name == "PATH") return value;
+  }
+  return "";
 }
 
 // Whether the program's last words say that its Python has no torch: the standard message of
@@ -148,6 +162,8 @@ ProgramResult Host::Run() {
   }
   std::move(end_silent).Invoke();
   channel->reset();  // no request after the program's end
+  SayProgramEnded();
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) KeepStoreForPeers();
   ProgramResult result = Conclude(status);
   if (result.exit_code == kExitInternal && AttemptEndedMeanwhile()) {
     return {kExitInfrastructure,
@@ -252,9 +268,7 @@ absl::Status Host::MeetPeers() {
   std::vector<Peer> peers(task_.world_size() > 0 ? task_.world_size() : 1);
   peers[task_.rank()] = me;
   if (task_.rank() == 0) {
-    absl::StatusOr<int> port = FreePort();
-    if (!port.ok()) return port.status();
-    master_ = absl::StrCat(me.address, ":", *port);
+    if (absl::Status s = PlaceStore(me.address); !s.ok()) return s;
   }
   if (peers.size() > 1) {
     if (options_.rendezvous == nullptr) {
@@ -268,11 +282,19 @@ absl::Status Host::MeetPeers() {
       return s;
     }
     if (task_.rank() == 0) {
+      // The store's place first: a rank that reads the master reads it too.
+      if (absl::Status s = rendezvous.Set(kStoreKey, agent_store_used_ ? "host" : "program");
+          !s.ok()) {
+        return s;
+      }
       if (absl::Status s = rendezvous.Set(kMasterKey, master_); !s.ok()) return s;
     } else {
       absl::StatusOr<std::string> master = rendezvous.Get(kMasterKey, options_.peer_timeout);
       if (!master.ok()) return master.status();
       master_ = *master;
+      absl::StatusOr<std::string> store = rendezvous.Get(kStoreKey, options_.peer_timeout);
+      if (!store.ok()) return store.status();
+      agent_store_used_ = *store == "host";
     }
     for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
       if (r == task_.rank()) continue;
@@ -290,14 +312,10 @@ absl::Status Host::MeetPeers() {
 }
 
 absl::StatusOr<pid_t> Host::Start() {
-  const std::vector<std::pair<std::string, std::string>> env =
-      ProgramEnvironment(task_, layout_, master_, paths_, restore_step_, OwnEnvironment());
-  std::string path;
-  for (const auto& [name, value] : env) {
-    if (name == "PATH") path = value;
-  }
+  const std::vector<std::pair<std::string, std::string>> env = ProgramEnvironment(
+      task_, layout_, master_, agent_store_used_, paths_, restore_step_, OwnEnvironment());
   const v1::ProgramSpec& program = task_.spec().program();
-  absl::StatusOr<std::string> file = FindCommand(program.command(0), path, paths_.workdir);
+  absl::StatusOr<std::string> file = FindCommand(program.command(0), PathOf(env), paths_.workdir);
   if (!file.ok()) return file.status();
   // Everything the child needs, made before fork: after it, only async-signal-safe calls.
   std::vector<std::string> env_lines;
@@ -328,6 +346,11 @@ absl::StatusOr<pid_t> Host::Start() {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // Nothing of the host's but the standard streams reaches the program (the store's sockets,
+    // which LibTorch does not make close-on-exec, among them).
+    if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+      for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
     int error = 0;
     if (::chdir(paths_.workdir.c_str()) != 0) {
       error = errno;
@@ -430,6 +453,65 @@ std::string Host::LastOutputLine() const {
   const size_t newline = rest.rfind('\n');
   if (newline != absl::string_view::npos) rest = rest.substr(newline + 1);
   return std::string(absl::StripAsciiWhitespace(rest));
+}
+
+absl::Status Host::PlaceStore(const std::string& address) {
+  if (task_.world_size() > 1 && options_.serve_agent_store) {
+    const std::string why_not = WhyNotServeStore();
+    if (why_not.empty()) {
+      absl::StatusOr<std::unique_ptr<AgentStore>> store =
+          options_.serve_agent_store(task_.world_size());
+      if (store.ok()) {
+        agent_store_ = *std::move(store);
+        agent_store_used_ = true;
+        master_ = absl::StrCat(address, ":", agent_store_->port());
+        LogInfo("serving the ranks' store at ", master_);
+        return absl::OkStatus();
+      }
+      LogWarning(store.status().message(), "; rank 0's program serves it");
+    } else {
+      LogInfo("rank 0's program serves the ranks' store: ", why_not);
+    }
+  }
+  absl::StatusOr<int> port = FreePort();
+  if (!port.ok()) return port.status();
+  master_ = absl::StrCat(address, ":", *port);
+  return absl::OkStatus();
+}
+
+std::string Host::WhyNotServeStore() {
+  const std::vector<std::pair<std::string, std::string>> env =
+      ProgramEnvironment(task_, layout_, "", false, paths_, restore_step_, OwnEnvironment());
+  absl::StatusOr<std::string> python =
+      FindCommand(task_.spec().program().command(0), PathOf(env), paths_.workdir);
+  if (!python.ok()) return "its command is not found";  // Start() says so
+  if (!IsPython(*python)) return absl::StrCat(*python, " is not a Python");
+  absl::StatusOr<std::string> version = ProgramTorchVersion(*python, env, paths_.workdir);
+  if (!version.ok()) return std::string(version.status().message());
+  if (version->empty()) return absl::StrCat(*python, " has no torch");
+  if (!SameTorchRelease(*version, options_.trainer_torch_version)) {
+    return absl::StrCat("its torch is ", *version, ", the trainer's LibTorch ",
+                        options_.trainer_torch_version);
+  }
+  return "";
+}
+
+void Host::SayProgramEnded() {
+  if (!agent_store_used_ || task_.rank() == 0 || options_.rendezvous == nullptr) return;
+  options_.rendezvous->Set(absl::StrCat(kEndedKey, task_.rank()), "").IgnoreError();
+}
+
+void Host::KeepStoreForPeers() {
+  if (agent_store_ == nullptr || options_.rendezvous == nullptr) return;
+  const absl::Time deadline = clock_.Now() + options_.peer_timeout;
+  for (int r = 1; r < task_.world_size(); ++r) {
+    // Fails at once when the attempt has ended (the coordinator refuses its store's calls).
+    const absl::Duration left = std::max(deadline - clock_.Now(), absl::ZeroDuration());
+    if (!options_.rendezvous->Get(absl::StrCat(kEndedKey, r), left).ok()) {
+      LogWarning("rank ", r, "'s program has not ended; the ranks' store goes");
+      return;
+    }
+  }
 }
 
 ProgramResult RunProgram(const v1::Task& task, const ProgramOptions& options) {

@@ -41,6 +41,15 @@ class Host {
   absl::Status Restore();
   // Agrees with the other ranks on the layout and MASTER_ADDR:MASTER_PORT.
   absl::Status MeetPeers();
+  // Rank 0: where the ranks' store is: served here when it can be (agent_store.h), else a free
+  // port for rank 0's program to serve it on. Why it is not served here ("" when it can be).
+  absl::Status PlaceStore(const std::string& address);
+  std::string WhyNotServeStore();
+  // With the store served on rank 0's host: each rank's host says when its program has ended;
+  // rank 0's keeps the store until every rank's has (up to peer_timeout), as torchrun's agents
+  // wait at their exit barrier, so that a rank done first does not take it from the others.
+  void SayProgramEnded();
+  void KeepStoreForPeers();
   // Starts the program; its pid.
   absl::StatusOr<pid_t> Start();
   // How the program's end (a wait status) ends the rank.
@@ -73,6 +82,8 @@ class Host {
   std::string restore_base_;  // where a checkpoint is restored to
   std::string socket_dir_;    // the socket's own folder in /tmp when the task's path is too long
   std::string master_;
+  std::unique_ptr<AgentStore> agent_store_;  // rank 0's, when it serves the store
+  bool agent_store_used_ = false;            // the ranks' store is on rank 0's host
   Layout layout_;
   int64_t restore_step_ = 0;
   std::shared_ptr<ObjectStore> checkpoint_store_;  // null without a checkpoint URI

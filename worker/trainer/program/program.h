@@ -2,12 +2,14 @@
 #define TRAINYARD_WORKER_TRAINER_PROGRAM_PROGRAM_H_
 
 // Part program/ of the trainer (worker/trainer/PARTS): a rank of a job that runs the user's own
-// program (JobSpec.program). It may call coordinator/. No LibTorch here: the program brings its
-// own (Python's torch).
+// program (JobSpec.program). It may call coordinator/. LibTorch only in torch_store.cc (the
+// ranks' TCPStore, agent_store.h): the program brings its own torch (Python's).
 //
 // The trainer process of such a rank is the program's host: it fetches the program's files and
 // the last committed checkpoint, agrees with its peers on torchrun's environment (MASTER_ADDR
-// and MASTER_PORT, each rank's LOCAL_RANK), starts the program as its child with that
+// and MASTER_PORT, each rank's LOCAL_RANK; rank 0's host serves the ranks' store there, as
+// torchrun's agent does, when the program's torch is the trainer's release), starts the
+// program as its child with that
 // environment and the TRAINYARD_* of common/spec/program_env.h, and serves it on a Unix socket
 // in the task folder, where the Python module (trainyard/__init__.py) reports steps and commits
 // checkpoints. The host ends when the program does, with an exit code the restart policy reads
@@ -32,6 +34,7 @@
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
+#include "worker/trainer/program/agent_store.h"
 
 namespace trainyard::trainer::program {
 
@@ -66,6 +69,10 @@ struct ProgramOptions {
   // counts the restart before it recovered (its backoff starts over), its steps lost unknown.
   // The trainer's main makes it the job's stall_timeout when that is shorter.
   absl::Duration silent_program_after = absl::Seconds(30);
+  // Serves the ranks' store on rank 0's host (agent_store.h), for programs whose torch is
+  // `trainer_torch_version`'s release; unset: rank 0's program serves it.
+  AgentStoreServer serve_agent_store;
+  std::string trainer_torch_version;
 };
 
 struct ProgramResult {
