@@ -416,6 +416,17 @@ TEST(PsWireTest, ALayoutOfImpossibleSizeIsRefusedWithoutOverflow) {
   EXPECT_EQ(ps_wire::ByteSize({{-1}, torch::kInt64}), -1);
   EXPECT_FALSE(ps_wire::TensorFrom(layout, "", "piece").ok());
   EXPECT_EQ(ps_wire::ByteSize({{2, 3}, torch::kFloat}), 24);
+  // An empty dimension makes no bytes, but the others still make strides: these overflow int64,
+  // which LibTorch 1.13 read as a symbol and crashed on (fuzz_ps_wire).
+  layout.clear_shape();
+  for (int64_t d : {int64_t{112}, int64_t{48}, int64_t{70}, int64_t{0}, int64_t{70}, int64_t{757},
+                    int64_t{5937649877}, int64_t{21}, int64_t{21}, int64_t{21}, int64_t{0}}) {
+    layout.add_shape(d);
+  }
+  t = ps_wire::TensorFrom(layout, "", "piece");
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps_wire::ByteSize({{0, int64_t{1} << 62}, torch::kFloat}), -1);
+  EXPECT_EQ(ps_wire::ByteSize({{0, 1 << 20}, torch::kFloat}), 0);  // empty, and possible
 }
 
 }  // namespace

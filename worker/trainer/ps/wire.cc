@@ -39,9 +39,16 @@ int MessageLimit(int64_t parameter_bytes, int64_t tensors) {
 
 int64_t ByteSize(const ParameterShard::PieceShape& shape) {
   int64_t n = c10::elementSize(shape.second);
+  // The shape's extent with its empty dimensions counted as one: LibTorch derives strides from
+  // it (in int64, whose values past 2^61 LibTorch 1.13 takes for symbols), so an empty dimension
+  // must not hide what the others multiply to.
+  int64_t extent = n;
   for (int64_t d : shape.first) {
     // A shape from the wire may claim anything: negative, or more bytes than exist.
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) ||
+        __builtin_mul_overflow(extent, std::max<int64_t>(d, 1), &extent)) {
+      return -1;
+    }
   }
   return n;
 }
