@@ -72,7 +72,7 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
   paths.socket = "/t/trainyard.sock";
   paths.step_file = "/t/last-step";
   paths.python_module_dir = "/share/py";
-  const auto list = ProgramEnvironment(task, layout, "10.0.0.5:29500", false, paths, 40,
+  const auto list = ProgramEnvironment(task, layout, {"10.0.0.5:29500"}, paths, 40,
                                        {{"PATH", "/usr/bin"},
                                         {"PYTHONPATH", "/mine"},
                                         {"TRAINYARD_CACHE_DIR", "/c"},
@@ -106,10 +106,20 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
   // Rank 0's program serves the store: the trainer's own setting does not say otherwise.
   EXPECT_EQ(env.count("TORCHELASTIC_USE_AGENT_STORE"), 0u);
   // A first start restores nothing; a store on rank 0's host is said as torchrun says it.
-  const auto fresh = ProgramEnvironment(task, layout, "h:1", true, Paths{}, 0, {});
+  EXPECT_EQ(env.count("USE_LIBUV"), 0u);
+  StorePlace on_host{"h:1", /*on_host=*/true};
+  const auto fresh = ProgramEnvironment(task, layout, on_host, Paths{}, 0, {});
   const std::map<std::string, std::string> fresh_env(fresh.begin(), fresh.end());
   EXPECT_EQ(fresh_env.count("TRAINYARD_RESTORE_DIR"), 0u);
   EXPECT_EQ(fresh_env.at("TORCHELASTIC_USE_AGENT_STORE"), "True");
+  // A worker whose torch makes stores only without libuv tells PyTorch so, unless told otherwise.
+  StorePlace without_libuv{"h:1", /*on_host=*/false, /*without_libuv=*/true};
+  auto plain = ProgramEnvironment(task, layout, without_libuv, Paths{}, 0, {});
+  EXPECT_THAT(plain,
+              ::testing::Contains(std::make_pair(std::string("USE_LIBUV"), std::string("0"))));
+  plain = ProgramEnvironment(task, layout, without_libuv, Paths{}, 0, {{"USE_LIBUV", "1"}});
+  EXPECT_THAT(plain,
+              ::testing::Contains(std::make_pair(std::string("USE_LIBUV"), std::string("1"))));
 }
 
 // The ranks' store is served on rank 0's host only for a Python whose torch is the trainer's
@@ -141,6 +151,15 @@ TEST(AgentStoreTest, APythonsTorchIsReadWithoutImportingIt) {
   version = ProgramTorchVersion("/usr/bin/python3", {}, empty.path());
   ASSERT_TRUE(version.ok()) << version.status();
   EXPECT_TRUE(SameTorchRelease(*version, TrainerTorchVersion())) << *version;
+  // The trainer's LibTorch serves a store its release's clients reach with PyTorch's defaults
+  // (Debian 12's 1.13 has no libuv choice; Debian 13's 2.6 lacks libuv and serves none).
+  if (TorchStoreDefaultsWork()) {
+    absl::StatusOr<std::unique_ptr<AgentStore>> store = ServeTorchStore(2);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_GT((*store)->port(), 0);
+  } else {
+    EXPECT_FALSE(ServeTorchStore(2).ok());
+  }
   // A Python that cannot run is an error, not a version.
   EXPECT_FALSE(ProgramTorchVersion(empty.path() + "/python3", {}, empty.path()).ok());
 }

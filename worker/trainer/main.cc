@@ -243,6 +243,7 @@ int RunProgramRank(const trainyard::v1::Task& task,
   options.peer_loss_grace = absl::GetFlag(FLAGS_peer_loss_grace);
   options.serve_agent_store = trainyard::trainer::program::ServeTorchStore;
   options.trainer_torch_version = trainyard::trainer::program::TrainerTorchVersion();
+  options.store_without_libuv = !trainyard::trainer::program::TorchStoreDefaultsWork();
   // A program silent for its stall_timeout reports no steps (its stall clock starts at its first
   // report): it is taken for one sooner, when the job says a step never takes so long.
   if (const int64_t stall = task.spec().stall_timeout_seconds(); stall > 0) {

@@ -32,9 +32,16 @@ class AgentStore {
 // Serves a store for `world_size` ranks on a port the kernel picks, on every address.
 using AgentStoreServer = std::function<absl::StatusOr<std::unique_ptr<AgentStore>>(int world_size)>;
 
-// The trainer's own: LibTorch's TCPStore (torch_store.cc), and that LibTorch's version.
+// The trainer's own: LibTorch's TCPStore (torch_store.cc) with PyTorch's defaults, and that
+// LibTorch's version.
 absl::StatusOr<std::unique_ptr<AgentStore>> ServeTorchStore(int world_size);
 std::string TrainerTorchVersion();
+
+// Whether LibTorch's TCPStore works with PyTorch's defaults. Not where LibTorch was built without
+// libuv, which PyTorch 2.4 and later ask for by default (Debian 13's 2.6): there a program's
+// init_process_group needs USE_LIBUV=0, and PyTorch's clients of a store served elsewhere cannot
+// be made at all (they ask for libuv whatever USE_LIBUV says), so the host serves none.
+bool TorchStoreDefaultsWork();
 
 // Whether `file` is a Python interpreter, by its name: python, python3, python3.11.
 bool IsPython(absl::string_view file);

@@ -39,9 +39,8 @@ Layout LayoutOf(const std::vector<Peer>& peers, int rank) {
 }
 
 std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
-    const v1::Task& task, const Layout& layout, const std::string& master, bool agent_store,
-    const Paths& paths, int64_t restore_step,
-    const std::vector<std::pair<std::string, std::string>>& inherited) {
+    const v1::Task& task, const Layout& layout, const StorePlace& store, const Paths& paths,
+    int64_t restore_step, const std::vector<std::pair<std::string, std::string>>& inherited) {
   std::map<std::string, std::string> env;
   for (const auto& [name, value] : inherited) {
     // What the trainer was given for itself does not describe the program's world.
@@ -56,6 +55,7 @@ std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
   env["PYTHONPATH"] = python_path;
   // Python's output goes to the log as it is written, not when a buffer fills.
   if (env.count("PYTHONUNBUFFERED") == 0) env["PYTHONUNBUFFERED"] = "1";
+  const std::string& master = store.master;
   const size_t colon = master.rfind(':');
   env[kEnvRank] = absl::StrCat(task.rank());
   env[kEnvWorldSize] = absl::StrCat(task.world_size());
@@ -68,7 +68,9 @@ std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
   env[kEnvMasterAddr] = master.substr(0, colon);
   env[kEnvMasterPort] = colon == std::string::npos ? "" : master.substr(colon + 1);
   env[kEnvTorchelasticRestartCount] = absl::StrCat(std::max<int64_t>(task.generation() - 1, 0));
-  if (agent_store) env[kEnvTorchelasticUseAgentStore] = "True";
+  if (store.on_host) env[kEnvTorchelasticUseAgentStore] = "True";
+  // A name of PyTorch's, which the program (or the worker's own environment) may set itself.
+  if (store.without_libuv && env.count("USE_LIBUV") == 0) env["USE_LIBUV"] = "0";
   env[kEnvCudaVisibleDevices] = layout.cuda_visible_devices;
   env[kEnvJobId] = task.job_id();
   env[kEnvAttempt] = absl::StrCat(task.generation());

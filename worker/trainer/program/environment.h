@@ -43,13 +43,19 @@ struct Paths {
   std::string python_module_dir;
 };
 
+// Where the ranks meet (agent_store.h).
+struct StorePlace {
+  std::string master;          // "host:port"
+  bool on_host = false;        // served by rank 0's host: TORCHELASTIC_USE_AGENT_STORE=True
+  bool without_libuv = false;  // this worker's torch makes stores only without libuv: USE_LIBUV=0
+};
+
 // The environment of rank `task.rank()`: `inherited` (the trainer's own, PYTHONPATH and the
 // names below replaced), the spec's program.env, then torchrun's variables and TRAINYARD_*.
-// `master` is "host:port", served by rank 0's host when `agent_store`; `restore_step` the
-// restored checkpoint's step (0: none).
+// `restore_step` is the restored checkpoint's step (0: none).
 std::vector<std::pair<std::string, std::string>> ProgramEnvironment(
-    const trainyard::v1::Task& task, const Layout& layout, const std::string& master,
-    bool agent_store, const Paths& paths, int64_t restore_step,
+    const trainyard::v1::Task& task, const Layout& layout, const StorePlace& store,
+    const Paths& paths, int64_t restore_step,
     const std::vector<std::pair<std::string, std::string>>& inherited);
 
 // The file that `command` (the first word of program.command) starts: a path with a '/' as it is

@@ -111,6 +111,7 @@ Host::Host(const v1::Task& task, const ProgramOptions& options)
   paths_.step_file = absl::StrCat(dir, "/", kLastStepFile);
   restore_base_ = dir + "/restore";
   paths_.python_module_dir = options.python_module_dir;
+  store_.without_libuv = options.store_without_libuv;
 }
 
 ProgramResult Host::Run() {
@@ -283,18 +284,18 @@ absl::Status Host::MeetPeers() {
     }
     if (task_.rank() == 0) {
       // The store's place first: a rank that reads the master reads it too.
-      if (absl::Status s = rendezvous.Set(kStoreKey, agent_store_used_ ? "host" : "program");
+      if (absl::Status s = rendezvous.Set(kStoreKey, store_.on_host ? "host" : "program");
           !s.ok()) {
         return s;
       }
-      if (absl::Status s = rendezvous.Set(kMasterKey, master_); !s.ok()) return s;
+      if (absl::Status s = rendezvous.Set(kMasterKey, store_.master); !s.ok()) return s;
     } else {
       absl::StatusOr<std::string> master = rendezvous.Get(kMasterKey, options_.peer_timeout);
       if (!master.ok()) return master.status();
-      master_ = *master;
+      store_.master = *master;
       absl::StatusOr<std::string> store = rendezvous.Get(kStoreKey, options_.peer_timeout);
       if (!store.ok()) return store.status();
-      agent_store_used_ = *store == "host";
+      store_.on_host = *store == "host";
     }
     for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
       if (r == task_.rank()) continue;
@@ -312,8 +313,8 @@ absl::Status Host::MeetPeers() {
 }
 
 absl::StatusOr<pid_t> Host::Start() {
-  const std::vector<std::pair<std::string, std::string>> env = ProgramEnvironment(
-      task_, layout_, master_, agent_store_used_, paths_, restore_step_, OwnEnvironment());
+  const std::vector<std::pair<std::string, std::string>> env =
+      ProgramEnvironment(task_, layout_, store_, paths_, restore_step_, OwnEnvironment());
   const v1::ProgramSpec& program = task_.spec().program();
   absl::StatusOr<std::string> file = FindCommand(program.command(0), PathOf(env), paths_.workdir);
   if (!file.ok()) return file.status();
@@ -376,7 +377,7 @@ absl::StatusOr<pid_t> Host::Start() {
         absl::StrCat("program.command: cannot start ", *file, ": ", std::strerror(error)));
   }
   LogInfo("started the program (pid ", pid, "): ", absl::StrJoin(args, " "), " as rank ",
-          task_.rank(), "/", task_.world_size(), ", master ", master_, ", local rank ",
+          task_.rank(), "/", task_.world_size(), ", master ", store_.master, ", local rank ",
           layout_.local_rank, "/", layout_.local_world_size);
   return pid;
 }
@@ -463,9 +464,9 @@ absl::Status Host::PlaceStore(const std::string& address) {
           options_.serve_agent_store(task_.world_size());
       if (store.ok()) {
         agent_store_ = *std::move(store);
-        agent_store_used_ = true;
-        master_ = absl::StrCat(address, ":", agent_store_->port());
-        LogInfo("serving the ranks' store at ", master_);
+        store_.on_host = true;
+        store_.master = absl::StrCat(address, ":", agent_store_->port());
+        LogInfo("serving the ranks' store at ", store_.master);
         return absl::OkStatus();
       }
       LogWarning(store.status().message(), "; rank 0's program serves it");
@@ -475,13 +476,17 @@ absl::Status Host::PlaceStore(const std::string& address) {
   }
   absl::StatusOr<int> port = FreePort();
   if (!port.ok()) return port.status();
-  master_ = absl::StrCat(address, ":", *port);
+  store_.master = absl::StrCat(address, ":", *port);
   return absl::OkStatus();
 }
 
 std::string Host::WhyNotServeStore() {
+  if (options_.store_without_libuv) {
+    return "this worker's torch has no libuv, and PyTorch's clients of a store served elsewhere "
+           "ask for it";
+  }
   const std::vector<std::pair<std::string, std::string>> env =
-      ProgramEnvironment(task_, layout_, "", false, paths_, restore_step_, OwnEnvironment());
+      ProgramEnvironment(task_, layout_, StorePlace{}, paths_, restore_step_, OwnEnvironment());
   absl::StatusOr<std::string> python =
       FindCommand(task_.spec().program().command(0), PathOf(env), paths_.workdir);
   if (!python.ok()) return "its command is not found";  // Start() says so
@@ -497,7 +502,7 @@ std::string Host::WhyNotServeStore() {
 }
 
 void Host::SayProgramEnded() {
-  if (!agent_store_used_ || task_.rank() == 0 || options_.rendezvous == nullptr) return;
+  if (!store_.on_host || task_.rank() == 0 || options_.rendezvous == nullptr) return;
   options_.rendezvous->Set(absl::StrCat(kEndedKey, task_.rank()), "").IgnoreError();
 }
 

@@ -81,9 +81,8 @@ class Host {
   Paths paths_;
   std::string restore_base_;  // where a checkpoint is restored to
   std::string socket_dir_;    // the socket's own folder in /tmp when the task's path is too long
-  std::string master_;
+  StorePlace store_;          // where the ranks meet
   std::unique_ptr<AgentStore> agent_store_;  // rank 0's, when it serves the store
-  bool agent_store_used_ = false;            // the ranks' store is on rank 0's host
   Layout layout_;
   int64_t restore_step_ = 0;
   std::shared_ptr<ObjectStore> checkpoint_store_;  // null without a checkpoint URI

@@ -73,6 +73,9 @@ struct ProgramOptions {
   // `trainer_torch_version`'s release; unset: rank 0's program serves it.
   AgentStoreServer serve_agent_store;
   std::string trainer_torch_version;
+  // The trainer's LibTorch makes TCPStores only without libuv (TorchStoreDefaultsWork() is
+  // false): programs get USE_LIBUV=0 (unless their env sets it), and no store is served for them.
+  bool store_without_libuv = false;
 };
 
 struct ProgramResult {
