@@ -4,7 +4,9 @@
 # and checkpoints on mounted folders, TLS and agent tokens as in deploy/kubernetes. A
 # data-parallel job submitted with the host's CLI runs on two of the workers; `podman stop` of
 # one of their containers (SIGTERM: a preemption) mid-run moves the job to the third worker, and
-# it ends SUCCEEDED with 0 steps lost. The flags are the manifests' but for: addresses on
+# it ends SUCCEEDED with 0 steps lost. Then a job's own program (a data-parallel script with the
+# `trainyard` module, its folder packed by the CLI) runs on the image's Python and torch and
+# commits a checkpoint. The flags are the manifests' but for: addresses on
 # 127.0.0.1 with ports the kernel picks, checkpoints in a mounted folder instead of s3://, and
 # one CPU slot per worker.
 # Usage: tests/images/cluster_test.sh BUILD_DIR [TAG]    (as root; `make test-images` runs it)
@@ -13,7 +15,6 @@ build=$(cd "${1:?usage: cluster_test.sh BUILD_DIR [TAG]}" && pwd)
 tag=${2:-latest}
 image=localhost/trainyard:$tag
 cli=("$build/bin/trainyard")
-here=$(cd "$(dirname "$0")" && pwd)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-/var/tmp/trainyard-images/containers.conf}
 podman image exists "$image" || { echo "no image $image: run scripts/build-images.sh" >&2; exit 1; }
 
@@ -164,4 +165,57 @@ echo "restart: $reason, resumed at step $resumed, $lost steps lost; last attempt
 [[ ",$workers," == *",$third,"* ]] || fail "the job did not move to the third worker ($third): $workers"
 # The admin token submitted it: its folder is the admin's under the root.
 [ -s "$dir/checkpoints/admin/$job/final/model.safetensors" ] || fail "no exported model"
+
+# A job's own program on the image's Python: a data-parallel script (Gloo) with the `trainyard`
+# module, from a folder the host's CLI packs and uploads, on the two workers left. It checks that
+# it runs the image's torch, the same LibTorch as the trainer's, and commits a checkpoint.
+mkdir -p "$dir/program"
+cat >"$dir/program/ddp.py" <<'PY'
+import os, sys
+import torch
+import torch.distributed as dist
+import trainyard
+
+if not torch.__version__.startswith(sys.argv[1]):
+    print(f"torch {torch.__version__}, not the trainer's LibTorch {sys.argv[1]}", file=sys.stderr)
+    sys.exit(2)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(trainyard.start_step + 1, 21):
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 2 + rank))
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    trainyard.report(step, loss=loss.item(), total_steps=20)
+    if trainyard.should_checkpoint(step):
+        if rank == 0:
+            torch.save(model.module.state_dict(), os.path.join(trainyard.checkpoint_dir, "model.pt"))
+        trainyard.commit_checkpoint(step)
+    if trainyard.should_stop(step):
+        break
+dist.destroy_process_group()
+PY
+cat >"$dir/program.yaml" <<YAML
+name: containers-program
+workers: 2
+program:
+  command: [python3, ddp.py, "${libtorch%%+*}"]
+  workdir: $dir/program
+  env: {OMP_NUM_THREADS: "1"}
+checkpoint: {every_steps: 10}
+YAML
+job=$("${cli[@]}" submit "$dir/program.yaml")
+echo "program job $job submitted"
+wait_for "the program job to end" 300 final
+state=$(field "j['state']")
+[ "$state" = SUCCEEDED ] || { json >&2; "${cli[@]}" logs "$job" >&2 || true; fail "the program job ended $state"; }
+step=$(field "j.get('progress', {}).get('step', 0)")
+[ "$step" = 20 ] || fail "the program job reported step $step, not 20"
+saved=$(find "$dir/checkpoints/admin/$job" -path '*/step-000000000020/g*/model.pt' -size +0)
+[ -n "$saved" ] || fail "no committed checkpoint of step 20: $(find "$dir/checkpoints/admin/$job")"
+echo "program job: SUCCEEDED at step 20 on the image's torch ${libtorch%%+*}, step 20 committed"
 echo "PASS"
