@@ -8,7 +8,9 @@
 #   - from the launch (`trainyard submit`, or torchrun's command) to the program's process, to
 #     `import torch` done, to the process group, to the first step;
 #   - recovery from a preemption notice (SIGTERM to an agent) and from kill -9 of a machine (its
-#     agent and its rank's processes), as `trainyard describe` splits it.
+#     agent and its rank's processes), as `trainyard describe` splits it;
+#   - the CPU that Trainyard's own processes (coordinator, agents, the ranks' hosts) take while
+#     the program trains, against the program's own.
 #
 #   bench/program_vs_torchrun.sh [BUILD_DIR] [ROUNDS] [STEPS]      (defaults: build, 3, 400)
 set -euo pipefail
@@ -108,6 +110,41 @@ agent_of_rank0() {
   "$trainyard" workers | awk -v w="$w" '$1 == w {print $4}'
 }
 wait_step 1
+# Where the CPU goes while it trains (its checkpoints every 200 steps included): Trainyard's own
+# processes against the program's ranks, over 10 s.
+cpu_seconds() {  # PATTERN: CPU seconds so far of the processes whose command line matches
+  "$python" - "$1" <<'PY'
+import os, re, sys
+total = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        if pid != str(os.getpid()) and re.search(sys.argv[1], command):
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    except OSError:
+        pass
+print(total / os.sysconf("SC_CLK_TCK"))
+PY
+}
+kinds=("trainyard-coordinator .*$work" "trainyard-worker .*$work" "trainyard-trainer .*$work" "program_step.py .*$work")
+before=(); for k in "${kinds[@]}"; do before+=("$(cpu_seconds "$k")"); done
+start=$(date +%s.%N)
+sleep 10
+after=(); for k in "${kinds[@]}"; do after+=("$(cpu_seconds "$k")"); done
+cpu_table=$("$python" - "$start" "$(date +%s.%N)" "${before[@]}" "${after[@]}" <<'PY'
+import sys
+start, end = float(sys.argv[1]), float(sys.argv[2])
+before, after = [float(x) for x in sys.argv[3:7]], [float(x) for x in sys.argv[7:11]]
+names = ["coordinator", "agents (4)", "hosts (the ranks' trainer processes, 2)", "the program's ranks (2)"]
+print(f"| CPU over {end - start:.1f} s of training | CPU seconds | share of one core |")
+print("| --- | ---: | ---: |")
+for name, b, a in zip(names, before, after):
+    print(f"| {name} | {a - b:.2f} | {100 * (a - b) / (end - start):.2f} % |")
+PY
+)
 kill -TERM "$(agent_of_rank0)"
 wait_recovered 1
 wait_step 2
@@ -120,3 +157,5 @@ echo
 echo "| recovery (seconds) | lost steps | total | detect | schedule | start | rendezvous | restore | first step (the program's own start in it) |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 field "$id" "'\n'.join('| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |'.format(r['reason'].lower(), r.get('stepsLost', 0), r.get('recoverySeconds', 0), r.get('detectionSeconds', 0), r.get('schedulingSeconds', 0), r.get('startSeconds', 0), r.get('rendezvousSeconds', 0), r.get('checkpointLoadSeconds', 0), r.get('firstStepSeconds', 0)) for r in j['restarts'])"
+echo
+echo "$cpu_table"
