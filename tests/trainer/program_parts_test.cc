@@ -105,8 +105,8 @@ TEST(ProgramEnvironmentTest, TorchrunsTrainyardsAndTheSpecsWithoutTheTrainersOwn
   EXPECT_EQ(env.count("TRAINYARD_TEST_HOLD_DIR"), 0u);
   // Rank 0's program serves the store: the trainer's own setting does not say otherwise.
   EXPECT_EQ(env.count("TORCHELASTIC_USE_AGENT_STORE"), 0u);
-  // A first start restores nothing; a store on rank 0's host is said as torchrun says it.
   EXPECT_EQ(env.count("USE_LIBUV"), 0u);
+  // A first start restores nothing; a store on rank 0's host is said as torchrun says it.
   StorePlace on_host{"h:1", /*on_host=*/true};
   const auto fresh = ProgramEnvironment(task, layout, on_host, Paths{}, 0, {});
   const std::map<std::string, std::string> fresh_env(fresh.begin(), fresh.end());
