@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -263,8 +264,16 @@ class FakeCgroupV2Test : public TaskIsolationTest {
     Write(root_ + "/pod/cpu.max", "150000 100000\n");
     std::filesystem::create_directories(dir_ + "/proc");
     Write(dir_ + "/proc/meminfo", "MemTotal:       8000000 kB\nMemFree:  1 kB\n");
+    std::filesystem::create_directories(dir_ + "/proc/self/ns");
+    std::filesystem::create_directory_symlink("pid:[4026531836]", dir_ + "/proc/self/ns/pid");
+    options_.name = "fake";
+    options_.mode = "cgroup-v2";
+    options_.mountinfo = dir_ + "/mountinfo";
+    options_.self_cgroup = dir_ + "/self-cgroup";
+    options_.proc = dir_ + "/proc";
+    options_.total_memory_bytes = 512 * kMiB;
     // What the kernel would make with each new cgroup.
-    base_ = absl::StrCat(root_, "/pod/trainyard.fake.", getpid());
+    base_ = absl::StrCat(root_, "/pod/", AgentCgroupName(options_));
     for (const std::string& dir : {base_, base_ + "/task-1"}) {
       std::filesystem::create_directories(dir);
       for (const char* file : {"memory.max", "memory.swap.max", "memory.oom.group", "cpu.max",
@@ -272,12 +281,6 @@ class FakeCgroupV2Test : public TaskIsolationTest {
         Write(dir + "/" + file, "");
       }
     }
-    options_.name = "fake";
-    options_.mode = "cgroup-v2";
-    options_.mountinfo = dir_ + "/mountinfo";
-    options_.self_cgroup = dir_ + "/self-cgroup";
-    options_.proc = dir_ + "/proc";
-    options_.total_memory_bytes = 512 * kMiB;
   }
 
   std::string root_;
@@ -309,6 +312,34 @@ TEST_F(FakeCgroupV2Test, WritesLimitsAndReadsTheEnd) {
   EXPECT_TRUE(end.out_of_memory);
   EXPECT_EQ(end.limit_bytes, 100 * kMiB);
   EXPECT_EQ(end.peak_bytes, 104853504);
+}
+
+TEST_F(FakeCgroupV2Test, TheAgentsCgroupNamesItsPidNamespaceAndPid) {
+  EXPECT_EQ(AgentCgroupName(options_), absl::StrCat("trainyard.fake.4026531836.", getpid()));
+}
+
+// An agent removes the cgroups of dead agents of its name in its own PID namespace, and leaves
+// alone those of another namespace, whose pids mean nothing here (two agents named alike in two
+// PID namespaces on one cgroup tree once killed each other's tasks).
+TEST_F(FakeCgroupV2Test, OnlyDeadAgentsOfItsOwnPidNamespaceAreRemoved) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // a pid no process has now
+  const std::string pod = root_ + "/pod/trainyard.fake.";
+  const std::string dead_here = absl::StrCat(pod, "4026531836.", child);
+  const std::string dead_before_namespaces = absl::StrCat(pod, child);
+  const std::string elsewhere = absl::StrCat(pod, "4026532999.", child);
+  const std::string alive_here = absl::StrCat(pod, "4026531836.", getppid());
+  for (const std::string& dir : {dead_here, dead_before_namespaces, elsewhere, alive_here}) {
+    std::filesystem::create_directories(dir);
+  }
+  absl::StatusOr<std::unique_ptr<TaskIsolation>> isolation = NewTaskIsolation(options_, nullptr);
+  ASSERT_TRUE(isolation.ok()) << isolation.status();
+  EXPECT_FALSE(std::filesystem::exists(dead_here));
+  EXPECT_FALSE(std::filesystem::exists(dead_before_namespaces));
+  EXPECT_TRUE(std::filesystem::exists(elsewhere));
+  EXPECT_TRUE(std::filesystem::exists(alive_here));
 }
 
 TEST_F(FakeCgroupV2Test, ATaskThatSucceededIsNotOutOfMemory) {

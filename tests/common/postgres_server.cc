@@ -18,6 +18,7 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -98,6 +99,8 @@ absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(const Opti
   std::unique_ptr<PostgresServer> server(new PostgresServer());
   server->options_ = options;
   server->dir_ = templ;
+  server->user_ = absl::StrCat("trainyard_",
+                               absl::AsciiStrToLower(server->dir_.substr(server->dir_.size() - 6)));
   server->bin_ = bin;
   if (geteuid() == 0) {
     // The server refuses to run as root: as Debian's `postgres` user, or nobody.
@@ -113,7 +116,7 @@ absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(const Opti
   }
   const std::string log = server->dir_ + "/initdb.log";
   const pid_t pid = Spawn({bin + "/initdb", "-D", server->dir_ + "/data", "-A", "trust", "-U",
-                           "trainyard", "-E", "UTF8", "--no-sync", "--no-instructions"},
+                           server->user_, "-E", "UTF8", "--no-sync", "--no-instructions"},
                           log, server->drop_privileges_, server->uid_, server->gid_);
   int status = 0;
   if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
@@ -225,7 +228,7 @@ PostgresServer::~PostgresServer() {
 }
 
 std::string PostgresServer::Uri(const std::string& db) const {
-  return absl::StrCat("postgres://trainyard@127.0.0.1:", port_, "/", db);
+  return absl::StrCat("postgres://", user_, "@127.0.0.1:", port_, "/", db);
 }
 
 absl::StatusOr<std::string> PostgresServer::CreateDatabase(const std::string& name) {

@@ -42,12 +42,15 @@ class PostgresServer {
   // when it cannot start); stopped and removed at exit.
   static absl::StatusOr<PostgresServer*> Shared();
 
-  // A new, empty database; returns its URI (postgres://trainyard@127.0.0.1:PORT/NAME).
+  // A new, empty database; returns its URI (postgres://USER@127.0.0.1:PORT/NAME).
   absl::StatusOr<std::string> CreateDatabase(const std::string& name);
   // Runs `sql` in database `db` with psql; its output, or UNAVAILABLE with psql's.
   absl::StatusOr<std::string> Psql(const std::string& db, const std::string& sql) const;
 
   int port() const { return port_; }
+  // The superuser the server was made with: "trainyard_" and its folder's unique suffix, so that
+  // a client of this server never lands on another test's that took its port after a kill.
+  const std::string& user() const { return user_; }
   // The postmaster's process: it dies with the process that started the server (its parent).
   pid_t pid() const { return pid_; }
   // With Options::tls: the CA that signed the server's certificate, and one that did not.
@@ -70,6 +73,7 @@ class PostgresServer {
 
   Options options_;
   std::string dir_;
+  std::string user_;
   std::string bin_;
   int port_ = 0;
   pid_t pid_ = -1;

@@ -385,8 +385,8 @@ TEST_F(FailoverTest, ALeaderCutOffFromTheDatabaseStopsAndNothingItWritesLandsLat
     auto proxy = TcpProxy::Start(server_->port());
     ASSERT_TRUE(proxy.ok()) << proxy.status();
     links.push_back(*std::move(proxy));
-    options.coordinator_stores.push_back(
-        absl::StrCat("postgres://trainyard@127.0.0.1:", links.back()->port(), "/trainyard"));
+    options.coordinator_stores.push_back(absl::StrCat(
+        "postgres://", server_->user(), "@127.0.0.1:", links.back()->port(), "/trainyard"));
   }
   Cluster cluster(options);
   const int leader = cluster.Leader();

@@ -29,6 +29,21 @@
 namespace trainyard {
 namespace {
 
+// The kernel's number of this process's PID namespace ("pid:[4026531836]" under
+// PROC/self/ns/pid); 0 where it cannot be read.
+uint64_t OwnPidNamespace(const std::string& proc) {
+  char link[64];
+  const ssize_t n = readlink((proc + "/self/ns/pid").c_str(), link, sizeof(link) - 1);
+  if (n <= 0) return 0;
+  absl::string_view text(link, static_cast<size_t>(n));
+  uint64_t id = 0;
+  if (!absl::ConsumePrefix(&text, "pid:[") || !absl::ConsumeSuffix(&text, "]") ||
+      !absl::SimpleAtoi(text, &id)) {
+    return 0;
+  }
+  return id;
+}
+
 // CPU quota period: 100 ms, the kernel's default.
 constexpr int64_t kCpuPeriodUs = 100000;
 
@@ -102,26 +117,35 @@ void RemoveChildren(const std::string& base) {
   }
 }
 
-// "trainyard.{name}.{pid}": the agent's own cgroup, unique to its process, so that agents of one
-// name in two test runs never share one.
-std::string BaseName(const IsolationOptions& options) {
-  return absl::StrCat("trainyard.", options.name, ".", getpid());
+}  // namespace
+
+// "trainyard.{name}.{pidns}.{pid}": the agent's own cgroup, unique to its process; the PID
+// namespace in it because agents in several PID namespaces (containers, test sandboxes) may share
+// one cgroup tree, and a pid means something only in its own namespace.
+std::string AgentCgroupName(const IsolationOptions& options) {
+  return absl::StrCat("trainyard.", options.name, ".", OwnPidNamespace(options.proc), ".",
+                      getpid());
 }
 
+namespace {
+
 // Removes the agent cgroups of agents of this name that are gone (their trainers with them):
-// those an agent killed by SIGKILL left under `parent`.
+// those an agent killed by SIGKILL left under `parent`. Only agents of this agent's PID
+// namespace are judged (by their pid); another namespace's are left to that namespace's agents.
+// A name with a pid alone is an agent's from before the namespace was named, judged by the pid.
 void RemoveDeadAgents(const std::string& parent, const IsolationOptions& options) {
   const std::string prefix = absl::StrCat("trainyard.", options.name, ".");
+  const std::string own_namespace = absl::StrCat(OwnPidNamespace(options.proc));
   DIR* d = opendir(parent.c_str());
   if (d == nullptr) return;
   std::vector<std::string> dead;
   while (struct dirent* e = readdir(d)) {
     absl::string_view entry = e->d_name;
+    if (e->d_type != DT_DIR || !absl::ConsumePrefix(&entry, prefix)) continue;
+    const std::vector<absl::string_view> parts = absl::StrSplit(entry, '.');
+    if (parts.size() > 2 || (parts.size() == 2 && parts[0] != own_namespace)) continue;
     int pid;
-    if (e->d_type != DT_DIR || !absl::ConsumePrefix(&entry, prefix) ||
-        !absl::SimpleAtoi(entry, &pid) || pid == getpid()) {
-      continue;
-    }
+    if (!absl::SimpleAtoi(parts.back(), &pid) || pid == getpid()) continue;
     if (kill(pid, 0) != 0 && errno == ESRCH) dead.push_back(absl::StrCat(parent, "/", e->d_name));
   }
   closedir(d);
@@ -392,7 +416,7 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
           absl::StrCat("cgroup v2 at ", own, " holds other processes than the agent (",
                        procs.size(), "), so it cannot hand its controllers to task cgroups"));
     }
-    const std::string leaf = absl::StrCat(own, "/", BaseName(options), ".agent");
+    const std::string leaf = absl::StrCat(own, "/", AgentCgroupName(options), ".agent");
     if (absl::Status s = MakeDir(leaf); !s.ok()) return s;
     if (absl::Status s = WriteValue(leaf + "/cgroup.procs", "0"); !s.ok()) return s;
     if (absl::Status s = WriteValue(own + "/cgroup.subtree_control", enable); !s.ok()) {
@@ -400,7 +424,7 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
     }
   }
   RemoveDeadAgents(own, options);
-  const std::string base = absl::StrCat(own, "/", BaseName(options));
+  const std::string base = absl::StrCat(own, "/", AgentCgroupName(options));
   if (absl::Status s = MakeDir(base); !s.ok()) return s;
   if (absl::Status s = WriteValue(
           base + "/memory.max",
@@ -427,8 +451,8 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV1(const IsolationOptions& o
   const std::string cpu_parent = CgroupDir(*cpu, self["cpu"]);
   RemoveDeadAgents(memory_parent, options);
   RemoveDeadAgents(cpu_parent, options);
-  const std::string memory_base = absl::StrCat(memory_parent, "/", BaseName(options));
-  const std::string cpu_base = absl::StrCat(cpu_parent, "/", BaseName(options));
+  const std::string memory_base = absl::StrCat(memory_parent, "/", AgentCgroupName(options));
+  const std::string cpu_base = absl::StrCat(cpu_parent, "/", AgentCgroupName(options));
   for (const std::string& base : {memory_base, cpu_base}) {
     if (absl::Status s = MakeDir(base); !s.ok()) return s;
   }

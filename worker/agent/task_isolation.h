@@ -62,7 +62,7 @@ class TaskIsolation {
 struct IsolationOptions {
   // "auto" (cgroup v2, else v1, else the watch), "cgroup-v2", "cgroup-v1" or "watch".
   std::string mode = "auto";
-  // Names the agent's cgroup under its own: "trainyard.{name}".
+  // Names the agent's cgroup under its own (AgentCgroupName).
   std::string name;
   // The memory of all tasks together (the parent cgroup's limit); 0 = none.
   int64_t total_memory_bytes = 0;
@@ -79,6 +79,10 @@ struct IsolationOptions {
 // says in `*notes` why each better one could not be used (or, for cgroup v2 without the cpu
 // controller, that CPU quotas are not enforced); a named mode that cannot be set up is
 // FAILED_PRECONDITION with the reason.
+// The name of the agent's own cgroup (the parent of its tasks'): "trainyard.{name}.{pidns}.{pid}",
+// with its PID namespace's number (from options.proc) and its pid.
+std::string AgentCgroupName(const IsolationOptions& options);
+
 absl::StatusOr<std::unique_ptr<TaskIsolation>> NewTaskIsolation(const IsolationOptions& options,
                                                                 std::string* notes);
 
