@@ -3,6 +3,11 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
+# Tests run three at a time: most of their time is waiting (for processes to start, leases to
+# lapse, a cut link to heal), so three keep two cores busy. Tests that share something one at a
+# time say so (RESOURCE_LOCK: the hosts tests); more at once would not be faster, as those are
+# the longest chain. CTEST_JOBS=1 runs them one by one.
+CTEST_JOBS ?= 3
 # The build's own progress lines are enough; no "Entering directory" for every sub-make.
 MAKEFLAGS += --no-print-directory
 
@@ -21,7 +26,7 @@ build: configure
 	@cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: deps build
-	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -LE 'examples|slow' $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j$(CTEST_JOBS) -LE 'examples|slow' $(CTEST_ARGS)
 
 # Every example spec run as its header says, on a local cluster (about 1.5 minutes: CI runs it
 # after `make test`, which leaves it out to stay within its 25 minutes).
@@ -35,13 +40,13 @@ test-slow: build
 
 # The commands and specs of README.md and docs/*.md (about 30 s; part of `make test` too).
 test-docs: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure -L docs $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j$(CTEST_JOBS) -L docs $(CTEST_ARGS)
 
 test-unit: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j$(CTEST_JOBS) -L unit $(CTEST_ARGS)
 
 test-integration: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j$(CTEST_JOBS) -L integration $(CTEST_ARGS)
 
 # The images of deploy/Dockerfile (podman; offline with a debootstrap base), then the containers
 # test: a coordinator and three workers from the runtime image, a preemption by `podman stop`.
@@ -92,11 +97,11 @@ ASAN_TRAINER_TESTS ?= checkpoint_test communicator_test ps_partition_test ps_sha
 	pipeline_plan_test program_parts_test
 test-asan: deps san-configure
 	@cmake --build $(SAN_DIR) -j$(JOBS) --target $(ASAN_TESTS)
-	@cd $(SAN_DIR) && ctest --output-on-failure -E 'postgres' \
+	@cd $(SAN_DIR) && ctest --output-on-failure -j$(CTEST_JOBS) -E 'postgres' \
 		-R '^($(shell echo $(ASAN_TESTS) | tr ' ' '|'))$$'
 test-asan-trainer: deps san-configure
 	@cmake --build $(SAN_DIR) -j$(JOBS) --target $(ASAN_TRAINER_TESTS)
-	@cd $(SAN_DIR) && ctest --output-on-failure \
+	@cd $(SAN_DIR) && ctest --output-on-failure -j$(CTEST_JOBS) \
 		-R '^($(shell echo $(ASAN_TRAINER_TESTS) | tr ' ' '|'))$$'
 
 # The unit tests of the concurrent classes under ThreadSanitizer, in TSAN_DIR (gcc): the job
@@ -112,7 +117,7 @@ test-tsan: deps
 		-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null
 	@cmake --build $(TSAN_DIR) -j$(JOBS) --target $(TSAN_TESTS)
 	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan/suppressions.txt" \
-		ctest --output-on-failure \
+		ctest --output-on-failure -j$(CTEST_JOBS) \
 		-R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|')|postgres_store_test|tsan_annotations_.*)$$'
 
 # The Gloo communicator's pairs (communicator_test) under ThreadSanitizer: the trainer's library,
