@@ -357,6 +357,17 @@ TEST(ProgramTest, EachEndOfAProgramIsReadAsItShouldBe) {
     EXPECT_EQ(job->progress().step(), 3);
   }
   {
+    SCOPED_TRACE("rank 0's program ends first: the store its host serves stays for rank 1");
+    TempDir out;
+    auto submitted = cluster.Submit(ProgramJob("late-store", "late_store.py", 2, out.path()));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    auto job = cluster.WaitForFinal(submitted->id());
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->reason() << "\n" << *cluster.Logs(job->id());
+    EXPECT_EQ(ReadFile(absl::StrCat(out.path(), "/", job->id(), "-rank1.txt")),
+              "written after rank 0's program ended");
+  }
+  {
     SCOPED_TRACE("a program without the module restarted: recovered once up, steps lost unknown");
     // Silent for its stall_timeout (1 s): taken for a program that reports no steps. Last in
     // this test: it loses a worker.
