@@ -73,14 +73,23 @@ def runs(name):
 def med(rs, f):
     return statistics.median(f(x) for x in rs)
 base = med(runs("torchrun-plain"), lambda x: x["steps_per_second"])
-print(f"| steps/s, median of {rounds} (2 ranks, Gloo) | steps/s | ratio to torchrun, plain script |")
-print("| --- | --- | --- |")
-for name, label in [("torchrun-plain", "torchrun, plain script"),
-                    ("torchrun-module", "torchrun, with the module (its agreement only)"),
-                    ("trainyard-plain", "Trainyard, plain script"),
-                    ("trainyard-module", "Trainyard, with the module")]:
+# Each round runs torchrun and Trainyard one after the other, so the ratio of a round's pair
+# cancels what drifts between rounds (the machine's speed): its median is the figure to quote.
+print(f"| steps/s, median of {rounds} (2 ranks, Gloo) | steps/s | ratio to torchrun, plain "
+      "script | ratio to torchrun on the same script, round by round: median (min to max) |")
+print("| --- | --- | --- | --- |")
+for name, label, peer in [("torchrun-plain", "torchrun, plain script", None),
+                          ("torchrun-module", "torchrun, with the module (its agreement only)",
+                           "torchrun-plain"),
+                          ("trainyard-plain", "Trainyard, plain script", "torchrun-plain"),
+                          ("trainyard-module", "Trainyard, with the module", "torchrun-module")]:
     s = med(runs(name), lambda x: x["steps_per_second"])
-    print(f"| {label} | {s:.1f} | {s / base:.3f} |")
+    paired = ""
+    if peer:
+        ratios = sorted(a["steps_per_second"] / b["steps_per_second"]
+                        for a, b in zip(runs(name), runs(peer)))
+        paired = f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
+    print(f"| {label} | {s:.1f} | {s / base:.3f} | {paired} |")
 print()
 print(f"| seconds from the launch, median of {rounds} | to rank 0's process | to the last "
       "rank's | + import torch (rank 0) | + process group | + first step |")

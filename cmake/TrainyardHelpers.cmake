@@ -39,6 +39,9 @@ function(trainyard_test name)
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${ARG_TIMEOUT}
     ENVIRONMENT "TRAINYARD_BIN_DIR=${PROJECT_BINARY_DIR}/bin;TRAINYARD_SOURCE_DIR=${PROJECT_SOURCE_DIR};TRAINYARD_TOOLS_DIR=${PROJECT_SOURCE_DIR}/.tools")
+  if(ARG_LABEL STREQUAL "unit" AND TARGET unit_parity_tests)
+    add_dependencies(unit_parity_tests ${name})
+  endif()
   if(ARG_LABEL STREQUAL "gpu")
     # Skipped only when every case skipped: one that ran and passed makes it a pass.
     set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  PASSED  \\] 0 tests")
