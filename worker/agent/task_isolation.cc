@@ -117,14 +117,17 @@ void RemoveChildren(const std::string& base) {
   }
 }
 
-}  // namespace
-
 // "trainyard.{name}.{pidns}.{pid}": the agent's own cgroup, unique to its process; the PID
 // namespace in it because agents in several PID namespaces (containers, test sandboxes) may share
 // one cgroup tree, and a pid means something only in its own namespace.
+std::string CgroupName(const IsolationOptions& options, uint64_t pid_namespace) {
+  return absl::StrCat("trainyard.", options.name, ".", pid_namespace, ".", getpid());
+}
+
+}  // namespace
+
 std::string AgentCgroupName(const IsolationOptions& options) {
-  return absl::StrCat("trainyard.", options.name, ".", OwnPidNamespace(options.proc), ".",
-                      getpid());
+  return CgroupName(options, OwnPidNamespace(options.proc));
 }
 
 namespace {
@@ -133,9 +136,10 @@ namespace {
 // those an agent killed by SIGKILL left under `parent`. Only agents of this agent's PID
 // namespace are judged (by their pid); another namespace's are left to that namespace's agents.
 // A name with a pid alone is an agent's from before the namespace was named, judged by the pid.
-void RemoveDeadAgents(const std::string& parent, const IsolationOptions& options) {
+void RemoveDeadAgents(const std::string& parent, const IsolationOptions& options,
+                      uint64_t pid_namespace) {
   const std::string prefix = absl::StrCat("trainyard.", options.name, ".");
-  const std::string own_namespace = absl::StrCat(OwnPidNamespace(options.proc));
+  const std::string own_namespace = absl::StrCat(pid_namespace);
   DIR* d = opendir(parent.c_str());
   if (d == nullptr) return;
   std::vector<std::string> dead;
@@ -391,6 +395,8 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
     return absl::FailedPreconditionError("no cgroup v2 file system is mounted");
   }
   const std::string own = CgroupDir(*mount, self[""]);
+  const uint64_t pid_namespace = OwnPidNamespace(options.proc);
+  const std::string name = CgroupName(options, pid_namespace);
   const std::set<std::string> controllers =
       absl::StrSplit(absl::StripAsciiWhitespace(ReadCgroupFile(own + "/cgroup.controllers")), ' ',
                      absl::SkipEmpty());
@@ -416,15 +422,15 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV2(const IsolationOptions& o
           absl::StrCat("cgroup v2 at ", own, " holds other processes than the agent (",
                        procs.size(), "), so it cannot hand its controllers to task cgroups"));
     }
-    const std::string leaf = absl::StrCat(own, "/", AgentCgroupName(options), ".agent");
+    const std::string leaf = absl::StrCat(own, "/", name, ".agent");
     if (absl::Status s = MakeDir(leaf); !s.ok()) return s;
     if (absl::Status s = WriteValue(leaf + "/cgroup.procs", "0"); !s.ok()) return s;
     if (absl::Status s = WriteValue(own + "/cgroup.subtree_control", enable); !s.ok()) {
       return s;
     }
   }
-  RemoveDeadAgents(own, options);
-  const std::string base = absl::StrCat(own, "/", AgentCgroupName(options));
+  RemoveDeadAgents(own, options, pid_namespace);
+  const std::string base = absl::StrCat(own, "/", name);
   if (absl::Status s = MakeDir(base); !s.ok()) return s;
   if (absl::Status s = WriteValue(
           base + "/memory.max",
@@ -449,10 +455,12 @@ absl::StatusOr<std::unique_ptr<TaskIsolation>> SetUpV1(const IsolationOptions& o
   }
   const std::string memory_parent = CgroupDir(*memory, self["memory"]);
   const std::string cpu_parent = CgroupDir(*cpu, self["cpu"]);
-  RemoveDeadAgents(memory_parent, options);
-  RemoveDeadAgents(cpu_parent, options);
-  const std::string memory_base = absl::StrCat(memory_parent, "/", AgentCgroupName(options));
-  const std::string cpu_base = absl::StrCat(cpu_parent, "/", AgentCgroupName(options));
+  const uint64_t pid_namespace = OwnPidNamespace(options.proc);
+  RemoveDeadAgents(memory_parent, options, pid_namespace);
+  RemoveDeadAgents(cpu_parent, options, pid_namespace);
+  const std::string name = CgroupName(options, pid_namespace);
+  const std::string memory_base = absl::StrCat(memory_parent, "/", name);
+  const std::string cpu_base = absl::StrCat(cpu_parent, "/", name);
   for (const std::string& base : {memory_base, cpu_base}) {
     if (absl::Status s = MakeDir(base); !s.ok()) return s;
   }

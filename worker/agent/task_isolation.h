@@ -75,14 +75,14 @@ struct IsolationOptions {
   CgroupFiles files() const { return {mountinfo, self_cgroup, proc}; }
 };
 
-// The isolation `options.mode` asks for. "auto" falls back (cgroup v2, v1, then the watch) and
-// says in `*notes` why each better one could not be used (or, for cgroup v2 without the cpu
-// controller, that CPU quotas are not enforced); a named mode that cannot be set up is
-// FAILED_PRECONDITION with the reason.
 // The name of the agent's own cgroup (the parent of its tasks'): "trainyard.{name}.{pidns}.{pid}",
 // with its PID namespace's number (from options.proc) and its pid.
 std::string AgentCgroupName(const IsolationOptions& options);
 
+// The isolation `options.mode` asks for. "auto" falls back (cgroup v2, v1, then the watch) and
+// says in `*notes` why each better one could not be used (or, for cgroup v2 without the cpu
+// controller, that CPU quotas are not enforced); a named mode that cannot be set up is
+// FAILED_PRECONDITION with the reason.
 absl::StatusOr<std::unique_ptr<TaskIsolation>> NewTaskIsolation(const IsolationOptions& options,
                                                                 std::string* notes);
 
