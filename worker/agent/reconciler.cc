@@ -19,6 +19,7 @@
 #include "common/rpc/credentials.h"
 #include "common/rpc/ps_tls.h"
 #include "common/storage/uri.h"
+#include "worker/agent/rank_record.h"
 
 namespace trainyard {
 namespace {
@@ -158,6 +159,7 @@ std::vector<v1::TaskStatus> Reconciler::Apply(const std::vector<v1::Task>& desir
           record.kill_at = now;
           LogInfo("killing task ", it->first, " (pid ", record.status.pid(),
                   "): its attempt ended for a failure");
+          KeepRecordAtStop(record);
           absl::Status status = launcher_.Signal(record.status.pid(), SIGKILL);
           if (!status.ok()) LogWarning("cannot kill task ", it->first, ": ", status.message());
         }
@@ -297,7 +299,14 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
   return status;
 }
 
+void Reconciler::KeepRecordAtStop(Record& record) {
+  if (record.record_at_stop.has_value()) return;
+  record.record_at_stop =
+      ReadRankRecord(TaskDir(record.task.task_id()), record.status.pid(), clock_);
+}
+
 void Reconciler::Terminate(Record& record, StopCause cause, absl::Time kill_at) {
+  KeepRecordAtStop(record);
   record.stop_cause = cause;
   record.kill_at = kill_at;
   LogInfo("stopping task ", record.task.task_id(), " (pid ", record.status.pid(), ")",
@@ -502,6 +511,10 @@ void Reconciler::EndLocked(const Ended& e, Record& record) {
       ReadSmallFile(absl::StrCat(TaskDir(e.task_id), "/", kLastStepFile))));
   if (!absl::SimpleAtoi(step_text, &last_step)) last_step = -1;
   status.set_last_step(last_step);
+  std::optional<v1::RankRecord> rank_record = record.record_at_stop.has_value()
+                                                  ? record.record_at_stop
+                                                  : ReadRankRecord(TaskDir(e.task_id), 0, clock_);
+  if (rank_record.has_value()) *status.mutable_record() = *std::move(rank_record);
   LogInfo("task ", e.task_id, " ", DescribeExit(e.exit), StopCauseText(record.stop_cause));
 }
 

@@ -178,6 +178,8 @@ class Reconciler {
     absl::Time stop_deadline = absl::InfiniteFuture();  // in the stop-deadline file, if written
     absl::Duration fenced_after;  // FenceAll: how long the agent had been without a lease
     bool sent = false;            // ended, and included in a StatusesForSync result
+    // Its flight record as it was when the agent first stopped it, before any signal.
+    std::optional<v1::RankRecord> record_at_stop;
   };
 
   // Tick's steps: the tasks found ended (those over their memory limit killed, those past their
@@ -202,6 +204,9 @@ class Reconciler {
                                       SubprocessOptions& launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Terminate(Record& record, StopCause cause, absl::Time kill_at)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the rank's flight record into record_at_stop, once, before the first signal of a stop
+  // (a hang's diagnosis needs the record as the hang left it).
+  void KeepRecordAtStop(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteStopDeadline(Record& record, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyStopDeadline(Record& record, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string ExitMessage(const std::string& task_id, const ExitInfo& exit,
