@@ -507,6 +507,12 @@ void RestartsSection(const v1::Job& job, absl::TimeZone zone, std::string& out) 
   for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
     absl::StrAppend(&out, "  ", line, "\n");
   }
+  // Which rank held the others up, where the ranks' flight records said.
+  for (const v1::Restart& r : job.restarts()) {
+    if (!r.diagnosis().empty()) {
+      absl::StrAppend(&out, "  gen ", r.generation(), " diagnosis: ", r.diagnosis(), "\n");
+    }
+  }
 }
 
 // The tasks of the job: where they ran, how they ended, the memory they held.

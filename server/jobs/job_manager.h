@@ -506,6 +506,9 @@ class JobManager {
   void RecordRecoveryLocked(JobEntry& entry, const trainyard::v1::JobProgress& progress)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RestartLostOrStalledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A hang's or a timed-out collective's culprit, from the flight records of the ended attempt's
+  // ranks (JobEntry::ended_ranks): on the last restart (diagnosis) and in an event. Once.
+  void RecordDiagnosisLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the finished jobs in `expired` (from JobStore::FinishedBefore, read by Tick without
   // the lock) that are past job_retention and not back in memory; returns their ids, whose logs

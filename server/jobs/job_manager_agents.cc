@@ -431,6 +431,9 @@ absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
   JobEntry* entry = &job_entry;
   v1::Job updated = entry->job;
   v1::TaskInfo* task = updated.mutable_tasks(index);
+  if (TaskEnded(status.state()) && status.has_record() && task->role() != v1::TASK_ROLE_SHARD) {
+    entry->ended_ranks[task->rank()] = {task->generation(), task->worker_id(), status.record()};
+  }
   if (TaskEnded(status.state())) {
     // A rank's last word on how far its attempt got: more exact than its last progress report.
     if (updated.restarts_size() > 0 && status.last_step() > 0) {

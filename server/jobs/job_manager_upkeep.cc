@@ -16,6 +16,7 @@
 #include "common/storage/uri.h"
 #include "server/jobs/capacity.h"
 #include "server/jobs/checkpoint_registry.h"
+#include "server/jobs/hang_diagnosis.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/job_manager_internal.h"
 #include "server/jobs/model_needs.h"
@@ -351,6 +352,7 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
   const bool relabel = lost != nullptr && CauseRank(current.reason()) < CauseRank(v1::WORKER_LOST);
   const bool waiting = !stopped && now - entry.restarting_since < options_.restart_stop_hold;
   if (waiting && !relabel) return;
+  if (!waiting && !relabel) RecordDiagnosisLocked(entry);
   v1::Job updated = entry.job;
   v1::Restart& r = *updated.mutable_restarts(updated.restarts_size() - 1);
   if (relabel) {
@@ -387,6 +389,38 @@ void JobManager::MaybeFinishRestartLocked(JobEntry& entry) {
           : absl::StrCat("restart ", updated.restarts_size(), " (", RestartReasonName(r.reason()),
                          "): ready for the next attempt");
   TransitionLocked(entry, std::move(updated), v1::PENDING, reason, {}).IgnoreError();
+}
+
+void JobManager::RecordDiagnosisLocked(JobEntry& entry) {
+  const v1::Restart& last = entry.job.restarts(entry.job.restarts_size() - 1);
+  if (!last.diagnosis().empty() ||
+      (last.reason() != v1::HANG && last.reason() != v1::INFRASTRUCTURE)) {
+    return;
+  }
+  std::vector<RankView> views;
+  for (const v1::TaskInfo& t : entry.job.tasks()) {
+    if (t.generation() != last.generation() || t.role() == v1::TASK_ROLE_SHARD) continue;
+    RankView& view = views.emplace_back();
+    view.rank = t.rank();
+    view.worker_id = t.worker_id();
+    auto it = entry.ended_ranks.find(t.rank());
+    if (it != entry.ended_ranks.end() && it->second.generation == t.generation()) {
+      view.record = &it->second.record;
+    }
+  }
+  const std::string diagnosis = DiagnoseHang(views, last.reason() == v1::HANG);
+  if (diagnosis.empty()) return;
+  v1::Job updated = entry.job;
+  updated.mutable_restarts(updated.restarts_size() - 1)->set_diagnosis(diagnosis);
+  v1::JobEvent event;
+  event.set_time_unix_ms(absl::ToUnixMillis(clock_.Now()));
+  event.set_from(updated.state());
+  event.set_to(updated.state());
+  event.set_reason(absl::StrCat("diagnosis: ", diagnosis));
+  *updated.add_events() = event;
+  updated.set_updated_unix_ms(event.time_unix_ms());
+  LogWarning("job ", updated.id(), " attempt ", last.generation(), ": ", event.reason());
+  CommitLocked(entry, std::move(updated), {event}, {}).IgnoreError();
 }
 
 void JobManager::EnforceRuntimeLocked() {

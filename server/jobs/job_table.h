@@ -39,6 +39,14 @@ struct JobEntry {
   absl::Time attempt_placed = absl::InfinitePast();
   // "worker w2 (SIGTERM)" once a preemption notice touched the current attempt (in memory).
   std::string preemption_notice;
+  // Per rank, the flight record its agent sent when the rank ended (in memory only), for a hang's
+  // diagnosis once every rank of the attempt has ended.
+  struct EndedRank {
+    int64_t generation = 0;
+    std::string worker_id;
+    trainyard::v1::RankRecord record;
+  };
+  std::map<int, EndedRank> ended_ranks;
 };
 
 // The coordinator's jobs in memory and the indexes that keep its work proportional to what
