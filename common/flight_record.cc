@@ -222,13 +222,15 @@ void FlightRecorder::End(uint64_t token, bool ok) {
 
 namespace {
 
-// The record in `bytes`, the file's words, read again into `again` just after: an entry counts
-// only if its stamp is the same in both. Its writer clears the stamp before it rewrites the slot
-// and sets the new one after, so a slot rewritten while `bytes` was read shows another stamp in
-// `again`.
-absl::StatusOr<FlightRecordSnapshot> ParseRecord(const std::string& bytes, const std::string& again,
+// The record in `bytes`, the file's words, read between two other reads of them, `before` and
+// `after`: an entry counts only if its stamp is its own in both. Its writer clears the stamp
+// before it rewrites the slot and sets the new one after, so a slot rewritten while `bytes` was
+// read shows another stamp in `after`. The stamps are not taken from `bytes` itself: a copy of
+// the file (pread, memcpy) need not read its words in order.
+absl::StatusOr<FlightRecordSnapshot> ParseRecord(const std::string& before,
+                                                 const std::string& bytes, const std::string& after,
                                                  const std::string& path) {
-  if (bytes.size() < kRecordBytes || again.size() < kRecordBytes ||
+  if (bytes.size() < kRecordBytes || before.size() < kRecordBytes || after.size() < kRecordBytes ||
       std::memcmp(bytes.data(), kMagic, 8) != 0) {
     return absl::DataLossError(absl::StrCat(path, ": not a flight record (", bytes.size(),
                                             " bytes, expected ", kRecordBytes, " with its magic)"));
@@ -247,7 +249,7 @@ absl::StatusOr<FlightRecordSnapshot> ParseRecord(const std::string& bytes, const
     const size_t base =
         kHeaderWords + kSlotWords * static_cast<size_t>(index % kFlightRecordEntries);
     // Being rewritten as it was read.
-    if (WordAt(bytes, base) != index + 1 || WordAt(again, base) != index + 1) continue;
+    if (WordAt(before, base) != index + 1 || WordAt(after, base) != index + 1) continue;
     CollectiveEntry e;
     e.seq = WordAt(bytes, base + 1);
     const int64_t kind_and_peer = WordAt(bytes, base + 2);
@@ -270,22 +272,25 @@ bool SameMoment(const std::string& a, const std::string& b) {
                      3 * sizeof(int64_t)) == 0;
 }
 
-// The record that `read` (which fills its argument with the file's words) gives, read until two
-// reads in a row agree on the header's phase, its start and the step (a phase changed between
-// the reads of the two words would pair one phase with the other's start; a few tries, as the
-// training thread changes them a few times a step), then parsed from the last two.
+// The record that `read` (which fills its argument with the file's words) gives: read three times
+// in a row until the first and the third agree on the header's phase, its start and the step (a
+// phase changed while they were read could pair one phase with the other's start; a few tries,
+// as the training thread changes them a few times a step), then parsed from the second.
 absl::StatusOr<FlightRecordSnapshot> ReadStable(
     const std::function<absl::Status(std::string&)>& read, const std::string& path) {
   constexpr int kTries = 8;
+  std::string before;
   std::string bytes;
-  std::string again;
+  std::string after;
+  if (absl::Status status = read(before); !status.ok()) return status;
   if (absl::Status status = read(bytes); !status.ok()) return status;
   for (int tries = 1;; ++tries) {
-    if (absl::Status status = read(again); !status.ok()) return status;
-    if (tries == kTries || SameMoment(bytes, again)) break;
-    bytes.swap(again);
+    if (absl::Status status = read(after); !status.ok()) return status;
+    if (tries == kTries || SameMoment(before, after)) break;
+    before.swap(bytes);
+    bytes.swap(after);
   }
-  return ParseRecord(bytes, again, path);
+  return ParseRecord(before, bytes, after, path);
 }
 
 }  // namespace
