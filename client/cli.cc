@@ -77,6 +77,16 @@ std::vector<CommandSpec> JobCommands() {
        1,
        1,
        {}},
+      {"debug",
+       "JOB",
+       "Show what each running rank of a job is doing: its phase and for how long, its step, its "
+       "last collectives and messages, and which rank holds the others up if one does.",
+       {{"stacks", '\0', false, "",
+         "also every thread's stack of each trainer (its worker attaches a debugger: gdb)"},
+        kOutputFlag},
+       1,
+       1,
+       {}},
       {"logs",
        "JOB",
        "Print the logs of a job's ranks and parameter-server shards.",
@@ -460,6 +470,7 @@ int RunCli(const std::vector<std::string>& argv) {
   if (name == "submit") return client.Submit();
   if (name == "jobs") return client.Jobs();
   if (name == "describe") return client.Describe();
+  if (name == "debug") return client.Debug();
   if (name == "logs") return client.Logs();
   if (name == "cancel") return client.Cancel();
   if (name == "delete") return client.Delete();

@@ -54,6 +54,7 @@ class Client {
   int Submit();
   int Jobs();
   int Describe();
+  int Debug();
   int Logs();
   int Cancel();
   int Delete();

@@ -22,6 +22,9 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
 std::string CheckpointsTable(const std::vector<v1::Checkpoint>& checkpoints,
                              absl::TimeZone zone = absl::LocalTimeZone());
 // Everything about one job, restarts and events included.
+// `trainyard debug`: each rank's phase and step, its latest collectives and messages, its stacks
+// when asked for, and the diagnosis. Durations are counted to when each record was read.
+std::string DebugView(const v1::DebugJobResponse& debug, absl::Time now);
 std::string DescribeJob(const v1::Job& job, absl::TimeZone zone = absl::LocalTimeZone());
 
 // ID NAME OWNER STATE SEARCHER "TRIALS RUN/MADE/MAX" (running/created/max) BEST AGE REASON.

@@ -21,6 +21,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # training runtime
   libtorch-dev libopenblas0-pthread libgloo-dev
+  # the agent's debugger: `trainyard debug --stacks` prints each trainer's threads' stacks
+  gdb
   # libraries
   libabsl-dev prometheus-cpp-dev libcivetweb-dev libcpp-httplib-dev libarchive-dev libgtest-dev libgmock-dev libsqlite3-dev libpq-dev
   libcurl4-openssl-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev

@@ -154,6 +154,15 @@ Status AgentServiceImpl::ReportTaskStatus(ServerContext* context,
   return ToGrpcStatus(manager_.ReportTaskStatus(request->worker_id(), request->status()));
 }
 
+Status AgentServiceImpl::ReportDebug(ServerContext* context, const v1::ReportDebugRequest* request,
+                                     v1::ReportDebugResponse*) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAgents, "ReportDebug");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status s = AllowWorker(*caller, request->worker_id()); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(manager_.ReportDebug(*request));
+}
+
 Status AgentServiceImpl::ShipLogs(ServerContext* context, const v1::ShipLogsRequest* request,
                                   v1::ShipLogsResponse* response) {
   absl::StatusOr<Principal> caller = gate_.Admit(*context, *request, Audience::kAgents, "ShipLogs");

@@ -31,6 +31,9 @@ class AgentServiceImpl final : public trainyard::v1::AgentService::WithCallbackM
   grpc::Status ReportTaskStatus(grpc::ServerContext* context,
                                 const trainyard::v1::ReportTaskStatusRequest* request,
                                 trainyard::v1::ReportTaskStatusResponse* response) override;
+  grpc::Status ReportDebug(grpc::ServerContext* context,
+                           const trainyard::v1::ReportDebugRequest* request,
+                           trainyard::v1::ReportDebugResponse* response) override;
   grpc::Status ShipLogs(grpc::ServerContext* context, const trainyard::v1::ShipLogsRequest* request,
                         trainyard::v1::ShipLogsResponse* response) override;
   grpc::Status ReportProgress(grpc::ServerContext* context,

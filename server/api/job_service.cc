@@ -115,6 +115,19 @@ Status JobServiceImpl::GetJobMetrics(ServerContext* context,
   return Status::OK;
 }
 
+Status JobServiceImpl::DebugJob(ServerContext* context, const v1::DebugJobRequest* request,
+                                v1::DebugJobResponse* response) {
+  absl::StatusOr<Principal> caller = AdmitForJob(*context, *request, "DebugJob", request->id());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // Stacks take a debugger's attach per trainer; records are read at once.
+  const absl::Duration wait = request->stacks() ? absl::Seconds(60) : absl::Seconds(15);
+  absl::StatusOr<v1::DebugJobResponse> debug =
+      manager_.DebugJob(request->id(), request->stacks(), wait);
+  if (!debug.ok()) return ToGrpcStatus(debug.status());
+  *response = *std::move(debug);
+  return Status::OK;
+}
+
 Status JobServiceImpl::CreateConsoleLogin(ServerContext* context,
                                           const v1::CreateConsoleLoginRequest* request,
                                           v1::ConsoleLogin* response) {

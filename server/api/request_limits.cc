@@ -84,6 +84,12 @@ constexpr FieldBound kBounds[] = {
     {"trainyard.v1.RendezvousGetRequest.key", 256},
     {"trainyard.v1.ReportEventRequest.job_id", 256},
     {"trainyard.v1.ReportEventRequest.message", 4096},
+    {"trainyard.v1.DebugJobRequest.id", 256},
+    {"trainyard.v1.ReportDebugRequest.worker_id", 128},
+    {"trainyard.v1.ReportDebugRequest.ask_id", 64},
+    {"trainyard.v1.TaskRecord.task_id", 512},
+    // Every thread's stack of a trainer, as gdb prints them (the agent cuts them at 256 KiB).
+    {"trainyard.v1.RankRecord.stacks", 512 << 10},
     {"trainyard.v1.ReportPreemptionRequest.worker_id", 128},
     {"trainyard.v1.ReportPreemptionRequest.source", 64},
     {"trainyard.v1.ReportPreemptionRequest.message", 4096},

@@ -27,6 +27,7 @@
 #include "common/storage/object_store.h"
 #include "server/auth/auth.h"
 #include "server/jobs/capacity.h"
+#include "server/jobs/debug_asks.h"
 #include "server/jobs/job_table.h"
 #include "server/jobs/metric_history.h"
 #include "server/jobs/metrics_sink.h"
@@ -307,6 +308,15 @@ class JobManager {
   // skipped) as a job event from and to the current state, reason "warning: <message>" (cut to
   // 1 KiB). INVALID_ARGUMENT for an empty message.
   absl::Status ReportEvent(absl::string_view job_id, int64_t generation, absl::string_view message);
+
+  // `trainyard debug`: the flight record (with `stacks`, also the threads' stacks) of every
+  // running rank of the job's attempt, asked of their agents on their next Sync; blocks until all
+  // answered or `wait` passed (ranks not answered say so). NOT_FOUND for an unknown job,
+  // FAILED_PRECONDITION when no rank of it runs. ReportDebug keeps an agent's answer: NOT_FOUND
+  // once the ask is over, PERMISSION_DENIED for a worker it did not ask.
+  absl::StatusOr<trainyard::v1::DebugJobResponse> DebugJob(absl::string_view job_id, bool stacks,
+                                                           absl::Duration wait);
+  absl::Status ReportDebug(const trainyard::v1::ReportDebugRequest& answer);
 
   // A preemption notice from a worker's agent: the worker becomes DRAINING (nothing new is
   // placed there) and every rank of each job with a rank there is asked to save at the next step
@@ -645,6 +655,7 @@ class JobManager {
   // (SyncResponse.kill_task_ids) until their agent reports them ended.
   absl::flat_hash_map<std::string, std::set<std::string>> kill_tasks_ ABSL_GUARDED_BY(mu_);
   std::optional<UnitOfWork> unit_ ABSL_GUARDED_BY(mu_);
+  DebugAsks debug_asks_ ABSL_GUARDED_BY(mu_);
   // Shared: a waiting long poll keeps its condition alive while a forgotten worker's goes.
   absl::flat_hash_map<std::string, std::shared_ptr<absl::CondVar>> worker_wakeups_
       ABSL_GUARDED_BY(mu_);

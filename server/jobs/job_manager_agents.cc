@@ -266,6 +266,9 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
     }
     if (kill->second.empty()) kill_tasks_.erase(kill);
   }
+  for (v1::DebugAsk& ask : debug_asks_.For(request.worker_id())) {
+    *response.add_debug_asks() = std::move(ask);
+  }
   return response;
 }
 

@@ -79,7 +79,16 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
                             },
                             options_.task_retention, options_.trainer_env, options_.isolation,
                             options_.trainer_env_pass, options_.task_uids, options_.s3_gateway},
-          *launcher_, clock_) {
+          *launcher_, clock_),
+      debug_(DebugResponder::Options{
+                 [this](const std::string& id) { return reconciler_.TaskDir(id); },
+                 [this](const std::string& id) { return reconciler_.RunningPid(id); },
+                 [this](const v1::ReportDebugRequest& answer) {
+                   CallLimits limits;
+                   limits.deadline = RpcDeadline(absl::Seconds(10));
+                   return link_->ReportDebug(answer, limits);
+                 }},
+             clock_) {
   absl::MutexLock lock(&mu_);
   last_contact_ = clock_.Now();
 }
@@ -217,6 +226,15 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
     const int before = desired_tasks_;
     desired_tasks_ = response->tasks_size() + response->kill_task_ids_size();
     if (before == 0 && desired_tasks_ > 0) lease_cv_.SignalAll();  // BeatLoop: beat at once
+  }
+  if (response->debug_asks_size() > 0) {
+    std::string worker_id;
+    {
+      absl::MutexLock lock(&mu_);
+      worker_id = worker_id_;
+    }
+    debug_.Take(worker_id, std::vector<v1::DebugAsk>(response->debug_asks().begin(),
+                                                     response->debug_asks().end()));
   }
   std::vector<v1::Task> desired(response->tasks().begin(), response->tasks().end());
   const std::set<std::string> kill(response->kill_task_ids().begin(),

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/coordinator_link.h"
+#include "worker/agent/debug_responder.h"
 #include "worker/agent/log_shipper.h"
 #include "worker/agent/preemption_notice.h"
 #include "worker/agent/process_launcher.h"
@@ -161,6 +162,7 @@ class Agent {
   std::unique_ptr<CoordinatorLogSink> log_sink_;
   LogShipper shipper_;
   Reconciler reconciler_;
+  DebugResponder debug_;  // after the reconciler it reads
 
   absl::Notification threads_done_;
   mutable absl::Mutex mu_;

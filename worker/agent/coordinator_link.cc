@@ -30,6 +30,10 @@ class GrpcCoordinatorLink final : public CoordinatorLink {
                                 const CallLimits& limits) override {
     return Call(&Stub::ReportTaskStatus, request, limits).status();
   }
+  absl::Status ReportDebug(const v1::ReportDebugRequest& request,
+                           const CallLimits& limits) override {
+    return Call(&Stub::ReportDebug, request, limits).status();
+  }
   absl::Status ReportPreemption(const v1::ReportPreemptionRequest& request,
                                 const CallLimits& limits) override {
     return Call(&Stub::ReportPreemption, request, limits).status();

@@ -79,6 +79,11 @@ class CoordinatorLink {
                                         const CallLimits& limits) = 0;
   virtual absl::StatusOr<v1::ShipLogsResponse> ShipLogs(const v1::ShipLogsRequest& request,
                                                         const CallLimits& limits) = 0;
+  // `trainyard debug`'s answer; UNIMPLEMENTED (the default) where the link has none.
+  virtual absl::Status ReportDebug(const v1::ReportDebugRequest& request,
+                                   const CallLimits& limits) {
+    return absl::UnimplementedError("no debug reports");
+  }
   // Opens the lease stream (AgentService.HoldLease) and calls `held` once the coordinator has
   // taken the lease, with how often it wants beats (zero: none) and where to send them; then
   // blocks until the stream ends, and returns the coordinator's answer (reregister when it

@@ -614,6 +614,13 @@ int Reconciler::RunningCount() const {
   return running;
 }
 
+int64_t Reconciler::RunningPid(const std::string& task_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(task_id);
+  if (it == records_.end() || !it->second.running || it->second.reaped) return 0;
+  return it->second.status.pid();
+}
+
 int Reconciler::FreeGpus() const {
   absl::MutexLock lock(&mu_);
   int free = 0;

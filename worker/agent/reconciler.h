@@ -140,6 +140,8 @@ class Reconciler {
   int RunningCount() const;
   // Local GPUs not assigned to a running task.
   int FreeGpus() const;
+  // The process of `task_id` while it runs; 0 when it does not (unknown here, or ended).
+  int64_t RunningPid(const std::string& task_id) const;
   // The running task each assigned GPU (by local index) is handed to.
   std::map<int, v1::TaskStatus> GpuTasks() const;
 
