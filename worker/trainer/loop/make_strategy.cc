@@ -61,8 +61,9 @@ absl::StatusOr<std::unique_ptr<DataParallelStrategy>> MakeDataParallel(
     if (!made.ok()) return made.status();
     communicator = *std::move(made);
   }
-  return std::make_unique<DataParallelStrategy>(std::move(communicator), bucket_bytes,
-                                                options.overlap);
+  return std::make_unique<DataParallelStrategy>(
+      WithRecorder(std::move(communicator), options.recorder, options.recording), bucket_bytes,
+      options.overlap);
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> MakeParameterServerStrategy(
@@ -141,7 +142,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakePipelineStrategy(const trainyard::
     absl::StatusOr<std::unique_ptr<Communicator>> made =
         NewGlooCommunicator(task.rank(), world, *options.rendezvous, gloo);
     if (!made.ok()) return made.status();
-    all = *std::move(made);
+    all = WithRecorder(*std::move(made), options.recorder, options.recording);
   }
   if (topology->replicas > 1) {
     gloo.point_to_point = false;

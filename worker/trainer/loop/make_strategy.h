@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/flight_record.h"
 #include "common/rpc/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
+#include "worker/trainer/collective/recording_communicator.h"
 #include "worker/trainer/coordinator/rendezvous_client.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/pipeline/strategy.h"
@@ -28,6 +30,13 @@ struct StrategyOptions {
   std::string default_hostname = "127.0.0.1";
   // How ranks reach parameter-server shards that serve TLS (TrainerOptions::ps_tls).
   PsTls ps_tls;
+  // The rank's flight record (TrainerOptions::recorder): the communicators whose collectives
+  // every rank of the attempt shares are wrapped in a RecordingCommunicator with `recording`
+  // (data-parallel, parameter-server dense layers, a pipeline's connections among all its ranks;
+  // not a pipeline stage's group of replicas, whose collectives the other stages do not share,
+  // so that collective #N stays the same collective on every rank). Not owned; null: none.
+  FlightRecorder* recorder = nullptr;
+  RecordingOptions recording;
 };
 
 // The strategy of `task.spec.strategy` (a spec with its defaults, ApplyJobSpecDefaults),

@@ -63,6 +63,10 @@ class Run {
   bool StopRequested() const {
     return options_.stop_signal != nullptr && options_.stop_signal->load() != 0;
   }
+  // Enters `phase` in the rank's flight record (TrainerOptions::recorder), if it keeps one.
+  void Phase(RankPhase phase) const {
+    if (options_.recorder != nullptr) options_.recorder->SetPhase(phase);
+  }
   // The step loop (trainer.cc): its state, the run brought to its first step (prepared, resumed,
   // every rank in step), the loop opened (the start line, the checkpointer and reporter, the
   // data), one update, what follows it (the log line and validation), the checkpoint it may
@@ -73,6 +77,8 @@ class Run {
   absl::Status Step(Loop& loop);
   bool ValidationDue(const Loop& loop) const;
   absl::Status AfterStep(Loop& loop);
+  // Validate, in the validation phase, its time counted in the loop's.
+  absl::Status ValidateInLoop(Loop& loop);
   absl::Status MaybeSave(Loop& loop);
   void Account(Loop& loop, double stepped);
   absl::Status Prepare();

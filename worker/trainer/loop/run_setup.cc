@@ -191,6 +191,8 @@ absl::Status Run::Prepare() {
   strategy_options.ps_tls = options_.ps_tls;
   strategy_options.rendezvous = options_.rendezvous;
   strategy_options.overlap = options_.overlap_communication;
+  strategy_options.recorder = options_.recorder;
+  strategy_options.recording.before_send = options_.before_send;
   const Steady::time_point meet_start = MonotonicNow();
   absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(task_, strategy_options);
   rendezvous_seconds_ += SecondsSince(meet_start);
@@ -199,8 +201,12 @@ absl::Status Run::Prepare() {
   pipeline_ = dynamic_cast<pipeline::PipelineStrategy*>(strategy_.get());
 
   device_ = TrainingDevice(task_);
-  // A pipeline stage's activations and gradients travel through host memory to and from it.
-  if (pipeline_ != nullptr) pipeline_->set_device(device_);
+  if (pipeline_ != nullptr) {
+    // A pipeline stage's activations and gradients travel through host memory to and from it.
+    pipeline_->set_device(device_);
+    // Its passes of each micro-batch are the flight record's forward and backward phases.
+    pipeline_->set_recorder(options_.recorder);
+  }
   absl::StatusOr<std::optional<torch::ScalarType>> autocast =
       AutocastType(spec_.precision(), device_);
   if (!autocast.ok()) return autocast.status();

@@ -175,13 +175,16 @@ absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
     optimizer_->zero_grad();
 #endif
     if (pipeline_ != nullptr) {
-      // The stages run the micro-batches' passes in their schedule, then combine gradients.
+      // The stages run the micro-batches' passes in their schedule (each pass its phase), then
+      // combine gradients.
+      Phase(RankPhase::kForward);
       absl::Status status = pipeline_->RunPasses(
           *model_, batch.features, batch.labels,
           [this](const torch::Tensor& out, const torch::Tensor& labels) {
             return ComputeLoss(loss_kind_, out, labels);
           },
           StopRequested());
+      Phase(RankPhase::kOptimizer);
       if (status.ok()) status = strategy_->AfterBackward(*model_);
       if (!status.ok()) return status;
       optimizer_->step();
@@ -196,6 +199,7 @@ absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
     // Micro-batch losses weighted by their share add up to the loss of the rank's whole
     // batch, so accumulating changes memory use, not the result.
     for (int m = 0; m < accumulate; ++m) {
+      Phase(RankPhase::kForward);
       const int64_t begin = n * m / accumulate;
       const int64_t size = n * (m + 1) / accumulate - begin;
       const torch::Tensor categorical =
@@ -218,9 +222,12 @@ absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
       const torch::Tensor share = loss.detach().to(torch::kDouble);
       update_loss = update_loss.defined() ? update_loss + share : share;
       const bool last = m + 1 == accumulate;
+      Phase(RankPhase::kBackward);
       strategy_->BeforeBackward(last, update_loss, last && StopRequested());
       (scaler_.has_value() ? scaler_->Scale(loss) : loss).backward();
     }
+    // Waiting for the gradients' all-reduces, the update, and (Step) agreeing on the step.
+    Phase(RankPhase::kOptimizer);
     absl::Status status = strategy_->AfterBackward(*model_);
     if (!status.ok()) return status;
     // fp16: gradients (all-reduced already, so every rank agrees) back to their true size; an
@@ -351,6 +358,7 @@ void Run::OpenLoop(Loop& loop) {
   loop.feed = MakeDeviceFeed(*loop.prefetcher, device_);
   loop.throughput.emplace(clock_, plan_.global_batch_size, loop.world, strategy_->UpdatesApplied());
   loop.step = start_step_;
+  if (options_.recorder != nullptr) options_.recorder->SetStep(loop.step);
   loop.last_checkpoint_step = start_step_;
   loop.timing_start = clock_.Now();
   strategy_->TakeCommunicationSeconds();  // the start-up broadcast is not a step's
@@ -374,6 +382,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
     if (absl::Status status = MaybeSave(loop); !status.ok()) return status;
     Account(loop, SecondsSince(step_start));
   }
+  Phase(RankPhase::kFinishing);
   loop.result.step = loop.step;
   loop.ReadLoss();
   if (absl::Status status =
@@ -390,6 +399,8 @@ absl::Status Run::Step(Loop& loop) {
     return absl::InternalError(absl::StrCat("data: moving the batch of step ", update, " to ",
                                             device_.str(), ": ", DescribeTorchError(e)));
   };
+  Phase(RankPhase::kData);
+  if (options_.in_data_wait) options_.in_data_wait(loop.step, start_step_);
   const Steady::time_point fetch_start = MonotonicNow();
   std::optional<Batch> batch;
   try {
@@ -425,6 +436,7 @@ absl::Status Run::Step(Loop& loop) {
   loop.times.data_wait += waited;
   loop.result.data_wait_seconds += waited;
   ++loop.step;
+  if (options_.recorder != nullptr) options_.recorder->SetStep(loop.step);
   loop.throughput->Step();
   loop.last_loss = agreed->loss;
   if (options_.after_step) options_.after_step(loop.step);
@@ -460,9 +472,7 @@ absl::Status Run::AfterStep(Loop& loop) {
         loop.step / plan_.steps_per_epoch);
     if (result.val_accuracy.has_value() || ValidationDue(loop)) {
       if (ValidationDue(loop)) {
-        const Steady::time_point val_start = MonotonicNow();
-        if (absl::Status status = Validate(result); !status.ok()) return status;
-        loop.times.validation += SecondsSince(val_start);
+        if (absl::Status status = ValidateInLoop(loop); !status.ok()) return status;
         validated = true;
       }
       absl::StrAppend(&line, ValidationFields(result));
@@ -470,9 +480,7 @@ absl::Status Run::AfterStep(Loop& loop) {
     Print(line);
   }
   if (!validated && ValidationDue(loop)) {
-    const Steady::time_point val_start = MonotonicNow();
-    if (absl::Status status = Validate(result); !status.ok()) return status;
-    loop.times.validation += SecondsSince(val_start);
+    if (absl::Status status = ValidateInLoop(loop); !status.ok()) return status;
     if (result.val_accuracy.has_value()) {
       Print(absl::StrCat("step=", loop.step, ValidationFields(result)));
     }
@@ -480,11 +488,20 @@ absl::Status Run::AfterStep(Loop& loop) {
   return absl::OkStatus();
 }
 
+absl::Status Run::ValidateInLoop(Loop& loop) {
+  Phase(RankPhase::kValidation);
+  const Steady::time_point val_start = MonotonicNow();
+  absl::Status status = Validate(loop.result);
+  loop.times.validation += SecondsSince(val_start);
+  return status;
+}
+
 absl::Status Run::MaybeSave(Loop& loop) {
   if (loop.checkpointer == nullptr || loop.every <= 0 || loop.step % loop.every != 0 ||
       loop.step >= loop.end) {
     return absl::OkStatus();
   }
+  Phase(RankPhase::kCheckpoint);
   const Steady::time_point save_start = MonotonicNow();
   const int64_t step = loop.step;
   if (absl::Status status = strategy_->GatherOptimizerState(step); !status.ok()) return status;
@@ -534,6 +551,7 @@ absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step
     }
   }
   if (checkpointer != nullptr) {
+    Phase(RankPhase::kCheckpoint);
     const bool due = step > 0 && step != last_checkpoint_step;
     if (result.stopped) {
       SaveAtStop(*checkpointer, step, lr, due, deadline, result);
@@ -552,6 +570,7 @@ absl::Status Run::Conclude(int64_t step, double lr, int64_t last_checkpoint_step
             absl::StrCat("final checkpoint: ", saved.message()));
       }
     }
+    Phase(RankPhase::kFinishing);
   }
   if (!result.stopped && store_ != nullptr && rank == 0) {
     absl::Status status = strategy_->GatherModel(step);

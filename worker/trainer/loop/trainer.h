@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
+#include "common/flight_record.h"
 #include "common/rpc/ps_tls.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/trainer/coordinator/coordinator_client.h"
@@ -79,6 +80,19 @@ struct TrainerOptions {
   // Called on the training thread before each update with the updates done so far and the step
   // this attempt started from; it may block (a test holding the run at a step, main.cc).
   std::function<void(int64_t step, int64_t attempt_start_step)> before_step;
+  // The rank's flight record: the phase it is in, its step, and the collectives and messages of
+  // its communicators (StrategyOptions::recorder says which). Not owned; it must outlive
+  // RunTrainer. Null: none kept.
+  FlightRecorder* recorder = nullptr;
+  // Called on the training thread in the data phase before it takes the batch of each update,
+  // with the updates done so far and the step this attempt started from; it may block (a test
+  // holding a rank in its data read, main.cc).
+  std::function<void(int64_t step, int64_t attempt_start_step)> in_data_wait;
+  // Called before each point-to-point send (a pipeline's) with its peer and its number among
+  // this rank's sends (1, 2, ...: every peer counted), before the send is recorded or issued; it
+  // may block (a test holding a rank before a send, main.cc). Only with a recorder: the recording
+  // communicator calls it (RecordingOptions::before_send).
+  std::function<void(int peer, int64_t send)> before_send;
 };
 
 // Added to the longest recent save when judging whether a save fits before a stop's deadline.

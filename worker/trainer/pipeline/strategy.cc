@@ -245,6 +245,10 @@ absl::Status PipelineStrategy::RunPasses(Model& model, const torch::Tensor& feat
   try {
     for (const Action& action : actions_) {
       const size_t m = static_cast<size_t>(action.microbatch);
+      if (recorder_ != nullptr) {
+        recorder_->SetPhase(action.kind == Action::kForward ? RankPhase::kForward
+                                                            : RankPhase::kBackward);
+      }
       if (action.kind == Action::kForward) {
         torch::Tensor in;
         if (topology_.first()) {

@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/flight_record.h"
 #include "worker/trainer/collective/communicator.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/pipeline/plan.h"
@@ -90,6 +91,9 @@ class PipelineStrategy final : public Strategy {
   // Before Setup: the device of the stage's model, where RunPasses' features and labels are too
   // (the CPU by default).
   void set_device(torch::Device device) { device_ = device; }
+  // Where RunPasses records its phases: each micro-batch's forward pass (and its loss on the
+  // last stage) as kForward, its backward pass as kBackward. Not owned; null: none.
+  void set_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
   // Before Setup.
   void set_tied(std::vector<std::string> tied) {
     tied_names_ = topology_.stages > 1 ? std::move(tied) : std::vector<std::string>();
@@ -167,6 +171,7 @@ class PipelineStrategy final : public Strategy {
   // Where the stage's model is (set_device): activations and gradients come and go through host
   // memory (Gloo's TCP pairs) and are moved there.
   torch::Device device_ = torch::kCPU;
+  FlightRecorder* recorder_ = nullptr;  // set_recorder
   // Fixed by Setup.
   // The tied parameters on the first and last stages, in tied_names_' order; none elsewhere.
   std::vector<torch::Tensor> tied_;
