@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/flight_record.h"
 #include "common/storage/checkpoint_layout.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -546,6 +547,48 @@ TEST(TrainerBinaryTest, AStopTooCloseToItsDeadlineSkipsItsCheckpoint) {
     return;
   }
   GTEST_SKIP() << "every run stopped where a periodic checkpoint was due";
+}
+
+// The trainer keeps its flight record in its task folder; a test hold of its data read ({job}.data
+// holding "RANK K") keeps it in the data phase after K updates, as the record shows, until the
+// hold's file is removed.
+TEST(TrainerBinaryTest, KeepsAFlightRecordThatShowsItHeldInItsDataRead) {
+  const std::string dir = MakeTempDir();
+  const std::string holds = MakeTempDir();
+  trainyard::v1::Task task = SyntheticTask("", 8);
+  task.mutable_spec()->set_name("held-in-data");
+  task.mutable_spec()->set_log_every_steps(1);
+  std::ofstream(holds + "/held-in-data.data") << "0 3\n";
+  const std::string record_path = dir + "/" + trainyard::kFlightRecordFile;
+  bool held = false;
+  setenv("TRAINYARD_TEST_HOLD_DIR", holds.c_str(), 1);
+  ProcessResult run = RunTrainer(task, dir, [&](const std::string& line) {
+    if (StepOfLine(line) != 3) return false;
+    // After its third update it waits in its data read, and stays there.
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    absl::StatusOr<trainyard::FlightRecordSnapshot> record;
+    do {
+      absl::SleepFor(absl::Milliseconds(5));
+      record = trainyard::ReadFlightRecord(record_path);
+    } while (absl::Now() < give_up &&
+             !(record.ok() && record->phase == trainyard::RankPhase::kData && record->step == 3));
+    EXPECT_TRUE(record.ok()) << record.status();
+    absl::SleepFor(absl::Milliseconds(200));
+    absl::StatusOr<trainyard::FlightRecordSnapshot> later =
+        trainyard::ReadFlightRecord(record_path);
+    held = record.ok() && later.ok() && later->phase == trainyard::RankPhase::kData &&
+           later->step == 3 && later->phase_since_unix_ms == record->phase_since_unix_ms;
+    std::remove((holds + "/held-in-data.data").c_str());
+    return false;
+  });
+  unsetenv("TRAINYARD_TEST_HOLD_DIR");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_TRUE(held);
+  absl::StatusOr<trainyard::FlightRecordSnapshot> record = trainyard::ReadFlightRecord(record_path);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->phase, trainyard::RankPhase::kFinishing);
+  EXPECT_EQ(record->step, 8);
+  EXPECT_TRUE(record->recent.empty());  // one rank: no collectives
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -30,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
+#include "common/flight_record.h"
 #include "common/log.h"
 #include "common/spec/job_spec.h"
 #include "common/storage/object_store.h"
@@ -131,6 +133,25 @@ class StopWatchdog {
 // The environment variable naming the folder of test holds (see TestHold).
 constexpr char kTestHoldDirEnv[] = "TRAINYARD_TEST_HOLD_DIR";
 
+// The path of the test hold file `name` (TRAINYARD_TEST_HOLD_DIR/name); empty when the variable
+// is unset, as in production.
+std::string TestHoldPath(const std::string& name) {
+  const char* dir = std::getenv(kTestHoldDirEnv);
+  if (dir == nullptr || *dir == '\0') return "";
+  return absl::StrCat(dir, "/", name);
+}
+
+// Waits while `held()` and no stop has arrived, saying so in the log ("held by PATH WHERE",
+// "released WHERE") when it waits at all.
+void HoldWhile(const std::string& path, const std::string& where,
+               const std::function<bool()>& held) {
+  if (!held()) return;
+  trainyard::LogInfo("held by ", path, " ", where);
+  while (stop_signal.load() == 0 && held())
+    trainyard::RealClock::Get().SleepFor(absl::Milliseconds(10));
+  trainyard::LogInfo("released ", where);
+}
+
 // A hold for tests that must act while a job is running, so that none depends on how fast the
 // machine trains. With TRAINYARD_TEST_HOLD_DIR set, a file named after the job in that folder
 // holding a number K makes every attempt wait before its update K + 1 (K updates after the step
@@ -138,20 +159,52 @@ constexpr char kTestHoldDirEnv[] = "TRAINYARD_TEST_HOLD_DIR";
 // rank goes on to the step its gang agrees on, as it would have without the hold. Unset (as in
 // production), it costs nothing.
 std::function<void(int64_t, int64_t)> TestHold(const trainyard::v1::Task& task) {
-  const char* dir = std::getenv(kTestHoldDirEnv);
-  if (dir == nullptr || *dir == '\0') return nullptr;
-  const std::string path = absl::StrCat(dir, "/", task.spec().name());
+  const std::string path = TestHoldPath(task.spec().name());
+  if (path.empty()) return nullptr;
   return [path](int64_t step, int64_t attempt_start_step) {
-    auto held = [&] {
+    HoldWhile(path, absl::StrCat("at step ", step), [&] {
       std::ifstream in(path);
       int64_t updates = 0;
       return in >> updates && step - attempt_start_step >= updates;
-    };
-    if (!held()) return;
-    trainyard::LogInfo("held by ", path, " at step ", step);
-    while (stop_signal.load() == 0 && held())
-      trainyard::RealClock::Get().SleepFor(absl::Milliseconds(10));
-    trainyard::LogInfo("released at step ", step);
+    });
+  };
+}
+
+// Whether the hold file at `path` holds "R K" with R this task's rank and K at most `count`.
+bool RankHeld(const std::string& path, const trainyard::v1::Task& task, int64_t count) {
+  std::ifstream in(path);
+  int64_t rank = -1;
+  int64_t k = 0;
+  return in >> rank >> k && rank == task.rank() && count >= k;
+}
+
+// A test hold of one rank in its data read (a rank whose data never comes, while the others wait
+// for it in a collective). With TRAINYARD_TEST_HOLD_DIR set, a file {job}.data in that folder
+// holding "R K" (two integers) makes rank R of every attempt, in the data phase of its flight
+// record, wait before it takes the batch of its update K + 1 (K updates after the step it started
+// from) until the file is removed or a stop arrives. Unset, it costs nothing (no hook).
+std::function<void(int64_t, int64_t)> TestDataHold(const trainyard::v1::Task& task) {
+  const std::string path = TestHoldPath(task.spec().name() + ".data");
+  if (path.empty()) return nullptr;
+  return [path, task](int64_t step, int64_t attempt_start_step) {
+    HoldWhile(path, absl::StrCat("in its data read at step ", step),
+              [&] { return RankHeld(path, task, step - attempt_start_step); });
+  };
+}
+
+// A test hold of one rank before a point-to-point send (a pipeline stage that never sends, while
+// the next stage waits to receive). With TRAINYARD_TEST_HOLD_DIR set, a file {job}.send in that
+// folder holding "R K" (two integers) makes rank R of every attempt wait before its K-th send
+// (the K-th SendAsync of its attempt, every peer counted, and each later one) until the file is
+// removed or a stop arrives; the rank is then in its forward or backward phase, the send neither
+// recorded nor issued. Needs the flight record (the recording communicator calls it). Unset, it
+// costs nothing (no hook).
+std::function<void(int, int64_t)> TestSendHold(const trainyard::v1::Task& task) {
+  const std::string path = TestHoldPath(task.spec().name() + ".send");
+  if (path.empty()) return nullptr;
+  return [path, task](int peer, int64_t send) {
+    HoldWhile(path, absl::StrCat("before its send ", send, " (to rank ", peer, ")"),
+              [&] { return RankHeld(path, task, send); });
   };
 }
 
@@ -284,7 +337,18 @@ int Train(const trainyard::v1::Task& task, trainyard::trainer::CoordinatorClient
   options.data = trainyard::trainer::DataOptions::FromEnvironment();
   options.ps_tls = trainyard::PsTls::FromEnvironment();
   options.before_step = TestHold(task);
+  options.in_data_wait = TestDataHold(task);
+  options.before_send = TestSendHold(task);
   options.after_step = LastStepRecorder();
+  // The flight record lives in the task folder (the working directory) for the agent to read;
+  // it outlives RunTrainer, and so every Work of the run.
+  absl::StatusOr<std::unique_ptr<trainyard::FlightRecorder>> recorder =
+      trainyard::FlightRecorder::Create(trainyard::kFlightRecordFile, trainyard::RealClock::Get());
+  if (recorder.ok()) {
+    options.recorder = recorder->get();
+  } else {
+    trainyard::LogWarning("running without a flight record: ", recorder.status().message());
+  }
   absl::StatusOr<trainyard::trainer::TrainResult> result;
   {
     StopWatchdog watchdog;
