@@ -115,7 +115,18 @@ std::vector<CommandSpec> JobCommands() {
 // What the cluster holds: workers, checkpoints, data sets, searches.
 std::vector<CommandSpec> ClusterCommands() {
   return {
-      {"workers", "", "List the worker machines.", {kOutputFlag}, 0, 0, {}},
+      {"workers",
+       "[return-gpu WORKER INDEX]",
+       "List the worker machines, with the GPUs their agents took out of service and why. "
+       "`return-gpu` (admins) returns such a GPU: its agent checks it again and takes it back "
+       "into service if the check passes.",
+       {kOutputFlag},
+       0,
+       3,
+       {{"return-gpu",
+         "WORKER INDEX",
+         "Return GPU INDEX of WORKER to service: its agent checks it again first.",
+         {}}}},
       {"checkpoints",
        "JOB",
        "List a job's committed checkpoints, newest first.",

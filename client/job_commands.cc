@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -339,6 +340,26 @@ int Client::Delete() {
 }
 
 int Client::Workers() {
+  if (!args_.args.empty()) {
+    int index = -1;
+    if (args_.args[0] != "return-gpu" || args_.args.size() != 3 ||
+        !absl::SimpleAtoi(args_.args[2], &index) || index < 0) {
+      std::cerr << "error: usage: workers [return-gpu WORKER INDEX]\n";
+      return kExitUsage;
+    }
+    v1::ReturnGpuRequest request;
+    request.set_worker_id(args_.args[1]);
+    request.set_index(index);
+    v1::Worker worker;
+    if (std::optional<int> failed =
+            Call(*admin_, &v1::AdminService::Stub::ReturnGpu, request, &worker)) {
+      return *failed;
+    }
+    std::cout << "GPU " << index << " of " << worker.id()
+              << " returned: its agent checks it again and takes it back into service if the "
+                 "check passes (`workers` shows it)\n";
+    return kExitSucceeded;
+  }
   v1::ListWorkersResponse response;
   if (std::optional<int> failed =
           Call(*stub_, &v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response)) {

@@ -246,12 +246,15 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
             ? "-"
             : ShortAge(now - absl::FromUnixMillis(w.last_seen_unix_ms())) + " ago";
     // Host and process id: what a person needs to signal (preempt, kill) a worker's agent.
-    rows.push_back({w.id(), w.address(), w.hostname().empty() ? "-" : w.hostname(),
-                    w.pid() > 0 ? absl::StrCat(w.pid()) : "-", WorkerStateColumn(w),
-                    absl::StrCat(w.slots_used(), "/", w.slots()),
-                    absl::StrCat(w.gpus_used(), "/", w.gpus()), MemoryColumn(w),
-                    w.isolation().empty() ? "-" : w.isolation(), LibTorchColumn(w), seen,
-                    w.task_ids().empty() ? "-" : absl::StrJoin(w.task_ids(), ",")});
+    rows.push_back(
+        {w.id(), w.address(), w.hostname().empty() ? "-" : w.hostname(),
+         w.pid() > 0 ? absl::StrCat(w.pid()) : "-", WorkerStateColumn(w),
+         absl::StrCat(w.slots_used(), "/", w.slots()),
+         absl::StrCat(
+             w.gpus_used(), "/", w.gpus(),
+             w.gpu_faults().empty() ? "" : absl::StrCat(" (", w.gpu_faults_size(), " out)")),
+         MemoryColumn(w), w.isolation().empty() ? "-" : w.isolation(), LibTorchColumn(w), seen,
+         w.task_ids().empty() ? "-" : absl::StrJoin(w.task_ids(), ",")});
   }
   std::string out = Table({"ID", "ADDRESS", "HOST", "PID", "STATE", "SLOTS", "GPUS", "MEMORY",
                            "LIMITS", "LIBTORCH", "LAST SEEN", "TASKS"},
@@ -260,6 +263,13 @@ std::string WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now)
   for (const v1::Worker& w : workers) {
     if (w.state_reason().empty()) continue;
     absl::StrAppend(&out, w.id(), " is ", WorkerStateName(w.state()), ": ", w.state_reason(), "\n");
+  }
+  // Which GPUs their agents took out of service, and why.
+  for (const v1::Worker& w : workers) {
+    for (const v1::GpuFault& f : w.gpu_faults()) {
+      absl::StrAppend(&out, w.id(), " GPU ", f.index(), " out of service since ",
+                      LocalTime(f.since_unix_ms()), ": ", f.reason(), "\n");
+    }
   }
   return out;
 }

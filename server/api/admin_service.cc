@@ -123,4 +123,15 @@ Status AdminServiceImpl::DeleteQueue(ServerContext* context, const v1::DeleteQue
   return ToGrpcStatus(manager_.DeleteQueue(request->name()));
 }
 
+Status AdminServiceImpl::ReturnGpu(ServerContext* context, const v1::ReturnGpuRequest* request,
+                                   v1::Worker* response) {
+  absl::StatusOr<Principal> caller =
+      gate_.Admit(*context, *request, Audience::kAdmins, "ReturnGpu");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<v1::Worker> worker = manager_.ReturnGpu(request->worker_id(), request->index());
+  if (!worker.ok()) return ToGrpcStatus(worker.status());
+  *response = *std::move(worker);
+  return Status::OK;
+}
+
 }  // namespace trainyard

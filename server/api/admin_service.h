@@ -33,6 +33,9 @@ class AdminServiceImpl final : public trainyard::v1::AdminService::Service {
   grpc::Status DeleteQueue(grpc::ServerContext* context,
                            const trainyard::v1::DeleteQueueRequest* request,
                            trainyard::v1::DeleteQueueResponse* response) override;
+  grpc::Status ReturnGpu(grpc::ServerContext* context,
+                         const trainyard::v1::ReturnGpuRequest* request,
+                         trainyard::v1::Worker* response) override;
 
  private:
   Authenticator& auth_;

@@ -85,6 +85,11 @@ constexpr FieldBound kBounds[] = {
     {"trainyard.v1.ReportEventRequest.job_id", 256},
     {"trainyard.v1.ReportEventRequest.message", 4096},
     {"trainyard.v1.DebugJobRequest.id", 256},
+    {"trainyard.v1.ReturnGpuRequest.worker_id", 128},
+    // What a worker's agent says of its GPUs out of service.
+    {"trainyard.v1.GpuFault.reason", 1024},
+    {"trainyard.v1.SyncRequest.gpu_faults", 1024},
+    {"trainyard.v1.RegisterWorkerRequest.gpu_faults", 1024},
     {"trainyard.v1.ReportDebugRequest.worker_id", 128},
     {"trainyard.v1.ReportDebugRequest.ask_id", 64},
     {"trainyard.v1.TaskRecord.task_id", 512},

@@ -222,6 +222,12 @@ class JobManager {
 
   // Every worker with its capacity in use and its active tasks, by id.
   std::vector<trainyard::v1::Worker> ListWorkers() const;
+  // An admin returns GPU `index` of a worker that its agent took out of service: the agent is
+  // asked (SyncResponse.return_gpus, for kGpuReturnFor) to check it again and to take it back
+  // if the check passes. NOT_FOUND for an unknown worker, FAILED_PRECONDITION for a GPU in
+  // service, a LOST worker, or an index it does not have.
+  absl::StatusOr<trainyard::v1::Worker> ReturnGpu(absl::string_view worker_id, int index);
+  static constexpr absl::Duration kGpuReturnFor = absl::Minutes(2);
 
   // Committed, not retired checkpoints of a job, newest first. NOT_FOUND for an unknown job.
   absl::StatusOr<std::vector<trainyard::v1::Checkpoint>> ListCheckpoints(
@@ -519,6 +525,10 @@ class JobManager {
   // A hang's or a timed-out collective's culprit, from the flight records of the ended attempt's
   // ranks (JobEntry::ended_ranks): on the last restart (diagnosis) and in an event. Once.
   void RecordDiagnosisLocked(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker's GPUs out of service changed: logged, written, and the queue looked at again.
+  void GpuFaultsChangedLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The returned GPUs to ask the agent to check again (those settled or expired forgotten).
+  std::vector<int> GpuReturnsLocked(const WorkerRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the finished jobs in `expired` (from JobStore::FinishedBefore, read by Tick without
   // the lock) that are past job_retention and not back in memory; returns their ids, whose logs
@@ -656,6 +666,8 @@ class JobManager {
   absl::flat_hash_map<std::string, std::set<std::string>> kill_tasks_ ABSL_GUARDED_BY(mu_);
   std::optional<UnitOfWork> unit_ ABSL_GUARDED_BY(mu_);
   DebugAsks debug_asks_ ABSL_GUARDED_BY(mu_);
+  // Per worker, GPUs an admin returned and when (ReturnGpu), until its agent's report settles it.
+  std::map<std::string, std::map<int, absl::Time>> gpu_returns_ ABSL_GUARDED_BY(mu_);
   // Shared: a waiting long poll keeps its condition alive while a forgotten worker's goes.
   absl::flat_hash_map<std::string, std::shared_ptr<absl::CondVar>> worker_wakeups_
       ABSL_GUARDED_BY(mu_);

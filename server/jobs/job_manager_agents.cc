@@ -108,6 +108,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   info.set_hostname(request.hostname());
   info.set_pid(request.pid());
   info.set_state(v1::READY);
+  for (const v1::GpuFault& f : request.gpu_faults()) {
+    if (f.index() >= 0 && f.index() < info.gpus()) *info.add_gpu_faults() = f;
+  }
   // What its trainer runs, when the agent could tell.
   const bool told_runtime = !request.runtime().libtorch_version().empty();
   if (told_runtime) {
@@ -220,6 +223,9 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
   }
   workers_.Heard(request.worker_id());
   workers_.Renew(request.worker_id()).IgnoreError();
+  if (workers_.SetGpuFaults(request.worker_id(), request.gpu_faults())) {
+    GpuFaultsChangedLocked(request.worker_id());
+  }
   for (const v1::TaskStatus& status : request.tasks()) {
     absl::Status s = ApplyTaskStatusLocked(request.worker_id(), status);
     if (!s.ok() && !absl::IsNotFound(s)) {
@@ -269,6 +275,7 @@ absl::StatusOr<v1::SyncResponse> JobManager::Sync(const v1::SyncRequest& request
   for (v1::DebugAsk& ask : debug_asks_.For(request.worker_id())) {
     *response.add_debug_asks() = std::move(ask);
   }
+  for (int index : GpuReturnsLocked(*record)) response.add_return_gpus(index);
   return response;
 }
 
@@ -455,6 +462,7 @@ absl::Status JobManager::RecordTaskStatusLocked(JobEntry& job_entry, int index,
   task->set_out_of_memory(status.out_of_memory());
   task->set_memory_limit_bytes(std::max<int64_t>(status.memory_limit_bytes(), 0));
   task->set_memory_peak_bytes(std::max<int64_t>(status.memory_peak_bytes(), 0));
+  task->set_gpu_fault(status.gpu_fault().substr(0, 1024));
   if (newly_out_of_memory && options_.event_sink != nullptr) {
     AfterCommitLocked(
         [this, job = updated, task = *task] { options_.event_sink->OnTaskOutOfMemory(job, task); });

@@ -33,9 +33,10 @@ std::vector<SchedWorker> JobManager::SchedWorkersLocked() const {
     // Held unreachable by a mass loss: its ranks go on where they are, nothing new goes there.
     w.ready = record->info.state() == v1::READY && !record->unreachable();
     w.total_slots = record->info.slots();
-    w.total_gpus = record->info.gpus();
+    // GPUs out of service take nothing new.
+    w.total_gpus = record->info.gpus() - record->info.gpu_faults_size();
     w.free_slots = w.total_slots - used[w.id].slots;
-    w.free_gpus = w.total_gpus - used[w.id].gpus;
+    w.free_gpus = std::max(0, w.total_gpus - used[w.id].gpus);
     w.total_memory = record->info.memory_bytes();
     w.free_memory = w.total_memory - used[w.id].memory_bytes;
     if (record->runtime != nullptr) w.runtime = record->runtime->key;

@@ -12,6 +12,8 @@ namespace trainyard {
 v1::RestartReason ClassifyTaskEnd(const v1::TaskInfo& t) {
   // Killed for memory: the task's own doing, whatever else was asked of it meanwhile.
   if (t.out_of_memory()) return v1::OUT_OF_MEMORY;
+  // Its GPU failed under it: the machine's doing, as if the worker had been lost.
+  if (!t.gpu_fault().empty()) return v1::WORKER_LOST;
   if (t.stop_deadline_unix_ms() > 0) return v1::PREEMPTED;
   switch (t.state()) {
     case v1::TASK_FAILED_TO_START:

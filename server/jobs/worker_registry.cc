@@ -296,6 +296,25 @@ absl::Status WorkerRegistry::SetState(absl::string_view id, v1::WorkerState stat
   return absl::OkStatus();
 }
 
+bool WorkerRegistry::SetGpuFaults(absl::string_view id,
+                                  const google::protobuf::RepeatedPtrField<v1::GpuFault>& faults) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return false;
+  v1::Worker& info = it->second.info;
+  google::protobuf::RepeatedPtrField<v1::GpuFault> kept;
+  for (const v1::GpuFault& f : faults) {
+    if (f.index() >= 0 && f.index() < info.gpus()) *kept.Add() = f;
+  }
+  bool same = kept.size() == info.gpu_faults_size();
+  for (int i = 0; same && i < kept.size(); ++i) {
+    same = kept[i].index() == info.gpu_faults(i).index() &&
+           kept[i].reason() == info.gpu_faults(i).reason();
+  }
+  if (same) return false;
+  *info.mutable_gpu_faults() = std::move(kept);
+  return true;
+}
+
 void WorkerRegistry::PutBack(WorkerRecord record) {
   std::string id = record.info.id();
   record.desired_version = ++next_version_;

@@ -160,6 +160,12 @@ class WorkerRegistry {
   // Sets the state (READY, DRAINING, LOST). NOT_FOUND for an unknown worker.
   absl::Status SetState(absl::string_view id, trainyard::v1::WorkerState state);
 
+  // Sets the GPUs its agent holds out of service (as the agent reported them; indices beyond
+  // its GPUs are dropped). Whether they changed (by index and reason); false for an unknown
+  // worker.
+  bool SetGpuFaults(absl::string_view id,
+                    const google::protobuf::RepeatedPtrField<trainyard::v1::GpuFault>& faults);
+
   // Puts `record` back as it was (undoing a change that could not be written), with a new
   // desired-state version; its lease (streams, beats) stays as it is now.
   void PutBack(WorkerRecord record);
