@@ -67,6 +67,7 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
       launcher_(std::move(launcher)),
       log_sink_(std::make_unique<CoordinatorLogSink>(*this)),
       shipper_(*log_sink_, LogShipper::kMaxChunkBytes, options_.task_log_max_bytes),
+      gpu_health_(options_.gpus, clock_),
       reconciler_(
           ReconcilerOptions{options_.work_dir, options_.trainer_path, options_.coordinator,
                             options_.gpus, options_.stop_grace_period,
@@ -76,10 +77,17 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorLink> link,
                                 LogWarning("cannot ship the rest of the log of task ", task_id,
                                            " now (later passes retry): ", status.message());
                               }
+                              CheckGpusAfterTask(task_id);
                             },
                             options_.task_retention, options_.trainer_env, options_.isolation,
-                            options_.trainer_env_pass, options_.task_uids, options_.s3_gateway},
+                            options_.trainer_env_pass, options_.task_uids, options_.s3_gateway,
+                            [this](int gpu) { return gpu_health_.InService(gpu); }},
           *launcher_, clock_),
+      gpu_guard_(
+          GpuGuardOptions{options_.gpus, options_.gpu_monitor, options_.gpu_compute_check,
+                          options_.gpu_poll_interval, absl::Minutes(1), absl::Milliseconds(500),
+                          [this](int gpu, const std::string& reason) { OnGpuFault(gpu, reason); }},
+          gpu_health_, clock_),
       debug_(DebugResponder::Options{
                  [this](const std::string& id) { return reconciler_.TaskDir(id); },
                  [this](const std::string& id) { return reconciler_.RunningPid(id); },
@@ -180,6 +188,7 @@ absl::Status Agent::RegisterOnce(absl::Duration timeout, uint64_t seen) {
   request.set_pid(static_cast<int32_t>(getpid()));
   if (!options_.runtime.libtorch_version().empty()) *request.mutable_runtime() = options_.runtime;
   for (v1::TaskStatus& status : reconciler_.Statuses()) *request.add_tasks() = std::move(status);
+  for (v1::GpuFault& fault : gpu_health_.Faults()) *request.add_gpu_faults() = std::move(fault);
   // Waits for the channel's own reconnection instead of failing at once while it backs off: a
   // restarted coordinator is found within moments of listening.
   CallCanceller canceller;
@@ -212,6 +221,7 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
   for (v1::TaskStatus& status : reconciler_.StatusesForSync()) {
     *request.add_tasks() = std::move(status);
   }
+  for (v1::GpuFault& fault : gpu_health_.Faults()) *request.add_gpu_faults() = std::move(fault);
   CallCanceller canceller;
   absl::StatusOr<CallLimits> limits = BeginCall(wait + timeout, seen, canceller);
   if (!limits.ok()) return limits.status();
@@ -235,6 +245,10 @@ absl::Status Agent::SyncOnce(absl::Duration wait, absl::Duration timeout, uint64
     }
     debug_.Take(worker_id, std::vector<v1::DebugAsk>(response->debug_asks().begin(),
                                                      response->debug_asks().end()));
+  }
+  if (response->return_gpus_size() > 0) {
+    gpu_guard_.RequestReturn(
+        std::vector<int>(response->return_gpus().begin(), response->return_gpus().end()));
   }
   std::vector<v1::Task> desired(response->tasks().begin(), response->tasks().end());
   const std::set<std::string> kill(response->kill_task_ids().begin(),
@@ -558,6 +572,9 @@ void Agent::Contact(LoopState& s, uint64_t seen) {
 int Agent::Run() {
   const int leftovers = reconciler_.CleanUpLeftovers();
   if (leftovers > 0) LogInfo("killed ", leftovers, " trainers left over from an earlier run");
+  // Before the first registration, which says which GPUs are out of service.
+  gpu_guard_.Preflight();
+  gpu_guard_.Start();
   std::thread supervisor([this] { SupervisorLoop(); });
   std::thread shipper([this] { ShipperLoop(); });
   std::thread lease([this] { LeaseLoop(); });
@@ -610,6 +627,7 @@ int Agent::Run() {
   EndLease();
   lease.join();
   beats.join();
+  gpu_guard_.Stop();
   LogInfo("stopped");
   return 0;
 }

@@ -16,6 +16,8 @@
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/coordinator_link.h"
 #include "worker/agent/debug_responder.h"
+#include "worker/agent/gpu_guard.h"
+#include "worker/agent/gpu_health.h"
 #include "worker/agent/log_shipper.h"
 #include "worker/agent/preemption_notice.h"
 #include "worker/agent/process_launcher.h"
@@ -53,6 +55,12 @@ struct AgentOptions {
   std::vector<std::string> trainer_env_pass;       // ReconcilerOptions::trainer_env_pass
   TaskUidRange task_uids;                          // ReconcilerOptions::task_uids
   S3Gateway* s3_gateway = nullptr;                 // ReconcilerOptions::s3_gateway
+  // GPU health (GpuGuardOptions): NVML for the readings and XID events (null: none; not owned,
+  // outlives the agent), the compute check of one GPU (the trainer's --gpu_check; unset: none),
+  // and how often the ECC counters are read.
+  GpuMonitor* gpu_monitor = nullptr;
+  std::function<absl::StatusOr<std::string>(int gpu)> gpu_compute_check;
+  absl::Duration gpu_poll_interval = absl::Seconds(5);
 };
 
 // While no lease stream holds, Syncs renew the lease and wait at most this long.
@@ -75,6 +83,13 @@ inline constexpr absl::Duration kSyncLeaseWait = absl::Seconds(1);
 //    deadline whatever happens.
 // In both it keeps syncing and reporting while the trainers wind down, so that the coordinator
 // learns at once how each one ended, and ships the rest of their logs.
+//
+// Its GPUs are checked before jobs land on them (GpuGuard): at its start, before it registers,
+// and after each task that used them, before the task's end is reported. A GPU that fails a check,
+// an XID error of the hardware's or a rise of its uncorrectable ECC errors is taken out of
+// service: the tasks on it are killed and reported with TaskStatus.gpu_fault, no task is given it,
+// and every registration and Sync lists it (gpu_faults) until an admin returns it
+// (SyncResponse.return_gpus) and its check passes, or the agent restarts and its check passes.
 //
 // Its parts come from the caller: the calls to the coordinator (`link`), how trainers are started
 // (`launcher`) and the time that decides leases, backoff and kill times (`clock`), so that tests
@@ -104,7 +119,10 @@ class Agent {
   // For metrics; thread-safe. Every task tracked, with its pid and state.
   std::vector<v1::TaskStatus> TaskStatuses() const { return reconciler_.Statuses(); }
   // GPUs handed to running trainers.
-  int GpusAllocated() const { return options_.gpus - reconciler_.FreeGpus(); }
+  int GpusAllocated() const { return reconciler_.GpusInUse(); }
+  // GPUs out of service, and the XID errors seen by GPU and code.
+  std::vector<v1::GpuFault> GpuFaults() const { return gpu_health_.Faults(); }
+  std::map<std::pair<int, uint64_t>, int64_t> XidCounts() const { return gpu_health_.XidCounts(); }
   std::map<int, v1::TaskStatus> GpuTasks() const { return reconciler_.GpuTasks(); }
   // A task's folder (its trainer's working directory).
   std::string TaskDir(const std::string& task_id) const { return reconciler_.TaskDir(task_id); }
@@ -128,6 +146,13 @@ class Agent {
   // One ReportPreemption call.
   absl::Status ReportPreemption(const PreemptionNotice& notice);
   void Report(const v1::TaskStatus& status);
+  // GpuGuard's on_fault: kills the tasks on `gpu` and wakes Run, so that the coordinator hears of
+  // the fault at once.
+  void OnGpuFault(int gpu, const std::string& reason);
+  // The reconciler's before_exit_reported hook, after the log: checks the GPUs task `task_id`
+  // freed before they are given out again (not while the agent stops), and puts a failed end
+  // down to a GPU that failed under it.
+  void CheckGpusAfterTask(const std::string& task_id);
   void SupervisorLoop();
   // Kills the trainers once the agent has been without a lease for options_.self_fence_after
   // (once per such spell; SupervisorLoop's thread only).
@@ -161,7 +186,9 @@ class Agent {
   const std::unique_ptr<ProcessLauncher> launcher_;
   std::unique_ptr<CoordinatorLogSink> log_sink_;
   LogShipper shipper_;
+  GpuHealth gpu_health_;  // before the reconciler that consults it
   Reconciler reconciler_;
+  GpuGuard gpu_guard_;    // after the reconciler it stops tasks through
   DebugResponder debug_;  // after the reconciler it reads
 
   absl::Notification threads_done_;

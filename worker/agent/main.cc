@@ -81,6 +81,12 @@ ABSL_FLAG(std::string, isolation, "auto",
 ABSL_FLAG(int, gpus, -1,
           "GPUs offered to the scheduler; -1 finds them: NVML's count (libnvidia-ml.so.1, loaded "
           "at run time), else the count of /dev/nvidia[0-9]*");
+ABSL_FLAG(bool, gpu_health, true,
+          "check each GPU before jobs land on it (at the start, after each task, when an admin "
+          "returns it: NVML's ECC, retired pages, row remapping, PCIe link and clock readings, "
+          "and where the trainer has CUDA a compute check by `trainyard-trainer --gpu_check`), "
+          "watch NVML's XID errors and ECC counters while jobs run, and take a GPU that fails out "
+          "of service (docs/gpu.md, GPU health). --nogpu_health: none of it");
 ABSL_FLAG(std::string, work_dir, "./trainyard-worker",
           "folder for task folders ({work_dir}/tasks/{task_id}/: task.pb, output.log, pid, "
           "stop-deadline)");
@@ -367,6 +373,24 @@ absl::Status ReadCredentials(trainyard::AgentOptions& options, AgentParts& parts
   return absl::OkStatus();
 }
 
+// How the GPUs' health is checked (--gpu_health): NVML's readings, and the trainer's compute
+// check where its LibTorch has CUDA.
+void ReadGpuHealth(trainyard::AgentOptions& options, AgentParts& parts) {
+  if (!absl::GetFlag(FLAGS_gpu_health) || options.gpus <= 0) return;
+  options.gpu_monitor = parts.nvml.get();
+  if (!options.runtime.cuda()) {
+    trainyard::LogInfo("GPU checks without a compute check: the trainer's LibTorch has no CUDA",
+                       options.gpu_monitor != nullptr ? "" : ", and no NVML: no GPU checks");
+    return;
+  }
+  options.gpu_compute_check = [trainer = options.trainer_path, env = options.trainer_env,
+                               dir = options.work_dir](int gpu) {
+    return trainyard::RunTrainerGpuCheck(trainer, env, gpu,
+                                         absl::StrCat(dir, "/gpu-check-", gpu, ".txt"),
+                                         trainyard::RealClock::Get());
+  };
+}
+
 // What trainers run and are given: the executable, the work folder, their environment (the
 // parameter servers' TLS, what passes of the agent's), their users and the S3 gateway.
 absl::Status ReadTrainers(trainyard::AgentOptions& options, AgentParts& parts) {
@@ -432,6 +456,7 @@ absl::Status ReadTrainers(trainyard::AgentOptions& options, AgentParts& parts) {
     trainyard::LogWarning("cannot tell what the trainer runs (jobs with TorchScript models will ",
                           "not be placed here): ", runtime.status().message());
   }
+  ReadGpuHealth(options, parts);
   return absl::OkStatus();
 }
 
@@ -463,7 +488,9 @@ int Serve(const trainyard::AgentOptions& options, AgentParts& parts, sigset_t st
     source.gpu_tasks = [&agent] { return agent.GpuTasks(); };
     source.hostname = options.hostname;
     source.task_dir = [&agent](const std::string& task_id) { return agent.TaskDir(task_id); };
-    metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), std::move(parts.nvml));
+    source.gpu_faults = [&agent] { return agent.GpuFaults(); };
+    source.xid_counts = [&agent] { return agent.XidCounts(); };
+    metrics = std::make_shared<trainyard::AgentMetrics>(std::move(source), parts.nvml.get());
   }
   absl::StatusOr<std::unique_ptr<trainyard::MetricsHttpServer>> metrics_server =
       trainyard::StartDaemonMetrics(trainyard::DaemonMetricsFlagsFromCommandLine(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/exit_codes.h"
+#include "worker/agent/gpu_health.h"
 
 namespace trainyard {
 namespace {
@@ -134,9 +135,8 @@ std::map<std::string, double> ParseShardMetrics(absl::string_view text) {
   return out;
 }
 
-AgentMetrics::AgentMetrics(AgentMetricsSource source, std::unique_ptr<GpuMonitor> gpus,
-                           std::string proc_root)
-    : source_(std::move(source)), proc_root_(std::move(proc_root)), gpus_(std::move(gpus)) {}
+AgentMetrics::AgentMetrics(AgentMetricsSource source, GpuMonitor* gpus, std::string proc_root)
+    : source_(std::move(source)), proc_root_(std::move(proc_root)), gpus_(gpus) {}
 
 AgentMetrics::~AgentMetrics() = default;
 
@@ -261,6 +261,43 @@ void AgentMetrics::CollectMachine(std::vector<MetricFamily>& out) const {
   }
 }
 
+void AgentMetrics::CollectGpuHealth(std::vector<MetricFamily>& out) const {
+  if (source_.gpu_faults) {
+    std::map<int, std::string> faults;
+    for (const v1::GpuFault& f : source_.gpu_faults()) faults[f.index()] = f.reason();
+    MetricFamily healthy = Family("trainyard_worker_gpu_healthy",
+                                  "1 while the GPU is in service, 0 while its agent holds it out "
+                                  "of service (a failed check, an XID error, ECC errors).",
+                                  MetricType::Gauge);
+    MetricFamily fault =
+        Family("trainyard_worker_gpu_fault_info",
+               "1 for each GPU out of service, labelled with why.", MetricType::Gauge);
+    for (int gpu = 0; gpu < source_.gpus_offered; ++gpu) {
+      auto it = faults.find(gpu);
+      AddSample(healthy, {{"gpu", absl::StrCat(gpu)}}, it == faults.end() ? 1 : 0);
+      if (it != faults.end()) {
+        AddSample(fault, {{"gpu", absl::StrCat(gpu)}, {"reason", it->second}}, 1);
+      }
+    }
+    Emit(out, std::move(healthy));
+    Emit(out, std::move(fault));
+  }
+  if (source_.xid_counts) {
+    MetricFamily xids = Family("trainyard_worker_gpu_xid_errors_total",
+                               "XID errors NVML reported, by GPU, code and kind (hardware: the "
+                               "GPU was taken out of service; application, other: counted only).",
+                               MetricType::Counter);
+    for (const auto& [key, count] : source_.xid_counts()) {
+      AddSample(xids,
+                {{"gpu", absl::StrCat(key.first)},
+                 {"xid", absl::StrCat(key.second)},
+                 {"kind", XidKindName(ClassifyXid(key.second).kind)}},
+                static_cast<double>(count));
+    }
+    Emit(out, std::move(xids));
+  }
+}
+
 void AgentMetrics::CollectGpus(std::vector<MetricFamily>& out) const {
   MetricFamily offered =
       Family("trainyard_worker_gpus", "GPUs offered to the scheduler.", MetricType::Gauge);
@@ -278,11 +315,7 @@ void AgentMetrics::CollectGpus(std::vector<MetricFamily>& out) const {
   AddSample(monitoring, {}, gpus_ != nullptr ? 1 : 0);
   Emit(out, std::move(monitoring));
   if (gpus_ != nullptr) {
-    std::vector<GpuSample> samples;
-    {
-      absl::MutexLock lock(&gpu_mu_);
-      samples = gpus_->Sample();
-    }
+    const std::vector<GpuSample> samples = gpus_->Sample();
     MetricFamily utilization =
         Family("trainyard_worker_gpu_utilization_ratio",
                "Share of the last sample period (0..1) in which a kernel ran on the GPU.",
@@ -350,6 +383,7 @@ std::vector<MetricFamily> AgentMetrics::Collect() const {
   CollectShardMetrics(tasks, out);
   CollectMachine(out);
   CollectGpus(out);
+  CollectGpuHealth(out);
   return out;
 }
 

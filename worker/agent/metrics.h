@@ -7,12 +7,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "trainyard/v1/agent_service.pb.h"
@@ -35,20 +34,25 @@ struct AgentMetricsSource {
   // A task's folder, where a parameter-server shard writes its counters (kShardMetricsFile).
   // Unset: no shard metrics.
   std::function<std::string(const std::string& task_id)> task_dir;
+  // The GPUs out of service (GpuHealth::Faults), and the XID errors seen by GPU and code. Unset:
+  // no GPU health series.
+  std::function<std::vector<trainyard::v1::GpuFault>()> gpu_faults;
+  std::function<std::map<std::pair<int, uint64_t>, int64_t>()> xid_counts;
 };
 
 // The worker agent's Prometheus metrics, read fresh on every scrape: trainer processes by state,
 // CPU and memory of the machine (/proc/stat, /proc/meminfo) and of each running trainer
 // (/proc/<pid>/stat, /proc/<pid>/status), the counters each running parameter-server shard
-// writes to its folder, and, when a GpuMonitor is given, each GPU's utilisation, memory,
-// temperature and power under NVIDIA's DCGM exporter names (DCGM_FI_DEV_*, labelled with the job
-// and task using the GPU) and ours. Names are listed in docs/operations.md. Thread-safe.
+// writes to its folder, each GPU's health (in service or not, and why; its XID errors), and,
+// when a GpuMonitor is given, each GPU's utilisation, memory, temperature and power under
+// NVIDIA's DCGM exporter names (DCGM_FI_DEV_*, labelled with the job and task using the GPU) and
+// ours. Names are listed in docs/operations.md. Thread-safe.
 class AgentMetrics final : public prometheus::Collectable {
  public:
   // `gpus` may be null (no NVML): the GPU series are then absent and
-  // trainyard_worker_gpu_monitoring is 0. `proc_root` is "/proc" except in tests.
-  AgentMetrics(AgentMetricsSource source, std::unique_ptr<GpuMonitor> gpus,
-               std::string proc_root = "/proc");
+  // trainyard_worker_gpu_monitoring is 0; not owned, it must outlive the metrics. `proc_root` is
+  // "/proc" except in tests.
+  AgentMetrics(AgentMetricsSource source, GpuMonitor* gpus, std::string proc_root = "/proc");
   ~AgentMetrics() override;
 
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -61,14 +65,15 @@ class AgentMetrics final : public prometheus::Collectable {
                        std::vector<prometheus::MetricFamily>& out) const;
   void CollectMachine(std::vector<prometheus::MetricFamily>& out) const;
   void CollectGpus(std::vector<prometheus::MetricFamily>& out) const;
+  // Each GPU in service or not (and why), and the XID errors by GPU, code and kind.
+  void CollectGpuHealth(std::vector<prometheus::MetricFamily>& out) const;
   // The counters of each running parameter-server shard, from its folder.
   void CollectShardMetrics(const std::vector<trainyard::v1::TaskStatus>& tasks,
                            std::vector<prometheus::MetricFamily>& out) const;
 
   const AgentMetricsSource source_;
   const std::string proc_root_;
-  mutable absl::Mutex gpu_mu_;  // NVML calls are serialised; scrapes may overlap
-  const std::unique_ptr<GpuMonitor> gpus_ ABSL_PT_GUARDED_BY(gpu_mu_);
+  GpuMonitor* const gpus_;  // thread-safe: scrapes may overlap
 };
 
 // ---- parsing, exposed for tests ----

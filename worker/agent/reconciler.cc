@@ -258,12 +258,9 @@ v1::TaskStatus Reconciler::Start(const v1::Task& task) {
 
   std::vector<int> gpus;
   for (size_t i = 0; i < gpu_used_.size() && static_cast<int>(gpus.size()) < task.gpus(); ++i) {
-    if (!gpu_used_[i]) gpus.push_back(static_cast<int>(i));
+    if (!gpu_used_[i] && GpuInService(static_cast<int>(i))) gpus.push_back(static_cast<int>(i));
   }
-  if (static_cast<int>(gpus.size()) < task.gpus()) {
-    return fail(absl::StrCat("needs ", task.gpus(), " GPUs but only ", gpus.size(), " of ",
-                             gpu_used_.size(), " are free on this worker"));
-  }
+  if (static_cast<int>(gpus.size()) < task.gpus()) return fail(NoGpusMessage(task.gpus()));
 
   absl::StatusOr<SubprocessOptions> prepared = TaskLaunch(task, dir, gpus);
   if (!prepared.ok()) return fail(std::string(prepared.status().message()));
@@ -369,6 +366,10 @@ std::string Reconciler::ExitMessage(const std::string& task_id, const ExitInfo& 
       message = absl::StrCat("stopped by its agent, which had no lease from the coordinator for ",
                              absl::FormatDuration(record.fenced_after), " (self-fencing)");
       break;
+    case StopCause::kGpuFault:
+      message = absl::StrCat("stopped by its agent: GPU ", record.fault_gpu,
+                             " failed: ", record.gpu_fault);
+      break;
   }
   if (!detail.empty()) message = message.empty() ? detail : absl::StrCat(message, ": ", detail);
   // It travels in every Sync and becomes the job's reason: keep it short.
@@ -425,6 +426,8 @@ const char* Reconciler::StopCauseText(StopCause cause) {
       return " (stopped for the preemption)";
     case Reconciler::StopCause::kFenced:
       return " (self-fenced)";
+    case Reconciler::StopCause::kGpuFault:
+      return " (its GPU failed)";
   }
   return "";
 }
@@ -477,10 +480,13 @@ void Reconciler::EndLocked(const Ended& e, Record& record) {
   // A stop explains an end by the trainer's handling of SIGTERM or by the SIGKILL sent here; a
   // death by any other signal (someone's kill -9, the kernel's OOM killer, a crash) is the task's
   // own even when a stop was asked for meanwhile, and is reported as such.
-  if (record.stop_cause != StopCause::kNone && e.exit.signal != 0 && e.exit.signal != SIGTERM &&
+  // A GPU that failed under it explains any end (a crash on a broken GPU included).
+  if (record.stop_cause != StopCause::kNone && record.stop_cause != StopCause::kGpuFault &&
+      e.exit.signal != 0 && e.exit.signal != SIGTERM &&
       !(e.exit.signal == SIGKILL && record.killed)) {
     record.stop_cause = StopCause::kNone;
   }
+  ApplyFaultAfterExit(e, record);
   for (int gpu : record.gpus) gpu_used_[gpu] = false;
   record.gpus.clear();
   v1::TaskStatus& status = record.status;
@@ -488,6 +494,7 @@ void Reconciler::EndLocked(const Ended& e, Record& record) {
   status.set_exit_code(e.exit.exit_code);
   status.set_signal(e.exit.signal);
   status.set_message(ExitMessage(e.task_id, e.exit, record));
+  if (record.stop_cause == StopCause::kGpuFault) status.set_gpu_fault(record.gpu_fault);
   if (options_.isolation != nullptr) {
     const TaskMemoryEnd memory =
         options_.isolation->Finish(e.task_id, e.exit.exit_code, e.exit.signal);
@@ -619,23 +626,6 @@ int64_t Reconciler::RunningPid(const std::string& task_id) const {
   auto it = records_.find(task_id);
   if (it == records_.end() || !it->second.running || it->second.reaped) return 0;
   return it->second.status.pid();
-}
-
-int Reconciler::FreeGpus() const {
-  absl::MutexLock lock(&mu_);
-  int free = 0;
-  for (bool used : gpu_used_) free += !used;
-  return free;
-}
-
-std::map<int, v1::TaskStatus> Reconciler::GpuTasks() const {
-  absl::MutexLock lock(&mu_);
-  std::map<int, v1::TaskStatus> tasks;
-  for (const auto& [id, record] : records_) {
-    if (!record.running) continue;
-    for (int gpu : record.gpus) tasks[gpu] = record.status;
-  }
-  return tasks;
 }
 
 }  // namespace trainyard

@@ -59,6 +59,9 @@ struct ReconcilerOptions {
   // own for its task's scope (TaskObjectScope), which ends with the task; none of the agent's
   // AWS_* variables passes to them.
   S3Gateway* s3_gateway = nullptr;
+  // Whether local GPU `gpu` is in service (GpuHealth): a task is given only GPUs in service.
+  // Called with the reconciler's lock held: it must not call back into it. Unset: all are.
+  std::function<bool(int gpu)> gpu_in_service;
 };
 
 // The worker's task table: makes the set of running trainers match the coordinator's desired
@@ -136,10 +139,24 @@ class Reconciler {
   // how many it removed. Cheap when there is nothing to remove: call it often.
   int RemoveExpiredTaskDirs();
 
+  // Kills every running task that uses local GPU `gpu` at once (SIGKILL: a broken GPU saves
+  // nothing worth having) because the GPU failed for `reason`. Each end is reported TASK_STOPPED
+  // with gpu_fault set to `reason` and a message naming the GPU: the machine's doing, and the job
+  // restarts elsewhere as for a lost worker. Returns how many it killed.
+  int StopForGpuFault(int gpu, const std::string& reason);
+  // From the before_exit_reported hook: task `task_id`, which has ended, used local GPU `gpu`,
+  // now found failing for `reason`. An end that was not clean and that no stop of ours explains
+  // is then reported as StopForGpuFault's are (the GPU failed under it); a clean exit stays one.
+  void AttributeEndToGpuFault(const std::string& task_id, int gpu, const std::string& reason);
+
   // Running trainers (including ones being stopped).
   int RunningCount() const;
-  // Local GPUs not assigned to a running task.
+  // Local GPUs in service (gpu_in_service) and not assigned to a running task.
   int FreeGpus() const;
+  // Local GPUs assigned to running tasks.
+  int GpusInUse() const;
+  // The local GPUs of task `task_id` while it runs (until its end is reported); empty otherwise.
+  std::vector<int> TaskGpus(const std::string& task_id) const;
   // The process of `task_id` while it runs; 0 when it does not (unknown here, or ended).
   int64_t RunningPid(const std::string& task_id) const;
   // The running task each assigned GPU (by local index) is handed to.
@@ -157,12 +174,14 @@ class Reconciler {
     kAgentShutdown,  // StopAll: TASK_EXITED
     kPreemption,     // StopAllBy: TASK_EXITED
     kFenced,         // FenceAll: TASK_STOPPED
+    kGpuFault,       // StopForGpuFault, AttributeEndToGpuFault: TASK_STOPPED with gpu_fault
   };
-  // Only a stop the coordinator asked for without a deadline, and self-fencing, end a task
-  // TASK_STOPPED; an exit after a request to save goes to the coordinator with the trainer's own
-  // code to classify.
+  // Only a stop the coordinator asked for without a deadline, self-fencing and a GPU that failed
+  // end a task TASK_STOPPED; an exit after a request to save goes to the coordinator with the
+  // trainer's own code to classify.
   static bool ReportedStopped(StopCause cause) {
-    return cause == StopCause::kUndesired || cause == StopCause::kFenced;
+    return cause == StopCause::kUndesired || cause == StopCause::kFenced ||
+           cause == StopCause::kGpuFault;
   }
 
   struct Record {
@@ -182,6 +201,10 @@ class Reconciler {
     bool sent = false;            // ended, and included in a StatusesForSync result
     // Its flight record as it was when the agent first stopped it, before any signal.
     std::optional<v1::RankRecord> record_at_stop;
+    int fault_gpu = -1;  // kGpuFault: the local GPU that failed, and why
+    std::string gpu_fault;
+    // AttributeEndToGpuFault's GPU and reason, applied when the end is recorded (if not clean).
+    std::optional<std::pair<int, std::string>> fault_after_exit;
   };
 
   // Tick's steps: the tasks found ended (those over their memory limit killed, those past their
@@ -204,6 +227,13 @@ class Reconciler {
   // INTERNAL naming the file that cannot be given.
   absl::StatusOr<int> PrepareTaskUser(const v1::Task& task, const std::string& dir,
                                       SubprocessOptions& launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool GpuInService(int gpu) const {
+    return !options_.gpu_in_service || options_.gpu_in_service(gpu);
+  }
+  // Why a task that needs `needed` GPUs cannot have them.
+  std::string NoGpusMessage(int needed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An AttributeEndToGpuFault of `record`, applied to its end `e` when that was not clean.
+  static void ApplyFaultAfterExit(const Ended& e, Record& record);
   void Terminate(Record& record, StopCause cause, absl::Time kill_at)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the rank's flight record into record_at_stop, once, before the first signal of a stop
