@@ -53,8 +53,7 @@ class JobServiceImpl final : public trainyard::v1::JobService::Service {
   grpc::Status GetJobMetrics(grpc::ServerContext* context,
                              const trainyard::v1::GetJobMetricsRequest* request,
                              trainyard::v1::JobMetrics* response) override;
-  grpc::Status DebugJob(grpc::ServerContext* context,
-                        const trainyard::v1::DebugJobRequest* request,
+  grpc::Status DebugJob(grpc::ServerContext* context, const trainyard::v1::DebugJobRequest* request,
                         trainyard::v1::DebugJobResponse* response) override;
   grpc::Status CreateConsoleLogin(grpc::ServerContext* context,
                                   const trainyard::v1::CreateConsoleLoginRequest* request,
