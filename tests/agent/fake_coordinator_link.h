@@ -61,6 +61,7 @@ class FakeCoordinatorLink final : public CoordinatorLink {
     response.set_version(version_);
     for (const v1::Task& task : desired_) *response.add_tasks() = task;
     for (const std::string& id : kill_) response.add_kill_task_ids(id);
+    for (int gpu : return_gpus_) response.add_return_gpus(gpu);
     return response;
   }
   // Off until EnableLeases (UNIMPLEMENTED, as from a coordinator that keeps leases by Sync).
@@ -153,6 +154,11 @@ class FakeCoordinatorLink final : public CoordinatorLink {
     kill_ = std::move(kill);
     ++version_;
   }
+  // The GPUs every later Sync asks the agent to take back into service (an admin's return).
+  void SetReturnGpus(std::vector<int> gpus) {
+    absl::MutexLock lock(&mu_);
+    return_gpus_ = std::move(gpus);
+  }
   // With a beat interval, an agent that says it beats is asked to (each beat is a "Beat" call).
   void EnableLeases(absl::Duration beat_interval = absl::ZeroDuration()) {
     absl::MutexLock lock(&mu_);
@@ -227,6 +233,7 @@ class FakeCoordinatorLink final : public CoordinatorLink {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<v1::Task> desired_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> kill_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> return_gpus_ ABSL_GUARDED_BY(mu_);
   bool leases_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration beat_interval_ ABSL_GUARDED_BY(mu_);
   int open_leases_ ABSL_GUARDED_BY(mu_) = 0;

@@ -104,7 +104,8 @@ TEST(AgentMetricsTest, FromAFakeProcTree) {
                                        Task("job-0", 0, v1::TASK_EXITED, 0)};
   };
   source.gpus_allocated = [] { return 1; };
-  AgentMetrics metrics(source, std::make_unique<FakeGpus>(), root);
+  FakeGpus gpus;
+  AgentMetrics metrics(source, &gpus, root);
   const std::string text = Scrape(metrics);
   const long ticks = sysconf(_SC_CLK_TCK);  // NOLINT(runtime/int)
   EXPECT_EQ(Value(text, R"(trainyard_worker_info{worker="w1"})"), 1);

@@ -128,7 +128,7 @@ TEST_F(NvmlTest, MetricsCarryDcgmNamesAndTheTaskUsingEachGpu) {
     t.set_task_id("job-7.g1.r0");
     return std::map<int, v1::TaskStatus>{{1, t}};
   };
-  AgentMetrics metrics(source, std::move(nvml));
+  AgentMetrics metrics(source, nvml.get());
   const std::string text = Scrape(metrics);
   const std::string idle =
       R"({gpu="0",UUID="GPU-fake-0",device="nvidia0",modelName="Fake GPU 80GB",Hostname="host-a"})";
