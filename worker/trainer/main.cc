@@ -44,6 +44,7 @@
 #include "worker/trainer/loop/errors.h"
 #include "worker/trainer/loop/shard_task.h"
 #include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/gpu_check.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/program/program.h"
 
@@ -65,6 +66,11 @@ ABSL_FLAG(
     "Print what this trainer runs and exit: its LibTorch's version, CUDA and NCCL, the newest "
     "TorchScript archive format it loads and every operator it has (a "
     "trainyard.v1.TrainerRuntime in text format; the agent reports it at registration).");
+ABSL_FLAG(int, gpu_check, -1,
+          "Check CUDA device N and exit (the worker agent runs it before it gives a GPU out): "
+          "known matrix products against the CPU's and a 256 MiB memory pattern. Prints one line; "
+          "exits 0 when it passed, 3 when the GPU failed it, 1 when nothing was checked (no CUDA "
+          "in this LibTorch, no device N).");
 ABSL_FLAG(std::string, python_module_dir, "",
           "A job's own program: the folder holding the Python module trainyard/ that its "
           "PYTHONPATH starts with. Empty: share/trainyard/python beside this binary's bin/.");
@@ -408,6 +414,9 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
 
+  if (absl::GetFlag(FLAGS_gpu_check) >= 0) {
+    return trainyard::trainer::GpuCheckMain(absl::GetFlag(FLAGS_gpu_check));
+  }
   if (absl::GetFlag(FLAGS_runtime)) {
     std::string text;
     google::protobuf::TextFormat::PrintToString(trainyard::trainer::DescribeRuntime(), &text);
