@@ -47,7 +47,7 @@ for lib in libssl.so.3 libcrypto.so.3; do
 done
 python=${PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
-all_items="machine build unit gpu_tests cgroups cluster_cpu gpu_job nvml precision gpu_metrics benchmarks data_wait"
+all_items="machine build unit gpu_tests cgroups cluster_cpu gpu_job nvml gpu_health precision gpu_metrics benchmarks data_wait"
 items=${ITEMS:-$all_items}
 mkdir -p "$out"
 state=$(mktemp -d /tmp/gpu-check-XXXXXX)
@@ -393,6 +393,37 @@ item_nvml() {
     *) fail "nvidia-smi lists $smi GPUs; the agent: ${line:-said nothing}" ;;
   esac
 }
+# The GPU health checks on a healthy machine (docs/gpu.md, GPU health): the trainer's compute
+# check (`--gpu_check`: known products against the CPU's, a 256 MiB memory pattern) passes on
+# every GPU, and the agent's pre-flight check (NVML's ECC, retired pages, row remapping, PCIe link
+# and clock readings, then that compute check) found every GPU healthy and took none out.
+item_gpu_health() {
+  ready_for_jobs cuda "the compute check's CPU side is in gpu_check_test, the agent's in nvml_test and agent_gpu_test" || return
+  local n i summary rc=0 failed="" log="$work/cluster/logs/worker-1.log" line out_of_service
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  [ "${n:-0}" -gt 0 ] || n=1
+  for ((i = 0; i < n; i++)); do
+    summary=$(CUDA_VISIBLE_DEVICES=$i CUDA_DEVICE_ORDER=PCI_BUS_ID timeout 120 \
+      "$build/bin/trainyard-trainer" --gpu_check=0 2>"$work/gpu-check-$i.err")
+    rc=$?
+    cat "$work/gpu-check-$i.err"
+    summary=$(echo "$summary" | tail -1)
+    figure "gpu_check_$i" "exit $rc: $summary"
+    [ "$rc" = 0 ] || failed="$failed GPU $i ($summary)"
+  done
+  line=$(grep -m1 -o 'pre-flight check: .*' "$log")
+  figure agent_preflight "${line:-none}"
+  out_of_service=$(grep -o 'GPU [0-9]* taken out of service: .*' "$log" | head -3 | tr '\n' ' ')
+  [ -z "$failed" ] || { fail "the compute check failed on$failed"; return; }
+  [ -n "$line" ] || { fail "the agent logged no pre-flight check (a bundle made before it: make gpu-bundle)"; return; }
+  [ -z "$out_of_service" ] || { fail "the agent took GPUs out of service: $out_of_service"; return; }
+  case "$line" in
+    "pre-flight check: $n of $n GPUs passed (NVML's readings, the compute check)") ;;
+    *) fail "the agent's pre-flight check: $line (expected all $n GPUs with NVML's readings and the compute check)"; return ;;
+  esac
+  pass "the compute check passed on $n GPUs ($(echo "$summary" | grep -o 'in [0-9.]* s' || echo "$summary")); the agent's pre-flight passed them all"
+}
+
 item_precision() {
   ready_for_jobs cuda "bf16 on the CPU is checked against PyTorch by make test" || return
   local rc=0
