@@ -76,6 +76,20 @@ max_steps: )",
                       max_steps, "\n", extra);
 }
 
+std::string WriteTokens(const std::string& dir) {
+  std::string ids(6000, '\0');
+  uint32_t state = 12345;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    state = state * 1103515245u + 12345u;
+    ids[i] = static_cast<char>((i % 28) + ((state >> 16) % 4));
+  }
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(
+      {TensorView{"tokens", "U8", {static_cast<int64_t>(ids.size())}, ids}}, {});
+  EXPECT_TRUE(header.ok()) << header.status();
+  std::ofstream(dir + "/text-0.safetensors", std::ios::binary) << *header << ids;
+  return dir + "/text-*.safetensors";
+}
+
 std::string ScriptFilesJobYaml(const std::string& name, const std::string& strategy_lines,
                                const std::vector<std::string>& files) {
   return absl::StrCat("name: ", name, "\n", strategy_lines, "\nmodel: {stages: [",
@@ -389,6 +403,16 @@ void Cluster::Hold(const std::string& job_name, int64_t updates) {
 }
 
 void Cluster::Release(const std::string& job_name) { ClearTestHold(hold_dir_, job_name); }
+
+void Cluster::WriteHoldFile(const std::string& name, const std::string& contents) {
+  const std::string path = absl::StrCat(hold_dir_, "/", name);
+  std::ofstream(path + ".new") << contents << "\n";
+  fs::rename(path + ".new", path);
+}
+
+void Cluster::RemoveHoldFile(const std::string& name) {
+  fs::remove(absl::StrCat(hold_dir_, "/", name));
+}
 
 void Cluster::KillCoordinator(int sig) {
   job_stub_.reset();

@@ -152,6 +152,10 @@ class Cluster {
   // read it through TRAINYARD_TEST_HOLD_DIR, which every worker of the cluster gets.
   void Hold(const std::string& job_name, int64_t updates);
   void Release(const std::string& job_name);
+  // Writes (whole) or removes another of the trainers' hold files in that folder: `{job}.data`
+  // and `{job}.send` hold "RANK K" (worker/trainer/main.cc: TestDataHold, TestSendHold).
+  void WriteHoldFile(const std::string& name, const std::string& contents);
+  void RemoveHoldFile(const std::string& name);
 
   // A trainer process of a task, from the pid file the worker writes in the task folder.
   std::optional<pid_t> TrainerPid(int worker, const std::string& task_id) const;
@@ -206,6 +210,9 @@ Cluster::CliResult RunCli(const std::string& address, const std::string& log_dir
 // a log line every step. `extra` is appended as more top-level YAML (a checkpoint section, ...).
 std::string SyntheticJobYaml(const std::string& name, int64_t max_steps,
                              const std::string& extra = "");
+
+// A text of 6,000 byte tokens below 32 with some structure to learn, as one shard; its glob.
+std::string WriteTokens(const std::string& dir);
 
 // A job of 20 steps on the TorchScript files `files` (model.stages: each maps 8 features on to
 // what the next takes, the last to 3 classes), on synthetic data, checkpointing at steps 10 and

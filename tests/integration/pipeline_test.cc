@@ -28,21 +28,6 @@ namespace {
 using ::testing::HasSubstr;
 using trainyard::v1::Job;
 
-// A text of 6,000 byte tokens below 32 with some structure to learn, as one shard; its glob.
-std::string WriteTokens(const std::string& dir) {
-  std::string ids(6000, '\0');
-  uint32_t state = 12345;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    state = state * 1103515245u + 12345u;
-    ids[i] = static_cast<char>((i % 28) + ((state >> 16) % 4));
-  }
-  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(
-      {TensorView{"tokens", "U8", {static_cast<int64_t>(ids.size())}, ids}}, {});
-  EXPECT_TRUE(header.ok()) << header.status();
-  std::ofstream(dir + "/text-0.safetensors", std::ios::binary) << *header << ids;
-  return dir + "/text-*.safetensors";
-}
-
 // A small transformer job; `strategy_lines` says how it is distributed ("strategy: pipeline\n
 // workers: 2\npipeline: ..."), `extra` adds top-level lines and `checkpoint_extra` to its
 // checkpoint section (", resume_from: ID").

@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/log.h"
 #include "common/run_command.h"
 #include "worker/agent/rank_record.h"
@@ -29,7 +31,15 @@ absl::StatusOr<std::string> ThreadStacks(int64_t pid, absl::Duration timeout) {
     return absl::UnavailableError(
         absl::StrCat("no stacks: gdb could not attach to ", pid, ": ", DescribeCommandEnd(*gdb)));
   }
-  std::string out = std::move(gdb->out);
+  // gdb's own chatter (threads found, its thread library) says nothing of the trainer.
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(gdb->out, '\n')) {
+    if (absl::StartsWith(line, "[New LWP") || absl::StartsWith(line, "[Thread debugging") ||
+        absl::StartsWith(line, "Using host libthread_db")) {
+      continue;
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
   if (out.size() > kMaxStackBytes) {
     out.resize(kMaxStackBytes);
     absl::StrAppend(&out, "\n(cut at ", kMaxStackBytes, " bytes)\n");
