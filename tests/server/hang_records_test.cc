@@ -99,6 +99,36 @@ TEST_F(HangRecordsTest, ATimedOutCollectiveNamesTheRankThatNeverEnteredIt) {
   EXPECT_EQ(Get(job.id).restarts(0).diagnosis(), expected);
 }
 
+TEST_F(HangRecordsTest, AStallNamesTheRankLongestInItsPhase) {
+  Register("w1", 1);
+  v1::JobSpec spec = TestSpec("stalls");
+  spec.set_stall_timeout_seconds(30);
+  const std::string id = Submit(spec);
+  manager_->Tick();
+  const std::string task = id + ".g1.r0";
+  ASSERT_TRUE(Report("w1", task, v1::TASK_RUNNING).ok());
+  v1::JobProgress progress;
+  progress.set_step(5);
+  ASSERT_TRUE(manager_->ReportProgress(id, 1, 0, progress).ok());
+  clock_.Advance(absl::Seconds(31));
+  Sync("w1");
+  manager_->Tick();
+  ASSERT_EQ(Get(id).state(), v1::RESTARTING);
+  // Its agent read the record before it stopped the rank: 31 s in its data read.
+  const int64_t now = absl::ToUnixMillis(clock_.Now());
+  v1::RankRecord record = Record("data loading", now, 31, 20, false);
+  v1::TaskStatus status;
+  status.set_task_id(task);
+  status.set_state(v1::TASK_STOPPED);
+  status.set_signal(15);
+  *status.mutable_record() = record;
+  ASSERT_TRUE(manager_->ReportTaskStatus("w1", status).ok());
+  const v1::Job job = Get(id);
+  ASSERT_EQ(job.restarts_size(), 1);
+  EXPECT_EQ(job.restarts(0).reason(), v1::HANG);
+  EXPECT_EQ(job.restarts(0).diagnosis(), "rank 0 (w1): it has been in data loading for 31 s");
+}
+
 TEST_F(HangRecordsTest, AFailureOfTheUsersCodeGetsNoDiagnosis) {
   const Running job = Start();
   const int64_t now = absl::ToUnixMillis(clock_.Now());
