@@ -30,8 +30,10 @@ std::vector<SchedWorker> JobManager::SchedWorkersLocked() const {
   for (const WorkerRecord* record : workers_.All()) {
     SchedWorker w;
     w.id = record->info.id();
-    // Held unreachable by a mass loss: its ranks go on where they are, nothing new goes there.
-    w.ready = record->info.state() == v1::READY && !record->unreachable();
+    // As shown: a worker held unreachable by a mass loss, or SUSPECT (its beats overdue, its
+    // lease stream closed, asked for a word and silent, not heard from since this coordinator
+    // started) takes nothing new; its ranks go on where they are.
+    w.ready = workers_.ShownState(*record, QuietLimitLocked(), nullptr) == v1::READY;
     w.total_slots = record->info.slots();
     // GPUs out of service take nothing new.
     w.total_gpus = record->info.gpus() - record->info.gpu_faults_size();

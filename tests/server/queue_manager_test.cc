@@ -196,6 +196,15 @@ TEST_F(JobManagerTest, APreemptionSurvivesACoordinatorRestart) {
   Reopen();
   EXPECT_THAT(Get(low).preempted_for(), HasSubstr("for " + high));
   EXPECT_GT(Get(low).tasks(0).stop_deadline_unix_ms(), 0);
+  // Its agent registers again with what it runs, as agents do when their coordinator restarts:
+  // until then nothing new is placed on the worker.
+  v1::RegisterWorkerRequest again;
+  again.set_name("w1");
+  again.set_slots(1);
+  v1::TaskStatus* running = again.add_tasks();
+  running->set_task_id(low + ".g1.r0");
+  running->set_state(v1::TASK_RUNNING);
+  ASSERT_TRUE(manager_->RegisterWorker(again).ok());
   ASSERT_TRUE(Report("w1", low + ".g1.r0", v1::TASK_EXITED, 143, "stopped at step 3").ok());
   manager_->Tick();
   ASSERT_EQ(Get(low).restarts_size(), 1);

@@ -457,6 +457,20 @@ TEST_F(RecoveryTest, RanksOfARestartingAttemptHoldTheirSlotsUntilTheyEnd) {
   EXPECT_EQ(Get(b).state(), v1::PENDING);
 }
 
+// A worker shown SUSPECT (here: not heard from since this coordinator started) takes nothing
+// new until its agent is heard from again.
+TEST_F(RecoveryTest, NothingNewGoesToASuspectWorker) {
+  Register("w1", 1);
+  Reopen();
+  const std::string id = Submit(TestSpec("waits"));
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::PENDING);
+  EXPECT_EQ(manager_->ListWorkers()[0].state(), v1::SUSPECT);
+  Register("w1", 1);
+  manager_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::SCHEDULED) << Get(id).reason();
+}
+
 TEST_F(RecoveryTest, StalledAttemptRestartsAsAHang) {
   Register("w1", 1);
   v1::JobSpec spec = TestSpec("stuck");
