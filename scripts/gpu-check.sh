@@ -113,6 +113,11 @@ EOF
   figure compiler "$(c++ --version | head -1)"
   figure cmake "$(cmake --version | head -1)"
   figure glibc "$(ldd --version | head -1 | awk '{print $NF}')"
+  # From NCCL 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1 lets two ranks share one GPU (docs/gpu.md).
+  local nccl
+  nccl=$("$python" -c 'import torch; v = torch.cuda.nccl.version(); print(".".join(map(str, v)) if isinstance(v, tuple) else v)' 2>/dev/null || echo none)
+  figure nccl "$nccl"
+  figure nccl_multi_rank_gpu "$("$python" -c 'import sys; v = tuple(int(x) for x in sys.argv[1].split(".")[:2]) if sys.argv[1][0].isdigit() else (0, 0); print("yes" if v >= (2, 30) else "no")' "$nccl")"
   if has_cuda; then pass "$gpu, torch $torch_version"; else pass "no CUDA device; torch $torch_version"; fi
 }
 
