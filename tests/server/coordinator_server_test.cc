@@ -868,6 +868,11 @@ TEST_F(CoordinatorServerTest, OversizedFieldsAndTooManyStreamsAreRefused) {
   EXPECT_TRUE(other_reader->Read(&update));
   other_context->TryCancel();
   for (auto& c : contexts) c->TryCancel();
+  // Cancelled, so that nothing is placed on the worker below: a placement would change its
+  // desired state and answer the long polls that must wait.
+  v1::CancelJobRequest cancel_watched;
+  cancel_watched.set_id(job.id());
+  ASSERT_TRUE(jobs_->CancelJob(Context().get(), cancel_watched, &job).ok());
 
   // Long polls hold a server thread each while they wait: they count as streams.
   v1::RegisterWorkerRequest w1;
