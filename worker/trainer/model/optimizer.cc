@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/trainer/model/multi_tensor.h"
 
 namespace trainyard::trainer {
 namespace {
@@ -19,51 +20,47 @@ OptimizerKind KindOf(const torch::optim::Optimizer& optimizer) {
   return OptimizerKind::kOther;
 }
 
-// The key of parameter `p` in Optimizer::state(): LibTorch 2 keys the map by the parameter's
-// TensorImpl address, LibTorch 1 by that address as text (c10::guts::to_string, which LibTorch 2
-// removed).
-#if TORCH_VERSION_MAJOR >= 2
-void* StateKey(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
-#else
-std::string StateKey(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
-#endif
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildOptimizer(
-    const trainyard::v1::OptimizerSpec& spec, const std::vector<torch::Tensor>& parameters) {
+    const trainyard::v1::OptimizerSpec& spec, const std::vector<torch::Tensor>& parameters,
+    const OptimizerOptions& options) {
   if (!(spec.lr() > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer.lr: must be > 0, got ", spec.lr()));
   }
   const double beta1 = (spec.beta1() == 0 && spec.beta2() == 0) ? 0.9 : spec.beta1();
   const double beta2 = spec.beta2() == 0 ? 0.999 : spec.beta2();
   const double eps = spec.eps() == 0 ? 1e-8 : spec.eps();
+  const bool device_scalars =
+      options.device_scalars.value_or(!parameters.empty() && parameters.front().device().is_cuda());
+  const OptimizerOptions::Kernels kernels = options.kernels;
   try {
     if (spec.name() == "sgd" || spec.name().empty()) {
       if (spec.nesterov() && spec.momentum() <= 0) {
         return absl::InvalidArgumentError("optimizer.nesterov: needs momentum > 0");
       }
-      return std::make_unique<torch::optim::SGD>(parameters,
-                                                 torch::optim::SGDOptions(spec.lr())
-                                                     .momentum(spec.momentum())
-                                                     .nesterov(spec.nesterov())
-                                                     .weight_decay(spec.weight_decay()));
+      return MakeMultiTensorSgd(parameters,
+                                torch::optim::SGDOptions(spec.lr())
+                                    .momentum(spec.momentum())
+                                    .nesterov(spec.nesterov())
+                                    .weight_decay(spec.weight_decay()),
+                                kernels, device_scalars);
     }
     if (spec.name() == "adam") {
-      return std::make_unique<torch::optim::Adam>(parameters,
-                                                  torch::optim::AdamOptions(spec.lr())
-                                                      .betas({beta1, beta2})
-                                                      .eps(eps)
-                                                      .weight_decay(spec.weight_decay()));
+      return MakeMultiTensorAdam(parameters,
+                                 torch::optim::AdamOptions(spec.lr())
+                                     .betas({beta1, beta2})
+                                     .eps(eps)
+                                     .weight_decay(spec.weight_decay()),
+                                 kernels, device_scalars);
     }
     if (spec.name() == "adamw") {
-      return std::make_unique<torch::optim::AdamW>(parameters,
-                                                   torch::optim::AdamWOptions(spec.lr())
-                                                       .betas({beta1, beta2})
-                                                       .eps(eps)
-                                                       .weight_decay(spec.weight_decay()));
+      return MakeMultiTensorAdamW(parameters,
+                                  torch::optim::AdamWOptions(spec.lr())
+                                      .betas({beta1, beta2})
+                                      .eps(eps)
+                                      .weight_decay(spec.weight_decay()),
+                                  kernels, device_scalars);
     }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer: ", DescribeTorchError(e)));
