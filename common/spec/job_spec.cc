@@ -243,8 +243,8 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
     return FieldError("accumulate_steps",
                       "a pipeline accumulates over its pipeline.microbatches; leave it 1");
   }
-  if (spec.precision() != v1::FP32) {
-    return FieldError("precision", "pipeline trains in fp32 only");
+  if (spec.precision() != v1::FP32 && spec.precision() != v1::TF32) {
+    return FieldError("precision", "pipeline trains in fp32 (or tf32) only");
   }
   if (spec.has_distill()) return FieldError("distill", "not supported with strategy pipeline");
   if (pipeline.memory_bytes_size() > 0) {
@@ -435,6 +435,33 @@ absl::Status ValidateBatch(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// cuda_graph: a step a graph can repeat. What it captures runs again unchanged, so the step
+// must take the same shapes every time and leave no decision to the host: one rank on a GPU, no
+// loss scale (fp16 skips an update on the host's word), micro-batches of one size.
+absl::Status ValidateCudaGraph(const JobSpec& spec) {
+  if (!spec.cuda_graph()) return absl::OkStatus();
+  if (spec.resources().gpus_per_worker() <= 0) {
+    return FieldError("cuda_graph", "needs GPUs (resources.gpus_per_worker > 0)");
+  }
+  if (spec.strategy() != v1::SINGLE) {
+    return FieldError("cuda_graph",
+                      "only with strategy single: the collectives of data_parallel and pipeline, "
+                      "and the calls of parameter_server, are issued and waited for by the host "
+                      "every step");
+  }
+  if (spec.precision() == v1::FP16) {
+    return FieldError("cuda_graph",
+                      "not with precision fp16: its loss scale decides on the host, every step, "
+                      "whether the update applies; use bf16");
+  }
+  if (spec.accumulate_steps() > 1 && spec.batch_size() % spec.accumulate_steps() != 0) {
+    return FieldError("cuda_graph", absl::StrCat("accumulate_steps ", spec.accumulate_steps(),
+                                                 " must divide batch_size ", spec.batch_size(),
+                                                 ": a graph takes micro-batches of one size"));
+  }
+  return absl::OkStatus();
+}
+
 // The optimizer, loss, distillation, precision and length of training.
 absl::Status ValidateTraining(const JobSpec& spec) {
   absl::Status status = ValidateOptimizer(spec.optimizer());
@@ -560,8 +587,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!status.ok()) return status;
   status = ValidateTokens(spec);
   if (!status.ok()) return status;
-  for (auto validate :
-       {ValidateBatch, ValidateTraining, ValidateCheckpoint, ValidateLimits, ValidateLoopLimits}) {
+  for (auto validate : {ValidateBatch, ValidateTraining, ValidateCudaGraph, ValidateCheckpoint,
+                        ValidateLimits, ValidateLoopLimits}) {
     status = validate(spec);
     if (!status.ok()) return status;
   }

@@ -52,7 +52,7 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (spec.strategy() == v1::STRATEGY_UNSPECIFIED) spec.set_strategy(v1::SINGLE);
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::FP32);
   if (spec.has_model() && spec.model().memory_format().empty()) {
-    spec.mutable_model()->set_memory_format("contiguous");
+    spec.mutable_model()->set_memory_format("auto");
   }
   if (spec.model().builtin() == "transformer") {
     v1::ModelArgs& args = *spec.mutable_model()->mutable_args();

@@ -101,11 +101,11 @@ absl::Status ValidateModel(const trainyard::v1::ModelSpec& model) {
     case trainyard::v1::ModelSpec::kBuiltin:
       break;
   }
-  if (!model.memory_format().empty() && model.memory_format() != "contiguous" &&
-      model.memory_format() != "channels_last") {
+  if (!model.memory_format().empty() && model.memory_format() != "auto" &&
+      model.memory_format() != "contiguous" && model.memory_format() != "channels_last") {
     return FieldError("model.memory_format",
                       absl::StrCat("unknown memory format '", model.memory_format(),
-                                   "', expected contiguous or channels_last"));
+                                   "', expected auto, contiguous or channels_last"));
   }
   if (model.memory_format() == "channels_last" &&
       model.source_case() == trainyard::v1::ModelSpec::kBuiltin && model.builtin() != "cnn") {

@@ -154,6 +154,7 @@ class SpecParser {
                                   "stop_at_step",
                                   "distill",
                                   "precision",
+                                  "cuda_graph",
                                   "program"}));
     TY_RETURN_IF_ERROR(String(root, "", "name", spec_.mutable_name()));
     TY_RETURN_IF_ERROR(ParseStrategy(root["strategy"]));
@@ -175,7 +176,12 @@ class SpecParser {
     TY_RETURN_IF_ERROR(ParseCheckpoint(root["checkpoint"]));
     TY_RETURN_IF_ERROR(ParseRestart(root["restart"]));
     TY_RETURN_IF_ERROR(ParseDistill(root["distill"]));
-    TY_RETURN_IF_ERROR(ParsePrecision(root["precision"]));
+    TY_RETURN_IF_ERROR(ParseChoice<v1::Precision>(
+        root["precision"], "precision",
+        {{"fp32", v1::FP32}, {"tf32", v1::TF32}, {"bf16", v1::BF16}, {"fp16", v1::FP16}},
+        &JobSpec::set_precision));
+    TY_RETURN_IF_ERROR(ReadField<bool>(root, "", "cuda_graph", ReadBool,
+                                       Set<bool>([this](bool v) { spec_.set_cuda_graph(v); })));
     if (IsSet(root["program"])) {
       TY_RETURN_IF_ERROR(
           job_spec_internal::ParseProgram(root["program"], *spec_.mutable_program()));
@@ -222,12 +228,6 @@ class SpecParser {
     }
     return FieldError(field,
                       absl::StrCat("unknown ", field, " '", *name, "', expected ", expected));
-  }
-
-  absl::Status ParsePrecision(const YAML::Node& node) {
-    return ParseChoice<v1::Precision>(node, "precision",
-                                      {{"fp32", v1::FP32}, {"bf16", v1::BF16}, {"fp16", v1::FP16}},
-                                      &JobSpec::set_precision);
   }
 
   absl::Status ParseStrategy(const YAML::Node& node) {

@@ -41,6 +41,7 @@ std::string LoopFieldSet(const v1::JobSpec& spec) {
       {"seed", spec.seed() != 0},
       {"distill", spec.has_distill()},
       {"precision", spec.precision() != v1::PRECISION_UNSPECIFIED},
+      {"cuda_graph", spec.cuda_graph()},
       {"pipeline", spec.has_pipeline()},
       {"parameter_servers", spec.has_parameter_servers()},
       {"accumulate_steps", spec.accumulate_steps() != 0},

@@ -107,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "parameter_server or pipeline"},
         // Memory format.
         BadSpec{{{"model", "{builtin: mlp, args: {inputs: 4, classes: 2}, memory_format: nhwc}"}},
-                "model.memory_format: unknown memory format 'nhwc', expected contiguous or "
+                "model.memory_format: unknown memory format 'nhwc', expected auto, contiguous or "
                 "channels_last"},
         BadSpec{{{"model",
                   "{builtin: mlp, args: {inputs: 4, classes: 2}, memory_format: channels_last}"}},
@@ -115,7 +115,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "TorchScript model with 4-D weights)"},
         // Precision.
         BadSpec{{{"precision", "fp8"}},
-                "precision: unknown precision 'fp8', expected fp32, bf16 or fp16"},
+                "precision: unknown precision 'fp8', expected fp32, tf32, bf16 or fp16"},
         BadSpec{{{"precision", "fp16"}},
                 "precision: fp16 needs GPUs (resources.gpus_per_worker > 0); on CPUs use bf16"},
         BadSpec{{{"precision", "fp16"},
@@ -123,6 +123,26 @@ INSTANTIATE_TEST_SUITE_P(
                  {"strategy", "parameter_server"}},
                 "precision: fp16 (with loss scaling) is not supported with parameter_server; use "
                 "bf16"},
+        // A whole-step CUDA graph: on GPUs, one rank, no host decision, one shape.
+        BadSpec{{{"cuda_graph", "true"}}, "cuda_graph: needs GPUs (resources.gpus_per_worker > 0)"},
+        BadSpec{{{"cuda_graph", "maybe"}}, "cuda_graph: expected true or false, got 'maybe'"},
+        BadSpec{{{"cuda_graph", "true"},
+                 {"resources", "{gpus_per_worker: 1}"},
+                 {"strategy", "data_parallel"},
+                 {"workers", "2"}},
+                "cuda_graph: only with strategy single: the collectives of data_parallel and "
+                "pipeline, and the calls of parameter_server, are issued and waited for by the "
+                "host every step"},
+        BadSpec{
+            {{"cuda_graph", "true"}, {"resources", "{gpus_per_worker: 1}"}, {"precision", "fp16"}},
+            "cuda_graph: not with precision fp16: its loss scale decides on the host, every step, "
+            "whether the update applies; use bf16"},
+        BadSpec{{{"cuda_graph", "true"},
+                 {"resources", "{gpus_per_worker: 1}"},
+                 {"batch_size", "10"},
+                 {"accumulate_steps", "4"}},
+                "cuda_graph: accumulate_steps 4 must divide batch_size 10: a graph takes "
+                "micro-batches of one size"},
         BadSpec{{{"workers", "0"}}, "workers: must be >= 1"},
         BadSpec{{{"workers", "{min: 0, max: 2}"}}, "workers.min: must be >= 1"},
         BadSpec{{{"strategy", "data_parallel"}, {"workers", "{min: 3, max: 2}"}},
@@ -355,7 +375,7 @@ INSTANTIATE_TEST_SUITE_P(
                  {"workers", "2"},
                  {"pipeline", "{stages: 2}"},
                  {"precision", "bf16"}},
-                "precision: pipeline trains in fp32 only"},
+                "precision: pipeline trains in fp32 (or tf32) only"},
         BadSpec{
             {{"strategy", "pipeline"},
              {"model", kLanguageModel},
@@ -674,7 +694,28 @@ TEST(JobSpecTest, DefaultsForAMinimalSpec) {
   EXPECT_EQ(spec.accumulate_steps(), 1);
   EXPECT_EQ(spec.bucket_size_mb(), 25);
   EXPECT_EQ(spec.precision(), v1::FP32);
-  EXPECT_EQ(spec.model().memory_format(), "contiguous");
+  EXPECT_EQ(spec.model().memory_format(), "auto");
+  EXPECT_FALSE(spec.cuda_graph());
+}
+
+TEST(JobSpecTest, Tf32AndACudaGraphOnAGpu) {
+  absl::StatusOr<JobSpec> parsed = ParseJobSpecYaml(Spec({{"precision", "tf32"},
+                                                          {"cuda_graph", "true"},
+                                                          {"resources", "{gpus_per_worker: 1}"},
+                                                          {"batch_size", "16"},
+                                                          {"accumulate_steps", "4"}}));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->precision(), v1::TF32);
+  EXPECT_TRUE(parsed->cuda_graph());
+  // tf32 on CPUs is fp32 there, not refused; a pipeline may train in it.
+  EXPECT_TRUE(ParseJobSpecYaml(Spec({{"precision", "tf32"}})).ok());
+  for (const char* format : {"auto", "contiguous"}) {
+    absl::StatusOr<JobSpec> layout = ParseJobSpecYaml(Spec(
+        {{"model", absl::StrCat("{builtin: mlp, args: {inputs: 4, classes: 2}, memory_format: ",
+                                format, "}")}}));
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_EQ(layout->model().memory_format(), format);
+  }
 }
 
 TEST(JobSpecTest, Fp16OnGpus) {

@@ -78,6 +78,7 @@ INSTANTIATE_TEST_SUITE_P(
         Refused{"name: t\noptimizer: {name: adam}\n" + kCommand, "optimizer: a job with"},
         Refused{"name: t\nmax_steps: 10\n" + kCommand, "max_steps: a job with a program"},
         Refused{"name: t\nprecision: bf16\n" + kCommand, "precision: a job with a program"},
+        Refused{"name: t\ncuda_graph: true\n" + kCommand, "cuda_graph: a job with a program"},
         Refused{"name: t\nstrategy: data_parallel\n" + kCommand,
                 "strategy: a job with a program runs its own strategy"},
         // The program itself.

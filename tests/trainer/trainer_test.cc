@@ -37,6 +37,7 @@
 #include "worker/trainer/data/device_feed.h"
 #include "worker/trainer/data/schedule.h"
 #include "worker/trainer/loop/errors.h"
+#include "worker/trainer/model/device_modes.h"
 #include "worker/trainer/model/distill.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/model/optimizer.h"
@@ -1410,7 +1411,7 @@ TEST(TrainerTest, ChannelsLastTrainsAsTheDefaultLayoutDoes) {
   absl::StatusOr<std::unique_ptr<Model>> model =
       BuildModel(cnn("", "channels_last").spec().model(), 1, 3 * 6 * 6, 3);
   ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_TRUE(ApplyMemoryFormat(**model, "channels_last").ok());
+  ASSERT_TRUE(ApplyMemoryFormat(**model, /*channels_last=*/true).ok());
   int nhwc = 0;
   for (const auto& [name, p] : (*model)->NamedParameters()) {
     if (p.dim() == 4) {
@@ -1443,7 +1444,7 @@ TEST(TrainerTest, ChannelsLastTrainsAsTheDefaultLayoutDoes) {
   absl::StatusOr<std::unique_ptr<Model>> mlp =
       BuildModel(SyntheticTask("", 1).spec().model(), 1, 8, 3);
   ASSERT_TRUE(mlp.ok());
-  absl::Status refused = ApplyMemoryFormat(**mlp, "channels_last");
+  absl::Status refused = ApplyMemoryFormat(**mlp, /*channels_last=*/true);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("model.memory_format"));
   trainyard::v1::Task mlp_task = SyntheticTask("", 2);
@@ -1582,6 +1583,7 @@ TEST(TrainerTest, AGpuJobTrainsOnCudaOnlyWhereLibTorchHasIt) {
 TEST(PrecisionTest, AutocastTypes) {
   EXPECT_EQ(*AutocastType(trainyard::v1::FP32, torch::kCPU), std::nullopt);
   EXPECT_EQ(*AutocastType(trainyard::v1::PRECISION_UNSPECIFIED, torch::kCPU), std::nullopt);
+  EXPECT_EQ(*AutocastType(trainyard::v1::TF32, torch::Device(torch::kCUDA, 0)), std::nullopt);
   EXPECT_EQ(*AutocastType(trainyard::v1::BF16, torch::kCPU), torch::kBFloat16);
   EXPECT_EQ(*AutocastType(trainyard::v1::FP16, torch::Device(torch::kCUDA, 0)), torch::kHalf);
   absl::StatusOr<std::optional<torch::ScalarType>> cpu_fp16 =

@@ -24,7 +24,9 @@
 #include "worker/trainer/coordinator/coordinator_client.h"
 #include "worker/trainer/data/data.h"
 #include "worker/trainer/data/schedule.h"
+#include "worker/trainer/loop/step_graph.h"
 #include "worker/trainer/loop/trainer.h"
+#include "worker/trainer/model/device_modes.h"
 #include "worker/trainer/model/distill.h"
 #include "worker/trainer/model/model.h"
 #include "worker/trainer/model/precision.h"
@@ -90,8 +92,16 @@ class Run {
   void Resume();
   // Rank 0's checkpointer; null on other ranks and without a checkpoint store.
   std::unique_ptr<Checkpointer> MakeCheckpointer(int rank) const;
-  // One optimizer update on `batch` (the step after `step`), in `accumulate` micro-batches.
+  // One optimizer update on `batch` (the step after `step`), in `accumulate` micro-batches:
+  // through the step's CUDA graph where the job has one (run_graph.cc), else eagerly.
   absl::Status Update(const Batch& batch, int64_t step, int accumulate);
+  // The update queued op by op; its loss (on the device) into `loss` where not null.
+  absl::Status EagerUpdate(const Batch& batch, int64_t step, int accumulate, torch::Tensor* loss);
+  absl::Status UpdateInGraph(const Batch& batch, int64_t step, int accumulate);
+  // run_graph.cc: the device's fast paths (DeviceModes: layout, cuDNN autotuning, TF32) chosen
+  // and set once the model is on its device; the step's CUDA graph once the optimizer exists.
+  absl::Status SetUpDeviceModes();
+  absl::Status SetUpStepGraph();
   // After the loop, which ended at `step` (result.stopped if asked to stop): the final or stop
   // checkpoint (rank 0; `checkpointer` null elsewhere), the model's export, the strategy's end,
   // the final progress report (through `reporter` where not null) and the "done" line.
@@ -167,6 +177,9 @@ class Run {
   std::optional<LossScaler> scaler_;
   NamedTensors params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  DeviceModes modes_;
+  std::unique_ptr<StepGraph> graph_;  // null unless the job has cuda_graph
+  int64_t graph_replays_ = 0;
   std::shared_ptr<ObjectStore> store_;  // null without a checkpoint URI
   int64_t start_step_ = 0;
   std::string resumed_from_;

@@ -241,10 +241,7 @@ absl::Status Run::Prepare() {
     }
     LogInfo("training on ", device_.str());
   }
-  if (absl::Status format = ApplyMemoryFormat(*model_, spec_.model().memory_format());
-      !format.ok()) {
-    return format;
-  }
+  if (absl::Status modes = SetUpDeviceModes(); !modes.ok()) return modes;
   params_ = model_->NamedParameters();
   if (params_.empty()) return absl::InvalidArgumentError("model: it has no parameters to train");
   // A quick forward pass turns shape mismatches into a clear error before training starts
@@ -276,6 +273,7 @@ absl::Status Run::Prepare() {
   if (!optimizer.ok()) return optimizer.status();
   optimizer_ = *std::move(optimizer);
   strategy_->SetOptimizer(optimizer_.get(), params_);
+  if (absl::Status graph = SetUpStepGraph(); !graph.ok()) return graph;
 
   if (!task_.checkpoint_uri().empty()) {
     absl::StatusOr<std::shared_ptr<ObjectStore>> store =

@@ -163,6 +163,12 @@ void ReportStages(pipeline::PipelineStrategy& stages, const trainyard::v1::Pipel
 }  // namespace
 
 absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
+  if (graph_ != nullptr) return UpdateInGraph(batch, step, accumulate);
+  return EagerUpdate(batch, step, accumulate, nullptr);
+}
+
+absl::Status Run::EagerUpdate(const Batch& batch, int64_t step, int accumulate,
+                              torch::Tensor* loss_out) {
   // The update's loss stays on the device (the strategy agrees on it with the other ranks):
   // reading it here would make the host wait for every step on a GPU.
   torch::Tensor update_loss;
@@ -235,6 +241,7 @@ absl::Status Run::Update(const Batch& batch, int64_t step, int accumulate) {
     const bool overflow = scaler_.has_value() && scaler_->Unscale(params_);
     if (!strategy_->updates_parameters() && !overflow) optimizer_->step();
     if (scaler_.has_value()) scaler_->Update(overflow);
+    if (loss_out != nullptr) *loss_out = update_loss;
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: training step ", step + 1, " failed: ", DescribeTorchError(e)));
@@ -384,6 +391,7 @@ absl::StatusOr<TrainResult> Run::Execute() {
   }
   Phase(RankPhase::kFinishing);
   loop.result.step = loop.step;
+  loop.result.graph_replays = graph_replays_;
   loop.ReadLoss();
   if (absl::Status status =
           Conclude(loop.step, loop.lr, loop.last_checkpoint_step, loop.checkpointer.get(),

@@ -118,6 +118,8 @@ struct TrainResult {
   // This rank's seconds over all its updates: in whole steps, and waiting for their batches.
   double step_seconds = 0;
   double data_wait_seconds = 0;
+  // Updates replayed from the step's CUDA graph (cuda_graph); 0 without one.
+  int64_t graph_replays = 0;
 };
 
 // Runs `task` to completion (blocking) on the calling thread plus a data thread, a checkpoint

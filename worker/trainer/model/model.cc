@@ -42,8 +42,11 @@ class BuiltinModel final : public Model {
   torch::Tensor Forward(const torch::Tensor& x) override {
     std::vector<int64_t> shape = {x.size(0)};
     shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
-    return net_->forward(x.reshape(shape));
+    torch::Tensor input = x.reshape(shape);
+    if (channels_last_) input = input.contiguous(torch::MemoryFormat::ChannelsLast);
+    return net_->forward(input);
   }
+  void SetChannelsLastInput(bool on) override { channels_last_ = on && sample_shape_.size() == 3; }
   NamedTensors NamedParameters() override { return FromDict(net_->named_parameters(true)); }
   NamedTensors NamedBuffers() override { return FromDict(net_->named_buffers(true)); }
   void SetTraining(bool training) override { net_->train(training); }
@@ -61,6 +64,7 @@ class BuiltinModel final : public Model {
   const std::string kind_;
   torch::nn::Sequential net_;
   const std::vector<int64_t> sample_shape_;  // {-1} for mlp, {C, H, W} for cnn
+  bool channels_last_ = false;               // the cnn's images NHWC
 };
 
 // embedding_mlp: one table per categorical field; the embeddings of a sample's ids and its dense
@@ -670,26 +674,6 @@ trainyard::v1::TrainerRuntime DescribeRuntime() {
   ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
   for (std::string& op : ops) runtime.add_ops(std::move(op));
   return runtime;
-}
-
-absl::Status ApplyMemoryFormat(Model& model, const std::string& format) {
-  if (format.empty() || format == "contiguous") return absl::OkStatus();
-  if (format != "channels_last") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.memory_format: unknown memory format '", format, "'"));
-  }
-  int converted = 0;
-  torch::NoGradGuard no_grad;
-  for (auto& [name, p] : model.NamedParameters()) {
-    if (p.dim() != 4) continue;
-    p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
-    ++converted;
-  }
-  if (converted == 0) {
-    return absl::InvalidArgumentError(
-        "model.memory_format: channels_last, but the model has no 4-D weights (no convolution)");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace trainyard::trainer

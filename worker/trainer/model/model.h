@@ -77,6 +77,9 @@ class Model {
     return absl::UnimplementedError(absl::StrCat(Kind(), ": exports ", ExportName()));
   }
   virtual std::string ExportName() const = 0;
+  // A model that shapes its features into images itself (the cnn) lays them out NHWC while set,
+  // for convolutions over channels-last weights (ApplyMemoryFormat sets it); others ignore it.
+  virtual void SetChannelsLastInput(bool channels_last) {}
   // "mlp", "cnn", "embedding_mlp", "transformer" or "torchscript".
   virtual std::string Kind() const = 0;
 
@@ -152,13 +155,6 @@ absl::Status ExportScriptStage(Model& model, int index, const std::string& path)
 // it can use) and NCCL, the newest TorchScript archive format it loads, and every operator it
 // has, sorted. What `trainyard-trainer --runtime` prints and the agent reports at registration.
 trainyard::v1::TrainerRuntime DescribeRuntime();
-
-// model.memory_format: "channels_last" lays every 4-D parameter out as NHWC in place (what
-// PyTorch's model.to(memory_format=torch.channels_last) does), so that convolutions take and give
-// channels-last activations; "contiguous" or empty leaves the model as it is. Call it after the
-// model is on its device and before an optimizer holds state. INVALID_ARGUMENT naming
-// model.memory_format for an unknown format, or channels_last on a model without 4-D weights.
-absl::Status ApplyMemoryFormat(Model& model, const std::string& format);
 
 }  // namespace trainyard::trainer
 

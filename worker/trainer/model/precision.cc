@@ -46,6 +46,7 @@ absl::StatusOr<std::optional<torch::ScalarType>> AutocastType(trainyard::v1::Pre
   switch (precision) {
     case trainyard::v1::PRECISION_UNSPECIFIED:
     case trainyard::v1::FP32:
+    case trainyard::v1::TF32:  // float32 arithmetic; TF32 is a math mode (device_modes.h)
       return std::optional<torch::ScalarType>();
     case trainyard::v1::BF16:
       return std::optional<torch::ScalarType>(torch::kBFloat16);

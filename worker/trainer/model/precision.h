@@ -19,8 +19,9 @@
 
 namespace trainyard::trainer {
 
-// The autocast dtype of `precision` on `device`, or nullopt for float32. INVALID_ARGUMENT, naming
-// `precision`, for float16 on a CPU (a job that asked for it must not quietly train otherwise).
+// The autocast dtype of `precision` on `device`, or nullopt for float32 (fp32 and tf32).
+// INVALID_ARGUMENT, naming `precision`, for float16 on a CPU (a job that asked for it must not
+// quietly train otherwise).
 absl::StatusOr<std::optional<torch::ScalarType>> AutocastType(trainyard::v1::Precision precision,
                                                               const torch::Device& device);
 
