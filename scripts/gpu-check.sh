@@ -10,7 +10,10 @@
 # Writes into OUT_DIR at most 8 files: report.md, report.json, build.log, items.log,
 # cluster-logs.tar.gz, bench.md. A rerun reuses the build folder: only what changed is rebuilt.
 # Everything but the benchmarks fits one 10-minute call on 16 cores; the benchmarks take a call of
-# their own: ITEMS="machine build benchmarks data_wait" (the build is then already there).
+# their own: ITEMS="machine build benchmarks data_wait" (the build is then already there), and
+# with every case of bench/gpu_models.py (each compiled twice by torch.compile) more than one:
+# BENCH_ARGS="--only resnet50-fp32,resnet50-bf16", then "--only transformer-fp32,transformer-tf32,
+# transformer-bf16,mlp" (each into an OUT_DIR of its own).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
@@ -47,7 +50,7 @@ for lib in libssl.so.3 libcrypto.so.3; do
 done
 python=${PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
-all_items="machine build unit gpu_tests cgroups cluster_cpu gpu_job nvml gpu_health precision gpu_metrics benchmarks data_wait"
+all_items="machine build unit gpu_tests cgroups cluster_cpu gpu_job nvml gpu_health precision cuda_graph gpu_metrics benchmarks data_wait"
 items=${ITEMS:-$all_items}
 mkdir -p "$out"
 state=$(mktemp -d /tmp/gpu-check-XXXXXX)
@@ -442,6 +445,77 @@ item_precision() {
     fail "$(grep -v '^figure\|^{' "$work/precision.out" | tail -1)"
   fi
 }
+# The whole step as a CUDA graph (cuda_graph: true) against the same job without, through the
+# bundle's coordinator and agent: the MLP in fp32 and the built-in transformer in bf16, each step's
+# loss printed (log_every_steps: 1) over 100 steps with a learning rate that moves every step; the
+# two runs' losses must be the same to the last printed digit, and the graphed run must say it
+# captured its step. Also each run's median samples/s over steps 20 to 100.
+graph_job_spec() {  # NAME MODEL(mlp|transformer) CUDA_GRAPH(true|false)
+  local model data precision batch
+  if [ "$2" = transformer ]; then
+    model="{builtin: transformer, args: {vocab: 256, context: 64, layers: 4, dim: 256, heads: 4}}"
+    data="{tokens: \"$work/graph-text/t-*.safetensors\", shuffle: false}"
+    precision=bf16 batch=32
+  else
+    model="{builtin: mlp, args: {inputs: 64, hidden: [1024, 1024], classes: 8}}"
+    data="{synthetic: {samples: 40000, features: 64, classes: 8, noise: 0.5}}"
+    precision=fp32 batch=256
+  fi
+  cat <<EOF
+name: $1
+resources: {gpus_per_worker: 1}
+model: $model
+data: $data
+batch_size: $batch
+optimizer: {name: adamw, lr: 0.001, weight_decay: 0.01, schedule: {name: cosine, warmup_steps: 10}}
+precision: $precision
+cuda_graph: $3
+max_steps: 100
+log_every_steps: 1
+seed: 3
+EOF
+}
+
+median_rate() {  # LOG: the median samples/s of its progress lines from step 20 on
+  grep -oE '^step=([2-9][0-9]|100) .*samples_per_s=[0-9.]+' "$1" | sed -E 's/.*samples_per_s=//' |
+    sort -n | awk '{a[NR] = $1} END {print (NR ? a[int((NR + 1) / 2)] : "none")}'
+}
+
+item_cuda_graph() {
+  ready_for_jobs cuda || return
+  mkdir -p "$work/graph-text"
+  "$python" -c 'import sys, numpy as np
+rng = np.random.default_rng(0)
+open(sys.argv[1], "wb").write(rng.integers(32, 127, size=400000, dtype=np.uint8).tobytes())' \
+    "$work/graph-text.txt" &&
+    "$bundle/bin/trainyard" data pack --text "$work/graph-text.txt" "$work/graph-text/t" ||
+    { fail "cannot write the transformer's token shards"; return; }
+  local model mode job n summary=""
+  for model in mlp transformer; do
+    for mode in false true; do
+      local name="graph-$model-$mode"
+      graph_job_spec "$name" "$model" "$mode" >"$work/$name.yaml"
+      timeout 600 "$bundle/bin/trainyard" submit "$work/$name.yaml" --wait >"$work/$name.submit" 2>&1
+      job=$(head -1 "$work/$name.submit")
+      "$bundle/bin/trainyard" logs "$job" >"$work/$name.log" 2>&1
+      grep -E '^step=[0-9]+ total=' "$work/$name.log" | sed -E 's/ lr=.*//' >"$work/$name.losses"
+      figure "${model}_${mode}_samples_per_s" "$(median_rate "$work/$name.log")"
+    done
+    n=$(wc -l <"$work/graph-$model-false.losses")
+    [ "$n" = 100 ] ||
+      { fail "$model: the eager job printed $n step losses, not 100 (graph-$model-false.log)"; return; }
+    grep -q 'cuda_graph: the training step captured' "$work/graph-$model-true.log" ||
+      { fail "$model: the cuda_graph job never captured its step (graph-$model-true.log)"; return; }
+    if ! diff -q "$work/graph-$model-false.losses" "$work/graph-$model-true.losses" >/dev/null; then
+      figure "${model}_first_difference" \
+        "$(diff "$work/graph-$model-false.losses" "$work/graph-$model-true.losses" | head -3 | tr '\n' ' ')"
+      fail "$model: the graphed run's step losses differ from the eager run's"; return
+    fi
+    summary="$summary$model: 100 step losses identical; "
+  done
+  pass "${summary%; }"
+}
+
 # Trainyard against eager PyTorch and torch.compile on this GPU (bench/gpu_models.py): its table
 # goes to OUT_DIR/bench.md. Several minutes: run it in a call of its own (ITEMS=benchmarks).
 item_benchmarks() {
@@ -459,8 +533,9 @@ figures = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 json.dump(figures, open(sys.argv[2], "w"))
 for case, r in figures.items():
     if isinstance(r, dict):
-        for k in ("trainyard", "vs_eager", "vs_compiled", "gpu_util_trainyard", "mfu_trainyard",
-                  "data_wait_share"):
+        for k in ("trainyard", "trainyard_graph", "eager", "compiled", "compiled_ro",
+                  "vs_eager", "vs_compiled", "vs_compiled_ro", "gpu_util_trainyard",
+                  "mfu_trainyard", "data_wait_share"):
             v = r.get(k)
             print(f"{case}.{k}", "-" if v is None else round(v, 4))
 EOF
