@@ -438,7 +438,8 @@ class MultiTensorAdamT final : public Base, public MultiTensorUpdate {
       if (scalars_[g].lr.defined()) {
         WriteLr(scalars_[g], this->param_groups_[g].options().get_lr());
       }
-      if (!captured_.empty()) MoveCounts(scalars_[g]);
+      // Only the counts the capture advanced: a group that stepped nothing there keeps its own.
+      if (g < captured_.size() && !captured_[g].empty()) MoveCounts(scalars_[g]);
     }
     for (const std::vector<State*>& group : captured_) {
       for (State* s : group) s->step(s->step() + 1);
