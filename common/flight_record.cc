@@ -98,30 +98,6 @@ const char* CollectiveKindName(CollectiveKind kind) {
   return "collective";
 }
 
-int64_t FlightRecordSnapshot::LastCollective() const {
-  int64_t last = 0;
-  for (const CollectiveEntry& e : recent) {
-    if (e.peer < 0 && e.seq > last) last = e.seq;
-  }
-  return last;
-}
-
-int64_t FlightRecordSnapshot::LastSent(int peer) const {
-  int64_t last = 0;
-  for (const CollectiveEntry& e : recent) {
-    if (e.kind == CollectiveKind::kSend && e.peer == peer && e.seq > last) last = e.seq;
-  }
-  return last;
-}
-
-int64_t FlightRecordSnapshot::LastReceived(int peer) const {
-  int64_t last = 0;
-  for (const CollectiveEntry& e : recent) {
-    if (e.kind == CollectiveKind::kRecv && e.peer == peer && e.seq > last) last = e.seq;
-  }
-  return last;
-}
-
 FlightRecorder::FlightRecorder(Layout* layout, size_t mapped_bytes, const Clock& clock)
     : layout_(layout), mapped_bytes_(mapped_bytes), clock_(clock) {
   static_assert(sizeof(Layout) == kRecordBytes, "the file is an array of 64-bit words");

@@ -76,11 +76,6 @@ struct FlightRecordSnapshot {
   int64_t step = 0;  // updates done
   // The newest entries, oldest first.
   std::vector<CollectiveEntry> recent;
-  // The highest collective number entered, and per peer the highest message numbers sent to and
-  // received from it (0: none), as far as `recent` reaches back.
-  int64_t LastCollective() const;
-  int64_t LastSent(int peer) const;
-  int64_t LastReceived(int peer) const;
 };
 
 // The trainer's side. Thread-safe: the training thread sets phases and steps, the communicator's

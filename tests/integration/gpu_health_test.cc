@@ -19,21 +19,9 @@ namespace {
 using ::testing::HasSubstr;
 using trainyard::v1::Job;
 
+// A small single-rank job that asks for one GPU (the CPU trainer trains it on the CPU).
 std::string GpuJob(const std::string& name) {
-  return absl::StrCat("name: ", name, R"(
-strategy: single
-resources: {gpus_per_worker: 1}
-model:
-  builtin: mlp
-  args: {inputs: 16, hidden: [32], classes: 4}
-data:
-  synthetic: {samples: 2048, features: 16, classes: 4, noise: 0.5}
-batch_size: 32
-optimizer: {name: sgd, lr: 0.05}
-max_steps: 100000000
-log_every_steps: 5
-seed: 7
-)");
+  return SyntheticJobYaml(name, 100000000, "resources: {gpus_per_worker: 1}\n");
 }
 
 TEST(GpuHealthTest, AnXidTakesTheGpuOutAndItsJobMovesToAnotherUntilAnAdminReturnsIt) {
