@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
+#include "tests/common/flight_record_queries.h"
 #include "tests/common/scratch_files.h"
 
 namespace trainyard {
@@ -26,9 +27,9 @@ TEST(FlightRecorderTest, StartsInStartingAtStepZeroWithNothingRecorded) {
   EXPECT_EQ(record.phase_since_unix_ms, UnixMs(clock));
   EXPECT_EQ(record.step, 0);
   EXPECT_TRUE(record.recent.empty());
-  EXPECT_EQ(record.LastCollective(), 0);
-  EXPECT_EQ(record.LastSent(1), 0);
-  EXPECT_EQ(record.LastReceived(1), 0);
+  EXPECT_EQ(LastCollective(record), 0);
+  EXPECT_EQ(LastSent(record, 1), 0);
+  EXPECT_EQ(LastReceived(record, 1), 0);
 }
 
 TEST(FlightRecorderTest, PhasesKeepTheirStartAndTheStepItsLastValue) {
@@ -89,11 +90,11 @@ TEST(FlightRecorderTest, CollectivesAreNumberedAcrossKindsAndMessagesPerPeerAndD
     EXPECT_EQ(e.ended_unix_ms, 0) << i;
     EXPECT_FALSE(e.failed) << i;
   }
-  EXPECT_EQ(record.LastCollective(), 3);
-  EXPECT_EQ(record.LastSent(1), 2);
-  EXPECT_EQ(record.LastSent(2), 1);
-  EXPECT_EQ(record.LastReceived(1), 1);
-  EXPECT_EQ(record.LastReceived(2), 0);
+  EXPECT_EQ(LastCollective(record), 3);
+  EXPECT_EQ(LastSent(record, 1), 2);
+  EXPECT_EQ(LastSent(record, 2), 1);
+  EXPECT_EQ(LastReceived(record, 1), 1);
+  EXPECT_EQ(LastReceived(record, 2), 0);
 }
 
 TEST(FlightRecorderTest, EndMarksTheEntryEndedOrFailedOnce) {
@@ -144,7 +145,7 @@ TEST(FlightRecorderTest, TheRingKeepsTheNewestEntriesOldestFirst) {
     EXPECT_EQ(e.ended_unix_ms != 0, i == kFlightRecordEntries - 1) << i;
     EXPECT_FALSE(e.failed) << i;
   }
-  EXPECT_EQ(record.LastCollective(), total);
+  EXPECT_EQ(LastCollective(record), total);
 }
 
 TEST(FlightRecorderTest, TheFileReadsBackWhileItsWriterRunsAndAfterItIsGone) {

@@ -18,6 +18,7 @@
 #include "common/flight_record.h"
 #include "gtest/gtest.h"
 #include "tests/common/fake_clock.h"
+#include "tests/common/flight_record_queries.h"
 #include "tests/trainer/test_files.h"
 #include "tests/trainer/test_tasks.h"
 #include "tests/trainer/trainer_test_util.h"
@@ -26,36 +27,6 @@
 
 namespace trainyard::trainer {
 namespace {
-
-// The highest collective number in `r`, and per peer the highest message numbers sent to and
-// received from it (0: none), as far as its entries reach back.
-int64_t Last(const FlightRecordSnapshot& r, bool (*match)(const CollectiveEntry&, int), int peer) {
-  int64_t last = 0;
-  for (const CollectiveEntry& e : r.recent) {
-    if (match(e, peer) && e.seq > last) last = e.seq;
-  }
-  return last;
-}
-int64_t LastCollective(const FlightRecordSnapshot& r) {
-  return Last(
-      r, [](const CollectiveEntry& e, int) { return e.peer < 0; }, -1);
-}
-int64_t LastSent(const FlightRecordSnapshot& r, int peer) {
-  return Last(
-      r,
-      [](const CollectiveEntry& e, int p) {
-        return e.kind == CollectiveKind::kSend && e.peer == p;
-      },
-      peer);
-}
-int64_t LastReceived(const FlightRecordSnapshot& r, int peer) {
-  return Last(
-      r,
-      [](const CollectiveEntry& e, int p) {
-        return e.kind == CollectiveKind::kRecv && e.peer == p;
-      },
-      peer);
-}
 
 // A communicator that writes each call into `log` and answers with the status `next` says for
 // it (OK unless a test sets one). Its Works log their Wait.
