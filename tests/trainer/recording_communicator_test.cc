@@ -387,7 +387,7 @@ TEST(TrainerFlightRecordTest, PipelineStagesRecordTheirMessagesAndHoldBeforeSend
   EXPECT_EQ(LastSent(first, 1), 11);
   EXPECT_EQ(LastReceived(second, 0), 11);
   EXPECT_EQ(LastSent(second, 0), 10);
-  EXPECT_EQ(first.LastReceived(1), 10);
+  EXPECT_EQ(LastReceived(first, 1), 10);
 }
 
 }  // namespace
