@@ -25,6 +25,7 @@ class FakeCoordinatorLink final : public CoordinatorLink {
     absl::Time at;
     bool ok = true;  // answered (not UNAVAILABLE or CANCELLED)
     bool cancelled = false;
+    bool granted = false;  // a HoldLease the coordinator took (not refused for reregister)
     v1::RegisterWorkerRequest registration;
     v1::SyncRequest sync;
     v1::ReportTaskStatusRequest report;
@@ -79,6 +80,7 @@ class FakeCoordinatorLink final : public CoordinatorLink {
     {
       absl::MutexLock lock(&mu_);
       if (!call.ok) return Fail(std::move(call), limits);
+      call.granted = registered_;
       calls_.push_back(std::move(call));
       if (!registered_) {
         v1::LeaseResponse refused;
