@@ -65,6 +65,33 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log, bool d
 
 }  // namespace
 
+std::vector<pid_t> ChildProcesses(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    const std::string stat = Slurp(entry.path().string() + "/stat");
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses, so after the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(pid);
+  }
+  return out;
+}
+
+bool ProcessAlive(pid_t pid) {
+  const std::string stat = Slurp(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string state;
+  return rest >> state && state != "Z" && state != "X";
+}
+
 std::string PostgresServer::BinDir() {
   std::string best;
   int best_version = -1;
@@ -205,12 +232,23 @@ absl::Status PostgresServer::Launch() {
 
 void PostgresServer::Kill() {
   if (pid_ <= 0) return;
+  // Each backend makes itself a process group of its own (setsid), so the postmaster's group
+  // alone would leave them running: a backend that has not yet seen its postmaster die still
+  // answers its client. Frozen, the postmaster forks no new child while its children are killed.
+  kill(pid_, SIGSTOP);
+  const std::vector<pid_t> children = ChildProcesses(pid_);
+  for (pid_t child : children) kill(child, SIGKILL);
   kill(-pid_, SIGKILL);
   kill(pid_, SIGKILL);
   int status;
   waitpid(pid_, &status, 0);
-  // Its backends, in its process group, died with it; a new postmaster on the folder checks only
-  // that this one is gone and that no process still has its shared memory attached.
+  // A killed child has closed its sockets once it is a zombie or gone (reaped by init).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (pid_t child : children) {
+    while (ProcessAlive(child) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));  // polling for the kernel to end a killed process
+    }
+  }
   pid_ = -1;
 }
 

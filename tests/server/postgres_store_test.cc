@@ -288,7 +288,12 @@ TEST_F(PostgresStoreTest, TheStoreReconnectsAfterTheDatabaseRestarts) {
 TEST_F(PostgresStoreTest, ADatabaseThatIsGoneIsUnavailableWithinTheTimeout) {
   auto store = PostgresJobStore::Open(options_);
   ASSERT_TRUE(store.ok()) << store.status();
+  // Every process of the server is gone when Kill returns, the store's backend too: each backend
+  // is a process group of its own and, left alone, answers until it sees its postmaster gone.
+  const std::vector<pid_t> processes = testing::ChildProcesses(server_->pid());
+  ASSERT_GE(processes.size(), 2u);  // the background processes and the store's backend
   server_->Kill();
+  for (pid_t pid : processes) EXPECT_FALSE(testing::ProcessAlive(pid)) << pid;
   for (int i = 0; i < 2; ++i) {  // the lost connection, then a failed reconnect
     const absl::Time start = absl::Now();
     absl::Status s = (*store)->Apply(Submit("lost-1", 1));
