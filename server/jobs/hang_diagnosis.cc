@@ -36,6 +36,12 @@ std::string Who(const RankView& v) {
                              : absl::StrCat("rank ", v.rank, " (", v.worker_id, ")");
 }
 
+// How long `r` has waited in `c` when its record was read: 0 once it ended.
+int64_t WaitedMs(const RankRecord& r, const CollectiveRecord& c) {
+  if (c.ended_unix_ms() > 0 || c.started_unix_ms() <= 0) return 0;
+  return std::max<int64_t>(0, r.read_unix_ms() - c.started_unix_ms());
+}
+
 int64_t SecondsInPhase(const RankRecord& r) {
   if (r.phase_since_unix_ms() <= 0 || r.read_unix_ms() < r.phase_since_unix_ms()) return 0;
   return (r.read_unix_ms() - r.phase_since_unix_ms()) / 1000;
@@ -62,7 +68,7 @@ std::vector<const RankView*> WithRecords(const std::vector<RankView>& ranks) {
 }
 
 // A rank behind the newest collective the others entered.
-std::string BehindInCollectives(const std::vector<const RankView*>& ranks) {
+std::string BehindInCollectives(const std::vector<const RankView*>& ranks, int64_t held_ms) {
   int64_t newest = 0;
   std::string kind;
   for (const RankView* v : ranks) {
@@ -74,6 +80,13 @@ std::string BehindInCollectives(const std::vector<const RankView*>& ranks) {
     }
   }
   if (newest == 0) return "";
+  int64_t waited = 0;  // the longest any rank has waited in the newest collective
+  for (const RankView* v : ranks) {
+    for (const CollectiveRecord& c : v->record->recent()) {
+      if (!IsMessage(c) && c.seq() == newest) waited = std::max(waited, WaitedMs(*v->record, c));
+    }
+  }
+  if (waited < held_ms) return "";
   const RankView* culprit = nullptr;
   std::vector<std::string> also;
   for (const RankView* v : ranks) {
@@ -106,10 +119,11 @@ std::string BehindInCollectives(const std::vector<const RankView*>& ranks) {
 }
 
 // A rank that never sent what another rank waits to receive.
-std::string MissingMessage(const std::vector<const RankView*>& ranks) {
+std::string MissingMessage(const std::vector<const RankView*>& ranks, int64_t held_ms) {
   for (const RankView* waiting : ranks) {
     for (const CollectiveRecord& c : waiting->record->recent()) {
       if (c.kind() != "receive" || (c.ended_unix_ms() > 0 && !c.failed())) continue;
+      if (c.ended_unix_ms() == 0 && WaitedMs(*waiting->record, c) < held_ms) continue;
       for (const RankView* sender : ranks) {
         if (sender->rank != c.peer()) continue;
         if (LastSentTo(*sender->record, waiting->rank) >= c.seq()) continue;
@@ -121,7 +135,7 @@ std::string MissingMessage(const std::vector<const RankView*>& ranks) {
   return "";
 }
 
-std::string Stopped(const std::vector<const RankView*>& ranks) {
+std::string Stopped(const std::vector<const RankView*>& ranks, int64_t /*held_ms*/) {
   for (const RankView* v : ranks) {
     if (v->record->process_state() == "stopped")
       return absl::StrCat(Who(*v), ": ", Doing(*v->record));
@@ -130,7 +144,7 @@ std::string Stopped(const std::vector<const RankView*>& ranks) {
 }
 
 // Every rank entered the same newest collective and none finished it.
-std::string AllInOne(const std::vector<const RankView*>& ranks) {
+std::string AllInOne(const std::vector<const RankView*>& ranks, int64_t held_ms) {
   if (ranks.size() < 2) return "";
   int64_t seq = -1;
   std::string kind;
@@ -140,6 +154,7 @@ std::string AllInOne(const std::vector<const RankView*>& ranks) {
       if (!IsMessage(c) && (newest == nullptr || c.seq() > newest->seq())) newest = &c;
     }
     if (newest == nullptr || (newest->ended_unix_ms() > 0 && !newest->failed())) return "";
+    if (newest->ended_unix_ms() == 0 && WaitedMs(*v->record, *newest) < held_ms) return "";
     if (seq >= 0 && newest->seq() != seq) return "";
     seq = newest->seq();
     kind = newest->kind();
@@ -162,11 +177,12 @@ std::string LongestInPhase(const std::vector<const RankView*>& ranks) {
 
 }  // namespace
 
-std::string DiagnoseHang(const std::vector<RankView>& ranks, bool stalled) {
+std::string DiagnoseHang(const std::vector<RankView>& ranks, bool stalled, absl::Duration held) {
   const std::vector<const RankView*> known = WithRecords(ranks);
   if (known.empty()) return "";
+  const int64_t held_ms = absl::ToInt64Milliseconds(held);
   for (auto rule : {&BehindInCollectives, &MissingMessage, &Stopped, &AllInOne}) {
-    std::string found = rule(known);
+    std::string found = rule(known, held_ms);
     if (!found.empty()) return found;
   }
   return stalled ? LongestInPhase(known) : "";

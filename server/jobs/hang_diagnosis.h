@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "trainyard/v1/job.pb.h"
 
 namespace trainyard {
@@ -29,7 +30,11 @@ struct RankView {
 //  - with `stalled` (no step for stall_timeout): the rank longest in its phase.
 // How long a rank has been in its phase is counted to when its record was read. Empty when the
 // records name nothing (none came, or they show no difference).
-std::string DiagnoseHang(const std::vector<RankView>& ranks, bool stalled);
+// `held`: what counts as holding the others up. A rank behind, a message not sent or a collective
+// none finished is named only once a rank has waited on it that long when its record was read (a
+// healthy job read at one moment shows ranks milliseconds apart); a stopped process always is.
+std::string DiagnoseHang(const std::vector<RankView>& ranks, bool stalled,
+                         absl::Duration held = absl::ZeroDuration());
 
 }  // namespace trainyard
 

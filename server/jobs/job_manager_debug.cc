@@ -12,6 +12,12 @@
 
 namespace trainyard {
 
+namespace {
+// A live job's ranks, read one by one, are always a few milliseconds apart: a rank is said to
+// hold the others up only once they have waited on it this long.
+constexpr absl::Duration kDebugHeldAtLeast = absl::Seconds(1);
+}  // namespace
+
 absl::StatusOr<v1::DebugJobResponse> JobManager::DebugJob(absl::string_view job_id, bool stacks,
                                                           absl::Duration wait) {
   absl::MutexLock lock(&mu_);
@@ -87,7 +93,7 @@ absl::StatusOr<v1::DebugJobResponse> JobManager::DebugJob(absl::string_view job_
   for (const v1::RankDebug& rank : response.ranks()) {
     views.push_back({rank.rank(), rank.worker_id(), rank.has_record() ? &rank.record() : nullptr});
   }
-  response.set_diagnosis(DiagnoseHang(views, /*stalled=*/false));
+  response.set_diagnosis(DiagnoseHang(views, /*stalled=*/false, kDebugHeldAtLeast));
   debug_asks_.Remove(id);
   return response;
 }

@@ -121,6 +121,53 @@ TEST(HangDiagnosisTest, AStallWithoutCollectivesNamesTheRankLongestInItsPhase) {
             "rank 0 (w0): it has been in data loading for 95 s");
 }
 
+// Entered `ms_ago` before its record was read, and not ended.
+void Waiting(v1::RankRecord& r, const std::string& kind, int64_t seq, int64_t ms_ago,
+             int peer = -1) {
+  Add(r, kind, seq, false, peer);
+  r.mutable_recent(r.recent_size() - 1)->set_started_unix_ms(kRead - ms_ago);
+}
+
+TEST(HangDiagnosisTest, ARankIsSaidToHoldTheOthersUpOnlyOnceTheyHaveWaitedLongEnough) {
+  // A healthy job read rank by rank: rank 0 entered all-reduce #12 4 ms before its read; rank 1,
+  // read a little earlier, was still in its backward pass.
+  std::vector<v1::RankRecord> records(2);
+  records[0] = Record("the backward pass", 0);
+  records[1] = Record("the backward pass", 0);
+  Add(records[0], "all-reduce", 11, true);
+  Add(records[1], "all-reduce", 11, true);
+  Waiting(records[0], "all-reduce", 12, 4);
+  EXPECT_EQ(DiagnoseHang(Views(records), false, absl::Seconds(1)), "");
+  EXPECT_EQ(DiagnoseHang(Views(records), false),
+            "rank 1 (w1) never entered all-reduce #12: it has been in the backward pass for 0 s");
+  // Waited 1.5 s: held up.
+  records[0].mutable_recent(1)->set_started_unix_ms(kRead - 1500);
+  EXPECT_EQ(DiagnoseHang(Views(records), false, absl::Seconds(1)),
+            "rank 1 (w1) never entered all-reduce #12: it has been in the backward pass for 0 s");
+
+  // Both inside the same all-reduce for a few milliseconds: the network is not suspect yet.
+  Waiting(records[1], "all-reduce", 12, 3);
+  records[0].mutable_recent(1)->set_started_unix_ms(kRead - 3);
+  EXPECT_EQ(DiagnoseHang(Views(records), false, absl::Seconds(1)), "");
+  EXPECT_NE(DiagnoseHang(Views(records), false), "");
+
+  // A pipeline message just awaited.
+  std::vector<v1::RankRecord> stages(2);
+  stages[0] = Record("the forward pass", 0);
+  stages[1] = Record("the forward pass", 0);
+  Waiting(stages[1], "receive", 3, 2, 0);
+  EXPECT_EQ(DiagnoseHang(Views(stages), false, absl::Seconds(1)), "");
+  EXPECT_EQ(DiagnoseHang(Views(stages), false),
+            "rank 0 (w0) never sent message #3 to rank 1: it has been in the forward pass for 0 s");
+
+  // A stopped process is named at once.
+  records[1] = Record("the forward pass", 0, "stopped");
+  Add(records[1], "all-reduce", 11, true);
+  EXPECT_EQ(DiagnoseHang(Views(records), false, absl::Seconds(1)),
+            "rank 1 (w1): its process was stopped (SIGSTOP or a debugger) in the forward pass, 0 s "
+            "after entering it");
+}
+
 TEST(HangDiagnosisTest, MissingOrBrokenRecordsNameNothing) {
   EXPECT_EQ(DiagnoseHang({}, true), "");
   std::vector<RankView> none = {{0, "w0", nullptr}, {1, "w1", nullptr}};
