@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/common/loopback.h"
+#include "tests/common/processes.h"
 
 namespace trainyard::testing {
 namespace {
@@ -64,33 +65,6 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log, bool d
 }
 
 }  // namespace
-
-std::vector<pid_t> ChildProcesses(pid_t parent) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
-    const std::string stat = Slurp(entry.path().string() + "/stat");
-    // pid (comm) state ppid ...: comm may hold spaces and parentheses, so after the last ')'.
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 1));
-    std::string state;
-    pid_t ppid = 0;
-    if (rest >> state >> ppid && ppid == parent) out.push_back(pid);
-  }
-  return out;
-}
-
-bool ProcessAlive(pid_t pid) {
-  const std::string stat = Slurp(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream rest(stat.substr(close + 1));
-  std::string state;
-  return rest >> state && state != "Z" && state != "X";
-}
 
 std::string PostgresServer::BinDir() {
   std::string best;

@@ -10,7 +10,6 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -82,11 +81,6 @@ class PostgresServer {
   gid_t gid_ = 0;
   bool drop_privileges_ = false;
 };
-
-// The processes whose parent is `parent` now (from /proc).
-std::vector<pid_t> ChildProcesses(pid_t parent);
-// Whether `pid` is a process that has not yet exited (gone, or a zombie, is not).
-bool ProcessAlive(pid_t pid);
 
 }  // namespace trainyard::testing
 

@@ -138,14 +138,6 @@ std::map<int64_t, double> ParseStepLosses(const std::string& log) {
   return losses;
 }
 
-bool ProcessAlive(pid_t pid) {
-  if (kill(pid, 0) != 0) return false;
-  // A zombie is gone as far as work goes.
-  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t close = stat.rfind(')');
-  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
-}
-
 TempDir::TempDir() {
   std::string tmpl = (fs::temp_directory_path() / "trainyard-test-XXXXXX").string();
   char* made = mkdtemp(tmpl.data());

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "tests/common/loopback.h"
+#include "tests/common/processes.h"
 #include "tests/common/run_shell.h"
 #include "trainyard/v1/admin_service.grpc.pb.h"
 #include "trainyard/v1/agent_service.grpc.pb.h"
@@ -236,7 +237,6 @@ std::string SourceDir();
 std::string ReadFile(const std::string& path);
 // Parses the trainer's "step=N ... loss=X" lines: step -> loss.
 std::map<int64_t, double> ParseStepLosses(const std::string& log);
-bool ProcessAlive(pid_t pid);
 // Polls `condition` until it holds or `timeout` passes: waiting on an observable condition with a
 // deadline, never a fixed sleep. Returns whether it holds.
 bool PollUntil(const std::function<bool()>& condition, absl::Duration timeout);

@@ -26,6 +26,7 @@
 #include "server/leadership/leadership.h"
 #include "server/store/postgres_job_store.h"
 #include "tests/common/postgres_server.h"
+#include "tests/common/processes.h"
 
 namespace trainyard {
 namespace {
