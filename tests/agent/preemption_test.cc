@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -23,6 +24,7 @@
 #include "tests/common/fake_clock.h"
 #include "tests/common/scratch_files.h"
 #include "worker/agent/drain_watcher.h"
+#include "worker/agent/notice_poller.h"
 #include "worker/agent/preemption_notice.h"
 #include "worker/agent/preemption_watcher.h"
 
@@ -398,6 +400,68 @@ TEST(PreemptionWatcherTest, DestructionAbortsARequestThatHangs) {
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_TRUE(notices.all().empty());
+}
+
+// ---- the polling both share ----
+
+// A scripted source: polls 1 to 3 fail, 4 and 5 find nothing, 6 fails, 7 is a notice; the test
+// sees what the poller said of each.
+TEST(NoticePollerTest, SaysEachRunOfFailuresOnceAndHandsOnTheFirstNoticeOnce) {
+  absl::Mutex mu;
+  int polls = 0;
+  std::vector<std::string> said;
+  Notices notices;
+  {
+    NoticePoller poller;
+    poller.Start(absl::Milliseconds(1),
+                 {[&]() -> absl::StatusOr<std::optional<PreemptionNotice>> {
+                    absl::MutexLock lock(&mu);
+                    ++polls;
+                    if (polls <= 3 || polls == 6) return absl::UnavailableError("down");
+                    if (polls < 7) return std::nullopt;
+                    PreemptionNotice notice;
+                    notice.source = "scripted";
+                    return notice;
+                  },
+                  notices.Callback(),
+                  [&](const absl::Status& s) {
+                    absl::MutexLock lock(&mu);
+                    said.push_back(absl::StrCat("failed at ", polls, ": ", s.message()));
+                  },
+                  [&] {
+                    absl::MutexLock lock(&mu);
+                    said.push_back(absl::StrCat("recovered at ", polls));
+                  }});
+    ASSERT_TRUE(notices.Await(absl::Seconds(30)));
+  }  // joined: no poll after the notice
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(polls, 7);
+  EXPECT_EQ(said, (std::vector<std::string>{"failed at 1: down", "recovered at 4",
+                                            "failed at 6: down", "recovered at 7"}));
+  ASSERT_EQ(notices.all().size(), 1u);
+  EXPECT_EQ(notices.all()[0].source, "scripted");
+}
+
+// Stopped between polls far apart, it ends at once; a poll in flight ends first and what it
+// found is not acted on.
+TEST(NoticePollerTest, StopEndsThePollingAndAPollCutShortIsNotActedOn) {
+  absl::Notification in_poll;
+  Notices notices;
+  NoticePoller poller;
+  poller.Start(absl::Hours(1), {[&]() -> absl::StatusOr<std::optional<PreemptionNotice>> {
+                                  in_poll.Notify();
+                                  // A poll that can be cut short watches stopping(), as a request's
+                                  // abort does.
+                                  poller.stopping().WaitForNotification();
+                                  return PreemptionNotice{};
+                                },
+                                notices.Callback(), [](const absl::Status&) {}, [] {}});
+  ASSERT_TRUE(in_poll.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const absl::Time start = absl::Now();
+  poller.Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(notices.all().empty());
+  poller.Stop();  // again: nothing to do
 }
 
 // ---- a drain, from a command (Slurm's sinfo) ----

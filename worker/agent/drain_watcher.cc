@@ -26,11 +26,6 @@ bool SaysDrained(absl::string_view output) {
 DrainWatcher::DrainWatcher(DrainWatcherOptions options, const Clock& clock)
     : options_(std::move(options)), clock_(clock) {}
 
-DrainWatcher::~DrainWatcher() {
-  stop_.Notify();
-  if (thread_.joinable()) thread_.join();
-}
-
 absl::StatusOr<std::optional<PreemptionNotice>> DrainWatcher::PollOnce() {
   absl::StatusOr<CommandResult> r = RunCommand(options_.command, {}, options_.command_timeout);
   if (!r.ok()) return absl::UnavailableError(std::string(r.status().message()));
@@ -48,23 +43,10 @@ absl::StatusOr<std::optional<PreemptionNotice>> DrainWatcher::PollOnce() {
 }
 
 void DrainWatcher::Start(std::function<void(const PreemptionNotice&)> on_notice) {
-  thread_ = std::thread([this, on_notice = std::move(on_notice)] {
-    bool failing = false;
-    do {
-      absl::StatusOr<std::optional<PreemptionNotice>> polled = PollOnce();
-      if (!polled.ok()) {
-        if (!failing) LogWarning("drain check failed: ", polled.status().message());
-        failing = true;
-        continue;
-      }
-      if (failing) LogInfo("drain check works again");
-      failing = false;
-      if (polled->has_value()) {
-        on_notice(**polled);
-        return;
-      }
-    } while (!stop_.WaitForNotificationWithTimeout(options_.poll_interval));
-  });
+  poller_.Start(options_.poll_interval,
+                {[this] { return PollOnce(); }, std::move(on_notice),
+                 [](const absl::Status& s) { LogWarning("drain check failed: ", s.message()); },
+                 [] { LogInfo("drain check works again"); }});
 }
 
 }  // namespace trainyard

@@ -4,14 +4,13 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "worker/agent/notice_poller.h"
 #include "worker/agent/preemption_notice.h"
 
 namespace trainyard {
@@ -37,7 +36,7 @@ class DrainWatcher {
  public:
   // `clock` dates the notice (its deadline); waits between polls use real time.
   DrainWatcher(DrainWatcherOptions options, const Clock& clock);
-  ~DrainWatcher();  // stops the thread (a command in flight runs to its timeout)
+  ~DrainWatcher() = default;  // stops the polling (a command in flight runs to its timeout)
   DrainWatcher(const DrainWatcher&) = delete;
   DrainWatcher& operator=(const DrainWatcher&) = delete;
 
@@ -50,8 +49,7 @@ class DrainWatcher {
  private:
   const DrainWatcherOptions options_;
   const Clock& clock_;
-  absl::Notification stop_;
-  std::thread thread_;
+  NoticePoller poller_;  // last: stopped before the rest goes
 };
 
 }  // namespace trainyard

@@ -45,8 +45,7 @@ PreemptionWatcher::PreemptionWatcher(PreemptionWatcherOptions options, const Clo
 }
 
 PreemptionWatcher::~PreemptionWatcher() {
-  stop_.Notify();
-  if (thread_.joinable()) thread_.join();
+  poller_.Stop();
   if (curl_ != nullptr) curl_easy_cleanup(static_cast<CURL*>(curl_));
 }
 
@@ -75,7 +74,7 @@ absl::StatusOr<PreemptionWatcher::Answer> PreemptionWatcher::Request(
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &answer.body);
   curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, AbortOnStop);
-  curl_easy_setopt(h, CURLOPT_XFERINFODATA, &stop_);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, &poller_.stopping());
   if (method != "GET") {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
@@ -120,31 +119,14 @@ absl::StatusOr<std::optional<PreemptionNotice>> PreemptionWatcher::PollOnce() {
 void PreemptionWatcher::Start(std::function<void(const PreemptionNotice&)> on_notice) {
   LogInfo("watching ", options_.url, " for preemption notices every ",
           absl::FormatDuration(options_.poll_interval));
-  thread_ = std::thread([this, on_notice = std::move(on_notice)] { Loop(on_notice); });
-}
-
-void PreemptionWatcher::Loop(const std::function<void(const PreemptionNotice&)>& on_notice) {
-  bool failing = false;
-  while (!stop_.HasBeenNotified()) {
-    absl::StatusOr<std::optional<PreemptionNotice>> polled = PollOnce();
-    if (stop_.HasBeenNotified()) return;
-    if (!polled.ok()) {
-      // Said once: an endpoint that is down stays down, and the agent works without it.
-      if (!failing) {
-        LogWarning("cannot read preemption notices from ", options_.url, ": ",
-                   polled.status().message(), " (ignored; not repeated until it answers)");
-      }
-      failing = true;
-    } else {
-      if (failing) LogInfo("preemption notices: ", options_.url, " answers again");
-      failing = false;
-      if (polled->has_value()) {
-        on_notice(**polled);
-        return;
-      }
-    }
-    stop_.WaitForNotificationWithTimeout(options_.poll_interval);
-  }
+  poller_.Start(options_.poll_interval,
+                {[this] { return PollOnce(); }, std::move(on_notice),
+                 [this](const absl::Status& s) {
+                   // An endpoint that is down stays down, and the agent works without it.
+                   LogWarning("cannot read preemption notices from ", options_.url, ": ",
+                              s.message(), " (ignored; not repeated until it answers)");
+                 },
+                 [this] { LogInfo("preemption notices: ", options_.url, " answers again"); }});
 }
 
 }  // namespace trainyard

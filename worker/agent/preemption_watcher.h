@@ -4,13 +4,12 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "worker/agent/notice_poller.h"
 #include "worker/agent/preemption_notice.h"
 
 namespace trainyard {
@@ -58,7 +57,6 @@ class PreemptionWatcher {
   absl::StatusOr<Answer> Request(const std::string& method, const std::string& url,
                                  const std::vector<std::string>& headers);
   absl::StatusOr<Answer> Get();
-  void Loop(const std::function<void(const PreemptionNotice&)>& on_notice);
 
   // Fixed at construction.
   const PreemptionWatcherOptions options_;
@@ -69,8 +67,7 @@ class PreemptionWatcher {
   void* curl_ = nullptr;  // CURL*, reused so that the connection is kept alive
   std::string token_;     // IMDSv2 session token, empty when not in use
 
-  absl::Notification stop_;  // also read by curl's progress callback to abort a request
-  std::thread thread_;
+  NoticePoller poller_;  // its stopping() also aborts a request in flight
 };
 
 }  // namespace trainyard
