@@ -185,6 +185,15 @@ TEST_F(TaskIsolationTest, CpuQuotaHoldsTheTaskToItsShare) {
   }
   absl::StatusOr<std::vector<std::string>> join = isolation->Prepare("spinner", {0, 0.2});
   ASSERT_TRUE(join.ok()) << join.status();
+  if (isolation->Name() == "cgroup v1") {
+    // A CPU group of its own only with a quota: without one the task stays in the agent's.
+    EXPECT_EQ(join->size(), 2u);
+    absl::StatusOr<std::vector<std::string>> plain = isolation->Prepare("plain", {0, 0});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_EQ(plain->size(), 1u);
+    EXPECT_NE(plain->front().find("memory"), std::string::npos) << plain->front();
+    EXPECT_FALSE(isolation->Finish("plain", 0, 0).out_of_memory);
+  }
   const pid_t spinner = StartPython("while True:\n    pass\n", *join);
   ASSERT_GT(spinner, 0);
   // The cgroup with the quota: v2's only one, v1's cpu one (the second).

@@ -223,8 +223,10 @@ class CgroupIsolation final : public TaskIsolation {
               .IgnoreError();
         }
       }
-      if (absl::Status s = MakeDir(cpu_dir); !s.ok()) return undo(s);
+      // A CPU group of its own only for a quota: without one it would hold nothing back and only
+      // add a level that the scheduler walks at every switch; the task stays in the agent's.
       if (quota > 0) {
+        if (absl::Status s = MakeDir(cpu_dir); !s.ok()) return undo(s);
         if (absl::Status s = WriteValue(cpu_dir + "/cpu.cfs_period_us", absl::StrCat(kCpuPeriodUs));
             !s.ok()) {
           return undo(s);
@@ -238,7 +240,7 @@ class CgroupIsolation final : public TaskIsolation {
     absl::MutexLock lock(&mu_);
     limits_[task_id] = memory;
     std::vector<std::string> join = {memory_dir + "/cgroup.procs"};
-    if (!v2_) join.push_back(cpu_dir + "/cgroup.procs");
+    if (!v2_ && quota > 0) join.push_back(cpu_dir + "/cgroup.procs");
     return join;
   }
 
