@@ -5,6 +5,9 @@
 # way, with and without Trainyard's module, then preempted and killed under Trainyard. Prints
 # Markdown tables of the medians:
 #   - steps per second after warm-up, and their ratio to torchrun's on the plain script;
+#   - the CPU a step takes, of the ranks' processes and of the whole machine (launchers
+#     included), and its ratio to torchrun's: steady where steps/s is noisy, since on a machine
+#     the ranks keep busy, steps/s follows the machine's CPU a step;
 #   - from the launch (`trainyard submit`, or torchrun's command) to the program's process, to
 #     `import torch` done, to the process group, to the first step;
 #   - recovery from a preemption notice (SIGTERM to an agent) and from kill -9 of a machine (its
@@ -49,19 +52,31 @@ checkpoint: {every_steps: 100000}
 SPEC
 }
 
+run_torchrun() {  # MODE ROUND
+  local flag=; [ "$1" = module ] && flag=--module
+  local port
+  port=$("$python" -c "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])")
+  OMP_NUM_THREADS=1 PYTHONPATH="$build/share/trainyard/python" timeout 600 \
+    "$python" "$root/bench/torchrun.py" \
+    --nproc_per_node 2 --master_port "$port" "$work/program/program_step.py" --steps "$steps" \
+    --out "$work/torchrun-$1-$2.json" --submitted "$(date +%s.%N)" $flag >"$work/torchrun.log" 2>&1
+}
+run_trainyard() {  # MODE ROUND
+  local flag=; [ "$1" = module ] && flag=", --module"
+  local out="$work/trainyard-$1-$2.json" id
+  job_spec "bench-$1" "$flag" "$steps" "$out" >"$work/job.yaml"
+  id=$("$trainyard" submit "$work/job.yaml" --wait 2>/dev/null | head -1)
+  [ -s "$out" ] || { echo "the job $id wrote no result" >&2; "$trainyard" describe "$id" >&2; exit 1; }
+}
+# Each pair in turn in both orders (torchrun first in odd rounds, Trainyard in even ones), so
+# that neither always runs on a machine the other has just used.
 for r in $(seq "$rounds"); do
   for mode in plain module; do
-    flag=; [ $mode = module ] && flag=", --module"
-    out="$work/torchrun-$mode-$r.json"
-    port=$("$python" -c "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])")
-    OMP_NUM_THREADS=1 PYTHONPATH="$build/share/trainyard/python" timeout 600 \
-      "$python" "$root/bench/torchrun.py" \
-      --nproc_per_node 2 --master_port "$port" "$work/program/program_step.py" --steps "$steps" --out "$out" \
-      --submitted "$(date +%s.%N)" ${flag:+--module} >"$work/torchrun.log" 2>&1
-    out="$work/trainyard-$mode-$r.json"
-    job_spec "bench-$mode" "$flag" "$steps" "$out" >"$work/job.yaml"
-    id=$("$trainyard" submit "$work/job.yaml" --wait 2>/dev/null | head -1)
-    [ -s "$out" ] || { echo "the job $id wrote no result" >&2; "$trainyard" describe "$id" >&2; exit 1; }
+    if [ $((r % 2)) -eq 1 ]; then
+      run_torchrun $mode "$r"; run_trainyard $mode "$r"
+    else
+      run_trainyard $mode "$r"; run_torchrun $mode "$r"
+    fi
   done
 done
 
@@ -90,6 +105,22 @@ for name, label, peer in [("torchrun-plain", "torchrun, plain script", None),
                         for a, b in zip(runs(name), runs(peer)))
         paired = f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
     print(f"| {label} | {s:.1f} | {s / base:.3f} | {paired} |")
+print()
+print(f"| CPU milliseconds a step, median of {rounds} | the ranks' processes | torchrun's over "
+      "this, round by round | the whole machine | torchrun's over this, round by round |")
+print("| --- | --- | --- | --- | --- |")
+def paired(name, peer, field):
+    ratios = sorted(b[field] / a[field] for a, b in zip(runs(name), runs(peer)))
+    return f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
+for name, label, peer in [("torchrun-plain", "torchrun, plain script", None),
+                          ("torchrun-module", "torchrun, with the module", "torchrun-plain"),
+                          ("trainyard-plain", "Trainyard, plain script", "torchrun-plain"),
+                          ("trainyard-module", "Trainyard, with the module", "torchrun-module")]:
+    cells = []
+    for field in ("cpu_seconds_per_step", "machine_cpu_seconds_per_step"):
+        cells.append(f"{1000 * med(runs(name), lambda x: x[field]):.3f}")
+        cells.append(paired(name, peer, field) if peer else "")
+    print(f"| {label} | " + " | ".join(cells) + " |")
 print()
 print(f"| seconds from the launch, median of {rounds} | to rank 0's process | to the last "
       "rank's | + import torch (rank 0) | + process group | + first step |")
