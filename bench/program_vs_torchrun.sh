@@ -15,15 +15,17 @@
 #   - the CPU that Trainyard's own processes (coordinator, agents, the ranks' hosts) take while
 #     the program trains, against the program's own.
 #
-#   bench/program_vs_torchrun.sh [BUILD_DIR] [ROUNDS] [STEPS]      (defaults: build, 3, 400)
+#   [PYTHON=python3] bench/program_vs_torchrun.sh [BUILD_DIR] [ROUNDS] [STEPS]   (defaults: build, 3, 400)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 rounds=${2:-3}
 steps=${3:-400}
 trainyard=$build/bin/trainyard
-python=/usr/bin/python3
+python=${PYTHON:-/usr/bin/python3}  # with torch; PYTHON= another
 [ -x "$trainyard" ] || { echo "build it first: make build" >&2; exit 1; }
+"$python" -c "import torch" 2>/dev/null ||
+  { echo "$python cannot import torch: PYTHON= a Python that can" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/trainyard-program-bench-XXXXXX)
 up=

@@ -50,7 +50,7 @@ for lib in libssl.so.3 libcrypto.so.3; do
 done
 python=${PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
-all_items="machine build unit gpu_tests cgroups cluster_cpu gpu_job nvml gpu_health precision cuda_graph gpu_metrics benchmarks data_wait"
+all_items="machine build unit gpu_tests cgroups cluster_cpu gpu_job nvml gpu_health precision cuda_graph gpu_metrics benchmarks data_wait program_bench"
 items=${ITEMS:-$all_items}
 mkdir -p "$out"
 state=$(mktemp -d /tmp/gpu-check-XXXXXX)
@@ -594,6 +594,24 @@ item_gpu_metrics() {
   "$python" -c "import sys; sys.exit(0 if float('$util') > 0 else 1)" ||
     { fail "job $job's GPU series are labelled, but its utilisation stayed 0 for 30 s while it trained"; return; }
   pass "each GPU series of the agent names job $job while it trains; utilisation $util %"
+}
+
+# A user's own DDP script (Gloo, CPU) under Trainyard and under torchrun, pair by pair
+# (bench/program_vs_torchrun.sh): on a machine with more cores than ranks, where a gap of 1 % can
+# be seen, as it cannot on a 2-core one. PROGRAM_ROUNDS (default 6) pairs of each.
+item_program_bench() {
+  "$python" -c 'import torch.distributed.run' 2>/dev/null ||
+    { skip "$python has no torch.distributed.run"; return; }
+  local rc=0 col
+  PYTHON="$python" timeout 600 "$here/bench/program_vs_torchrun.sh" "$build" \
+    "${PROGRAM_ROUNDS:-6}" 600 >"$out/program_bench.md" 2>&1 || rc=$?
+  cat "$out/program_bench.md"
+  [ "$rc" = 0 ] || { fail "bench/program_vs_torchrun.sh exited $rc (program_bench.md)"; return; }
+  for col in plain module; do  # the round-by-round median ratio to torchrun on the same script
+    figure "steps_ratio_$col" "$(grep -m1 "^| Trainyard, .*$col" "$out/program_bench.md" |
+      awk -F'|' '{print $5}' | awk '{print $1}')"
+  done
+  pass "table in program_bench.md"
 }
 
 # report.md and report.json from the items so far: written after every item, so that a call cut
