@@ -116,11 +116,12 @@ test-asan-trainer: deps san-configure
 # The unit tests of the concurrent classes under ThreadSanitizer, in TSAN_DIR (gcc): the job
 # manager (job_manager_test, recovery_test), the group committer, the standby copy and the lease
 # keeper (job_store_test; postgres_store_test against a PostgreSQL the test starts), the agent's
-# reconciler and log shipper, the capacity loop beside the job manager (capacity_test). Reports fail the test; tests/tsan/suppressions.txt lists what is
+# reconciler, log shipper and notice watchers (preemption_test), the capacity loop beside the job
+# manager (capacity_test). Reports fail the test; tests/tsan/suppressions.txt lists what is
 # suppressed, and why. Debian 12's Abseil is told of (tests/tsan/absl_sync_annotations.cc).
 TSAN_DIR ?= build-tsan
 TSAN_TESTS ?= tsan_annotations_check job_manager_test recovery_test job_store_test reconciler_test \
-	log_shipper_test agent_test capacity_test
+	log_shipper_test agent_test capacity_test preemption_test
 test-tsan: deps
 	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAINYARD_TSAN=ON \
 		-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" >/dev/null
