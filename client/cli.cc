@@ -80,7 +80,8 @@ std::vector<CommandSpec> JobCommands() {
       {"debug",
        "JOB",
        "Show what each running rank of a job is doing: its phase and for how long, its step, its "
-       "last collectives and messages, and which rank holds the others up if one does.",
+       "last collectives and messages, and which rank holds the others up if one does (once "
+       "the others have waited on it for a second; a stopped process at once).",
        {{"stacks", '\0', false, "",
          "also every thread's stack of each trainer (its worker attaches a debugger: gdb)"},
         kOutputFlag},
