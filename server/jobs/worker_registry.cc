@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/channel.h"
 
 namespace trainyard {
 
@@ -49,11 +50,14 @@ const WorkerRecord& WorkerRegistry::Register(v1::Worker info,
   return record;
 }
 
+static_assert(kSeveralCoordinatorsPingMs + kSeveralCoordinatorsPingTimeoutMs == 3000,
+              "LeasePolicy::restored_grace: an agent's time to give up a frozen coordinator");
+
 void WorkerRegistry::Restore(v1::Worker info) {
   std::string id = info.id();
   WorkerRecord& record = workers_[id];
   record.info = std::move(info);
-  record.lease_expiry = clock_.Now() + policy_.timeout;
+  record.lease_expiry = clock_.Now() + policy_.timeout + policy_.restored_grace;
   record.desired_version = ++next_version_;
   record.restored = true;
 }

@@ -68,6 +68,11 @@ struct LeasePolicy {
   // With one: held while a stream is open; LOST this long after the last one closed, unless the
   // agent opens another meanwhile (it reopens at once after a stream it did not mean to end).
   absl::Duration stream_grace = absl::Milliseconds(500);
+  // A worker restored from the store (a coordinator that took over or restarted) has this much
+  // more than `timeout` to come: its agent may still be tied to a frozen old leader until its
+  // pings give that connection up (common/rpc/channel.h: 2 s apart, 1 s to answer).
+  // (worker_registry.cc checks that the two agree).
+  absl::Duration restored_grace = absl::Seconds(3);
   // When more than half of the live workers (and at least two) run out of lease at once, the
   // coordinator is far more likely to be the one cut off than they all to have died: they are
   // held unreachable (given nothing new) for up to this long before they are LOST.

@@ -249,6 +249,18 @@ TEST(WorkerRegistryTest, AMassLossHeldTooLongIsALoss) {
   EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0", "w1"));
 }
 
+// A worker restored by a coordinator that took over has its lease and the time its agent may
+// need to give up the old, frozen leader (its pings: 3 s) to come.
+TEST(WorkerRegistryTest, ARestoredWorkerHasTheTimeToLeaveAFrozenLeader) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(2)));
+  registry.Restore(Info("w0"));
+  clock.Advance(absl::Seconds(5) - absl::Milliseconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
+}
+
 // Workers whose agents said they were leaving (DRAINING after a notice) and then left are gone as
 // announced: LOST when their leases run out, never held as if the coordinator were cut off.
 TEST(WorkerRegistryTest, WorkersThatLeftAfterANoticeAreLostNotHeld) {
