@@ -75,6 +75,17 @@ def _state(pid):
         return None
 
 
+def _describe(pid):
+    """"PID (STATE, wchan WCHAN): COMMAND", for an error that names a process."""
+    def read(name):
+        try:
+            with open("/proc/%d/%s" % (pid, name), "rb") as f:
+                return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            return "?"
+    return "%d (%s, wchan %s): %s" % (pid, _state(pid), read("wchan"), read("cmdline")[:120])
+
+
 class Bed:
     """A bed of hosts. Made by Bed.up(...), removed by down() (also on SIGINT and SIGTERM of the
     process that made it, and by the next up() if that process died)."""
@@ -244,8 +255,8 @@ class Bed:
                 continue
             stopped = None
             if time.monotonic() > deadline:
-                raise HostsError("%s %s: processes %s still running after 10 s"
-                                 % (fault, host, " ".join(map(str, moving))))
+                raise HostsError("%s %s: processes still running after 10 s: %s"
+                                 % (fault, host, "; ".join(_describe(pid) for pid in moving)))
             for pid in moving:
                 try:
                     os.kill(pid, signal.SIGSTOP)
