@@ -29,6 +29,18 @@ namespace trainyard {
 
 using job_manager_internal::IsShard;
 
+namespace {
+// By name: LeasePolicy gains fields, and a positional list would shift onto the wrong ones.
+LeasePolicy LeasePolicyOf(const JobManagerOptions& options) {
+  LeasePolicy policy;
+  policy.timeout = options.worker_timeout;
+  policy.stream_grace = options.worker_stream_grace;
+  policy.mass_loss_hold = options.mass_loss_hold;
+  policy.beat_timeout = options.lease_beat_timeout;
+  return policy;
+}
+}  // namespace
+
 JobManager::JobManager(const Clock& clock, std::unique_ptr<JobStore> store,
                        std::unique_ptr<LogStore> logs, JobManagerOptions options)
     : clock_(clock),
@@ -37,8 +49,7 @@ JobManager::JobManager(const Clock& clock, std::unique_ptr<JobStore> store,
       committer_(store_.get()),
       logs_(std::move(logs)),
       rendezvous_(clock),
-      workers_(clock, LeasePolicy{options_.worker_timeout, options_.worker_stream_grace,
-                                  options_.mass_loss_hold, options_.lease_beat_timeout}) {}
+      workers_(clock, LeasePolicyOf(options_)) {}
 
 JobManager::~JobManager() = default;
 

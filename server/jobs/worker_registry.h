@@ -68,11 +68,6 @@ struct LeasePolicy {
   // With one: held while a stream is open; LOST this long after the last one closed, unless the
   // agent opens another meanwhile (it reopens at once after a stream it did not mean to end).
   absl::Duration stream_grace = absl::Milliseconds(500);
-  // A worker restored from the store (a coordinator that took over or restarted) has this much
-  // more than `timeout` to come: its agent may still be tied to a frozen old leader until its
-  // pings give that connection up (common/rpc/channel.h: 2 s apart, 1 s to answer).
-  // (worker_registry.cc checks that the two agree).
-  absl::Duration restored_grace = absl::Seconds(3);
   // When more than half of the live workers (and at least two) run out of lease at once, the
   // coordinator is far more likely to be the one cut off than they all to have died: they are
   // held unreachable (given nothing new) for up to this long before they are LOST.
@@ -81,6 +76,11 @@ struct LeasePolicy {
   // after this long without one, and so is any agent asked for a word (a probe) that has not
   // answered within it. Zero: no beats are asked for.
   absl::Duration beat_timeout = absl::Milliseconds(1500);
+  // A worker restored from the store (a coordinator that took over or restarted) has this much
+  // more than `timeout` to come: its agent may still be tied to a frozen old leader until its
+  // pings give that connection up (common/rpc/channel.h: 2 s apart, 1 s to answer).
+  // (worker_registry.cc checks that the two agree).
+  absl::Duration restored_grace = absl::Seconds(3);
 };
 
 // The workers the coordinator knows and their leases. A worker is READY (or DRAINING) while its
