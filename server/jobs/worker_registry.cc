@@ -237,8 +237,14 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
   int probing = 0;  // asked for a word, not answered yet
   int closing = 0;  // streams closed, still within their grace
   std::vector<WorkerRecord*> expired;
+  std::vector<WorkerRecord*> left;  // DRAINING: their agents said they were leaving
   for (auto& [id, record] : workers_) {
     if (record.info.state() == v1::LOST) continue;
+    if (record.info.state() == v1::DRAINING && now >= record.lease_expiry) {
+      // Gone as announced: no sign of a coordinator cut off, so it counts neither way.
+      left.push_back(&record);
+      continue;
+    }
     ++live;
     if (record.probed()) ++probing;
     if (now >= record.lease_expiry) {
@@ -268,8 +274,9 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
     }
     expired.swap(now_due);
   }
+  expired.insert(expired.end(), left.begin(), left.end());
   for (WorkerRecord* record : expired) {
-    if (mass_loss &&
+    if (mass_loss && record->info.state() != v1::DRAINING &&
         (!record->unreachable() || now - record->unreachable_since < policy_.mass_loss_hold)) {
       if (!record->unreachable()) {
         record->unreachable_since = now;

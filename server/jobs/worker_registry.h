@@ -139,7 +139,7 @@ class WorkerRegistry {
     std::vector<std::string> held;      // newly held unreachable by a mass loss
     std::vector<std::string> returned;  // held until now, and their lease holds again
     int down = 0;                       // workers out of lease or with their stream closed, of
-    int live = 0;                       // the workers not LOST
+    int live = 0;                       // the workers not LOST (nor DRAINING and out of lease)
   };
   // Marks every READY/DRAINING worker whose lease has run out as LOST, unless more than half of
   // the workers not LOST (at least two) are out of lease or have lost their stream at once:
@@ -148,7 +148,9 @@ class WorkerRegistry {
   // have not come back too. While other streams are
   // closed but within their grace, a lease that ran out waits up to stream_grace more, to tell
   // a coordinator cut off (its connections break within a ping interval of each other) from one
-  // machine lost; while probes await their answers (CheckBeats), it waits for them.
+  // machine lost; while probes await their answers (CheckBeats), it waits for them. A DRAINING
+  // worker out of lease left as its agent said it would (a preemption notice, a drain): LOST at
+  // once, and counted neither among the workers down nor among the live ones.
   Expiry ExpireLeases();
 
   // The state a person should see (trainyard workers, the metrics), which the stored one (READY,

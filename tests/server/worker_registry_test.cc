@@ -261,6 +261,46 @@ TEST(WorkerRegistryTest, ARestoredWorkerHasTheTimeToLeaveAFrozenLeader) {
   EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
 }
 
+// Workers whose agents said they were leaving (DRAINING after a notice) and then left are gone as
+// announced: LOST when their leases run out, never held as if the coordinator were cut off.
+TEST(WorkerRegistryTest, WorkersThatLeftAfterANoticeAreLostNotHeld) {
+  FakeClock clock;
+  WorkerRegistry registry(clock, Timeout(absl::Seconds(10)));
+  // Two of three leave after a notice; the third stays.
+  for (const char* id : {"w0", "w1", "w2"}) registry.Register(Info(id));
+  ASSERT_TRUE(registry.SetState("w0", v1::DRAINING).ok());
+  ASSERT_TRUE(registry.SetState("w1", v1::DRAINING).ok());
+  clock.Advance(absl::Seconds(5));
+  ASSERT_TRUE(registry.Renew("w2").ok());
+  clock.Advance(absl::Seconds(5));
+  WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.lost, ElementsAre("w0", "w1"));
+  EXPECT_THAT(expiry.held, IsEmpty());
+  EXPECT_EQ(expiry.down, 0);
+  EXPECT_EQ(expiry.live, 1);
+
+  // Every worker of a cluster preempted at once (one Slurm allocation): lost, not held.
+  WorkerRegistry all(clock, Timeout(absl::Seconds(10)));
+  for (const char* id : {"a", "b"}) {
+    all.Register(Info(id));
+    ASSERT_TRUE(all.SetState(id, v1::DRAINING).ok());
+  }
+  clock.Advance(absl::Seconds(10));
+  expiry = all.ExpireLeases();
+  EXPECT_THAT(expiry.lost, ElementsAre("a", "b"));
+  EXPECT_THAT(expiry.held, IsEmpty());
+  EXPECT_FALSE(all.Find("a")->unreachable());
+
+  // A mass loss among the others still holds them while the one leaving goes.
+  WorkerRegistry mixed(clock, Timeout(absl::Seconds(10)));
+  for (const char* id : {"m0", "m1", "m2", "m3"}) mixed.Register(Info(id));
+  ASSERT_TRUE(mixed.SetState("m0", v1::DRAINING).ok());
+  clock.Advance(absl::Seconds(10));
+  expiry = mixed.ExpireLeases();
+  EXPECT_THAT(expiry.lost, ElementsAre("m0"));
+  EXPECT_THAT(expiry.held, ElementsAre("m1", "m2", "m3"));
+}
+
 // Agents w0..w{n-1} that beat, each stream's end counted in `ended` (the server cancels the call;
 // here the test closes it as the call's end would).
 struct Beating {
@@ -416,7 +456,8 @@ TEST(WorkerRegistryTest, TheShownStateSaysWhatTheCoordinatorKnows) {
   EXPECT_THAT(registry.ExpireLeases().lost, ElementsAre("w0"));
   EXPECT_EQ(shown("w0"), v1::LOST);
 
-  // Most at once: held, shown UNREACHABLE with when it becomes LOST; a drain is kept apart.
+  // Most at once: held, shown UNREACHABLE with when it becomes LOST (a worker DRAINING left as
+  // its agent said it would: LOST, not held).
   ASSERT_TRUE(registry.SetState("w2", v1::DRAINING).ok());
   for (int i = 1; i < 4; ++i) {
     registry.CloseLease(absl::StrCat("w", i), agents.tickets[i]);
@@ -424,11 +465,13 @@ TEST(WorkerRegistryTest, TheShownStateSaysWhatTheCoordinatorKnows) {
   EXPECT_EQ(shown("w1", &reason), v1::SUSPECT);
   EXPECT_THAT(reason, ::testing::HasSubstr("stream closed"));
   clock.Advance(absl::Seconds(1));
-  EXPECT_THAT(registry.ExpireLeases().held, ElementsAre("w1", "w2", "w3"));
+  WorkerRegistry::Expiry expiry = registry.ExpireLeases();
+  EXPECT_THAT(expiry.held, ElementsAre("w1", "w3"));
+  EXPECT_THAT(expiry.lost, ElementsAre("w2"));
   clock.Advance(absl::Seconds(60));
-  EXPECT_EQ(shown("w2", &reason), v1::UNREACHABLE);
+  EXPECT_EQ(shown("w3", &reason), v1::UNREACHABLE);
   EXPECT_THAT(reason, ::testing::HasSubstr("LOST if it is not back within 4m"));
-  EXPECT_EQ(registry.Find("w2")->info.state(), v1::DRAINING);  // stored as it was
+  EXPECT_EQ(registry.Find("w3")->info.state(), v1::READY);  // stored as it was
 
   // Restored from the store and not registered with this coordinator yet.
   WorkerRegistry restarted(clock, policy);
