@@ -2,8 +2,7 @@
 (Gloo) by its own loop, the same whether torchrun or Trainyard starts it. Rank 0 writes what it
 measured as JSON to --out: when its process started, when `import torch` was done, when the
 process group was up, when its first step ended (all unix seconds), the steps per second after
---warmup steps, and over those steps the CPU seconds a step of the ranks' processes and of the
-whole machine.
+--warmup steps, and over those steps the CPU seconds a step of the ranks' processes.
 
 --module uses Trainyard's module at every step (report, should_checkpoint, should_stop: one
 socket round trip and one one-integer all-reduce); without it the script knows nothing of
@@ -34,14 +33,6 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 imported = time.time()
-
-
-def machine_busy_seconds():
-    """CPU seconds every processor of the machine has been busy since boot (/proc/stat: all
-    but idle and iowait), whoever used them."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def main():
@@ -85,13 +76,10 @@ def main():
         if step == args.warmup:
             steady_start = time.perf_counter()
             steady_cpu = time.process_time()
-            steady_busy = machine_busy_seconds()
     steady = (args.steps - args.warmup) / (time.perf_counter() - steady_start)
     # The CPU this rank's process (all its threads) spent a step: unlike steps/s, barely moved
     # by what else the machine runs, so a launcher's cost to the program itself shows in it.
     cpu = (time.process_time() - steady_cpu) / (args.steps - args.warmup)
-    # The whole machine's busy CPU a step: the program, its launcher and anything else running.
-    busy = (machine_busy_seconds() - steady_busy) / (args.steps - args.warmup)
     # Every rank's start: the job's program has started when its last rank has.
     starts = [None] * world
     dist.all_gather_object(starts, started)
@@ -102,7 +90,7 @@ def main():
             json.dump({"submitted": args.submitted, "started": started,
                        "last_started": max(starts), "imported": imported,
                        "grouped": grouped, "first_step": first_step, "steps_per_second": steady,
-                       "cpu_seconds_per_step": sum(cpus), "machine_cpu_seconds_per_step": busy},
+                       "cpu_seconds_per_step": sum(cpus)},
                       f)
     # Out at once: Gloo's teardown (destroy_process_group, or its threads at exit) now and then
     # waits on a peer that has gone, or aborts.

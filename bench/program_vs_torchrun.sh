@@ -5,9 +5,7 @@
 # way, with and without Trainyard's module, then preempted and killed under Trainyard. Prints
 # Markdown tables of the medians:
 #   - steps per second after warm-up, and their ratio to torchrun's on the plain script;
-#   - the CPU a step takes, of the ranks' processes and of the whole machine (launchers
-#     included), and its ratio to torchrun's: steady where steps/s is noisy, since on a machine
-#     the ranks keep busy, steps/s follows the machine's CPU a step;
+#   - the CPU a step of the ranks' processes takes, and its ratio to torchrun's;
 #   - from the launch (`trainyard submit`, or torchrun's command) to the program's process, to
 #     `import torch` done, to the process group, to the first step;
 #   - recovery from a preemption notice (SIGTERM to an agent) and from kill -9 of a machine (its
@@ -95,34 +93,26 @@ base = med(runs("torchrun-plain"), lambda x: x["steps_per_second"])
 print(f"| steps/s, median of {rounds} (2 ranks, Gloo) | steps/s | ratio to torchrun, plain "
       "script | ratio to torchrun on the same script, round by round: median (min to max) |")
 print("| --- | --- | --- | --- |")
-for name, label, peer in [("torchrun-plain", "torchrun, plain script", None),
-                          ("torchrun-module", "torchrun, with the module (its agreement only)",
-                           "torchrun-plain"),
-                          ("trainyard-plain", "Trainyard, plain script", "torchrun-plain"),
-                          ("trainyard-module", "Trainyard, with the module", "torchrun-module")]:
+CASES = [("torchrun-plain", "torchrun, plain script", None),
+         ("torchrun-module", "torchrun, with the module (its agreement only)", "torchrun-plain"),
+         ("trainyard-plain", "Trainyard, plain script", "torchrun-plain"),
+         ("trainyard-module", "Trainyard, with the module", "torchrun-module")]
+def paired(name, peer, ratio):
+    """The median (min to max) over the rounds of ratio(this run, the peer's run)."""
+    ratios = sorted(ratio(a, b) for a, b in zip(runs(name), runs(peer)))
+    return f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
+for name, label, peer in CASES:
     s = med(runs(name), lambda x: x["steps_per_second"])
-    paired = ""
-    if peer:
-        ratios = sorted(a["steps_per_second"] / b["steps_per_second"]
-                        for a, b in zip(runs(name), runs(peer)))
-        paired = f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
-    print(f"| {label} | {s:.1f} | {s / base:.3f} | {paired} |")
+    cell = paired(name, peer, lambda a, b: a["steps_per_second"] / b["steps_per_second"]) if peer else ""
+    print(f"| {label} | {s:.1f} | {s / base:.3f} | {cell} |")
 print()
 print(f"| CPU milliseconds a step, median of {rounds} | the ranks' processes | torchrun's over "
-      "this, round by round | the whole machine | torchrun's over this, round by round |")
-print("| --- | --- | --- | --- | --- |")
-def paired(name, peer, field):
-    ratios = sorted(b[field] / a[field] for a, b in zip(runs(name), runs(peer)))
-    return f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
-for name, label, peer in [("torchrun-plain", "torchrun, plain script", None),
-                          ("torchrun-module", "torchrun, with the module", "torchrun-plain"),
-                          ("trainyard-plain", "Trainyard, plain script", "torchrun-plain"),
-                          ("trainyard-module", "Trainyard, with the module", "torchrun-module")]:
-    cells = []
-    for field in ("cpu_seconds_per_step", "machine_cpu_seconds_per_step"):
-        cells.append(f"{1000 * med(runs(name), lambda x: x[field]):.3f}")
-        cells.append(paired(name, peer, field) if peer else "")
-    print(f"| {label} | " + " | ".join(cells) + " |")
+      "this, round by round |")
+print("| --- | --- | --- |")
+for name, label, peer in CASES:
+    cpu = lambda x: x["cpu_seconds_per_step"]
+    cell = paired(name, peer, lambda a, b: cpu(b) / cpu(a)) if peer else ""
+    print(f"| {label} | {1000 * med(runs(name), cpu):.3f} | {cell} |")
 print()
 print(f"| seconds from the launch, median of {rounds} | to rank 0's process | to the last "
       "rank's | + import torch (rank 0) | + process group | + first step |")
