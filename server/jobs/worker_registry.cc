@@ -274,9 +274,15 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
     }
     expired.swap(now_due);
   }
-  expired.insert(expired.end(), left.begin(), left.end());
+  auto mark_lost = [&](WorkerRecord* record) {
+    record->info.set_state(v1::LOST);
+    record->unreachable_since = absl::InfiniteFuture();
+    record->hold_ended = false;
+    record->desired_version = ++next_version_;
+    out.lost.push_back(record->info.id());
+  };
   for (WorkerRecord* record : expired) {
-    if (mass_loss && record->info.state() != v1::DRAINING &&
+    if (mass_loss &&
         (!record->unreachable() || now - record->unreachable_since < policy_.mass_loss_hold)) {
       if (!record->unreachable()) {
         record->unreachable_since = now;
@@ -291,12 +297,9 @@ WorkerRegistry::Expiry WorkerRegistry::ExpireLeases() {
       record->lease_expiry = now + policy_.timeout;
       continue;
     }
-    record->info.set_state(v1::LOST);
-    record->unreachable_since = absl::InfiniteFuture();
-    record->hold_ended = false;
-    record->desired_version = ++next_version_;
-    out.lost.push_back(record->info.id());
+    mark_lost(record);
   }
+  for (WorkerRecord* record : left) mark_lost(record);  // held by nothing: gone as announced
   return out;
 }
 
