@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -77,6 +78,10 @@ TEST(DataParallelTest, TwoRanksOnTwoWorkersTrainToSuccess) {
 }
 
 // Kills (or freezes) one rank mid-job and checks that the other does not hang in all-reduce.
+// The victim's agent is frozen first when its rank is killed: the coordinator then cannot hear of
+// the death and stop the survivor before the survivor finds the dead peer on its own, which is
+// what this test is about (the coordinator's answer to a rank killed by a signal nobody sent is
+// checked in task_report_test and local_cluster_test).
 class DeadPeerTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(DeadPeerTest, TheOtherRankExitsWithACommunicatorErrorAndTheJobLeavesRunning) {
@@ -97,6 +102,12 @@ TEST_P(DeadPeerTest, TheOtherRankExitsWithACommunicatorErrorAndTheJobLeavesRunni
       cluster.TrainerPid(survivor_worker, absl::StrCat(submitted->id(), ".g1.r0"));
   ASSERT_TRUE(victim.has_value() && survivor.has_value());
 
+  Process& victim_agent = cluster.worker(victim_worker);
+  if (sig == SIGKILL) victim_agent.Signal(SIGSTOP);
+  absl::Cleanup thaw = [&] {
+    victim_agent.Signal(SIGCONT);
+    kill(*victim, SIGCONT);
+  };
   const absl::Time start = absl::Now();
   ASSERT_EQ(kill(*victim, sig), 0);
   // The surviving rank ends on its own: at once when the peer's connections close, within the
@@ -104,8 +115,7 @@ TEST_P(DeadPeerTest, TheOtherRankExitsWithACommunicatorErrorAndTheJobLeavesRunni
   EXPECT_TRUE(PollUntil([&] { return !ProcessAlive(*survivor); }, absl::Seconds(20)));
   const absl::Duration survivor_exit = absl::Now() - start;
   EXPECT_LT(survivor_exit, absl::Seconds(12));
-  // A rank killed by a signal nobody sent on purpose is a failure (max_failures 0: the job
-  // fails); a frozen peer only shows as the survivor's infrastructure error: a restart.
+  // Rank 0's exit, an infrastructure error, is all the coordinator has heard: a restart.
   auto job = cluster.WaitFor(
       submitted->id(),
       [](const Job& j) {
@@ -113,15 +123,8 @@ TEST_P(DeadPeerTest, TheOtherRankExitsWithACommunicatorErrorAndTheJobLeavesRunni
       },
       absl::Seconds(60));
   ASSERT_TRUE(job.ok()) << job.status();
-  if (sig == SIGKILL) {
-    job = cluster.WaitForFinal(submitted->id(), absl::Seconds(60));
-    ASSERT_TRUE(job.ok()) << job.status();
-    EXPECT_EQ(job->state(), v1::FAILED) << job->reason();
-    EXPECT_THAT(job->reason(), HasSubstr("rank 1 killed by signal 9"));
-  } else {
-    ASSERT_EQ(job->restarts_size(), 1) << job->reason();
-    EXPECT_EQ(job->restarts(0).reason(), v1::INFRASTRUCTURE);
-  }
+  ASSERT_EQ(job->restarts_size(), 1) << job->reason();
+  EXPECT_EQ(job->restarts(0).reason(), v1::INFRASTRUCTURE) << job->restarts(0).message();
 
   // Rank 0's own report: an infrastructure exit naming the collective.
   ASSERT_TRUE(PollUntil(
@@ -140,12 +143,14 @@ TEST_P(DeadPeerTest, TheOtherRankExitsWithACommunicatorErrorAndTheJobLeavesRunni
   if (sig == SIGSTOP) {
     EXPECT_THAT(rank0.message(), HasSubstr("collective timeout of 5s"));
     EXPECT_GE(survivor_exit, absl::Seconds(4));
-    // Thawed, it takes the SIGTERM its agent sent to stop the ended attempt, as a stop: a
-    // SIGKILL from here would be a death nobody asked for, a failure (max_failures 0) that ends
-    // the job before the cancel when it lands first.
-    kill(*victim, SIGCONT);
-    EXPECT_EQ(cluster.Cli({"cancel", submitted->id()}).exit_code, 0);
   }
+  // Cancelled while the victim (or its agent) is still frozen: what it reports once thawed cannot
+  // end the job first.
+  EXPECT_EQ(cluster.Cli({"cancel", submitted->id()}).exit_code, 0);
+  std::move(thaw).Invoke();
+  auto cancelled = cluster.WaitForFinal(submitted->id(), absl::Seconds(60));
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED) << cancelled->reason();
 }
 
 INSTANTIATE_TEST_SUITE_P(KilledOrFrozen, DeadPeerTest, ::testing::Values(SIGKILL, SIGSTOP),
