@@ -177,6 +177,31 @@ TEST_F(SubprocessTest, ReportsTheSignalThatEndedAProcess) {
   EXPECT_EQ(DescribeExit(exit), "killed by signal 9 (SIGKILL)");
 }
 
+// What the agent's own start ignored or blocked (a shell's background job ignores SIGINT and
+// SIGQUIT) does not reach a task.
+TEST_F(SubprocessTest, AChildStartsWithEverySignalAtItsDefaultAndNoneBlocked) {
+  struct sigaction ignore = {}, quit = {}, usr1 = {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGQUIT, &ignore, &quit);
+  sigaction(SIGUSR1, &ignore, &usr1);
+  sigset_t usr2, mask;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &usr2, &mask);
+  SubprocessOptions options;
+  options.argv = {"/bin/cat", "/proc/self/status"};
+  options.output_file = dir_ + "/status";
+  absl::StatusOr<pid_t> pid = StartSubprocess(options);
+  sigaction(SIGQUIT, &quit, nullptr);
+  sigaction(SIGUSR1, &usr1, nullptr);
+  pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(Wait(*pid).exit_code, 0);
+  const std::string status = Read(dir_ + "/status");
+  EXPECT_THAT(status, HasSubstr("SigIgn:\t0000000000000000\n"));
+  EXPECT_THAT(status, HasSubstr("SigBlk:\t0000000000000000\n"));
+}
+
 TEST_F(SubprocessTest, FailedExecIsAnErrorNotAProcess) {
   SubprocessOptions options;
   options.argv = {dir_ + "/no-such-program", "--flag"};

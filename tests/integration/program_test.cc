@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,6 +43,23 @@ nlohmann::json ReadJson(const std::string& path) {
 }
 
 TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
+  // The agents start with signals ignored and blocked, as under a shell's background job: the
+  // program must not inherit them.
+  struct sigaction ignore = {}, quit = {}, usr1 = {}, interrupt = {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGQUIT, &ignore, &quit);
+  sigaction(SIGUSR1, &ignore, &usr1);
+  sigaction(SIGINT, &ignore, &interrupt);
+  sigset_t usr2, mask;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &usr2, &mask);
+  absl::Cleanup restore = [&] {
+    sigaction(SIGQUIT, &quit, nullptr);
+    sigaction(SIGUSR1, &usr1, nullptr);
+    sigaction(SIGINT, &interrupt, nullptr);
+    pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  };
   Cluster cluster(QuickRestarts(2));
   TempDir out;
   auto submitted = cluster.Submit(ProgramJob("plain", "plain_ddp.py", 2, out.path()));
@@ -78,6 +96,8 @@ TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
     // They met at the store that rank 0's host served before they started, not rank 0's own.
     EXPECT_EQ(seen["TORCHELASTIC_USE_AGENT_STORE"], "True");
     EXPECT_EQ(seen["serves_store"], false);
+    EXPECT_EQ(seen["signals_not_default"], nlohmann::json::array()) << seen["signals_not_default"];
+    EXPECT_EQ(seen["signals_blocked"], nlohmann::json::array()) << seen["signals_blocked"];
     if (rank == 0) {
       master = absl::StrCat(seen["MASTER_ADDR"].get<std::string>(), ":",
                             seen["MASTER_PORT"].get<std::string>());

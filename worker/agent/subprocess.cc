@@ -15,6 +15,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/child_signals.h"
 #include "common/exit_codes.h"
 
 extern char** environ;
@@ -61,12 +62,7 @@ ExitInfo FromWaitStatus(int status) {
     // The parent may have died before prctl took effect.
     if (getppid() != parent) _exit(127);
   }
-  // Signal dispositions set to "ignore" and the blocked mask survive exec; give the program a
-  // clean start.
-  sigset_t all;
-  sigemptyset(&all);
-  sigprocmask(SIG_SETMASK, &all, nullptr);
-  for (int sig : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD}) signal(sig, SIG_DFL);
+  ResetSignalsForExec();
   if (!options.output_file.empty()) {
     const int in = open("/dev/null", O_RDONLY);
     if (in < 0) fail(1);

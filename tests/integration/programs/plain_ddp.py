@@ -5,6 +5,7 @@ store (under Trainyard, as under torchrun's agent, rank 0's host serves it)."""
 
 import json
 import os
+import signal
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,13 @@ seen["all_reduce"] = total.item()
 seen["TORCHELASTIC_USE_AGENT_STORE"] = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")
 seen["serves_store"] = serves_port(int(os.environ["MASTER_PORT"]))
 seen["cwd"] = os.getcwd()
+# Started as init would start it, whatever the agent's own start ignored or blocked: Python
+# installs its SIGINT handler only over the default, and leaves the rest as it found them.
+seen["signals_not_default"] = [s.name for s in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGHUP)
+                               if signal.getsignal(s) != signal.SIG_DFL]
+if signal.getsignal(signal.SIGINT) != signal.default_int_handler:
+    seen["signals_not_default"].append("SIGINT")
+seen["signals_blocked"] = sorted(s.name for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
 seen["weights"] = [float(v) for v in model.module.weight.flatten()]
 out = os.path.join(os.environ["OUT"], f"{os.environ['TRAINYARD_JOB_ID']}-rank{rank}.json")
 with open(out + ".tmp", "w") as f:

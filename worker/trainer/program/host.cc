@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/child_signals.h"
 #include "common/exit_codes.h"
 #include "common/json_fields.h"
 #include "common/log.h"
@@ -343,10 +344,7 @@ absl::StatusOr<pid_t> Host::Start() {
     // The program dies with its host (which the agent may SIGKILL at a stop's deadline).
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
-    for (int sig : {SIGTERM, SIGINT, SIGPIPE}) ::signal(sig, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ResetSignalsForExec();
     // Nothing of the host's but the standard streams reaches the program (the store's sockets,
     // which LibTorch does not make close-on-exec, among them).
     if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
