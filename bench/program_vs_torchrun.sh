@@ -11,9 +11,14 @@
 #   - recovery from a preemption notice (SIGTERM to an agent) and from kill -9 of a machine (its
 #     agent and its rank's processes), as `trainyard describe` splits it;
 #   - the CPU that Trainyard's own processes (coordinator, agents, the ranks' hosts) take while
-#     the program trains, against the program's own.
+#     the program trains, against the program's own;
+#   - the module's own cost a step, timed alone (bench/program_module_cost.py): under a
+#     Trainyard host and with none.
+# The steps/s ratios come with a 95 % interval (a bootstrap of the rounds' geometric mean): on a
+# noisy machine it says how many rounds it takes to tell a gap of 1 %.
 #
-#   [PYTHON=python3] bench/program_vs_torchrun.sh [BUILD_DIR] [ROUNDS] [STEPS]   (defaults: build, 3, 400)
+#   [PYTHON=python3] [MODES="plain module"] bench/program_vs_torchrun.sh [BUILD_DIR] [ROUNDS] [STEPS]
+#   (defaults: build, 3, 400; MODES=plain runs the plain script alone, twice the rounds an hour)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -21,6 +26,8 @@ rounds=${2:-3}
 steps=${3:-400}
 trainyard=$build/bin/trainyard
 python=${PYTHON:-/usr/bin/python3}  # with torch; PYTHON= another
+modes=${MODES:-plain module}
+case " $modes " in *" plain "*) ;; *) echo "MODES must include plain (the ratios' base)" >&2; exit 1 ;; esac
 [ -x "$trainyard" ] || { echo "build it first: make build" >&2; exit 1; }
 "$python" -c "import torch" 2>/dev/null ||
   { echo "$python cannot import torch: PYTHON= a Python that can" >&2; exit 1; }
@@ -31,7 +38,7 @@ cleanup() { [ -n "$up" ] && kill -INT "$up" 2>/dev/null; wait 2>/dev/null; [ -n 
 trap cleanup EXIT
 # The program's folder holds the program alone: it is the jobs' workdir, copied for every rank.
 mkdir -p "$work/program"
-cp "$root/bench/program_step.py" "$work/program/"
+cp "$root/bench/program_step.py" "$root/bench/program_module_cost.py" "$work/program/"
 
 "$trainyard" up --workers 4 --slots 1 --port 0 --state-dir "$work/cluster" >"$work/up.log" 2>&1 &
 up=$!
@@ -71,7 +78,7 @@ run_trainyard() {  # MODE ROUND
 # Each pair in turn in both orders (torchrun first in odd rounds, Trainyard in even ones), so
 # that neither always runs on a machine the other has just used.
 for r in $(seq "$rounds"); do
-  for mode in plain module; do
+  for mode in $modes; do
     if [ $((r % 2)) -eq 1 ]; then
       run_torchrun $mode "$r"; run_trainyard $mode "$r"
     else
@@ -81,7 +88,7 @@ for r in $(seq "$rounds"); do
 done
 
 "$python" - "$work" "$rounds" <<'PY'
-import json, statistics, sys
+import json, math, os, random, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 def runs(name):
     return [json.load(open(f"{work}/{name}-{r}.json")) for r in range(1, rounds + 1)]
@@ -91,20 +98,32 @@ base = med(runs("torchrun-plain"), lambda x: x["steps_per_second"])
 # Each round runs torchrun and Trainyard one after the other, so the ratio of a round's pair
 # cancels what drifts between rounds (the machine's speed): its median is the figure to quote.
 print(f"| steps/s, median of {rounds} (2 ranks, Gloo) | steps/s | ratio to torchrun, plain "
-      "script | ratio to torchrun on the same script, round by round: median (min to max) |")
-print("| --- | --- | --- | --- |")
+      "script | ratio to torchrun on the same script, round by round: median (min to max) | "
+      "geometric mean [95 % interval] |")
+print("| --- | --- | --- | --- | --- |")
 CASES = [("torchrun-plain", "torchrun, plain script", None),
          ("torchrun-module", "torchrun, with the module (its agreement only)", "torchrun-plain"),
          ("trainyard-plain", "Trainyard, plain script", "torchrun-plain"),
          ("trainyard-module", "Trainyard, with the module", "torchrun-module")]
+CASES = [c for c in CASES if os.path.exists(f"{work}/{c[0]}-1.json")]
+def ratios(name, peer, ratio):
+    return sorted(ratio(a, b) for a, b in zip(runs(name), runs(peer)))
 def paired(name, peer, ratio):
     """The median (min to max) over the rounds of ratio(this run, the peer's run)."""
-    ratios = sorted(ratio(a, b) for a, b in zip(runs(name), runs(peer)))
-    return f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})"
+    r = ratios(name, peer, ratio)
+    return f"{statistics.median(r):.3f} ({r[0]:.3f} to {r[-1]:.3f})"
+def interval(r):
+    """The geometric mean of the rounds' ratios and its 95 % bootstrap interval."""
+    logs = [math.log(x) for x in r]
+    draw = random.Random(0)
+    means = sorted(statistics.fmean(draw.choices(logs, k=len(logs))) for _ in range(4000))
+    return (f"{math.exp(statistics.fmean(logs)):.3f} [{math.exp(means[100]):.3f} to "
+            f"{math.exp(means[3899]):.3f}]")
 for name, label, peer in CASES:
     s = med(runs(name), lambda x: x["steps_per_second"])
-    cell = paired(name, peer, lambda a, b: a["steps_per_second"] / b["steps_per_second"]) if peer else ""
-    print(f"| {label} | {s:.1f} | {s / base:.3f} | {cell} |")
+    rate = lambda a, b: a["steps_per_second"] / b["steps_per_second"]
+    cells = f"{paired(name, peer, rate)} | {interval(ratios(name, peer, rate))}" if peer else " |"
+    print(f"| {label} | {s:.1f} | {s / base:.3f} | {cells} |")
 print()
 print(f"| CPU milliseconds a step, median of {rounds} | the ranks' processes | torchrun's over "
       "this, round by round |")
@@ -191,3 +210,34 @@ echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 field "$id" "'\n'.join('| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |'.format(r['reason'].lower(), r.get('stepsLost', 0), r.get('recoverySeconds', 0), r.get('detectionSeconds', 0), r.get('schedulingSeconds', 0), r.get('startSeconds', 0), r.get('rendezvousSeconds', 0), r.get('checkpointLoadSeconds', 0), r.get('firstStepSeconds', 0)) for r in j['restarts'])"
 echo
 echo "$cpu_table"
+
+# The module's own cost a step, timed alone: as a one-rank job (under its host), and bare.
+cost_spec() {  # STEPS SENDS OUT
+  cat <<SPEC
+name: bench-module-cost
+workers: 1
+program:
+  command: [$python, program_module_cost.py, "$1", "$2", $3]
+  workdir: file://$work/program
+checkpoint: {every_steps: 100000000}
+SPEC
+}
+for r in 1 2 3; do
+  cost_spec 200000 2000 "$work/cost-host-$r.json" >"$work/job.yaml"
+  "$trainyard" submit "$work/job.yaml" --wait >/dev/null 2>&1
+  PYTHONPATH="$build/share/trainyard/python" "$python" "$work/program/program_module_cost.py" \
+    200000 2000 "$work/cost-bare-$r.json"
+done
+"$python" - "$work" <<'PY'
+import json, statistics, sys
+work = sys.argv[1]
+def med(kind, field):
+    return statistics.median(json.load(open(f"{work}/cost-{kind}-{r}.json"))[field] for r in (1, 2, 3))
+print()
+print("| the module's own cost, median of 3 | a step (report, should_checkpoint, should_stop) "
+      "| a report sent (at most every 50 ms) | a second of 10 ms steps |")
+print("| --- | ---: | ---: | ---: |")
+for kind, label in [("bare", "no host (as under torchrun)"), ("host", "under a Trainyard host")]:
+    step, send = med(kind, "per_step_us"), med(kind, "per_send_us")
+    print(f"| {label} | {step:.2f} us | {send:.1f} us | {(100 * step + 20 * send) / 1e4:.3f} % |")
+PY
