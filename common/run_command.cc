@@ -77,10 +77,22 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
   std::vector<char*> env;
   for (std::string& e : env_strings) env.push_back(e.data());
   env.push_back(nullptr);
+  // Every signal at its default and none blocked, whatever this process ignores or blocks (as
+  // common/child_signals.h does for tasks).
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t all;
+  sigset_t none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attributes, &all);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   pid_t pid = 0;
   const int spawned =
-      posix_spawnp(&pid, argv[0].c_str(), &actions, nullptr, args.data(), env.data());
+      posix_spawnp(&pid, argv[0].c_str(), &actions, &attributes, args.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
   close(out_pipe[1]);
   close(err_pipe[1]);
   if (spawned == ENOENT) return absl::NotFoundError(absl::StrCat(argv[0], ": no such program"));
