@@ -2,6 +2,7 @@
 // agent in the task's own folder; see --help.
 
 #include <fcntl.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -85,8 +86,14 @@ ABSL_FLAG(bool, overlap_communication, true,
 namespace {
 
 std::atomic<int> stop_signal{0};
+// Posted by the stop handler (sem_post is async-signal-safe) and at a StopWatchdog's end: what the
+// watchdog sleeps on, so that a run that is never stopped never wakes it.
+sem_t stop_posted;
 
-void OnStopSignal(int signo) { stop_signal.store(signo); }
+void OnStopSignal(int signo) {
+  stop_signal.store(signo);
+  sem_post(&stop_posted);
+}
 
 int Fail(int code, const std::string& message) {
   trainyard::LogError(message);
@@ -105,6 +112,7 @@ class StopWatchdog {
       absl::MutexLock lock(&mu_);
       done_ = true;
     }
+    sem_post(&stop_posted);
     thread_.join();
   }
 
@@ -112,24 +120,23 @@ class StopWatchdog {
   static constexpr absl::Duration kExitAhead = absl::Milliseconds(200);
 
   void Loop() {
-    absl::MutexLock lock(&mu_);
-    // A signal handler can only set a flag: look at it a few times a second.
-    while (!mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Milliseconds(100))) {
-      if (stop_signal.load() == 0) continue;
-      const std::optional<absl::Time> deadline =
-          trainyard::trainer::ReadStopDeadline(trainyard::trainer::kStopDeadlineFile);
-      if (!deadline.has_value()) return;  // a stop without a deadline: nothing to enforce
-      if (mu_.AwaitWithTimeout(absl::Condition(&done_),
-                               *deadline - kExitAhead - trainyard::RealClock::Get().Now())) {
-        return;
-      }
-      const std::string message =
-          "stopped by SIGTERM: the deadline came before the checkpoint of the stop was saved";
-      trainyard::LogWarning(message);
-      trainyard::trainer::WriteTerminationMessage("", message);
-      std::fflush(nullptr);
-      std::_Exit(trainyard::kExitStoppedBySignal);
+    while (sem_wait(&stop_posted) != 0 && errno == EINTR) {
     }
+    absl::MutexLock lock(&mu_);
+    if (done_ || stop_signal.load() == 0) return;
+    const std::optional<absl::Time> deadline =
+        trainyard::trainer::ReadStopDeadline(trainyard::trainer::kStopDeadlineFile);
+    if (!deadline.has_value()) return;  // a stop without a deadline: nothing to enforce
+    if (mu_.AwaitWithTimeout(absl::Condition(&done_),
+                             *deadline - kExitAhead - trainyard::RealClock::Get().Now())) {
+      return;
+    }
+    const std::string message =
+        "stopped by SIGTERM: the deadline came before the checkpoint of the stop was saved";
+    trainyard::LogWarning(message);
+    trainyard::trainer::WriteTerminationMessage("", message);
+    std::fflush(nullptr);
+    std::_Exit(trainyard::kExitStoppedBySignal);
   }
 
   absl::Mutex mu_;
@@ -408,6 +415,7 @@ int main(int argc, char** argv) {
   // it names one. Without Yama this fails harmlessly.
   prctl(PR_SET_PTRACER, getppid(), 0, 0, 0);
 
+  sem_init(&stop_posted, /*pshared=*/0, /*value=*/0);
   struct sigaction action = {};
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
