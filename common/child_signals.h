@@ -16,7 +16,9 @@ inline void ResetSignalsForExec() {
   sigemptyset(&action.sa_mask);
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig == SIGKILL || sig == SIGSTOP) continue;
-    sigaction(sig, &action, nullptr);  // EINVAL for the C library's own signals: left as they are
+    // EINVAL for the C library's own two (32 and 33): left as they are, which its copy in the
+    // program takes back as it needs them.
+    sigaction(sig, &action, nullptr);
   }
   sigset_t none;
   sigemptyset(&none);

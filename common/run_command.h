@@ -24,8 +24,9 @@ inline constexpr size_t kMaxCommandOutput = 1 << 20;
 
 // Runs `argv` (argv[0] looked up on PATH) with stdin from /dev/null, every signal at its default
 // and none blocked, and `extra_env` on top of this process's environment, waits at most `timeout`
-// (then SIGKILL), and returns how it ended and what it printed. NOT_FOUND when the program does not exist, INTERNAL when it cannot be
-// started; a program that runs and fails is a result, not an error. Thread-safe.
+// (then SIGKILL), and returns how it ended and what it printed. NOT_FOUND when the program does not
+// exist, INTERNAL when it cannot be started; a program that runs and fails is a result, not an
+// error. Thread-safe.
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
                                          const std::vector<std::string>& extra_env,
                                          absl::Duration timeout);
