@@ -7,7 +7,7 @@ class RealProcessLauncher final : public ProcessLauncher {
  public:
   absl::StatusOr<int64_t> Launch(const SubprocessOptions& options) override {
     SubprocessOptions copy = options;
-    copy.new_session = true;
+    copy.new_process_group = true;
     copy.die_with_parent = true;
     absl::StatusOr<pid_t> pid = StartSubprocess(copy);
     if (!pid.ok()) return pid.status();

@@ -27,7 +27,7 @@ class ProcessLauncher {
   virtual absl::StatusOr<std::optional<ExitInfo>> PollExit(int64_t pid) = 0;
 };
 
-// fork/exec with new_session and die_with_parent.
+// fork/exec with new_process_group and die_with_parent.
 std::unique_ptr<ProcessLauncher> NewRealProcessLauncher();
 
 }  // namespace trainyard

@@ -56,7 +56,7 @@ ExitInfo FromWaitStatus(int status) {
     (void)ignored;
     _exit(127);
   };
-  if (options.new_session && setsid() < 0) fail(0);
+  if (options.new_process_group && setpgid(0, 0) < 0) fail(0);
   if (options.die_with_parent) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail(0);
     // The parent may have died before prctl took effect.

@@ -37,9 +37,12 @@ struct SubprocessOptions {
   // supplementary groups (set last, after the output file is opened and the cgroups joined).
   // Needs the privilege to switch users (root); a failure is reported as an exec failure.
   int uid = -1;
-  // The child leads a new session (and process group), so that signals can reach everything it
-  // starts and a Ctrl-C at the terminal does not reach it directly.
-  bool new_session = true;
+  // The child leads a new process group, so that signals can reach everything it starts and a
+  // Ctrl-C at the terminal does not reach it directly. It stays in this process's session (not
+  // setsid): where the kernel groups each session's processes for the scheduler (autogroup, on
+  // by default), a session per task made every rank a group of its own, and the ranks of a job on
+  // one machine were switched out about once a step more than in one group (docs/benchmarks.md).
+  bool new_process_group = true;
   // The child gets SIGKILL when the thread that started it exits. Call from a thread that lives
   // as long as the process that should own the child (the main thread, typically).
   bool die_with_parent = true;
@@ -69,7 +72,7 @@ absl::StatusOr<std::optional<ExitInfo>> TryWaitSubprocess(pid_t pid);
 absl::StatusOr<ExitInfo> WaitSubprocess(pid_t pid);
 
 // Sends `sig` to `pid`, or to its whole process group when `group` is set (the child must have
-// been started with new_session). A process that is already gone is not an error.
+// been started with new_process_group). A process that is already gone is not an error.
 absl::Status SignalSubprocess(pid_t pid, int sig, bool group);
 
 // "exited with code 3", "killed by signal 9 (SIGKILL)".

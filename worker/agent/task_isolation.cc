@@ -292,7 +292,7 @@ class CgroupIsolation final : public TaskIsolation {
   std::vector<std::string> lingering_ ABSL_GUARDED_BY(mu_);  // cgroups to remove when empty
 };
 
-// No cgroups: the resident memory of each task's session, read from /proc, against its limit.
+// No cgroups: the resident memory of each task's process group, read from /proc, against its limit.
 class WatchIsolation final : public TaskIsolation {
  public:
   WatchIsolation(std::string proc, absl::Duration interval)
@@ -309,7 +309,7 @@ class WatchIsolation final : public TaskIsolation {
 
   void Started(const std::string& task_id, pid_t pid) override {
     absl::MutexLock lock(&mu_);
-    tasks_[task_id].session = pid;
+    tasks_[task_id].group = pid;
   }
 
   std::vector<std::string> OverLimit() override {
@@ -317,11 +317,11 @@ class WatchIsolation final : public TaskIsolation {
     const absl::Time now = RealClock::Get().Now();
     if (tasks_.empty() || now < next_scan_) return {};
     next_scan_ = now + interval_;
-    std::map<pid_t, int64_t> rss = SessionRss();
+    std::map<pid_t, int64_t> rss = GroupRss();
     std::vector<std::string> over;
     for (auto& [id, t] : tasks_) {
-      if (t.session <= 0 || t.killed) continue;
-      auto it = rss.find(t.session);
+      if (t.group <= 0 || t.killed) continue;
+      auto it = rss.find(t.group);
       if (it == rss.end()) continue;
       t.peak = std::max(t.peak, it->second);
       if (t.limit > 0 && it->second > t.limit) {
@@ -348,13 +348,13 @@ class WatchIsolation final : public TaskIsolation {
  private:
   struct Watched {
     int64_t limit = 0;
-    pid_t session = 0;
+    pid_t group = 0;  // the task leads its process group
     int64_t peak = 0;
     bool killed = false;
   };
 
-  // Resident bytes by session id, over every process of /proc.
-  std::map<pid_t, int64_t> SessionRss() const {
+  // Resident bytes by process group, over every process of /proc.
+  std::map<pid_t, int64_t> GroupRss() const {
     std::map<pid_t, int64_t> out;
     DIR* d = opendir(proc_.c_str());
     if (d == nullptr) return out;
@@ -368,12 +368,12 @@ class WatchIsolation final : public TaskIsolation {
       if (close == std::string::npos) continue;
       std::vector<absl::string_view> f =
           absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
-      int64_t session = 0;
+      int64_t group = 0;
       int64_t pages = 0;
-      if (f.size() < 22 || !absl::SimpleAtoi(f[3], &session) || !absl::SimpleAtoi(f[21], &pages)) {
+      if (f.size() < 22 || !absl::SimpleAtoi(f[2], &group) || !absl::SimpleAtoi(f[21], &pages)) {
         continue;
       }
-      out[static_cast<pid_t>(session)] += pages * page_;
+      out[static_cast<pid_t>(group)] += pages * page_;
     }
     closedir(d);
     return out;

@@ -49,7 +49,7 @@ class TaskIsolation {
   // task's process must join before it runs the trainer (SubprocessOptions::join_cgroups).
   virtual absl::StatusOr<std::vector<std::string>> Prepare(const std::string& task_id,
                                                            const TaskLimits& limits) = 0;
-  // The task runs as `pid` (the leader of its own session).
+  // The task runs as `pid` (the leader of its own process group).
   virtual void Started(const std::string& task_id, pid_t pid) = 0;
   // The tasks running over their memory limit now, to kill (the watch only; cgroups have the
   // kernel do it). Cheap to call often: it reads /proc at most every watch interval.
