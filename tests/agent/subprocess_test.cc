@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/inherited_signals.h"
 #include "trainyard/v1/agent_service.pb.h"
 #include "worker/agent/process_launcher.h"
 #include "worker/agent/reconciler.h"
@@ -181,35 +182,20 @@ TEST_F(SubprocessTest, ReportsTheSignalThatEndedAProcess) {
 // What the agent's own start ignored or blocked (a shell's background job ignores SIGINT and
 // SIGQUIT) does not reach a task.
 TEST_F(SubprocessTest, AChildStartsWithEverySignalAtItsDefaultAndNoneBlocked) {
-  struct sigaction ignore = {}, quit = {}, usr1 = {};
-  ignore.sa_handler = SIG_IGN;
-  sigaction(SIGQUIT, &ignore, &quit);
-  sigaction(SIGUSR1, &ignore, &usr1);
-  sigset_t usr2, mask;
-  sigemptyset(&usr2);
-  sigaddset(&usr2, SIGUSR2);
-  pthread_sigmask(SIG_BLOCK, &usr2, &mask);
   SubprocessOptions options;
   options.argv = {"/bin/cat", "/proc/self/status"};
   options.output_file = dir_ + "/status";
-  absl::StatusOr<pid_t> pid = StartSubprocess(options);
-  sigaction(SIGQUIT, &quit, nullptr);
-  sigaction(SIGUSR1, &usr1, nullptr);
-  pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+  absl::StatusOr<pid_t> pid;
+  {
+    testing::InheritedSignals inherited({SIGQUIT, SIGUSR1}, {SIGUSR2});
+    pid = StartSubprocess(options);
+  }
   ASSERT_TRUE(pid.ok()) << pid.status();
   EXPECT_EQ(Wait(*pid).exit_code, 0);
   const std::string status = Read(dir_ + "/status");
-  auto mask_of = [&](const std::string& field) {
-    const size_t at = status.find(field + ":\t");
-    EXPECT_NE(at, std::string::npos) << field;
-    return std::stoull(status.substr(at + field.size() + 2, 16), nullptr, 16);
-  };
-  // glibc refuses to touch its own two real-time signals (32 and 33): ignored in this process (a
-  // test runner's posix_spawn may leave them so), they stay ignored in the child, and the
-  // child's C library takes them back. Every other signal is at its default.
-  constexpr uint64_t kGlibcInternal = (1ULL << 31) | (1ULL << 32);
-  EXPECT_EQ(mask_of("SigIgn") & ~kGlibcInternal, 0u) << status;
-  EXPECT_EQ(mask_of("SigBlk"), 0u) << status;
+  EXPECT_EQ(testing::StatusSignalMask(status, "SigIgn") & ~testing::kGlibcInternalSignals, 0u)
+      << status;
+  EXPECT_EQ(testing::StatusSignalMask(status, "SigBlk"), 0u) << status;
 }
 
 TEST_F(SubprocessTest, FailedExecIsAnErrorNotAProcess) {

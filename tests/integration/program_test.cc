@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/inherited_signals.h"
 #include "tests/integration/cluster.h"
 
 namespace trainyard::testing {
@@ -45,21 +45,7 @@ nlohmann::json ReadJson(const std::string& path) {
 TEST(ProgramTest, APlainDdpScriptRunsOnTwoWorkersWithTorchrunsEnvironment) {
   // The agents start with signals ignored and blocked, as under a shell's background job: the
   // program must not inherit them.
-  struct sigaction ignore = {}, quit = {}, usr1 = {}, interrupt = {};
-  ignore.sa_handler = SIG_IGN;
-  sigaction(SIGQUIT, &ignore, &quit);
-  sigaction(SIGUSR1, &ignore, &usr1);
-  sigaction(SIGINT, &ignore, &interrupt);
-  sigset_t usr2, mask;
-  sigemptyset(&usr2);
-  sigaddset(&usr2, SIGUSR2);
-  pthread_sigmask(SIG_BLOCK, &usr2, &mask);
-  absl::Cleanup restore = [&] {
-    sigaction(SIGQUIT, &quit, nullptr);
-    sigaction(SIGUSR1, &usr1, nullptr);
-    sigaction(SIGINT, &interrupt, nullptr);
-    pthread_sigmask(SIG_SETMASK, &mask, nullptr);
-  };
+  InheritedSignals inherited({SIGQUIT, SIGUSR1, SIGINT}, {SIGUSR2});
   Cluster cluster(QuickRestarts(2));
   TempDir out;
   auto submitted = cluster.Submit(ProgramJob("plain", "plain_ddp.py", 2, out.path()));
